@@ -1,0 +1,71 @@
+// The one interface between Python and every kernel in kernels/.
+//
+// Plain C, no torch and no CUDA headers, so the same struct is filled by the
+// torch binding (lab/binding.cpp) and read by launchers compiled by plain nvcc.
+// A launcher is
+//     extern "C" int <name>(const <Params>* p, void* stream);
+// and returns 0 on success, a cudaError_t value on a CUDA failure, or one of
+// the negative LAB_E_* codes for a configuration it does not support.
+// Strides are in elements; the last (head-dim) stride is always 1.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum LabDtype { LAB_FP16 = 0, LAB_BF16 = 1 };
+
+enum LabError {
+  LAB_OK = 0,
+  LAB_E_HEAD_DIM = -1,   // head_dim not compiled in
+  LAB_E_DTYPE = -2,      // dtype not supported by this kernel
+  LAB_E_SHAPE = -3,      // a size this kernel cannot take (e.g. q_len too large)
+  LAB_E_WORKSPACE = -4,  // a required workspace pointer is null
+};
+
+// Forward attention, layout (B, H, S, D) addressed through strides.
+// Causal follows SDPA's is_causal: query i sees key j iff j <= i (top-left
+// aligned), also when seqlen_q != seqlen_k.
+// GQA: query head h reads KV head h / (heads_q / heads_kv).
+typedef struct AttnFwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;            // optional [B, Hq, Sq] contiguous, natural log; NULL to skip
+  int64_t q_stride[3];   // batch, head, seq
+  int64_t k_stride[3];
+  int64_t v_stride[3];
+  int64_t o_stride[3];
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  float scale;           // softmax scale, already resolved (1/sqrt(D) by default)
+  int causal;
+  int dtype;             // LabDtype
+  float* debug;          // debug builds only (LAB_DEBUG_DUMP): intermediates dump
+} AttnFwdParams;
+
+// Decoding: q_len new tokens attend to a KV cache, every query token sees the
+// first cache_seqlens[b] keys of its sequence (no mask inside the cache).
+typedef struct DecodeParams {
+  const void* q;             // [B, Hq, q_len, D]
+  const void* k_cache;       // [B, Hkv, S_cache, D]
+  const void* v_cache;       // [B, Hkv, S_cache, D]
+  void* o;                   // [B, Hq, q_len, D]
+  const int32_t* cache_seqlens;  // [B] device int32, or NULL: every sequence is S_cache long
+  float* partial_o;          // workspace [B, Hq, q_len, num_splits, D] fp32 (unused if num_splits == 1)
+  float* partial_lse;        // workspace [B, Hq, q_len, num_splits] fp32
+  float* lse;                // optional [B, Hq, q_len] contiguous natural log; NULL to skip
+  int64_t q_stride[3];
+  int64_t k_stride[3];
+  int64_t v_stride[3];
+  int64_t o_stride[3];
+  int batch, heads_q, heads_kv, q_len, seqlen_cache, head_dim;
+  int num_splits;            // >= 1, chosen by lab/splits.py unless overridden
+  float scale;
+  int dtype;
+} DecodeParams;
+
+#ifdef __cplusplus
+}
+#endif
