@@ -1,0 +1,48 @@
+"""python -m lab {env,compile,session,log}."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("env", help="check the environment (under 5 s) and print the fingerprint")
+    comp = sub.add_parser("compile", help="compile-check every kernel with nvcc (no GPU needed)")
+    comp.add_argument("--arch", action="append", help="targets (default: sm_80 and sm_90a)")
+    sub.add_parser("session", help="execute every chapter with papermill and record a session", add_help=False)
+    sub.add_parser("log", help="generate the log pages and the book's chapter copies from outputs/", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+
+    if args.command == "env":
+        from . import env
+
+        report = env.check()
+        print(report.table())
+        return 0 if report.ok else 1
+    if args.command == "compile":
+        from . import build
+
+        try:
+            rows = build.compile_check(tuple(args.arch) if args.arch else build.CHECK_ARCHS)
+        except build.BuildError as err:
+            print(err, file=sys.stderr)
+            return 1
+        print(build.resource_table(rows))
+        spills = [r for r in rows if r["spills"]]
+        print(f"\n{len(rows)} kernel instantiations compiled; {len(spills)} spill")
+        return 0
+    if args.command == "session":
+        from . import session
+
+        return session.main(rest)
+    if args.command == "log":
+        from . import log
+
+        return log.main(rest)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""Build recipe: plain-CUDA kernels compiled by nvcc into small shared libraries, one torch binding.
+
+Why this shape (the origin lost 60-180 minutes a session to builds):
+- kernels/ has no torch headers, so a kernel edit recompiles one .cu file in seconds;
+  `half` vs `c10::Half` and template instantiation across units cannot happen: each
+  kernel file is one compilation unit that exports `extern "C"` launchers.
+- the torch binding (lab/binding.cpp) is compiled once per torch version by load_inline
+  and calls any launcher through a function pointer taken from the kernel's library.
+- every binary is cached under a key of everything that changes it; a cached load is a dlopen.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import paths
+
+CHECK_ARCHS = ("sm_80", "sm_90a")
+BASE_FLAGS = ("-std=c++17", "-O3", "-lineinfo", "-Xptxas", "-v", "-I", "kernels")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+_NVCC_DIAG = re.compile(r"^(?P<path>[^\s()][^()]*)\((?P<line>\d+)\): (?P<kind>error|warning|catastrophic error)[^:]*: (?P<msg>.*)$")
+
+
+class BuildError(RuntimeError):
+    """A kernel failed to build. str() is compact: each error as path:line: message, with the source line."""
+
+    def __init__(self, summary: str, diagnostics: list | None = None, log: str = ""):
+        self.summary = summary
+        self.diagnostics = diagnostics or []
+        self.log = log
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        lines = [self.summary]
+        for diag in self.diagnostics[:8]:
+            lines.append(f"  {diag['path']}:{diag['line']}: {diag['kind']}: {diag['msg']}")
+            if diag.get("source"):
+                lines.append(f"      | {diag['source']}")
+        if len(self.diagnostics) > 8:
+            lines.append(f"  ... {len(self.diagnostics) - 8} more")
+        if not self.diagnostics and self.log:
+            lines += ["  " + line for line in self.log.strip().splitlines()[-12:]]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- arch selection
+
+def arch_flags(capability: tuple[int, int]) -> list[str]:
+    """nvcc target flags for a device's compute capability.
+
+    Hopper gets sm_90a so that wgmma/setmaxnreg can be used (guarded by __CUDA_ARCH_FEAT_SM90_ALL);
+    Ada gets sm_89; other Ampere parts run sm_80 code; newer parts get their own target.
+    """
+    major, minor = capability
+    if major < 8:
+        raise BuildError(f"unsupported GPU: compute capability {major}.{minor}; the lab's kernels need sm_80 (Ampere) or newer")
+    if (major, minor) == (9, 0):
+        return ["-gencode=arch=compute_90a,code=sm_90a"]
+    if (major, minor) == (8, 9):
+        return ["-gencode=arch=compute_89,code=sm_89"]
+    if major == 8:
+        return ["-gencode=arch=compute_80,code=sm_80"]
+    return [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
+
+
+def check_arch_flags(arch: str) -> list[str]:
+    """Flags for a named compile-check target such as 'sm_80' or 'sm_90a'."""
+    number = arch.removeprefix("sm_")
+    return [f"-gencode=arch=compute_{number},code={arch}"]
+
+
+def device_arch_flags() -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BuildError("no CUDA device: " + (
+            "this torch is a CPU-only build (torch.version.cuda is None); install a CUDA build of torch to run kernels"
+            if torch.version.cuda is None else "torch sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES)"))
+    return arch_flags(torch.cuda.get_device_capability())
+
+
+# ---------------------------------------------------------------- cache key
+
+def source_closure(source: Path) -> list[Path]:
+    """The .cu file and every local header it includes, recursively (search: its folder, then kernels/)."""
+    seen: list[Path] = []
+    stack = [Path(source).resolve()]
+    while stack:
+        path = stack.pop()
+        if path in seen:
+            continue
+        seen.append(path)
+        for name in _INCLUDE.findall(path.read_text()):
+            for folder in (path.parent, paths.KERNELS):
+                candidate = (folder / name).resolve()
+                if candidate.exists():
+                    stack.append(candidate)
+                    break
+    return seen
+
+
+def cache_key(source: Path, flags: list[str], extra: dict | None = None) -> str:
+    """Hash of the sources (with included headers), the flags (arch and -D defines among them) and extras."""
+    digest = hashlib.sha256()
+    for path in sorted(source_closure(source)):
+        digest.update(paths.relative(path).encode())
+        digest.update(path.read_bytes())
+    digest.update(json.dumps({"flags": list(flags), "extra": extra or {}}, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def source_hash(source: Path | str) -> str:
+    """Hash of a kernel's sources alone (recorded with every result)."""
+    return cache_key(_kernel_path(source), [])
+
+
+# ---------------------------------------------------------------- ptxas report
+
+def parse_ptxas(text: str) -> list[dict]:
+    """Per-kernel resources from `-Xptxas -v` output: registers, smem, stack frame, spills."""
+    rows, current = [], None
+    for line in text.splitlines():
+        if m := re.search(r"Compiling entry function '([^']+)' for '(\w+)'", line):
+            current = {"kernel": m.group(1), "arch": m.group(2), "registers": 0, "smem_bytes": 0,
+                       "stack_bytes": 0, "spill_stores": 0, "spill_loads": 0}
+            rows.append(current)
+        elif current is None:
+            continue
+        elif m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
+            current["stack_bytes"], current["spill_stores"], current["spill_loads"] = map(int, m.groups())
+        elif m := re.search(r"Used (\d+) registers", line):
+            current["registers"] = int(m.group(1))
+            if s := re.search(r"(\d+) bytes smem", line):
+                current["smem_bytes"] = int(s.group(1))
+    for row in rows:
+        row["kernel"] = _demangle(row["kernel"])
+        row["spills"] = row["spill_stores"] + row["spill_loads"] > 0
+    return rows
+
+
+def _demangle(name: str) -> str:
+    tool = shutil.which("c++filt")
+    if not tool:
+        return name
+    out = subprocess.run([tool, name], capture_output=True, text=True).stdout.strip()
+    return out or name
+
+
+def resource_table(rows: list[dict]) -> str:
+    header = f"{'kernel':<60} {'arch':<7} {'regs':>4} {'smem':>7} {'stack':>5} {'spill st/ld':>11}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        flag = "  <-- SPILLS" if r["spills"] else ""
+        lines.append(f"{r['kernel'][:60]:<60} {r['arch']:<7} {r['registers']:>4} {r['smem_bytes']:>7} "
+                     f"{r['stack_bytes']:>5} {r['spill_stores']:>5}/{r['spill_loads']:<5}{flag}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- compile
+
+def _nvcc() -> str:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise BuildError("nvcc not found: install the CUDA toolkit and put its bin/ on PATH "
+                         "(export PATH=/usr/local/cuda/bin:$PATH)")
+    return nvcc
+
+
+def _kernel_path(source: Path | str) -> Path:
+    path = Path(source)
+    if not path.is_absolute():
+        path = paths.KERNELS / path if not str(path).startswith("kernels/") else paths.ROOT / path
+    if not path.exists():
+        raise BuildError(f"kernel source not found: {paths.relative(path)}")
+    return path
+
+
+def run_nvcc(args: list[str], what: str) -> tuple[str, float]:
+    """Run nvcc from the repo root (so diagnostics name kernels/... paths); raise BuildError on failure."""
+    start = time.perf_counter()
+    proc = subprocess.run([_nvcc(), *args], cwd=paths.ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise BuildError(f"nvcc failed to build {what}", diagnostics(log), log)
+    return log, seconds
+
+
+def diagnostics(log: str) -> list[dict]:
+    """nvcc errors and warnings as {path, line, kind, msg, source}, paths relative to the repo."""
+    found = []
+    for raw in log.splitlines():
+        m = _NVCC_DIAG.match(raw.strip())
+        if not m:
+            continue
+        path = Path(m.group("path"))
+        full = path if path.is_absolute() else paths.ROOT / path
+        line = int(m.group("line"))
+        source = ""
+        if full.exists():
+            lines = full.read_text().splitlines()
+            source = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+        found.append({"path": paths.relative(full), "line": line, "kind": m.group("kind"),
+                      "msg": m.group("msg").strip(), "source": source})
+    errors = [d for d in found if "error" in d["kind"]]
+    return errors or found
+
+
+def _define_flags(defines: dict | list | tuple | None) -> list[str]:
+    if not defines:
+        return []
+    if isinstance(defines, dict):
+        return [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in sorted(defines.items())]
+    return [f"-D{d}" for d in defines]
+
+
+@dataclass
+class KernelLibrary:
+    source: str
+    path: Path
+    key: str
+    cached: bool
+    build_seconds: float
+    resources: list = field(default_factory=list)
+    _lib: ctypes.CDLL | None = None
+
+    def address(self, symbol: str) -> int:
+        """The launcher's address, passed to the binding as an int."""
+        if self._lib is None:
+            self._lib = ctypes.CDLL(str(self.path))
+        try:
+            return ctypes.cast(getattr(self._lib, symbol), ctypes.c_void_p).value
+        except AttributeError:
+            raise BuildError(f"{self.source} exports no launcher named {symbol!r} "
+                             f"(is it declared extern \"C\"?)") from None
+
+
+_loaded: dict[str, KernelLibrary] = {}
+
+
+def build_kernel(source: Path | str, defines=None, arch: list[str] | None = None) -> KernelLibrary:
+    """Compile one kernel file into a shared library (cached); returns it with its ptxas resource table."""
+    path = _kernel_path(source)
+    arch = arch if arch is not None else device_arch_flags()
+    flags = [*BASE_FLAGS, *arch, *_define_flags(defines)]
+    key = cache_key(path, flags)
+    if key in _loaded:
+        return _loaded[key]
+    out_dir = paths.CACHE / "kernels"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    so = out_dir / f"{path.stem}-{key}.so"
+    meta = so.with_suffix(".json")
+    if so.exists() and meta.exists():
+        info = json.loads(meta.read_text())
+        lib = KernelLibrary(paths.relative(path), so, key, True, 0.0, info["resources"])
+    else:
+        tmp = so.with_suffix(".tmp.so")
+        log, seconds = run_nvcc([*flags, "-shared", "-Xcompiler", "-fPIC", paths.relative(path), "-o", str(tmp)],
+                                paths.relative(path))
+        tmp.replace(so)
+        lib = KernelLibrary(paths.relative(path), so, key, False, seconds, parse_ptxas(log))
+        meta.write_text(json.dumps({"source": lib.source, "flags": flags, "resources": lib.resources,
+                                    "build_seconds": seconds}, indent=1))
+    _loaded[key] = lib
+    return lib
+
+
+def kernel_sources() -> list[Path]:
+    return sorted(p for p in paths.KERNELS.rglob("*.cu"))
+
+
+def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=None) -> list[dict]:
+    """Compile every kernel for each arch without a GPU (object files only); return the resource rows.
+
+    Raises BuildError naming the first kernel that does not compile.
+    """
+    rows = []
+    out_dir = paths.CACHE / "compile_check"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path in sources or kernel_sources():
+        for arch in archs:
+            obj = out_dir / f"{path.stem}-{arch}.o"
+            log, _ = run_nvcc([*BASE_FLAGS, *check_arch_flags(arch), *_define_flags(defines), "-c",
+                               paths.relative(path), "-o", str(obj)], f"{paths.relative(path)} for {arch}")
+            for row in parse_ptxas(log):
+                row["source"] = paths.relative(path)
+                rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- the torch binding
+
+_binding = None
+
+
+def binding():
+    """The torch binding (lab/binding.cpp), built once per torch version and then imported from cache."""
+    global _binding
+    if _binding is not None:
+        return _binding
+    import importlib.util
+    import os
+
+    import torch
+
+    if torch.version.cuda is None:
+        raise BuildError("this torch is a CPU-only build: torch.utils.cpp_extension cannot build CUDA code "
+                         "(CUDA_HOME is None). Install a CUDA build of torch to run kernels; CPU mode still "
+                         "compile-checks them with `python -m lab compile`.")
+    if shutil.which("ninja") is None:
+        raise BuildError("ninja not found: torch's load_inline needs it (pip install ninja==1.13.2)")
+    paths.setup_cache_env()
+    source = (Path(__file__).parent / "binding.cpp").read_text()
+    header = (paths.KERNELS / "common" / "params.h").read_text()
+    key = hashlib.sha256((source + header + torch.__version__).encode()).hexdigest()[:12]
+    name = f"lab_binding_{key}"
+    build_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / name
+    built = build_dir / f"{name}.so"
+    if built.exists():  # a cached load is an import, never a ninja run
+        spec = importlib.util.spec_from_file_location(name, built)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _binding = module
+        return module
+    from torch.utils.cpp_extension import load_inline
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    _binding = load_inline(name=name, cpp_sources=[source], with_cuda=True,
+                           extra_include_paths=[str(paths.KERNELS)], extra_cflags=["-O2"],
+                           build_directory=str(build_dir), verbose=False)
+    return _binding
