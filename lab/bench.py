@@ -1,0 +1,205 @@
+"""Timing: CUDA events, warm-up, L2 flush between runs, median and IQR with an adaptive stop.
+
+Performance is a ratio measured in the same process: every kernel row carries t_backend / t_ours for
+each SDPA backend (forced with torch.nn.attention.sdpa_kernel) and its fraction of a measured ceiling.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+from . import record
+
+SPEEDUP_FLAG = 10.0  # a ratio above this gets a second look before anyone believes it
+BACKENDS = ("flash", "cudnn", "efficient", "math", "default")
+MATH_MAX_SCORE_BYTES = 4 * 2**30  # the math backend materialises B*H*Sq*Sk scores in fp32
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    n: int
+
+    @property
+    def iqr_ms(self) -> float:
+        return self.q3_ms - self.q1_ms
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "iqr_ms": self.iqr_ms}
+
+
+def summarize(times_ms: list[float]) -> Timing:
+    if not times_ms:
+        raise ValueError("no timings to summarize")
+    if len(times_ms) == 1:
+        return Timing(times_ms[0], times_ms[0], times_ms[0], 1)
+    q1, median, q3 = statistics.quantiles(times_ms, n=4, method="inclusive")
+    return Timing(median, q1, q3, len(times_ms))
+
+
+def should_stop(times_ms: list[float], elapsed_s: float, min_reps: int = 10, max_reps: int = 200,
+                rel_iqr: float = 0.03, budget_s: float = 2.0) -> bool:
+    """Stop when the spread is small (IQR/median), or the repetition or time budget is spent."""
+    if len(times_ms) >= max_reps or (elapsed_s >= budget_s and len(times_ms) >= 3):
+        return True
+    if len(times_ms) < min_reps:
+        return False
+    t = summarize(times_ms)
+    return t.iqr_ms <= rel_iqr * t.median_ms
+
+
+class CudaTimer:
+    """Times one call with a pair of CUDA events after flushing L2 (so each run starts cold)."""
+
+    def __init__(self):
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self._flush = torch.empty(max(2 * getattr(props, "L2_cache_size", 64 * 2**20), 64 * 2**20) // 4,
+                                  dtype=torch.float32, device="cuda")
+        self._torch = torch
+
+    def __call__(self, fn) -> float:
+        torch = self._torch
+        self._flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+def time_fn(fn, timer=None, warmup: int = 3, **stop) -> Timing:
+    """Median time of fn() in ms. `timer(fn) -> ms` is injectable (tests use a fake one)."""
+    timer = timer or CudaTimer()
+    for _ in range(warmup):
+        timer(fn)
+    times, start = [], time.perf_counter()
+    while not should_stop(times, time.perf_counter() - start, **stop):
+        times.append(timer(fn))
+    return summarize(times)
+
+
+# ------------------------------------------------------------------ work formulas
+
+def attention_flops(B: int, H: int, Sq: int, Sk: int, D: int, causal: bool) -> float:
+    """4*B*H*Sq*Sk*D (two matmuls, 2 FLOP per multiply-add).
+
+    Causal with Sq == Sk: halved, the convention of published FlashAttention numbers. Causal with
+    Sq != Sk: the exact count of visible (query, key) pairs under SDPA's top-left mask,
+    sum_i min(i + 1, Sk), so a short query block against a long cache is not over-credited.
+    """
+    if not causal:
+        pairs = Sq * Sk
+    elif Sq == Sk:
+        pairs = Sq * Sk / 2
+    else:
+        full = min(Sq, Sk)
+        pairs = full * (full + 1) / 2 + max(Sq - Sk, 0) * Sk
+    return 4.0 * B * H * pairs * D
+
+
+def decode_bytes(lengths: list[int], Hq: int, Hkv: int, q_len: int, D: int, element_bytes: int = 2) -> int:
+    """Bytes that must move: each sequence's visible K and V once, plus Q read and O written."""
+    kv = 2 * sum(lengths) * Hkv * D * element_bytes
+    qo = 2 * len(lengths) * Hq * q_len * D * element_bytes
+    return kv + qo
+
+
+# ------------------------------------------------------------------ SDPA backends and ceilings
+
+def sdpa_runner(backend: str, q, k, v, is_causal=False, scale=None, attn_mask=None):
+    """A zero-argument callable running SDPA forced to one backend ('default' = torch's own dispatch)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gqa = k.shape[1] != q.shape[1]
+    call = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,  # noqa: E731
+                                                  scale=scale, enable_gqa=gqa)
+    if backend == "default":
+        return call
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
+
+    def forced():
+        with sdpa_kernel(chosen):
+            return call()
+    return forced
+
+
+def try_time(fn, **stop) -> Timing | str:
+    """Time fn, or return why it cannot run (a backend that rejects the shape, or out of memory)."""
+    import torch
+
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except (RuntimeError, ValueError) as err:
+        torch.cuda.synchronize()
+        return f"unsupported: {str(err).splitlines()[0][:120]}"
+    return time_fn(fn, **stop)
+
+
+def peak_extra_bytes(fn) -> int:
+    """Peak memory fn allocates beyond what is already allocated (one call)."""
+    import torch
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+_ceilings: dict | None = None
+
+
+def ceilings() -> dict:
+    """Copy bandwidth (GB/s, read + write) and bf16 matmul rate (TFLOP/s), measured once per run and cached.
+
+    Cached in the run's folder, so later chapters of the same session reuse the same numbers.
+    """
+    global _ceilings
+    if _ceilings is not None:
+        return _ceilings
+    cache = record.run_dir() / "ceilings.json"
+    if cache.exists():
+        _ceilings = json.loads(cache.read_text())
+        return _ceilings
+    import torch
+
+    src = torch.randn(2**29 // 2, device="cuda", dtype=torch.bfloat16)  # 512 MiB, far beyond L2
+    dst = torch.empty_like(src)
+    copy = time_fn(lambda: dst.copy_(src), min_reps=20)
+    copy_gbps = 2 * src.numel() * 2 / copy.median_ms / 1e6
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    mm = time_fn(lambda: a @ b, min_reps=10)
+    tflops = 2 * n**3 / mm.median_ms / 1e9
+    del src, dst, a, b
+    _ceilings = {"copy_gbps": copy_gbps, "bf16_matmul_tflops": tflops,
+                 "copy_timing": copy.as_dict(), "matmul_timing": mm.as_dict()}
+    cache.write_text(json.dumps(_ceilings, indent=1))
+    for name in ("copy_gbps", "bf16_matmul_tflops"):
+        record.append({"kind": "ceiling", "name": name, "value": _ceilings[name]})
+    return _ceilings
+
+
+def ratios(ours: Timing, backends: dict) -> dict:
+    """t_backend / t_ours for every backend that ran (>1: ours is faster)."""
+    out = {}
+    for name, t in backends.items():
+        if isinstance(t, Timing):
+            out[f"sdpa-{name}"] = t.median_ms / ours.median_ms
+    return out
+
+
+def flagged(ratio_map: dict) -> list[str]:
+    return [f"{k}: {v:.1f}x > {SPEEDUP_FLAG:g}x, take a second look" for k, v in ratio_map.items() if v > SPEEDUP_FLAG]

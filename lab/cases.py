@@ -1,0 +1,155 @@
+"""Named case sets: the shapes every chapter checks and times.
+
+Layout is SDPA's (B, H, S, D). `Hq` query heads share `Hkv` key/value heads (GQA when Hkv < Hq).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    B: int
+    Hq: int
+    Hkv: int
+    Sq: int
+    Sk: int
+    D: int
+    dtype: str = "float16"
+    causal: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def label(self) -> str:
+        mask = " causal" if self.causal else ""
+        gqa = f"/{self.Hkv}" if self.Hkv != self.Hq else ""
+        return f"B{self.B} H{self.Hq}{gqa} Sq{self.Sq} Sk{self.Sk} D{self.D} {self.dtype}{mask}"
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    """q_len new tokens per sequence attend to a KV cache; `seqlens` gives each sequence's length."""
+
+    name: str
+    B: int
+    Hq: int
+    Hkv: int
+    q_len: int
+    kv_len: int  # cache capacity S_cache
+    D: int = 128
+    dtype: str = "bfloat16"
+    seqlens: tuple = field(default=())  # per-sequence lengths; empty: every sequence is kv_len long
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def lengths(self) -> list[int]:
+        return list(self.seqlens) if self.seqlens else [self.kv_len] * self.B
+
+    @property
+    def label(self) -> str:
+        lens = "mixed" if self.seqlens else str(self.kv_len)
+        return f"B{self.B} Hq{self.Hq}/{self.Hkv} q{self.q_len} kv{lens} D{self.D} {self.dtype}"
+
+
+# (B, Hq, Hkv, Sq, Sk, D): uneven sizes, Sq != Sk both ways, batch and heads not powers of two, GQA, MQA.
+_TEST_SHAPES = [
+    (1, 1, 1, 1, 1, 64),
+    (3, 5, 5, 63, 63, 128),
+    (2, 3, 3, 65, 65, 64),
+    (1, 2, 2, 1025, 1025, 128),
+    (1, 1, 1, 4097, 4097, 64),
+    (2, 4, 4, 63, 1025, 64),
+    (1, 4, 4, 1025, 65, 128),
+    (3, 6, 2, 65, 130, 128),
+    (1, 8, 1, 1, 4097, 64),
+]
+
+
+def tests_cases(head_dims: tuple = (64, 128)) -> list[Case]:
+    """The correctness set: every shape x causal x {fp16, bf16}, restricted to the given head dims."""
+    cases = []
+    for (B, Hq, Hkv, Sq, Sk, D) in _TEST_SHAPES:
+        if D not in head_dims:
+            D = head_dims[-1]
+        for dtype in ("float16", "bfloat16"):
+            for causal in (False, True):
+                name = f"t-{B}x{Hq}x{Hkv}-{Sq}x{Sk}-d{D}-{dtype[:2]}{'-c' if causal else ''}"
+                cases.append(Case(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal))
+    return cases
+
+
+# The origin's six configurations (seeds/000): named by S, all D=64 fp16. The reports do not state B
+# and H; we fix B=4, H=8 for all of them and H=16 for the multi-head row (S=128), and keep them fixed.
+SEED_B, SEED_H, SEED_MULTI_H = 4, 8, 16
+SEED_ORIGIN_L4 = {  # PyTorch ms, ours ms, speedup, as reported on the L4 (seeds/000, 2025-10-12)
+    "Tiny": (32, 0.043, 0.155, 0.28),
+    "Small": (64, 0.044, 0.286, 0.15),
+    "Medium": (128, 0.044, 0.743, 0.06),
+    "Large": (256, 0.044, 2.801, 0.02),
+    "XLarge": (512, 0.052, 8.290, 0.01),
+    "Multi-head": (128, 0.043, 0.746, 0.06),
+}
+
+
+def seed_cases(dtype: str = "float16") -> list[Case]:
+    cases = []
+    for name, (S, *_rest) in SEED_ORIGIN_L4.items():
+        H = SEED_MULTI_H if name == "Multi-head" else SEED_H
+        cases.append(Case(name, SEED_B, H, H, S, S, 64, dtype, False))
+    return cases
+
+
+def bench_fwd_cases(dtype: str = "bfloat16", head_dims=(64, 128), seqlens=(512, 2048, 8192, 16384)) -> list[Case]:
+    """B*S = 32k tokens, H*D = 2048: every cell does the same non-causal work per token."""
+    cases = []
+    for D in head_dims:
+        for S in seqlens:
+            for causal in (False, True):
+                B, H = 32768 // S, 2048 // D
+                cases.append(Case(f"fwd-d{D}-s{S}{'-c' if causal else ''}", B, H, H, S, S, D, dtype, causal))
+    return cases
+
+
+# KV bytes above this are skipped: batch 64 x 64k keys x 32 heads would be 69 GB of cache.
+DECODE_MAX_KV_BYTES = 9 * 2**30
+
+
+def bench_decode_cases(dtype: str = "bfloat16", kv_lens=(4096, 16384, 32768, 65536), batches=(1, 8, 64),
+                       kv_heads=(32, 8), max_kv_bytes: int = DECODE_MAX_KV_BYTES) -> list[DecodeCase]:
+    cases = []
+    for Hkv in kv_heads:
+        for B in batches:
+            for L in kv_lens:
+                case = DecodeCase(f"dec-h{Hkv}-b{B}-kv{L}", B, 32, Hkv, 1, L, 128, dtype)
+                if decode_kv_bytes(case) <= max_kv_bytes:
+                    cases.append(case)
+    return cases
+
+
+def decode_tests_cases() -> list[DecodeCase]:
+    """Uneven cache lengths, GQA, several q_len and head dims, both dtypes."""
+    lens = (1, 63, 65, 1025, 4097)
+    cases = []
+    for dtype in ("float16", "bfloat16"):
+        for (Hq, Hkv, q_len, D) in ((32, 8, 1, 128), (6, 2, 4, 64), (8, 8, 16, 128), (4, 1, 1, 64)):
+            cases.append(DecodeCase(f"dt-{Hq}x{Hkv}-q{q_len}-d{D}-{dtype[:2]}", len(lens), Hq, Hkv, q_len,
+                                    max(lens), D, dtype, lens))
+    return cases
+
+
+def decode_kv_bytes(case: DecodeCase) -> int:
+    element = 2
+    return 2 * sum(case.lengths()) * case.Hkv * case.D * element
+
+
+def by_name(name: str, **kwargs) -> list:
+    """Case sets by their published names: tests, seed, bench-fwd, bench-decode, decode-tests."""
+    table = {"tests": tests_cases, "seed": seed_cases, "bench-fwd": bench_fwd_cases,
+             "bench-decode": bench_decode_cases, "decode-tests": decode_tests_cases}
+    if name not in table:
+        raise ValueError(f"unknown case set {name!r}; choose one of {sorted(table)}")
+    return table[name](**kwargs)

@@ -1,0 +1,204 @@
+"""NumPy emulation of tiled (FlashAttention) forward attention, for CPU-only chapters.
+
+Three things, NumPy only (no torch, no GPU):
+
+* ``attention_reference`` -- plain softmax(scale * Q K^T) V in float64, the yardstick.
+* ``flash_forward_emulated`` -- the tiled online-softmax algorithm in float32,
+  tile by tile, in either loop order the kernels use:
+    - ``order="fa1"``: FlashAttention-1 (Dao et al. 2022, Algorithm 1): the outer
+      loop walks K_j/V_j tiles, the inner loop Q_i tiles; O_i, m_i, l_i live in
+      "memory" (whole arrays) and O_i is rescaled and renormalised at every step.
+    - ``order="fa2"``: FlashAttention-2: the outer loop walks Q_i tiles, the inner
+      loop K_j/V_j tiles; exp2 with scale*log2(e) folded into the scores,
+      unnormalised accumulator, one division by l_i at the end, and key tiles
+      entirely above the causal diagonal are skipped.
+* ``debug_intermediates`` -- S, m, l, P, O of (b=0, h=0), the same quantities and
+  layout as the LAB_DEBUG_DUMP build of kernels/fwd/v01_scalar.cu, so a chapter
+  can diff the kernel's dump against them (``unpack_debug`` splits the flat dump).
+
+Conventions shared with the kernels: arrays are (B, H, S, D); GQA maps query head
+h to KV head h // (Hq // Hkv); causal is SDPA's is_causal, top-left aligned: query
+i sees key j iff j <= i, also when Sq != Sk; LSE is the natural log.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+LOG2E = 1.0 / math.log(2.0)  # log2(e): exp(x) == exp2(x * LOG2E)
+DEBUG_KEYS = ("S", "m", "l", "P", "O")  # order of the blocks in the flat debug dump
+
+
+def _shapes(q, k, v):
+    if q.ndim != 4 or k.ndim != 4 or v.shape != k.shape:
+        raise ValueError(f"expected (B, H, S, D) arrays, got q{q.shape} k{k.shape} v{v.shape}")
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    heads_kv, seqlen_k = k.shape[1], k.shape[2]
+    if k.shape[0] != batch or k.shape[3] != head_dim or heads_q % heads_kv != 0:
+        raise ValueError(f"incompatible shapes q{q.shape} k{k.shape}")
+    if seqlen_k == 0:
+        raise ValueError("softmax over zero keys is undefined")
+    return batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim
+
+
+def _resolve_scale(scale, head_dim):
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def _expand_kv(x, heads_q):
+    """Repeat KV heads so query head h reads KV head h // group (GQA)."""
+    return np.repeat(x, heads_q // x.shape[1], axis=1)
+
+
+def _visible(rows, cols, is_causal):
+    """Boolean [len(rows), len(cols)]: query i may see key j (top-left causal)."""
+    if not is_causal:
+        return np.ones((len(rows), len(cols)), dtype=bool)
+    return cols[None, :] <= rows[:, None]
+
+
+def attention_reference(q, k, v, is_causal=False, scale=None):
+    """softmax(scale * Q K^T) V in float64. Returns (out [B,Hq,Sq,D], lse [B,Hq,Sq])."""
+    _, heads_q, _, seqlen_q, seqlen_k, head_dim = _shapes(q, k, v)
+    scale = _resolve_scale(scale, head_dim)
+    q64 = np.asarray(q, dtype=np.float64)
+    k64 = _expand_kv(np.asarray(k, dtype=np.float64), heads_q)
+    v64 = _expand_kv(np.asarray(v, dtype=np.float64), heads_q)
+    s = scale * (q64 @ k64.swapaxes(-1, -2))
+    s = np.where(_visible(np.arange(seqlen_q), np.arange(seqlen_k), is_causal), s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)  # finite: top-left causal always shows key 0
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    return (p @ v64) / l, (m + np.log(l))[..., 0]
+
+
+def _fa1(q, k, v, is_causal, scale, block_m, block_n):
+    """FA1 order: K_j/V_j outer, Q_i inner, O_i/m_i/l_i read and written back each step."""
+    batch, heads, seqlen_q, head_dim = q.shape
+    seqlen_k = k.shape[2]
+    out = np.zeros((batch, heads, seqlen_q, head_dim), dtype=np.float32)  # "HBM"
+    row_max = np.full((batch, heads, seqlen_q), -np.inf, dtype=np.float32)
+    row_sum = np.zeros((batch, heads, seqlen_q), dtype=np.float32)
+    for j0 in range(0, seqlen_k, block_n):
+        j1 = min(j0 + block_n, seqlen_k)
+        k_j, v_j = k[:, :, j0:j1], v[:, :, j0:j1]
+        for i0 in range(0, seqlen_q, block_m):
+            i1 = min(i0 + block_m, seqlen_q)
+            if is_causal and j0 > i1 - 1:
+                continue  # every key of K_j is right of every query of Q_i
+            s = scale * (q[:, :, i0:i1] @ k_j.swapaxes(-1, -2))
+            s = np.where(_visible(np.arange(i0, i1), np.arange(j0, j1), is_causal), s, -np.inf)
+            m_tile = s.max(axis=-1)
+            # A row with no visible key in this tile: exponentiate against 0, not
+            # -inf, so exp(-inf - (-inf)) never produces a NaN.
+            p = np.exp(s - np.where(np.isneginf(m_tile), 0, m_tile)[..., None])
+            l_tile = p.sum(axis=-1)
+            m_old, l_old = row_max[:, :, i0:i1], row_sum[:, :, i0:i1]
+            m_new = np.maximum(m_old, m_tile)
+            m_ref = np.where(np.isneginf(m_new), 0, m_new)
+            alpha_old, alpha_tile = np.exp(m_old - m_ref), np.exp(m_tile - m_ref)
+            l_new = alpha_old * l_old + alpha_tile * l_tile
+            o_new = ((l_old * alpha_old)[..., None] * out[:, :, i0:i1]
+                     + alpha_tile[..., None] * (p @ v_j))
+            out[:, :, i0:i1] = o_new / np.where(l_new > 0, l_new, 1)[..., None]
+            row_max[:, :, i0:i1], row_sum[:, :, i0:i1] = m_new, l_new
+    return out, row_max + np.log(row_sum)
+
+
+def _fa2(q, k, v, is_causal, scale, block_m, block_n):
+    """FA2 order: Q_i outer, K_j/V_j inner, base-2 exponent, one normalisation at the end."""
+    batch, heads, seqlen_q, head_dim = q.shape
+    seqlen_k = k.shape[2]
+    scale_log2 = np.float32(scale * LOG2E)  # folded once, as the kernels do
+    out = np.empty((batch, heads, seqlen_q, head_dim), dtype=np.float32)
+    lse = np.empty((batch, heads, seqlen_q), dtype=np.float32)
+    for i0 in range(0, seqlen_q, block_m):
+        i1 = min(i0 + block_m, seqlen_q)
+        q_i = q[:, :, i0:i1]
+        acc = np.zeros((batch, heads, i1 - i0, head_dim), dtype=np.float32)
+        m_i = np.full((batch, heads, i1 - i0), -np.inf, dtype=np.float32)  # base-2 units
+        l_i = np.zeros((batch, heads, i1 - i0), dtype=np.float32)
+        kv_end = min(seqlen_k, i1) if is_causal else seqlen_k  # later tiles are fully masked
+        for j0 in range(0, kv_end, block_n):
+            j1 = min(j0 + block_n, seqlen_k)
+            s = (q_i @ k[:, :, j0:j1].swapaxes(-1, -2)) * scale_log2
+            s = np.where(_visible(np.arange(i0, i1), np.arange(j0, j1), is_causal), s, -np.inf)
+            m_new = np.maximum(m_i, s.max(axis=-1))
+            m_ref = np.where(np.isneginf(m_new), 0, m_new)
+            p = np.exp2(s - m_ref[..., None])
+            alpha = np.exp2(m_i - m_ref)  # rescales what was accumulated so far
+            l_i = alpha * l_i + p.sum(axis=-1)
+            acc = alpha[..., None] * acc + p @ v[:, :, j0:j1]
+            m_i = m_new
+        out[:, :, i0:i1] = acc / np.where(l_i > 0, l_i, 1)[..., None]
+        lse[:, :, i0:i1] = (m_i + np.log2(l_i)) / np.float32(LOG2E)  # back to natural log
+    return out, lse
+
+
+def flash_forward_emulated(q, k, v, is_causal=False, scale=None, block_m=64, block_n=64,
+                           order="fa2"):
+    """Tiled online-softmax forward pass in float32. Returns (out, lse) like the reference.
+
+    block_m is B_r (query rows per tile), block_n is B_c (key rows per tile); neither
+    sequence length needs to be a multiple of them (the last tile is partial).
+    """
+    _, heads_q, _, _, _, head_dim = _shapes(q, k, v)
+    scale = _resolve_scale(scale, head_dim)
+    if block_m < 1 or block_n < 1:
+        raise ValueError("block sizes must be positive")
+    q32 = np.asarray(q, dtype=np.float32)
+    k32 = _expand_kv(np.asarray(k, dtype=np.float32), heads_q)
+    v32 = _expand_kv(np.asarray(v, dtype=np.float32), heads_q)
+    if order == "fa1":
+        return _fa1(q32, k32, v32, is_causal, np.float32(scale), block_m, block_n)
+    if order == "fa2":
+        return _fa2(q32, k32, v32, is_causal, scale, block_m, block_n)
+    raise ValueError(f"order must be 'fa1' or 'fa2', got {order!r}")
+
+
+def debug_intermediates(q, k, v, is_causal=False, scale=None):
+    """S, m, l, P, O of (b=0, h=0) in float64, as the LAB_DEBUG_DUMP kernel build dumps them.
+
+    S [Sq, Sk] = scale * Q K^T with masked entries -inf; m [Sq] = row max of S;
+    l [Sq] = sum_j exp(S - m); P [Sq, Sk] = exp(S - m) / l; O [Sq, D] = P V.
+    (The kernel dumps these only for Sq <= 64 and Sk <= 64; this works for any size.)
+    """
+    _, _, _, seqlen_q, seqlen_k, head_dim = _shapes(q, k, v)
+    scale = _resolve_scale(scale, head_dim)
+    q0 = np.asarray(q[0, 0], dtype=np.float64)
+    k0 = np.asarray(k[0, 0], dtype=np.float64)  # query head 0 reads KV head 0
+    v0 = np.asarray(v[0, 0], dtype=np.float64)
+    s = scale * (q0 @ k0.T)
+    s = np.where(_visible(np.arange(seqlen_q), np.arange(seqlen_k), is_causal), s, -np.inf)
+    m = s.max(axis=-1)
+    e = np.exp(s - m[:, None])
+    l = e.sum(axis=-1)
+    p = e / l[:, None]
+    return {"S": s, "m": m, "l": l, "P": p, "O": p @ v0}
+
+
+def debug_layout(seqlen_q, seqlen_k, head_dim):
+    """{name: (offset in floats, shape)} of the flat debug dump; total = 2*Sq*Sk + 2*Sq + Sq*D."""
+    sq, sk = seqlen_q, seqlen_k
+    return {"S": (0, (sq, sk)), "m": (sq * sk, (sq,)), "l": (sq * sk + sq, (sq,)),
+            "P": (sq * sk + 2 * sq, (sq, sk)), "O": (2 * sq * sk + 2 * sq, (sq, head_dim))}
+
+
+def debug_size(seqlen_q, seqlen_k, head_dim):
+    """Number of floats the kernel's debug buffer must hold."""
+    return 2 * seqlen_q * seqlen_k + 2 * seqlen_q + seqlen_q * head_dim
+
+
+def unpack_debug(flat, seqlen_q, seqlen_k, head_dim):
+    """Split a flat dump (the kernel's p->debug buffer) into the dict of debug_intermediates."""
+    flat = np.asarray(flat).reshape(-1)
+    if flat.size < debug_size(seqlen_q, seqlen_k, head_dim):
+        raise ValueError(f"dump has {flat.size} floats, needs {debug_size(seqlen_q, seqlen_k, head_dim)}")
+    return {name: flat[off:off + math.prod(shape)].reshape(shape)
+            for name, (off, shape) in debug_layout(seqlen_q, seqlen_k, head_dim).items()}
+
+
+def pack_debug(parts):
+    """Inverse of unpack_debug: concatenate S, m, l, P, O into one flat float32 array."""
+    return np.concatenate([np.asarray(parts[name], dtype=np.float32).reshape(-1) for name in DEBUG_KEYS])

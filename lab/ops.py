@@ -1,0 +1,264 @@
+"""The attention users call: lab.ops.attention and lab.ops.decode, with SDPA's names and (B, H, S, D) layout.
+
+Both are torch.library custom ops with fake implementations, so torch.compile traces a model that
+calls them without a graph break. Bad input raises TypeError/ValueError naming the argument before
+any kernel runs; nothing reaches a kernel that it cannot handle.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import build
+
+
+@dataclass(frozen=True)
+class Kernel:
+    source: str
+    symbol: str
+    head_dims: tuple
+
+
+FWD = {
+    "v01": Kernel("fwd/v01_scalar.cu", "attn_fwd_v01", (16, 32, 64, 128)),
+    "v02": Kernel("fwd/v02_mma.cu", "attn_fwd_v02", (64, 128)),
+}
+DECODE = {
+    "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
+}
+BEST_FWD = ("v02", "v01")  # preference order for version=None
+MAX_DECODE_Q_LEN = 16
+_addresses: dict = {}
+
+
+def launcher(table: dict, version: str, defines=None) -> int:
+    """Build (or load from cache) a kernel and return its launcher address; memoised per process."""
+    key = (id(table), version, tuple(sorted((defines or {}).items())))
+    if key not in _addresses:
+        kernel = table[version]
+        _addresses[key] = build.build_kernel(kernel.source, defines).address(kernel.symbol)
+    return _addresses[key]
+
+
+def reload() -> None:
+    """Forget launcher addresses: the next call rebuilds any kernel whose sources changed."""
+    _addresses.clear()
+    build._loaded.clear()
+
+
+# ------------------------------------------------------------------ validation
+
+def _version(version, table: dict, head_dim: int, preference) -> str:
+    if version is None:
+        for name in preference:
+            if name in table and head_dim in table[name].head_dims:
+                return name
+        raise ValueError(f"head dim {head_dim} is not supported by any kernel "
+                         f"(supported: {sorted({d for k in table.values() for d in k.head_dims})})")
+    name = f"v{int(version):02d}" if isinstance(version, int) else str(version)
+    if name not in table:
+        raise ValueError(f"version={version!r} is unknown; available: {sorted(table)}")
+    if head_dim not in table[name].head_dims:
+        raise ValueError(f"head dim {head_dim} is not supported by {name} (supported: {list(table[name].head_dims)})")
+    return name
+
+
+def _check_tensor(t, name: str, like=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"{name}.dtype must be torch.float16 or torch.bfloat16, got {t.dtype}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device} (CPU mode: use lab.emulate)")
+    if like is not None:
+        if t.dtype != like.dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must match query.dtype ({like.dtype})")
+        if t.device != like.device:
+            raise ValueError(f"{name} is on {t.device} but query is on {like.device}")
+        if t.shape[0] != like.shape[0]:
+            raise ValueError(f"{name} has batch {t.shape[0]} but query has batch {like.shape[0]}")
+        if t.shape[-1] != like.shape[-1]:
+            raise ValueError(f"{name} has head dim {t.shape[-1]} but query has {like.shape[-1]}")
+    if t.numel() and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension, got stride(-1) = {t.stride(-1)}; "
+                         f"call {name}.contiguous()")
+
+
+def _aligned(t):
+    """Kernels load 16 bytes at a time: other strides must be multiples of 8 elements, data 16-byte aligned.
+
+    Any other layout is copied (the result is right, only slower), never passed through.
+    """
+    ok = t.data_ptr() % 16 == 0 and all(t.stride(i) % 8 == 0 or t.shape[i] == 1 for i in range(3))
+    return t if ok else t.contiguous()
+
+
+def _check_heads(query, key, enable_gqa: bool, what: str = "key"):
+    Hq, Hkv = query.shape[1], key.shape[1]
+    if Hq != Hkv and not enable_gqa:
+        raise ValueError(f"query has {Hq} heads but {what} has {Hkv}: pass enable_gqa=True (as in SDPA) for GQA/MQA")
+    if Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of {what} heads ({Hkv})")
+
+
+def _scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    return float(scale)
+
+
+# ------------------------------------------------------------------ forward attention
+
+@torch.library.custom_op("lab::attention", mutates_args=())
+def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool, scale: float,
+                  version: str) -> tuple[torch.Tensor, torch.Tensor]:
+    out = query.new_empty(query.shape)
+    lse = torch.empty(query.shape[:3], device=query.device, dtype=torch.float32)
+    build.binding().attn_fwd(launcher(FWD, version), _aligned(query), _aligned(key), _aligned(value), out, lse,
+                             scale, is_causal, None)
+    return out, lse
+
+
+@_attention_op.register_fake
+def _(query, key, value, is_causal, scale, version):
+    return query.new_empty(query.shape), query.new_empty(query.shape[:3], dtype=torch.float32)
+
+
+def attention(query, key, value, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+              version=None, return_lse: bool = False):
+    """Scaled dot-product attention, (B, H, S, D) like F.scaled_dot_product_attention.
+
+    is_causal follows SDPA (top-left aligned: query i sees keys j <= i, also when S_q != S_k).
+    version: None picks the fastest kernel for the head dim; or 1/"v01", 2/"v02".
+    return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).
+    """
+    _check_tensor(query, "query")
+    _check_tensor(key, "key", query)
+    _check_tensor(value, "value", query)
+    if key.shape != value.shape:
+        raise ValueError(f"key and value shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
+    _check_heads(query, key, enable_gqa)
+    if key.shape[2] == 0:
+        raise ValueError("key has sequence length 0: every query row would attend to nothing")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    name = _version(version, FWD, query.shape[-1], BEST_FWD)
+    out, lse = _attention_op(query, key, value, is_causal, _scale(scale, query.shape[-1]), name)
+    return (out, lse) if return_lse else out
+
+
+def fwd_runner(version: str, defines=None):
+    """For lab.check: run(q, k, v, is_causal, scale, out) writes into the caller's (poisoned) `out`."""
+    def run(q, k, v, is_causal, scale, out, debug=None):
+        address = launcher(FWD, version, defines)
+        build.binding().attn_fwd(address, q, k, v, out, None, _scale(scale, q.shape[-1]), is_causal, debug)
+    return run
+
+
+def fwd_maker(version: str, defines=None):
+    """For lab.sweep: make(q, k, v, is_causal) -> a zero-argument call with everything resolved up front."""
+    def make(q, k, v, is_causal):
+        address, bind = launcher(FWD, version, defines), build.binding()
+        out, scale = torch.empty_like(q), 1.0 / math.sqrt(q.shape[-1])
+        return lambda: bind.attn_fwd(address, q, k, v, out, None, scale, is_causal, None)
+    return make
+
+
+# ------------------------------------------------------------------ decoding
+
+def _num_splits(num_splits, batch, heads_kv, seqlen, device) -> int:
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+            raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+        return num_splits
+    from .splits import choose_num_splits
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return choose_num_splits(batch, heads_kv, seqlen, sms)
+
+
+@torch.library.custom_op("lab::decode", mutates_args=())
+def _decode_op(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               cache_seqlens: torch.Tensor | None, scale: float, num_splits: int, version: str) -> torch.Tensor:
+    out = query.new_empty(query.shape)
+    B, Hq, q_len, D = query.shape
+    partial_o = torch.empty(B, Hq, q_len, num_splits, D, device=query.device, dtype=torch.float32)
+    partial_lse = torch.empty(B, Hq, q_len, num_splits, device=query.device, dtype=torch.float32)
+    build.binding().decode_fwd(launcher(DECODE, version), _aligned(query), _aligned(key_cache), _aligned(value_cache),
+                               out, cache_seqlens, partial_o, partial_lse, None, scale, num_splits)
+    return out
+
+
+@_decode_op.register_fake
+def _(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version):
+    return query.new_empty(query.shape)
+
+
+def _check_decode(query, key_cache, value_cache, cache_seqlens):
+    _check_tensor(query, "query")
+    _check_tensor(key_cache, "key_cache", query)
+    _check_tensor(value_cache, "value_cache", query)
+    if key_cache.shape != value_cache.shape:
+        raise ValueError(f"key_cache and value_cache shapes differ: {tuple(key_cache.shape)} vs {tuple(value_cache.shape)}")
+    if not 1 <= query.shape[2] <= MAX_DECODE_Q_LEN:
+        raise ValueError(f"query length must be 1..{MAX_DECODE_Q_LEN} tokens for decode, got {query.shape[2]} "
+                         f"(use lab.ops.attention for prefill)")
+    _check_heads(query, key_cache, True, "key_cache")
+    if cache_seqlens is None:
+        return None
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError("cache_seqlens must be an int32 or int64 tensor of shape (B,)")
+    if cache_seqlens.shape != (query.shape[0],):
+        raise ValueError(f"cache_seqlens must have shape ({query.shape[0]},), got {tuple(cache_seqlens.shape)}")
+    if cache_seqlens.device != query.device:
+        raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but query is on {query.device}")
+    if not torch.compiler.is_compiling():  # a value check needs a host sync; skip it inside a compiled graph
+        low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if low < 0 or high > key_cache.shape[2]:
+            raise ValueError(f"cache_seqlens must lie in [0, {key_cache.shape[2]}] (the cache length), got [{low}, {high}]")
+    return cache_seqlens.to(torch.int32).contiguous()
+
+
+def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | None = None, num_splits=None,
+           version=None):
+    """Split-K decoding: q_len (1..16) new tokens per sequence attend to a KV cache (B, H_kv, S_cache, D).
+
+    cache_seqlens (B,) int32: sequence b sees only its first cache_seqlens[b] keys (None: all of them);
+    a length of 0 gives a zero output. H_q must be a multiple of H_kv (GQA/MQA is implied, as in serving).
+    num_splits: None uses lab.splits.choose_num_splits for this GPU; an int overrides it.
+    """
+    seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens)
+    name = _version(version, DECODE, query.shape[-1], ("v01",))
+    splits = _num_splits(num_splits, query.shape[0], key_cache.shape[1], key_cache.shape[2], query.device)
+    return _decode_op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
+
+
+def decode_runner(version: str = "v01", num_splits=None):
+    """For lab.check: run(q, k, v, seqlens, scale, out) writes into the caller's (poisoned) `out`."""
+    def run(q, k, v, seqlens, scale, out):
+        B, Hq, q_len, D = q.shape
+        splits = _num_splits(num_splits, B, k.shape[1], k.shape[2], q.device)
+        po = torch.empty(B, Hq, q_len, splits, D, device=q.device, dtype=torch.float32)
+        pl = torch.empty(B, Hq, q_len, splits, device=q.device, dtype=torch.float32)
+        build.binding().decode_fwd(launcher(DECODE, version), q, k, v, out, seqlens, po, pl, None,
+                                   _scale(scale, D), splits)
+    return run
+
+
+def decode_maker(version: str = "v01", num_splits=None):
+    """For lab.sweep: make(q, k, v, seqlens) -> a zero-argument call, workspace allocated up front."""
+    def make(q, k, v, seqlens):
+        B, Hq, q_len, D = q.shape
+        splits = _num_splits(num_splits, B, k.shape[1], k.shape[2], q.device)
+        po = torch.empty(B, Hq, q_len, splits, D, device=q.device, dtype=torch.float32)
+        pl = torch.empty(B, Hq, q_len, splits, device=q.device, dtype=torch.float32)
+        out, address, bind = torch.empty_like(q), launcher(DECODE, version), build.binding()
+        scale = 1.0 / math.sqrt(D)
+        return lambda: bind.decode_fwd(address, q, k, v, out, seqlens, po, pl, None, scale, splits)
+    return make

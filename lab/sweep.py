@@ -1,0 +1,128 @@
+"""Sweeps: every case timed for our kernels and every SDPA backend in one process, one record per row.
+
+A chapter calls fwd_sweep(cases, {"v02": runner}) or decode_sweep(...); the rows land in the run's
+records.jsonl and come back as a list for tables and plots.
+"""
+from __future__ import annotations
+
+from . import bench, record
+from .cases import Case, DecodeCase
+from .check import DTYPES
+
+
+def _inputs_fwd(case: Case, seed: int):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = DTYPES[case.dtype]
+    shape_q, shape_kv = (case.B, case.Hq, case.Sq, case.D), (case.B, case.Hkv, case.Sk, case.D)
+    return [torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in (shape_q, shape_kv, shape_kv)]
+
+
+def _row(kind, impl, case, timing, work, ceilings, extra=None):
+    row = {"kind": kind, "impl": impl, "case": case.as_dict()}
+    if isinstance(timing, bench.Timing):
+        row["timing"] = timing.as_dict()
+        if kind == "fwd":
+            row["tflops"] = work / timing.median_ms / 1e9
+            row["frac_ceiling"] = row["tflops"] / ceilings["bf16_matmul_tflops"]
+        else:
+            row["gbps"] = work / timing.median_ms / 1e6
+            row["frac_ceiling"] = row["gbps"] / ceilings["copy_gbps"]
+    else:
+        row["unsupported"] = timing
+    row.update(extra or {})
+    return row
+
+
+def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progress: bool = True,
+              memory: bool = False, **stop) -> list[dict]:
+    """kernels: {impl: make(q, k, v, is_causal) -> zero-arg callable}. Returns the recorded rows."""
+    from tqdm.auto import tqdm
+
+    ceilings = bench.ceilings()
+    rows = []
+    for i, case in enumerate(tqdm(cases, desc="fwd sweep", disable=not progress)):
+        q, k, v = _inputs_fwd(case, seed=i)
+        flops = bench.attention_flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal)
+        times, mems = {}, {}
+        for backend in backends:
+            if backend == "math" and case.B * case.Hq * case.Sq * case.Sk * 4 > bench.MATH_MAX_SCORE_BYTES:
+                times[backend] = "skipped: scores would not fit (math backend materialises them)"
+                continue
+            fn = bench.sdpa_runner(backend, q, k, v, case.causal)
+            times[backend] = bench.try_time(fn, **stop)
+            if memory and isinstance(times[backend], bench.Timing):
+                mems[backend] = bench.peak_extra_bytes(fn)
+            rows.append(record.append(_row("fwd", f"sdpa-{backend}", case, times[backend], flops, ceilings,
+                                           {"peak_extra_bytes": mems.get(backend)})))
+        for impl, make in kernels.items():
+            fn = make(q, k, v, case.causal)
+            t = bench.try_time(fn, **stop)
+            extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}}
+            extra["flags"] = bench.flagged(extra["ratios"])
+            if memory and isinstance(t, bench.Timing):
+                extra["peak_extra_bytes"] = bench.peak_extra_bytes(fn)
+            rows.append(record.append(_row("fwd", impl, case, t, flops, ceilings, extra)))
+        del q, k, v
+    return rows
+
+
+def _inputs_decode(case: DecodeCase, seed: int):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dtype = DTYPES[case.dtype]
+    q = torch.randn(case.B, case.Hq, case.q_len, case.D, generator=gen, device="cuda", dtype=dtype)
+    k = torch.randn(case.B, case.Hkv, case.kv_len, case.D, generator=gen, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    seqlens = torch.tensor(case.lengths(), dtype=torch.int32, device="cuda")
+    return q, k, v, seqlens
+
+
+def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cudnn", "efficient", "default"),
+                 progress: bool = True, **stop) -> list[dict]:
+    """kernels: {impl: make(q, k, v, seqlens) -> zero-arg callable}.
+
+    SDPA has no per-sequence lengths: for a mixed batch it gets a padding mask over the longest
+    sequence (the flash backend takes no mask and reports unsupported), and its bandwidth is still
+    counted on the bytes that must move, the same as ours.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    ceilings = bench.ceilings()
+    rows = []
+    for i, case in enumerate(tqdm(cases, desc="decode sweep", disable=not progress)):
+        q, k, v, seqlens = _inputs_decode(case, seed=i)
+        work = bench.decode_bytes(case.lengths(), case.Hq, case.Hkv, case.q_len, case.D)
+        mask = None
+        if case.seqlens:
+            mask = (torch.arange(case.kv_len, device="cuda")[None, :] < seqlens[:, None])[:, None, None, :]
+        times = {}
+        for backend in backends:
+            times[backend] = bench.try_time(bench.sdpa_runner(backend, q, k, v, False, attn_mask=mask), **stop)
+            rows.append(record.append(_row("decode", f"sdpa-{backend}", case, times[backend], work, ceilings)))
+        for impl, make in kernels.items():
+            t = bench.try_time(make(q, k, v, seqlens), **stop)
+            extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}}
+            extra["flags"] = bench.flagged(extra["ratios"])
+            rows.append(record.append(_row("decode", impl, case, t, work, ceilings, extra)))
+        del q, k, v
+    return rows
+
+
+def table(rows: list[dict], metric: str = "tflops") -> str:
+    """A compact text table: one line per case, one column per impl."""
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    cases = list(dict.fromkeys(r["case"]["name"] for r in rows))
+    by = {(r["case"]["name"], r["impl"]): r for r in rows}
+    width = max(len(c) for c in cases)
+    lines = [f"{'case':<{width}} " + " ".join(f"{i:>14}" for i in impls)]
+    for c in cases:
+        cells = []
+        for i in impls:
+            r = by.get((c, i))
+            cells.append(f"{r[metric]:>14.1f}" if r and metric in r else f"{'n/a':>14}")
+        lines.append(f"{c:<{width}} " + " ".join(cells))
+    return "\n".join(lines)
