@@ -150,7 +150,7 @@ def _demangle(name: str) -> str:
     if not tool:
         return name
     out = subprocess.run([tool, name], capture_output=True, text=True).stdout.strip()
-    return out or name
+    return (out or name).replace("(anonymous namespace)::", "")
 
 
 def resource_table(rows: list[dict]) -> str:

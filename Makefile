@@ -1,0 +1,52 @@
+# The lab's commands. Everything installs itself into .venv on first use.
+#   make book     run a session (GPU if present, CPU mode otherwise), generate the log, build the book
+#   make test     unit tests, every chapter through papermill in CPU mode, kernel compile check, book build
+#   make kernels  compile-check every kernel for sm_80 and sm_90a and print the resource table
+#   make lab      open JupyterLab on the chapters with the venv's kernel
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export MPLCONFIGDIR := $(CURDIR)/.cache/matplotlib
+export JUPYTER_CONFIG_DIR := $(CURDIR)/.cache/jupyter
+export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter-data
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+.PHONY: book test kernels lab env clean-book
+
+# torch rule: if `import torch` already works, the venv sees that torch (--system-site-packages) and
+# nothing touches it; otherwise torch==2.13.0 is installed (this machine's CPU wheel is on disk; an
+# open range would download gigabytes).
+$(STAMP): requirements.txt
+	@if $(PY) -c "import torch" >/dev/null 2>&1; then \
+	    echo "torch found: $$($(PY) -c 'import torch; print(torch.__version__)'), using it"; \
+	    test -x $(VPY) || $(PY) -m venv --system-site-packages $(VENV); \
+	else \
+	    test -x $(VPY) || $(PY) -m venv $(VENV); \
+	    $(VPY) -c "import torch" >/dev/null 2>&1 || $(VPY) -m pip install -q torch==2.13.0; \
+	fi
+	$(VPY) -m pip install -q -r requirements.txt
+	@touch $(STAMP)
+
+book: $(STAMP)
+	$(VPY) -m lab session
+	$(VPY) -m lab log
+	$(VENV)/bin/jupyter-book build . --keep-going
+	@echo "book: $(CURDIR)/_build/html/index.html"
+
+test: $(STAMP)
+	$(VPY) -m pytest -q tests
+
+kernels:
+	@if [ -x $(VPY) ]; then $(VPY) -m lab compile; else $(PY) -m lab compile; fi
+
+env: $(STAMP)
+	$(VPY) -m lab env
+
+lab: $(STAMP)
+	$(VPY) -m ipykernel install --sys-prefix --name python3 --display-name "lab (.venv)" >/dev/null
+	$(VENV)/bin/jupyter lab chapters/
+
+clean-book:
+	rm -rf _build

@@ -1,0 +1,308 @@
+"""`python -m lab session`: execute every chapter once with papermill and leave one session folder.
+
+outputs/sessions/<YYYYmmdd-HHMMSS>-<gpu>-<commit>/ holds the executed notebooks, the records the
+chapters append (LAB_SESSION_DIR points them here), their figures, and session.json.
+
+Why it is shaped like this:
+- a chapter that fails must not cost the others: its error becomes a bug entry and the session goes on
+  (the origin lost whole sessions to one blocker);
+- progress prints 'step X/Y' with elapsed time and an estimate from earlier sessions, plus a heartbeat,
+  because silent multi-minute stalls made the origin's user give up (their Pattern 11);
+- session.json is rewritten after every chapter inside this session's own folder, so a killed session
+  keeps what it finished; another session's folder is never opened for writing.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import statistics
+import sys
+import tarfile
+import threading
+import time
+import traceback as tb
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import gates as gates_mod
+from . import paths, record
+
+CHAPTERS = ["n0_environment", "n2_build_recipe", "n3_harness", "n4_baseline",
+            "n5_correctness", "n6_fa2", "n7_split_k"]
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class SessionExists(RuntimeError):
+    """Append-only: a session folder that exists already belongs to another session."""
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def create_session_dir(outputs: Path, env: dict, device: str, session_id: str | None = None) -> Path:
+    """A fresh outputs/sessions/<id>/; refuses an id whose folder exists (mkdir is the lock)."""
+    sessions = outputs / "sessions"
+    sessions.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):
+        gpu = "cpu" if device == "cpu" else env.get("gpu", "cpu")
+        now = dt.datetime.now(dt.timezone.utc)
+        sid = session_id or f"{now:%Y%m%d-%H%M%S}-{record.slug(gpu)}-{record.git_commit()}"
+        try:
+            (sessions / sid).mkdir()
+            return sessions / sid
+        except FileExistsError:
+            if session_id:
+                raise SessionExists(f"{sessions / sid} exists: a session never rewrites another's folder") from None
+            time.sleep(1.05)  # ids are per second: wait for the next one rather than share a folder
+    raise SessionExists(f"could not find a free session id under {sessions}")
+
+
+def _history(outputs: Path) -> list[dict]:
+    found = []
+    for file in sorted((outputs / "sessions").glob("*/session.json")):
+        try:
+            found.append(json.loads(file.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # a session killed mid-write must not stop the next one
+    return found
+
+
+def estimate(history: list[dict], chapter: str, mode: str, cases: str) -> float | None:
+    """Median duration of this chapter in earlier successful sessions of the same mode and case set."""
+    past = [c["duration_s"] for s in history if s.get("mode") == mode and s.get("cases") == cases
+            for c in s.get("chapters", []) if c.get("name") == chapter and c.get("status") == "ok"]
+    return statistics.median(past) if past else None
+
+
+@contextmanager
+def kernel_env(session_dir: Path, chapter: str, outputs: Path):
+    """Environment the chapter's kernel inherits; PYTHONPATH is extended, never replaced
+    (on the GPU machine it already holds the carried wheels)."""
+    saved = {k: os.environ.get(k) for k in ("LAB_SESSION_DIR", "LAB_CHAPTER", "LAB_OUTPUTS", "PYTHONPATH")}
+    os.environ["LAB_SESSION_DIR"] = str(session_dir)
+    os.environ["LAB_CHAPTER"] = chapter
+    os.environ["LAB_OUTPUTS"] = str(outputs)
+    entries = [p for p in (saved["PYTHONPATH"] or "").split(os.pathsep) if p]
+    if str(paths.ROOT) not in entries:
+        entries.append(str(paths.ROOT))
+    os.environ["PYTHONPATH"] = os.pathsep.join(entries)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _short_traceback(lines) -> str:
+    text = _ANSI.sub("", "\n".join(lines) if isinstance(lines, list) else str(lines))
+    return "\n".join(text.splitlines()[-40:])[-4000:]
+
+
+def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: float | None) -> dict:
+    """Run one notebook; returns {status, error, traceback}. Any failure is caught and described."""
+    import papermill  # slow import, needed only here
+
+    try:
+        papermill.execute_notebook(str(source), str(target), parameters=parameters, kernel_name="python3",
+                                   cwd=str(cwd), progress_bar=False, execution_timeout=timeout)
+        return {"status": "ok", "error": None, "traceback": None}
+    except papermill.PapermillExecutionError as err:
+        return {"status": "failed", "error": f"{err.ename}: {err.evalue}"[:500],
+                "exception": err.ename, "traceback": _short_traceback(err.traceback)}
+    except Exception as err:  # dead kernel, timeout, bad notebook: still a recorded failure
+        return {"status": "failed", "error": f"{type(err).__name__}: {err}"[:500],
+                "exception": type(err).__name__, "traceback": _short_traceback(tb.format_exc())}
+
+
+def append_row(session_dir: Path, row: dict, env: dict) -> None:
+    """A row written by the runner itself (gate, bug, session), with the same common fields as lab.record."""
+    full = {"kind": row["kind"], "chapter": row.get("chapter"), "session": session_dir.name,
+            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": record.git_commit(), "env": env, **row}
+    with open(session_dir / "records.jsonl", "a") as handle:
+        handle.write(json.dumps(full, default=str) + "\n")
+
+
+def session_rows(session_dir: Path) -> list[dict]:
+    file = session_dir / "records.jsonl"
+    if not file.exists():
+        return []
+    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class Heartbeat:
+    """Prints 'still running' every `every` seconds while a chapter runs (no silent stalls)."""
+
+    def __init__(self, label: str, start: float, guess: float | None, every: float, printer):
+        self.stop = threading.Event()
+        self.every = every
+        self.thread = threading.Thread(target=self._beat, args=(label, start, guess, every, printer), daemon=True)
+
+    def _beat(self, label, start, guess, every, printer):
+        while not self.stop.wait(every):
+            printer(f"  ... {label} still running, {fmt_seconds(time.time() - start)} elapsed"
+                    f" (estimate {fmt_seconds(guess)})")
+
+    def __enter__(self):
+        if self.every > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+
+
+def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_dir: Path | None = None,
+                device: str = "auto", cases: str = "quick", dtype: str | None = None, reps: int | None = None,
+                price_per_gpu_hour: float | None = None, gates_file: Path | None = None,
+                cell_timeout: float | None = None, heartbeat: float = 60.0, session_id: str | None = None,
+                env: dict | None = None, printer=print) -> Path:
+    """Execute `chapters` in order into a new session folder; returns the folder."""
+    outputs = Path(outputs or paths.OUTPUTS)
+    chapters_dir = Path(chapters_dir or paths.CHAPTERS)
+    paths.setup_cache_env()
+    env = env or record.fingerprint()
+    mode = "cpu" if device == "cpu" or env.get("gpu", "cpu") == "cpu" else "gpu"
+    history = _history(outputs)
+    folder = create_session_dir(outputs, env, device, session_id)
+    parameters = {"device": device, "cases": cases}
+    parameters.update({k: v for k, v in (("dtype", dtype), ("reps", reps)) if v is not None})
+    start = time.time()
+    info = {"id": folder.name, "start": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "end": None, "status": "running", "mode": mode, "device": device, "cases": cases,
+            "parameters": parameters, "commit": record.git_commit(), "env": env,
+            "chapters": [{"name": c, "status": "pending"} for c in chapters], "gates": [], "cost": None}
+    write_json(folder / "session.json", info)
+    printer(f"session {folder.name}: {len(chapters)} chapters, {mode} mode, {cases} cases -> {paths.relative(folder)}")
+    try:
+        for step, entry in enumerate(info["chapters"], 1):
+            _run_chapter(entry, step, len(chapters), folder, chapters_dir, outputs, parameters, history,
+                         info, start, cell_timeout, heartbeat, env, printer)
+            write_json(folder / "session.json", info)
+        info["status"] = "complete"
+    except KeyboardInterrupt:
+        info["status"] = "interrupted"
+        for entry in info["chapters"]:
+            if entry["status"] in ("pending", "running"):
+                entry.update(status="skipped", error="session interrupted")
+        raise
+    finally:
+        _finish(info, folder, start, gates_file, price_per_gpu_hour, env, printer)
+    return folder
+
+
+def _run_chapter(entry, step, total, folder, chapters_dir, outputs, parameters, history, info, start,
+                 cell_timeout, heartbeat, env, printer):
+    name = entry["name"]
+    source = chapters_dir / f"{name}.ipynb"
+    guess = estimate(history, name, info["mode"], info["cases"])
+    left = [estimate(history, e["name"], info["mode"], info["cases"]) for e in info["chapters"][step - 1:]]
+    remaining = sum(left) if all(x is not None for x in left) else None
+    printer(f"step {step}/{total}: {name}, elapsed {fmt_seconds(time.time() - start)}, "
+            f"estimate {fmt_seconds(guess)} (session left: {fmt_seconds(remaining)})")
+    if not source.exists():
+        entry.update(status="skipped", duration_s=0.0, build_s=0.0, error=f"{paths.relative(source)} not found")
+        printer(f"step {step}/{total}: {name} skipped: {entry['error']}")
+        return
+    entry.update(status="running", started=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    began = time.time()
+    with kernel_env(folder, name, outputs), Heartbeat(f"step {step}/{total}: {name}", began, guess,
+                                                      heartbeat, printer):
+        result = execute(source, folder / f"{name}.ipynb", parameters, chapters_dir, cell_timeout)
+    rows = session_rows(folder)
+    entry.update(result, duration_s=round(time.time() - began, 2), notebook=f"{name}.ipynb",
+                 build_s=round(sum(r.get("seconds") or 0 for r in rows
+                                   if r.get("kind") == "build" and r.get("chapter") == name), 3))
+    if result["status"] == "failed":
+        append_row(folder, {"kind": "bug", "chapter": name, "id": f"RUN-{name}-{result['exception']}",
+                            "title": f"{name} fails with {result['exception']}", "symptom": result["error"],
+                            "status": "open", "origin": "failed chapter", "notebook": f"{name}.ipynb"}, env)
+    printer(f"step {step}/{total}: {name} {result['status']} in {fmt_seconds(entry['duration_s'])}"
+            f" (build {entry['build_s']:.1f} s)" + (f": {result['error']}" if result["error"] else ""))
+
+
+def _finish(info, folder, start, gates_file, price, env, printer):
+    """Gates, cost and the final session.json: runs even when the session is interrupted."""
+    info["end"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    info["duration_s"] = round(time.time() - start, 2)
+    ran = [e["name"] for e in info["chapters"]]
+    results = gates_mod.evaluate_all(session_rows(folder), gates_mod.load_gates(gates_file), ran)
+    for result in results:
+        append_row(folder, {"kind": "gate", **result}, env)
+    for entry in info["chapters"]:
+        entry["gates"] = [r for r in results if r["chapter"] == entry["name"]]
+    info["gates"] = gates_mod.counts(results)
+    if price is not None and info["mode"] == "gpu":
+        hours = info["duration_s"] / 3600
+        info["cost"] = {"price_per_gpu_hour": price, "gpu_hours": round(hours, 4), "cost": round(hours * price, 4)}
+    append_row(folder, {"kind": "session", "duration_s": info["duration_s"], "mode": info["mode"],
+                        "status": info["status"], "chapters_ok": sum(e["status"] == "ok" for e in info["chapters"]),
+                        "chapters_failed": sum(e["status"] == "failed" for e in info["chapters"]),
+                        "build_s": round(sum(e.get("build_s") or 0 for e in info["chapters"]), 3)}, env)
+    write_json(folder / "session.json", info)
+    for result in results:
+        printer(f"gate [{result['chapter']}] {result['name']}: {gates_mod.describe(result)}")
+    failed = [e["name"] for e in info["chapters"] if e["status"] == "failed"]
+    printer(f"session {info['id']} {info['status']} in {fmt_seconds(info['duration_s'])}; gates {info['gates']}"
+            + (f"; failed chapters: {', '.join(failed)}" if failed else ""))
+
+
+def tarball(folder: Path, target: Path) -> Path:
+    """One archive of the session folder, to carry back from the GPU machine; unpack at the outputs' parent."""
+    with tarfile.open(target, "w:gz") as tar:
+        tar.add(folder, arcname=str(folder.relative_to(folder.parent.parent.parent)))
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab session", description=__doc__.split("\n")[0])
+    parser.add_argument("--chapters", help=f"comma-separated chapter names (default: {','.join(CHAPTERS)})")
+    parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    parser.add_argument("--dtype", help="passed to every chapter (default: each chapter's own)")
+    parser.add_argument("--cases", choices=["quick", "full"], default="quick")
+    parser.add_argument("--reps", type=int, help="timing repetitions (default: each chapter's own)")
+    parser.add_argument("--price-per-gpu-hour", type=float,
+                        default=float(os.environ["LAB_GPU_PRICE"]) if os.environ.get("LAB_GPU_PRICE") else None,
+                        help="records a cost in session.json (default: $LAB_GPU_PRICE, else none)")
+    parser.add_argument("--cell-timeout", type=float, help="seconds one cell may run (default: no limit)")
+    parser.add_argument("--heartbeat", type=float, default=60.0, help="seconds between 'still running' lines")
+    parser.add_argument("--outputs", type=Path, help="outputs root (default: $LAB_OUTPUTS or outputs/)")
+    parser.add_argument("--chapters-dir", type=Path, help="where the notebooks are (default: chapters/)")
+    parser.add_argument("--tarball", type=Path, help="also pack the session folder into this .tar.gz")
+    parser.add_argument("--no-log", action="store_true", help="do not regenerate the log pages afterwards")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a chapter or a gate failed")
+    args = parser.parse_args(argv)
+    chapters = [c.strip() for c in args.chapters.split(",") if c.strip()] if args.chapters else CHAPTERS
+    outputs = args.outputs or paths.OUTPUTS
+    folder = run_session(chapters, outputs=outputs, chapters_dir=args.chapters_dir, device=args.device,
+                         cases=args.cases, dtype=args.dtype, reps=args.reps,
+                         price_per_gpu_hour=args.price_per_gpu_hour, cell_timeout=args.cell_timeout,
+                         heartbeat=args.heartbeat, printer=lambda line: print(line, flush=True))
+    if args.tarball:
+        print(f"packed {tarball(folder, args.tarball)}")
+    if not args.no_log:
+        from . import log
+
+        try:
+            log.generate(Path(outputs))
+        except Exception as err:  # the session's evidence is written; a log bug must not hide that
+            print(f"log generation failed ({type(err).__name__}: {err}); run `python -m lab log`", file=sys.stderr)
+    info = json.loads((folder / "session.json").read_text())
+    failed = any(c["status"] == "failed" for c in info["chapters"]) or info["gates"].get("fail")
+    return 1 if args.strict and failed else 0
