@@ -273,7 +273,9 @@ def build_kernel(source: Path | str, defines=None, arch: list[str] | None = None
 
 
 def kernel_sources() -> list[Path]:
-    return sorted(p for p in paths.KERNELS.rglob("*.cu"))
+    """Every kernel file; dot-folders (kernels/.scratch, a chapter's edit playground) are not kernels."""
+    return sorted(p for p in paths.KERNELS.rglob("*.cu")
+                  if not any(part.startswith(".") for part in p.relative_to(paths.KERNELS).parts))
 
 
 def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=None) -> list[dict]:
@@ -286,9 +288,15 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
     out_dir.mkdir(parents=True, exist_ok=True)
     for path in sources or kernel_sources():
         for arch in archs:
-            obj = out_dir / f"{path.stem}-{arch}.o"
-            log, _ = run_nvcc([*BASE_FLAGS, *check_arch_flags(arch), *_define_flags(defines), "-c",
-                               paths.relative(path), "-o", str(obj)], f"{paths.relative(path)} for {arch}")
+            flags = [*BASE_FLAGS, *check_arch_flags(arch), *_define_flags(defines)]
+            obj = out_dir / f"{path.stem}-{arch}-{cache_key(path, flags)}.o"
+            saved = obj.with_suffix(".log")
+            if obj.exists() and saved.exists():  # unchanged sources and flags: reuse the ptxas report
+                log = saved.read_text()
+            else:
+                log, _ = run_nvcc([*flags, "-c", paths.relative(path), "-o", str(obj)],
+                                  f"{paths.relative(path)} for {arch}")
+                saved.write_text(log)
             for row in parse_ptxas(log):
                 row["source"] = paths.relative(path)
                 rows.append(row)
