@@ -135,9 +135,22 @@ def _draw(shape, gen, device, dtype, magnitude=1.0):
     return (torch.randn(shape, generator=gen, dtype=torch.float32) * magnitude).to(device=device, dtype=dtype)
 
 
+def _draw_layout(shape, gen, device, dtype, magnitude, layout):
+    """(B, H, S, D) tensor; layout "bshd" gives a (B, S, H, D) buffer viewed through a transpose."""
+    if layout == "bhsd":
+        return _draw(shape, gen, device, dtype, magnitude)
+    if layout != "bshd":
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    B, H, S, D = shape
+    return _draw((B, S, H, D), gen, device, dtype, magnitude).transpose(1, 2)
+
+
 def check_forward(run, case: Case, impl: str, trials: int = 3, seed: int = 0, device=None, peaked: bool = True,
-                  scale: float | None = None, save: bool = True) -> CheckResult:
-    """run(q, k, v, is_causal, scale, out) must write attention into `out` (poisoned with NaN first)."""
+                  scale: float | None = None, save: bool = True, layout: str = "bhsd") -> CheckResult:
+    """run(q, k, v, is_causal, scale, out) must write attention into `out` (poisoned with NaN first).
+
+    layout="bshd" hands the kernel (B, S, H, D) buffers viewed as (B, H, S, D): strides, not shapes, differ.
+    """
     device = device or resolve_device()
     dtype = DTYPES[case.dtype]
     result = CheckResult(impl, case)
@@ -145,10 +158,10 @@ def check_forward(run, case: Case, impl: str, trials: int = 3, seed: int = 0, de
     for trial in range(trials + (1 if peaked else 0)):
         magnitude = PEAKED_MAGNITUDE if trial == trials else 1.0
         gen = torch.Generator().manual_seed(seed * 1000 + trial)
-        q = _draw((case.B, case.Hq, case.Sq, case.D), gen, device, dtype, magnitude)
-        k = _draw((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype, magnitude)
-        v = _draw((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype)
-        out = torch.full_like(q, float("nan"))
+        q = _draw_layout((case.B, case.Hq, case.Sq, case.D), gen, device, dtype, magnitude, layout)
+        k = _draw_layout((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype, magnitude, layout)
+        v = _draw_layout((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype, 1.0, layout)
+        out = torch.full(q.shape, float("nan"), dtype=dtype, device=device)
         run(q, k, v, case.causal, scale, out)
         ref = reference(q, k, v, case.causal, scale)
         metrics = compare(out, ref, sdpa(q, k, v, case.causal, scale))
@@ -158,7 +171,8 @@ def check_forward(run, case: Case, impl: str, trials: int = 3, seed: int = 0, de
         if score > worst_err:
             worst_err, result.heatmap = score, error_map(out, ref)
     if save:
-        record.append({"kind": "check", "impl": impl, "case": case.as_dict(), "check": _record_view(result)})
+        record.append({"kind": "check", "impl": impl, "case": case.as_dict(), "layout": layout,
+                       "check": _record_view(result)})
     return result
 
 

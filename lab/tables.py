@@ -1,0 +1,86 @@
+"""Markdown tables for chapters: rendered by JupyterLab and the book (myst), readable as plain text too."""
+from __future__ import annotations
+
+
+class Table:
+    """A markdown table that displays as a table in notebooks and prints as text."""
+
+    def __init__(self, headers: list[str], rows: list[list], caption: str = ""):
+        self.headers, self.rows, self.caption = headers, rows, caption
+
+    def markdown(self) -> str:
+        def cell(value):
+            if isinstance(value, float):
+                return "n/a" if value != value else (f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}")
+            return str(value).replace("|", "/")
+        lines = ["| " + " | ".join(self.headers) + " |", "|" + "---|" * len(self.headers)]
+        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in self.rows]
+        return (f"**{self.caption}**\n\n" if self.caption else "") + "\n".join(lines)
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown()
+
+    def __repr__(self) -> str:
+        return self.markdown()
+
+
+def _by(rows, impl):
+    return {r["case"]["name"]: r for r in rows if r["impl"] == impl}
+
+
+def _ms(row):
+    return row["timing"]["median_ms"] if row and "timing" in row else float("nan")
+
+
+def checks(results) -> Table:
+    rows = [[r.impl, r.case.label, "PASS" if r.passed else "FAIL", r.worst["max_abs"], r.worst["sdpa_max_abs"],
+             r.worst["rel_l2"], r.worst["nan"]] for r in results]
+    passed = sum(r.passed for r in results)
+    return Table(["impl", "case", "verdict", "max abs err", "SDPA max abs err", "rel L2", "NaN"], rows,
+                 f"{passed}/{len(results)} cases pass")
+
+
+def versus(rows: list[dict], impl: str, metric: str = "tflops",
+           backends=("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-default")) -> Table:
+    """Per case: our metric and time, then each backend's metric and our speedup over it."""
+    ours = _by(rows, impl)
+    others = {b: _by(rows, b) for b in backends}
+    out = []
+    for name, r in ours.items():
+        line = [name, r.get(metric, float("nan")), _ms(r), r.get("frac_ceiling", float("nan"))]
+        for b in backends:
+            line += [others[b].get(name, {}).get(metric, float("nan")), r.get("ratios", {}).get(b, float("nan"))]
+        out.append(line)
+    unit = "TFLOP/s" if metric == "tflops" else "GB/s"
+    headers = ["case", f"{impl} {unit}", f"{impl} ms", "of ceiling"]
+    for b in backends:
+        headers += [f"{b} {unit}", f"x vs {b}"]
+    return Table(headers, out, f"{impl}: speedup = time of backend / time of {impl} (>1: {impl} faster)")
+
+
+def seed_baseline(rows: list[dict], checks_by_case: dict, impl: str, historical: dict) -> Table:
+    """The origin's table on our GPU: latency, speedup and peak memory per backend, with L4 rows below."""
+    ours = _by(rows, impl)
+    backends = [b for b in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "sdpa-default")
+                if any(r["impl"] == b for r in rows)]
+    table = []
+    for name, r in ours.items():
+        mem = r.get("peak_extra_bytes")
+        line = [name, f"S={r['case']['Sq']}", _ms(r), mem / 2**20 if mem is not None else float("nan")]
+        for b in backends:
+            other = _by(rows, b).get(name)
+            line += [_ms(other), r.get("ratios", {}).get(b, float("nan"))]
+        line.append(checks_by_case.get(name, "not checked"))
+        table.append(line)
+    for name, (S, torch_ms, ours_ms, speedup) in historical.items():
+        line = [f"{name} (L4, historical)", f"S={S}", ours_ms, float("nan")]
+        for b in backends:
+            line += [torch_ms, speedup] if b == "sdpa-default" else ["", ""]
+        line.append("origin: seeds/000")
+        table.append(line)
+    headers = ["config", "S", f"{impl} ms", f"{impl} peak MiB"]
+    for b in backends:
+        headers += [f"{b} ms", f"x vs {b}"]
+    headers.append("correct")
+    return Table(headers, table, "x = time of backend / time of ours; historical rows: the origin's L4 report, "
+                                 "PyTorch column shown under sdpa-default")
