@@ -81,7 +81,8 @@ def choose_num_splits(batch: int, heads_kv: int, seqlen_k: int, num_sms: int, *,
     and 8 blocks fill 3% of it, so split. Up to 128 splits are allowed (32768 / 128 = 256 keys >= 128).
     The best efficiency is s = 32 or 64: 256 of 264 slots, 0.970 (s = 33, exactly one wave, is dropped
     by rule 2). The smallest s within 5% of 0.970 (>= 0.921) is s = 31: 248 blocks, efficiency 0.939,
-    chunks of 1088 keys (17 tiles), the last one 1120 keys short... i.e. covering keys 32640..32767.
+    chunks of ceil(32768 / 31) = 1058 -> 1088 keys (17 tiles of 64); the last split holds the remaining
+    128 keys [32640, 32768). s = 30 would give 240 blocks, 0.909: below the bar.
 
     >>> choose_num_splits(1, 8, 32768, 132)
     31

@@ -1,0 +1,113 @@
+// Device helpers for the decode kernels (kernels/decode/*.cu).
+//
+// Kept apart from kernels/common/mma.cuh (tensor-core wrappers, another
+// owner): this file only has what a memory-bound decode kernel needs:
+// 16-byte cp.async with zero fill, 16-bit <-> fp32 conversion of packed
+// pairs, warp reductions and the Hopper programmatic-dependent-launch hooks.
+// Everything compiles for sm_80 and sm_90a.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace lab {
+namespace decode {
+
+constexpr float kLog2e = 1.4426950408889634f;  // scores are kept in log2 units: exp(x) = exp2(x * log2e)
+constexpr float kLn2 = 0.6931471805599453f;    // back to natural-log LSE on the way out
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---------------------------------------------------------------------------
+// 16-bit element types: unpack two packed elements to fp32 and back.
+// ---------------------------------------------------------------------------
+template <typename T>
+struct Elem;
+
+template <>
+struct Elem<__half> {
+  static __device__ __forceinline__ float2 to_float2(uint32_t packed) {
+    __half2 h = *reinterpret_cast<const __half2*>(&packed);
+    return __half22float2(h);
+  }
+  static __device__ __forceinline__ uint32_t from_float2(float x, float y) {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+};
+
+template <>
+struct Elem<__nv_bfloat16> {
+  // bf16 is the top half of an fp32: two integer ops instead of two cvt.
+  static __device__ __forceinline__ float2 to_float2(uint32_t packed) {
+    return make_float2(__uint_as_float(packed << 16), __uint_as_float(packed & 0xffff0000u));
+  }
+  static __device__ __forceinline__ uint32_t from_float2(float x, float y) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+};
+
+// Eight elements held in one 16-byte vector -> eight floats.
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
+  float2 a = Elem<T>::to_float2(raw.x), b = Elem<T>::to_float2(raw.y);
+  float2 c = Elem<T>::to_float2(raw.z), d = Elem<T>::to_float2(raw.w);
+  f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y;
+  f[4] = c.x; f[5] = c.y; f[6] = d.x; f[7] = d.y;
+}
+
+// ---------------------------------------------------------------------------
+// cp.async, 16 bytes, L1-bypassing (.cg): K/V are streamed once, caching them
+// in L1 would only evict the Q and score tiles. `valid == false` zero-fills the
+// destination without touching global memory, so the last partial tile holds
+// zeros (finite) rather than stale data that could be NaN.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Warp reductions (butterfly: every lane ends with the result).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, off));
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(kFullMask, x, off);
+  return x;
+}
+
+// ---------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+). The producer lets its dependent
+// grid be scheduled early; the dependent waits for the producer's memory
+// before reading it. On older targets, or when the dependent was launched
+// without the PDL attribute, both are no-ops and stream order applies.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait_for_producer() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+}  // namespace decode
+}  // namespace lab
