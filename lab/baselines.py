@@ -56,11 +56,15 @@ def _latest_per_session(group: list[dict]) -> list[dict]:
 
 
 def _throughput(row: dict) -> str:
+    """TFLOP/s (forward) or GB/s (decode), with the fraction of the measured ceiling when known."""
     if row.get("tflops") is not None:
-        return f"{pages.fmt_number(row['tflops'])} TFLOP/s"
-    if row.get("gbps") is not None:
-        return f"{pages.fmt_number(row['gbps'])} GB/s"
-    return "–"
+        text = f"{pages.fmt_number(row['tflops'])} TFLOP/s"
+    elif row.get("gbps") is not None:
+        text = f"{pages.fmt_number(row['gbps'])} GB/s"
+    else:
+        return "–"
+    frac = row.get("frac_ceiling")
+    return text + (f" ({frac:.0%} of ceiling)" if isinstance(frac, (int, float)) else "")
 
 
 def _correct(row: dict) -> str:
@@ -80,8 +84,7 @@ def gpu_table(rows: list[dict]) -> tuple[str, list[str]]:
     groups = defaultdict(list)
     for row in rows:
         groups[(row.get("kind"), row["impl"], _case_key(row))].append(row)
-    header = ["Kernel", "Case", *[f"vs {b}" for b in available], "Throughput", "Frac. ceiling",
-              "Correct", "Median ms", f"Trend vs {main}" if main else "Trend", "Sessions", "Latest"]
+    header = ["Kernel", "Case", *[f"vs {b}" for b in available], "Throughput", "Correct", "Median ms", f"Trend vs {main}" if main else "Trend", "Sessions", "Latest"]
     body = []
     for (kind, impl, case), group in sorted(groups.items()):
         series = _latest_per_session(group)
@@ -89,9 +92,7 @@ def gpu_table(rows: list[dict]) -> tuple[str, list[str]]:
         ratios = last.get("ratios") or {}
         trend = " → ".join(pages.fmt_number(r["ratios"][main]) for r in series[-5:]
                            if main and (r.get("ratios") or {}).get(main) is not None)
-        frac = last.get("frac_ceiling")
-        body.append([f"{impl} ({kind})", case, *[ratios.get(b) for b in available], _throughput(last),
-                     f"{frac:.0%}" if isinstance(frac, (int, float)) else None, _correct(last),
+        body.append([f"{impl} ({kind})", case, *[ratios.get(b) for b in available], _throughput(last), _correct(last),
                      (last.get("timing") or {}).get("median_ms"), trend, len(series),
                      pages.session_ref(last["session"])])
     return pages.table(header, body), available
@@ -102,6 +103,7 @@ def trend_figure(rows: list[dict], sessions: list[dict], main: str | None, targe
     if not main:
         return None
     from matplotlib.figure import Figure  # no pyplot: no global backend state in a library
+    from matplotlib.ticker import ScalarFormatter
 
     order = {s["id"]: i for i, s in enumerate(sessions)}
     series = defaultdict(dict)
@@ -120,6 +122,7 @@ def trend_figure(rows: list[dict], sessions: list[dict], main: str | None, targe
         ax.plot(xs, ys, marker="o", label=name)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.set_xticks(range(len(used)), [sid[:15] for sid in used], rotation=20, fontsize=7)
     ax.set_ylabel(f"ratio to {main} (>1: ours faster)")
     ax.set_title("Geometric mean over cases, per session")

@@ -8,7 +8,7 @@ tool could check. Here a gate is a row in chapters/gates.json:
      "metric": "ratios.sdpa-flash", "op": ">=", "value": 1.0, "gpu_only": true}
 
 query: each key matches a record's top-level field, its case field, or a dotted path; a list
-means any of; a string with * or ? is a glob. metric: a dotted path into the row.
+means any of; a string with * or ? is a glob; "not": {...} excludes rows matching a sub-query. metric: a dotted path into the row.
 op: >=, <=, >, <, == (every matching row must satisfy it: the measured value shown is the worst)
 or "all" (every matching row's metric equals value). gpu_only: rows measured without a GPU do
 not count. With no matching row the status is "no data", never "pass": a CPU session proves nothing.
@@ -77,6 +77,10 @@ def _matches_one(actual, wanted) -> bool:
 
 def matches(row: dict, query: dict) -> bool:
     for key, wanted in query.items():
+        if key == "not":  # {"not": {...}}: the row must not match the sub-query
+            if matches(row, wanted):
+                return False
+            continue
         actual = _lookup(row, key)
         options = wanted if isinstance(wanted, list) else [wanted]
         if not any(_matches_one(actual, option) for option in options):
@@ -144,8 +148,9 @@ def describe(result: dict) -> str:
     """'pass: measured 1.12 (>= 1.0, 3 rows)' — one line for logs and progress output."""
     if result["status"] == "no data":
         return "no data"
-    want = f"== {result['expected']}" if result["op"] == "all" else f"{result['op']} {result['expected']}"
-    return f"{result['status']}: measured {result['measured']} ({want}, {result['rows']} rows)"
+    if result["op"] == "all":
+        return f"{result['status']}: {result['measured']} with {result['metric']} == {result['expected']}"
+    return f"{result['status']}: measured {result['measured']} ({result['op']} {result['expected']}, {result['rows']} rows)"
 
 
 def counts(results: list[dict]) -> dict:

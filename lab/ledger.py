@@ -8,15 +8,15 @@ resolves each query to measured values and the sessions behind them, or says the
 """
 from __future__ import annotations
 
-import fnmatch
 import json
 from pathlib import Path
 
 from . import gates, pages
 
-# Checks that are meant to fail (the harness self-test's wrong kernels, the reproduced layout bug)
-# are evidence that the harness works, not bugs. Chapters may also mark a row "expected_fail": true.
-DELIBERATE_IMPLS = ("wrong*", "selftest*", "*-wrong*", "*bug*", "*layout*")
+# Checks that are meant to fail (n3's self-test wrong kernels, n5's kernels built with a LAB_BUG_* define)
+# are evidence that the harness works, not bugs; the self-test's control must pass, so it is not exempt.
+# Chapters may also mark a row "expected_fail": true.
+DELIBERATE = {"impl": ["selftest: *", "*LAB_BUG*", "wrong*"], "not": {"impl": "*control*"}}
 BUG_FIELDS = ("title", "symptom", "shape", "root_cause", "fix", "fix_commit", "version", "status", "source")
 STATUS_ORDER = {"open": 0, "fixed": 1, "historical": 2}
 
@@ -29,7 +29,7 @@ def deliberate(row: dict) -> bool:
     check = row.get("check") or {}
     if row.get("expected_fail") or check.get("expected_fail") or row.get("expect") == "fail":
         return True
-    return any(fnmatch.fnmatchcase(str(row.get("impl", "")), p) for p in DELIBERATE_IMPLS)
+    return gates.matches(row, DELIBERATE)
 
 
 def _check_bug(row: dict) -> dict:
@@ -48,7 +48,8 @@ def bugs(outputs: Path, rows: list[dict]) -> list[dict]:
     found += [(r, _check_bug(r)) for r in rows
               if r.get("kind") in ("check", "fwd", "decode") and (r.get("check") or {}).get("passed") is False
               and not deliberate(r)]
-    for row, entry in sorted(found, key=lambda pair: pair[0].get("timestamp", "")):
+    # GPU rows are applied last: a CPU emulation's "reproduced" never overwrites a GPU "fixed"
+    for row, entry in sorted(found, key=lambda pair: (pages.is_gpu(pair[0]), pair[0].get("timestamp", ""))):
         target = merged.setdefault(entry["id"], {"id": entry["id"], "sessions": [], "figures": []})
         target.update({k: v for k, v in entry.items() if v not in (None, "", []) and k != "figures"})
         for fig in entry.get("figures") or []:
@@ -72,6 +73,15 @@ def _fix(bug: dict) -> str:
     return "; ".join(p for p in parts if p) or "–"
 
 
+def _fixed_in(bug: dict) -> str:
+    """Short form for the summary table: where it was fixed, or the first words of the fix."""
+    where = [f"`{bug['fix_commit']}`" if bug.get("fix_commit") else "", bug.get("version") or ""]
+    if any(where):
+        return " ".join(w for w in where if w)
+    fix = bug.get("fix") or ""
+    return fix if len(fix) <= 60 else fix[:57].rsplit(" ", 1)[0] + " …"
+
+
 def _sessions(ids: list[str], limit: int = 4) -> str:
     shown = [pages.session_ref(s) for s in ids[-limit:]]
     return ", ".join(shown) + (f" (+{len(ids) - limit} earlier)" if len(ids) > limit else "") if ids else "–"
@@ -85,7 +95,7 @@ def bugs_page(outputs: Path, sessions: list[dict], rows: list[dict], log_dir: Pa
              "every failed chapter and every failing correctness check (other than deliberate ones) opens one "
              "by itself.\n",
              pages.table(["ID", "Title", "Status", "Fix", "Sessions"],
-                         [[b["id"], b.get("title"), b.get("status", "open"), _fix(b),
+                         [[b["id"], b.get("title"), b.get("status", "open"), _fixed_in(b),
                            len(b["sessions"]) or "–"] for b in entries])]
     for bug in entries:
         ids = [s for s in bug["sessions"] if s in known]
@@ -108,8 +118,8 @@ def _summary(values: list) -> str:
         return ", ".join(sorted({str(v) for v in values}))[:80]
     numbers.sort()
     median = numbers[len(numbers) // 2]
-    if len(numbers) == 1:
-        return pages.fmt_number(float(median))
+    if numbers[0] == numbers[-1]:
+        return pages.fmt_number(float(median)) + (f" (all {len(numbers)})" if len(numbers) > 1 else "")
     return (f"median {pages.fmt_number(float(median))} (min {pages.fmt_number(float(numbers[0]))}, "
             f"max {pages.fmt_number(float(numbers[-1]))})")
 

@@ -232,7 +232,7 @@ def _run_chapter(entry, step, total, folder, chapters_dir, outputs, parameters, 
     if result["status"] == "failed":
         append_row(folder, {"kind": "bug", "chapter": name, "id": f"RUN-{name}-{result['exception']}",
                             "title": f"{name} fails with {result['exception']}", "symptom": result["error"],
-                            "status": "open", "origin": "failed chapter", "notebook": f"{name}.ipynb"}, env)
+                            "status": "open", "source": f"failed chapter {name}", "notebook": f"{name}.ipynb"}, env)
     printer(f"step {step}/{total}: {name} {result['status']} in {fmt_seconds(entry['duration_s'])}"
             f" (build {entry['build_s']:.1f} s)" + (f": {result['error']}" if result["error"] else ""))
 

@@ -1,0 +1,100 @@
+"""Build the book from fixture outputs with no warnings, then look at it in a real headless browser."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest
+
+import fixture_outputs
+from lab import log
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--virtual-time-budget=5000"]  # lets index.html's redirect to intro.html happen
+PAGES = {"index": "index.html", "baselines": "outputs/log/baselines.html", "bugs": "outputs/log/bugs.html"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A copy of the book's sources with fixture outputs, built once for the module."""
+    root = tmp_path_factory.mktemp("book")
+    for name in ("_config.yml", "_toc.yml", "intro.md"):
+        shutil.copy(REPO / name, root / name)
+    shutil.copytree(REPO / "lab", root / "lab", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "chapters", root / "chapters", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    fixture_outputs.build(root / "outputs")
+    log.generate(root / "outputs", chapters_dir=root / "chapters")
+    env = {**os.environ, "MPLCONFIGDIR": str(root / ".cache" / "matplotlib")}
+    jb = Path(sys.executable).parent / "jupyter-book"
+    result = subprocess.run([str(jb) if jb.exists() else "jupyter-book", "build", "-W", "-n", "--keep-going", "."],
+                            cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    return root, result
+
+
+def test_book_builds_without_warnings(built):
+    root, result = built
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "WARNING" not in output and "build succeeded" in output
+    html = root / "_build" / "html"
+    for page in ("intro", "outputs/book/n4_baseline", "outputs/book/n3_harness", "outputs/log/sessions",
+                 "outputs/log/baselines", "outputs/log/bugs", "outputs/log/patterns"):
+        assert (html / f"{page}.html").exists(), page
+    n4 = (html / "outputs/book/n4_baseline.html").read_text()
+    assert "Executed in session" in n4 and fixture_outputs.SESSIONS["new"][0] in n4
+    assert "device = &quot;cuda&quot;" not in n4 and 'device = "cuda"' not in n4  # injected cell removed
+
+
+def chromium() -> str:
+    """Debian's chromium, installed when missing (root only); otherwise the test is skipped."""
+    for name in ("chromium", "chromium-browser"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if os.geteuid() != 0:
+        pytest.skip("chromium is not installed and installing it needs root (apt-get install -y chromium)")
+    quiet = {"capture_output": True, "timeout": 900, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+    if subprocess.run(["apt-get", "install", "-y", "chromium"], **quiet).returncode != 0:
+        subprocess.run(["apt-get", "update"], **quiet)
+        subprocess.run(["apt-get", "install", "-y", "chromium"], **quiet)
+    if not shutil.which("chromium"):
+        pytest.skip("chromium could not be installed with apt-get (no network or no Debian package)")
+    return shutil.which("chromium")
+
+
+@pytest.fixture(scope="module")
+def browser(built):
+    if built[1].returncode != 0:
+        pytest.skip("the book did not build (see test_book_builds_without_warnings)")
+    return chromium()
+
+
+@pytest.mark.parametrize("page", list(PAGES))
+def test_pages_render_tables_and_figures_in_a_browser(built, browser, page):
+    root, _ = built
+    build = root / "_build"
+    url = (build / "html" / PAGES[page]).as_uri()
+    profile = build / "chromium-profile"
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    assert "<table" in dom, f"{page}: no table in the rendered DOM"
+    if page != "index":
+        assert "<img" in dom, f"{page}: no figure in the rendered DOM"
+    if page == "index":
+        assert "Attention kernels: a lab notebook" in dom and "Sessions" in dom
+    if page == "baselines":
+        assert "trend-h100-80gb-hbm3.png" in dom and "origin-l4.png" in dom and "0.743" in dom
+    if page == "bugs":
+        assert "BUG-L4-2" in dom and "RUN-n7_split_k-RuntimeError" in dom
+    shots = build / "screenshots"
+    shots.mkdir(exist_ok=True)
+    subprocess.run([browser, *flags, f"--screenshot={shots / page}.png", "--window-size=1280,1600", url],
+                   capture_output=True, timeout=120)
+    assert (shots / f"{page}.png").stat().st_size > 10_000
+    kept = REPO / "_build" / "screenshots"  # ignored folder: the latest screenshots stay for a human to look at
+    kept.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shots / f"{page}.png", kept / f"{page}.png")

@@ -1,0 +1,128 @@
+"""The log generators and the book's chapter copies, on fixture records (tests/fixture_outputs.py)."""
+import hashlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import nbformat
+import pytest
+
+import fixture_outputs
+from fixture_outputs import SESSIONS
+from lab import log, publish
+
+OLD, NEW, CPU = (SESSIONS[k][0] for k in ("old", "new", "cpu"))
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    root = fixture_outputs.build(tmp_path_factory.mktemp("fixture") / "outputs")
+    log.generate(root)
+    return root
+
+
+def page(outputs, name):
+    return (outputs / "log" / f"{name}.md").read_text()
+
+
+def book(outputs, chapter):
+    return nbformat.read(outputs / "book" / f"{chapter}.ipynb", as_version=4)
+
+
+def test_every_page_starts_with_a_title(outputs):
+    for name in ("sessions", "baselines", "bugs", "patterns"):
+        assert page(outputs, name).splitlines()[0] == f"# {name.capitalize()}"
+
+
+def test_gpu_copy_is_preferred_over_a_newer_cpu_copy(outputs):
+    nb = book(outputs, "n4_baseline")
+    assert nb.cells[0].source == "# Chapter n4_baseline"
+    provenance = nb.cells[1].source
+    assert provenance.startswith("Executed in session") and NEW in provenance and CPU not in provenance
+    assert "NVIDIA H100 80GB HBM3" in provenance and "bbbb222222" in provenance and "2025-11-10" in provenance
+    assert "CPU-mode" not in provenance and "v01 passes every seed case" in provenance
+    assert nb.cells[2].source == "Run new of n4_baseline."
+
+
+def test_cpu_only_chapter_is_published_with_a_warning(outputs):
+    provenance = book(outputs, "n0_environment").cells[1].source
+    assert CPU in provenance and "no GPU (CPU mode)" in provenance and "{warning}" in provenance
+
+
+def test_failed_gpu_run_and_never_run_chapters(outputs):
+    assert "This execution failed" in book(outputs, "n7_split_k").cells[1].source
+    placeholder = book(outputs, "n3_harness")
+    assert placeholder.cells[0].source.startswith("# ") and "not been executed" in placeholder.cells[1].source
+
+
+def test_injected_parameters_are_hidden(outputs):
+    injected = [c for c in book(outputs, "n4_baseline").cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and "remove-cell" in injected[0].metadata["tags"]
+
+
+def test_choose_tiers():
+    def s(sid, mode, status, start):
+        return {"id": sid, "mode": mode, "start": start, "_dir": Path("/nonexistent"),
+                "chapters": [{"name": "c", "status": status}]}
+    assert publish.choose("c", [s("a", "gpu", "ok", "1")]) is None  # no notebook file: nothing to publish
+
+
+def test_baselines_table_figure_and_origin_rows(outputs):
+    text = page(outputs, "baselines")
+    assert "## NVIDIA H100 80GB HBM3" in text and "| vs sdpa-flash | vs sdpa-cudnn |" in text
+    v02 = next(line for line in text.splitlines() if line.startswith("| v02 (fwd)"))
+    assert "| 1.12 | 0.95 |" in v02 and "seq8k: B2 H16/16 S8192 D128 bf16" in v02 and NEW in v02
+    v01 = next(line for line in text.splitlines() if line.startswith("| v01 (fwd) | seq1k"))
+    assert "0.08 → 0.09" in v01 and "| 2 |" in v01  # trend across the two GPU sessions
+    assert "![Ratio trend on NVIDIA H100 80GB HBM3](figures/trend-h100-80gb-hbm3.png)" in text
+    assert (outputs / "log" / "figures" / "trend-h100-80gb-hbm3.png").stat().st_size > 1000
+    assert "| Medium | 128 | 0.044 | 0.743 | 0.06x | seeds/000, Session N+2, 2025-10-12 |" in text
+    assert "79.8% less memory" in text and (outputs / "log" / "figures" / "origin-l4.png").exists()
+    assert "cpu" not in [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| v")]
+
+
+def test_bugs_merge_curated_records_and_failures(outputs):
+    text = page(outputs, "bugs")
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "historical" in rows["BUG-L4-1"] and "historical" in rows["BUG-L4-2"]
+    assert "fixed" in rows["BUG-001"] and "`aaaa111111` v01" in rows["BUG-001"]
+    assert "open" in rows["RUN-n7_split_k-RuntimeError"] and "open" in rows["CHECK-v02-odd"]
+    assert not any("LAB_BUG_LAYOUT" in key for key in rows)  # a deliberate failure is not a bug
+    assert "| Reproducing shape | odd: B2 H16/16 S65 D64 bf16 |" in text
+    assert f"../sessions/{OLD}/figures/layout.png" in text
+    assert f"<session-{OLD}>" in text.split("## BUG-001")[1].split("##")[0]
+    assert text.index("## CHECK-v02-odd") < text.index("## BUG-001") < text.index("## BUG-L4-1")
+
+
+def test_patterns_resolve_evidence_or_say_there_is_none(outputs):
+    text = page(outputs, "patterns")
+    for n in range(1, 12):
+        assert f"## P{n}. " in text
+    assert "## L2. Lease budget" in text and "## L4. Ratios, not absolute times" in text
+    p8 = text.split("## P8. ")[1].split("## P9.")[0]
+    assert "| cold build (<= 60) | 1 | 21.50 | supports |" in p8
+    assert "| edit, rebuild and load (<= 10) | 1 | 3.20 | supports |" in p8
+    p9 = text.split("## P9. ")[1].split("## P10.")[0]
+    assert "no evidence yet" in p9
+    p7 = text.split("## P7. ")[1].split("## P8.")[0]
+    assert "| 2 | 300 (all 2) | supports |" in p7  # two GPU sessions of 300 s, both within the lease
+
+
+def test_sessions_index(outputs):
+    text = page(outputs, "sessions")
+    index = text.split("(session-")[0]
+    assert index.index(CPU) < index.index(NEW) < index.index(OLD)  # newest first
+    assert "$0.17 (0.08 h at $2.00)" in index and "3 ok, 1 failed" in index
+    assert f"({'session-' + NEW})=\n## {NEW}" in text and "RuntimeError: no kernel image is available" in text
+
+
+def test_generation_is_repeatable_and_never_touches_sessions(outputs):
+    def digest(folder):
+        return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    sessions, pages_before = digest(outputs / "sessions"), digest(outputs / "log")
+    log.generate(outputs)
+    assert digest(outputs / "sessions") == sessions
+    assert {p: d for p, d in digest(outputs / "log").items() if p.suffix == ".md"} == \
+           {p: d for p, d in pages_before.items() if p.suffix == ".md"}
