@@ -18,10 +18,10 @@ import datetime as dt
 import json
 import os
 import re
+import signal
 import statistics
 import sys
 import tarfile
-import threading
 import time
 import traceback as tb
 from contextlib import contextmanager
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from . import gates as gates_mod
 from . import paths, record
+from .progress import Heartbeat, fmt_seconds
 
 CHAPTERS = ["n0_environment", "n2_build_recipe", "n3_harness", "n4_baseline",
             "n5_correctness", "n6_fa2", "n7_split_k"]
@@ -37,13 +38,6 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 class SessionExists(RuntimeError):
     """Append-only: a session folder that exists already belongs to another session."""
-
-
-def fmt_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def create_session_dir(outputs: Path, env: dict, device: str, session_id: str | None = None) -> Path:
@@ -146,34 +140,14 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-class Heartbeat:
-    """Prints 'still running' every `every` seconds while a chapter runs (no silent stalls)."""
-
-    def __init__(self, label: str, start: float, guess: float | None, every: float, printer):
-        self.stop = threading.Event()
-        self.every = every
-        self.thread = threading.Thread(target=self._beat, args=(label, start, guess, every, printer), daemon=True)
-
-    def _beat(self, label, start, guess, every, printer):
-        while not self.stop.wait(every):
-            printer(f"  ... {label} still running, {fmt_seconds(time.time() - start)} elapsed"
-                    f" (estimate {fmt_seconds(guess)})")
-
-    def __enter__(self):
-        if self.every > 0:
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-
-
 def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_dir: Path | None = None,
                 device: str = "auto", cases: str = "quick", dtype: str | None = None, reps: int | None = None,
                 price_per_gpu_hour: float | None = None, gates_file: Path | None = None,
                 cell_timeout: float | None = None, heartbeat: float = 60.0, session_id: str | None = None,
                 env: dict | None = None, printer=print) -> Path:
-    """Execute `chapters` in order into a new session folder; returns the folder."""
+    """Execute `chapters` in order into a new session folder; returns the folder.
+
+    An interrupt stops the chapter in flight; the rest are marked skipped and session.json says so."""
     outputs = Path(outputs or paths.OUTPUTS)
     chapters_dir = Path(chapters_dir or paths.CHAPTERS)
     paths.setup_cache_env()
@@ -196,14 +170,15 @@ def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_di
                          info, start, cell_timeout, heartbeat, env, printer)
             write_json(folder / "session.json", info)
         info["status"] = "complete"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a time limit (main() turns it into this)
         info["status"] = "interrupted"
         for entry in info["chapters"]:
-            if entry["status"] in ("pending", "running"):
+            if entry["status"] == "running":  # it ran partly: its notebook, if written, is kept
+                entry.update(status="failed", error="interrupted while running", notebook=f"{entry['name']}.ipynb")
+            elif entry["status"] == "pending":
                 entry.update(status="skipped", error="session interrupted")
-        raise
-    finally:
-        _finish(info, folder, start, gates_file, price_per_gpu_hour, env, printer)
+        printer("session interrupted: finishing session.json with what ran")
+    _finish(info, folder, start, gates_file, price_per_gpu_hour, env, printer)
     return folder
 
 
@@ -290,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     chapters = [c.strip() for c in args.chapters.split(",") if c.strip()] if args.chapters else CHAPTERS
     outputs = args.outputs or paths.OUTPUTS
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout` sends SIGTERM: still write session.json
     folder = run_session(chapters, outputs=outputs, chapters_dir=args.chapters_dir, device=args.device,
                          cases=args.cases, dtype=args.dtype, reps=args.reps,
                          price_per_gpu_hour=args.price_per_gpu_hour, cell_timeout=args.cell_timeout,
@@ -304,5 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:  # the session's evidence is written; a log bug must not hide that
             print(f"log generation failed ({type(err).__name__}: {err}); run `python -m lab log`", file=sys.stderr)
     info = json.loads((folder / "session.json").read_text())
+    if info["status"] == "interrupted":
+        return 130
     failed = any(c["status"] == "failed" for c in info["chapters"]) or info["gates"].get("fail")
     return 1 if args.strict and failed else 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")

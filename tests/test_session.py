@@ -113,3 +113,15 @@ def test_estimate_uses_earlier_sessions_of_the_same_mode():
     assert session.estimate(history, "n4", "gpu", "quick") == 20
     assert session.estimate(history, "n4", "gpu", "full") is None
     assert session.fmt_seconds(75) == "1m15s" and session.fmt_seconds(None) == "unknown"
+
+
+def test_interrupt_finishes_session_json(tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(session, "execute", interrupted)
+    folder = session.run_session(["ok_chapter", "fail_chapter"], outputs=tmp_path, chapters_dir=FIXTURES,
+                                 device="cpu", gates_file=FIXTURES / "gates.json", heartbeat=0,
+                                 printer=lambda line: None)
+    info = json.loads((folder / "session.json").read_text())
+    assert info["status"] == "interrupted" and info["end"]
+    assert [c["status"] for c in info["chapters"]] == ["failed", "skipped"]
