@@ -125,15 +125,20 @@ def source_hash(source: Path | str) -> str:
 
 def parse_ptxas(text: str) -> list[dict]:
     """Per-kernel resources from `-Xptxas -v` output: registers, smem, stack frame, spills."""
-    rows, current = [], None
+    rows, current, props_for = [], None, None
     for line in text.splitlines():
         if m := re.search(r"Compiling entry function '([^']+)' for '(\w+)'", line):
             current = {"kernel": m.group(1), "arch": m.group(2), "registers": 0, "smem_bytes": 0,
                        "stack_bytes": 0, "spill_stores": 0, "spill_loads": 0}
             rows.append(current)
+            props_for = None
         elif current is None:
             continue
+        elif m := re.search(r"Function properties for (\S+)", line):
+            props_for = m.group(1)  # a non-inlined device function's block must not overwrite the entry's
         elif m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line):
+            if props_for not in (None, current["kernel"]):
+                continue
             current["stack_bytes"], current["spill_stores"], current["spill_loads"] = map(int, m.groups())
         elif m := re.search(r"Used (\d+) registers", line):
             current["registers"] = int(m.group(1))

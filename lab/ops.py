@@ -94,14 +94,15 @@ def _aligned(t):
     Any other layout is copied (the result is right, only slower), never passed through.
     """
     ok = t.data_ptr() % 16 == 0 and all(t.stride(i) % 8 == 0 or t.shape[i] == 1 for i in range(3))
-    return t if ok else t.contiguous()
+    return t if ok else t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation even when
+    # t is already contiguous (a contiguous view at an odd offset: .contiguous() would return it unchanged)
 
 
 def _check_heads(query, key, enable_gqa: bool, what: str = "key"):
     Hq, Hkv = query.shape[1], key.shape[1]
     if Hq != Hkv and not enable_gqa:
         raise ValueError(f"query has {Hq} heads but {what} has {Hkv}: pass enable_gqa=True (as in SDPA) for GQA/MQA")
-    if Hq % Hkv:
+    if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a multiple of {what} heads ({Hkv})")
 
 

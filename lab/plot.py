@@ -77,7 +77,7 @@ def ceiling_position(rows, metric: str = "frac_ceiling", title: str = "", path=N
             by_impl[r["impl"]].append(r[metric])
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = sorted(by_impl)
-    ax.boxplot([by_impl[n] for n in names], tick_labels=names, vert=False)
+    ax.boxplot([by_impl[n] for n in names], tick_labels=names, orientation="horizontal")
     ax.axvline(1.0, color="gray", ls=":")
     ax.set_xlabel("fraction of measured ceiling")
     ax.set_title(title or "position against the measured ceiling")

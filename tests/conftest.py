@@ -1,0 +1,82 @@
+"""Shared test setup: import path, headless matplotlib, the `gpu` marker, isolated records.
+
+- matplotlib renders with Agg (MPLBACKEND=Agg while matplotlib is imported here, before any test
+  imports pyplot; the variable is restored afterwards so executed notebooks are not affected);
+- tests marked `@pytest.mark.gpu` are skipped when torch sees no CUDA device;
+- the `session_dir` fixture points lab.record at a temporary session folder, so nothing a test
+  records lands in outputs/.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("MPLCONFIGDIR", str(ROOT / ".cache" / "matplotlib"))
+# Agg for this test process: matplotlib reads MPLBACKEND once, when it is imported. The variable is then
+# restored, so notebooks that tests execute in subprocesses (papermill, nbmake) keep their inline backend.
+_previous_backend = os.environ.get("MPLBACKEND")
+os.environ["MPLBACKEND"] = "Agg"
+import matplotlib  # noqa: E402
+
+if _previous_backend is None:
+    del os.environ["MPLBACKEND"]
+else:
+    os.environ["MPLBACKEND"] = _previous_backend
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped automatically when torch sees none)")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items or _cuda_available():
+        return
+    import torch
+
+    reason = ("no CUDA device: this torch is a CPU-only build" if torch.version.cuda is None
+              else "no CUDA device visible to torch")
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def session_dir(tmp_path, monkeypatch):
+    """Records go to <tmp>/session-under-test/records.jsonl; caches of lab.record are reset around the test."""
+    from lab import record
+
+    folder = tmp_path / "session-under-test"
+    monkeypatch.setenv("LAB_SESSION_DIR", str(folder))
+    monkeypatch.delenv("LAB_CHAPTER", raising=False)
+    monkeypatch.setattr(record, "_adhoc_dir", None)
+    fingerprint, git_commit = record.fingerprint, record.git_commit  # the lru_cached originals
+    fingerprint.cache_clear()
+    git_commit.cache_clear()
+    yield folder
+    fingerprint.cache_clear()
+    git_commit.cache_clear()
+
+
+@pytest.fixture
+def close_figures():
+    import matplotlib.pyplot as plt
+
+    yield
+    plt.close("all")

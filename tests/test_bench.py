@@ -1,0 +1,180 @@
+"""lab/bench.py: statistics, the adaptive stop, time_fn with a fake timer, work formulas, ratios. CPU only."""
+from __future__ import annotations
+
+import itertools
+import statistics
+
+import pytest
+
+from lab import bench
+from lab.bench import Timing
+
+
+# ------------------------------------------------------------------ summarize
+
+def test_summarize_known_data():
+    t = bench.summarize([5.0, 1.0, 9.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0])
+    assert (t.median_ms, t.q1_ms, t.q3_ms, t.n) == (5.0, 3.0, 7.0, 9)
+    assert t.iqr_ms == 4.0
+    assert t.as_dict() == {"median_ms": 5.0, "q1_ms": 3.0, "q3_ms": 7.0, "n": 9, "iqr_ms": 4.0}
+
+
+@pytest.mark.parametrize("data", [
+    [1.0, 2.0],
+    [0.3, 0.1, 0.2, 10.0],
+    [1.5, 1.4, 1.6, 1.45, 1.55, 9.0, 1.52, 1.48, 1.51, 1.49, 1.5],
+])
+def test_summarize_agrees_with_statistics(data):
+    t = bench.summarize(data)
+    q1, _, q3 = statistics.quantiles(data, n=4, method="inclusive")
+    assert t.median_ms == pytest.approx(statistics.median(data))
+    assert t.q1_ms == pytest.approx(q1) and t.q3_ms == pytest.approx(q3)
+    assert t.q1_ms <= t.median_ms <= t.q3_ms
+    assert t.n == len(data)
+
+
+def test_summarize_single_and_empty():
+    assert bench.summarize([2.5]) == Timing(2.5, 2.5, 2.5, 1)
+    with pytest.raises(ValueError, match="no timings"):
+        bench.summarize([])
+
+
+# ------------------------------------------------------------------ should_stop
+
+def test_should_stop_on_small_iqr_after_min_reps():
+    steady = [1.0, 1.01, 0.99, 1.0, 1.0, 1.005, 0.995, 1.0, 1.0, 1.0]
+    assert bench.should_stop(steady, elapsed_s=0.0, min_reps=10) is True
+    assert bench.should_stop(steady[:9], elapsed_s=0.0, min_reps=10) is False  # never before min_reps
+    assert bench.should_stop([1.0] * 4, elapsed_s=0.0, min_reps=5) is False
+
+
+def test_should_stop_keeps_going_while_spread_is_large():
+    noisy = [1.0, 2.0] * 10
+    assert bench.should_stop(noisy, elapsed_s=0.1, min_reps=10, rel_iqr=0.03) is False
+    assert bench.should_stop(noisy, elapsed_s=0.1, min_reps=10, rel_iqr=1.0) is True  # IQR 1.0 <= 1.0 x median 1.5
+
+
+def test_should_stop_on_max_reps():
+    noisy = [1.0, 3.0] * 100
+    assert bench.should_stop(noisy[:199], elapsed_s=0.0) is False
+    assert bench.should_stop(noisy[:200], elapsed_s=0.0) is True
+    assert bench.should_stop(noisy[:7], elapsed_s=0.0, min_reps=10, max_reps=7) is True
+
+
+def test_should_stop_on_time_budget_with_at_least_three_samples():
+    noisy = [1.0, 3.0, 1.0, 3.0]
+    assert bench.should_stop(noisy[:3], elapsed_s=2.0, budget_s=2.0) is True
+    assert bench.should_stop(noisy[:3], elapsed_s=1.99, budget_s=2.0) is False
+    assert bench.should_stop(noisy[:2], elapsed_s=100.0, budget_s=2.0) is False  # too few samples for a median
+    assert bench.should_stop([], elapsed_s=100.0) is False
+
+
+# ------------------------------------------------------------------ time_fn with an injected timer
+
+class FakeTimer:
+    """timer(fn) -> ms: calls fn (like the CUDA timer) and returns the next value of `values`."""
+
+    def __init__(self, values):
+        self.values = iter(values)
+        self.calls = 0
+
+    def __call__(self, fn):
+        fn()
+        self.calls += 1
+        return next(self.values)
+
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self):
+        self.n += 1
+
+
+def test_time_fn_runs_warmup_and_excludes_it():
+    fn = Counter()
+    timer = FakeTimer(itertools.chain([1000.0, 1000.0, 1000.0], itertools.repeat(2.0)))
+    t = bench.time_fn(fn, timer=timer, warmup=3, min_reps=10)
+    assert fn.n == 13 and timer.calls == 13  # 3 warm-up + 10 timed
+    assert t == Timing(2.0, 2.0, 2.0, 10)  # the 1000 ms warm-up calls are not in the statistics
+
+
+def test_time_fn_without_warmup():
+    fn = Counter()
+    t = bench.time_fn(fn, timer=FakeTimer(itertools.repeat(0.5)), warmup=0, min_reps=4)
+    assert fn.n == 4 and t.n == 4 and t.median_ms == 0.5
+
+
+def test_time_fn_stops_at_max_reps_on_noisy_timings():
+    fn = Counter()
+    t = bench.time_fn(fn, timer=FakeTimer(itertools.cycle([1.0, 2.0, 3.0])), warmup=2, min_reps=5, max_reps=30,
+                      budget_s=1e9)
+    assert t.n == 30 and fn.n == 32
+    assert t.median_ms == 2.0 and t.q1_ms == 1.0 and t.q3_ms == 3.0
+
+
+def test_time_fn_stops_on_time_budget():
+    fn = Counter()
+    t = bench.time_fn(fn, timer=FakeTimer(itertools.cycle([1.0, 5.0])), warmup=1, min_reps=50, budget_s=0.0)
+    assert t.n == 3 and fn.n == 4  # the budget is spent at once: the 3-sample floor
+
+
+# ------------------------------------------------------------------ work formulas
+
+def visible_pairs(Sq, Sk):
+    return sum(1 for i in range(Sq) for j in range(Sk) if j <= i)  # SDPA's top-left causal mask
+
+
+def test_attention_flops_non_causal():
+    assert bench.attention_flops(2, 3, 5, 7, 64, False) == 4 * 2 * 3 * 5 * 7 * 64
+
+
+@pytest.mark.parametrize("S", [1, 64, 4097])
+def test_attention_flops_causal_square_is_exactly_half(S):
+    assert bench.attention_flops(2, 4, S, S, 128, True) == bench.attention_flops(2, 4, S, S, 128, False) / 2
+
+
+@pytest.mark.parametrize("Sq, Sk", [(5, 3), (3, 5), (1, 7), (7, 1), (63, 1025), (1025, 65)])
+def test_attention_flops_causal_rectangular_counts_visible_pairs(Sq, Sk):
+    B, H, D = 3, 2, 64
+    assert bench.attention_flops(B, H, Sq, Sk, D, True) == visible_pairs(Sq, Sk) * 4 * B * H * D
+
+
+def test_attention_flops_causal_known_values():
+    assert bench.attention_flops(1, 1, 5, 3, 1, True) == 4 * 12  # rows see 1, 2, 3, 3, 3 keys
+    assert bench.attention_flops(1, 1, 3, 5, 1, True) == 4 * 6   # rows see 1, 2, 3 keys
+    assert bench.attention_flops(1, 1, 1, 7, 1, True) == 4 * 1
+
+
+def test_decode_bytes_by_hand():
+    # K and V: 2 x (10 + 20 keys) x 2 heads x 64 x 2 B = 15360; Q and O: 2 x 2 seqs x 8 heads x 1 x 64 x 2 B = 4096
+    assert bench.decode_bytes([10, 20], Hq=8, Hkv=2, q_len=1, D=64) == 15360 + 4096
+    assert bench.decode_bytes([4], Hq=4, Hkv=4, q_len=3, D=16, element_bytes=4) == 2 * 4 * 4 * 16 * 4 + 2 * 4 * 3 * 16 * 4
+
+
+# ------------------------------------------------------------------ ratios and flags
+
+def test_ratios_and_flags():
+    ours = Timing(1.0, 0.9, 1.1, 10)
+    backends = {"flash": Timing(2.0, 2.0, 2.0, 10), "math": Timing(12.0, 12.0, 12.0, 10),
+                "cudnn": "unsupported: no kernel", "efficient": Timing(10.0, 10.0, 10.0, 10)}
+    r = bench.ratios(ours, backends)
+    assert r == {"sdpa-flash": 2.0, "sdpa-math": 12.0, "sdpa-efficient": 10.0}  # strings (did not run) left out
+    flags = bench.flagged(r)
+    assert len(flags) == 1 and flags[0].startswith("sdpa-math: 12.0x > 10x")  # exactly 10x is not flagged
+    assert bench.flagged({"sdpa-flash": 0.5}) == []
+
+
+def test_sdpa_runner_cpu_backends_agree():
+    import torch
+
+    q = torch.randn(1, 2, 8, 16)
+    k = torch.randn(1, 1, 8, 16)
+    v = torch.randn(1, 1, 8, 16)
+    default = bench.sdpa_runner("default", q, k, v, is_causal=True)()
+    forced = bench.sdpa_runner("math", q, k, v, is_causal=True)()
+    assert default.shape == (1, 2, 8, 16)  # GQA is enabled from the head counts
+    torch.testing.assert_close(default, forced)
+    with pytest.raises(KeyError):
+        bench.sdpa_runner("triton", q, k, v)

@@ -1,0 +1,229 @@
+"""lab/ops.py on CPU: argument validation (TypeError/ValueError naming the argument), version selection,
+and the custom ops' fake implementations.
+
+Tensors "on CUDA" come from FakeTensorMode: on a CPU-only torch it creates fake cuda tensors (metadata
+only), so the public functions run their full validation and then the registered fake kernels. No
+kernel is built or launched.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from lab import ops
+
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+@pytest.fixture
+def fake():
+    with FakeTensorMode():
+        yield lambda *shape, dtype=F16: torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+# ------------------------------------------------------------------ the ops are registered
+
+def test_custom_ops_are_registered():
+    assert hasattr(torch.ops.lab, "attention") and hasattr(torch.ops.lab, "decode")
+    assert "lab::attention" in str(torch.ops.lab.attention.default._schema)
+    assert "lab::decode" in str(torch.ops.lab.decode.default._schema)
+
+
+def test_attention_fake_shapes(fake):
+    q, k = fake(2, 8, 33, 64), fake(2, 2, 70, 64)
+    out = ops.attention(q, k, k, enable_gqa=True)
+    assert out.shape == (2, 8, 33, 64) and out.dtype == F16 and out.device.type == "cuda"
+    out, lse = ops.attention(q, k, k, is_causal=True, enable_gqa=True, return_lse=True)
+    assert out.shape == (2, 8, 33, 64) and lse.shape == (2, 8, 33) and lse.dtype == torch.float32
+    direct_out, direct_lse = torch.ops.lab.attention(fake(1, 2, 5, 128, dtype=BF16), fake(1, 2, 7, 128, dtype=BF16),
+                                                     fake(1, 2, 7, 128, dtype=BF16), False, 0.1, "v02")
+    assert direct_out.shape == (1, 2, 5, 128) and direct_out.dtype == BF16 and direct_lse.shape == (1, 2, 5)
+
+
+def test_decode_fake_shapes(fake):
+    q, kc = fake(3, 32, 1, 128, dtype=BF16), fake(3, 8, 4096, 128, dtype=BF16)
+    out = ops.decode(q, kc, kc, num_splits=4)
+    assert out.shape == (3, 32, 1, 128) and out.dtype == BF16
+    seqlens = torch.empty(3, dtype=torch.int32, device="cuda")
+    assert torch.ops.lab.decode(fake(3, 32, 16, 128, dtype=BF16), kc, kc, seqlens, 0.1, 2, "v01").shape == (3, 32, 16, 128)
+
+
+# ------------------------------------------------------------------ _check_tensor (every check, in its order)
+
+def test_check_tensor_type_dtype_rank_device_on_cpu():
+    with pytest.raises(TypeError, match=r"^query must be a torch.Tensor, got list"):
+        ops._check_tensor([1.0], "query")
+    with pytest.raises(TypeError, match=r"^query\.dtype must be torch.float16 or torch.bfloat16, got torch.float32"):
+        ops._check_tensor(torch.empty(1, 1, 1, 64), "query")
+    with pytest.raises(TypeError, match=r"^key\.dtype must be .* got torch.int64"):
+        ops._check_tensor(torch.empty(1, 1, 1, 64, dtype=torch.int64), "key")
+    with pytest.raises(ValueError, match=r"^query must be 4-D \(B, H, S, D\), got shape \(2, 3, 64\)"):
+        ops._check_tensor(torch.empty(2, 3, 64, dtype=F16), "query")
+    with pytest.raises(ValueError, match=r"^value must be on a CUDA device, got cpu"):
+        ops._check_tensor(torch.empty(1, 1, 1, 64, dtype=F16), "value")
+
+
+def test_public_functions_reject_cpu_tensors():
+    q = torch.randn(1, 2, 4, 64).to(F16)
+    with pytest.raises(ValueError, match="query must be on a CUDA device.*lab.emulate"):
+        ops.attention(q, q, q)
+    with pytest.raises(ValueError, match="query must be on a CUDA device"):
+        ops.decode(q[:, :, :1], q, q, num_splits=1)
+    with pytest.raises(TypeError, match=r"query\.dtype .* got torch.float32"):
+        ops.attention(q.float(), q, q)
+    with pytest.raises(ValueError, match="query must be 4-D"):
+        ops.attention(q[0], q, q)
+
+
+def test_validation_on_fake_cuda_tensors(fake):
+    q = fake(2, 4, 8, 64)
+    cases = [
+        (lambda: ops.attention(q, fake(2, 4, 8, 64, dtype=BF16), fake(2, 4, 8, 64)), TypeError,
+         r"key\.dtype \(torch.bfloat16\) must match query\.dtype \(torch.float16\)"),
+        (lambda: ops.attention(q, fake(2, 4, 8, 64), fake(2, 4, 8, 64, dtype=torch.float32)), TypeError,
+         r"value\.dtype must be torch.float16 or torch.bfloat16"),
+        (lambda: ops.attention(q, fake(2, 4, 8, 128), fake(2, 4, 8, 128)), ValueError,
+         r"key has head dim 128 but query has 64"),
+        (lambda: ops.attention(q, fake(3, 4, 8, 64), fake(3, 4, 8, 64)), ValueError, r"key has batch 3 but query has batch 2"),
+        (lambda: ops.attention(q, fake(2, 4, 8, 64), fake(2, 4, 9, 64)), ValueError, r"key and value shapes differ"),
+        (lambda: ops.attention(q, fake(2, 2, 8, 64), fake(2, 2, 8, 64)), ValueError,
+         r"query has 4 heads but key has 2: pass enable_gqa=True"),
+        (lambda: ops.attention(fake(2, 6, 8, 64), fake(2, 4, 8, 64), fake(2, 4, 8, 64), enable_gqa=True), ValueError,
+         r"query heads \(6\) must be a multiple of key heads \(4\)"),
+        (lambda: ops.attention(q, fake(2, 4, 0, 64), fake(2, 4, 0, 64)), ValueError, r"key has sequence length 0"),
+        (lambda: ops.attention(q, q, q, is_causal=1), TypeError, r"is_causal must be a bool, got int"),
+        (lambda: ops.attention(fake(2, 4, 64, 8).transpose(-1, -2), q, q), ValueError,
+         r"query must have a contiguous last dimension, got stride\(-1\) = 8; call query.contiguous\(\)"),
+        (lambda: ops.attention(q, q, fake(2, 4, 64, 8).transpose(-1, -2)), ValueError,
+         r"value must have a contiguous last dimension"),
+        (lambda: ops.attention(fake(1, 2, 4, 96), fake(1, 2, 4, 96), fake(1, 2, 4, 96), version=2), ValueError,
+         r"head dim 96 is not supported by v02 \(supported: \[64, 128\]\)"),
+        (lambda: ops.attention(fake(1, 2, 4, 96), fake(1, 2, 4, 96), fake(1, 2, 4, 96)), ValueError,
+         r"head dim 96 is not supported by any kernel"),
+        (lambda: ops.attention(q, q, q, version="v99"), ValueError, r"version='v99' is unknown; available: \['v01', 'v02'\]"),
+        (lambda: ops.attention(q, q, q, version=7), ValueError, r"version=7 is unknown"),
+        (lambda: ops.attention(q, q, q, scale=float("nan")), (TypeError, ValueError), r"scale must be a finite float"),
+        (lambda: ops.attention(q, q, q, scale="0.1"), TypeError, r"scale must be a finite float or None"),
+    ]
+    for call, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            call()
+
+
+def test_valid_variants_reach_the_op(fake):
+    q = fake(2, 4, 8, 64)
+    assert ops.attention(q, q, q, version=1).shape == q.shape
+    assert ops.attention(q, q, q, version="v02", scale=0.5, is_causal=True).shape == q.shape
+    mqa = fake(2, 1, 8, 64)
+    assert ops.attention(q, mqa, mqa, enable_gqa=True).shape == q.shape
+    small = fake(1, 2, 3, 32)
+    assert ops.attention(small, small, small).shape == (1, 2, 3, 32)  # D=32: only v01 has it
+
+
+def test_decode_validation_on_fake_cuda_tensors(fake):
+    q, kc = fake(2, 8, 1, 128), fake(2, 2, 64, 128)
+    cases = [
+        (lambda: ops.decode(fake(2, 8, 17, 128), kc, kc, num_splits=1), ValueError,
+         r"query length must be 1\.\.16 tokens for decode, got 17"),
+        (lambda: ops.decode(fake(2, 8, 0, 128), kc, kc, num_splits=1), ValueError, r"query length must be 1\.\.16"),
+        (lambda: ops.decode(q, kc, fake(2, 2, 65, 128), num_splits=1), ValueError,
+         r"key_cache and value_cache shapes differ"),
+        (lambda: ops.decode(q, fake(2, 3, 64, 128), fake(2, 3, 64, 128), num_splits=1), ValueError,
+         r"query heads \(8\) must be a multiple of key_cache heads \(3\)"),
+        (lambda: ops.decode(q, fake(2, 2, 64, 64), fake(2, 2, 64, 64), num_splits=1), ValueError,
+         r"key_cache has head dim 64 but query has 128"),
+        (lambda: ops.decode(q, kc, kc, torch.empty(2, dtype=torch.float32, device="cuda"), num_splits=1), TypeError,
+         r"cache_seqlens must be an int32 or int64 tensor"),
+        (lambda: ops.decode(q, kc, kc, [64, 64], num_splits=1), TypeError, r"cache_seqlens must be an int32"),
+        (lambda: ops.decode(q, kc, kc, torch.empty(3, dtype=torch.int32, device="cuda"), num_splits=1), ValueError,
+         r"cache_seqlens must have shape \(2,\), got \(3,\)"),
+        (lambda: ops.decode(q, kc, kc, torch.empty(2, 1, dtype=torch.int32, device="cuda"), num_splits=1), ValueError,
+         r"cache_seqlens must have shape \(2,\), got \(2, 1\)"),
+        (lambda: ops.decode(q, kc, kc, num_splits=0), ValueError, r"num_splits must be a positive int or None, got 0"),
+        (lambda: ops.decode(q, kc, kc, num_splits=-2), ValueError, r"num_splits must be a positive int"),
+        (lambda: ops.decode(q, kc, kc, num_splits=True), ValueError, r"num_splits must be a positive int"),
+        (lambda: ops.decode(q, kc, kc, num_splits=2.0), ValueError, r"num_splits must be a positive int"),
+        (lambda: ops.decode(q, kc, kc, num_splits=1, version="v02"), ValueError, r"version='v02' is unknown"),
+        (lambda: ops.decode(fake(2, 8, 1, 96), fake(2, 2, 64, 96), fake(2, 2, 64, 96), num_splits=1), ValueError,
+         r"head dim 96 is not supported by any kernel"),
+        (lambda: ops.decode(q, kc, kc, num_splits=1, scale=math.inf), (TypeError, ValueError), r"scale must be a finite"),
+    ]
+    for call, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            call()
+    assert ops.decode(fake(2, 8, 16, 128), kc, kc, num_splits=3).shape == (2, 8, 16, 128)  # q_len 16 is allowed
+
+
+# ------------------------------------------------------------------ helpers
+
+def test_check_heads():
+    q = torch.empty(1, 8, 1, 16)
+    ops._check_heads(q, torch.empty(1, 8, 1, 16), enable_gqa=False)
+    ops._check_heads(q, torch.empty(1, 2, 1, 16), enable_gqa=True)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        ops._check_heads(q, torch.empty(1, 2, 1, 16), enable_gqa=False)
+    with pytest.raises(ValueError, match=r"multiple of value heads \(3\)"):
+        ops._check_heads(q, torch.empty(1, 3, 1, 16), enable_gqa=True, what="value")
+    with pytest.raises(ValueError, match=r"multiple of key heads \(0\)"):  # not a ZeroDivisionError
+        ops._check_heads(q, torch.empty(1, 0, 1, 16), enable_gqa=True)
+
+
+def test_version_selection():
+    assert ops._version(None, ops.FWD, 64, ops.BEST_FWD) == "v02"
+    assert ops._version(None, ops.FWD, 128, ops.BEST_FWD) == "v02"
+    assert ops._version(None, ops.FWD, 32, ops.BEST_FWD) == "v01"
+    assert ops._version(1, ops.FWD, 16, ops.BEST_FWD) == "v01"
+    assert ops._version("v01", ops.FWD, 128, ops.BEST_FWD) == "v01"
+    assert ops._version(None, ops.DECODE, 128, ("v01",)) == "v01"
+    with pytest.raises(ValueError, match=r"head dim 32 is not supported by v02"):
+        ops._version(2, ops.FWD, 32, ops.BEST_FWD)
+    with pytest.raises(ValueError, match=r"supported: \[16, 32, 64, 128\]"):
+        ops._version(None, ops.FWD, 256, ops.BEST_FWD)
+    with pytest.raises(ValueError, match="unknown"):
+        ops._version("v3", ops.FWD, 64, ops.BEST_FWD)
+
+
+def test_scale():
+    assert ops._scale(None, 64) == 0.125
+    assert ops._scale(None, 128) == pytest.approx(1 / math.sqrt(128))
+    assert ops._scale(2, 64) == 2.0 and isinstance(ops._scale(2, 64), float)
+    assert ops._scale(0.3, 64) == 0.3
+    for bad in (float("nan"), float("inf"), -float("inf"), True, "1", torch.tensor(0.5)):
+        with pytest.raises(TypeError, match="scale must be a finite float or None"):
+            ops._scale(bad, 64)
+
+
+def test_num_splits_override_needs_no_gpu():
+    assert ops._num_splits(5, 2, 8, 4096, None) == 5
+    with pytest.raises(ValueError, match="num_splits"):
+        ops._num_splits(0, 2, 8, 4096, None)
+
+
+def test_aligned_copies_only_layouts_the_kernels_cannot_load():
+    t = torch.empty(2, 3, 5, 64, dtype=F16)
+    assert ops._aligned(t) is t
+    view = torch.empty(2, 5, 3, 64, dtype=F16).transpose(1, 2)  # (B, S, H, D) memory as (B, H, S, D): strides x8
+    assert ops._aligned(view) is view
+    odd = torch.empty(2, 3, 5, 72, dtype=F16)[..., :60]  # strides 1080, 360, 72: multiples of 8
+    assert ops._aligned(odd) is odd
+    misaligned = torch.randn(2, 3, 5, 65).to(F16)[..., 1:]  # data 2 bytes past alignment, strides not x8
+    fixed = ops._aligned(misaligned)
+    assert fixed is not misaligned and fixed.is_contiguous() and torch.equal(fixed, misaligned)
+    shifted = torch.randn(4 * 64 + 1).to(F16)[1:].view(1, 1, 4, 64)  # strides fine, pointer 2 B off
+    assert shifted.data_ptr() % 16 != 0
+    copied = ops._aligned(shifted)
+    assert copied is not shifted and copied.data_ptr() % 16 == 0 and torch.equal(copied, shifted)
+    single = torch.empty(1, 1, 1, 64, dtype=F16)
+    assert ops._aligned(single) is single
+
+
+def test_kernel_tables_name_existing_sources():
+    from lab import paths
+
+    for table in (ops.FWD, ops.DECODE):
+        for name, kernel in table.items():
+            assert (paths.KERNELS / kernel.source).exists(), kernel.source
+            assert kernel.symbol in (paths.KERNELS / kernel.source).read_text(), f"{kernel.symbol} not in {kernel.source}"

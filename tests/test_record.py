@@ -1,0 +1,179 @@
+"""lab/record.py: append-only JSON-lines records, common fields, filters, GPU-session selection."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lab import paths, record
+
+H100 = {"gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0", "sms": 132, "driver": "580.1", "cuda": "13.0",
+        "torch": "2.13.0", "nvcc": "13.0", "python": "3.11.2", "host": "gpu-box"}
+CPU = {**H100, "gpu": "cpu", "capability": None, "sms": None, "driver": None, "cuda": None}
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_run_dir_honours_lab_session_dir(session_dir):
+    assert record.run_dir() == session_dir
+    assert session_dir.is_dir()
+    assert record.run_id() == "session-under-test"
+    assert record.figure_path("x.png") == session_dir / "figures" / "x.png"
+    assert (session_dir / "figures").is_dir()
+
+
+def test_run_dir_without_a_session_is_one_adhoc_folder_per_process(session_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("LAB_SESSION_DIR")
+    monkeypatch.setattr(paths, "OUTPUTS", tmp_path / "outputs")
+    folder = record.run_dir()
+    assert folder.parent == tmp_path / "outputs" / "adhoc" and folder.is_dir()
+    assert record.run_dir() == folder  # cached: every row of this run goes to the same file
+    assert folder.name.endswith("-" + record.git_commit())
+    assert "-" + record.slug(record.fingerprint()["gpu"]) + "-" in folder.name
+
+
+def test_slug_and_run_id_format(session_dir, monkeypatch):
+    assert record.slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+    assert record.slug("  NVIDIA GeForce RTX 4090 ") == "geforce-rtx-4090"
+    assert record.slug("cpu") == "cpu"
+    assert record.slug("???") == "unknown"
+    monkeypatch.setattr(record, "fingerprint", lambda: H100)
+    monkeypatch.setattr(record, "git_commit", lambda: "abc1234567")
+    when = dt.datetime(2025, 10, 12, 8, 30, 5, tzinfo=dt.timezone.utc)
+    assert record.new_run_id(when) == "20251012-083005-h100-80gb-hbm3-abc1234567"
+
+
+def test_append_and_load_round_trip(session_dir, monkeypatch):
+    monkeypatch.setenv("LAB_CHAPTER", "03-v01")
+    written = record.append({"kind": "fwd", "impl": "v01", "case": {"name": "c1", "D": 64, "causal": False},
+                             "timing": {"median_ms": 1.5}, "value": np.float32(2.5), "where": Path("/x/y")})
+    assert written["value"] == np.float32(2.5)
+    rows = record.load(session_dir)
+    assert len(rows) == 1
+    row = rows[0]
+    for key in ("kind", "chapter", "session", "timestamp", "commit", "env"):
+        assert key in row, key
+    assert row["kind"] == "fwd" and row["chapter"] == "03-v01" and row["session"] == "session-under-test"
+    assert row["commit"] == record.git_commit() and row["commit"]
+    assert row["env"]["gpu"] == record.fingerprint()["gpu"] and "torch" in row["env"] and "nvcc" in row["env"]
+    stamp = dt.datetime.fromisoformat(row["timestamp"])
+    assert stamp.tzinfo is not None and abs((dt.datetime.now(dt.timezone.utc) - stamp).total_seconds()) < 60
+    assert row["impl"] == "v01" and row["case"] == {"name": "c1", "D": 64, "causal": False}
+    assert row["value"] == 2.5 and row["where"] == "/x/y"  # numpy scalars and paths become JSON
+    assert row["timing"] == {"median_ms": 1.5}
+
+
+def test_append_defaults_kind_and_chapter_argument(session_dir):
+    row = record.append({"x": 1}, chapter="01-intro")
+    assert row["kind"] == "measurement" and row["chapter"] == "01-intro"
+    assert record.load(session_dir)[0]["chapter"] == "01-intro"
+
+
+def test_appends_never_rewrite(session_dir):
+    record.append({"kind": "a", "n": 1})
+    path = session_dir / "records.jsonl"
+    before = path.read_bytes()
+    assert before.endswith(b"\n") and before.count(b"\n") == 1
+    record.append({"kind": "b", "n": 2})
+    after = path.read_bytes()
+    assert after.startswith(before)  # the first line is byte-for-byte unchanged
+    lines = _lines(path)
+    assert len(lines) == 2 and json.loads(lines[1])["n"] == 2
+    # a line already in the file (e.g. from an earlier process) is kept as is
+    path.write_text(lines[0] + "\n" + '{"kind": "foreign", "env": {"gpu": "cpu"}}\n' + lines[1] + "\n")
+    snapshot = path.read_text()
+    record.append({"kind": "c"})
+    assert path.read_text().startswith(snapshot)
+    assert [r["kind"] for r in record.load(session_dir)] == ["a", "foreign", "b", "c"]
+
+
+def _write_session(root: Path, name: str, env: dict, rows: list[dict], monkeypatch):
+    """Append rows through record.append as a session named `name` measured on `env`."""
+    monkeypatch.setenv("LAB_SESSION_DIR", str(root / name))
+    monkeypatch.setattr(record, "fingerprint", lambda: env)
+    return [record.append(r) for r in rows]
+
+
+def test_load_filters_on_top_level_and_case_fields(session_dir, tmp_path, monkeypatch):
+    root = tmp_path / "outputs"
+    _write_session(root, "s1", H100, [
+        {"kind": "fwd", "impl": "v01", "case": {"name": "a", "D": 64, "causal": True}},
+        {"kind": "fwd", "impl": "v02", "case": {"name": "b", "D": 128, "causal": True}},
+        {"kind": "decode", "impl": "v01", "case": {"name": "c", "D": 128, "causal": False}},
+        {"kind": "check", "impl": "v02"},  # no case at all
+    ], monkeypatch)
+    assert len(record.load(root)) == 4
+    assert [r["case"]["name"] for r in record.load(root, kind="fwd")] == ["a", "b"]
+    assert [r["kind"] for r in record.load(root, impl="v02")] == ["fwd", "check"]
+    assert [r["case"]["name"] for r in record.load(root, D=128)] == ["b", "c"]  # a case field
+    assert [r["case"]["name"] for r in record.load(root, kind="fwd", causal=True, impl="v02")] == ["b"]
+    assert [r["case"]["name"] for r in record.load(root, causal=False)] == ["c"]
+    assert record.load(root, kind="sweep") == []
+    assert record.load(tmp_path / "nothing-here") == []
+
+
+def test_load_gpu_only_drops_cpu_rows(session_dir, tmp_path, monkeypatch):
+    root = tmp_path / "outputs"
+    _write_session(root, "gpu-session", H100, [{"kind": "fwd", "impl": "v02"}], monkeypatch)
+    _write_session(root, "cpu-session", CPU, [{"kind": "fwd", "impl": "v02"}, {"kind": "check"}], monkeypatch)
+    everything = record.load(root)
+    assert len(everything) == 3
+    gpu = record.load(root, gpu_only=True)
+    assert [r["session"] for r in gpu] == ["gpu-session"]
+    assert [r["session"] for r in record.load(root, gpu_only=True, kind="check")] == []
+    assert len(record.load(root, kind="fwd")) == 2
+
+
+def _row(session, gpu, timestamp, **extra):
+    return {"session": session, "timestamp": timestamp, "env": {"gpu": gpu}, **extra}
+
+
+def test_latest_gpu_rows_picks_the_latest_gpu_session_and_ignores_cpu():
+    rows = [
+        _row("old-h100", "NVIDIA H100", "2025-10-01T10:00:00+00:00", n=1),
+        _row("new-a100", "NVIDIA A100", "2025-10-03T10:00:00+00:00", n=2),
+        _row("old-h100", "NVIDIA H100", "2025-10-01T10:05:00+00:00", n=3),
+        _row("cpu-run", "cpu", "2025-10-09T10:00:00+00:00", n=4),  # newest, but measured without a GPU
+        _row("new-a100", "NVIDIA A100", "2025-10-03T10:01:00+00:00", n=5),
+        {"session": "no-env", "timestamp": "2025-10-10T00:00:00+00:00", "n": 6},  # no env: treated as CPU
+    ]
+    assert [r["n"] for r in record.latest_gpu_rows(rows)] == [2, 5]
+    assert record.latest_gpu_rows([r for r in rows if r.get("env", {}).get("gpu", "cpu") == "cpu"]) == []
+    assert record.latest_gpu_rows([]) == []
+
+
+def _clock(monkeypatch, when: str):
+    """Make record.append stamp rows with `when` (UTC)."""
+    fixed = dt.datetime.fromisoformat(when)
+
+    class Fixed(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return fixed
+
+    monkeypatch.setattr(record, "dt", types.SimpleNamespace(datetime=Fixed, timezone=dt.timezone))
+
+
+def test_latest_gpu_rows_through_load(session_dir, tmp_path, monkeypatch):
+    root = tmp_path / "outputs"
+    _clock(monkeypatch, "2025-10-02T00:00:00+00:00")
+    _write_session(root, "b-older", H100, [{"kind": "fwd", "n": 1}, {"kind": "fwd", "n": 2}], monkeypatch)
+    _clock(monkeypatch, "2025-10-05T00:00:00+00:00")
+    _write_session(root, "a-newer", {**H100, "gpu": "NVIDIA A100-SXM4-80GB"}, [{"kind": "fwd", "n": 3}], monkeypatch)
+    _clock(monkeypatch, "2025-10-09T00:00:00+00:00")
+    _write_session(root, "c-cpu", CPU, [{"kind": "fwd", "n": 4}], monkeypatch)
+    rows = record.load(root)
+    assert len(rows) == 4 and rows[0]["timestamp"] == "2025-10-05T00:00:00+00:00"  # files load in path order
+    latest = record.latest_gpu_rows(rows)
+    assert [r["n"] for r in latest] == [3] and latest[0]["session"] == "a-newer"
+
+
+@pytest.mark.parametrize("value, expected", [(np.int64(3), 3), (np.float64(0.5), 0.5), (Path("a/b"), "a/b")])
+def test_jsonable(value, expected):
+    assert record._jsonable(value) == expected
