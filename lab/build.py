@@ -112,7 +112,10 @@ def cache_key(source: Path, flags: list[str], extra: dict | None = None) -> str:
     for path in sorted(source_closure(source)):
         digest.update(paths.relative(path).encode())
         digest.update(path.read_bytes())
-    digest.update(json.dumps({"flags": list(flags), "extra": extra or {}}, sort_keys=True).encode())
+    from .env import nvcc_version  # a new nvcc must not reuse old binaries
+
+    digest.update(json.dumps({"flags": list(flags), "extra": extra or {}, "nvcc": nvcc_version()},
+                             sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from . import paths
 
@@ -44,6 +45,7 @@ def _run(cmd: list[str]) -> str | None:
         return None
 
 
+@lru_cache(maxsize=1)
 def nvcc_version() -> str | None:
     out = _run([shutil.which("nvcc") or "nvcc", "--version"])
     match = re.search(r"release (\d+\.\d+)", out or "")
