@@ -289,25 +289,35 @@ def kernel_sources() -> list[Path]:
 def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=None) -> list[dict]:
     """Compile every kernel for each arch without a GPU (object files only); return the resource rows.
 
-    Raises BuildError naming the first kernel that does not compile.
+    The nvcc runs go in parallel (one per core); results are cached by key. Raises BuildError naming
+    the first kernel, in file order, that does not compile.
     """
-    rows = []
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
     out_dir = paths.CACHE / "compile_check"
     out_dir.mkdir(parents=True, exist_ok=True)
-    for path in sources or kernel_sources():
-        for arch in archs:
-            flags = [*BASE_FLAGS, *check_arch_flags(arch), *_define_flags(defines)]
-            obj = out_dir / f"{path.stem}-{arch}-{cache_key(path, flags)}.o"
-            saved = obj.with_suffix(".log")
-            if obj.exists() and saved.exists():  # unchanged sources and flags: reuse the ptxas report
-                log = saved.read_text()
-            else:
-                log, _ = run_nvcc([*flags, "-c", paths.relative(path), "-o", str(obj)],
-                                  f"{paths.relative(path)} for {arch}")
-                saved.write_text(log)
-            for row in parse_ptxas(log):
-                row["source"] = paths.relative(path)
-                rows.append(row)
+
+    def one(job):
+        path, arch = job
+        flags = [*BASE_FLAGS, *check_arch_flags(arch), *_define_flags(defines)]
+        obj = out_dir / f"{path.stem}-{arch}-{cache_key(path, flags)}.o"
+        saved = obj.with_suffix(".log")
+        if obj.exists() and saved.exists():  # unchanged sources and flags: reuse the ptxas report
+            return saved.read_text()
+        log, _ = run_nvcc([*flags, "-c", paths.relative(path), "-o", str(obj)], f"{paths.relative(path)} for {arch}")
+        saved.write_text(log)
+        return log
+
+    jobs = [(path, arch) for path in (sources or kernel_sources()) for arch in archs]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        futures = [pool.submit(one, job) for job in jobs]
+        logs = [f.result() for f in futures]  # re-raises the first failure in file order
+    rows = []
+    for (path, _), log in zip(jobs, logs):
+        for row in parse_ptxas(log):
+            row["source"] = paths.relative(path)
+            rows.append(row)
     return rows
 
 
