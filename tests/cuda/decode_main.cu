@@ -4,7 +4,8 @@
 //   nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a \
 //        tests/cuda/decode_main.cu kernels/decode/v01_splitk.cu -o /tmp/dec && /tmp/dec
 // Flags: --no-bench (correctness only), --no-test (bench only), --max-kv-gib N (bench cells whose
-// K+V exceed N GiB are skipped; default 9, as lab/cases.py DECODE_MAX_KV_BYTES).
+// K+V exceed N GiB are skipped; default 9, as lab/cases.py DECODE_MAX_KV_BYTES), --quick (a handful of small
+// configs, no bench: for compute-sanitizer, which runs 10-100x slower).
 //
 // Correctness: fresh randn inputs per config rounded to the kernel dtype; the reference is computed in
 // double from those rounded values. Q and O are strided as (B, q_len, H, D) views and K has padded
@@ -429,13 +430,14 @@ static void run_bench(int num_sms, double max_kv_gib, double copy_gbs) {
 }
 
 int main(int argc, char** argv) {
-  bool do_test = true, do_bench = true;
+  bool do_test = true, do_bench = true, quick = false;
   double max_kv_gib = 9.0;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--no-bench")) do_bench = false;
     else if (!strcmp(argv[i], "--no-test")) do_test = false;
+    else if (!strcmp(argv[i], "--quick")) quick = true, do_bench = false;
     else if (!strcmp(argv[i], "--max-kv-gib") && i + 1 < argc) max_kv_gib = atof(argv[++i]);
-    else { fprintf(stderr, "usage: %s [--no-bench] [--no-test] [--max-kv-gib N]\n", argv[0]); return 2; }
+    else { fprintf(stderr, "usage: %s [--no-bench] [--no-test] [--quick] [--max-kv-gib N]\n", argv[0]); return 2; }
   }
   int dev = 0;
   CK(cudaGetDevice(&dev));
@@ -450,6 +452,17 @@ int main(int argc, char** argv) {
   }
 
   int failures = 0;
+  if (quick) {
+    // Small caches (lengths 0, 1, 63, 65, 130), both D and dtypes, GQA and MQA, q_len 1/4/16, 1-3 splits.
+    std::mt19937 rng(20261121);
+    failures += !run_error_codes();
+    failures += !run_test({6, 2, 1, 128, LAB_BF16, {1, 63, 65, 130}, 4, 130, {1, 3}}, rng);
+    failures += !run_test({6, 2, 4, 64, LAB_FP16, {130, 0, 65}, 3, 130, {1, 2}}, rng);
+    failures += !run_test({8, 1, 16, 128, LAB_FP16, {0, 65, 130}, 3, 130, {1, 3}}, rng);
+    failures += !run_test({4, 4, 1, 64, LAB_BF16, {}, 2, 65, {1, 2}}, rng);
+    printf("%s: %d failing config(s) (quick)\n", failures ? "FAIL" : "ALL PASS", failures);
+    return failures ? 1 : 0;
+  }
   if (do_test) {
     std::mt19937 rng(20261121);
     failures += !run_error_codes();

@@ -4,7 +4,9 @@
 //   nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a \
 //        tests/cuda/fwd_mma_main.cu kernels/fwd/v02_mma.cu -o /tmp/fwd && /tmp/fwd
 // Another version: add -DFWD_FN=attn_fwd_v03 and link its .cu instead.
-// Flags: --no-bench (correctness only), --no-test (bench only).
+// Flags: --no-bench (correctness only), --no-test (bench only), --quick (a handful
+// of small configs only, both D, both dtypes, causal and not, GQA, strided; no
+// bench: for compute-sanitizer, which runs 10-100x slower).
 //
 // Correctness: fresh randn inputs per config, rounded to the kernel dtype; the
 // reference is computed in double from those rounded values. The output (and
@@ -359,10 +361,11 @@ static void bench() {
 }
 
 int main(int argc, char** argv) {
-  bool do_test = true, do_bench = true;
+  bool do_test = true, do_bench = true, quick = false;
   for (int a = 1; a < argc; ++a) {
     if (!strcmp(argv[a], "--no-bench")) do_bench = false;
     if (!strcmp(argv[a], "--no-test")) do_test = false;
+    if (!strcmp(argv[a], "--quick")) quick = true, do_bench = false;
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -386,6 +389,27 @@ int main(int argc, char** argv) {
       ++total;
     }
     std::mt19937 rng(1234);
+    if (quick) {
+      // Sq/Sk in {1, 63, 65, 130}: partial tiles, a query block that ends
+      // inside a key tile, more keys than queries and the reverse. B=1, Hq=2,
+      // Hkv=1 (GQA); dtype and layout alternate so both of each appear for
+      // every D and causal setting.
+      const int qpairs[][2] = {{1, 65}, {63, 65}, {65, 63}, {130, 130}};
+      int qi = 0;
+      for (auto& pr : qpairs)
+        for (int D : {64, 128})
+          for (int causal : {0, 1}) {
+            const int dtype = (qi & 1) ? LAB_BF16 : LAB_FP16;
+            const int layout = (qi >> 1) & 1;
+            ++qi;
+            TestCfg c{1, 2, 1, pr[0], pr[1], D, causal, dtype, layout, 1};
+            failed += !run_test(c, rng);
+            ++total;
+          }
+      printf("%s: %d/%d configs passed (quick)\n", failed ? "FAILED" : "ALL PASSED", total - failed,
+             total);
+      return failed ? 1 : 0;
+    }
     const int pairs[][2] = {{1, 1},     {1, 65},    {63, 63},   {65, 65},
                             {63, 65},   {65, 63},   {1025, 1025}, {1025, 63},
                             {63, 1025}, {1, 1025},  {1025, 1}};

@@ -11,7 +11,8 @@
 //       expected: causal configs whose diagonal tile holds "future" keys FAIL
 //   nvcc ... -DLAB_DEBUG_DUMP    ... -o /tmp/v01_debug && /tmp/v01_debug
 //       adds a check of the intermediates dump against a CPU double computation
-// Options: --no-timing skips the timing table.
+// Options: --no-timing skips the timing table; --quick runs only a handful of
+// small configs (and no timing), for compute-sanitizer.
 //
 // Each config: fresh random inputs (normal(0,1), rounded to the dtype), output
 // and LSE poisoned with NaN (0xFF bytes) before the launch, CPU double
@@ -391,9 +392,11 @@ void timing() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool do_timing = true;
-  for (int a = 1; a < argc; ++a)
+  bool do_timing = true, quick = false;
+  for (int a = 1; a < argc; ++a) {
     if (std::string(argv[a]) == "--no-timing") do_timing = false;
+    if (std::string(argv[a]) == "--quick") quick = true, do_timing = false;
+  }
 
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -436,11 +439,32 @@ int main(int argc, char** argv) {
       {"bshd",         3, 6, 2,  130,  200, 128, true,  B16, true,  true},
       {"bshd",         3, 6, 2,   65,   65,  16, true,  F16, true,  true},
   };
+  // --quick: small sizes only (Sq/Sk in {1, 63, 65, 130}), both dtypes,
+  // causal and not, GQA/MHA, strided, no LSE.
+  const Config quick_configs[] = {
+      {"one",          1, 2, 1,    1,    1,  64, false, F16, false, true},
+      {"63",           1, 2, 1,   63,   63,  16, true,  F16, false, true},
+      {"65",           1, 2, 1,   65,   65, 128, true,  B16, false, true},
+      {"63x65",        1, 2, 1,   63,   65,  64, false, F16, false, true},
+      {"65x63",        1, 2, 1,   65,   63,  64, true,  B16, false, true},
+      {"1x130",        1, 2, 1,    1,  130, 128, false, B16, false, true},
+      {"mha",          1, 2, 2,  130,  130,  32, true,  F16, false, true},
+      {"no-lse",       1, 2, 1,   63,   63,  64, false, B16, false, false},
+      {"bshd",         1, 2, 1,  130,   65, 128, true,  B16, true,  true},
+      {"bshd",         1, 2, 1,   65,  130,  64, false, F16, true,  true},
+  };
   std::mt19937 rng(42);
   int n_pass = 0, n_total = 0;
-  for (const Config& c : configs) {
-    n_pass += run_config(c, rng) ? 1 : 0;
-    ++n_total;
+  if (quick) {
+    for (const Config& c : quick_configs) {
+      n_pass += run_config(c, rng) ? 1 : 0;
+      ++n_total;
+    }
+  } else {
+    for (const Config& c : configs) {
+      n_pass += run_config(c, rng) ? 1 : 0;
+      ++n_total;
+    }
   }
   n_pass += check_error_codes() ? 1 : 0;
   ++n_total;
