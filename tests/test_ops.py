@@ -172,8 +172,8 @@ def test_check_heads():
 
 
 def test_version_selection():
-    assert ops._version(None, ops.FWD, 64, ops.BEST_FWD) == "v02"
-    assert ops._version(None, ops.FWD, 128, ops.BEST_FWD) == "v02"
+    assert ops._version(None, ops.FWD, 64, ops.BEST_FWD) == ops.BEST_FWD[0]
+    assert ops._version(None, ops.FWD, 128, ops.BEST_FWD) == ops.BEST_FWD[0]
     assert ops._version(None, ops.FWD, 32, ops.BEST_FWD) == "v01"
     assert ops._version(1, ops.FWD, 16, ops.BEST_FWD) == "v01"
     assert ops._version("v01", ops.FWD, 128, ops.BEST_FWD) == "v01"
