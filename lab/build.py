@@ -162,11 +162,12 @@ def _demangle(name: str) -> str:
 
 
 def resource_table(rows: list[dict]) -> str:
-    header = f"{'kernel':<60} {'arch':<7} {'regs':>4} {'smem':>7} {'stack':>5} {'spill st/ld':>11}"
+    width = max([len(r["kernel"]) for r in rows] + [6])
+    header = f"{'kernel':<{width}} {'arch':<7} {'regs':>4} {'smem':>7} {'stack':>5} {'spill st/ld':>11}"
     lines = [header, "-" * len(header)]
     for r in rows:
         flag = "  <-- SPILLS" if r["spills"] else ""
-        lines.append(f"{r['kernel'][:60]:<60} {r['arch']:<7} {r['registers']:>4} {r['smem_bytes']:>7} "
+        lines.append(f"{r['kernel']:<{width}} {r['arch']:<7} {r['registers']:>4} {r['smem_bytes']:>7} "
                      f"{r['stack_bytes']:>5} {r['spill_stores']:>5}/{r['spill_loads']:<5}{flag}")
     return "\n".join(lines)
 

@@ -214,7 +214,7 @@ def _record_view(result: CheckResult) -> dict:
 
 def run_set(run, cases, impl: str, kind: str = "forward", progress: bool = True, **kwargs) -> list[CheckResult]:
     """Check a list of cases with a progress bar; failures draw their error heatmap."""
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
 
     checker = check_forward if kind == "forward" else check_decode
     results = []

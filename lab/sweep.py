@@ -38,7 +38,7 @@ def _row(kind, impl, case, timing, work, ceilings, extra=None):
 def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progress: bool = True,
               memory: bool = False, **stop) -> list[dict]:
     """kernels: {impl: make(q, k, v, is_causal) -> zero-arg callable}. Returns the recorded rows."""
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
 
     ceilings = bench.ceilings()
     rows = []
@@ -89,7 +89,7 @@ def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cud
     counted on the bytes that must move, the same as ours.
     """
     import torch
-    from tqdm.auto import tqdm
+    from tqdm.std import tqdm
 
     ceilings = bench.ceilings()
     rows = []
