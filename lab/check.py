@@ -218,7 +218,7 @@ def run_set(run, cases, impl: str, kind: str = "forward", progress: bool = True,
 
     checker = check_forward if kind == "forward" else check_decode
     results = []
-    for case in tqdm(cases, desc=f"check {impl}", disable=not progress, leave=False):
+    for case in tqdm(cases, desc=f"check {impl}", disable=not progress, leave=False, mininterval=5):
         results.append(checker(run, case, impl, **kwargs))
     return results
 

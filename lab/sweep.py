@@ -42,7 +42,7 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
 
     ceilings = bench.ceilings()
     rows = []
-    for i, case in enumerate(tqdm(cases, desc="fwd sweep", disable=not progress)):
+    for i, case in enumerate(tqdm(cases, desc="fwd sweep", disable=not progress, mininterval=5)):
         q, k, v = _inputs_fwd(case, seed=i)
         flops = bench.attention_flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal)
         times, mems = {}, {}
@@ -93,7 +93,7 @@ def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cud
 
     ceilings = bench.ceilings()
     rows = []
-    for i, case in enumerate(tqdm(cases, desc="decode sweep", disable=not progress)):
+    for i, case in enumerate(tqdm(cases, desc="decode sweep", disable=not progress, mininterval=5)):
         q, k, v, seqlens = _inputs_decode(case, seed=i)
         work = bench.decode_bytes(case.lengths(), case.Hq, case.Hkv, case.q_len, case.D)
         mask = None
