@@ -37,7 +37,11 @@ def _row(kind, impl, case, timing, work, ceilings, extra=None):
 
 def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progress: bool = True,
               memory: bool = False, **stop) -> list[dict]:
-    """kernels: {impl: make(q, k, v, is_causal) -> zero-arg callable}. Returns the recorded rows."""
+    """kernels: {impl: make(q, k, v, is_causal) -> zero-arg callable}. Returns the recorded rows.
+
+    memory=True also records each implementation's peak extra memory for one call that allocates its
+    own output, as a user would call it: SDPA itself, and lab.ops.attention(version=impl) for ours.
+    """
     from tqdm.std import tqdm
 
     ceilings = bench.ceilings()
@@ -62,7 +66,11 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
             extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}}
             extra["flags"] = bench.flagged(extra["ratios"])
             if memory and isinstance(t, bench.Timing):
-                extra["peak_extra_bytes"] = bench.peak_extra_bytes(fn)
+                from . import ops
+
+                extra["peak_extra_bytes"] = bench.peak_extra_bytes(
+                    lambda: ops.attention(q, k, v, is_causal=case.causal, version=impl, enable_gqa=case.Hq != case.Hkv))
+                extra["memory_ratios"] = {f"sdpa-{b}": extra["peak_extra_bytes"] / m for b, m in mems.items() if m}
             rows.append(record.append(_row("fwd", impl, case, t, flops, ceilings, extra)))
         del q, k, v
     return rows

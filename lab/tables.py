@@ -66,19 +66,21 @@ def seed_baseline(rows: list[dict], checks_by_case: dict, impl: str, historical:
     table = []
     for name, r in ours.items():
         mem = r.get("peak_extra_bytes")
-        line = [name, f"S={r['case']['Sq']}", _ms(r), mem / 2**20 if mem is not None else float("nan")]
+        default_mem = r.get("memory_ratios", {}).get("sdpa-default")
+        line = [name, f"S={r['case']['Sq']}", _ms(r), mem / 2**20 if mem is not None else float("nan"),
+                f"{1 - default_mem:+.0%}".replace("+", "") + " less" if default_mem else "n/a"]
         for b in backends:
             other = _by(rows, b).get(name)
             line += [_ms(other), r.get("ratios", {}).get(b, float("nan"))]
         line.append(checks_by_case.get(name, "not checked"))
         table.append(line)
     for name, (S, torch_ms, ours_ms, speedup) in historical.items():
-        line = [f"{name} (L4, historical)", f"S={S}", ours_ms, float("nan")]
+        line = [f"{name} (L4, historical)", f"S={S}", ours_ms, float("nan"), "79.8% less (reported)"]
         for b in backends:
             line += [torch_ms, speedup] if b == "sdpa-default" else ["", ""]
         line.append("origin: seeds/000")
         table.append(line)
-    headers = ["config", "S", f"{impl} ms", f"{impl} peak MiB"]
+    headers = ["config", "S", f"{impl} ms", f"{impl} peak MiB", "memory vs sdpa-default"]
     for b in backends:
         headers += [f"{b} ms", f"x vs {b}"]
     headers.append("correct")
