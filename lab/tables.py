@@ -58,6 +58,13 @@ def versus(rows: list[dict], impl: str, metric: str = "tflops",
     return Table(headers, out, f"{impl}: speedup = time of backend / time of {impl} (>1: {impl} faster)")
 
 
+def _memory_words(ratio) -> str:
+    """ours / SDPA peak bytes as words: '80% less' or '25% more'."""
+    if not ratio:
+        return "n/a"
+    return f"{1 - ratio:.0%} less" if ratio <= 1 else f"{ratio - 1:.0%} more"
+
+
 def seed_baseline(rows: list[dict], checks_by_case: dict, impl: str, historical: dict) -> Table:
     """The origin's table on our GPU: latency, speedup and peak memory per backend, with L4 rows below."""
     ours = _by(rows, impl)
@@ -68,7 +75,7 @@ def seed_baseline(rows: list[dict], checks_by_case: dict, impl: str, historical:
         mem = r.get("peak_extra_bytes")
         default_mem = r.get("memory_ratios", {}).get("sdpa-default")
         line = [name, f"S={r['case']['Sq']}", _ms(r), mem / 2**20 if mem is not None else float("nan"),
-                f"{1 - default_mem:+.0%}".replace("+", "") + " less" if default_mem else "n/a"]
+                _memory_words(default_mem)]
         for b in backends:
             other = _by(rows, b).get(name)
             line += [_ms(other), r.get("ratios", {}).get(b, float("nan"))]
