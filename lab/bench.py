@@ -113,6 +113,22 @@ def decode_bytes(lengths: list[int], Hq: int, Hkv: int, q_len: int, D: int, elem
 
 # ------------------------------------------------------------------ SDPA backends and ceilings
 
+def sdpa_backend(backend: str):
+    """A context forcing SDPA to one backend ('default': torch's own dispatch).
+
+    Sweeps time inside it, so entering the context is not part of the measured time: at the seed sizes
+    a kernel takes ~10 us, about what entering and leaving the context costs on the host.
+    """
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if backend == "default":
+        return contextlib.nullcontext()
+    return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                        "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend])
+
+
 def sdpa_runner(backend: str, q, k, v, is_causal=False, scale=None, attn_mask=None):
     """A zero-argument callable running SDPA forced to one backend ('default' = torch's own dispatch)."""
     import torch.nn.functional as F

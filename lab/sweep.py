@@ -54,10 +54,11 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
             if backend == "math" and case.B * case.Hq * case.Sq * case.Sk * 4 > bench.MATH_MAX_SCORE_BYTES:
                 times[backend] = "skipped: scores would not fit (math backend materialises them)"
                 continue
-            fn = bench.sdpa_runner(backend, q, k, v, case.causal)
-            times[backend] = bench.try_time(fn, **stop)
-            if memory and isinstance(times[backend], bench.Timing):
-                mems[backend] = bench.peak_extra_bytes(fn)
+            fn = bench.sdpa_runner("default", q, k, v, case.causal)
+            with bench.sdpa_backend(backend):
+                times[backend] = bench.try_time(fn, **stop)
+                if memory and isinstance(times[backend], bench.Timing):
+                    mems[backend] = bench.peak_extra_bytes(fn)
             rows.append(record.append(_row("fwd", f"sdpa-{backend}", case, times[backend], flops, ceilings,
                                            {"peak_extra_bytes": mems.get(backend)})))
         for impl, make in kernels.items():
@@ -109,7 +110,8 @@ def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cud
             mask = (torch.arange(case.kv_len, device="cuda")[None, :] < seqlens[:, None])[:, None, None, :]
         times = {}
         for backend in backends:
-            times[backend] = bench.try_time(bench.sdpa_runner(backend, q, k, v, False, attn_mask=mask), **stop)
+            with bench.sdpa_backend(backend):
+                times[backend] = bench.try_time(bench.sdpa_runner("default", q, k, v, False, attn_mask=mask), **stop)
             rows.append(record.append(_row("decode", f"sdpa-{backend}", case, times[backend], work, ceilings)))
         for impl, make in kernels.items():
             t = bench.try_time(make(q, k, v, seqlens), **stop)
