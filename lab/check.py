@@ -145,6 +145,28 @@ def _draw_layout(shape, gen, device, dtype, magnitude, layout):
     return _draw((B, S, H, D), gen, device, dtype, magnitude).transpose(1, 2)
 
 
+def _run_trials(result: CheckResult, one_trial, trials: int, seed: int, peaked: bool, extra: dict) -> CheckResult:
+    """Fresh inputs each trial (the last one peaked); keep every trial's metrics and the worst heatmap.
+
+    one_trial(gen, magnitude) draws inputs, runs the kernel into a poisoned output and returns
+    (out, float64 reference, SDPA output).
+    """
+    worst = -1.0
+    for trial in range(trials + (1 if peaked else 0)):
+        magnitude = PEAKED_MAGNITUDE if trial == trials else 1.0
+        out, ref, yardstick = one_trial(torch.Generator().manual_seed(seed * 1000 + trial), magnitude)
+        metrics = compare(out, ref, yardstick)
+        metrics.update(seed=seed * 1000 + trial, magnitude=magnitude)
+        result.trials.append(metrics)
+        score = math.inf if not metrics["passed"] else metrics["max_abs"]
+        if score > worst:
+            worst, result.heatmap = score, error_map(out, ref)
+    if extra is not None:
+        record.append({"kind": "check", "impl": result.impl, "case": result.case.as_dict(), **extra,
+                       "check": _record_view(result)})
+    return result
+
+
 def check_forward(run, case: Case, impl: str, trials: int = 3, seed: int = 0, device=None, peaked: bool = True,
                   scale: float | None = None, save: bool = True, layout: str = "bhsd") -> CheckResult:
     """run(q, k, v, is_causal, scale, out) must write attention into `out` (poisoned with NaN first).
@@ -153,27 +175,16 @@ def check_forward(run, case: Case, impl: str, trials: int = 3, seed: int = 0, de
     """
     device = device or resolve_device()
     dtype = DTYPES[case.dtype]
-    result = CheckResult(impl, case)
-    worst_err = -1.0
-    for trial in range(trials + (1 if peaked else 0)):
-        magnitude = PEAKED_MAGNITUDE if trial == trials else 1.0
-        gen = torch.Generator().manual_seed(seed * 1000 + trial)
+
+    def one_trial(gen, magnitude):
         q = _draw_layout((case.B, case.Hq, case.Sq, case.D), gen, device, dtype, magnitude, layout)
         k = _draw_layout((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype, magnitude, layout)
         v = _draw_layout((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype, 1.0, layout)
         out = torch.full(q.shape, float("nan"), dtype=dtype, device=device)
         run(q, k, v, case.causal, scale, out)
-        ref = reference(q, k, v, case.causal, scale)
-        metrics = compare(out, ref, sdpa(q, k, v, case.causal, scale))
-        metrics.update(seed=seed * 1000 + trial, magnitude=magnitude)
-        result.trials.append(metrics)
-        score = math.inf if not metrics["passed"] else metrics["max_abs"]
-        if score > worst_err:
-            worst_err, result.heatmap = score, error_map(out, ref)
-    if save:
-        record.append({"kind": "check", "impl": impl, "case": case.as_dict(), "layout": layout,
-                       "check": _record_view(result)})
-    return result
+        return out, reference(q, k, v, case.causal, scale), sdpa(q, k, v, case.causal, scale)
+
+    return _run_trials(CheckResult(impl, case), one_trial, trials, seed, peaked, {"layout": layout} if save else None)
 
 
 def check_decode(run, case: DecodeCase, impl: str, trials: int = 3, seed: int = 0, device=None,
@@ -181,28 +192,19 @@ def check_decode(run, case: DecodeCase, impl: str, trials: int = 3, seed: int = 
     """run(q, k_cache, v_cache, cache_seqlens, scale, out) must write decode attention into `out`."""
     device = device or resolve_device()
     dtype = DTYPES[case.dtype]
-    result = CheckResult(impl, case)
     lengths = case.lengths()
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
-    worst_err = -1.0
-    for trial in range(trials + (1 if peaked else 0)):
-        magnitude = PEAKED_MAGNITUDE if trial == trials else 1.0
-        gen = torch.Generator().manual_seed(seed * 1000 + trial)
+
+    def one_trial(gen, magnitude):
         q = _draw((case.B, case.Hq, case.q_len, case.D), gen, device, dtype, magnitude)
         k = _draw((case.B, case.Hkv, case.kv_len, case.D), gen, device, dtype, magnitude)
         v = _draw((case.B, case.Hkv, case.kv_len, case.D), gen, device, dtype)
         out = torch.full_like(q, float("nan"))
         run(q, k, v, seqlens, scale, out)
-        ref = reference(q, k, v, False, scale, seqlens=lengths)
-        metrics = compare(out, ref, sdpa(q, k, v, False, scale, seqlens=lengths))
-        metrics.update(seed=seed * 1000 + trial, magnitude=magnitude)
-        result.trials.append(metrics)
-        score = math.inf if not metrics["passed"] else metrics["max_abs"]
-        if score > worst_err:
-            worst_err, result.heatmap = score, error_map(out, ref)
-    if save:
-        record.append({"kind": "check", "impl": impl, "case": case.as_dict(), "check": _record_view(result)})
-    return result
+        return (out, reference(q, k, v, False, scale, seqlens=lengths),
+                sdpa(q, k, v, False, scale, seqlens=lengths))
+
+    return _run_trials(CheckResult(impl, case), one_trial, trials, seed, peaked, {} if save else None)
 
 
 def _record_view(result: CheckResult) -> dict:
