@@ -214,25 +214,24 @@ def _record_view(result: CheckResult) -> dict:
                                  "sdpa_max_abs", "sdpa_rel_l2", "tol_max_abs", "rule")}}
 
 
-def run_set(run, cases, impl: str, kind: str = "forward", progress: bool = True, **kwargs) -> list[CheckResult]:
-    """Check a list of cases with a progress bar; failures draw their error heatmap."""
+def run_set(run, cases, impl: str, kind: str = "forward", progress: bool = True, show_failures: int = 2,
+            **kwargs) -> list[CheckResult]:
+    """Check a list of cases with a progress bar; the first failures draw their error heatmaps."""
     from tqdm.std import tqdm
 
     checker = check_forward if kind == "forward" else check_decode
-    results = []
-    for case in tqdm(cases, desc=f"check {impl}", disable=not progress, leave=False, mininterval=5):
-        results.append(checker(run, case, impl, **kwargs))
+    results = [checker(run, case, impl, **kwargs)
+               for case in tqdm(cases, desc=f"check {impl}", disable=not progress, leave=False, mininterval=5)]
+    if show_failures:
+        from . import plot
+
+        for failed in [r for r in results if not r.passed][:show_failures]:
+            plot.error_heatmap(failed)
     return results
 
 
-def report(results: list[CheckResult], show_failures: int = 2) -> str:
-    """One line per case; the heatmaps of the first failures are drawn (where a notebook shows them)."""
+def report(results: list[CheckResult]) -> str:
+    """One line per case and the pass count."""
     lines = [repr(r) for r in results]
-    failed = [r for r in results if not r.passed]
-    lines.append(f"{len(results) - len(failed)}/{len(results)} passed")
-    if failed and show_failures:
-        from . import plot
-
-        for r in failed[:show_failures]:
-            plot.error_heatmap(r)
+    lines.append(f"{sum(r.passed for r in results)}/{len(results)} passed")
     return "\n".join(lines)

@@ -410,13 +410,20 @@ def test_check_decode_unwritten_output_fails():
 
 # ------------------------------------------------------------------ report
 
-def test_report_lists_cases_and_draws_failures(close_figures):
+def test_report_lists_cases(close_figures):
     ok = check.check_forward(run_sdpa_fp32, Case("ok", 1, 2, 2, 4, 4, 16), "good", trials=1, device="cpu", save=False)
     bad = check.check_forward(run_missing_scale, Case("bad", 1, 2, 2, 4, 4, 16), "noscale", trials=1, device="cpu",
                               save=False)
-    text = check.report([ok, bad], show_failures=1)
-    lines = text.splitlines()
+    lines = check.report([ok, bad]).splitlines()
     assert lines[0].startswith("PASS good") and lines[1].startswith("FAIL noscale") and lines[-1] == "1/2 passed"
+
+
+def test_run_set_draws_the_failures_heatmaps(close_figures):
     import matplotlib.pyplot as plt
 
-    assert len(plt.get_fignums()) == 1  # the one failure's heatmap
+    cases = [Case("ok", 1, 2, 2, 4, 4, 16), Case("also", 1, 2, 2, 5, 5, 16)]
+    check.run_set(run_sdpa_fp32, cases, "good", trials=1, device="cpu", save=False, progress=False)
+    assert plt.get_fignums() == []  # nothing failed, nothing drawn
+    check.run_set(run_missing_scale, cases, "noscale", trials=1, device="cpu", save=False, progress=False,
+                  show_failures=1)
+    assert len(plt.get_fignums()) == 1  # only the first failure's heatmap
