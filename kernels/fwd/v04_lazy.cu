@@ -1,0 +1,888 @@
+// v04_lazy: v03 with a lazily rescaled online softmax and the D = 128
+// spills removed; >= PyTorch SDPA-flash (FlashAttention-2) in every cell of
+// the bf16 bench grid, at both head dims (H200, 2026-11-21; per-cell numbers
+// in kernels/README.md, logs outputs/driver_logs/20261121-h200-v04-*.log).
+// Tiles, pipeline, swizzle, masking, limits and error codes are v03's.
+//
+// v04 changes (all compile-time switches, LAB_V04_<X>, or per head dim
+// LAB_V04_D64_<X> / LAB_V04_D128_<X>):
+// A. LAZY (on): the running max that a row uses as its exp2 offset moves
+//    only when some row of the warp grew by more than 2^8 (a warp vote, so
+//    the branch is uniform). Otherwise P = exp2(s*c - m_old*c) <= 256, which
+//    16-bit P and fp32 l and O hold without loss, and the O / l rescale
+//    (128 FMUL per thread per tile at D = 128) and the alpha exp2 are
+//    skipped. O / l and LSE = m*scale + ln(l) are exact for any offset that
+//    O and l share, so the output is the same function (FA4's trick). The
+//    softmax is also reordered (all row maxes, then the rescale, then the
+//    exp2); with SPLIT on, D = 128 spills went 172 -> 68 B. Measured with
+//    SPLIT and v03's addressing (68 B spills): +5-6 % at D = 128
+//    (S = 512 causal -6 %).
+// B. ADDR (on): the ldmatrix addresses of Q, K and V written as a lane base
+//    plus (lane chunk bits XOR a k-step immediate): chunk 2s + c of a row
+//    with row % 8 == l % 8 sits at byte (s << 5) ^ (((c ^ l) & 7) << 4).
+//    ptxas then keeps one LOP3 per ldmatrix instead of a register per
+//    (k-step, operand): D = 128 spills 68 -> 32 B.
+// C. KVPTR (on): the K/V cp.async copies from one row pointer per thread
+//    plus a 64-bit step (each thread's 16-byte chunk is fixed and its rows
+//    are 8 apart) instead of one 64-bit multiply-add per copy: D = 128
+//    spills 32 -> 0 B (255 registers, no LDL/STL in the SASS; v03 had 19
+//    LDL + 17 STL). B, C, D without A (ptxas then spills 128 B): +1-2 %.
+//    A + B + C (+ D): +13-14 % at D = 128 over v03 (S = 512 causal +2 %),
+//    1.01-1.09x SDPA-flash.
+// D. SPLIT (on at D = 128, off at D = 64): the tiles that need no mask
+//    (below the causal diagonal and inside S_k) run in a loop of their own,
+//    without the mask code; only the last tiles run the masked loop. At
+//    D = 64 it measured +1 % on the long cells but -1.5 % at S = 512 causal,
+//    so it is off there (D = 64 then within 0.3 % of v03 at S = 512 and
+//    +1-2 % above it at S >= 2048).
+// E. PRO (off): the prologue also issues tile kStages - 1 into the buffer no
+//    tile has used yet. Predicted +1-3 % at S = 512; measured 0 to -1 % at D = 128,
+//    -1 to -2 % at D = 64.
+//
+// ---- v03 notes (still apply): v02 with Q re-read from shared memory, FA2's
+// tile shapes, a head-major causal CTA order and two optional loop variants.
+// 1. Q fragments re-read from shared memory every k-step (kQInSmem, FA2's
+//    own choice) instead of held in registers for the whole CTA. That frees
+//    8 * D/16 registers per m16 tile, which pays for B_c = 64 at D = 64
+//    without spills (+8-11 % non-causal over v02's B_c = 32) and for 32 rows
+//    per warp at D = 128 (two m16 tiles: each K/V fragment read by ldmatrix
+//    feeds two mma, 160 B of shared-memory traffic per mma instead of 256;
+//    measured +1-3 %, with 168 B of spills at the 255-register cap, 68 B
+//    with item 5).
+// 2. Causal CTA order. v02 ran causal grids heaviest-first across all heads
+//    (query block slowest), so the CTAs resident at one time each read a
+//    different head's K/V. v03 keeps one head's query blocks together
+//    (heaviest first inside each head) so they share K/V in L2. Predicted:
+//    a clear causal gain (the K/V stream without reuse is ~2.9 ms of HBM
+//    time in a ~3.7 ms kernel at S = 8192); measured: no change beyond the
+//    +-3 % run-to-run noise, i.e. that stream was already hidden. Kept, as
+//    it is FA2's order and no worse.
+// 3. kPingPong (option, off): S_{j+1} = Q K_{j+1}^T issued before the
+//    softmax of S_j, so a warp has its own tensor-core work to overlap its
+//    exp2/max/sum. Predicted +5-10 %; measured -5 to +4 % at v02's tiles and
+//    a loss elsewhere (more registers): with 2 warps per scheduler the
+//    other warp already fills the tensor pipe during a softmax.
+// 4. kPackEarly (option, off): pack all of P to 16 bits before P V. Same
+//    spills and registers as without (ptxas already does it); timed equal.
+// 5. kLaunder (LAB_V04_LAUNDER, on): the K/V base pointers pass through an
+//    empty asm each tile, so the compiler cannot hoist one 64-bit source
+//    pointer per cp.async out of the tile loop. D = 128 spills drop from
+//    168 B to 68 B (255 registers either way); measured +1-2 % at D = 128,
+//    D = 64 unchanged.
+// Everything else (algorithm, pipeline, swizzle, masking, limits,
+// preconditions, error codes) is v02's; the v02 notes below still apply.
+//
+// (v02 notes) FlashAttention-2 forward on tensor cores (mma.sync m16n8k16).
+//
+// Algorithm (FlashAttention-2, Dao 2023, Alg. 1), per (batch b, query head h):
+//   Q is cut into row blocks Q_i of B_r rows, K and V into column blocks
+//   K_j, V_j of B_c keys. For one Q_i (one CTA):
+//     m_i = -inf, l_i = 0, O_i = 0
+//     for j = 0 .. T_c - 1:                       (causal: only j with
+//       S_ij   = Q_i K_j^T                          j*B_c <= last row of Q_i)
+//       m_new  = max(m_i, rowmax(S_ij))
+//       P_ij   = exp2(S_ij * c - m_new * c)        c = scale * log2(e)
+//       l_i    = exp2((m_i - m_new) c) l_i + rowsum(P_ij)
+//       O_i    = exp2((m_i - m_new) c) O_i + P_ij V_j
+//       m_i    = m_new
+//     O_i /= l_i;  LSE_i = m_i * scale + ln(l_i)
+//   The softmax scale is folded into the exp2 argument (one FFMA per score),
+//   and O is normalised once, at the end.
+//
+// Work split (the FA2 partitioning): the B_r rows of Q_i are split across
+// warps, kRowsPerWarp each, so every warp owns complete rows of S, P and O:
+// row max / row sum need only a 4-lane shuffle (the lanes of one mma quad)
+// and no cross-warp reduction is ever needed. Q_i fragments stay in registers
+// for the whole CTA; K_j and V_j are streamed through shared memory and read
+// by every warp with ldmatrix (V with .trans, since it is stored [key][d] but
+// used as the B operand with k = key).
+//
+// Pipeline: kStages shared-memory buffers, each holding one (K_j, V_j) pair.
+// Tile j+kStages-1 is requested with cp.async (16-byte, zero-fill past the
+// sequence end) before the math of tile j starts, so global loads overlap
+// kStages-1 tiles of math. One __syncthreads per tile both publishes tile j
+// and frees the buffer tile j-1 used.
+//
+// Shared memory layout: every tile is [rows][D] 16-bit elements, rows of
+// D*2 = 128 or 256 bytes. The 16-byte chunk c of row r is stored at chunk
+// c ^ (r % 8). ldmatrix reads 8 rows at the same logical chunk; the XOR puts
+// them in 8 different 16-byte bank groups, so reads (and the cp.async writes)
+// are free of bank conflicts without padding.
+//
+// Masking: key columns >= S_k get -inf; with causal (SDPA is_causal, top-left
+// aligned: query i sees key j iff j <= i, also when S_q != S_k) columns j > i
+// get -inf too. Only tiles that cross S_k or the diagonal pay for the mask;
+// fully masked causal tiles are never loaded. Rows >= S_q are computed on
+// zero-filled Q and never stored.
+//
+// Launch: 1-D grid of ceil(S_q/B_r) * B * H_q CTAs, kWarps*32 threads,
+//   smem = (B_r + 2 * kStages * B_c) * D * 2 bytes:
+//     (v03 defaults) D = 64 : B_r = 128 (4 warps x 32 rows), B_c = 64,
+//       4 stages, 80 KiB, 251 regs, 2 CTAs / SM; D = 128: B_r = 128 (4 warps
+//       x 32 rows), B_c = 64, 2 stages, 96 KiB, 255 regs + 68 B spills,
+//       2 CTAs / SM; Q re-read from smem in both. v04: same tiles and
+//       smem; sm_90a D = 64 236 regs, D = 128 255 regs, no spills.
+//   Query block index fastest in both grids (v03); causal: heaviest block
+//   of each head first.
+//
+// Limits: D in {64, 128}; fp16 and bf16 (fp32 accumulate, P rounded to the
+// input type before P V, as in FA2); any S_q, S_k >= 0; H_q % H_kv == 0;
+// scale > 0 (the running max is taken on unscaled scores); S_k == 0 gives
+// O = 0 and LSE = -inf (what P V over no keys is). Preconditions
+// (checked, LAB_E_SHAPE otherwise): base pointers 16-byte aligned and batch /
+// head / seq strides multiples of 8 elements, so every row start is 16-byte
+// aligned for cp.async and the vector stores.
+//
+// Changes from v01_scalar (fp32 CUDA cores, FA1 order, P through smem):
+// tensor cores, exp2 with the scale folded in, O normalised once, P kept in
+// registers (S accumulators reused as the A operand), a cp.async
+// pipeline. Measured effect: not yet measured (see kernels/README.md).
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "common/mma.cuh"
+#include "common/params.h"
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -INFINITY;
+constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
+constexpr int kDefaultSmemLimit = 48 * 1024;  // above this the opt-in attribute is needed
+
+// 5. (see kLaunder) on by default; -DLAB_V04_LAUNDER=0 turns it off.
+#ifndef LAB_V04_LAUNDER
+#define LAB_V04_LAUNDER 1
+#endif
+// v04 switches (see the header): LAZY, SPLIT, ADDR, KVPTR, on by default
+// (SPLIT off at D = 64), each overridable for one head dim with
+// LAB_V04_D64_<X> / LAB_V04_D128_<X>; PRO off.
+#ifndef LAB_V04_LAZY
+#define LAB_V04_LAZY 1
+#endif
+#ifndef LAB_V04_SPLIT
+#define LAB_V04_SPLIT 1
+#endif
+#ifndef LAB_V04_ADDR
+#define LAB_V04_ADDR 1
+#endif
+#ifndef LAB_V04_KVPTR
+#define LAB_V04_KVPTR 1
+#endif
+#ifndef LAB_V04_D64_LAZY
+#define LAB_V04_D64_LAZY LAB_V04_LAZY
+#endif
+#ifndef LAB_V04_D128_LAZY
+#define LAB_V04_D128_LAZY LAB_V04_LAZY
+#endif
+#ifndef LAB_V04_D64_SPLIT
+#define LAB_V04_D64_SPLIT 0  // D = 64: split loop -1.5 % at S=512 causal, +1 % elsewhere (H200)
+#endif
+#ifndef LAB_V04_D128_SPLIT
+#define LAB_V04_D128_SPLIT LAB_V04_SPLIT
+#endif
+#ifndef LAB_V04_D64_ADDR
+#define LAB_V04_D64_ADDR LAB_V04_ADDR
+#endif
+#ifndef LAB_V04_D128_ADDR
+#define LAB_V04_D128_ADDR LAB_V04_ADDR
+#endif
+#ifndef LAB_V04_D64_KVPTR
+#define LAB_V04_D64_KVPTR LAB_V04_KVPTR
+#endif
+#ifndef LAB_V04_D128_KVPTR
+#define LAB_V04_D128_KVPTR LAB_V04_KVPTR
+#endif
+#ifndef LAB_V04_PRO
+#define LAB_V04_PRO 0
+#endif
+#ifndef LAB_V04_LAZY_LOG2
+#define LAB_V04_LAZY_LOG2 8.0f
+#endif
+constexpr float kLazyLog2 = LAB_V04_LAZY_LOG2;  // offset lag allowed, in exp2 units (2^8 = 256)
+
+template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_,
+          bool kQInSmem_, bool kPingPong_, bool kPackEarly_>
+struct FwdConfig {
+  static constexpr bool kQInSmem = kQInSmem_;    // Q fragments re-read from smem every k-step
+  static constexpr bool kPingPong = kPingPong_;  // S_{j+1} issued before the softmax of S_j
+  static constexpr bool kPackEarly = kPackEarly_;  // all of P packed to 16 bits before P V
+  static constexpr bool kLaunder = LAB_V04_LAUNDER != 0;  // K/V source pointers recomputed per tile
+  // v04 switches, per head dim (LAB_V04_D64_<X> / LAB_V04_D128_<X>, default LAB_V04_<X>).
+  static constexpr bool kLazy =  // rescale O only when a row max grew by > 2^kLazyLog2
+      (kHeadDim_ == 64 ? LAB_V04_D64_LAZY : LAB_V04_D128_LAZY) != 0;
+  static constexpr bool kSplit =  // unmasked tiles in a loop of their own
+      (kHeadDim_ == 64 ? LAB_V04_D64_SPLIT : LAB_V04_D128_SPLIT) != 0;
+  static constexpr bool kAddrXor =  // ldmatrix chunk offsets as lane base XOR immediate
+      (kHeadDim_ == 64 ? LAB_V04_D64_ADDR : LAB_V04_D128_ADDR) != 0;
+  static constexpr bool kPro = LAB_V04_PRO != 0;  // prologue issues kStages tiles, not kStages - 1
+  static_assert(!(kPro && kPingPong_), "kPro is written for the plain loop only");
+  static constexpr bool kKVPtr =  // K/V copies from one row pointer per thread
+      (kHeadDim_ == 64 ? LAB_V04_D64_KVPTR : LAB_V04_D128_KVPTR) != 0;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMTiles = kMTiles_;           // m16 tiles per warp
+  static constexpr int kRowsPerWarp = 16 * kMTiles;
+  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // B_r
+  static constexpr int kBlockN = kBlockN_;               // B_c
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocks = kMinBlocks_;  // for __launch_bounds__
+
+  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kKStepsQK = kHeadDim / 16;     // k16 steps of Q K^T
+  static constexpr int kNTilesS = kBlockN / 8;        // n8 tiles of S
+  static constexpr int kKStepsPV = kBlockN / 16;      // k16 steps of P V
+  static constexpr int kNTilesO = kHeadDim / 8;       // n8 tiles of O
+
+  static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
+  static constexpr int kSmemTile = kBlockN * kHeadDim * 2;  // one K_j or one V_j
+  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemTile;
+
+  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget exceeded");
+  static_assert(kHeadDim % 64 == 0, "XOR swizzle needs >= 8 chunks of 16 bytes per row");
+  static_assert(kBlockN % 16 == 0, "B_c must be a multiple of the mma k (16)");
+  static_assert(kStages >= 2, "need at least double buffering to overlap loads");
+  static_assert((kBlockM * kChunksPerRow) % kThreads == 0, "Q tile load must split evenly");
+  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile load must split evenly");
+  static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O store must split evenly");
+};
+
+// Tile configs: <D, warps, m16 tiles per warp, B_c, stages, min CTAs per SM,
+// Q in smem, ping-pong, pack P early>. Override any field at build time to
+// sweep (nvcc splits -D values at commas, hence one macro per field), e.g.
+//   -DLAB_V04_D128_WARPS=8 -DLAB_V04_D128_MTILES=1 -DLAB_V04_D128_QSMEM=0
+// Fields: WARPS MTILES BC STAGES MINB QSMEM PP PACK, for D64 and D128.
+// Defaults chosen by the H100 sweep of 2026-11-21 (kernels/README.md):
+//
+// D = 64: 4 warps x 32 rows, B_c = 64, 4 stages (80 KiB), Q re-read from
+// smem: 251 regs, no spills, 2 CTAs (8 warps) per SM. Against v02's
+// B_c = 32 with Q in registers: +8-11 % non-causal, +6-11 % causal, and at
+// or above SDPA-flash in every D = 64 cell.
+#ifndef LAB_V04_D64_WARPS
+#define LAB_V04_D64_WARPS 4
+#endif
+#ifndef LAB_V04_D64_MTILES
+#define LAB_V04_D64_MTILES 2
+#endif
+#ifndef LAB_V04_D64_BC
+#define LAB_V04_D64_BC 64
+#endif
+#ifndef LAB_V04_D64_STAGES
+#define LAB_V04_D64_STAGES 4
+#endif
+#ifndef LAB_V04_D64_MINB
+#define LAB_V04_D64_MINB 2
+#endif
+#ifndef LAB_V04_D64_QSMEM
+#define LAB_V04_D64_QSMEM 1
+#endif
+// D = 128: FA2's own tile, 4 warps x 32 rows, B_c = 64, 2 stages (96 KiB),
+// Q re-read from smem, 2 CTAs per SM: 255 regs with 68 B of spills (168 B
+// without kLaunder). Against v02 (8 warps x 16 rows, Q in registers): +1-5 %
+// non-causal, causal within noise; still 7-12 % under SDPA-flash
+// non-causal (kernels/README.md). B_c = 48 (60-80 B spills) and B_c = 32
+// (no spills, 3-4 stages) measured 2-7 % slower.
+#ifndef LAB_V04_D128_WARPS
+#define LAB_V04_D128_WARPS 4
+#endif
+#ifndef LAB_V04_D128_MTILES
+#define LAB_V04_D128_MTILES 2
+#endif
+#ifndef LAB_V04_D128_BC
+#define LAB_V04_D128_BC 64
+#endif
+#ifndef LAB_V04_D128_STAGES
+#define LAB_V04_D128_STAGES 2
+#endif
+#ifndef LAB_V04_D128_MINB
+#define LAB_V04_D128_MINB 2
+#endif
+#ifndef LAB_V04_D128_QSMEM
+#define LAB_V04_D128_QSMEM 1
+#endif
+// Ping-pong and early packing: options, off (measured no gain, see README).
+#ifndef LAB_V04_D64_PACK
+#define LAB_V04_D64_PACK 0
+#endif
+#ifndef LAB_V04_D128_PACK
+#define LAB_V04_D128_PACK 0
+#endif
+#ifndef LAB_V04_D64_PP
+#define LAB_V04_D64_PP 0
+#endif
+#ifndef LAB_V04_D128_PP
+#define LAB_V04_D128_PP 0
+#endif
+using Cfg64 = FwdConfig<64, LAB_V04_D64_WARPS, LAB_V04_D64_MTILES, LAB_V04_D64_BC,
+                        LAB_V04_D64_STAGES, LAB_V04_D64_MINB, LAB_V04_D64_QSMEM != 0,
+                        LAB_V04_D64_PP != 0, LAB_V04_D64_PACK != 0>;
+using Cfg128 = FwdConfig<128, LAB_V04_D128_WARPS, LAB_V04_D128_MTILES, LAB_V04_D128_BC,
+                         LAB_V04_D128_STAGES, LAB_V04_D128_MINB, LAB_V04_D128_QSMEM != 0,
+                         LAB_V04_D128_PP != 0, LAB_V04_D128_PACK != 0>;
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
+template <int kHeadDim>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// Copies rows [row0, row0 + kRows) of a [seqlen, D] matrix (row stride in
+// elements) into a swizzled tile; rows >= seqlen are zero-filled.
+template <class Cfg, int kRows, class T>
+__device__ __forceinline__ void load_tile(uint32_t smem_tile, const T* gbase, int64_t row_stride,
+                                          int row0, int seqlen, int tid) {
+  constexpr int kPerThread = kRows * Cfg::kChunksPerRow / Cfg::kThreads;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = tid + i * Cfg::kThreads;
+    const int r = idx / Cfg::kChunksPerRow;
+    const int c = idx % Cfg::kChunksPerRow;
+    const int grow = row0 + r;
+    const bool valid = grow < seqlen;
+    // Clamp to row 0 so the (unread) source address stays inside the tensor.
+    const T* src = gbase + (valid ? (int64_t)grow * row_stride : 0) + c * 8;
+    lab::cp_async_16(smem_tile + swizzle<Cfg::kHeadDim>(r, c) * 2, src, valid);
+  }
+}
+
+// kKVPtr: the same copy as load_tile<Cfg, B_c>, written as one row pointer
+// per thread advanced by 8 rows per copy (each thread's chunk c is fixed and
+// its rows are r0 + i * kRowStep), and one smem base plus an immediate.
+template <class Cfg, class T>
+__device__ __forceinline__ void load_kv_tile(uint32_t smem_tile, const T* gbase, int64_t row_stride,
+                                             int row0, int seqlen, int tid) {
+  constexpr int kRowStep = Cfg::kThreads / Cfg::kChunksPerRow;
+  constexpr int kPerThread = Cfg::kBlockN / kRowStep;
+  static_assert(Cfg::kThreads % Cfg::kChunksPerRow == 0 && Cfg::kBlockN % kRowStep == 0, "");
+  static_assert(kRowStep % 8 == 0, "row % 8 must be the same for all of a thread's rows");
+  const int r0 = tid / Cfg::kChunksPerRow;
+  const int c = tid % Cfg::kChunksPerRow;
+  const T* src = gbase + (int64_t)(row0 + r0) * row_stride + c * 8;
+  const int64_t step = (int64_t)kRowStep * row_stride;
+  const uint32_t dst = smem_tile + swizzle<Cfg::kHeadDim>(r0, c) * 2;
+  const int left = seqlen - row0 - r0;  // this thread's rows i with i * kRowStep < left are real
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const bool valid = i * kRowStep < left;
+    // Invalid rows read nothing (src-size 0); gbase keeps the address legal.
+    lab::cp_async_16(dst + i * kRowStep * Cfg::kHeadDim * 2, valid ? src + i * step : gbase, valid);
+  }
+}
+
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    attn_fwd_v04_kernel(const AttnFwdParams p) {
+  constexpr int D = Cfg::kHeadDim;
+  constexpr int Br = Cfg::kBlockM;
+  constexpr int Bc = Cfg::kBlockN;
+  constexpr int kMT = Cfg::kMTiles;
+  constexpr int kStages = Cfg::kStages;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;  // mma group: row within an 8-row half
+  const int t = lane % 4;  // thread in group: column pair
+
+  // ---- which (b, h, query block) this CTA owns
+  const int num_m_blocks = (p.seqlen_q + Br - 1) / Br;
+  const int bh_count = p.batch * p.heads_q;
+  int m_block, bh;
+  (void)bh_count;
+  if (p.causal) {
+    // One head's query blocks together (L2 reuse of its K/V), heaviest first.
+    m_block = num_m_blocks - 1 - blockIdx.x % num_m_blocks;
+    bh = blockIdx.x / num_m_blocks;
+  } else {
+    m_block = blockIdx.x % num_m_blocks;
+    bh = blockIdx.x / num_m_blocks;
+  }
+  const int b = bh / p.heads_q;
+  const int h = bh % p.heads_q;
+  const int h_kv = h / (p.heads_q / p.heads_kv);
+  const int m0 = m_block * Br;
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
+  const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + h_kv * p.k_stride[1];
+  const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + h_kv * p.v_stride[1];
+  T* o = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
+
+  // Keys this block can see: all of them, or (causal) up to its last real row.
+  const int last_row = min(m0 + Br, p.seqlen_q);  // exclusive
+  const int n_end = p.causal ? min(p.seqlen_k, last_row) : p.seqlen_k;
+  const int n_tiles = (n_end + Bc - 1) / Bc;
+
+  const uint32_t sQ = lab::smem_u32(smem);
+  const uint32_t sKV = sQ + Cfg::kSmemQ;
+  auto sK = [&](int stage) { return sKV + stage * Cfg::kSmemTile; };
+  auto sV = [&](int stage) { return sKV + (kStages + stage) * Cfg::kSmemTile; };
+
+  // ================================================================ Prologue
+  // Q_i is its own commit group so its fragments can be read while the first
+  // K/V tiles are still in flight.
+  load_tile<Cfg, Br>(sQ, q, p.q_stride[2], m0, p.seqlen_q, tid);
+  lab::cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < kStages - 1 + (Cfg::kPro ? 1 : 0); ++s) {
+    if (s < n_tiles) {
+      load_tile<Cfg, Bc>(sK(s), k, p.k_stride[2], s * Bc, p.seqlen_k, tid);
+      load_tile<Cfg, Bc>(sV(s), v, p.v_stride[2], s * Bc, p.seqlen_k, tid);
+    }
+    lab::cp_async_commit();  // always commit: keeps the group count uniform
+  }
+  lab::cp_async_wait<kStages - 1 + (Cfg::kPro ? 1 : 0)>();  // Q has landed (K/V may not have)
+  __syncthreads();
+
+  // Q fragments (A operand), one x4 per m16 x k16 block. Lane l addresses
+  // row l % 16 and chunk 2*kk + l / 16 of the block.
+  const int warp_row0 = warp * Cfg::kRowsPerWarp;
+  // kQInSmem: only one k-step of fragments lives at a time (reloaded in the
+  // Q K^T loop); otherwise all of them, loaded once here.
+  constexpr int kQF = Cfg::kQInSmem ? 1 : Cfg::kKStepsQK;
+  uint32_t qf[kMT][kQF][4];
+  auto load_q = [&](int mt, int kk, uint32_t (&dst)[4]) {
+    const int r = warp_row0 + mt * 16 + (lane % 16);
+    const int c = kk * 2 + lane / 16;
+    lab::ldmatrix_x4(dst, sQ + swizzle<D>(r, c) * 2);
+  };
+  if constexpr (!Cfg::kQInSmem) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) load_q(mt, kk, qf[mt][kk]);
+  }
+
+  float acc_o[kMT][Cfg::kNTilesO][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kNTilesO; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
+
+  // Per-thread rows: (mt, half) -> row warp_row0 + mt*16 + half*8 + g.
+  float row_max[kMT][2];
+  float row_sum[kMT][2];  // partial: this thread's columns only, reduced at the end
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      row_max[mt][hh] = kNegInf;
+      row_sum[mt][hh] = 0.f;
+    }
+
+  const float scale_log2 = p.scale * kLog2e;
+
+  // Lane-invariant parts of the ldmatrix addresses. K (B operand of Q K^T,
+  // non-transposed): lane l reads key (l%8) + 8*(l/16), chunk (l/8)%2.
+  // V (B operand of P V, transposed): lane l reads key (l%8) + 8*((l/8)%2),
+  // chunk l/16. In both, the key row % 8 == l % 8, which fixes the swizzle.
+  const int k_row = (lane % 8) + 8 * (lane / 16);
+  const int k_chunk = (lane / 8) % 2;
+  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2);
+  const int v_chunk = lane / 16;
+  // kAddrXor: the same addresses written as lane base + (lane chunk bits XOR
+  // a k-step immediate). Chunk 2s + c (c in {0, 1}) of a row with row % 8 ==
+  // l % 8 sits at byte ((2s + c) ^ (l % 8)) * 16 = (s << 5) ^ (((c ^ l) & 7) << 4),
+  // so one LOP3 with an immediate per ldmatrix instead of a held register.
+  const uint32_t q_base = sQ + (warp_row0 + (lane % 16)) * D * 2;
+  const uint32_t q_x = (((lane / 16) ^ lane) & 7) << 4;
+  const uint32_t k_lane = k_row * D * 2;
+  const uint32_t k_x = ((k_chunk ^ lane) & 7) << 4;
+  const uint32_t v_lane = v_row * D * 2;
+  const uint32_t v_x = ((v_chunk ^ lane) & 7) << 4;
+
+  // ================================================================ One tile
+  // The three steps of one K_j/V_j tile, used by both main loops below.
+  using SAcc = float[kMT][Cfg::kNTilesS][4];
+
+  // acc = Q_i K^T for the K tile at k_tile (fp32).
+  auto qk_tile = [&](SAcc& acc_s, uint32_t k_tile) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) {
+      constexpr int kQ0 = 0;
+      const int qk = Cfg::kQInSmem ? kQ0 : kk;  // which qf slot holds k-step kk
+      if constexpr (Cfg::kQInSmem) {
+        if constexpr (Cfg::kAddrXor) {
+          const uint32_t qa = q_base + (q_x ^ (kk << 5));
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) lab::ldmatrix_x4(qf[mt][0], qa + mt * 16 * D * 2);
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) load_q(mt, kk, qf[mt][0]);
+        }
+      }
+      const uint32_t ka = k_tile + k_lane + (k_x ^ (kk << 5));
+#pragma unroll
+      for (int np = 0; np < Cfg::kNTilesS / 2; ++np) {
+        // b[0], b[1]: keys 16np..+7 (n tile 2np); b[2], b[3]: keys +8..+15.
+        uint32_t bk[4];
+        if constexpr (Cfg::kAddrXor)
+          lab::ldmatrix_x4(bk, ka + np * 16 * D * 2);
+        else
+          lab::ldmatrix_x4(bk, k_tile + swizzle<D>(np * 16 + k_row, kk * 2 + k_chunk) * 2);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          lab::mma_16816<T>(acc_s[mt][2 * np], qf[mt][qk], bk[0], bk[1]);
+          lab::mma_16816<T>(acc_s[mt][2 * np + 1], qf[mt][qk], bk[2], bk[3]);
+        }
+      }
+    }
+  };
+
+  // Mask of tile j: only the tile that crosses S_k and the causal diagonal tiles.
+  auto mask_tile = [&](SAcc& acc_s, int j) {
+    const int n0 = j * Bc;
+    const bool crosses_end = n0 + Bc > p.seqlen_k;
+    const bool crosses_diag = p.causal && (n0 + Bc - 1 > m0);
+    if (crosses_end || crosses_diag) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = m0 + warp_row0 + mt * 16 + (e / 2) * 8 + g;
+            const int col = n0 + nt * 8 + 2 * t + (e % 2);
+            const bool masked = col >= p.seqlen_k || (p.causal && col > row);
+            if (masked) acc_s[mt][nt][e] = kNegInf;
+          }
+    }
+  };
+
+  // Online softmax of a masked S tile (in place, S becomes P), O rescale,
+  // then O += P V for the V tile at v_tile.
+  auto softmax_pv = [&](SAcc& acc_s, uint32_t v_tile) {
+    // Tile row max (after the quad shuffles) of every row this thread holds.
+    float mx[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float m = row_max[mt][hh];
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
+          m = fmaxf(m, fmaxf(acc_s[mt][nt][2 * hh], acc_s[mt][nt][2 * hh + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        mx[mt][hh] = m;
+      }
+    // Lazy rescale (kLazy): the running max a row uses as its exp2 offset is
+    // only moved when some row of the warp grew by more than kLazyLog2 (in
+    // exp2 units); otherwise P = exp2(s*c - m_old*c) <= 2^kLazyLog2, which
+    // 16-bit P and fp32 l, O hold without loss, and O, l need no rescale.
+    // O / l and LSE = m*scale + ln(l) are exact for any offset m that O and
+    // l share. Warp-uniform (vote), so the branch never diverges.
+    bool rescale = true;
+    if constexpr (Cfg::kLazy) {
+      bool grow = false;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          // -inf old max with a finite new one: +inf > k (rescale);
+          // both -inf: NaN > k is false (nothing to rescale).
+          grow |= (mx[mt][hh] - row_max[mt][hh]) * scale_log2 > kLazyLog2;
+      rescale = __any_sync(0xffffffffu, grow);
+    }
+    if (rescale) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          // A row with nothing visible yet keeps max -inf; subtracting 0
+          // instead of -inf keeps exp2 at 0 rather than NaN.
+          const float mx_scaled = (mx[mt][hh] == kNegInf) ? 0.f : mx[mt][hh] * scale_log2;
+          const float alpha = lab::fast_exp2(row_max[mt][hh] * scale_log2 - mx_scaled);
+          row_max[mt][hh] = mx[mt][hh];
+          row_sum[mt][hh] *= alpha;
+#pragma unroll
+          for (int nt = 0; nt < Cfg::kNTilesO; ++nt) {
+            acc_o[mt][nt][2 * hh] *= alpha;
+            acc_o[mt][nt][2 * hh + 1] *= alpha;
+          }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float m = row_max[mt][hh];
+        const float m_scaled = (m == kNegInf) ? 0.f : m * scale_log2;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTilesS; ++nt) {
+#pragma unroll
+          for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
+            const float pe = lab::fast_exp2(fmaf(acc_s[mt][nt][e], scale_log2, -m_scaled));
+            acc_s[mt][nt][e] = pe;
+            sum += pe;
+          }
+        }
+        row_sum[mt][hh] += sum;
+      }
+    }
+
+    // O_i += P_ij V_j. The S accumulators of n tiles 2kk, 2kk+1 are exactly
+    // the A fragment of k-step kk once packed to 16 bits. With kPackEarly
+    // all of P is packed before the first P V mma, so the fp32 S registers
+    // die before the V fragments are loaded (half the registers for P
+    // during P V; less spilling at 32 rows per warp).
+    uint32_t pp[kMT][Cfg::kKStepsPV][4];
+    auto pack_p = [&](int kk) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pp[mt][kk][0] = lab::pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+        pp[mt][kk][1] = lab::pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+        pp[mt][kk][2] = lab::pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+        pp[mt][kk][3] = lab::pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+      }
+    };
+    if constexpr (Cfg::kPackEarly) {
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kKStepsPV; ++kk) pack_p(kk);
+    }
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKStepsPV; ++kk) {
+      if constexpr (!Cfg::kPackEarly) pack_p(kk);
+#pragma unroll
+      for (int np = 0; np < Cfg::kNTilesO / 2; ++np) {
+        // b[0], b[1]: d 16np..+7 (n tile 2np); b[2], b[3]: d +8..+15.
+        uint32_t bv[4];
+        if constexpr (Cfg::kAddrXor)
+          lab::ldmatrix_x4_trans(bv, v_tile + v_lane + kk * 16 * D * 2 + (v_x ^ (np << 5)));
+        else
+          lab::ldmatrix_x4_trans(bv, v_tile + swizzle<D>(kk * 16 + v_row, np * 2 + v_chunk) * 2);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          lab::mma_16816<T>(acc_o[mt][2 * np], pp[mt][kk], bv[0], bv[1]);
+          lab::mma_16816<T>(acc_o[mt][2 * np + 1], pp[mt][kk], bv[2], bv[3]);
+        }
+      }
+    }
+  };
+
+  // Refill at iteration j: the buffer tile j-1 used gets tile j + kStages - 1.
+  // kPro: the prologue already issued tile kStages - 1 (into the buffer no
+  // tile has used yet), so iteration 0 issues nothing, and its wait leaves
+  // one more group in flight than the later ones.
+  auto wait_tile = [&](int j) {
+    if constexpr (Cfg::kPro) {
+      if (j == 0) {
+        lab::cp_async_wait<kStages - 1>();
+        return;
+      }
+    }
+    lab::cp_async_wait<kStages - 2>();
+  };
+  auto refill = [&](int j) {
+    if constexpr (Cfg::kPro) {
+      if (j == 0) return;  // no commit: tile kStages - 1 came with the prologue
+    }
+    const int jn = j + kStages - 1;
+    if (jn < n_tiles) {
+      const int st = jn % kStages;
+      const T* kb = k;
+      const T* vb = v;
+      if constexpr (Cfg::kLaunder) {
+        // Opaque copies: stops the compiler from hoisting one 64-bit source
+        // pointer per cp.async out of the tile loop (2 x kPerThread x 2
+        // registers held across the whole loop).
+        asm volatile("" : "+l"(kb));
+        asm volatile("" : "+l"(vb));
+      }
+      if constexpr (Cfg::kKVPtr) {
+        load_kv_tile<Cfg>(sK(st), kb, p.k_stride[2], jn * Bc, p.seqlen_k, tid);
+        load_kv_tile<Cfg>(sV(st), vb, p.v_stride[2], jn * Bc, p.seqlen_k, tid);
+      } else {
+        load_tile<Cfg, Bc>(sK(st), kb, p.k_stride[2], jn * Bc, p.seqlen_k, tid);
+        load_tile<Cfg, Bc>(sV(st), vb, p.v_stride[2], jn * Bc, p.seqlen_k, tid);
+      }
+    }
+    lab::cp_async_commit();  // always: keeps the group count uniform
+  };
+
+  // ================================================================ Main loop
+  if constexpr (!Cfg::kPingPong) {
+    // v02's loop: S_j = Q K_j^T, mask, softmax, O += P_j V_j, in that order.
+    // kSplit: tiles [0, n_full) need no mask and run in a loop without the
+    // mask code (and without the row/column indices it keeps live); only the
+    // trailing tiles that cross S_k or the causal diagonal run the masked loop.
+    int n_full = n_tiles;
+    if constexpr (Cfg::kSplit) {
+      n_full = min(n_full, p.seqlen_k / Bc);
+      if (p.causal) n_full = min(n_full, (m0 + 1) / Bc);
+    }
+    int j = 0;
+#pragma unroll 1
+    for (; j < n_full; ++j) {
+      wait_tile(j);  // this thread's copies of tile j are done
+      __syncthreads();  // everyone's are; and everyone has finished tile j-1's buffer
+      refill(j);
+      float acc_s[kMT][Cfg::kNTilesS][4];
+      qk_tile(acc_s, sK(j % kStages));
+      if constexpr (!Cfg::kSplit) mask_tile(acc_s, j);
+      softmax_pv(acc_s, sV(j % kStages));
+    }
+#pragma unroll 1
+    for (; j < n_tiles; ++j) {
+      wait_tile(j);
+      __syncthreads();
+      refill(j);
+      float acc_s[kMT][Cfg::kNTilesS][4];
+      qk_tile(acc_s, sK(j % kStages));
+      mask_tile(acc_s, j);
+      softmax_pv(acc_s, sV(j % kStages));
+    }
+  } else {
+    // Ping-pong: S_{j+1} = Q K_{j+1}^T is issued before the softmax of S_j,
+    // so one warp has independent tensor-core work (the S_{j+1} mma) to
+    // overlap its own exp2/max/sum of tile j, instead of relying on the
+    // other warps of its scheduler. Costs a second S accumulator and needs
+    // K_{j+1} resident while V_j is used: at iteration j tiles j and j+1 must
+    // have landed, so the wait leaves kStages - 3 groups in flight.
+    // On the last iteration the S_{j+1} product reads a buffer that holds
+    // no tile (stale or never written); it is computed and thrown away,
+    // which keeps the loop body one basic block for the scheduler.
+    static_assert(kStages >= 3, "ping-pong needs K_{j+1} and V_j resident plus a buffer in flight");
+    float acc_s[kMT][Cfg::kNTilesS][4];
+    if (n_tiles > 0) {
+      lab::cp_async_wait<kStages - 2>();  // tile 0
+      __syncthreads();
+      qk_tile(acc_s, sK(0));
+    }
+    for (int j = 0; j < n_tiles; ++j) {
+      lab::cp_async_wait<kStages - 3>();  // tile j + 1 (or its empty group)
+      __syncthreads();  // landed for everyone; tile j-1's buffer is free
+      refill(j);
+      mask_tile(acc_s, j);
+      float acc_n[kMT][Cfg::kNTilesS][4];
+      qk_tile(acc_n, sK((j + 1) % kStages));
+      softmax_pv(acc_s, sV(j % kStages));
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = acc_n[mt][nt][e];
+    }
+  }
+
+  // ================================================================ Epilogue
+  // Drain the (empty) trailing cp.async groups before sQ is reused.
+  lab::cp_async_wait<0>();
+
+  const float scale_ln = p.scale;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float l = row_sum[mt][hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;  // S_k == 0: O = 0
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kNTilesO; ++nt) {
+        acc_o[mt][nt][2 * hh] *= inv_l;
+        acc_o[mt][nt][2 * hh + 1] *= inv_l;
+      }
+      const int row = m0 + warp_row0 + mt * 16 + hh * 8 + g;
+      if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
+        const float m = row_max[mt][hh];
+        const float lse = (l > 0.f && m != kNegInf) ? m * scale_ln + logf(l) : kNegInf;
+        p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row] = lse;
+      }
+    }
+  }
+
+  // Stage O through this warp's own rows of sQ (only this warp ever read
+  // them, so no block barrier is needed) to turn 4-byte fragment stores into
+  // 16-byte coalesced row stores.
+  const uint32_t sO = sQ;
+  __syncwarp();  // every lane's last ldmatrix of these Q rows is done (kQInSmem)
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kNTilesO; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = warp_row0 + mt * 16 + hh * 8 + g;
+        const int col = nt * 8 + 2 * t;
+        const uint32_t val = lab::pack2<T>(acc_o[mt][nt][2 * hh], acc_o[mt][nt][2 * hh + 1]);
+        const uint32_t addr = sO + (swizzle<D>(r, col / 8) + col % 8) * 2;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
+      }
+  __syncwarp();
+
+  constexpr int kStorePerLane = Cfg::kRowsPerWarp * Cfg::kChunksPerRow / 32;
+#pragma unroll
+  for (int i = 0; i < kStorePerLane; ++i) {
+    const int idx = lane + i * 32;
+    const int r = warp_row0 + idx / Cfg::kChunksPerRow;
+    const int c = idx % Cfg::kChunksPerRow;
+    const int grow = m0 + r;
+    if (grow < p.seqlen_q) {
+      uint4 val;
+      const uint32_t addr = sO + swizzle<D>(r, c) * 2;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                   : "r"(addr)
+                   : "memory");
+      *reinterpret_cast<uint4*>(o + (int64_t)grow * p.o_stride[2] + c * 8) = val;
+    }
+  }
+}
+
+template <class Cfg, class T>
+int launch(const AttnFwdParams& p, cudaStream_t stream) {
+  auto kernel = attn_fwd_v04_kernel<Cfg, T>;
+  if (Cfg::kSmemBytes > kDefaultSmemLimit) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return (int)err;
+  }
+  const int64_t num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t blocks = num_m_blocks * p.batch * p.heads_q;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return (int)cudaGetLastError();
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+bool strides_ok(const int64_t (&s)[3]) {
+  return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0;
+}
+
+}  // namespace
+
+extern "C" int attn_fwd_v04(const AttnFwdParams* p, void* stream) {
+  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
+  if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 ||
+      p->heads_kv <= 0 || p->heads_q % p->heads_kv != 0)
+    return LAB_E_SHAPE;
+  if (p->batch == 0 || p->seqlen_q == 0) return 0;  // nothing to write
+  if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->o) ||
+      !strides_ok(p->q_stride) || !strides_ok(p->k_stride) || !strides_ok(p->v_stride) ||
+      !strides_ok(p->o_stride))
+    return LAB_E_SHAPE;
+
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->dtype == LAB_BF16;
+  if (p->head_dim == 64)
+    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st) : launch<Cfg64, __half>(*p, st);
+  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st) : launch<Cfg128, __half>(*p, st);
+}
