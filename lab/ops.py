@@ -25,11 +25,12 @@ FWD = {
     "v01": Kernel("fwd/v01_scalar.cu", "attn_fwd_v01", (16, 32, 64, 128)),
     "v02": Kernel("fwd/v02_mma.cu", "attn_fwd_v02", (64, 128)),
     "v03": Kernel("fwd/v03_qsmem.cu", "attn_fwd_v03", (64, 128)),
+    "v04": Kernel("fwd/v04_lazy.cu", "attn_fwd_v04", (64, 128)),
 }
 DECODE = {
     "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
 }
-BEST_FWD = ("v03", "v02", "v01")  # preference order for version=None
+BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 MAX_DECODE_Q_LEN = 16
 _addresses: dict = {}
 
