@@ -16,6 +16,10 @@ import numpy as np
 BLOCK_N = 64  # keys per tile in decode_splitk_v01 (SplitKConfig::kBlockN); chunks are whole tiles
 MAX_SPLITS = 128
 BLOCKS_PER_SM = 2  # v01 at D = 128 with <= 4 query rows per KV head: ~103-107 KB smem, two fit an H100 SM
+# decode_splitk_v02 (tensor cores, lighter blocks): the same kernel could hold two blocks per SM, but planning
+# one block per SM (half the splits, chunks twice as long) measured 5-11 % faster on the batch-1 GQA cells of
+# bench-decode on an H200 (2026-11-21) and within +-3 % elsewhere. Pass it as choose_num_splits(..., blocks_per_sm=BLOCKS_PER_SM_V02), or use choose_num_splits_v02.
+BLOCKS_PER_SM_V02 = 1
 MIN_CHUNK = 2 * BLOCK_N  # a split shorter than two tiles leaves the double-buffered K/V stream idle
 FULL_ENOUGH = 0.8  # batch * Hkv blocks filling this much of one wave need no split at all
 EFFICIENCY_SLACK = 0.95  # take the fewest splits within 5% of the best wave efficiency
@@ -103,6 +107,17 @@ def choose_num_splits(batch: int, heads_kv: int, seqlen_k: int, num_sms: int, *,
         efficiency[s] = wave_efficiency(base * s, num_sms, blocks_per_sm)
     best = max(efficiency.values())
     return min(s for s, e in efficiency.items() if e >= EFFICIENCY_SLACK * best)
+
+
+def choose_num_splits_v02(batch: int, heads_kv: int, seqlen_k: int, num_sms: int) -> int:
+    """Split count for decode_splitk_v02: choose_num_splits with one planned block per SM (BLOCKS_PER_SM_V02).
+
+    >>> choose_num_splits_v02(1, 8, 32768, 132)   # 16 splits of 2048 keys: 128 blocks, one per SM
+    16
+    >>> choose_num_splits_v02(8, 32, 4096, 132)
+    1
+    """
+    return choose_num_splits(batch, heads_kv, seqlen_k, num_sms, blocks_per_sm=BLOCKS_PER_SM_V02)
 
 
 def merge_partials(partial_o: np.ndarray, partial_lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

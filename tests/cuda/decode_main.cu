@@ -3,9 +3,11 @@
 // Build and run (H100):
 //   nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a \
 //        tests/cuda/decode_main.cu kernels/decode/v01_splitk.cu -o /tmp/dec && /tmp/dec
+// Another version: add -DDECODE_FN=decode_splitk_v02 and compile kernels/decode/v02_mma.cu instead.
 // Flags: --no-bench (correctness only), --no-test (bench only), --max-kv-gib N (bench cells whose
 // K+V exceed N GiB are skipped; default 9, as lab/cases.py DECODE_MAX_KV_BYTES), --quick (a handful of small
-// configs, no bench: for compute-sanitizer, which runs 10-100x slower).
+// configs, no bench: for compute-sanitizer, which runs 10-100x slower), --bps N (blocks per SM the bench's split
+// heuristic assumes; default 2 for v01 and 1 for v02, as lab/splits.py choose_num_splits / choose_num_splits_v02).
 //
 // Correctness: fresh randn inputs per config rounded to the kernel dtype; the reference is computed in
 // double from those rounded values. Q and O are strided as (B, q_len, H, D) views and K has padded
@@ -34,7 +36,13 @@
 
 #include "common/params.h"
 
-extern "C" int decode_splitk_v01(const DecodeParams* p, void* stream);
+// The launcher under test: -DDECODE_FN=decode_splitk_v02 selects another version (default v01).
+#ifndef DECODE_FN
+#define DECODE_FN decode_splitk_v01
+#endif
+#define DECODE_STR2(x) #x
+#define DECODE_STR(x) DECODE_STR2(x)
+extern "C" int DECODE_FN(const DecodeParams* p, void* stream);
 
 static void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) {
@@ -56,7 +64,8 @@ static void check_launch(int rc, const char* what) {
 // Keep identical to lab/splits.py: constants, candidate filter, 0.8 wave rule, 5% slack.
 static const int kBlockN = 64;
 static const int kMaxSplits = 128;
-static const int kBlocksPerSm = 2;
+static const int kBlocksPerSm = 2;     // v01 (lab/splits.py BLOCKS_PER_SM)
+static const int kBlocksPerSmV02 = 1;  // v02 and later (lab/splits.py BLOCKS_PER_SM_V02, choose_num_splits_v02)
 static const int kMinChunk = 2 * kBlockN;
 static const double kFullEnough = 0.8;
 static const double kEfficiencySlack = 0.95;
@@ -231,7 +240,7 @@ static bool run_test(const TestConfig& c, std::mt19937& rng) {
     CK(cudaMemset(dlse, 0xFF, (size_t)B * Hq * T * 4));
     CK(cudaMemset(dpo, 0xFF, (size_t)B * Hq * T * max_splits * D * 4));
     CK(cudaMemset(dpl, 0xFF, (size_t)B * Hq * T * max_splits * 4));
-    check_launch(decode_splitk_v01(&p, nullptr), "decode_splitk_v01");
+    check_launch(DECODE_FN(&p, nullptr), DECODE_STR(DECODE_FN));
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(hout.data(), dout, q_elems * 2, cudaMemcpyDeviceToHost));
@@ -291,11 +300,11 @@ static bool run_error_codes() {
   p.batch = 1; p.heads_q = 1; p.heads_kv = 1; p.q_len = 1; p.seqlen_cache = 8; p.num_splits = 1;
   p.scale = 1.f; p.dtype = LAB_BF16;
   p.head_dim = 96;
-  const int e_dim = decode_splitk_v01(&p, nullptr);
+  const int e_dim = DECODE_FN(&p, nullptr);
   p.head_dim = 64; p.num_splits = 2;
-  const int e_ws = decode_splitk_v01(&p, nullptr);
+  const int e_ws = DECODE_FN(&p, nullptr);
   p.num_splits = 1; p.heads_q = 3; p.heads_kv = 2;
-  const int e_shape = decode_splitk_v01(&p, nullptr);
+  const int e_shape = DECODE_FN(&p, nullptr);
   const bool ok = e_dim == LAB_E_HEAD_DIM && e_ws == LAB_E_WORKSPACE && e_shape == LAB_E_SHAPE;
   printf("%s launcher refusals: D=96 -> %d, no workspace -> %d, Hq%%Hkv != 0 -> %d\n", ok ? "PASS" : "FAIL",
          e_dim, e_ws, e_shape);
@@ -353,7 +362,7 @@ static double memcpy_bandwidth() {
   return gbs;
 }
 
-static void run_bench(int num_sms, double max_kv_gib, double copy_gbs) {
+static void run_bench(int num_sms, double max_kv_gib, double copy_gbs, int bps) {
   const int Hq = 32, D = 128, T = 1;
   const size_t rotate_bytes = (size_t)256 << 20;
   cudaEvent_t e0, e1;
@@ -371,7 +380,7 @@ static void run_bench(int num_sms, double max_kv_gib, double copy_gbs) {
           continue;
         }
         const int nbuf = (int)std::min<size_t>(16, std::max<size_t>(1, (rotate_bytes + kv_bytes - 1) / kv_bytes));
-        const int splits = choose_num_splits(B, Hkv, L, num_sms);
+        const int splits = choose_num_splits(B, Hkv, L, num_sms, bps);
         void* kv;
         CK(cudaMalloc(&kv, kv_bytes * nbuf));
         device_fill(kv, kv_elems * 2 * nbuf, 1234u + L);
@@ -397,7 +406,7 @@ static void run_bench(int num_sms, double max_kv_gib, double copy_gbs) {
           char* base = static_cast<char*>(kv) + (size_t)(i % nbuf) * kv_bytes;
           p.k_cache = base;
           p.v_cache = base + kv_elems * 2;
-          check_launch(decode_splitk_v01(&p, nullptr), "decode_splitk_v01");
+          check_launch(DECODE_FN(&p, nullptr), DECODE_STR(DECODE_FN));
         };
         for (int i = 0; i < kWarmup; ++i) launch(i);
         CK(cudaGetLastError());
@@ -432,21 +441,26 @@ static void run_bench(int num_sms, double max_kv_gib, double copy_gbs) {
 int main(int argc, char** argv) {
   bool do_test = true, do_bench = true, quick = false;
   double max_kv_gib = 9.0;
+  // Blocks per SM the bench's split heuristic plans for: v01's 2, v02's 1 (as lab/splits.py); --bps N overrides it
+  // (experiments only).
+  int bps = strcmp(DECODE_STR(DECODE_FN), "decode_splitk_v01") == 0 ? kBlocksPerSm : kBlocksPerSmV02;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--no-bench")) do_bench = false;
     else if (!strcmp(argv[i], "--no-test")) do_test = false;
     else if (!strcmp(argv[i], "--quick")) quick = true, do_bench = false;
     else if (!strcmp(argv[i], "--max-kv-gib") && i + 1 < argc) max_kv_gib = atof(argv[++i]);
-    else { fprintf(stderr, "usage: %s [--no-bench] [--no-test] [--quick] [--max-kv-gib N]\n", argv[0]); return 2; }
+    else if (!strcmp(argv[i], "--bps") && i + 1 < argc) bps = atoi(argv[++i]);
+    else { fprintf(stderr, "usage: %s [--no-bench] [--no-test] [--quick] [--max-kv-gib N] [--bps N]\n", argv[0]); return 2; }
   }
   int dev = 0;
   CK(cudaGetDevice(&dev));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, dev));
-  printf("%s, %d SMs, sm_%d%d, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
-         prop.l2CacheSize >> 20);
+  printf("%s: %s, %d SMs, sm_%d%d, L2 %d MiB, bench heuristic %d block(s)/SM\n", DECODE_STR(DECODE_FN), prop.name,
+         prop.multiProcessorCount, prop.major, prop.minor, prop.l2CacheSize >> 20, bps);
   // The heuristic must agree with lab/splits.py (its doctest values).
-  if (choose_num_splits(1, 8, 32768, 132) != 31 || choose_num_splits(8, 32, 4096, 132) != 1) {
+  if (choose_num_splits(1, 8, 32768, 132) != 31 || choose_num_splits(8, 32, 4096, 132) != 1 ||
+      choose_num_splits(1, 8, 32768, 132, kBlocksPerSmV02) != 16) {
     printf("FAIL split heuristic differs from lab/splits.py\n");
     return 1;
   }
@@ -484,7 +498,7 @@ int main(int argc, char** argv) {
   }
   if (do_bench) {
     const double copy = memcpy_bandwidth();
-    run_bench(prop.multiProcessorCount, max_kv_gib, copy);
+    run_bench(prop.multiProcessorCount, max_kv_gib, copy, bps);
   }
   return failures ? 1 : 0;
 }

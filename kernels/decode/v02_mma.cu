@@ -1,0 +1,542 @@
+// decode_splitk_v02: split-K (flash-decoding) attention over a KV cache, tensor cores for Q K^T and P V.
+//
+// Same contract, chunking rule, partial-workspace layout and combine as decode_splitk_v01 (read its header
+// for the algebra; lab/splits.py emulates both). What changes is pass 1.
+//
+// Why. v01 does Q K^T and P V with scalar FP32 FMAs. With one query row per KV head (Hkv = Hq) that is
+// cheap and v01 runs at ~4.4 TB/s on an H200; with 4 rows (GQA group 4) the FMAs, bf16 unpacks, broadcast
+// Q loads and three block barriers per tile make it latency/issue bound at ~3.3 TB/s.
+//
+// Pass 1, one block (4 warps) per (split s, b, h_kv, row group of 16). The R = G * q_len query rows of the
+// KV head are padded to one m16 MMA tile (rows past R are zero and never written); R > 16 is cut into
+// row groups of 16 whose blocks are adjacent in the grid, so they read the same chunk at about the same
+// time (through L2). A 64-key K/V tile arrives by 16-byte cp.async in a kStages ring, exactly as in v01.
+// Warp w owns keys [16w, 16w + 16) of every tile and runs its own online softmax over them
+// (FlashAttention-2 register layout):
+//     S   = Q K_w^T        mma.sync m16n8k16, A = Q fragments kept in registers for the whole kernel,
+//                          B = K rows by ldmatrix (2 n-tiles x D/16 k-steps = 16 MMAs at D = 128)
+//     m, l, O update       scores scaled by scale * log2 e in fp32, exp2; P rounded to the input dtype
+//                          and l summed from the rounded P, so O / l is an exact convex combination
+//     O  += P V_w          mma.sync, A = P straight from the S accumulators, B = V by ldmatrix.trans
+//                          (D/8 n-tiles = 16 MMAs at D = 128)
+// No block barrier inside a tile except the ring's one. At the end the 4 warps' (m, l, O) are merged
+// through shared memory (the freed K/V ring) and the block writes O (num_splits == 1) or the fp32
+// partial O^(s), LSE^(s).
+//
+// Pass 2 (combine) is v01's: one warp per output row, launched with programmatic dependent launch.
+//
+// Shared memory (D = 128): 3 stages x 64 keys x (K + V) x 272 bytes (rows padded by 16 bytes: ldmatrix
+// reads 8 rows at one 16-byte column, a 272-byte stride puts them in 8 different bank quads) = 102 KiB,
+// two can share an H100/H200 SM (the split heuristic plans one, see below). D = 64: 4 stages, 72 KiB.
+// The K/V cp.async carry an L2::128B prefetch-size hint (V02_L2_PREFETCH; +2-3 % on the large cells).
+//
+// Limits: D in {64, 128}; fp16 and bf16; any q_len >= 1 (row groups of 16); Hq multiple of Hkv; any
+// cache length, per-sequence lengths clamped to [0, S_cache]. Strides multiples of 8 elements, 16-byte
+// aligned bases (LAB_E_SHAPE otherwise).
+//
+// Split count: lab/splits.py choose_num_splits_v02 (= choose_num_splits with blocks_per_sm = 1): half of
+// v01's splits for batch 1 and 8; measured 5-11 % faster than planning two blocks per SM on the batch-1
+// GQA cells, within +-3 % elsewhere (Hkv 8, batch 8, 16k keys is bimodal with 2 splits: 138 or 153 us).
+//
+// Measured (H200, 2026-11-21, outputs/driver_logs/20261121-h200-decode-v02-final-*.log): GQA group 4
+// (Hkv 8) cells 1.11-1.28x faster than v01, 4.1-4.4 TB/s (98-104 % of copy bandwidth) on cells with
+// >= 256 MB of K+V; MHA (Hkv 32, one row padded to 16) 0.90-1.03x v01. Tried and dropped: a 6-stage ring
+// with one block per SM (no gain), per-row cp.async.bulk copies on an mbarrier (equal at two blocks per SM,
+// 1.4-1.6x slower at one), L2::256B (below L2::128B).
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "common/decode_util.cuh"
+#include "common/params.h"
+
+namespace {
+
+using lab::decode::Elem;
+using lab::decode::kLn2;
+using lab::decode::kLog2e;
+
+constexpr int kSmemDefault = 48 * 1024;
+
+// Ring depth: 3 stages at D = 128 (2 tiles = 64 KB in flight, two blocks per SM), 4 at D = 64. A deeper
+// ring with one block per SM (6 stages, 204 KiB) measured no faster on the H200.
+constexpr int kStagesD128 = 3, kStagesD64 = 4;
+// Rescale the O accumulators only when a row max of the warp moved (~0.3 % on the H200).
+#ifndef V02_LAZY_RESCALE
+#define V02_LAZY_RESCALE 1
+#endif
+
+template <int kHeadDim_, int kStages_>
+struct MmaConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kRows = 16;  // one m16 tile of query rows per block
+  static constexpr int kThreads = 128;
+  static constexpr int kWarps = 4;
+  static constexpr int kBlockN = 64;               // keys per tile; 16 per warp
+  static constexpr int kWarpKeys = kBlockN / kWarps;
+  static constexpr int kStages = kStages_;
+  static constexpr int kVecElems = 8;
+  static constexpr int kVecPerRow = kHeadDim / kVecElems;
+  static constexpr int kStride = kHeadDim + kVecElems;  // padded row (elements) for K and V
+  static constexpr int kTileElems = kBlockN * kStride;
+  static constexpr int kStageBytes = 2 * kTileElems * 2;
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kRingBytes;
+  static constexpr int kLoadIters = kBlockN * kVecPerRow / kThreads;
+  static constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T
+  static constexpr int kDTiles = kHeadDim / 8;   // n-tiles of P V
+  // Epilogue scratch: O [warps][16][D] fp32 + m, l [warps][16].
+  static constexpr int kMergeBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
+  static_assert(kWarpKeys == 16, "one k16 step of P V per warp and tile");
+  static_assert(kMergeBytes <= kRingBytes, "merge scratch reuses the ring");
+  static_assert((kBlockN * kVecPerRow) % kThreads == 0, "whole vectors per thread");
+};
+
+template <typename T>
+struct MmaType;
+template <>
+struct MmaType<__half> {
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct MmaType<__nv_bfloat16> {
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// L2 prefetch-size hint of the K/V cp.async: 128 (default) asks L2 to fetch the whole 128-byte line
+// per request; measured +2-3 % on the large bench-decode cells (H200). 0: no hint, 256: 256 bytes.
+#ifndef V02_L2_PREFETCH
+#define V02_L2_PREFETCH 128
+#endif
+// 16-byte cp.async, optionally with an L2 prefetch-size hint (more DRAM bytes per request).
+__device__ __forceinline__ void cp_async_16_pf(void* smem_dst, const void* gmem_src, bool valid) {
+#if V02_L2_PREFETCH == 0
+  lab::decode::cp_async_16(smem_dst, gmem_src, valid);
+#else
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = valid ? 16 : 0;
+#if V02_L2_PREFETCH == 256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+#else
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+#endif
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// Pass 1. See the header comment.
+template <typename T, int kHeadDim, int kStages>
+__global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
+    mma_partial_kernel(const DecodeParams p, const int chunk, const int group, const int rows_total,
+                       const int row_groups) {
+  using Cfg = MmaConfig<kHeadDim, kStages>;
+  constexpr int D = kHeadDim;
+  constexpr int Bc = Cfg::kBlockN;
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto stage_k = [&](int s) { return reinterpret_cast<T*>(smem + s * Cfg::kStageBytes); };
+  auto stage_v = [&](int s) { return reinterpret_cast<T*>(smem + s * Cfg::kStageBytes) + Cfg::kTileElems; };
+
+  lab::decode::pdl_launch_dependents();
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int gid = lane / 4;  // MMA row (and row + 8) of this lane
+  const int tig = lane % 4;  // MMA column pair of this lane
+  const int num_splits = p.num_splits;
+  const int rg = blockIdx.x % row_groups;
+  const int split = (blockIdx.x / row_groups) % num_splits;
+  const int bh = blockIdx.x / (row_groups * num_splits);
+  const int b = bh / p.heads_kv;
+  const int h_kv = bh % p.heads_kv;
+  const int row0 = rg * Cfg::kRows;
+  const int rows = min(Cfg::kRows, rows_total - row0);
+
+  int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen_cache;
+  len = max(0, min(len, p.seqlen_cache));
+  const int key_begin = split * chunk;
+  const int n_keys = max(0, min(key_begin + chunk, len) - key_begin);
+  const int n_tiles = (n_keys + Bc - 1) / Bc;
+
+  const T* k_base = static_cast<const T*>(p.k_cache) + b * p.k_stride[0] + h_kv * p.k_stride[1] +
+                    static_cast<int64_t>(key_begin) * p.k_stride[2];
+  const T* v_base = static_cast<const T*>(p.v_cache) + b * p.v_stride[0] + h_kv * p.v_stride[1] +
+                    static_cast<int64_t>(key_begin) * p.v_stride[2];
+  const int64_t k_row_stride = p.k_stride[2];
+  const int64_t v_row_stride = p.v_stride[2];
+
+  auto load_tile = [&](int tile, int stage) {
+    T* sK = stage_k(stage);
+    T* sV = stage_v(stage);
+#pragma unroll
+    for (int it = 0; it < Cfg::kLoadIters; ++it) {
+      const int i = tid + it * Cfg::kThreads;
+      const int j = i / Cfg::kVecPerRow;
+      const int c = (i % Cfg::kVecPerRow) * Cfg::kVecElems;
+      const int key = tile * Bc + j;
+      const bool valid = key < n_keys;
+      const int64_t src_row = valid ? key : 0;
+      cp_async_16_pf(sK + j * Cfg::kStride + c, k_base + src_row * k_row_stride + c, valid);
+      cp_async_16_pf(sV + j * Cfg::kStride + c, v_base + src_row * v_row_stride + c, valid);
+    }
+  };
+
+  // Prologue: start the stream, then fetch Q fragments from global memory (unscaled, input dtype: the
+  // scale is applied to the fp32 scores so Q keeps its exact values).
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < n_tiles) load_tile(s, s);
+    lab::decode::cp_async_commit();
+  }
+
+  uint32_t qf[Cfg::kKSteps][4];
+  {
+    const T* qrow[2] = {nullptr, nullptr};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = gid + 8 * half;
+      if (r < rows) {
+        const int rr = row0 + r;
+        const int h = h_kv * group + rr / p.q_len;
+        const int tok = rr % p.q_len;
+        qrow[half] = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1] + tok * p.q_stride[2];
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int half = reg & 1;         // a0, a2: row gid; a1, a3: row gid + 8
+        const int col = kk * 16 + 2 * tig + (reg >> 1) * 8;
+        qf[kk][reg] = qrow[half] ? __ldg(reinterpret_cast<const unsigned int*>(qrow[half] + col)) : 0u;
+      }
+    }
+  }
+
+  const float qk_scale = p.scale * kLog2e;
+  float acc[Cfg::kDTiles][4];
+#pragma unroll
+  for (int i = 0; i < Cfg::kDTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // rows gid, gid + 8; log2 units; quad-uniform
+  float l_run[2] = {0.f, 0.f};              // this lane's partial row sums
+
+  // ldmatrix lane addressing inside the warp's 16 keys.
+  const int k_ld_key = warp * Cfg::kWarpKeys + (lane & 7) + ((lane >> 4) << 3);  // m0,m1: keys 0-7; m2,m3: 8-15
+  const int k_ld_col = ((lane >> 3) & 1) * 8;                                   // m1, m3: dims +8
+  const int v_ld_key = warp * Cfg::kWarpKeys + (lane & 7) + (((lane >> 3) & 1) << 3);  // m1, m3: keys 8-15
+  const int v_ld_col = (lane >> 4) * 8;                                               // m2, m3: dims +8
+
+  for (int t = 0; t < n_tiles; ++t) {
+    lab::decode::cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();
+    {
+      const int next = t + Cfg::kStages - 1;
+      if (next < n_tiles) load_tile(next, next % Cfg::kStages);
+      lab::decode::cp_async_commit();
+    }
+    const T* sK = stage_k(t % Cfg::kStages);
+    const T* sV = stage_v(t % Cfg::kStages);
+
+    // S = Q K^T for this warp's 16 keys: s[nt] covers keys 8 nt .. 8 nt + 7.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, sK + k_ld_key * Cfg::kStride + kk * 16 + k_ld_col);
+      MmaType<T>::mma(s[0], qf[kk], kb[0], kb[1]);
+      MmaType<T>::mma(s[1], qf[kk], kb[2], kb[3]);
+    }
+
+    // Online softmax over the warp's keys; keys past the chunk end are -inf.
+    const int n_valid = n_keys - t * Bc;  // >= 1
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = warp * Cfg::kWarpKeys + nt * 8 + 2 * tig + (e & 1);
+        const float v = key < n_valid ? s[nt][e] * qk_scale : -INFINITY;
+        s[nt][e] = v;
+        tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
+      }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(lab::decode::kFullMask, tmax[h], 1));
+      tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(lab::decode::kFullMask, tmax[h], 2));
+      const float m_new = fmaxf(m_run[h], tmax[h]);
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // a warp whose keys are all masked so far
+      alpha[h] = exp2f(m_run[h] - m_use[h]);        // -inf -> 0
+      m_run[h] = m_new;
+    }
+    uint32_t pa[4];  // A fragment of P (16 rows x 16 keys)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t packed =
+            Elem<T>::from_float2(exp2f(s[nt][2 * h] - m_use[h]), exp2f(s[nt][2 * h + 1] - m_use[h]));
+        const float2 rounded = Elem<T>::to_float2(packed);
+        l_run[h] = l_run[h] * (nt == 0 ? alpha[h] : 1.f) + rounded.x + rounded.y;
+        pa[nt * 2 + h] = packed;  // a0: (gid, keys 0-7), a1: (gid+8, 0-7), a2: (gid, 8-15), a3: (gid+8, 8-15)
+      }
+    // Rescale O only when some row max of the warp moved (alpha == 1 exactly otherwise: exp2f(0)).
+    if (!V02_LAZY_RESCALE || __any_sync(lab::decode::kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < Cfg::kDTiles; ++i) {
+        acc[i][0] *= alpha[0];
+        acc[i][1] *= alpha[0];
+        acc[i][2] *= alpha[1];
+        acc[i][3] *= alpha[1];
+      }
+    }
+    // O += P V for this warp's 16 keys, two n-tiles of 8 dims per ldmatrix.x4.trans.
+#pragma unroll
+    for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, sV + v_ld_key * Cfg::kStride + dp * 16 + v_ld_col);
+      MmaType<T>::mma(acc[2 * dp], pa, vb[0], vb[1]);
+      MmaType<T>::mma(acc[2 * dp + 1], pa, vb[2], vb[3]);
+    }
+  }
+
+  // Epilogue: merge the 4 warps' (m, l, O) through the freed ring.
+  lab::decode::cp_async_wait<0>();
+  __syncthreads();
+  float* sO = reinterpret_cast<float*>(smem);              // [warp][16][D]
+  float* sM = sO + Cfg::kWarps * Cfg::kRows * D;           // [warp][16]
+  float* sL = sM + Cfg::kWarps * Cfg::kRows;               // [warp][16]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(lab::decode::kFullMask, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(lab::decode::kFullMask, l_run[h], 2);
+  }
+  {
+    float* o_w = sO + warp * Cfg::kRows * D;
+#pragma unroll
+    for (int i = 0; i < Cfg::kDTiles; ++i) {
+      const int col = i * 8 + 2 * tig;
+      *reinterpret_cast<float2*>(o_w + gid * D + col) = make_float2(acc[i][0], acc[i][1]);
+      *reinterpret_cast<float2*>(o_w + (gid + 8) * D + col) = make_float2(acc[i][2], acc[i][3]);
+    }
+    if (tig == 0) {
+      sM[warp * Cfg::kRows + gid] = m_run[0];
+      sM[warp * Cfg::kRows + gid + 8] = m_run[1];
+      sL[warp * Cfg::kRows + gid] = l_run[0];
+      sL[warp * Cfg::kRows + gid + 8] = l_run[1];
+    }
+  }
+  __syncthreads();
+
+  constexpr int kPairs = D / 2;
+  for (int idx = tid; idx < rows * kPairs; idx += Cfg::kThreads) {
+    const int r = idx / kPairs;
+    const int col = 2 * (idx % kPairs);
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) m_max = fmaxf(m_max, sM[w * Cfg::kRows + r]);
+    float l = 0.f, o0 = 0.f, o1 = 0.f;
+    if (m_max != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) {
+        const float f = exp2f(sM[w * Cfg::kRows + r] - m_max);  // a warp that saw no key: 0
+        const float2 o = *reinterpret_cast<const float2*>(sO + (w * Cfg::kRows + r) * D + col);
+        l = fmaf(f, sL[w * Cfg::kRows + r], l);
+        o0 = fmaf(f, o.x, o0);
+        o1 = fmaf(f, o.y, o1);
+      }
+    }
+    // l >= 1 whenever the chunk had a key; l == 0: empty chunk, O = 0, LSE = -inf.
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? (m_max + log2f(l)) * kLn2 : -INFINITY;
+    const int rr = row0 + r;
+    const int h = h_kv * group + rr / p.q_len;
+    const int tok = rr % p.q_len;
+    const int64_t out_row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_len + tok;
+    if (num_splits == 1) {
+      T* dst = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + tok * p.o_stride[2] + col;
+      *reinterpret_cast<uint32_t*>(dst) = Elem<T>::from_float2(o0 * inv_l, o1 * inv_l);
+      if (p.lse != nullptr && col == 0) p.lse[out_row] = lse;
+    } else {
+      const int64_t part = out_row * num_splits + split;
+      *reinterpret_cast<float2*>(p.partial_o + part * D + col) = make_float2(o0 * inv_l, o1 * inv_l);
+      if (col == 0) p.partial_lse[part] = lse;
+    }
+  }
+}
+
+constexpr int kCombineThreads = 128;
+constexpr int kCombineRowsPerBlock = kCombineThreads / 32;
+constexpr int kCombineUnroll = 4;
+
+// Pass 2, as in v01: one warp per output row (b, h, token); lane owns D/32 consecutive columns.
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const DecodeParams p) {
+  constexpr int kPerLane = kHeadDim / 32;
+  static_assert(kPerLane == 2 || kPerLane == 4, "one float2 or float4 per lane");
+  lab::decode::pdl_wait_for_producer();
+
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;
+  const int64_t rows_total = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
+  if (row >= rows_total) return;
+  const int ns = p.num_splits;
+  const float* plse = p.partial_lse + row * ns;
+  const float* po = p.partial_o + row * ns * kHeadDim + lane * kPerLane;
+
+  float lse_max = -INFINITY;
+  for (int s = lane; s < ns; s += 32) lse_max = fmaxf(lse_max, plse[s]);
+  lse_max = lab::decode::warp_max(lse_max);
+
+  float acc[kPerLane];
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
+  float w_sum = 0.f;
+  if (lse_max != -INFINITY) {
+#pragma unroll kCombineUnroll
+    for (int s = 0; s < ns; ++s) {
+      const float w = __expf(plse[s] - lse_max);
+      w_sum += w;
+      float x[kPerLane];
+      if constexpr (kPerLane == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(po + s * kHeadDim);
+        x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+      } else {
+        const float2 v = *reinterpret_cast<const float2*>(po + s * kHeadDim);
+        x[0] = v.x; x[1] = v.y;
+      }
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) acc[e] = fmaf(w, x[e], acc[e]);
+    }
+  }
+
+  const float inv = w_sum > 0.f ? 1.f / w_sum : 0.f;
+  const int tok = static_cast<int>(row % p.q_len);
+  const int h = static_cast<int>((row / p.q_len) % p.heads_q);
+  const int b = static_cast<int>(row / (static_cast<int64_t>(p.q_len) * p.heads_q));
+  T* dst = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + tok * p.o_stride[2] + lane * kPerLane;
+#pragma unroll
+  for (int e = 0; e < kPerLane; e += 2)
+    *reinterpret_cast<uint32_t*>(dst + e) = Elem<T>::from_float2(acc[e] * inv, acc[e + 1] * inv);
+  if (p.lse != nullptr && lane == 0) p.lse[row] = w_sum > 0.f ? lse_max + logf(w_sum) : -INFINITY;
+}
+
+template <typename T, int kHeadDim, int kStages>
+cudaError_t allow_smem(int device) {
+  using Cfg = MmaConfig<kHeadDim, kStages>;
+  constexpr int kMaxDevices = 64;
+  static bool done[kMaxDevices] = {};
+  if (Cfg::kSmemBytes <= kSmemDefault) return cudaSuccess;
+  if (device >= 0 && device < kMaxDevices && done[device]) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(mma_partial_kernel<T, kHeadDim, kStages>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err == cudaSuccess && device >= 0 && device < kMaxDevices) done[device] = true;
+  return err;
+}
+
+template <typename T, int kHeadDim, int kStages>
+int launch_typed(const DecodeParams* p, cudaStream_t stream, int chunk, int group, int rows_total, int row_groups,
+                 int device, bool use_pdl) {
+  using Cfg = MmaConfig<kHeadDim, kStages>;
+  cudaError_t err = allow_smem<T, kHeadDim, kStages>(device);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(p->num_splits) * p->batch * p->heads_kv * row_groups);
+  mma_partial_kernel<T, kHeadDim, kStages><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+      *p, chunk, group, rows_total, row_groups);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p->num_splits == 1) return err;
+
+  const int64_t rows_out = static_cast<int64_t>(p->batch) * p->heads_q * p->q_len;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((rows_out + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock));
+  config.blockDim = dim3(kCombineThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = use_pdl ? 1 : 0;
+  err = cudaLaunchKernelEx(&config, combine_kernel<T, kHeadDim>, *p);
+  if (err != cudaSuccess) return err;
+  return cudaGetLastError();
+}
+
+constexpr int kKeyBlock = 64;  // must equal MmaConfig::kBlockN and lab/splits.py's BLOCK_N
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+bool strides_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
+
+}  // namespace
+
+extern "C" int decode_splitk_v02(const DecodeParams* p, void* stream_ptr) {
+  static_assert(kKeyBlock == MmaConfig<128, kStagesD128>::kBlockN && kKeyBlock == MmaConfig<64, kStagesD64>::kBlockN,
+                "chunk rounding must match the kernel's key block");
+  if (p == nullptr) return LAB_E_SHAPE;
+  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
+  if (p->batch < 0 || p->q_len < 0 || p->heads_q < 0 || p->heads_kv <= 0 || p->seqlen_cache < 0 ||
+      p->num_splits < 1 || p->heads_q % p->heads_kv != 0)
+    return LAB_E_SHAPE;
+  if (p->batch == 0 || p->q_len == 0 || p->heads_q == 0) return 0;
+  if (p->num_splits > 1 && (p->partial_o == nullptr || p->partial_lse == nullptr)) return LAB_E_WORKSPACE;
+  if (!aligned16(p->q) || !aligned16(p->k_cache) || !aligned16(p->v_cache) || !aligned16(p->o) ||
+      !strides_ok(p->q_stride) || !strides_ok(p->k_stride) || !strides_ok(p->v_stride) || !strides_ok(p->o_stride))
+    return LAB_E_SHAPE;
+  const int group = p->heads_q / p->heads_kv;
+  const int64_t rows_total = static_cast<int64_t>(group) * p->q_len;
+  if (rows_total > (1 << 20)) return LAB_E_SHAPE;
+  const int row_groups = static_cast<int>((rows_total + 15) / 16);
+  const int64_t blocks = static_cast<int64_t>(p->num_splits) * p->batch * p->heads_kv * row_groups;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+
+  const int per_split = (p->seqlen_cache + p->num_splits - 1) / p->num_splits;
+  const int chunk = (per_split + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int major = 0;
+  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  const bool use_pdl = major >= 9;
+
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const int rows = static_cast<int>(rows_total);
+  if (p->dtype == LAB_FP16) {
+    return p->head_dim == 128
+               ? launch_typed<__half, 128, kStagesD128>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
+               : launch_typed<__half, 64, kStagesD64>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
+  }
+  return p->head_dim == 128
+             ? launch_typed<__nv_bfloat16, 128, kStagesD128>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
+             : launch_typed<__nv_bfloat16, 64, kStagesD64>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
+}
