@@ -102,7 +102,7 @@ def test_validation_on_fake_cuda_tensors(fake):
         (lambda: ops.attention(fake(1, 2, 4, 96), fake(1, 2, 4, 96), fake(1, 2, 4, 96), version=2), ValueError,
          r"head dim 96 is not supported by v02 \(supported: \[64, 128\]\)"),
         (lambda: ops.attention(fake(1, 2, 4, 96), fake(1, 2, 4, 96), fake(1, 2, 4, 96)), ValueError,
-         r"head dim 96 is not supported by any kernel"),
+         r"head dim 96 is not supported"),
         (lambda: ops.attention(q, q, q, version="v99"), ValueError, r"version='v99' is unknown; available: \['v01', 'v02'"),
         (lambda: ops.attention(q, q, q, version=7), ValueError, r"version=7 is unknown"),
         (lambda: ops.attention(q, q, q, scale=float("nan")), (TypeError, ValueError), r"scale must be a finite float"),
@@ -146,9 +146,9 @@ def test_decode_validation_on_fake_cuda_tensors(fake):
         (lambda: ops.decode(q, kc, kc, num_splits=-2), ValueError, r"num_splits must be a positive int"),
         (lambda: ops.decode(q, kc, kc, num_splits=True), ValueError, r"num_splits must be a positive int"),
         (lambda: ops.decode(q, kc, kc, num_splits=2.0), ValueError, r"num_splits must be a positive int"),
-        (lambda: ops.decode(q, kc, kc, num_splits=1, version="v02"), ValueError, r"version='v02' is unknown"),
+        (lambda: ops.decode(q, kc, kc, num_splits=1, version="v99"), ValueError, r"version='v99' is unknown"),
         (lambda: ops.decode(fake(2, 8, 1, 96), fake(2, 2, 64, 96), fake(2, 2, 64, 96), num_splits=1), ValueError,
-         r"head dim 96 is not supported by any kernel"),
+         r"head dim 96 is not supported"),
         (lambda: ops.decode(q, kc, kc, num_splits=1, scale=math.inf), (TypeError, ValueError), r"scale must be a finite"),
     ]
     for call, error, pattern in cases:
