@@ -221,7 +221,8 @@ def run_set(run, cases, impl: str, kind: str = "forward", progress: bool = True,
 
     checker = check_forward if kind == "forward" else check_decode
     results = [checker(run, case, impl, **kwargs)
-               for case in tqdm(cases, desc=f"check {impl}", disable=not progress, leave=False, mininterval=5)]
+               for case in tqdm(cases, desc=f"check {impl}", disable=not progress or len(cases) < 8, leave=False,
+                                mininterval=5)]
     if show_failures:
         from . import plot
 
