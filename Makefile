@@ -46,7 +46,7 @@ env: $(STAMP)
 
 lab: $(STAMP)
 	$(VPY) -m ipykernel install --sys-prefix --name python3 --display-name "lab (.venv)" >/dev/null
-	$(VENV)/bin/jupyter lab chapters/
+	$(VENV)/bin/jupyter lab chapters/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean-book:
 	rm -rf _build
