@@ -121,18 +121,3 @@ def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cud
         del q, k, v
     return rows
 
-
-def table(rows: list[dict], metric: str = "tflops") -> str:
-    """A compact text table: one line per case, one column per impl."""
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
-    cases = list(dict.fromkeys(r["case"]["name"] for r in rows))
-    by = {(r["case"]["name"], r["impl"]): r for r in rows}
-    width = max(len(c) for c in cases)
-    lines = [f"{'case':<{width}} " + " ".join(f"{i:>14}" for i in impls)]
-    for c in cases:
-        cells = []
-        for i in impls:
-            r = by.get((c, i))
-            cells.append(f"{r[metric]:>14.1f}" if r and metric in r else f"{'n/a':>14}")
-        lines.append(f"{c:<{width}} " + " ".join(cells))
-    return "\n".join(lines)

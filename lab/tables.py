@@ -93,3 +93,18 @@ def seed_baseline(rows: list[dict], checks_by_case: dict, impl: str, historical:
     headers.append("correct")
     return Table(headers, table, "x = time of backend / time of ours; historical rows: the origin's L4 report, "
                                  "PyTorch column shown under sdpa-default")
+
+
+def backends(rows: list[dict], metric: str = "tflops") -> Table:
+    """One row per case, one column per implementation: the metric, or why it did not run."""
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    by = {(r["case"]["name"], r["impl"]): r for r in rows}
+    table = []
+    for name in dict.fromkeys(r["case"]["name"] for r in rows):
+        line = [name]
+        for impl in impls:
+            r = by.get((name, impl), {})
+            line.append(r[metric] if metric in r else ("unsupported" if "unsupported" in r else "n/a"))
+        table.append(line)
+    unit = {"tflops": "TFLOP/s", "gbps": "GB/s"}.get(metric, metric)
+    return Table(["case"] + impls, table, f"{unit} per implementation")
