@@ -38,6 +38,23 @@
 // E. PRO (off): the prologue also issues tile kStages - 1 into the buffer no
 //    tile has used yet. Predicted +1-3 % at S = 512; measured 0 to -1 % at D = 128,
 //    -1 to -2 % at D = 64.
+// F. SMALL (launch-time choice, on): when the 128-row grid would put at most
+//    one CTA on each SM (ceil(S_q/128) * B * H_q <= #SMs), attn_fwd_v04
+//    launches 64-row CTAs instead (4 warps x 16 rows, B_c = 64, 4 stages at
+//    D = 64 (72 KiB, 150 regs), 2 stages at D = 128 (80 KiB, 185 regs)):
+//    twice the CTAs, all resident, half of each warp's serial chain per
+//    tile. The bench grid never takes it. H200, fp16 B=4 H=8 (seed shapes),
+//    D = 64: -1.1 to -2.1 us (S = 32..512, 7-19 %); D = 128: -4 to -7 us.
+//    LAB_V04_SMALL = 0 never, 2 always (tests).
+// G. The opt-in shared-memory attribute is set once per device and kernel
+//    instantiation instead of on every launch (host time, which the event
+//    timing of small calls sees only when it is not hidden; measured 0).
+// H. KVSPLIT (option, off; LAB_V04_D64S_KVSPLIT=2 with LAB_V04_D64S_WARPS=8):
+//    small config with two warp groups on the same 64 rows, each taking one
+//    half of every 2*B_c-key tile, merged through shared memory at the end
+//    (128 regs at 2 CTAs of 256 threads, no spills at D = 64). Predicted:
+//    4 warps per scheduler instead of 2, ~-2 us at S = 512; measured -0.4 us
+//    at S = 512 (3 stages), -0.3 us at S = 256, +0.7 us at S <= 64. Off.
 //
 // ---- v03 notes (still apply): v02 with Q re-read from shared memory, FA2's
 // tile shapes, a head-major causal CTA order and two optional loop variants.
@@ -204,7 +221,7 @@ constexpr int kDefaultSmemLimit = 48 * 1024;  // above this the opt-in attribute
 constexpr float kLazyLog2 = LAB_V04_LAZY_LOG2;  // offset lag allowed, in exp2 units (2^8 = 256)
 
 template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_,
-          bool kQInSmem_, bool kPingPong_, bool kPackEarly_>
+          bool kQInSmem_, bool kPingPong_, bool kPackEarly_, int kKVSplit_ = 1>
 struct FwdConfig {
   static constexpr bool kQInSmem = kQInSmem_;    // Q fragments re-read from smem every k-step
   static constexpr bool kPingPong = kPingPong_;  // S_{j+1} issued before the softmax of S_j
@@ -226,8 +243,15 @@ struct FwdConfig {
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMTiles = kMTiles_;           // m16 tiles per warp
   static constexpr int kRowsPerWarp = 16 * kMTiles;
-  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // B_r
-  static constexpr int kBlockN = kBlockN_;               // B_c
+  // H. kKVSplit (1 or 2): the warps form kKVSplit groups over the same rows;
+  // group g takes keys [g * B_c, (g+1) * B_c) of every loaded tile of
+  // kKVSplit * B_c keys; the groups' (m, l, O) are merged through shared
+  // memory at the end.
+  static constexpr int kKVSplit = kKVSplit_;
+  static constexpr int kRowWarps = kWarps / kKVSplit;
+  static constexpr int kBlockM = kRowWarps * kRowsPerWarp;  // B_r
+  static constexpr int kBlockN = kBlockN_;                  // B_c (per warp group)
+  static constexpr int kBlockNLoad = kBlockN * kKVSplit;    // keys per pipeline tile
   static constexpr int kStages = kStages_;
   static constexpr int kMinBlocks = kMinBlocks_;  // for __launch_bounds__
 
@@ -238,7 +262,9 @@ struct FwdConfig {
   static constexpr int kNTilesO = kHeadDim / 8;       // n8 tiles of O
 
   static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
-  static constexpr int kSmemTile = kBlockN * kHeadDim * 2;  // one K_j or one V_j
+  static constexpr int kSmemTile = kBlockNLoad * kHeadDim * 2;  // one K_j or one V_j
+  // kKVSplit == 2: group 1's O, m, l per lane, in the K/V buffers after the loop.
+  static constexpr int kMergeFloats = kMTiles * (kHeadDim / 8) * 4 + 4 * kMTiles;
   static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemTile;
 
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget exceeded");
@@ -246,7 +272,13 @@ struct FwdConfig {
   static_assert(kBlockN % 16 == 0, "B_c must be a multiple of the mma k (16)");
   static_assert(kStages >= 2, "need at least double buffering to overlap loads");
   static_assert((kBlockM * kChunksPerRow) % kThreads == 0, "Q tile load must split evenly");
-  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile load must split evenly");
+  static_assert((kBlockNLoad * kChunksPerRow) % kThreads == 0, "K/V tile load must split evenly");
+  static_assert(kKVSplit == 1 || kKVSplit == 2, "kKVSplit is 1 or 2");
+  static_assert(kWarps % kKVSplit == 0, "");
+  static_assert(kKVSplit == 1 || !kPingPong_, "kKVSplit is written for the plain loop only");
+  static_assert(kKVSplit == 1 ||
+                    kRowWarps * 32 * kMergeFloats * 4 <= 2 * kStages * kSmemTile,
+                "merge buffer must fit in the K/V buffers");
   static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O store must split evenly");
 };
 
@@ -316,12 +348,61 @@ struct FwdConfig {
 #ifndef LAB_V04_D128_PP
 #define LAB_V04_D128_PP 0
 #endif
+// Small-grid configs (F, launch-time choice, see attn_fwd_v04): B_r = 64,
+// 4 warps x 16 rows (one m16 tile per warp), same B_c. Used when the 128-row
+// grid would put at most one CTA on each SM (ceil(S_q/128)*B*H_q <= #SMs):
+// there the latency is one CTA's serial walk over the keys with one warp
+// per scheduler; half the rows per CTA doubles the CTAs (still <= 2 per SM,
+// all resident) and halves each warp's mma/exp2 chain per tile.
+// LAB_V04_SMALL: 1 (default) by that rule, 0 never, 2 always (tests).
+#ifndef LAB_V04_SMALL
+#define LAB_V04_SMALL 1
+#endif
+#ifndef LAB_V04_D64S_WARPS
+#define LAB_V04_D64S_WARPS 4
+#endif
+#ifndef LAB_V04_D64S_MTILES
+#define LAB_V04_D64S_MTILES 1
+#endif
+#ifndef LAB_V04_D64S_BC
+#define LAB_V04_D64S_BC 64
+#endif
+#ifndef LAB_V04_D64S_STAGES
+#define LAB_V04_D64S_STAGES 4
+#endif
+#ifndef LAB_V04_SMALL_MINB
+#define LAB_V04_SMALL_MINB 2
+#endif
+#ifndef LAB_V04_D64S_KVSPLIT
+#define LAB_V04_D64S_KVSPLIT 1
+#endif
+#ifndef LAB_V04_D128S_KVSPLIT
+#define LAB_V04_D128S_KVSPLIT 1
+#endif
+#ifndef LAB_V04_D128S_WARPS
+#define LAB_V04_D128S_WARPS 4
+#endif
+#ifndef LAB_V04_D128S_MTILES
+#define LAB_V04_D128S_MTILES 1
+#endif
+#ifndef LAB_V04_D128S_BC
+#define LAB_V04_D128S_BC 64
+#endif
+#ifndef LAB_V04_D128S_STAGES
+#define LAB_V04_D128S_STAGES 2
+#endif
 using Cfg64 = FwdConfig<64, LAB_V04_D64_WARPS, LAB_V04_D64_MTILES, LAB_V04_D64_BC,
                         LAB_V04_D64_STAGES, LAB_V04_D64_MINB, LAB_V04_D64_QSMEM != 0,
                         LAB_V04_D64_PP != 0, LAB_V04_D64_PACK != 0>;
 using Cfg128 = FwdConfig<128, LAB_V04_D128_WARPS, LAB_V04_D128_MTILES, LAB_V04_D128_BC,
                          LAB_V04_D128_STAGES, LAB_V04_D128_MINB, LAB_V04_D128_QSMEM != 0,
                          LAB_V04_D128_PP != 0, LAB_V04_D128_PACK != 0>;
+using Cfg64s = FwdConfig<64, LAB_V04_D64S_WARPS, LAB_V04_D64S_MTILES, LAB_V04_D64S_BC,
+                         LAB_V04_D64S_STAGES, LAB_V04_SMALL_MINB, true, false, false,
+                         LAB_V04_D64S_KVSPLIT>;
+using Cfg128s = FwdConfig<128, LAB_V04_D128S_WARPS, LAB_V04_D128S_MTILES, LAB_V04_D128S_BC,
+                          LAB_V04_D128S_STAGES, LAB_V04_SMALL_MINB, true, false, false,
+                          LAB_V04_D128S_KVSPLIT>;
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
 template <int kHeadDim>
@@ -355,8 +436,8 @@ template <class Cfg, class T>
 __device__ __forceinline__ void load_kv_tile(uint32_t smem_tile, const T* gbase, int64_t row_stride,
                                              int row0, int seqlen, int tid) {
   constexpr int kRowStep = Cfg::kThreads / Cfg::kChunksPerRow;
-  constexpr int kPerThread = Cfg::kBlockN / kRowStep;
-  static_assert(Cfg::kThreads % Cfg::kChunksPerRow == 0 && Cfg::kBlockN % kRowStep == 0, "");
+  constexpr int kPerThread = Cfg::kBlockNLoad / kRowStep;
+  static_assert(Cfg::kThreads % Cfg::kChunksPerRow == 0 && Cfg::kBlockNLoad % kRowStep == 0, "");
   static_assert(kRowStep % 8 == 0, "row % 8 must be the same for all of a thread's rows");
   const int r0 = tid / Cfg::kChunksPerRow;
   const int c = tid % Cfg::kChunksPerRow;
@@ -377,7 +458,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     attn_fwd_v04_kernel(const AttnFwdParams p) {
   constexpr int D = Cfg::kHeadDim;
   constexpr int Br = Cfg::kBlockM;
-  constexpr int Bc = Cfg::kBlockN;
+  constexpr int Bc = Cfg::kBlockN;       // keys per warp group and tile
+  constexpr int BcL = Cfg::kBlockNLoad;  // keys per pipeline tile (kKVSplit * Bc)
   constexpr int kMT = Cfg::kMTiles;
   constexpr int kStages = Cfg::kStages;
 
@@ -415,7 +497,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Keys this block can see: all of them, or (causal) up to its last real row.
   const int last_row = min(m0 + Br, p.seqlen_q);  // exclusive
   const int n_end = p.causal ? min(p.seqlen_k, last_row) : p.seqlen_k;
-  const int n_tiles = (n_end + Bc - 1) / Bc;
+  const int n_tiles = (n_end + BcL - 1) / BcL;
 
   const uint32_t sQ = lab::smem_u32(smem);
   const uint32_t sKV = sQ + Cfg::kSmemQ;
@@ -430,8 +512,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
   for (int s = 0; s < kStages - 1 + (Cfg::kPro ? 1 : 0); ++s) {
     if (s < n_tiles) {
-      load_tile<Cfg, Bc>(sK(s), k, p.k_stride[2], s * Bc, p.seqlen_k, tid);
-      load_tile<Cfg, Bc>(sV(s), v, p.v_stride[2], s * Bc, p.seqlen_k, tid);
+      load_tile<Cfg, BcL>(sK(s), k, p.k_stride[2], s * BcL, p.seqlen_k, tid);
+      load_tile<Cfg, BcL>(sV(s), v, p.v_stride[2], s * BcL, p.seqlen_k, tid);
     }
     lab::cp_async_commit();  // always commit: keeps the group count uniform
   }
@@ -440,7 +522,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // Q fragments (A operand), one x4 per m16 x k16 block. Lane l addresses
   // row l % 16 and chunk 2*kk + l / 16 of the block.
-  const int warp_row0 = warp * Cfg::kRowsPerWarp;
+  const int grp = Cfg::kKVSplit == 1 ? 0 : warp / Cfg::kRowWarps;  // kKVSplit group
+  const int warp_row0 = (Cfg::kKVSplit == 1 ? warp : warp % Cfg::kRowWarps) * Cfg::kRowsPerWarp;
+  const uint32_t sub = grp * Bc * D * 2;  // this group's keys inside a K/V tile
   // kQInSmem: only one k-step of fragments lives at a time (reloaded in the
   // Q K^T loop); otherwise all of them, loaded once here.
   constexpr int kQF = Cfg::kQInSmem ? 1 : Cfg::kKStepsQK;
@@ -544,7 +628,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // Mask of tile j: only the tile that crosses S_k and the causal diagonal tiles.
   auto mask_tile = [&](SAcc& acc_s, int j) {
-    const int n0 = j * Bc;
+    const int n0 = j * BcL + grp * Bc;
     const bool crosses_end = n0 + Bc > p.seqlen_k;
     const bool crosses_diag = p.causal && (n0 + Bc - 1 > m0);
     if (crosses_end || crosses_diag) {
@@ -704,11 +788,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         asm volatile("" : "+l"(vb));
       }
       if constexpr (Cfg::kKVPtr) {
-        load_kv_tile<Cfg>(sK(st), kb, p.k_stride[2], jn * Bc, p.seqlen_k, tid);
-        load_kv_tile<Cfg>(sV(st), vb, p.v_stride[2], jn * Bc, p.seqlen_k, tid);
+        load_kv_tile<Cfg>(sK(st), kb, p.k_stride[2], jn * BcL, p.seqlen_k, tid);
+        load_kv_tile<Cfg>(sV(st), vb, p.v_stride[2], jn * BcL, p.seqlen_k, tid);
       } else {
-        load_tile<Cfg, Bc>(sK(st), kb, p.k_stride[2], jn * Bc, p.seqlen_k, tid);
-        load_tile<Cfg, Bc>(sV(st), vb, p.v_stride[2], jn * Bc, p.seqlen_k, tid);
+        load_tile<Cfg, BcL>(sK(st), kb, p.k_stride[2], jn * BcL, p.seqlen_k, tid);
+        load_tile<Cfg, BcL>(sV(st), vb, p.v_stride[2], jn * BcL, p.seqlen_k, tid);
       }
     }
     lab::cp_async_commit();  // always: keeps the group count uniform
@@ -722,8 +806,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // trailing tiles that cross S_k or the causal diagonal run the masked loop.
     int n_full = n_tiles;
     if constexpr (Cfg::kSplit) {
-      n_full = min(n_full, p.seqlen_k / Bc);
-      if (p.causal) n_full = min(n_full, (m0 + 1) / Bc);
+      n_full = min(n_full, p.seqlen_k / BcL);
+      if (p.causal) n_full = min(n_full, (m0 + 1) / BcL);
     }
     int j = 0;
 #pragma unroll 1
@@ -732,9 +816,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       __syncthreads();  // everyone's are; and everyone has finished tile j-1's buffer
       refill(j);
       float acc_s[kMT][Cfg::kNTilesS][4];
-      qk_tile(acc_s, sK(j % kStages));
+      qk_tile(acc_s, sK(j % kStages) + sub);
       if constexpr (!Cfg::kSplit) mask_tile(acc_s, j);
-      softmax_pv(acc_s, sV(j % kStages));
+      softmax_pv(acc_s, sV(j % kStages) + sub);
     }
 #pragma unroll 1
     for (; j < n_tiles; ++j) {
@@ -742,9 +826,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       __syncthreads();
       refill(j);
       float acc_s[kMT][Cfg::kNTilesS][4];
-      qk_tile(acc_s, sK(j % kStages));
+      qk_tile(acc_s, sK(j % kStages) + sub);
       mask_tile(acc_s, j);
-      softmax_pv(acc_s, sV(j % kStages));
+      softmax_pv(acc_s, sV(j % kStages) + sub);
     }
   } else {
     // Ping-pong: S_{j+1} = Q K_{j+1}^T is issued before the softmax of S_j,
@@ -784,14 +868,72 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Drain the (empty) trailing cp.async groups before sQ is reused.
   lab::cp_async_wait<0>();
 
+  if constexpr (Cfg::kKVSplit == 2) {
+    // H. Merge the two groups' partial softmax states, row by row: both hold
+    // the same rows in the same fragment layout, so lane i of group 1's warp
+    // r pairs with lane i of group 0's warp r. Each (O, l) is relative to its
+    // own offset m (possibly lazy): O = a0 O0 + a1 O1, l = a0 l0 + a1 l1 with
+    // a_g = exp2((m_g - m) c), m = max(m0, m1).
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float l = row_sum[mt][hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        row_sum[mt][hh] = l;
+      }
+    __syncthreads();  // every warp is done with the K/V buffers
+    float* buf = reinterpret_cast<float*>(smem + Cfg::kSmemQ) +
+                 (warp % Cfg::kRowWarps) * 32 * Cfg::kMergeFloats + lane;
+    constexpr int kOF = kMT * Cfg::kNTilesO * 4;
+    if (grp == 1) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTilesO; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) buf[32 * ((mt * Cfg::kNTilesO + nt) * 4 + e)] = acc_o[mt][nt][e];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          buf[32 * (kOF + mt * 4 + hh)] = row_max[mt][hh];
+          buf[32 * (kOF + mt * 4 + 2 + hh)] = row_sum[mt][hh];
+        }
+      }
+    }
+    __syncthreads();
+    if (grp == 1) return;  // no block barrier below this point
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float m0v = row_max[mt][hh];
+        const float m1v = buf[32 * (kOF + mt * 4 + hh)];
+        const float l1 = buf[32 * (kOF + mt * 4 + 2 + hh)];
+        const float m = fmaxf(m0v, m1v);
+        // m = -inf: neither group saw a key; l stays 0 and O 0.
+        const float a0 = m == kNegInf ? 0.f : lab::fast_exp2((m0v - m) * scale_log2);
+        const float a1 = m == kNegInf ? 0.f : lab::fast_exp2((m1v - m) * scale_log2);
+        row_max[mt][hh] = m;
+        row_sum[mt][hh] = a0 * row_sum[mt][hh] + a1 * l1;
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTilesO; ++nt)
+#pragma unroll
+          for (int e = 2 * hh; e < 2 * hh + 2; ++e)
+            acc_o[mt][nt][e] = a0 * acc_o[mt][nt][e] + a1 * buf[32 * ((mt * Cfg::kNTilesO + nt) * 4 + e)];
+      }
+  }
+
   const float scale_ln = p.scale;
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       float l = row_sum[mt][hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      if constexpr (Cfg::kKVSplit == 1) {
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+      }
       const float inv_l = l > 0.f ? 1.f / l : 0.f;  // S_k == 0: O = 0
 #pragma unroll
       for (int nt = 0; nt < Cfg::kNTilesO; ++nt) {
@@ -845,13 +987,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
+// Current device, and its SM count (cached per device; host calls cost
+// launch latency, which is most of the time at small S).
+constexpr int kMaxDevices = 64;
+int current_device() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return -1;
+  return dev;
+}
+int num_sms(int dev) {
+  static int sms[kMaxDevices] = {};
+  if (dev < 0) return 0;
+  if (sms[dev] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+    sms[dev] = n;
+  }
+  return sms[dev];
+}
+
 template <class Cfg, class T>
-int launch(const AttnFwdParams& p, cudaStream_t stream) {
+int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
   auto kernel = attn_fwd_v04_kernel<Cfg, T>;
   if (Cfg::kSmemBytes > kDefaultSmemLimit) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (err != cudaSuccess) return (int)err;
+    // Once per device and instantiation (G: it was set on every call).
+    static bool done[kMaxDevices] = {};
+    if (dev < 0 || !done[dev]) {
+      const cudaError_t err = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+      if (err != cudaSuccess) return (int)err;
+      if (dev >= 0) done[dev] = true;
+    }
   }
   const int64_t num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t blocks = num_m_blocks * p.batch * p.heads_q;
@@ -882,7 +1048,20 @@ extern "C" int attn_fwd_v04(const AttnFwdParams* p, void* stream) {
 
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == LAB_BF16;
-  if (p->head_dim == 64)
-    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st) : launch<Cfg64, __half>(*p, st);
-  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st) : launch<Cfg128, __half>(*p, st);
+  const int dev = current_device();
+  // F. Small grids (see Cfg64s): 64-row CTAs when the 128-row grid would
+  // leave at most one CTA per SM.
+  bool small = LAB_V04_SMALL == 2;
+  if (LAB_V04_SMALL == 1) {
+    const int64_t big_ctas = (int64_t)((p->seqlen_q + 127) / 128) * p->batch * p->heads_q;
+    small = big_ctas <= num_sms(dev);
+  }
+  if (p->head_dim == 64) {
+    if (small)
+      return bf16 ? launch<Cfg64s, __nv_bfloat16>(*p, st, dev) : launch<Cfg64s, __half>(*p, st, dev);
+    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st, dev) : launch<Cfg64, __half>(*p, st, dev);
+  }
+  if (small)
+    return bf16 ? launch<Cfg128s, __nv_bfloat16>(*p, st, dev) : launch<Cfg128s, __half>(*p, st, dev);
+  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st, dev) : launch<Cfg128, __half>(*p, st, dev);
 }
