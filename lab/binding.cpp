@@ -41,6 +41,15 @@ void copy_strides(int64_t* dst, const at::Tensor& t) {
   for (int i = 0; i < 3; ++i) dst[i] = t.stride(i);
 }
 
+// Both params structs carry q/k/v/o strides under the same names.
+template <typename Params>
+void copy_all_strides(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o) {
+  copy_strides(p.q_stride, q);
+  copy_strides(p.k_stride, k);
+  copy_strides(p.v_stride, v);
+  copy_strides(p.o_stride, o);
+}
+
 void raise_on_error(int rc, const char* what) {
   if (rc == 0) return;
   if (rc < 0) {
@@ -78,10 +87,7 @@ void attn_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Te
     p.lse = lse->data_ptr<float>();
   }
   if (debug.has_value()) p.debug = debug->data_ptr<float>();
-  copy_strides(p.q_stride, q);
-  copy_strides(p.k_stride, k);
-  copy_strides(p.v_stride, v);
-  copy_strides(p.o_stride, o);
+  copy_all_strides(p, q, k, v, o);
   p.batch = q.size(0);
   p.heads_q = q.size(1);
   p.heads_kv = k.size(1);
@@ -124,10 +130,7 @@ void decode_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::
   p.partial_o = partial_o.data_ptr<float>();
   p.partial_lse = partial_lse.data_ptr<float>();
   if (lse.has_value()) p.lse = lse->data_ptr<float>();
-  copy_strides(p.q_stride, q);
-  copy_strides(p.k_stride, k);
-  copy_strides(p.v_stride, v);
-  copy_strides(p.o_stride, o);
+  copy_all_strides(p, q, k, v, o);
   p.batch = q.size(0);
   p.heads_q = q.size(1);
   p.heads_kv = k.size(1);

@@ -230,9 +230,3 @@ def run_set(run, cases, impl: str, kind: str = "forward", progress: bool = True,
             plot.error_heatmap(failed)
     return results
 
-
-def report(results: list[CheckResult]) -> str:
-    """One line per case and the pass count."""
-    lines = [repr(r) for r in results]
-    lines.append(f"{sum(r.passed for r in results)}/{len(results)} passed")
-    return "\n".join(lines)

@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from .emulate import attention_reference
+
 BLOCK_N = 64  # keys per tile in decode_splitk_v01 (SplitKConfig::kBlockN); chunks are whole tiles
 MAX_SPLITS = 128
 BLOCKS_PER_SM = 2  # v01 at D = 128 with <= 4 query rows per KV head: ~103-107 KB smem, two fit an H100 SM
@@ -206,20 +208,12 @@ def reference_decode(q, k, v, seqlens, scale: float):
     k = np.asarray(k, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
     batch, heads_q, q_len, dim = q.shape
-    heads_kv, seqlen_cache = k.shape[1], k.shape[2]
-    group = heads_q // heads_kv
+    seqlen_cache = k.shape[2]
     lengths = [seqlen_cache] * batch if seqlens is None else [min(max(int(n), 0), seqlen_cache) for n in seqlens]
     out = np.zeros((batch, heads_q, q_len, dim))
     lse = np.full((batch, heads_q, q_len), -np.inf)
-    for b in range(batch):
-        n = lengths[b]
-        if n == 0:
-            continue
-        for h in range(heads_q):
-            scores = q[b, h] @ k[b, h // group, :n].T * scale
-            top = scores.max(axis=1, keepdims=True)
-            weights = np.exp(scores - top)
-            total = weights.sum(axis=1, keepdims=True)
-            out[b, h] = weights @ v[b, h // group, :n] / total
-            lse[b, h] = (top + np.log(total))[:, 0]
+    for b, n in enumerate(lengths):
+        if n:  # the forward reference on this sequence's visible keys (no mask inside the cache)
+            seq_out, seq_lse = attention_reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], scale=scale)
+            out[b], lse[b] = seq_out[0], seq_lse[0]
     return out, lse

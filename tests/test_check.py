@@ -410,14 +410,6 @@ def test_check_decode_unwritten_output_fails():
 
 # ------------------------------------------------------------------ report
 
-def test_report_lists_cases(close_figures):
-    ok = check.check_forward(run_sdpa_fp32, Case("ok", 1, 2, 2, 4, 4, 16), "good", trials=1, device="cpu", save=False)
-    bad = check.check_forward(run_missing_scale, Case("bad", 1, 2, 2, 4, 4, 16), "noscale", trials=1, device="cpu",
-                              save=False)
-    lines = check.report([ok, bad]).splitlines()
-    assert lines[0].startswith("PASS good") and lines[1].startswith("FAIL noscale") and lines[-1] == "1/2 passed"
-
-
 def test_run_set_draws_the_failures_heatmaps(close_figures):
     import matplotlib.pyplot as plt
 

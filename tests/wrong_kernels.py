@@ -9,46 +9,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lab import check
+from lab import check, selftest
 
 
 def _gqa(q, k):
     return k.shape[1] != q.shape[1]
 
 
-def run_sdpa_fp32(q, k, v, is_causal, scale, out):
-    """Correct: SDPA in float32, cast to the output dtype."""
-    out.copy_(F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=is_causal, scale=scale,
-                                             enable_gqa=_gqa(q, k)).to(out.dtype))
+# The self-test's own kernels (lab/selftest.py, shown in the harness chapter) under the names the tests use.
+run_sdpa_fp32 = selftest.correct  # correct: SDPA in float32, cast to the output dtype
+run_bshd_as_bhsd = selftest.transposed_layout  # wrong: (B, S, H, D) memory read as (B, H, S, D)
+run_missing_scale = selftest.missing_scale  # wrong: softmax(QK^T) V, the 1/sqrt(D) forgotten
+run_missing_causal_mask = selftest.missing_causal_mask  # wrong: ignores is_causal
+run_unwritten_last_row = selftest.unwritten_row  # wrong: the last query row stays NaN-poisoned
 
 
 def run_reference_cast(q, k, v, is_causal, scale, out):
     """Correct: the float64 reference, cast."""
     out.copy_(check.reference(q, k, v, is_causal, scale).to(out.dtype))
-
-
-def run_bshd_as_bhsd(q, k, v, is_causal, scale, out):
-    """Wrong: reads (B, H, S, D) memory as if it were (B, S, H, D) (the origin's layout bug)."""
-    def scramble(t):
-        return t.reshape(t.shape[0], t.shape[2], t.shape[1], t.shape[3]).transpose(1, 2)
-    run_sdpa_fp32(scramble(q), scramble(k), scramble(v), is_causal, scale, out)
-
-
-def run_missing_scale(q, k, v, is_causal, scale, out):
-    """Wrong: softmax(QK^T) V, the 1/sqrt(D) forgotten."""
-    run_sdpa_fp32(q, k, v, is_causal, 1.0, out)
-
-
-def run_missing_causal_mask(q, k, v, is_causal, scale, out):
-    """Wrong: ignores is_causal."""
-    run_sdpa_fp32(q, k, v, False, scale, out)
-
-
-def run_unwritten_last_row(q, k, v, is_causal, scale, out):
-    """Wrong: computes everything but never stores the last query row (it stays NaN-poisoned)."""
-    full = torch.empty_like(out)
-    run_sdpa_fp32(q, k, v, is_causal, scale, full)
-    out[:, :, :-1] = full[:, :, :-1]
 
 
 def run_unwritten_one_row(q, k, v, is_causal, scale, out):

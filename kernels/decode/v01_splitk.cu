@@ -68,11 +68,14 @@
 #include <stdint.h>
 
 #include "common/decode_util.cuh"
+#include "common/splitk_combine.cuh"
 #include "common/params.h"
 
 namespace {
 
+using lab::decode::aligned16;
 using lab::decode::Elem;
+using lab::decode::strides_ok;
 using lab::decode::kLn2;
 using lab::decode::kLog2e;
 
@@ -428,65 +431,6 @@ __global__ void __launch_bounds__(SplitKConfig<kHeadDim, kRows>::kThreads)
   }
 }
 
-constexpr int kCombineThreads = 128;  // 4 rows per block: rows are independent, small blocks spread best
-constexpr int kCombineRowsPerBlock = kCombineThreads / 32;
-constexpr int kCombineUnroll = 4;  // splits whose partials are loaded before the first is used
-
-// Pass 2: one warp per output row (b, h, token); lane owns D/32 consecutive columns.
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kCombineThreads) splitk_combine_kernel(const DecodeParams p) {
-  constexpr int kPerLane = kHeadDim / 32;
-  static_assert(kPerLane == 2 || kPerLane == 4, "one float2 or float4 per lane");
-  // Prologue
-  lab::decode::pdl_wait_for_producer();  // partials of pass 1 are visible after this
-
-  const int lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;
-  const int64_t rows_total = static_cast<int64_t>(p.batch) * p.heads_q * p.q_len;
-  if (row >= rows_total) return;
-  const int ns = p.num_splits;
-  const float* plse = p.partial_lse + row * ns;
-  const float* po = p.partial_o + row * ns * kHeadDim + lane * kPerLane;
-
-  float lse_max = -INFINITY;
-  for (int s = lane; s < ns; s += 32) lse_max = fmaxf(lse_max, plse[s]);
-  lse_max = lab::decode::warp_max(lse_max);
-
-  // Main loop
-  float acc[kPerLane];
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
-  float w_sum = 0.f;
-  if (lse_max != -INFINITY) {  // else every split was empty: O = 0, LSE = -inf, no exp(-inf + inf)
-#pragma unroll kCombineUnroll
-    for (int s = 0; s < ns; ++s) {
-      const float w = __expf(plse[s] - lse_max);  // empty split: exp(-inf) = 0, its O^(s) is 0 too
-      w_sum += w;
-      float x[kPerLane];
-      if constexpr (kPerLane == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(po + s * kHeadDim);
-        x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
-      } else {
-        const float2 v = *reinterpret_cast<const float2*>(po + s * kHeadDim);
-        x[0] = v.x; x[1] = v.y;
-      }
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) acc[e] = fmaf(w, x[e], acc[e]);
-    }
-  }
-
-  // Epilogue
-  const float inv = w_sum > 0.f ? 1.f / w_sum : 0.f;  // w_sum >= 1 when lse_max is finite
-  const int tok = static_cast<int>(row % p.q_len);
-  const int h = static_cast<int>((row / p.q_len) % p.heads_q);
-  const int b = static_cast<int>(row / (static_cast<int64_t>(p.q_len) * p.heads_q));
-  T* dst = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + tok * p.o_stride[2] + lane * kPerLane;
-#pragma unroll
-  for (int e = 0; e < kPerLane; e += 2)
-    *reinterpret_cast<uint32_t*>(dst + e) = Elem<T>::from_float2(acc[e] * inv, acc[e + 1] * inv);
-  if (p.lse != nullptr && lane == 0) p.lse[row] = w_sum > 0.f ? lse_max + logf(w_sum) : -INFINITY;
-}
-
 // Opt in to more than 48 KB of dynamic smem once per (kernel, device). Templated on the kernel's
 // parameters, not on its pointer type: every pass-1 instantiation has the same pointer type, and
 // each needs its own `done` flags.
@@ -516,21 +460,7 @@ int launch_typed(const DecodeParams* p, cudaStream_t stream, int chunk, int grou
   partial<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(*p, chunk, group, rows_total);
   err = cudaGetLastError();
   if (err != cudaSuccess || p->num_splits == 1) return err;
-
-  const int64_t rows_out = static_cast<int64_t>(p->batch) * p->heads_q * p->q_len;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((rows_out + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock));
-  config.blockDim = dim3(kCombineThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = use_pdl ? 1 : 0;
-  err = cudaLaunchKernelEx(&config, splitk_combine_kernel<T, kHeadDim>, *p);
-  if (err != cudaSuccess) return err;
-  return cudaGetLastError();
+  return lab::decode::launch_splitk_combine<T, kHeadDim>(p, stream, use_pdl);
 }
 
 template <typename T, int kHeadDim>
@@ -544,10 +474,6 @@ int dispatch_rows(const DecodeParams* p, cudaStream_t stream, int chunk, int gro
 }
 
 constexpr int kKeyBlock = 64;  // must equal SplitKConfig::kBlockN and lab/splits.py's block_n
-
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-
-bool strides_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
 
 }  // namespace
 
