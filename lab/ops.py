@@ -33,16 +33,49 @@ DECODE = {
 }
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 MAX_DECODE_Q_LEN = 16
+FLOAT32_MAX = 3.4028234663852886e38
 _addresses: dict = {}
 
 
 def launcher(table: dict, version: str, defines=None) -> int:
     """Build (or load from cache) a kernel and return its launcher address; memoised per process."""
-    key = (id(table), version, tuple(sorted((defines or {}).items())))
-    if key not in _addresses:
+    key = (id(table), version, tuple(sorted(defines.items())) if defines else ())
+    address = _addresses.get(key)
+    if address is None:
         kernel = table[version]
-        _addresses[key] = build.build_kernel(kernel.source, defines).address(kernel.symbol)
-    return _addresses[key]
+        address = _addresses[key] = build.build_kernel(kernel.source, defines).address(kernel.symbol)
+    return address
+
+
+_sm_counts: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of `device`, read once per device (get_device_properties costs microseconds per call)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _sm_counts.get(index)
+    if count is None:
+        count = _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
+
+
+def _direct(*tensors) -> bool:
+    """True when a call can skip the torch.library dispatcher and run the implementation directly.
+
+    The custom op is what torch.compile, export and fake-tensor tracing see, and what raises when a
+    gradient is asked for; in plain eager mode its dispatch costs ~8 us of Python per call (measured on
+    the CPU box), more than SDPA's whole host path allows us (issue 11: <= SDPA's host cost + 5 us). So:
+    plain tensors, no tracing mode of any kind, no gradient wanted -> call the same implementation
+    function the op registers.
+    """
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
+            torch._C._is_torch_function_mode_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+            return False
+    return True
 
 
 def reload() -> None:
@@ -114,19 +147,25 @@ def _scale(scale, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    if abs(scale) > FLOAT32_MAX:  # the kernels take it as a float32: it would become +-inf
+        raise ValueError(f"scale={scale!r} overflows float32 (|scale| must be <= {FLOAT32_MAX:.4g})")
     return float(scale)
 
 
 # ------------------------------------------------------------------ forward attention
 
-@torch.library.custom_op("lab::attention", mutates_args=())
-def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool, scale: float,
-                  version: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _attention_impl(query, key, value, is_causal: bool, scale: float, version: str):
     out = query.new_empty(query.shape)
     lse = torch.empty(query.shape[:3], device=query.device, dtype=torch.float32)
     build.binding().attn_fwd(launcher(FWD, version), _aligned(query), _aligned(key), _aligned(value), out, lse,
                              scale, is_causal, None)
     return out, lse
+
+
+@torch.library.custom_op("lab::attention", mutates_args=())
+def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool, scale: float,
+                  version: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attention_impl(query, key, value, is_causal, scale, version)
 
 
 @_attention_op.register_fake
@@ -153,7 +192,8 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     name = _version(version, FWD, query.shape[-1], BEST_FWD)
-    out, lse = _attention_op(query, key, value, is_causal, _scale(scale, query.shape[-1]), name)
+    op = _attention_impl if _direct(query, key, value) else _attention_op
+    out, lse = op(query, key, value, is_causal, _scale(scale, query.shape[-1]), name)
     return (out, lse) if return_lse else out
 
 
@@ -185,21 +225,20 @@ def _decode_version(version, query, key_cache) -> str:
     return _version(version, DECODE, query.shape[-1], ())
 
 
+MAX_NUM_SPLITS = 1024  # the combine kernel and the int offsets of the workspaces are sized for this many
+
+
 def _num_splits(num_splits, batch, heads_kv, seqlen, device, version: str = "v01") -> int:
     if num_splits is not None:
-        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
-            raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_NUM_SPLITS:
+            raise ValueError(f"num_splits must be an int in [1, {MAX_NUM_SPLITS}] or None, got {num_splits!r}")
         return num_splits
-    from .splits import choose_num_splits, choose_num_splits_v02
+    from .splits import split_plan  # memoised: O(1) per decode step, nothing grows with the cache length
 
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    choose = choose_num_splits_v02 if version == "v02" else choose_num_splits  # v02 plans one block per SM
-    return choose(batch, heads_kv, seqlen, sms)
+    return split_plan(batch, heads_kv, seqlen, sm_count(device), version)
 
 
-@torch.library.custom_op("lab::decode", mutates_args=())
-def _decode_op(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               cache_seqlens: torch.Tensor | None, scale: float, num_splits: int, version: str) -> torch.Tensor:
+def _decode_impl(query, key_cache, value_cache, cache_seqlens, scale: float, num_splits: int, version: str):
     out = query.new_empty(query.shape)
     B, Hq, q_len, D = query.shape
     partial_o = torch.empty(B, Hq, q_len, num_splits, D, device=query.device, dtype=torch.float32)
@@ -207,6 +246,12 @@ def _decode_op(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.
     build.binding().decode_fwd(launcher(DECODE, version), _aligned(query), _aligned(key_cache), _aligned(value_cache),
                                out, cache_seqlens, partial_o, partial_lse, None, scale, num_splits)
     return out
+
+
+@torch.library.custom_op("lab::decode", mutates_args=())
+def _decode_op(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               cache_seqlens: torch.Tensor | None, scale: float, num_splits: int, version: str) -> torch.Tensor:
+    return _decode_impl(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version)
 
 
 @_decode_op.register_fake
@@ -232,25 +277,32 @@ def _check_decode(query, key_cache, value_cache, cache_seqlens):
         raise ValueError(f"cache_seqlens must have shape ({query.shape[0]},), got {tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != query.device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but query is on {query.device}")
-    if not torch.compiler.is_compiling():  # a value check needs a host sync; skip it inside a compiled graph
-        low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
-        if low < 0 or high > key_cache.shape[2]:
-            raise ValueError(f"cache_seqlens must lie in [0, {key_cache.shape[2]}] (the cache length), got [{low}, {high}]")
-    return cache_seqlens.to(torch.int32).contiguous()
+    # No value check here: reading min/max would synchronise with the GPU on every step and break CUDA-graph
+    # capture (cudaErrorStreamCaptureInvalidated). The kernels clamp each length to [0, S_cache] on the
+    # device instead: a negative length attends to nothing (zeros), a length past the cache to the whole
+    # cache. Never an out-of-bounds read.
+    if cache_seqlens.dtype != torch.int32 or not cache_seqlens.is_contiguous():
+        cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
+    return cache_seqlens
 
 
 def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | None = None, num_splits=None,
            version=None):
     """Split-K decoding: q_len (1..16) new tokens per sequence attend to a KV cache (B, H_kv, S_cache, D).
 
-    cache_seqlens (B,) int32: sequence b sees only its first cache_seqlens[b] keys (None: all of them);
-    a length of 0 gives a zero output. H_q must be a multiple of H_kv (GQA/MQA is implied, as in serving).
-    num_splits: None uses lab.splits.choose_num_splits for this GPU; an int overrides it.
+    cache_seqlens (B,) int32 on the device: sequence b sees only its first cache_seqlens[b] keys (None: all
+    of them); a length of 0 gives a zero output. Lengths are never read on the host (no synchronisation,
+    so the call can be captured in a CUDA graph and replayed with new lengths): the kernels clamp each one
+    to [0, S_cache], so a negative length gives zeros and one past the cache sees the whole cache.
+    H_q must be a multiple of H_kv (GQA/MQA is implied, as in serving).
+    num_splits: None uses the memoised split plan (lab.splits.split_plan) for this GPU; an int in
+    [1, MAX_NUM_SPLITS] overrides it.
     """
     seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens)
     name = _decode_version(version, query, key_cache)
     splits = _num_splits(num_splits, query.shape[0], key_cache.shape[1], key_cache.shape[2], query.device, name)
-    return _decode_op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
+    op = _decode_impl if _direct(query, key_cache, value_cache) else _decode_op
+    return op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
 
 
 def decode_runner(version: str | None = None, num_splits=None):

@@ -9,6 +9,7 @@ h // (Hq // Hkv). Every query token sees the first seqlens[b] keys (no mask insi
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -56,8 +57,16 @@ def clip_bounds(bounds: list[tuple[int, int]], length: int) -> list[tuple[int, i
 
 
 def nonempty_splits(seqlen_cache: int, num_splits: int, block_n: int = BLOCK_N) -> int:
-    """How many of the splits hold at least one key of a full-length sequence (rounding can leave some empty)."""
-    return sum(1 for begin, end in split_bounds(seqlen_cache, num_splits, block_n) if end > begin)
+    """How many of the splits hold at least one key of a full-length sequence (rounding can leave some empty).
+
+    O(1): split s is non-empty iff s * chunk < seqlen_cache, so the count is ceil(seqlen_cache / chunk),
+    at most num_splits. (It used to build the bounds list: O(num_splits) per call, and choose_num_splits
+    called it for every candidate, once per decode call: issue 11.)
+    """
+    n = max(seqlen_cache, 0)
+    if n == 0:
+        return 0
+    return min(num_splits, -(-n // split_chunk(n, num_splits, block_n)))
 
 
 def wave_efficiency(blocks: int, num_sms: int, blocks_per_sm: int = BLOCKS_PER_SM) -> float:
@@ -120,6 +129,19 @@ def choose_num_splits_v02(batch: int, heads_kv: int, seqlen_k: int, num_sms: int
     1
     """
     return choose_num_splits(batch, heads_kv, seqlen_k, num_sms, blocks_per_sm=BLOCKS_PER_SM_V02)
+
+
+@functools.lru_cache(maxsize=4096)
+def split_plan(batch: int, heads_kv: int, seqlen_k: int, num_sms: int, version: str = "v01") -> int:
+    """choose_num_splits (v01) or choose_num_splits_v02 (v02), memoised: what lab.ops.decode calls per step.
+
+    A serving loop asks the same question every token (batch, KV heads, cache length and SM count rarely
+    change between steps), so the answer is cached; a new shape costs one evaluation of at most
+    MAX_SPLITS candidates, whatever the cache length.
+    """
+    if version == "v02":
+        return choose_num_splits_v02(batch, heads_kv, seqlen_k, num_sms)
+    return choose_num_splits(batch, heads_kv, seqlen_k, num_sms)
 
 
 def merge_partials(partial_o: np.ndarray, partial_lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

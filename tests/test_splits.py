@@ -214,3 +214,75 @@ def test_emulation_is_sensitive():
     _, _, partial_o, _ = splits.emulate_split_decode(q, k, v, (500,), 4, 0.25)
     ref_out, _ = splits.reference_decode(q, k, v, (500,), 0.25)
     assert np.abs(partial_o.mean(axis=3) - ref_out).max() > 1e-3
+
+
+# ---------------------------------------------------------------- the per-call plan (issue 11)
+
+def _reference_choose(batch, heads_kv, seqlen_k, num_sms, blocks_per_sm=splits.BLOCKS_PER_SM):
+    """The heuristic as first written: non-empty splits counted by building every candidate's bounds list."""
+    if min(batch, heads_kv, num_sms) < 1 or seqlen_k < 1:
+        return 1
+    base, slots = batch * heads_kv, num_sms * blocks_per_sm
+    if base >= splits.FULL_ENOUGH * slots:
+        return 1
+    upper = max(1, min(splits.MAX_SPLITS, -(-seqlen_k // splits.MIN_CHUNK), -(-seqlen_k // splits.BLOCK_N)))
+    eff = {}
+    for s in range(1, upper + 1):
+        if sum(1 for b, e in splits.split_bounds(seqlen_k, s) if e > b) < s:
+            continue
+        eff[s] = splits.wave_efficiency(base * s, num_sms, blocks_per_sm)
+    best = max(eff.values())
+    return min(s for s, e in eff.items() if e >= splits.EFFICIENCY_SLACK * best)
+
+
+@pytest.mark.parametrize("sms", [108, 132, 78])
+def test_split_plan_matches_reference_heuristic(sms):
+    for batch in (1, 2, 3, 8, 16, 64):
+        for heads_kv in (1, 2, 8, 32):
+            for seqlen in (1, 63, 64, 65, 127, 1000, 1025, 4096, 4097, 32768, 33000, 131072):
+                want = _reference_choose(batch, heads_kv, seqlen, sms)
+                assert splits.choose_num_splits(batch, heads_kv, seqlen, sms) == want
+                assert splits.split_plan(batch, heads_kv, seqlen, sms, "v01") == want
+                assert splits.split_plan(batch, heads_kv, seqlen, sms, "v02") == \
+                    _reference_choose(batch, heads_kv, seqlen, sms, blocks_per_sm=splits.BLOCKS_PER_SM_V02)
+
+
+def test_nonempty_splits_is_the_bounds_count():
+    for seqlen in (0, 1, 63, 64, 65, 1025, 4097, 32768, 33000):
+        for s in (1, 2, 3, 7, 31, 33, 64, 128):
+            assert splits.nonempty_splits(seqlen, s) == sum(1 for b, e in splits.split_bounds(seqlen, s) if e > b)
+
+
+def _count_work(monkeypatch):
+    """Count the heuristic's unit step: one split_chunk per candidate examined."""
+    calls = {"n": 0}
+    for name in ("split_chunk",):
+        original = getattr(splits, name)
+
+        def counted(*args, _original=original, **kwargs):
+            calls["n"] += 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(splits, name, counted)
+    return calls
+
+
+def test_plan_cost_does_not_grow_with_cache_length(monkeypatch):
+    calls = _count_work(monkeypatch)
+    work = {}
+    for seqlen in (2**14, 2**17, 2**20, 2**24):  # 16k keys and up all allow the full MAX_SPLITS candidates
+        calls["n"] = 0
+        splits.choose_num_splits(1, 8, seqlen, 132)
+        work[seqlen] = calls["n"]
+    assert len(set(work.values())) == 1, work  # the same count at 16k and at 16M keys
+    assert work[2**24] <= splits.MAX_SPLITS  # bounded by the candidate count, not the length
+
+
+def test_split_plan_is_memoised(monkeypatch):
+    splits.split_plan.cache_clear()
+    calls = _count_work(monkeypatch)
+    first = splits.split_plan(1, 8, 131072, 132, "v02")
+    evaluated = calls["n"]
+    assert evaluated > 0
+    for _ in range(100):  # a decode loop: the same shape every step
+        assert splits.split_plan(1, 8, 131072, 132, "v02") == first
+    assert calls["n"] == evaluated  # no evaluation after the first call
