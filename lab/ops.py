@@ -173,6 +173,12 @@ def _(query, key, value, is_causal, scale, version):
     return query.new_empty(query.shape), query.new_empty(query.shape[:3], dtype=torch.float32)
 
 
+def attention_version(query, version=None) -> str:
+    """The forward kernel lab.ops.attention runs for this query: `version` checked, or the default for its
+    head dim (BEST_FWD order). Device-specific defaults belong here, cached per device."""
+    return _version(version, FWD, query.shape[-1], BEST_FWD)
+
+
 def attention(query, key, value, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
               version=None, return_lse: bool = False):
     """Scaled dot-product attention, (B, H, S, D) like F.scaled_dot_product_attention.
@@ -191,7 +197,7 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    name = _version(version, FWD, query.shape[-1], BEST_FWD)
+    name = attention_version(query, version)
     op = _attention_impl if _direct(query, key, value) else _attention_op
     out, lse = op(query, key, value, is_causal, _scale(scale, query.shape[-1]), name)
     return (out, lse) if return_lse else out
