@@ -130,6 +130,14 @@ def bench_decode_cases(dtype: str = "bfloat16", kv_lens=(4096, 16384, 32768, 655
     return cases
 
 
+def decode_long_cases(dtype: str = "bfloat16") -> list[DecodeCase]:
+    """The cells where lab.ops.decode lost most to its host path (issue 11): batch 1 at 128k keys, and
+    64 query heads over 8 KV heads at batch 4."""
+    return [DecodeCase("dec-h8-b1-kv131072", 1, 32, 8, 1, 131072, 128, dtype),
+            DecodeCase("dec-h32-b1-kv131072", 1, 32, 32, 1, 131072, 128, dtype),
+            DecodeCase("dec-h8-b4-kv16384-hq64", 4, 64, 8, 1, 16384, 128, dtype)]
+
+
 def decode_tests_cases() -> list[DecodeCase]:
     """Uneven cache lengths, GQA, several q_len and head dims, both dtypes."""
     lens = (1, 63, 65, 1025, 4097)
@@ -147,9 +155,9 @@ def decode_kv_bytes(case: DecodeCase) -> int:
 
 
 def by_name(name: str, **kwargs) -> list:
-    """Case sets by their published names: tests, seed, bench-fwd, bench-decode, decode-tests."""
+    """Case sets by their published names: tests, seed, bench-fwd, bench-decode, decode-long, decode-tests."""
     table = {"tests": tests_cases, "seed": seed_cases, "bench-fwd": bench_fwd_cases,
-             "bench-decode": bench_decode_cases, "decode-tests": decode_tests_cases}
+             "bench-decode": bench_decode_cases, "decode-long": decode_long_cases, "decode-tests": decode_tests_cases}
     if name not in table:
         raise ValueError(f"unknown case set {name!r}; choose one of {sorted(table)}")
     return table[name](**kwargs)

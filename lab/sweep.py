@@ -1,13 +1,47 @@
 """Sweeps: every case timed for our kernels and every SDPA backend in one process, one record per row.
 
-A chapter calls fwd_sweep(cases, {"v02": runner}) or decode_sweep(...); the rows land in the run's
-records.jsonl and come back as a list for tables and plots.
+Time what users call (issue 11): the row that stands for "ours" times the public op exactly as a user
+calls it, `lab.ops.attention(...)` / `lab.ops.decode(...)`, validation and split plan included, and its
+`impl` is exactly PUBLIC_FWD / PUBLIC_DECODE. A pre-resolved launcher (ops.fwd_maker / decode_maker) may
+run beside it as a diagnostic "kernel only" row; the difference between the two is the host overhead.
+
+A chapter calls fwd_sweep(cases, {PUBLIC_FWD: public_attention(), kernel_only("v04"): ops.fwd_maker("v04")})
+or decode_sweep(...); the rows land in the run's records.jsonl and come back as a list for tables and plots.
 """
 from __future__ import annotations
 
 from . import bench, record
-from .cases import Case, DecodeCase
+from .cases import Case, DecodeCase, decode_kv_bytes
 from .check import DTYPES
+
+
+PUBLIC_FWD = "lab.ops.attention"
+PUBLIC_DECODE = "lab.ops.decode"
+
+
+def kernel_only(version: str) -> str:
+    """The impl name of a diagnostic row that times a pre-resolved launcher, not the public op."""
+    return f"{version} (kernel only)"
+
+
+def public_attention(version=None):
+    """make(q, k, v, is_causal) -> lab.ops.attention(...) as a user writes it (output allocated per call)."""
+    from . import ops
+
+    def make(q, k, v, is_causal):
+        gqa = q.shape[1] != k.shape[1]
+        return lambda: ops.attention(q, k, v, is_causal=is_causal, enable_gqa=gqa, version=version)
+    make.version = lambda q: ops.attention_version(q, version)
+    return make
+
+
+def public_decode(version=None, num_splits=None):
+    """make(q, k, v, seqlens) -> lab.ops.decode(...) as a user writes it (seqlens None for a uniform batch)."""
+    from . import ops
+
+    def make(q, k, v, seqlens):
+        return lambda: ops.decode(q, k, v, seqlens, version=version, num_splits=num_splits)
+    return make
 
 
 def _inputs_fwd(case: Case, seed: int):
@@ -40,7 +74,8 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
     """kernels: {impl: make(q, k, v, is_causal) -> zero-arg callable}. Returns the recorded rows.
 
     memory=True also records each implementation's peak extra memory for one call that allocates its
-    own output, as a user would call it: SDPA itself, and lab.ops.attention(version=impl) for ours.
+    own output, as a user would call it: SDPA itself, and the public op for ours (kernel-only rows reuse
+    a preallocated output, so they get none).
     """
     from tqdm.std import tqdm
 
@@ -66,11 +101,10 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
             t = bench.try_time(fn, **stop)
             extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}}
             extra["flags"] = bench.flagged(extra["ratios"])
-            if memory and isinstance(t, bench.Timing):
-                from . import ops
-
-                extra["peak_extra_bytes"] = bench.peak_extra_bytes(
-                    lambda: ops.attention(q, k, v, is_causal=case.causal, version=impl, enable_gqa=case.Hq != case.Hkv))
+            if hasattr(make, "version"):
+                extra["version"] = make.version(q)
+            if memory and impl == PUBLIC_FWD and isinstance(t, bench.Timing):
+                extra["peak_extra_bytes"] = bench.peak_extra_bytes(fn)
                 extra["memory_ratios"] = {f"sdpa-{b}": extra["peak_extra_bytes"] / m for b, m in mems.items() if m}
             rows.append(record.append(_row("fwd", impl, case, t, flops, ceilings, extra)))
         del q, k, v
@@ -105,6 +139,8 @@ def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cud
     for i, case in enumerate(tqdm(cases, desc="decode sweep", disable=not progress, mininterval=5)):
         q, k, v, seqlens = _inputs_decode(case, seed=i)
         work = bench.decode_bytes(case.lengths(), case.Hq, case.Hkv, case.q_len, case.D)
+        cache = decode_kv_bytes(case)
+        size = {"cache_bytes": cache, "cache_ge_1gb": cache >= 2**30}  # gates: >= 90% of copy bandwidth there
         mask = None
         if case.seqlens:
             mask = (torch.arange(case.kv_len, device="cuda")[None, :] < seqlens[:, None])[:, None, None, :]
@@ -112,10 +148,10 @@ def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cud
         for backend in backends:
             with bench.sdpa_backend(backend):
                 times[backend] = bench.try_time(bench.sdpa_runner("default", q, k, v, False, attn_mask=mask), **stop)
-            rows.append(record.append(_row("decode", f"sdpa-{backend}", case, times[backend], work, ceilings)))
-        for impl, make in kernels.items():
-            t = bench.try_time(make(q, k, v, seqlens), **stop)
-            extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}}
+            rows.append(record.append(_row("decode", f"sdpa-{backend}", case, times[backend], work, ceilings, size)))
+        for impl, make in kernels.items():  # a uniform batch is called without cache_seqlens, as users do
+            t = bench.try_time(make(q, k, v, seqlens if case.seqlens else None), **stop)
+            extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}, **size}
             extra["flags"] = bench.flagged(extra["ratios"])
             rows.append(record.append(_row("decode", impl, case, t, work, ceilings, extra)))
         del q, k, v
