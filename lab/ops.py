@@ -19,6 +19,7 @@ class Kernel:
     source: str
     symbol: str
     head_dims: tuple
+    capabilities: tuple = ()  # compute capabilities it runs on, e.g. ((9, 0),) for sm_90a code; () = any sm_80+
 
 
 FWD = {
@@ -26,6 +27,8 @@ FWD = {
     "v02": Kernel("fwd/v02_mma.cu", "attn_fwd_v02", (64, 128)),
     "v03": Kernel("fwd/v03_qsmem.cu", "attn_fwd_v03", (64, 128)),
     "v04": Kernel("fwd/v04_lazy.cu", "attn_fwd_v04", (64, 128)),
+    "v05": Kernel("fwd/v05_wgmma.cu", "attn_fwd_v05", (64, 128), ((9, 0),)),
+    "v06": Kernel("fwd/v06_warpspec.cu", "attn_fwd_v06", (64, 128), ((9, 0),)),
 }
 DECODE = {
     "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
@@ -176,7 +179,22 @@ def _(query, key, value, is_causal, scale, version):
 def attention_version(query, version=None) -> str:
     """The forward kernel lab.ops.attention runs for this query: `version` checked, or the default for its
     head dim (BEST_FWD order). Device-specific defaults belong here, cached per device."""
+    if version is None and _capability(query.device) in HOPPER_CAPABILITIES:
+        return _version(None, FWD, query.shape[-1], BEST_FWD_HOPPER + BEST_FWD)
     return _version(version, FWD, query.shape[-1], BEST_FWD)
+
+
+BEST_FWD_HOPPER = ()  # wgmma + TMA kernels (sm_90a) preferred on compute capability 9.0; empty until checked on a GPU
+HOPPER_CAPABILITIES = ((9, 0),)
+_capabilities: dict = {}
+
+
+def _capability(device) -> tuple:
+    """Compute capability of a CUDA device, cached per device index (the lookup is on every call's path)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capabilities:
+        _capabilities[index] = tuple(torch.cuda.get_device_capability(index))
+    return _capabilities[index]
 
 
 def attention(query, key, value, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,

@@ -1,0 +1,221 @@
+// Parts of the Hopper forward kernels (fwd/v05.., sm_90a) that every version
+// shares: the host checks and tensor maps, the shared-memory tile addressing
+// for wgmma, one consumer warpgroup's online softmax on a 64 x B_c score
+// tile, and the epilogue. A version file composes them into its kernel.
+//
+// Tile layout in shared memory: a tile of R rows x D columns (16-bit) is
+// D/64 column blocks, each R rows of 128 bytes with 128-byte swizzle (what
+// one TMA box of (64, R) writes). Every block starts 1024-byte aligned.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "common/mma.cuh"
+#include "common/params.h"
+#include "common/hopper/mbarrier.cuh"
+#include "common/hopper/tma.cuh"
+#include "common/hopper/wgmma.cuh"
+
+namespace lab::sm90 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kMaxDevices = 64;
+
+// ---------------------------------------------------------------- host
+
+// Compute capability 9.0 (sm_90a code runs nowhere else), cached per device: host time is launch latency.
+inline bool device_is_sm90(int* dev_out) {
+  static signed char cached[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+  *dev_out = dev;
+  if (cached[dev] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cached[dev] = (major == 9 && minor == 0) ? 1 : -1;
+  }
+  return cached[dev] == 1;
+}
+
+// The launcher's argument checks, shared by every version: 0 = go, > 0 = nothing to do, < 0 = error code.
+inline int check_fwd_params(const AttnFwdParams* p) {
+  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
+  if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 || p->heads_kv <= 0 ||
+      p->heads_q % p->heads_kv != 0)
+    return LAB_E_SHAPE;
+  if (p->batch == 0 || p->seqlen_q == 0) return 1;
+  auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  auto strides_ok = [](const int64_t(&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; };
+  // TMA: 16-byte aligned base and strides that are multiples of 16 bytes (lab.ops copies anything else).
+  if (!aligned(p->q) || !aligned(p->k) || !aligned(p->v) || !aligned(p->o) || !strides_ok(p->q_stride) ||
+      !strides_ok(p->k_stride) || !strides_ok(p->v_stride) || !strides_ok(p->o_stride))
+    return LAB_E_SHAPE;
+  // TMA coordinates are int32 and a dimension holds at most 2^32 elements.
+  if (p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30)) return LAB_E_SHAPE;
+  return 0;
+}
+
+// Tensor maps for Q (box q_rows) and K, V (box kv_rows); LAB_E_SHAPE if the driver rejects one.
+inline int make_fwd_maps(const AttnFwdParams* p, int q_rows, int kv_rows, CUtensorMap* tq, CUtensorMap* tk,
+                         CUtensorMap* tv) {
+  const bool bf16 = p->dtype == LAB_BF16;
+  const int D = p->head_dim;
+  const int Sk = p->seqlen_k > 0 ? p->seqlen_k : 1;  // S_k = 0: a map is still needed, never read
+  if (!make_bhsd_map(tq, p->q, bf16, D, p->seqlen_q, p->heads_q, p->batch, p->q_stride, q_rows) ||
+      !make_bhsd_map(tk, p->k, bf16, D, Sk, p->heads_kv, p->batch, p->k_stride, kv_rows) ||
+      !make_bhsd_map(tv, p->v, bf16, D, Sk, p->heads_kv, p->batch, p->v_stride, kv_rows))
+    return LAB_E_SHAPE;
+  return 0;
+}
+
+// Raise a kernel's dynamic shared-memory limit once per device (a driver call
+// on every launch costs host time); `done` is the caller's per-kernel flag array.
+template <class Kernel>
+inline int set_smem_once(Kernel kernel, int bytes, bool (&done)[kMaxDevices], int dev) {
+  if (!done[dev]) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return (int)err;
+    done[dev] = true;
+  }
+  return 0;
+}
+
+// Dynamic shared memory rounded up to 1024 bytes (128B-swizzle atoms must be 1024-aligned).
+__device__ __forceinline__ uint8_t* align1024(uint8_t* ptr) {
+  const uint32_t a = smem_u32(ptr);
+  return ptr + (((a + 1023) & ~1023u) - a);
+}
+
+// ---------------------------------------------------------------- tile addressing
+
+// Descriptor of the A operand (64 rows, k16 step kk) of a K-major tile with `rows` rows per column block.
+__device__ __forceinline__ uint64_t desc_kmajor(uint32_t tile, int rows, int kk) {
+  return desc_sw128(tile + (kk / 4) * rows * 128 + (kk % 4) * 32, 16, 1024);
+}
+
+// Descriptor of V (B of P V, N-major): k16 step kk = keys 16kk..16kk+15, all D columns.
+__device__ __forceinline__ uint64_t desc_v(uint32_t tile, int rows, int kk) {
+  return desc_sw128(tile + kk * 16 * 128, rows * 128, 1024);
+}
+
+// Byte offset of element (r, c) in a swizzled tile with `rows` rows per column block.
+__device__ __forceinline__ uint32_t swz_offset(int rows, int r, int c) {
+  return (c / 64) * rows * 128 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) << 4) + (c % 8) * 2;
+}
+
+// ---------------------------------------------------------------- softmax
+
+// One thread's share of a consumer warpgroup's online softmax: rows g and g + 8
+// of its warp's 16 (index 0, 1). m is kept in the scaled log2 domain
+// (scores * scale * log2 e), so any finite scale works, negative or zero.
+struct RowState {
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};  // this thread's partial row sums (reduced over the quad at the end)
+};
+
+// Scale the 64 x BC score accumulator (in place), mask it, update (m, l),
+// rescale O and write P (rounded to T) as RS-form A fragments.
+//   row0: this thread's first row (absolute query index); col0: first key of the tile.
+template <int BC, int D, class T, bool kMask>
+__device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 2], uint32_t (&pa)[BC / 16][4],
+                                             RowState& st, float c, int row0, int col0, int seqlen_k,
+                                             bool causal) {
+  const int t = threadIdx.x % 4;
+  float mx[2] = {st.m[0], st.m[1]};
+#pragma unroll
+  for (int i = 0; i < BC / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[4 * i + e] * c;
+      if constexpr (kMask) {
+        const int col = col0 + 8 * i + 2 * t + (e & 1);
+        const int row = row0 + (e >> 1) * 8;
+        if (col >= seqlen_k || (causal && col > row)) x = -INFINITY;
+      }
+      s[4 * i + e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+  float off[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    off[h] = mx[h] == -INFINITY ? 0.f : mx[h];  // a row with no key yet: keep P = 0, not NaN
+    const float alpha = fast_exp2(st.m[h] - off[h]);  // m_old = -inf gives 0
+    st.m[h] = mx[h];
+    st.l[h] *= alpha;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[4 * i + 2 * h] *= alpha;
+      o[4 * i + 2 * h + 1] *= alpha;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < BC / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pv = fast_exp2(s[4 * i + e] - off[e >> 1]);
+      s[4 * i + e] = pv;
+      st.l[e >> 1] += pv;
+    }
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) {
+    pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// ---------------------------------------------------------------- epilogue
+
+// Normalise O, write LSE, stage O through this warpgroup's (now unused) Q
+// tile `stage` (64 rows, swizzled) and store rows < S_q with 16-byte stores.
+// `bar_id`: a named barrier for this warpgroup's 128 threads.
+template <int D, class T>
+__device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const AttnFwdParams& p, uint8_t* stage,
+                                         int b, int h, int m0, int bar_id) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = st.l[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // S_k = 0: O = 0
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[4 * i + 2 * hh] *= inv;
+      o[4 * i + 2 * hh + 1] *= inv;
+    }
+    const int row = m0 + warp * 16 + hh * 8 + g;
+    if (p.lse != nullptr && t == 0 && row < p.seqlen_q)
+      p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row] =
+          (l > 0.f && st.m[hh] != -INFINITY) ? (st.m[hh] + __log2f(l)) * kLn2 : -INFINITY;
+  }
+  named_barrier_sync(bar_id, 128);  // every warp's wgmma reads of this Q tile are over
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = warp * 16 + hh * 8 + g;
+      const uint32_t val = pack2<T>(o[4 * i + 2 * hh], o[4 * i + 2 * hh + 1]);
+      *reinterpret_cast<uint32_t*>(stage + swz_offset(64, r, 8 * i + 2 * t)) = val;
+    }
+  named_barrier_sync(bar_id, 128);
+  T* out = static_cast<T*>(p.o) + (int64_t)b * p.o_stride[0] + (int64_t)h * p.o_stride[1];
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = 0; i < 64 * kChunks / 128; ++i) {
+    const int idx = wt + i * 128, r = idx / kChunks, c = idx % kChunks;
+    if (m0 + r < p.seqlen_q)
+      *reinterpret_cast<uint4*>(out + (int64_t)(m0 + r) * p.o_stride[2] + c * 8) =
+          *reinterpret_cast<const uint4*>(stage + swz_offset(64, r, c * 8));
+  }
+}
+
+}  // namespace lab::sm90

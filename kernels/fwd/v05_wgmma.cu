@@ -1,0 +1,193 @@
+// v05_wgmma: the first Hopper forward kernel (sm_90a): wgmma + TMA, one
+// warpgroup per CTA, no warp specialisation. Correct everywhere first.
+//
+// What is new against v04 (mma.sync, cp.async, ldmatrix):
+// - S_ij = Q_i K_j^T by wgmma.mma_async m64n{B_c}k16 in the SS form: both
+//   operands are read by the tensor core straight from shared memory through
+//   128B-swizzle descriptors (no ldmatrix, no register copies of Q or K).
+// - O_i += P_ij V_j by the RS form m64n{D}k16: P stays in the registers the
+//   S accumulator occupied (same fragment layout), V is read N-major from
+//   shared memory (imm-trans-b = 1), so no ldmatrix.trans either.
+// - Q_i, K_j, V_j arrive by TMA (cp.async.bulk.tensor, 4-D tensor maps over
+//   (D, S, H, B) through the caller's strides) into a kStages ring, each
+//   load completing on an mbarrier with its byte count; TMA's out-of-bounds
+//   zero fill gives the ragged tails, masked to -inf for keys >= S_k.
+// - One thread (thread 0) is the producer: after the warpgroup has finished
+//   tile j (a named barrier), it refills the stage with tile j + kStages.
+//
+// Algorithm (FA2 order, Dao 2023, per CTA = one Q_i of B_r = 64 rows):
+//   for j: S = Q_i K_j^T; S *= scale*log2e; mask; m_new = max(m, rowmax S);
+//          P = exp2(S - m_new); l = l*exp2(m - m_new) + rowsum P;
+//          O = O*exp2(m - m_new) + P V_j
+//   O /= l; LSE = (m + log2 l) * ln 2.
+// The scale is applied to the scores before the running max, so any finite
+// scale works (0 and negative included).
+//
+// Launch: grid ceil(S_q/64) * B * H_q (query block fastest; causal: the
+// heaviest block of each head first), 128 threads, smem 64*D*2 + 2*kStages*
+// B_c*D*2 (+1 KiB alignment): D = 64: B_c = 64, 2 stages, 41 KiB; D = 128:
+// B_c = 64, 2 stages, 81 KiB (two CTAs per SM so that one CTA's softmax
+// hides behind the other's GEMMs).
+//
+// Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere); D 64 and
+// 128; fp16 and bf16; any S_q, S_k >= 0; GQA (h -> h / (H_q / H_kv));
+// 16-byte-aligned bases and strides that are multiples of 8 elements
+// (LAB_E_SHAPE otherwise; lab.ops copies such inputs first).
+//
+// Prediction (H200, bf16 bench-fwd): the GEMMs run at wgmma rate but nothing
+// overlaps within a CTA (issue, wait, softmax, issue, wait), so with two CTAs
+// per SM about 60-70 % of the tensor pipe: roughly v04's level (330-380
+// TFLOP/s at D = 128), not yet cuDNN's. Outcome: see kernels/README.md and
+// chapters/n9_hopper.ipynb.
+//
+// Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v05_wgmma.cu
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <type_traits>
+
+#include "common/hopper/attn_fwd_sm90.cuh"
+
+namespace {
+using namespace lab::sm90;
+
+template <int D_, int BC_, int STAGES_>
+struct Cfg05 {
+  static constexpr int D = D_;
+  static constexpr int BR = 64;  // one warpgroup, one m64 row block
+  static constexpr int BC = BC_;
+  static constexpr int kStages = STAGES_;
+  static constexpr int kThreads = 128;
+  static constexpr int kQBytes = BR * D * 2;
+  static constexpr int kTileBytes = BC * D * 2;  // one K_j or one V_j
+  static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
+  static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
+};
+using Cfg64 = Cfg05<64, 64, 2>;
+using Cfg128 = Cfg05<128, 64, 2>;
+
+template <class Cfg, class T>
+__global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant__ CUtensorMap tq,
+                                                           const __grid_constant__ CUtensorMap tk,
+                                                           const __grid_constant__ CUtensorMap tv,
+                                                           const AttnFwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages];
+  uint8_t* smem = align1024(smem_raw);
+  const uint32_t sQ = smem_u32(smem);
+  auto sK = [&](int s) { return sQ + Cfg::kQBytes + s * Cfg::kTileBytes; };
+  auto sV = [&](int s) { return sQ + Cfg::kQBytes + (kStages + s) * Cfg::kTileBytes; };
+
+  // Prologue: which (b, h, Q_i) this CTA computes.
+  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
+  const int bh = blockIdx.x / num_m;
+  const int mb = p.causal ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
+  const int b = bh / p.heads_q, h = bh % p.heads_q;
+  const int hkv = h / (p.heads_q / p.heads_kv);
+  const int m0 = mb * Cfg::BR;
+  const int kv_end = p.causal ? min(p.seqlen_k, min(p.seqlen_q, m0 + Cfg::BR)) : p.seqlen_k;
+  const int n_tiles = (kv_end + BC - 1) / BC;
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    mbar_init(smem_u32(&bar_q), 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&bar_k[s]), 1);
+      mbar_init(smem_u32(&bar_v[s]), 1);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  auto issue = [&](int j) {  // thread 0: tile j of K and V into stage j % kStages
+    const int s = j % kStages;
+    mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+    for (int cb = 0; cb < D / 64; ++cb)
+      tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
+    mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+    for (int cb = 0; cb < D / 64; ++cb)
+      tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
+  };
+  if (tid == 0) {
+    tma_prefetch_map(&tq);
+    tma_prefetch_map(&tk);
+    tma_prefetch_map(&tv);
+    mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
+    for (int cb = 0; cb < D / 64; ++cb)
+      tma_load_4d(sQ + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0, h, b);
+    for (int j = 0; j < kStages && j < n_tiles; ++j) issue(j);
+  }
+
+  const float c = p.scale * kLog2e;
+  const int row0 = m0 + (tid / 32) * 16 + (tid % 32) / 4;
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  RowState st;
+  mbar_wait(smem_u32(&bar_q), 0);
+
+  // Main loop
+  for (int j = 0; j < n_tiles; ++j) {
+    const int s = j % kStages;
+    const uint32_t phase = (j / kStages) & 1;
+    float sacc[BC / 2];
+    mbar_wait(smem_u32(&bar_k[s]), phase);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      WgmmaOp<BC>::template ss<kBf16, 0>(sacc, desc_kmajor(sQ, 64, kk), desc_kmajor(sK(s), BC, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    uint32_t pa[BC / 16][4];
+    const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > m0);
+    if (mask)
+      softmax_step<BC, D, T, true>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
+    else
+      softmax_step<BC, D, T, false>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
+
+    mbar_wait(smem_u32(&bar_v[s]), phase);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(sV(s), BC, kk), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+
+    if (j + kStages < n_tiles) {
+      named_barrier_sync(1, 128);  // every warp is done with stage s
+      if (tid == 0) issue(j + kStages);
+    }
+  }
+
+  // Epilogue
+  epilogue<D, T>(o, st, p, smem, b, h, m0, 1);
+#endif
+}
+
+template <class Cfg, class T>
+int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+  static bool smem_set[kMaxDevices] = {};
+  auto kernel = attn_fwd_v05_kernel<Cfg, T>;
+  if (int rc = set_smem_once(kernel, Cfg::kSmem, smem_set, dev)) return rc;
+  CUtensorMap tq, tk, tv;
+  if (int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) return rc;
+  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" int attn_fwd_v05(const AttnFwdParams* p, void* stream) {
+  if (const int rc = check_fwd_params(p)) return rc < 0 ? rc : 0;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->dtype == LAB_BF16;
+  if (p->head_dim == 64)
+    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st, dev) : launch<Cfg64, __half>(*p, st, dev);
+  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st, dev) : launch<Cfg128, __half>(*p, st, dev);
+}

@@ -1,0 +1,210 @@
+// v06_warpspec: v05 with warp specialisation (sm_90a).
+//
+// What is new against v05:
+// - A producer warpgroup (warpgroup 0; one thread of it works) issues every
+//   TMA load: Q_i once, then K_j and V_j into a kStages ring. It waits on an
+//   `empty` mbarrier per stage (one arrival per consumer warp) before reusing
+//   a stage, so loads run ahead of the math by kStages - 1 tiles without any
+//   CTA-wide barrier in the loop.
+// - kConsumers consumer warpgroups (1..3), each owning 64 rows of
+//   B_r = 64 * kConsumers, run v05's loop on the shared K_j / V_j tiles: a
+//   K/V tile loaded once feeds 2-3 warpgroups, and while one warpgroup does
+//   its softmax the tensor core runs another's GEMM (the overlap v05 only had
+//   between CTAs).
+// - setmaxnreg: the producer gives its registers back (kRegsProducer) and the
+//   consumers take them (kRegsConsumer): 128 * P + 128 * kConsumers * C <=
+//   65536. The kernel is compiled with __launch_bounds__(threads, 1), the cap
+//   setmaxnreg needs.
+//
+// Tile sizes (one place; why):
+//   D = 64:  3 consumers (B_r = 192), B_c = 128, 3 stages: smem Q 24 KiB +
+//            3 x (16 + 16) KiB = 120 KiB; per consumer thread O 32 + S 64 +
+//            P 32 registers, under the 160 that 3 consumers can have
+//            (24 + 3 x 160 per 128 threads). B_r = 192 halves the K/V smem
+//            reads per FLOP against B_r = 64 x 2 CTAs.
+//   D = 128: 2 consumers (B_r = 128), B_c = 128, 2 stages: Q 32 KiB +
+//            2 x (32 + 32) KiB = 160 KiB (3 stages would be 224 KiB + Q:
+//            over the 227 KiB limit); O 64 + S 64 + P 32 registers need
+//            more than 160, so 2 consumers at 240 (24 + 2 x 240).
+//   Rejected: D = 128 with 3 consumers (160 registers cannot hold O, S and
+//   P at B_c = 128 without spills); B_c = 64 at D = 128 (half the work per
+//   barrier round trip, 2x the softmax overhead per GEMM issue).
+//
+// Prediction (H200 bf16 bench-fwd): producer/consumer overlap plus 2-3
+// warpgroups per SM taking turns on the tensor core: ~480-550 TFLOP/s at
+// D = 128 non-causal (S >= 2048), ~400-450 at D = 64; still below cuDNN at
+// D = 128 because each warpgroup waits for its own S before its softmax and
+// for its own PV before the next S (v07's job). Outcome: kernels/README.md,
+// chapters/n9_hopper.ipynb.
+//
+// Limits, algorithm, masking and epilogue: v05's (common/hopper/attn_fwd_sm90.cuh).
+// Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v06_warpspec.cu
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <type_traits>
+
+#include "common/hopper/attn_fwd_sm90.cuh"
+
+#ifndef LAB_V06_D64_STAGES
+#define LAB_V06_D64_STAGES 3
+#endif
+#ifndef LAB_V06_D128_STAGES
+#define LAB_V06_D128_STAGES 2
+#endif
+
+namespace {
+using namespace lab::sm90;
+
+template <int D_, int BC_, int CONSUMERS_, int STAGES_, int REGS_P_, int REGS_C_>
+struct Cfg06 {
+  static constexpr int D = D_;
+  static constexpr int kConsumers = CONSUMERS_;
+  static constexpr int BR = 64 * kConsumers;
+  static constexpr int BC = BC_;
+  static constexpr int kStages = STAGES_;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kRegsProducer = REGS_P_;
+  static constexpr int kRegsConsumer = REGS_C_;
+  static constexpr int kQBytesWG = 64 * D * 2;  // one consumer's Q rows
+  static constexpr int kQBytes = kConsumers * kQBytesWG;
+  static constexpr int kTileBytes = BC * D * 2;
+  static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
+  static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
+  static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
+};
+using Cfg64 = Cfg06<64, 128, 3, LAB_V06_D64_STAGES, 24, 160>;
+using Cfg128 = Cfg06<128, 128, 2, LAB_V06_D128_STAGES, 24, 240>;
+
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v06_kernel(const __grid_constant__ CUtensorMap tq,
+                                                                        const __grid_constant__ CUtensorMap tk,
+                                                                        const __grid_constant__ CUtensorMap tv,
+                                                                        const AttnFwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty[kStages];
+  uint8_t* smem = align1024(smem_raw);
+  const uint32_t sQ = smem_u32(smem);
+  auto sK = [&](int s) { return sQ + Cfg::kQBytes + s * Cfg::kTileBytes; };
+  auto sV = [&](int s) { return sQ + Cfg::kQBytes + (kStages + s) * Cfg::kTileBytes; };
+
+  // Prologue: which (b, h, Q_i) this CTA computes (v05's order).
+  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
+  const int bh = blockIdx.x / num_m;
+  const int mb = p.causal ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
+  const int b = bh / p.heads_q, h = bh % p.heads_q;
+  const int hkv = h / (p.heads_q / p.heads_kv);
+  const int m0 = mb * Cfg::BR;
+  const int kv_end = p.causal ? min(p.seqlen_k, min(p.seqlen_q, m0 + Cfg::BR)) : p.seqlen_k;
+  const int n_tiles = (kv_end + BC - 1) / BC;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(smem_u32(&bar_q), 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&bar_k[s]), 1);
+      mbar_init(smem_u32(&bar_v[s]), 1);
+      mbar_init(smem_u32(&bar_empty[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: roles split below
+
+  if (wg == 0) {
+    // Producer
+    setmaxnreg_dec<Cfg::kRegsProducer>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&tq);
+      tma_prefetch_map(&tk);
+      tma_prefetch_map(&tv);
+      mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
+      for (int w = 0; w < Cfg::kConsumers; ++w)
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages;
+        if (j >= kStages) mbar_wait(smem_u32(&bar_empty[s]), ((j / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
+        mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
+      }
+    }
+  } else {
+    // Consumers
+    setmaxnreg_inc<Cfg::kRegsConsumer>();
+    const int ct = threadIdx.x - 128 * wg;  // thread index inside this warpgroup
+    const int wm0 = m0 + 64 * (wg - 1);     // this warpgroup's first row
+    const uint32_t sQw = sQ + (wg - 1) * Cfg::kQBytesWG;
+    const float c = p.scale * kLog2e;
+    const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    RowState st;
+    mbar_wait(smem_u32(&bar_q), 0);
+
+    // Main loop
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % kStages;
+      const uint32_t phase = (j / kStages) & 1;
+      float sacc[BC / 2];
+      mbar_wait(smem_u32(&bar_k[s]), phase);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaOp<BC>::template ss<kBf16, 0>(sacc, desc_kmajor(sQw, 64, kk), desc_kmajor(sK(s), BC, kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+
+      uint32_t pa[BC / 16][4];
+      const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
+      if (mask)
+        softmax_step<BC, D, T, true>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
+      else
+        softmax_step<BC, D, T, false>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
+
+      mbar_wait(smem_u32(&bar_v[s]), phase);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(sV(s), BC, kk), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&bar_empty[s]));  // this warp is done with stage s
+    }
+
+    // Epilogue
+    epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
+  }
+#endif
+}
+
+template <class Cfg, class T>
+int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+  static bool smem_set[kMaxDevices] = {};
+  auto kernel = attn_fwd_v06_kernel<Cfg, T>;
+  if (int rc = set_smem_once(kernel, Cfg::kSmem, smem_set, dev)) return rc;
+  CUtensorMap tq, tk, tv;
+  if (int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) return rc;
+  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" int attn_fwd_v06(const AttnFwdParams* p, void* stream) {
+  if (const int rc = check_fwd_params(p)) return rc < 0 ? rc : 0;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->dtype == LAB_BF16;
+  if (p->head_dim == 64)
+    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st, dev) : launch<Cfg64, __half>(*p, st, dev);
+  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st, dev) : launch<Cfg128, __half>(*p, st, dev);
+}

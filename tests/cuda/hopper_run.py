@@ -1,0 +1,90 @@
+"""GPU driver for the Hopper forward kernels (v05+): correctness, sanitizer shapes, bench-fwd race.
+
+Runs through the lab (lab.ops runners, lab.check, lab.sweep), so what it checks is what users call.
+    python3 tests/cuda/hopper_run.py check v05,v06          # every `tests` case + strided, scales, LSE
+    python3 tests/cuda/hopper_run.py sanitize v05,v06       # a few uneven shapes, once each (for compute-sanitizer)
+    python3 tests/cuda/hopper_run.py bench v04,v05,v06 [out.json]   # bench-fwd vs SDPA flash/cuDNN
+Prints one line per case; exit status 1 if any check fails.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import torch
+
+from lab import bench, cases, check, ops, sweep
+
+
+def lse_error(version: str, case, scale) -> float:
+    """Max |LSE - float64 LSE| of lab.ops.attention(return_lse=True)."""
+    gen = torch.Generator().manual_seed(7)
+    dtype = check.DTYPES[case.dtype]
+    q, k, v = (torch.randn(s, generator=gen).to("cuda", dtype) for s in
+               ((case.B, case.Hq, case.Sq, case.D), (case.B, case.Hkv, case.Sk, case.D), (case.B, case.Hkv, case.Sk, case.D)))
+    _, lse = ops.attention(q, k, v, is_causal=case.causal, scale=scale, enable_gqa=case.Hq != case.Hkv,
+                           version=version, return_lse=True)
+    kk = k.double().repeat_interleave(case.Hq // case.Hkv, dim=1)
+    s = (q.double() @ kk.transpose(-1, -2)) * (1 / math.sqrt(case.D) if scale is None else scale)
+    if case.causal:
+        s = s.masked_fill(torch.ones(case.Sq, case.Sk, dtype=torch.bool, device="cuda").triu(1), -math.inf)
+    return (lse.double() - torch.logsumexp(s, dim=-1)).abs().max().item()
+
+
+def run_check(versions) -> bool:
+    ok = True
+    tests = cases.tests_cases()
+    for version in versions:
+        run = ops.fwd_runner(version)
+        results = check.run_set(run, tests, version, progress=False, show_failures=0, save=False)
+        results += [check.check_forward(run, c, version, layout="bshd", save=False) for c in tests[2:10]]
+        for scale in (0.0, -0.35, 2.0):  # any finite scale: zero, negative, large
+            results += [check.check_forward(run, c, version, scale=scale, save=False) for c in (tests[5], tests[14])]
+        for r in results:
+            w = r.worst
+            print(f"{version} {'PASS' if r.passed else 'FAIL'} {r.case.label:<48} max_abs {w['max_abs']:.3g} "
+                  f"(sdpa {w['sdpa_max_abs']:.3g}, tol {w['tol_max_abs']:.3g}) nan {w['nan']}")
+        lse = max(lse_error(version, c, s) for c in (tests[6], tests[13], tests[30]) for s in (None, -0.5))
+        passed = sum(r.passed for r in results)
+        print(f"SUMMARY {version}: {passed}/{len(results)} checks pass; LSE max error {lse:.3g}")
+        ok &= passed == len(results) and lse < 1e-2
+    return ok
+
+
+def run_sanitize(versions) -> bool:
+    shapes = [(1, 3, 1, 65, 63, 64, True), (2, 4, 2, 63, 130, 128, False), (1, 2, 2, 130, 65, 128, True),
+              (1, 1, 1, 1, 1, 64, False), (1, 2, 1, 257, 257, 64, True)]
+    ok = True
+    for version in versions:
+        for (B, Hq, Hkv, Sq, Sk, D, causal) in shapes:
+            for dtype in ("float16", "bfloat16"):
+                case = cases.Case("san", B, Hq, Hkv, Sq, Sk, D, dtype, causal)
+                r = check.check_forward(ops.fwd_runner(version), case, version, trials=1, peaked=False, save=False)
+                print(f"{version} {'PASS' if r.passed else 'FAIL'} {case.label}")
+                ok &= r.passed
+    return ok
+
+
+def run_bench(versions, out_path=None) -> bool:
+    grid = cases.bench_fwd_cases("bfloat16")
+    # each version through the public op (what users call), then the default choice as the public row
+    makers = {f"{v} (public op)": sweep.public_attention(v) for v in versions}
+    makers[sweep.PUBLIC_FWD] = sweep.public_attention()
+    rows = sweep.fwd_sweep(grid, makers, backends=("flash", "cudnn"), progress=False, budget_s=1.0)
+    for row in rows:
+        if "tflops" in row:
+            ratio = row.get("ratios", {})
+            print(f"{row['case']['name']:<16} {row['impl']:<18} {row['tflops']:7.1f} TFLOP/s "
+                  + " ".join(f"{k} {x:.2f}" for k, x in ratio.items()))
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(rows, f)
+    return True
+
+
+if __name__ == "__main__":
+    mode, versions = sys.argv[1], sys.argv[2].split(",")
+    print(f"GPU {torch.cuda.get_device_name()} torch {torch.__version__}")
+    fn = {"check": run_check, "sanitize": run_sanitize, "bench": run_bench}[mode]
+    sys.exit(0 if fn(versions, *sys.argv[3:]) else 1)
