@@ -104,25 +104,31 @@ def _version(version, table: dict, head_dim: int, preference) -> str:
     return name
 
 
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
 def _check_tensor(t, name: str, like=None):
+    # Every attribute is read once: this runs three times per call, on the host path that issue 11 bounds.
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"{name}.dtype must be torch.float16 or torch.bfloat16, got {t.dtype}")
-    if t.dim() != 4:
-        raise ValueError(f"{name} must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
-    if t.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {t.device} (CPU mode: use lab.emulate)")
+    dtype, shape, device = t.dtype, t.shape, t.device
+    if dtype not in _DTYPES:
+        raise TypeError(f"{name}.dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+    if len(shape) != 4:
+        raise ValueError(f"{name} must be 4-D (B, H, S, D), got shape {tuple(shape)}")
+    if device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {device} (CPU mode: use lab.emulate)")
     if like is not None:
-        if t.dtype != like.dtype:
-            raise TypeError(f"{name}.dtype ({t.dtype}) must match query.dtype ({like.dtype})")
-        if t.device != like.device:
-            raise ValueError(f"{name} is on {t.device} but query is on {like.device}")
-        if t.shape[0] != like.shape[0]:
-            raise ValueError(f"{name} has batch {t.shape[0]} but query has batch {like.shape[0]}")
-        if t.shape[-1] != like.shape[-1]:
-            raise ValueError(f"{name} has head dim {t.shape[-1]} but query has {like.shape[-1]}")
-    if t.numel() and t.stride(-1) != 1:
+        if dtype != like.dtype:
+            raise TypeError(f"{name}.dtype ({dtype}) must match query.dtype ({like.dtype})")
+        if device != like.device:
+            raise ValueError(f"{name} is on {device} but query is on {like.device}")
+        like_shape = like.shape
+        if shape[0] != like_shape[0]:
+            raise ValueError(f"{name} has batch {shape[0]} but query has batch {like_shape[0]}")
+        if shape[3] != like_shape[3]:
+            raise ValueError(f"{name} has head dim {shape[3]} but query has {like_shape[3]}")
+    if t.stride(3) != 1 and t.numel():
         raise ValueError(f"{name} must have a contiguous last dimension, got stride(-1) = {t.stride(-1)}; "
                          f"call {name}.contiguous()")
 
@@ -132,9 +138,12 @@ def _aligned(t):
 
     Any other layout is copied (the result is right, only slower), never passed through.
     """
-    ok = t.data_ptr() % 16 == 0 and all(t.stride(i) % 8 == 0 or t.shape[i] == 1 for i in range(3))
-    return t if ok else t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation even when
-    # t is already contiguous (a contiguous view at an odd offset: .contiguous() would return it unchanged)
+    if t.data_ptr() % 16 == 0:
+        (s0, s1, s2, _), (n0, n1, n2, _) = t.stride(), t.shape
+        if (s0 % 8 == 0 or n0 == 1) and (s1 % 8 == 0 or n1 == 1) and (s2 % 8 == 0 or n2 == 1):
+            return t
+    return t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation even when t is
+    # already contiguous (a contiguous view at an odd offset: .contiguous() would return it unchanged)
 
 
 def _check_heads(query, key, enable_gqa: bool, what: str = "key"):
@@ -157,9 +166,9 @@ def _scale(scale, head_dim: int) -> float:
 
 # ------------------------------------------------------------------ forward attention
 
-def _attention_impl(query, key, value, is_causal: bool, scale: float, version: str):
+def _attention_impl(query, key, value, is_causal: bool, scale: float, version: str, want_lse: bool = True):
     out = query.new_empty(query.shape)
-    lse = torch.empty(query.shape[:3], device=query.device, dtype=torch.float32)
+    lse = torch.empty(query.shape[:3], device=query.device, dtype=torch.float32) if want_lse else None
     build.binding().attn_fwd(launcher(FWD, version), _aligned(query), _aligned(key), _aligned(value), out, lse,
                              scale, is_causal, None)
     return out, lse
@@ -193,6 +202,8 @@ def _capability(device) -> tuple:
     """Compute capability of a CUDA device, cached per device index (the lookup is on every call's path)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _capabilities:
+        if not torch.cuda.is_available():  # fake CUDA tensors on a CPU-only torch (tracing tests): no GPU to ask
+            return (0, 0)
         _capabilities[index] = tuple(torch.cuda.get_device_capability(index))
     return _capabilities[index]
 
@@ -216,8 +227,11 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     name = attention_version(query, version)
-    op = _attention_impl if _direct(query, key, value) else _attention_op
-    out, lse = op(query, key, value, is_causal, _scale(scale, query.shape[-1]), name)
+    scale = _scale(scale, query.shape[-1])
+    if _direct(query, key, value):  # eager: no dispatcher, and no LSE buffer unless asked for
+        out, lse = _attention_impl(query, key, value, is_causal, scale, name, return_lse)
+    else:
+        out, lse = _attention_op(query, key, value, is_causal, scale, name)
     return (out, lse) if return_lse else out
 
 
