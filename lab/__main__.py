@@ -1,4 +1,4 @@
-"""python -m lab {env,compile,session,log}."""
+"""python -m lab {env,compile,session,log}: env, compile and session need the lab's toolchain; log needs no torch."""
 from __future__ import annotations
 
 import argparse
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return session.main(rest)
     if args.command == "log":
-        from . import log
+        from .publish import log
 
         return log.main(rest)
     return 2

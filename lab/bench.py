@@ -11,9 +11,9 @@ import time
 from dataclasses import asdict, dataclass
 
 from . import record
+from .backends import BACKENDS  # noqa: F401  (re-exported: lab.backends holds the one list)
 
 SPEEDUP_FLAG = 10.0  # a ratio above this gets a second look before anyone believes it
-BACKENDS = ("flash", "cudnn", "efficient", "math", "default")
 MATH_MAX_SCORE_BYTES = 4 * 2**30  # the math backend materialises B*H*Sq*Sk scores in fp32
 
 

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from . import paths
@@ -112,11 +113,21 @@ def cache_key(source: Path, flags: list[str], extra: dict | None = None) -> str:
     for path in sorted(source_closure(source)):
         digest.update(paths.relative(path).encode())
         digest.update(path.read_bytes())
-    from .env import nvcc_version  # a new nvcc must not reuse old binaries
-
     digest.update(json.dumps({"flags": list(flags), "extra": extra or {}, "nvcc": nvcc_version()},
                              sort_keys=True).encode())
     return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def nvcc_version() -> str | None:
+    """nvcc's release ('12.8') or None; part of every cache key: a new nvcc must not reuse old binaries."""
+    try:
+        out = subprocess.run([shutil.which("nvcc") or "nvcc", "--version"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+\.\d+)", out)
+    return match.group(1) if match else None
 
 
 def source_hash(source: Path | str) -> str:

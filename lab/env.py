@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from functools import lru_cache
 
-from . import paths
+from . import build, paths
+from .build import nvcc_version  # the compiler's version belongs to the build (its cache key)
 
 
 @dataclass
@@ -43,13 +42,6 @@ def _run(cmd: list[str]) -> str | None:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-@lru_cache(maxsize=1)
-def nvcc_version() -> str | None:
-    out = _run([shutil.which("nvcc") or "nvcc", "--version"])
-    match = re.search(r"release (\d+\.\d+)", out or "")
-    return match.group(1) if match else None
 
 
 def driver_version() -> str | None:
@@ -98,8 +90,6 @@ def fingerprint() -> dict:
 
 
 def check() -> EnvReport:
-    from . import build  # local import: build imports env
-
     report = EnvReport()
     facts, problems = report.facts, report.problems
     facts["python"] = f"{platform.python_version()} ({sys.executable})"

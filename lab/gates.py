@@ -12,6 +12,7 @@ means any of; a string with * or ? is a glob; "not": {...} excludes rows matchin
 op: >=, <=, >, <, == (every matching row must satisfy it: the measured value shown is the worst)
 or "all" (every matching row's metric equals value). gpu_only: rows measured without a GPU do
 not count. With no matching row the status is "no data", never "pass": a CPU session proves nothing.
+A gate of a chapter that failed is "void" (lab.session): its partial rows prove nothing either.
 """
 from __future__ import annotations
 
@@ -144,10 +145,18 @@ def evaluate_all(rows: list[dict], gates: list[dict], chapters: list[str] | None
     return [evaluate(g, rows) for g in gates if chapters is None or g["chapter"] in chapters]
 
 
+def void(result: dict, reason: str) -> dict:
+    """Mark a gate result void (its chapter failed): never a pass, whatever the partial rows measured."""
+    result.update(status="void", passed=None, void_reason=reason)
+    return result
+
+
 def describe(result: dict) -> str:
     """'pass: measured 1.12 (>= 1.0, 3 rows)' — one line for logs and progress output."""
     if result["status"] == "no data":
         return "no data"
+    if result["status"] == "void":
+        return f"void ({result.get('void_reason', 'its chapter failed')}; measured {result.get('measured')})"
     if result["op"] == "all":
         return f"{result['status']}: {result['measured']} with {result['metric']} == {result['expected']}"
     return f"{result['status']}: measured {result['measured']} ({result['op']} {result['expected']}, {result['rows']} rows)"
@@ -156,5 +165,5 @@ def describe(result: dict) -> str:
 def counts(results: list[dict]) -> dict:
     out = {"pass": 0, "fail": 0, "no data": 0}
     for r in results:
-        out[r["status"]] += 1
+        out[r["status"]] = out.get(r["status"], 0) + 1
     return out

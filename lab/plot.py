@@ -51,7 +51,8 @@ def metric_vs_length(rows, metric: str = "tflops", length_key: str = "Sq", split
     return _save(fig, path)
 
 
-def speedup_bars(rows, impl: str, baselines=("sdpa-flash", "sdpa-cudnn", "sdpa-default"), title: str = "", path=None):
+def speedup_bars(rows, impl: str, baselines=("sdpa-flash", "sdpa-cudnn", "sdpa-default"), title: str = "",
+                 path=None):
     """Ratio t_backend / t_ours per case and backend; the 1.0 line is parity."""
     mine = [r for r in _timed(rows) if r["impl"] == impl and r.get("ratios")]
     labels = [r["case"]["name"] for r in mine]

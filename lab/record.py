@@ -7,6 +7,10 @@ A run only ever appends to its own file; it never opens another run's rows for w
 
 Every row carries: kind, chapter, session, timestamp, commit, and the environment fingerprint
 (GPU, SM, driver, CUDA, torch, nvcc). Kernel rows add version, source hash, case, timing, ratios, check.
+
+This module is the one writer (`append`) and the one reader (`read`, `load`) of records.jsonl. The reader
+skips a torn line (a killed process, a full disk) with a warning naming file:line instead of raising, so
+one bad line never stops a chapter, the session runner or the log. It imports no torch.
 """
 from __future__ import annotations
 
@@ -15,10 +19,17 @@ import json
 import os
 import re
 import subprocess
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
-from . import env, paths
+from . import env, files, paths
+
+RECORDS = "records.jsonl"
+
+
+class TornLineWarning(UserWarning):
+    """A records.jsonl line that is not a whole JSON object; it is skipped."""
 
 
 @lru_cache(maxsize=1)
@@ -44,9 +55,14 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown"
 
 
-def new_run_id(now: dt.datetime | None = None) -> str:
+def session_id(gpu: str, now: dt.datetime | None = None) -> str:
+    """The one id format of sessions and ad-hoc runs: <YYYYmmdd-HHMMSS>-<gpu slug>-<commit>."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    return f"{now:%Y%m%d-%H%M%S}-{slug(fingerprint()['gpu'])}-{git_commit()}"
+    return f"{now:%Y%m%d-%H%M%S}-{slug(gpu)}-{git_commit()}"
+
+
+def new_run_id(now: dt.datetime | None = None) -> str:
+    return session_id(fingerprint()["gpu"], now)
 
 
 _adhoc_dir: Path | None = None
@@ -75,19 +91,21 @@ def figure_path(name: str) -> Path:
     return folder / name
 
 
-def append(row: dict, chapter: str | None = None) -> dict:
-    """Add the common fields and append the row; returns the row as written."""
+def append(row: dict, chapter: str | None = None, folder: Path | None = None, env: dict | None = None) -> dict:
+    """Add the common fields and append the row to this run's records (or `folder`'s); returns the row.
+
+    The session runner passes its own folder and fingerprint; chapters pass neither."""
+    folder = Path(folder) if folder is not None else run_dir()
     full = {
         "kind": row.get("kind", "measurement"),
         "chapter": chapter or os.environ.get("LAB_CHAPTER"),
-        "session": run_id(),
+        "session": folder.name,
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
-        "env": fingerprint(),
+        "env": env if env is not None else fingerprint(),
         **row,
     }
-    with open(run_dir() / "records.jsonl", "a") as handle:
-        handle.write(json.dumps(full, default=_jsonable) + "\n")
+    files.append_line(folder / RECORDS, json.dumps(full, default=_jsonable))
     return full
 
 
@@ -101,6 +119,30 @@ def _jsonable(value):
     return str(value)
 
 
+def read(file: Path) -> list[dict]:
+    """The rows of one records.jsonl, in order; a torn or non-object line is skipped with a warning."""
+    file = Path(file)
+    try:
+        text = file.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            row, reason = None, f"not JSON ({err.msg} at column {err.colno})"
+        else:
+            reason = "not a JSON object"
+        if not isinstance(row, dict):
+            warnings.warn(f"{file}:{number}: skipped a torn record line: {reason}", TornLineWarning, stacklevel=2)
+            continue
+        rows.append(row)
+    return rows
+
+
 def load(root: Path | None = None, **match) -> list[dict]:
     """Every record under root (default outputs/), filtered by equality on top-level or case fields.
 
@@ -109,14 +151,12 @@ def load(root: Path | None = None, **match) -> list[dict]:
     root = Path(root or paths.OUTPUTS)
     gpu_only = match.pop("gpu_only", False)
     rows = []
-    for file in sorted(root.rglob("records.jsonl")):
-        for line in file.read_text().splitlines():
-            if not line.strip():
+    for file in sorted(root.rglob(RECORDS)):
+        for row in read(file):
+            if gpu_only and (row.get("env") or {}).get("gpu", "cpu") == "cpu":
                 continue
-            row = json.loads(line)
-            if gpu_only and row.get("env", {}).get("gpu", "cpu") == "cpu":
-                continue
-            if all(row.get(k, row.get("case", {}).get(k)) == v for k, v in match.items()):
+            case = row.get("case") if isinstance(row.get("case"), dict) else {}
+            if all(row.get(k, case.get(k)) == v for k, v in match.items()):
                 rows.append(row)
     return rows
 

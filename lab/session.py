@@ -8,8 +8,13 @@ Why it is shaped like this:
   (the origin lost whole sessions to one blocker);
 - progress prints 'step X/Y' with elapsed time and an estimate from earlier sessions, plus a heartbeat,
   because silent multi-minute stalls made the origin's user give up (their Pattern 11);
-- session.json is rewritten after every chapter inside this session's own folder, so a killed session
-  keeps what it finished; another session's folder is never opened for writing.
+- session.json is rewritten (atomically: temp file + rename) after every chapter inside this session's own
+  folder, so a killed session keeps what it finished; another session's folder is never opened for writing;
+- every exception, from a chapter or from the runner's own writes (a full disk, a read-only outputs/),
+  ends the session as "failed" or "interrupted" with the error in session.json, never as a crash that
+  leaves it "running"; only a SIGKILL can, and the log then shows it as "abandoned" (its pid is gone, or
+  its heartbeat file has gone stale);
+- a failed chapter's gates are void: partial rows prove nothing, so they can never count as a pass.
 """
 from __future__ import annotations
 
@@ -19,20 +24,22 @@ import json
 import os
 import re
 import signal
+import socket
 import statistics
 import sys
 import tarfile
+import threading
 import time
 import traceback as tb
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import files, paths, record, toc
 from . import gates as gates_mod
-from . import paths, record
 from .progress import Heartbeat, fmt_seconds
 
-CHAPTERS = ["n0_environment", "n2_build_recipe", "n3_harness", "n4_baseline",
-            "n5_correctness", "n6_fa2", "n7_split_k"]
+HEARTBEAT_FILE = "heartbeat"  # rewritten every HEARTBEAT_S while the runner lives (lab.publish.pages reads it)
+HEARTBEAT_S = 30.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -43,11 +50,13 @@ class SessionExists(RuntimeError):
 def create_session_dir(outputs: Path, env: dict, device: str, session_id: str | None = None) -> Path:
     """A fresh outputs/sessions/<id>/; refuses an id whose folder exists (mkdir is the lock)."""
     sessions = outputs / "sessions"
-    sessions.mkdir(parents=True, exist_ok=True)
+    try:
+        sessions.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise files.OutputError(err.errno, f"cannot create {sessions}: {err.strerror or err}") from err
     for _ in range(3):
         gpu = "cpu" if device == "cpu" else env.get("gpu", "cpu")
-        now = dt.datetime.now(dt.timezone.utc)
-        sid = session_id or f"{now:%Y%m%d-%H%M%S}-{record.slug(gpu)}-{record.git_commit()}"
+        sid = session_id or record.session_id(gpu)
         try:
             (sessions / sid).mkdir()
             return sessions / sid
@@ -55,6 +64,8 @@ def create_session_dir(outputs: Path, env: dict, device: str, session_id: str | 
             if session_id:
                 raise SessionExists(f"{sessions / sid} exists: a session never rewrites another's folder") from None
             time.sleep(1.05)  # ids are per second: wait for the next one rather than share a folder
+        except OSError as err:
+            raise files.OutputError(err.errno, f"cannot create {sessions / sid}: {err.strerror or err}") from err
     raise SessionExists(f"could not find a free session id under {sessions}")
 
 
@@ -119,25 +130,67 @@ def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: fl
 
 
 def append_row(session_dir: Path, row: dict, env: dict) -> None:
-    """A row written by the runner itself (gate, bug, session), with the same common fields as lab.record."""
-    full = {"kind": row["kind"], "chapter": row.get("chapter"), "session": session_dir.name,
-            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "commit": record.git_commit(), "env": env, **row}
-    with open(session_dir / "records.jsonl", "a") as handle:
-        handle.write(json.dumps(full, default=str) + "\n")
+    """A row written by the runner itself (gate, bug, session): lab.record's writer, into this session."""
+    record.append(row, chapter=row.get("chapter"), folder=session_dir, env=env)
 
 
 def session_rows(session_dir: Path) -> list[dict]:
-    file = session_dir / "records.jsonl"
-    if not file.exists():
-        return []
-    return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    return record.read(session_dir / record.RECORDS)
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    files.write_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
+
+
+class Beat:
+    """Rewrites <session>/heartbeat with the time every `every` seconds, so a reader can tell a live runner
+    from one that was killed; a failed write is ignored (the pid check still works)."""
+
+    def __init__(self, folder: Path, every: float = HEARTBEAT_S):
+        self.path, self.every, self.stop_event = folder / HEARTBEAT_FILE, every, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _beat(self):
+        try:
+            files.write_atomic(self.path, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds") + "\n")
+        except OSError:
+            pass
+
+    def _run(self):
+        while not self.stop_event.wait(self.every):
+            self._beat()
+
+    def __enter__(self):
+        self._beat()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_event.set()
+        self.thread.join(timeout=5)
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+
+
+@contextmanager
+def _deferred_signals():
+    """While the runner finishes session.json, a second Ctrl-C or SIGTERM waits instead of cutting it short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in saved:
+        signal.signal(sig, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        if pending:
+            raise KeyboardInterrupt(f"signal {pending[0]}")
 
 
 def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_dir: Path | None = None,
@@ -161,25 +214,39 @@ def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_di
     info = {"id": folder.name, "start": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "end": None, "status": "running", "mode": mode, "device": device, "cases": cases,
             "parameters": parameters, "commit": record.git_commit(), "env": env,
+            "pid": os.getpid(), "host": socket.gethostname(),
             "chapters": [{"name": c, "status": "pending"} for c in chapters], "gates": [], "cost": None}
-    write_json(folder / "session.json", info)
-    printer(f"session {folder.name}: {len(chapters)} chapters, {mode} mode, {cases} cases -> {paths.relative(folder)}")
-    try:
-        for step, entry in enumerate(info["chapters"], 1):
-            _run_chapter(entry, step, len(chapters), folder, chapters_dir, outputs, parameters, history,
-                         info, start, cell_timeout, heartbeat, env, printer)
+    with Beat(folder):
+        try:
             write_json(folder / "session.json", info)
-        info["status"] = "complete"
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from a time limit (main() turns it into this)
-        info["status"] = "interrupted"
-        for entry in info["chapters"]:
-            if entry["status"] == "running":  # it ran partly: its notebook, if written, is kept
-                entry.update(status="failed", error="interrupted while running", notebook=f"{entry['name']}.ipynb")
-            elif entry["status"] == "pending":
-                entry.update(status="skipped", error="session interrupted")
-        printer("session interrupted: finishing session.json with what ran")
-    _finish(info, folder, start, gates_file, price_per_gpu_hour, env, printer)
+            printer(f"session {folder.name}: {len(chapters)} chapters, {mode} mode, {cases} cases -> "
+                    f"{paths.relative(folder)}")
+            for step, entry in enumerate(info["chapters"], 1):
+                _run_chapter(entry, step, len(chapters), folder, chapters_dir, outputs, parameters, history,
+                             info, start, cell_timeout, heartbeat, env, printer)
+                write_json(folder / "session.json", info)
+            info["status"] = "complete"
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM from a time limit (main() turns it into this)
+            _stop(info, "interrupted", f"interrupted ({err})" if str(err) else "interrupted", None)
+            printer("session interrupted: finishing session.json with what ran")
+        except BaseException as err:  # the runner's own failure (a full disk...): still a finished session.json
+            _stop(info, "failed", f"{type(err).__name__}: {err}"[:500], _short_traceback(tb.format_exc()))
+            printer(f"session failed: {info['error']}")
+        with _deferred_signals():
+            _finish(info, folder, start, gates_file, price_per_gpu_hour, env, printer)
     return folder
+
+
+def _stop(info: dict, status: str, error: str, traceback: str | None) -> None:
+    """Close a session that did not complete: the chapter in flight failed, the ones not started skipped."""
+    info.update(status=status, error=error)
+    if traceback:
+        info["traceback"] = traceback
+    for entry in info["chapters"]:
+        if entry["status"] == "running":  # it ran partly: its notebook, if written, is kept
+            entry.update(status="failed", error=f"{status} while running: {error}", notebook=f"{entry['name']}.ipynb")
+        elif entry["status"] == "pending":
+            entry.update(status="skipped", error=f"session {status}")
 
 
 def _run_chapter(entry, step, total, folder, chapters_dir, outputs, parameters, history, info, start,
@@ -192,7 +259,8 @@ def _run_chapter(entry, step, total, folder, chapters_dir, outputs, parameters, 
     printer(f"step {step}/{total}: {name}, elapsed {fmt_seconds(time.time() - start)}, "
             f"estimate {fmt_seconds(guess)} (session left: {fmt_seconds(remaining)})")
     if not source.exists():
-        entry.update(status="skipped", duration_s=0.0, build_s=0.0, error=f"{paths.relative(source)} not found")
+        entry.update(status="skipped", duration_s=0.0, build_s=0.0,
+                     error=f"{paths.relative(source)} not found (listed, but no notebook on disk yet)")
         printer(f"step {step}/{total}: {name} skipped: {entry['error']}")
         return
     entry.update(status="running", started=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
@@ -213,29 +281,51 @@ def _run_chapter(entry, step, total, folder, chapters_dir, outputs, parameters, 
 
 
 def _finish(info, folder, start, gates_file, price, env, printer):
-    """Gates, cost and the final session.json: runs even when the session is interrupted."""
+    """Gates, cost and the final session.json: runs even when the session is interrupted or failed.
+
+    A write that fails here (a full disk) is reported in session.json as the session's error; if even
+    session.json cannot be written, the OutputError naming its path reaches the caller."""
     info["end"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     info["duration_s"] = round(time.time() - start, 2)
-    ran = [e["name"] for e in info["chapters"]]
-    results = gates_mod.evaluate_all(session_rows(folder), gates_mod.load_gates(gates_file), ran)
-    for result in results:
-        append_row(folder, {"kind": "gate", **result}, env)
+    results = []
+    try:
+        ran = [e["name"] for e in info["chapters"]]
+        results = gates_mod.evaluate_all(session_rows(folder), gates_mod.load_gates(gates_file), ran)
+        status_of = {e["name"]: e["status"] for e in info["chapters"]}
+        for result in results:
+            if status_of.get(result["chapter"]) == "failed":
+                gates_mod.void(result, f"chapter {result['chapter']} failed")
+        for result in results:
+            append_row(folder, {"kind": "gate", **result}, env)
+    except Exception as err:
+        _runner_error(info, err, printer)
     for entry in info["chapters"]:
         entry["gates"] = [r for r in results if r["chapter"] == entry["name"]]
     info["gates"] = gates_mod.counts(results)
     if price is not None and info["mode"] == "gpu":
         hours = info["duration_s"] / 3600
         info["cost"] = {"price_per_gpu_hour": price, "gpu_hours": round(hours, 4), "cost": round(hours * price, 4)}
-    append_row(folder, {"kind": "session", "duration_s": info["duration_s"], "mode": info["mode"],
-                        "status": info["status"], "chapters_ok": sum(e["status"] == "ok" for e in info["chapters"]),
-                        "chapters_failed": sum(e["status"] == "failed" for e in info["chapters"]),
-                        "build_s": round(sum(e.get("build_s") or 0 for e in info["chapters"]), 3)}, env)
+    try:
+        append_row(folder, {"kind": "session", "duration_s": info["duration_s"], "mode": info["mode"],
+                            "status": info["status"], "chapters_ok": sum(e["status"] == "ok" for e in info["chapters"]),
+                            "chapters_failed": sum(e["status"] == "failed" for e in info["chapters"]),
+                            "build_s": round(sum(e.get("build_s") or 0 for e in info["chapters"]), 3)}, env)
+    except Exception as err:
+        _runner_error(info, err, printer)
     write_json(folder / "session.json", info)
     for result in results:
         printer(f"gate [{result['chapter']}] {result['name']}: {gates_mod.describe(result)}")
     failed = [e["name"] for e in info["chapters"] if e["status"] == "failed"]
     printer(f"session {info['id']} {info['status']} in {fmt_seconds(info['duration_s'])}; gates {info['gates']}"
             + (f"; failed chapters: {', '.join(failed)}" if failed else ""))
+
+
+def _runner_error(info: dict, err: Exception, printer) -> None:
+    if info["status"] in ("running", "complete"):
+        info["status"] = "failed"
+    text = f"{type(err).__name__}: {err}"[:500]
+    info["error"] = f"{info['error']}; then {text}" if info.get("error") else text
+    printer(f"session error: {text}")
 
 
 def tarball(folder: Path, target: Path) -> Path:
@@ -247,7 +337,7 @@ def tarball(folder: Path, target: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab session", description=__doc__.split("\n")[0])
-    parser.add_argument("--chapters", help=f"comma-separated chapter names (default: {','.join(CHAPTERS)})")
+    parser.add_argument("--chapters", help="comma-separated chapter names (default: the chapters in _toc.yml)")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--dtype", help="passed to every chapter (default: each chapter's own)")
     parser.add_argument("--cases", choices=["quick", "full"], default="quick")
@@ -261,19 +351,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chapters-dir", type=Path, help="where the notebooks are (default: chapters/)")
     parser.add_argument("--tarball", type=Path, help="also pack the session folder into this .tar.gz")
     parser.add_argument("--no-log", action="store_true", help="do not regenerate the log pages afterwards")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a chapter or a gate failed")
+    parser.add_argument("--strict", action="store_true", help="also exit 1 when a gate failed")
     args = parser.parse_args(argv)
-    chapters = [c.strip() for c in args.chapters.split(",") if c.strip()] if args.chapters else CHAPTERS
+    chapters = [c.strip() for c in args.chapters.split(",") if c.strip()] if args.chapters else toc.chapters()
     outputs = args.outputs or paths.OUTPUTS
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` sends SIGTERM: still write session.json
-    folder = run_session(chapters, outputs=outputs, chapters_dir=args.chapters_dir, device=args.device,
-                         cases=args.cases, dtype=args.dtype, reps=args.reps,
-                         price_per_gpu_hour=args.price_per_gpu_hour, cell_timeout=args.cell_timeout,
-                         heartbeat=args.heartbeat, printer=lambda line: print(line, flush=True))
+    printer = lambda line: print(line, flush=True)  # noqa: E731
+    try:
+        folder = run_session(chapters, outputs=outputs, chapters_dir=args.chapters_dir, device=args.device,
+                             cases=args.cases, dtype=args.dtype, reps=args.reps,
+                             price_per_gpu_hour=args.price_per_gpu_hour, cell_timeout=args.cell_timeout,
+                             heartbeat=args.heartbeat, printer=printer)
+    except KeyboardInterrupt:
+        print("session interrupted before it started", file=sys.stderr)
+        return 130
+    except OSError as err:  # no session folder, or its session.json could not be written at all
+        print(f"session failed: {err}", file=sys.stderr)
+        return 1
     if args.tarball:
         print(f"packed {tarball(folder, args.tarball)}")
     if not args.no_log:
-        from . import log
+        from .publish import log
 
         try:
             log.generate(Path(outputs))
@@ -282,8 +380,12 @@ def main(argv: list[str] | None = None) -> int:
     info = json.loads((folder / "session.json").read_text())
     if info["status"] == "interrupted":
         return 130
-    failed = any(c["status"] == "failed" for c in info["chapters"]) or info["gates"].get("fail")
-    return 1 if args.strict and failed else 0
+    failed = [c["name"] for c in info["chapters"] if c["status"] == "failed"]
+    if info["status"] == "failed" or failed:
+        print(f"session {info['status']}" + (f"; failed chapters: {', '.join(failed)}" if failed else ""),
+              file=sys.stderr)
+        return 1
+    return 1 if args.strict and info["gates"].get("fail") else 0
 
 
 def _interrupt(signum, frame):

@@ -11,7 +11,7 @@ import pytest
 
 import fixture_outputs
 from fixture_outputs import SESSIONS
-from lab import log, publish
+from lab.publish import chapters as publish, log
 
 OLD, NEW, CPU = (SESSIONS[k][0] for k in ("old", "new", "cpu"))
 
@@ -69,18 +69,48 @@ def test_choose_tiers():
     assert publish.choose("c", [s("a", "gpu", "ok", "1")]) is None  # no notebook file: nothing to publish
 
 
-def test_baselines_table_figure_and_origin_rows(outputs):
+def test_baselines_pivot_figures_and_origin_rows(outputs):
     text = page(outputs, "baselines")
-    assert "## NVIDIA H100 80GB HBM3" in text and "| vs sdpa-flash | vs sdpa-cudnn |" in text
-    v02 = next(line for line in text.splitlines() if line.startswith("| v02 (fwd)"))
-    assert "| 1.12 | 0.95 |" in v02 and "seq8k: B2 H16/16 S8192 D128 bf16" in v02 and NEW in v02
-    v01 = next(line for line in text.splitlines() if line.startswith("| v01 (fwd) | seq1k"))
-    assert "0.08 → 0.09" in v01 and "| 2 |" in v01  # trend across the two GPU sessions
+    assert "## NVIDIA H100 80GB HBM3" in text and '<table class="pivot">' in text
+    fwd = text.split("### Forward: lab.ops.attention")[1].split("###")[0]
+    assert "<th>vs sdpa-flash</th><th>vs sdpa-cudnn</th>" in fwd and NEW in fwd
+    rows = [line for line in fwd.splitlines() if line.startswith("<tr><td>")]
+    assert [r.split("</td>")[2] for r in rows] == ["<td>1024", "<td>4096", "<td>8192"]  # sorted by S
+    assert 'style="background:rgba(46,160,67' in rows[2] and ">1.25</td>" in rows[2]  # faster: green
+    assert 'style="background:rgba(215,58,73' in rows[0] and ">0.80</td>" in rows[0]  # slower: red
+    decode = text.split("### Decode: lab.ops.decode")[1].split("###")[0]
+    assert "<th>L (kv)</th>" in decode and "<td>32/8</td>" in decode
+    for family in ("fwd", "decode"):
+        assert f"![" in text and f"figures/pivot-{family}-h100-80gb-hbm3.png" in text
+        assert (outputs / "log" / "figures" / f"pivot-{family}-h100-80gb-hbm3.png").stat().st_size > 1000
     assert "![Ratio trend on NVIDIA H100 80GB HBM3](figures/trend-h100-80gb-hbm3.png)" in text
     assert (outputs / "log" / "figures" / "trend-h100-80gb-hbm3.png").stat().st_size > 1000
     assert "| Medium | 128 | 0.044 | 0.743 | 0.06x | seeds/000, Session N+2, 2025-10-12 |" in text
     assert "79.8% less memory" in text and (outputs / "log" / "figures" / "origin-l4.png").exists()
-    assert "cpu" not in [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| v")]
+
+
+def test_standings_include_the_default_kernels(outputs):
+    text = (outputs / "log" / "standings.md").read_text()
+    line = next(l for l in text.splitlines() if "lab.ops.attention" in l)
+    assert line.startswith("| NVIDIA H100 80GB HBM3 | lab.ops.attention (forward) |") and NEW in line
+    assert "| 1.00x (0.80-1.25, 3) |" in line  # geometric mean of 0.8, 1.0, 1.25
+    assert any("lab.ops.decode (decode)" in l for l in text.splitlines())
+    assert "cpu" not in text.lower().split("| gpu |")[1]
+
+
+def test_legacy_impl_names_stand_in_for_the_public_op():
+    from lab.publish import pivot
+
+    def row(impl, session, stamp, S=1024):
+        return {"kind": "fwd", "impl": impl, "session": session, "timestamp": stamp, "env": {"gpu": "G"},
+                "case": {"Sq": S, "Sk": S, "D": 64}, "timing": {"median_ms": 1.0}, "ratios": {"sdpa-flash": 1.0}}
+    old = [row("v03", "s1", "1"), row("v04", "s1", "2"), row("v04", "s1", "3", S=2048), row("sdpa-flash", "s1", "4")]
+    assert pivot.ours(old, "fwd")[:2] == ("v04", "s1") and len(pivot.ours(old, "fwd")[2]) == 2
+    new = old + [row("lab.ops.attention", "s2", "5"), row("v05", "s2", "6")]
+    assert pivot.ours(new, "fwd")[:2] == ("lab.ops.attention", "s2")
+    decode = [{**row("auto", "s1", "1"), "kind": "decode"}, {**row("v02", "s1", "2"), "kind": "decode"}]
+    assert pivot.ours(decode, "decode")[0] == "auto"
+    assert pivot.ours([{**r, "env": {"gpu": "cpu"}} for r in old], "fwd") == (None, None, [])
 
 
 def test_bugs_merge_curated_records_and_failures(outputs):

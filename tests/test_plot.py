@@ -64,7 +64,7 @@ def test_rows_from_sweep_row_have_the_plotted_fields(fwd_rows, decode_rows):
     assert set(v02["ratios"]) == {"sdpa-flash", "sdpa-default"}
     assert all("gbps" in r and r["frac_ceiling"] == pytest.approx(r["gbps"] / 3000.0) for r in decode_rows)
     assert "unsupported" in next(r for r in fwd_rows if r["impl"] == "sdpa-cudnn")
-    from lab import tables
+    from lab.publish import tables
 
     text = tables.backends(fwd_rows).markdown()
     header = text.splitlines()[2]

@@ -2,7 +2,8 @@
 
 Ratios, not absolute times, are the headline: a ratio to SDPA measured in the same process survives
 a change of GPU clock, driver or torch version that would make two absolute times incomparable.
-Only GPU rows count; CPU-mode sessions record no timings worth comparing.
+Only GPU rows count; CPU-mode sessions record no timings worth comparing. Per GPU the page shows a
+pivot per kernel family (lab.publish.pivot), then the trend of every kernel across sessions.
 """
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from . import pages
-from .record import slug
+from .. import backends
+from ..record import slug
+from . import pages, pivot
 
 # Facts quoted from the origin's report seeds/000 (Session N+2, 2025-10-12): FP16 on an NVIDIA L4 (SM89),
 # PyTorch's attention against the origin's kernel. The report also states 79.8% less memory than PyTorch.
@@ -30,72 +32,14 @@ ORIGIN_MEMORY = "79.8% less memory than PyTorch"
 def kernel_rows(rows: list[dict]) -> list[dict]:
     """Timed GPU measurements of our own kernels (SDPA's rows are the denominators, not entries)."""
     return [r for r in rows if r.get("kind") in ("fwd", "decode") and pages.is_gpu(r)
-            and not str(r.get("impl", "")).startswith("sdpa") and r.get("timing")]
+            and not str(r.get("impl", "")).startswith("sdpa") and isinstance(r.get("timing"), dict)
+            and isinstance(r.get("ratios"), dict)]
 
 
-def _case_key(row: dict) -> str:
-    case = row.get("case") or {}
-    return pages.case_label(case)
-
-
-def backends(rows: list[dict]) -> list[str]:
-    seen = {k for r in rows for k in (r.get("ratios") or {})}
-    return [b for b in pages.SDPA_BACKENDS if b in seen] + sorted(seen - set(pages.SDPA_BACKENDS))
-
-
-def primary_backend(available: list[str]) -> str | None:
+def primary_backend(rows: list[dict]) -> str | None:
+    """The backend the trend is drawn against: the first of the standard order that the rows carry."""
+    available = backends.ordered({k for r in rows for k in r["ratios"]})
     return available[0] if available else None
-
-
-def _latest_per_session(group: list[dict]) -> list[dict]:
-    """One row per session (its last), in session order."""
-    by_session = {}
-    for row in sorted(group, key=lambda r: r.get("timestamp", "")):
-        by_session[row["session"]] = row
-    return sorted(by_session.values(), key=lambda r: r.get("timestamp", ""))
-
-
-def _throughput(row: dict) -> str:
-    """TFLOP/s (forward) or GB/s (decode), with the fraction of the measured ceiling when known."""
-    if row.get("tflops") is not None:
-        text = f"{pages.fmt_number(row['tflops'])} TFLOP/s"
-    elif row.get("gbps") is not None:
-        text = f"{pages.fmt_number(row['gbps'])} GB/s"
-    else:
-        return "–"
-    frac = row.get("frac_ceiling")
-    return text + (f" ({frac:.0%} of ceiling)" if isinstance(frac, (int, float)) else "")
-
-
-def _correct(row: dict) -> str:
-    check = row.get("check") or {}
-    if check.get("passed") is None:
-        return "not checked"
-    text = "pass" if check["passed"] else "FAIL"
-    if check.get("max_abs") is not None:
-        text += f" (max {pages.fmt_number(float(check['max_abs']))})"
-    return text
-
-
-def gpu_table(rows: list[dict]) -> tuple[str, list[str]]:
-    """Markdown table for one GPU: kernel version x case, latest values, and the ratio trend."""
-    available = backends(rows)
-    main = primary_backend(available)
-    groups = defaultdict(list)
-    for row in rows:
-        groups[(row.get("kind"), row["impl"], _case_key(row))].append(row)
-    header = ["Kernel", "Case", *[f"vs {b}" for b in available], "Throughput", "Correct", "Median ms", f"Trend vs {main}" if main else "Trend", "Sessions", "Latest"]
-    body = []
-    for (kind, impl, case), group in sorted(groups.items()):
-        series = _latest_per_session(group)
-        last = series[-1]
-        ratios = last.get("ratios") or {}
-        trend = " → ".join(pages.fmt_number(r["ratios"][main]) for r in series[-5:]
-                           if main and (r.get("ratios") or {}).get(main) is not None)
-        body.append([f"{impl} ({kind})", case, *[ratios.get(b) for b in available], _throughput(last), _correct(last),
-                     (last.get("timing") or {}).get("median_ms"), trend, len(series),
-                     pages.session_ref(last["session"])])
-    return pages.table(header, body), available
 
 
 def trend_figure(rows: list[dict], sessions: list[dict], main: str | None, target: Path) -> Path | None:
@@ -154,24 +98,24 @@ def origin_figure(target: Path) -> Path:
 def page(outputs: Path, sessions: list[dict], rows: list[dict], log_dir: Path) -> str:
     ours = kernel_rows(rows)
     parts = ["# Baselines\n", pages.generated_note(outputs, sessions),
-             "Each table is one GPU. A ratio is SDPA's time divided by ours, measured in the same process: "
-             "above 1 our kernel is faster. *Latest* names the session of the values shown; *Trend* lists the "
-             "ratio over the last five sessions that measured the case.\n"]
-    by_gpu = defaultdict(list)
-    for row in ours:
-        by_gpu[row["env"]["gpu"]].append(row)
-    if not by_gpu:
+             "Each section is one GPU. A ratio is SDPA's time divided by ours, measured in the same process: "
+             "above 1 our kernel is faster. Per kernel family, a pivot of the newest session that timed the "
+             "default kernel (rows: shapes; columns: SDPA backends; green above parity, red below) and a figure "
+             "of the same ratios against the sequence length; then the trend of every kernel across sessions.\n"]
+    if not ours:
         parts.append("No GPU session has recorded a timed kernel yet: nothing to compare. "
                      "CPU-mode sessions compile-check and emulate; they do not time.\n")
-    for gpu, gpu_rows in sorted(by_gpu.items()):
-        table, available = gpu_table(gpu_rows)
-        caps = sorted({str(r["env"].get("capability")) for r in gpu_rows})
-        parts.append(f"## {gpu}\n\nCompute capability {', '.join(caps)}; "
-                     f"{len({r['session'] for r in gpu_rows})} session(s).\n\n{table}")
-        figure = trend_figure(gpu_rows, sessions, primary_backend(available),
-                              log_dir / "figures" / f"trend-{slug(gpu)}.png")
+    for gpu, gpu_rows in pivot.by_gpu(rows).items():
+        mine = [r for r in ours if str(r["env"].get("gpu")) == gpu]
+        if not mine:
+            continue
+        caps = sorted({str(r["env"].get("capability")) for r in mine})
+        parts.append(f"## {pages.text(gpu)}\n\nCompute capability {pages.text(', '.join(caps))}; "
+                     f"{len({r['session'] for r in mine})} session(s).\n")
+        parts.append(pivot.section(gpu, gpu_rows, log_dir))
+        figure = trend_figure(mine, sessions, primary_backend(mine), log_dir / "figures" / f"trend-{slug(gpu)}.png")
         if figure:
-            parts.append(f"![Ratio trend on {gpu}](figures/{figure.name})\n")
+            parts.append(f"### Trend\n\n![Ratio trend on {pages.text(gpu)}](figures/{figure.name})\n")
     origin_figure(log_dir / "figures" / "origin-l4.png")
     history = [[name, s, pt, ours_ms, f"{speedup:.2f}x", ORIGIN_SOURCE] for name, s, pt, ours_ms, speedup in ORIGIN_L4]
     parts.append("## NVIDIA L4: the origin's baseline (historical)\n\n"

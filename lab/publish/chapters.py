@@ -4,6 +4,10 @@ The choice, best first: the latest session that ran the chapter successfully on 
 session where it failed (its partial GPU output still beats any CPU run); the latest CPU-mode run; a
 placeholder that says it never ran. A CPU run therefore never replaces GPU evidence, however new.
 Every copy gets a provenance cell after its title: which session, GPU and commit executed it.
+
+Only chapters of the known list (_toc.yml) are published, and a notebook is read only from inside its
+session folder: a crafted session.json cannot make the log read or write anywhere else. A notebook that
+does not parse (truncated by a full disk) is skipped with a warning and the next candidate is used.
 """
 from __future__ import annotations
 
@@ -12,20 +16,55 @@ from pathlib import Path
 
 import nbformat
 
-from . import pages, paths
+from .. import files, paths, toc
+from . import pages
 
 _TIERS = [("gpu", "ok"), ("gpu", "failed"), ("cpu", "ok"), ("cpu", "failed")]
 
 
-def choose(chapter: str, sessions: list[dict]) -> tuple[dict, dict] | None:
-    """(session, chapter entry) to publish for `chapter`, or None when no session ran it."""
+def notebook_path(session: dict, entry: dict) -> Path | None:
+    """The executed notebook of a chapter entry, only if it is a plain .ipynb file inside the session folder."""
+    folder = Path(session["_dir"])
+    name = entry.get("notebook") or f"{entry.get('name')}.ipynb"
+    if not isinstance(name, str) or Path(name).name != name or not name.endswith(".ipynb"):
+        pages.warn(f"{folder}/session.json: notebook {name!r} is not a file name in the session folder; ignored")
+        return None
+    path = folder / name
+    try:
+        inside = path.resolve().parent == folder.resolve()
+    except OSError:
+        return None
+    if not inside:  # a symlink out of the folder
+        pages.warn(f"{path}: points outside its session folder; ignored")
+        return None
+    return path if path.is_file() else None
+
+
+def _candidates(chapter: str, sessions: list[dict]):
+    """(session, entry, notebook path), best first."""
     for mode, status in _TIERS:
         runs = [(s, e) for s in sessions if s.get("mode") == mode for e in s.get("chapters", [])
-                if e.get("name") == chapter and e.get("status") == status
-                and (s["_dir"] / (e.get("notebook") or f"{chapter}.ipynb")).exists()]
-        if runs:
-            return max(runs, key=lambda pair: (pair[0].get("start") or "", pair[0]["id"]))
+                if e.get("name") == chapter and e.get("status") == status]
+        for session, entry in sorted(runs, key=lambda pair: (str(pair[0].get("start") or ""), pair[0]["id"]),
+                                     reverse=True):
+            path = notebook_path(session, entry)
+            if path is not None:
+                yield session, entry, path
+
+
+def choose(chapter: str, sessions: list[dict]) -> tuple[dict, dict] | None:
+    """(session, chapter entry) to publish for `chapter`, or None when no session ran it."""
+    for session, entry, _ in _candidates(chapter, sessions):
+        return session, entry
     return None
+
+
+def _read(path: Path):
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception as err:  # truncated JSON, invalid notebook, unreadable file: never a crash
+        pages.warn(f"{path}: unreadable notebook skipped ({type(err).__name__}: {str(err)[:200]})")
+        return None
 
 
 def _title(chapter: str, chapters_dir: Path) -> str:
@@ -43,21 +82,23 @@ def _title(chapter: str, chapters_dir: Path) -> str:
 
 def provenance(session: dict, entry: dict) -> str:
     env = session.get("env") or {}
-    gpu = env.get("gpu", "cpu") if session.get("mode") == "gpu" else "no GPU (CPU mode)"
+    gpu = pages.text(env.get("gpu", "cpu")) if session.get("mode") == "gpu" else "no GPU (CPU mode)"
+    parameters = session.get("parameters") if isinstance(session.get("parameters"), dict) else {}
     text = (f"Executed in session {pages.session_ref(session['id'])} on **{gpu}** at commit "
-            f"`{session.get('commit', 'unknown')}` ({pages.date(session.get('start'))} UTC), "
-            f"parameters {', '.join(f'{k}={v}' for k, v in (session.get('parameters') or {}).items())}; "
+            f"{pages.text(session.get('commit', 'unknown'))} ({pages.date(session.get('start'))} UTC), "
+            f"parameters {pages.text(', '.join(f'{k}={v}' for k, v in parameters.items()))}; "
             f"took {pages.duration(entry.get('duration_s'))}.")
     if session.get("mode") != "gpu":
         text += ("\n\n```{warning}\nThis is a CPU-mode run: no GPU executed this chapter, so its kernels were "
                  "compile-checked or emulated, not timed. No GPU session has run it yet.\n```")
     if entry.get("status") == "failed":
-        text += (f"\n\n```{{warning}}\nThis execution failed: {entry.get('error')}. The cells after the failure "
-                 "did not run; see the bugs page.\n```")
-    found = entry.get("gates") or []
+        text += (f"\n\n```{{warning}}\nThis execution failed: {pages.text(entry.get('error'))}. The cells after "
+                 "the failure did not run (its gates are void); see the bugs page.\n```")
+    found = [g for g in entry.get("gates") or [] if isinstance(g, dict)]
     if found:
         text += "\n\nGates of this chapter in that session:\n\n" + "\n".join(
-            f"- **{g['status']}**: {g['name']} (measured {pages.cell(g.get('measured'))})" for g in found)
+            f"- **{pages.text(g.get('status'))}**: {pages.text(g.get('name'))} (measured {pages.cell(g.get('measured'))})"
+            for g in found)
     return text
 
 
@@ -82,7 +123,7 @@ def placeholder(chapter: str, chapters_dir: Path):
     nb = nbformat.v4.new_notebook()
     nb.metadata.update(kernelspec={"name": "python3", "display_name": "Python 3", "language": "python"},
                        language_info={"name": "python"})
-    nb.cells = [nbformat.v4.new_markdown_cell(f"# {_title(chapter, chapters_dir)}"),
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {pages.text(_title(chapter, chapters_dir))}"),
                 nbformat.v4.new_markdown_cell(
                     "```{note}\nThis chapter has not been executed in any session yet. Run "
                     f"`python -m lab session --chapters {chapter}` (or `make book`) to execute it.\n```")]
@@ -90,19 +131,23 @@ def placeholder(chapter: str, chapters_dir: Path):
 
 
 def publish(outputs: Path, sessions: list[dict], chapters: list[str], chapters_dir: Path | None = None) -> dict:
-    """Write outputs/book/<chapter>.ipynb for every chapter; returns {chapter: session id or None}."""
+    """Write outputs/book/<chapter>.ipynb for every known chapter; returns {chapter: session id or None}."""
     chapters_dir = Path(chapters_dir or paths.CHAPTERS)
     book = outputs / "book"
-    book.mkdir(parents=True, exist_ok=True)
     chosen = {}
     for chapter in chapters:
-        pick = choose(chapter, sessions)
-        if pick is None:
+        if not toc.is_chapter_name(chapter):
+            pages.warn(f"chapter name {chapter!r} is not n<N>_<topic>; not published")
+            continue
+        nb, pick = None, None
+        for session, entry, path in _candidates(chapter, sessions):
+            nb = _read(path)
+            if nb is not None:
+                pick = (session, entry)
+                nb = annotate(nb, session, entry)
+                break
+        if nb is None:
             nb = placeholder(chapter, chapters_dir)
-        else:
-            session, entry = pick
-            nb = annotate(nbformat.read(session["_dir"] / (entry.get("notebook") or f"{chapter}.ipynb"),
-                                        as_version=4), session, entry)
-        nbformat.write(nb, book / f"{chapter}.ipynb")
+        files.write_atomic(book / f"{chapter}.ipynb", nbformat.writes(nb))
         chosen[chapter] = pick[0]["id"] if pick else None
     return chosen

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import gates, pages
+from .. import gates
+from . import pages
+from .pages import Markdown
 
 # Checks that are meant to fail (n3's self-test wrong kernels, n5's kernels built with a LAB_BUG_* define)
 # are evidence that the harness works, not bugs; the self-test's control must pass, so it is not exempt.
@@ -21,8 +23,27 @@ BUG_FIELDS = ("title", "symptom", "shape", "root_cause", "fix", "fix_commit", "v
 STATUS_ORDER = {"open": 0, "fixed": 1, "historical": 2}
 
 
+IMAGE_SUFFIXES = (".png", ".svg", ".jpg", ".jpeg", ".gif")
+
+
 def _read_list(path: Path) -> list[dict]:
-    return json.loads(path.read_text()) if path.exists() else []
+    """A curated file (written by people, trusted): its strings are Markdown and shown as written."""
+    if not path.exists():
+        return []
+    return [{k: Markdown(v) if isinstance(v, str) else v for k, v in entry.items()}
+            for entry in json.loads(path.read_text()) if isinstance(entry, dict)]
+
+
+def _figure(outputs: Path, relative: str, within: Path) -> str | None:
+    """A figure path as the log page links it (relative to outputs/log), only if it is an image inside `within`."""
+    target = (outputs / relative).resolve()
+    try:
+        target.relative_to(within.resolve())
+    except ValueError:
+        return None
+    if target.suffix.lower() not in IMAGE_SUFFIXES or not target.is_file():
+        return None
+    return "../" + target.relative_to(outputs.resolve()).as_posix()
 
 
 def deliberate(row: dict) -> bool:
@@ -34,9 +55,10 @@ def deliberate(row: dict) -> bool:
 
 def _check_bug(row: dict) -> dict:
     check = row.get("check") or {}
-    case = row.get("case") or {}
+    case = row.get("case") if isinstance(row.get("case"), dict) else {}
     facts = [f"{k} {pages.cell(check[k])}" for k in ("max_abs", "sdpa_max_abs", "rel_l2", "nan") if k in check]
-    return {"id": f"CHECK-{row.get('impl')}-{case.get('name') or pages.case_label(case)}",
+    return {"id": f"CHECK-{row.get('impl')}-{case.get('name') or pages.case_label(case)}" if isinstance(case, dict)
+            else f"CHECK-{row.get('impl')}",
             "title": f"{row.get('impl')} fails the correctness check", "symptom": ", ".join(facts) or "check failed",
             "shape": pages.case_label(case), "status": "open", "source": f"failing check in {row.get('chapter')}"}
 
@@ -44,47 +66,56 @@ def _check_bug(row: dict) -> dict:
 def bugs(outputs: Path, rows: list[dict]) -> list[dict]:
     """Curated entries, merged by id with bug records and failing checks; each with its sessions."""
     merged: dict[str, dict] = {}
-    found = [(r, {k: r.get(k) for k in (*BUG_FIELDS, "id", "figures")}) for r in rows if r.get("kind") == "bug"]
+    found = [(r, {k: r.get(k) for k in (*BUG_FIELDS, "id", "figures")}) for r in rows
+             if r.get("kind") == "bug" and r.get("id") is not None]
     found += [(r, _check_bug(r)) for r in rows
-              if r.get("kind") in ("check", "fwd", "decode") and (r.get("check") or {}).get("passed") is False
-              and not deliberate(r)]
+              if r.get("kind") in ("check", "fwd", "decode") and isinstance(r.get("check"), dict)
+              and r["check"].get("passed") is False and not deliberate(r)]
     # GPU rows are applied last: a CPU emulation's "reproduced" never overwrites a GPU "fixed"
     for row, entry in sorted(found, key=lambda pair: (pages.is_gpu(pair[0]), pair[0].get("timestamp", ""))):
+        entry["id"] = str(entry["id"])
         target = merged.setdefault(entry["id"], {"id": entry["id"], "sessions": [], "figures": []})
         target.update({k: v for k, v in entry.items() if v not in (None, "", []) and k != "figures"})
-        for fig in entry.get("figures") or []:
-            target["figures"].append(f"../sessions/{row['session']}/{fig}")
+        figures = entry.get("figures") if isinstance(entry.get("figures"), list) else []
+        session_dir = outputs / "sessions" / row["session"]
+        for fig in figures:
+            link = _figure(outputs, f"sessions/{row['session']}/{fig}", session_dir)
+            if link and link not in target["figures"]:
+                target["figures"].append(link)
         if row["session"] not in target["sessions"]:
             target["sessions"].append(row["session"])
         target["last_chapter"] = row.get("chapter")
     for curated in _read_list(outputs / "bugs.json"):  # the curator's word wins over what rows said
         target = merged.setdefault(curated["id"], {"id": curated["id"], "sessions": [], "figures": []})
         target.update({k: v for k, v in curated.items() if k not in ("sessions", "figures") and v not in (None, "")})
-        target["figures"] += [f"../{f}" for f in curated.get("figures", [])]
+        target["figures"] += [link for f in curated.get("figures", []) if (link := _figure(outputs, f, outputs))]
     return sorted(merged.values(), key=lambda b: (STATUS_ORDER.get(b.get("status"), 0), b["id"]))
 
 
 def _fix(bug: dict) -> str:
-    parts = [bug.get("fix") or ""]
+    parts = [pages.text(bug.get("fix") or "")]
     if bug.get("fix_commit"):
-        parts.append(f"commit `{bug['fix_commit']}`")
+        parts.append(f"commit `{pages.text(bug['fix_commit'])}`")
     if bug.get("version"):
-        parts.append(f"version {bug['version']}")
-    return "; ".join(p for p in parts if p) or "–"
+        parts.append(f"version {pages.text(bug['version'])}")
+    return Markdown("; ".join(p for p in parts if p) or "–")
 
 
 def _fixed_in(bug: dict) -> str:
     """Short form for the summary table: where it was fixed, or the first words of the fix."""
-    where = [f"`{bug['fix_commit']}`" if bug.get("fix_commit") else "", bug.get("version") or ""]
+    where = [f"`{pages.text(bug['fix_commit'])}`" if bug.get("fix_commit") else "",
+             pages.text(bug.get("version") or "")]
     if any(where):
-        return " ".join(w for w in where if w)
+        return Markdown(" ".join(w for w in where if w))
     fix = bug.get("fix") or ""
-    return fix if len(fix) <= 60 else fix[:57].rsplit(" ", 1)[0] + " …"
+    short = fix if len(fix) <= 60 else fix[:57].rsplit(" ", 1)[0] + " …"
+    return Markdown(short) if isinstance(fix, Markdown) else short
 
 
 def _sessions(ids: list[str], limit: int = 4) -> str:
     shown = [pages.session_ref(s) for s in ids[-limit:]]
-    return ", ".join(shown) + (f" (+{len(ids) - limit} earlier)" if len(ids) > limit else "") if ids else "–"
+    return Markdown(", ".join(shown) + (f" (+{len(ids) - limit} earlier)" if len(ids) > limit else "")
+                    if ids else "–")
 
 
 def bugs_page(outputs: Path, sessions: list[dict], rows: list[dict], log_dir: Path) -> str:
@@ -102,11 +133,10 @@ def bugs_page(outputs: Path, sessions: list[dict], rows: list[dict], log_dir: Pa
         fields = [["Symptom", bug.get("symptom")], ["Reproducing shape", bug.get("shape")],
                   ["Root cause", bug.get("root_cause") or "not yet known"], ["Fix", _fix(bug)],
                   ["Status", bug.get("status", "open")], ["Source", bug.get("source")]]
-        parts.append(f"## {bug['id']}: {pages.cell(bug.get('title'))}\n\n" + pages.table(["Field", "Value"], fields)
-                     + f"\nSessions where it appeared: {_sessions(ids)}\n")
+        parts.append(f"## {pages.text(bug['id'])}: {pages.cell(bug.get('title'))}\n\n"
+                     + pages.table(["Field", "Value"], fields) + f"\nSessions where it appeared: {_sessions(ids)}\n")
         for fig in bug["figures"]:
-            if (log_dir / fig).resolve().exists():
-                parts.append(f"![{bug['id']}]({fig})\n")
+            parts.append(f"![{pages.text(bug['id'])}]({fig})\n")
     return "\n".join(parts)
 
 
@@ -159,7 +189,7 @@ def patterns_page(outputs: Path, sessions: list[dict], rows: list[dict], log_dir
         body = []
         for evidence, found in zip(p.get("evidence", []), resolved[p["id"]]):
             bound = f" ({evidence['op']} {evidence.get('value')})" if "op" in evidence else ""
-            body.append([evidence.get("label", evidence["metric"]) + bound, found["n"] or "–", found["measured"],
+            body.append([Markdown(evidence.get("label", evidence["metric"]) + bound), found["n"] or "–", found["measured"],
                          found["verdict"], _sessions([s for s in found["sessions"] if s in known], 3)])
         if body:
             parts.append(pages.table(["Evidence", "Rows", "Measured", "Judgement", "Sessions"], body))

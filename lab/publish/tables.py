@@ -1,5 +1,12 @@
-"""Markdown tables for chapters: rendered by JupyterLab and the book (myst), readable as plain text too."""
+"""Markdown tables for chapters: rendered by JupyterLab and the book (myst), readable as plain text too.
+
+Rendered by the log's one table renderer (lab.publish.pages.table), so a chapter's table and a log
+page's table format numbers and escape text the same way.
+"""
 from __future__ import annotations
+
+from ..backends import SDPA
+from . import pages
 
 
 class Table:
@@ -9,13 +16,8 @@ class Table:
         self.headers, self.rows, self.caption = headers, rows, caption
 
     def markdown(self) -> str:
-        def cell(value):
-            if isinstance(value, float):
-                return "n/a" if value != value else (f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}")
-            return str(value).replace("|", "/")
-        lines = ["| " + " | ".join(self.headers) + " |", "|" + "---|" * len(self.headers)]
-        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in self.rows]
-        return (f"**{self.caption}**\n\n" if self.caption else "") + "\n".join(lines)
+        body = pages.table(self.headers, self.rows).rstrip("\n")
+        return (f"**{pages.text(self.caption)}**\n\n" if self.caption else "") + body
 
     def _repr_markdown_(self) -> str:
         return self.markdown()
@@ -41,7 +43,7 @@ def checks(results) -> Table:
 
 
 def versus(rows: list[dict], impl: str, metric: str = "tflops",
-           backends=("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-default")) -> Table:
+           backends=tuple(b for b in SDPA if b != "sdpa-math")) -> Table:
     """Per case: our metric and time, then each backend's metric and our speedup over it."""
     ours = _by(rows, impl)
     others = {b: _by(rows, b) for b in backends}
@@ -68,8 +70,7 @@ def _memory_words(ratio) -> str:
 def seed_baseline(rows: list[dict], checks_by_case: dict, impl: str, historical: dict) -> Table:
     """The origin's table on our GPU: latency, speedup and peak memory per backend, with L4 rows below."""
     ours = _by(rows, impl)
-    backends = [b for b in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "sdpa-default")
-                if any(r["impl"] == b for r in rows)]
+    backends = [b for b in SDPA if any(r["impl"] == b for r in rows)]
     table = []
     for name, r in ours.items():
         mem = r.get("peak_extra_bytes")

@@ -1,0 +1,241 @@
+"""Our default kernel of each family against every SDPA backend, read at a glance.
+
+- `pivot_html`: per GPU and family, one row per shape (D, causal, S for the forward pass; H, B, L for
+  decode), one column per backend, each cell our ratio (SDPA's time / ours, >1: ours faster), coloured
+  on a log scale from red (0.5x or worse) through white (parity) to green (2x or better);
+- `family_figure`: the same ratios against S (or L), one line per backend;
+- `standings_include`: the front page's table, the geometric mean per backend, per GPU and family.
+
+"Ours" is the public op as users call it: rows whose impl is exactly `lab.ops.attention` or
+`lab.ops.decode`. Older sessions named their rows by version (v04) or, for decode, `auto`
+(lab.ops.decode's own choice); for those, the newest version in the session stands in, and the page
+says which impl it shows.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from .. import backends
+from ..record import slug
+from . import pages
+from .pages import Markdown
+
+FAMILIES = {"fwd": ("lab.ops.attention", "forward"), "decode": ("lab.ops.decode", "decode")}
+LEGACY = {"decode": ("auto",)}  # n7 timed lab.ops.decode as "auto" before the public-op rows
+_VERSION = re.compile(r"^v(\d+)$")
+
+
+def timed(rows: list[dict], family: str) -> list[dict]:
+    return [r for r in rows if r.get("kind") == family and pages.is_gpu(r) and isinstance(r.get("timing"), dict)
+            and isinstance(r.get("ratios"), dict) and isinstance(r.get("case"), dict)]
+
+
+def _pick_impl(family: str, impls: set) -> str | None:
+    public = FAMILIES[family][0]
+    if public in impls:
+        return public
+    for name in LEGACY.get(family, ()):
+        if name in impls:
+            return name
+    versions = [i for i in impls if isinstance(i, str) and _VERSION.match(i)]
+    return max(versions, key=lambda v: int(v[1:])) if versions else None
+
+
+def ours(rows: list[dict], family: str) -> tuple[str | None, str | None, list[dict]]:
+    """(impl, session, rows): the family's default kernel in the newest session that timed it."""
+    by_session = defaultdict(list)
+    for row in timed(rows, family):
+        by_session[row["session"]].append(row)
+    newest = sorted(by_session, key=lambda s: max(str(r.get("timestamp", "")) for r in by_session[s]), reverse=True)
+    for session in newest:
+        impl = _pick_impl(family, {r.get("impl") for r in by_session[session]})
+        if impl:
+            chosen = {}
+            for row in sorted(by_session[session], key=lambda r: str(r.get("timestamp", ""))):
+                if row.get("impl") == impl:
+                    chosen[shape_key(row, family)] = row  # a shape measured twice: the later row
+            return impl, session, list(chosen.values())
+    return None, None, []
+
+
+def _heads(case: dict) -> str:
+    hq, hkv = case.get("Hq"), case.get("Hkv", case.get("Hq"))
+    return f"{hq}" if hq == hkv else f"{hq}/{hkv}"
+
+
+def shape_key(row: dict, family: str) -> tuple:
+    c = row["case"]
+    if family == "decode":
+        return (c.get("D"), _heads(c), c.get("B"), c.get("kv_len"), bool(c.get("seqlens")), str(c.get("dtype")))
+    s = c.get("Sq") if c.get("Sq") == c.get("Sk") else f"{c.get('Sq')}/{c.get('Sk')}"
+    return (c.get("D"), bool(c.get("causal")), s, f"{c.get('B')}×{_heads(c)}", str(c.get("dtype")))
+
+
+SHAPE_COLUMNS = {"fwd": ["D", "causal", "S", "B×H", "dtype"], "decode": ["D", "H q/kv", "B", "L (kv)", "ragged", "dtype"]}
+
+
+def _sort_key(key: tuple):
+    return tuple((0, v) if isinstance(v, (int, float)) else (1, str(v)) for v in key)
+
+
+def colour(ratio) -> str:
+    """Background for a ratio: green above parity, red below, saturating at 2x and 0.5x."""
+    if not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0:
+        return "background:#eee"
+    t = max(-1.0, min(1.0, math.log2(ratio)))
+    rgb = "46,160,67" if t >= 0 else "215,58,73"
+    return f"background:rgba({rgb},{0.12 + 0.6 * abs(t):.2f})"
+
+
+def _shape_text(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "–" if value is None or value == "None" else str(value)
+
+
+def pivot_html(family: str, chosen: list[dict]) -> Markdown:
+    """The pivot as an HTML table (a Markdown table cannot colour its cells); every value is escaped."""
+    present = backends.ordered({b for r in chosen for b in r["ratios"]})
+    metric = "TFLOP/s" if family == "fwd" else "GB/s"
+    head = SHAPE_COLUMNS[family] + [f"vs {b}" for b in present] + ["ours ms", metric, "check"]
+    lines = ['<table class="pivot">', "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+             + "</tr></thead>", "<tbody>"]
+    for row in sorted(chosen, key=lambda r: _sort_key(shape_key(r, family))):
+        cells = [f"<td>{html.escape(_shape_text(v))}</td>" for v in shape_key(row, family)]
+        for b in present:
+            value = row["ratios"].get(b)
+            shown = f"{value:.2f}" if isinstance(value, (int, float)) else "–"
+            cells.append(f'<td style="{colour(value)}">{html.escape(shown)}</td>')
+        ms = row["timing"].get("median_ms")
+        rate = row.get("tflops") if family == "fwd" else row.get("gbps")
+        check = row.get("check") if isinstance(row.get("check"), dict) else {}
+        verdict = {True: "pass", False: "FAIL"}.get(check.get("passed"), "–")
+        cells += [f"<td>{html.escape(pages.fmt_number(float(v)) if isinstance(v, (int, float)) else '–')}</td>"
+                  for v in (ms, rate)] + [f"<td>{verdict}</td>"]
+        lines.append("<tr>" + "".join(cells) + "</tr>")
+    lines += ["</tbody>", "</table>"]
+    return Markdown("\n".join(lines) + "\n")
+
+
+def _x(row: dict, family: str):
+    c = row["case"]
+    return c.get("kv_len") if family == "decode" else c.get("Sq")
+
+
+def _panel(row: dict, family: str) -> str:
+    c = row["case"]
+    if family == "decode":
+        return f"D={c.get('D')}, H={_heads(c)}, B={c.get('B')}"
+    return f"D={c.get('D')}, {'causal' if c.get('causal') else 'non-causal'}"
+
+
+def family_figure(family: str, chosen: list[dict], impl: str, gpu: str, target: Path) -> Path | None:
+    """Ratio against S (or L) per panel, one line per backend; shapes sharing an x are averaged (geometric)."""
+    points = [r for r in chosen if isinstance(_x(r, family), (int, float)) and not r["case"].get("seqlens")]
+    if not points:
+        return None
+    from matplotlib.figure import Figure  # no pyplot: no global backend state in a library
+    from matplotlib.ticker import ScalarFormatter
+
+    panels = defaultdict(list)
+    for row in points:
+        panels[_panel(row, family)].append(row)
+    present = backends.ordered({b for r in points for b in r["ratios"]})
+    names = sorted(panels, key=lambda p: _sort_key(tuple(re.findall(r"\d+|\D+", p))))
+    fig = Figure(figsize=(3.4 * len(names) + 0.6, 3.2), dpi=100)
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    for ax, name in zip(axes, names):
+        for b in present:
+            by_x = defaultdict(list)
+            for row in panels[name]:
+                value = row["ratios"].get(b)
+                if isinstance(value, (int, float)) and value > 0:
+                    by_x[_x(row, family)].append(math.log(value))
+            xs = sorted(by_x)
+            if xs:
+                ax.plot(xs, [math.exp(sum(by_x[x]) / len(by_x[x])) for x in xs], marker="o", ms=3, label=b)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("L (kv)" if family == "decode" else "S")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("SDPA time / ours (>1: ours faster)", fontsize=8)
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(f"{impl} ({FAMILIES[family][1]}) on {gpu}", fontsize=9)
+    fig.tight_layout()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target)
+    return target
+
+
+def geomean(values: list[float]) -> float | None:
+    good = [v for v in values if isinstance(v, (int, float)) and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in good) / len(good)) if good else None
+
+
+def by_gpu(rows: list[dict]) -> dict[str, list[dict]]:
+    groups = defaultdict(list)
+    for row in rows:
+        if pages.is_gpu(row):
+            groups[str((row.get("env") or {}).get("gpu"))].append(row)
+    return dict(sorted(groups.items()))
+
+
+def standings(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """Per GPU and family: the default kernel's geometric-mean ratio (min-max) against each backend."""
+    table, seen = [], set()
+    for gpu, gpu_rows in by_gpu(rows).items():
+        for family in FAMILIES:
+            impl, session, chosen = ours(gpu_rows, family)
+            if not chosen:
+                continue
+            line = {"gpu": gpu, "kernel": f"{impl} ({FAMILIES[family][1]})", "cells": len(chosen), "session": session}
+            for b in {k for r in chosen for k in r["ratios"]}:
+                values = [r["ratios"][b] for r in chosen if isinstance(r["ratios"].get(b), (int, float))]
+                mean = geomean(values)
+                if mean is not None:
+                    seen.add(b)
+                    line[b] = Markdown(f"{mean:.2f}x ({min(values):.2f}-{max(values):.2f}, {len(values)})")
+            table.append(line)
+    present = backends.ordered(seen)
+    header = ["GPU", "Kernel", *[f"vs {b}" for b in present], "Cells", "Session"]
+    body = [[t["gpu"], t["kernel"], *[t.get(b) for b in present], t["cells"], pages.session_ref(t["session"])]
+            for t in table]
+    return header, body
+
+
+def standings_include(rows: list[dict]) -> str:
+    """The front page's standings (intro.md includes this file)."""
+    header, body = standings(rows)
+    if not body:
+        return ("*No GPU session has timed a default kernel yet: the standings appear here after the first "
+                "one (`python -m lab session` on a GPU, then `python -m lab log`).*\n")
+    return ("*Generated by `python -m lab log`.* The default kernel of each family (the public op as users "
+            "call it) against each SDPA backend, in the newest GPU session that timed it: the geometric mean "
+            "of SDPA's time / ours over that session's cells (>1: ours faster), with the range and the number "
+            "of cells. The [baselines](outputs/log/baselines.md) page has every cell.\n\n"
+            + pages.table(header, body))
+
+
+def section(gpu: str, gpu_rows: list[dict], log_dir: Path) -> str:
+    """The baselines page's part for one GPU: a pivot and a figure per family."""
+    parts = []
+    for family, (public, title) in FAMILIES.items():
+        impl, session, chosen = ours(gpu_rows, family)
+        if not chosen:
+            continue
+        note = "" if impl == public else (f" (this session predates the `{public}` rows: `{impl}` is what it "
+                                          f"timed as the default)")
+        parts.append(f"### {title.capitalize()}: {pages.text(impl)}\n\n"
+                     f"{len(chosen)} shapes from session {pages.session_ref(session)}{note}. Each cell: SDPA's "
+                     "time / ours (>1: ours faster).\n\n" + pivot_html(family, chosen))
+        figure = family_figure(family, chosen, impl, gpu, log_dir / "figures" / f"pivot-{family}-{slug(gpu)}.png")
+        if figure:
+            parts.append(f"![{title} ratios on {pages.text(gpu)}](figures/{figure.name})\n")
+    return "\n".join(parts)
