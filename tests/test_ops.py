@@ -194,6 +194,24 @@ def test_scale():
     for bad in (float("nan"), float("inf"), -float("inf"), True, "1", torch.tensor(0.5)):
         with pytest.raises(TypeError, match="scale must be a finite float or None"):
             ops._scale(bad, 64)
+    assert ops._scale(0.0, 64) == 0.0 and ops._scale(-0.125, 64) == -0.125  # SDPA takes any finite scale
+    assert ops._scale(3.4e38, 64) == 3.4e38
+    for huge in (1e39, -1e39, 3.5e38):  # finite in Python, +-inf as the kernels' float32
+        with pytest.raises(ValueError, match="overflows float32"):
+            ops._scale(huge, 64)
+
+
+def test_decode_empty_batch_with_cache_seqlens(fake):
+    """Batch 0 with cache_seqlens: an empty output, no host read of the (empty) lengths (issue 12)."""
+    q, kc = fake(0, 8, 1, 128, dtype=BF16), fake(0, 2, 64, 128, dtype=BF16)
+    out = ops.decode(q, kc, kc, torch.empty(0, dtype=torch.int32, device="cuda"))
+    assert out.shape == (0, 8, 1, 128)
+
+
+def test_num_splits_is_bounded():
+    assert ops._num_splits(ops.MAX_NUM_SPLITS, 1, 8, 4096, None) == ops.MAX_NUM_SPLITS
+    with pytest.raises(ValueError, match=r"num_splits must be an int in \[1, 1024\]"):
+        ops._num_splits(ops.MAX_NUM_SPLITS + 1, 1, 8, 4096, None)
 
 
 def test_num_splits_override_needs_no_gpu():
