@@ -12,6 +12,10 @@ Three things, NumPy only (no torch, no GPU):
       loop K_j/V_j tiles; exp2 with scale*log2(e) folded into the scores,
       unnormalised accumulator, one division by l_i at the end, and key tiles
       entirely above the causal diagonal are skipped.
+    - ``order="mma"``: fa2 with the arithmetic of the tensor-core kernels (fwd v02-v04):
+      the running max over raw scores q.k, the scale folded into the exp2 argument
+      (one FFMA per score), any finite scale by the rewrite of kernels/common/softmax.cuh
+      (negated Q for a negative scale, FLT_MIN for 0; ``kernel_scale``).
 * ``debug_intermediates`` -- S, m, l, P, O of (b=0, h=0), the same quantities and
   layout as the LAB_DEBUG_DUMP build of kernels/fwd/v01_scalar.cu, so a chapter
   can diff the kernel's dump against them (``unpack_debug`` splits the flat dump).
@@ -136,6 +140,55 @@ def _fa2(q, k, v, is_causal, scale, block_m, block_n):
     return out, lse
 
 
+FLT_MIN = float(np.finfo(np.float32).tiny)  # smallest normal float32, what the kernels run scale 0 with
+
+
+def kernel_scale(scale: float) -> tuple[float, bool]:
+    """(positive factor, negate Q) the mma kernels run a softmax scale with (kernels/common/softmax.cuh).
+
+    scale * (q.k) = |scale| * ((-q).k), so a negative scale becomes a sign flip of Q; 0 becomes FLT_MIN,
+    which leaves every weight exp2(s*c - m*c) at exactly 1.0f for |q.k| < 1e30 and a masked -inf at -inf.
+    """
+    return (FLT_MIN if scale == 0 else abs(scale)), scale < 0
+
+
+def _fa2_raw_max(q, k, v, is_causal, scale, block_m, block_n, rewrite=True):
+    """FA2 order as the mma kernels compute it: max over raw scores, P = exp2(s*c - m*c).
+
+    rewrite=False applies c = scale * log2(e) as it comes: right only for scale > 0 (for a negative scale
+    the max should be a min, and a masked score gives -inf * 0 = NaN at scale 0), kept to show why.
+    """
+    factor, negate = kernel_scale(scale) if rewrite else (scale, False)
+    if negate:
+        q = -q
+    c = np.float32(factor * LOG2E)
+    batch, heads, seqlen_q, head_dim = q.shape
+    seqlen_k = k.shape[2]
+    out = np.empty((batch, heads, seqlen_q, head_dim), dtype=np.float32)
+    lse = np.empty((batch, heads, seqlen_q), dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # rewrite=False is meant to show the NaN
+        for i0 in range(0, seqlen_q, block_m):
+            i1 = min(i0 + block_m, seqlen_q)
+            acc = np.zeros((batch, heads, i1 - i0, head_dim), dtype=np.float32)
+            m_i = np.full((batch, heads, i1 - i0), -np.inf, dtype=np.float32)  # raw-score units
+            l_i = np.zeros((batch, heads, i1 - i0), dtype=np.float32)
+            kv_end = min(seqlen_k, i1) if is_causal else seqlen_k
+            for j0 in range(0, kv_end, block_n):
+                j1 = min(j0 + block_n, seqlen_k)
+                s = q[:, :, i0:i1] @ k[:, :, j0:j1].swapaxes(-1, -2)  # unscaled
+                s = np.where(_visible(np.arange(i0, i1), np.arange(j0, j1), is_causal), s, -np.inf)
+                m_new = np.maximum(m_i, s.max(axis=-1))
+                m_c = np.where(np.isneginf(m_new), 0, m_new * c)  # a row with nothing visible yet: offset 0
+                p = np.exp2(s * c - m_c[..., None])
+                alpha = np.exp2(m_i * c - m_c)
+                l_i = alpha * l_i + p.sum(axis=-1)
+                acc = alpha[..., None] * acc + p @ v[:, :, j0:j1]
+                m_i = m_new
+            out[:, :, i0:i1] = acc / np.where(l_i > 0, l_i, 1)[..., None]
+            lse[:, :, i0:i1] = m_i * np.float32(factor) + np.log(l_i)
+    return out, lse
+
+
 def flash_forward_emulated(q, k, v, is_causal=False, scale=None, block_m=64, block_n=64,
                            order="fa2"):
     """Tiled online-softmax forward pass in float32. Returns (out, lse) like the reference.
@@ -154,7 +207,9 @@ def flash_forward_emulated(q, k, v, is_causal=False, scale=None, block_m=64, blo
         return _fa1(q32, k32, v32, is_causal, np.float32(scale), block_m, block_n)
     if order == "fa2":
         return _fa2(q32, k32, v32, is_causal, scale, block_m, block_n)
-    raise ValueError(f"order must be 'fa1' or 'fa2', got {order!r}")
+    if order == "mma":
+        return _fa2_raw_max(q32, k32, v32, is_causal, scale, block_m, block_n)
+    raise ValueError(f"order must be 'fa1', 'fa2' or 'mma', got {order!r}")
 
 
 def debug_intermediates(q, k, v, is_causal=False, scale=None):

@@ -1,5 +1,10 @@
-"""GPU tests: the real kernels through lab.ops and lab.check. Every test is marked `gpu` and is skipped
-automatically when torch sees no CUDA device (tests/conftest.py). Needs nvcc and a CUDA build of torch.
+"""GPU tests: the real kernels through lab.ops, lab.check and the binding. Every test is marked `gpu` and is
+skipped automatically when torch sees no CUDA device (tests/conftest.py). Needs nvcc and a CUDA build of torch.
+
+Driven by the registries: every version in `lab.ops.FWD` and `lab.ops.DECODE` is checked against the float64
+reference on every `tests` case (lab.cases), on the scale cases (any finite scale, issue 12) and, through
+direct calls of the binding and of torch.ops.lab.*, on bad input. A new version is covered by adding its
+registry line; a version whose `capabilities` the GPU lacks (sm_90a code on another GPU) is skipped.
 
 Run on a GPU machine: .venv/bin/python -m pytest -q tests/test_gpu.py
 """
@@ -10,7 +15,7 @@ import math
 import pytest
 import torch
 
-from lab import cases, check, ops
+from lab import build, cases, check, ops
 from lab.cases import Case, DecodeCase
 from wrong_kernels import (
     decode_correct, decode_ignores_seqlens, run_bshd_as_bhsd, run_missing_causal_mask, run_missing_scale,
@@ -20,11 +25,24 @@ from wrong_kernels import (
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+FWD_VERSIONS = sorted(ops.FWD)
+DECODE_VERSIONS = sorted(ops.DECODE)
+SCALES = [-0.125, 0.0, 0.3, None]  # None: 1/sqrt(D)
 
 
 @pytest.fixture(autouse=True)
 def _isolated_records(session_dir):
     return session_dir
+
+
+def _require(table: dict, version: str, head_dim: int | None = None) -> None:
+    """Skip a version this GPU cannot run (its registry `capabilities`) or a head dim it does not have."""
+    kernel = table[version]
+    capability = tuple(torch.cuda.get_device_capability())
+    if kernel.capabilities and capability not in tuple(map(tuple, kernel.capabilities)):
+        pytest.skip(f"{version} needs compute capability {kernel.capabilities}, this GPU is {capability}")
+    if head_dim is not None and head_dim not in kernel.head_dims:
+        pytest.skip(f"{version} has no head dim {head_dim}")
 
 
 def _inputs(B, Hq, Hkv, Sq, Sk, D, dtype, seed=0):
@@ -39,83 +57,293 @@ def _assert_passes(out, q, k, v, causal=False, scale=None, seqlens=None):
     assert metrics["passed"], metrics
 
 
-# (B, Hq, Hkv, Sq, Sk, D, dtype, causal)
-ATTENTION_CASES = {
-    "v01": [(1, 2, 2, 65, 65, 64, "float16", False), (2, 4, 2, 63, 130, 128, "bfloat16", True),
-            (1, 3, 3, 130, 63, 32, "float16", True), (2, 2, 1, 1, 257, 16, "bfloat16", False)],
-    "v02": [(1, 2, 2, 65, 65, 64, "float16", False), (2, 4, 2, 63, 1025, 128, "bfloat16", True),
-            (1, 3, 3, 1025, 65, 64, "bfloat16", True), (3, 8, 1, 1, 4097, 128, "float16", False)],
-}
-
-
-@pytest.mark.parametrize("version, shape", [(v, s) for v, shapes in ATTENTION_CASES.items() for s in shapes])
-def test_attention_matches_sdpa(version, shape):
-    B, Hq, Hkv, Sq, Sk, D, dtype, causal = shape
-    q, k, v = _inputs(B, Hq, Hkv, Sq, Sk, D, dtype)
-    out, lse = ops.attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv, version=version, return_lse=True)
-    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
-    _assert_passes(out, q, k, v, causal)
-    # lse: natural log-sum-exp of the scaled scores of each row
-    kk = k.double().repeat_interleave(Hq // Hkv, dim=1)
-    scores = (q.double() @ kk.transpose(-1, -2)) / math.sqrt(D)
+def _reference_lse(q, k, causal, scale):
+    """Natural log-sum-exp of the scaled scores of each row, float64."""
+    D, Hq, Hkv = q.shape[-1], q.shape[1], k.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    scores = (q.double() @ k.double().repeat_interleave(Hq // Hkv, dim=1).transpose(-1, -2)) * scale
     if causal:
-        scores = scores.masked_fill(~torch.ones(Sq, Sk, dtype=torch.bool, device="cuda").tril(), float("-inf"))
-    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, dim=-1), atol=1e-3, rtol=1e-4)
+        allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.logsumexp(scores, dim=-1)
+
+
+# ------------------------------------------------------------------ every forward version, every tests case
+
+@pytest.mark.parametrize("version", FWD_VERSIONS)
+@pytest.mark.parametrize("case", cases.tests_cases(), ids=lambda c: c.name)
+def test_forward_version_on_tests_case(version, case):
+    _require(ops.FWD, version, case.D)
+    result = check.check_forward(ops.fwd_runner(version), case, version, device="cuda", save=False)
+    assert result.passed, repr(result)
+
+
+# Any finite scale (issue 12): 0 gives uniform weights, a negative scale prefers the least similar keys.
+# Ragged S_k (not a multiple of any tile), causal and not, GQA, both head dims; the first shape is the
+# issue's (B=2, H=4, S=100, D=128, bf16).
+SCALE_SHAPES = [(2, 4, 4, 100, 100, 128, "bfloat16"), (2, 6, 2, 65, 130, 64, "float16"),
+                (1, 4, 1, 130, 1025, 128, "float16"), (3, 2, 2, 1, 63, 64, "bfloat16")]
+
+
+@pytest.mark.parametrize("version", FWD_VERSIONS)
+@pytest.mark.parametrize("scale", SCALES, ids=lambda s: f"scale{s}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_version_any_scale(version, scale, causal):
+    for i, (B, Hq, Hkv, Sq, Sk, D, dtype) in enumerate(SCALE_SHAPES):
+        if D not in ops.FWD[version].head_dims:
+            continue
+        _require(ops.FWD, version)
+        q, k, v = _inputs(B, Hq, Hkv, Sq, Sk, D, dtype, seed=10 + i)
+        out, lse = ops.attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=Hq != Hkv, version=version,
+                                 return_lse=True)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all(), (version, scale, causal, (B, Hq, Sq, Sk, D))
+        _assert_passes(out, q, k, v, causal, scale)
+        torch.testing.assert_close(lse.double(), _reference_lse(q, k, causal, scale), atol=2e-3, rtol=1e-4)
+        case = Case(f"scale{scale}-{B}x{Hq}x{Hkv}-{Sq}x{Sk}-d{D}", B, Hq, Hkv, Sq, Sk, D, dtype, causal)
+        result = check.check_forward(ops.fwd_runner(version), case, version, device="cuda", scale=scale, save=False)
+        assert result.passed, repr(result)
+
+
+def test_forward_scale_zero_is_the_mean_of_visible_values():
+    """scale = 0: every visible key weighs the same, so row i of a causal call is the mean of V[:i+1]."""
+    q, k, v = _inputs(1, 2, 2, 70, 70, 64, "float16", seed=5)
+    out, lse = ops.attention(q, k, v, is_causal=True, scale=0.0, return_lse=True)
+    counts = torch.arange(1, 71, device="cuda", dtype=torch.float64)
+    mean = v.double().cumsum(dim=2) / counts[:, None]
+    torch.testing.assert_close(out.double(), mean, atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse.double(), counts.log().expand(1, 2, 70), atol=1e-5, rtol=0)
 
 
 def test_attention_custom_scale_and_strided_inputs():
     q, k, v = _inputs(2, 4, 4, 96, 96, 64, "float16")
     bshd = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]  # (B, S, H, D) memory
-    out = ops.attention(*bshd, scale=0.2, version="v02")
+    out = ops.attention(*bshd, scale=0.2)
     _assert_passes(out, q, k, v, scale=0.2)
 
 
-def test_attention_under_torch_compile():
+def test_attention_under_torch_compile_matches_the_reference():
     q, k, v = _inputs(1, 2, 2, 64, 64, 64, "bfloat16")
     compiled = torch.compile(lambda a, b, c: ops.attention(a, b, c, is_causal=True) * 2, fullgraph=True)
-    torch.testing.assert_close(compiled(q, k, v), ops.attention(q, k, v, is_causal=True) * 2)
+    out = compiled(q, k, v)
+    torch.testing.assert_close(out, ops.attention(q, k, v, is_causal=True) * 2)
+    _assert_passes(out / 2, q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3, None])
-def test_decode_matches_reference(num_splits):
-    lengths = [1, 63, 65, 1025, 4097]
-    q, k, v = _inputs(len(lengths), 32, 8, 1, 4097, 128, "bfloat16", seed=3)
-    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    out = ops.decode(q, k, v, cache_seqlens=seqlens, num_splits=num_splits)
-    assert out.shape == q.shape
-    _assert_passes(out, q, k, v, seqlens=lengths)
+@pytest.mark.parametrize("version", FWD_VERSIONS)
+def test_check_forward_bshd_layout(version):
+    _require(ops.FWD, version, 64)
+    case = Case("bshd", 2, 6, 2, 130, 70, 64, "float16", True)
+    assert check.check_forward(ops.fwd_runner(version), case, version, device="cuda", save=False, layout="bshd").passed
 
 
-def test_decode_full_cache_and_q_len_16():
-    q, k, v = _inputs(2, 8, 2, 16, 300, 64, "float16", seed=4)
-    _assert_passes(ops.decode(q, k, v, num_splits=2), q, k, v)
+# ------------------------------------------------------------------ every decode version
+
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("case", cases.decode_tests_cases(), ids=lambda c: c.name)
+def test_decode_version_on_tests_case(version, case):
+    _require(ops.DECODE, version, case.D)
+    result = check.check_decode(ops.decode_runner(version), case, f"decode-{version}", device="cuda", save=False)
+    assert result.passed, repr(result)
 
 
-def test_decode_rejects_lengths_beyond_the_cache():
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("num_splits", [1, 3, ops.MAX_NUM_SPLITS])
+def test_decode_version_split_counts(version, num_splits):
+    _require(ops.DECODE, version, 128)
+    case = DecodeCase("dec-splits", 4, 8, 2, 1, 4097, 128, "bfloat16", (0, 1, 63, 4097))
+    result = check.check_decode(ops.decode_runner(version, num_splits), case, f"decode-{version}-s{num_splits}",
+                                device="cuda", save=False)
+    assert result.passed, repr(result)
+
+
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("scale", SCALES, ids=lambda s: f"scale{s}")
+def test_decode_version_any_scale(version, scale):
+    _require(ops.DECODE, version)
+    for case in (DecodeCase("dec-scale-gqa", 3, 8, 2, 4, 300, 128, "bfloat16", (1, 130, 300)),
+                 DecodeCase("dec-scale-mha", 2, 4, 4, 1, 200, 64, "float16", (63, 200))):
+        for num_splits in (1, 3):
+            result = check.check_decode(ops.decode_runner(version, num_splits), case, f"decode-{version}",
+                                        device="cuda", scale=scale, save=False)
+            assert result.passed, (scale, num_splits, repr(result))
+
+
+def test_decode_zero_length_gives_zeros():
     q, k, v = _inputs(2, 8, 2, 1, 64, 128, "float16")
-    with pytest.raises(ValueError, match=r"cache_seqlens must lie in \[0, 64\]"):
-        ops.decode(q, k, v, cache_seqlens=torch.tensor([10, 65], dtype=torch.int32, device="cuda"), num_splits=1)
+    out = ops.decode(q, k, v, cache_seqlens=torch.tensor([0, 64], dtype=torch.int32, device="cuda"), num_splits=2)
+    assert (out[0] == 0).all()
+    _assert_passes(out[1:], q[1:], k[1:], v[1:])
 
 
-def _tests_cases(count_per_d=2):
-    small = [c for c in cases.tests_cases() if max(c.Sq, c.Sk) <= 1025]
-    return small[::max(1, len(small) // (4 * count_per_d))]
+# ------------------------------------------------------------------ direct calls: the binding's own checks
+
+def _fwd_args(B=2, Hq=4, Hkv=2, Sq=65, Sk=70, D=64, dtype="float16"):
+    q, k, v = _inputs(B, Hq, Hkv, Sq, Sk, D, dtype)
+    return q, k, v, torch.empty_like(q)
 
 
-@pytest.mark.parametrize("version", ["v01", "v02"])
-@pytest.mark.parametrize("case", _tests_cases(), ids=lambda c: c.name)
-def test_check_forward_of_kernels(version, case):
-    if case.D not in ops.FWD[version].head_dims:
-        pytest.skip(f"{version} has no head dim {case.D}")
-    result = check.check_forward(ops.fwd_runner(version), case, version, device="cuda", save=False)
-    assert result.passed, repr(result)
+def _attn(q, k, v, out, lse=None, scale=0.125, causal=False, version="v04"):
+    build.binding().attn_fwd(ops.launcher(ops.FWD, version), q, k, v, out, lse, scale, causal, None)
 
 
-@pytest.mark.parametrize("case", cases.decode_tests_cases()[:4], ids=lambda c: c.name)
-def test_check_decode_of_kernel(case):
-    result = check.check_decode(ops.decode_runner("v01"), case, "decode-v01", device="cuda", save=False)
-    assert result.passed, repr(result)
+def _fresh(shape, dtype=torch.float16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
 
+
+FWD_BAD = {  # name -> (make args from a good set, error pattern naming the argument)
+    "batch": (lambda q, k, v, o: (q, _fresh((3,) + k.shape[1:]), _fresh((3,) + v.shape[1:]), o), r"key has batch 3"),
+    "head_dim": (lambda q, k, v, o: (q, k[..., :32].contiguous(), v[..., :32].contiguous(), o), r"key has head dim 32"),
+    "heads": (lambda q, k, v, o: (q, _fresh((2, 3, 70, 64)), _fresh((2, 3, 70, 64)), o), r"multiple of key heads"),
+    "hkv0": (lambda q, k, v, o: (q, _fresh((2, 0, 70, 64)), _fresh((2, 0, 70, 64)), o), r"key must have at least one head"),
+    "d0": (lambda q, k, v, o: (_fresh((2, 4, 65, 0)), _fresh((2, 2, 70, 0)), _fresh((2, 2, 70, 0)),
+                               _fresh((2, 4, 65, 0))), r"head dim must be positive"),
+    "kv_shapes": (lambda q, k, v, o: (q, k, v[:, :, :60], o), r"key and value shapes differ"),
+    "out_shape": (lambda q, k, v, o: (q, k, v, o[:, :, :10]), r"out must have the query's shape"),
+    "out_dtype": (lambda q, k, v, o: (q, k, v, o.bfloat16()), r"out has dtype"),
+    "value_device": (lambda q, k, v, o: (q, k, v.cpu(), o), r"value must be a CUDA tensor"),
+    "out_stride0": (lambda q, k, v, o: (q, k, v, _fresh((1, 4, 65, 64)).expand(2, 4, 65, 64)), r"out has a stride of 0"),
+    "out_overlaps_query": (lambda q, k, v, o: (q, k, v, q), r"out overlaps query"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(FWD_BAD))
+def test_binding_rejects_bad_forward_input(what):
+    make, pattern = FWD_BAD[what]
+    args = make(*_fwd_args())
+    with pytest.raises(RuntimeError, match=pattern):
+        _attn(*args)
+
+
+def test_binding_rejects_bad_lse_and_scale():
+    q, k, v, o = _fwd_args()
+    for lse, pattern in ((torch.empty(2, 4, 64, device="cuda"), r"lse must have 520 elements"),
+                         (torch.empty(2, 4, 65, device="cuda", dtype=torch.float16), r"lse must be float32"),
+                         (torch.empty(2, 4, 65), r"lse must be a CUDA tensor")):
+        with pytest.raises(RuntimeError, match=pattern):
+            _attn(q, k, v, o, lse=lse)
+    for scale in (math.inf, math.nan, 1e39):
+        with pytest.raises(RuntimeError, match=r"scale must be a finite float32"):
+            _attn(q, k, v, o, scale=scale)
+
+
+def test_torch_ops_attention_direct_call_checks():
+    q, k, v, _ = _fwd_args()
+    with pytest.raises(RuntimeError, match=r"key has batch 3"):
+        torch.ops.lab.attention(q, _fresh((3, 2, 70, 64)), _fresh((3, 2, 70, 64)), False, 0.125, "v04")
+    with pytest.raises(RuntimeError, match=r"key must have at least one head"):
+        torch.ops.lab.attention(q, _fresh((2, 0, 70, 64)), _fresh((2, 0, 70, 64)), False, 0.125, "v04")
+    out, lse = torch.ops.lab.attention(q, k, v, True, -0.125, "v04")
+    _assert_passes(out, q, k, v, True, -0.125)
+
+
+@pytest.mark.parametrize("version", FWD_VERSIONS)
+def test_binding_normalises_layouts_it_can_copy(version):
+    """Expanded K/V (stride 0), size-1 dims with odd strides, an odd data offset and an out the kernels
+    cannot write directly all give the right answer through a direct call."""
+    _require(ops.FWD, version, 64)
+    q, k, v, _ = _fwd_args(B=3, Hq=4, Hkv=2, Sq=1, Sk=130)
+    k1, v1 = k[:1], v[:1]
+    ke, ve = k1.expand(3, 2, 130, 64), v1.expand(3, 2, 130, 64)  # stride(0) == 0
+    assert ke.stride(0) == 0
+    # q with size-1 seq dim and odd strides there and nowhere used
+    qo = torch.as_strided(q.clone(), (3, 4, 1, 64), (4 * 64, 64, 7, 1))
+    # out that the kernels cannot write in place: rows 65 elements apart (not a multiple of 8)
+    buf = torch.full((3, 4, 1, 65), float("nan"), device="cuda", dtype=torch.float16)
+    out = buf[..., :64]
+    _attn(qo, ke, ve, out, version=version)
+    _assert_passes(out, qo, ke.contiguous(), ve.contiguous())
+    # a view at an odd element offset (data pointer not 16-byte aligned)
+    flat = torch.randn(1 + q.numel(), device="cuda", dtype=torch.float16)
+    qm = flat[1:].view(q.shape)
+    out2 = torch.empty_like(q)
+    _attn(qm, k, v, out2, version=version)
+    _assert_passes(out2, qm, k, v)
+
+
+def _dec_args(B=2, Hq=8, Hkv=2, T=1, S=300, D=128, splits=3):
+    q, k, v = _inputs(B, Hq, Hkv, T, S, D, "bfloat16")
+    po = torch.empty(B, Hq, T, splits, D, device="cuda")
+    pl = torch.empty(B, Hq, T, splits, device="cuda")
+    lens = torch.tensor([S] * B, dtype=torch.int32, device="cuda")
+    return dict(q=q, k=k, v=v, o=torch.empty_like(q), lens=lens, po=po, pl=pl, lse=None, scale=0.1, splits=splits)
+
+
+def _dec(version="v02", **a):
+    build.binding().decode_fwd(ops.launcher(ops.DECODE, version), a["q"], a["k"], a["v"], a["o"], a["lens"],
+                               a["po"], a["pl"], a["lse"], a["scale"], a["splits"])
+
+
+def _bf(*shape):
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+DECODE_BAD = {  # name -> (changes to a good argument set, error pattern)
+    "batch": (lambda a: {"k": _bf(3, 2, 300, 128), "v": _bf(3, 2, 300, 128)}, r"key_cache has batch 3"),
+    "head_dim": (lambda a: {"k": _bf(2, 2, 300, 64), "v": _bf(2, 2, 300, 64)}, r"key_cache has head dim 64"),
+    "heads": (lambda a: {"k": _bf(2, 3, 300, 128), "v": _bf(2, 3, 300, 128)}, r"multiple of key_cache heads"),
+    "hkv0": (lambda a: {"k": _bf(2, 0, 300, 128), "v": _bf(2, 0, 300, 128)}, r"key_cache must have at least one head"),
+    "d0": (lambda a: {"q": _bf(2, 8, 1, 0), "o": _bf(2, 8, 1, 0), "k": _bf(2, 2, 300, 0), "v": _bf(2, 2, 300, 0)},
+           r"head dim must be positive"),
+    "splits0": (lambda a: {"splits": 0}, r"num_splits must be in \[1, 1024\]"),
+    "splits_max": (lambda a: {"splits": 1025}, r"num_splits must be in \[1, 1024\]"),
+    # 64 x 64 x 16 rows x 1024 splits x 128 > 2^31 (expanded views: nothing large is allocated)
+    "splits_int32": (lambda a: {"q": _bf(1, 1, 1, 128).expand(64, 64, 16, 128),
+                                "o": _bf(1, 1, 1, 128).expand(64, 64, 16, 128),
+                                "k": _bf(1, 1, 1, 128).expand(64, 8, 300, 128),
+                                "v": _bf(1, 1, 1, 128).expand(64, 8, 300, 128), "lens": None, "splits": 1024},
+                     r"must fit in int32"),
+    "partial_o_small": (lambda a: {"po": torch.empty(2, 8, 1, 2, 128, device="cuda")}, r"partial_o must have at least"),
+    "partial_lse_dtype": (lambda a: {"pl": a["pl"].half()}, r"partial_lse must be float32"),
+    "partial_lse_strided": (lambda a: {"pl": torch.empty(2, 8, 1, 6, device="cuda")[..., ::2]},
+                            r"partial_lse must be contiguous"),
+    "lse": (lambda a: {"lse": torch.empty(2, 7, device="cuda")}, r"lse must have 16 elements"),
+    "lse_dtype": (lambda a: {"lse": torch.empty(2, 8, 1, device="cuda", dtype=torch.float16)}, r"lse must be float32"),
+    "seqlens_dtype": (lambda a: {"lens": a["lens"].long()}, r"cache_seqlens must be a contiguous int32"),
+    "seqlens_shape": (lambda a: {"lens": torch.zeros(3, dtype=torch.int32, device="cuda")},
+                      r"cache_seqlens must be a contiguous int32 tensor of shape \(2,\)"),
+    "seqlens_device": (lambda a: {"lens": a["lens"].cpu()}, r"cache_seqlens must be a CUDA tensor"),
+    "scale": (lambda a: {"scale": math.inf}, r"scale must be a finite float32"),
+    "out_stride0": (lambda a: {"o": _bf(2, 8, 1, 128)[:1].expand(2, 8, 1, 128)}, r"out has a stride of 0"),
+}
+
+
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+@pytest.mark.parametrize("what", sorted(DECODE_BAD))
+def test_binding_rejects_bad_decode_input(version, what):
+    _require(ops.DECODE, version)
+    args = _dec_args()
+    change, pattern = DECODE_BAD[what]
+    args.update(change(args))
+    with pytest.raises(RuntimeError, match=pattern):
+        _dec(version, **args)
+
+
+def test_torch_ops_decode_direct_call_checks():
+    a = _dec_args()
+    with pytest.raises(RuntimeError, match=r"key_cache has batch 3"):
+        torch.ops.lab.decode(a["q"], _bf(3, 2, 300, 128), _bf(3, 2, 300, 128), None, 0.1, 2, "v02")
+    with pytest.raises(RuntimeError, match=r"num_splits must be in"):
+        torch.ops.lab.decode(a["q"], a["k"], a["v"], None, 0.1, 5000, "v01")
+
+
+@pytest.mark.parametrize("version", DECODE_VERSIONS)
+def test_decode_binding_normalises_and_writes_lse(version):
+    """Expanded caches (stride 0) are copied, a size-1 q_len dim with an odd stride is fine, lse is written."""
+    _require(ops.DECODE, version)
+    a = _dec_args(B=3, splits=2)
+    k1, v1 = a["k"][:1], a["v"][:1]
+    a["k"], a["v"] = k1.expand(3, 2, 300, 128), v1.expand(3, 2, 300, 128)
+    a["q"] = torch.as_strided(a["q"].clone(), (3, 8, 1, 128), (8 * 128, 128, 3, 1))
+    a["o"], a["lens"] = torch.empty(3, 8, 1, 128, device="cuda", dtype=torch.bfloat16), None
+    a["po"], a["pl"] = torch.empty(3, 8, 1, 2, 128, device="cuda"), torch.empty(3, 8, 1, 2, device="cuda")
+    a["lse"] = torch.empty(3, 8, 1, device="cuda")
+    _dec(version, **a)
+    k, v = a["k"].contiguous(), a["v"].contiguous()
+    _assert_passes(a["o"], a["q"], k, v, scale=0.1)
+    torch.testing.assert_close(a["lse"].double(), _reference_lse(a["q"], k, False, 0.1), atol=2e-3, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ the harness itself on the GPU
 
 SELF_TEST = Case("gpu-self-test", 2, 4, 2, 130, 200, 64, "bfloat16", True)
 
@@ -144,9 +372,3 @@ def test_v01_bug_builds_are_caught():
     assert check.check_forward(ops.fwd_runner("v01"), plain, "v01", device="cuda", save=False, layout="bshd").passed
     assert not check.check_forward(ops.fwd_runner("v01", {"LAB_BUG_LAYOUT": None}), plain, "v01-layout",
                                    device="cuda", save=False, layout="bshd").passed
-
-
-@pytest.mark.parametrize("version", ["v01", "v02"])
-def test_check_forward_bshd_layout(version):
-    case = Case("bshd", 2, 6, 2, 130, 70, 64, "float16", True)
-    assert check.check_forward(ops.fwd_runner(version), case, version, device="cuda", save=False, layout="bshd").passed

@@ -14,6 +14,12 @@
 extern "C" {
 #endif
 
+// Largest num_splits a decode launcher accepts (the binding checks it first, with the
+// workspace bound below). lab/splits.py never picks more than 128; more splits than
+// 64-key tiles only adds empty splits. The binding also keeps B*Hq*q_len*num_splits*D
+// within int32, the range of the kernels' int split and key offsets.
+#define LAB_MAX_NUM_SPLITS 1024
+
 enum LabDtype { LAB_FP16 = 0, LAB_BF16 = 1 };
 
 enum LabError {

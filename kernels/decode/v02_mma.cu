@@ -433,7 +433,7 @@ extern "C" int decode_splitk_v02(const DecodeParams* p, void* stream_ptr) {
   if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
   if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
   if (p->batch < 0 || p->q_len < 0 || p->heads_q < 0 || p->heads_kv <= 0 || p->seqlen_cache < 0 ||
-      p->num_splits < 1 || p->heads_q % p->heads_kv != 0)
+      p->num_splits < 1 || p->num_splits > LAB_MAX_NUM_SPLITS || p->heads_q % p->heads_kv != 0)
     return LAB_E_SHAPE;
   if (p->batch == 0 || p->q_len == 0 || p->heads_q == 0) return 0;
   if (p->num_splits > 1 && (p->partial_o == nullptr || p->partial_lse == nullptr)) return LAB_E_WORKSPACE;

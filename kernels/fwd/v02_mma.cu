@@ -54,7 +54,8 @@
 //
 // Limits: D in {64, 128}; fp16 and bf16 (fp32 accumulate, P rounded to the
 // input type before P V, as in FA2); any S_q, S_k >= 0; H_q % H_kv == 0;
-// scale > 0 (the running max is taken on unscaled scores); S_k == 0 gives
+// any finite scale (common/softmax.cuh: Q negated for scale < 0, FLT_MIN for
+// 0, since the running max is taken on unscaled scores); S_k == 0 gives
 // O = 0 and LSE = -inf (what P V over no keys is). Preconditions
 // (checked, LAB_E_SHAPE otherwise): base pointers 16-byte aligned and batch /
 // head / seq strides multiples of 8 elements, so every row start is 16-byte
@@ -73,6 +74,7 @@
 
 #include "common/mma.cuh"
 #include "common/params.h"
+#include "common/softmax.cuh"
 
 namespace {
 
@@ -252,6 +254,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
   lab::cp_async_wait<kStages - 1>();  // Q has landed (K/V may not have)
   __syncthreads();
+  // A negative scale runs as |scale| on -Q (common/softmax.cuh); CTA-uniform branch, once.
+  if (lab::softmax_negate_q(p.scale)) {
+    lab::negate_smem_16bit<Cfg::kSmemQ, Cfg::kThreads>(smem, tid);
+    __syncthreads();
+  }
 
   // Q fragments (A operand), one x4 per m16 x k16 block. Lane l addresses
   // row l % 16 and chunk 2*kk + l / 16 of the block.
@@ -286,7 +293,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       row_sum[mt][hh] = 0.f;
     }
 
-  const float scale_log2 = p.scale * kLog2e;
+  const float scale_log2 = fabsf(p.scale) * kLog2e;  // > 0: the launcher made 0 FLT_MIN, the sign is in Q
 
   // Lane-invariant parts of the ldmatrix addresses. K (B operand of Q K^T,
   // non-transposed): lane l reads key (l%8) + 8*(l/16), chunk (l/8)%2.
@@ -426,7 +433,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Drain the (empty) trailing cp.async groups before sQ is reused.
   lab::cp_async_wait<0>();
 
-  const float scale_ln = p.scale;
+  const float scale_ln = fabsf(p.scale);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -510,6 +517,9 @@ bool strides_ok(const int64_t (&s)[3]) {
 }  // namespace
 
 extern "C" int attn_fwd_v02(const AttnFwdParams* p, void* stream) {
+  AttnFwdParams kernel_params = *p;  // any finite scale: common/softmax.cuh
+  kernel_params.scale = lab::softmax_kernel_scale(p->scale);
+  p = &kernel_params;
   if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
   if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
   if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 ||

@@ -6,7 +6,8 @@
 // Another version: add -DDECODE_FN=decode_splitk_v02 and compile kernels/decode/v02_mma.cu instead.
 // Flags: --no-bench (correctness only), --no-test (bench only), --max-kv-gib N (bench cells whose
 // K+V exceed N GiB are skipped; default 9, as lab/cases.py DECODE_MAX_KV_BYTES), --quick (a handful of small
-// configs, no bench: for compute-sanitizer, which runs 10-100x slower), --bps N (blocks per SM the bench's split
+// configs, no bench: for compute-sanitizer, which runs 10-100x slower), --sanitize (the list of
+// tests/cuda/sanitize_all.sh: lengths 0/1/63/4097, num_splits up to LAB_MAX_NUM_SPLITS), --bps N (blocks per SM the bench's split
 // heuristic assumes; default 2 for v01 and 1 for v02, as lab/splits.py choose_num_splits / choose_num_splits_v02).
 //
 // Correctness: fresh randn inputs per config rounded to the kernel dtype; the reference is computed in
@@ -439,7 +440,7 @@ static void run_bench(int num_sms, double max_kv_gib, double copy_gbs, int bps) 
 }
 
 int main(int argc, char** argv) {
-  bool do_test = true, do_bench = true, quick = false;
+  bool do_test = true, do_bench = true, quick = false, sanitize = false;
   double max_kv_gib = 9.0;
   // Blocks per SM the bench's split heuristic plans for: v01's 2, v02's 1 (as lab/splits.py); --bps N overrides it
   // (experiments only).
@@ -448,9 +449,10 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "--no-bench")) do_bench = false;
     else if (!strcmp(argv[i], "--no-test")) do_test = false;
     else if (!strcmp(argv[i], "--quick")) quick = true, do_bench = false;
+    else if (!strcmp(argv[i], "--sanitize")) sanitize = true, do_bench = false;
     else if (!strcmp(argv[i], "--max-kv-gib") && i + 1 < argc) max_kv_gib = atof(argv[++i]);
     else if (!strcmp(argv[i], "--bps") && i + 1 < argc) bps = atoi(argv[++i]);
-    else { fprintf(stderr, "usage: %s [--no-bench] [--no-test] [--quick] [--max-kv-gib N] [--bps N]\n", argv[0]); return 2; }
+    else { fprintf(stderr, "usage: %s [--no-bench] [--no-test] [--quick] [--sanitize] [--max-kv-gib N] [--bps N]\n", argv[0]); return 2; }
   }
   int dev = 0;
   CK(cudaGetDevice(&dev));
@@ -466,6 +468,18 @@ int main(int argc, char** argv) {
   }
 
   int failures = 0;
+  if (sanitize) {
+    // The compute-sanitizer list (tests/cuda/sanitize_all.sh): cache lengths 0, 1, 63 and 4097 in one batch,
+    // num_splits from 1 up to LAB_MAX_NUM_SPLITS (the binding's bound; most splits empty), so the combine
+    // kernel runs with 2..1024 partials; GQA, MHA and MQA with 128 rows (two row groups); both D and dtypes.
+    std::mt19937 rng(20261122);
+    failures += !run_error_codes();
+    failures += !run_test({8, 2, 1, 128, LAB_BF16, {0, 1, 63, 4097}, 4, 4097, {1, 3, 65, LAB_MAX_NUM_SPLITS}}, rng);
+    failures += !run_test({4, 4, 4, 64, LAB_FP16, {4097, 0, 63, 1}, 4, 4097, {1, 2, LAB_MAX_NUM_SPLITS}}, rng);
+    failures += !run_test({8, 1, 16, 128, LAB_FP16, {1, 4097}, 2, 4097, {3, 80}}, rng);
+    printf("%s: %d failing config(s) (sanitize)\n", failures ? "FAIL" : "ALL PASS", failures);
+    return failures ? 1 : 0;
+  }
   if (quick) {
     // Small caches (lengths 0, 1, 63, 65, 130), both D and dtypes, GQA and MQA, q_len 1/4/16, 1-3 splits.
     std::mt19937 rng(20261121);

@@ -6,7 +6,9 @@
 // Another version: add -DFWD_FN=attn_fwd_v03 and link its .cu instead.
 // Flags: --no-bench (correctness only), --no-test (bench only), --quick (a handful
 // of small configs only, both D, both dtypes, causal and not, GQA, strided; no
-// bench: for compute-sanitizer, which runs 10-100x slower).
+// bench: for compute-sanitizer, which runs 10-100x slower), --sanitize (the list of
+// tests/cuda/sanitize_all.sh: B = 2, S_q and S_k up to 1025, MHA and GQA, both D, causal and not, scale
+// default / negative / 0; --part i/n runs every n-th of them from the i-th).
 //
 // Correctness: fresh randn inputs per config, rounded to the kernel dtype; the
 // reference is computed in double from those rounded values. The output (and
@@ -112,6 +114,7 @@ static double ref_row(const float* qrow, const float* kmat, const float* vmat, i
 // ------------------------------------------------------------ correctness
 struct TestCfg {
   int B, Hq, Hkv, Sq, Sk, D, causal, dtype, layout, with_lse;
+  double scale_mul = 1.0;  // softmax scale = scale_mul / sqrt(D): any finite value (0 and negative too)
 };
 
 // layout 0: contiguous (B, H, S, D). layout 1: Q and O are (B, S, H, D)
@@ -190,7 +193,7 @@ static bool run_test(const TestCfg& c, std::mt19937& rng) {
   memcpy(p.o_stride, os, sizeof os);
   p.batch = c.B; p.heads_q = c.Hq; p.heads_kv = c.Hkv;
   p.seqlen_q = c.Sq; p.seqlen_k = c.Sk; p.head_dim = D;
-  p.scale = 1.f / std::sqrt((float)D);
+  p.scale = (float)(c.scale_mul / std::sqrt((double)D));
   p.causal = c.causal;
   p.dtype = c.dtype;
   check_launch(FWD_FN(&p, nullptr), STR(FWD_FN));
@@ -224,7 +227,7 @@ static bool run_test(const TestCfg& c, std::mt19937& rng) {
         if (!checked) continue;
         const float* qrow = q.data() + (((size_t)b * c.Hq + h) * c.Sq + i) * D;
         const double lse = ref_row(qrow, kmat, vmat, D, D, c.Sk, D, i, c.causal,
-                                   1.0 / std::sqrt((double)D), ref.data(), sbuf);
+                                   (double)p.scale, ref.data(), sbuf);
         for (int d = 0; d < D; ++d) {
           const float got = from_bits(ho[b * os[0] + h * os[1] + i * os[2] + d], c.dtype);
           err_o = std::max(err_o, std::fabs((double)got - ref[d]));
@@ -239,9 +242,9 @@ static bool run_test(const TestCfg& c, std::mt19937& rng) {
   const double tol_lse = 1e-3;
   const bool ok = bad == 0 && err_o < tol_o && err_lse < tol_lse && std::isfinite(err_o) &&
                   std::isfinite(err_lse);
-  printf("%s %s D=%-3d B=%d Hq=%d Hkv=%d Sq=%-4d Sk=%-4d causal=%d %s lse=%d  |dO|=%.2e |dLSE|=%.2e%s\n",
+  printf("%s %s D=%-3d B=%d Hq=%d Hkv=%d Sq=%-4d Sk=%-4d causal=%d scale=%+.4f %s lse=%d  |dO|=%.2e |dLSE|=%.2e%s\n",
          ok ? "PASS" : "FAIL", c.dtype == LAB_BF16 ? "bf16" : "fp16", D, c.B, c.Hq, c.Hkv, c.Sq,
-         c.Sk, c.causal, c.layout ? "bshd/kvpacked" : "bhsd", c.with_lse, err_o, err_lse,
+         c.Sk, c.causal, p.scale, c.layout ? "bshd/kvpacked" : "bhsd", c.with_lse, err_o, err_lse,
          bad ? "  NONFINITE" : "");
   return ok;
 }
@@ -361,8 +364,11 @@ static void bench() {
 }
 
 int main(int argc, char** argv) {
-  bool do_test = true, do_bench = true, quick = false;
+  bool do_test = true, do_bench = true, quick = false, sanitize = false;
+  int part_i = 0, part_n = 1;  // --part i/n: every n-th config of the --sanitize list from the i-th (parallel runs)
   for (int a = 1; a < argc; ++a) {
+    if (!strcmp(argv[a], "--sanitize")) sanitize = true, do_bench = false;
+    if (!strcmp(argv[a], "--part") && a + 1 < argc) sscanf(argv[++a], "%d/%d", &part_i, &part_n);
     if (!strcmp(argv[a], "--no-bench")) do_bench = false;
     if (!strcmp(argv[a], "--no-test")) do_test = false;
     if (!strcmp(argv[a], "--quick")) quick = true, do_bench = false;
@@ -389,6 +395,33 @@ int main(int argc, char** argv) {
       ++total;
     }
     std::mt19937 rng(1234);
+    if (sanitize) {
+      // The compute-sanitizer list (tests/cuda/sanitize_all.sh): B = 2, uneven S_q and S_k up to 1025
+      // (more keys than queries, the reverse, partial tiles on both), both D, causal and not; MHA and GQA
+      // and both dtypes and layouts alternate so each appears with every D and causal setting.
+      const int spairs[][2] = {{1025, 1025}, {63, 1025}, {1025, 63}, {65, 130}};
+      int si = 0;
+      for (auto& pr : spairs)
+        for (int D : {64, 128})
+          for (int causal : {0, 1}) {
+            // si bits: 0 causal, 1 D, 2-3 the pair; every (D, causal) sees MHA, GQA, both dtypes, both layouts
+            const int pi = si >> 2;
+            const bool gqa = pi & 1;
+            if (si % part_n != part_i) {
+              ++si;
+              continue;
+            }
+            // scale: default, negative (Q negated in smem) and 0 (FLT_MIN) in turn
+            TestCfg c{2, gqa ? 6 : 4, gqa ? 2 : 4, pr[0], pr[1], D, causal,
+                      ((pi >> 1) ^ (si & 1)) & 1 ? LAB_BF16 : LAB_FP16, ((pi >> 1) ^ (si >> 1)) & 1, 1,
+                      si % 3 == 0 ? 1.0 : si % 3 == 1 ? -1.0 : 0.0};
+            ++si;
+            failed += !run_test(c, rng);
+            ++total;
+          }
+      printf("%s: %d/%d configs passed (sanitize)\n", failed ? "FAILED" : "ALL PASSED", total - failed, total);
+      return failed ? 1 : 0;
+    }
     if (quick) {
       // Sq/Sk in {1, 63, 65, 130}: partial tiles, a query block that ends
       // inside a key tile, more keys than queries and the reverse. B=1, Hq=2,

@@ -1,0 +1,76 @@
+#!/bin/bash
+# compute-sanitizer memcheck, racecheck, initcheck and synccheck on the default kernel paths, in one
+# device call (builds there with nvcc; about 5-8 minutes on an H200):
+#   bash tests/cuda/sanitize_all.sh          # inside `run`; logs to $OUT
+# Binaries (tests/cuda/*_main.cu linked with one kernel, --sanitize lists):
+#   v04_128  fwd v04 with its 128-row config forced (-DLAB_V04_SMALL=0): B = 2, S_q/S_k in {1025, 63, 65,
+#            130} both ways, D 64/128, causal and not, MHA and GQA, fp16/bf16, strided, scale default/-/0
+#   v04_64   the same list with the 64-row small-grid config forced (-DLAB_V04_SMALL=2)
+#   dec_v01, dec_v02  both decode kernels: cache lengths 0, 1, 63, 4097 in one batch, num_splits 1..1024
+#            (LAB_MAX_NUM_SPLITS), GQA/MHA/MQA, q_len 1/4/16: every num_splits > 1 also runs the shared
+#            split-K combine kernel (common/splitk_combine.cuh)
+# Each binary first runs its list without a tool (correctness), then under every tool; the forward lists
+# are cut into 4 parts (--part i/4) that run in parallel. Summary: one line per (tool, binary) with the
+# sanitizer's own summary counts.
+set -u
+OUT=${OUT:-/tmp/sanitize_all}
+mkdir -p "$OUT"
+BIN=$(mktemp -d)
+CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+ARCH=$([ "$CAP" = 90 ] && echo 90a || echo "$CAP")
+NV="nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_$ARCH,code=sm_$ARCH"
+LOG=$OUT/sanitize.log
+PARTS=4
+TIMEOUT=${SANITIZE_TIMEOUT:-420}
+
+{ date -u; git rev-parse --short=10 HEAD 2>/dev/null; git status --short kernels lab/binding.cpp tests/cuda 2>/dev/null
+  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv; nvcc --version | tail -2
+  compute-sanitizer --version | head -2; } > "$LOG" 2>&1
+
+$NV -DFWD_FN=attn_fwd_v04 -DLAB_V04_SMALL=0 tests/cuda/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o $BIN/v04_128 &
+$NV -DFWD_FN=attn_fwd_v04 -DLAB_V04_SMALL=2 tests/cuda/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o $BIN/v04_64 &
+$NV tests/cuda/decode_main.cu kernels/decode/v01_splitk.cu -o $BIN/dec_v01 &
+$NV -DDECODE_FN=decode_splitk_v02 tests/cuda/decode_main.cu kernels/decode/v02_mma.cu -o $BIN/dec_v02 &
+wait
+ls $BIN >> "$LOG"
+
+echo "== correctness of the lists (no tool)" >> "$LOG"
+for b in v04_128 v04_64 dec_v01 dec_v02; do
+  echo "-- $b"; $BIN/$b --sanitize | grep -vE "^PASS"; echo "rc=${PIPESTATUS[0]}"
+done >> "$LOG" 2>&1
+
+# One job per (tool, binary, part); at most 16 at a time.
+jobs=$BIN/jobs
+: > "$jobs"
+for tool in memcheck racecheck initcheck synccheck; do
+  for b in v04_128 v04_64; do
+    for i in $(seq 0 $((PARTS - 1))); do echo "$tool $b --sanitize --part $i/$PARTS" >> "$jobs"; done
+  done
+  for b in dec_v01 dec_v02; do echo "$tool $b --sanitize" >> "$jobs"; done
+done
+run_one() {  # tool binary args...
+  local tool=$1 b=$2; shift 2
+  local name="$tool.$b.$(echo "$*" | tr -c 'a-z0-9' '_')"
+  { echo "== compute-sanitizer --tool $tool $b $*"
+    timeout "$TIMEOUT" compute-sanitizer --tool "$tool" "$BIN/$b" "$@" 2>&1 | grep -vE "^PASS"
+    echo "rc=${PIPESTATUS[0]}"; } > "$BIN/out.$name" 2>&1
+}
+export -f run_one
+export BIN TIMEOUT
+xargs -P 16 -L 1 bash -c 'run_one "$@"' _ < "$jobs"
+cat "$BIN"/out.* >> "$LOG"
+
+# Summary: per (tool, binary), the sanitizer's counts summed over parts, and every rc.
+{ echo; echo "== summary (tool binary: errors / hazards, runs, nonzero rc)"
+  for tool in memcheck racecheck initcheck synccheck; do
+    for b in v04_128 v04_64 dec_v01 dec_v02; do
+      files=$(ls "$BIN"/out."$tool"."$b".* 2>/dev/null)
+      errs=$(cat $files | grep -hoE "ERROR SUMMARY: [0-9]+" | awk '{s+=$3} END {print s+0}')
+      haz=$(cat $files | grep -hoE "RACECHECK SUMMARY: [0-9]+ hazard" | awk '{s+=$3} END {print s+0}')
+      runs=$(cat $files | grep -c "^== compute-sanitizer")
+      summaries=$(cat $files | grep -cE "ERROR SUMMARY|RACECHECK SUMMARY")
+      bad=$(cat $files | grep -E "^rc=" | grep -vc "^rc=0$")
+      printf "%-10s %-8s errors=%s hazards=%s runs=%s summaries=%s nonzero_rc=%s\n" $tool $b $errs $haz $runs $summaries $bad
+    done
+  done; date -u; } >> "$LOG"
+tail -20 "$LOG"
