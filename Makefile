@@ -29,11 +29,14 @@ $(STAMP): requirements.txt
 	$(VPY) -m pip install -q -r requirements.txt
 	@touch $(STAMP)
 
+# A failed chapter does not stop the book: the log and the book are built from what ran, the failed
+# chapters are named at the end, and the target then exits with the session's status (1: a chapter failed).
 book: $(STAMP)
-	$(VPY) -m lab session
-	$(VPY) -m lab log
-	$(VENV)/bin/jupyter-book build . --keep-going
-	@echo "book: $(CURDIR)/_build/html/index.html"
+	@status=0; $(VPY) -m lab session --no-log || status=$$?; \
+	$(VPY) -m lab log && $(VENV)/bin/jupyter-book build . --keep-going || exit 1; \
+	echo "book: $(CURDIR)/_build/html/index.html"; \
+	$(VPY) -m lab log --summary; \
+	exit $$status
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests
