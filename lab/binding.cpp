@@ -76,8 +76,16 @@ void finish(at::Tensor& out, const at::Tensor& written) {
   if (!written.is_same(out)) out.copy_(written);
 }
 
+// A size-1 dim is only ever indexed by 0, so its stride is free: one that the kernels would refuse (odd, 0)
+// becomes the stride a contiguous tensor has there (a multiple of D, nonzero), as a copy would have.
 void copy_strides(int64_t* dst, const at::Tensor& t) {
-  for (int i = 0; i < 3; ++i) dst[i] = t.size(i) == 1 ? 0 : t.stride(i);  // a size-1 dim is only indexed by 0
+  for (int i = 0; i < 3; ++i) {
+    dst[i] = t.stride(i);
+    if (t.size(i) == 1 && (dst[i] == 0 || dst[i] % 8 != 0)) {
+      dst[i] = 1;
+      for (int j = i + 1; j < 4; ++j) dst[i] *= t.size(j);
+    }
+  }
 }
 
 // Both params structs carry q/k/v/o strides under the same names.
