@@ -118,13 +118,14 @@ struct RowState {
   float l[2] = {0.f, 0.f};  // this thread's partial row sums (reduced over the quad at the end)
 };
 
-// Scale the 64 x BC score accumulator (in place), mask it, update (m, l),
-// rescale O and write P (rounded to T) as RS-form A fragments.
+// Scale the 64 x BC score accumulator in place, mask it, update (m, l) and
+// turn it into P (fp32, in place); alpha[h] = exp2(m_old - m_new) is what O
+// must still be multiplied by (rescale_o). Touches neither O nor the P
+// fragments, so it can run while a P V wgmma still reads them (v07).
 //   row0: this thread's first row (absolute query index); col0: first key of the tile.
-template <int BC, int D, class T, bool kMask>
-__device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 2], uint32_t (&pa)[BC / 16][4],
-                                             RowState& st, float c, int row0, int col0, int seqlen_k,
-                                             bool causal) {
+template <int BC, bool kMask>
+__device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
+                                               int row0, int col0, int seqlen_k, bool causal) {
   const int t = threadIdx.x % 4;
   float mx[2] = {st.m[0], st.m[1]};
 #pragma unroll
@@ -146,14 +147,9 @@ __device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
     off[h] = mx[h] == -INFINITY ? 0.f : mx[h];  // a row with no key yet: keep P = 0, not NaN
-    const float alpha = fast_exp2(st.m[h] - off[h]);  // m_old = -inf gives 0
+    alpha[h] = fast_exp2(st.m[h] - off[h]);      // m_old = -inf gives 0
     st.m[h] = mx[h];
-    st.l[h] *= alpha;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      o[4 * i + 2 * h] *= alpha;
-      o[4 * i + 2 * h + 1] *= alpha;
-    }
+    st.l[h] *= alpha[h];
   }
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i)
@@ -163,13 +159,35 @@ __device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 
       s[4 * i + e] = pv;
       st.l[e >> 1] += pv;
     }
+}
+
+// O *= alpha per row (rows g and g + 8 of the accumulator layout).
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha)[2]) {
 #pragma unroll
-  for (int kk = 0; kk < BC / 16; ++kk) {
-    pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-    pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-    pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-    pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-  }
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * i + e] *= alpha[e >> 1];
+}
+
+// P (fp32 accumulator layout) rounded to T as RS-form A fragments, one per k16 step.
+template <int BC, class T>
+__device__ __forceinline__ void pack_p(const float (&s)[BC / 2], uint32_t (&pa)[BC / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+// The three in a row (v05, v06): softmax, O rescale, P fragments.
+template <int BC, int D, class T, bool kMask>
+__device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 2], uint32_t (&pa)[BC / 16][4],
+                                             RowState& st, float c, int row0, int col0, int seqlen_k,
+                                             bool causal) {
+  float alpha[2];
+  softmax_scores<BC, kMask>(s, st, alpha, c, row0, col0, seqlen_k, causal);
+  rescale_o<D>(o, alpha);
+  pack_p<BC, T>(s, pa);
 }
 
 // ---------------------------------------------------------------- epilogue

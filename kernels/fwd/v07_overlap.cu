@@ -1,0 +1,251 @@
+// v07_overlap: v06 with the softmax overlapped with the tensor core inside
+// each consumer warpgroup, and causal CTAs scheduled longest-first (sm_90a).
+//
+// What is new against v06:
+// - Intra-warpgroup pipelining (FA3's "intra-warpgroup overlap"). v06 ran
+//   S_j = Q K_j^T, waited, did the softmax, then P_j V_j, waited: the tensor
+//   core idled during this warpgroup's softmax unless another warpgroup had
+//   a GEMM ready. v07 issues S_{j+1} = Q K_{j+1}^T and O += P_j V_j back to
+//   back (two commit groups), waits only for S_{j+1} (wait_group 1), runs the
+//   softmax of S_{j+1} while P_j V_j is still in flight, then waits for it,
+//   rescales O and packs P_{j+1}. The softmax is split for that
+//   (common/hopper/attn_fwd_sm90.cuh: softmax_scores touches neither O nor
+//   the P fragments; rescale_o and pack_p come after the wait).
+//   Costs: S and the P fragments of the previous tile are live together
+//   (+B_c/4 registers per thread).
+// - Causal CTAs in longest-first order over the whole grid (query block
+//   slowest, heaviest first): the last wave holds the shortest CTAs, so
+//   the tail is short (LPT scheduling). Non-causal keeps v06's order.
+// - Tile config knobs (compile-time, for sweeps): LAB_V07_D{64,128}_
+//   {CONSUMERS,BC,STAGES}.
+//
+// Tile sizes (defaults; why): D = 128: 2 consumers x 64 rows, B_c = 128,
+// 2 stages (160 KiB; 3 stages fit too, 225 KiB, measured below); per thread
+// O 64 + S 64 + P 32 + addressing ~ 180 of the 240 registers two consumers
+// get. D = 64: 3 consumers, B_c = 128, 3 stages (120 KiB), O 32 + S 64 + P
+// 32 inside the 160 registers three consumers get.
+//
+// Prediction (H200 bf16 bench-fwd): +10-15 % over v06 on the long cells
+// (FA3 reports about that much for this step), i.e. ~560-590 TFLOP/s at
+// D = 128 and ~430-450 at D = 64 non-causal; causal S = 512 +5 % from LPT.
+// Outcome: kernels/README.md and chapters/n9_hopper.ipynb.
+//
+// Limits, algorithm, masking and epilogue: v05's.
+// Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v07_overlap.cu
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <type_traits>
+
+#include "common/hopper/attn_fwd_sm90.cuh"
+
+#ifndef LAB_V07_D64_CONSUMERS
+#define LAB_V07_D64_CONSUMERS 3
+#endif
+#ifndef LAB_V07_D64_BC
+#define LAB_V07_D64_BC 128
+#endif
+#ifndef LAB_V07_D64_STAGES
+#define LAB_V07_D64_STAGES 3
+#endif
+#ifndef LAB_V07_D128_CONSUMERS
+#define LAB_V07_D128_CONSUMERS 2
+#endif
+#ifndef LAB_V07_D128_BC
+#define LAB_V07_D128_BC 128
+#endif
+#ifndef LAB_V07_D128_STAGES
+#define LAB_V07_D128_STAGES 2
+#endif
+
+namespace {
+using namespace lab::sm90;
+
+template <int D_, int BC_, int CONSUMERS_, int STAGES_>
+struct Cfg07 {
+  static constexpr int D = D_;
+  static constexpr int kConsumers = CONSUMERS_;
+  static constexpr int BR = 64 * kConsumers;
+  static constexpr int BC = BC_;
+  static constexpr int kStages = STAGES_;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kRegsProducer = 24;
+  static constexpr int kRegsConsumer = kConsumers >= 3 ? 160 : 240;  // 128 * (24 + n * C) <= 65536
+  static constexpr int kQBytesWG = 64 * D * 2;
+  static constexpr int kQBytes = kConsumers * kQBytesWG;
+  static constexpr int kTileBytes = BC * D * 2;
+  static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
+  static_assert(kSmem + 128 <= 227 * 1024, "shared memory budget exceeded");
+  static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
+  static_assert(BC % 16 == 0 && BC <= 256, "B_c: a wgmma N and a TMA box");
+};
+using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES>;
+using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES>;
+
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
+                                                                        const __grid_constant__ CUtensorMap tk,
+                                                                        const __grid_constant__ CUtensorMap tv,
+                                                                        const AttnFwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty[kStages];
+  uint8_t* smem = align1024(smem_raw);
+  const uint32_t sQ = smem_u32(smem);
+  auto sK = [&](int s) { return sQ + Cfg::kQBytes + s * Cfg::kTileBytes; };
+  auto sV = [&](int s) { return sQ + Cfg::kQBytes + (kStages + s) * Cfg::kTileBytes; };
+
+  // Prologue: (b, h, Q_i); causal: longest first over the whole grid.
+  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
+  const int num_bh = p.batch * p.heads_q;
+  int bh, mb;
+  if (p.causal) {
+    mb = num_m - 1 - (int)(blockIdx.x / num_bh);
+    bh = blockIdx.x % num_bh;
+  } else {
+    mb = blockIdx.x % num_m;
+    bh = blockIdx.x / num_m;
+  }
+  const int b = bh / p.heads_q, h = bh % p.heads_q;
+  const int hkv = h / (p.heads_q / p.heads_kv);
+  const int m0 = mb * Cfg::BR;
+  const int kv_end = p.causal ? min(p.seqlen_k, min(p.seqlen_q, m0 + Cfg::BR)) : p.seqlen_k;
+  const int n_tiles = (kv_end + BC - 1) / BC;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(smem_u32(&bar_q), 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&bar_k[s]), 1);
+      mbar_init(smem_u32(&bar_v[s]), 1);
+      mbar_init(smem_u32(&bar_empty[s]), 4 * Cfg::kConsumers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer (v06's)
+    setmaxnreg_dec<Cfg::kRegsProducer>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&tq);
+      tma_prefetch_map(&tk);
+      tma_prefetch_map(&tv);
+      mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
+      for (int w = 0; w < Cfg::kConsumers; ++w)
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages;
+        if (j >= kStages) mbar_wait(smem_u32(&bar_empty[s]), ((j / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
+        mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
+      }
+    }
+  } else {
+    // Consumers
+    setmaxnreg_inc<Cfg::kRegsConsumer>();
+    const int ct = threadIdx.x - 128 * wg;
+    const int wm0 = m0 + 64 * (wg - 1);
+    const uint32_t sQw = sQ + (wg - 1) * Cfg::kQBytesWG;
+    const float c = p.scale * kLog2e;
+    const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    RowState st;
+    float sacc[BC / 2], alpha[2];
+    uint32_t pa[BC / 16][4];
+    auto issue_s = [&](int j) {
+      mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaOp<BC>::template ss<kBf16, 0>(sacc, desc_kmajor(sQw, 64, kk), desc_kmajor(sK(j % kStages), BC, kk),
+                                           kk > 0);
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int j) {
+      mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1);
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk)
+        WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(sV(j % kStages), BC, kk), 1);
+      wgmma_commit();
+    };
+    auto softmax = [&](int j) {
+      const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
+      if (mask)
+        softmax_scores<BC, true>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+      else
+        softmax_scores<BC, false>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+    };
+    auto release = [&](int j) {
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&bar_empty[j % kStages]));
+    };
+    mbar_wait(smem_u32(&bar_q), 0);
+
+    if (n_tiles > 0) {
+      wgmma_fence();
+      issue_s(0);
+      wgmma_wait<0>();
+      reg_fence(sacc);
+      softmax(0);  // O is still 0: alpha needs no rescale
+      pack_p<BC, T>(sacc, pa);
+    }
+    // Main loop: S_{j} and P_{j-1} V_{j-1} in flight together.
+    for (int j = 1; j < n_tiles; ++j) {
+      wgmma_fence();  // P fragments and rescaled O written before the wgmmas read them
+      issue_s(j);
+      issue_pv(j - 1);
+      wgmma_wait<1>();  // S_j is done (groups complete in order)
+      reg_fence(sacc);
+      softmax(j);
+      wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments are ours again
+      reg_fence(o);
+      release(j - 1);
+      rescale_o<D>(o, alpha);
+      pack_p<BC, T>(sacc, pa);
+    }
+    if (n_tiles > 0) {
+      wgmma_fence();
+      issue_pv(n_tiles - 1);
+      wgmma_wait<0>();
+      reg_fence(o);
+      release(n_tiles - 1);
+    }
+
+    // Epilogue
+    epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
+  }
+#endif
+}
+
+template <class Cfg, class T>
+int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+  static bool smem_set[kMaxDevices] = {};
+  auto kernel = attn_fwd_v07_kernel<Cfg, T>;
+  if (int rc = set_smem_once(kernel, Cfg::kSmem, smem_set, dev)) return rc;
+  CUtensorMap tq, tk, tv;
+  if (int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) return rc;
+  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" int attn_fwd_v07(const AttnFwdParams* p, void* stream) {
+  if (const int rc = check_fwd_params(p)) return rc < 0 ? rc : 0;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->dtype == LAB_BF16;
+  if (p->head_dim == 64)
+    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st, dev) : launch<Cfg64, __half>(*p, st, dev);
+  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st, dev) : launch<Cfg128, __half>(*p, st, dev);
+}

@@ -1,0 +1,201 @@
+import json
+cells = []
+def md(s): cells.append({"cell_type": "markdown", "id": f"n9_hopper-{len(cells)}", "metadata": {}, "source": s.strip("\n").splitlines(True)})
+def code(s, tags=None):
+    cells.append({"cell_type": "code", "execution_count": None, "id": f"n9_hopper-{len(cells)}",
+                  "metadata": {"tags": tags} if tags else {}, "outputs": [], "source": s.strip("\n").splitlines(True)})
+
+md(r"""
+# n9 · Hopper: wgmma, TMA and warp specialisation
+
+**What you will learn:** what Hopper (sm_90) changes for an attention kernel and why our `mma.sync`
+kernels stop near 0.6× cuDNN there; a small plain-CUDA vocabulary for the new hardware (TMA, mbarriers,
+`wgmma`, `setmaxnreg`); two kernels built on it step by step, each with its prediction and outcome; their
+correctness on every `tests` case; and the `bench-fwd` race against every SDPA backend.
+
+## What Hopper changes
+
+| | Ampere-style (v04, `mma.sync`) | Hopper (v05+, `sm_90a`) |
+|---|---|---|
+| tensor-core instruction | `mma.sync.m16n8k16`, one warp, synchronous | `wgmma.mma_async.m64nNk16`, a warpgroup of 4 warps, asynchronous |
+| operands | registers only: every K/V fragment goes smem → `ldmatrix` → registers | B (and A) read by the tensor core from shared memory through a descriptor |
+| loads | `cp.async` 16 B per thread, address math on every thread | TMA: one thread issues a whole tile (`cp.async.bulk.tensor`), a tensor map does the addressing, out-of-bounds rows arrive as zeros |
+| completion | `cp.async.wait_group` + `__syncthreads` | mbarriers: a phase completes when its arrivals *and* its expected bytes have arrived |
+| registers | fixed per thread for the whole kernel | `setmaxnreg`: a producer warpgroup gives registers to the consumer warpgroups |
+
+**Why `mma.sync` stalls near 0.6× cuDNN.** On Hopper `mma.sync` still works but runs at roughly the
+Ampere rate per SM: the full rate of the H100/H200 tensor cores is only reachable with `wgmma`. On top of
+that every warp of v04 reads each K/V tile from shared memory into registers with `ldmatrix` (256 B per
+`mma` at D = 128, the shared-memory ceiling computed in `kernels/README.md`), and issues its own address
+math and copies. `wgmma` removes both: the tensor core reads the tiles itself, and one thread moves them.
+
+## The plan (the FA3 recipe, our own code)
+
+```
+producer warp:   for j: wait empty[s]; TMA K_j -> full_k[s]; TMA V_j -> full_v[s]
+consumer wg w:   wait Q; for j: wait full_k[s]; S = Q_w K_j^T (wgmma SS); softmax (scale first, any sign)
+                          wait full_v[s]; O += P V_j (wgmma RS, P from registers); arrive empty[s]
+                 O /= l; LSE = (m + log2 l) ln 2; store rows < S_q
+```
+""")
+code('''
+device = "auto"  # "auto" | "cuda" | "cpu"
+dtype = "bfloat16"
+cases = "full"  # "full" | "quick": quick times S in {2048, 8192} only
+version = "v06"  # the Hopper kernel checked and put under torch.compile
+hopper = "v05,v06"  # every Hopper version checked on every tests case
+raced = "v04,v05,v06"  # versions also timed kernel-only (diagnostic rows beside the public op)
+''', ["parameters"])
+code('''
+import json, re
+import numpy as np
+import torch
+from lab import build, cases as case_sets, chapter, check, ops, plot, record, sweep
+from lab.publish import tables
+ours = sweep.PUBLIC_FWD  # every "ours" row times lab.ops.attention(...) exactly as users call it
+ch = chapter.start("n9_hopper", device)
+''')
+md(r"""
+## The vocabulary
+
+`kernels/common/hopper/`: each wrapper is a few lines of inline PTX with one comment line on the rule it
+encodes. The cell below lists them from the headers themselves.
+""")
+code('''
+hopper_dir = build.paths.KERNELS / "common" / "hopper"
+for header in ("mbarrier.cuh", "tma.cuh", "wgmma.cuh"):
+    lines = (hopper_dir / header).read_text().splitlines()
+    for i, line in enumerate(lines[1:], 1):
+        if re.match(r"(__device__|inline|template)", line) and lines[i - 1].startswith("// "):
+            name = re.search(r"(\\w+)\\(", line)
+            print(f"{header:<13} {name.group(1) if name else line[:30]:<24} {lines[i - 1][3:]}")
+''')
+md(r"""
+## Resources and SASS facts
+
+Registers, shared memory and spills per instantiation (this GPU's arch on a GPU; `sm_90a` in CPU mode: the
+kernels compile for `sm_80` too, as empty bodies, so the build stays green everywhere, and return
+`cudaErrorNoKernelImageForDevice` on anything but compute capability 9.0).
+""")
+code('''
+versions = hopper.split(",")
+sources = [build.paths.KERNELS / ops.FWD[v].source for v in versions]
+if ch.gpu:
+    rows_res = [r for s in sources for r in build.build_kernel(s).resources]
+else:
+    rows_res = build.compile_check(archs=("sm_90a",), sources=sources)
+print(build.resource_table(rows_res))
+''')
+md(r"""
+## Each step: prediction and outcome
+
+Every version file opens with what it changes, its prediction, and where its outcome is recorded; the cell
+prints those header paragraphs (the numbers in them come from the committed driver logs named there).
+""")
+code('''
+for v in versions:
+    head = []
+    for line in (build.paths.KERNELS / ops.FWD[v].source).read_text().splitlines():
+        if not line.startswith("//"):
+            break
+        head.append(line[3:])
+    text = "\\n".join(head)
+    keep = [p for p in text.split("\\n\\n") if p.startswith(("Prediction", "Outcome", "What is new", "v0"))]
+    print(f"=== {v} ({ops.FWD[v].source})\\n" + "\\n\\n".join(keep) + "\\n")
+''')
+md(r"""
+## Correctness on every `tests` case (GPU)
+
+Uneven sizes (1, 63, 65, 1025, 4097), S_q ≠ S_k both ways, causal and not, GQA and MQA, fp16 and bf16, strided
+(B, S, H, D) inputs, and scales 0, negative and large (the scale is folded into the scores before the running
+max, so its sign does not matter).
+""")
+code('''
+if not ch.skip("Hopper correctness"):
+    tests, results = case_sets.tests_cases(), []
+    for v in versions:
+        run = ops.fwd_runner(v)
+        results += check.run_set(run, tests, v)
+        results += [check.check_forward(run, c, v, layout="bshd") for c in tests[2:6]]
+        results += [check.check_forward(run, c, v, scale=s) for c in tests[4:6] for s in (0.0, -0.35)]
+    display(tables.checks(results))
+else:
+    rows_chk = [r for r in ch.recorded(kind="check")]
+    print(f"{sum(r['check']['passed'] for r in rows_chk)}/{len(rows_chk)} recorded checks passed")
+''')
+md(r"""
+## The race: `bench-fwd` against every SDPA backend (GPU)
+
+Same process, same inputs, L2 flushed before every timed run, median of many runs. The `lab.ops.attention`
+row is the public op (on compute capability 9.0 it picks the Hopper kernel); kernel-only rows are
+diagnostics. Speedup = time of the backend / time of ours.
+""")
+code('''
+lengths = (512, 2048, 8192, 16384) if cases == "full" else (2048, 8192)
+grid = case_sets.bench_fwd_cases(dtype, seqlens=lengths)
+if not ch.skip("bench-fwd race"):
+    makers = {ours: sweep.public_attention(), **{sweep.kernel_only(v): ops.fwd_maker(v) for v in raced.split(",") if v}}
+    rows = sweep.fwd_sweep(grid, makers)
+else:
+    rows = [r for r in ch.recorded(kind="fwd") if "timing" in r and r["case"]["name"].startswith("fwd")]
+tables.versus(rows, ours) if rows else print("nothing recorded by a session of this chapter yet")
+''')
+md(r"""
+If no session has run this chapter on a GPU yet, the latest committed driver run of the same race
+(`tests/cuda/hopper_run.py bench`, through `lab.ops.attention`, one process) is shown instead, with its GPU
+and commit.
+""")
+code('''
+if not rows:
+    logs = sorted(build.paths.ROOT.glob("outputs/driver_logs/*-h200-hopper-bench-*.json"))
+    if logs:
+        rows = json.loads(logs[-1].read_text())
+        print(f"driver log {logs[-1].name}: {rows[0].get('env', {}).get('gpu', 'GPU named in the file name')}")
+        display(tables.versus(rows, ours))
+if rows:
+    ceiling = next((r["tflops"] / r["frac_ceiling"] for r in rows if r.get("frac_ceiling")), None)
+    plot.metric_vs_length([r for r in rows if r["case"]["dtype"] == dtype], "tflops", ceiling=ceiling,
+                          title="lab.ops.attention (Hopper) vs SDPA backends (TFLOP/s)", path=record.figure_path("n9_tflops.png"));
+    plot.speedup_bars(rows, ours, path=record.figure_path("n9_speedup.png"));
+''')
+md(r"""
+## A drop-in op under `torch.compile` (GPU)
+
+The Hopper kernel sits behind the same `torch.library` custom op: `fullgraph=True` raises on any graph break.
+""")
+code('''
+if not ch.skip("torch.compile"):
+    class Attention(torch.nn.Module):
+        def forward(self, x):
+            q, k, v = x.unflatten(-1, (3, -1)).unbind(-2)
+            return ops.attention(q, k, v, is_causal=True)
+    model, x = Attention(), torch.randn(2, 8, 1024, 3 * 128, device="cuda", dtype=torch.bfloat16)
+    breaks = torch._dynamo.explain(model)(x).graph_break_count
+    diff = (torch.compile(model, fullgraph=True)(x) - model(x)).abs().max().item()
+    record.append({"kind": "compile", "graph_breaks": breaks, "max_diff_vs_eager": diff,
+                   "version": ops.attention_version(x[..., :128])})
+    print(f"graph breaks: {breaks}; compiled vs eager max diff: {diff}")
+''')
+md(r"""
+## Findings
+
+Computed from the rows above: the public op against each SDPA backend, per head dim and mask, and the
+kernel-only rows of each Hopper step against v04 in the same process.
+""")
+code('''
+def geo(values):
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
+mine = [r for r in rows if r["impl"] == ours and r.get("ratios")]
+for backend in ("sdpa-flash", "sdpa-cudnn", "sdpa-default"):
+    values = [r["ratios"][backend] for r in mine if backend in r["ratios"]]
+    if values:
+        print(f"lab.ops.attention vs {backend:<12} min {min(values):.2f}x, geomean {geo(values):.2f}x, max {max(values):.2f}x "
+              f"over {len(values)} cells; cells >= 1.0x: {sum(x >= 1 for x in values)}")
+        missed = [f"{r['case']['name']} {r['ratios'][backend]:.2f}x" for r in mine if r["ratios"].get(backend, 1) < 1]
+        print("   below 1.0x:", ", ".join(missed) or "none")
+print("kernels behind it:", sorted({r.get("version", "?") for r in mine}))
+''')
+
+nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+      "language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+open("/work/main/chapters/n9_hopper.ipynb", "w").write(json.dumps(nb, indent=1) + "\n")
