@@ -16,7 +16,8 @@ from lab.publish import log
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--virtual-time-budget=5000"]  # lets index.html's redirect to intro.html happen
-PAGES = {"index": "index.html", "baselines": "outputs/log/baselines.html", "bugs": "outputs/log/bugs.html"}
+PAGES = {"index": "index.html", "baselines": "outputs/log/baselines.html", "bugs": "outputs/log/bugs.html",
+         "sessions": "outputs/log/sessions.html"}
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +83,17 @@ def test_pages_render_tables_and_figures_in_a_browser(built, browser, page):
     flags = [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
     dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     assert "<table" in dom, f"{page}: no table in the rendered DOM"
-    if page != "index":
+    if page not in ("index", "sessions"):
         assert "<img" in dom, f"{page}: no figure in the rendered DOM"
-    if page == "index":
-        assert "Attention kernels: a lab notebook" in dom and "Sessions" in dom
-    if page == "baselines":
+    if page == "index":  # the front page's standings, included from outputs/log/standings.md
+        assert "Attention kernels: a lab notebook" in dom and "Sessions" in dom and "Latest standings" in dom
+        assert "lab.ops.attention (forward)" in dom and "lab.ops.decode (decode)" in dom and "1.00x (0.80-1.25, 3)" in dom
+    if page == "baselines":  # the pivot per GPU and family, coloured, and a figure per family
+        assert dom.count('class="pivot"') == 2 and "background:rgba(46,160,67" in dom
+        assert "pivot-fwd-h100-80gb-hbm3.png" in dom and "pivot-decode-h100-80gb-hbm3.png" in dom
         assert "trend-h100-80gb-hbm3.png" in dom and "origin-l4.png" in dom and "0.743" in dom
+    if page == "sessions":
+        assert "RuntimeError: no kernel image is available" in dom
     if page == "bugs":
         assert "BUG-L4-2" in dom and "RUN-n7_split_k-RuntimeError" in dom
     shots = build / "screenshots"

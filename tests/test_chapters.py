@@ -7,17 +7,26 @@ from pathlib import Path
 
 import pytest
 
-from lab import paths
+from lab import paths, toc
 
-CHAPTERS = sorted(p.stem for p in paths.CHAPTERS.glob("n*.ipynb"))
+CHAPTERS = toc.chapters()  # the one chapter list: the book's _toc.yml
 
 
 def test_chapter_list_is_complete():
+    """Every notebook under chapters/ is in the book, and the book lists the original chapters."""
     assert {"n0_environment", "n2_build_recipe", "n3_harness", "n4_baseline", "n5_correctness", "n6_fa2",
             "n7_split_k"} <= set(CHAPTERS)
+    on_disk = {p.stem for p in paths.CHAPTERS.glob("n*.ipynb")}
+    assert on_disk <= set(CHAPTERS), f"notebooks missing from _toc.yml: {sorted(on_disk - set(CHAPTERS))}"
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.fixture(params=CHAPTERS)
+def name(request):
+    if not (paths.CHAPTERS / f"{request.param}.ipynb").exists():
+        pytest.skip(f"{request.param} is listed in _toc.yml but its notebook is not written yet")
+    return request.param
+
+
 def test_chapter_is_clean_source(name):
     nb = json.loads((paths.CHAPTERS / f"{name}.ipynb").read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
@@ -29,7 +38,6 @@ def test_chapter_is_clean_source(name):
     assert "device" in params
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
 def test_chapter_runs_in_cpu_mode(name, tmp_path, monkeypatch):
     import papermill
 

@@ -1,5 +1,6 @@
 """The log generators and the book's chapter copies, on fixture records (tests/fixture_outputs.py)."""
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -71,14 +72,15 @@ def test_choose_tiers():
 
 def test_baselines_pivot_figures_and_origin_rows(outputs):
     text = page(outputs, "baselines")
-    assert "## NVIDIA H100 80GB HBM3" in text and '<table class="pivot">' in text
+    assert "## NVIDIA H100 80GB HBM3" in text and '<table class="pivot"' in text
     fwd = text.split("### Forward: lab.ops.attention")[1].split("###")[0]
-    assert "<th>vs sdpa-flash</th><th>vs sdpa-cudnn</th>" in fwd and NEW in fwd
-    rows = [line for line in fwd.splitlines() if line.startswith("<tr><td>")]
+    assert "<th>vs sdpa-flash</th><th>vs sdpa-cudnn</th>" in re.sub(r' style="[^"]*"', "", fwd) and NEW in fwd
+    rows = [re.sub(r' style="[^"]*"', "", line) for line in fwd.splitlines() if line.startswith("<tr><td")]
     assert [r.split("</td>")[2] for r in rows] == ["<td>1024", "<td>4096", "<td>8192"]  # sorted by S
-    assert 'style="background:rgba(46,160,67' in rows[2] and ">1.25</td>" in rows[2]  # faster: green
-    assert 'style="background:rgba(215,58,73' in rows[0] and ">0.80</td>" in rows[0]  # slower: red
-    decode = text.split("### Decode: lab.ops.decode")[1].split("###")[0]
+    coloured = [line for line in fwd.splitlines() if line.startswith("<tr><td")]
+    assert "background:rgba(46,160,67" in coloured[2] and ">1.25</td>" in coloured[2]  # faster: green
+    assert "background:rgba(215,58,73" in coloured[0] and ">0.80</td>" in coloured[0]  # slower: red
+    decode = re.sub(r' style="[^"]*"', "", text.split("### Decode: lab.ops.decode")[1].split("###")[0])
     assert "<th>L (kv)</th>" in decode and "<td>32/8</td>" in decode
     for family in ("fwd", "decode"):
         assert f"![" in text and f"figures/pivot-{family}-h100-80gb-hbm3.png" in text
@@ -156,3 +158,126 @@ def test_generation_is_repeatable_and_never_touches_sessions(outputs):
     assert digest(outputs / "sessions") == sessions
     assert {p: d for p, d in digest(outputs / "log").items() if p.suffix == ".md"} == \
            {p: d for p, d in pages_before.items() if p.suffix == ".md"}
+
+
+# ---------------------------------------------------------------- untrusted session folders (issue 12, items 5, 6)
+
+def _copy_fixture(tmp_path) -> Path:
+    return fixture_outputs.build(tmp_path / "outputs")
+
+
+def _session_json(outputs, which):
+    return outputs / "sessions" / SESSIONS[which][0] / "session.json"
+
+
+def test_crafted_session_json_cannot_read_or_write_outside(tmp_path):
+    outputs = _copy_fixture(tmp_path)
+    secret = tmp_path / "secret.ipynb"
+    nbformat.write(fixture_outputs.notebook("SECRET", "not for publishing"), secret)
+    path = _session_json(outputs, "new")
+    info = __import__("json").loads(path.read_text())
+    info["id"] = "../../../escape"
+    info["chapters"] += [
+        {"name": "../../../../pwned", "status": "ok", "notebook": "n4_baseline.ipynb"},
+        {"name": "n3_harness", "status": "ok", "notebook": str(secret)},
+        {"name": "n0_environment", "status": "ok", "notebook": "../../../secret.ipynb"},
+    ]
+    path.write_text(__import__("json").dumps(info))
+    (outputs / "sessions" / SESSIONS["new"][0] / "link.ipynb").symlink_to(secret)
+    info["chapters"].append({"name": "n5_correctness", "status": "ok", "notebook": "link.ipynb"})
+    path.write_text(__import__("json").dumps(info))
+    before = sorted(p for p in tmp_path.rglob("*") if "outputs" not in p.relative_to(tmp_path).parts[:1])
+    with pytest.warns(Warning) as caught:
+        log.generate(outputs)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "not in _toc.yml" in messages and "is not a file name in the session folder" in messages
+    assert "points outside its session folder" in messages
+    after = sorted(p for p in tmp_path.rglob("*") if "outputs" not in p.relative_to(tmp_path).parts[:1])
+    assert after == before  # nothing written outside outputs/
+    assert not list(tmp_path.rglob("pwned*"))
+    for chapter in ("n3_harness", "n0_environment", "n5_correctness"):
+        text = (outputs / "book" / f"{chapter}.ipynb").read_text()
+        assert "SECRET" not in text and "not for publishing" not in text
+    assert "escape" not in page(outputs, "sessions")  # a session's id is its folder's name
+
+
+def test_untrusted_text_is_escaped_in_pages(tmp_path):
+    import json
+
+    outputs = _copy_fixture(tmp_path)
+    path = _session_json(outputs, "new")
+    info = json.loads(path.read_text())
+    failed = next(c for c in info["chapters"] if c["status"] == "failed")
+    failed["error"] = "<script>alert(1)</script> {ref}`x <y>` [link](http://evil) | pipe"
+    failed["traceback"] = "Traceback:\n```\n<b>bold</b>\n````python\nboom"
+    path.write_text(json.dumps(info))
+    records = outputs / "sessions" / SESSIONS["new"][0] / "records.jsonl"
+    with open(records, "a") as handle:
+        handle.write(json.dumps({"kind": "bug", "id": "BUG-<img src=x onerror=alert(1)>", "title": "```\n# not a heading",
+                                 "status": "open", "session": SESSIONS["new"][0], "timestamp": "2025-11-10T10:00:00+00:00",
+                                 "env": fixture_outputs.H100, "figures": ["../../../../etc/passwd", "/etc/hostname"]}) + "\n")
+    log.generate(outputs)
+    sessions = page(outputs, "sessions")
+    assert "<script>" not in sessions and "&lt;script&gt;" in sessions
+    assert "\\{ref\\}" in sessions and "\\[link\\](http://evil)" in sessions and "\\| pipe" in sessions
+    fence = sessions.split("Traceback of n7\\_split\\_k" if "n7\\_split\\_k" in sessions else "Traceback of n7_split_k")[1]
+    assert fence.split("\n")[2].startswith("`````text")  # longer than any backtick run inside
+    body = fence.split("`````text\n")[1].split("\n`````")[0]
+    assert "```\n<b>bold</b>\n````python" in body  # shown verbatim inside the fence
+    bugs = page(outputs, "bugs")
+    assert "<img" not in bugs and "&lt;img src=x onerror=alert(1)&gt;" in bugs
+    assert "\n# not a heading" not in bugs and "etc/passwd" not in bugs and "hostname" not in bugs
+
+
+def test_truncated_notebook_and_session_json_are_skipped_with_a_warning(tmp_path):
+    outputs = _copy_fixture(tmp_path)
+    new_n4 = outputs / "sessions" / SESSIONS["new"][0] / "n4_baseline.ipynb"
+    new_n4.write_bytes(new_n4.read_bytes()[:200])  # a full disk cut it short
+    torn = _session_json(outputs, "old")
+    torn.write_text(torn.read_text()[:100])
+    with pytest.warns(Warning) as caught:
+        written = log.generate(outputs)
+    messages = " ".join(str(w.message) for w in caught)
+    assert f"{new_n4}: unreadable notebook skipped" in messages and f"{torn}: unreadable session.json" in messages
+    assert written["chapters"]["n4_baseline"] == CPU  # the next candidate: the CPU copy, with its warning
+    assert SESSIONS["old"][0] not in page(outputs, "sessions").split("(session-")[0]
+
+
+def test_running_session_is_abandoned_when_its_heartbeat_is_stale(tmp_path):
+    import datetime as dt
+    import json
+
+    from lab.publish import pages
+
+    outputs = _copy_fixture(tmp_path)
+    path = _session_json(outputs, "cpu")
+    info = json.loads(path.read_text())
+    info.update(status="running", pid=1, host="another-host")
+    path.write_text(json.dumps(info))
+    beat = path.parent / "heartbeat"
+    now = dt.datetime.now(dt.timezone.utc)
+    beat.write_text((now - dt.timedelta(seconds=30)).isoformat())
+    assert pages.load_sessions(outputs)[-1]["status"] == "running"  # beating: still at work elsewhere
+    beat.write_text((now - dt.timedelta(seconds=pages.STALE_S + 60)).isoformat())
+    assert pages.load_sessions(outputs)[-1]["status"] == "abandoned"
+
+
+def test_void_gates_are_counted_and_shown(tmp_path):
+    import json
+
+    outputs = _copy_fixture(tmp_path)
+    path = _session_json(outputs, "new")
+    info = json.loads(path.read_text())
+    info["gates"] = {"pass": 1, "fail": 0, "no data": 0, "void": 2}
+    path.write_text(json.dumps(info))
+    log.generate(outputs)
+    assert "1 / 0 / 0 (2 void)" in page(outputs, "sessions")
+
+
+def test_latest_summary_names_failed_chapters(outputs):
+    assert log.latest_summary(outputs) == f"latest session {CPU}: complete; no chapter failed"
+    import shutil
+    copy = outputs.parent / "summary"
+    shutil.copytree(outputs, copy)
+    shutil.rmtree(copy / "sessions" / CPU)
+    assert log.latest_summary(copy) == f"latest session {NEW}: complete; failed chapters: n7_split_k"

@@ -27,6 +27,7 @@ from .pages import Markdown
 FAMILIES = {"fwd": ("lab.ops.attention", "forward"), "decode": ("lab.ops.decode", "decode")}
 LEGACY = {"decode": ("auto",)}  # n7 timed lab.ops.decode as "auto" before the public-op rows
 _VERSION = re.compile(r"^v(\d+)$")
+_PAD = "padding:2px 8px;text-align:right"
 
 
 def timed(rows: list[dict], family: str) -> list[dict]:
@@ -102,20 +103,21 @@ def pivot_html(family: str, chosen: list[dict]) -> Markdown:
     present = backends.ordered({b for r in chosen for b in r["ratios"]})
     metric = "TFLOP/s" if family == "fwd" else "GB/s"
     head = SHAPE_COLUMNS[family] + [f"vs {b}" for b in present] + ["ours ms", metric, "check"]
-    lines = ['<table class="pivot">', "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-             + "</tr></thead>", "<tbody>"]
+    lines = ['<table class="pivot" style="border-collapse:collapse;font-size:0.9em">',
+             "<thead><tr>" + "".join(f'<th style="{_PAD}">{html.escape(h)}</th>' for h in head) + "</tr></thead>",
+             "<tbody>"]
     for row in sorted(chosen, key=lambda r: _sort_key(shape_key(r, family))):
-        cells = [f"<td>{html.escape(_shape_text(v))}</td>" for v in shape_key(row, family)]
+        cells = [f'<td style="{_PAD}">{html.escape(_shape_text(v))}</td>' for v in shape_key(row, family)]
         for b in present:
             value = row["ratios"].get(b)
             shown = f"{value:.2f}" if isinstance(value, (int, float)) else "–"
-            cells.append(f'<td style="{colour(value)}">{html.escape(shown)}</td>')
+            cells.append(f'<td style="{_PAD};{colour(value)}">{html.escape(shown)}</td>')
         ms = row["timing"].get("median_ms")
         rate = row.get("tflops") if family == "fwd" else row.get("gbps")
         check = row.get("check") if isinstance(row.get("check"), dict) else {}
         verdict = {True: "pass", False: "FAIL"}.get(check.get("passed"), "–")
-        cells += [f"<td>{html.escape(pages.fmt_number(float(v)) if isinstance(v, (int, float)) else '–')}</td>"
-                  for v in (ms, rate)] + [f"<td>{verdict}</td>"]
+        cells += [f'<td style="{_PAD}">{html.escape(pages.fmt_number(float(v)) if isinstance(v, (int, float)) else "–")}</td>'
+                  for v in (ms, rate)] + [f'<td style="{_PAD}">{verdict}</td>']
         lines.append("<tr>" + "".join(cells) + "</tr>")
     lines += ["</tbody>", "</table>"]
     return Markdown("\n".join(lines) + "\n")
