@@ -17,7 +17,7 @@ from __future__ import annotations
 import csv
 import glob
 import io
-import math
+import json
 import os
 import re
 import shutil
@@ -306,10 +306,11 @@ def _fp32_flops(raw: dict):
 
 # ------------------------------------------------------------------ targets and cases
 
-def find_case(name: str):
-    """A case by name from any published case set (tests, seed, bench-fwd, bench-decode, decode-tests)."""
+def find_case(name: str, dtype: str | None = None):
+    """A case by name from any published case set; dtype re-types the bench sets (seed sizes stay fp16)."""
     for set_name in ("seed", "bench-fwd", "bench-decode", "tests", "decode-tests"):
-        for case in case_sets.by_name(set_name):
+        kwargs = {"dtype": dtype} if dtype and set_name.startswith("bench") else {}
+        for case in case_sets.by_name(set_name, **kwargs):
             if case.name == name:
                 return case
     raise ValueError(f"case {name!r} is in no case set of lab.cases")
@@ -440,17 +441,20 @@ def ncu_command(ncu: str, child: list[str], regex: str, skip: int, out_base: Pat
     return cmd + child
 
 
-def run_ncu(target: str, case_name: str, out_dir: Path, warmup: int = 3, timeout: int = 300) -> Path:
-    """Profile one launch in a child process; returns the .ncu-rep. Raises ProfileUnavailable."""
+def run_ncu(target: str, case_name: str, out_dir: Path, warmup: int = 3, timeout: int = 300,
+            dtype: str | None = None) -> tuple[Path, str]:
+    """Profile one launch in a child process; returns the .ncu-rep and the metric set used ('sections'
+    or 'full'). Raises ProfileUnavailable."""
     ncu = find_ncu()
     if ncu is None:
         raise ProfileUnavailable("ncu (Nsight Compute) is not installed here: not on PATH, not in "
                                  "/usr/local/cuda/bin, not under /opt/nvidia/nsight-compute")
-    case = find_case(case_name)
+    case = find_case(case_name, dtype)
     regex = kernel_regex(target, case)
     out_dir.mkdir(parents=True, exist_ok=True)
     base = out_dir / re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{target}-{case_name}")
-    child = [sys.executable, "-m", "lab.profile", "child", target, case_name, "--warmup", str(warmup)]
+    child = [sys.executable, "-m", "lab.profile", "child", target, case_name, "--warmup", str(warmup),
+             "--dtype", case.dtype]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(paths.ROOT), os.environ.get("PYTHONPATH")]))}
     log = ""
     for full in (False, True):  # sections + named counters first; `--set full` if this ncu lacks a name
@@ -459,7 +463,7 @@ def run_ncu(target: str, case_name: str, out_dir: Path, warmup: int = 3, timeout
         log = proc.stdout + proc.stderr
         rep = base.with_suffix(".ncu-rep")
         if proc.returncode == 0 and rep.exists() and "No kernels were profiled" not in log:
-            return rep
+            return rep, "full" if full else "sections"
         if not re.search(r"[Ff]ailed to find (metric|section)|[Ii]nvalid (metric|section)|not found", log):
             break
     raise ProfileUnavailable(explain_failure(log, regex, warmup))
@@ -504,9 +508,9 @@ def host_call_us(fn, budget_s: float = 0.2, max_calls: int = 200) -> float:
 
 # ------------------------------------------------------------------ one profile -> one record
 
-def measure(target: str, case_name: str, warmup: int = 3, keep_report: bool = True) -> dict:
+def measure(target: str, case_name: str, warmup: int = 3, keep_report: bool = True, dtype: str | None = None) -> dict:
     """Profile one launch of the target on the case, record the row and return it."""
-    case = find_case(case_name)
+    case = find_case(case_name, dtype)
     source = kernel_source(target, case)
     host_us = None
     try:
@@ -517,12 +521,12 @@ def measure(target: str, case_name: str, warmup: int = 3, keep_report: bool = Tr
     except ImportError:
         pass
     folder = record.run_dir() / "ncu"
-    rep = run_ncu(target, case_name, folder, warmup)
+    rep, metric_set = run_ncu(target, case_name, folder, warmup, dtype=case.dtype)
     kernels = parse_raw_csv(export_raw(rep))
     if not kernels:
         raise ProfileUnavailable(f"{rep.name} holds no kernel")
     row = row_from_raw(kernels[0], target, case, source, host_us)
-    row["ncu"] = {"version": ncu_version(), "report": None}
+    row["ncu"] = {"version": ncu_version(), "report": None, "metric_set": metric_set, "launch_skip": warmup}
     if keep_report and rep.stat().st_size <= MAX_KEPT_REP_BYTES:
         row["ncu"]["report"] = paths.relative(rep)
     else:
@@ -555,13 +559,174 @@ def recorded(**match) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------ what the chapter profiles and shows
+
+# The issue's four known answers: (target, case, label the tree must reach). The tree never reads this.
+KNOWN_ANSWERS = (("fwd:v01", "fwd-d128-s2048", "memory:shared"),   # a shared-memory-bound FFMA chain
+                 ("fwd:v04", "fwd-d128-s2048", "compute:tensor"),  # bound by the tensor pipe
+                 ("decode:v02", "dec-h8-b8-kv16384", "memory:dram"),
+                 ("op:attention", "Small", "launch"))                 # a seed size
+FIXTURES = paths.ROOT / "tests" / "fixtures"
+
+
+def plan(cases: str = "quick") -> list[tuple[str, str]]:
+    """(target, case) pairs: the known answers, each family's default op and SDPA beside them."""
+    fwd, dec = KNOWN_ANSWERS[1][1], KNOWN_ANSWERS[2][1]
+    pairs = [(t, c) for t, c, _ in KNOWN_ANSWERS] + [("op:attention", fwd), ("op:decode", dec),
+                                                      ("sdpa:flash", fwd), ("sdpa:cudnn", dec)]
+    if cases == "full":
+        pairs += [("sdpa:cudnn", fwd), ("sdpa:flash", dec), ("op:attention", "Tiny"), ("op:attention", "Medium")]
+    seen, out = set(), []
+    for target, case in pairs:  # the default op is profiled once when it is a version already listed
+        key = (kernel_source(target, find_case(case)) or target, case)
+        if key not in seen:
+            seen.add(key)
+            out.append((target, case))
+    return out
+
+
+def measure_all(pairs, warmup: int = 3, dtype: str | None = None) -> list[dict]:
+    """Profile each pair; stop with one clear message when ncu cannot profile at all (then: []);
+    a target that fails on its own is reported and skipped."""
+    rows = []
+    for target, case in pairs:
+        try:
+            rows.append(measure(target, case, warmup, dtype=dtype))
+        except ProfileUnavailable as err:
+            print(f"no profile of {target} on {case}: {err}")
+            if "matched" not in str(err):
+                print("ncu cannot profile here: showing the recorded profile instead")
+                return []
+    return rows
+
+
+def check_fixtures() -> list[dict]:
+    """The tree on the committed GPU exports (tests/fixtures): runs anywhere, recorded as tree_check rows."""
+    about = json.loads((FIXTURES / "ncu_fixtures.json").read_text())
+    rows = []
+    for name, info in about["files"].items():
+        m = summarize(parse_raw_csv((FIXTURES / name).read_text())[0])
+        m["host_us_per_call"] = info["host_us_per_call"]
+        verdict = decide(m)
+        rows.append(record.append({"kind": "tree_check", "impl": info["target"], "fixture": name,
+                                   "case": {"name": info["case"]}, "gpu_of_fixture": about["gpu"],
+                                   "expected": info["known"], "label": verdict["label"],
+                                   "passed": None if info["known"] is None else verdict["label"] == info["known"]}))
+    return rows
+
+
+def table(rows: list[dict]):
+    """One line per profiled launch: the counters the tree reads, and its verdict (a Markdown table)."""
+    lines = []
+    for r in rows:
+        m, v = r["metrics"], r["verdict"]
+        lines.append({"target": r["impl"], "case": r["case"]["name"], "us": m["duration_us"],
+                      "host us/call": m.get("host_us_per_call"), "SM %": m["sm_pct"], "DRAM %": m["dram_pct"],
+                      "L2 %": m["l2_pct"], "L1/shared %": m["l1_pct"], "occupancy %": m["occupancy_pct"],
+                      "tensor %": m["tensor_pct"], "issue %": m["issue_pct"], "L2 hit %": m["l2_hit_pct"],
+                      "bank confl. ld/st": f"{m['bank_conflicts_ld'] or 0:.0f}/{m['bank_conflicts_st'] or 0:.0f}",
+                      "regs": m["registers"], "smem KiB": (m["smem_bytes"] or 0) / 1024,
+                      "local B": m["local_bytes"], "bytes/floor": m.get("bytes_over_floor"),
+                      "top stall": v["stall"], "verdict": v["label"]})
+    return markdown(lines)
+
+
+def known_answers(rows: list[dict]) -> list[dict]:
+    lines = []
+    for target, case, expected in KNOWN_ANSWERS:
+        found = [r for r in rows if r["impl"] == target and r["case"]["name"] == case]
+        label = found[-1]["verdict"]["label"] if found else "not profiled"
+        lines.append({"target": target, "case": case, "known answer": expected, "tree says": label,
+                      "agrees": label == expected if found else None})
+    return lines
+
+
+def markdown(lines: list[dict]):
+    """A list of dicts as a Markdown table (numbers to 3 significant digits), shown by Jupyter."""
+    from IPython.display import Markdown
+
+    def cell(value):
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return "–" if value is None else str(value)
+
+    if not lines:
+        return Markdown("(nothing to show)")
+    head = list(lines[0])
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows += ["| " + " | ".join(cell(line.get(k)) for k in head) + " |" for line in lines]
+    return Markdown("\n".join(rows))
+
+
+def stall_chart(rows: list[dict], path=None):
+    """Stacked bars: each launch's top-5 stall reasons, in cycles per issued instruction."""
+    import matplotlib.pyplot as plt
+
+    reasons = list(dict.fromkeys(s["reason"] for r in rows for s in r["metrics"]["stalls"]))
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
+    labels = [f"{r['impl']} @ {r['case']['name']}" for r in rows]
+    left = [0.0] * len(rows)
+    for i, reason in enumerate(reasons):
+        widths = [next((s["cycles_per_issue"] for s in r["metrics"]["stalls"] if s["reason"] == reason), 0.0)
+                  for r in rows]
+        ax.barh(labels, widths, left=left, label=reason, color=plt.cm.tab20(i % 20))
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_xlabel("warp stall, cycles per issued instruction (top 5 reasons per launch)")
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save(fig, path)
+
+
+def recorded_ceilings(rows: list[dict]) -> dict | None:
+    """The ceilings measured in the same session as the profile rows (CPU mode's roofline)."""
+    if not rows:
+        return None
+    found = record.load(kind="ceiling", session=rows[0]["session"])
+    values = {r["name"]: r["value"] for r in found}
+    return values if {"copy_gbps", "bf16_matmul_tflops"} <= values.keys() else None
+
+
+def roofline(rows: list[dict], ceilings: dict | None, path=None):
+    """Every launch by its measured FLOPs (tensor + FP32 counters) over its measured DRAM bytes."""
+    import matplotlib.pyplot as plt
+
+    if not ceilings:
+        print("no ceilings measured in this session: no roofline")
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    bw, peak = ceilings["copy_gbps"] / 1e3, ceilings["bf16_matmul_tflops"]  # TB/s, TFLOP/s
+    x = [0.5, 1e5]
+    ax.plot(x, [min(peak, xi * bw) for xi in x], "k-", lw=1)
+    ax.plot([peak / bw] * 2, [peak / 1e3, peak], "k:", lw=0.5)
+    ax.annotate(f"copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {peak:.0f} TFLOP/s", (0.6, peak * 1.15), fontsize=8)
+    for r in rows:
+        m = r["metrics"]
+        flops = m.get("measured_flops") or m["flops"]
+        if not (flops and m.get("dram_bytes") and m.get("duration_us")):
+            continue
+        xi, yi = flops / m["dram_bytes"], flops / m["duration_us"] / 1e6
+        ax.scatter(xi, yi, marker="o" if r["impl"].startswith(("fwd", "decode", "op")) else "s")
+        ax.annotate(f"{r['impl']} @ {r['case']['name']}", (xi, yi), fontsize=7, xytext=(4, -8), textcoords="offset points")
+    ax.grid(True, which="major", lw=0.3)
+    ax.set(xscale="log", yscale="log", xlabel="FLOP per DRAM byte (measured)", ylabel="TFLOP/s (measured)",
+           title="roofline: measured counters against this session's measured ceilings")
+    return _save(fig, path)
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
 # ------------------------------------------------------------------ the child and the command line
 
-def child_main(target: str, case_name: str, warmup: int) -> int:
+def child_main(target: str, case_name: str, warmup: int, dtype: str | None = None) -> int:
     """Inside ncu: warm-up launches, then the profiled one, all inside one NVTX range."""
     import torch
 
-    fn = make_call(target, find_case(case_name))
+    fn = make_call(target, find_case(case_name, dtype))
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push(NVTX_RANGE)
     for _ in range(warmup + 1):
@@ -578,11 +743,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target", help="child | fwd:v04 | decode:v02 | op:attention | op:decode | sdpa:flash ...")
     parser.add_argument("rest", nargs="+", help="case name (after 'child': target and case)")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--dtype", help="dtype of a bench case (default: the case set's own)")
     args = parser.parse_args(argv)
     if args.target == "child":
-        return child_main(args.rest[0], args.rest[1], args.warmup)
+        return child_main(args.rest[0], args.rest[1], args.warmup, args.dtype)
     try:
-        row = measure(args.target, args.rest[0], args.warmup)
+        row = measure(args.target, args.rest[0], args.warmup, dtype=args.dtype)
     except ProfileUnavailable as err:
         print(f"no profile: {err}", file=sys.stderr)
         return 1
