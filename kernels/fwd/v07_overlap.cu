@@ -18,6 +18,10 @@
 //   the tail is short (LPT scheduling). Non-causal keeps v06's order.
 // - Tile config knobs (compile-time, for sweeps): LAB_V07_D{64,128}_
 //   {CONSUMERS,BC,STAGES}.
+// - PINGPONG (LAB_V07_PINGPONG, option): the consumer warpgroups take turns
+//   issuing their GEMMs (named barriers 4.., a token passed round-robin), so
+//   one warpgroup's wgmmas run while the others do their softmax (FA3's
+//   inter-warpgroup schedule).
 //
 // Tile sizes (defaults; why): D = 128: 2 consumers x 64 rows, B_c = 128,
 // 2 stages (160 KiB; 3 stages fit too, 225 KiB, measured below); per thread
@@ -38,6 +42,9 @@
 
 #include "common/hopper/attn_fwd_sm90.cuh"
 
+#ifndef LAB_V07_PINGPONG
+#define LAB_V07_PINGPONG 0
+#endif
 #ifndef LAB_V07_D64_CONSUMERS
 #define LAB_V07_D64_CONSUMERS 3
 #endif
@@ -161,8 +168,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     RowState st;
     float sacc[BC / 2], alpha[2];
     uint32_t pa[BC / 16][4];
+    // The mbarrier waits come before wgmma_fence: a spin loop between the fence and
+    // the wgmma makes ptxas inject fences of its own.
+    auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1); };
+    auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1); };
     auto issue_s = [&](int j) {
-      mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         WgmmaOp<BC>::template ss<kBf16, 0>(sacc, desc_kmajor(sQw, 64, kk), desc_kmajor(sK(j % kStages), BC, kk),
@@ -170,7 +180,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       wgmma_commit();
     };
     auto issue_pv = [&](int j) {
-      mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1);
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk)
         WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(sV(j % kStages), BC, kk), 1);
@@ -183,24 +192,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       else
         softmax_scores<BC, false>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
     };
+    // PINGPONG: turn() waits for this warpgroup's token, pass() hands it to the next one. Every
+    // warpgroup takes n_tiles + 1 turns; warpgroup 1 takes one more at the end, which consumes the
+    // last warpgroup's last pass, so no arrival is left pending at exit.
+    constexpr bool kPing = LAB_V07_PINGPONG && Cfg::kConsumers > 1;
+    const int next_wg = wg % Cfg::kConsumers + 1;
+    auto turn = [&]() {
+      if constexpr (kPing) named_barrier_sync(3 + wg, 256);
+    };
+    auto pass = [&]() {
+      if constexpr (kPing) named_barrier_arrive(3 + next_wg, 256);
+    };
     auto release = [&](int j) {
       if (ct % 32 == 0) mbar_arrive(smem_u32(&bar_empty[j % kStages]));
     };
+    if (kPing && wg == Cfg::kConsumers && n_tiles > 0) named_barrier_arrive(3 + 1, 256);  // the first turn
     mbar_wait(smem_u32(&bar_q), 0);
 
     if (n_tiles > 0) {
+      wait_k(0);
+      turn();
       wgmma_fence();
       issue_s(0);
+      pass();
       wgmma_wait<0>();
       reg_fence(sacc);
       softmax(0);  // O is still 0: alpha needs no rescale
       pack_p<BC, T>(sacc, pa);
     }
-    // Main loop: S_{j} and P_{j-1} V_{j-1} in flight together.
+    // Main loop: S_j and P_{j-1} V_{j-1} in flight together.
     for (int j = 1; j < n_tiles; ++j) {
+      wait_k(j);
+      wait_v(j - 1);
+      turn();
       wgmma_fence();  // P fragments and rescaled O written before the wgmmas read them
       issue_s(j);
       issue_pv(j - 1);
+      pass();
       wgmma_wait<1>();  // S_j is done (groups complete in order)
       reg_fence(sacc);
       softmax(j);
@@ -211,11 +239,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       pack_p<BC, T>(sacc, pa);
     }
     if (n_tiles > 0) {
+      wait_v(n_tiles - 1);
+      turn();
       wgmma_fence();
       issue_pv(n_tiles - 1);
+      pass();
       wgmma_wait<0>();
       reg_fence(o);
       release(n_tiles - 1);
+      if (kPing && wg == 1) turn();
     }
 
     // Epilogue

@@ -84,6 +84,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// bar.arrive on a named barrier: counts this warp's arrival without waiting (the producer side of a bar.sync).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // setmaxnreg: a warpgroup gives registers back (dec) or claims them (inc); needs a launch-bounds register cap.
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
