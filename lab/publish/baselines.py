@@ -12,20 +12,15 @@ from collections import defaultdict
 from pathlib import Path
 
 from .. import backends
+from ..cases import SEED_ORIGIN_L4
 from ..record import slug
 from . import pages, pivot
 
 # Facts quoted from the origin's report seeds/000 (Session N+2, 2025-10-12): FP16 on an NVIDIA L4 (SM89),
-# PyTorch's attention against the origin's kernel. The report also states 79.8% less memory than PyTorch.
+# PyTorch's attention against the origin's kernel; lab.cases holds the one copy of the numbers.
 ORIGIN_SOURCE = "seeds/000, Session N+2, 2025-10-12"
-ORIGIN_L4 = [  # (config, S, PyTorch ms, origin kernel ms, speedup as reported)
-    ("Tiny", 32, 0.043, 0.155, 0.28),
-    ("Small", 64, 0.044, 0.286, 0.15),
-    ("Medium", 128, 0.044, 0.743, 0.06),
-    ("Large", 256, 0.044, 2.801, 0.02),
-    ("XLarge", 512, 0.052, 8.290, 0.01),
-    ("Multi-head", 128, 0.043, 0.746, 0.06),
-]
+ORIGIN_L4 = [(name, S, torch_ms, ours_ms, speedup)  # (config, S, PyTorch ms, origin kernel ms, speedup as reported)
+             for name, (S, torch_ms, ours_ms, speedup) in SEED_ORIGIN_L4.items()]
 ORIGIN_MEMORY = "79.8% less memory than PyTorch"
 
 
@@ -54,7 +49,7 @@ def trend_figure(rows: list[dict], sessions: list[dict], main: str | None, targe
     for row in rows:
         value = (row.get("ratios") or {}).get(main)
         if value and value > 0 and row["session"] in order:
-            series[f"{row['impl']} ({row.get('kind')})"].setdefault(row["session"], []).append(math.log(value))
+            series[f"{row['impl']} ({row.get('kind')})".replace("$", r"\$")].setdefault(row["session"], []).append(math.log(value))
     if not series:
         return None
     used = sorted({sid for points in series.values() for sid in points}, key=order.get)
@@ -67,7 +62,7 @@ def trend_figure(rows: list[dict], sessions: list[dict], main: str | None, targe
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.set_xticks(range(len(used)), [sid[:15] for sid in used], rotation=20, fontsize=7)
+    ax.set_xticks(range(len(used)), [sid[:15].replace("$", "") for sid in used], rotation=20, fontsize=7)
     ax.set_ylabel(f"ratio to {main} (>1: ours faster)")
     ax.set_title("Geometric mean over cases, per session")
     ax.legend(fontsize=8)
