@@ -1,0 +1,52 @@
+"""CPU tests for the Hopper forward kernels' Python side: default selection per device and the generated wgmma header."""
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+from lab import ops, paths
+
+
+def _query(head_dim: int):
+    return SimpleNamespace(shape=(1, 1, 1, head_dim), device=SimpleNamespace(type="cuda", index=0))
+
+
+@pytest.mark.parametrize("capability,expected", [((9, 0), "hopper"), ((8, 0), "v04"), ((8, 9), "v04"), ((10, 0), "v04")])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_default_version_per_capability(monkeypatch, capability, expected, head_dim):
+    monkeypatch.setattr(ops, "_capability", lambda device: capability)
+    chosen = ops.attention_version(_query(head_dim))
+    if expected == "hopper":
+        expected = ops.BEST_FWD_HOPPER[0] if ops.BEST_FWD_HOPPER else "v04"
+    assert chosen == expected
+    assert ops.attention_version(_query(head_dim), "v04") == "v04"  # an explicit version always wins
+
+
+def test_hopper_versions_are_registered_for_sm90_only():
+    hopper = [name for name, k in ops.FWD.items() if k.capabilities]
+    assert {"v05", "v06", "v07"} <= set(hopper)
+    for name in hopper:
+        assert ops.FWD[name].capabilities == ((9, 0),)
+        assert (paths.KERNELS / ops.FWD[name].source).exists()
+    assert set(ops.BEST_FWD_HOPPER) <= set(hopper)
+
+
+def test_capability_is_cached(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ops, "_capabilities", {})
+    monkeypatch.setattr(ops.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ops.torch.cuda, "get_device_capability", lambda index: calls.append(index) or (9, 0))
+    device = SimpleNamespace(type="cuda", index=3)
+    assert ops._capability(device) == (9, 0) and ops._capability(device) == (9, 0)
+    assert calls == [3]
+
+
+def test_generated_wgmma_header_is_current(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("gen", paths.ROOT / "tests/cuda/hopper_gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    monkeypatch.setattr(gen, "OUT", tmp_path / "wgmma_ops.cuh")
+    gen.main()
+    assert gen.OUT.read_text() == (paths.KERNELS / "common/hopper/wgmma_ops.cuh").read_text()
