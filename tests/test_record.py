@@ -177,3 +177,39 @@ def test_latest_gpu_rows_through_load(session_dir, tmp_path, monkeypatch):
 @pytest.mark.parametrize("value, expected", [(np.int64(3), 3), (np.float64(0.5), 0.5), (Path("a/b"), "a/b")])
 def test_jsonable(value, expected):
     assert record._jsonable(value) == expected
+
+
+def test_one_reader_skips_torn_lines_with_file_and_line(tmp_path):
+    folder = tmp_path / "outputs" / "sessions" / "s1"
+    folder.mkdir(parents=True)
+    path = folder / "records.jsonl"
+    path.write_text('{"kind": "fwd", "n": 1}\n{"kind": "fwd", "n": 2, "ca\n[1, 2]\n\n{"kind": "fwd", "n": 3}\n{"kind"')
+    with pytest.warns(record.TornLineWarning) as caught:
+        rows = record.load(tmp_path / "outputs", kind="fwd")
+    assert [r["n"] for r in rows] == [1, 3]
+    messages = [str(w.message) for w in caught]
+    assert any(f"{path}:2: skipped a torn record line: not JSON" in m for m in messages)
+    assert any(f"{path}:3: skipped a torn record line: not a JSON object" in m for m in messages)
+    assert any(f"{path}:6:" in m for m in messages)
+    invalid = folder / "binary" / "records.jsonl"
+    invalid.parent.mkdir()
+    invalid.write_bytes(b'{"kind": "fwd", "n": 4}\n\xff\xfe{"kind"\n')
+    with pytest.warns(record.TornLineWarning, match=r"binary/records.jsonl:2"):
+        assert [r["n"] for r in record.read(invalid)] == [4]
+    assert record.read(tmp_path / "nowhere" / "records.jsonl") == []
+
+
+def test_runner_rows_use_the_same_writer(tmp_path):
+    folder = tmp_path / "20250101-000000-cpu-abc"
+    row = record.append({"kind": "gate", "chapter": "n4_baseline", "name": "g"}, chapter="n4_baseline",
+                        folder=folder, env={"gpu": "cpu"})
+    assert row["session"] == folder.name and row["env"] == {"gpu": "cpu"} and row["chapter"] == "n4_baseline"
+    assert record.read(folder / "records.jsonl") == [row]
+
+
+def test_one_session_id_format(monkeypatch):
+    monkeypatch.setattr(record, "git_commit", lambda: "abc1234567")
+    when = dt.datetime(2025, 11, 1, 10, 0, 0, tzinfo=dt.timezone.utc)
+    assert record.session_id("NVIDIA H200", when) == "20251101-100000-h200-abc1234567"
+    monkeypatch.setattr(record, "fingerprint", lambda: {"gpu": "cpu"})
+    assert record.new_run_id(when) == "20251101-100000-cpu-abc1234567"
