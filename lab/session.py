@@ -28,7 +28,6 @@ import socket
 import statistics
 import sys
 import tarfile
-import threading
 import time
 import traceback as tb
 from contextlib import contextmanager
@@ -36,10 +35,9 @@ from pathlib import Path
 
 from . import files, paths, record, toc
 from . import gates as gates_mod
+from .liveness import Beat, deferred_signals
 from .progress import Heartbeat, fmt_seconds
 
-HEARTBEAT_FILE = "heartbeat"  # rewritten every HEARTBEAT_S while the runner lives (lab.publish.pages reads it)
-HEARTBEAT_S = 30.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -142,57 +140,6 @@ def write_json(path: Path, data: dict) -> None:
     files.write_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
-class Beat:
-    """Rewrites <session>/heartbeat with the time every `every` seconds, so a reader can tell a live runner
-    from one that was killed; a failed write is ignored (the pid check still works)."""
-
-    def __init__(self, folder: Path, every: float = HEARTBEAT_S):
-        self.path, self.every, self.stop_event = folder / HEARTBEAT_FILE, every, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _beat(self):
-        try:
-            files.write_atomic(self.path, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds") + "\n")
-        except OSError:
-            pass
-
-    def _run(self):
-        while not self.stop_event.wait(self.every):
-            self._beat()
-
-    def __enter__(self):
-        self._beat()
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop_event.set()
-        self.thread.join(timeout=5)
-        try:
-            self.path.unlink()
-        except OSError:
-            pass
-
-
-@contextmanager
-def _deferred_signals():
-    """While the runner finishes session.json, a second Ctrl-C or SIGTERM waits instead of cutting it short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending = []
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in saved:
-        signal.signal(sig, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-        if pending:
-            raise KeyboardInterrupt(f"signal {pending[0]}")
-
-
 def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_dir: Path | None = None,
                 device: str = "auto", cases: str = "quick", dtype: str | None = None, reps: int | None = None,
                 price_per_gpu_hour: float | None = None, gates_file: Path | None = None,
@@ -232,7 +179,7 @@ def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_di
         except BaseException as err:  # the runner's own failure (a full disk...): still a finished session.json
             _stop(info, "failed", f"{type(err).__name__}: {err}"[:500], _short_traceback(tb.format_exc()))
             printer(f"session failed: {info['error']}")
-        with _deferred_signals():
+        with deferred_signals():
             _finish(info, folder, start, gates_file, price_per_gpu_hour, env, printer)
     return folder
 

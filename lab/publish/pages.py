@@ -21,10 +21,10 @@ import warnings
 from pathlib import Path
 
 from .. import files, record
+from ..liveness import HEARTBEAT_FILE, HEARTBEAT_S
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-HEARTBEAT = "heartbeat"  # a file the runner rewrites while it runs (lab.session)
-STALE_S = 15 * 60  # no heartbeat for this long: the runner is gone (it beats every 30 s)
+STALE_S = max(15 * 60, 10 * HEARTBEAT_S)  # no heartbeat for this long: the runner is gone
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*{}\[\]|$~])")
 
@@ -67,7 +67,7 @@ def _alive(info: dict, folder: Path) -> bool:
             return False
         except PermissionError:
             pass  # exists, owned by someone else
-    beat = folder / HEARTBEAT
+    beat = folder / HEARTBEAT_FILE
     try:
         last = dt.datetime.fromisoformat(beat.read_text().strip())
     except (OSError, ValueError):
