@@ -68,19 +68,24 @@ def create_session_dir(outputs: Path, env: dict, device: str, session_id: str | 
 
 
 def _history(outputs: Path) -> list[dict]:
+    """Earlier sessions, for estimates only: a torn or odd session.json is passed over, never fatal."""
     found = []
     for file in sorted((outputs / "sessions").glob("*/session.json")):
         try:
-            found.append(json.loads(file.read_text()))
-        except (OSError, json.JSONDecodeError):
+            info = json.loads(file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue  # a session killed mid-write must not stop the next one
+        if isinstance(info, dict) and isinstance(info.get("chapters"), list):
+            found.append(info)
     return found
 
 
 def estimate(history: list[dict], chapter: str, mode: str, cases: str) -> float | None:
     """Median duration of this chapter in earlier successful sessions of the same mode and case set."""
-    past = [c["duration_s"] for s in history if s.get("mode") == mode and s.get("cases") == cases
-            for c in s.get("chapters", []) if c.get("name") == chapter and c.get("status") == "ok"]
+    past = [c.get("duration_s") for s in history if s.get("mode") == mode and s.get("cases") == cases
+            for c in s.get("chapters", []) if isinstance(c, dict) and c.get("name") == chapter
+            and c.get("status") == "ok"]
+    past = [x for x in past if isinstance(x, (int, float)) and not isinstance(x, bool)]
     return statistics.median(past) if past else None
 
 

@@ -269,9 +269,14 @@ def test_void_gates_are_counted_and_shown(tmp_path):
     path = _session_json(outputs, "new")
     info = json.loads(path.read_text())
     info["gates"] = {"pass": 1, "fail": 0, "no data": 0, "void": 2}
+    info.update(status="failed", error="OutputError: cannot write /x/session.json: the disk is full",
+                traceback="Traceback (most recent call last):\nOutputError: the disk is full")
     path.write_text(json.dumps(info))
     log.generate(outputs)
-    assert "1 / 0 / 0 (2 void)" in page(outputs, "sessions")
+    text = page(outputs, "sessions")
+    assert "1 / 0 / 0 (2 void)" in text and "status failed" in text
+    assert "The runner stopped on an error: OutputError: cannot write /x/session.json: the disk is full" in text
+    assert "Traceback of the runner (shortened):\n\n````text\nTraceback (most recent call last)" in text
 
 
 def test_latest_summary_names_failed_chapters(outputs):

@@ -118,6 +118,9 @@ def test_estimate_uses_earlier_sessions_of_the_same_mode():
                {"mode": "cpu", "cases": "quick", "chapters": [{"name": "n4", "status": "ok", "duration_s": 99}]}]
     assert session.estimate(history, "n4", "gpu", "quick") == 20
     assert session.estimate(history, "n4", "gpu", "full") is None
+    odd = history + [{"mode": "gpu", "cases": "quick", "chapters": ["x", {"name": "n4", "status": "ok"},
+                                                                    {"name": "n4", "status": "ok", "duration_s": "9"}]}]
+    assert session.estimate(odd, "n4", "gpu", "quick") == 20  # odd entries of a crafted file are passed over
     assert session.fmt_seconds(75) == "1m15s" and session.fmt_seconds(None) == "unknown"
 
 
