@@ -13,11 +13,9 @@ CHAPTERS = toc.chapters()  # the one chapter list: the book's _toc.yml
 
 
 def test_chapter_list_is_complete():
-    """Every notebook under chapters/ is in the book, and the book lists the original chapters."""
-    assert {"n0_environment", "n2_build_recipe", "n3_harness", "n4_baseline", "n5_correctness", "n6_fa2",
-            "n7_split_k"} <= set(CHAPTERS)
+    """Every notebook under chapters/ is in the book (so the session runs it and the log publishes it)."""
     on_disk = {p.stem for p in paths.CHAPTERS.glob("n*.ipynb")}
-    assert on_disk <= set(CHAPTERS), f"notebooks missing from _toc.yml: {sorted(on_disk - set(CHAPTERS))}"
+    assert on_disk and on_disk <= set(CHAPTERS), f"notebooks missing from _toc.yml: {sorted(on_disk - set(CHAPTERS))}"
 
 
 @pytest.fixture(params=CHAPTERS)

@@ -61,9 +61,13 @@ def test_dotted_metric_and_type_mismatch_fail_without_crashing():
 
 
 def test_repository_gates_file_is_valid_and_covers_the_chapters():
+    from lab import toc
+
     declared = gates.load_gates()
     chapters = {g["chapter"] for g in declared}
-    assert {"n2_build_recipe", "n3_harness", "n4_baseline", "n5_correctness", "n6_fa2", "n7_split_k"} <= chapters
+    book = toc.chapters()
+    assert chapters <= set(book), f"gates of chapters that are not in _toc.yml: {sorted(chapters - set(book))}"
+    assert len(chapters) >= 6  # n2-n7 at least: every chapter that measures something has gates
     assert all(gates.evaluate(g, [])["status"] == "no data" for g in declared)
 
 
