@@ -3,8 +3,8 @@
 - Beat rewrites <session>/heartbeat with the time every 30 s; lab.publish.pages calls a session that is
   still marked "running" "abandoned" once its heartbeat is stale or its pid is gone (SIGKILL can stop
   a runner before it writes anything else);
-- deferred_signals holds back a second Ctrl-C or SIGTERM while the runner writes its final session.json,
-  so the last write is never cut short.
+- deferred_signals holds back Ctrl-C or SIGTERM while the runner writes its final session.json, so the
+  last write is never cut short.
 """
 from __future__ import annotations
 
@@ -54,18 +54,17 @@ class Beat:
 
 @contextmanager
 def deferred_signals():
-    """While the runner finishes session.json, a second Ctrl-C or SIGTERM waits instead of cutting it short."""
+    """While the runner finishes session.json, Ctrl-C or SIGTERM is noted (in the yielded list) instead of
+    cutting the last write short; the session is finished by then, so nothing else is lost."""
+    pending: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield pending
         return
-    pending = []
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in saved:
         signal.signal(sig, lambda signum, frame: pending.append(signum))
     try:
-        yield
+        yield pending
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-        if pending:
-            raise KeyboardInterrupt(f"signal {pending[0]}")

@@ -184,8 +184,10 @@ def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_di
         except BaseException as err:  # the runner's own failure (a full disk...): still a finished session.json
             _stop(info, "failed", f"{type(err).__name__}: {err}"[:500], _short_traceback(tb.format_exc()))
             printer(f"session failed: {info['error']}")
-        with deferred_signals():
+        with deferred_signals() as held:
             _finish(info, folder, start, gates_file, price_per_gpu_hour, env, printer)
+        if held:
+            printer(f"signal {held[0]} arrived while session.json was being finished: the session was already done")
     return folder
 
 

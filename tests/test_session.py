@@ -286,3 +286,24 @@ def test_sigkill_leaves_running_which_the_log_shows_as_abandoned(tmp_path):
     with pytest.warns(Warning):  # fixture chapter names are not in _toc.yml
         log.generate(tmp_path)
     assert "abandoned" in (tmp_path / "log" / "sessions.md").read_text()
+
+
+def test_a_signal_during_the_final_write_does_not_cut_it_short(tmp_path, monkeypatch):
+    monkeypatch.setattr(session, "execute", _quick_execute)
+    real = session.write_json
+
+    def write_and_get_signalled(path, data):
+        if data.get("end"):  # the final write: a time limit's SIGTERM lands right now
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(path, data)
+    monkeypatch.setattr(session, "write_json", write_and_get_signalled)
+    previous = signal.signal(signal.SIGTERM, session._interrupt)
+    lines = []
+    try:
+        folder = session.run_session(["ok_chapter"], outputs=tmp_path, chapters_dir=FIXTURES, device="cpu",
+                                     gates_file=FIXTURES / "gates.json", heartbeat=0, printer=lines.append)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    info = json.loads((folder / "session.json").read_text())
+    assert info["status"] == "complete" and info["end"]
+    assert any(line.startswith("signal 15 arrived while session.json was being finished") for line in lines)
