@@ -110,6 +110,8 @@ def test_legacy_impl_names_stand_in_for_the_public_op():
     assert pivot.ours(old, "fwd")[:2] == ("v04", "s1") and len(pivot.ours(old, "fwd")[2]) == 2
     new = old + [row("lab.ops.attention", "s2", "5"), row("v05", "s2", "6")]
     assert pivot.ours(new, "fwd")[:2] == ("lab.ops.attention", "s2")
+    trying_v06 = new + [row("v06", "s3", "7")]  # a newer session that timed only a new version
+    assert pivot.ours(trying_v06, "fwd")[:2] == ("lab.ops.attention", "s2")
     decode = [{**row("auto", "s1", "1"), "kind": "decode"}, {**row("v02", "s1", "2"), "kind": "decode"}]
     assert pivot.ours(decode, "decode")[0] == "auto"
     assert pivot.ours([{**r, "env": {"gpu": "cpu"}} for r in old], "fwd") == (None, None, [])

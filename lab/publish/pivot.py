@@ -43,10 +43,8 @@ def timed(rows: list[dict], family: str) -> list[dict]:
             and isinstance(r.get("ratios"), dict) and isinstance(r.get("case"), dict)]
 
 
-def _pick_impl(family: str, impls: set) -> str | None:
-    public = FAMILIES[family][0]
-    if public in impls:
-        return public
+def _legacy_impl(family: str, impls: set) -> str | None:
+    """What a session from before the public-op rows timed as the default: decode's `auto`, else the newest vNN."""
     for name in LEGACY.get(family, ()):
         if name in impls:
             return name
@@ -55,19 +53,24 @@ def _pick_impl(family: str, impls: set) -> str | None:
 
 
 def ours(rows: list[dict], family: str) -> tuple[str | None, str | None, list[dict]]:
-    """(impl, session, rows): the family's default kernel in the newest session that timed it."""
+    """(impl, session, rows): the family's default kernel in the newest session that timed it.
+
+    The public op wins wherever any session timed it: a newer session that timed only some versions
+    (a chapter trying v05) does not make its newest version "the default"."""
     by_session = defaultdict(list)
     for row in timed(rows, family):
         by_session[row["session"]].append(row)
     newest = sorted(by_session, key=lambda s: max(str(r.get("timestamp", "")) for r in by_session[s]), reverse=True)
-    for session in newest:
-        impl = _pick_impl(family, {r.get("impl") for r in by_session[session]})
-        if impl:
-            chosen = {}
-            for row in sorted(by_session[session], key=lambda r: str(r.get("timestamp", ""))):
-                if row.get("impl") == impl:
-                    chosen[shape_key(row, family)] = row  # a shape measured twice: the later row
-            return impl, session, list(chosen.values())
+    public = FAMILIES[family][0]
+    picks = [(public, s) for s in newest if any(r.get("impl") == public for r in by_session[s])][:1]
+    if not picks:
+        picks = [(impl, s) for s in newest if (impl := _legacy_impl(family, {r.get("impl") for r in by_session[s]}))][:1]
+    for impl, session in picks:
+        chosen = {}
+        for row in sorted(by_session[session], key=lambda r: str(r.get("timestamp", ""))):
+            if row.get("impl") == impl:
+                chosen[shape_key(row, family)] = row  # a shape measured twice: the later row
+        return impl, session, list(chosen.values())
     return None, None, []
 
 
