@@ -13,6 +13,12 @@
 //   the P fragments; rescale_o and pack_p come after the wait).
 //   Costs: S and the P fragments of the previous tile are live together
 //   (+B_c/4 registers per thread).
+// - K and V have separate `empty` barriers. First cut (one barrier per
+//   stage, released after P_j V_j as in v06): with 2 stages the release
+//   moved a whole iteration later, the next K load was exposed and v07 ran
+//   at 0.81-0.85x v06 at D = 128 (run 2, H200: 427 vs 506 TFLOP/s at
+//   S = 8192; 3 stages recovered it to 503). K_j is now released as soon
+//   as S_j is done.
 // - Causal CTAs in longest-first order over the whole grid (query block
 //   slowest, heaviest first): the last wave holds the shortest CTAs, so
 //   the tail is short (LPT scheduling). Non-causal keeps v06's order.
@@ -97,7 +103,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty[kStages];
+  // K and V have their own `empty` barriers: K_j is free once S_j is done, a whole softmax before
+  // P_j V_j frees V_j, so the next K load is not held up by the overlapped P V (see the header).
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
   uint8_t* smem = align1024(smem_raw);
   const uint32_t sQ = smem_u32(smem);
   auto sK = [&](int s) { return sQ + Cfg::kQBytes + s * Cfg::kTileBytes; };
@@ -126,7 +134,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     for (int s = 0; s < kStages; ++s) {
       mbar_init(smem_u32(&bar_k[s]), 1);
       mbar_init(smem_u32(&bar_v[s]), 1);
-      mbar_init(smem_u32(&bar_empty[s]), 4 * Cfg::kConsumers);
+      mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
+      mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
     }
     fence_barrier_init();
   }
@@ -145,10 +154,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages;
-        if (j >= kStages) mbar_wait(smem_u32(&bar_empty[s]), ((j / kStages) & 1) ^ 1);
+        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
+        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
         mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
         for (int cb = 0; cb < D / 64; ++cb)
           tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
+        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
         mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
         for (int cb = 0; cb < D / 64; ++cb)
           tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
@@ -203,8 +214,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     auto pass = [&]() {
       if constexpr (kPing) named_barrier_arrive(3 + next_wg, 256);
     };
-    auto release = [&](int j) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&bar_empty[j % kStages]));
+    auto release_k = [&](int j) {
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[j % kStages]));
+    };
+    auto release_v = [&](int j) {
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[j % kStages]));
     };
     if (kPing && wg == Cfg::kConsumers && n_tiles > 0) named_barrier_arrive(3 + 1, 256);  // the first turn
     mbar_wait(smem_u32(&bar_q), 0);
@@ -217,6 +231,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       pass();
       wgmma_wait<0>();
       reg_fence(sacc);
+      release_k(0);
       softmax(0);  // O is still 0: alpha needs no rescale
       pack_p<BC, T>(sacc, pa);
     }
@@ -231,10 +246,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       pass();
       wgmma_wait<1>();  // S_j is done (groups complete in order)
       reg_fence(sacc);
+      release_k(j);
       softmax(j);
       wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments are ours again
       reg_fence(o);
-      release(j - 1);
+      release_v(j - 1);
       rescale_o<D>(o, alpha);
       pack_p<BC, T>(sacc, pa);
     }
@@ -246,7 +262,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       pass();
       wgmma_wait<0>();
       reg_fence(o);
-      release(n_tiles - 1);
+      release_v(n_tiles - 1);
       if (kPing && wg == 1) turn();
     }
 
