@@ -20,27 +20,42 @@
 
 namespace {
 
+// Bad input is reported without a C++ exception crossing into Python: each check returns the message of the
+// first failure (empty: fine), the bound functions return it, and lab/build.py's wrapper raises it as a
+// RuntimeError. When these checks were TORCH_CHECKs, the first direct-call test with bad input segfaulted
+// on the H200 machine (torch 2.11.0+cu130, 2026-11-22) instead of raising.
+#define LAB_REQUIRE(cond, ...)                      \
+  do {                                              \
+    if (!(cond)) return c10::str(__VA_ARGS__);      \
+  } while (0)
+#define LAB_TRY(expr)                               \
+  do {                                              \
+    std::string lab_error_ = (expr);                \
+    if (!lab_error_.empty()) return lab_error_;     \
+  } while (0)
+
 typedef int (*AttnFwdLauncher)(const AttnFwdParams*, void*);
 typedef int (*DecodeLauncher)(const DecodeParams*, void*);
 
 constexpr int64_t kIntMax = 0x7fffffff;  // the params structs hold sizes in int
 
-int dtype_code(const at::Tensor& t) {
-  if (t.scalar_type() == at::kHalf) return LAB_FP16;
-  if (t.scalar_type() == at::kBFloat16) return LAB_BF16;
-  TORCH_CHECK(false, "query dtype must be float16 or bfloat16, got ", t.scalar_type());
-  return -1;
+std::string dtype_code(const at::Tensor& t, int* code) {
+  *code = t.scalar_type() == at::kHalf ? LAB_FP16 : LAB_BF16;
+  LAB_REQUIRE(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
+              "query dtype must be float16 or bfloat16, got ", t.scalar_type());
+  return "";
 }
 
 // Device, rank, dtype and sizes of a (B, H, S, D) tensor; its layout is handled by readable()/writable().
-void check_bhsd(const at::Tensor& t, const char* name, const at::Tensor& like) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
-  TORCH_CHECK(t.device() == like.device(), name, " is on ", t.device(), " but query is on ", like.device());
-  TORCH_CHECK(t.dim() == 4, name, " must be 4-D (B, H, S, D), got ", t.dim(), "-D");
-  TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " has dtype ", t.scalar_type(), " but query has ",
+std::string check_bhsd(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  LAB_REQUIRE(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
+  LAB_REQUIRE(t.device() == like.device(), name, " is on ", t.device(), " but query is on ", like.device());
+  LAB_REQUIRE(t.dim() == 4, name, " must be 4-D (B, H, S, D), got ", t.dim(), "-D");
+  LAB_REQUIRE(t.scalar_type() == like.scalar_type(), name, " has dtype ", t.scalar_type(), " but query has ",
               like.scalar_type());
   for (int i = 0; i < 4; ++i)
-    TORCH_CHECK(t.size(i) <= kIntMax, name, ".size(", i, ") = ", t.size(i), " does not fit the kernels' int sizes");
+    LAB_REQUIRE(t.size(i) <= kIntMax, name, ".size(", i, ") = ", t.size(i), " does not fit the kernels' int sizes");
+  return "";
 }
 
 // What the kernels read with 16-byte loads: data 16-byte aligned, last stride 1, other strides multiples of
@@ -62,14 +77,22 @@ at::Tensor readable(const at::Tensor& t) {
 
 // The tensor the kernel writes: `out` itself when its layout allows, else a contiguous buffer copied into
 // `out` afterwards (finish()). An out that overlaps itself (a stride of 0) or an input is refused.
-at::Tensor writable(const at::Tensor& out, std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs) {
-  if (out.numel() == 0) return out;
-  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes,
+std::string writable(const at::Tensor& out, std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs,
+                     at::Tensor* written) {
+  *written = out;
+  if (out.numel() == 0) return "";
+  LAB_REQUIRE(at::has_internal_overlap(out) != at::MemOverlap::Yes,
               "out has a stride of 0 on a dim of size > 1 (several elements share memory); pass a dense tensor");
-  for (const auto& in : inputs)
-    TORCH_CHECK(in.first->numel() == 0 || at::get_overlap_status(out, *in.first) == at::MemOverlapStatus::No,
+  // get_overlap_status answers TooHard for any non-contiguous input (a KV-cache slice, a transposed
+  // view): that is no evidence of overlap, so only a proven one (Full, Partial) is refused.
+  for (const auto& in : inputs) {
+    if (in.first->numel() == 0) continue;
+    const auto status = at::get_overlap_status(out, *in.first);
+    LAB_REQUIRE(status != at::MemOverlapStatus::Full && status != at::MemOverlapStatus::Partial,
                 "out overlaps ", in.second, "; pass a separate output tensor");
-  return layout_ok(out) ? out : at::empty(out.sizes(), out.options());
+  }
+  if (!layout_ok(out)) *written = at::empty(out.sizes(), out.options());
+  return "";
 }
 
 void finish(at::Tensor& out, const at::Tensor& written) {
@@ -98,69 +121,74 @@ void copy_all_strides(Params& p, const at::Tensor& q, const at::Tensor& k, const
 }
 
 // Batch, head dim and head counts of query, key/value and out agree; no size makes a kernel divide by 0.
-void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+std::string check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
                   const char* kname, const char* vname) {
-  TORCH_CHECK(k.size(0) == q.size(0), kname, " has batch ", k.size(0), " but query has batch ", q.size(0));
-  TORCH_CHECK(k.sizes() == v.sizes(), kname, " and ", vname, " shapes differ: ", k.sizes(), " vs ", v.sizes());
-  TORCH_CHECK(q.size(3) > 0, "query head dim must be positive, got ", q.size(3));
-  TORCH_CHECK(k.size(3) == q.size(3), kname, " has head dim ", k.size(3), " but query has ", q.size(3));
-  TORCH_CHECK(k.size(1) > 0, kname, " must have at least one head, got ", k.size(1));
-  TORCH_CHECK(q.size(1) % k.size(1) == 0, "query heads (", q.size(1), ") must be a multiple of ", kname, " heads (",
+  LAB_REQUIRE(k.size(0) == q.size(0), kname, " has batch ", k.size(0), " but query has batch ", q.size(0));
+  LAB_REQUIRE(k.sizes() == v.sizes(), kname, " and ", vname, " shapes differ: ", k.sizes(), " vs ", v.sizes());
+  LAB_REQUIRE(q.size(3) > 0, "query head dim must be positive, got ", q.size(3));
+  LAB_REQUIRE(k.size(3) == q.size(3), kname, " has head dim ", k.size(3), " but query has ", q.size(3));
+  LAB_REQUIRE(k.size(1) > 0, kname, " must have at least one head, got ", k.size(1));
+  LAB_REQUIRE(q.size(1) % k.size(1) == 0, "query heads (", q.size(1), ") must be a multiple of ", kname, " heads (",
               k.size(1), ")");
-  TORCH_CHECK(o.sizes() == q.sizes(), "out must have the query's shape ", q.sizes(), ", got ", o.sizes());
+  LAB_REQUIRE(o.sizes() == q.sizes(), "out must have the query's shape ", q.sizes(), ", got ", o.sizes());
+  return "";
 }
 
-float check_scale(double scale) {
-  TORCH_CHECK(std::isfinite(scale) && std::fabs(scale) <= 3.4028234663852886e38, "scale must be a finite float32 value, got ",
-              scale);
-  return static_cast<float>(scale);
+std::string check_scale(double scale) {
+  LAB_REQUIRE(std::isfinite(scale) && std::fabs(scale) <= 3.4028234663852886e38,
+              "scale must be a finite float32 value, got ", scale);
+  return "";
 }
 
 // A float32 CUDA tensor on query's device, contiguous, with at least (exactly, if exact) `numel` elements.
-float* float_buffer(const at::Tensor& t, const char* name, const at::Tensor& q, int64_t numel, bool exact) {
-  TORCH_CHECK(t.is_cuda() && t.device() == q.device(), name, " must be a CUDA tensor on query's device ", q.device(),
+std::string float_buffer(const at::Tensor& t, const char* name, const at::Tensor& q, int64_t numel, bool exact,
+                         float** ptr) {
+  LAB_REQUIRE(t.is_cuda() && t.device() == q.device(), name, " must be a CUDA tensor on query's device ", q.device(),
               ", got ", t.device());
-  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(exact ? t.numel() == numel : t.numel() >= numel, name, " must have ", exact ? "" : "at least ", numel,
+  LAB_REQUIRE(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
+  LAB_REQUIRE(t.is_contiguous(), name, " must be contiguous");
+  LAB_REQUIRE(exact ? t.numel() == numel : t.numel() >= numel, name, " must have ", exact ? "" : "at least ", numel,
               " elements, got ", t.numel(), " (shape ", t.sizes(), ")");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " data pointer is not 16-byte aligned");
-  return t.data_ptr<float>();
+  LAB_REQUIRE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " data pointer is not 16-byte aligned");
+  *ptr = t.data_ptr<float>();
+  return "";
 }
 
-void raise_on_error(int rc, const char* what) {
-  if (rc == 0) return;
+std::string launch_error(int rc, const char* what) {
+  if (rc == 0) return "";
   if (rc < 0) {
     const char* reason = rc == LAB_E_HEAD_DIM ? "head_dim not supported by this kernel"
                          : rc == LAB_E_DTYPE ? "dtype not supported by this kernel"
                          : rc == LAB_E_SHAPE ? "shape not supported by this kernel"
                          : rc == LAB_E_WORKSPACE ? "missing workspace" : "unknown launcher error";
-    TORCH_CHECK(false, what, ": ", reason, " (code ", rc, ")");
+    return c10::str(what, ": ", reason, " (code ", rc, ")");
   }
-  TORCH_CHECK(false, what, ": CUDA error ", rc, ": ", cudaGetErrorString(static_cast<cudaError_t>(rc)));
+  return c10::str(what, ": CUDA error ", rc, ": ", cudaGetErrorString(static_cast<cudaError_t>(rc)));
 }
 
-}  // namespace
-
-void attn_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
-              c10::optional<at::Tensor> lse, double scale, bool causal, c10::optional<at::Tensor> debug) {
-  check_bhsd(q, "query", q);
-  check_bhsd(k, "key", q);
-  check_bhsd(v, "value", q);
-  check_bhsd(o, "out", q);
-  check_shapes(q, k, v, o, "key", "value");
-  const int dtype = dtype_code(q);
-  const float scale_f = check_scale(scale);
+// The checks and the launch of one forward call; the message of the first problem, or "".
+std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
+                          c10::optional<at::Tensor> lse, double scale, bool causal, c10::optional<at::Tensor> debug) {
+  LAB_TRY(check_bhsd(q, "query", q));
+  LAB_TRY(check_bhsd(k, "key", q));
+  LAB_TRY(check_bhsd(v, "value", q));
+  LAB_TRY(check_bhsd(o, "out", q));
+  LAB_TRY(check_shapes(q, k, v, o, "key", "value"));
+  int dtype = 0;
+  LAB_TRY(dtype_code(q, &dtype));
+  LAB_TRY(check_scale(scale));
+  AttnFwdParams p{};
+  if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, q.size(0) * q.size(1) * q.size(2), true, &p.lse));
+  if (debug.has_value()) LAB_TRY(float_buffer(*debug, "debug", q, 0, false, &p.debug));
+  at::Tensor ow;
+  LAB_TRY(writable(o, {{&q, "query"}, {&k, "key"}, {&v, "value"}}, &ow));
+  if (q.numel() == 0) return "";
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
-  at::Tensor ow = writable(o, {{&q, "query"}, {&k, "key"}, {&v, "value"}});
-  AttnFwdParams p{};
   p.q = qr.data_ptr();
   p.k = kr.data_ptr();
   p.v = vr.data_ptr();
   p.o = ow.data_ptr();
-  if (lse.has_value()) p.lse = float_buffer(*lse, "lse", q, q.size(0) * q.size(1) * q.size(2), true);
-  if (debug.has_value()) p.debug = float_buffer(*debug, "debug", q, 0, false);
   copy_all_strides(p, qr, kr, vr, ow);
   p.batch = q.size(0);
   p.heads_q = q.size(1);
@@ -168,53 +196,56 @@ void attn_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Te
   p.seqlen_q = q.size(2);
   p.seqlen_k = k.size(2);
   p.head_dim = q.size(3);
-  p.scale = scale_f;
+  p.scale = static_cast<float>(scale);
   p.causal = causal;
   p.dtype = dtype;
-  if (q.numel() == 0) return;
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  raise_on_error(reinterpret_cast<AttnFwdLauncher>(launcher)(&p, stream), "attention kernel");
+  LAB_TRY(launch_error(reinterpret_cast<AttnFwdLauncher>(launcher)(&p, stream), "attention kernel"));
   finish(o, ow);
+  return "";
 }
 
-void decode_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
-                c10::optional<at::Tensor> cache_seqlens, at::Tensor partial_o, at::Tensor partial_lse,
-                c10::optional<at::Tensor> lse, double scale, int64_t num_splits) {
-  check_bhsd(q, "query", q);
-  check_bhsd(k, "key_cache", q);
-  check_bhsd(v, "value_cache", q);
-  check_bhsd(o, "out", q);
-  check_shapes(q, k, v, o, "key_cache", "value_cache");
-  const int dtype = dtype_code(q);
-  const float scale_f = check_scale(scale);
-  TORCH_CHECK(num_splits >= 1 && num_splits <= LAB_MAX_NUM_SPLITS, "num_splits must be in [1, ", LAB_MAX_NUM_SPLITS,
+std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
+                            c10::optional<at::Tensor> cache_seqlens, at::Tensor partial_o, at::Tensor partial_lse,
+                            c10::optional<at::Tensor> lse, double scale, int64_t num_splits) {
+  LAB_TRY(check_bhsd(q, "query", q));
+  LAB_TRY(check_bhsd(k, "key_cache", q));
+  LAB_TRY(check_bhsd(v, "value_cache", q));
+  LAB_TRY(check_bhsd(o, "out", q));
+  LAB_TRY(check_shapes(q, k, v, o, "key_cache", "value_cache"));
+  int dtype = 0;
+  LAB_TRY(dtype_code(q, &dtype));
+  LAB_TRY(check_scale(scale));
+  LAB_REQUIRE(num_splits >= 1 && num_splits <= LAB_MAX_NUM_SPLITS, "num_splits must be in [1, ", LAB_MAX_NUM_SPLITS,
               "], got ", num_splits);
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);  // output rows (b, h, token)
-  TORCH_CHECK(rows * num_splits * q.size(3) <= kIntMax, "num_splits = ", num_splits,
+  LAB_REQUIRE(rows * num_splits * q.size(3) <= kIntMax, "num_splits = ", num_splits,
               " is too large for this shape: B*Hq*q_len*num_splits*D = ", rows * num_splits * q.size(3),
               " must fit in int32");
-  TORCH_CHECK(k.size(2) + 64 * num_splits <= kIntMax, "key_cache length ", k.size(2), " with num_splits = ",
+  LAB_REQUIRE(k.size(2) + 64 * num_splits <= kIntMax, "key_cache length ", k.size(2), " with num_splits = ",
               num_splits, " overflows the kernels' int key offsets");
-  c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
-  at::Tensor ow = writable(o, {{&q, "query"}, {&k, "key_cache"}, {&v, "value_cache"}});
   DecodeParams p{};
-  p.q = qr.data_ptr();
-  p.k_cache = kr.data_ptr();
-  p.v_cache = vr.data_ptr();
-  p.o = ow.data_ptr();
   if (cache_seqlens.has_value()) {  // values past the cache are clamped by the kernels, never read beyond it
     const at::Tensor& s = *cache_seqlens;
-    TORCH_CHECK(s.is_cuda() && s.device() == q.device(), "cache_seqlens must be a CUDA tensor on query's device ",
+    LAB_REQUIRE(s.is_cuda() && s.device() == q.device(), "cache_seqlens must be a CUDA tensor on query's device ",
                 q.device(), ", got ", s.device());
-    TORCH_CHECK(s.scalar_type() == at::kInt && s.is_contiguous() && s.dim() == 1 && s.numel() == q.size(0),
+    LAB_REQUIRE(s.scalar_type() == at::kInt && s.is_contiguous() && s.dim() == 1 && s.numel() == q.size(0),
                 "cache_seqlens must be a contiguous int32 tensor of shape (", q.size(0), ",), got ", s.scalar_type(),
                 " of shape ", s.sizes());
     p.cache_seqlens = s.data_ptr<int32_t>();
   }
-  p.partial_o = float_buffer(partial_o, "partial_o", q, rows * num_splits * q.size(3), false);
-  p.partial_lse = float_buffer(partial_lse, "partial_lse", q, rows * num_splits, false);
-  if (lse.has_value()) p.lse = float_buffer(*lse, "lse", q, rows, true);
+  LAB_TRY(float_buffer(partial_o, "partial_o", q, rows * num_splits * q.size(3), false, &p.partial_o));
+  LAB_TRY(float_buffer(partial_lse, "partial_lse", q, rows * num_splits, false, &p.partial_lse));
+  if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, rows, true, &p.lse));
+  at::Tensor ow;
+  LAB_TRY(writable(o, {{&q, "query"}, {&k, "key_cache"}, {&v, "value_cache"}}, &ow));
+  if (q.numel() == 0) return "";
+  c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
+  p.q = qr.data_ptr();
+  p.k_cache = kr.data_ptr();
+  p.v_cache = vr.data_ptr();
+  p.o = ow.data_ptr();
   copy_all_strides(p, qr, kr, vr, ow);
   p.batch = q.size(0);
   p.heads_q = q.size(1);
@@ -223,12 +254,26 @@ void decode_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::
   p.seqlen_cache = k.size(2);
   p.head_dim = q.size(3);
   p.num_splits = static_cast<int>(num_splits);
-  p.scale = scale_f;
+  p.scale = static_cast<float>(scale);
   p.dtype = dtype;
-  if (q.numel() == 0) return;
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  raise_on_error(reinterpret_cast<DecodeLauncher>(launcher)(&p, stream), "decode kernel");
+  LAB_TRY(launch_error(reinterpret_cast<DecodeLauncher>(launcher)(&p, stream), "decode kernel"));
   finish(o, ow);
+  return "";
+}
+
+}  // namespace
+
+// Both return "" on success or the error message (raised by lab/build.py's wrapper).
+std::string attn_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
+                     c10::optional<at::Tensor> lse, double scale, bool causal, c10::optional<at::Tensor> debug) {
+  return attn_fwd_impl(launcher, q, k, v, o, lse, scale, causal, debug);
+}
+
+std::string decode_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
+                       c10::optional<at::Tensor> cache_seqlens, at::Tensor partial_o, at::Tensor partial_lse,
+                       c10::optional<at::Tensor> lse, double scale, int64_t num_splits) {
+  return decode_fwd_impl(launcher, q, k, v, o, cache_seqlens, partial_o, partial_lse, lse, scale, num_splits);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

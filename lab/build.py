@@ -338,6 +338,29 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
 _binding = None
 
 
+class Binding:
+    """The compiled binding (lab/binding.cpp) with its error strings raised as RuntimeError.
+
+    attn_fwd / decode_fwd return "" or the message of the first bad argument; no C++ exception crosses into
+    Python (when they were TORCH_CHECKs, a bad direct call segfaulted the process on the H200 machine).
+    """
+
+    __slots__ = ("module", "attn_fwd", "decode_fwd")
+
+    def __init__(self, module):
+        self.module = module
+        self.attn_fwd = _raising(module.attn_fwd)
+        self.decode_fwd = _raising(module.decode_fwd)
+
+
+def _raising(function):
+    def call(*args):
+        error = function(*args)
+        if error:
+            raise RuntimeError(error)
+    return call
+
+
 def binding():
     """The torch binding (lab/binding.cpp), built once per torch version and then imported from cache."""
     global _binding
@@ -365,12 +388,12 @@ def binding():
         spec = importlib.util.spec_from_file_location(name, built)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        _binding = module
-        return module
+        _binding = Binding(module)
+        return _binding
     from torch.utils.cpp_extension import load_inline
 
     build_dir.mkdir(parents=True, exist_ok=True)
-    _binding = load_inline(name=name, cpp_sources=[source], with_cuda=True,
-                           extra_include_paths=[str(paths.KERNELS)], extra_cflags=["-O2"],
-                           build_directory=str(build_dir), verbose=False)
+    _binding = Binding(load_inline(name=name, cpp_sources=[source], with_cuda=True,
+                                   extra_include_paths=[str(paths.KERNELS)], extra_cflags=["-O2"],
+                                   build_directory=str(build_dir), verbose=False))
     return _binding

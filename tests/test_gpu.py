@@ -30,6 +30,14 @@ DECODE_VERSIONS = sorted(ops.DECODE)
 SCALES = [-0.125, 0.0, 0.3, None]  # None: 1/sqrt(D)
 
 
+def _yardstick_backend():
+    """SDPA backend for the error yardstick of the scale cases: the math backend, which computes softmax as
+    written for any scale (its error is larger than flash's, so the bound is looser, never NaN)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_records(session_dir):
     return session_dir
@@ -97,10 +105,12 @@ def test_forward_version_any_scale(version, scale, causal):
         out, lse = ops.attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=Hq != Hkv, version=version,
                                  return_lse=True)
         assert torch.isfinite(out).all() and torch.isfinite(lse).all(), (version, scale, causal, (B, Hq, Sq, Sk, D))
-        _assert_passes(out, q, k, v, causal, scale)
         torch.testing.assert_close(lse.double(), _reference_lse(q, k, causal, scale), atol=2e-3, rtol=1e-4)
         case = Case(f"scale{scale}-{B}x{Hq}x{Hkv}-{Sq}x{Sk}-d{D}", B, Hq, Hkv, Sq, Sk, D, dtype, causal)
-        result = check.check_forward(ops.fwd_runner(version), case, version, device="cuda", scale=scale, save=False)
+        with _yardstick_backend():
+            _assert_passes(out, q, k, v, causal, scale)
+            result = check.check_forward(ops.fwd_runner(version), case, version, device="cuda", scale=scale,
+                                         save=False)
         assert result.passed, repr(result)
 
 
@@ -163,8 +173,9 @@ def test_decode_version_any_scale(version, scale):
     for case in (DecodeCase("dec-scale-gqa", 3, 8, 2, 4, 300, 128, "bfloat16", (1, 130, 300)),
                  DecodeCase("dec-scale-mha", 2, 4, 4, 1, 200, 64, "float16", (63, 200))):
         for num_splits in (1, 3):
-            result = check.check_decode(ops.decode_runner(version, num_splits), case, f"decode-{version}",
-                                        device="cuda", scale=scale, save=False)
+            with _yardstick_backend():
+                result = check.check_decode(ops.decode_runner(version, num_splits), case, f"decode-{version}",
+                                            device="cuda", scale=scale, save=False)
             assert result.passed, (scale, num_splits, repr(result))
 
 
@@ -233,7 +244,8 @@ def test_torch_ops_attention_direct_call_checks():
     with pytest.raises(RuntimeError, match=r"key must have at least one head"):
         torch.ops.lab.attention(q, _fresh((2, 0, 70, 64)), _fresh((2, 0, 70, 64)), False, 0.125, "v04")
     out, lse = torch.ops.lab.attention(q, k, v, True, -0.125, "v04")
-    _assert_passes(out, q, k, v, True, -0.125)
+    with _yardstick_backend():
+        _assert_passes(out, q, k, v, True, -0.125)
 
 
 @pytest.mark.parametrize("version", FWD_VERSIONS)
