@@ -148,7 +148,7 @@ def test_sessions_index(outputs):
     text = page(outputs, "sessions")
     index = text.split("(session-")[0]
     assert index.index(CPU) < index.index(NEW) < index.index(OLD)  # newest first
-    assert "$0.17 (0.08 h at $2.00)" in index and "3 ok, 1 failed" in index
+    assert "$0.17 (0.08 h at $2.00)" in index and "3 ok, 1 failed" in index and "| complete |" in index
     assert f"({'session-' + NEW})=\n## {NEW}" in text and "RuntimeError: no kernel image is available" in text
 
 

@@ -45,7 +45,7 @@ def test_session_folder_holds_notebooks_records_figures_and_session_json(first):
     by_name = {c["name"]: c for c in info["chapters"]}
     assert by_name["ok_chapter"]["status"] == "ok" and by_name["ok_chapter"]["build_s"] == pytest.approx(0.25)
     assert by_name["missing_chapter"]["status"] == "skipped"
-    rows = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
+    rows = record.read(folder / "records.jsonl")
     ours = [r for r in rows if r["chapter"] == "ok_chapter" and r["kind"] == "fwd"]
     assert ours and ours[0]["session"] == folder.name and ours[0]["env"]["gpu"] == "cpu"
 
@@ -57,7 +57,7 @@ def test_failed_chapter_is_recorded_and_does_not_stop_the_session(first):
     assert "deliberate failure in the fixture chapter" in failed["traceback"] and "broken()" in failed["traceback"]
     assert "\x1b[" not in failed["traceback"]
     assert (folder / "fail_chapter.ipynb").exists()  # papermill's partial output is kept
-    rows = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
+    rows = record.read(folder / "records.jsonl")
     bugs = [r for r in rows if r["kind"] == "bug"]
     assert len(bugs) == 1 and bugs[0]["status"] == "open" and bugs[0]["chapter"] == "fail_chapter"
 
@@ -70,7 +70,7 @@ def test_gates_are_evaluated_and_recorded(first):
     void = gates["fail chapter records a row"]  # its row would pass; the chapter failed, so it is void
     assert void["status"] == "void" and void["passed"] is None and void["measured"] == 0.5
     assert info["gates"] == {"pass": 2, "fail": 0, "no data": 1, "void": 1}
-    rows = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
+    rows = record.read(folder / "records.jsonl")
     assert sum(r["kind"] == "gate" for r in rows) == 4 and sum(r["kind"] == "session" for r in rows) == 1
     assert any(line.startswith("gate [ok_chapter] cached load <= 1 s: pass") for line in lines)
 

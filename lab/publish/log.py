@@ -49,10 +49,10 @@ def sessions_page(outputs: Path, sessions: list[dict]) -> str:
              "Cost is GPU-hours at the price given to the session, when one was given.\n"]
     newest = list(reversed(sessions))
     parts.append(pages.table(
-        ["Session", "Start (UTC)", "GPU", "Mode", "Cases", "Duration", "Chapters", "Gates", "Cost"],
+        ["Session", "Start (UTC)", "GPU", "Mode", "Cases", "Status", "Duration", "Chapters", "Gates", "Cost"],
         [[pages.session_ref(s["id"]), pages.date(s.get("start")), (s.get("env") or {}).get("gpu"), s.get("mode"),
-          s.get("cases"), pages.duration(s.get("duration_s")), _chapter_counts(s), _gate_cells(s.get("gates")),
-          _cost(s)] for s in newest]) if newest else "No session has run yet: `python -m lab session`.\n")
+          s.get("cases"), s.get("status"), pages.duration(s.get("duration_s")), _chapter_counts(s),
+          _gate_cells(s.get("gates")), _cost(s)] for s in newest]) if newest else "No session has run yet: `python -m lab session`.\n")
     for s in newest:
         env = s.get("env") or {}
         facts = ", ".join(f"{k} {env[k]}" for k in ("capability", "sms", "driver", "cuda", "torch", "nvcc", "python")
