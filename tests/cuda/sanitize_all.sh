@@ -25,7 +25,7 @@ TIMEOUT=${SANITIZE_TIMEOUT:-420}
 
 { date -u; git rev-parse --short=10 HEAD 2>/dev/null; git status --short kernels lab/binding.cpp tests/cuda 2>/dev/null
   nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv; nvcc --version | tail -2
-  compute-sanitizer --version | head -2; } > "$LOG" 2>&1
+  compute-sanitizer --version | tail -2; } > "$LOG" 2>&1
 
 $NV -DFWD_FN=attn_fwd_v04 -DLAB_V04_SMALL=0 tests/cuda/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o $BIN/v04_128 &
 $NV -DFWD_FN=attn_fwd_v04 -DLAB_V04_SMALL=2 tests/cuda/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o $BIN/v04_64 &
