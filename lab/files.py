@@ -22,6 +22,9 @@ _HINTS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exh
 class OutputError(OSError):
     """A write under outputs/ failed; the message names the path and the reason."""
 
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno N]" prefix
+        return str(self.strerror)
+
 
 def _error(path: Path, err: OSError) -> OutputError:
     reason = _HINTS.get(err.errno, err.strerror or str(err))

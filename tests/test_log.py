@@ -288,3 +288,19 @@ def test_latest_summary_names_failed_chapters(outputs):
     shutil.copytree(outputs, copy)
     shutil.rmtree(copy / "sessions" / CPU)
     assert log.latest_summary(copy) == f"latest session {NEW}: complete; failed chapters: n7_split_k"
+
+
+def test_log_cli_reports_an_unwritable_log_folder(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from lab import files
+
+    outputs = _copy_fixture(tmp_path)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(files.tempfile, "mkstemp", read_only)
+    assert log.main(["--outputs", str(outputs)]) == 1
+    err = capsys.readouterr().err
+    assert f"log generation failed: cannot write {outputs / 'log' / 'sessions.md'}: the file system is read-only" in err
+    assert not list((outputs / "log").glob("*.md")) if (outputs / "log").exists() else True

@@ -134,9 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        written = generate(args.outputs, chapters_dir=args.chapters_dir)
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
+        try:
+            written = generate(args.outputs, chapters_dir=args.chapters_dir)
+        except OSError as err:  # a full disk or a read-only outputs/: say which path, no traceback
+            print(f"log generation failed: {err}", file=sys.stderr)
+            return 1
+        finally:
+            for warning in caught:
+                print(f"warning: {warning.message}", file=sys.stderr)
     for name in ("sessions", "baselines", "bugs", "patterns", "standings"):
         print(f"wrote {paths.relative(written[name])}")
     for chapter, session in written["chapters"].items():
