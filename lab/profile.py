@@ -29,6 +29,7 @@ from . import bench, cases as case_sets, paths, record
 
 NVTX_RANGE = "lab.profile"
 MAX_KEPT_REP_BYTES = 3 * 2**20  # a report larger than this is dropped; its record stays
+RUN_REP_BUDGET = 6 * 2**20  # reports kept per run folder, in profiling order (the known answers come first)
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "MemoryWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables",
             "ComputeWorkloadAnalysis", "SchedulerStats", "WarpStateStats", "InstructionStats",
             "SpeedOfLight_RooflineChart")
@@ -527,7 +528,9 @@ def measure(target: str, case_name: str, warmup: int = 3, keep_report: bool = Tr
         raise ProfileUnavailable(f"{rep.name} holds no kernel")
     row = row_from_raw(kernels[0], target, case, source, host_us)
     row["ncu"] = {"version": ncu_version(), "report": None, "metric_set": metric_set, "launch_skip": warmup}
-    if keep_report and rep.stat().st_size <= MAX_KEPT_REP_BYTES:
+    kept = sum(f.stat().st_size for f in folder.glob("*.ncu-rep") if f != rep)
+    size = rep.stat().st_size
+    if keep_report and size <= MAX_KEPT_REP_BYTES and kept + size <= RUN_REP_BUDGET:
         row["ncu"]["report"] = paths.relative(rep)
     else:
         rep.unlink()
@@ -647,7 +650,7 @@ def markdown(lines: list[dict]):
 
     def cell(value):
         if isinstance(value, float):
-            return f"{value:.3g}" if abs(value) < 1e4 else f"{value:,.0f}"
+            return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
         return "–" if value is None else str(value)
 
     if not lines:
@@ -695,7 +698,7 @@ def roofline(rows: list[dict], ceilings: dict | None, path=None):
         return None
     fig, ax = plt.subplots(figsize=(8, 5))
     bw, peak = ceilings["copy_gbps"] / 1e3, ceilings["bf16_matmul_tflops"]  # TB/s, TFLOP/s
-    x = [0.5, 1e5]
+    x = [0.5, peak / bw, 1e5]  # the roof bends at the ridge point
     ax.plot(x, [min(peak, xi * bw) for xi in x], "k-", lw=1)
     ax.plot([peak / bw] * 2, [peak / 1e3, peak], "k:", lw=0.5)
     ax.annotate(f"copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {peak:.0f} TFLOP/s", (0.6, peak * 1.15), fontsize=8)

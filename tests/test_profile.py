@@ -96,7 +96,7 @@ def test_wgmma_kernel_gets_its_own_advice():
 def test_thresholds_are_data():
     m = _metrics("ncu_raw_fwd_v04.csv")
     assert profile.decide(m, {"compute_pct": 60.0})["bound"] == "latency"  # the old bar, written down in TREE
-    seed = _metrics("ncu_raw_seed_v04.csv")
+    seed = _metrics("ncu_raw_seed_small.csv")
     assert profile.decide(seed, {"launch_us": 1.0})["label"] == "launch", "the host-time rule still holds"
     assert profile.decide(seed, {"launch_us": 1.0, "launch_host_ratio": 100.0})["bound"] == "latency"
 
@@ -134,6 +134,31 @@ def test_kernel_filters_come_from_the_sources():
         profile.parse_target("fwd:v99")
     with pytest.raises(ValueError, match="no case set"):
         profile.find_case("no-such-case")
+
+
+def test_measured_flops_match_the_formula_where_nothing_is_padded():
+    case = profile.find_case("fwd-d128-s2048")
+    m = profile.summarize(_raw("ncu_raw_fwd_v04.csv"))
+    assert m["tensor_flops"] == profile.work_flops(case)  # every MMA of a non-causal S=2048 tile grid is useful
+    assert m["measured_flops"] >= m["tensor_flops"] and m["fp32_flops"] > 0
+    dec = profile.summarize(_raw("ncu_raw_decode_v02.csv"))  # 4 query rows per KV head fill 16-row MMA tiles
+    assert dec["tensor_flops"] == pytest.approx(4 * profile.work_flops(profile.find_case("dec-h8-b8-kv16384")), rel=0.01)
+
+
+def test_reports_kept_within_the_run_budget(session_dir, monkeypatch):
+    folder = session_dir / "ncu"
+    folder.mkdir(parents=True)
+    big = folder / "first.ncu-rep"
+    big.write_bytes(b"x" * (profile.RUN_REP_BUDGET - 100))
+    new = folder / "second.ncu-rep"
+    new.write_bytes(b"x" * 1000)
+    monkeypatch.setattr(profile, "run_ncu", lambda *a, **k: (new, "sections"))
+    monkeypatch.setattr(profile, "export_raw", lambda rep: (FIXTURES / "ncu_raw_seed_small.csv").read_text())
+    monkeypatch.setattr(profile, "ncu_version", lambda: "test")
+    row = profile.measure("op:attention", "Small")
+    assert row["ncu"]["report"] is None and not new.exists(), "over the run's budget: only the record stays"
+    assert row["verdict"]["label"] == "launch" and row["kind"] == "profile"
+    assert (session_dir / "records.jsonl").read_text().count('"kind": "profile"') == 1
 
 
 def test_byte_floor_and_flops_use_the_lab_formulas():
