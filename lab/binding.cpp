@@ -12,7 +12,11 @@
 #include <cuda_runtime.h>
 #include <ATen/MemoryOverlap.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <cstdio>
+#include <string>
 #include <initializer_list>
 #include <utility>
 
@@ -22,17 +26,46 @@ namespace {
 
 // Bad input is reported without a C++ exception crossing into Python: each check returns the message of the
 // first failure (empty: fine), the bound functions return it, and lab/build.py's wrapper raises it as a
-// RuntimeError. When these checks were TORCH_CHECKs, the first direct-call test with bad input segfaulted
-// on the H200 machine (torch 2.11.0+cu130, 2026-11-22) instead of raising.
+// RuntimeError. Messages are built by plain string appends (msg below), not iostreams: on the H200 machine
+// (torch 2.11.0+cu130, 2026-11-22) a TORCH_CHECK thrown from any load_inline module, even a 3-line toy,
+// segfaulted the process, and so did these checks while they formatted with c10::str (an ostringstream
+// instantiated in this module); see outputs/driver_logs/20261122-h200-binding-probe-*.log.
 #define LAB_REQUIRE(cond, ...)                      \
   do {                                              \
-    if (!(cond)) return c10::str(__VA_ARGS__);      \
+    if (!(cond)) return msg(__VA_ARGS__);           \
   } while (0)
 #define LAB_TRY(expr)                               \
   do {                                              \
     std::string lab_error_ = (expr);                \
     if (!lab_error_.empty()) return lab_error_;     \
   } while (0)
+
+void append(std::string& out, const char* s) { out += s; }
+void append(std::string& out, const std::string& s) { out += s; }
+void append(std::string& out, int64_t x) { out += std::to_string(x); }
+void append(std::string& out, int x) { out += std::to_string(x); }
+void append(std::string& out, double x) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%g", x);
+  out += buf;
+}
+void append(std::string& out, c10::ScalarType t) { out += c10::toString(t); }
+void append(std::string& out, const c10::Device& d) { out += d.str(); }
+void append(std::string& out, c10::IntArrayRef sizes) {
+  out += "[";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(sizes[i]);
+  }
+  out += "]";
+}
+
+template <typename... Args>
+std::string msg(const Args&... args) {
+  std::string out;
+  (append(out, args), ...);
+  return out;
+}
 
 typedef int (*AttnFwdLauncher)(const AttnFwdParams*, void*);
 typedef int (*DecodeLauncher)(const DecodeParams*, void*);
@@ -161,9 +194,9 @@ std::string launch_error(int rc, const char* what) {
                          : rc == LAB_E_DTYPE ? "dtype not supported by this kernel"
                          : rc == LAB_E_SHAPE ? "shape not supported by this kernel"
                          : rc == LAB_E_WORKSPACE ? "missing workspace" : "unknown launcher error";
-    return c10::str(what, ": ", reason, " (code ", rc, ")");
+    return msg(what, ": ", reason, " (code ", rc, ")");
   }
-  return c10::str(what, ": CUDA error ", rc, ": ", cudaGetErrorString(static_cast<cudaError_t>(rc)));
+  return msg(what, ": CUDA error ", rc, ": ", cudaGetErrorString(static_cast<cudaError_t>(rc)));
 }
 
 // The checks and the launch of one forward call; the message of the first problem, or "".
@@ -276,7 +309,37 @@ std::string decode_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor 
   return decode_fwd_impl(launcher, q, k, v, o, cache_seqlens, partial_o, partial_lse, lse, scale, num_splits);
 }
 
+// What lab.ops calls: the same checks and launch, with the output and workspaces allocated here. An
+// allocation through at::empty costs ~1 us against ~2.7 us through Python (H200 machine, 2026-11-22,
+// tests/cuda/host_breakdown.py), and decode needs three per call: issue 11 bounds the whole host path at
+// SDPA's + 5 us. Returns (error, out, lse); the tensors are undefined (None) when error is not empty.
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_call(int64_t launcher, at::Tensor q, at::Tensor k,
+                                                                      at::Tensor v, double scale, bool causal,
+                                                                      bool want_lse) {
+  at::Tensor o = at::empty(q.sizes(), q.options());
+  c10::optional<at::Tensor> lse;
+  if (want_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  std::string error = attn_fwd_impl(launcher, q, k, v, o, lse, scale, causal, c10::nullopt);
+  return {error, o, lse};
+}
+
+std::tuple<std::string, at::Tensor> decode_call(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v,
+                                                c10::optional<at::Tensor> cache_seqlens, double scale,
+                                                int64_t num_splits) {
+  at::Tensor o = at::empty(q.sizes(), q.options());
+  // One float32 buffer holds both workspaces: partial_o (B, Hq, q_len, splits, D), then partial_lse.
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2) * std::max<int64_t>(num_splits, 1);
+  at::Tensor work = at::empty({rows * (q.size(3) + 1)}, q.options().dtype(at::kFloat));
+  at::Tensor partial_o = work.narrow(0, 0, rows * q.size(3));
+  at::Tensor partial_lse = work.narrow(0, rows * q.size(3), rows);
+  std::string error = decode_fwd_impl(launcher, q, k, v, o, cache_seqlens, partial_o, partial_lse, c10::nullopt,
+                                      scale, num_splits);
+  return {error, o};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attn_fwd", &attn_fwd, "forward attention through a launcher address");
   m.def("decode_fwd", &decode_fwd, "split-K decoding through a launcher address");
+  m.def("attn_call", &attn_call, "forward attention, output allocated here: (error, out, lse)");
+  m.def("decode_call", &decode_call, "split-K decoding, output and workspaces allocated here: (error, out)");
 }
