@@ -7,9 +7,13 @@
 // input a kernel cannot take is refused with a RuntimeError naming the argument, or copied into a
 // layout it can read (as lab.ops does).
 #include <torch/extension.h>
+// LAB_BINDING_CPU_CHECKS: the same checks on CPU tensors, nothing launched, for tests/test_binding_checks.py
+// (a CPU-only torch cannot build or load the CUDA parts).
+#ifndef LAB_BINDING_CPU_CHECKS
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
+#endif
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
@@ -67,6 +71,16 @@ std::string msg(const Args&... args) {
   return out;
 }
 
+// The device the kernels need (any device in the CPU check build).
+bool on_gpu(const at::Tensor& t) {
+#ifdef LAB_BINDING_CPU_CHECKS
+  (void)t;
+  return true;
+#else
+  return t.is_cuda();
+#endif
+}
+
 typedef int (*AttnFwdLauncher)(const AttnFwdParams*, void*);
 typedef int (*DecodeLauncher)(const DecodeParams*, void*);
 
@@ -81,7 +95,7 @@ std::string dtype_code(const at::Tensor& t, int* code) {
 
 // Device, rank, dtype and sizes of a (B, H, S, D) tensor; its layout is handled by readable()/writable().
 std::string check_bhsd(const at::Tensor& t, const char* name, const at::Tensor& like) {
-  LAB_REQUIRE(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
+  LAB_REQUIRE(on_gpu(t), name, " must be a CUDA tensor, got device ", t.device());
   LAB_REQUIRE(t.device() == like.device(), name, " is on ", t.device(), " but query is on ", like.device());
   LAB_REQUIRE(t.dim() == 4, name, " must be 4-D (B, H, S, D), got ", t.dim(), "-D");
   LAB_REQUIRE(t.scalar_type() == like.scalar_type(), name, " has dtype ", t.scalar_type(), " but query has ",
@@ -176,7 +190,7 @@ std::string check_scale(double scale) {
 // A float32 CUDA tensor on query's device, contiguous, with at least (exactly, if exact) `numel` elements.
 std::string float_buffer(const at::Tensor& t, const char* name, const at::Tensor& q, int64_t numel, bool exact,
                          float** ptr) {
-  LAB_REQUIRE(t.is_cuda() && t.device() == q.device(), name, " must be a CUDA tensor on query's device ", q.device(),
+  LAB_REQUIRE(on_gpu(t) && t.device() == q.device(), name, " must be a CUDA tensor on query's device ", q.device(),
               ", got ", t.device());
   LAB_REQUIRE(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
   LAB_REQUIRE(t.is_contiguous(), name, " must be contiguous");
@@ -196,7 +210,11 @@ std::string launch_error(int rc, const char* what) {
                          : rc == LAB_E_WORKSPACE ? "missing workspace" : "unknown launcher error";
     return msg(what, ": ", reason, " (code ", rc, ")");
   }
+#ifdef LAB_BINDING_CPU_CHECKS
+  return msg(what, ": CUDA error ", rc);
+#else
   return msg(what, ": CUDA error ", rc, ": ", cudaGetErrorString(static_cast<cudaError_t>(rc)));
+#endif
 }
 
 // The checks and the launch of one forward call; the message of the first problem, or "".
@@ -216,7 +234,9 @@ std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tens
   at::Tensor ow;
   LAB_TRY(writable(o, {{&q, "query"}, {&k, "key"}, {&v, "value"}}, &ow));
   if (q.numel() == 0) return "";
+#ifndef LAB_BINDING_CPU_CHECKS
   c10::cuda::CUDAGuard guard(q.device());
+#endif
   at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
   p.q = qr.data_ptr();
   p.k = kr.data_ptr();
@@ -232,8 +252,12 @@ std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tens
   p.scale = static_cast<float>(scale);
   p.causal = causal;
   p.dtype = dtype;
+#ifdef LAB_BINDING_CPU_CHECKS
+  (void)launcher;
+#else
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
   LAB_TRY(launch_error(reinterpret_cast<AttnFwdLauncher>(launcher)(&p, stream), "attention kernel"));
+#endif
   finish(o, ow);
   return "";
 }
@@ -260,7 +284,7 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
   DecodeParams p{};
   if (cache_seqlens.has_value()) {  // values past the cache are clamped by the kernels, never read beyond it
     const at::Tensor& s = *cache_seqlens;
-    LAB_REQUIRE(s.is_cuda() && s.device() == q.device(), "cache_seqlens must be a CUDA tensor on query's device ",
+    LAB_REQUIRE(on_gpu(s) && s.device() == q.device(), "cache_seqlens must be a CUDA tensor on query's device ",
                 q.device(), ", got ", s.device());
     LAB_REQUIRE(s.scalar_type() == at::kInt && s.is_contiguous() && s.dim() == 1 && s.numel() == q.size(0),
                 "cache_seqlens must be a contiguous int32 tensor of shape (", q.size(0), ",), got ", s.scalar_type(),
@@ -273,7 +297,9 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
   at::Tensor ow;
   LAB_TRY(writable(o, {{&q, "query"}, {&k, "key_cache"}, {&v, "value_cache"}}, &ow));
   if (q.numel() == 0) return "";
+#ifndef LAB_BINDING_CPU_CHECKS
   c10::cuda::CUDAGuard guard(q.device());
+#endif
   at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
   p.q = qr.data_ptr();
   p.k_cache = kr.data_ptr();
@@ -289,8 +315,12 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
   p.num_splits = static_cast<int>(num_splits);
   p.scale = static_cast<float>(scale);
   p.dtype = dtype;
+#ifdef LAB_BINDING_CPU_CHECKS
+  (void)launcher;
+#else
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
   LAB_TRY(launch_error(reinterpret_cast<DecodeLauncher>(launcher)(&p, stream), "decode kernel"));
+#endif
   finish(o, ow);
   return "";
 }
@@ -316,6 +346,7 @@ std::string decode_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor 
 std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_call(int64_t launcher, at::Tensor q, at::Tensor k,
                                                                       at::Tensor v, double scale, bool causal,
                                                                       bool want_lse) {
+  if (q.dim() != 4) return {msg("query must be 4-D (B, H, S, D), got ", q.sizes()), at::Tensor(), c10::nullopt};
   at::Tensor o = at::empty(q.sizes(), q.options());
   c10::optional<at::Tensor> lse;
   if (want_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
@@ -326,9 +357,12 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_call(int64_t
 std::tuple<std::string, at::Tensor> decode_call(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v,
                                                 c10::optional<at::Tensor> cache_seqlens, double scale,
                                                 int64_t num_splits) {
+  if (q.dim() != 4) return {msg("query must be 4-D (B, H, S, D), got ", q.sizes()), at::Tensor()};
+  if (num_splits < 1 || num_splits > LAB_MAX_NUM_SPLITS)  // checked again inside; here it bounds the allocation
+    return {msg("num_splits must be in [1, ", LAB_MAX_NUM_SPLITS, "], got ", num_splits), at::Tensor()};
   at::Tensor o = at::empty(q.sizes(), q.options());
   // One float32 buffer holds both workspaces: partial_o (B, Hq, q_len, splits, D), then partial_lse.
-  const int64_t rows = q.size(0) * q.size(1) * q.size(2) * std::max<int64_t>(num_splits, 1);
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2) * num_splits;
   at::Tensor work = at::empty({rows * (q.size(3) + 1)}, q.options().dtype(at::kFloat));
   at::Tensor partial_o = work.narrow(0, 0, rows * q.size(3));
   at::Tensor partial_lse = work.narrow(0, rows * q.size(3), rows);

@@ -345,12 +345,14 @@ class Binding:
     Python (when they were TORCH_CHECKs, a bad direct call segfaulted the process on the H200 machine).
     """
 
-    __slots__ = ("module", "attn_fwd", "decode_fwd")
+    __slots__ = ("module", "attn_fwd", "decode_fwd", "attn_call", "decode_call")
 
     def __init__(self, module):
         self.module = module
         self.attn_fwd = _raising(module.attn_fwd)
         self.decode_fwd = _raising(module.decode_fwd)
+        self.attn_call = _raising_results(module.attn_call)  # -> (out, lse or None)
+        self.decode_call = _raising_results(module.decode_call)  # -> (out,)
 
 
 def _raising(function):
@@ -358,6 +360,16 @@ def _raising(function):
         error = function(*args)
         if error:
             raise RuntimeError(error)
+    return call
+
+
+def _raising_results(function):
+    """For the bound functions that allocate: (error, *results) -> results, or RuntimeError(error)."""
+    def call(*args):
+        error, *results = function(*args)
+        if error:
+            raise RuntimeError(error)
+        return results
     return call
 
 
