@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+import binding_cases
 from lab import build, cases, check, ops
 from lab.cases import Case, DecodeCase
 from wrong_kernels import (
@@ -201,40 +202,13 @@ def _fresh(shape, dtype=torch.float16):
     return torch.randn(*shape, device="cuda", dtype=dtype)
 
 
-FWD_BAD = {  # name -> (make args from a good set, error pattern naming the argument)
-    "batch": (lambda q, k, v, o: (q, _fresh((3,) + k.shape[1:]), _fresh((3,) + v.shape[1:]), o), r"key has batch 3"),
-    "head_dim": (lambda q, k, v, o: (q, k[..., :32].contiguous(), v[..., :32].contiguous(), o), r"key has head dim 32"),
-    "heads": (lambda q, k, v, o: (q, _fresh((2, 3, 70, 64)), _fresh((2, 3, 70, 64)), o), r"multiple of key heads"),
-    "hkv0": (lambda q, k, v, o: (q, _fresh((2, 0, 70, 64)), _fresh((2, 0, 70, 64)), o), r"key must have at least one head"),
-    "d0": (lambda q, k, v, o: (_fresh((2, 4, 65, 0)), _fresh((2, 2, 70, 0)), _fresh((2, 2, 70, 0)),
-                               _fresh((2, 4, 65, 0))), r"head dim must be positive"),
-    "kv_shapes": (lambda q, k, v, o: (q, k, v[:, :, :60], o), r"key and value shapes differ"),
-    "out_shape": (lambda q, k, v, o: (q, k, v, o[:, :, :10]), r"out must have the query's shape"),
-    "out_dtype": (lambda q, k, v, o: (q, k, v, o.bfloat16()), r"out has dtype"),
-    "value_device": (lambda q, k, v, o: (q, k, v.cpu(), o), r"value must be a CUDA tensor"),
-    "out_stride0": (lambda q, k, v, o: (q, k, v, _fresh((1, 4, 65, 64)).expand(2, 4, 65, 64)), r"out has a stride of 0"),
-    "out_overlaps_query": (lambda q, k, v, o: (q, k, v, q), r"out overlaps query"),
-}
-
-
-@pytest.mark.parametrize("what", sorted(FWD_BAD))
+@pytest.mark.parametrize("what", sorted(binding_cases.fwd_bad("cpu")))
 def test_binding_rejects_bad_forward_input(what):
-    make, pattern = FWD_BAD[what]
-    args = make(*_fwd_args())
+    change, pattern = binding_cases.fwd_bad("cuda")[what]
+    args = binding_cases.fwd_args("cuda")
+    args.update(change(args))
     with pytest.raises(RuntimeError, match=pattern):
-        _attn(*args)
-
-
-def test_binding_rejects_bad_lse_and_scale():
-    q, k, v, o = _fwd_args()
-    for lse, pattern in ((torch.empty(2, 4, 64, device="cuda"), r"lse must have 520 elements"),
-                         (torch.empty(2, 4, 65, device="cuda", dtype=torch.float16), r"lse must be float32"),
-                         (torch.empty(2, 4, 65), r"lse must be a CUDA tensor")):
-        with pytest.raises(RuntimeError, match=pattern):
-            _attn(q, k, v, o, lse=lse)
-    for scale in (math.inf, math.nan, 1e39):
-        with pytest.raises(RuntimeError, match=r"scale must be a finite float32"):
-            _attn(q, k, v, o, scale=scale)
+        binding_cases.call_fwd(build.binding(), ops.launcher(ops.FWD, "v04"), args)
 
 
 def test_torch_ops_attention_direct_call_checks():
@@ -289,45 +263,15 @@ def _bf(*shape):
     return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
 
 
-DECODE_BAD = {  # name -> (changes to a good argument set, error pattern)
-    "batch": (lambda a: {"k": _bf(3, 2, 300, 128), "v": _bf(3, 2, 300, 128)}, r"key_cache has batch 3"),
-    "head_dim": (lambda a: {"k": _bf(2, 2, 300, 64), "v": _bf(2, 2, 300, 64)}, r"key_cache has head dim 64"),
-    "heads": (lambda a: {"k": _bf(2, 3, 300, 128), "v": _bf(2, 3, 300, 128)}, r"multiple of key_cache heads"),
-    "hkv0": (lambda a: {"k": _bf(2, 0, 300, 128), "v": _bf(2, 0, 300, 128)}, r"key_cache must have at least one head"),
-    "d0": (lambda a: {"q": _bf(2, 8, 1, 0), "o": _bf(2, 8, 1, 0), "k": _bf(2, 2, 300, 0), "v": _bf(2, 2, 300, 0)},
-           r"head dim must be positive"),
-    "splits0": (lambda a: {"splits": 0}, r"num_splits must be in \[1, 1024\]"),
-    "splits_max": (lambda a: {"splits": 1025}, r"num_splits must be in \[1, 1024\]"),
-    # 64 x 64 x 16 rows x 1024 splits x 128 > 2^31 (expanded views: nothing large is allocated)
-    "splits_int32": (lambda a: {"q": _bf(1, 1, 1, 128).expand(64, 64, 16, 128),
-                                "o": _bf(1, 1, 1, 128).expand(64, 64, 16, 128),
-                                "k": _bf(1, 1, 1, 128).expand(64, 8, 300, 128),
-                                "v": _bf(1, 1, 1, 128).expand(64, 8, 300, 128), "lens": None, "splits": 1024},
-                     r"must fit in int32"),
-    "partial_o_small": (lambda a: {"po": torch.empty(2, 8, 1, 2, 128, device="cuda")}, r"partial_o must have at least"),
-    "partial_lse_dtype": (lambda a: {"pl": a["pl"].half()}, r"partial_lse must be float32"),
-    "partial_lse_strided": (lambda a: {"pl": torch.empty(2, 8, 1, 6, device="cuda")[..., ::2]},
-                            r"partial_lse must be contiguous"),
-    "lse": (lambda a: {"lse": torch.empty(2, 7, device="cuda")}, r"lse must have 16 elements"),
-    "lse_dtype": (lambda a: {"lse": torch.empty(2, 8, 1, device="cuda", dtype=torch.float16)}, r"lse must be float32"),
-    "seqlens_dtype": (lambda a: {"lens": a["lens"].long()}, r"cache_seqlens must be a contiguous int32"),
-    "seqlens_shape": (lambda a: {"lens": torch.zeros(3, dtype=torch.int32, device="cuda")},
-                      r"cache_seqlens must be a contiguous int32 tensor of shape \(2,\)"),
-    "seqlens_device": (lambda a: {"lens": a["lens"].cpu()}, r"cache_seqlens must be a CUDA tensor"),
-    "scale": (lambda a: {"scale": math.inf}, r"scale must be a finite float32"),
-    "out_stride0": (lambda a: {"o": _bf(2, 8, 1, 128)[:1].expand(2, 8, 1, 128)}, r"out has a stride of 0"),
-}
-
-
 @pytest.mark.parametrize("version", DECODE_VERSIONS)
-@pytest.mark.parametrize("what", sorted(DECODE_BAD))
+@pytest.mark.parametrize("what", sorted(binding_cases.decode_bad("cpu")))
 def test_binding_rejects_bad_decode_input(version, what):
     _require(ops.DECODE, version)
-    args = _dec_args()
-    change, pattern = DECODE_BAD[what]
+    change, pattern = binding_cases.decode_bad("cuda")[what]
+    args = binding_cases.dec_args("cuda")
     args.update(change(args))
     with pytest.raises(RuntimeError, match=pattern):
-        _dec(version, **args)
+        binding_cases.call_decode(build.binding(), ops.launcher(ops.DECODE, version), args)
 
 
 def test_torch_ops_decode_direct_call_checks():
