@@ -134,19 +134,6 @@ def _check_tensor(t, name: str, like=None):
                          f"call {name}.contiguous()")
 
 
-def _aligned(t):
-    """Kernels load 16 bytes at a time: other strides must be multiples of 8 elements, data 16-byte aligned.
-
-    Any other layout is copied (the result is right, only slower), never passed through.
-    """
-    if t.data_ptr() % 16 == 0:
-        (s0, s1, s2, _), (n0, n1, n2, _) = t.stride(), t.shape
-        if (s0 % 8 == 0 or n0 == 1) and (s1 % 8 == 0 or n1 == 1) and (s2 % 8 == 0 or n2 == 1):
-            return t
-    return t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation even when t is
-    # already contiguous (a contiguous view at an odd offset: .contiguous() would return it unchanged)
-
-
 def _check_heads(query, key, enable_gqa: bool, what: str = "key"):
     Hq, Hkv = query.shape[1], key.shape[1]
     if Hq != Hkv and not enable_gqa:
@@ -168,9 +155,10 @@ def _scale(scale, head_dim: int) -> float:
 # ------------------------------------------------------------------ forward attention
 
 def _attention_impl(query, key, value, is_causal: bool, scale: float, version: str, want_lse: bool = True):
-    # The binding allocates out (and lse): three Python-side allocations cost ~8 us of host time per call.
-    out, lse = build.binding().attn_call(launcher(FWD, version), _aligned(query), _aligned(key), _aligned(value),
-                                         scale, is_causal, want_lse)
+    # The binding allocates out (and lse): Python-side allocations cost ~2.7 us each on the host path. It
+    # also copies any input the kernels cannot read as it is (misaligned, strides not multiples of 8
+    # elements, an expanded dim): the result is right, only slower.
+    out, lse = build.binding().attn_call(launcher(FWD, version), query, key, value, scale, is_causal, want_lse)
     return out, lse
 
 
@@ -189,11 +177,21 @@ def attention_version(query, version=None) -> str:
     """The forward kernel lab.ops.attention runs for this query: `version` checked, or the default for its
     head dim (BEST_FWD order). Device-specific defaults belong here, cached per device."""
     if version is None and _capability(query.device) in HOPPER_CAPABILITIES:
-        return _version(None, FWD, query.shape[-1], BEST_FWD_HOPPER + BEST_FWD)
+        return _version(None, FWD, query.shape[-1], _hopper_preference(query.shape[-1], query.shape[2]) + BEST_FWD)
     return _version(version, FWD, query.shape[-1], BEST_FWD)
 
 
-BEST_FWD_HOPPER = ()  # wgmma + TMA kernels (sm_90a) preferred on compute capability 9.0; empty until checked on a GPU
+def _hopper_preference(head_dim: int, seqlen_q: int) -> tuple:
+    """wgmma + TMA kernels (sm_90a) on compute capability 9.0 (H200, 2026-11-22, outputs/driver_logs/
+    20261122-h200-hopper-run3-*): D=64 up to 4k queries runs best as v05's many small CTAs (one warpgroup,
+    several CTAs per SM hide each other's prologue), longer D=64 and all D=128 as v07."""
+    if head_dim == 64 and seqlen_q <= HOPPER_SMALL_D64_MAX_SQ:
+        return ("v05",) + BEST_FWD_HOPPER
+    return BEST_FWD_HOPPER
+
+
+BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
+HOPPER_SMALL_D64_MAX_SQ = 4096
 HOPPER_CAPABILITIES = ((9, 0),)
 _capabilities: dict = {}
 
@@ -280,8 +278,8 @@ def _num_splits(num_splits, batch, heads_kv, seqlen, device, version: str = "v01
 
 def _decode_impl(query, key_cache, value_cache, cache_seqlens, scale: float, num_splits: int, version: str):
     # The binding allocates out and one workspace for the partials (B, Hq, q_len, num_splits, D + 1 floats).
-    out, = build.binding().decode_call(launcher(DECODE, version), _aligned(query), _aligned(key_cache),
-                                       _aligned(value_cache), cache_seqlens, scale, num_splits)
+    out, = build.binding().decode_call(launcher(DECODE, version), query, key_cache, value_cache, cache_seqlens,
+                                       scale, num_splits)
     return out
 
 
@@ -323,6 +321,24 @@ def _check_decode(query, key_cache, value_cache, cache_seqlens):
     return cache_seqlens
 
 
+_decode_plans: dict = {}
+
+
+def _decode_plan(query, key_cache, version, num_splits) -> tuple[str, int]:
+    """(kernel, split count) for this call, memoised on the shapes, device and arguments: a decoding loop
+    repeats them every step, and one dict lookup is cheaper than resolving both again (host cost, issue 11)."""
+    key = (query.shape, key_cache.shape, query.device, version, num_splits)
+    plan = _decode_plans.get(key)
+    if plan is None:
+        name = _decode_version(version, query, key_cache)
+        plan = (name, _num_splits(num_splits, query.shape[0], key_cache.shape[1], key_cache.shape[2], query.device,
+                                  name))
+        if len(_decode_plans) >= 4096:  # shapes seen by a long-lived server: keep the table bounded
+            _decode_plans.clear()
+        _decode_plans[key] = plan
+    return plan
+
+
 def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | None = None, num_splits=None,
            version=None):
     """Split-K decoding: q_len (1..16) new tokens per sequence attend to a KV cache (B, H_kv, S_cache, D).
@@ -336,8 +352,7 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     [1, MAX_NUM_SPLITS] overrides it.
     """
     seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens)
-    name = _decode_version(version, query, key_cache)
-    splits = _num_splits(num_splits, query.shape[0], key_cache.shape[1], key_cache.shape[2], query.device, name)
+    name, splits = _decode_plan(query, key_cache, version, num_splits)
     op = _decode_impl if _direct(query, key_cache, value_cache) else _decode_op
     return op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
 

@@ -220,24 +220,6 @@ def test_num_splits_override_needs_no_gpu():
         ops._num_splits(0, 2, 8, 4096, None)
 
 
-def test_aligned_copies_only_layouts_the_kernels_cannot_load():
-    t = torch.empty(2, 3, 5, 64, dtype=F16)
-    assert ops._aligned(t) is t
-    view = torch.empty(2, 5, 3, 64, dtype=F16).transpose(1, 2)  # (B, S, H, D) memory as (B, H, S, D): strides x8
-    assert ops._aligned(view) is view
-    odd = torch.empty(2, 3, 5, 72, dtype=F16)[..., :60]  # strides 1080, 360, 72: multiples of 8
-    assert ops._aligned(odd) is odd
-    misaligned = torch.randn(2, 3, 5, 65).to(F16)[..., 1:]  # data 2 bytes past alignment, strides not x8
-    fixed = ops._aligned(misaligned)
-    assert fixed is not misaligned and fixed.is_contiguous() and torch.equal(fixed, misaligned)
-    shifted = torch.randn(4 * 64 + 1).to(F16)[1:].view(1, 1, 4, 64)  # strides fine, pointer 2 B off
-    assert shifted.data_ptr() % 16 != 0
-    copied = ops._aligned(shifted)
-    assert copied is not shifted and copied.data_ptr() % 16 == 0 and torch.equal(copied, shifted)
-    single = torch.empty(1, 1, 1, 64, dtype=F16)
-    assert ops._aligned(single) is single
-
-
 def test_kernel_tables_name_existing_sources():
     from lab import paths
 
@@ -245,3 +227,18 @@ def test_kernel_tables_name_existing_sources():
         for name, kernel in table.items():
             assert (paths.KERNELS / kernel.source).exists(), kernel.source
             assert kernel.symbol in (paths.KERNELS / kernel.source).read_text(), f"{kernel.symbol} not in {kernel.source}"
+
+
+def test_decode_plan_is_memoised(fake, monkeypatch):
+    """A decoding loop resolves kernel and split count once per shape, then one dict lookup per step."""
+    ops._decode_plans.clear()
+    calls = []
+    resolve = ops._decode_version
+    monkeypatch.setattr(ops, "_decode_version", lambda *a: calls.append(a) or resolve(*a))
+    q, kc = fake(2, 8, 1, 128, dtype=BF16), fake(2, 2, 4096, 128, dtype=BF16)
+    for _ in range(5):
+        ops.decode(q, kc, kc, num_splits=4)
+    assert len(calls) == 1 and ops._decode_plans[(q.shape, kc.shape, q.device, None, 4)] == ("v02", 4)
+    ops.decode(fake(2, 8, 1, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16),
+               num_splits=4)
+    assert len(calls) == 2  # a new cache length is a new plan
