@@ -9,8 +9,8 @@ import pytest
 from lab import ops, paths
 
 
-def _query(head_dim: int):
-    return SimpleNamespace(shape=(1, 1, 1, head_dim), device=SimpleNamespace(type="cuda", index=0))
+def _query(head_dim: int, seqlen_q: int = 8192):
+    return SimpleNamespace(shape=(1, 1, seqlen_q, head_dim), device=SimpleNamespace(type="cuda", index=0))
 
 
 @pytest.mark.parametrize("capability,expected", [((9, 0), "hopper"), ((8, 0), "v04"), ((8, 9), "v04"), ((10, 0), "v04")])
@@ -19,9 +19,16 @@ def test_default_version_per_capability(monkeypatch, capability, expected, head_
     monkeypatch.setattr(ops, "_capability", lambda device: capability)
     chosen = ops.attention_version(_query(head_dim))
     if expected == "hopper":
-        expected = ops.BEST_FWD_HOPPER[0] if ops.BEST_FWD_HOPPER else "v04"
+        expected = "v07"
     assert chosen == expected
     assert ops.attention_version(_query(head_dim), "v04") == "v04"  # an explicit version always wins
+
+
+@pytest.mark.parametrize("head_dim,seqlen_q,expected", [(64, 1, "v05"), (64, 4096, "v05"), (64, 4097, "v07"),
+                                                         (128, 1, "v07"), (128, 16384, "v07")])
+def test_hopper_choice_by_shape(monkeypatch, head_dim, seqlen_q, expected):
+    monkeypatch.setattr(ops, "_capability", lambda device: (9, 0))
+    assert ops.attention_version(_query(head_dim, seqlen_q)) == expected
 
 
 def test_hopper_versions_are_registered_for_sm90_only():

@@ -34,8 +34,16 @@
 // warpgroups per SM taking turns on the tensor core: ~480-550 TFLOP/s at
 // D = 128 non-causal (S >= 2048), ~400-450 at D = 64; still below cuDNN at
 // D = 128 because each warpgroup waits for its own S before its softmax and
-// for its own PV before the next S (v07's job). Outcome: kernels/README.md,
-// chapters/n9_hopper.ipynb.
+// for its own PV before the next S (v07's job).
+// Outcome (H200, run 3, outputs/driver_logs/20261122-h200-hopper-run3-2ca041541f.log),
+// TFLOP/s at S = 512/2048/8192/16384, non-causal | causal:
+//   D = 64:  269/358/400/409 | 159/294/361/388   (0.66-0.88x SDPA-cuDNN)
+//   D = 128: 381/469/506/519 | 231/365/459/490   (0.70-0.86x SDPA-cuDNN)
+// D = 128 at the low end of the prediction (469-519 at S >= 2048), D = 64
+// below it (358-409): D = 64 is bound by exp2 (one MUFU op per score, 16 per
+// clock per SM, about as many clocks as the GEMMs) more than by the tensor
+// core. S = 512 is slower than v05: one 384-512-thread CTA per SM, 2-4 tiles
+// per CTA, nothing hides the prologue. 50/50 checks, memcheck clean.
 //
 // Limits, algorithm, masking and epilogue: v05's (common/hopper/attn_fwd_sm90.cuh).
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v06_warpspec.cu

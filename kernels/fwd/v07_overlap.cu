@@ -38,7 +38,22 @@
 // Prediction (H200 bf16 bench-fwd): +10-15 % over v06 on the long cells
 // (FA3 reports about that much for this step), i.e. ~560-590 TFLOP/s at
 // D = 128 and ~430-450 at D = 64 non-causal; causal S = 512 +5 % from LPT.
-// Outcome: kernels/README.md and chapters/n9_hopper.ipynb.
+// Outcome (H200, run 3, outputs/driver_logs/20261122-h200-hopper-run3-2ca041541f.log;
+// TFLOP/s at S = 512/2048/8192/16384, non-causal | causal; kernel-only rows):
+//   overlap alone (no ping-pong), D = 128: 376/449/492/502 | 213/354/472/469:
+//     -1 to -8 % against v06 except causal 8k (+3 %): the prediction failed;
+//     one warpgroup's S and P V back to back leave the tensor core the same
+//     idle gaps when both warpgroups do it at the same time.
+//   + PINGPONG (the default at D = 128): 402/512/539/537 | 249/399/466/483:
+//     +3 to +9 % over v06 non-causal, 0.74-0.89x SDPA-cuDNN; causal -1 to +9 %.
+//   D = 64 (no ping-pong): 260/356/419/429 | 152/291/357/388: +5 % over v06
+//     at S >= 8192 non-causal (0.89-0.92x cuDNN), no gain elsewhere.
+//   3 stages at D = 128: within -7/+3 % of 2 stages; B_c = 176 (D = 128) and
+//     2 consumers x B_c = 192 (D = 64): -5 to -20 % (run 2). The LPT order
+//     was not timed on its own.
+// 50/50 checks (default and PINGPONG=1 + D128_STAGES=3); memcheck, racecheck
+// (0 hazards) and synccheck clean on PINGPONG=1 + D128_STAGES=3 (the
+// default differs only in the D = 128 stage count).
 //
 // Limits, algorithm, masking and epilogue: v05's.
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v07_overlap.cu
@@ -49,7 +64,13 @@
 #include "common/hopper/attn_fwd_sm90.cuh"
 
 #ifndef LAB_V07_PINGPONG
-#define LAB_V07_PINGPONG 0
+#define LAB_V07_PINGPONG 0  // both head dims (a sweep switch); per head dim below
+#endif
+#ifndef LAB_V07_D64_PINGPONG
+#define LAB_V07_D64_PINGPONG LAB_V07_PINGPONG  // D = 64: -1 to +2 % (run 3), off
+#endif
+#ifndef LAB_V07_D128_PINGPONG
+#define LAB_V07_D128_PINGPONG 1  // D = 128: +5-14 % non-causal (run 3), on
 #endif
 #ifndef LAB_V07_D64_CONSUMERS
 #define LAB_V07_D64_CONSUMERS 3
@@ -73,8 +94,11 @@
 namespace {
 using namespace lab::sm90;
 
-template <int D_, int BC_, int CONSUMERS_, int STAGES_>
+template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_>
 struct Cfg07 {
+  static constexpr bool kPingPong = PINGPONG_;
+  // Named barriers: 0 (__syncthreads), 1..kConsumers (epilogues), then one turn barrier per consumer.
+  static_assert(1 + CONSUMERS_ + (kPingPong ? CONSUMERS_ : 0) <= 16, "hardware has 16 named barriers");
   static constexpr int D = D_;
   static constexpr int kConsumers = CONSUMERS_;
   static constexpr int BR = 64 * kConsumers;
@@ -91,8 +115,9 @@ struct Cfg07 {
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
   static_assert(BC % 16 == 0 && BC <= 256, "B_c: a wgmma N and a TMA box");
 };
-using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES>;
-using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES>;
+using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES, LAB_V07_D64_PINGPONG != 0>;
+using Cfg128 =
+    Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES, LAB_V07_D128_PINGPONG != 0>;
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
@@ -206,7 +231,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     // PINGPONG: turn() waits for this warpgroup's token, pass() hands it to the next one. Every
     // warpgroup takes n_tiles + 1 turns; warpgroup 1 takes one more at the end, which consumes the
     // last warpgroup's last pass, so no arrival is left pending at exit.
-    constexpr bool kPing = LAB_V07_PINGPONG && Cfg::kConsumers > 1;
+    constexpr bool kPing = Cfg::kPingPong && Cfg::kConsumers > 1;
     const int next_wg = wg % Cfg::kConsumers + 1;
     auto turn = [&]() {
       if constexpr (kPing) named_barrier_sync(3 + wg, 256);

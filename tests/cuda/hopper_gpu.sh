@@ -21,3 +21,10 @@ for step in ${STEPS//,/ }; do
     bench) timeout 300 python3 tests/cuda/hopper_run.py bench $RACED $OUT/bench.json > $OUT/bench.log 2>&1; echo "bench rc $?"; cat $OUT/bench.log | grep -v "^$" | cut -c1-150 ;;
   esac
 done
+# chapter: papermill run of chapters/n9_hopper.ipynb on the GPU (needs .whl carried); executed copy under $OUT
+if [[ ",$STEPS," == *",chapter,"* ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+  timeout 420 python3 -m papermill chapters/n9_hopper.ipynb $OUT/n9_hopper_gpu.ipynb -p device cuda -p cases ${CHAPTER_CASES:-quick} --cwd $PWD > $OUT/chapter.log 2>&1
+  echo "chapter rc $?" | tee -a $OUT/chapter.log; tail -3 $OUT/chapter.log
+  tar czf $OUT/chapter_records.tgz outputs/adhoc 2>/dev/null
+fi
