@@ -114,6 +114,11 @@ def bench_fwd_cases(dtype: str = "bfloat16", head_dims=(64, 128), seqlens=(512, 
     return cases
 
 
+def bench_fwd_fp16_cases() -> list[Case]:
+    """One fp16 cell beside the bf16 grid: the same kernel path with the other dtype."""
+    return [Case("fwd-d128-s4096-fp16", 8, 16, 16, 4096, 4096, 128, "float16", False)]
+
+
 # KV bytes above this are skipped: batch 64 x 64k keys x 32 heads would be 69 GB of cache.
 DECODE_MAX_KV_BYTES = 9 * 2**30
 
@@ -156,7 +161,7 @@ def decode_kv_bytes(case: DecodeCase) -> int:
 
 def by_name(name: str, **kwargs) -> list:
     """Case sets by their published names: tests, seed, bench-fwd, bench-decode, decode-long, decode-tests."""
-    table = {"tests": tests_cases, "seed": seed_cases, "bench-fwd": bench_fwd_cases,
+    table = {"tests": tests_cases, "seed": seed_cases, "bench-fwd": bench_fwd_cases, "bench-fwd-fp16": bench_fwd_fp16_cases,
              "bench-decode": bench_decode_cases, "decode-long": decode_long_cases, "decode-tests": decode_tests_cases}
     if name not in table:
         raise ValueError(f"unknown case set {name!r}; choose one of {sorted(table)}")
