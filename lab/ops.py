@@ -173,25 +173,29 @@ def _(query, key, value, is_causal, scale, version):
     return query.new_empty(query.shape), query.new_empty(query.shape[:3], dtype=torch.float32)
 
 
-def attention_version(query, version=None) -> str:
+def attention_version(query, version=None, is_causal: bool = False) -> str:
     """The forward kernel lab.ops.attention runs for this query: `version` checked, or the default for its
     head dim (BEST_FWD order). Device-specific defaults belong here, cached per device."""
     if version is None and _capability(query.device) in HOPPER_CAPABILITIES:
-        return _version(None, FWD, query.shape[-1], _hopper_preference(query.shape[-1], query.shape[2]) + BEST_FWD)
+        preference = _hopper_preference(query.shape[-1], query.shape[2], is_causal)
+        return _version(None, FWD, query.shape[-1], preference + BEST_FWD)
     return _version(version, FWD, query.shape[-1], BEST_FWD)
 
 
-def _hopper_preference(head_dim: int, seqlen_q: int) -> tuple:
+def _hopper_preference(head_dim: int, seqlen_q: int, is_causal: bool) -> tuple:
     """wgmma + TMA kernels (sm_90a) on compute capability 9.0 (H200, 2026-11-22, outputs/driver_logs/
-    20261122-h200-hopper-run3-*): D=64 up to 4k queries runs best as v05's many small CTAs (one warpgroup,
-    several CTAs per SM hide each other's prologue), longer D=64 and all D=128 as v07."""
-    if head_dim == 64 and seqlen_q <= HOPPER_SMALL_D64_MAX_SQ:
+    20261122-h200-hopper-run{3,4}-*): v05's many small CTAs (one warpgroup, several CTAs per SM hide each
+    other's prologue and the causal tail) win at D=64 up to 4k queries (8k causal) and for causal D=128 up
+    to 1k queries; v07 (warp-specialised, ping-pong at D=128) everywhere else."""
+    if seqlen_q <= HOPPER_SMALL_MAX_SQ.get((head_dim, bool(is_causal)), 0):
         return ("v05",) + BEST_FWD_HOPPER
     return BEST_FWD_HOPPER
 
 
 BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
-HOPPER_SMALL_D64_MAX_SQ = 4096
+# (head dim, causal) -> largest S_q that runs v05 on Hopper (run 4, TFLOP/s v05 vs v07: D=64 causal 8k 384 vs 373,
+# 16k 382 vs 389; D=128 causal 512 283 vs 247, 2k 402 vs 407)
+HOPPER_SMALL_MAX_SQ = {(64, False): 4096, (64, True): 8192, (128, True): 1024}
 HOPPER_CAPABILITIES = ((9, 0),)
 _capabilities: dict = {}
 
@@ -224,7 +228,7 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    name = attention_version(query, version)
+    name = attention_version(query, version, is_causal)
     scale = _scale(scale, query.shape[-1])
     if _direct(query, key, value):  # eager: no dispatcher, and no LSE buffer unless asked for
         out, lse = _attention_impl(query, key, value, is_causal, scale, name, return_lse)

@@ -31,7 +31,7 @@ def public_attention(version=None):
     def make(q, k, v, is_causal):
         gqa = q.shape[1] != k.shape[1]
         return lambda: ops.attention(q, k, v, is_causal=is_causal, enable_gqa=gqa, version=version)
-    make.version = lambda q: ops.attention_version(q, version)
+    make.version = lambda q, is_causal=False: ops.attention_version(q, version, is_causal)
     return make
 
 
@@ -102,7 +102,7 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
             extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}}
             extra["flags"] = bench.flagged(extra["ratios"])
             if hasattr(make, "version"):
-                extra["version"] = make.version(q)
+                extra["version"] = make.version(q, case.causal)
             if memory and impl == PUBLIC_FWD and isinstance(t, bench.Timing):
                 extra["peak_extra_bytes"] = bench.peak_extra_bytes(fn)
                 extra["memory_ratios"] = {f"sdpa-{b}": extra["peak_extra_bytes"] / m for b, m in mems.items() if m}
