@@ -72,6 +72,12 @@
 #ifndef LAB_V07_D128_PINGPONG
 #define LAB_V07_D128_PINGPONG 1  // D = 128: +5-14 % non-causal (run 3), on
 #endif
+#ifndef LAB_V07_D64_POLY
+#define LAB_V07_D64_POLY 0  // every N-th n8 block of S takes exp2 on the FMA pipe (0: none)
+#endif
+#ifndef LAB_V07_D128_POLY
+#define LAB_V07_D128_POLY 0
+#endif
 #ifndef LAB_V07_D64_CONSUMERS
 #define LAB_V07_D64_CONSUMERS 3
 #endif
@@ -94,8 +100,10 @@
 namespace {
 using namespace lab::sm90;
 
-template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_>
+template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY_>
 struct Cfg07 {
+  static constexpr int kPolyEvery = POLY_;
+  static_assert(kPolyEvery >= 0 && kPolyEvery <= BC_ / 8, "POLY: 0 (off) or every N-th of the B_c/8 column blocks");
   static constexpr bool kPingPong = PINGPONG_;
   // Named barriers: 0 (__syncthreads), 1..kConsumers (epilogues), then one turn barrier per consumer.
   static_assert(1 + CONSUMERS_ + (kPingPong ? CONSUMERS_ : 0) <= 16, "hardware has 16 named barriers");
@@ -115,9 +123,10 @@ struct Cfg07 {
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
   static_assert(BC % 16 == 0 && BC <= 256, "B_c: a wgmma N and a TMA box");
 };
-using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES, LAB_V07_D64_PINGPONG != 0>;
-using Cfg128 =
-    Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES, LAB_V07_D128_PINGPONG != 0>;
+using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES, LAB_V07_D64_PINGPONG != 0,
+                    LAB_V07_D64_POLY>;
+using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES,
+                     LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY>;
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
@@ -224,9 +233,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     auto softmax = [&](int j) {
       const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
       if (mask)
-        softmax_scores<BC, true>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        softmax_scores<BC, true, Cfg::kPolyEvery>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
       else
-        softmax_scores<BC, false>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        softmax_scores<BC, false, Cfg::kPolyEvery>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
     };
     // PINGPONG: turn() waits for this warpgroup's token, pass() hands it to the next one. Every
     // warpgroup takes n_tiles + 1 turns; warpgroup 1 takes one more at the end, which consumes the

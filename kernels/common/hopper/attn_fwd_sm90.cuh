@@ -118,12 +118,26 @@ struct RowState {
   float l[2] = {0.f, 0.f};  // this thread's partial row sums (reduced over the quad at the end)
 };
 
+// exp2 on the FMA pipe for x <= 0, to take load off the 16-per-clock MUFU unit (FA4's trick):
+// 2^x = 2^n * 2^f with n = round(x) (the 1.5 * 2^23 addition leaves n in t's low mantissa bits),
+// f in [-0.5, 0.5], 2^f by a cubic fitted for relative error (max 7.5e-5, under fp16's rounding of P);
+// x is clamped to -125 so that 2^n * 2^f stays a normal float (masked scores give ~1e-38, not 0).
+__device__ __forceinline__ float exp2_poly(float x) {
+  constexpr float kShift = 12582912.f;  // 1.5 * 2^23
+  x = fmaxf(x, -125.f);
+  const float t = x + kShift;
+  const float f = x - (t - kShift);
+  const float p = fmaf(fmaf(fmaf(0.0551711817f, f, 0.242611084f), f, 0.693261075f), f, 0.999928078f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 // Scale the 64 x BC score accumulator in place, mask it, update (m, l) and
 // turn it into P (fp32, in place); alpha[h] = exp2(m_old - m_new) is what O
 // must still be multiplied by (rescale_o). Touches neither O nor the P
 // fragments, so it can run while a P V wgmma still reads them (v07).
 //   row0: this thread's first row (absolute query index); col0: first key of the tile.
-template <int BC, bool kMask>
+// kPolyEvery > 0: every kPolyEvery-th n8 column block takes exp2_poly instead of ex2.approx.
+template <int BC, bool kMask, int kPolyEvery = 0>
 __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
                                                int row0, int col0, int seqlen_k, bool causal) {
   const int t = threadIdx.x % 4;
@@ -155,7 +169,9 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
   for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float pv = fast_exp2(s[4 * i + e] - off[e >> 1]);
+      const float arg = s[4 * i + e] - off[e >> 1];
+      constexpr int kEvery = kPolyEvery > 0 ? kPolyEvery : 1;  // (no % by zero when off)
+      const float pv = (kPolyEvery > 0 && i % kEvery == 0) ? exp2_poly(arg) : fast_exp2(arg);
       s[4 * i + e] = pv;
       st.l[e >> 1] += pv;
     }
