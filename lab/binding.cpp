@@ -30,10 +30,10 @@ namespace {
 
 // Bad input is reported without a C++ exception crossing into Python: each check returns the message of the
 // first failure (empty: fine), the bound functions return it, and lab/build.py's wrapper raises it as a
-// RuntimeError. Messages are built by plain string appends (msg below), not iostreams: on the H200 machine
-// (torch 2.11.0+cu130, 2026-11-22) a TORCH_CHECK thrown from any load_inline module, even a 3-line toy,
-// segfaulted the process, and so did these checks while they formatted with c10::str (an ostringstream
-// instantiated in this module); see outputs/driver_logs/20261122-h200-binding-probe-*.log.
+// RuntimeError. Messages are built by plain string appends (msg below), never c10::str / iostreams: on the
+// H200 machine (torch 2.11.0+cu130, 2026-11-22) a 3-line load_inline module segfaults when it formats with
+// c10::str, whether it throws (TORCH_CHECK) or just returns the string, while std::to_string and a thrown
+// std::runtime_error work (outputs/driver_logs/20261122-h200-test_gpu-run3-b39524931e.log, probe at the top).
 #define LAB_REQUIRE(cond, ...)                      \
   do {                                              \
     if (!(cond)) return msg(__VA_ARGS__);           \
@@ -83,6 +83,7 @@ bool on_gpu(const at::Tensor& t) {
 
 typedef int (*AttnFwdLauncher)(const AttnFwdParams*, void*);
 typedef int (*DecodeLauncher)(const DecodeParams*, void*);
+typedef int (*AttnBwdLauncher)(const AttnBwdParams*, void*);
 
 constexpr int64_t kIntMax = 0x7fffffff;  // the params structs hold sizes in int
 
@@ -325,6 +326,84 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
   return "";
 }
 
+// Backward (kernels/bwd/*): the checks, the gradients and one float32 workspace allocated here, the launch.
+// dq, dk, dv come back contiguous; the workspace holds delta and lse*log2(e) per padded query row and, for the
+// atomic (non-deterministic) dQ, a float32 dQ accumulator.
+std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& o, const at::Tensor& lse, const c10::optional<at::Tensor>& dlse,
+                          const at::Tensor& dout, double scale, bool causal, bool deterministic, at::Tensor* dq,
+                          at::Tensor* dk, at::Tensor* dv) {
+  LAB_TRY(check_bhsd(q, "query", q));
+  LAB_TRY(check_bhsd(k, "key", q));
+  LAB_TRY(check_bhsd(v, "value", q));
+  LAB_TRY(check_bhsd(o, "out", q));
+  LAB_TRY(check_bhsd(dout, "grad_out", q));
+  LAB_TRY(check_shapes(q, k, v, o, "key", "value"));
+  LAB_REQUIRE(dout.sizes() == q.sizes(), "grad_out must have the query's shape ", q.sizes(), ", got ", dout.sizes());
+  int dtype = 0;
+  LAB_TRY(dtype_code(q, &dtype));
+  LAB_TRY(check_scale(scale));
+  AttnBwdParams p{};
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2);
+  float* lse_ptr = nullptr;
+  LAB_TRY(float_buffer(lse, "lse", q, rows, true, &lse_ptr));
+  p.lse = lse_ptr;
+  if (dlse.has_value()) {
+    float* dlse_ptr = nullptr;
+    LAB_TRY(float_buffer(*dlse, "grad_lse", q, rows, true, &dlse_ptr));
+    p.dlse = dlse_ptr;
+  }
+  *dq = at::empty(q.sizes(), q.options());
+  *dk = at::empty(k.sizes(), k.options());
+  *dv = at::empty(v.sizes(), v.options());
+  if (q.numel() == 0 || k.numel() == 0) {  // no query rows or no keys: every gradient is 0
+    dq->zero_();
+    dk->zero_();
+    dv->zero_();
+    return "";
+  }
+#ifndef LAB_BINDING_CPU_CHECKS
+  c10::cuda::CUDAGuard guard(q.device());
+#endif
+  const int64_t padded = q.size(0) * q.size(1) *
+                         ((q.size(2) + LAB_BWD_ROW_PAD - 1) / LAB_BWD_ROW_PAD * LAB_BWD_ROW_PAD);
+  at::Tensor work = at::empty({2 * padded + (deterministic ? 0 : rows * q.size(3))}, q.options().dtype(at::kFloat));
+  p.delta = work.data_ptr<float>();
+  p.lse_log2 = p.delta + padded;
+  p.dq_accum = deterministic ? nullptr : p.delta + 2 * padded;
+  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v), orr = readable(o), dr = readable(dout);
+  p.q = qr.data_ptr();
+  p.k = kr.data_ptr();
+  p.v = vr.data_ptr();
+  p.o = orr.data_ptr();
+  p.dout = dr.data_ptr();
+  p.dq = dq->data_ptr();
+  p.dk = dk->data_ptr();
+  p.dv = dv->data_ptr();
+  copy_all_strides(p, qr, kr, vr, orr);
+  copy_strides(p.do_stride, dr);
+  copy_strides(p.dq_stride, *dq);
+  copy_strides(p.dk_stride, *dk);
+  copy_strides(p.dv_stride, *dv);
+  p.batch = q.size(0);
+  p.heads_q = q.size(1);
+  p.heads_kv = k.size(1);
+  p.seqlen_q = q.size(2);
+  p.seqlen_k = k.size(2);
+  p.head_dim = q.size(3);
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  p.dtype = dtype;
+  p.deterministic = deterministic;
+#ifdef LAB_BINDING_CPU_CHECKS
+  (void)launcher;
+#else
+  auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  LAB_TRY(launch_error(reinterpret_cast<AttnBwdLauncher>(launcher)(&p, stream), "attention backward kernel"));
+#endif
+  return "";
+}
+
 }  // namespace
 
 // Both return "" on success or the error message (raised by lab/build.py's wrapper).
@@ -371,9 +450,20 @@ std::tuple<std::string, at::Tensor> decode_call(int64_t launcher, at::Tensor q, 
   return {error, o};
 }
 
+// Backward: returns (error, dq, dk, dv); the tensors are undefined (None) when error is not empty.
+std::tuple<std::string, at::Tensor, at::Tensor, at::Tensor> attn_bwd_call(
+    int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o, at::Tensor lse,
+    c10::optional<at::Tensor> dlse, at::Tensor dout, double scale, bool causal, bool deterministic) {
+  at::Tensor dq, dk, dv;
+  std::string error = attn_bwd_impl(launcher, q, k, v, o, lse, dlse, dout, scale, causal, deterministic, &dq, &dk, &dv);
+  if (!error.empty()) return {error, at::Tensor(), at::Tensor(), at::Tensor()};
+  return {error, dq, dk, dv};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attn_fwd", &attn_fwd, "forward attention through a launcher address");
   m.def("decode_fwd", &decode_fwd, "split-K decoding through a launcher address");
   m.def("attn_call", &attn_call, "forward attention, output allocated here: (error, out, lse)");
   m.def("decode_call", &decode_call, "split-K decoding, output and workspaces allocated here: (error, out)");
+  m.def("attn_bwd_call", &attn_bwd_call, "backward attention, gradients allocated here: (error, dq, dk, dv)");
 }

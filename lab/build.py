@@ -342,10 +342,11 @@ class Binding:
     """The compiled binding (lab/binding.cpp) with its error strings raised as RuntimeError.
 
     attn_fwd / decode_fwd return "" or the message of the first bad argument; no C++ exception crosses into
-    Python (when they were TORCH_CHECKs, a bad direct call segfaulted the process on the H200 machine).
+    Python (a TORCH_CHECK, or any c10::str formatting, in a load_inline module segfaulted the process on the
+    H200 machine: see lab/binding.cpp).
     """
 
-    __slots__ = ("module", "attn_fwd", "decode_fwd", "attn_call", "decode_call")
+    __slots__ = ("module", "attn_fwd", "decode_fwd", "attn_call", "decode_call", "attn_bwd_call")
 
     def __init__(self, module):
         self.module = module
@@ -353,6 +354,7 @@ class Binding:
         self.decode_fwd = _raising(module.decode_fwd)
         self.attn_call = _raising_results(module.attn_call)  # -> (out, lse or None)
         self.decode_call = _raising_results(module.decode_call)  # -> (out,)
+        self.attn_bwd_call = _raising_results(module.attn_bwd_call)  # -> (dq, dk, dv)
 
 
 def _raising(function):

@@ -198,6 +198,12 @@ def _attn(q, k, v, out, lse=None, scale=0.125, causal=False, version="v04"):
     build.binding().attn_fwd(ops.launcher(ops.FWD, version), q, k, v, out, lse, scale, causal, None)
 
 
+def _dense(t):
+    """A fresh contiguous copy with the strides torch gives a new tensor (.contiguous() keeps odd strides of
+    size-1 dims)."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _fresh(shape, dtype=torch.float16):
     return torch.randn(*shape, device="cuda", dtype=dtype)
 
@@ -237,13 +243,15 @@ def test_binding_normalises_layouts_it_can_copy(version):
     buf = torch.full((3, 4, 1, 65), float("nan"), device="cuda", dtype=torch.float16)
     out = buf[..., :64]
     _attn(qo, ke, ve, out, version=version)
-    _assert_passes(out, qo, ke.contiguous(), ve.contiguous())
+    # the yardstick gets plain copies: SDPA itself is not under test with odd strides (run 3 on the H200 hit
+    # a "misaligned address" in this test, not isolated between SDPA and the kernel)
+    _assert_passes(out, *(_dense(t) for t in (qo, ke, ve)))
     # a view at an odd element offset (data pointer not 16-byte aligned)
     flat = torch.randn(1 + q.numel(), device="cuda", dtype=torch.float16)
     qm = flat[1:].view(q.shape)
     out2 = torch.empty_like(q)
     _attn(qm, k, v, out2, version=version)
-    _assert_passes(out2, qm, k, v)
+    _assert_passes(out2, _dense(qm), k, v)
 
 
 def _dec_args(B=2, Hq=8, Hkv=2, T=1, S=300, D=128, splits=3):
@@ -294,9 +302,9 @@ def test_decode_binding_normalises_and_writes_lse(version):
     a["po"], a["pl"] = torch.empty(3, 8, 1, 2, 128, device="cuda"), torch.empty(3, 8, 1, 2, device="cuda")
     a["lse"] = torch.empty(3, 8, 1, device="cuda")
     _dec(version, **a)
-    k, v = a["k"].contiguous(), a["v"].contiguous()
-    _assert_passes(a["o"], a["q"], k, v, scale=0.1)
-    torch.testing.assert_close(a["lse"].double(), _reference_lse(a["q"], k, False, 0.1), atol=2e-3, rtol=1e-4)
+    q, k, v = (_dense(t) for t in (a["q"], a["k"], a["v"]))
+    _assert_passes(a["o"], q, k, v, scale=0.1)
+    torch.testing.assert_close(a["lse"].double(), _reference_lse(q, k, False, 0.1), atol=2e-3, rtol=1e-4)
 
 
 # ------------------------------------------------------------------ the harness itself on the GPU

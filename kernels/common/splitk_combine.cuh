@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/decode_util.cuh"
+#include "common/launch.h"
 #include "common/params.h"
 
 namespace lab {
@@ -93,10 +94,6 @@ cudaError_t launch_splitk_combine(const DecodeParams* p, cudaStream_t stream, bo
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
-
-// Preconditions of the 16-byte loads, checked by each launcher (LAB_E_SHAPE otherwise).
-inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-inline bool strides_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
 
 }  // namespace decode
 }  // namespace lab

@@ -1,3 +1,8 @@
+// Changes: first decode version (split-K, scalar fp32, LSE combine).
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tests/cuda/decode_main.cu kernels/decode/v01_splitk.cu -o /tmp/dec && /tmp/dec
+//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+// Measured: kernels/README.md, version table row "decode v01" and the "Decode kernels" table.
+//
 // decode_splitk_v01: split-K (flash-decoding) attention over a KV cache.
 //
 // Algorithm, paper notation. A query group Q_g holds every query row that
@@ -62,7 +67,7 @@
 // [0, S_cache]. Strides must be multiples of 8 elements and base pointers
 // 16-byte aligned (Python guarantees it; checked, LAB_E_SHAPE otherwise).
 //
-// Changes: first version, measured effect: not yet measured.
+// Measured effect: kernels/README.md, "Decode kernels" table (H100 and H200).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -73,14 +78,13 @@
 
 namespace {
 
-using lab::decode::aligned16;
+using lab::aligned16;
 using lab::decode::Elem;
-using lab::decode::strides_ok;
+using lab::strides_ok;
 using lab::decode::kLn2;
 using lab::decode::kLog2e;
 
 constexpr int kSmemLimitSm80 = 163 * 1024;  // largest opt-in block smem on A100; H100 allows 227 KB
-constexpr int kSmemDefault = 48 * 1024;     // above this a kernel must opt in
 
 template <int kHeadDim_, int kRows_>
 struct SplitKConfig {
@@ -431,29 +435,12 @@ __global__ void __launch_bounds__(SplitKConfig<kHeadDim, kRows>::kThreads)
   }
 }
 
-// Opt in to more than 48 KB of dynamic smem once per (kernel, device). Templated on the kernel's
-// parameters, not on its pointer type: every pass-1 instantiation has the same pointer type, and
-// each needs its own `done` flags.
-template <typename T, int kHeadDim, int kRows>
-cudaError_t allow_smem(int device) {
-  using Cfg = SplitKConfig<kHeadDim, kRows>;
-  constexpr int kMaxDevices = 64;
-  static bool done[kMaxDevices] = {};
-  const int bytes = Cfg::kSmemBytes;
-  auto kernel = splitk_partial_kernel<T, kHeadDim, kRows>;
-  if (bytes <= kSmemDefault) return cudaSuccess;
-  if (device >= 0 && device < kMaxDevices && done[device]) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess && device >= 0 && device < kMaxDevices) done[device] = true;
-  return err;
-}
-
 template <typename T, int kHeadDim, int kRows>
 int launch_typed(const DecodeParams* p, cudaStream_t stream, int chunk, int group, int rows_total, int device,
                  bool use_pdl) {
   using Cfg = SplitKConfig<kHeadDim, kRows>;
   auto partial = splitk_partial_kernel<T, kHeadDim, kRows>;
-  cudaError_t err = allow_smem<T, kHeadDim, kRows>(device);
+  cudaError_t err = lab::allow_smem_once<splitk_partial_kernel<T, kHeadDim, kRows>>(Cfg::kSmemBytes, device);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p->num_splits) * p->batch * p->heads_kv,
                   (rows_total + kRows - 1) / kRows);

@@ -53,9 +53,9 @@
 
 namespace {
 
-using lab::decode::aligned16;
+using lab::aligned16;  // common/launch.h
 using lab::decode::Elem;
-using lab::decode::strides_ok;
+using lab::strides_ok;
 using lab::decode::kLn2;
 using lab::decode::kLog2e;
 

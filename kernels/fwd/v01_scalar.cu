@@ -1,3 +1,8 @@
+// Changes: first version (FA1 order, scalar fp32).
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tests/cuda/fwd_v01_main.cu kernels/fwd/v01_scalar.cu -o /tmp/v01 && /tmp/v01
+//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+// Measured: kernels/README.md, version table row "fwd v01" and section "v01 - the baseline".
+//
 // v01_scalar: the "before" kernel. FlashAttention-1-style forward pass with
 // scalar fp32 arithmetic on CUDA cores: no tensor cores, no async copies, no
 // pipelining. It is slow on purpose and correct on purpose; every later
@@ -46,7 +51,7 @@
 //   sequences.
 //
 // What changed from the previous version: nothing, this is the first.
-//   Measured: not yet measured.
+//   Measured: kernels/README.md, "v01 - the baseline" (H100, 2026-11-21).
 //
 // Compile-time switches (each -D gives a distinct cached binary):
 //   LAB_BUG_LAYOUT     the origin's class of bug: strides are ignored and every
@@ -76,6 +81,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/launch.h"
 #include "common/params.h"
 
 // Debug dump layout (LAB_DEBUG_DUMP), offsets in floats into p->debug.
@@ -103,7 +109,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // Staying under it keeps v01 runnable on the L4 the project started on;
 // sm_80 (163 KiB) and sm_90 (227 KiB) have more.
 constexpr int kSmemPortableLimit = 99 * 1024;
-constexpr int kSmemDefaultLimit = 48 * 1024;  // above this needs the opt-in attribute
 constexpr int kMaxGridYZ = 65535;
 
 template <int D>
@@ -359,11 +364,8 @@ template <typename T, int D>
 int launch(const AttnFwdParams& p, cudaStream_t stream) {
   using Cfg = V01Config<D>;
   auto kernel = attn_fwd_v01_kernel<T, D>;
-  if (Cfg::kSmemBytes > kSmemDefaultLimit) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (err != cudaSuccess) return (int)err;
-  }
+  const cudaError_t err = lab::allow_smem_once<attn_fwd_v01_kernel<T, D>>(Cfg::kSmemBytes, lab::current_device());
+  if (err != cudaSuccess) return (int)err;
   const dim3 grid((p.seqlen_q + Cfg::kBr - 1) / Cfg::kBr, p.heads_q, p.batch);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return (int)cudaGetLastError();

@@ -1,3 +1,8 @@
+// Changes: vs v01: tensor cores (mma.sync, ldmatrix), cp.async pipeline, FA2 loop order, P in registers.
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tests/cuda/fwd_mma_main.cu kernels/fwd/v02_mma.cu -o /tmp/v02 && /tmp/v02
+//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+// Measured: kernels/README.md, version table row "fwd v02" and the "Forward kernels" table.
+//
 // v02_mma: FlashAttention-2 forward on tensor cores (mma.sync m16n8k16).
 //
 // Algorithm (FlashAttention-2, Dao 2023, Alg. 1), per (batch b, query head h):
@@ -73,6 +78,7 @@
 #include <stdint.h>
 
 #include "common/mma.cuh"
+#include "common/launch.h"
 #include "common/params.h"
 #include "common/softmax.cuh"
 
@@ -81,7 +87,6 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
-constexpr int kDefaultSmemLimit = 48 * 1024;  // above this the opt-in attribute is needed
 
 template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_>
 struct FwdConfig {
@@ -496,11 +501,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 template <class Cfg, class T>
 int launch(const AttnFwdParams& p, cudaStream_t stream) {
   auto kernel = attn_fwd_v02_kernel<Cfg, T>;
-  if (Cfg::kSmemBytes > kDefaultSmemLimit) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (err != cudaSuccess) return (int)err;
-  }
+  const cudaError_t err = lab::allow_smem_once<attn_fwd_v02_kernel<Cfg, T>>(Cfg::kSmemBytes, lab::current_device());
+  if (err != cudaSuccess) return (int)err;
   const int64_t num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t blocks = num_m_blocks * p.batch * p.heads_q;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
@@ -508,11 +510,8 @@ int launch(const AttnFwdParams& p, cudaStream_t stream) {
   return (int)cudaGetLastError();
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
-bool strides_ok(const int64_t (&s)[3]) {
-  return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0;
-}
+using lab::aligned16;
+using lab::strides_ok;
 
 }  // namespace
 

@@ -1,3 +1,8 @@
+// Changes: vs v02: Q re-read from smem each k-step (4 warps x 32 rows at both D), head-major causal order.
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DFWD_FN=attn_fwd_v03 tests/cuda/fwd_mma_main.cu kernels/fwd/v03_qsmem.cu -o /tmp/v03 && /tmp/v03
+//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+// Measured: kernels/README.md, version table row "fwd v03".
+//
 // v03_qsmem: v02 with Q re-read from shared memory, which buys FA2's tile
 // shapes, plus a head-major causal CTA order and two optional loop variants.
 // Measured on an H100 against v02 and PyTorch SDPA's flash backend
@@ -98,13 +103,14 @@
 // Changes from v01_scalar (fp32 CUDA cores, FA1 order, P through smem):
 // tensor cores, exp2 with the scale folded in, O normalised once, P kept in
 // registers (S accumulators reused as the A operand), a cp.async
-// pipeline. Measured effect: not yet measured (see kernels/README.md).
+// pipeline. Measured effect: kernels/README.md, "Forward kernels" (v02 row).
 
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "common/mma.cuh"
+#include "common/launch.h"
 #include "common/params.h"
 #include "common/softmax.cuh"
 
@@ -113,7 +119,6 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
-constexpr int kDefaultSmemLimit = 48 * 1024;  // above this the opt-in attribute is needed
 
 // 5. (see kLaunder) on by default; -DLAB_V03_LAUNDER=0 turns it off.
 #ifndef LAB_V03_LAUNDER
@@ -638,11 +643,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 template <class Cfg, class T>
 int launch(const AttnFwdParams& p, cudaStream_t stream) {
   auto kernel = attn_fwd_v03_kernel<Cfg, T>;
-  if (Cfg::kSmemBytes > kDefaultSmemLimit) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-    if (err != cudaSuccess) return (int)err;
-  }
+  const cudaError_t err = lab::allow_smem_once<attn_fwd_v03_kernel<Cfg, T>>(Cfg::kSmemBytes, lab::current_device());
+  if (err != cudaSuccess) return (int)err;
   const int64_t num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t blocks = num_m_blocks * p.batch * p.heads_q;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
@@ -650,11 +652,8 @@ int launch(const AttnFwdParams& p, cudaStream_t stream) {
   return (int)cudaGetLastError();
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
-bool strides_ok(const int64_t (&s)[3]) {
-  return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0;
-}
+using lab::aligned16;
+using lab::strides_ok;
 
 }  // namespace
 

@@ -1,3 +1,8 @@
+// Changes: vs v03: lazy O rescale, XOR ldmatrix addressing, one K/V row pointer (no spills), small-grid config.
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DFWD_FN=attn_fwd_v04 tests/cuda/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o /tmp/v04 && /tmp/v04
+//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+// Measured: kernels/README.md, version table row "fwd v04" (the default) and "v04 at small S".
+//
 // v04_lazy: v03 with a lazily rescaled online softmax and the D = 128
 // spills removed; >= PyTorch SDPA-flash (FlashAttention-2) in every cell of
 // the bf16 bench grid, at both head dims (H200, 2026-11-21; per-cell numbers
@@ -154,13 +159,14 @@
 // Changes from v01_scalar (fp32 CUDA cores, FA1 order, P through smem):
 // tensor cores, exp2 with the scale folded in, O normalised once, P kept in
 // registers (S accumulators reused as the A operand), a cp.async
-// pipeline. Measured effect: not yet measured (see kernels/README.md).
+// pipeline. Measured effect: kernels/README.md, "Forward kernels" (v02 row).
 
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "common/mma.cuh"
+#include "common/launch.h"
 #include "common/params.h"
 #include "common/softmax.cuh"
 
@@ -169,7 +175,6 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
-constexpr int kDefaultSmemLimit = 48 * 1024;  // above this the opt-in attribute is needed
 
 // 5. (see kLaunder) on by default; -DLAB_V04_LAUNDER=0 turns it off.
 #ifndef LAB_V04_LAUNDER
@@ -314,11 +319,10 @@ struct FwdConfig {
 #define LAB_V04_D64_QSMEM 1
 #endif
 // D = 128: FA2's own tile, 4 warps x 32 rows, B_c = 64, 2 stages (96 KiB),
-// Q re-read from smem, 2 CTAs per SM: 255 regs with 68 B of spills (168 B
-// without kLaunder). Against v02 (8 warps x 16 rows, Q in registers): +1-5 %
-// non-causal, causal within noise; still 7-12 % under SDPA-flash
-// non-causal (kernels/README.md). B_c = 48 (60-80 B spills) and B_c = 32
-// (no spills, 3-4 stages) measured 2-7 % slower.
+// Q re-read from smem, 2 CTAs per SM. In v03 this tile had 255 regs with
+// 68 B of spills; v04's B and C (above) remove them: 255 regs, 0 spills
+// (sm_90a). v03 measurements of the alternatives: B_c = 48 (60-80 B spills)
+// and B_c = 32 (no spills, 3-4 stages) 2-7 % slower (kernels/README.md).
 #ifndef LAB_V04_D128_WARPS
 #define LAB_V04_D128_WARPS 4
 #endif
@@ -994,38 +998,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
-// Current device, and its SM count (cached per device; host calls cost
-// launch latency, which is most of the time at small S).
-constexpr int kMaxDevices = 64;
-int current_device() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return -1;
-  return dev;
-}
-int num_sms(int dev) {
-  static int sms[kMaxDevices] = {};
-  if (dev < 0) return 0;
-  if (sms[dev] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-    sms[dev] = n;
-  }
-  return sms[dev];
-}
+using lab::current_device;
+using lab::num_sms;
 
 template <class Cfg, class T>
 int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
   auto kernel = attn_fwd_v04_kernel<Cfg, T>;
-  if (Cfg::kSmemBytes > kDefaultSmemLimit) {
-    // Once per device and instantiation (G: it was set on every call).
-    static bool done[kMaxDevices] = {};
-    if (dev < 0 || !done[dev]) {
-      const cudaError_t err = cudaFuncSetAttribute(
-          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-      if (err != cudaSuccess) return (int)err;
-      if (dev >= 0) done[dev] = true;
-    }
-  }
+  // Once per device and instantiation (G: it was set on every call).
+  const cudaError_t err = lab::allow_smem_once<attn_fwd_v04_kernel<Cfg, T>>(Cfg::kSmemBytes, dev);
+  if (err != cudaSuccess) return (int)err;
   const int64_t num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t blocks = num_m_blocks * p.batch * p.heads_q;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
@@ -1033,11 +1014,8 @@ int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
   return (int)cudaGetLastError();
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
-bool strides_ok(const int64_t (&s)[3]) {
-  return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0;
-}
+using lab::aligned16;
+using lab::strides_ok;
 
 }  // namespace
 

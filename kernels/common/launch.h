@@ -1,0 +1,57 @@
+// Host-side launch helpers shared by every launcher in kernels/ (fwd/*, decode/*, common/splitk_combine.cuh).
+//
+// One home for what each launcher used to define for itself: the 16-byte preconditions of cp.async and
+// the vector stores, the current device and its SM count (cached: host calls cost launch latency, most of
+// the time at small sizes), and the opt-in to more than 48 KB of dynamic shared memory, made once per
+// (kernel, device) instead of on every call.
+#pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/params.h"
+
+namespace lab {
+
+constexpr int kMaxDevices = 64;               // devices whose per-device state is cached
+constexpr int kSmemDefaultBytes = 48 * 1024;  // dynamic smem a kernel gets without the opt-in
+constexpr int64_t kMaxGridX = 0x7fffffff;     // gridDim.x limit
+
+// Preconditions of the 16-byte loads and stores (LAB_E_SHAPE otherwise): 16-byte aligned bases, batch /
+// head / seq strides in multiples of 8 16-bit elements.
+inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+inline bool strides_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
+
+// The current device, or -1 when it cannot be read or is beyond kMaxDevices (nothing is cached then).
+inline int current_device() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return -1;
+  return dev;
+}
+
+// Multiprocessors of `dev`, read once (0 when unknown).
+inline int num_sms(int dev) {
+  static int sms[kMaxDevices] = {};
+  if (dev < 0 || dev >= kMaxDevices) return 0;
+  if (sms[dev] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+    sms[dev] = n;
+  }
+  return sms[dev];
+}
+
+// Opt `Kernel` in to `bytes` of dynamic shared memory, once per device (every call for a device outside
+// [0, kMaxDevices)).
+// A template on the kernel itself: each instantiation of a kernel template gets its own flags.
+template <auto Kernel>
+cudaError_t allow_smem_once(int bytes, int dev) {
+  static bool done[kMaxDevices] = {};
+  if (bytes <= kSmemDefaultBytes) return cudaSuccess;
+  const bool cached = dev >= 0 && dev < kMaxDevices;
+  if (cached && done[dev]) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && cached) done[dev] = true;
+  return err;
+}
+
+}  // namespace lab
