@@ -72,6 +72,42 @@ typedef struct DecodeParams {
   int dtype;
 } DecodeParams;
 
+// Backward attention (kernels/bwd/*), layout (B, H, S, D) through strides like the forward. Reads q, k, v,
+// the forward's out and its natural-log lse, and the output gradient dout; writes dq, dk, dv (dk/dv summed
+// over the query heads of a GQA group). Causal, GQA and scale as in AttnFwdParams.
+// Workspaces (float32, allocated by the caller): delta and lse_log2 hold LAB_BWD_ROW_PAD-padded rows
+// [B, Hq, round_up(Sq, LAB_BWD_ROW_PAD)]; dq_accum [B, Hq, Sq, D] contiguous is needed only when
+// deterministic == 0 (dQ by fp32 atomics, then a convert pass).
+#define LAB_BWD_ROW_PAD 64
+typedef struct AttnBwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;      // [B, Hq, Sq] contiguous, natural log, as the forward wrote it
+  const float* dlse;     // optional [B, Hq, Sq] contiguous gradient of lse; NULL: zero
+  void* dq;
+  void* dk;
+  void* dv;
+  float* delta;          // workspace: rowsum(dout * out) - dlse
+  float* lse_log2;       // workspace: lse * log2(e)
+  float* dq_accum;       // workspace: fp32 dQ for the atomic mode
+  int64_t q_stride[3];   // batch, head, seq
+  int64_t k_stride[3];
+  int64_t v_stride[3];
+  int64_t o_stride[3];
+  int64_t do_stride[3];
+  int64_t dq_stride[3];
+  int64_t dk_stride[3];
+  int64_t dv_stride[3];
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
+  float scale;           // the forward's softmax scale, any finite value
+  int causal;
+  int dtype;             // LabDtype
+  int deterministic;     // 1: no atomics (dQ in a separate pass), bit-identical across runs
+} AttnBwdParams;
+
 #ifdef __cplusplus
 }
 #endif
