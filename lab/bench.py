@@ -222,3 +222,48 @@ def ratios(ours: Timing, backends: dict) -> dict:
 
 def flagged(ratio_map: dict) -> list[str]:
     return [f"{k}: {v:.1f}x > {SPEEDUP_FLAG:g}x, take a second look" for k, v in ratio_map.items() if v > SPEEDUP_FLAG]
+
+
+# ------------------------------------------------------------------ backward modes
+
+BWD_MODES = ("bwd", "fwd+bwd")
+
+
+def backward_sweep(cases, mode: str = "bwd", backends=("flash", "cudnn", "efficient"), progress: bool = True,
+                   **stop) -> list[dict]:
+    """Time the public op's backward (mode 'bwd': torch.autograd.grad on a recorded graph) or forward plus
+    backward ('fwd+bwd') against SDPA forced to each backend, in the same process. FLOPs: backward 2.5x the
+    forward's (5*B*H*S^2*D, halved for causal), fwd+bwd 3.5x. Rows are recorded with kind 'bwd' / 'fwd+bwd'."""
+    from tqdm.std import tqdm
+
+    from . import backward
+    from .sweep import _inputs_fwd
+
+    def _row(kind, impl, case, timing, work, ceil, extra=None):
+        row = {"kind": kind, "impl": impl, "case": case.as_dict(), "flops": work}
+        if isinstance(timing, Timing):
+            row.update(timing=timing.as_dict(), tflops=work / timing.median_ms / 1e9)
+            row["frac_ceiling"] = row["tflops"] / ceil["bf16_matmul_tflops"]
+        else:
+            row["unsupported"] = timing
+        row.update(extra or {})
+        return row
+
+    if mode not in BWD_MODES:
+        raise ValueError(f"mode must be one of {BWD_MODES}, got {mode!r}")
+    ceilings_ = ceilings()
+    rows = []
+    for i, case in enumerate(tqdm(cases, desc=f"{mode} sweep", disable=not progress, mininterval=5)):
+        q, k, v = _inputs_fwd(case, seed=i)
+        dout = _inputs_fwd(case, seed=10_000 + i)[0]
+        flops = backward.flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal, mode)
+        times = {}
+        for backend in backends:
+            times[backend] = try_time(backward.sdpa_step(backend, mode, q, k, v, case.causal, dout), **stop)
+            rows.append(record.append(_row(mode, f"sdpa-{backend}", case, times[backend], flops, ceilings_)))
+        t = try_time(backward.ours_step(mode, q, k, v, case.causal, dout), **stop)
+        extra = {"ratios": ratios(t, times) if isinstance(t, Timing) else {}}
+        extra["flags"] = flagged(extra["ratios"])
+        rows.append(record.append(_row(mode, "lab.ops.attention", case, t, flops, ceilings_, extra)))
+        del q, k, v, dout
+    return rows

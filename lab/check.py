@@ -230,3 +230,77 @@ def run_set(run, cases, impl: str, kind: str = "forward", progress: bool = True,
             plot.error_heatmap(failed)
     return results
 
+
+
+# ------------------------------------------------------------------ backward
+
+GRADS = ("dq", "dk", "dv")
+
+
+def reference_grads(q, k, v, dout, is_causal=False, scale=None):
+    """float64 (out, dq, dk, dv) of `reference` by autograd; dk/dv summed over each GQA group."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out = reference(q64, k64, v64, is_causal, scale)
+    grads = torch.autograd.grad(out, (q64, k64, v64), dout.double())
+    return (out.detach(), *grads)
+
+
+def sdpa_grads(q, k, v, dout, is_causal=False, scale=None, backend: str = "default"):
+    """SDPA's (out, dq, dk, dv) in the inputs' dtype, forced to `backend`: the backward error yardstick.
+    Use backend="math" for scale <= 0 (flash and cuDNN return NaN there on torch 2.11, H200)."""
+    from .bench import sdpa_backend
+
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    with sdpa_backend(backend):
+        out = sdpa(q, k, v, is_causal, scale)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    return (out.detach(), *grads)
+
+
+def _poison_allocator(*tensors):
+    """Fill freed caching-allocator blocks of these sizes with NaN: gradients that the binding allocates
+    with at::empty then start as NaN wherever the kernel does not write (the backward's poisoned output)."""
+    for t in tensors:
+        torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device)
+
+
+def check_backward(run, case: Case, impl: str, trials: int = 2, seed: int = 0, device=None, peaked: bool = True,
+                   scale: float | None = None, save: bool = True, layout: str = "bhsd", yardstick: str = "default",
+                   include_forward: bool = False) -> dict:
+    """run(q, k, v, is_causal, scale, dout) -> (out, dq, dk, dv). Each gradient is judged like the forward:
+    against the float64 autograd reference, with SDPA's backward (backend `yardstick`) error as the yardstick.
+
+    Returns {"dq": CheckResult, "dk": ..., "dv": ...} (plus "out" with include_forward: the forward-plus-
+    backward mode). NaN never passes; the gradients' memory is NaN-poisoned before every run.
+    """
+    device = device or resolve_device()
+    dtype = DTYPES[case.dtype]
+    names = (("out",) if include_forward else ()) + GRADS
+    results = {name: CheckResult(f"{impl}:{name}", case) for name in names}
+    for trial in range(trials + (1 if peaked else 0)):
+        magnitude = PEAKED_MAGNITUDE if trial == trials else 1.0
+        gen = torch.Generator().manual_seed(seed * 1000 + trial)
+        q = _draw_layout((case.B, case.Hq, case.Sq, case.D), gen, device, dtype, magnitude, layout)
+        k = _draw_layout((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype, magnitude, layout)
+        v = _draw_layout((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype, 1.0, layout)
+        dout = _draw((case.B, case.Hq, case.Sq, case.D), gen, device, dtype)
+        _poison_allocator(q, k, v)
+        got = dict(zip(("out",) + GRADS, run(q, k, v, case.causal, scale, dout)))
+        ref = dict(zip(("out",) + GRADS, reference_grads(q, k, v, dout, case.causal, scale)))
+        yard = dict(zip(("out",) + GRADS, sdpa_grads(q, k, v, dout, case.causal, scale, yardstick)))
+        for name in names:
+            metrics = compare(got[name], ref[name], yard[name])
+            metrics.update(seed=seed * 1000 + trial, magnitude=magnitude)
+            results[name].trials.append(metrics)
+            if not metrics["passed"] or results[name].heatmap is None:
+                results[name].heatmap = error_map(got[name], ref[name])
+    if save:
+        for name, result in results.items():
+            record.append({"kind": "check", "impl": result.impl, "case": case.as_dict(), "layout": layout,
+                           "mode": "fwd+bwd" if include_forward else "bwd", "grad": name,
+                           "yardstick": yardstick, "check": _record_view(result)})
+    return results
+
+
+def backward_passed(results: dict) -> bool:
+    return all(r.passed for r in results.values())

@@ -389,3 +389,8 @@ def decode_maker(version: str | None = None, num_splits=None):
         scale = 1.0 / math.sqrt(D)
         return lambda: bind.decode_fwd(address, q, k, v, out, seqlens, po, pl, None, scale, splits)
     return make
+
+
+# Autograd for lab::attention (and the lab::attention_backward op) is registered by lab/backward.py, imported
+# here so that `import lab.ops` is enough for lab.ops.attention to be differentiable.
+from . import backward as _backward  # noqa: E402,F401
