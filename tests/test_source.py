@@ -1,7 +1,7 @@
 """lab.source: kernel excerpts by marker comments."""
 import pytest
 
-from lab import source
+from lab import ops, source
 
 
 def _kernel(tmp_path, text):
@@ -23,3 +23,9 @@ def test_missing_or_repeated_markers_raise(tmp_path, text):
     with pytest.raises(source.MarkerError, match="expected one"):
         source.excerpt("k.cu", "loop", _kernel(tmp_path, text))
 
+
+
+def test_chapter_kernels_carry_their_markers():
+    """Every default kernel a chapter shows has its inner loop marked (the chapter cuts it from the file)."""
+    for table, version in ((ops.FWD, "v04"), (ops.DECODE, "v02")):
+        assert "inner-loop" in source.markers(table[version].source)

@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
   const int v_ld_key = warp * Cfg::kWarpKeys + (lane & 7) + (((lane >> 3) & 1) << 3);  // m1, m3: keys 8-15
   const int v_ld_col = (lane >> 4) * 8;                                               // m2, m3: dims +8
 
+  // [lab:inner-loop] one key tile per iteration: S = Q K^T on tensor cores, online softmax, O += P V
   for (int t = 0; t < n_tiles; ++t) {
     lab::decode::cp_async_wait<Cfg::kStages - 2>();
     __syncthreads();
@@ -334,6 +335,7 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
       MmaType<T>::mma(acc[2 * dp + 1], pa, vb[2], vb[3]);
     }
   }
+  // [/lab:inner-loop]
 
   // Epilogue: merge the 4 warps' (m, l, O) through the freed ring.
   lab::decode::cp_async_wait<0>();

@@ -811,6 +811,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // ================================================================ Main loop
   if constexpr (!Cfg::kPingPong) {
+    // [lab:inner-loop] the main loop: S_j = Q K_j^T, mask only where needed, online softmax, O += P_j V_j
     // v02's loop: S_j = Q K_j^T, mask, softmax, O += P_j V_j, in that order.
     // kSplit: tiles [0, n_full) need no mask and run in a loop without the
     // mask code (and without the row/column indices it keeps live); only the
@@ -841,6 +842,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       mask_tile(acc_s, j);
       softmax_pv(acc_s, sV(j % kStages) + sub);
     }
+    // [/lab:inner-loop]
   } else {
     // Ping-pong: S_{j+1} = Q K_{j+1}^T is issued before the softmax of S_j,
     // so one warp has independent tensor-core work (the S_{j+1} mma) to
