@@ -24,16 +24,20 @@
 //   the tail is short (LPT scheduling). Non-causal keeps v06's order.
 // - Tile config knobs (compile-time, for sweeps): LAB_V07_D{64,128}_
 //   {CONSUMERS,BC,STAGES}.
-// - PINGPONG (LAB_V07_PINGPONG, option): the consumer warpgroups take turns
-//   issuing their GEMMs (named barriers 4.., a token passed round-robin), so
-//   one warpgroup's wgmmas run while the others do their softmax (FA3's
+// - PINGPONG (on at D = 128): the consumer warpgroups take turns issuing
+//   their GEMMs (named barriers 4.., a token passed round-robin), so one
+//   warpgroup's wgmmas run while the others do their softmax (FA3's
 //   inter-warpgroup schedule).
+// - POLY (option, off): every N-th n8 column block of S takes exp2 on the
+//   FMA pipe (exp2_poly, a cubic) instead of the MUFU unit (FA4's trick).
 //
-// Tile sizes (defaults; why): D = 128: 2 consumers x 64 rows, B_c = 128,
-// 2 stages (160 KiB; 3 stages fit too, 225 KiB, measured below); per thread
-// O 64 + S 64 + P 32 + addressing ~ 180 of the 240 registers two consumers
-// get. D = 64: 3 consumers, B_c = 128, 3 stages (120 KiB), O 32 + S 64 + P
-// 32 inside the 160 registers three consumers get.
+// Tile sizes (defaults; why): D = 128: 2 consumers x 64 rows, B_c = 176,
+// 2 stages (32 + 2 x 2 x 88 = 208 KiB): per thread O 64 + S 88 + P 44 +
+// addressing, inside the 240 registers two consumers get; B_c = 176 halves
+// the fixed cost per key (barrier round trips, row max / sum shuffles) against
+// 128 where 3 stages of 176 do not fit. D = 64: 3 consumers, B_c = 128,
+// 3 stages (120 KiB), O 32 + S 64 + P 32 for the 160 registers three
+// consumers get (ptxas reports a 4-byte spill at this cap).
 //
 // Prediction (H200 bf16 bench-fwd): +10-15 % over v06 on the long cells
 // (FA3 reports about that much for this step), i.e. ~560-590 TFLOP/s at
@@ -51,9 +55,16 @@
 //   3 stages at D = 128: within -7/+3 % of 2 stages; B_c = 176 (D = 128) and
 //     2 consumers x B_c = 192 (D = 64): -5 to -20 % (run 2). The LPT order
 //     was not timed on its own.
-// 50/50 checks (default and PINGPONG=1 + D128_STAGES=3); memcheck, racecheck
-// (0 hazards) and synccheck clean on PINGPONG=1 + D128_STAGES=3 (the
-// default differs only in the D = 128 stage count).
+//   Run 5 (outputs/driver_logs/20261122-h200-hopper-run5-373ef90414.log),
+//   with the split barriers and ping-pong: B_c = 176 at D = 128 vs 128:
+//   369/519/553/549 | 216/363/465/527 vs 353/499/514/523 | 233/394/435/488,
+//   +4 to +8 % except causal 512 and 2048 (-7/-8 %; lab.ops sends causal
+//   D = 128 up to 1k queries to v05): now the default. POLY at D = 64: every
+//   4th block -5 to -10 %, every 8th 0 to -5 %: the MUFU unit is not what
+//   bounds D = 64 here; off.
+// Final default (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
+// 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
+// memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
 //
 // Limits, algorithm, masking and epilogue: v05's.
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v07_overlap.cu
@@ -73,7 +84,7 @@
 #define LAB_V07_D128_PINGPONG 1  // D = 128: +5-14 % non-causal (run 3), on
 #endif
 #ifndef LAB_V07_D64_POLY
-#define LAB_V07_D64_POLY 0  // every N-th n8 block of S takes exp2 on the FMA pipe (0: none)
+#define LAB_V07_D64_POLY 0  // every N-th n8 block of S takes exp2 on the FMA pipe (0: none); run 5: -0..-10 %
 #endif
 #ifndef LAB_V07_D128_POLY
 #define LAB_V07_D128_POLY 0
