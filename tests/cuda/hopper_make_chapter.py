@@ -85,6 +85,7 @@ if ch.gpu:
     rows_res = [r for s in sources for r in build.build_kernel(s).resources]
 else:
     rows_res = build.compile_check(archs=("sm_90a",), sources=sources)
+record.append({"kind": "resources", "impl": hopper, "rows": rows_res})
 print(build.resource_table(rows_res))
 ''')
 md(r"""
