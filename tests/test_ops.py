@@ -104,7 +104,7 @@ def test_validation_on_fake_cuda_tensors(fake):
         (lambda: ops.attention(fake(1, 2, 4, 96), fake(1, 2, 4, 96), fake(1, 2, 4, 96)), ValueError,
          r"head dim 96 is not supported"),
         (lambda: ops.attention(q, q, q, version="v99"), ValueError, r"version='v99' is unknown; available: \['v01', 'v02'"),
-        (lambda: ops.attention(q, q, q, version=99), ValueError, r"version=99 is unknown"),
+        (lambda: ops.attention(q, q, q, version=999), ValueError, r"version=999 is unknown"),
         (lambda: ops.attention(q, q, q, scale=float("nan")), (TypeError, ValueError), r"scale must be a finite float"),
         (lambda: ops.attention(q, q, q, scale="0.1"), TypeError, r"scale must be a finite float or None"),
     ]
