@@ -139,5 +139,35 @@ def flops(B: int, Hq: int, Sq: int, Sk: int, D: int, causal: bool, mode: str) ->
     return factor * attention_flops(B, Hq, Sq, Sk, D, causal)
 
 
+def train_losses(attention, steps: int = 8, seed: int = 0, dtype=torch.bfloat16, device: str = "cuda") -> list:
+    """Loss per step of a one-block transformer language model (embedding, causal self-attention through
+    `attention(q, k, v)` on (B, H, S, D), projection, residual, output head) trained with SGD on fixed random
+    tokens. Same seed, same data: two attention implementations give the same curve up to rounding."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+    vocab, width, heads, seqlen, batch = 256, 256, 4, 128, 8
+    emb = torch.nn.Embedding(vocab, width).to(device, dtype)
+    qkv = torch.nn.Linear(width, 3 * width).to(device, dtype)
+    proj = torch.nn.Linear(width, width).to(device, dtype)
+    head = torch.nn.Linear(width, vocab).to(device, dtype)
+    params = [*emb.parameters(), *qkv.parameters(), *proj.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.5)
+    gen = torch.Generator(device=device).manual_seed(1)
+    tokens = torch.randint(0, vocab, (batch, seqlen + 1), generator=gen, device=device)
+    losses = []
+    for _ in range(steps):
+        x = emb(tokens[:, :-1])
+        q, k, v = qkv(x).view(batch, seqlen, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+        a = attention(q, k, v).transpose(1, 2).reshape(batch, seqlen, width)
+        logits = head(x + proj(a)).float()
+        loss = F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
 def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)

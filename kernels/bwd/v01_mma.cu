@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
     const T* tq = sQ + buf * BR * LD;
     const T* tdo = sdO + buf * BR * LD;
 
+    // [lab:dkdv-tile] one (query head, query block) step of a K/V CTA: recompute P^T, dS^T; dV, dK, dQ
     // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x BR queries per warp.
     float s[NQ][4], dp[NQ][4];
 #pragma unroll
@@ -323,6 +324,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
       }
     }
     __syncthreads();  // this buffer (and sdS) is refilled next iteration
+    // [/lab:dkdv-tile]
   }
   cp_async_wait<0>();
 
