@@ -197,6 +197,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       for (int w = 0; w < Cfg::kConsumers; ++w)
         for (int cb = 0; cb < D / 64; ++cb)
           tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
+      // [lab:producer] the producer thread: wait for a free stage, then one TMA per 64-column block of K_j and V_j
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages;
         const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
@@ -209,6 +210,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         for (int cb = 0; cb < D / 64; ++cb)
           tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
       }
+      // [/lab:producer]
     }
   } else {
     // Consumers
@@ -281,6 +283,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       pack_p<BC, T>(sacc, pa);
     }
     // Main loop: S_j and P_{j-1} V_{j-1} in flight together.
+    // [lab:inner-loop] one key tile per consumer warpgroup: S_j and P_{j-1} V_{j-1} issued together, softmax under P V
     for (int j = 1; j < n_tiles; ++j) {
       wait_k(j);
       wait_v(j - 1);
@@ -299,6 +302,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       rescale_o<D>(o, alpha);
       pack_p<BC, T>(sacc, pa);
     }
+    // [/lab:inner-loop]
     if (n_tiles > 0) {
       wait_v(n_tiles - 1);
       turn();

@@ -106,6 +106,15 @@ for v in versions:
     print(f"=== {v} ({ops.FWD[v].source})\\n" + "\\n\\n".join(keep) + "\\n")
 ''')
 md(r"""
+The final kernel's two roles, cut from `fwd/v07_overlap.cu` by its markers (the code that ran): the producer
+thread, then one consumer warpgroup's loop over key tiles.
+""")
+code('''
+from IPython.display import Markdown
+from lab import source
+Markdown(source.markdown(ops.FWD["v07"].source, "producer") + "\\n\\n" + source.markdown(ops.FWD["v07"].source, "inner-loop"))
+''')
+md(r"""
 ## Correctness on every `tests` case (GPU)
 
 Uneven sizes (1, 63, 65, 1025, 4097), S_q ≠ S_k both ways, causal and not, GQA and MQA, fp16 and bf16, strided
