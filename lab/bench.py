@@ -259,11 +259,23 @@ def backward_sweep(cases, mode: str = "bwd", backends=("flash", "cudnn", "effici
         flops = backward.flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal, mode)
         times = {}
         for backend in backends:
-            times[backend] = try_time(backward.sdpa_step(backend, mode, q, k, v, case.causal, dout), **stop)
+            times[backend] = _try_step(lambda: backward.sdpa_step(backend, mode, q, k, v, case.causal, dout), **stop)
             rows.append(record.append(_row(mode, f"sdpa-{backend}", case, times[backend], flops, ceilings_)))
-        t = try_time(backward.ours_step(mode, q, k, v, case.causal, dout), **stop)
+        t = _try_step(lambda: backward.ours_step(mode, q, k, v, case.causal, dout), **stop)
         extra = {"ratios": ratios(t, times) if isinstance(t, Timing) else {}}
         extra["flags"] = flagged(extra["ratios"])
         rows.append(record.append(_row(mode, "lab.ops.attention", case, t, flops, ceilings_, extra)))
         del q, k, v, dout
     return rows
+
+
+def _try_step(make, **stop):
+    """try_time for a step whose construction runs the forward (mode 'bwd'), which a backend may refuse."""
+    import torch
+
+    try:
+        fn = make()
+    except (RuntimeError, ValueError) as err:
+        torch.cuda.synchronize()
+        return f"unsupported: {str(err).splitlines()[0][:120]}"
+    return try_time(fn, **stop)
