@@ -1,0 +1,69 @@
+"""GPU tests specific to the Hopper kernels (v05-v07, sm_90a): what lab.ops.attention picks on compute
+capability 9.0 and that the pick is right through the public op, the build variants the version headers
+report on, and the clear error a Hopper kernel gives on another GPU. Every `tests` case for every registered
+version is in tests/test_gpu.py (registry-driven); this file covers what only the Hopper kernels have.
+
+Marked `gpu` (skipped without CUDA); the Hopper-only tests skip on other GPUs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lab import bench, build, cases, check, ops
+
+pytestmark = pytest.mark.gpu
+
+
+def _hopper() -> bool:
+    return tuple(torch.cuda.get_device_capability()) == (9, 0)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_records(session_dir):
+    return session_dir
+
+
+@pytest.mark.parametrize("D,Sq,causal", [(64, 65, False), (64, 4097, False), (64, 4097, True), (128, 1025, True),
+                                         (128, 1025, False), (128, 63, True)])
+def test_public_op_default_on_hopper_is_right(D, Sq, causal):
+    if not _hopper():
+        pytest.skip("the Hopper default applies on compute capability 9.0 only")
+    case = cases.Case("hopper-default", 2, 4, 2, Sq, Sq + 3, D, "bfloat16", causal)
+    q = torch.randn(case.B, case.Hq, case.Sq, D, device="cuda", dtype=torch.bfloat16)
+    assert ops.attention_version(q, is_causal=causal) in ("v05", "v07")
+
+    def run(q, k, v, is_causal, scale, out):
+        out.copy_(ops.attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True))
+    assert check.check_forward(run, case, "lab.ops.attention", trials=1).passed
+
+
+@pytest.mark.parametrize("defines", [{"LAB_V07_PINGPONG": 1, "LAB_V07_D128_STAGES": 3}, {"LAB_V07_D128_BC": 128},
+                                     {"LAB_V07_D64_POLY": 8}])
+def test_v07_variants_are_right(defines):
+    if not _hopper():
+        pytest.skip("sm_90a kernel")
+    run = ops.fwd_runner("v07", defines)
+    for case in [c for c in cases.tests_cases() if c.Sq > 1][:8]:
+        assert check.check_forward(run, case, f"v07 {defines}", trials=1).passed, case.label
+
+
+@pytest.mark.parametrize("version", ["v05", "v06", "v07"])
+def test_any_finite_scale(version):
+    if not _hopper():
+        pytest.skip("sm_90a kernel")
+    run = ops.fwd_runner(version)
+    with bench.sdpa_backend("math"):  # SDPA's flash and cuDNN backends return NaN for scale <= 0
+        for scale in (0.0, -0.35, 3.0):
+            for case in cases.tests_cases()[4:8]:
+                assert check.check_forward(run, case, version, scale=scale, trials=1).passed, (case.label, scale)
+
+
+@pytest.mark.parametrize("version", ["v05", "v06", "v07"])
+def test_clear_error_off_hopper(version):
+    if _hopper():
+        pytest.skip("checks the error on a GPU without sm_90a")
+    q = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.float16)
+    address = build.build_kernel(ops.FWD[version].source).address(ops.FWD[version].symbol)
+    with pytest.raises(Exception, match="no kernel image"):  # cudaErrorNoKernelImageForDevice, named
+        build.binding().attn_fwd(address, q, q, q, torch.empty_like(q), None, 0.125, False, None)
