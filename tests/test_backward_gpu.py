@@ -37,7 +37,7 @@ def _assert_passed(results):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "det"])
 def test_kernel_gradients_match_the_float64_reference(case, deterministic, session_dir):
     run = backward.bwd_runner("v01", deterministic=deterministic)
-    _assert_passed(check.check_backward(run, case, f"bwd-v01-{'det' if deterministic else 'atomic'}", trials=2))
+    _assert_passed(check.check_backward(run, case, f"bwd-v01-{'det' if deterministic else 'atomic'}", trials=1))
 
 
 @pytest.mark.parametrize("case", CASES[::3], ids=_ids(CASES[::3]))

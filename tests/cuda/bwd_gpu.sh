@@ -1,12 +1,13 @@
 #!/bin/bash
 # One device call for the backward (issue 16): standalone driver (correctness, the D-term self-test build),
 # compute-sanitizer memcheck (--small list) and racecheck (--tiny list) on the backward kernels, the GPU pytest
-# file, then the timings alone on the GPU. Logs to $OUT. Usage inside `run`: bash tests/cuda/bwd_gpu.sh [bench-lengths]
+# file, then chapters/n10_backward.ipynb by papermill (its timings run after the sanitizers finished). Logs to $OUT.
+# Usage inside `run` (carry .whl and .bwdcache, prebuilt sm_90a kernels): bash tests/cuda/bwd_gpu.sh [quick|full]
 set -u
 OUT=${OUT:-/tmp/bwd_out}
 mkdir -p "$OUT"
 export TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 LAB_CACHE=$PWD/.bwdcache
-LENGTHS=${1:-2048,8192}
+CASES=${1:-quick}
 LOG=$OUT/bwd.log
 { date -u; git rev-parse --short=10 HEAD; git status --short kernels/bwd lab tests | head -20
   nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv; nvcc --version | tail -2
@@ -17,16 +18,20 @@ $NV tests/cuda/bwd_main.cu kernels/bwd/v01_mma.cu -o $B/bwd > /dev/null 2>&1 &
 $NV -DLAB_BWD_BUG_NO_DELTA tests/cuda/bwd_main.cu kernels/bwd/v01_mma.cu -o $B/bwd_bug > /dev/null 2>&1 &
 python3 -c "from lab import build; build.binding(); print('binding ok')" > "$OUT/binding.log" 2>&1 &
 wait
-cat "$OUT/binding.log" >> "$LOG"
+cat "$OUT/binding.log" >> "$LOG"; rm -f "$OUT/binding.log"
 echo "== driver, full list (no tool)" >> "$LOG"; $B/bwd >> "$LOG" 2>&1; echo "rc=$?" >> "$LOG"
 echo "== driver, LAB_BWD_BUG_NO_DELTA build (must FAIL)" >> "$LOG"; $B/bwd_bug 2>&1 | tail -4 >> "$LOG"; echo "rc=${PIPESTATUS[0]}" >> "$LOG"
 ( timeout 240 compute-sanitizer --tool memcheck $B/bwd --small > "$OUT/sanitize_memcheck.log" 2>&1; echo "rc=$?" >> "$OUT/sanitize_memcheck.log" ) &
 ( timeout 240 compute-sanitizer --tool racecheck $B/bwd --tiny > "$OUT/sanitize_racecheck.log" 2>&1; echo "rc=$?" >> "$OUT/sanitize_racecheck.log" ) &
-timeout ${PYTEST_TIMEOUT:-170} python3 -m pytest -q -p no:cacheprovider tests/test_backward_gpu.py -x -rf > "$OUT/pytest.log" 2>&1
+timeout ${PYTEST_TIMEOUT:-130} python3 -m pytest -q -p no:cacheprovider tests/test_backward_gpu.py -rf > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?" >> "$OUT/pytest.log"
 wait
-echo "== timings" >> "$LOG"
-timeout ${BENCH_TIMEOUT:-100} python3 tests/cuda/bwd_bench.py "$OUT/bench_rows.jsonl" --lengths "$LENGTHS" --modes bwd > "$OUT/bench.log" 2>&1
-echo "bench rc=$?" >> "$OUT/bench.log"
+echo "== chapter n10_backward (papermill, cases=$CASES)" >> "$LOG"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > /dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH LAB_OUTPUTS=$OUT/chapter_outputs
+timeout ${CHAPTER_TIMEOUT:-150} python3 -m papermill chapters/n10_backward.ipynb "$OUT/n10_backward.ipynb" -p device cuda \
+  -p cases "$CASES" -p reps 1 --cwd "$PWD" > "$OUT/papermill.log" 2>&1
+echo "papermill rc=$?" >> "$LOG"
+tar -C "$OUT" -czf "$OUT/chapter_outputs.tgz" chapter_outputs 2>/dev/null && rm -rf "$OUT/chapter_outputs"
 tail -3 "$OUT/pytest.log" >> "$LOG"; tail -2 "$OUT/sanitize_memcheck.log" "$OUT/sanitize_racecheck.log" >> "$LOG"
 date -u >> "$LOG"
