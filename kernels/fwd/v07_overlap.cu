@@ -59,7 +59,7 @@
 //   with the split barriers and ping-pong: B_c = 176 at D = 128 vs 128:
 //   369/519/553/549 | 216/363/465/527 vs 353/499/514/523 | 233/394/435/488,
 //   +4 to +8 % except causal 512 and 2048 (-7/-8 %; lab.ops sends causal
-//   D = 128 up to 1k queries to v05): now the default. POLY at D = 64: every
+//   D = 128 up to 2k queries to v05): now the default. POLY at D = 64: every
 //   4th block -5 to -10 %, every 8th 0 to -5 %: the MUFU unit is not what
 //   bounds D = 64 here; off.
 // Final default (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
