@@ -34,6 +34,8 @@ class TornLineWarning(UserWarning):
 
 @lru_cache(maxsize=1)
 def git_commit() -> str:
+    if os.environ.get("LAB_COMMIT"):  # the GPU machine gets a copy of the working tree whose .git may lag
+        return os.environ["LAB_COMMIT"]  # behind: the runner passes the commit it sent
     try:
         out = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=paths.ROOT,
                              capture_output=True, text=True, check=True).stdout.strip()
