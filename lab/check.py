@@ -247,12 +247,18 @@ def reference_grads(q, k, v, dout, is_causal=False, scale=None):
 
 def sdpa_grads(q, k, v, dout, is_causal=False, scale=None, backend: str = "default"):
     """SDPA's (out, dq, dk, dv) in the inputs' dtype, forced to `backend`: the backward error yardstick.
-    Use backend="math" for scale <= 0 (flash and cuDNN return NaN there on torch 2.11, H200)."""
+    For scale <= 0 use backend="efficient": flash and cuDNN return NaN there (torch 2.11, H200), and the math
+    backend's bf16 backward is more accurate than any fused kernel's (H200, 2026-11-22: a fused backward at
+    ~3.5x math's relative L2 error), so it is no yardstick for one."""
     from .bench import sdpa_backend
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
     with sdpa_backend(backend):
-        out = sdpa(q, k, v, is_causal, scale)
+        if group > 1 and backend != "default":  # a forced backend may not take enable_gqa: expand, grads sum back
+            out = sdpa(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal, scale)
+        else:
+            out = sdpa(q, k, v, is_causal, scale)
         grads = torch.autograd.grad(out, (q, k, v), dout)
     return (out.detach(), *grads)
 

@@ -50,16 +50,23 @@
 #ifndef LAB_BWD_D64_BR
 #define LAB_BWD_D64_BR 64
 #endif
+#ifndef LAB_BWD_WARPS  // warps per CTA; each owns 16 keys (dkdv) or 16 query rows (dq)
+#define LAB_BWD_WARPS 8
+#endif
+#ifndef LAB_BWD_RED  // dQ atomics: 1 = scalar atomicAdd, 4 = red.global.add.v4.f32 after a pair shuffle (sm_90)
+#define LAB_BWD_RED 4
+#endif
 
 namespace {
 
 using namespace lab;
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kWarps = 4;
+constexpr int kWarps = LAB_BWD_WARPS;
 constexpr int kThreads = kWarps * 32;
-constexpr int kBc = 64;    // keys per dkdv CTA and per dq key step (4 warps x 16)
-constexpr int kBrDq = 64;  // queries per dq CTA (4 warps x 16)
+constexpr int kBc = 16 * kWarps;    // keys per dkdv CTA (16 per warp)
+constexpr int kBrDq = 16 * kWarps;  // queries per dq CTA (16 per warp)
+constexpr int kBcDq = 64;           // keys per dq step
 
 template <int D>
 struct Cfg {
@@ -154,6 +161,34 @@ __global__ void __launch_bounds__(128) bwd_pre(const AttnBwdParams p) {
 }
 
 // ---------------------------------------------------------------- 2. dK, dV (and dQ by atomics)
+// One m16n8 accumulator tile (rows r0, r0 + 8; columns col0 .. col0 + 7) added into the fp32 dQ rows.
+// LAB_BWD_RED 4 on sm_90: lanes t and t^1 swap halves so each holds 4 consecutive columns of one row, then
+// one 16-byte red.global.add.v4.f32 per lane: a quarter of the scalar atomics. Else scalar atomicAdd.
+__device__ __forceinline__ void add_dq(float* dqa, int r0, int col0, int t, int seqlen_q, int D, const float (&c)[4]) {
+#if LAB_BWD_RED == 4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool odd = t & 1;
+  const float x0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
+  const float x1 = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
+  const int row = odd ? r0 + 8 : r0;
+  const int col = col0 + 2 * (t & ~1);
+  const float v0 = odd ? x0 : c[0], v1 = odd ? x1 : c[1], v2 = odd ? c[2] : x0, v3 = odd ? c[3] : x1;
+  if (row < seqlen_q)
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dqa + (int64_t)row * D + col), "f"(v0),
+                 "f"(v1), "f"(v2), "f"(v3)
+                 : "memory");
+#else
+  const int col = col0 + 2 * t;
+  if (r0 < seqlen_q) {
+    atomicAdd(dqa + (int64_t)r0 * D + col, c[0]);
+    atomicAdd(dqa + (int64_t)r0 * D + col + 1, c[1]);
+  }
+  if (r0 + 8 < seqlen_q) {
+    atomicAdd(dqa + (int64_t)(r0 + 8) * D + col, c[2]);
+    atomicAdd(dqa + (int64_t)(r0 + 8) * D + col + 1, c[3]);
+  }
+#endif
+}
+
 template <class T, int D, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
   constexpr int BR = Cfg<D>::BR, LD = Cfg<D>::LD, LDS = BR + 8;
@@ -311,17 +346,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
       float* dqa = p.dq_accum + ((int64_t)b * p.heads_q + hq) * p.seqlen_q * D;
       const int r0 = q0 + wm * 16 + g;
 #pragma unroll
-      for (int n = 0; n < DC / 8; ++n) {
-        const int col = wd * DC + n * 8 + 2 * t;
-        if (r0 < p.seqlen_q) {
-          atomicAdd(dqa + (int64_t)r0 * D + col, acc[n][0]);
-          atomicAdd(dqa + (int64_t)r0 * D + col + 1, acc[n][1]);
-        }
-        if (r0 + 8 < p.seqlen_q) {
-          atomicAdd(dqa + (int64_t)(r0 + 8) * D + col, acc[n][2]);
-          atomicAdd(dqa + (int64_t)(r0 + 8) * D + col + 1, acc[n][3]);
-        }
-      }
+      for (int n = 0; n < DC / 8; ++n) add_dq(dqa, r0, wd * DC + n * 8, t, p.seqlen_q, D, acc[n]);
     }
     __syncthreads();  // this buffer (and sdS) is refilled next iteration
     // [/lab:dkdv-tile]
@@ -367,19 +392,19 @@ __global__ void __launch_bounds__(256) bwd_convert(const AttnBwdParams p) {
 // One CTA per (64 queries, query head, batch), 4 warps x 16 query rows, K/V blocks double-buffered.
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnBwdParams p) {
-  constexpr int LD = Cfg<D>::LD, ND = D / 8, NK = kBc / 8;
+  constexpr int LD = Cfg<D>::LD, ND = D / 8, NK = kBcDq / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kBrDq * LD;
   T* sK = sdO + kBrDq * LD;    // 2 buffers
-  T* sV = sK + 2 * kBc * LD;   // 2 buffers
+  T* sV = sK + 2 * kBcDq * LD;   // 2 buffers
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int qb = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest blocks first
   const int q0 = qb * kBrDq, hq = blockIdx.y, b = blockIdx.z;
   const int hkv = hq / (p.heads_q / p.heads_kv), sq_pad = padded_rows(p.seqlen_q);
   const int key_end = p.causal ? min(p.seqlen_k, q0 + kBrDq) : p.seqlen_k;
-  const int n_kb = (key_end + kBc - 1) / kBc;
+  const int n_kb = (key_end + kBcDq - 1) / kBcDq;
   const float c = p.scale * kLog2e;
 
   const T* kg = static_cast<const T*>(p.k) + b * p.k_stride[0] + hkv * p.k_stride[1];
@@ -389,9 +414,10 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnBwdParams p) {
   load_tile<T, D, kBrDq>(sdO, static_cast<const T*>(p.dout) + b * p.do_stride[0] + hq * p.do_stride[1],
                          p.do_stride[2], q0, p.seqlen_q, tid);
   const int row = q0 + warp * 16 + g;  // this lane's rows: row and row + 8
-  const int64_t r0 = ((int64_t)b * p.heads_q + hq) * sq_pad + row;  // padded: in bounds
-  const float l2a = p.lse_log2[r0], l2b = p.lse_log2[r0 + 8];
-  const float da = p.delta[r0], db = p.delta[r0 + 8];
+  const int64_t r0 = ((int64_t)b * p.heads_q + hq) * sq_pad + row;
+  // Rows past S_q are masked below (P = 0); their workspace entries may lie past the 64-row padding.
+  const float l2a = row < p.seqlen_q ? p.lse_log2[r0] : 0.f, l2b = row + 8 < p.seqlen_q ? p.lse_log2[r0 + 8] : 0.f;
+  const float da = row < p.seqlen_q ? p.delta[r0] : 0.f, db = row + 8 < p.seqlen_q ? p.delta[r0 + 8] : 0.f;
 
   float dq[ND][4];
 #pragma unroll
@@ -400,21 +426,21 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnBwdParams p) {
     for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
 
   if (n_kb > 0) {
-    load_tile<T, D, kBc>(sK, kg, p.k_stride[2], 0, p.seqlen_k, tid);
-    load_tile<T, D, kBc>(sV, vg, p.v_stride[2], 0, p.seqlen_k, tid);
+    load_tile<T, D, kBcDq>(sK, kg, p.k_stride[2], 0, p.seqlen_k, tid);
+    load_tile<T, D, kBcDq>(sV, vg, p.v_stride[2], 0, p.seqlen_k, tid);
   }
   cp_async_commit();
   for (int j = 0; j < n_kb; ++j) {
-    const int buf = j & 1, k0 = j * kBc;
+    const int buf = j & 1, k0 = j * kBcDq;
     if (j + 1 < n_kb) {
-      load_tile<T, D, kBc>(sK + (buf ^ 1) * kBc * LD, kg, p.k_stride[2], k0 + kBc, p.seqlen_k, tid);
-      load_tile<T, D, kBc>(sV + (buf ^ 1) * kBc * LD, vg, p.v_stride[2], k0 + kBc, p.seqlen_k, tid);
+      load_tile<T, D, kBcDq>(sK + (buf ^ 1) * kBcDq * LD, kg, p.k_stride[2], k0 + kBcDq, p.seqlen_k, tid);
+      load_tile<T, D, kBcDq>(sV + (buf ^ 1) * kBcDq * LD, vg, p.v_stride[2], k0 + kBcDq, p.seqlen_k, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const T* tk = sK + buf * kBc * LD;
-    const T* tv = sV + buf * kBc * LD;
+    const T* tk = sK + buf * kBcDq * LD;
+    const T* tv = sV + buf * kBcDq * LD;
 
     float s[NK][4], dp[NK][4];
 #pragma unroll
@@ -437,7 +463,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnBwdParams p) {
         mma_16816<T>(dp[2 * jn + 1], ad, bv[2], bv[3]);
       }
     }
-    const bool need_mask = q0 + kBrDq > p.seqlen_q || k0 + kBc > p.seqlen_k || (p.causal && k0 + kBc - 1 > q0);
+    const bool need_mask = q0 + kBrDq > p.seqlen_q || k0 + kBcDq > p.seqlen_k || (p.causal && k0 + kBcDq - 1 > q0);
 #pragma unroll
     for (int n = 0; n < NK; ++n)
 #pragma unroll
@@ -506,7 +532,7 @@ int launch(const AttnBwdParams& p, cudaStream_t st) {
   if (p.deterministic) {
     err = launch_kernel<bwd_dkdv<T, D, false>>(grid_kv, kThreads, smem_kv, st, p);
     if (err != cudaSuccess || p.seqlen_q == 0) return err;
-    const int smem_q = (2 * kBrDq * LD + 4 * kBc * LD) * (int)sizeof(T);
+    const int smem_q = (2 * kBrDq * LD + 4 * kBcDq * LD) * (int)sizeof(T);
     return launch_kernel<bwd_dq<T, D>>(dim3((p.seqlen_q + kBrDq - 1) / kBrDq, p.heads_q, p.batch), kThreads, smem_q,
                                        st, p);
   }
