@@ -35,7 +35,12 @@
 // 0 only moves LSE by ~1e-38). Masked elements (causal, rows >= Sq, keys >= Sk) are selected to 0.
 //
 // Build flags: LAB_BWD_BUG_NO_DELTA (self-test: Delta = 0, a wrong dQ/dK that the check must fail);
-// LAB_BWD_D128_BR / LAB_BWD_D64_BR (query rows per dkdv tile, default 32 / 64).
+// LAB_BWD_D128_BR / LAB_BWD_D64_BR (query rows per dkdv tile, default 32 / 64);
+// LAB_BWD_WARPS (default 4: 64-key K/V blocks, 64-row dq blocks; 8: 128 / 128, FA2's block and half the dQ
+// atomics); LAB_BWD_RED (default 1: scalar atomicAdd; 4: red.global.add.v4.f32, a quarter of the atomic
+// instructions, sm_90 only). The defaults are what ran on the H200 (run 1, kernels/bwd/README.md: 0.51-0.68x
+// SDPA-flash); WARPS=8 and RED=4 compile without spills but have not run on a GPU yet (no device time was
+// left): tests/cuda/bwd_variants.py sweeps all four and tests/cuda/bwd_main.cu checks each build.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -51,10 +56,10 @@
 #define LAB_BWD_D64_BR 64
 #endif
 #ifndef LAB_BWD_WARPS  // warps per CTA; each owns 16 keys (dkdv) or 16 query rows (dq)
-#define LAB_BWD_WARPS 8
+#define LAB_BWD_WARPS 4
 #endif
 #ifndef LAB_BWD_RED  // dQ atomics: 1 = scalar atomicAdd, 4 = red.global.add.v4.f32 after a pair shuffle (sm_90)
-#define LAB_BWD_RED 4
+#define LAB_BWD_RED 1
 #endif
 
 namespace {

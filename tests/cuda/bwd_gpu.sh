@@ -16,7 +16,7 @@ B=$(mktemp -d)
 NV="nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_90a,code=sm_90a"
 $NV tests/cuda/bwd_main.cu kernels/bwd/v01_mma.cu -o $B/bwd > /dev/null 2>&1 &
 $NV -DLAB_BWD_BUG_NO_DELTA tests/cuda/bwd_main.cu kernels/bwd/v01_mma.cu -o $B/bwd_bug > /dev/null 2>&1 &
-VARIANTS="4:1 4:4 8:1"  # LAB_BWD_WARPS:LAB_BWD_RED builds beside the default, for the driver and the sweep
+VARIANTS="4:4 8:1 8:4"  # LAB_BWD_WARPS:LAB_BWD_RED builds beside the default (4:1), for the driver and the sweep
 for wr in $VARIANTS; do
   $NV -DLAB_BWD_WARPS=${wr%:*} -DLAB_BWD_RED=${wr#*:} tests/cuda/bwd_main.cu kernels/bwd/v01_mma.cu -o $B/bwd_w${wr/:/r} > /dev/null 2>&1 &
 done
