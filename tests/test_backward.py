@@ -205,6 +205,18 @@ def test_check_backward_scale_zero_and_negative_with_math_yardstick(session_dir)
         assert check.backward_passed(res), scale
 
 
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+def test_sdpa_yardstick_rewrites_scale_le_0_exactly(scale):
+    """The fused SDPA backends get scale <= 0 as (-q, |scale|) or 2^-100: the same gradients as the math backend."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 4, 9, 16, generator=gen, dtype=torch.float64) for _ in range(4))
+    k, v = k[:, :2], v[:, :2]
+    rewritten = check.sdpa_grads(q, k, v, do, True, scale, backend="default")
+    direct = check.sdpa_grads(q, k, v, do, True, scale, backend="math")
+    for a, b in zip(rewritten, direct):
+        assert torch.allclose(a, b, atol=1e-12, rtol=1e-9)
+
+
 def test_hbm_bytes_counts_the_minimum_traffic():
     from lab.emulate_backward import hbm_bytes
 
