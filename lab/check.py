@@ -216,13 +216,18 @@ def _record_view(result: CheckResult) -> dict:
 
 def run_set(run, cases, impl: str, kind: str = "forward", progress: bool = True, show_failures: int = 2,
             **kwargs) -> list[CheckResult]:
-    """Check a list of cases with a progress bar; the first failures draw their error heatmaps."""
+    """Check a list of cases with a progress bar; the first failures draw their error heatmaps.
+
+    kind: "forward", "decode", "backward" (dQ, dK, dV) or "fwd+bwd" (out too), the last two via check_backward."""
     from tqdm.std import tqdm
 
-    checker = check_forward if kind == "forward" else check_decode
-    results = [checker(run, case, impl, **kwargs)
-               for case in tqdm(cases, desc=f"check {impl}", disable=not progress or len(cases) < 8, leave=False,
-                                mininterval=5)]
+    loop = tqdm(cases, desc=f"check {impl}", disable=not progress or len(cases) < 8, leave=False, mininterval=5)
+    if kind in ("backward", "fwd+bwd"):  # run(q, k, v, is_causal, scale, dout) -> (out, dq, dk, dv); one result per tensor
+        results = [r for case in loop for r in check_backward(run, case, impl, include_forward=kind == "fwd+bwd",
+                                                              **kwargs).values()]
+    else:
+        checker = check_forward if kind == "forward" else check_decode
+        results = [checker(run, case, impl, **kwargs) for case in loop]
     if show_failures:
         from . import plot
 

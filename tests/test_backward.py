@@ -198,6 +198,13 @@ def test_check_backward_passes_the_emulation_and_fails_wrong_gradients(session_d
     assert not unwritten["dv"].passed and unwritten["dv"].worst["nan"] > 0
 
 
+def test_run_set_backward_modes(session_dir):
+    for kind, count in (("backward", 3), ("fwd+bwd", 4)):
+        results = check.run_set(_emulated_runner(), [CPU_CASE], "emulated", kind=kind, progress=False,
+                                show_failures=0, trials=1, device=torch.device("cpu"), save=False)
+        assert len(results) == count and all(r.passed for r in results)
+
+
 def test_check_backward_scale_zero_and_negative_with_math_yardstick(session_dir):
     for scale in (0.0, -0.25):
         res = check.check_backward(_emulated_runner(), CPU_CASE, "emulated", trials=1, device=torch.device("cpu"),
