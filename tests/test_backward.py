@@ -231,3 +231,57 @@ def test_hbm_bytes_counts_the_minimum_traffic():
     assert b["reads"] == 3 * 1 * 2 * 10 * 8 * 2 + 2 * 20 * 8 * 2 + 2 * 10 * 4
     assert b["writes"] == 2 * 10 * 8 * 2 + 2 * 20 * 8 * 2
     assert b["dq_accum_per_key_block"] == 2 * 10 * 8 * 4 and math.isfinite(b["reads"])
+
+
+# ------------------------------------------------------------------ the binding's backward checks (CPU check build)
+
+from test_binding_checks import cpu_binding  # noqa: E402,F401  (fixture: binding.cpp built with LAB_BINDING_CPU_CHECKS)
+
+
+def _bwd_args(dtype=torch.float16):
+    q, o, do = (torch.randn(2, 4, 33, 64).to(dtype) for _ in range(3))
+    k, v = (torch.randn(2, 2, 40, 64).to(dtype) for _ in range(2))
+    return {"q": q, "k": k, "v": v, "o": o, "lse": torch.randn(2, 4, 33), "dlse": None, "do": do, "scale": 0.125,
+            "causal": True, "det": False}
+
+
+def _call_bwd(bind, a):
+    return bind.attn_bwd_call(0, a["q"], a["k"], a["v"], a["o"], a["lse"], a["dlse"], a["do"], a["scale"],
+                              a["causal"], a["det"])
+
+
+BAD_BWD = {
+    "lse too short": ({"lse": torch.randn(2, 4, 32)}, r"^lse must have 264 elements"),
+    "lse float16": ({"lse": torch.randn(2, 4, 33).half()}, r"^lse must be float32"),
+    "grad_lse wrong size": ({"dlse": torch.randn(2, 4, 3)}, r"^grad_lse must have 264 elements"),
+    "grad_out shape": ({"do": torch.randn(2, 4, 32, 64).half()}, r"^grad_out must have the query's shape"),
+    "grad_out dtype": ({"do": torch.randn(2, 4, 33, 64).bfloat16()}, r"^grad_out has dtype"),
+    "key heads": ({"k": torch.randn(2, 3, 40, 64).half(), "v": torch.randn(2, 3, 40, 64).half()},
+                  r"^query heads \(4\) must be a multiple of key heads \(3\)"),
+    "value shape": ({"v": torch.randn(2, 2, 41, 64).half()}, r"^key and value shapes differ"),
+    "out shape": ({"o": torch.randn(2, 4, 34, 64).half()}, r"^out must have the query's shape"),
+    "query 3-D": ({"q": torch.randn(4, 33, 64).half()}, r"^query must be 4-D"),
+    "nan scale": ({"scale": float("nan")}, r"^scale must be a finite float32 value"),
+    "float32 inputs": ({k: torch.randn(*_bwd_args()[k].shape) for k in ("q", "k", "v", "o", "do")},
+                       r"^query dtype must be float16 or bfloat16"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_BWD))
+def test_backward_binding_names_the_bad_argument(cpu_binding, what):
+    change, pattern = BAD_BWD[what]
+    args = {**_bwd_args(), **change}
+    with pytest.raises(RuntimeError, match=pattern):
+        _call_bwd(cpu_binding, args)
+
+
+def test_backward_binding_good_calls_return_gradients_of_the_inputs_shapes(cpu_binding):
+    for det in (False, True):
+        args = {**_bwd_args(torch.bfloat16), "det": det, "dlse": torch.randn(2, 4, 33)}
+        dq, dk, dv = _call_bwd(cpu_binding, args)
+        assert dq.shape == args["q"].shape and dk.shape == args["k"].shape and dv.shape == args["v"].shape
+        assert dq.dtype == dk.dtype == torch.bfloat16
+    args = _bwd_args()
+    args["q"], args["o"], args["do"], args["lse"] = (t[:, :, :0] for t in (args["q"], args["o"], args["do"], args["lse"]))
+    dq, dk, dv = _call_bwd(cpu_binding, args)  # no query rows: dK = dV = 0, nothing launched
+    assert dq.numel() == 0 and not dk.any() and not dv.any()
