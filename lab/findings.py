@@ -15,7 +15,7 @@ def geomean(values) -> float:
 def ratio_summary(rows: list[dict], impl: str, backends=("sdpa-flash", "sdpa-cudnn", "sdpa-default"),
                   label: str | None = None) -> list[str]:
     """Per backend: min, geometric mean and max of `impl`'s speedups, and how many cells are >= 1.0x."""
-    mine = [r for r in rows if r["impl"] == impl and r.get("ratios")]
+    mine = [r for r in rows if r.get("impl") == impl and r.get("ratios")]
     lines = []
     for backend in backends:
         values = [r["ratios"][backend] for r in mine if backend in r["ratios"]]
@@ -28,7 +28,7 @@ def ratio_summary(rows: list[dict], impl: str, backends=("sdpa-flash", "sdpa-cud
 
 def ceiling_summary(rows: list[dict], impl: str, what: str) -> list[str]:
     """The range of `impl`'s fraction of the measured ceiling (matmul rate or copy bandwidth)."""
-    fracs = [r["frac_ceiling"] for r in rows if r["impl"] == impl and "frac_ceiling" in r and r.get("ratios")]
+    fracs = [r["frac_ceiling"] for r in rows if r.get("impl") == impl and "frac_ceiling" in r and r.get("ratios")]
     return [f"{impl}: {min(fracs):.0%}-{max(fracs):.0%} of the measured {what}"] if fracs else []
 
 
@@ -46,7 +46,7 @@ def split_gain(rows: list[dict], impl: str, one_split: str, batch: int = 1) -> l
     """Time with one split over time with the planned splits, per case at the given batch size."""
     def times(name):
         return {r["case"]["name"]: r["timing"]["median_ms"] for r in rows
-                if r["impl"] == name and r["case"]["B"] == batch and "timing" in r}
+                if r.get("impl") == name and r.get("case", {}).get("B") == batch and "timing" in r}
     base, single = times(impl), times(one_split)
     gains = [single[n] / base[n] for n in single if n in base]
     if not gains:
