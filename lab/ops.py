@@ -237,7 +237,7 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     return (out, lse) if return_lse else out
 
 
-def fwd_runner(version: str, defines=None):
+def fwd_writer(version: str, defines=None):
     """For lab.check: run(q, k, v, is_causal, scale, out) writes into the caller's (poisoned) `out`."""
     def run(q, k, v, is_causal, scale, out, debug=None):
         address = launcher(FWD, version, defines)
@@ -245,7 +245,7 @@ def fwd_runner(version: str, defines=None):
     return run
 
 
-def fwd_maker(version: str, defines=None):
+def fwd_call_factory(version: str, defines=None):
     """For lab.sweep: make(q, k, v, is_causal) -> a zero-argument call with everything resolved up front."""
     def make(q, k, v, is_causal):
         address, bind = launcher(FWD, version, defines), build.binding()
@@ -361,7 +361,7 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     return op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
 
 
-def decode_runner(version: str | None = None, num_splits=None):
+def decode_writer(version: str | None = None, num_splits=None):
     """For lab.check: run(q, k, v, seqlens, scale, out) writes into the caller's (poisoned) `out`.
 
     version=None chooses per shape, as lab.ops.decode does.
@@ -377,7 +377,7 @@ def decode_runner(version: str | None = None, num_splits=None):
     return run
 
 
-def decode_maker(version: str | None = None, num_splits=None):
+def decode_call_factory(version: str | None = None, num_splits=None):
     """For lab.sweep: make(q, k, v, seqlens) -> a zero-argument call, workspace allocated up front."""
     def make(q, k, v, seqlens):
         B, Hq, q_len, D = q.shape

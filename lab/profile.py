@@ -373,9 +373,9 @@ def make_call(target: str, case):
     else:
         q, k, v = sweep._inputs_fwd(case, seed=0)
     if family == "fwd":
-        return ops.fwd_maker(name)(q, k, v, case.causal)
+        return ops.fwd_call_factory(name)(q, k, v, case.causal)
     if family == "decode":
-        return ops.decode_maker(name)(q, k, v, seqlens)
+        return ops.decode_call_factory(name)(q, k, v, seqlens)
     if family == "op" and name == "attention":
         return lambda: ops.attention(q, k, v, is_causal=case.causal, enable_gqa=case.Hq != case.Hkv)
     if family == "op":

@@ -2,10 +2,10 @@
 
 Time what users call (issue 11): the row that stands for "ours" times the public op exactly as a user
 calls it, `lab.ops.attention(...)` / `lab.ops.decode(...)`, validation and split plan included, and its
-`impl` is exactly PUBLIC_FWD / PUBLIC_DECODE. A pre-resolved launcher (ops.fwd_maker / decode_maker) may
+`impl` is exactly PUBLIC_FWD / PUBLIC_DECODE. A pre-resolved launcher (ops.fwd_call_factory / decode_call_factory) may
 run beside it as a diagnostic "kernel only" row; the difference between the two is the host overhead.
 
-A chapter calls fwd_sweep(cases, {PUBLIC_FWD: public_attention(), kernel_only("v04"): ops.fwd_maker("v04")})
+A chapter calls fwd_sweep(cases, {PUBLIC_FWD: public_attention(), kernel_only("v04"): ops.fwd_call_factory("v04")})
 or decode_sweep(...); the rows land in the run's records.jsonl and come back as a list for tables and plots.
 """
 from __future__ import annotations

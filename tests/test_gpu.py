@@ -83,7 +83,7 @@ def _reference_lse(q, k, causal, scale):
 @pytest.mark.parametrize("case", cases.tests_cases(), ids=lambda c: c.name)
 def test_forward_version_on_tests_case(version, case):
     _require(ops.FWD, version, case.D)
-    result = check.check_forward(ops.fwd_runner(version), case, version, device="cuda", save=False)
+    result = check.check_forward(ops.fwd_writer(version), case, version, device="cuda", save=False)
     assert result.passed, repr(result)
 
 
@@ -110,7 +110,7 @@ def test_forward_version_any_scale(version, scale, causal):
         case = Case(f"scale{scale}-{B}x{Hq}x{Hkv}-{Sq}x{Sk}-d{D}", B, Hq, Hkv, Sq, Sk, D, dtype, causal)
         with _yardstick_backend():
             _assert_passes(out, q, k, v, causal, scale)
-            result = check.check_forward(ops.fwd_runner(version), case, version, device="cuda", scale=scale,
+            result = check.check_forward(ops.fwd_writer(version), case, version, device="cuda", scale=scale,
                                          save=False)
         assert result.passed, repr(result)
 
@@ -144,7 +144,7 @@ def test_attention_under_torch_compile_matches_the_reference():
 def test_check_forward_bshd_layout(version):
     _require(ops.FWD, version, 64)
     case = Case("bshd", 2, 6, 2, 130, 70, 64, "float16", True)
-    assert check.check_forward(ops.fwd_runner(version), case, version, device="cuda", save=False, layout="bshd").passed
+    assert check.check_forward(ops.fwd_writer(version), case, version, device="cuda", save=False, layout="bshd").passed
 
 
 # ------------------------------------------------------------------ every decode version
@@ -153,7 +153,7 @@ def test_check_forward_bshd_layout(version):
 @pytest.mark.parametrize("case", cases.decode_tests_cases(), ids=lambda c: c.name)
 def test_decode_version_on_tests_case(version, case):
     _require(ops.DECODE, version, case.D)
-    result = check.check_decode(ops.decode_runner(version), case, f"decode-{version}", device="cuda", save=False)
+    result = check.check_decode(ops.decode_writer(version), case, f"decode-{version}", device="cuda", save=False)
     assert result.passed, repr(result)
 
 
@@ -162,7 +162,7 @@ def test_decode_version_on_tests_case(version, case):
 def test_decode_version_split_counts(version, num_splits):
     _require(ops.DECODE, version, 128)
     case = DecodeCase("dec-splits", 4, 8, 2, 1, 4097, 128, "bfloat16", (0, 1, 63, 4097))
-    result = check.check_decode(ops.decode_runner(version, num_splits), case, f"decode-{version}-s{num_splits}",
+    result = check.check_decode(ops.decode_writer(version, num_splits), case, f"decode-{version}-s{num_splits}",
                                 device="cuda", save=False)
     assert result.passed, repr(result)
 
@@ -175,7 +175,7 @@ def test_decode_version_any_scale(version, scale):
                  DecodeCase("dec-scale-mha", 2, 4, 4, 1, 200, 64, "float16", (63, 200))):
         for num_splits in (1, 3):
             with _yardstick_backend():
-                result = check.check_decode(ops.decode_runner(version, num_splits), case, f"decode-{version}",
+                result = check.check_decode(ops.decode_writer(version, num_splits), case, f"decode-{version}",
                                             device="cuda", scale=scale, save=False)
             assert result.passed, (scale, num_splits, repr(result))
 
@@ -329,10 +329,10 @@ def test_v01_bug_builds_are_caught():
     """kernels/README.md: LAB_BUG_NO_CAUSAL leaks future keys on diagonal tiles; LAB_BUG_LAYOUT ignores strides
     (visible with the harness's (B, S, H, D) layout)."""
     causal = Case("bug-causal", 1, 2, 2, 130, 130, 64, "float16", True)
-    assert not check.check_forward(ops.fwd_runner("v01", {"LAB_BUG_NO_CAUSAL": None}), causal, "v01-nocausal",
+    assert not check.check_forward(ops.fwd_writer("v01", {"LAB_BUG_NO_CAUSAL": None}), causal, "v01-nocausal",
                                    device="cuda", save=False).passed
 
     plain = Case("bug-layout", 2, 4, 4, 96, 96, 64, "bfloat16", False)
-    assert check.check_forward(ops.fwd_runner("v01"), plain, "v01", device="cuda", save=False, layout="bshd").passed
-    assert not check.check_forward(ops.fwd_runner("v01", {"LAB_BUG_LAYOUT": None}), plain, "v01-layout",
+    assert check.check_forward(ops.fwd_writer("v01"), plain, "v01", device="cuda", save=False, layout="bshd").passed
+    assert not check.check_forward(ops.fwd_writer("v01", {"LAB_BUG_LAYOUT": None}), plain, "v01-layout",
                                    device="cuda", save=False, layout="bshd").passed

@@ -44,7 +44,7 @@ def test_public_op_default_on_hopper_is_right(D, Sq, causal):
 def test_v07_variants_are_right(defines):
     if not _hopper():
         pytest.skip("sm_90a kernel")
-    run = ops.fwd_runner("v07", defines)
+    run = ops.fwd_writer("v07", defines)
     for case in [c for c in cases.tests_cases() if c.Sq > 1][:8]:
         assert check.check_forward(run, case, f"v07 {defines}", trials=1).passed, case.label
 
@@ -53,7 +53,7 @@ def test_v07_variants_are_right(defines):
 def test_any_finite_scale(version):
     if not _hopper():
         pytest.skip("sm_90a kernel")
-    run = ops.fwd_runner(version)
+    run = ops.fwd_writer(version)
     with bench.sdpa_backend("math"):  # SDPA's flash and cuDNN backends return NaN for scale <= 0
         for scale in (0.0, -0.35, 3.0):
             for case in cases.tests_cases()[4:8]:

@@ -3,7 +3,7 @@
 Run once with the lab before the fix on PYTHONPATH and once with the current one, on the same GPU:
     PYTHONPATH=.old python tests/cuda/decode_public_bench.py old   # .old: `git archive c64defa lab kernels`
     PYTHONPATH=.    python tests/cuda/decode_public_bench.py new
-One JSON line per shape: GB/s of the public op, of a pre-resolved launcher (decode_maker), and of cuDNN.
+One JSON line per shape: GB/s of the public op, of a pre-resolved launcher (decode_call_factory), and of cuDNN.
 """
 import json
 import subprocess
@@ -24,7 +24,8 @@ for B, Hq, Hkv, L in SHAPES:
     v = torch.randn_like(k)
     nbytes = 2 * k.numel() * 2 + 2 * q.numel() * 2
     public = bench.time_fn(lambda: ops.decode(q, k, v))
-    kernel = bench.time_fn(ops.decode_maker(None)(q, k, v, None))
+    factory = getattr(ops, "decode_call_factory", None) or ops.decode_maker  # the name before issue 13
+    kernel = bench.time_fn(factory(None)(q, k, v, None))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         cudnn = bench.time_fn(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True))
     gbps = {name: nbytes / t.median_ms / 1e6 for name, t in (("public", public), ("kernel_only", kernel), ("cudnn", cudnn))}

@@ -125,7 +125,7 @@ code('''
 if not ch.skip("Hopper correctness"):
     tests, results = case_sets.tests_cases(), []
     for v in versions:
-        run = ops.fwd_runner(v)
+        run = ops.fwd_writer(v)
         results += check.run_set(run, tests, v)
         results += [check.check_forward(run, c, v, layout="bshd") for c in tests[2:6]]
         with bench.sdpa_backend("math"):  # the yardstick: SDPA's flash and cuDNN return NaN for scale <= 0
@@ -163,7 +163,7 @@ lengths = (512, 2048, 8192, 16384) if cases == "full" else (2048, 8192)
 grid = case_sets.bench_fwd_cases(dtype, seqlens=lengths)
 if not ch.skip("bench-fwd race"):
     timed = [v for v in (raced + "," + hopper).split(",") if v]
-    makers = {ours: sweep.public_attention(), **{sweep.kernel_only(v): ops.fwd_maker(v) for v in timed}}
+    makers = {ours: sweep.public_attention(), **{sweep.kernel_only(v): ops.fwd_call_factory(v) for v in timed}}
     rows = sweep.fwd_sweep(grid, makers)
 else:
     rows = [r for r in ch.recorded(kind="fwd") if "timing" in r and r["case"]["name"].startswith("fwd")]

@@ -61,7 +61,7 @@ def run_check(versions) -> bool:
     tests = cases.tests_cases()
     for version in versions:
         name, defines = parse(version)
-        run = ops.fwd_runner(name, defines)
+        run = ops.fwd_writer(name, defines)
         results = check.run_set(run, tests, version, progress=False, show_failures=0, save=False)
         results += [check.check_forward(run, c, version, layout="bshd", save=False) for c in tests[2:10]]
         for scale in (0.0, -0.35, 2.0):  # any finite scale: zero, negative, large
@@ -87,7 +87,7 @@ def run_sanitize(versions) -> bool:
             for dtype in ("float16", "bfloat16"):
                 case = cases.Case("san", B, Hq, Hkv, Sq, Sk, D, dtype, causal)
                 with bench.sdpa_backend("math"):  # keep cuDNN's kernels out of the sanitizer's report
-                    r = check.check_forward(ops.fwd_runner(*parse(version)), case, version, trials=1, peaked=False,
+                    r = check.check_forward(ops.fwd_writer(*parse(version)), case, version, trials=1, peaked=False,
                                             save=False)
                 print(f"{version} {'PASS' if r.passed else 'FAIL'} {case.label}")
                 ok &= r.passed
@@ -101,7 +101,7 @@ def run_bench(versions, out_path=None) -> bool:
     for v in versions:  # "v07" times the public op with version=v07; "v07:NAME=VALUE+..." a kernel-only variant
         name, defines = parse(v)
         makers[f"{v} (public op)" if not defines else v] = (sweep.public_attention(name) if not defines
-                                                            else ops.fwd_maker(name, defines))
+                                                            else ops.fwd_call_factory(name, defines))
     makers[sweep.PUBLIC_FWD] = sweep.public_attention()
     rows = sweep.fwd_sweep(grid, makers, backends=("flash", "cudnn"), progress=False, budget_s=1.0)
     for row in rows:

@@ -11,7 +11,7 @@ fwd = [c for c in cases.bench_fwd_cases() if c.Sq in (512, 8192)][:4] + cases.se
 print(hostcost.table(hostcost.host_sweep(dec, sweep.public_decode(), sweep.PUBLIC_DECODE, progress=False)))
 print(hostcost.table(hostcost.host_sweep(fwd, sweep.public_attention(), sweep.PUBLIC_FWD, progress=False)))
 rows = sweep.decode_sweep(cases.decode_long_cases(), {sweep.PUBLIC_DECODE: sweep.public_decode(),
-                                                     sweep.kernel_only("auto"): ops.decode_maker(None)},
+                                                     sweep.kernel_only("auto"): ops.decode_call_factory(None)},
                           backends=("flash", "cudnn"), progress=False)
 for r in rows:
     if "timing" in r:
