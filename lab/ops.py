@@ -7,19 +7,12 @@ any kernel runs; nothing reaches a kernel that it cannot handle.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from . import build
-
-
-@dataclass(frozen=True)
-class Kernel:
-    source: str
-    symbol: str
-    head_dims: tuple
-    capabilities: tuple = ()  # compute capabilities it runs on, e.g. ((9, 0),) for sm_90a code; () = any sm_80+
+from .kernels import Kernel, launcher, reload  # noqa: F401 (lab.ops.launcher / reload / Kernel: the public names)
+from .kernels import resolve_version as _version
 
 
 FWD = {
@@ -38,19 +31,6 @@ DECODE = {
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 MAX_DECODE_Q_LEN = 16
 FLOAT32_MAX = 3.4028234663852886e38
-_addresses: dict = {}
-
-
-def launcher(table: dict, version: str, defines=None) -> int:
-    """Build (or load from cache) a kernel and return its launcher address; memoised per process."""
-    key = (id(table), version, tuple(sorted(defines.items())) if defines else ())
-    address = _addresses.get(key)
-    if address is None:
-        kernel = table[version]
-        address = _addresses[key] = build.build_kernel(kernel.source, defines).address(kernel.symbol)
-    return address
-
-
 _sm_counts: dict = {}
 
 
@@ -82,28 +62,7 @@ def _direct(*tensors) -> bool:
     return True
 
 
-def reload() -> None:
-    """Forget launcher addresses: the next call rebuilds any kernel whose sources changed."""
-    _addresses.clear()
-    build._loaded.clear()
-
-
 # ------------------------------------------------------------------ validation
-
-def _version(version, table: dict, head_dim: int, preference) -> str:
-    if version is None:
-        for name in preference:
-            if name in table and head_dim in table[name].head_dims:
-                return name
-        raise ValueError(f"head dim {head_dim} is not supported by any kernel "
-                         f"(supported: {sorted({d for k in table.values() for d in k.head_dims})})")
-    name = f"v{int(version):02d}" if isinstance(version, int) else str(version)
-    if name not in table:
-        raise ValueError(f"version={version!r} is unknown; available: {sorted(table)}")
-    if head_dim not in table[name].head_dims:
-        raise ValueError(f"head dim {head_dim} is not supported by {name} (supported: {list(table[name].head_dims)})")
-    return name
-
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -393,4 +352,6 @@ def decode_call_factory(version: str | None = None, num_splits=None):
 
 # Autograd for lab::attention (and the lab::attention_backward op) is registered by lab/backward.py, imported
 # here so that `import lab.ops` is enough for lab.ops.attention to be differentiable.
-from . import backward as _backward  # noqa: E402,F401
+from . import backward as _backward  # noqa: E402
+
+_backward.register()

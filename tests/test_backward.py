@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lab import backward, bench, check, ops
+from lab import backward, backward_harness, bench, check, ops
 from lab.cases import Case
 from lab.emulate_backward import backward_reference, flash_backward_emulated, relative_error
 
@@ -156,16 +156,16 @@ def test_ops_imports_the_registration():
 def test_backward_flops_are_2_5x_the_forward_halved_for_causal():
     B, H, S, D = 2, 16, 4096, 128
     fwd = bench.attention_flops(B, H, S, S, D, False)
-    assert backward.flops(B, H, S, S, D, False, "bwd") == 2.5 * fwd == 10 * B * H * S * S * D
-    assert backward.flops(B, H, S, S, D, True, "bwd") == 5 * B * H * S * S * D
-    assert backward.flops(B, H, S, S, D, False, "fwd+bwd") == 3.5 * fwd
+    assert backward_harness.flops(B, H, S, S, D, False, "bwd") == 2.5 * fwd == 10 * B * H * S * S * D
+    assert backward_harness.flops(B, H, S, S, D, True, "bwd") == 5 * B * H * S * S * D
+    assert backward_harness.flops(B, H, S, S, D, False, "fwd+bwd") == 3.5 * fwd
     with pytest.raises(KeyError):
-        backward.flops(B, H, S, S, D, False, "sideways")
+        backward_harness.flops(B, H, S, S, D, False, "sideways")
 
 
 def test_bench_backward_sweep_rejects_an_unknown_mode():
     with pytest.raises(ValueError, match="mode"):
-        bench.backward_sweep([], mode="bwd-only")
+        backward_harness.backward_sweep([], mode="bwd-only")
 
 
 # ------------------------------------------------------------------ check_backward's rule, on CPU

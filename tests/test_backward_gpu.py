@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lab import backward, build, cases, check, ops
+from lab import backward, backward_harness, build, cases, check, ops
 from lab.cases import Case
 
 pytestmark = pytest.mark.gpu
@@ -36,13 +36,13 @@ def _assert_passed(results):
 @pytest.mark.parametrize("case", CASES + EXTRA, ids=_ids(CASES + EXTRA))
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "det"])
 def test_kernel_gradients_match_the_float64_reference(case, deterministic, session_dir):
-    run = backward.bwd_runner("v01", deterministic=deterministic)
+    run = backward_harness.bwd_runner("v01", deterministic=deterministic)
     _assert_passed(check.check_backward(run, case, f"bwd-v01-{'det' if deterministic else 'atomic'}", trials=1))
 
 
 @pytest.mark.parametrize("case", CASES[::3], ids=_ids(CASES[::3]))
 def test_public_op_autograd_forward_plus_backward(case, session_dir):
-    _assert_passed(check.check_backward(backward.autograd_runner(), case, "lab.ops.attention", trials=1,
+    _assert_passed(check.check_backward(backward_harness.autograd_runner(), case, "lab.ops.attention", trials=1,
                                         include_forward=True))
 
 
@@ -50,14 +50,14 @@ def test_public_op_autograd_forward_plus_backward(case, session_dir):
 @pytest.mark.parametrize("causal", [False, True])
 def test_any_finite_scale_against_sdpa_on_the_rewritten_problem(scale, causal, session_dir):
     case = Case("bwd-scale", 2, 4, 2, 130, 65, 64, "bfloat16", causal)
-    _assert_passed(check.check_backward(backward.bwd_runner(), case, "bwd-v01", trials=1, scale=scale,
+    _assert_passed(check.check_backward(backward_harness.bwd_runner(), case, "bwd-v01", trials=1, scale=scale,
                                         yardstick="default"))
 
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_non_contiguous_bshd_views(D, session_dir):
     case = Case("bwd-bshd", 2, 4, 2, 65, 130, D, "float16", True)
-    _assert_passed(check.check_backward(backward.autograd_runner(), case, "lab.ops.attention", trials=1,
+    _assert_passed(check.check_backward(backward_harness.autograd_runner(), case, "lab.ops.attention", trials=1,
                                         layout="bshd"))
 
 
@@ -73,7 +73,7 @@ def _inputs(B=2, Hq=4, Hkv=2, Sq=300, Sk=257, D=128, dtype=torch.bfloat16, seed=
 @pytest.mark.parametrize("D", [64, 128])
 def test_deterministic_mode_is_bit_identical_across_runs(D):
     q, k, v, do = _inputs(Sq=1025, Sk=2049, D=D)
-    run = backward.bwd_runner("v01", deterministic=True)
+    run = backward_harness.bwd_runner("v01", deterministic=True)
     first = run(q, k, v, True, None, do)
     for _ in range(3):
         again = run(q, k, v, True, None, do)
@@ -93,7 +93,7 @@ def test_torch_deterministic_algorithms_selects_the_separate_dq_pass():
 
 
 def test_forgetting_the_d_term_fails_the_check(session_dir):
-    run = backward.bwd_runner("v01", defines={"LAB_BWD_BUG_NO_DELTA": None})
+    run = backward_harness.bwd_runner("v01", defines={"LAB_BWD_BUG_NO_DELTA": None})
     res = check.check_backward(run, Case("bwd-selftest", 1, 4, 4, 130, 130, 64, "float16", False), "bwd-no-delta",
                                trials=1, save=False)
     assert not res["dq"].passed and not res["dk"].passed
@@ -163,7 +163,7 @@ def test_bad_input_raises_naming_the_argument():
 
 
 def test_training_loss_curve_matches_sdpa():
-    ours = backward.train_losses(lambda q, k, v: ops.attention(q, k, v, is_causal=True))
-    theirs = backward.train_losses(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    ours = backward_harness.train_losses(lambda q, k, v: ops.attention(q, k, v, is_causal=True))
+    theirs = backward_harness.train_losses(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
     assert ours[-1] < ours[0]
     assert all(abs(a - b) <= 0.02 * abs(b) for a, b in zip(ours, theirs)), (ours, theirs)

@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from lab import bench, cases
+from lab import backward_harness, bench, cases
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
@@ -21,7 +21,7 @@ grid = cases.bench_fwd_cases(args.dtype, seqlens=tuple(int(s) for s in args.leng
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
 with open(args.out, "w") as f:
     for mode in args.modes.split(","):
-        rows = bench.backward_sweep(grid, mode, backends=("flash", "cudnn"), progress=False, budget_s=args.budget)
+        rows = backward_harness.backward_sweep(grid, mode, backends=("flash", "cudnn"), progress=False, budget_s=args.budget)
         for r in rows:
             f.write(json.dumps(r, default=str) + "\n")
             if r["impl"] == "lab.ops.attention":

@@ -62,7 +62,7 @@ reps = 2  # trials per correctness check (plus one peaked trial)
 code("""
 import numpy as np
 import torch
-from lab import backward, bench, build, cases as case_sets, chapter, check, ops, record
+from lab import backward, backward_harness, bench, build, cases as case_sets, chapter, check, ops, record
 from lab.emulate_backward import backward_reference, flash_backward_emulated, hbm_bytes, relative_error
 ch = chapter.start("n10_backward", device)
 """)
@@ -165,13 +165,13 @@ test_cases = case_sets.tests_cases() if cases == "full" else case_sets.tests_cas
 if not ch.skip("backward correctness"):
     checked = []
     for det in (False, True):
-        run = backward.bwd_runner("v01", deterministic=det)
+        run = backward_harness.bwd_runner("v01", deterministic=det)
         mode = "det" if det else "atomic"
         checked += [(f"{c.label} [{mode}]", check.check_backward(run, c, f"bwd-v01-{mode}", trials=reps)) for c in test_cases]
-    checked += [(f"{c.label} [public op, fwd+bwd]", check.check_backward(backward.autograd_runner(), c, "lab.ops.attention", trials=1, include_forward=True))
+    checked += [(f"{c.label} [public op, fwd+bwd]", check.check_backward(backward_harness.autograd_runner(), c, "lab.ops.attention", trials=1, include_forward=True))
                 for c in test_cases[::3]]
     scale_case = case_sets.Case("bwd-scale", 2, 4, 2, 130, 65, 64, dtype, True)
-    checked += [(f"{scale_case.label} scale {s}", check.check_backward(backward.bwd_runner(), scale_case, "bwd-v01", trials=1, scale=s))
+    checked += [(f"{scale_case.label} scale {s}", check.check_backward(backward_harness.bwd_runner(), scale_case, "bwd-v01", trials=1, scale=s))
                 for s in (-0.125, 0.0, 0.3)]
     table = summary(checked)
     print(f"{int(table.passed.sum())}/{len(table)} checks pass")
@@ -190,7 +190,7 @@ no D term) must pass.
 
 code("""
 if not ch.skip("D-term self-test"):
-    bad = check.check_backward(backward.bwd_runner("v01", defines={"LAB_BWD_BUG_NO_DELTA": None}),
+    bad = check.check_backward(backward_harness.bwd_runner("v01", defines={"LAB_BWD_BUG_NO_DELTA": None}),
                                case_sets.Case("bwd-selftest", 1, 4, 4, 130, 130, 64, dtype, False), "bwd-no-delta", trials=1)
     for name, r in bad.items():
         print(r)
@@ -248,8 +248,8 @@ code("""
 lengths = (512, 2048, 8192, 16384) if cases == "full" else (2048, 8192)
 grid = case_sets.bench_fwd_cases(dtype, seqlens=lengths)
 if not ch.skip("backward race"):
-    rows_bwd = bench.backward_sweep(grid, "bwd")
-    rows_fb = bench.backward_sweep(grid[::3], "fwd+bwd")
+    rows_bwd = backward_harness.backward_sweep(grid, "bwd")
+    rows_fb = backward_harness.backward_sweep(grid[::3], "fwd+bwd")
 else:
     rows_bwd, rows_fb = ch.recorded(kind="bwd"), ch.recorded(kind="fwd+bwd")
 
@@ -277,8 +277,8 @@ the whole model) with each.
 code("""
 import torch.nn.functional as F
 if not ch.skip("training step"):
-    ours_curve = backward.train_losses(lambda q, k, v: ops.attention(q, k, v, is_causal=True), steps=10)
-    sdpa_curve = backward.train_losses(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), steps=10)
+    ours_curve = backward_harness.train_losses(lambda q, k, v: ops.attention(q, k, v, is_causal=True), steps=10)
+    sdpa_curve = backward_harness.train_losses(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), steps=10)
     record.append({"kind": "train", "impl": "lab.ops.attention", "losses": ours_curve})
     record.append({"kind": "train", "impl": "sdpa-default", "losses": sdpa_curve})
 else:

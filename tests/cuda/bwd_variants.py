@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from lab import backward, bench, cases, ops
+from lab import backward, backward_harness, bench, cases, ops
 
 CELLS = [c for c in cases.bench_fwd_cases("bfloat16", seqlens=(2048, 8192))
          if c.name in ("fwd-d64-s2048", "fwd-d64-s8192-c", "fwd-d128-s2048-c", "fwd-d128-s8192")]
@@ -20,12 +20,12 @@ for case in CELLS:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(case.B, case.Hq, case.Sq, case.D, generator=gen, device="cuda", dtype=torch.bfloat16)
                    for _ in range(4))
-    flops = backward.flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal, "bwd")
+    flops = backward_harness.flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal, "bwd")
     with torch.no_grad():
         out, lse = ops.attention(q, k, v, is_causal=case.causal, return_lse=True)
     scale = 1.0 / case.D ** 0.5
     for backend in ("flash", "cudnn"):
-        t = bench._try_step(lambda: backward.sdpa_step(backend, "bwd", q, k, v, case.causal, do), budget_s=1.0)
+        t = backward_harness._try_step(lambda: backward_harness.sdpa_step(backend, "bwd", q, k, v, case.causal, do), budget_s=1.0)
         ms = t.median_ms if isinstance(t, bench.Timing) else float("nan")
         rows.append({"case": case.name, "impl": f"sdpa-{backend}", "ms": ms, "tflops": flops / ms / 1e9})
         print(f"{case.name:18} sdpa-{backend:8} {ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s", flush=True)

@@ -1,0 +1,54 @@
+"""Kernel registry mechanics shared by every family: the Kernel record, version resolution, launchers.
+
+The tables themselves live with the ops that use them (lab.ops.FWD / DECODE, lab.backward.BWD); this module
+imports neither, so a family's module can register its kernels without importing lab.ops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import build
+
+
+@dataclass(frozen=True)
+class Kernel:
+    source: str
+    symbol: str
+    head_dims: tuple
+    capabilities: tuple = ()  # compute capabilities it runs on, e.g. ((9, 0),) for sm_90a code; () = any sm_80+
+
+
+_addresses: dict = {}
+
+
+def launcher(table: dict, version: str, defines=None) -> int:
+    """Build (or load from cache) a kernel and return its launcher address; memoised per process."""
+    key = (id(table), version, tuple(sorted(defines.items())) if defines else ())
+    address = _addresses.get(key)
+    if address is None:
+        kernel = table[version]
+        address = _addresses[key] = build.build_kernel(kernel.source, defines).address(kernel.symbol)
+    return address
+
+
+def reload() -> None:
+    """Forget launcher addresses: the next call rebuilds any kernel whose sources changed."""
+    _addresses.clear()
+    build._loaded.clear()
+
+
+def resolve_version(version, table: dict, head_dim: int, preference) -> str:
+    """`version` (None, an int or a name) checked against `table` and the head dim; None takes the first of
+    `preference` that supports the head dim."""
+    if version is None:
+        for name in preference:
+            if name in table and head_dim in table[name].head_dims:
+                return name
+        raise ValueError(f"head dim {head_dim} is not supported by any kernel "
+                         f"(supported: {sorted({d for k in table.values() for d in k.head_dims})})")
+    name = f"v{int(version):02d}" if isinstance(version, int) else str(version)
+    if name not in table:
+        raise ValueError(f"version={version!r} is unknown; available: {sorted(table)}")
+    if head_dim not in table[name].head_dims:
+        raise ValueError(f"head dim {head_dim} is not supported by {name} (supported: {list(table[name].head_dims)})")
+    return name
