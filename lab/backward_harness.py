@@ -6,12 +6,11 @@ never imports the harness, and the harness may import lab.ops, lab.bench and lab
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import bench, ops, record
 from .backward import _bwd_impl
+
 
 def bwd_runner(version: str = "v01", deterministic: bool = False, defines=None):
     """For lab.check.check_backward: run(q, k, v, is_causal, scale, dout) -> (out, dq, dk, dv).
@@ -106,10 +105,6 @@ def train_losses(attention, steps: int = 8, seed: int = 0, dtype=torch.bfloat16,
     return losses
 
 
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
-
-
 BWD_MODES = ("bwd", "fwd+bwd")
 
 
@@ -120,17 +115,7 @@ def backward_sweep(cases, mode: str = "bwd", backends=("flash", "cudnn", "effici
     forward's (5*B*H*S^2*D, halved for causal), fwd+bwd 3.5x. Rows are recorded with kind 'bwd' / 'fwd+bwd'."""
     from tqdm.std import tqdm
 
-    from .sweep import _inputs_fwd
-
-    def _row(kind, impl, case, timing, work, ceil, extra=None):
-        row = {"kind": kind, "impl": impl, "case": case.as_dict(), "flops": work}
-        if isinstance(timing, bench.Timing):
-            row.update(timing=timing.as_dict(), tflops=work / timing.median_ms / 1e9)
-            row["frac_ceiling"] = row["tflops"] / ceil["bf16_matmul_tflops"]
-        else:
-            row["unsupported"] = timing
-        row.update(extra or {})
-        return row
+    from .sweep import _inputs_fwd, _row
 
     if mode not in BWD_MODES:
         raise ValueError(f"mode must be one of {BWD_MODES}, got {mode!r}")
@@ -143,9 +128,10 @@ def backward_sweep(cases, mode: str = "bwd", backends=("flash", "cudnn", "effici
         times = {}
         for backend in backends:
             times[backend] = _try_step(lambda: sdpa_step(backend, mode, q, k, v, case.causal, dout), **stop)
-            rows.append(record.append(_row(mode, f"sdpa-{backend}", case, times[backend], work, ceilings_)))
+            rows.append(record.append(_row(mode, f"sdpa-{backend}", case, times[backend], work, ceilings_,
+                                           {"flops": work})))
         t = _try_step(lambda: ours_step(mode, q, k, v, case.causal, dout), **stop)
-        extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}}
+        extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}, "flops": work}
         extra["flags"] = bench.flagged(extra["ratios"])
         rows.append(record.append(_row(mode, "lab.ops.attention", case, t, work, ceilings_, extra)))
         del q, k, v, dout

@@ -80,15 +80,11 @@ def unshard(shards: list[torch.Tensor], seqlen: int, is_causal: bool) -> torch.T
 # ------------------------------------------------------------------ local attention and the merge
 
 def reference_attend(q, k, v, is_causal: bool):
-    """float64 attention returning (out, lse); top-left causal; GQA by head groups. For CPU runs and tests."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
-    scores = (q.double() @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
-    if is_causal:
-        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    return torch.softmax(scores, dim=-1) @ v, lse
+    """lab.emulate's float64 attention (out, lse) on torch tensors: the CPU runs and the tests."""
+    from .emulate import attention_reference
+
+    out, lse = attention_reference(*(t.detach().cpu().numpy() for t in (q, k, v)), is_causal=is_causal)
+    return torch.from_numpy(out).to(q.device), torch.from_numpy(lse).to(q.device)
 
 
 def lab_attend(q, k, v, is_causal: bool):

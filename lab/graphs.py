@@ -12,7 +12,7 @@ reference (lab.check's tolerance, relative to SDPA's own error). time_* puts rep
 """
 from __future__ import annotations
 
-from . import bench, check, record
+from . import bench, check, record, sweep
 from .cases import Case, DecodeCase
 
 
@@ -32,9 +32,10 @@ def _capture(fn):
     return graph, out
 
 
-def _fill(gen, *tensors):
-    for t in tensors:
-        t.copy_(check._draw(t.shape, gen, t.device, t.dtype))
+def _refill(case, seed: int, *buffers):
+    """Copy a fresh draw of the case's q, k, v (lab.sweep.case_inputs) into the captured buffers."""
+    for buffer, new in zip(buffers, sweep.case_inputs(case, seed)[:3]):
+        buffer.copy_(new)
 
 
 def check_decode(case: DecodeCase, trials: int = 3, seed: int = 0) -> dict:
@@ -44,17 +45,13 @@ def check_decode(case: DecodeCase, trials: int = 3, seed: int = 0) -> dict:
 
     from . import ops
 
-    gen = torch.Generator().manual_seed(seed)  # lab.check draws on the CPU generator, then copies
-    dtype = check.DTYPES[case.dtype]
-    q = torch.empty(case.B, case.Hq, case.q_len, case.D, device="cuda", dtype=dtype)
-    k = torch.empty(case.B, case.Hkv, case.kv_len, case.D, device="cuda", dtype=dtype)
-    v = torch.empty_like(k)
+    gen = torch.Generator().manual_seed(seed)  # the lengths of each replay
+    q, k, v, _ = sweep.case_inputs(case, seed)
     seqlens = torch.full((case.B,), case.kv_len, device="cuda", dtype=torch.int32)
-    _fill(gen, q, k, v)
     graph, out = _capture(lambda: ops.decode(q, k, v, seqlens))
     results = []
     for t in range(trials):
-        _fill(gen, q, k, v)
+        _refill(case, seed + 1 + t, q, k, v)
         lengths = torch.randint(1, case.kv_len + 1, (case.B,), generator=gen, dtype=torch.int32)
         if t == trials - 1 and case.B >= 2:  # out of range: clamped to [0, S_cache] on the device
             lengths[0], lengths[1] = case.kv_len + 1000, -5
@@ -83,17 +80,12 @@ def check_attention(case: Case, trials: int = 3, seed: int = 0) -> dict:
 
     from . import ops
 
-    gen = torch.Generator().manual_seed(seed)
-    dtype = check.DTYPES[case.dtype]
-    q = torch.empty(case.B, case.Hq, case.Sq, case.D, device="cuda", dtype=dtype)
-    k = torch.empty(case.B, case.Hkv, case.Sk, case.D, device="cuda", dtype=dtype)
-    v = torch.empty_like(k)
-    _fill(gen, q, k, v)
+    q, k, v, _ = sweep.case_inputs(case, seed)
     gqa = case.Hq != case.Hkv
     graph, out = _capture(lambda: ops.attention(q, k, v, is_causal=case.causal, enable_gqa=gqa))
     results = []
-    for _ in range(trials):
-        _fill(gen, q, k, v)
+    for t in range(trials):
+        _refill(case, seed + 1 + t, q, k, v)
         out.fill_(float("nan"))
         graph.replay()
         replayed = out.clone()
@@ -107,23 +99,10 @@ def check_attention(case: Case, trials: int = 3, seed: int = 0) -> dict:
 
 def time_replay(case, **stop) -> dict:
     """Eager public-op time beside graph-replay time of the same call (L2 flushed before each, as always)."""
-    import torch
-
-    from . import ops
-
-    gen = torch.Generator().manual_seed(1)
-    dtype = check.DTYPES[case.dtype]
-    if isinstance(case, DecodeCase):
-        q = torch.empty(case.B, case.Hq, case.q_len, case.D, device="cuda", dtype=dtype)
-        k = torch.empty(case.B, case.Hkv, case.kv_len, case.D, device="cuda", dtype=dtype)
-        call, impl = (lambda: ops.decode(q, k, v)), "lab.ops.decode"
-    else:
-        q = torch.empty(case.B, case.Hq, case.Sq, case.D, device="cuda", dtype=dtype)
-        k = torch.empty(case.B, case.Hkv, case.Sk, case.D, device="cuda", dtype=dtype)
-        gqa = case.Hq != case.Hkv
-        call, impl = (lambda: ops.attention(q, k, v, is_causal=case.causal, enable_gqa=gqa)), "lab.ops.attention"
-    v = torch.empty_like(k)
-    _fill(gen, q, k, v)
+    q, k, v, arg = sweep.case_inputs(case, seed=1)
+    decode = isinstance(case, DecodeCase)
+    call = (sweep.public_decode() if decode else sweep.public_attention())(q, k, v, arg)
+    impl = sweep.PUBLIC_DECODE if decode else sweep.PUBLIC_FWD
     graph, _ = _capture(call)
     eager = bench.time_fn(call, **stop)
     replay = bench.time_fn(graph.replay, **stop)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from . import record
-from .cases import Case, DecodeCase
+from . import record, sweep
 
 TARGET_EXCESS_US = 5.0
 SLEEP_CYCLES_PER_CALL = 2_000_000  # ~1 ms of GPU sleep per timed call: the queue never drains while timing
@@ -46,23 +45,8 @@ def host_us(fn, calls: int = 100, busy: bool = False, warmup: int = 5) -> float:
     return statistics.median(samples)
 
 
-def _calls(case, public_make, sdpa_make):
-    import torch
-
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    dtype = getattr(torch, case.dtype)
-    if isinstance(case, DecodeCase):
-        shapes = [(case.B, case.Hq, case.q_len, case.D), (case.B, case.Hkv, case.kv_len, case.D)]
-        q, k = (torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
-        v = torch.randn_like(k)
-        return public_make(q, k, v, None), sdpa_make(q, k, v, False)
-    shapes = [(case.B, case.Hq, case.Sq, case.D), (case.B, case.Hkv, case.Sk, case.D)]
-    q, k = (torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
-    v = torch.randn_like(k)
-    return public_make(q, k, v, case.causal), sdpa_make(q, k, v, case.causal)
-
-
-def _sdpa_make(q, k, v, is_causal):
+def _sdpa_call(q, k, v, is_causal: bool):
+    """SDPA as a user calls it (default dispatch) at the same shape: the host cost ours is judged against."""
     import torch.nn.functional as F
 
     gqa = q.shape[1] != k.shape[1]
@@ -78,7 +62,9 @@ def host_sweep(cases: list, public_make, impl: str, calls: int = 100, progress: 
 
     rows = []
     for case in tqdm(cases, desc="host cost", disable=not progress, mininterval=5):
-        ours, sdpa = _calls(case, public_make, _sdpa_make)
+        q, k, v, arg = sweep.case_inputs(case)  # arg: is_causal (forward) or cache_seqlens (decode)
+        causal = arg if isinstance(arg, bool) else False
+        ours, sdpa = public_make(q, k, v, arg), _sdpa_call(q, k, v, causal)
         # few calls where one call is long: the busy sleep must cover them, and the queue must not fill
         n = calls if (getattr(case, "Sq", 1) or 1) <= 4096 else max(20, calls // 5)
         us = {"ours": {}, "sdpa": {}}
@@ -90,7 +76,7 @@ def host_sweep(cases: list, public_make, impl: str, calls: int = 100, progress: 
                "sdpa_host_us": us["sdpa"], "excess_us": excess, "max_excess_us": max(excess.values()),
                "target_excess_us": TARGET_EXCESS_US, "calls": n}
         rows.append(record.append(row))
-        del ours, sdpa
+        del ours, sdpa, q, k, v
     return rows
 
 

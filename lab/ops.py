@@ -31,16 +31,28 @@ DECODE = {
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 MAX_DECODE_Q_LEN = 16
 FLOAT32_MAX = 3.4028234663852886e38
-_sm_counts: dict = {}
+_devices: dict = {}
 
 
-def sm_count(device: torch.device) -> int:
-    """Multiprocessors of `device`, read once per device (get_device_properties costs microseconds per call)."""
+def _device(device) -> tuple[tuple, int]:
+    """(compute capability, multiprocessor count) of a CUDA device, read once per device index: both are on
+    every call's path (kernel choice, split plan), and get_device_properties costs microseconds."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    count = _sm_counts.get(index)
-    if count is None:
-        count = _sm_counts[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return count
+    info = _devices.get(index)
+    if info is None:
+        if not torch.cuda.is_available():  # fake CUDA tensors on a CPU-only torch (tracing tests): no GPU to ask
+            return (0, 0), 0
+        props = torch.cuda.get_device_properties(index)
+        info = _devices[index] = ((props.major, props.minor), props.multi_processor_count)
+    return info
+
+
+def sm_count(device) -> int:
+    return _device(device)[1]
+
+
+def _capability(device) -> tuple:
+    return _device(device)[0]
 
 
 def _direct(*tensors) -> bool:
@@ -156,17 +168,6 @@ BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
 # 373, 16k 382 vs 389; D=128 causal 512 264-283 vs 216-247, 2k 397-402 vs 363 with v07's B_c = 176, 8k 421 vs 465)
 HOPPER_SMALL_MAX_SQ = {(64, False): 4096, (64, True): 8192, (128, True): 2048}
 HOPPER_CAPABILITIES = ((9, 0),)
-_capabilities: dict = {}
-
-
-def _capability(device) -> tuple:
-    """Compute capability of a CUDA device, cached per device index (the lookup is on every call's path)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _capabilities:
-        if not torch.cuda.is_available():  # fake CUDA tensors on a CPU-only torch (tracing tests): no GPU to ask
-            return (0, 0)
-        _capabilities[index] = tuple(torch.cuda.get_device_capability(index))
-    return _capabilities[index]
 
 
 def attention(query, key, value, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
@@ -208,7 +209,7 @@ def fwd_call_factory(version: str, defines=None):
     """For lab.sweep: make(q, k, v, is_causal) -> a zero-argument call with everything resolved up front."""
     def make(q, k, v, is_causal):
         address, bind = launcher(FWD, version, defines), build.binding()
-        out, scale = torch.empty_like(q), 1.0 / math.sqrt(q.shape[-1])
+        out, scale = torch.empty_like(q), _scale(None, q.shape[-1])
         return lambda: bind.attn_fwd(address, q, k, v, out, None, scale, is_causal, None)
     return make
 
@@ -320,33 +321,32 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     return op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
 
 
+def _workspaces(q, splits: int):
+    """partial_o (B, Hq, q_len, splits, D) and partial_lse (B, Hq, q_len, splits), float32."""
+    B, Hq, q_len, D = q.shape
+    return (torch.empty(B, Hq, q_len, splits, D, device=q.device, dtype=torch.float32),
+            torch.empty(B, Hq, q_len, splits, device=q.device, dtype=torch.float32))
+
+
 def decode_writer(version: str | None = None, num_splits=None):
     """For lab.check: run(q, k, v, seqlens, scale, out) writes into the caller's (poisoned) `out`.
 
     version=None chooses per shape, as lab.ops.decode does.
     """
     def run(q, k, v, seqlens, scale, out):
-        B, Hq, q_len, D = q.shape
-        name = _decode_version(version, q, k)
-        splits = _num_splits(num_splits, B, k.shape[1], k.shape[2], q.device, name)
-        po = torch.empty(B, Hq, q_len, splits, D, device=q.device, dtype=torch.float32)
-        pl = torch.empty(B, Hq, q_len, splits, device=q.device, dtype=torch.float32)
-        build.binding().decode_fwd(launcher(DECODE, name), q, k, v, out, seqlens, po, pl, None,
-                                   _scale(scale, D), splits)
+        name, splits = _decode_plan(q, k, version, num_splits)
+        build.binding().decode_fwd(launcher(DECODE, name), q, k, v, out, seqlens, *_workspaces(q, splits), None,
+                                   _scale(scale, q.shape[-1]), splits)
     return run
 
 
 def decode_call_factory(version: str | None = None, num_splits=None):
     """For lab.sweep: make(q, k, v, seqlens) -> a zero-argument call, workspace allocated up front."""
     def make(q, k, v, seqlens):
-        B, Hq, q_len, D = q.shape
-        name = _decode_version(version, q, k)
-        splits = _num_splits(num_splits, B, k.shape[1], k.shape[2], q.device, name)
-        po = torch.empty(B, Hq, q_len, splits, D, device=q.device, dtype=torch.float32)
-        pl = torch.empty(B, Hq, q_len, splits, device=q.device, dtype=torch.float32)
-        out, address, bind = torch.empty_like(q), launcher(DECODE, name), build.binding()
-        scale = 1.0 / math.sqrt(D)
-        return lambda: bind.decode_fwd(address, q, k, v, out, seqlens, po, pl, None, scale, splits)
+        name, splits = _decode_plan(q, k, version, num_splits)
+        work, out, address, bind = _workspaces(q, splits), torch.empty_like(q), launcher(DECODE, name), build.binding()
+        scale = _scale(None, q.shape[-1])
+        return lambda: bind.decode_fwd(address, q, k, v, out, seqlens, *work, None, scale, splits)
     return make
 
 

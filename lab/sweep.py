@@ -53,11 +53,14 @@ def _inputs_fwd(case: Case, seed: int):
     return [torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in (shape_q, shape_kv, shape_kv)]
 
 
+FLOP_KINDS = ("fwd", "bwd", "fwd+bwd")  # work counted in FLOPs against the matmul ceiling; decode in bytes
+
+
 def _row(kind, impl, case, timing, work, ceilings, extra=None):
     row = {"kind": kind, "impl": impl, "case": case.as_dict()}
     if isinstance(timing, bench.Timing):
         row["timing"] = timing.as_dict()
-        if kind == "fwd":
+        if kind in FLOP_KINDS:
             row["tflops"] = work / timing.median_ms / 1e9
             row["frac_ceiling"] = row["tflops"] / ceilings["bf16_matmul_tflops"]
         else:
@@ -121,6 +124,15 @@ def _inputs_decode(case: DecodeCase, seed: int):
     v = torch.randn_like(k)
     seqlens = torch.tensor(case.lengths(), dtype=torch.int32, device="cuda")
     return q, k, v, seqlens
+
+
+def case_inputs(case, seed: int = 0):
+    """(q, k, v, the call's fourth argument) of a forward or decode case, as a public-op maker takes them:
+    is_causal for a forward case; None (every sequence the full cache) for a uniform decode case."""
+    if isinstance(case, DecodeCase):
+        q, k, v, seqlens = _inputs_decode(case, seed)
+        return q, k, v, seqlens if case.seqlens else None
+    return (*_inputs_fwd(case, seed), case.causal)
 
 
 def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cudnn", "efficient", "default"),

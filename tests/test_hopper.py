@@ -43,12 +43,14 @@ def test_hopper_versions_are_registered_for_sm90_only():
 
 def test_capability_is_cached(monkeypatch):
     calls = []
-    monkeypatch.setattr(ops, "_capabilities", {})
+    monkeypatch.setattr(ops, "_devices", {})
     monkeypatch.setattr(ops.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(ops.torch.cuda, "get_device_capability", lambda index: calls.append(index) or (9, 0))
+    props = SimpleNamespace(major=9, minor=0, multi_processor_count=132)
+    monkeypatch.setattr(ops.torch.cuda, "get_device_properties", lambda index: calls.append(index) or props)
     device = SimpleNamespace(type="cuda", index=3)
     assert ops._capability(device) == (9, 0) and ops._capability(device) == (9, 0)
-    assert calls == [3]
+    assert ops.sm_count(device) == 132
+    assert calls == [3]  # one read serves the capability and the SM count
 
 
 def test_generated_wgmma_header_is_current(tmp_path, monkeypatch):
