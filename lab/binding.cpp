@@ -218,32 +218,28 @@ std::string launch_error(int rc, const char* what) {
 #endif
 }
 
-// The checks and the launch of one forward call; the message of the first problem, or "".
-std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
-                          c10::optional<at::Tensor> lse, double scale, bool causal, c10::optional<at::Tensor> debug) {
+// What every call checks first: query, key/value and out are 4-D CUDA tensors of query's dtype and device,
+// their shapes agree, the scale is a finite float32. Sets the dtype code.
+std::string check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                       const char* kname, const char* vname, double scale, int* dtype) {
   LAB_TRY(check_bhsd(q, "query", q));
-  LAB_TRY(check_bhsd(k, "key", q));
-  LAB_TRY(check_bhsd(v, "value", q));
+  LAB_TRY(check_bhsd(k, kname, q));
+  LAB_TRY(check_bhsd(v, vname, q));
   LAB_TRY(check_bhsd(o, "out", q));
-  LAB_TRY(check_shapes(q, k, v, o, "key", "value"));
-  int dtype = 0;
-  LAB_TRY(dtype_code(q, &dtype));
-  LAB_TRY(check_scale(scale));
-  AttnFwdParams p{};
-  if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, q.size(0) * q.size(1) * q.size(2), true, &p.lse));
-  if (debug.has_value()) LAB_TRY(float_buffer(*debug, "debug", q, 0, false, &p.debug));
-  at::Tensor ow;
-  LAB_TRY(writable(o, {{&q, "query"}, {&k, "key"}, {&v, "value"}}, &ow));
-  if (q.numel() == 0) return "";
-#ifndef LAB_BINDING_CPU_CHECKS
-  c10::cuda::CUDAGuard guard(q.device());
-#endif
-  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
-  p.q = qr.data_ptr();
-  p.k = kr.data_ptr();
-  p.v = vr.data_ptr();
-  p.o = ow.data_ptr();
-  copy_all_strides(p, qr, kr, vr, ow);
+  LAB_TRY(check_shapes(q, k, v, o, kname, vname));
+  LAB_TRY(dtype_code(q, dtype));
+  return check_scale(scale);
+}
+
+// The fields forward and backward params share (AttnFwdParams, AttnBwdParams), from the tensors the kernel reads.
+template <typename Params>
+void fill_attention(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                    double scale, bool causal, int dtype) {
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = o.data_ptr();
+  copy_all_strides(p, q, k, v, o);
   p.batch = q.size(0);
   p.heads_q = q.size(1);
   p.heads_kv = k.size(1);
@@ -253,6 +249,25 @@ std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tens
   p.scale = static_cast<float>(scale);
   p.causal = causal;
   p.dtype = dtype;
+}
+
+// The checks and the launch of one forward call; the message of the first problem, or "".
+std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
+                          c10::optional<at::Tensor> lse, double scale, bool causal, c10::optional<at::Tensor> debug) {
+  int dtype = 0;
+  LAB_TRY(check_call(q, k, v, o, "key", "value", scale, &dtype));
+  AttnFwdParams p{};
+  if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, q.size(0) * q.size(1) * q.size(2), true, &p.lse));
+  if (debug.has_value()) LAB_TRY(float_buffer(*debug, "debug", q, 0, false, &p.debug));
+  at::Tensor ow;
+  LAB_TRY(writable(o, {{&q, "query"}, {&k, "key"}, {&v, "value"}}, &ow));
+  if (q.numel() == 0) return "";
+#ifndef LAB_BINDING_CPU_CHECKS
+  c10::cuda::CUDAGuard guard(q.device());
+#endif
+  // Copies (misaligned or unusual strides) must outlive the launch: named, not temporaries.
+  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
+  fill_attention(p, qr, kr, vr, ow, scale, causal, dtype);
 #ifdef LAB_BINDING_CPU_CHECKS
   (void)launcher;
 #else
@@ -266,14 +281,8 @@ std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tens
 std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
                             c10::optional<at::Tensor> cache_seqlens, at::Tensor partial_o, at::Tensor partial_lse,
                             c10::optional<at::Tensor> lse, double scale, int64_t num_splits) {
-  LAB_TRY(check_bhsd(q, "query", q));
-  LAB_TRY(check_bhsd(k, "key_cache", q));
-  LAB_TRY(check_bhsd(v, "value_cache", q));
-  LAB_TRY(check_bhsd(o, "out", q));
-  LAB_TRY(check_shapes(q, k, v, o, "key_cache", "value_cache"));
   int dtype = 0;
-  LAB_TRY(dtype_code(q, &dtype));
-  LAB_TRY(check_scale(scale));
+  LAB_TRY(check_call(q, k, v, o, "key_cache", "value_cache", scale, &dtype));
   LAB_REQUIRE(num_splits >= 1 && num_splits <= LAB_MAX_NUM_SPLITS, "num_splits must be in [1, ", LAB_MAX_NUM_SPLITS,
               "], got ", num_splits);
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);  // output rows (b, h, token)
@@ -333,16 +342,10 @@ std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tenso
                           const at::Tensor& o, const at::Tensor& lse, const c10::optional<at::Tensor>& dlse,
                           const at::Tensor& dout, double scale, bool causal, bool deterministic, at::Tensor* dq,
                           at::Tensor* dk, at::Tensor* dv) {
-  LAB_TRY(check_bhsd(q, "query", q));
-  LAB_TRY(check_bhsd(k, "key", q));
-  LAB_TRY(check_bhsd(v, "value", q));
-  LAB_TRY(check_bhsd(o, "out", q));
-  LAB_TRY(check_bhsd(dout, "grad_out", q));
-  LAB_TRY(check_shapes(q, k, v, o, "key", "value"));
-  LAB_REQUIRE(dout.sizes() == q.sizes(), "grad_out must have the query's shape ", q.sizes(), ", got ", dout.sizes());
   int dtype = 0;
-  LAB_TRY(dtype_code(q, &dtype));
-  LAB_TRY(check_scale(scale));
+  LAB_TRY(check_call(q, k, v, o, "key", "value", scale, &dtype));
+  LAB_TRY(check_bhsd(dout, "grad_out", q));
+  LAB_REQUIRE(dout.sizes() == q.sizes(), "grad_out must have the query's shape ", q.sizes(), ", got ", dout.sizes());
   AttnBwdParams p{};
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);
   float* lse_ptr = nullptr;
@@ -372,28 +375,15 @@ std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tenso
   p.lse_log2 = p.delta + padded;
   p.dq_accum = deterministic ? nullptr : p.delta + 2 * padded;
   at::Tensor qr = readable(q), kr = readable(k), vr = readable(v), orr = readable(o), dr = readable(dout);
-  p.q = qr.data_ptr();
-  p.k = kr.data_ptr();
-  p.v = vr.data_ptr();
-  p.o = orr.data_ptr();
+  fill_attention(p, qr, kr, vr, orr, scale, causal, dtype);
   p.dout = dr.data_ptr();
   p.dq = dq->data_ptr();
   p.dk = dk->data_ptr();
   p.dv = dv->data_ptr();
-  copy_all_strides(p, qr, kr, vr, orr);
   copy_strides(p.do_stride, dr);
   copy_strides(p.dq_stride, *dq);
   copy_strides(p.dk_stride, *dk);
   copy_strides(p.dv_stride, *dv);
-  p.batch = q.size(0);
-  p.heads_q = q.size(1);
-  p.heads_kv = k.size(1);
-  p.seqlen_q = q.size(2);
-  p.seqlen_k = k.size(2);
-  p.head_dim = q.size(3);
-  p.scale = static_cast<float>(scale);
-  p.causal = causal;
-  p.dtype = dtype;
   p.deterministic = deterministic;
 #ifdef LAB_BINDING_CPU_CHECKS
   (void)launcher;
