@@ -37,22 +37,18 @@ def _cases(table):
     return sorted(name for name in table("cpu") if name not in binding_cases.GPU_ONLY)
 
 
-@pytest.mark.parametrize("what", _cases(binding_cases.fwd_bad))
-def test_forward_bad_input_is_named(cpu_binding, what):
-    change, pattern = binding_cases.fwd_bad("cpu")[what]
-    args = binding_cases.fwd_args("cpu")
-    args.update(change(args))
-    with pytest.raises(RuntimeError, match=pattern):
-        binding_cases.call_fwd(cpu_binding, 0, args)
+FAMILIES = {"fwd": (binding_cases.fwd_bad, binding_cases.fwd_args, binding_cases.call_fwd),
+            "decode": (binding_cases.decode_bad, binding_cases.dec_args, binding_cases.call_decode)}
 
 
-@pytest.mark.parametrize("what", _cases(binding_cases.decode_bad))
-def test_decode_bad_input_is_named(cpu_binding, what):
-    change, pattern = binding_cases.decode_bad("cpu")[what]
-    args = binding_cases.dec_args("cpu")
+@pytest.mark.parametrize("family, what", [(f, w) for f, (bad, _, _) in FAMILIES.items() for w in _cases(bad)])
+def test_bad_input_is_named(cpu_binding, family, what):
+    bad, make_args, call = FAMILIES[family]
+    change, pattern = bad("cpu")[what]
+    args = make_args("cpu")
     args.update(change(args))
     with pytest.raises(RuntimeError, match=pattern):
-        binding_cases.call_decode(cpu_binding, 0, args)
+        call(cpu_binding, 0, args)
 
 
 def test_good_calls_pass_every_check(cpu_binding):
