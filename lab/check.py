@@ -145,26 +145,35 @@ def _draw_layout(shape, gen, device, dtype, magnitude, layout):
     return _draw((B, S, H, D), gen, device, dtype, magnitude).transpose(1, 2)
 
 
-def _run_trials(result: CheckResult, one_trial, trials: int, seed: int, peaked: bool, extra: dict) -> CheckResult:
+def _run_trials(results: dict, one_trial, trials: int, seed: int, peaked: bool, extra: dict | None) -> dict:
     """Fresh inputs each trial (the last one peaked); keep every trial's metrics and the worst heatmap.
 
-    one_trial(gen, magnitude) draws inputs, runs the kernel into a poisoned output and returns
-    (out, float64 reference, SDPA output).
+    results maps an output's name to its CheckResult; one_trial(gen, magnitude) draws inputs, runs the
+    kernel into poisoned outputs and returns {name: (output, float64 reference, SDPA's output)}. With
+    `extra`, each result is recorded (a "grad" field names the output when there are several).
     """
-    worst = -1.0
+    worst = dict.fromkeys(results, -1.0)
     for trial in range(trials + (1 if peaked else 0)):
         magnitude = PEAKED_MAGNITUDE if trial == trials else 1.0
-        out, ref, yardstick = one_trial(torch.Generator().manual_seed(seed * 1000 + trial), magnitude)
-        metrics = compare(out, ref, yardstick)
-        metrics.update(seed=seed * 1000 + trial, magnitude=magnitude)
-        result.trials.append(metrics)
-        score = math.inf if not metrics["passed"] else metrics["max_abs"]
-        if score > worst:
-            worst, result.heatmap = score, error_map(out, ref)
+        outputs = one_trial(torch.Generator().manual_seed(seed * 1000 + trial), magnitude)
+        for name, (out, ref, yardstick) in outputs.items():
+            metrics = compare(out, ref, yardstick)
+            metrics.update(seed=seed * 1000 + trial, magnitude=magnitude)
+            results[name].trials.append(metrics)
+            score = math.inf if not metrics["passed"] else metrics["max_abs"]
+            if score > worst[name]:
+                worst[name], results[name].heatmap = score, error_map(out, ref)
     if extra is not None:
-        record.append({"kind": "check", "impl": result.impl, "case": result.case.as_dict(), **extra,
-                       "check": _record_view(result)})
-    return result
+        for name, result in results.items():
+            record.append({"kind": "check", "impl": result.impl, "case": result.case.as_dict(), **extra,
+                           **({"grad": name} if len(results) > 1 else {}), "check": _record_view(result)})
+    return results
+
+
+def _one(result: CheckResult, one_trial, trials, seed, peaked, extra) -> CheckResult:
+    """_run_trials for a single output."""
+    return _run_trials({"out": result}, lambda gen, magnitude: {"out": one_trial(gen, magnitude)}, trials, seed,
+                       peaked, extra)["out"]
 
 
 def check_forward(run, case: Case, impl: str, trials: int = 3, seed: int = 0, device=None, peaked: bool = True,
@@ -184,7 +193,7 @@ def check_forward(run, case: Case, impl: str, trials: int = 3, seed: int = 0, de
         run(q, k, v, case.causal, scale, out)
         return out, reference(q, k, v, case.causal, scale), sdpa(q, k, v, case.causal, scale)
 
-    return _run_trials(CheckResult(impl, case), one_trial, trials, seed, peaked, {"layout": layout} if save else None)
+    return _one(CheckResult(impl, case), one_trial, trials, seed, peaked, {"layout": layout} if save else None)
 
 
 def check_decode(run, case: DecodeCase, impl: str, trials: int = 3, seed: int = 0, device=None,
@@ -204,7 +213,7 @@ def check_decode(run, case: DecodeCase, impl: str, trials: int = 3, seed: int = 
         return (out, reference(q, k, v, False, scale, seqlens=lengths),
                 sdpa(q, k, v, False, scale, seqlens=lengths))
 
-    return _run_trials(CheckResult(impl, case), one_trial, trials, seed, peaked, {} if save else None)
+    return _one(CheckResult(impl, case), one_trial, trials, seed, peaked, {} if save else None)
 
 
 def _record_view(result: CheckResult) -> dict:
@@ -296,29 +305,21 @@ def check_backward(run, case: Case, impl: str, trials: int = 2, seed: int = 0, d
     dtype = DTYPES[case.dtype]
     names = (("out",) if include_forward else ()) + GRADS
     results = {name: CheckResult(f"{impl}:{name}", case) for name in names}
-    for trial in range(trials + (1 if peaked else 0)):
-        magnitude = PEAKED_MAGNITUDE if trial == trials else 1.0
-        gen = torch.Generator().manual_seed(seed * 1000 + trial)
+
+    def one_trial(gen, magnitude):
         q = _draw_layout((case.B, case.Hq, case.Sq, case.D), gen, device, dtype, magnitude, layout)
         k = _draw_layout((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype, magnitude, layout)
         v = _draw_layout((case.B, case.Hkv, case.Sk, case.D), gen, device, dtype, 1.0, layout)
         dout = _draw((case.B, case.Hq, case.Sq, case.D), gen, device, dtype)
         _poison_allocator(q, k, v)
-        got = dict(zip(("out",) + GRADS, run(q, k, v, case.causal, scale, dout)))
-        ref = dict(zip(("out",) + GRADS, reference_grads(q, k, v, dout, case.causal, scale)))
-        yard = dict(zip(("out",) + GRADS, sdpa_grads(q, k, v, dout, case.causal, scale, yardstick)))
-        for name in names:
-            metrics = compare(got[name], ref[name], yard[name])
-            metrics.update(seed=seed * 1000 + trial, magnitude=magnitude)
-            results[name].trials.append(metrics)
-            if not metrics["passed"] or results[name].heatmap is None:
-                results[name].heatmap = error_map(got[name], ref[name])
-    if save:
-        for name, result in results.items():
-            record.append({"kind": "check", "impl": result.impl, "case": case.as_dict(), "layout": layout,
-                           "mode": "fwd+bwd" if include_forward else "bwd", "grad": name,
-                           "yardstick": yardstick, "check": _record_view(result)})
-    return results
+        got = run(q, k, v, case.causal, scale, dout)
+        ref = reference_grads(q, k, v, dout, case.causal, scale)
+        yard = sdpa_grads(q, k, v, dout, case.causal, scale, yardstick)
+        triples = dict(zip(("out",) + GRADS, zip(got, ref, yard)))
+        return {name: triples[name] for name in names}
+
+    extra = {"layout": layout, "mode": "fwd+bwd" if include_forward else "bwd", "yardstick": yardstick}
+    return _run_trials(results, one_trial, trials, seed, peaked, extra if save else None)
 
 
 def backward_passed(results: dict) -> bool:
