@@ -11,7 +11,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 
-def _save(fig, path):
+def save_figure(fig, path):
+    """Write fig to path (its folder made) when a path is given; return fig for the notebook to show."""
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -48,7 +49,7 @@ def metric_vs_length(rows, metric: str = "tflops", length_key: str = "Sq", split
     axes[0][-1].legend(fontsize=7, loc="best")
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def speedup_bars(rows, impl: str, baselines=("sdpa-flash", "sdpa-cudnn", "sdpa-default"), title: str = "",
@@ -67,7 +68,7 @@ def speedup_bars(rows, impl: str, baselines=("sdpa-flash", "sdpa-cudnn", "sdpa-d
     ax.legend(fontsize=7)
     ax.set_title(title or f"{impl}: time of SDPA backend / time of ours")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def ceiling_position(rows, metric: str = "frac_ceiling", title: str = "", path=None):
@@ -83,7 +84,7 @@ def ceiling_position(rows, metric: str = "frac_ceiling", title: str = "", path=N
     ax.set_xlabel("fraction of measured ceiling")
     ax.set_title(title or "position against the measured ceiling")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def latency_vs_length(rows, length_key: str = "Sq", title: str = "", path=None, historical: dict | None = None):
@@ -106,7 +107,7 @@ def latency_vs_length(rows, length_key: str = "Sq", title: str = "", path=None, 
     ax.legend(fontsize=7)
     ax.set_title(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def error_heatmap(result, path=None):
@@ -125,4 +126,4 @@ def error_heatmap(result, path=None):
     ax.set_title(f"{verdict} {result.impl}: {result.case.label}" + ("" if finite.all() else "  (unwritten = brightest)"),
                  fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -367,20 +367,14 @@ def make_call(target: str, case):
     from . import ops, sweep
 
     family, name = parse_target(target)
-    decode = isinstance(case, case_sets.DecodeCase)
-    if decode:
-        q, k, v, seqlens = sweep._inputs_decode(case, seed=0)
-    else:
-        q, k, v = sweep._inputs_fwd(case, seed=0)
+    q, k, v, arg = sweep.case_inputs(case)  # arg: is_causal (forward) or cache_seqlens (decode)
     if family == "fwd":
-        return ops.fwd_call_factory(name)(q, k, v, case.causal)
+        return ops.fwd_call_factory(name)(q, k, v, arg)
     if family == "decode":
-        return ops.decode_call_factory(name)(q, k, v, seqlens)
-    if family == "op" and name == "attention":
-        return lambda: ops.attention(q, k, v, is_causal=case.causal, enable_gqa=case.Hq != case.Hkv)
+        return ops.decode_call_factory(name)(q, k, v, arg)
     if family == "op":
-        return lambda: ops.decode(q, k, v, seqlens)
-    runner = bench.sdpa_runner("default", q, k, v, False if decode else case.causal)
+        return (sweep.public_attention() if name == "attention" else sweep.public_decode())(q, k, v, arg)
+    runner = bench.sdpa_runner("default", q, k, v, arg if isinstance(arg, bool) else False)
 
     def sdpa():
         with bench.sdpa_backend(name):
@@ -665,6 +659,8 @@ def stall_chart(rows: list[dict], path=None):
     """Stacked bars: each launch's top-5 stall reasons, in cycles per issued instruction."""
     import matplotlib.pyplot as plt
 
+    from .plot import save_figure
+
     reasons = list(dict.fromkeys(s["reason"] for r in rows for s in r["metrics"]["stalls"]))
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
     labels = [f"{r['impl']} @ {r['case']['name']}" for r in rows]
@@ -677,7 +673,8 @@ def stall_chart(rows: list[dict], path=None):
     ax.set_xlabel("warp stall, cycles per issued instruction (top 5 reasons per launch)")
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(fig, path)
+    fig.tight_layout()
+    return save_figure(fig, path)
 
 
 def recorded_ceilings(rows: list[dict]) -> dict | None:
@@ -692,6 +689,8 @@ def recorded_ceilings(rows: list[dict]) -> dict | None:
 def roofline(rows: list[dict], ceilings: dict | None, path=None):
     """Every launch by its measured FLOPs (tensor + FP32 counters) over its measured DRAM bytes."""
     import matplotlib.pyplot as plt
+
+    from .plot import save_figure
 
     if not ceilings:
         print("no ceilings measured in this session: no roofline")
@@ -713,14 +712,8 @@ def roofline(rows: list[dict], ceilings: dict | None, path=None):
     ax.grid(True, which="major", lw=0.3)
     ax.set(xscale="log", yscale="log", xlabel="FLOP per DRAM byte (measured)", ylabel="TFLOP/s (measured)",
            title="roofline: measured counters against this session's measured ceilings")
-    return _save(fig, path)
-
-
-def _save(fig, path):
     fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=120)
-    return fig
+    return save_figure(fig, path)
 
 
 # ------------------------------------------------------------------ the child and the command line
