@@ -352,23 +352,17 @@ class Binding:
         self.module = module
         self.attn_fwd = _raising(module.attn_fwd)
         self.decode_fwd = _raising(module.decode_fwd)
-        self.attn_call = _raising_results(module.attn_call)  # -> (out, lse or None)
-        self.decode_call = _raising_results(module.decode_call)  # -> (out,)
-        self.attn_bwd_call = _raising_results(module.attn_bwd_call)  # -> (dq, dk, dv)
+        self.attn_call = _raising(module.attn_call)  # -> (out, lse or None)
+        self.decode_call = _raising(module.decode_call)  # -> (out,)
+        self.attn_bwd_call = _raising(module.attn_bwd_call)  # -> (dq, dk, dv)
 
 
 def _raising(function):
+    """A bound function that answers an error string, alone or ahead of its results: the error raised as
+    RuntimeError, else the results (None for the functions that answer the string alone)."""
     def call(*args):
-        error = function(*args)
-        if error:
-            raise RuntimeError(error)
-    return call
-
-
-def _raising_results(function):
-    """For the bound functions that allocate: (error, *results) -> results, or RuntimeError(error)."""
-    def call(*args):
-        error, *results = function(*args)
+        answer = function(*args)
+        error, results = (answer, None) if isinstance(answer, str) else (answer[0], answer[1:])
         if error:
             raise RuntimeError(error)
         return results
