@@ -105,6 +105,15 @@ def _check_tensor(t, name: str, like=None):
                          f"call {name}.contiguous()")
 
 
+def _check_qkv(query, key, value, kname: str, vname: str):
+    """The checks every op makes first (the binding's check_call, in Python's exception types)."""
+    _check_tensor(query, "query")
+    _check_tensor(key, kname, query)
+    _check_tensor(value, vname, query)
+    if key.shape != value.shape:
+        raise ValueError(f"{kname} and {vname} shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
+
+
 def _check_heads(query, key, enable_gqa: bool, what: str = "key"):
     Hq, Hkv = query.shape[1], key.shape[1]
     if Hq != Hkv and not enable_gqa:
@@ -178,11 +187,7 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     version: None picks the fastest kernel for the head dim; or 1/"v01", 2/"v02".
     return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).
     """
-    _check_tensor(query, "query")
-    _check_tensor(key, "key", query)
-    _check_tensor(value, "value", query)
-    if key.shape != value.shape:
-        raise ValueError(f"key and value shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
+    _check_qkv(query, key, value, "key", "value")
     _check_heads(query, key, enable_gqa)
     if key.shape[2] == 0:
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
@@ -259,11 +264,7 @@ def _(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version):
 
 
 def _check_decode(query, key_cache, value_cache, cache_seqlens):
-    _check_tensor(query, "query")
-    _check_tensor(key_cache, "key_cache", query)
-    _check_tensor(value_cache, "value_cache", query)
-    if key_cache.shape != value_cache.shape:
-        raise ValueError(f"key_cache and value_cache shapes differ: {tuple(key_cache.shape)} vs {tuple(value_cache.shape)}")
+    _check_qkv(query, key_cache, value_cache, "key_cache", "value_cache")
     if not 1 <= query.shape[2] <= MAX_DECODE_Q_LEN:
         raise ValueError(f"query length must be 1..{MAX_DECODE_Q_LEN} tokens for decode, got {query.shape[2]} "
                          f"(use lab.ops.attention for prefill)")
