@@ -238,8 +238,6 @@ def _num_splits(num_splits, batch, heads_kv, seqlen, device, version: str = "v01
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_NUM_SPLITS:
             raise ValueError(f"num_splits must be an int in [1, {MAX_NUM_SPLITS}] or None, got {num_splits!r}")
         return num_splits
-    if batch == 0 or seqlen == 0:  # nothing to split: an empty output, or zeros
-        return 1
     from .splits import split_plan  # memoised: O(1) per decode step, nothing grows with the cache length
 
     return split_plan(batch, heads_kv, seqlen, sm_count(device), version)
