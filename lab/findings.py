@@ -53,3 +53,10 @@ def split_gain(rows: list[dict], impl: str, one_split: str, batch: int = 1) -> l
         return []
     return [f"split-K gain at batch {batch} (one split / planned): {min(gains):.1f}x-{max(gains):.1f}x over "
             f"{len(gains)} cells; the origin predicted 10x"]
+
+
+def below(rows: list[dict], impl: str, backend: str, bar: float = 1.0) -> list[str]:
+    """The cells where `impl`'s speedup over `backend` is under `bar`, named with their ratio."""
+    missed = [f"{r['case']['name']} {r['ratios'][backend]:.2f}x" for r in rows
+              if r.get("impl") == impl and r.get("ratios", {}).get(backend, bar) < bar]
+    return [f"{impl} below {bar:g}x {backend}: " + (", ".join(missed) or "none")]

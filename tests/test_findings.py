@@ -37,3 +37,9 @@ def test_host_summary():
     (line,) = findings.host_summary(rows)
     assert "worst excess over SDPA 7.0 us (x)" in line and "1/2" in line
     assert findings.host_summary([]) == []
+
+
+def test_below_names_the_cells_under_the_bar():
+    (line,) = findings.below(ROWS, "ours", "sdpa-flash")
+    assert line.endswith("b 0.50x")
+    assert findings.below(ROWS, "ours", "sdpa-flash", bar=0.4)[0].endswith("none")

@@ -324,20 +324,18 @@ Computed from this run's rows (or the recorded GPU session's in CPU mode), not t
 """)
 
 code("""
-def findings(rows_bwd):
+from lab import findings
+
+
+def summary(rows_bwd):
     ours = [r for r in rows_bwd if r["impl"] == "lab.ops.attention" and r.get("ratios")]
     if not ours:
         print("no backward timings")
         return
-    for b in ("flash", "cudnn"):
-        ratios = [r["ratios"][f"sdpa-{b}"] for r in ours if f"sdpa-{b}" in r["ratios"]]
-        if ratios:
-            gm = float(np.exp(np.mean(np.log(ratios))))
-            print(f"backward vs SDPA-{b}: {min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} cells (geometric mean {gm:.2f}x); "
-                  f"target >= 1.0x in every cell: {'met' if min(ratios) >= 1.0 else 'missed'}")
+    print("\\n".join(findings.ratio_summary(rows_bwd, "lab.ops.attention", ("sdpa-flash", "sdpa-cudnn"), label="backward")))
     best = max(ours, key=lambda r: r["tflops"])
     print(f"highest backward rate: {best['tflops']:.0f} TFLOP/s ({best['case']['name']})")
-findings(rows_bwd)
+summary(rows_bwd)
 """)
 
 

@@ -228,21 +228,12 @@ What the steps showed (the numbers are in the version headers printed above, wit
   slower, so the MUFU unit is not what bounds it here; the next step is a profile beside cuDNN's (`lab.profile`).
 """)
 code('''
-def geo(values):
-    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
-mine = [r for r in rows if r["impl"] == ours and r.get("ratios")]
-for backend in ("sdpa-flash", "sdpa-cudnn", "sdpa-default"):
-    values = [r["ratios"][backend] for r in mine if backend in r["ratios"]]
-    if values:
-        print(f"lab.ops.attention vs {backend:<12} min {min(values):.2f}x, geomean {geo(values):.2f}x, max {max(values):.2f}x "
-              f"over {len(values)} cells; cells >= 1.0x: {sum(x >= 1 for x in values)}")
-        missed = [f"{r['case']['name']} {r['ratios'][backend]:.2f}x" for r in mine if r["ratios"].get(backend, 1) < 1]
-        print("   below 1.0x:", ", ".join(missed) or "none")
-print("kernels behind it:", sorted({r.get("version", "?") for r in mine}))
+from lab import findings
+print("\\n".join(findings.ratio_summary(rows, ours) + findings.below(rows, ours, "sdpa-flash")
+                + findings.below(rows, ours, "sdpa-cudnn")))
+print("kernels behind it:", sorted({r.get("version", "?") for r in rows if r["impl"] == ours}))
 for impl in dict.fromkeys(r["impl"] for r in rows if r["impl"] != ours and not r["impl"].startswith("sdpa")):
-    values = [r["ratios"]["sdpa-cudnn"] for r in rows if r["impl"] == impl and "sdpa-cudnn" in r.get("ratios", {})]
-    if values:
-        print(f"{impl:<22} vs sdpa-cudnn min {min(values):.2f}x, geomean {geo(values):.2f}x, max {max(values):.2f}x")
+    print("\\n".join(findings.ratio_summary(rows, impl, ("sdpa-cudnn",))))
 ''')
 
 nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
