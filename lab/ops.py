@@ -156,10 +156,15 @@ def _(query, key, value, is_causal, scale, version):
 def attention_version(query, version=None, is_causal: bool = False) -> str:
     """The forward kernel lab.ops.attention runs for this query: `version` checked, or the default for its
     head dim (BEST_FWD order). Device-specific defaults belong here, cached per device."""
-    if version is None and _capability(query.device) in HOPPER_CAPABILITIES:
-        preference = _hopper_preference(query.shape[-1], query.shape[2], is_causal)
-        return _version(None, FWD, query.shape[-1], preference + BEST_FWD)
+    if version is None:
+        return default_attention_version(query.shape[-1], query.shape[2], is_causal, _capability(query.device))
     return _version(version, FWD, query.shape[-1], BEST_FWD)
+
+
+def default_attention_version(head_dim: int, seqlen_q: int, is_causal: bool, capability: tuple) -> str:
+    """The default forward kernel for a shape on a GPU of this compute capability."""
+    preference = _hopper_preference(head_dim, seqlen_q, is_causal) if capability in HOPPER_CAPABILITIES else ()
+    return _version(None, FWD, head_dim, preference + BEST_FWD)
 
 
 def _hopper_preference(head_dim: int, seqlen_q: int, is_causal: bool) -> tuple:
@@ -221,12 +226,15 @@ def fwd_call_factory(version: str, defines=None):
 
 # ------------------------------------------------------------------ decoding
 
+def default_decode_version(heads_q: int, heads_kv: int, q_len: int) -> str:
+    """v02 (tensor cores) when a KV head serves several query rows (GQA or q_len > 1), v01 (scalar, two
+    blocks per SM) for one row per KV head, where it measured up to 10% faster."""
+    return "v02" if heads_q // heads_kv * q_len >= 2 else "v01"
+
+
 def _decode_version(version, query, key_cache) -> str:
-    """version=None: v02 (tensor cores) when a KV head serves several query rows (GQA or q_len > 1),
-    v01 (scalar, two blocks per SM) for one row per KV head, where it measured up to 10% faster."""
     if version is None:
-        rows = query.shape[1] // key_cache.shape[1] * query.shape[2]
-        version = "v02" if rows >= 2 else "v01"
+        version = default_decode_version(query.shape[1], key_cache.shape[1], query.shape[2])
     return _version(version, DECODE, query.shape[-1], ())
 
 

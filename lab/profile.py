@@ -340,11 +340,13 @@ def kernel_source(target: str, case) -> str | None:
         return ops.FWD[name].source
     if family == "decode":
         return ops.DECODE[name].source
-    if family == "op" and name == "attention":
-        return ops.FWD[ops._version(None, ops.FWD, case.D, ops.BEST_FWD)].source
+    if family == "op" and name == "attention":  # the kernel lab.ops.attention picks on this GPU
+        import torch
+
+        capability = tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else (0, 0)
+        return ops.FWD[ops.default_attention_version(case.D, case.Sq, case.causal, capability)].source
     if family == "op":
-        rows = case.Hq // case.Hkv * case.q_len  # lab.ops.decode's own rule (_decode_version)
-        return ops.DECODE["v02" if rows >= 2 else "v01"].source
+        return ops.DECODE[ops.default_decode_version(case.Hq, case.Hkv, case.q_len)].source
     return None
 
 
