@@ -74,14 +74,27 @@ def browser(built):
     return chromium()
 
 
+def run_chromium(browser, build, args, url, attempts=2):
+    """One headless chromium run with its own profile, in its own process group so a hung run is killed
+    whole (a lingering child holding a shared profile's lock hung the next run for 120 s once in CI)."""
+    for attempt in range(attempts):
+        profile = build / f"chromium-profile-{os.getpid()}-{len(list(build.glob('chromium-profile-*')))}"
+        proc = subprocess.Popen([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        try:
+            return proc.communicate(timeout=90)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+    pytest.fail(f"chromium {' '.join(args)} timed out {attempts} times on {url}")
+
+
 @pytest.mark.parametrize("page", list(PAGES))
 def test_pages_render_tables_and_figures_in_a_browser(built, browser, page):
     root, _ = built
     build = root / "_build"
     url = (build / "html" / PAGES[page]).as_uri()
-    profile = build / "chromium-profile"
-    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
-    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    dom = run_chromium(browser, build, ["--dump-dom"], url)
     assert "<table" in dom, f"{page}: no table in the rendered DOM"
     if page not in ("index", "sessions"):
         assert "<img" in dom, f"{page}: no figure in the rendered DOM"
@@ -98,8 +111,7 @@ def test_pages_render_tables_and_figures_in_a_browser(built, browser, page):
         assert "BUG-L4-2" in dom and "RUN-n7_split_k-RuntimeError" in dom
     shots = build / "screenshots"
     shots.mkdir(exist_ok=True)
-    subprocess.run([browser, *flags, f"--screenshot={shots / page}.png", "--window-size=1280,1600", url],
-                   capture_output=True, timeout=120)
+    run_chromium(browser, build, [f"--screenshot={shots / page}.png", "--window-size=1280,1600"], url)
     assert (shots / f"{page}.png").stat().st_size > 10_000
     kept = REPO / "_build" / "screenshots"  # ignored folder: the latest screenshots stay for a human to look at
     kept.mkdir(parents=True, exist_ok=True)
