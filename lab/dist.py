@@ -5,7 +5,7 @@ ring (to rank + 1, from rank - 1) with `torch.distributed.batch_isend_irecv`; wh
 flight, the local queries attend to the shard already here, and every step's partial (out, lse) is merged
 by log-sum-exp: the algebra of the split-K combine (lab.splits.merge_partials), here in torch.
 
-Layouts (`shard_positions`):
+Layouts (`shard_chunks`):
 - non-causal: contiguous shards, boundaries at floor(r * S / W), so any S works (uneven shards);
 - causal: zig-zag. The sequence is cut into 2W chunks and rank r holds chunks r and 2W - 1 - r. Under a
   causal mask, contiguous shards give rank W - 1 about 2W - 1 times the work of rank 0; zig-zag pairs an
@@ -17,28 +17,18 @@ The local attention is a function attend(q, k, v, is_causal) -> (out, lse natura
 lab.ops.attention(..., return_lse=True) on GPUs, reference_attend (float64 math) on the CPU, where CI runs
 the whole algorithm over the gloo backend with world sizes 2-4 (tests/test_dist.py).
 
-NVLink multicast stays off on the GPU machines (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
-NVSHMEM_DISABLE_NVLS=1): init_process_group() here sets them before NCCL starts.
+The transport is lab.dist_comm: on a GPU each transfer is queued on a stream of its own, and the current
+stream, which runs the forward kernel on the shard already here, waits for it only when the next step needs
+its shard. A StepClock passed in records, per step, when the compute and the transfer started and ended
+(CUDA events on a GPU, wall-clock on the CPU). `communicate=False` runs the same steps on stand-in shards with
+no transfer (the compute-only time); `overlap=False` waits for each transfer before computing (the serial
+time). init_process_group() keeps NVLink multicast off, as the GPU machines require.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-def init_process_group(backend: str | None = None):
-    """torch.distributed.init_process_group from torchrun's environment, NVLink multicast off."""
-    import torch.distributed as dist
-
-    for name, value in MULTICAST_OFF.items():
-        os.environ.setdefault(name, value)
-    if not dist.is_initialized():
-        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
-    return dist.group.WORLD
-
+from .dist_comm import MULTICAST_OFF, StepClock, comm_stream, init_process_group, multicast_off, transfer  # noqa: F401
 
 # ------------------------------------------------------------------ layout
 
@@ -142,13 +132,15 @@ def _rows(q, acc, q_chunks):
     return torch.cat(parts, dim=2).to(q.dtype)
 
 
-def ring_attention(q, k, v, is_causal: bool = False, group=None, attend=None, seqlen: int | None = None):
-    """Attention over a sequence sharded across the ranks of `group` (shard_positions's layout).
+def ring_attention(q, k, v, is_causal: bool = False, group=None, attend=None, seqlen: int | None = None,
+                   clock: StepClock | None = None, communicate: bool = True, overlap: bool = True):
+    """Attention over a sequence sharded across the ranks of `group` (shard_chunks's layout).
 
     q (B, H, S_local, D), k and v (B, H_kv, S_local_k, D) are this rank's shards; seqlen is the full length
     (default: the sum of the shard lengths over the group). Returns this rank's rows of the output. Forward
     only. K/V circulate with batch_isend_irecv, each transfer started before the attention of the block
-    already here, so communication runs under compute.
+    already here (on a GPU: on comm_stream), so communication runs under compute. clock: a StepClock that
+    records each step; communicate=False: compute only (stand-in shards); overlap=False: serial.
     """
     import torch.distributed as dist
 
@@ -163,23 +155,27 @@ def ring_attention(q, k, v, is_causal: bool = False, group=None, attend=None, se
         raise ValueError(f"rank {rank} holds {q.shape[2]} query rows but the layout gives it "
                          f"{sum(e - b for b, e in q_chunks)} of {seqlen}")
     acc = [None] * len(q_chunks)
-    kv = torch.stack([k, v]).contiguous()
-    send_to, recv_from = (rank + 1) % world, (rank - 1) % world
+    kv = torch.stack([k, v])
+    peers = tuple(dist.get_global_rank(group, r) if group else r for r in ((rank + 1) % world, (rank - 1) % world))
+    stream = comm_stream(q.device) if q.is_cuda and communicate else None
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream())  # the first send reads kv, made on this stream
+    current = torch.cuda.current_stream() if q.is_cuda else None
     for step in range(world):
         owner = (rank - step) % world  # whose shard is here now
-        pending, incoming = [], None
+        pending = None
         if step < world - 1:  # the next shard to arrive is owner - 1's; uneven shards differ in length
             n_next = sum(e - b for b, e in shard_chunks(seqlen, world, (owner - 1) % world, is_causal))
-            incoming = kv.new_empty(kv.shape[0], kv.shape[1], kv.shape[2], n_next, kv.shape[4])
-            ops = [dist.P2POp(dist.isend, kv, dist.get_global_rank(group, send_to) if group else send_to, group),
-                   dist.P2POp(dist.irecv, incoming, dist.get_global_rank(group, recv_from) if group else recv_from,
-                              group)]
-            pending = dist.batch_isend_irecv(ops)
+            pending = transfer(kv, n_next, peers, group, step, clock, stream, communicate)
+            if not overlap:
+                pending.wait()
+        if clock:
+            clock.mark(step, "compute", "start", current)
         ring_step(q, q_chunks, kv[0], kv[1], shard_chunks(seqlen, world, owner, is_causal), is_causal, attend, acc)
-        for work in pending:
-            work.wait()
-        if incoming is not None:
-            kv = incoming
+        if clock:
+            clock.mark(step, "compute", "end", current)
+        if pending is not None:
+            kv = pending.wait()
     return _rows(q, acc, q_chunks)
 
 
