@@ -70,7 +70,25 @@ typedef struct DecodeParams {
   int num_splits;            // >= 1, chosen by lab/splits.py unless overridden
   float scale;
   int dtype;
+  // Paged KV cache and the causal mask: read by decode v03 (kernels/decode/v03_paged.cu) only; v01 and v02
+  // are always called with these zeroed (block_table NULL, causal 0), which is the contract above.
+  // Paged (block_table != NULL): k_cache and v_cache are [num_pages, page_size, Hkv, D], the layout of vLLM
+  // and flash_attn_with_kvcache; k_stride/v_stride are then the (page, key in page, head) strides; key j of
+  // sequence b is row j % page_size of page block_table[b * block_table_stride + j / page_size];
+  // seqlen_cache is the table's capacity, max_pages * page_size. Never read: a page index outside
+  // [0, num_pages), a table entry past max_pages. Such a sequence gets O = 0 and its page_errors bits.
+  const int32_t* block_table;    // [B, max_pages] device int32, or NULL: the contiguous layout above
+  int32_t* page_errors;          // [B] device int32, paged only: written every call, 0 or LAB_PAGE_E_* bits
+  int64_t block_table_stride;    // elements between two sequences' rows of block_table
+  int num_pages, page_size, max_pages;  // page_size: a multiple of 16
+  // 1: token i of q_len sees keys [0, len - q_len + i] (bottom-right aligned, FlashAttention's decode rule;
+  // AttnFwdParams.causal is SDPA's top-left); a token with no key left gets O = 0. 0: every token sees [0, len).
+  int causal;
 } DecodeParams;
+
+// page_errors bits (decode v03, paged): the sequence's output is zeroed and these say why.
+#define LAB_PAGE_E_INDEX 1  // a page index among the sequence's first len keys is outside [0, num_pages)
+#define LAB_PAGE_E_SHORT 2  // cache_seqlens[b] > max_pages * page_size: the block table is too short
 
 // Backward attention (kernels/bwd/*), layout (B, H, S, D) through strides like the forward. Reads q, k, v,
 // the forward's out and its natural-log lse, and the output gradient dout; writes dq, dk, dv (dk/dv summed

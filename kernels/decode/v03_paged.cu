@@ -1,0 +1,405 @@
+// Changes: vs decode v02: K/V rows addressed through a block table (paged cache, any page size that is a
+// multiple of 16), a bottom-right causal mask for q_len > 1, a device-side page-table check (bad sequences
+// zeroed and flagged in page_errors, never read out of bounds); with no block table it is v02's contiguous
+// decode plus the causal mask.
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DDECODE_FN=decode_paged_v03 tests/cuda/decode_main.cu kernels/decode/v03_paged.cu -o /tmp/dec3 && /tmp/dec3
+//   (contiguous driver list); paged: .venv/bin/python -m pytest -q tests/test_paged_gpu.py; compile check:
+//   python -m lab compile; sanitizers: bash tests/cuda/sanitize_paged.sh
+// Measured: not yet run on a GPU (written 2026-11-22 without GPU time); chapter n11_paged_decode measures it.
+//
+// decode_paged_v03: split-K decoding over a paged KV cache, tensor cores for Q K^T and P V.
+//
+// Algorithm (v02's pass 1, read its header): one block (4 warps) per (split s, b, h_kv, row group of 16);
+// the R = G * q_len query rows of the KV head in one m16 tile (Q_i in registers as mma A fragments); 64-key
+// tiles K_j, V_j by 16-byte cp.async in a kStages ring; warp w owns keys 16w..16w+15 of each tile with its
+// own (m_i, l_i, O_i): S = Q K_w^T, scores scaled by scale * log2 e in fp32, exp2, P rounded to the input
+// dtype (l_i summed from the rounded P), O_i += P V_w; the 4 warps merged through the freed ring; pass 2 is
+// the shared LSE combine (common/splitk_combine.cuh).
+//
+// What is new:
+//  * Pages. Key j of sequence b is row j % page_size of page block_table[b][j / page_size]. The split plan
+//    is v02's, over the table's capacity max_pages * page_size (chosen on the host from shapes only, so a
+//    captured graph replays with any lengths and tables); chunks are whole 64-key tiles and a tile may cross
+//    pages (page 16: 4 pages a tile; page >= 64 and a multiple of 64: one). Each thread's 8 (D 128) or 4
+//    (D 64) rows of a tile are found by a PageCursor (common/paged.cuh): no division in the loop, page ids
+//    fetched one tile ahead.
+//  * Bad tables. The length is clamped to [0, max_pages * page_size] (the table slots that exist); a longer
+//    cache_seqlens[b] sets LAB_PAGE_E_SHORT. Every block checks the page ids of the sequence's whole
+//    length (bad_pages, ~len / page_size int32 loads from L2 per block, overlapped with the first tiles'
+//    cp.async); an id outside [0, num_pages) sets LAB_PAGE_E_INDEX. Either way every block of the sequence
+//    skips its keys, so the output rows are 0 (LSE -inf), and block (split 0, h_kv 0, row group 0) writes
+//    page_errors[b] (0 when fine), every call, with no workspace to clear: graph-safe, no host sync. The
+//    tile loader never dereferences a bad id either (zero-fill), so not even the first tiles, issued before
+//    the check ends, read outside the cache.
+//  * Causal, bottom-right (FlashAttention's decode rule; lab.ops.attention's is SDPA's top-left): token i of
+//    q_len sees keys [0, len - q_len + i]. A per-row key limit replaces v02's per-block one in the mask;
+//    a token that sees no key gets O = 0.
+//
+// Launch: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; smem 102 KiB (D 128, 3 stages),
+// 72 KiB (D 64, 4 stages), as v02. Limits: D in {64, 128}; fp16, bf16; q_len >= 1; Hq multiple of Hkv;
+// page_size a positive multiple of 16; strides multiples of 8 elements, 16-byte aligned bases
+// (LAB_E_SHAPE otherwise); a paged call needs page_errors (LAB_E_WORKSPACE).
+//
+// Prediction (H200, bf16, D 128, Hkv 8): the same bytes as v02 plus ~1 % of table reads, so within 5 % of
+// v02 at page 64 and 256 (one table entry per tile) and within 15 % at page 16 (4 pages a tile: 64-byte K
+// and V runs per page and head, i.e. 2 x 256 B segments instead of 64 x 256 B contiguous ones); >= 90 % of
+// copy bandwidth at >= 1 GB caches for page >= 64.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "common/decode_util.cuh"
+#include "common/launch.h"
+#include "common/mma.cuh"
+#include "common/paged.cuh"
+#include "common/params.h"
+#include "common/splitk_combine.cuh"
+
+namespace {
+
+using lab::decode::Elem;
+using lab::decode::kFullMask;
+using lab::decode::kLn2;
+using lab::decode::kLog2e;
+
+template <int kHeadDim_, int kStages_>
+struct PagedConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kStages = kStages_;  // v02's ring: 3 at D 128, 4 at D 64
+  static constexpr int kRows = 16;          // one m16 tile of query rows per block
+  static constexpr int kThreads = 128;
+  static constexpr int kWarps = 4;
+  static constexpr int kBlockN = 64;  // keys per tile, 16 per warp; lab/splits.py BLOCK_N
+  static constexpr int kVecPerRow = kHeadDim / 8;
+  static constexpr int kRowStep = kThreads / kVecPerRow;  // rows between two of one thread's loads
+  static constexpr int kLoadRows = kBlockN / kRowStep;    // rows a thread loads per tile
+  static constexpr int kStride = kHeadDim + 8;            // padded smem row: ldmatrix rows in 8 bank quads
+  static constexpr int kTileElems = kBlockN * kStride;
+  static constexpr int kStageBytes = 2 * kTileElems * 2;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static constexpr int kKSteps = kHeadDim / 16;
+  static constexpr int kDTiles = kHeadDim / 8;
+  static constexpr int kMergeBytes = kWarps * kRows * (kHeadDim + 2) * 4;  // O, m, l of every warp, fp32
+  static_assert(kBlockN / kWarps == 16, "one k16 step of P V per warp and tile");
+  static_assert(kThreads % kVecPerRow == 0 && kBlockN % kRowStep == 0, "fixed rows per thread");
+  static_assert(kMergeBytes <= kSmemBytes, "merge scratch reuses the ring");
+};
+
+// Per-row state of one warp's online softmax over its 16 keys of every tile (rows gid and gid + 8).
+struct RowState {
+  float m[2] = {-INFINITY, -INFINITY};  // running max, log2 units, quad-uniform
+  float l[2] = {0.f, 0.f};              // this lane's share of the row sum
+};
+
+// Pass 1. See the header comment.
+template <typename T, int kHeadDim, int kStages, bool kPaged>
+__global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
+    paged_partial_kernel(const DecodeParams p, const int chunk, const int group, const int rows_total,
+                         const int row_groups) {
+  using Cfg = PagedConfig<kHeadDim, kStages>;
+  constexpr int D = kHeadDim;
+  constexpr int Bc = Cfg::kBlockN;
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto tile_k = [&](int s) { return reinterpret_cast<T*>(smem + s * Cfg::kStageBytes); };
+  auto tile_v = [&](int s) { return tile_k(s) + Cfg::kTileElems; };
+
+  lab::decode::pdl_launch_dependents();
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int gid = lane / 4, tig = lane % 4;  // mma fragment row and column pair
+  const int rg = blockIdx.x % row_groups;
+  const int split = (blockIdx.x / row_groups) % p.num_splits;
+  const int bh = blockIdx.x / (row_groups * p.num_splits);
+  const int b = bh / p.heads_kv, h_kv = bh % p.heads_kv;
+  const int row0 = rg * Cfg::kRows;
+  const int rows = min(Cfg::kRows, rows_total - row0);
+
+  // Prologue: the sequence's length (clamped to the keys that exist), the split's keys, the cursor.
+  const int cap = p.seqlen_cache;  // paged: max_pages * page_size
+  const int asked = p.cache_seqlens ? p.cache_seqlens[b] : cap;
+  int errors = kPaged && asked > cap ? LAB_PAGE_E_SHORT : 0;
+  const int len = max(0, min(asked, cap));
+  const int key_begin = split * chunk;
+  int n_keys = max(0, min(key_begin + chunk, len) - key_begin);
+
+  const int j0 = tid / Cfg::kVecPerRow;                // this thread's first row of every tile
+  const int col = (tid % Cfg::kVecPerRow) * 8;         // and its 16-byte column
+  const T* k_base = static_cast<const T*>(p.k_cache) + col;
+  const T* v_base = static_cast<const T*>(p.v_cache) + col;
+  if (kPaged) {
+    k_base += h_kv * p.k_stride[2];
+    v_base += h_kv * p.v_stride[2];
+  } else {
+    k_base += b * p.k_stride[0] + h_kv * p.k_stride[1] + static_cast<int64_t>(key_begin) * p.k_stride[2];
+    v_base += b * p.v_stride[0] + h_kv * p.v_stride[1] + static_cast<int64_t>(key_begin) * p.v_stride[2];
+  }
+  const int32_t* table_row = kPaged ? p.block_table + b * p.block_table_stride : nullptr;
+  lab::paged::PageCursor<Cfg::kLoadRows, Cfg::kRowStep, Bc> cursor;
+  if (kPaged) {
+    cursor.start(table_row, p.page_size, p.num_pages, key_begin + j0);
+    cursor.fetch(n_keys - j0);
+  }
+
+  // Issue tile t's cp.async (paged: the cursor holds tile t's page ids; fetches tile t + 1's).
+  auto load_tile = [&](int t, int stage) {
+    T* sK = tile_k(stage) + j0 * Cfg::kStride + col;
+    T* sV = tile_v(stage) + j0 * Cfg::kStride + col;
+#pragma unroll
+    for (int it = 0; it < Cfg::kLoadRows; ++it) {
+      const int key = t * Bc + j0 + it * Cfg::kRowStep;  // in the split
+      int64_t ko, vo;
+      bool valid = key < n_keys;
+      if (kPaged) {
+        valid &= cursor.offset(it, p.k_stride[0], p.k_stride[1], &ko);
+        cursor.offset(it, p.v_stride[0], p.v_stride[1], &vo);
+      } else {
+        ko = valid ? key * p.k_stride[2] : 0;
+        vo = valid ? key * p.v_stride[2] : 0;
+      }
+      lab::paged::cp_async_16_l2(sK + it * Cfg::kRowStep * Cfg::kStride, k_base + ko, valid);
+      lab::paged::cp_async_16_l2(sV + it * Cfg::kRowStep * Cfg::kStride, v_base + vo, valid);
+    }
+    if (kPaged) {
+      cursor.advance();
+      cursor.fetch(n_keys - (t + 1) * Bc - j0);
+    }
+  };
+
+  int n_tiles = (n_keys + Bc - 1) / Bc;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < n_tiles) load_tile(s, s);
+    lab::decode::cp_async_commit();
+  }
+
+  // The page-table check, while the first tiles are in flight (their bad ids were zero-filled, not read).
+  if (kPaged) {
+    if (lab::paged::bad_pages<Cfg::kThreads>(table_row, (len + p.page_size - 1) / p.page_size, p.num_pages))
+      errors |= LAB_PAGE_E_INDEX;
+    if (errors) n_keys = n_tiles = 0;  // every block of the sequence agrees: its rows become O = 0
+    if (split == 0 && h_kv == 0 && rg == 0 && tid == 0) p.page_errors[b] = errors;
+  }
+
+  // Q fragments (unscaled, input dtype) and each fragment row's causal key limit in the split.
+  uint32_t qf[Cfg::kKSteps][4];
+  int row_keys[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = gid + 8 * half;
+    const int rr = row0 + r;
+    const int tok = rr % p.q_len;
+    row_keys[half] = lab::paged::causal_keys(p.causal, len, p.q_len, tok, key_begin, n_keys);
+    const T* q_row = r < rows ? static_cast<const T*>(p.q) + b * p.q_stride[0] +
+                                    (h_kv * group + rr / p.q_len) * p.q_stride[1] + tok * p.q_stride[2]
+                              : nullptr;
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKSteps; ++kk)
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi)  // a0/a1: columns 2 tig, a2/a3: 2 tig + 8
+        qf[kk][half + 2 * hi] =
+            q_row ? __ldg(reinterpret_cast<const unsigned int*>(q_row + kk * 16 + 2 * tig + 8 * hi)) : 0u;
+  }
+
+  const float qk_scale = p.scale * kLog2e;
+  float acc[Cfg::kDTiles][4] = {};
+  RowState st;
+  const int k_ld_key = warp * 16 + (lane & 7) + ((lane >> 4) << 3);
+  const int k_ld_col = ((lane >> 3) & 1) * 8;
+  const int v_ld_key = warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+  const int v_ld_col = (lane >> 4) * 8;
+
+  // Main loop
+  // [lab:paged-loop] one key tile per iteration: the ring as in v02, a per-row key limit for the causal mask
+  for (int t = 0; t < n_tiles; ++t) {
+    lab::decode::cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();
+    if (t + Cfg::kStages - 1 < n_tiles) load_tile(t + Cfg::kStages - 1, (t + Cfg::kStages - 1) % Cfg::kStages);
+    lab::decode::cp_async_commit();
+    const T* sK = tile_k(t % Cfg::kStages);
+    const T* sV = tile_v(t % Cfg::kStages);
+
+    float s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
+      uint32_t kb[4];
+      lab::ldmatrix_x4(kb, lab::smem_u32(sK + k_ld_key * Cfg::kStride + kk * 16 + k_ld_col));
+      lab::mma_16816<T>(s[0], qf[kk], kb[0], kb[1]);
+      lab::mma_16816<T>(s[1], qf[kk], kb[2], kb[3]);
+    }
+    // Mask: key (in the tile) < the row's limit; the limit of a row is n_keys without causal.
+    const int limit[2] = {row_keys[0] - t * Bc, row_keys[1] - t * Bc};
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int nt = e / 4, half = (e / 2) % 2;
+      const int key = warp * 16 + nt * 8 + 2 * tig + (e % 2);
+      float& x = s[nt][e % 4];
+      x = key < limit[half] ? x * qk_scale : -INFINITY;
+      tile_max[half] = fmaxf(tile_max[half], x);
+    }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFullMask, tile_max[h], 2));
+      const float m_new = fmaxf(st.m[h], tile_max[h]);
+      m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: exp2(-inf - 0) = 0, never NaN
+      alpha[h] = exp2f(st.m[h] - m_use[h]);
+      st.m[h] = m_new;
+      st.l[h] *= alpha[h];
+    }
+    uint32_t pa[4];  // P as the A fragment: a0 (gid, keys 0-7), a1 (gid+8, 0-7), a2 (gid, 8-15), a3 (gid+8, 8-15)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int nt = i / 2, h = i % 2;
+      pa[i] = Elem<T>::from_float2(exp2f(s[nt][2 * h] - m_use[h]), exp2f(s[nt][2 * h + 1] - m_use[h]));
+      const float2 rounded = Elem<T>::to_float2(pa[i]);
+      st.l[h] += rounded.x + rounded.y;
+    }
+    if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {  // lazy rescale, as v02
+#pragma unroll
+      for (int i = 0; i < Cfg::kDTiles; ++i) {
+        acc[i][0] *= alpha[0];
+        acc[i][1] *= alpha[0];
+        acc[i][2] *= alpha[1];
+        acc[i][3] *= alpha[1];
+      }
+    }
+#pragma unroll
+    for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
+      uint32_t vb[4];
+      lab::ldmatrix_x4_trans(vb, lab::smem_u32(sV + v_ld_key * Cfg::kStride + dp * 16 + v_ld_col));
+      lab::mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
+      lab::mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+    }
+  }
+  // [/lab:paged-loop]
+
+  // Epilogue: the 4 warps' (m, l, O) through the freed ring, then O (one split) or the fp32 partials.
+  lab::decode::cp_async_wait<0>();
+  __syncthreads();
+  float* sO = reinterpret_cast<float*>(smem);     // [warp][16][D]
+  float* sM = sO + Cfg::kWarps * Cfg::kRows * D;  // [warp][16]
+  float* sL = sM + Cfg::kWarps * Cfg::kRows;      // [warp][16]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.l[h] += __shfl_xor_sync(kFullMask, st.l[h], 1);
+    st.l[h] += __shfl_xor_sync(kFullMask, st.l[h], 2);
+    const int r = warp * Cfg::kRows + gid + 8 * h;
+#pragma unroll
+    for (int i = 0; i < Cfg::kDTiles; ++i)
+      *reinterpret_cast<float2*>(sO + r * D + i * 8 + 2 * tig) = make_float2(acc[i][2 * h], acc[i][2 * h + 1]);
+    if (tig == 0) {
+      sM[r] = st.m[h];
+      sL[r] = st.l[h];
+    }
+  }
+  __syncthreads();
+
+  for (int idx = tid; idx < rows * (D / 2); idx += Cfg::kThreads) {
+    const int r = idx / (D / 2), c = 2 * (idx % (D / 2));
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Cfg::kWarps; ++w) m_max = fmaxf(m_max, sM[w * Cfg::kRows + r]);
+    float l = 0.f, o0 = 0.f, o1 = 0.f;
+    if (m_max != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < Cfg::kWarps; ++w) {
+        const float f = exp2f(sM[w * Cfg::kRows + r] - m_max);
+        const float2 o = *reinterpret_cast<const float2*>(sO + (w * Cfg::kRows + r) * D + c);
+        l = fmaf(f, sL[w * Cfg::kRows + r], l);
+        o0 = fmaf(f, o.x, o0);
+        o1 = fmaf(f, o.y, o1);
+      }
+    }
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l == 0: no key seen (empty split, bad table, causal)
+    const float lse = l > 0.f ? (m_max + log2f(l)) * kLn2 : -INFINITY;
+    const int rr = row0 + r, h = h_kv * group + rr / p.q_len, tok = rr % p.q_len;
+    const int64_t out_row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_len + tok;
+    if (p.num_splits == 1) {
+      T* dst = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + tok * p.o_stride[2] + c;
+      *reinterpret_cast<uint32_t*>(dst) = Elem<T>::from_float2(o0 * inv_l, o1 * inv_l);
+      if (p.lse != nullptr && c == 0) p.lse[out_row] = lse;
+    } else {
+      const int64_t part = out_row * p.num_splits + split;
+      *reinterpret_cast<float2*>(p.partial_o + part * D + c) = make_float2(o0 * inv_l, o1 * inv_l);
+      if (c == 0) p.partial_lse[part] = lse;
+    }
+  }
+}
+
+template <typename T, int kHeadDim, int kStages, bool kPaged>
+int launch_typed(const DecodeParams* p, cudaStream_t stream, int chunk, int group, int rows, int row_groups,
+                 int device, bool use_pdl) {
+  using Cfg = PagedConfig<kHeadDim, kStages>;
+  constexpr auto kernel = paged_partial_kernel<T, kHeadDim, kStages, kPaged>;
+  cudaError_t err = lab::allow_smem_once<kernel>(Cfg::kSmemBytes, device);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(p->num_splits) * p->batch * p->heads_kv * row_groups);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(*p, chunk, group, rows, row_groups);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p->num_splits == 1) return err;
+  return lab::decode::launch_splitk_combine<T, kHeadDim>(p, stream, use_pdl);
+}
+
+template <typename T, bool kPaged>
+int dispatch_head_dim(const DecodeParams* p, cudaStream_t stream, int chunk, int group, int rows, int row_groups,
+                      int device, bool use_pdl) {
+  return p->head_dim == 128
+             ? launch_typed<T, 128, 3, kPaged>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
+             : launch_typed<T, 64, 4, kPaged>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
+}
+
+// The paged fields, when there is a block table (LAB_E_SHAPE / LAB_E_WORKSPACE otherwise).
+int check_paged(const DecodeParams* p) {
+  if (p->block_table == nullptr) return 0;
+  if (p->page_errors == nullptr) return LAB_E_WORKSPACE;
+  if (p->page_size <= 0 || p->page_size % 16 != 0 || p->num_pages < 0 || p->max_pages < 0 ||
+      p->block_table_stride < p->max_pages ||
+      static_cast<int64_t>(p->max_pages) * p->page_size != p->seqlen_cache)
+    return LAB_E_SHAPE;
+  return 0;
+}
+
+constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/splits.py BLOCK_N: chunks are whole tiles
+
+}  // namespace
+
+extern "C" int decode_paged_v03(const DecodeParams* p, void* stream_ptr) {
+  static_assert(kKeyBlock == PagedConfig<128, 3>::kBlockN && kKeyBlock == PagedConfig<64, 4>::kBlockN,
+                "chunk rounding must match the kernel's key block");
+  if (p == nullptr) return LAB_E_SHAPE;
+  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
+  if (p->batch < 0 || p->q_len < 0 || p->heads_q < 0 || p->heads_kv <= 0 || p->seqlen_cache < 0 ||
+      p->num_splits < 1 || p->num_splits > LAB_MAX_NUM_SPLITS || p->heads_q % p->heads_kv != 0)
+    return LAB_E_SHAPE;
+  if (const int rc = check_paged(p)) return rc;
+  if (p->batch == 0 || p->q_len == 0 || p->heads_q == 0) return 0;
+  if (p->num_splits > 1 && (p->partial_o == nullptr || p->partial_lse == nullptr)) return LAB_E_WORKSPACE;
+  if (!lab::aligned16(p->q) || !lab::aligned16(p->k_cache) || !lab::aligned16(p->v_cache) ||
+      !lab::aligned16(p->o) || !lab::strides_ok(p->q_stride) || !lab::strides_ok(p->k_stride) ||
+      !lab::strides_ok(p->v_stride) || !lab::strides_ok(p->o_stride))
+    return LAB_E_SHAPE;
+  const int group = p->heads_q / p->heads_kv;
+  const int64_t rows_total = static_cast<int64_t>(group) * p->q_len;
+  if (rows_total > (1 << 20)) return LAB_E_SHAPE;
+  const int row_groups = static_cast<int>((rows_total + 15) / 16);
+  if (static_cast<int64_t>(p->num_splits) * p->batch * p->heads_kv * row_groups > lab::kMaxGridX) return LAB_E_SHAPE;
+
+  const int per_split = (p->seqlen_cache + p->num_splits - 1) / p->num_splits;
+  const int chunk = (per_split + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+  const int device = lab::current_device();
+  int major = 0;
+  const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device < 0 ? 0 : device);
+  if (err != cudaSuccess) return err;
+  const bool use_pdl = major >= 9;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const int rows = static_cast<int>(rows_total);
+  const bool paged = p->block_table != nullptr;
+  if (p->dtype == LAB_FP16)
+    return paged ? dispatch_head_dim<__half, true>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
+                 : dispatch_head_dim<__half, false>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
+  return paged ? dispatch_head_dim<__nv_bfloat16, true>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
+               : dispatch_head_dim<__nv_bfloat16, false>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
+}
