@@ -158,14 +158,14 @@ def ring_attention(q, k, v, is_causal: bool = False, group=None, attend=None, se
     kv = torch.stack([k, v])
     peers = tuple(dist.get_global_rank(group, r) if group else r for r in ((rank + 1) % world, (rank - 1) % world))
     stream = comm_stream(q.device) if q.is_cuda and communicate else None
-    if stream is not None:
-        stream.wait_stream(torch.cuda.current_stream())  # the first send reads kv, made on this stream
     current = torch.cuda.current_stream() if q.is_cuda else None
     for step in range(world):
         owner = (rank - step) % world  # whose shard is here now
         pending = None
         if step < world - 1:  # the next shard to arrive is owner - 1's; uneven shards differ in length
             n_next = sum(e - b for b, e in shard_chunks(seqlen, world, (owner - 1) % world, is_causal))
+            if stream is not None and (step == 0 or not overlap):  # the first send reads kv, made on this
+                stream.wait_stream(current)  # stream; serial: no transfer starts before the last compute ends
             pending = transfer(kv, n_next, peers, group, step, clock, stream, communicate)
             if not overlap:
                 pending.wait()

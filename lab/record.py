@@ -7,6 +7,8 @@ A run only ever appends to its own file; it never opens another run's rows for w
 
 Every row carries: kind, chapter, session, timestamp, commit, and the environment fingerprint
 (GPU, SM, driver, CUDA, torch, nvcc). Kernel rows add version, source hash, case, timing, ratios, check.
+Multi-GPU rows carry world_size (filled in from torchrun's WORLD_SIZE when a rank writes) and, where they
+measure scaling, efficiency (scaling_efficiency).
 
 This module is the one writer (`append`) and the one reader (`read`, `load`) of records.jsonl. The reader
 skips a torn line (a killed process, a full disk) with a warning naming file:line instead of raising, so
@@ -107,8 +109,15 @@ def append(row: dict, chapter: str | None = None, folder: Path | None = None, en
         "env": env if env is not None else fingerprint(),
         **row,
     }
+    if "world_size" not in full and os.environ.get("WORLD_SIZE", "").isdigit() and "RANK" in os.environ:
+        full["world_size"] = int(os.environ["WORLD_SIZE"])  # a torchrun rank's row
     files.append_line(folder / RECORDS, json.dumps(full, default=_jsonable))
     return full
+
+
+def scaling_efficiency(single_ms: float, world_ms: float, world_size: int) -> float:
+    """(time on one device) / (world_size x time on world_size devices): 1.0 is perfect scaling."""
+    return single_ms / (world_size * world_ms)
 
 
 def _jsonable(value):
