@@ -64,9 +64,11 @@ class Run:
         self.label = "GPU, CUDA events, NCCL" if self.cuda else "CPU wall-clock, gloo"
 
     def write(self, row: dict) -> None:
-        if self.rank == 0:
+        if self.rank == 0:  # a CPU run on a GPU machine is still a CPU row (gates never count it)
+            env = record.fingerprint() if self.cuda else {**record.fingerprint(), "gpu": "cpu", "capability": None,
+                                                          "sms": None, "driver": None}
             record.append({"impl": IMPL, "world_size": self.world, "tag": self.tag, "timer": self.label, **row},
-                          chapter=CHAPTER)
+                          chapter=CHAPTER, env=env)
 
     def say(self, text: str) -> None:
         if self.rank == 0:
@@ -205,8 +207,9 @@ def comm(run: Run) -> None:
     for mode, kw in modes.items():
         call = lambda kw=kw, **extra: ring.ring_attention(*shards, is_causal=True, seqlen=S, **kw, **extra)  # noqa: E731
         times[mode] = run.timed(call, run.preset.reps)
-        clock = ring.StepClock(run.cuda)
         run.dist.barrier()
+        run.sync()
+        clock = ring.StepClock(run.cuda)
         call(clock=clock)
         lines[mode] = run.gather(clock.steps())
     kv_bytes = 2 * shards[1].numel() * shards[1].element_size()
