@@ -280,7 +280,7 @@ std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tens
 
 std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
                             c10::optional<at::Tensor> cache_seqlens, at::Tensor partial_o, at::Tensor partial_lse,
-                            c10::optional<at::Tensor> lse, double scale, int64_t num_splits) {
+                            c10::optional<at::Tensor> lse, double scale, int64_t num_splits, bool causal = false) {
   int dtype = 0;
   LAB_TRY(check_call(q, k, v, o, "key_cache", "value_cache", scale, &dtype));
   LAB_REQUIRE(num_splits >= 1 && num_splits <= LAB_MAX_NUM_SPLITS, "num_splits must be in [1, ", LAB_MAX_NUM_SPLITS,
@@ -325,11 +325,126 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
   p.num_splits = static_cast<int>(num_splits);
   p.scale = static_cast<float>(scale);
   p.dtype = dtype;
+  p.causal = causal;  // bottom-right; only decode v03 reads it (lab.ops sends causal calls nowhere else)
 #ifdef LAB_BINDING_CPU_CHECKS
   (void)launcher;
 #else
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
   LAB_TRY(launch_error(reinterpret_cast<DecodeLauncher>(launcher)(&p, stream), "decode kernel"));
+#endif
+  finish(o, ow);
+  return "";
+}
+
+// Paged decode (decode v03): caches (num_pages, page_size, H_kv, D), block_table (B, max_pages) int32,
+// page_errors (B,) int32 that the kernel writes every call (0, or LAB_PAGE_E_* bits: that sequence's output
+// is 0). The table's contents and cache_seqlens' values are never read here (graph capture; the kernel
+// checks them on the device).
+std::string check_paged_cache(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  LAB_REQUIRE(on_gpu(t) && t.device() == q.device(), name, " must be a CUDA tensor on query's device ", q.device(),
+              ", got ", t.device());
+  LAB_REQUIRE(t.dim() == 4, name, " must be 4-D (num_pages, page_size, H_kv, D) with a block_table, got ", t.dim(),
+              "-D");
+  LAB_REQUIRE(t.scalar_type() == q.scalar_type(), name, " has dtype ", t.scalar_type(), " but query has ",
+              q.scalar_type());
+  for (int i = 0; i < 4; ++i)
+    LAB_REQUIRE(t.size(i) <= kIntMax, name, ".size(", i, ") = ", t.size(i), " does not fit the kernels' int sizes");
+  return "";
+}
+
+std::string check_paged(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                        const at::Tensor& table, const at::Tensor& errors) {
+  LAB_TRY(check_bhsd(q, "query", q));
+  LAB_TRY(check_bhsd(o, "out", q));
+  LAB_TRY(check_paged_cache(k, "key_cache", q));
+  LAB_TRY(check_paged_cache(v, "value_cache", q));
+  LAB_REQUIRE(k.sizes() == v.sizes(), "key_cache and value_cache shapes differ: ", k.sizes(), " vs ", v.sizes());
+  LAB_REQUIRE(k.size(0) > 0, "key_cache has no pages (num_pages = 0)");
+  LAB_REQUIRE(k.size(1) > 0 && k.size(1) % 16 == 0, "page_size (key_cache.size(1)) must be a positive multiple of 16, got ",
+              k.size(1));
+  LAB_REQUIRE(q.size(3) > 0, "query head dim must be positive, got ", q.size(3));
+  LAB_REQUIRE(k.size(3) == q.size(3), "key_cache has head dim ", k.size(3), " but query has ", q.size(3));
+  LAB_REQUIRE(k.size(2) > 0, "key_cache must have at least one head, got ", k.size(2));
+  LAB_REQUIRE(q.size(1) % k.size(2) == 0, "query heads (", q.size(1), ") must be a multiple of key_cache heads (",
+              k.size(2), ")");
+  LAB_REQUIRE(o.sizes() == q.sizes(), "out must have the query's shape ", q.sizes(), ", got ", o.sizes());
+  LAB_REQUIRE(on_gpu(table) && table.device() == q.device(), "block_table must be a CUDA tensor on query's device ",
+              q.device(), ", got ", table.device());
+  LAB_REQUIRE(table.scalar_type() == at::kInt && table.dim() == 2 && table.size(0) == q.size(0),
+              "block_table must be an int32 tensor of shape (", q.size(0), ", max_pages), got ", table.scalar_type(),
+              " of shape ", table.sizes());
+  LAB_REQUIRE(table.size(1) <= 1 || table.stride(1) == 1, "block_table rows must be contiguous (stride(1) == 1)");
+  LAB_REQUIRE(table.size(1) * k.size(1) <= kIntMax, "block_table capacity max_pages * page_size = ",
+              table.size(1) * k.size(1), " does not fit the kernels' int key offsets");
+  LAB_REQUIRE(on_gpu(errors) && errors.device() == q.device() && errors.scalar_type() == at::kInt &&
+                  errors.is_contiguous() && errors.numel() == q.size(0),
+              "page_errors must be a contiguous int32 CUDA tensor of ", q.size(0), " elements on query's device, got ",
+              errors.scalar_type(), " of shape ", errors.sizes(), " on ", errors.device());
+  return "";
+}
+
+std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
+                              c10::optional<at::Tensor> cache_seqlens, at::Tensor table, at::Tensor errors,
+                              at::Tensor partial_o, at::Tensor partial_lse, double scale, int64_t num_splits,
+                              bool causal) {
+  int dtype = 0;
+  LAB_TRY(check_paged(q, k, v, o, table, errors));
+  LAB_TRY(dtype_code(q, &dtype));
+  LAB_TRY(check_scale(scale));
+  LAB_REQUIRE(num_splits >= 1 && num_splits <= LAB_MAX_NUM_SPLITS, "num_splits must be in [1, ", LAB_MAX_NUM_SPLITS,
+              "], got ", num_splits);
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2);
+  const int64_t capacity = table.size(1) * k.size(1);
+  LAB_REQUIRE(rows * num_splits * q.size(3) <= kIntMax, "num_splits = ", num_splits,
+              " is too large for this shape: B*Hq*q_len*num_splits*D = ", rows * num_splits * q.size(3),
+              " must fit in int32");
+  LAB_REQUIRE(capacity + 64 * num_splits <= kIntMax, "block_table capacity ", capacity, " with num_splits = ",
+              num_splits, " overflows the kernels' int key offsets");
+  DecodeParams p{};
+  if (cache_seqlens.has_value()) {
+    const at::Tensor& s = *cache_seqlens;
+    LAB_REQUIRE(on_gpu(s) && s.device() == q.device(), "cache_seqlens must be a CUDA tensor on query's device ",
+                q.device(), ", got ", s.device());
+    LAB_REQUIRE(s.scalar_type() == at::kInt && s.is_contiguous() && s.dim() == 1 && s.numel() == q.size(0),
+                "cache_seqlens must be a contiguous int32 tensor of shape (", q.size(0), ",), got ", s.scalar_type(),
+                " of shape ", s.sizes());
+    p.cache_seqlens = s.data_ptr<int32_t>();
+  }
+  LAB_TRY(float_buffer(partial_o, "partial_o", q, rows * num_splits * q.size(3), false, &p.partial_o));
+  LAB_TRY(float_buffer(partial_lse, "partial_lse", q, rows * num_splits, false, &p.partial_lse));
+  at::Tensor ow;
+  LAB_TRY(writable(o, {{&q, "query"}, {&k, "key_cache"}, {&v, "value_cache"}}, &ow));
+  if (q.numel() == 0) return "";
+#ifndef LAB_BINDING_CPU_CHECKS
+  c10::cuda::CUDAGuard guard(q.device());
+#endif
+  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
+  p.q = qr.data_ptr();
+  p.k_cache = kr.data_ptr();
+  p.v_cache = vr.data_ptr();
+  p.o = ow.data_ptr();
+  copy_all_strides(p, qr, kr, vr, ow);  // caches: (page, key in page, head) strides
+  p.batch = q.size(0);
+  p.heads_q = q.size(1);
+  p.heads_kv = k.size(2);
+  p.q_len = q.size(2);
+  p.seqlen_cache = static_cast<int>(capacity);
+  p.head_dim = q.size(3);
+  p.num_splits = static_cast<int>(num_splits);
+  p.scale = static_cast<float>(scale);
+  p.dtype = dtype;
+  p.causal = causal;
+  p.block_table = table.data_ptr<int32_t>();
+  p.block_table_stride = table.size(0) > 1 ? table.stride(0) : table.size(1);
+  p.page_errors = errors.data_ptr<int32_t>();
+  p.num_pages = static_cast<int>(k.size(0));
+  p.page_size = static_cast<int>(k.size(1));
+  p.max_pages = static_cast<int>(table.size(1));
+#ifdef LAB_BINDING_CPU_CHECKS
+  (void)launcher;
+#else
+  auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  LAB_TRY(launch_error(reinterpret_cast<DecodeLauncher>(launcher)(&p, stream), "paged decode kernel"));
 #endif
   finish(o, ow);
   return "";
@@ -440,6 +555,32 @@ std::tuple<std::string, at::Tensor> decode_call(int64_t launcher, at::Tensor q, 
   return {error, o};
 }
 
+// Decode v03 as lab.ops calls it: paged when block_table is given (page_errors: the caller's (B,) int32 flags, or
+// allocated here), else the contiguous cache; causal is bottom-right. Returns (error, out, page_errors or None).
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_call(
+    int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> cache_seqlens,
+    c10::optional<at::Tensor> block_table, c10::optional<at::Tensor> page_errors, double scale, int64_t num_splits,
+    bool causal) {
+  if (q.dim() != 4) return {msg("query must be 4-D (B, H, S, D), got ", q.sizes()), at::Tensor(), c10::nullopt};
+  if (num_splits < 1 || num_splits > LAB_MAX_NUM_SPLITS)
+    return {msg("num_splits must be in [1, ", LAB_MAX_NUM_SPLITS, "], got ", num_splits), at::Tensor(), c10::nullopt};
+  at::Tensor o = at::empty(q.sizes(), q.options());
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2) * num_splits;
+  at::Tensor work = at::empty({rows * (q.size(3) + 1)}, q.options().dtype(at::kFloat));
+  at::Tensor partial_o = work.narrow(0, 0, rows * q.size(3));
+  at::Tensor partial_lse = work.narrow(0, rows * q.size(3), rows);
+  if (!block_table.has_value()) {
+    if (page_errors.has_value()) return {"page_errors needs a block_table (a paged cache)", at::Tensor(), c10::nullopt};
+    std::string error = decode_fwd_impl(launcher, q, k, v, o, cache_seqlens, partial_o, partial_lse, c10::nullopt,
+                                        scale, num_splits, causal);
+    return {error, o, c10::nullopt};
+  }
+  at::Tensor errors = page_errors.has_value() ? *page_errors : at::empty({q.size(0)}, q.options().dtype(at::kInt));
+  std::string error = decode_paged_impl(launcher, q, k, v, o, cache_seqlens, *block_table, errors, partial_o,
+                                        partial_lse, scale, num_splits, causal);
+  return {error, o, errors};
+}
+
 // Backward: returns (error, dq, dk, dv); the tensors are undefined (None) when error is not empty.
 std::tuple<std::string, at::Tensor, at::Tensor, at::Tensor> attn_bwd_call(
     int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o, at::Tensor lse,
@@ -455,5 +596,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_fwd", &decode_fwd, "split-K decoding through a launcher address");
   m.def("attn_call", &attn_call, "forward attention, output allocated here: (error, out, lse)");
   m.def("decode_call", &decode_call, "split-K decoding, output and workspaces allocated here: (error, out)");
+  m.def("decode_paged_call", &decode_paged_call,
+        "decode v03 (paged or contiguous, bottom-right causal), allocated here: (error, out, page_errors)");
   m.def("attn_bwd_call", &attn_bwd_call, "backward attention, gradients allocated here: (error, dq, dk, dv)");
 }

@@ -27,7 +27,9 @@ FWD = {
 DECODE = {
     "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
     "v02": Kernel("decode/v02_mma.cu", "decode_splitk_v02", (64, 128)),
+    "v03": Kernel("decode/v03_paged.cu", "decode_paged_v03", (64, 128)),
 }
+PAGED_DECODE = ("v03",)  # decode versions with a block table (paged cache) and the bottom-right causal mask
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 MAX_DECODE_Q_LEN = 16
 FLOAT32_MAX = 3.4028234663852886e38
@@ -271,10 +273,18 @@ def _(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version):
 
 def _check_decode(query, key_cache, value_cache, cache_seqlens):
     _check_qkv(query, key_cache, value_cache, "key_cache", "value_cache")
+    _check_q_len(query)
+    _check_heads(query, key_cache, True, "key_cache")
+    return _check_seqlens(query, cache_seqlens)
+
+
+def _check_q_len(query):
     if not 1 <= query.shape[2] <= MAX_DECODE_Q_LEN:
         raise ValueError(f"query length must be 1..{MAX_DECODE_Q_LEN} tokens for decode, got {query.shape[2]} "
                          f"(use lab.ops.attention for prefill)")
-    _check_heads(query, key_cache, True, "key_cache")
+
+
+def _check_seqlens(query, cache_seqlens):
     if cache_seqlens is None:
         return None
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype not in (torch.int32, torch.int64):
@@ -311,7 +321,7 @@ def _decode_plan(query, key_cache, version, num_splits) -> tuple[str, int]:
 
 
 def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | None = None, num_splits=None,
-           version=None):
+           version=None, *, block_table=None, is_causal: bool = False, page_errors=None):
     """Split-K decoding: q_len (1..16) new tokens per sequence attend to a KV cache (B, H_kv, S_cache, D).
 
     cache_seqlens (B,) int32 on the device: sequence b sees only its first cache_seqlens[b] keys (None: all
@@ -321,11 +331,171 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     H_q must be a multiple of H_kv (GQA/MQA is implied, as in serving).
     num_splits: None uses the memoised split plan (lab.splits.split_plan) for this GPU; an int in
     [1, MAX_NUM_SPLITS] overrides it.
+
+    Paged cache (decode v03): with block_table (B, max_pages) int32, key_cache and value_cache are
+    (num_pages, page_size, H_kv, D), the layout of vLLM and flash_attn_with_kvcache, page_size a multiple of
+    16; key j of sequence b is row j % page_size of page block_table[b, j // page_size]. Lengths are clamped
+    to [0, max_pages * page_size] (None: every sequence that long). The split plan is chosen from shapes
+    only (max_pages * page_size), so the call can be captured in a CUDA graph and replayed with new
+    cache_seqlens and block_table contents. Bad tables are found on the device and never read out of
+    bounds: a sequence with a page index outside [0, num_pages) among its keys, or with cache_seqlens[b] >
+    max_pages * page_size, gets a zero output and a flag (lab.emulate_paged.PAGE_E_*). page_errors, an int32
+    (B,) CUDA tensor, receives the flags with no host sync (serving loops, graphs); without it an eager call
+    reads them after the kernel (one sync) and raises ValueError naming the sequences; under graph capture
+    or torch.compile they are not read.
+    is_causal (q_len > 1, contiguous or paged): bottom-right, as FlashAttention's decode: token i of q_len
+    sees keys [0, len - q_len + i], so the last token sees the whole cache (lab.ops.attention's is_causal is
+    SDPA's top-left); a token with no key left gets zeros. Causal calls run decode v03.
     """
+    if block_table is not None or page_errors is not None or is_causal is not False:
+        return _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version, block_table,
+                           is_causal, page_errors)
     seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens)
     name, splits = _decode_plan(query, key_cache, version, num_splits)
     op = _decode_impl if _direct(query, key_cache, value_cache) else _decode_op
     return op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
+
+
+# ------------------------------------------------------------------ decode v03: paged cache, causal
+
+def _check_paged(query, key_cache, value_cache, block_table, page_errors):
+    """The paged call's checks (the binding's check_paged, in Python's exception types); returns the block
+    table as the kernel reads it (rows contiguous)."""
+    _check_tensor(query, "query")
+    _check_q_len(query)
+    for t, name in ((key_cache, "key_cache"), (value_cache, "value_cache")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != query.dtype:
+            raise TypeError(f"{name}.dtype ({t.dtype}) must match query.dtype ({query.dtype})")
+        if t.device != query.device:
+            raise ValueError(f"{name} is on {t.device} but query is on {query.device}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (num_pages, page_size, H_kv, D) with a block_table, got shape "
+                             f"{tuple(t.shape)}")
+        if t.stride(3) != 1 and t.numel():
+            raise ValueError(f"{name} must have a contiguous last dimension; call {name}.contiguous()")
+    num_pages, page_size, heads_kv, head_dim = key_cache.shape
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(f"key_cache and value_cache shapes differ: {tuple(key_cache.shape)} vs {tuple(value_cache.shape)}")
+    if page_size <= 0 or page_size % 16:
+        raise ValueError(f"page_size (key_cache.shape[1]) must be a positive multiple of 16, got {page_size}")
+    if num_pages == 0:
+        raise ValueError("key_cache has no pages (num_pages = 0)")
+    if head_dim != query.shape[3]:
+        raise ValueError(f"key_cache has head dim {head_dim} but query has {query.shape[3]}")
+    if heads_kv == 0 or query.shape[1] % heads_kv:
+        raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of key_cache heads ({heads_kv})")
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must be an int32 tensor of shape (B, max_pages), got "
+                        f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+    if block_table.dim() != 2 or block_table.shape[0] != query.shape[0]:
+        raise ValueError(f"block_table must have shape ({query.shape[0]}, max_pages), got {tuple(block_table.shape)}")
+    if block_table.device != query.device:
+        raise ValueError(f"block_table is on {block_table.device} but query is on {query.device}")
+    if block_table.shape[1] * page_size > 2**31 - 1 - 64 * MAX_NUM_SPLITS:
+        raise ValueError(f"block_table capacity max_pages * page_size = {block_table.shape[1] * page_size} "
+                         f"overflows the kernel's int32 key offsets")
+    if page_errors is not None:
+        if not isinstance(page_errors, torch.Tensor) or page_errors.dtype != torch.int32:
+            raise TypeError("page_errors must be an int32 tensor of shape (B,)")
+        if page_errors.shape != (query.shape[0],) or page_errors.device != query.device or \
+                not page_errors.is_contiguous():
+            raise ValueError(f"page_errors must be a contiguous ({query.shape[0]},) tensor on {query.device}, got "
+                             f"{tuple(page_errors.shape)} on {page_errors.device}")
+    return block_table if block_table.shape[1] <= 1 or block_table.stride(1) == 1 else block_table.contiguous()
+
+
+def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits) -> tuple[str, int]:
+    """(version, splits) of a paged or causal call, memoised like _decode_plan; the plan is v02's (one block
+    per SM), over the cache capacity: for a paged cache max_pages * page_size, known without a host sync."""
+    key = ("v03", query.shape, heads_kv, capacity, query.device, version, num_splits)
+    plan = _decode_plans.get(key)
+    if plan is None:
+        if version is not None and _version(version, DECODE, query.shape[-1], ()) not in PAGED_DECODE:
+            raise ValueError(f"decode version {version!r} has no block table or causal mask; use one of "
+                             f"{list(PAGED_DECODE)} or version=None")
+        name = _version(version, DECODE, query.shape[-1], PAGED_DECODE)
+        # decode v03's pass 1 is v02's with another address: v02's plan
+        plan = (name, _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device, "v02"))
+        if len(_decode_plans) >= 4096:
+            _decode_plans.clear()
+        _decode_plans[key] = plan
+    return plan
+
+
+_paged_call: list = []  # the binding's decode_paged_call with its error string raised (lab.build.Binding's rule)
+
+
+def _v03_impl(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, scale: float, num_splits: int,
+              is_causal: bool, version: str):
+    if not _paged_call:
+        _paged_call.append(build._raising(build.binding().module.decode_paged_call))
+    out, errors = _paged_call[0](launcher(DECODE, version), query, key_cache, value_cache, cache_seqlens, block_table,
+                                 page_errors, scale, num_splits, is_causal)
+    return out, errors
+
+
+@torch.library.custom_op("lab::decode_paged", mutates_args=("page_errors",))
+def _v03_op(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
+            block_table: torch.Tensor | None, page_errors: torch.Tensor | None, scale: float, num_splits: int,
+            is_causal: bool, version: str) -> torch.Tensor:
+    return _v03_impl(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, scale, num_splits,
+                     is_causal, version)[0]
+
+
+@_v03_op.register_fake
+def _(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, scale, num_splits, is_causal, version):
+    return query.new_empty(query.shape)
+
+
+def raise_page_errors(errors) -> None:
+    """ValueError naming every sequence whose page_errors flag is set (reads the flags: one host sync)."""
+    if errors is None or not bool(errors.any()):
+        return
+    from .emulate_paged import ERROR_NAMES
+
+    rows = errors.nonzero().flatten().tolist()
+    bits = errors[rows].tolist()
+    named = [f"{b} ({' and '.join(text for bit, text in ERROR_NAMES.items() if value & bit)})" for b, value in zip(rows, bits)]
+    raise ValueError(f"block_table is bad for sequence(s) {', '.join(named)}: their outputs are zero. (Pass "
+                     f"page_errors=<int32 (B,) tensor> to receive these flags without a host sync.)")
+
+
+def _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version, block_table, is_causal,
+                page_errors):
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if block_table is None:
+        if page_errors is not None:
+            raise ValueError("page_errors goes with block_table (a paged cache)")
+        seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens)
+        heads_kv, capacity = key_cache.shape[1], key_cache.shape[2]
+        if query.shape[2] == 1 and version is None:  # one token sees its whole cache: no mask, v01/v02's call
+            return decode(query, key_cache, value_cache, cache_seqlens, scale, num_splits)
+    else:
+        block_table = _check_paged(query, key_cache, value_cache, block_table, page_errors)
+        seqlens = _check_seqlens(query, cache_seqlens)
+        heads_kv, capacity = key_cache.shape[2], block_table.shape[1] * key_cache.shape[1]
+    name, splits = _v03_plan(query, heads_kv, capacity, version, num_splits)
+    scale = _scale(scale, query.shape[-1])
+    if _direct(query, key_cache, value_cache):
+        out, errors = _v03_impl(query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits,
+                                is_causal, name)
+        if block_table is not None and page_errors is None and not torch.cuda.is_current_stream_capturing():
+            raise_page_errors(errors)
+        return out
+    # traced (torch.compile, fake tensors): the flags go to page_errors when given, else nowhere (no host read)
+    return _v03_op(query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits, is_causal, name)
+
+
+def decode_v03_writer(block_table=None, page_errors=None, is_causal: bool = False, num_splits=None):
+    """For lab.check and lab.paged: run(q, k, v, seqlens, scale, out) writes decode v03 into `out` (paged when
+    block_table is given; page_errors, if given, receives the flags)."""
+    def run(q, k, v, seqlens, scale, out):
+        out.copy_(decode(q, k, v, seqlens, scale, num_splits, "v03", block_table=block_table, is_causal=is_causal,
+                         page_errors=page_errors if block_table is not None else None))
+    return run
 
 
 def _workspaces(q, splits: int):

@@ -1,0 +1,140 @@
+"""lab.ops.decode's paged and causal paths on CPU: argument checks (TypeError/ValueError naming the argument),
+routing to decode v03, the split plan from shapes only, the fake implementation, the flags' error message.
+
+Tensors "on CUDA" come from FakeTensorMode (as in tests/test_ops.py): validation runs in full, then the
+registered fake kernel; nothing is built or launched.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from lab import emulate_paged, ops
+
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+@pytest.fixture
+def fake():
+    with FakeTensorMode():
+        yield lambda *shape, dtype=BF16: torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+def _paged(fake, B=3, Hq=8, Hkv=2, q_len=4, num_pages=40, page_size=64, max_pages=10, D=128):
+    q = fake(B, Hq, q_len, D)
+    kc, vc = fake(num_pages, page_size, Hkv, D), fake(num_pages, page_size, Hkv, D)
+    table = fake(B, max_pages, dtype=torch.int32)
+    return q, kc, vc, table
+
+
+def test_registry_and_op():
+    assert ops.DECODE["v03"].source == "decode/v03_paged.cu" and ops.PAGED_DECODE == ("v03",)
+    assert "lab::decode_paged" in str(torch.ops.lab.decode_paged.default._schema)
+
+
+def test_paged_fake_shapes(fake):
+    q, kc, vc, table = _paged(fake)
+    seqlens = fake(3, dtype=torch.int32)
+    out = ops.decode(q, kc, vc, seqlens, block_table=table, is_causal=True)
+    assert out.shape == q.shape and out.dtype == BF16
+    errors = fake(3, dtype=torch.int32)
+    assert ops.decode(q, kc, vc, None, block_table=table, page_errors=errors).shape == q.shape
+    out = torch.ops.lab.decode_paged(q, kc, vc, seqlens, table, errors, 0.1, 2, True, "v03")
+    assert out.shape == q.shape
+    k = fake(3, 2, 500, 128)  # contiguous causal (q_len > 1) runs v03 too, with no table and no flags
+    assert torch.ops.lab.decode_paged(q, k, k, None, None, None, 0.1, 1, True, "v03").shape == q.shape
+    assert ops.decode(q, k, k, is_causal=True).shape == q.shape
+
+
+@pytest.mark.parametrize("change, error, pattern", [
+    (lambda a, f: {"kc": f(40, 56, 2, 128), "vc": f(40, 56, 2, 128)}, ValueError, r"page_size \(key_cache.shape\[1\]\) must be a positive multiple of 16, got 56"),
+    (lambda a, f: {"kc": f(40, 8, 2, 128), "vc": f(40, 8, 2, 128)}, ValueError, r"multiple of 16, got 8"),
+    (lambda a, f: {"kc": f(0, 64, 2, 128), "vc": f(0, 64, 2, 128)}, ValueError, r"key_cache has no pages"),
+    (lambda a, f: {"vc": f(40, 64, 2, 128, dtype=F16)}, TypeError, r"value_cache.dtype \(torch.float16\) must match query.dtype"),
+    (lambda a, f: {"kc": f(40, 64, 2, 128, dtype=F16)}, TypeError, r"key_cache.dtype \(torch.float16\) must match"),
+    (lambda a, f: {"vc": f(41, 64, 2, 128)}, ValueError, r"key_cache and value_cache shapes differ"),
+    (lambda a, f: {"kc": f(40, 64, 3, 128), "vc": f(40, 64, 3, 128)}, ValueError, r"query heads \(8\) must be a multiple of key_cache heads \(3\)"),
+    (lambda a, f: {"kc": f(40, 64, 2, 64), "vc": f(40, 64, 2, 64)}, ValueError, r"key_cache has head dim 64 but query has 128"),
+    (lambda a, f: {"kc": f(40, 64, 256), "vc": f(40, 64, 256)}, ValueError, r"key_cache must be 4-D \(num_pages, page_size, H_kv, D\)"),
+    (lambda a, f: {"table": f(3, 10, dtype=torch.int64)}, TypeError, r"block_table must be an int32 tensor"),
+    (lambda a, f: {"table": [[0, 1]] * 3}, TypeError, r"block_table must be an int32 tensor"),
+    (lambda a, f: {"table": f(2, 10, dtype=torch.int32)}, ValueError, r"block_table must have shape \(3, max_pages\), got \(2, 10\)"),
+    (lambda a, f: {"table": f(30, dtype=torch.int32)}, ValueError, r"block_table must have shape \(3, max_pages\)"),
+    (lambda a, f: {"table": f(3, 2**26, dtype=torch.int32)}, ValueError, r"overflows the kernel's int32 key offsets"),
+    (lambda a, f: {"errors": f(3, dtype=torch.int64)}, TypeError, r"page_errors must be an int32 tensor"),
+    (lambda a, f: {"errors": f(4, dtype=torch.int32)}, ValueError, r"page_errors must be a contiguous \(3,\) tensor"),
+    (lambda a, f: {"seqlens": f(3, dtype=torch.float32)}, TypeError, r"cache_seqlens must be an int32 or int64 tensor"),
+    (lambda a, f: {"seqlens": f(4, dtype=torch.int32)}, ValueError, r"cache_seqlens must have shape \(3,\)"),
+    (lambda a, f: {"q": f(3, 8, 17, 128)}, ValueError, r"query length must be 1..16 tokens"),
+    (lambda a, f: {"causal": 1}, TypeError, r"is_causal must be a bool, got int"),
+    (lambda a, f: {"version": "v02"}, ValueError, r"decode version 'v02' has no block table or causal mask"),
+    (lambda a, f: {"version": "v09"}, ValueError, r"version='v09' is unknown"),
+], ids=lambda x: x.__name__ if callable(x) else None)
+def test_paged_bad_input(fake, change, error, pattern):
+    q, kc, vc, table = _paged(fake)
+    args = dict(q=q, kc=kc, vc=vc, table=table, seqlens=None, errors=None, causal=False, version=None)
+    args.update(change(args, fake))
+    with pytest.raises(error, match=pattern):
+        ops.decode(args["q"], args["kc"], args["vc"], args["seqlens"], version=args["version"],
+                   block_table=args["table"], is_causal=args["causal"], page_errors=args["errors"])
+
+
+def test_paged_rejects_cpu_and_mixed_devices(fake):
+    q, kc, vc, table = _paged(fake)
+    with pytest.raises(ValueError, match=r"block_table is on cpu but query is on cuda"):
+        ops.decode(q, kc, vc, block_table=torch.zeros(3, 10, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"query must be on a CUDA device"):
+        ops.decode(torch.zeros(3, 8, 1, 128, dtype=BF16), torch.zeros(4, 16, 2, 128, dtype=BF16),
+                   torch.zeros(4, 16, 2, 128, dtype=BF16), block_table=torch.zeros(3, 1, dtype=torch.int32))
+
+
+def test_page_errors_need_a_block_table(fake):
+    q, k = fake(3, 8, 2, 128), fake(3, 2, 100, 128)
+    with pytest.raises(ValueError, match=r"page_errors goes with block_table"):
+        ops.decode(q, k, k, page_errors=fake(3, dtype=torch.int32))
+
+
+def test_split_plan_from_the_table_capacity(fake, monkeypatch):
+    """The plan sees max_pages * page_size (shapes only: graph-safe), with v02's one-block-per-SM rule."""
+    seen = []
+    monkeypatch.setattr(ops, "_num_splits", lambda n, batch, heads, seqlen, device, version: seen.append(
+        (batch, heads, seqlen, version)) or 3)
+    ops._decode_plans.clear()
+    q, kc, vc, table = _paged(fake, max_pages=10, page_size=64)
+    ops.decode(q, kc, vc, block_table=table)
+    ops.decode(q, kc, vc, block_table=table)  # memoised: asked once
+    assert seen == [(3, 2, 640, "v02")]
+    ops.decode(q, fake(3, 2, 999, 128), fake(3, 2, 999, 128), is_causal=True)  # contiguous causal: S_cache
+    assert seen[-1] == (3, 2, 999, "v02")
+    ops._decode_plans.clear()
+
+
+def test_contiguous_causal_routing(fake, monkeypatch):
+    """q_len > 1 causal -> v03; q_len 1 causal is the unmasked call (v01/v02); no block table, no flags."""
+    calls = []
+    real = ops._v03_op
+    monkeypatch.setattr(ops, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
+    k = fake(3, 2, 300, 128)
+    ops.decode(fake(3, 8, 4, 128), k, k, is_causal=True)
+    assert calls == ["v03"]
+    ops.decode(fake(3, 8, 1, 128), k, k, is_causal=True)
+    assert calls == ["v03"]  # unchanged: the plain path
+
+
+def test_page_error_message_names_sequences_and_reasons():
+    ops.raise_page_errors(torch.zeros(4, dtype=torch.int32))  # all fine: no error
+    flags = torch.tensor([0, emulate_paged.PAGE_E_INDEX, 0, emulate_paged.PAGE_E_SHORT | emulate_paged.PAGE_E_INDEX],
+                         dtype=torch.int32)
+    with pytest.raises(ValueError) as info:
+        ops.raise_page_errors(flags)
+    text = str(info.value)
+    assert "sequence(s) 1 (a page index outside [0, num_pages))" in text
+    assert "3 (a page index outside [0, num_pages) and cache_seqlens longer than the block table" in text
+    assert "page_errors=" in text and "outputs are zero" in text
+
+
+def test_emulation_flag_values_match_the_kernel_header():
+    header = (ops.build.paths.KERNELS / "common" / "params.h").read_text()
+    assert f"#define LAB_PAGE_E_INDEX {emulate_paged.PAGE_E_INDEX}" in header
+    assert f"#define LAB_PAGE_E_SHORT {emulate_paged.PAGE_E_SHORT}" in header
