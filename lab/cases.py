@@ -154,15 +154,80 @@ def decode_tests_cases() -> list[DecodeCase]:
     return cases
 
 
+@dataclass(frozen=True)
+class PagedCase:
+    """A decode case on a paged cache (lab.ops.decode with block_table): the cache cut into page_size-key
+    pages behind a shuffled block table (lab.paged); causal is bottom-right (token i of q_len sees keys
+    [0, len - q_len + i])."""
+
+    name: str
+    B: int
+    Hq: int
+    Hkv: int
+    q_len: int
+    kv_len: int  # longest sequence; the table holds ceil(kv_len / page_size) pages per sequence
+    D: int = 128
+    dtype: str = "bfloat16"
+    seqlens: tuple = field(default=())
+    page_size: int = 64
+    causal: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def lengths(self) -> list[int]:
+        return list(self.seqlens) if self.seqlens else [self.kv_len] * self.B
+
+    @property
+    def label(self) -> str:
+        lens = "mixed" if self.seqlens else str(self.kv_len)
+        mask = " causal" if self.causal else ""
+        return f"B{self.B} Hq{self.Hq}/{self.Hkv} q{self.q_len} kv{lens} page{self.page_size} D{self.D} {self.dtype}{mask}"
+
+
+PAGE_SIZES = (16, 64, 256)
+
+
+def paged_tests_cases() -> list[PagedCase]:
+    """Issue 17's checks: page sizes 16/64/256, GQA 1/4/8, q_len 1/3/8, causal and not, ragged lengths
+    including 0 and 1 (and fewer keys than new tokens), fp16 and bf16, D 64 and 128."""
+    lens = (0, 1, 5, 63, 65, 1025, 4097)
+    cases = []
+    for i, (page, (Hq, Hkv), q_len, causal) in enumerate(
+            (p, g, t, c) for p in PAGE_SIZES for g in ((8, 8), (8, 2), (16, 2)) for t in (1, 3, 8) for c in (False, True)):
+        dtype, D = ("bfloat16", 128) if i % 2 == 0 else ("float16", 64)
+        name = f"pt-p{page}-{Hq}x{Hkv}-q{q_len}{'-c' if causal else ''}-d{D}-{dtype[:2]}"
+        cases.append(PagedCase(name, len(lens), Hq, Hkv, q_len, max(lens), D, dtype, lens, page, causal))
+    return cases
+
+
+def bench_paged_cases(dtype: str = "bfloat16", page_sizes=PAGE_SIZES, batches=(1, 8, 32), kv_lens=(4096, 16384, 32768),
+                      max_kv_bytes: int = DECODE_MAX_KV_BYTES) -> list[PagedCase]:
+    """The race of chapter n11: Hq 32 over Hkv 8, D 128, q_len 1, batch x length for each page size; plus
+    speculative decoding (q_len 4, causal) at page 64, batch 8."""
+    cases = []
+    for page in page_sizes:
+        for B in batches:
+            for L in kv_lens:
+                case = PagedCase(f"pg-p{page}-b{B}-kv{L}", B, 32, 8, 1, L, 128, dtype, (), page)
+                if 2 * B * case.Hkv * L * case.D * 2 <= max_kv_bytes:
+                    cases.append(case)
+    for L in kv_lens:
+        cases.append(PagedCase(f"pg-p64-b8-kv{L}-q4c", 8, 32, 8, 4, L, 128, dtype, (), 64, True))
+    return cases
+
+
 def decode_kv_bytes(case: DecodeCase) -> int:
     element = 2
     return 2 * sum(case.lengths()) * case.Hkv * case.D * element
 
 
 def by_name(name: str, **kwargs) -> list:
-    """Case sets by their published names: tests, seed, bench-fwd, bench-decode, decode-long, decode-tests."""
+    """Case sets by their published names: tests, seed, bench-fwd, bench-decode, decode-long, decode-tests,
+    paged-tests, bench-paged."""
     table = {"tests": tests_cases, "seed": seed_cases, "bench-fwd": bench_fwd_cases, "bench-fwd-fp16": bench_fwd_fp16_cases,
-             "bench-decode": bench_decode_cases, "decode-long": decode_long_cases, "decode-tests": decode_tests_cases}
+             "bench-decode": bench_decode_cases, "decode-long": decode_long_cases, "decode-tests": decode_tests_cases,
+             "paged-tests": paged_tests_cases, "bench-paged": bench_paged_cases}
     if name not in table:
         raise ValueError(f"unknown case set {name!r}; choose one of {sorted(table)}")
     return table[name](**kwargs)

@@ -138,3 +138,21 @@ def test_emulation_flag_values_match_the_kernel_header():
     header = (ops.build.paths.KERNELS / "common" / "params.h").read_text()
     assert f"#define LAB_PAGE_E_INDEX {emulate_paged.PAGE_E_INDEX}" in header
     assert f"#define LAB_PAGE_E_SHORT {emulate_paged.PAGE_E_SHORT}" in header
+
+
+def test_torch_layout_and_reference_agree_with_the_emulation():
+    """lab.paged builds the pages in torch (on CPU here); the NumPy emulation of decode v03 on those pages
+    equals lab.paged's float64 reference on the contiguous cache, and SDPA's yardstick is close to it."""
+    import numpy as np
+
+    from lab import cases, paged
+
+    for case in (cases.paged_tests_cases()[9], cases.paged_tests_cases()[-1]):  # page 16 causal fp16; page 256 bf16
+        a = paged.paged_inputs(case, torch.Generator().manual_seed(0), "cpu")
+        assert a["k_pages"].shape == (a["table"].numel() + paged.SPARE_PAGES, case.page_size, case.Hkv, case.D)
+        ref = paged.reference(a["q"], a["k"], a["v"], case.lengths(), case.causal)
+        out, _, errors, _ = emulate_paged.emulate_paged_decode(
+            *(a[n].float().numpy() for n in ("q", "k_pages", "v_pages")), a["table"].numpy(), case.lengths(), 3,
+            case.D ** -0.5, case.causal)
+        assert errors == [0] * case.B and np.abs(out - ref.numpy()).max() < 1e-12
+        assert (paged.yardstick(a["q"], a["k"], a["v"], case.lengths(), case.causal).double() - ref).abs().max() < 0.05

@@ -1,0 +1,131 @@
+"""GPU tests of decode v03 through lab.ops.decode: paged caches (shuffled tables, page sizes 16/64/256, GQA
+1/4/8, q_len 1-8, causal and not, ragged lengths with 0 and 1) against the float64 reference (lab.paged,
+lab.check's rule), the contiguous causal path, bad tables (zeroed rows and flags; eager ValueError), and CUDA
+graph replays with new lengths and tables. Marked `gpu`: skipped without CUDA (tests/conftest.py).
+
+Not yet run on a GPU (written without GPU time, 2026-11-22). Run: .venv/bin/python -m pytest -q tests/test_paged_gpu.py
+Under compute-sanitizer: bash tests/cuda/sanitize_paged.sh
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lab import cases, check, emulate_paged, ops, paged
+from lab.cases import PagedCase
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _isolated_records(session_dir):
+    return session_dir
+
+
+@pytest.mark.parametrize("case", cases.paged_tests_cases(), ids=lambda c: c.name)
+def test_paged_case(case):
+    result = paged.check_paged(case, save=False)
+    assert result.passed, repr(result)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 64, ops.MAX_NUM_SPLITS])
+@pytest.mark.parametrize("page_size", [16, 48, 256])
+def test_paged_split_counts(num_splits, page_size):
+    case = PagedCase(f"pg-splits-p{page_size}", 4, 8, 2, 4, 4097, 128, "bfloat16", (0, 1, 63, 4097), page_size, True)
+    result = paged.check_paged(case, num_splits=num_splits, save=False)
+    assert result.passed, (num_splits, repr(result))
+
+
+@pytest.mark.parametrize("q_len", [2, 5, 16])
+def test_contiguous_causal(q_len):
+    """No block table, is_causal with q_len > 1: decode v03 on the contiguous cache, bottom-right."""
+    case = PagedCase("contig-causal", 5, 8, 2, q_len, 300, 64, "float16", (0, 1, 3, 130, 300))
+    a = paged.paged_inputs(case, torch.Generator().manual_seed(q_len), "cuda")
+    out = ops.decode(a["q"], a["k"], a["v"], a["seqlens"], is_causal=True)
+    ref = paged.reference(a["q"], a["k"], a["v"], case.lengths(), True)
+    metrics = check.compare(out, ref, paged.yardstick(a["q"], a["k"], a["v"], case.lengths(), True))
+    assert metrics["passed"], metrics
+
+
+def _bad_table_inputs(seed=0):
+    case = PagedCase("pg-bad", 6, 8, 2, 3, 512, 128, "bfloat16", (512, 512, 100, 40, 513, 512), 16, True)
+    a = paged.paged_inputs(case, torch.Generator().manual_seed(seed), "cuda")
+    table = a["table"].clone()
+    num_pages = a["k_pages"].shape[0]
+    table[1, 5] = num_pages           # one past the pool, inside sequence 1
+    table[2, 0] = -7                  # negative
+    table[3, 9] = 2**31 - 1           # out of range but past sequence 3's 40 keys (3 slots): never read
+    a["seqlens"][4] = 32 * 16 + 1     # one key more than the 32-slot table holds
+    return case, a, table
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_out_of_range_tables_zero_the_rows_and_flag_them(num_splits):
+    case, a, table = _bad_table_inputs()
+    flags = torch.full((case.B,), -1, dtype=torch.int32, device="cuda")
+    out = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], None, num_splits, block_table=table,
+                     is_causal=True, page_errors=flags)
+    E, S = emulate_paged.PAGE_E_INDEX, emulate_paged.PAGE_E_SHORT
+    assert flags.tolist() == [0, E, E, 0, S, 0]
+    assert (out[[1, 2, 4]] == 0).all() and torch.isfinite(out).all()
+    good = [0, 3, 5]
+    lengths = [case.lengths()[b] for b in good]
+    ref = paged.reference(a["q"][good], a["k"][good], a["v"][good], lengths, True)
+    metrics = check.compare(out[good], ref, paged.yardstick(a["q"][good], a["k"][good], a["v"][good], lengths, True))
+    assert metrics["passed"], metrics
+
+
+def test_eager_call_without_page_errors_raises_naming_the_sequences():
+    case, a, table = _bad_table_inputs(1)
+    with pytest.raises(ValueError, match=r"sequence\(s\) 1 \(a page index outside .*2 \(.*4 \(cache_seqlens longer"):
+        ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], block_table=table, is_causal=True)
+    good = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"].clamp(max=512), block_table=a["table"])
+    assert torch.isfinite(good).all()
+
+
+def test_cuda_graph_replays_with_new_lengths_and_tables():
+    """Captured once; replayed with new cache_seqlens and block_table contents (a reshuffled table over the
+    same pool, then a bad one): every replay equals an eager call bit for bit, flags included, no host sync."""
+    case = PagedCase("pg-graph", 4, 8, 2, 4, 1000, 128, "bfloat16", (), 64, True)
+    a = paged.paged_inputs(case, torch.Generator().manual_seed(3), "cuda")
+    q, kp, vp = a["q"], a["k_pages"], a["v_pages"]
+    seqlens, table = a["seqlens"].clone(), a["table"].clone()
+    flags = torch.zeros(case.B, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside capture (build, plan)
+        ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=True, page_errors=flags)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=True, page_errors=flags)
+    gen = torch.Generator().manual_seed(4)
+    perm = torch.randperm(table.shape[1], generator=gen)
+    bad = table.clone()
+    bad[2, 1] = kp.shape[0] + 5
+    for new_lens, new_table in (([1000, 1, 0, 999], table), ([17, 600, 1000, 64], table[:, perm]),
+                                ([1000, 1000, 1000, 1000], bad)):
+        seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        table.copy_(new_table)
+        graph.replay()
+        eager_flags = torch.zeros_like(flags)
+        eager = ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=True, page_errors=eager_flags)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager) and torch.equal(flags, eager_flags)
+    assert flags.tolist() == [0, 0, emulate_paged.PAGE_E_INDEX, 0] and (out[2] == 0).all()
+
+
+def test_direct_binding_checks():
+    """The binding's own checks for a direct call (no lab.ops in front)."""
+    from lab import build
+
+    case = PagedCase("pg-direct", 2, 4, 2, 1, 64, 64, "float16", (), 16)
+    a = paged.paged_inputs(case, torch.Generator().manual_seed(5), "cuda")
+    call = build._raising(build.binding().module.decode_paged_call)
+    address = ops.launcher(ops.DECODE, "v03")
+    with pytest.raises(RuntimeError, match=r"page_size \(key_cache.size\(1\)\) must be a positive multiple of 16"):
+        call(address, a["q"], a["k_pages"][:, :8], a["v_pages"][:, :8], None, a["table"], None, 0.1, 1, False)
+    with pytest.raises(RuntimeError, match=r"block_table must be an int32 tensor"):
+        call(address, a["q"], a["k_pages"], a["v_pages"], None, a["table"].long(), None, 0.1, 1, False)
+    with pytest.raises(RuntimeError, match=r"page_errors needs a block_table"):
+        call(address, a["q"], a["k"], a["v"], None, None, torch.zeros(2, dtype=torch.int32, device="cuda"), 0.1, 1, False)
