@@ -67,6 +67,17 @@ def create_session_dir(outputs: Path, env: dict, device: str, session_id: str | 
     raise SessionExists(f"could not find a free session id under {sessions}")
 
 
+def gpu_count(mode: str) -> int | None:
+    """GPUs this session can use (the book's chapter choice needs it for multi-GPU chapters); 0 in CPU mode."""
+    if mode == "cpu":
+        return 0
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.device_count()
+
+
 def _history(outputs: Path) -> list[dict]:
     """Earlier sessions, for estimates only: a torn or odd session.json is passed over, never fatal."""
     found = []
@@ -166,7 +177,7 @@ def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_di
     info = {"id": folder.name, "start": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "end": None, "status": "running", "mode": mode, "device": device, "cases": cases,
             "parameters": parameters, "commit": record.git_commit(), "env": env,
-            "pid": os.getpid(), "host": socket.gethostname(),
+            "gpus": gpu_count(mode), "pid": os.getpid(), "host": socket.gethostname(),
             "chapters": [{"name": c, "status": "pending"} for c in chapters], "gates": [], "cost": None}
     with Beat(folder):
         try:

@@ -2,7 +2,10 @@
 
 The choice, best first: the latest session that ran the chapter successfully on a GPU; the latest GPU
 session where it failed (its partial GPU output still beats any CPU run); the latest CPU-mode run; a
-placeholder that says it never ran. A CPU run therefore never replaces GPU evidence, however new.
+placeholder that says it never ran. A CPU run therefore never replaces GPU evidence, however new. A chapter
+that needs several GPUs (its notebook's metadata `lab.min_gpus`, e.g. n12_ring's ring over 2 GPUs) counts a
+GPU session with fewer (session.json `gpus`; absent: 1) as a CPU run: there it runs its CPU version, which
+must never replace a multi-GPU run.
 Every copy gets a provenance cell after its title: which session, GPU and commit executed it.
 
 Only chapters of the known list (_toc.yml) are published, and a notebook is read only from inside its
@@ -40,10 +43,16 @@ def notebook_path(session: dict, entry: dict) -> Path | None:
     return path if path.is_file() else None
 
 
-def _candidates(chapter: str, sessions: list[dict]):
+def _mode(session: dict, need: int) -> str | None:
+    """The session's mode for a chapter that needs `need` GPUs: a GPU session with fewer counts as CPU."""
+    gpus = session.get("gpus") if isinstance(session.get("gpus"), int) else 1
+    return "cpu" if session.get("mode") == "gpu" and need > 1 and gpus < need else session.get("mode")
+
+
+def _candidates(chapter: str, sessions: list[dict], need: int = 1):
     """(session, entry, notebook path), best first."""
     for mode, status in _TIERS:
-        runs = [(s, e) for s in sessions if s.get("mode") == mode for e in s.get("chapters", [])
+        runs = [(s, e) for s in sessions if _mode(s, need) == mode for e in s.get("chapters", [])
                 if e.get("name") == chapter and e.get("status") == status]
         for session, entry in sorted(runs, key=lambda pair: (str(pair[0].get("start") or ""), pair[0]["id"]),
                                      reverse=True):
@@ -52,9 +61,9 @@ def _candidates(chapter: str, sessions: list[dict]):
                 yield session, entry, path
 
 
-def choose(chapter: str, sessions: list[dict]) -> tuple[dict, dict] | None:
+def choose(chapter: str, sessions: list[dict], need: int = 1) -> tuple[dict, dict] | None:
     """(session, chapter entry) to publish for `chapter`, or None when no session ran it."""
-    for session, entry, _ in _candidates(chapter, sessions):
+    for session, entry, _ in _candidates(chapter, sessions, need):
         return session, entry
     return None
 
@@ -65,6 +74,16 @@ def _read(path: Path):
     except Exception as err:  # truncated JSON, invalid notebook, unreadable file: never a crash
         pages.warn(f"{path}: unreadable notebook skipped ({type(err).__name__}: {str(err)[:200]})")
         return None
+
+
+def min_gpus(chapter: str, chapters_dir: Path) -> int:
+    """GPUs the chapter needs for its GPU results: its source notebook's metadata lab.min_gpus (default 1)."""
+    try:
+        meta = json.loads((chapters_dir / f"{chapter}.ipynb").read_text()).get("metadata", {})
+        need = meta.get("lab", {}).get("min_gpus", 1)
+    except (OSError, ValueError, AttributeError):
+        return 1
+    return need if isinstance(need, int) and need > 0 else 1
 
 
 def _title(chapter: str, chapters_dir: Path) -> str:
@@ -80,15 +99,21 @@ def _title(chapter: str, chapters_dir: Path) -> str:
     return chapter
 
 
-def provenance(session: dict, entry: dict) -> str:
+def provenance(session: dict, entry: dict, need: int = 1) -> str:
     env = session.get("env") or {}
+    gpus = session.get("gpus") if isinstance(session.get("gpus"), int) else 1
     gpu = pages.text(env.get("gpu", "cpu")) if session.get("mode") == "gpu" else "no GPU (CPU mode)"
+    if session.get("mode") == "gpu" and gpus > 1:
+        gpu += f" × {gpus}"
     parameters = session.get("parameters") if isinstance(session.get("parameters"), dict) else {}
     text = (f"Executed in session {pages.session_ref(session['id'])} on **{gpu}** at commit "
             f"{pages.text(session.get('commit', 'unknown'))} ({pages.date(session.get('start'))} UTC), "
             f"parameters {pages.text(', '.join(f'{k}={v}' for k, v in parameters.items()))}; "
             f"took {pages.duration(entry.get('duration_s'))}.")
-    if session.get("mode") != "gpu":
+    if _mode(session, need) != session.get("mode"):
+        text += (f"\n\n```{{warning}}\nThis chapter needs {need} GPUs and this session had {gpus}: it ran the "
+                 f"chapter's CPU version and showed recorded results. No {need}-GPU session has run it yet.\n```")
+    elif session.get("mode") != "gpu":
         text += ("\n\n```{warning}\nThis is a CPU-mode run: no GPU executed this chapter, so its kernels were "
                  "compile-checked or emulated, not timed. No GPU session has run it yet.\n```")
     if entry.get("status") == "failed":
@@ -102,7 +127,7 @@ def provenance(session: dict, entry: dict) -> str:
     return text
 
 
-def annotate(nb, session: dict, entry: dict):
+def annotate(nb, session: dict, entry: dict, need: int = 1):
     """Insert the provenance cell after the title; hide papermill's injected parameters."""
     nb.cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.get("metadata", {}).get("tags", [])]
     for c in nb.cells:
@@ -114,7 +139,7 @@ def annotate(nb, session: dict, entry: dict):
     if at is None:
         nb.cells.insert(0, nbformat.v4.new_markdown_cell(f"# {entry['name']}"))
         at = 0
-    nb.cells.insert(at + 1, nbformat.v4.new_markdown_cell(provenance(session, entry),
+    nb.cells.insert(at + 1, nbformat.v4.new_markdown_cell(provenance(session, entry, need),
                                                           metadata={"tags": ["provenance"]}))
     return nb
 
@@ -139,12 +164,12 @@ def publish(outputs: Path, sessions: list[dict], chapters: list[str], chapters_d
         if not toc.is_chapter_name(chapter):
             pages.warn(f"chapter name {chapter!r} is not n<N>_<topic>; not published")
             continue
-        nb, pick = None, None
-        for session, entry, path in _candidates(chapter, sessions):
+        nb, pick, need = None, None, min_gpus(chapter, chapters_dir)
+        for session, entry, path in _candidates(chapter, sessions, need):
             nb = _read(path)
             if nb is not None:
                 pick = (session, entry)
-                nb = annotate(nb, session, entry)
+                nb = annotate(nb, session, entry, need)
                 break
         if nb is None:
             nb = placeholder(chapter, chapters_dir)

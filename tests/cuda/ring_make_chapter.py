@@ -7,7 +7,8 @@ import nbformat
 
 nb = nbformat.v4.new_notebook()
 nb.metadata.update(kernelspec={"name": "python3", "display_name": "Python 3", "language": "python"},
-                   language_info={"name": "python"})
+                   language_info={"name": "python"},
+                   lab={"min_gpus": 2})  # the book never lets a 1-GPU session's run replace a 2-GPU one
 
 
 def add(kind: str, text: str, tags=None) -> None:
