@@ -17,6 +17,8 @@ from .check import DTYPES, CheckResult
 from .sweep import PUBLIC_DECODE
 
 SPARE_PAGES = 3  # pages in the pool that no sequence uses: a shuffled table never maps 1:1 onto the pool
+CONTIGUOUS = f"{PUBLIC_DECODE} contiguous"  # the race's row (and ratio key) of our decode on the contiguous cache
+EAGER_CHECK = f"{PUBLIC_DECODE} (eager flag check)"  # the paged op without page_errors: one host sync a call
 
 
 def block_table(batch: int, kv_len: int, page_size: int, generator=None, device="cpu", spare: int = SPARE_PAGES):
@@ -128,7 +130,8 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
     """The race: per case, on one set of data, the public op on the paged cache (`lab.ops.decode`, with a
     page_errors buffer: the graph-safe call, no host sync), the same op with the default eager flag check
     (one sync per call), our contiguous decode and SDPA's cuDNN and flash backends on the contiguous cache.
-    Bandwidth on the bytes that must move; ratios t_other / t_paged (sdpa-*, and "contiguous")."""
+    Bandwidth on the bytes that must move; ratios t_other / t_paged (sdpa-*, and CONTIGUOUS). Rows are kind
+    "paged"; their case carries `tokens` (batch x length), the x axis of the chapter's plots."""
     from tqdm.std import tqdm
 
     from . import ops
@@ -149,16 +152,16 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
                 times[backend] = bench.try_time(bench.sdpa_runner("default", q, k, v, False, attn_mask=mask), **stop)
             rows.append(record.append(_row(f"sdpa-{backend}", case, times[backend], work, ceilings, size)))
         contiguous = bench.try_time(lambda: ops.decode(q, k, v, is_causal=case.causal), **stop)
-        rows.append(record.append(_row("lab.ops.decode contiguous", case, contiguous, work, ceilings, size)))
+        rows.append(record.append(_row(CONTIGUOUS, case, contiguous, work, ceilings, size)))
         calls = {PUBLIC_DECODE: lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal,
                                                    page_errors=flags),
-                 f"{PUBLIC_DECODE} (eager flag check)": lambda: ops.decode(q, kp, vp, seqlens, block_table=table,
+                 EAGER_CHECK: lambda: ops.decode(q, kp, vp, seqlens, block_table=table,
                                                                           is_causal=case.causal)}
         for impl, fn in calls.items():
             t = bench.try_time(fn, **stop)
             extra = dict(size, ratios=bench.ratios(t, times) if isinstance(t, bench.Timing) else {})
             if isinstance(t, bench.Timing) and isinstance(contiguous, bench.Timing):
-                extra["ratios"]["contiguous"] = contiguous.median_ms / t.median_ms
+                extra["ratios"][CONTIGUOUS] = contiguous.median_ms / t.median_ms
             extra["flags"] = bench.flagged(extra["ratios"])
             rows.append(record.append(_row(impl, case, t, work, ceilings, extra)))
         del a, q, k, v, kp, vp
@@ -166,7 +169,7 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
 
 
 def _row(impl, case, timing, work, ceilings, extra):
-    row = {"kind": "paged", "impl": impl, "case": case.as_dict(), **extra}
+    row = {"kind": "paged", "impl": impl, "case": {**case.as_dict(), "tokens": sum(case.lengths())}, **extra}
     if isinstance(timing, bench.Timing):
         row["timing"] = timing.as_dict()
         row["gbps"] = work / timing.median_ms / 1e6

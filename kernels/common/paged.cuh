@@ -33,6 +33,7 @@ __device__ __forceinline__ void cp_async_16_l2(void* smem_dst, const void* gmem_
 // follows them through the block table with no division in the loop: (slot, row) of the first key of the
 // next tile to issue, moved by kTileKeys per tile; the page ids of that tile are fetched one tile ahead, so
 // the table load's latency hides under a tile of math instead of delaying the cp.async behind it.
+// [lab:page-cursor] each thread's rows of a tile, found through the block table one tile ahead
 template <int kRows, int kStep, int kTileKeys>
 struct PageCursor {
   const int32_t* table;  // this sequence's row of block_table
@@ -88,6 +89,7 @@ struct PageCursor {
     }
   }
 };
+// [/lab:page-cursor]
 
 // The page-table check of one sequence, by the whole block: true when a page id among its first
 // n_pages slots is outside [0, num_pages). Every block of the sequence runs it, so all of them agree to
