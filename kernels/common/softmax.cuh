@@ -19,6 +19,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/mma.cuh"
+
 namespace lab {
 
 // Host side, in each launcher: the scale the kernel receives. 0 becomes FLT_MIN (see above); any
@@ -45,6 +47,109 @@ __device__ __forceinline__ void negate_smem_16bit(void* smem, int tid) {
     x.z ^= 0x80008000u;
     x.w ^= 0x80008000u;
     vec[i] = x;
+  }
+}
+
+// ---------------------------------------------------------------- the online-softmax step
+// On a warp's S fragments in the m16n8 accumulator layout (common/mma.cuh): thread (g, t) holds, per m
+// tile mt, two rows (hh = 0: row g, hh = 1: row g + 8), each over kNT n tiles x 2 columns. The four
+// lanes of a quad hold the same rows, so a row's max and sum end with two xor shuffles. row_max is the
+// running max of the *unscaled* scores; row_sum is this thread's partial sum (the quad reduces it once,
+// at the end: normalise_rows). c = |scale| * log2(e) > 0 (see above).
+
+// Running max of row (mt, hh) after this tile, reduced over the quad.
+template <int kMT, int kNT>
+__device__ __forceinline__ float quad_row_max(const float (&s)[kMT][kNT][4], float running, int mt, int hh) {
+  float m = running;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) m = fmaxf(m, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+}
+
+// The exp2 offset of a row whose max is m: a row with nothing visible yet keeps max -inf, and
+// subtracting 0 instead of -inf keeps exp2 at 0 rather than NaN.
+__device__ __forceinline__ float row_offset(float m, float c) { return (m == -INFINITY) ? 0.f : m * c; }
+
+// S -> P = exp2(s c - m c) in place for row (mt, hh); returns the row's partial sum.
+template <int kMT, int kNT>
+__device__ __forceinline__ float exp_row(float (&s)[kMT][kNT][4], int mt, int hh, float offset, float c) {
+  float sum = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
+      const float pe = fast_exp2(fmaf(s[mt][nt][e], c, -offset));
+      s[mt][nt][e] = pe;
+      sum += pe;
+    }
+  }
+  return sum;
+}
+
+// O rows (mt, hh) *= alpha.
+template <int kMT, int kNO>
+__device__ __forceinline__ void rescale_row(float (&o)[kMT][kNO][4], int mt, int hh, float alpha) {
+#pragma unroll
+  for (int nt = 0; nt < kNO; ++nt) {
+    o[mt][nt][2 * hh] *= alpha;
+    o[mt][nt][2 * hh + 1] *= alpha;
+  }
+}
+
+// FA2's step (v02, v03): move every row's offset to its new max, rescale l and O by
+// alpha = exp2(m_old c - m_new c), then S -> P.
+template <int kMT, int kNT, int kNO>
+__device__ __forceinline__ void online_softmax(float (&s)[kMT][kNT][4], float (&row_max)[kMT][2],
+                                               float (&row_sum)[kMT][2], float (&o)[kMT][kNO][4], float c) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float mx = quad_row_max(s, row_max[mt][hh], mt, hh);
+      const float mx_scaled = row_offset(mx, c);
+      const float alpha = fast_exp2(row_max[mt][hh] * c - mx_scaled);
+      row_max[mt][hh] = mx;
+      const float sum = exp_row(s, mt, hh, mx_scaled, c);
+      row_sum[mt][hh] = row_sum[mt][hh] * alpha + sum;
+      rescale_row(o, mt, hh, alpha);
+    }
+  }
+}
+
+// P of k-step kk as the A fragment of P V: the S accumulators of n tiles 2kk and 2kk + 1 are exactly
+// that fragment once packed to 16 bits (FA2's register reuse; no trip through shared memory).
+template <class T, int kMT, int kNT>
+__device__ __forceinline__ void pack_p(const float (&s)[kMT][kNT][4], int mt, int kk, uint32_t (&a)[4]) {
+  a[0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+  a[1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+  a[2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+  a[3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+}
+
+// End of the loop: O /= l per row (l = 0, no key seen: O = 0) and, when lse is set, LSE = m |scale| +
+// ln(l) (-inf for a row that saw nothing) at lse[lse_offset + row] for rows below seqlen_q. kQuadSum: l
+// is still this thread's partial sum and the quad reduces it here.
+template <bool kQuadSum, int kMT, int kNO>
+__device__ __forceinline__ void normalise_rows(float (&o)[kMT][kNO][4], const float (&row_max)[kMT][2],
+                                               const float (&row_sum)[kMT][2], float scale_ln, float* lse,
+                                               int64_t lse_offset, int row0, int seqlen_q, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float l = row_sum[mt][hh];
+      if constexpr (kQuadSum) {
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+      }
+      rescale_row(o, mt, hh, l > 0.f ? 1.f / l : 0.f);
+      const int row = row0 + mt * 16 + hh * 8 + g;
+      if (lse != nullptr && t == 0 && row < seqlen_q) {
+        const float m = row_max[mt][hh];
+        lse[lse_offset + row] = (l > 0.f && m != -INFINITY) ? m * scale_ln + logf(l) : -INFINITY;
+      }
+    }
   }
 }
 

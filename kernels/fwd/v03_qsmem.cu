@@ -86,7 +86,8 @@
 //   smem = (B_r + 2 * kStages * B_c) * D * 2 bytes:
 //     (v03 defaults) D = 64 : B_r = 128 (4 warps x 32 rows), B_c = 64,
 //       4 stages, 80 KiB, 251 regs, 2 CTAs / SM; D = 128: B_r = 128 (4 warps
-//       x 32 rows), B_c = 64, 2 stages, 96 KiB, 255 regs + 68 B spills,
+//       x 32 rows), B_c = 64, 2 stages, 96 KiB, 255 regs + 68 B spills
+//       (the ptxas of nvcc 13.0 reports 100 B at sm_90a, 104 B at sm_80),
 //       2 CTAs / SM; Q re-read from smem in both.
 //   Query block index fastest in both grids (v03); causal: heaviest block
 //   of each head first.
@@ -112,6 +113,8 @@
 #include "common/mma.cuh"
 #include "common/launch.h"
 #include "common/params.h"
+#include "common/mask.cuh"
+#include "common/smem_tile.cuh"
 #include "common/softmax.cuh"
 
 namespace {
@@ -234,30 +237,8 @@ using Cfg128 = FwdConfig<128, LAB_V03_D128_WARPS, LAB_V03_D128_MTILES, LAB_V03_D
                          LAB_V03_D128_STAGES, LAB_V03_D128_MINB, LAB_V03_D128_QSMEM != 0,
                          LAB_V03_D128_PP != 0, LAB_V03_D128_PACK != 0>;
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
-template <int kHeadDim>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
-}
-
-// Copies rows [row0, row0 + kRows) of a [seqlen, D] matrix (row stride in
-// elements) into a swizzled tile; rows >= seqlen are zero-filled.
-template <class Cfg, int kRows, class T>
-__device__ __forceinline__ void load_tile(uint32_t smem_tile, const T* gbase, int64_t row_stride,
-                                          int row0, int seqlen, int tid) {
-  constexpr int kPerThread = kRows * Cfg::kChunksPerRow / Cfg::kThreads;
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int idx = tid + i * Cfg::kThreads;
-    const int r = idx / Cfg::kChunksPerRow;
-    const int c = idx % Cfg::kChunksPerRow;
-    const int grow = row0 + r;
-    const bool valid = grow < seqlen;
-    // Clamp to row 0 so the (unread) source address stays inside the tensor.
-    const T* src = gbase + (valid ? (int64_t)grow * row_stride : 0) + c * 8;
-    lab::cp_async_16(smem_tile + swizzle<Cfg::kHeadDim>(r, c) * 2, src, valid);
-  }
-}
+using lab::load_tile;
+using lab::swizzle;
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
@@ -417,61 +398,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Mask of tile j: only the tile that crosses S_k and the causal diagonal tiles.
   auto mask_tile = [&](SAcc& acc_s, int j) {
     const int n0 = j * Bc;
-    const bool crosses_end = n0 + Bc > p.seqlen_k;
-    const bool crosses_diag = p.causal && (n0 + Bc - 1 > m0);
-    if (crosses_end || crosses_diag) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = m0 + warp_row0 + mt * 16 + (e / 2) * 8 + g;
-            const int col = n0 + nt * 8 + 2 * t + (e % 2);
-            const bool masked = col >= p.seqlen_k || (p.causal && col > row);
-            if (masked) acc_s[mt][nt][e] = kNegInf;
-          }
-    }
+    if (lab::tile_needs_mask(n0, Bc, m0, p.seqlen_k, p.causal))
+      lab::mask_scores(acc_s, m0 + warp_row0, n0, p.seqlen_k, p.causal, g, t);
   };
 
   // Online softmax of a masked S tile (in place, S becomes P), O rescale,
   // then O += P V for the V tile at v_tile.
   auto softmax_pv = [&](SAcc& acc_s, uint32_t v_tile) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float mx = row_max[mt][hh];
-#pragma unroll
-        for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
-          mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * hh], acc_s[mt][nt][2 * hh + 1]));
-        // The 4 lanes of a quad hold the same row.
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // A row with nothing visible yet keeps max -inf; subtracting 0
-        // instead of -inf keeps exp2 at 0 rather than NaN.
-        const float mx_scaled = (mx == kNegInf) ? 0.f : mx * scale_log2;
-        const float alpha = lab::fast_exp2(row_max[mt][hh] * scale_log2 - mx_scaled);
-        row_max[mt][hh] = mx;
-
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < Cfg::kNTilesS; ++nt) {
-#pragma unroll
-          for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
-            const float pe = lab::fast_exp2(fmaf(acc_s[mt][nt][e], scale_log2, -mx_scaled));
-            acc_s[mt][nt][e] = pe;
-            sum += pe;
-          }
-        }
-        row_sum[mt][hh] = row_sum[mt][hh] * alpha + sum;
-#pragma unroll
-        for (int nt = 0; nt < Cfg::kNTilesO; ++nt) {
-          acc_o[mt][nt][2 * hh] *= alpha;
-          acc_o[mt][nt][2 * hh + 1] *= alpha;
-        }
-      }
-    }
+    lab::online_softmax(acc_s, row_max, row_sum, acc_o, scale_log2);
 
     // O_i += P_ij V_j. The S accumulators of n tiles 2kk, 2kk+1 are exactly
     // the A fragment of k-step kk once packed to 16 bits. With kPackEarly
@@ -481,12 +415,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     uint32_t pp[kMT][Cfg::kKStepsPV][4];
     auto pack_p = [&](int kk) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        pp[mt][kk][0] = lab::pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-        pp[mt][kk][1] = lab::pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-        pp[mt][kk][2] = lab::pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-        pp[mt][kk][3] = lab::pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < kMT; ++mt) lab::pack_p<T>(acc_s, mt, kk, pp[mt][kk]);
     };
     if constexpr (Cfg::kPackEarly) {
 #pragma unroll
@@ -579,65 +508,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Drain the (empty) trailing cp.async groups before sQ is reused.
   lab::cp_async_wait<0>();
 
-  const float scale_ln = fabsf(p.scale);
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float l = row_sum[mt][hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;  // S_k == 0: O = 0
-#pragma unroll
-      for (int nt = 0; nt < Cfg::kNTilesO; ++nt) {
-        acc_o[mt][nt][2 * hh] *= inv_l;
-        acc_o[mt][nt][2 * hh + 1] *= inv_l;
-      }
-      const int row = m0 + warp_row0 + mt * 16 + hh * 8 + g;
-      if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-        const float m = row_max[mt][hh];
-        const float lse = (l > 0.f && m != kNegInf) ? m * scale_ln + logf(l) : kNegInf;
-        p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row] = lse;
-      }
-    }
-  }
-
-  // Stage O through this warp's own rows of sQ (only this warp ever read
-  // them, so no block barrier is needed) to turn 4-byte fragment stores into
-  // 16-byte coalesced row stores.
-  const uint32_t sO = sQ;
-  __syncwarp();  // every lane's last ldmatrix of these Q rows is done (kQInSmem)
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < Cfg::kNTilesO; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = warp_row0 + mt * 16 + hh * 8 + g;
-        const int col = nt * 8 + 2 * t;
-        const uint32_t val = lab::pack2<T>(acc_o[mt][nt][2 * hh], acc_o[mt][nt][2 * hh + 1]);
-        const uint32_t addr = sO + (swizzle<D>(r, col / 8) + col % 8) * 2;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
-      }
-  __syncwarp();
-
-  constexpr int kStorePerLane = Cfg::kRowsPerWarp * Cfg::kChunksPerRow / 32;
-#pragma unroll
-  for (int i = 0; i < kStorePerLane; ++i) {
-    const int idx = lane + i * 32;
-    const int r = warp_row0 + idx / Cfg::kChunksPerRow;
-    const int c = idx % Cfg::kChunksPerRow;
-    const int grow = m0 + r;
-    if (grow < p.seqlen_q) {
-      uint4 val;
-      const uint32_t addr = sO + swizzle<D>(r, c) * 2;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
-                   : "r"(addr)
-                   : "memory");
-      *reinterpret_cast<uint4*>(o + (int64_t)grow * p.o_stride[2] + c * 8) = val;
-    }
-  }
+  lab::normalise_rows<true>(acc_o, row_max, row_sum, fabsf(p.scale), p.lse,
+                            ((int64_t)b * p.heads_q + h) * p.seqlen_q, m0 + warp_row0, p.seqlen_q, g, t);
+  // O goes out through this warp's own rows of sQ, after every lane's last ldmatrix of them (kQInSmem).
+  lab::store_o<Cfg, true>(acc_o, sQ, o, p, m0, warp_row0, lane, g, t);
 }
 
 template <class Cfg, class T>

@@ -168,6 +168,8 @@
 #include "common/mma.cuh"
 #include "common/launch.h"
 #include "common/params.h"
+#include "common/mask.cuh"
+#include "common/smem_tile.cuh"
 #include "common/softmax.cuh"
 
 namespace {
@@ -410,30 +412,8 @@ using Cfg128s = FwdConfig<128, LAB_V04_D128S_WARPS, LAB_V04_D128S_MTILES, LAB_V0
                           LAB_V04_D128S_STAGES, LAB_V04_SMALL_MINB, true, false, false,
                           LAB_V04_D128S_KVSPLIT>;
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
-template <int kHeadDim>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
-}
-
-// Copies rows [row0, row0 + kRows) of a [seqlen, D] matrix (row stride in
-// elements) into a swizzled tile; rows >= seqlen are zero-filled.
-template <class Cfg, int kRows, class T>
-__device__ __forceinline__ void load_tile(uint32_t smem_tile, const T* gbase, int64_t row_stride,
-                                          int row0, int seqlen, int tid) {
-  constexpr int kPerThread = kRows * Cfg::kChunksPerRow / Cfg::kThreads;
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int idx = tid + i * Cfg::kThreads;
-    const int r = idx / Cfg::kChunksPerRow;
-    const int c = idx % Cfg::kChunksPerRow;
-    const int grow = row0 + r;
-    const bool valid = grow < seqlen;
-    // Clamp to row 0 so the (unread) source address stays inside the tensor.
-    const T* src = gbase + (valid ? (int64_t)grow * row_stride : 0) + c * 8;
-    lab::cp_async_16(smem_tile + swizzle<Cfg::kHeadDim>(r, c) * 2, src, valid);
-  }
-}
+using lab::load_tile;
+using lab::swizzle;
 
 // kKVPtr: the same copy as load_tile<Cfg, B_c>, written as one row pointer
 // per thread advanced by 8 rows per copy (each thread's chunk c is fixed and
@@ -640,21 +620,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Mask of tile j: only the tile that crosses S_k and the causal diagonal tiles.
   auto mask_tile = [&](SAcc& acc_s, int j) {
     const int n0 = j * BcL + grp * Bc;
-    const bool crosses_end = n0 + Bc > p.seqlen_k;
-    const bool crosses_diag = p.causal && (n0 + Bc - 1 > m0);
-    if (crosses_end || crosses_diag) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = m0 + warp_row0 + mt * 16 + (e / 2) * 8 + g;
-            const int col = n0 + nt * 8 + 2 * t + (e % 2);
-            const bool masked = col >= p.seqlen_k || (p.causal && col > row);
-            if (masked) acc_s[mt][nt][e] = kNegInf;
-          }
-    }
+    if (lab::tile_needs_mask(n0, Bc, m0, p.seqlen_k, p.causal))
+      lab::mask_scores(acc_s, m0 + warp_row0, n0, p.seqlen_k, p.causal, g, t);
   };
 
   // Online softmax of a masked S tile (in place, S becomes P), O rescale,
@@ -738,12 +705,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     uint32_t pp[kMT][Cfg::kKStepsPV][4];
     auto pack_p = [&](int kk) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        pp[mt][kk][0] = lab::pack2<T>(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
-        pp[mt][kk][1] = lab::pack2<T>(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
-        pp[mt][kk][2] = lab::pack2<T>(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
-        pp[mt][kk][3] = lab::pack2<T>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < kMT; ++mt) lab::pack_p<T>(acc_s, mt, kk, pp[mt][kk]);
     };
     if constexpr (Cfg::kPackEarly) {
 #pragma unroll
@@ -937,34 +899,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
   }
 
-  const float scale_ln = fabsf(p.scale);
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float l = row_sum[mt][hh];
-      if constexpr (Cfg::kKVSplit == 1) {
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-      }
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;  // S_k == 0: O = 0
-#pragma unroll
-      for (int nt = 0; nt < Cfg::kNTilesO; ++nt) {
-        acc_o[mt][nt][2 * hh] *= inv_l;
-        acc_o[mt][nt][2 * hh + 1] *= inv_l;
-      }
-      const int row = m0 + warp_row0 + mt * 16 + hh * 8 + g;
-      if (p.lse != nullptr && t == 0 && row < p.seqlen_q) {
-        const float m = row_max[mt][hh];
-        const float lse = (l > 0.f && m != kNegInf) ? m * scale_ln + logf(l) : kNegInf;
-        p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row] = lse;
-      }
-    }
-  }
-
+  lab::normalise_rows<Cfg::kKVSplit == 1>(acc_o, row_max, row_sum, fabsf(p.scale), p.lse,
+                                          ((int64_t)b * p.heads_q + h) * p.seqlen_q, m0 + warp_row0, p.seqlen_q, g, t);
   // Stage O through this warp's own rows of sQ (only this warp ever read
   // them, so no block barrier is needed) to turn 4-byte fragment stores into
-  // 16-byte coalesced row stores.
+  // 16-byte coalesced row stores. The same steps as lab::store_o
+  // (common/smem_tile.cuh), kept inline here: called through the function,
+  // nvcc schedules a kernel's integer code differently (v03 at sm_90a: 13329
+  // -> 13633 instructions, no float, mma or memory op changed), and v04's
+  // guard is unchanged SASS (tests/cuda/sass_guard.sh, log of 2026-11-23).
   const uint32_t sO = sQ;
   __syncwarp();  // every lane's last ldmatrix of these Q rows is done (kQInSmem)
 #pragma unroll

@@ -322,27 +322,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
 }
 
 template <class Cfg, class T>
-int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-  static bool smem_set[kMaxDevices] = {};
-  auto kernel = attn_fwd_v07_kernel<Cfg, T>;
-  if (int rc = set_smem_once(kernel, Cfg::kSmem, smem_set, dev)) return rc;
-  CUtensorMap tq, tk, tv;
-  if (int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) return rc;
-  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
-  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
-  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
-  return (int)cudaGetLastError();
-}
+struct Launch {
+  static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+    return launch_fwd_sm90<Cfg, attn_fwd_v07_kernel<Cfg, T>>(p, stream, dev);
+  }
+};
 
 }  // namespace
 
 extern "C" int attn_fwd_v07(const AttnFwdParams* p, void* stream) {
-  if (const int rc = check_fwd_params(p)) return rc < 0 ? rc : 0;
-  int dev = 0;
-  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool bf16 = p->dtype == LAB_BF16;
-  if (p->head_dim == 64)
-    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st, dev) : launch<Cfg64, __half>(*p, st, dev);
-  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st, dev) : launch<Cfg128, __half>(*p, st, dev);
+  return fwd_sm90_entry<Cfg64, Cfg128, Launch>(p, stream);
 }

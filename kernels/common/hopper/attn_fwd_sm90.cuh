@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/mask.cuh"
 #include "common/mma.cuh"
 #include "common/params.h"
 #include "common/hopper/mbarrier.cuh"
@@ -85,6 +86,35 @@ inline int set_smem_once(Kernel kernel, int bytes, bool (&done)[kMaxDevices], in
   return 0;
 }
 
+// One launch of a TMA forward kernel (v05..v07 share it): raise its shared-memory limit once per device,
+// build the three tensor maps, one CTA per (B_r query rows, head, batch). kKernel is the kernel
+// instantiation itself, so each one keeps its own once-per-device flags.
+template <class Cfg, auto kKernel>
+inline int launch_fwd_sm90(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+  static bool smem_set[kMaxDevices] = {};
+  if (int rc = set_smem_once(kKernel, Cfg::kSmem, smem_set, dev)) return rc;
+  CUtensorMap tq, tk, tv;
+  if (int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) return rc;
+  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
+  return (int)cudaGetLastError();
+}
+
+// The extern "C" entry of a TMA forward kernel: check the call, then pick the instantiation for
+// (D, dtype). Launch<Cfg, T>::run(p, stream, dev) launches one (a version file defines it in one line).
+template <class Cfg64, class Cfg128, template <class, class> class Launch>
+inline int fwd_sm90_entry(const AttnFwdParams* p, void* stream) {
+  if (const int rc = check_fwd_params(p)) return rc < 0 ? rc : 0;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->dtype == LAB_BF16;
+  if (p->head_dim == 64)
+    return bf16 ? Launch<Cfg64, __nv_bfloat16>::run(*p, st, dev) : Launch<Cfg64, __half>::run(*p, st, dev);
+  return bf16 ? Launch<Cfg128, __nv_bfloat16>::run(*p, st, dev) : Launch<Cfg128, __half>::run(*p, st, dev);
+}
+
 // Dynamic shared memory rounded up to 1024 bytes (128B-swizzle atoms must be 1024-aligned).
 __device__ __forceinline__ uint8_t* align1024(uint8_t* ptr) {
   const uint32_t a = smem_u32(ptr);
@@ -150,7 +180,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
       if constexpr (kMask) {
         const int col = col0 + 8 * i + 2 * t + (e & 1);
         const int row = row0 + (e >> 1) * 8;
-        if (col >= seqlen_k || (causal && col > row)) x = -INFINITY;
+        if (masked(row, col, seqlen_k, causal)) x = -INFINITY;  // common/mask.cuh
       }
       s[4 * i + e] = x;
       mx[e >> 1] = fmaxf(mx[e >> 1], x);

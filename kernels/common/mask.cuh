@@ -1,0 +1,43 @@
+// The attention mask, once: which (query row, key column) pairs a score may use, and the step that
+// applies it to the score fragments of the mma.sync kernels (fwd v02..v04).
+//
+// Separated from the softmax the way FlashAttention's mask.h is: the kernels ask "does this tile need
+// a mask?" once per tile (most tiles do not: only the one crossing S_k and the causal diagonal tiles),
+// and only those tiles pay for the per-element compares.
+//
+// Causal here is SDPA's top-left alignment: row i sees keys 0..i. The Hopper kernels (common/hopper/
+// attn_fwd_sm90.cuh) use the same predicate on their wgmma fragment layout.
+#pragma once
+#include <math.h>
+
+namespace lab {
+
+// True when the key at `col` is hidden from query row `row`.
+__device__ __forceinline__ bool masked(int row, int col, int seqlen_k, bool causal) {
+  return col >= seqlen_k || (causal && col > row);
+}
+
+// True when the kBc-key tile starting at key n0 hides some key from a block whose first row is m0:
+// it crosses S_k, or (causal) its last key lies past the block's first row.
+__device__ __forceinline__ bool tile_needs_mask(int n0, int bc, int m0, int seqlen_k, bool causal) {
+  return n0 + bc > seqlen_k || (causal && n0 + bc - 1 > m0);
+}
+
+// Sets hidden scores to -inf in a warp's S fragments (m16n8 accumulator layout, common/mma.cuh):
+// element e of m tile mt and n tile nt is row row0 + 16 mt + 8 (e / 2) + g, key n0 + 8 nt + 2 t + e % 2.
+template <int kMT, int kNT>
+__device__ __forceinline__ void mask_scores(float (&s)[kMT][kNT][4], int row0, int n0, int seqlen_k, bool causal,
+                                            int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + mt * 16 + (e / 2) * 8 + g;
+        const int col = n0 + nt * 8 + 2 * t + (e % 2);
+        if (masked(row, col, seqlen_k, causal)) s[mt][nt][e] = -INFINITY;
+      }
+}
+
+}  // namespace lab

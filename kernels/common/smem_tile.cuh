@@ -1,0 +1,82 @@
+// Shared-memory tiles of the mma.sync forward kernels (fwd v02..v04): the XOR swizzle, the cp.async
+// tile load, and the O store staged through shared memory.
+//
+// A tile is rows of D 16-bit elements, 16-byte chunks per row. Chunk c of row r sits at chunk
+// c ^ (r % 8): the 8 rows an ldmatrix reads hit 8 different bank groups, with no padding.
+// Cfg supplies kHeadDim, kThreads, kChunksPerRow and kRowsPerWarp.
+#pragma once
+#include <stdint.h>
+
+#include "common/mma.cuh"
+#include "common/params.h"
+
+namespace lab {
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled tile.
+template <int kHeadDim>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// Copies rows [row0, row0 + kRows) of a [seqlen, D] matrix (row stride in
+// elements) into a swizzled tile; rows >= seqlen are zero-filled.
+template <class Cfg, int kRows, class T>
+__device__ __forceinline__ void load_tile(uint32_t smem_tile, const T* gbase, int64_t row_stride,
+                                          int row0, int seqlen, int tid) {
+  constexpr int kPerThread = kRows * Cfg::kChunksPerRow / Cfg::kThreads;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = tid + i * Cfg::kThreads;
+    const int r = idx / Cfg::kChunksPerRow;
+    const int c = idx % Cfg::kChunksPerRow;
+    const int grow = row0 + r;
+    const bool valid = grow < seqlen;
+    // Clamp to row 0 so the (unread) source address stays inside the tensor.
+    const T* src = gbase + (valid ? (int64_t)grow * row_stride : 0) + c * 8;
+    cp_async_16(smem_tile + swizzle<Cfg::kHeadDim>(r, c) * 2, src, valid);
+  }
+}
+
+// Writes a warp's normalised O fragments (rows warp_row0.. of the block, m16n8 layout) to global rows
+// m0 + r < seqlen_q of o. The fragments go first to this warp's own rows of the swizzled tile at sO (only
+// this warp reads them, so no block barrier), turning 4-byte fragment stores into 16-byte coalesced row
+// stores. kSyncFirst: a __syncwarp() before, when those rows were Q rows other lanes may still read.
+template <class Cfg, bool kSyncFirst, class T, int kMT, int kNO>
+__device__ __forceinline__ void store_o(const float (&acc_o)[kMT][kNO][4], uint32_t sO, T* o, const AttnFwdParams& p,
+                                        int m0, int warp_row0, int lane, int g, int t) {
+  constexpr int D = Cfg::kHeadDim;
+  if constexpr (kSyncFirst) __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNO; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = warp_row0 + mt * 16 + hh * 8 + g;
+        const int col = nt * 8 + 2 * t;
+        const uint32_t val = pack2<T>(acc_o[mt][nt][2 * hh], acc_o[mt][nt][2 * hh + 1]);
+        const uint32_t addr = sO + (swizzle<D>(r, col / 8) + col % 8) * 2;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
+      }
+  __syncwarp();
+
+  constexpr int kStorePerLane = Cfg::kRowsPerWarp * Cfg::kChunksPerRow / 32;
+#pragma unroll
+  for (int i = 0; i < kStorePerLane; ++i) {
+    const int idx = lane + i * 32;
+    const int r = warp_row0 + idx / Cfg::kChunksPerRow;
+    const int c = idx % Cfg::kChunksPerRow;
+    const int grow = m0 + r;
+    if (grow < p.seqlen_q) {
+      uint4 val;
+      const uint32_t addr = sO + swizzle<D>(r, c) * 2;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                   : "r"(addr)
+                   : "memory");
+      *reinterpret_cast<uint4*>(o + (int64_t)grow * p.o_stride[2] + c * 8) = val;
+    }
+  }
+}
+
+}  // namespace lab
