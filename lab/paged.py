@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from . import bench, check, record
+from . import bench, check, record, sweep
 from .cases import PagedCase
 from .check import DTYPES, CheckResult
 from .sweep import PUBLIC_DECODE
@@ -169,11 +169,7 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
 
 
 def _row(impl, case, timing, work, ceilings, extra):
-    row = {"kind": "paged", "impl": impl, "case": {**case.as_dict(), "tokens": sum(case.lengths())}, **extra}
-    if isinstance(timing, bench.Timing):
-        row["timing"] = timing.as_dict()
-        row["gbps"] = work / timing.median_ms / 1e6
-        row["frac_ceiling"] = row["gbps"] / ceilings["copy_gbps"]
-    else:
-        row["unsupported"] = timing
+    """lab.sweep's row (kind "paged", GB/s on the bytes that must move), its case with `tokens` (batch x length)."""
+    row = sweep._row("paged", impl, case, timing, work, ceilings, extra)
+    row["case"]["tokens"] = sum(case.lengths())
     return row
