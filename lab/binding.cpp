@@ -373,7 +373,9 @@ std::string check_paged(const at::Tensor& q, const at::Tensor& k, const at::Tens
   LAB_REQUIRE(table.scalar_type() == at::kInt && table.dim() == 2 && table.size(0) == q.size(0),
               "block_table must be an int32 tensor of shape (", q.size(0), ", max_pages), got ", table.scalar_type(),
               " of shape ", table.sizes());
-  LAB_REQUIRE(table.size(1) <= 1 || table.stride(1) == 1, "block_table rows must be contiguous (stride(1) == 1)");
+  LAB_REQUIRE(table.size(1) > 0, "block_table must have at least one column (max_pages >= 1)");
+  LAB_REQUIRE((table.size(1) <= 1 || table.stride(1) == 1) && (table.size(0) <= 1 || table.stride(0) >= table.size(1)),
+              "block_table rows must be contiguous and must not overlap (stride(1) == 1, stride(0) >= max_pages)");
   LAB_REQUIRE(table.size(1) * k.size(1) <= kIntMax, "block_table capacity max_pages * page_size = ",
               table.size(1) * k.size(1), " does not fit the kernels' int key offsets");
   LAB_REQUIRE(on_gpu(errors) && errors.device() == q.device() && errors.scalar_type() == at::kInt &&

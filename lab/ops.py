@@ -393,6 +393,8 @@ def _check_paged(query, key_cache, value_cache, block_table, page_errors):
         raise ValueError(f"block_table must have shape ({query.shape[0]}, max_pages), got {tuple(block_table.shape)}")
     if block_table.device != query.device:
         raise ValueError(f"block_table is on {block_table.device} but query is on {query.device}")
+    if block_table.shape[1] == 0:
+        raise ValueError("block_table must have at least one column (max_pages >= 1)")
     if block_table.shape[1] * page_size > 2**31 - 1 - 64 * MAX_NUM_SPLITS:
         raise ValueError(f"block_table capacity max_pages * page_size = {block_table.shape[1] * page_size} "
                          f"overflows the kernel's int32 key offsets")
@@ -403,7 +405,16 @@ def _check_paged(query, key_cache, value_cache, block_table, page_errors):
                 not page_errors.is_contiguous():
             raise ValueError(f"page_errors must be a contiguous ({query.shape[0]},) tensor on {query.device}, got "
                              f"{tuple(page_errors.shape)} on {page_errors.device}")
-    return block_table if block_table.shape[1] <= 1 or block_table.stride(1) == 1 else block_table.contiguous()
+    return _kernel_table(block_table)
+
+
+def _kernel_table(block_table):
+    """The table itself when its rows are contiguous and apart, else a contiguous copy (an expanded or
+    transposed table): the kernel reads row b as max_pages consecutive ints."""
+    rows_ok = block_table.shape[1] <= 1 or block_table.stride(1) == 1
+    if rows_ok and (block_table.shape[0] <= 1 or block_table.stride(0) >= block_table.shape[1]):
+        return block_table
+    return block_table.contiguous()
 
 
 def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits) -> tuple[str, int]:

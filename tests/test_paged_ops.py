@@ -62,6 +62,7 @@ def test_paged_fake_shapes(fake):
     (lambda a, f: {"table": f(2, 10, dtype=torch.int32)}, ValueError, r"block_table must have shape \(3, max_pages\), got \(2, 10\)"),
     (lambda a, f: {"table": f(30, dtype=torch.int32)}, ValueError, r"block_table must have shape \(3, max_pages\)"),
     (lambda a, f: {"table": f(3, 2**26, dtype=torch.int32)}, ValueError, r"overflows the kernel's int32 key offsets"),
+    (lambda a, f: {"table": f(3, 0, dtype=torch.int32)}, ValueError, r"block_table must have at least one column"),
     (lambda a, f: {"errors": f(3, dtype=torch.int64)}, TypeError, r"page_errors must be an int32 tensor"),
     (lambda a, f: {"errors": f(4, dtype=torch.int32)}, ValueError, r"page_errors must be a contiguous \(3,\) tensor"),
     (lambda a, f: {"seqlens": f(3, dtype=torch.float32)}, TypeError, r"cache_seqlens must be an int32 or int64 tensor"),
@@ -156,3 +157,14 @@ def test_torch_layout_and_reference_agree_with_the_emulation():
             case.D ** -0.5, case.causal)
         assert errors == [0] * case.B and np.abs(out - ref.numpy()).max() < 1e-12
         assert (paged.yardstick(a["q"], a["k"], a["v"], case.lengths(), case.causal).double() - ref).abs().max() < 0.05
+
+
+def test_expanded_or_transposed_tables_are_copied():
+    table = torch.zeros(3, 10, dtype=torch.int32)
+    assert ops._kernel_table(table) is table
+    shared = torch.arange(10, dtype=torch.int32)[None].expand(3, 10)  # one row for every sequence: stride(0) == 0
+    copied = ops._kernel_table(shared)
+    assert copied.is_contiguous() and torch.equal(copied, shared)
+    transposed = torch.zeros(10, 3, dtype=torch.int32).t()
+    assert ops._kernel_table(transposed).stride() == (10, 1)
+    assert ops._kernel_table(table[:, :4]) .stride() == (10, 1)  # a column slice is read in place
