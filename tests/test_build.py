@@ -394,3 +394,16 @@ def test_every_kernel_compiles_for_sm80_and_sm90a():
             assert any(r["source"] == rel and r["arch"] == arch for r in rows), f"{rel} has no kernel for {arch}"
     for row in rows:
         assert row["arch"] in build.CHECK_ARCHS and row["registers"] > 0
+
+
+@requires_nvcc
+def test_v04_sweep_switch_builds_one_tile_and_rejects_a_bad_one():
+    """v04's one sweep switch (LAB_V04_TILE, commas escaped for nvcc) builds the tile it names through the
+    same define path sweeps use; a tile that breaks FwdConfig's static checks fails to compile, loudly."""
+    v04 = paths.KERNELS / "fwd" / "v04_lazy.cu"
+    rows = build.compile_check(archs=("sm_80",), sources=[v04],
+                               defines={"LAB_V04_TILE": r"FwdConfig<128\,8\,1\,64\,2\,1\,true\,false\,false\,1\,false>"})
+    assert len(rows) == 2 and all(r["registers"] > 0 for r in rows)  # the one tile, fp16 and bf16
+    assert all("FwdConfig<128, 8, 1, 64, 2, 1, true, false, false, 1, false," in r["kernel"] for r in rows)
+    with pytest.raises(build.BuildError, match="v04_lazy.cu"):  # 3 warps: the Q tile load does not split evenly
+        build.compile_check(archs=("sm_80",), sources=[v04], defines={"LAB_V04_TILE": r"FwdConfig<128\,3\,2\,64\,2\,2>"})

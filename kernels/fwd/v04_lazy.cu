@@ -9,8 +9,8 @@
 // in kernels/README.md, logs outputs/driver_logs/20261121-h200-v04-*.log).
 // Tiles, pipeline, swizzle, masking, limits and error codes are v03's.
 //
-// v04 changes (all compile-time switches, LAB_V04_<X>, or per head dim
-// LAB_V04_D64_<X> / LAB_V04_D128_<X>):
+// v04 changes (each a FwdConfig switch below; a sweep builds other values with
+// the one switch -DLAB_V04_TILE, see "tile configs"):
 // A. LAZY (on): the running max that a row uses as its exp2 offset moves
 //    only when some row of the warp grew by more than 2^8 (a warp vote, so
 //    the branch is uniform). Otherwise P = exp2(s*c - m_old*c) <= 256, which
@@ -50,11 +50,11 @@
 //    twice the CTAs, all resident, half of each warp's serial chain per
 //    tile. The bench grid never takes it. H200, fp16 B=4 H=8 (seed shapes),
 //    D = 64: -1.1 to -2.1 us (S = 32..512, 7-19 %); D = 128: -4 to -7 us.
-//    LAB_V04_SMALL = 0 never, 2 always (tests).
+//    The choice is pick_tile (host); LAB_V04_SMALL = 0 never, 2 always (tests).
 // G. The opt-in shared-memory attribute is set once per device and kernel
 //    instantiation instead of on every launch (host time, which the event
 //    timing of small calls sees only when it is not hidden; measured 0).
-// H. KVSPLIT (option, off; LAB_V04_D64S_KVSPLIT=2 with LAB_V04_D64S_WARPS=8):
+// H. KVSPLIT (option, off; LAB_V04_TILE='FwdConfig<64\,8\,1\,64\,4\,2\,true\,false\,false\,2>'):
 //    small config with two warp groups on the same 64 rows, each taking one
 //    half of every 2*B_c-key tile, merged through shared memory at the end
 //    (128 regs at 2 CTAs of 256 threads, no spills at D = 64). Predicted:
@@ -86,7 +86,7 @@
 //    other warp already fills the tensor pipe during a softmax.
 // 4. kPackEarly (option, off): pack all of P to 16 bits before P V. Same
 //    spills and registers as without (ptxas already does it); timed equal.
-// 5. kLaunder (LAB_V04_LAUNDER, on): the K/V base pointers pass through an
+// 5. kLaunder (on): the K/V base pointers pass through an
 //    empty asm each tile, so the compiler cannot hoist one 64-bit source
 //    pointer per cp.async out of the tile loop. D = 128 spills drop from
 //    168 B to 68 B (255 registers either way); measured +1-2 % at D = 128,
@@ -178,75 +178,25 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
 
-// 5. (see kLaunder) on by default; -DLAB_V04_LAUNDER=0 turns it off.
-#ifndef LAB_V04_LAUNDER
-#define LAB_V04_LAUNDER 1
-#endif
-// v04 switches (see the header): LAZY, SPLIT, ADDR, KVPTR, on by default
-// (SPLIT off at D = 64), each overridable for one head dim with
-// LAB_V04_D64_<X> / LAB_V04_D128_<X>; PRO off.
-#ifndef LAB_V04_LAZY
-#define LAB_V04_LAZY 1
-#endif
-#ifndef LAB_V04_SPLIT
-#define LAB_V04_SPLIT 1
-#endif
-#ifndef LAB_V04_ADDR
-#define LAB_V04_ADDR 1
-#endif
-#ifndef LAB_V04_KVPTR
-#define LAB_V04_KVPTR 1
-#endif
-#ifndef LAB_V04_D64_LAZY
-#define LAB_V04_D64_LAZY LAB_V04_LAZY
-#endif
-#ifndef LAB_V04_D128_LAZY
-#define LAB_V04_D128_LAZY LAB_V04_LAZY
-#endif
-#ifndef LAB_V04_D64_SPLIT
-#define LAB_V04_D64_SPLIT 0  // D = 64: split loop -1.5 % at S=512 causal, +1 % elsewhere (H200)
-#endif
-#ifndef LAB_V04_D128_SPLIT
-#define LAB_V04_D128_SPLIT LAB_V04_SPLIT
-#endif
-#ifndef LAB_V04_D64_ADDR
-#define LAB_V04_D64_ADDR LAB_V04_ADDR
-#endif
-#ifndef LAB_V04_D128_ADDR
-#define LAB_V04_D128_ADDR LAB_V04_ADDR
-#endif
-#ifndef LAB_V04_D64_KVPTR
-#define LAB_V04_D64_KVPTR LAB_V04_KVPTR
-#endif
-#ifndef LAB_V04_D128_KVPTR
-#define LAB_V04_D128_KVPTR LAB_V04_KVPTR
-#endif
-#ifndef LAB_V04_PRO
-#define LAB_V04_PRO 0
-#endif
-#ifndef LAB_V04_LAZY_LOG2
-#define LAB_V04_LAZY_LOG2 8.0f
-#endif
-constexpr float kLazyLog2 = LAB_V04_LAZY_LOG2;  // offset lag allowed, in exp2 units (2^8 = 256)
+constexpr float kLazyLog2 = 8.0f;  // LAZY: offset lag allowed, in exp2 units (2^8 = 256)
 
+// One tile config: every field a sweep may change is a template parameter (defaults: v04's own switches;
+// SPLIT is off at D = 64, where it measured -1.5 % at S = 512 causal and +1 % elsewhere, H200).
 template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_,
-          bool kQInSmem_, bool kPingPong_, bool kPackEarly_, int kKVSplit_ = 1>
+          bool kQInSmem_ = true, bool kPingPong_ = false, bool kPackEarly_ = false, int kKVSplit_ = 1,
+          bool kLazy_ = true, bool kSplit_ = (kHeadDim_ != 64), bool kAddrXor_ = true, bool kKVPtr_ = true,
+          bool kPro_ = false, bool kLaunder_ = true>
 struct FwdConfig {
   static constexpr bool kQInSmem = kQInSmem_;    // Q fragments re-read from smem every k-step
   static constexpr bool kPingPong = kPingPong_;  // S_{j+1} issued before the softmax of S_j
   static constexpr bool kPackEarly = kPackEarly_;  // all of P packed to 16 bits before P V
-  static constexpr bool kLaunder = LAB_V04_LAUNDER != 0;  // K/V source pointers recomputed per tile
-  // v04 switches, per head dim (LAB_V04_D64_<X> / LAB_V04_D128_<X>, default LAB_V04_<X>).
-  static constexpr bool kLazy =  // rescale O only when a row max grew by > 2^kLazyLog2
-      (kHeadDim_ == 64 ? LAB_V04_D64_LAZY : LAB_V04_D128_LAZY) != 0;
-  static constexpr bool kSplit =  // unmasked tiles in a loop of their own
-      (kHeadDim_ == 64 ? LAB_V04_D64_SPLIT : LAB_V04_D128_SPLIT) != 0;
-  static constexpr bool kAddrXor =  // ldmatrix chunk offsets as lane base XOR immediate
-      (kHeadDim_ == 64 ? LAB_V04_D64_ADDR : LAB_V04_D128_ADDR) != 0;
-  static constexpr bool kPro = LAB_V04_PRO != 0;  // prologue issues kStages tiles, not kStages - 1
+  static constexpr bool kLaunder = kLaunder_;    // 5. K/V source pointers recomputed per tile
+  static constexpr bool kLazy = kLazy_;          // A. rescale O only when a row max grew by > 2^kLazyLog2
+  static constexpr bool kSplit = kSplit_;        // D. unmasked tiles in a loop of their own
+  static constexpr bool kAddrXor = kAddrXor_;    // B. ldmatrix chunk offsets as lane base XOR immediate
+  static constexpr bool kPro = kPro_;            // E. prologue issues kStages tiles, not kStages - 1
   static_assert(!(kPro && kPingPong_), "kPro is written for the plain loop only");
-  static constexpr bool kKVPtr =  // K/V copies from one row pointer per thread
-      (kHeadDim_ == 64 ? LAB_V04_D64_KVPTR : LAB_V04_D128_KVPTR) != 0;
+  static constexpr bool kKVPtr = kKVPtr_;        // C. K/V copies from one row pointer per thread
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
@@ -291,126 +241,34 @@ struct FwdConfig {
   static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O store must split evenly");
 };
 
-// Tile configs: <D, warps, m16 tiles per warp, B_c, stages, min CTAs per SM,
-// Q in smem, ping-pong, pack P early>. Override any field at build time to
-// sweep (nvcc splits -D values at commas, hence one macro per field), e.g.
-//   -DLAB_V04_D128_WARPS=8 -DLAB_V04_D128_MTILES=1 -DLAB_V04_D128_QSMEM=0
-// Fields: WARPS MTILES BC STAGES MINB QSMEM PP PACK, for D64 and D128.
-// Defaults chosen by the H100 sweep of 2026-11-21 (kernels/README.md):
+// ---------------------------------------------------------------- tile configs (chosen in one place)
+// <D, warps, m16 tiles per warp, B_c, stages, min CTAs per SM, then the switches above>. Chosen by the
+// H100 sweep of 2026-11-21 and the H200 runs since (kernels/README.md); beside each, what lost and why.
 //
-// D = 64: 4 warps x 32 rows, B_c = 64, 4 stages (80 KiB), Q re-read from
-// smem: 251 regs, no spills, 2 CTAs (8 warps) per SM. Against v02's
-// B_c = 32 with Q in registers: +8-11 % non-causal, +6-11 % causal, and at
-// or above SDPA-flash in every D = 64 cell.
-#ifndef LAB_V04_D64_WARPS
-#define LAB_V04_D64_WARPS 4
-#endif
-#ifndef LAB_V04_D64_MTILES
-#define LAB_V04_D64_MTILES 2
-#endif
-#ifndef LAB_V04_D64_BC
-#define LAB_V04_D64_BC 64
-#endif
-#ifndef LAB_V04_D64_STAGES
-#define LAB_V04_D64_STAGES 4
-#endif
-#ifndef LAB_V04_D64_MINB
-#define LAB_V04_D64_MINB 2
-#endif
-#ifndef LAB_V04_D64_QSMEM
-#define LAB_V04_D64_QSMEM 1
-#endif
-// D = 128: FA2's own tile, 4 warps x 32 rows, B_c = 64, 2 stages (96 KiB),
-// Q re-read from smem, 2 CTAs per SM. In v03 this tile had 255 regs with
-// 68 B of spills; v04's B and C (above) remove them: 255 regs, 0 spills
-// (sm_90a). v03 measurements of the alternatives: B_c = 48 (60-80 B spills)
-// and B_c = 32 (no spills, 3-4 stages) 2-7 % slower (kernels/README.md).
-#ifndef LAB_V04_D128_WARPS
-#define LAB_V04_D128_WARPS 4
-#endif
-#ifndef LAB_V04_D128_MTILES
-#define LAB_V04_D128_MTILES 2
-#endif
-#ifndef LAB_V04_D128_BC
-#define LAB_V04_D128_BC 64
-#endif
-#ifndef LAB_V04_D128_STAGES
-#define LAB_V04_D128_STAGES 2
-#endif
-#ifndef LAB_V04_D128_MINB
-#define LAB_V04_D128_MINB 2
-#endif
-#ifndef LAB_V04_D128_QSMEM
-#define LAB_V04_D128_QSMEM 1
-#endif
-// Ping-pong and early packing: options, off (measured no gain, see README).
-#ifndef LAB_V04_D64_PACK
-#define LAB_V04_D64_PACK 0
-#endif
-#ifndef LAB_V04_D128_PACK
-#define LAB_V04_D128_PACK 0
-#endif
-#ifndef LAB_V04_D64_PP
-#define LAB_V04_D64_PP 0
-#endif
-#ifndef LAB_V04_D128_PP
-#define LAB_V04_D128_PP 0
-#endif
-// Small-grid configs (F, launch-time choice, see attn_fwd_v04): B_r = 64,
-// 4 warps x 16 rows (one m16 tile per warp), same B_c. Used when the 128-row
-// grid would put at most one CTA on each SM (ceil(S_q/128)*B*H_q <= #SMs):
-// there the latency is one CTA's serial walk over the keys with one warp
-// per scheduler; half the rows per CTA doubles the CTAs (still <= 2 per SM,
-// all resident) and halves each warp's mma/exp2 chain per tile.
-// LAB_V04_SMALL: 1 (default) by that rule, 0 never, 2 always (tests).
+// D = 64: 4 warps x 32 rows, B_c = 64, 4 stages (80 KiB), Q re-read from smem: 251 regs, no spills,
+// 2 CTAs (8 warps) per SM. Rejected: v02's B_c = 32 with Q in registers (8-11 % slower non-causal,
+// 6-11 % causal); SPLIT (see FwdConfig).
+using Cfg64 = FwdConfig<64, 4, 2, 64, 4, 2>;
+// D = 128: FA2's own tile, 4 warps x 32 rows, B_c = 64, 2 stages (96 KiB), Q re-read from smem, 2 CTAs
+// per SM. In v03 this tile had 255 regs with 68 B of spills; v04's B and C remove them: 255 regs, 0 spills
+// (sm_90a). Rejected (v03 measurements): B_c = 48 (60-80 B spills) and B_c = 32 (no spills, 3-4 stages),
+// 2-7 % slower; ping-pong and early packing of P (no gain measured).
+using Cfg128 = FwdConfig<128, 4, 2, 64, 2, 2>;
+// F. Small grids: B_r = 64, 4 warps x 16 rows (one m16 tile per warp), same B_c and stages. When the
+// 128-row grid would put at most one CTA on each SM, the latency is one CTA's serial walk over the keys
+// with one warp per scheduler; half the rows per CTA doubles the CTAs (still <= 2 per SM, all resident)
+// and halves each warp's mma/exp2 chain per tile. Rejected: KVSPLIT = 2 (H, 8 warps over two key halves,
+// merged at the end; slower than 64-row CTAs in every small-grid cell measured).
+using Cfg64s = FwdConfig<64, 4, 1, 64, 4, 2>;
+using Cfg128s = FwdConfig<128, 4, 1, 64, 2, 2>;
+
+// The one sweep switch: -DLAB_V04_TILE='FwdConfig<128\,8\,1\,64\,2\,1>' (nvcc takes commas in -D
+// values only escaped) makes every launch of that head dim use the tile given, in place of the pick
+// below; tests/cuda/v04_checks.sh builds its variants this way. LAB_V04_SMALL forces the pick's small-grid
+// rule for tests: 1 (default) by the rule, 0 never, 2 always.
 #ifndef LAB_V04_SMALL
 #define LAB_V04_SMALL 1
 #endif
-#ifndef LAB_V04_D64S_WARPS
-#define LAB_V04_D64S_WARPS 4
-#endif
-#ifndef LAB_V04_D64S_MTILES
-#define LAB_V04_D64S_MTILES 1
-#endif
-#ifndef LAB_V04_D64S_BC
-#define LAB_V04_D64S_BC 64
-#endif
-#ifndef LAB_V04_D64S_STAGES
-#define LAB_V04_D64S_STAGES 4
-#endif
-#ifndef LAB_V04_SMALL_MINB
-#define LAB_V04_SMALL_MINB 2
-#endif
-#ifndef LAB_V04_D64S_KVSPLIT
-#define LAB_V04_D64S_KVSPLIT 1
-#endif
-#ifndef LAB_V04_D128S_KVSPLIT
-#define LAB_V04_D128S_KVSPLIT 1
-#endif
-#ifndef LAB_V04_D128S_WARPS
-#define LAB_V04_D128S_WARPS 4
-#endif
-#ifndef LAB_V04_D128S_MTILES
-#define LAB_V04_D128S_MTILES 1
-#endif
-#ifndef LAB_V04_D128S_BC
-#define LAB_V04_D128S_BC 64
-#endif
-#ifndef LAB_V04_D128S_STAGES
-#define LAB_V04_D128S_STAGES 2
-#endif
-using Cfg64 = FwdConfig<64, LAB_V04_D64_WARPS, LAB_V04_D64_MTILES, LAB_V04_D64_BC,
-                        LAB_V04_D64_STAGES, LAB_V04_D64_MINB, LAB_V04_D64_QSMEM != 0,
-                        LAB_V04_D64_PP != 0, LAB_V04_D64_PACK != 0>;
-using Cfg128 = FwdConfig<128, LAB_V04_D128_WARPS, LAB_V04_D128_MTILES, LAB_V04_D128_BC,
-                         LAB_V04_D128_STAGES, LAB_V04_D128_MINB, LAB_V04_D128_QSMEM != 0,
-                         LAB_V04_D128_PP != 0, LAB_V04_D128_PACK != 0>;
-using Cfg64s = FwdConfig<64, LAB_V04_D64S_WARPS, LAB_V04_D64S_MTILES, LAB_V04_D64S_BC,
-                         LAB_V04_D64S_STAGES, LAB_V04_SMALL_MINB, true, false, false,
-                         LAB_V04_D64S_KVSPLIT>;
-using Cfg128s = FwdConfig<128, LAB_V04_D128S_WARPS, LAB_V04_D128S_MTILES, LAB_V04_D128S_BC,
-                          LAB_V04_D128S_STAGES, LAB_V04_SMALL_MINB, true, false, false,
-                          LAB_V04_D128S_KVSPLIT>;
 
 using lab::load_tile;
 using lab::swizzle;
@@ -959,6 +817,16 @@ int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
   return (int)cudaGetLastError();
 }
 
+enum class Tile { k64, k64Small, k128, k128Small };
+
+// The tile for a call: by head dim, then the small-grid rule (F): the 64-row tile when the 128-row grid
+// (ctas_128 CTAs) would leave at most one CTA per SM.
+Tile pick_tile(int head_dim, int64_t ctas_128, int dev) {
+  const bool small = LAB_V04_SMALL == 2 || (LAB_V04_SMALL == 1 && ctas_128 <= num_sms(dev));
+  if (head_dim == 64) return small ? Tile::k64Small : Tile::k64;
+  return small ? Tile::k128Small : Tile::k128;
+}
+
 using lab::aligned16;
 using lab::strides_ok;
 
@@ -980,21 +848,21 @@ extern "C" int attn_fwd_v04(const AttnFwdParams* p, void* stream) {
     return LAB_E_SHAPE;
 
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool bf16 = p->dtype == LAB_BF16;
   const int dev = current_device();
-  // F. Small grids (see Cfg64s): 64-row CTAs when the 128-row grid would
-  // leave at most one CTA per SM.
-  bool small = LAB_V04_SMALL == 2;
-  if (LAB_V04_SMALL == 1) {
-    const int64_t big_ctas = (int64_t)((p->seqlen_q + 127) / 128) * p->batch * p->heads_q;
-    small = big_ctas <= num_sms(dev);
-  }
-  if (p->head_dim == 64) {
-    if (small)
+  const bool bf16 = p->dtype == LAB_BF16;
+#ifdef LAB_V04_TILE
+  if (p->head_dim != LAB_V04_TILE::kHeadDim) return LAB_E_HEAD_DIM;
+  return bf16 ? launch<LAB_V04_TILE, __nv_bfloat16>(*p, st, dev) : launch<LAB_V04_TILE, __half>(*p, st, dev);
+#else
+  switch (pick_tile(p->head_dim, (int64_t)((p->seqlen_q + 127) / 128) * p->batch * p->heads_q, dev)) {
+    case Tile::k64Small:
       return bf16 ? launch<Cfg64s, __nv_bfloat16>(*p, st, dev) : launch<Cfg64s, __half>(*p, st, dev);
-    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st, dev) : launch<Cfg64, __half>(*p, st, dev);
+    case Tile::k64:
+      return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st, dev) : launch<Cfg64, __half>(*p, st, dev);
+    case Tile::k128Small:
+      return bf16 ? launch<Cfg128s, __nv_bfloat16>(*p, st, dev) : launch<Cfg128s, __half>(*p, st, dev);
+    default:
+      return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st, dev) : launch<Cfg128, __half>(*p, st, dev);
   }
-  if (small)
-    return bf16 ? launch<Cfg128s, __nv_bfloat16>(*p, st, dev) : launch<Cfg128s, __half>(*p, st, dev);
-  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st, dev) : launch<Cfg128, __half>(*p, st, dev);
+#endif
 }
