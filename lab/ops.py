@@ -30,6 +30,7 @@ DECODE = {
     "v03": Kernel("decode/v03_paged.cu", "decode_paged_v03", (64, 128)),
 }
 PAGED_DECODE = ("v03",)  # decode versions with a block table (paged cache) and the bottom-right causal mask
+SPLIT_RULE = {"v03": "v02"}  # v03's pass 1 is v02's with another address: v02's one-block-per-SM split plan
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 MAX_DECODE_Q_LEN = 16
 FLOAT32_MAX = 3.4028234663852886e38
@@ -313,7 +314,7 @@ def _decode_plan(query, key_cache, version, num_splits) -> tuple[str, int]:
     if plan is None:
         name = _decode_version(version, query, key_cache)
         plan = (name, _num_splits(num_splits, query.shape[0], key_cache.shape[1], key_cache.shape[2], query.device,
-                                  name))
+                                  SPLIT_RULE.get(name, name)))
         if len(_decode_plans) >= 4096:  # shapes seen by a long-lived server: keep the table bounded
             _decode_plans.clear()
         _decode_plans[key] = plan
@@ -427,8 +428,8 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits) -> tuple
             raise ValueError(f"decode version {version!r} has no block table or causal mask; use one of "
                              f"{list(PAGED_DECODE)} or version=None")
         name = _version(version, DECODE, query.shape[-1], PAGED_DECODE)
-        # decode v03's pass 1 is v02's with another address: v02's plan
-        plan = (name, _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device, "v02"))
+        plan = (name, _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device,
+                                  SPLIT_RULE.get(name, name)))
         if len(_decode_plans) >= 4096:
             _decode_plans.clear()
         _decode_plans[key] = plan

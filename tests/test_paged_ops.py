@@ -108,6 +108,8 @@ def test_split_plan_from_the_table_capacity(fake, monkeypatch):
     assert seen == [(3, 2, 640, "v02")]
     ops.decode(q, fake(3, 2, 999, 128), fake(3, 2, 999, 128), is_causal=True)  # contiguous causal: S_cache
     assert seen[-1] == (3, 2, 999, "v02")
+    ops.decode(q, fake(3, 2, 999, 128), fake(3, 2, 999, 128), version="v03")  # v03 unmasked: the same rule
+    assert seen[-1] == (3, 2, 999, "v02")
     ops._decode_plans.clear()
 
 
