@@ -28,6 +28,16 @@ __device__ __forceinline__ void cp_async_16_l2(void* smem_dst, const void* gmem_
                : "memory");
 }
 
+// Device code reads the table through the read-only cache; host code (tests/cuda/paged_cursor_check.cu checks
+// the cursor on the CPU against plain division) reads it directly.
+__host__ __device__ __forceinline__ int32_t table_entry(const int32_t* entry) {
+#ifdef __CUDA_ARCH__
+  return __ldg(entry);
+#else
+  return *entry;
+#endif
+}
+
 // The keys one thread loads in every tile are first + kStep * it, it < kRows (the loader's fixed pattern:
 // thread tid owns rows tid / vectors-per-row + kStep * it of each tile, at one 16-byte column). The cursor
 // follows them through the block table with no division in the loop: (slot, row) of the first key of the
@@ -42,7 +52,7 @@ struct PageCursor {
   int slot, row;         // table slot and row in page of the thread's first key of the next tile
   int page[kRows];       // page ids of that tile's keys, -1 for a key past the end
 
-  __device__ __forceinline__ void start(const int32_t* table_row, int ps, int np, int first_key) {
+  __host__ __device__ __forceinline__ void start(const int32_t* table_row, int ps, int np, int first_key) {
     table = table_row;
     page_size = ps;
     num_pages = static_cast<unsigned>(np);
@@ -51,7 +61,7 @@ struct PageCursor {
   }
 
   // Key it of the tile: (slot offset, row in page). kStep * it < 64 and page_size >= 16: at most 4 steps.
-  __device__ __forceinline__ int locate(int it, int* row_in_page) const {
+  __host__ __device__ __forceinline__ int locate(int it, int* row_in_page) const {
     int r = row + kStep * it, s = 0;
     while (r >= page_size) {
       r -= page_size;
@@ -62,18 +72,18 @@ struct PageCursor {
   }
 
   // Fetch the page ids of the next tile; keys_left = keys of the split from this thread's first key on.
-  __device__ __forceinline__ void fetch(int keys_left) {
+  __host__ __device__ __forceinline__ void fetch(int keys_left) {
 #pragma unroll
     for (int it = 0; it < kRows; ++it) {
       int r;
       const int s = locate(it, &r);
-      page[it] = kStep * it < keys_left ? __ldg(table + slot + s) : -1;
+      page[it] = kStep * it < keys_left ? table_entry(table + slot + s) : -1;
     }
   }
 
   // Element offset of key it's row in a cache with (page, row) strides; false: no key or a bad page id
   // (the caller zero-fills, the offset is then 0 and never read).
-  __device__ __forceinline__ bool offset(int it, int64_t page_stride, int64_t row_stride, int64_t* off) const {
+  __host__ __device__ __forceinline__ bool offset(int it, int64_t page_stride, int64_t row_stride, int64_t* off) const {
     int r;
     locate(it, &r);
     const bool ok = static_cast<unsigned>(page[it]) < num_pages;
@@ -81,7 +91,7 @@ struct PageCursor {
     return ok;
   }
 
-  __device__ __forceinline__ void advance() {
+  __host__ __device__ __forceinline__ void advance() {
     row += kTileKeys;
     while (row >= page_size) {
       row -= page_size;
