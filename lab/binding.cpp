@@ -416,7 +416,10 @@ std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::
   LAB_TRY(float_buffer(partial_lse, "partial_lse", q, rows * num_splits, false, &p.partial_lse));
   at::Tensor ow;
   LAB_TRY(writable(o, {{&q, "query"}, {&k, "key_cache"}, {&v, "value_cache"}}, &ow));
-  if (q.numel() == 0) return "";
+  if (q.numel() == 0) {  // no query rows: no launch, and no sequence is flagged
+    errors.zero_();
+    return "";
+  }
 #ifndef LAB_BINDING_CPU_CHECKS
   c10::cuda::CUDAGuard guard(q.device());
 #endif

@@ -67,3 +67,10 @@ def test_good_paged_calls_pass_every_check(cpu_binding):  # noqa: F811
     a["k"], a["v"] = torch.randn(3, 2, 100, 64, dtype=F16), torch.randn(3, 2, 100, 64, dtype=F16)
     out, errors = _call(cpu_binding, a)
     assert out.shape == a["q"].shape and errors is None
+
+
+def test_no_query_rows_clear_the_flags(cpu_binding):  # noqa: F811
+    a = _args(Hq=0)
+    a["errors"] = torch.full((3,), 7, dtype=torch.int32)
+    _call(cpu_binding, a)
+    assert a["errors"].tolist() == [0, 0, 0]
