@@ -8,7 +8,9 @@ tool could check. Here a gate is a row in chapters/gates.json:
      "metric": "ratios.sdpa-flash", "op": ">=", "value": 1.0, "gpu_only": true}
 
 query: each key matches a record's top-level field, its case field, or a dotted path; a list
-means any of; a string with * or ? is a glob; "not": {...} excludes rows matching a sub-query. metric: a dotted path into the row.
+means any of; a string with * or ? is a glob; "not": {...} excludes rows matching a sub-query; "impl":
+"default" matches the rows of the version lab.ops runs by default for that row's shape and GPU
+(lab.registry.default_for_row), so a gate outlives a change of default. metric: a dotted path into the row.
 op: >=, <=, >, <, == (every matching row must satisfy it: the measured value shown is the worst)
 or "all" (every matching row's metric equals value). gpu_only: rows measured without a GPU do
 not count. With no matching row the status is "no data", never "pass": a CPU session proves nothing.
@@ -21,7 +23,7 @@ import json
 import operator
 from pathlib import Path
 
-from . import paths
+from . import paths, registry
 
 GATES_FILE = paths.CHAPTERS / "gates.json"
 
@@ -84,7 +86,9 @@ def matches(row: dict, query: dict) -> bool:
             continue
         actual = _lookup(row, key)
         options = wanted if isinstance(wanted, list) else [wanted]
-        if not any(_matches_one(actual, option) for option in options):
+        if not any(_matches_one(actual, option) or (key == "impl" and option == "default" and actual is not None
+                                                     and actual == registry.default_for_row(row))
+                   for option in options):
             return False
     return True
 

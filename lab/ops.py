@@ -15,23 +15,12 @@ from .kernels import Kernel, launcher, reload  # noqa: F401 (lab.ops.launcher / 
 from .kernels import resolve_version as _version
 
 
-FWD = {
-    "v01": Kernel("fwd/v01_scalar.cu", "attn_fwd_v01", (16, 32, 64, 128)),
-    "v02": Kernel("fwd/v02_mma.cu", "attn_fwd_v02", (64, 128)),
-    "v03": Kernel("fwd/v03_qsmem.cu", "attn_fwd_v03", (64, 128)),
-    "v04": Kernel("fwd/v04_lazy.cu", "attn_fwd_v04", (64, 128)),
-    "v05": Kernel("fwd/v05_wgmma.cu", "attn_fwd_v05", (64, 128), ((9, 0),)),
-    "v06": Kernel("fwd/v06_warpspec.cu", "attn_fwd_v06", (64, 128), ((9, 0),)),
-    "v07": Kernel("fwd/v07_overlap.cu", "attn_fwd_v07", (64, 128), ((9, 0),)),
-}
-DECODE = {
-    "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
-    "v02": Kernel("decode/v02_mma.cu", "decode_splitk_v02", (64, 128)),
-    "v03": Kernel("decode/v03_paged.cu", "decode_paged_v03", (64, 128)),
-}
-PAGED_DECODE = ("v03",)  # decode versions with a block table (paged cache) and the bottom-right causal mask
-SPLIT_RULE = {"v03": "v02"}  # v03's pass 1 is v02's with another address: v02's one-block-per-SM split plan
-BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
+# The kernel tables and the default rules live in lab.registry (no torch: gates, scripts and the publishing
+# side read them too); these names stay the public ones.
+from .registry import (BEST_FWD, BEST_FWD_HOPPER, DECODE, FWD, HOPPER_CAPABILITIES,  # noqa: E402,F401
+                       HOPPER_SMALL_MAX_SQ, PAGED_DECODE, SPLIT_RULE, default_attention_version,
+                       default_decode_version)
+
 MAX_DECODE_Q_LEN = 16
 FLOAT32_MAX = 3.4028234663852886e38
 _devices: dict = {}
@@ -164,29 +153,6 @@ def attention_version(query, version=None, is_causal: bool = False) -> str:
     return _version(version, FWD, query.shape[-1], BEST_FWD)
 
 
-def default_attention_version(head_dim: int, seqlen_q: int, is_causal: bool, capability: tuple) -> str:
-    """The default forward kernel for a shape on a GPU of this compute capability."""
-    preference = _hopper_preference(head_dim, seqlen_q, is_causal) if capability in HOPPER_CAPABILITIES else ()
-    return _version(None, FWD, head_dim, preference + BEST_FWD)
-
-
-def _hopper_preference(head_dim: int, seqlen_q: int, is_causal: bool) -> tuple:
-    """wgmma + TMA kernels (sm_90a) on compute capability 9.0 (H200, 2026-11-22, outputs/driver_logs/
-    20261122-h200-hopper-run{3,4}-*): v05's many small CTAs (one warpgroup, several CTAs per SM hide each
-    other's prologue and the causal tail) win at D=64 up to 4k queries (8k causal) and for causal D=128 up
-    to 2k queries; v07 (warp-specialised, ping-pong at D=128) everywhere else."""
-    if seqlen_q <= HOPPER_SMALL_MAX_SQ.get((head_dim, bool(is_causal)), 0):
-        return ("v05",) + BEST_FWD_HOPPER
-    return BEST_FWD_HOPPER
-
-
-BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
-# (head dim, causal) -> largest S_q that runs v05 on Hopper (runs 4-5, TFLOP/s v05 vs v07: D=64 causal 8k 384 vs
-# 373, 16k 382 vs 389; D=128 causal 512 264-283 vs 216-247, 2k 397-402 vs 363 with v07's B_c = 176, 8k 421 vs 465)
-HOPPER_SMALL_MAX_SQ = {(64, False): 4096, (64, True): 8192, (128, True): 2048}
-HOPPER_CAPABILITIES = ((9, 0),)
-
-
 def attention(query, key, value, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
               version=None, return_lse: bool = False):
     """Scaled dot-product attention, (B, H, S, D) like F.scaled_dot_product_attention.
@@ -228,12 +194,6 @@ def fwd_call_factory(version: str, defines=None):
 
 
 # ------------------------------------------------------------------ decoding
-
-def default_decode_version(heads_q: int, heads_kv: int, q_len: int) -> str:
-    """v02 (tensor cores) when a KV head serves several query rows (GQA or q_len > 1), v01 (scalar, two
-    blocks per SM) for one row per KV head, where it measured up to 10% faster."""
-    return "v02" if heads_q // heads_kv * q_len >= 2 else "v01"
-
 
 def _decode_version(version, query, key_cache) -> str:
     if version is None:

@@ -34,7 +34,7 @@ def test_scratch_version_takes_two_edits(tmp_path):
     source = (clone / "kernels/fwd/v04_lazy.cu").read_text().replace("attn_fwd_v04", "attn_fwd_v99")
     (clone / "kernels/fwd/v99_scratch.cu").write_text(source)
     # Edit 2: the registry line.
-    ops_py = clone / "lab/ops.py"
+    ops_py = clone / "lab/registry.py"
     text = ops_py.read_text()
     anchor = '    "v04": Kernel("fwd/v04_lazy.cu", "attn_fwd_v04", (64, 128)),\n'
     assert anchor in text, "the FWD registry line of v04 moved: update this test's anchor"
@@ -42,7 +42,7 @@ def test_scratch_version_takes_two_edits(tmp_path):
 
     status = _run(["git", "status", "--porcelain"], clone).stdout.split("\n")
     changed = sorted(line[3:] for line in status if line.strip())
-    assert changed == ["kernels/fwd/v99_scratch.cu", "lab/ops.py"], changed  # two edits, nothing else
+    assert changed == ["kernels/fwd/v99_scratch.cu", "lab/registry.py"], changed  # two edits, nothing else
 
     compiled = _run([sys.executable, "-c",
                      "from lab import build, ops\n"

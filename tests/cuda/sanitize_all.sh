@@ -1,14 +1,17 @@
 #!/bin/bash
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck on the default kernel paths, in one
 # device call (builds there with nvcc; about 5-8 minutes on an H200):
-#   bash tests/cuda/sanitize_all.sh          # inside `run`; logs to $OUT
-# Binaries (tests/cuda/*_main.cu linked with one kernel, --sanitize lists):
-#   v04_128  fwd v04 with its 128-row config forced (-DLAB_V04_SMALL=0): B = 2, S_q/S_k in {1025, 63, 65,
-#            130} both ways, D 64/128, causal and not, MHA and GQA, fp16/bf16, strided, scale default/-/0
-#   v04_64   the same list with the 64-row small-grid config forced (-DLAB_V04_SMALL=2)
-#   dec_v01, dec_v02  both decode kernels: cache lengths 0, 1, 63, 4097 in one batch, num_splits 1..1024
+#   PYTHONPATH=$PWD bash tests/cuda/sanitize_all.sh   # inside `run` (python3 reads lab.registry); logs to $OUT
+# Binaries: one per kernel the registry lists for this GPU (python -m lab.registry drivers <cap> --defaults:
+# the versions some call gets by default here; SANITIZE_ALL=1: every registered version), each its driver
+# (tests/cuda/*_main.cu) linked with the kernel, with the driver's --sanitize list:
+#   fwd (fwd_mma_main.cu): B = 2, S_q/S_k in {1025, 63, 65, 130} both ways, D 64/128, causal and not, MHA
+#            and GQA, fp16/bf16, strided, scale default/-/0; v04 twice, its 128-row tile forced
+#            (-DLAB_V04_SMALL=0, fwd_v04_128) and its 64-row small-grid tile (=2, fwd_v04_64)
+#   decode (decode_main.cu): cache lengths 0, 1, 63, 4097 in one batch, num_splits 1..1024
 #            (LAB_MAX_NUM_SPLITS), GQA/MHA/MQA, q_len 1/4/16: every num_splits > 1 also runs the shared
 #            split-K combine kernel (common/splitk_combine.cuh)
+# fwd v01 (the default only at D = 16/32; its own driver has no --sanitize list) stays in gpu_checks.sh.
 # Each binary first runs its list without a tool (correctness), then under every tool; the forward lists
 # are cut into 4 parts (--part i/4) that run in parallel. Summary: one line per (tool, binary) with the
 # sanitizer's own summary counts.
@@ -27,15 +30,22 @@ TIMEOUT=${SANITIZE_TIMEOUT:-420}
   nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv; nvcc --version | tail -2
   compute-sanitizer --version | tail -2; } > "$LOG" 2>&1
 
-$NV -DFWD_FN=attn_fwd_v04 -DLAB_V04_SMALL=0 tests/cuda/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o $BIN/v04_128 &
-$NV -DFWD_FN=attn_fwd_v04 -DLAB_V04_SMALL=2 tests/cuda/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o $BIN/v04_64 &
-$NV tests/cuda/decode_main.cu kernels/decode/v01_splitk.cu -o $BIN/dec_v01 &
-$NV -DDECODE_FN=decode_splitk_v02 tests/cuda/decode_main.cu kernels/decode/v02_mma.cu -o $BIN/dec_v02 &
+CAPDOT=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
+NAMES=()
+while IFS=$'\t' read -r name main src def; do
+  if [ "$name" = fwd_v04 ]; then
+    $NV $def -DLAB_V04_SMALL=0 $main $src -o $BIN/fwd_v04_128 & NAMES+=(fwd_v04_128)
+    $NV $def -DLAB_V04_SMALL=2 $main $src -o $BIN/fwd_v04_64 & NAMES+=(fwd_v04_64)
+  else
+    $NV $def $main $src -o $BIN/$name & NAMES+=("$name")
+  fi
+done < <(python3 -m lab.registry drivers "$CAPDOT" $([ "${SANITIZE_ALL:-0}" = 1 ] || echo --defaults) | grep -v "^fwd_v01")
 wait
+echo "binaries: ${NAMES[*]}" >> "$LOG"
 ls $BIN >> "$LOG"
 
 echo "== correctness of the lists (no tool)" >> "$LOG"
-for b in v04_128 v04_64 dec_v01 dec_v02; do
+for b in "${NAMES[@]}"; do
   echo "-- $b"; $BIN/$b --sanitize | grep -vE "^PASS"; echo "rc=${PIPESTATUS[0]}"
 done >> "$LOG" 2>&1
 
@@ -43,10 +53,12 @@ done >> "$LOG" 2>&1
 jobs=$BIN/jobs
 : > "$jobs"
 for tool in memcheck racecheck initcheck synccheck; do
-  for b in v04_128 v04_64; do
-    for i in $(seq 0 $((PARTS - 1))); do echo "$tool $b --sanitize --part $i/$PARTS" >> "$jobs"; done
+  for b in "${NAMES[@]}"; do
+    case $b in
+      fwd_*) for i in $(seq 0 $((PARTS - 1))); do echo "$tool $b --sanitize --part $i/$PARTS" >> "$jobs"; done ;;
+      *) echo "$tool $b --sanitize" >> "$jobs" ;;
+    esac
   done
-  for b in dec_v01 dec_v02; do echo "$tool $b --sanitize" >> "$jobs"; done
 done
 run_one() {  # tool binary args...
   local tool=$1 b=$2; shift 2
@@ -63,7 +75,7 @@ cat "$BIN"/out.* >> "$LOG"
 # Summary: per (tool, binary), the sanitizer's counts summed over parts, and every rc.
 { echo; echo "== summary (tool binary: errors / hazards, runs, nonzero rc)"
   for tool in memcheck racecheck initcheck synccheck; do
-    for b in v04_128 v04_64 dec_v01 dec_v02; do
+    for b in "${NAMES[@]}"; do
       files=$(ls "$BIN"/out."$tool"."$b".* 2>/dev/null)
       errs=$(cat $files | grep -hoE "ERROR SUMMARY: [0-9]+" | awk '{s+=$3} END {print s+0}')
       haz=$(cat $files | grep -hoE "RACECHECK SUMMARY: [0-9]+ hazard" | awk '{s+=$3} END {print s+0}')

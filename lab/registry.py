@@ -1,0 +1,132 @@
+"""The kernel registries and the default rules: which kernels exist and which one a call gets.
+
+No torch here, so the gates (a gate may name `default`), the standalone GPU scripts (`python -m lab.registry
+drivers`) and the publishing side can read them; lab.ops re-exports every name. Adding a version is one
+line in a table below (kernels/README.md, "Adding a version"; tests/test_add_version.py does it).
+"""
+from __future__ import annotations
+
+import sys
+
+from .kernels import Kernel
+from .kernels import resolve_version as _version
+
+FWD = {
+    "v01": Kernel("fwd/v01_scalar.cu", "attn_fwd_v01", (16, 32, 64, 128)),
+    "v02": Kernel("fwd/v02_mma.cu", "attn_fwd_v02", (64, 128)),
+    "v03": Kernel("fwd/v03_qsmem.cu", "attn_fwd_v03", (64, 128)),
+    "v04": Kernel("fwd/v04_lazy.cu", "attn_fwd_v04", (64, 128)),
+    "v05": Kernel("fwd/v05_wgmma.cu", "attn_fwd_v05", (64, 128), ((9, 0),)),
+    "v06": Kernel("fwd/v06_warpspec.cu", "attn_fwd_v06", (64, 128), ((9, 0),)),
+    "v07": Kernel("fwd/v07_overlap.cu", "attn_fwd_v07", (64, 128), ((9, 0),)),
+}
+DECODE = {
+    "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
+    "v02": Kernel("decode/v02_mma.cu", "decode_splitk_v02", (64, 128)),
+    "v03": Kernel("decode/v03_paged.cu", "decode_paged_v03", (64, 128)),
+}
+PAGED_DECODE = ("v03",)  # decode versions with a block table (paged cache) and the bottom-right causal mask
+SPLIT_RULE = {"v03": "v02"}  # v03's pass 1 is v02's with another address: v02's one-block-per-SM split plan
+BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
+
+
+# ---------------------------------------------------------------- defaults
+
+def default_attention_version(head_dim: int, seqlen_q: int, is_causal: bool, capability: tuple) -> str:
+    """The default forward kernel for a shape on a GPU of this compute capability."""
+    preference = _hopper_preference(head_dim, seqlen_q, is_causal) if capability in HOPPER_CAPABILITIES else ()
+    return _version(None, FWD, head_dim, preference + BEST_FWD)
+
+
+def _hopper_preference(head_dim: int, seqlen_q: int, is_causal: bool) -> tuple:
+    """wgmma + TMA kernels (sm_90a) on compute capability 9.0 (H200, 2026-11-22, outputs/driver_logs/
+    20261122-h200-hopper-run{3,4}-*): v05's many small CTAs (one warpgroup, several CTAs per SM hide each
+    other's prologue and the causal tail) win at D=64 up to 4k queries (8k causal) and for causal D=128 up
+    to 2k queries; v07 (warp-specialised, ping-pong at D=128) everywhere else."""
+    if seqlen_q <= HOPPER_SMALL_MAX_SQ.get((head_dim, bool(is_causal)), 0):
+        return ("v05",) + BEST_FWD_HOPPER
+    return BEST_FWD_HOPPER
+
+
+BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
+# (head dim, causal) -> largest S_q that runs v05 on Hopper (runs 4-5, TFLOP/s v05 vs v07: D=64 causal 8k 384 vs
+# 373, 16k 382 vs 389; D=128 causal 512 264-283 vs 216-247, 2k 397-402 vs 363 with v07's B_c = 176, 8k 421 vs 465)
+HOPPER_SMALL_MAX_SQ = {(64, False): 4096, (64, True): 8192, (128, True): 2048}
+HOPPER_CAPABILITIES = ((9, 0),)
+
+
+def default_decode_version(heads_q: int, heads_kv: int, q_len: int) -> str:
+    """v02 (tensor cores) when a KV head serves several query rows (GQA or q_len > 1), v01 (scalar, two
+    blocks per SM) for one row per KV head, where it measured up to 10% faster."""
+    return "v02" if heads_q // heads_kv * q_len >= 2 else "v01"
+
+
+def default_for_row(row: dict) -> str | None:
+    """The default version for a record's shape and GPU (what lab.ops would have run), or None when the row
+    does not say enough: forward rows need D, Sq, causal and env.capability; decode rows Hq, Hkv, q_len."""
+    case = row.get("case") or {}
+    try:
+        if "page_size" in case:
+            return PAGED_DECODE[0]
+        if "q_len" in case:
+            return default_decode_version(int(case["Hq"]), int(case["Hkv"]), int(case["q_len"]))
+        if "Sq" in case:
+            capability = tuple(int(x) for x in str(row.get("env", {}).get("capability", "")).split("."))
+            return default_attention_version(int(case["D"]), int(case["Sq"]), bool(case.get("causal")), capability)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+# ---------------------------------------------------------------- standalone drivers
+
+# The C++ drivers (tests/cuda/*_main.cu) that test a kernel without torch, by family; the version's symbol
+# goes in as -D<macro>=<symbol>. fwd v01 has a driver of its own (its debug switches).
+DRIVERS = {"fwd": ("tests/cuda/fwd_mma_main.cu", "FWD_FN"), "decode": ("tests/cuda/decode_main.cu", "DECODE_FN")}
+OWN_DRIVER = {("fwd", "v01"): "tests/cuda/fwd_v01_main.cu"}
+
+
+def default_versions(capability: tuple) -> dict[str, set]:
+    """Every version some call gets by default on a GPU of this capability, per family: the kernels whose
+    sanitizer runs cover what users run."""
+    head_dims = sorted({d for kernel in FWD.values() for d in kernel.head_dims})
+    fwd = {default_attention_version(d, s, c, tuple(capability)) for d in head_dims for c in (False, True)
+           for s in (1, *HOPPER_SMALL_MAX_SQ.values(), *(v + 1 for v in HOPPER_SMALL_MAX_SQ.values()))}
+    decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | set(PAGED_DECODE)
+    return {"fwd": fwd, "decode": decode}
+
+
+def drivers(capability: tuple | None = None, defaults_only: bool = False) -> list[tuple[str, str, str, str]]:
+    """(name, driver, kernel source, -D flag) for every registered kernel that runs on `capability` (None:
+    all; defaults_only: only default_versions(capability)), e.g.
+    ('fwd_v04', 'tests/cuda/fwd_mma_main.cu', 'kernels/fwd/v04_lazy.cu', '-DFWD_FN=attn_fwd_v04')."""
+    wanted = default_versions(capability) if defaults_only and capability is not None else None
+    rows = []
+    for family, table in (("fwd", FWD), ("decode", DECODE)):
+        main, macro = DRIVERS[family]
+        for version, kernel in sorted(table.items()):
+            if capability is not None and kernel.capabilities and tuple(capability) not in kernel.capabilities:
+                continue
+            if wanted is not None and version not in wanted[family]:
+                continue
+            own = OWN_DRIVER.get((family, version))
+            rows.append((f"{family}_{version}", own or main, f"kernels/{kernel.source}",
+                         "" if own else f"-D{macro}={kernel.symbol}"))
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    """`python -m lab.registry drivers [MAJOR.MINOR] [--defaults]`: one tab-separated line per driver build."""
+    defaults_only = "--defaults" in argv
+    argv = [a for a in argv if a != "--defaults"]
+    if not argv or argv[0] != "drivers":
+        print("usage: python -m lab.registry drivers [capability, e.g. 9.0] [--defaults]", file=sys.stderr)
+        return 2
+    capability = tuple(int(x) for x in argv[1].split(".")) if len(argv) > 1 else None
+    for row in drivers(capability, defaults_only):
+        print("\t".join(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
