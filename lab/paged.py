@@ -102,12 +102,14 @@ def paged_inputs(case: PagedCase, generator, device, magnitude: float = 1.0):
 
 
 def check_paged(case: PagedCase, impl: str = PUBLIC_DECODE, num_splits=None, trials: int = 3, seed: int = 0,
-                device=None, peaked: bool = True, scale: float | None = None, save: bool = True) -> CheckResult:
+                device=None, peaked: bool = True, scale: float | None = None, save: bool = True,
+                defines: dict | None = None) -> CheckResult:
     """lab.ops.decode(q, k_pages, v_pages, cache_seqlens, block_table=..., is_causal=case.causal) against the
     float64 reference on the contiguous cache, judged by SDPA's error (lab.check's rule). The op allocates its
     output, so the allocator's free blocks of that size are NaN-poisoned first (lab.check's backward rule);
-    page_errors starts at -1 and must come back 0."""
-    from . import ops
+    page_errors starts at -1 and must come back 0. defines: build decode v03 with them and call the binding
+    directly (the self-test's wrong kernel, LAB_PAGED_BUG_IDENTITY, which ignores the table)."""
+    from . import build, ops
 
     device = device or check.resolve_device()
     lengths = case.lengths()
@@ -116,14 +118,65 @@ def check_paged(case: PagedCase, impl: str = PUBLIC_DECODE, num_splits=None, tri
         a = paged_inputs(case, gen, device, magnitude)
         flags = torch.full((case.B,), -1, dtype=torch.int32, device=device)
         check._poison_allocator(a["q"])
-        out = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], scale, num_splits,
-                         block_table=a["table"], is_causal=case.causal, page_errors=flags)
+        if defines is None:
+            out = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], scale, num_splits,
+                             block_table=a["table"], is_causal=case.causal, page_errors=flags)
+        else:
+            out = build._raising(build.binding().module.decode_paged_call)(
+                ops.launcher(ops.DECODE, "v03", defines), a["q"], a["k_pages"], a["v_pages"], a["seqlens"], a["table"],
+                flags, ops._scale(scale, case.D), num_splits or 1, case.causal)[0]
         if bool(flags.any()):
             out = torch.full_like(out, float("nan"))  # a false (or unwritten) flag fails the check
         return (out, reference(a["q"], a["k"], a["v"], lengths, case.causal, scale),
                 yardstick(a["q"], a["k"], a["v"], lengths, case.causal, scale))
 
     return check._one(CheckResult(impl, case), one_trial, trials, seed, peaked, {"layout": "paged"} if save else None)
+
+
+def graph_check(case: PagedCase, seed: int = 0, save: bool = True) -> dict:
+    """lab.ops.decode(..., block_table=..., page_errors=...) captured once in a CUDA graph, then replayed with
+    new cache_seqlens and block_table contents: the same table, a reshuffled one over the same pool, then a
+    table with a page id past the pool. Each replay must equal an eager call bit for bit (flags included) and,
+    where no flag is set, pass the float64 check. One row, kind "graph"."""
+    from . import ops
+
+    a = paged_inputs(case, torch.Generator().manual_seed(seed), "cuda")
+    q, kp, vp = a["q"], a["k_pages"], a["v_pages"]
+    seqlens, table, flags = a["seqlens"].clone(), a["table"].clone(), torch.zeros(case.B, dtype=torch.int32, device="cuda")
+
+    def call(errors):
+        return ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal, page_errors=errors)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside capture: build, split plan
+        call(flags)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(flags)
+    bad = a["table"].clone()
+    bad[-1, 0] = kp.shape[0] + 5
+    lengths = case.lengths()
+    replays = [(lengths[::-1], a["table"]), ([max(0, n - 17) for n in lengths], a["table"][:, torch.randperm(
+        table.shape[1], generator=torch.Generator().manual_seed(seed + 1))]), (lengths, bad)]
+    results = []
+    for new_lengths, new_table in replays:
+        seqlens.copy_(torch.tensor(new_lengths, dtype=torch.int32))
+        table.copy_(new_table)
+        graph.replay()
+        eager_flags = torch.zeros_like(flags)
+        eager = call(eager_flags)
+        same = bool(torch.equal(out, eager)) and bool(torch.equal(flags, eager_flags))
+        passed = same
+        for b in [b for b in range(case.B) if int(flags[b]) == 0]:  # this replay's keys of b, in order
+            k, v = (pages[table[b].long()].flatten(0, 1)[:new_lengths[b]].transpose(0, 1)[None] for pages in (kp, vp))
+            ref = reference(q[b:b + 1], k, v, [new_lengths[b]], case.causal)
+            passed &= check.compare(out[b:b + 1], ref, yardstick(q[b:b + 1], k, v, [new_lengths[b]], case.causal))["passed"]
+        results.append({"lengths": new_lengths, "bit_identical": same, "flags": flags.tolist(), "passed": passed})
+    want_flags = [0] * (case.B - 1) + [1]
+    row = {"kind": "graph", "impl": PUBLIC_DECODE, "case": case.as_dict(), "replays": results,
+           "passed": all(r["passed"] for r in results) and results[-1]["flags"] == want_flags}
+    return record.append(row) if save else row
 
 
 def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[dict]:

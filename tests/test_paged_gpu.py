@@ -83,36 +83,21 @@ def test_eager_call_without_page_errors_raises_naming_the_sequences():
     assert torch.isfinite(good).all()
 
 
-def test_cuda_graph_replays_with_new_lengths_and_tables():
+@pytest.mark.parametrize("case", [PagedCase("pg-graph", 4, 8, 2, 4, 1000, 128, "bfloat16", (1000, 1, 0, 999), 64, True),
+                                  PagedCase("pg-graph-p16", 3, 32, 8, 1, 4097, 128, "float16", (4097, 65, 300), 16)],
+                         ids=lambda c: c.name)
+def test_cuda_graph_replays_with_new_lengths_and_tables(case):
     """Captured once; replayed with new cache_seqlens and block_table contents (a reshuffled table over the
     same pool, then a bad one): every replay equals an eager call bit for bit, flags included, no host sync."""
-    case = PagedCase("pg-graph", 4, 8, 2, 4, 1000, 128, "bfloat16", (), 64, True)
-    a = paged.paged_inputs(case, torch.Generator().manual_seed(3), "cuda")
-    q, kp, vp = a["q"], a["k_pages"], a["v_pages"]
-    seqlens, table = a["seqlens"].clone(), a["table"].clone()
-    flags = torch.zeros(case.B, dtype=torch.int32, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside capture (build, plan)
-        ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=True, page_errors=flags)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=True, page_errors=flags)
-    gen = torch.Generator().manual_seed(4)
-    perm = torch.randperm(table.shape[1], generator=gen)
-    bad = table.clone()
-    bad[2, 1] = kp.shape[0] + 5
-    for new_lens, new_table in (([1000, 1, 0, 999], table), ([17, 600, 1000, 64], table[:, perm]),
-                                ([1000, 1000, 1000, 1000], bad)):
-        seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
-        table.copy_(new_table)
-        graph.replay()
-        eager_flags = torch.zeros_like(flags)
-        eager = ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=True, page_errors=eager_flags)
-        torch.cuda.synchronize()
-        assert torch.equal(out, eager) and torch.equal(flags, eager_flags)
-    assert flags.tolist() == [0, 0, emulate_paged.PAGE_E_INDEX, 0] and (out[2] == 0).all()
+    row = paged.graph_check(case, save=False)
+    assert row["passed"], row["replays"]
+
+
+def test_a_kernel_that_ignores_the_table_fails():
+    """The self-test: LAB_PAGED_BUG_IDENTITY reads slot i as page i; on a shuffled table it must fail."""
+    case = cases.paged_tests_cases()[2]
+    assert not paged.check_paged(case, defines={"LAB_PAGED_BUG_IDENTITY": None}, save=False).passed
+    assert paged.check_paged(case, save=False).passed
 
 
 def test_direct_binding_checks():

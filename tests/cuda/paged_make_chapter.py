@@ -173,16 +173,39 @@ Every `paged-tests` case (`lab.cases.paged_tests_cases`: page sizes 16/64/256 ×
 causal and not, lengths 0, 1, 5, 63, 65, 1025, 4097 in one batch, fp16 D 64 and bf16 D 128) through
 `lab.ops.decode(q, k_pages, v_pages, cache_seqlens, block_table=shuffled, is_causal=...)` against the
 float64 reference on the contiguous cache the pages were cut from, judged by SDPA's error in the same dtype
-(`lab.paged.check_paged`, `lab.check`'s rule); `page_errors` must come back 0.
+(`lab.paged.check_paged`, `lab.check`'s rule); `page_errors` must come back 0. The self-test: the same
+kernel built with `LAB_PAGED_BUG_IDENTITY` (slot i read as page i, the table ignored) must fail.
 """)
 
 code(r'''
 if not ch.skip("paged decode checks"):
     results = [paged.check_paged(c) for c in case_sets.paged_tests_cases()]
-    display(tables.checks(results))
+    wrong = paged.check_paged(case_sets.paged_tests_cases()[2], "selftest: LAB_PAGED_BUG_IDENTITY",
+                              defines={"LAB_PAGED_BUG_IDENTITY": None})
+    display(tables.checks(results + [wrong]))
 else:
     rows_chk = ch.recorded(kind="check")
     print(f"{sum(r['check']['passed'] for r in rows_chk)}/{len(rows_chk)} recorded checks passed" if rows_chk else "")
+''')
+
+md(r"""
+## Captured in a CUDA graph (GPU)
+
+`lab.ops.decode(q, k_pages, v_pages, cache_seqlens, block_table=table, page_errors=flags)` captured once with
+`torch.cuda.graph`, then replayed after writing new lengths and new table contents into the captured
+buffers: the lengths reversed, a reshuffled table over the same pool, and a table with a page id past the
+pool (that sequence must come back zero and flagged). Each replay must equal an eager call bit for bit,
+flags included, and pass the float64 check (`lab.paged.graph_check`).
+""")
+
+code(r'''
+if not ch.skip("CUDA graph replays"):
+    graph_rows = [paged.graph_check(c) for c in (case_sets.PagedCase("pg-graph-q4c", 4, 8, 2, 4, 1000, 128, dtype, (1000, 1, 0, 999), 64, True),
+                                                 case_sets.PagedCase("pg-graph-p16", 3, 32, 8, 1, 4097, 128, dtype, (4097, 65, 300), 16))]
+else:
+    graph_rows = ch.recorded(kind="graph")
+for r in graph_rows:
+    print(r["case"]["name"], "PASS" if r["passed"] else "FAIL", [(x["bit_identical"], x["flags"]) for x in r["replays"]])
 ''')
 
 md(r"""
