@@ -26,7 +26,7 @@ def block_table(batch: int, kv_len: int, page_size: int, generator=None, device=
     random order (lab.emulate_paged.block_table's rule, in torch)."""
     max_pages = -(-kv_len // page_size)
     num_pages = batch * max_pages + spare
-    order = torch.randperm(num_pages, generator=generator)
+    order = torch.randperm(num_pages, generator=generator, device=generator.device if generator is not None else "cpu")
     return order[:batch * max_pages].view(batch, max_pages).to(device=device, dtype=torch.int32), num_pages
 
 
@@ -86,11 +86,13 @@ def yardstick(q, k, v, lengths, causal: bool, scale: float | None = None) -> tor
 
 
 def paged_inputs(case: PagedCase, generator, device, magnitude: float = 1.0):
-    """q, contiguous k and v, their pages, the shuffled table and cache_seqlens (int32) of one trial."""
+    """q, contiguous k and v, their pages, the shuffled table and cache_seqlens (int32) of one trial. Drawn on
+    the generator's device (a CUDA generator for the race's multi-GB caches), then moved to `device`."""
     dtype = DTYPES[case.dtype]
 
     def draw(*shape, scale=magnitude):
-        return (torch.randn(shape, generator=generator, dtype=torch.float32) * scale).to(device=device, dtype=dtype)
+        x = torch.randn(shape, generator=generator, dtype=torch.float32, device=generator.device)
+        return (x * scale).to(device=device, dtype=dtype)
 
     q = draw(case.B, case.Hq, case.q_len, case.D)
     k = draw(case.B, case.Hkv, case.kv_len, case.D)
@@ -192,7 +194,7 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
     ceilings = bench.ceilings()
     rows = []
     for i, case in enumerate(tqdm(cases, desc="paged sweep", disable=not progress, mininterval=5)):
-        a = paged_inputs(case, torch.Generator().manual_seed(i), "cuda")
+        a = paged_inputs(case, torch.Generator(device="cuda").manual_seed(i), "cuda")
         q, k, v, kp, vp, table, seqlens = (a[n] for n in ("q", "k", "v", "k_pages", "v_pages", "table", "seqlens"))
         flags = torch.zeros(case.B, dtype=torch.int32, device="cuda")
         work = bench.decode_bytes(case.lengths(), case.Hq, case.Hkv, case.q_len, case.D)
