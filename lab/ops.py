@@ -461,15 +461,6 @@ def _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits,
     return _v03_op(query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits, is_causal, name)
 
 
-def decode_v03_writer(block_table=None, page_errors=None, is_causal: bool = False, num_splits=None):
-    """For lab.check and lab.paged: run(q, k, v, seqlens, scale, out) writes decode v03 into `out` (paged when
-    block_table is given; page_errors, if given, receives the flags)."""
-    def run(q, k, v, seqlens, scale, out):
-        out.copy_(decode(q, k, v, seqlens, scale, num_splits, "v03", block_table=block_table, is_causal=is_causal,
-                         page_errors=page_errors if block_table is not None else None))
-    return run
-
-
 def _workspaces(q, splits: int):
     """partial_o (B, Hq, q_len, splits, D) and partial_lse (B, Hq, q_len, splits), float32."""
     B, Hq, q_len, D = q.shape
