@@ -109,5 +109,32 @@ __device__ __forceinline__ void pdl_wait_for_producer() {
 #endif
 }
 
+// ---------------------------------------------------------------------------
+// The keys split `split` of sequence b reads: [key_begin, key_begin + n_keys) of its contiguous cache, and
+// the K/V rows there. The length is clamped to [0, S_cache] on the device (the op never reads lengths on
+// the host: no sync, graph-safe), so no address past the cache is ever formed.
+// ---------------------------------------------------------------------------
+template <typename T>
+struct SplitKV {
+  int n_keys;
+  const T* k;
+  const T* v;
+};
+
+template <typename T, typename Params>
+__device__ __forceinline__ SplitKV<T> split_kv(const Params& p, int b, int h_kv, int split, int chunk) {
+  int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen_cache;
+  len = max(0, min(len, p.seqlen_cache));
+  const int key_begin = split * chunk;
+  SplitKV<T> s;
+  s.n_keys = max(0, min(key_begin + chunk, len) - key_begin);
+  s.k = static_cast<const T*>(p.k_cache) + b * p.k_stride[0] + h_kv * p.k_stride[1] +
+        static_cast<int64_t>(key_begin) * p.k_stride[2];
+  s.v = static_cast<const T*>(p.v_cache) + b * p.v_stride[0] + h_kv * p.v_stride[1] +
+        static_cast<int64_t>(key_begin) * p.v_stride[2];
+  return s;
+}
+
 }  // namespace decode
+
 }  // namespace lab

@@ -173,16 +173,12 @@ __global__ void __launch_bounds__(SplitKConfig<kHeadDim, kRows>::kThreads)
   const int row0 = blockIdx.y * kRows;
   const int rows = min(kRows, rows_total - row0);
 
-  int len = p.cache_seqlens ? p.cache_seqlens[b] : p.seqlen_cache;
-  len = max(0, min(len, p.seqlen_cache));  // a length past the cache would read outside it
-  const int key_begin = split * chunk;
-  const int n_keys = max(0, min(key_begin + chunk, len) - key_begin);
+  const auto kv = lab::decode::split_kv<T>(p, b, h_kv, split, chunk);  // common/decode_util.cuh
+  const int n_keys = kv.n_keys;
   const int n_tiles = (n_keys + Bc - 1) / Bc;
 
-  const T* k_base = static_cast<const T*>(p.k_cache) + b * p.k_stride[0] + h_kv * p.k_stride[1] +
-                    static_cast<int64_t>(key_begin) * p.k_stride[2];
-  const T* v_base = static_cast<const T*>(p.v_cache) + b * p.v_stride[0] + h_kv * p.v_stride[1] +
-                    static_cast<int64_t>(key_begin) * p.v_stride[2];
+  const T* k_base = kv.k;
+  const T* v_base = kv.v;
   const int64_t k_row_stride = p.k_stride[2];
   const int64_t v_row_stride = p.v_stride[2];
 
