@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from .merge import lse_merge  # noqa: F401 (lab.dist.lse_merge: the ring's merge)
+
 from .dist_comm import MULTICAST_OFF, StepClock, comm_stream, init_process_group, multicast_off, transfer  # noqa: F401
 
 # ------------------------------------------------------------------ layout
@@ -83,17 +85,6 @@ def lab_attend(q, k, v, is_causal: bool):
 
     out, lse = ops.attention(q, k, v, is_causal=is_causal, enable_gqa=q.shape[1] != k.shape[1], return_lse=True)
     return out.float(), lse
-
-
-def lse_merge(out_a, lse_a, out_b, lse_b):
-    """Merge two partial softmax results over disjoint key sets: L = log(e^La + e^Lb),
-    O = e^(La-L) Oa + e^(Lb-L) Ob. A part that saw no key has L = -inf and weight 0; rows that saw no key
-    at all keep O = 0, L = -inf (lab.splits.merge_partials, the combine kernel's rule)."""
-    lse = torch.logaddexp(lse_a, lse_b)
-    safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
-    wa = torch.exp(lse_a - safe).unsqueeze(-1)
-    wb = torch.exp(lse_b - safe).unsqueeze(-1)
-    return wa * out_a + wb * out_b, lse
 
 
 # ------------------------------------------------------------------ the ring

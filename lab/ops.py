@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from . import build
+from . import build, causal
 from .kernels import Kernel, launcher, reload  # noqa: F401 (lab.ops.launcher / reload / Kernel: the public names)
 from .kernels import resolve_version as _version
 
@@ -154,10 +154,13 @@ def attention_version(query, version=None, is_causal: bool = False) -> str:
 
 
 def attention(query, key, value, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
-              version=None, return_lse: bool = False):
+              version=None, return_lse: bool = False, causal_variant: str = "upper_left"):
     """Scaled dot-product attention, (B, H, S, D) like F.scaled_dot_product_attention.
 
     is_causal follows SDPA (top-left aligned: query i sees keys j <= i, also when S_q != S_k).
+    causal_variant: "upper_left" (SDPA's alignment, the default) or "lower_right" (FlashAttention's: query i
+    sees keys j <= i + S_k - S_q; rows that see no key give 0), the names of torch.nn.attention.bias.
+    CausalVariant; lab.causal says how lower_right runs on the top-left kernels.
     version: None picks the fastest kernel for the head dim; or 1/"v01", 2/"v02".
     return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).
     """
@@ -167,6 +170,13 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if causal_variant not in causal.VARIANTS:
+        raise ValueError(f"causal_variant must be one of {causal.VARIANTS}, got {causal_variant!r}")
+    if is_causal and causal_variant == "lower_right" and key.shape[2] != query.shape[2]:
+        def attend(q, k, v, top_left_causal):
+            return attention(q, k, v, top_left_causal, scale, enable_gqa, version, return_lse=True)
+        out, lse = causal.lower_right(attend, query, key, value)
+        return (out, lse) if return_lse else out
     name = attention_version(query, version, is_causal)
     scale = _scale(scale, query.shape[-1])
     if _direct(query, key, value):  # eager: no dispatcher, and no LSE buffer unless asked for

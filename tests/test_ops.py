@@ -107,6 +107,8 @@ def test_validation_on_fake_cuda_tensors(fake):
         (lambda: ops.attention(q, q, q, version=999), ValueError, r"version=999 is unknown"),
         (lambda: ops.attention(q, q, q, scale=float("nan")), (TypeError, ValueError), r"scale must be a finite float"),
         (lambda: ops.attention(q, q, q, scale="0.1"), TypeError, r"scale must be a finite float or None"),
+        (lambda: ops.attention(q, q, q, is_causal=True, causal_variant="bottom_right"), ValueError,
+         r"causal_variant must be one of \('upper_left', 'lower_right'\), got 'bottom_right'"),
     ]
     for call, error, pattern in cases:
         with pytest.raises(error, match=pattern):
@@ -121,6 +123,9 @@ def test_valid_variants_reach_the_op(fake):
     assert ops.attention(q, mqa, mqa, enable_gqa=True).shape == q.shape
     small = fake(1, 2, 3, 32)
     assert ops.attention(small, small, small).shape == (1, 2, 3, 32)  # D=32: only v01 has it
+    # lower_right at S_q == S_k is the top-left mask: the op runs as usual (S_q != S_k: tests/test_causal.py
+    # on the CPU, tests/test_ops_gpu.py through the kernels; a CPU build of torch cannot slice fake CUDA tensors)
+    assert ops.attention(q, q, q, is_causal=True, causal_variant="lower_right").shape == q.shape
 
 
 def test_decode_validation_on_fake_cuda_tensors(fake):

@@ -78,3 +78,29 @@ def test_eager_path_and_custom_op_agree():
     name = ops.attention_version(q)
     via_op, _ = torch.ops.lab.attention(q, k, v, True, 0.125, name)
     torch.testing.assert_close(fast, via_op, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 1025), (63, 65), (65, 63), (1025, 4097), (4097, 1025), (7, 7)])
+@pytest.mark.parametrize("heads,D", [((8, 8), 64), ((8, 2), 128)])
+def test_lower_right_causal_against_float64_and_sdpa(sq, sk, heads, D):
+    """causal_variant="lower_right" (lab.causal) against the float64 bottom-right reference: error at most 3x
+    SDPA's own error with torch's causal_lower_right bias (plus 1e-3 of slack for fp rounding of tiny errors);
+    rows that see no key are exactly 0 (SDPA gives NaN there); NaN never passes."""
+    from torch.nn.attention.bias import causal_lower_right
+    from test_causal import lower_right_reference
+
+    q = _randn(2, heads[0], sq, D)
+    k, v = _randn(2, heads[1], sk, D), _randn(2, heads[1], sk, D)
+    ours, lse = ops.attention(q, k, v, is_causal=True, enable_gqa=heads[0] != heads[1],
+                              causal_variant="lower_right", return_lse=True)
+    ref, ref_lse = lower_right_reference(q.cpu(), k.cpu(), v.cpu())
+    ref, ref_lse = ref.cuda(), ref_lse.cuda()
+    seen = ~torch.isneginf(ref_lse)
+    assert not torch.isnan(ours).any() and torch.equal(torch.isneginf(lse), ~seen)
+    assert torch.all(ours[~seen] == 0)
+    kk, vv = (t.repeat_interleave(heads[0] // heads[1], dim=1) for t in (k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=causal_lower_right(sq, sk))
+    err = (ours.double() - ref)[seen].abs().max().item()
+    sdpa_err = (sdpa.double() - ref)[seen].abs().max().item()
+    assert err <= 3 * sdpa_err + 1e-3, (err, sdpa_err)
+    torch.testing.assert_close(lse[seen].double(), ref_lse[seen], atol=2e-2, rtol=0)
