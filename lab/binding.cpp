@@ -218,6 +218,18 @@ std::string launch_error(int rc, const char* what) {
 #endif
 }
 
+// Launch a kernel through its launcher address on the current stream; the message of its error code, or "".
+// The CPU build of the checks (LAB_BINDING_CPU_CHECKS, tests/test_binding_checks.py) stops before it.
+template <typename Launcher, typename Params>
+std::string run_launcher(int64_t launcher, const Params& p, const char* what) {
+#ifdef LAB_BINDING_CPU_CHECKS
+  (void)launcher, (void)p, (void)what;
+  return "";
+#else
+  return launch_error(reinterpret_cast<Launcher>(launcher)(&p, c10::cuda::getCurrentCUDAStream().stream()), what);
+#endif
+}
+
 // What every call checks first: query, key/value and out are 4-D CUDA tensors of query's dtype and device,
 // their shapes agree, the scale is a finite float32. Sets the dtype code.
 std::string check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
@@ -268,12 +280,7 @@ std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tens
   // Copies (misaligned or unusual strides) must outlive the launch: named, not temporaries.
   at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
   fill_attention(p, qr, kr, vr, ow, scale, causal, dtype);
-#ifdef LAB_BINDING_CPU_CHECKS
-  (void)launcher;
-#else
-  auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  LAB_TRY(launch_error(reinterpret_cast<AttnFwdLauncher>(launcher)(&p, stream), "attention kernel"));
-#endif
+  LAB_TRY(run_launcher<AttnFwdLauncher>(launcher, p, "attention kernel"));
   finish(o, ow);
   return "";
 }
@@ -326,12 +333,7 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
   p.scale = static_cast<float>(scale);
   p.dtype = dtype;
   p.causal = causal;  // bottom-right; only decode v03 reads it (lab.ops sends causal calls nowhere else)
-#ifdef LAB_BINDING_CPU_CHECKS
-  (void)launcher;
-#else
-  auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  LAB_TRY(launch_error(reinterpret_cast<DecodeLauncher>(launcher)(&p, stream), "decode kernel"));
-#endif
+  LAB_TRY(run_launcher<DecodeLauncher>(launcher, p, "decode kernel"));
   finish(o, ow);
   return "";
 }
@@ -445,12 +447,7 @@ std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::
   p.num_pages = static_cast<int>(k.size(0));
   p.page_size = static_cast<int>(k.size(1));
   p.max_pages = static_cast<int>(table.size(1));
-#ifdef LAB_BINDING_CPU_CHECKS
-  (void)launcher;
-#else
-  auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  LAB_TRY(launch_error(reinterpret_cast<DecodeLauncher>(launcher)(&p, stream), "paged decode kernel"));
-#endif
+  LAB_TRY(run_launcher<DecodeLauncher>(launcher, p, "paged decode kernel"));
   finish(o, ow);
   return "";
 }
@@ -505,12 +502,7 @@ std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tenso
   copy_strides(p.dk_stride, *dk);
   copy_strides(p.dv_stride, *dv);
   p.deterministic = deterministic;
-#ifdef LAB_BINDING_CPU_CHECKS
-  (void)launcher;
-#else
-  auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  LAB_TRY(launch_error(reinterpret_cast<AttnBwdLauncher>(launcher)(&p, stream), "attention backward kernel"));
-#endif
+  LAB_TRY(run_launcher<AttnBwdLauncher>(launcher, p, "attention backward kernel"));
   return "";
 }
 
