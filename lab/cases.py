@@ -155,34 +155,19 @@ def decode_tests_cases() -> list[DecodeCase]:
 
 
 @dataclass(frozen=True)
-class PagedCase:
+class PagedCase(DecodeCase):
     """A decode case on a paged cache (lab.ops.decode with block_table): the cache cut into page_size-key
     pages behind a shuffled block table (lab.paged); causal is bottom-right (token i of q_len sees keys
-    [0, len - q_len + i])."""
+    [0, len - q_len + i]). kv_len is the longest sequence; the table holds ceil(kv_len / page_size) pages
+    per sequence."""
 
-    name: str
-    B: int
-    Hq: int
-    Hkv: int
-    q_len: int
-    kv_len: int  # longest sequence; the table holds ceil(kv_len / page_size) pages per sequence
-    D: int = 128
-    dtype: str = "bfloat16"
-    seqlens: tuple = field(default=())
     page_size: int = 64
     causal: bool = False
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def lengths(self) -> list[int]:
-        return list(self.seqlens) if self.seqlens else [self.kv_len] * self.B
-
     @property
     def label(self) -> str:
-        lens = "mixed" if self.seqlens else str(self.kv_len)
         mask = " causal" if self.causal else ""
-        return f"B{self.B} Hq{self.Hq}/{self.Hkv} q{self.q_len} kv{lens} page{self.page_size} D{self.D} {self.dtype}{mask}"
+        return super().label.replace(f" D{self.D} ", f" page{self.page_size} D{self.D} ") + mask
 
 
 PAGE_SIZES = (16, 64, 256)
