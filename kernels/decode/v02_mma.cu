@@ -432,17 +432,7 @@ constexpr int kKeyBlock = 64;  // must equal MmaConfig::kBlockN and lab/splits.p
 extern "C" int decode_splitk_v02(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == MmaConfig<128, kStagesD128>::kBlockN && kKeyBlock == MmaConfig<64, kStagesD64>::kBlockN,
                 "chunk rounding must match the kernel's key block");
-  if (p == nullptr) return LAB_E_SHAPE;
-  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
-  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
-  if (p->batch < 0 || p->q_len < 0 || p->heads_q < 0 || p->heads_kv <= 0 || p->seqlen_cache < 0 ||
-      p->num_splits < 1 || p->num_splits > LAB_MAX_NUM_SPLITS || p->heads_q % p->heads_kv != 0)
-    return LAB_E_SHAPE;
-  if (p->batch == 0 || p->q_len == 0 || p->heads_q == 0) return 0;
-  if (p->num_splits > 1 && (p->partial_o == nullptr || p->partial_lse == nullptr)) return LAB_E_WORKSPACE;
-  if (!aligned16(p->q) || !aligned16(p->k_cache) || !aligned16(p->v_cache) || !aligned16(p->o) ||
-      !strides_ok(p->q_stride) || !strides_ok(p->k_stride) || !strides_ok(p->v_stride) || !strides_ok(p->o_stride))
-    return LAB_E_SHAPE;
+  if (const int rc = lab::check_decode_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
   const int group = p->heads_q / p->heads_kv;
   const int64_t rows_total = static_cast<int64_t>(group) * p->q_len;
   if (rows_total > (1 << 20)) return LAB_E_SHAPE;

@@ -368,19 +368,10 @@ constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/splits.py BLOCK_N: c
 extern "C" int decode_paged_v03(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == PagedConfig<128, 3>::kBlockN && kKeyBlock == PagedConfig<64, 4>::kBlockN,
                 "chunk rounding must match the kernel's key block");
-  if (p == nullptr) return LAB_E_SHAPE;
-  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
-  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
-  if (p->batch < 0 || p->q_len < 0 || p->heads_q < 0 || p->heads_kv <= 0 || p->seqlen_cache < 0 ||
-      p->num_splits < 1 || p->num_splits > LAB_MAX_NUM_SPLITS || p->heads_q % p->heads_kv != 0)
-    return LAB_E_SHAPE;
-  if (const int rc = check_paged(p)) return rc;
-  if (p->batch == 0 || p->q_len == 0 || p->heads_q == 0) return 0;
-  if (p->num_splits > 1 && (p->partial_o == nullptr || p->partial_lse == nullptr)) return LAB_E_WORKSPACE;
-  if (!lab::aligned16(p->q) || !lab::aligned16(p->k_cache) || !lab::aligned16(p->v_cache) ||
-      !lab::aligned16(p->o) || !lab::strides_ok(p->q_stride) || !lab::strides_ok(p->k_stride) ||
-      !lab::strides_ok(p->v_stride) || !lab::strides_ok(p->o_stride))
-    return LAB_E_SHAPE;
+  const int rc = lab::check_decode_params(p);  // common/launch.h
+  if (rc < 0) return rc;
+  if (const int bad = check_paged(p)) return bad;
+  if (rc > 0) return 0;  // nothing to compute
   const int group = p->heads_q / p->heads_kv;
   const int64_t rows_total = static_cast<int64_t>(group) * p->q_len;
   if (rows_total > (1 << 20)) return LAB_E_SHAPE;
