@@ -285,21 +285,21 @@ std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tens
   return "";
 }
 
-std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
-                            c10::optional<at::Tensor> cache_seqlens, at::Tensor partial_o, at::Tensor partial_lse,
-                            c10::optional<at::Tensor> lse, double scale, int64_t num_splits, bool causal = false) {
-  int dtype = 0;
-  LAB_TRY(check_call(q, k, v, o, "key_cache", "value_cache", scale, &dtype));
+// The checks and fields decode and paged decode share: num_splits, the split workspaces (partial O and LSE,
+// float32), the kernels' int offsets for `keys` keys (the cache length, or the block table's capacity: `what`),
+// and cache_seqlens (values past the cache are clamped by the kernels, never read beyond it).
+std::string decode_splits(DecodeParams& p, const at::Tensor& q, int64_t keys, const char* what,
+                          const c10::optional<at::Tensor>& cache_seqlens, const at::Tensor& partial_o,
+                          const at::Tensor& partial_lse, int64_t num_splits) {
   LAB_REQUIRE(num_splits >= 1 && num_splits <= LAB_MAX_NUM_SPLITS, "num_splits must be in [1, ", LAB_MAX_NUM_SPLITS,
               "], got ", num_splits);
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);  // output rows (b, h, token)
   LAB_REQUIRE(rows * num_splits * q.size(3) <= kIntMax, "num_splits = ", num_splits,
               " is too large for this shape: B*Hq*q_len*num_splits*D = ", rows * num_splits * q.size(3),
               " must fit in int32");
-  LAB_REQUIRE(k.size(2) + 64 * num_splits <= kIntMax, "key_cache length ", k.size(2), " with num_splits = ",
-              num_splits, " overflows the kernels' int key offsets");
-  DecodeParams p{};
-  if (cache_seqlens.has_value()) {  // values past the cache are clamped by the kernels, never read beyond it
+  LAB_REQUIRE(keys + 64 * num_splits <= kIntMax, what, " ", keys, " with num_splits = ", num_splits,
+              " overflows the kernels' int key offsets");
+  if (cache_seqlens.has_value()) {
     const at::Tensor& s = *cache_seqlens;
     LAB_REQUIRE(on_gpu(s) && s.device() == q.device(), "cache_seqlens must be a CUDA tensor on query's device ",
                 q.device(), ", got ", s.device());
@@ -309,7 +309,17 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
     p.cache_seqlens = s.data_ptr<int32_t>();
   }
   LAB_TRY(float_buffer(partial_o, "partial_o", q, rows * num_splits * q.size(3), false, &p.partial_o));
-  LAB_TRY(float_buffer(partial_lse, "partial_lse", q, rows * num_splits, false, &p.partial_lse));
+  return float_buffer(partial_lse, "partial_lse", q, rows * num_splits, false, &p.partial_lse);
+}
+
+std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
+                            c10::optional<at::Tensor> cache_seqlens, at::Tensor partial_o, at::Tensor partial_lse,
+                            c10::optional<at::Tensor> lse, double scale, int64_t num_splits, bool causal = false) {
+  int dtype = 0;
+  LAB_TRY(check_call(q, k, v, o, "key_cache", "value_cache", scale, &dtype));
+  DecodeParams p{};
+  LAB_TRY(decode_splits(p, q, k.size(2), "key_cache length", cache_seqlens, partial_o, partial_lse, num_splits));
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2);  // output rows (b, h, token)
   if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, rows, true, &p.lse));
   at::Tensor ow;
   LAB_TRY(writable(o, {{&q, "query"}, {&k, "key_cache"}, {&v, "value_cache"}}, &ow));
@@ -395,27 +405,9 @@ std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::
   LAB_TRY(check_paged(q, k, v, o, table, errors));
   LAB_TRY(dtype_code(q, &dtype));
   LAB_TRY(check_scale(scale));
-  LAB_REQUIRE(num_splits >= 1 && num_splits <= LAB_MAX_NUM_SPLITS, "num_splits must be in [1, ", LAB_MAX_NUM_SPLITS,
-              "], got ", num_splits);
-  const int64_t rows = q.size(0) * q.size(1) * q.size(2);
   const int64_t capacity = table.size(1) * k.size(1);
-  LAB_REQUIRE(rows * num_splits * q.size(3) <= kIntMax, "num_splits = ", num_splits,
-              " is too large for this shape: B*Hq*q_len*num_splits*D = ", rows * num_splits * q.size(3),
-              " must fit in int32");
-  LAB_REQUIRE(capacity + 64 * num_splits <= kIntMax, "block_table capacity ", capacity, " with num_splits = ",
-              num_splits, " overflows the kernels' int key offsets");
   DecodeParams p{};
-  if (cache_seqlens.has_value()) {
-    const at::Tensor& s = *cache_seqlens;
-    LAB_REQUIRE(on_gpu(s) && s.device() == q.device(), "cache_seqlens must be a CUDA tensor on query's device ",
-                q.device(), ", got ", s.device());
-    LAB_REQUIRE(s.scalar_type() == at::kInt && s.is_contiguous() && s.dim() == 1 && s.numel() == q.size(0),
-                "cache_seqlens must be a contiguous int32 tensor of shape (", q.size(0), ",), got ", s.scalar_type(),
-                " of shape ", s.sizes());
-    p.cache_seqlens = s.data_ptr<int32_t>();
-  }
-  LAB_TRY(float_buffer(partial_o, "partial_o", q, rows * num_splits * q.size(3), false, &p.partial_o));
-  LAB_TRY(float_buffer(partial_lse, "partial_lse", q, rows * num_splits, false, &p.partial_lse));
+  LAB_TRY(decode_splits(p, q, capacity, "block_table capacity", cache_seqlens, partial_o, partial_lse, num_splits));
   at::Tensor ow;
   LAB_TRY(writable(o, {{&q, "query"}, {&k, "key_cache"}, {&v, "value_cache"}}, &ow));
   if (q.numel() == 0) {  // no query rows: no launch, and no sequence is flagged
