@@ -1,19 +1,10 @@
 """Writes chapters/n10_backward.ipynb (sources only, no outputs): python tests/cuda/bwd_make_chapter.py"""
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from chapter_writer import Chapter
 
-CELLS = []
-
-
-def md(text):
-    CELLS.append({"cell_type": "markdown", "metadata": {}, "source": text.strip("\n")})
-
-
-def code(text, tags=None):
-    CELLS.append({"cell_type": "code", "metadata": {"tags": tags} if tags else {}, "execution_count": None,
-                  "outputs": [], "source": text.strip("\n")})
+chapter = Chapter("n10_backward")
+md, code = chapter.md, chapter.code
 
 
 md(r"""
@@ -340,16 +331,7 @@ summary(rows_bwd)
 
 
 def main():
-    nb = {"cells": CELLS, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                                      "language_info": {"name": "python"}},
-          "nbformat": 4, "nbformat_minor": 5}
-    for i, c in enumerate(nb["cells"]):
-        c["id"] = f"n10-{i:02d}"
-        c["source"] = [line + "\n" for line in c["source"].split("\n")]
-        c["source"][-1] = c["source"][-1].rstrip("\n")
-    path = Path(__file__).resolve().parents[2] / "chapters" / "n10_backward.ipynb"
-    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-    print(path)
+    print(chapter.write())
 
 
 if __name__ == "__main__":
