@@ -312,6 +312,27 @@ std::string decode_splits(DecodeParams& p, const at::Tensor& q, int64_t keys, co
   return float_buffer(partial_lse, "partial_lse", q, rows * num_splits, false, &p.partial_lse);
 }
 
+// The fields decode and paged decode share, from the tensors the kernel reads: the caches' KV-head count and
+// the key count the split plan covers (the cache length, or the block table's capacity) come from the caller.
+void fill_decode(DecodeParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                 int64_t heads_kv, int64_t seqlen_cache, int64_t num_splits, double scale, int dtype, bool causal) {
+  p.q = q.data_ptr();
+  p.k_cache = k.data_ptr();
+  p.v_cache = v.data_ptr();
+  p.o = o.data_ptr();
+  copy_all_strides(p, q, k, v, o);
+  p.batch = q.size(0);
+  p.heads_q = q.size(1);
+  p.heads_kv = heads_kv;
+  p.q_len = q.size(2);
+  p.seqlen_cache = static_cast<int>(seqlen_cache);
+  p.head_dim = q.size(3);
+  p.num_splits = static_cast<int>(num_splits);
+  p.scale = static_cast<float>(scale);
+  p.dtype = dtype;
+  p.causal = causal;
+}
+
 std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
                             c10::optional<at::Tensor> cache_seqlens, at::Tensor partial_o, at::Tensor partial_lse,
                             c10::optional<at::Tensor> lse, double scale, int64_t num_splits, bool causal = false) {
@@ -328,21 +349,8 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
   c10::cuda::CUDAGuard guard(q.device());
 #endif
   at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
-  p.q = qr.data_ptr();
-  p.k_cache = kr.data_ptr();
-  p.v_cache = vr.data_ptr();
-  p.o = ow.data_ptr();
-  copy_all_strides(p, qr, kr, vr, ow);
-  p.batch = q.size(0);
-  p.heads_q = q.size(1);
-  p.heads_kv = k.size(1);
-  p.q_len = q.size(2);
-  p.seqlen_cache = k.size(2);
-  p.head_dim = q.size(3);
-  p.num_splits = static_cast<int>(num_splits);
-  p.scale = static_cast<float>(scale);
-  p.dtype = dtype;
-  p.causal = causal;  // bottom-right; only decode v03 reads it (lab.ops sends causal calls nowhere else)
+  // causal is bottom-right; only decode v03 reads it (lab.ops sends causal calls nowhere else)
+  fill_decode(p, qr, kr, vr, ow, k.size(1), k.size(2), num_splits, scale, dtype, causal);
   LAB_TRY(run_launcher<DecodeLauncher>(launcher, p, "decode kernel"));
   finish(o, ow);
   return "";
@@ -418,21 +426,8 @@ std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::
   c10::cuda::CUDAGuard guard(q.device());
 #endif
   at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
-  p.q = qr.data_ptr();
-  p.k_cache = kr.data_ptr();
-  p.v_cache = vr.data_ptr();
-  p.o = ow.data_ptr();
-  copy_all_strides(p, qr, kr, vr, ow);  // caches: (page, key in page, head) strides
-  p.batch = q.size(0);
-  p.heads_q = q.size(1);
-  p.heads_kv = k.size(2);
-  p.q_len = q.size(2);
-  p.seqlen_cache = static_cast<int>(capacity);
-  p.head_dim = q.size(3);
-  p.num_splits = static_cast<int>(num_splits);
-  p.scale = static_cast<float>(scale);
-  p.dtype = dtype;
-  p.causal = causal;
+  // caches (num_pages, page_size, H_kv, D): the strides copied are (page, key in page, head)
+  fill_decode(p, qr, kr, vr, ow, k.size(2), capacity, num_splits, scale, dtype, causal);
   p.block_table = table.data_ptr<int32_t>();
   p.block_table_stride = table.size(0) > 1 ? table.stride(0) : table.size(1);
   p.page_errors = errors.data_ptr<int32_t>();

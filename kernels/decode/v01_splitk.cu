@@ -177,8 +177,6 @@ __global__ void __launch_bounds__(SplitKConfig<kHeadDim, kRows>::kThreads)
   const int n_keys = kv.n_keys;
   const int n_tiles = (n_keys + Bc - 1) / Bc;
 
-  const T* k_base = kv.k;
-  const T* v_base = kv.v;
   const int64_t k_row_stride = p.k_stride[2];
   const int64_t v_row_stride = p.v_stride[2];
 
@@ -194,8 +192,8 @@ __global__ void __launch_bounds__(SplitKConfig<kHeadDim, kRows>::kThreads)
       const int key = tile * Bc + j;
       const bool valid = key < n_keys;
       const int64_t src_row = valid ? key : 0;  // never form an address past the cache
-      lab::decode::cp_async_16(sK + j * Cfg::kKStride + c, k_base + src_row * k_row_stride + c, valid);
-      lab::decode::cp_async_16(sV + j * Cfg::kVStride + c, v_base + src_row * v_row_stride + c, valid);
+      lab::decode::cp_async_16(sK + j * Cfg::kKStride + c, kv.k + src_row * k_row_stride + c, valid);
+      lab::decode::cp_async_16(sV + j * Cfg::kVStride + c, kv.v + src_row * v_row_stride + c, valid);
     }
   };
 

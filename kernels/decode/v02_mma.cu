@@ -52,7 +52,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/decode_pv.cuh"
 #include "common/decode_util.cuh"
+#include "common/mma.cuh"
 #include "common/splitk_combine.cuh"
 #include "common/params.h"
 
@@ -100,29 +102,6 @@ struct MmaConfig {
   static_assert((kBlockN * kVecPerRow) % kThreads == 0, "whole vectors per thread");
 };
 
-template <typename T>
-struct MmaType;
-template <>
-struct MmaType<__half> {
-  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <>
-struct MmaType<__nv_bfloat16> {
-  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
 // L2 prefetch-size hint of the K/V cp.async: 128 (default) asks L2 to fetch the whole 128-byte line
 // per request; measured +2-3 % on the large bench-decode cells (H200). 0: no hint, 256: 256 bytes.
 #ifndef V02_L2_PREFETCH
@@ -145,19 +124,6 @@ __device__ __forceinline__ void cp_async_16_pf(void* smem_dst, const void* gmem_
 #endif
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
 
 // Pass 1. See the header comment.
 template <typename T, int kHeadDim, int kStages>
@@ -191,8 +157,6 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
   const int n_keys = kv.n_keys;
   const int n_tiles = (n_keys + Bc - 1) / Bc;
 
-  const T* k_base = kv.k;
-  const T* v_base = kv.v;
   const int64_t k_row_stride = p.k_stride[2];
   const int64_t v_row_stride = p.v_stride[2];
 
@@ -207,8 +171,8 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
       const int key = tile * Bc + j;
       const bool valid = key < n_keys;
       const int64_t src_row = valid ? key : 0;
-      cp_async_16_pf(sK + j * Cfg::kStride + c, k_base + src_row * k_row_stride + c, valid);
-      cp_async_16_pf(sV + j * Cfg::kStride + c, v_base + src_row * v_row_stride + c, valid);
+      cp_async_16_pf(sK + j * Cfg::kStride + c, kv.k + src_row * k_row_stride + c, valid);
+      cp_async_16_pf(sV + j * Cfg::kStride + c, kv.v + src_row * v_row_stride + c, valid);
     }
   };
 
@@ -274,9 +238,9 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
       uint32_t kb[4];
-      ldmatrix_x4(kb, sK + k_ld_key * Cfg::kStride + kk * 16 + k_ld_col);
-      MmaType<T>::mma(s[0], qf[kk], kb[0], kb[1]);
-      MmaType<T>::mma(s[1], qf[kk], kb[2], kb[3]);
+      lab::ldmatrix_x4(kb, lab::smem_u32(sK + k_ld_key * Cfg::kStride + kk * 16 + k_ld_col));
+      lab::mma_16816<T>(s[0], qf[kk], kb[0], kb[1]);
+      lab::mma_16816<T>(s[1], qf[kk], kb[2], kb[3]);
     }
 
     // Online softmax over the warp's keys; keys past the chunk end are -inf.
@@ -312,24 +276,9 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
         l_run[h] = l_run[h] * (nt == 0 ? alpha[h] : 1.f) + rounded.x + rounded.y;
         pa[nt * 2 + h] = packed;  // a0: (gid, keys 0-7), a1: (gid+8, 0-7), a2: (gid, 8-15), a3: (gid+8, 8-15)
       }
-    // Rescale O only when some row max of the warp moved (alpha == 1 exactly otherwise: exp2f(0)).
-    if (!V02_LAZY_RESCALE || __any_sync(lab::decode::kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int i = 0; i < Cfg::kDTiles; ++i) {
-        acc[i][0] *= alpha[0];
-        acc[i][1] *= alpha[0];
-        acc[i][2] *= alpha[1];
-        acc[i][3] *= alpha[1];
-      }
-    }
-    // O += P V for this warp's 16 keys, two n-tiles of 8 dims per ldmatrix.x4.trans.
-#pragma unroll
-    for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
-      uint32_t vb[4];
-      ldmatrix_x4_trans(vb, sV + v_ld_key * Cfg::kStride + dp * 16 + v_ld_col);
-      MmaType<T>::mma(acc[2 * dp], pa, vb[0], vb[1]);
-      MmaType<T>::mma(acc[2 * dp + 1], pa, vb[2], vb[3]);
-    }
+    // Rescale O only when some row max moved, then O += P V for this warp's 16 keys (common/decode_pv.cuh).
+    lab::decode::rescale_pv<T, Cfg::kDTiles, V02_LAZY_RESCALE != 0>(acc, alpha, pa,
+                                                                    sV + v_ld_key * Cfg::kStride + v_ld_col);
   }
   // [/lab:inner-loop]
 

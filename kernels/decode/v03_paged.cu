@@ -48,6 +48,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/decode_pv.cuh"
 #include "common/decode_util.cuh"
 #include "common/launch.h"
 #include "common/mma.cuh"
@@ -256,22 +257,7 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
       const float2 rounded = Elem<T>::to_float2(pa[i]);
       st.l[h] += rounded.x + rounded.y;
     }
-    if (__any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {  // lazy rescale, as v02
-#pragma unroll
-      for (int i = 0; i < Cfg::kDTiles; ++i) {
-        acc[i][0] *= alpha[0];
-        acc[i][1] *= alpha[0];
-        acc[i][2] *= alpha[1];
-        acc[i][3] *= alpha[1];
-      }
-    }
-#pragma unroll
-    for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
-      uint32_t vb[4];
-      lab::ldmatrix_x4_trans(vb, lab::smem_u32(sV + v_ld_key * Cfg::kStride + dp * 16 + v_ld_col));
-      lab::mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
-      lab::mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
-    }
+    lab::decode::rescale_pv<T, Cfg::kDTiles>(acc, alpha, pa, sV + v_ld_key * Cfg::kStride + v_ld_col);  // as v02
   }
   // [/lab:paged-loop]
 
