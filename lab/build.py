@@ -346,7 +346,7 @@ class Binding:
     H200 machine: see lab/binding.cpp).
     """
 
-    __slots__ = ("module", "attn_fwd", "decode_fwd", "attn_call", "decode_call", "attn_bwd_call")
+    __slots__ = ("module", "attn_fwd", "decode_fwd", "attn_call", "decode_call", "decode_paged_call", "attn_bwd_call")
 
     def __init__(self, module):
         self.module = module
@@ -354,6 +354,7 @@ class Binding:
         self.decode_fwd = _raising(module.decode_fwd)
         self.attn_call = _raising(module.attn_call)  # -> (out, lse or None)
         self.decode_call = _raising(module.decode_call)  # -> (out,)
+        self.decode_paged_call = _raising(module.decode_paged_call)  # -> (out, page_errors)
         self.attn_bwd_call = _raising(module.attn_bwd_call)  # -> (dq, dk, dv)
 
 

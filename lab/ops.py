@@ -11,14 +11,13 @@ import math
 import torch
 
 from . import build, causal
-from .kernels import Kernel, launcher, reload  # noqa: F401 (lab.ops.launcher / reload / Kernel: the public names)
+from .kernels import launcher, reload  # noqa: F401 (lab.ops.launcher / reload: the public names)
 from .kernels import resolve_version as _version
 
 
 # The kernel tables and the default rules live in lab.registry (no torch: gates, scripts and the publishing
 # side read them too); these names stay the public ones.
-from .registry import (BEST_FWD, BEST_FWD_HOPPER, DECODE, FWD, HOPPER_CAPABILITIES,  # noqa: E402,F401
-                       HOPPER_SMALL_MAX_SQ, PAGED_DECODE, SPLIT_RULE, default_attention_version,
+from .registry import (BEST_FWD, DECODE, FWD, PAGED_DECODE, SPLIT_RULE, default_attention_version,  # noqa: E402
                        default_decode_version)
 
 MAX_DECODE_Q_LEN = 16
@@ -71,15 +70,19 @@ def _direct(*tensors) -> bool:
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _check_tensor(t, name: str, like=None):
+PAGED_LAYOUT = "(num_pages, page_size, H_kv, D) with a block_table"
+
+
+def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)"):
     # Every attribute is read once: this runs three times per call, on the host path that issue 11 bounds.
+    # layout=PAGED_LAYOUT: a paged cache, whose first dimension is pages, not the batch.
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     dtype, shape, device = t.dtype, t.shape, t.device
     if dtype not in _DTYPES:
         raise TypeError(f"{name}.dtype must be torch.float16 or torch.bfloat16, got {dtype}")
     if len(shape) != 4:
-        raise ValueError(f"{name} must be 4-D (B, H, S, D), got shape {tuple(shape)}")
+        raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(shape)}")
     if device.type != "cuda":
         raise ValueError(f"{name} must be on a CUDA device, got {device} (CPU mode: use lab.emulate)")
     if like is not None:
@@ -88,7 +91,7 @@ def _check_tensor(t, name: str, like=None):
         if device != like.device:
             raise ValueError(f"{name} is on {device} but query is on {like.device}")
         like_shape = like.shape
-        if shape[0] != like_shape[0]:
+        if shape[0] != like_shape[0] and layout != PAGED_LAYOUT:
             raise ValueError(f"{name} has batch {shape[0]} but query has batch {like_shape[0]}")
         if shape[3] != like_shape[3]:
             raise ValueError(f"{name} has head dim {shape[3]} but query has {like_shape[3]}")
@@ -283,11 +286,15 @@ def _decode_plan(query, key_cache, version, num_splits) -> tuple[str, int]:
     plan = _decode_plans.get(key)
     if plan is None:
         name = _decode_version(version, query, key_cache)
-        plan = (name, _num_splits(num_splits, query.shape[0], key_cache.shape[1], key_cache.shape[2], query.device,
-                                  SPLIT_RULE.get(name, name)))
-        if len(_decode_plans) >= 4096:  # shapes seen by a long-lived server: keep the table bounded
-            _decode_plans.clear()
-        _decode_plans[key] = plan
+        plan = _remember(key, name, _num_splits(num_splits, query.shape[0], key_cache.shape[1], key_cache.shape[2],
+                                                query.device, SPLIT_RULE.get(name, name)))
+    return plan
+
+
+def _remember(key, name: str, splits: int) -> tuple[str, int]:
+    if len(_decode_plans) >= 4096:  # shapes seen by a long-lived server: keep the table bounded
+        _decode_plans.clear()
+    plan = _decode_plans[key] = (name, splits)
     return plan
 
 
@@ -334,18 +341,8 @@ def _check_paged(query, key_cache, value_cache, block_table, page_errors):
     table as the kernel reads it (rows contiguous)."""
     _check_tensor(query, "query")
     _check_q_len(query)
-    for t, name in ((key_cache, "key_cache"), (value_cache, "value_cache")):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != query.dtype:
-            raise TypeError(f"{name}.dtype ({t.dtype}) must match query.dtype ({query.dtype})")
-        if t.device != query.device:
-            raise ValueError(f"{name} is on {t.device} but query is on {query.device}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (num_pages, page_size, H_kv, D) with a block_table, got shape "
-                             f"{tuple(t.shape)}")
-        if t.stride(3) != 1 and t.numel():
-            raise ValueError(f"{name} must have a contiguous last dimension; call {name}.contiguous()")
+    _check_tensor(key_cache, "key_cache", query, PAGED_LAYOUT)
+    _check_tensor(value_cache, "value_cache", query, PAGED_LAYOUT)
     num_pages, page_size, heads_kv, head_dim = key_cache.shape
     if value_cache.shape != key_cache.shape:
         raise ValueError(f"key_cache and value_cache shapes differ: {tuple(key_cache.shape)} vs {tuple(value_cache.shape)}")
@@ -353,8 +350,6 @@ def _check_paged(query, key_cache, value_cache, block_table, page_errors):
         raise ValueError(f"page_size (key_cache.shape[1]) must be a positive multiple of 16, got {page_size}")
     if num_pages == 0:
         raise ValueError("key_cache has no pages (num_pages = 0)")
-    if head_dim != query.shape[3]:
-        raise ValueError(f"key_cache has head dim {head_dim} but query has {query.shape[3]}")
     if heads_kv == 0 or query.shape[1] % heads_kv:
         raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of key_cache heads ({heads_kv})")
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
@@ -398,23 +393,16 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits) -> tuple
             raise ValueError(f"decode version {version!r} has no block table or causal mask; use one of "
                              f"{list(PAGED_DECODE)} or version=None")
         name = _version(version, DECODE, query.shape[-1], PAGED_DECODE)
-        plan = (name, _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device,
-                                  SPLIT_RULE.get(name, name)))
-        if len(_decode_plans) >= 4096:
-            _decode_plans.clear()
-        _decode_plans[key] = plan
+        plan = _remember(key, name, _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device,
+                                                SPLIT_RULE.get(name, name)))
     return plan
-
-
-_paged_call: list = []  # the binding's decode_paged_call with its error string raised (lab.build.Binding's rule)
 
 
 def _v03_impl(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, scale: float, num_splits: int,
               is_causal: bool, version: str):
-    if not _paged_call:
-        _paged_call.append(build._raising(build.binding().module.decode_paged_call))
-    out, errors = _paged_call[0](launcher(DECODE, version), query, key_cache, value_cache, cache_seqlens, block_table,
-                                 page_errors, scale, num_splits, is_causal)
+    out, errors = build.binding().decode_paged_call(launcher(DECODE, version), query, key_cache, value_cache,
+                                                    cache_seqlens, block_table, page_errors, scale, num_splits,
+                                                    is_causal)
     return out, errors
 
 

@@ -124,7 +124,7 @@ def check_paged(case: PagedCase, impl: str = PUBLIC_DECODE, num_splits=None, tri
             out = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], scale, num_splits,
                              block_table=a["table"], is_causal=case.causal, page_errors=flags)
         else:
-            out = build._raising(build.binding().module.decode_paged_call)(
+            out = build.binding().decode_paged_call(
                 ops.launcher(ops.DECODE, "v03", defines), a["q"], a["k_pages"], a["v_pages"], a["seqlens"], a["table"],
                 flags, ops._scale(scale, case.D), num_splits or 1, case.causal)[0]
         if bool(flags.any()):
@@ -210,8 +210,7 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
         rows.append(record.append(_row(CONTIGUOUS, case, contiguous, work, ceilings, size)))
         calls = {PUBLIC_DECODE: lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal,
                                                    page_errors=flags),
-                 EAGER_CHECK: lambda: ops.decode(q, kp, vp, seqlens, block_table=table,
-                                                                          is_causal=case.causal)}
+                 EAGER_CHECK: lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal)}
         for impl, fn in calls.items():
             t = bench.try_time(fn, **stop)
             extra = dict(size, ratios=bench.ratios(t, times) if isinstance(t, bench.Timing) else {})

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab import ops, paths
+from lab import ops, paths, registry
 
 
 def _query(head_dim: int, seqlen_q: int = 8192):
@@ -38,7 +38,7 @@ def test_hopper_versions_are_registered_for_sm90_only():
     for name in hopper:
         assert ops.FWD[name].capabilities == ((9, 0),)
         assert (paths.KERNELS / ops.FWD[name].source).exists()
-    assert set(ops.BEST_FWD_HOPPER) <= set(hopper)
+    assert set(registry.BEST_FWD_HOPPER) <= set(hopper)
 
 
 def test_capability_is_cached(monkeypatch):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab import build
 from test_binding_checks import cpu_binding  # noqa: F401 (the fixture)
 
 F16 = torch.float16
@@ -21,7 +20,7 @@ def _args(B=3, Hq=8, Hkv=2, T=2, pages=20, page=16, max_pages=6, D=64):
 
 
 def _call(binding, a):
-    call = build._raising(binding.module.decode_paged_call)
+    call = binding.decode_paged_call
     return call(0, a["q"], a["k"], a["v"], a["lens"], a["table"], a["errors"], a["scale"], a["splits"], a["causal"])
 
 

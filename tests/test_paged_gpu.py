@@ -106,7 +106,7 @@ def test_direct_binding_checks():
 
     case = PagedCase("pg-direct", 2, 4, 2, 1, 64, 64, "float16", (), 16)
     a = paged.paged_inputs(case, torch.Generator().manual_seed(5), "cuda")
-    call = build._raising(build.binding().module.decode_paged_call)
+    call = build.binding().decode_paged_call
     address = ops.launcher(ops.DECODE, "v03")
     with pytest.raises(RuntimeError, match=r"page_size \(key_cache.size\(1\)\) must be a positive multiple of 16"):
         call(address, a["q"], a["k_pages"][:, :8], a["v_pages"][:, :8], None, a["table"], None, 0.1, 1, False)
