@@ -54,6 +54,23 @@ cudaError_t allow_smem_once(int bytes, int dev) {
   return err;
 }
 
+// The checks every forward launcher of head dims 64 and 128 (fwd v02-v07) makes before it launches: a
+// negative LAB_E_* code for a call it cannot take, 1 when there is nothing to write (an empty batch or no
+// query row; a launcher returns 0 then), 0 to go on. fp16/bf16, H_q % H_kv == 0, 16-byte aligned bases and
+// strides of 8 elements (cp.async, vector stores and TMA all need them; lab.ops copies anything else).
+inline int check_fwd_params(const AttnFwdParams* p) {
+  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
+  if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 || p->heads_kv <= 0 ||
+      p->heads_q % p->heads_kv != 0)
+    return LAB_E_SHAPE;
+  if (p->batch == 0 || p->seqlen_q == 0) return 1;
+  if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->o) || !strides_ok(p->q_stride) ||
+      !strides_ok(p->k_stride) || !strides_ok(p->v_stride) || !strides_ok(p->o_stride))
+    return LAB_E_SHAPE;
+  return 0;
+}
+
 // The checks every decode launcher (decode v01-v03) makes before it launches: a negative LAB_E_* code for a
 // call it cannot take, 1 when there is nothing to compute (an empty batch, no query token or no query head;
 // a launcher returns 0 then), 0 to go on. D in {64, 128}, fp16/bf16, H_q % H_kv == 0, splits in

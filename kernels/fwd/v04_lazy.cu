@@ -827,8 +827,6 @@ Tile pick_tile(int head_dim, int64_t ctas_128, int dev) {
   return small ? Tile::k128Small : Tile::k128;
 }
 
-using lab::aligned16;
-using lab::strides_ok;
 
 }  // namespace
 
@@ -836,16 +834,7 @@ extern "C" int attn_fwd_v04(const AttnFwdParams* p, void* stream) {
   AttnFwdParams kernel_params = *p;  // any finite scale: common/softmax.cuh
   kernel_params.scale = lab::softmax_kernel_scale(p->scale);
   p = &kernel_params;
-  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
-  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
-  if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 ||
-      p->heads_kv <= 0 || p->heads_q % p->heads_kv != 0)
-    return LAB_E_SHAPE;
-  if (p->batch == 0 || p->seqlen_q == 0) return 0;  // nothing to write
-  if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->o) ||
-      !strides_ok(p->q_stride) || !strides_ok(p->k_stride) || !strides_ok(p->v_stride) ||
-      !strides_ok(p->o_stride))
-    return LAB_E_SHAPE;
+  if (const int rc = lab::check_fwd_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
 
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int dev = current_device();

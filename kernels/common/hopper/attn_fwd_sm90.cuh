@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/launch.h"
 #include "common/mask.cuh"
 #include "common/mma.cuh"
 #include "common/params.h"
@@ -42,21 +43,10 @@ inline bool device_is_sm90(int* dev_out) {
   return cached[dev] == 1;
 }
 
-// The launcher's argument checks, shared by every version: 0 = go, > 0 = nothing to do, < 0 = error code.
-inline int check_fwd_params(const AttnFwdParams* p) {
-  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
-  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
-  if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 || p->heads_kv <= 0 ||
-      p->heads_q % p->heads_kv != 0)
-    return LAB_E_SHAPE;
-  if (p->batch == 0 || p->seqlen_q == 0) return 1;
-  auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
-  auto strides_ok = [](const int64_t(&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; };
-  // TMA: 16-byte aligned base and strides that are multiples of 16 bytes (lab.ops copies anything else).
-  if (!aligned(p->q) || !aligned(p->k) || !aligned(p->v) || !aligned(p->o) || !strides_ok(p->q_stride) ||
-      !strides_ok(p->k_stride) || !strides_ok(p->v_stride) || !strides_ok(p->o_stride))
-    return LAB_E_SHAPE;
-  // TMA coordinates are int32 and a dimension holds at most 2^32 elements.
+// The launcher's argument checks (common/launch.h) and TMA's own limit: coordinates are int32 and a
+// dimension holds at most 2^32 elements. 0 = go, > 0 = nothing to do, < 0 = error code.
+inline int check_tma_fwd_params(const AttnFwdParams* p) {
+  if (const int rc = lab::check_fwd_params(p)) return rc;
   if (p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30)) return LAB_E_SHAPE;
   return 0;
 }
@@ -105,7 +95,7 @@ inline int launch_fwd_sm90(const AttnFwdParams& p, cudaStream_t stream, int dev)
 // (D, dtype). Launch<Cfg, T>::run(p, stream, dev) launches one (a version file defines it in one line).
 template <class Cfg64, class Cfg128, template <class, class> class Launch>
 inline int fwd_sm90_entry(const AttnFwdParams* p, void* stream) {
-  if (const int rc = check_fwd_params(p)) return rc < 0 ? rc : 0;
+  if (const int rc = check_tma_fwd_params(p)) return rc < 0 ? rc : 0;
   int dev = 0;
   if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
