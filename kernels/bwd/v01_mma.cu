@@ -48,6 +48,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "common/launch.h"
 #include "common/mma.cuh"
 #include "common/params.h"
 
@@ -512,15 +513,13 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnBwdParams p) {
 }
 
 // ---------------------------------------------------------------- host
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-bool strides_ok(const int64_t (&s)[3]) { return s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0; }
+using lab::aligned16;
+using lab::strides_ok;
 
 template <auto Kernel>
 cudaError_t launch_kernel(dim3 grid, int threads, int smem, cudaStream_t st, const AttnBwdParams& p) {
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-  }
+  // the shared-memory opt-in once per device, not on every launch (common/launch.h)
+  if (const cudaError_t err = lab::allow_smem_once<Kernel>(smem, lab::current_device())) return err;
   Kernel<<<grid, threads, smem, st>>>(p);
   return cudaGetLastError();
 }

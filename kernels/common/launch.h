@@ -40,6 +40,20 @@ inline int num_sms(int dev) {
   return sms[dev];
 }
 
+// Compute capability of `dev` as 10 * major + minor (90 on Hopper), read once (0 when unknown).
+inline int capability(int dev) {
+  static int cc[kMaxDevices] = {};
+  if (dev < 0 || dev >= kMaxDevices) return 0;
+  if (cc[dev] == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+      return 0;
+    cc[dev] = 10 * major + minor;
+  }
+  return cc[dev];
+}
+
 // Opt `Kernel` in to `bytes` of dynamic shared memory, once per device (every call for a device outside
 // [0, kMaxDevices)).
 // A template on the kernel itself: each instantiation of a kernel template gets its own flags.

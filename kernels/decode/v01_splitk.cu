@@ -78,9 +78,7 @@
 
 namespace {
 
-using lab::aligned16;
 using lab::decode::Elem;
-using lab::strides_ok;
 using lab::decode::kLn2;
 using lab::decode::kLog2e;
 
@@ -471,13 +469,8 @@ extern "C" int decode_splitk_v01(const DecodeParams* p, void* stream_ptr) {
   const int per_split = (p->seqlen_cache + p->num_splits - 1) / p->num_splits;
   const int chunk = (per_split + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
 
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  int major = 0;
-  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err != cudaSuccess) return err;
-  const bool use_pdl = major >= 9;  // programmatic dependent launch exists from Hopper on
+  const int device = lab::current_device();
+  const bool use_pdl = lab::capability(device) >= 90;  // programmatic dependent launch exists from Hopper on
 
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const int rows = static_cast<int>(rows_total);

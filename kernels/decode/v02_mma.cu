@@ -60,13 +60,9 @@
 
 namespace {
 
-using lab::aligned16;  // common/launch.h
 using lab::decode::Elem;
-using lab::strides_ok;
 using lab::decode::kLn2;
 using lab::decode::kLog2e;
-
-constexpr int kSmemDefault = 48 * 1024;
 
 // Ring depth: 3 stages at D = 128 (2 tiles = 64 KB in flight, two blocks per SM), 4 at D = 64. A deeper
 // ring with one block per SM (6 stages, 204 KiB) measured no faster on the H200.
@@ -348,23 +344,10 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
 }
 
 template <typename T, int kHeadDim, int kStages>
-cudaError_t allow_smem(int device) {
-  using Cfg = MmaConfig<kHeadDim, kStages>;
-  constexpr int kMaxDevices = 64;
-  static bool done[kMaxDevices] = {};
-  if (Cfg::kSmemBytes <= kSmemDefault) return cudaSuccess;
-  if (device >= 0 && device < kMaxDevices && done[device]) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(mma_partial_kernel<T, kHeadDim, kStages>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err == cudaSuccess && device >= 0 && device < kMaxDevices) done[device] = true;
-  return err;
-}
-
-template <typename T, int kHeadDim, int kStages>
 int launch_typed(const DecodeParams* p, cudaStream_t stream, int chunk, int group, int rows_total, int row_groups,
                  int device, bool use_pdl) {
   using Cfg = MmaConfig<kHeadDim, kStages>;
-  cudaError_t err = allow_smem<T, kHeadDim, kStages>(device);
+  cudaError_t err = lab::allow_smem_once<mma_partial_kernel<T, kHeadDim, kStages>>(Cfg::kSmemBytes, device);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(p->num_splits) * p->batch * p->heads_kv * row_groups);
   mma_partial_kernel<T, kHeadDim, kStages><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
@@ -392,13 +375,8 @@ extern "C" int decode_splitk_v02(const DecodeParams* p, void* stream_ptr) {
   const int per_split = (p->seqlen_cache + p->num_splits - 1) / p->num_splits;
   const int chunk = (per_split + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
 
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  int major = 0;
-  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err != cudaSuccess) return err;
-  const bool use_pdl = major >= 9;
+  const int device = lab::current_device();
+  const bool use_pdl = lab::capability(device) >= 90;  // programmatic dependent launch exists from Hopper on
 
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const int rows = static_cast<int>(rows_total);

@@ -367,10 +367,7 @@ extern "C" int decode_paged_v03(const DecodeParams* p, void* stream_ptr) {
   const int per_split = (p->seqlen_cache + p->num_splits - 1) / p->num_splits;
   const int chunk = (per_split + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
   const int device = lab::current_device();
-  int major = 0;
-  const cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device < 0 ? 0 : device);
-  if (err != cudaSuccess) return err;
-  const bool use_pdl = major >= 9;
+  const bool use_pdl = lab::capability(device) >= 90;  // programmatic dependent launch exists from Hopper on
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const int rows = static_cast<int>(rows_total);
   const bool paged = p->block_table != nullptr;

@@ -24,23 +24,13 @@ namespace lab::sm90 {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kMaxDevices = 64;
 
 // ---------------------------------------------------------------- host
 
-// Compute capability 9.0 (sm_90a code runs nowhere else), cached per device: host time is launch latency.
+// Compute capability 9.0 (sm_90a code runs nowhere else); common/launch.h caches it per device.
 inline bool device_is_sm90(int* dev_out) {
-  static signed char cached[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-  *dev_out = dev;
-  if (cached[dev] == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cached[dev] = (major == 9 && minor == 0) ? 1 : -1;
-  }
-  return cached[dev] == 1;
+  *dev_out = current_device();
+  return capability(*dev_out) == 90;
 }
 
 // The launcher's argument checks (common/launch.h) and TMA's own limit: coordinates are int32 and a
@@ -64,25 +54,12 @@ inline int make_fwd_maps(const AttnFwdParams* p, int q_rows, int kv_rows, CUtens
   return 0;
 }
 
-// Raise a kernel's dynamic shared-memory limit once per device (a driver call
-// on every launch costs host time); `done` is the caller's per-kernel flag array.
-template <class Kernel>
-inline int set_smem_once(Kernel kernel, int bytes, bool (&done)[kMaxDevices], int dev) {
-  if (!done[dev]) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (err != cudaSuccess) return (int)err;
-    done[dev] = true;
-  }
-  return 0;
-}
-
 // One launch of a TMA forward kernel (v05..v07 share it): raise its shared-memory limit once per device,
 // build the three tensor maps, one CTA per (B_r query rows, head, batch). kKernel is the kernel
-// instantiation itself, so each one keeps its own once-per-device flags.
+// instantiation itself (common/launch.h's allow_smem_once keeps its once-per-device flags per instantiation).
 template <class Cfg, auto kKernel>
 inline int launch_fwd_sm90(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-  static bool smem_set[kMaxDevices] = {};
-  if (int rc = set_smem_once(kKernel, Cfg::kSmem, smem_set, dev)) return rc;
+  if (const cudaError_t err = allow_smem_once<kKernel>(Cfg::kSmem, dev)) return (int)err;
   CUtensorMap tq, tk, tv;
   if (int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) return rc;
   const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
