@@ -5,19 +5,18 @@ import numpy as np
 import pytest
 import torch
 
-from lab import causal
+from lab import causal, paged
 from lab.dist import reference_attend
 
 
 def lower_right_reference(q, k, v):
-    """softmax with the bottom-right mask written out (key j visible to query i iff j <= i + S_k - S_q), float64;
-    rows with no visible key: out 0, lse -inf."""
+    """float64 softmax with lab.paged's bottom-right mask (key j visible to query i iff j <= i + S_k - S_q), the
+    rule decode v03 is checked against; rows with no visible key: out 0, lse -inf."""
     heads_q, heads_kv = q.shape[1], k.shape[1]
     k = k.repeat_interleave(heads_q // heads_kv, dim=1).double()
     v = v.repeat_interleave(heads_q // heads_kv, dim=1).double()
     s = (q.double() @ k.transpose(-1, -2)) / np.sqrt(q.shape[-1])
-    sq, sk = q.shape[2], k.shape[2]
-    visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
+    visible = paged.visible(k.shape[2], q.shape[2], True, q.device)  # the decode kernels' bottom-right rule
     s = s.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse)[..., None])
