@@ -13,7 +13,7 @@ export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=${
 case ${1:-tests} in
   tests)  # lower_right (lab.causal), paged decode v03, the registry-driven kernel tests (v02-v04 share new
           # device functions; the SASS guard says v04-v07 and decode are unchanged), binding run_launcher
-    timeout 560 python3 -m pytest -q -x -p no:cacheprovider tests/test_ops_gpu.py tests/test_paged_gpu.py \
+    timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_ops_gpu.py tests/test_paged_gpu.py \
       tests/test_gpu.py tests/test_hopper_gpu.py > "$OUT/pytest.log" 2>&1
     echo "pytest rc=$?" >> "$OUT/pytest.log"; tail -5 "$OUT/pytest.log" ;;
   sanitize)  # the registry's default paths of this GPU (v05/v07 and decode v01-v03 on Hopper), then paged tables
