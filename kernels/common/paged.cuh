@@ -38,68 +38,67 @@ __host__ __device__ __forceinline__ int32_t table_entry(const int32_t* entry) {
 #endif
 }
 
-// The keys one thread loads in every tile are first + kStep * it, it < kRows (the loader's fixed pattern:
-// thread tid owns rows tid / vectors-per-row + kStep * it of each tile, at one 16-byte column). The cursor
-// follows them through the block table with no division in the loop: (slot, row) of the first key of the
-// next tile to issue, moved by kTileKeys per tile; the page ids of that tile are fetched one tile ahead, so
-// the table load's latency hides under a tile of math instead of delaying the cp.async behind it.
-// [lab:page-cursor] each thread's rows of a tile, found through the block table one tile ahead
-template <int kRows, int kStep, int kTileKeys>
+// The block's tile of kTileKeys keys, walked 16 keys at a time: a tile starts on a multiple of 64 keys and
+// page_size is a multiple of 16, so each 16-key group lies in one page. The cursor holds, for each group of
+// the next tile to issue, its table slot and row in page, moved by kTileKeys per tile with no division in the
+// loop, and the group's page id fetched one tile ahead (the table load's latency hides under a tile of math).
+// Everything here is the same for every thread of the block: the loader adds each thread's row in its group.
+// (The first version walked every thread's 8 rows with a while loop each, K and V apart: 964 SASS
+// instructions per tile against the contiguous loop's 477, and 0.59x the contiguous decode on an H200.)
+// [lab:page-cursor] the block's tile through the block table, one page id per 16 keys, one tile ahead
+template <int kTileKeys>
 struct PageCursor {
+  static constexpr int kGroups = kTileKeys / 16;
   const int32_t* table;  // this sequence's row of block_table
   int page_size;
   unsigned num_pages;
-  int slot, row;         // table slot and row in page of the thread's first key of the next tile
-  int page[kRows];       // page ids of that tile's keys, -1 for a key past the end
+  int step_slots, step_rows;                    // kTileKeys = step_slots * page_size + step_rows
+  int slot[kGroups], row[kGroups];              // group g's first key of the next tile: table slot, row in page
+  int page[kGroups];                            // that tile's page ids, -1 for a group past the end
 
+  // first_key: the split's first key, a multiple of kTileKeys. The block's only divisions.
   __host__ __device__ __forceinline__ void start(const int32_t* table_row, int ps, int np, int first_key) {
     table = table_row;
     page_size = ps;
     num_pages = static_cast<unsigned>(np);
-    slot = first_key / ps;  // the one division per block
-    row = first_key - slot * ps;
-  }
-
-  // Key it of the tile: (slot offset, row in page). kStep * it < 64 and page_size >= 16: at most 4 steps.
-  __host__ __device__ __forceinline__ int locate(int it, int* row_in_page) const {
-    int r = row + kStep * it, s = 0;
-    while (r >= page_size) {
-      r -= page_size;
-      ++s;
+    step_slots = kTileKeys / ps;
+    step_rows = kTileKeys - step_slots * ps;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      slot[g] = (first_key + 16 * g) / ps;
+      row[g] = first_key + 16 * g - slot[g] * ps;
     }
-    *row_in_page = r;
-    return s;
   }
 
-  // Fetch the page ids of the next tile; keys_left = keys of the split from this thread's first key on.
+  // Fetch the page ids of the next tile; keys_left = keys of the split from that tile's first key on.
   __host__ __device__ __forceinline__ void fetch(int keys_left) {
 #pragma unroll
-    for (int it = 0; it < kRows; ++it) {
-      int r;
-      const int s = locate(it, &r);
+    for (int g = 0; g < kGroups; ++g) {
 #ifdef LAB_PAGED_BUG_IDENTITY  // the self-test's wrong kernel: slot i read as page i, the table ignored
-      page[it] = kStep * it < keys_left ? slot + s : -1;
+      page[g] = 16 * g < keys_left ? slot[g] : -1;
 #else
-      page[it] = kStep * it < keys_left ? table_entry(table + slot + s) : -1;
+      page[g] = 16 * g < keys_left ? table_entry(table + slot[g]) : -1;
 #endif
     }
   }
 
-  // Element offset of key it's row in a cache with (page, row) strides; false: no key or a bad page id
-  // (the caller zero-fills, the offset is then 0 and never read).
-  __host__ __device__ __forceinline__ bool offset(int it, int64_t page_stride, int64_t row_stride, int64_t* off) const {
-    int r;
-    locate(it, &r);
-    const bool ok = static_cast<unsigned>(page[it]) < num_pages;
-    *off = ok ? static_cast<int64_t>(page[it]) * page_stride + static_cast<int64_t>(r) * row_stride : 0;
+  // Element offset of group g's first key in a cache with (page, row) strides; false: past the end or a bad
+  // page id (the caller zero-fills, the offset is then 0 and never read).
+  __host__ __device__ __forceinline__ bool offset(int g, int64_t page_stride, int64_t row_stride, int64_t* off) const {
+    const bool ok = static_cast<unsigned>(page[g]) < num_pages;
+    *off = ok ? static_cast<int64_t>(page[g]) * page_stride + static_cast<int64_t>(row[g]) * row_stride : 0;
     return ok;
   }
 
   __host__ __device__ __forceinline__ void advance() {
-    row += kTileKeys;
-    while (row >= page_size) {
-      row -= page_size;
-      ++slot;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      slot[g] += step_slots;
+      row[g] += step_rows;
+      if (row[g] >= page_size) {  // step_rows < page_size: at most one carry
+        row[g] -= page_size;
+        ++slot[g];
+      }
     }
   }
 };

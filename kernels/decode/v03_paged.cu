@@ -20,9 +20,10 @@
 //  * Pages. Key j of sequence b is row j % page_size of page block_table[b][j / page_size]. The split plan
 //    is v02's, over the table's capacity max_pages * page_size (chosen on the host from shapes only, so a
 //    captured graph replays with any lengths and tables); chunks are whole 64-key tiles and a tile may cross
-//    pages (page 16: 4 pages a tile; page >= 64 and a multiple of 64: one). Each thread's 8 (D 128) or 4
-//    (D 64) rows of a tile are found by a PageCursor (common/paged.cuh): no division in the loop, page ids
-//    fetched one tile ahead.
+//    pages (page 16: 4 pages a tile; page >= 64 and a multiple of 64: one). A PageCursor (common/paged.cuh)
+//    holds one page id and offset per 16-key group of the tile (a group never crosses a page), the same for
+//    the whole block; each thread adds its row in the group, known at compile time but for j0. No division
+//    in the loop, page ids fetched one tile ahead.
 //  * Bad tables. The length is clamped to [0, max_pages * page_size] (the table slots that exist); a longer
 //    cache_seqlens[b] sets LAB_PAGE_E_SHORT. Every block checks the page ids of the sequence's whole
 //    length (bad_pages, ~len / page_size int32 loads from L2 per block, overlapped with the first tiles'
@@ -135,24 +136,40 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
     v_base += b * p.v_stride[0] + h_kv * p.v_stride[1] + static_cast<int64_t>(key_begin) * p.v_stride[2];
   }
   const int32_t* table_row = kPaged ? p.block_table + b * p.block_table_stride : nullptr;
-  lab::paged::PageCursor<Cfg::kLoadRows, Cfg::kRowStep, Bc> cursor;
+  lab::paged::PageCursor<Bc> cursor;
   if (kPaged) {
-    cursor.start(table_row, p.page_size, p.num_pages, key_begin + j0);
-    cursor.fetch(n_keys - j0);
+    k_base += j0 * p.k_stride[1];  // the thread's row in its 16-key group; the cursor gives the group's row
+    v_base += j0 * p.v_stride[1];
+    cursor.start(table_row, p.page_size, p.num_pages, key_begin);
+    cursor.fetch(n_keys);
   }
 
   // Issue tile t's cp.async (paged: the cursor holds tile t's page ids; fetches tile t + 1's).
+  // Paged: row it of the thread is in 16-key group it * kRowStep / 16 (j0 < kRowStep <= 16), at row
+  // j0 + (it * kRowStep) % 16 of the group: both compile-time but j0, which k_base already holds.
+  static_assert(Cfg::kRowStep <= 16 && 16 % Cfg::kRowStep == 0, "a thread's row group is known at compile time");
   auto load_tile = [&](int t, int stage) {
     T* sK = tile_k(stage) + j0 * Cfg::kStride + col;
     T* sV = tile_v(stage) + j0 * Cfg::kStride + col;
+    int64_t k_group[lab::paged::PageCursor<Bc>::kGroups], v_group[lab::paged::PageCursor<Bc>::kGroups];
+    bool group_ok[lab::paged::PageCursor<Bc>::kGroups];
+    if (kPaged) {
+#pragma unroll
+      for (int g = 0; g < lab::paged::PageCursor<Bc>::kGroups; ++g) {
+        group_ok[g] = cursor.offset(g, p.k_stride[0], p.k_stride[1], &k_group[g]);
+        cursor.offset(g, p.v_stride[0], p.v_stride[1], &v_group[g]);
+      }
+    }
 #pragma unroll
     for (int it = 0; it < Cfg::kLoadRows; ++it) {
       const int key = t * Bc + j0 + it * Cfg::kRowStep;  // in the split
       int64_t ko, vo;
       bool valid = key < n_keys;
       if (kPaged) {
-        valid &= cursor.offset(it, p.k_stride[0], p.k_stride[1], &ko);
-        cursor.offset(it, p.v_stride[0], p.v_stride[1], &vo);
+        const int g = it * Cfg::kRowStep / 16, inner = (it * Cfg::kRowStep) % 16;
+        valid &= group_ok[g];
+        ko = k_group[g] + inner * p.k_stride[1];
+        vo = v_group[g] + inner * p.v_stride[1];
       } else {
         ko = valid ? key * p.k_stride[2] : 0;
         vo = valid ? key * p.v_stride[2] : 0;
@@ -162,7 +179,7 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
     }
     if (kPaged) {
       cursor.advance();
-      cursor.fetch(n_keys - (t + 1) * Bc - j0);
+      cursor.fetch(n_keys - (t + 1) * Bc);
     }
   };
 

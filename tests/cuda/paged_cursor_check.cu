@@ -1,7 +1,7 @@
 // Host-side check of lab::paged::PageCursor (kernels/common/paged.cuh), no GPU needed: the kernel's loader
-// pattern (start, fetch one tile ahead, offset per row, advance) against plain division, for every thread's
-// row pattern of decode v03 (D 128: 8 rows 8 apart; D 64: 4 rows 16 apart), page sizes 16..256, splits that
-// start inside a page, and tables with bad ids. Each sequence's table is its own heap array of exactly the
+// pattern (start, fetch one tile ahead, one offset per 16-key group, each thread's row added in its group,
+// advance) against plain division, for every thread's row pattern of decode v03 (D 128: 8 rows 8 apart; D 64:
+// 4 rows 16 apart), page sizes 16..256, splits that start inside a page, and tables with bad ids. Each sequence's table is its own heap array of exactly the
 // slots its length needs, so a read past them is an AddressSanitizer error (tests/test_paged_cursor.py
 // builds this with -fsanitize=address). Prints "ok <cases>" and exits 0, or the first mismatch and exits 1.
 #include <cstdio>
@@ -18,9 +18,9 @@ int check(int page_size, int num_pages, const std::vector<int>& ids, int len, in
   for (int i = 0; i < slots; ++i) table[i] = ids[i];
   const int n_keys = std::max(0, std::min(key_begin + chunk, len) - key_begin);
   const int64_t kPage = 1000003, kRow = 17;  // any strides: offsets are compared, not dereferenced
-  lab::paged::PageCursor<kRows, kStep, kTile> cursor;
-  cursor.start(table, page_size, num_pages, key_begin + j0);
-  cursor.fetch(n_keys - j0);
+  lab::paged::PageCursor<kTile> cursor;
+  cursor.start(table, page_size, num_pages, key_begin);
+  cursor.fetch(n_keys);
   int bad = 0;
   const int tiles = (n_keys + kTile - 1) / kTile;
   for (int t = 0; t < tiles && !bad; ++t) {
@@ -30,8 +30,10 @@ int check(int page_size, int num_pages, const std::vector<int>& ids, int len, in
       const int key = key_begin + rel;
       const int page = table[key / page_size];
       const bool want_ok = page >= 0 && page < num_pages;
-      int64_t off = -1;
-      const bool ok = cursor.offset(it, kPage, kRow, &off);
+      int64_t off = -1;  // as decode v03's load_tile: the group's offset, then the row in the group
+      const int g = it * kStep / 16;
+      const bool ok = cursor.offset(g, kPage, kRow, &off);
+      if (ok) off += (j0 + (it * kStep) % 16) * kRow;
       const int64_t want = want_ok ? page * kPage + (key % page_size) * kRow : 0;
       if (ok != want_ok || off != want) {
         std::printf("mismatch: page_size %d len %d begin %d j0 %d tile %d row %d key %d: ok %d/%d off %lld/%lld\n",
@@ -41,7 +43,7 @@ int check(int page_size, int num_pages, const std::vector<int>& ids, int len, in
       }
     }
     cursor.advance();
-    cursor.fetch(n_keys - (t + 1) * kTile - j0);
+    cursor.fetch(n_keys - (t + 1) * kTile);
   }
   delete[] table;
   return bad;

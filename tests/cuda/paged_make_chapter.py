@@ -128,8 +128,8 @@ md(r"""
 `kernels/decode/v03_paged.cu` keeps decode v02's pass 1 (one block per (split, sequence, KV head, 16 query
 rows), 64-key tiles by `cp.async` in a ring, `mma.sync` for Q Kᵀ and P V, warp-local online softmax) and
 its split plan and combine. Three things are new: the tile loader's row address comes through the block
-table, by a `PageCursor` (`kernels/common/paged.cuh`) that walks each thread's rows tile by tile with no
-division and fetches the next tile's page ids one tile ahead; the mask compares each key with its row's own
+table, by a `PageCursor` (`kernels/common/paged.cuh`) that walks the block's tile 16 keys (one page id) at a
+time with no division and fetches the next tile's page ids one tile ahead; the mask compares each key with its row's own
 limit (bottom-right causal); and the page-table check above. Without a block table the same kernel reads
 the contiguous cache (that is how `is_causal` with q_len > 1 runs on a contiguous cache). The loader:
 """)
