@@ -35,6 +35,13 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped automatically when torch sees none)")
+    # Under compute-sanitizer the SDPA yardstick must not be cuDNN's: its sm80 fprop kernel reads 4 bytes
+    # past a 10-byte allocation of its own (memcheck on an H200, torch 2.11, 2026-11-23; log
+    # outputs/driver_logs/20261123-h200-memcheck-cudnn-sdpa-07bc0ab157.log), which aborts the process.
+    if os.environ.get("LAB_SDPA_NO_CUDNN") == "1":
+        import torch
+
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _cuda_available() -> bool:
