@@ -107,12 +107,19 @@
 #ifndef LAB_V07_D128_STAGES
 #define LAB_V07_D128_STAGES 2
 #endif
+#ifndef LAB_V07_D64_PERSIST
+#define LAB_V07_D64_PERSIST 0  // one CTA per SM looping over the tiles (see PERSIST below)
+#endif
+#ifndef LAB_V07_D128_PERSIST
+#define LAB_V07_D128_PERSIST 0
+#endif
 
 namespace {
 using namespace lab::sm90;
 
-template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY_>
+template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY_, bool PERSIST_ = false>
 struct Cfg07 {
+  static constexpr bool kPersistent = PERSIST_;
   static constexpr int kPolyEvery = POLY_;
   static_assert(kPolyEvery >= 0 && kPolyEvery <= BC_ / 8, "POLY: 0 (off) or every N-th of the B_c/8 column blocks");
   static constexpr bool kPingPong = PINGPONG_;
@@ -135,9 +142,9 @@ struct Cfg07 {
   static_assert(BC % 16 == 0 && BC <= 256, "B_c: a wgmma N and a TMA box");
 };
 using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES, LAB_V07_D64_PINGPONG != 0,
-                    LAB_V07_D64_POLY>;
+                    LAB_V07_D64_POLY, LAB_V07_D64_PERSIST != 0>;
 using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES,
-                     LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY>;
+                     LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_PERSIST != 0>;
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
@@ -151,27 +158,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   // K and V have their own `empty` barriers: K_j is free once S_j is done, a whole softmax before
   // P_j V_j frees V_j, so the next K load is not held up by the overlapped P V (see the header).
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
+  __shared__ __align__(8) uint64_t empty_q;  // PERSIST: the epilogue is done with the Q tiles (its O staging)
   uint8_t* smem = align1024(smem_raw);
   const uint32_t sQ = smem_u32(smem);
   auto sK = [&](int s) { return sQ + Cfg::kQBytes + s * Cfg::kTileBytes; };
   auto sV = [&](int s) { return sQ + Cfg::kQBytes + (kStages + s) * Cfg::kTileBytes; };
 
-  // Prologue: (b, h, Q_i); causal: longest first over the whole grid.
+  // Work tiles: (b, h, Q_i); causal: longest first over the whole grid. PERSIST: CTA x takes tiles
+  // x, x + gridDim.x, ... (grid = SMs), so the next tile's K_0 and Q loads overlap this one's epilogue and
+  // no CTA launch, barrier setup or pipeline fill sits between two tiles of an SM.
   const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
   const int num_bh = p.batch * p.heads_q;
-  int bh, mb;
-  if (p.causal) {
-    mb = num_m - 1 - (int)(blockIdx.x / num_bh);
-    bh = blockIdx.x % num_bh;
-  } else {
-    mb = blockIdx.x % num_m;
-    bh = blockIdx.x / num_m;
-  }
-  const int b = bh / p.heads_q, h = bh % p.heads_q;
-  const int hkv = h / (p.heads_q / p.heads_kv);
-  const int m0 = mb * Cfg::BR;
-  const int kv_end = p.causal ? min(p.seqlen_k, min(p.seqlen_q, m0 + Cfg::BR)) : p.seqlen_k;
-  const int n_tiles = (kv_end + BC - 1) / BC;
+  const int num_work = Cfg::kPersistent ? num_m * num_bh : (int)blockIdx.x + 1;
+  const int work_step = Cfg::kPersistent ? (int)gridDim.x : 1;
+  int b, h, hkv, m0, n_tiles;
+  auto locate = [&](int work) {
+    int bh, mb;
+    if (p.causal) {
+      mb = num_m - 1 - work / num_bh;
+      bh = work % num_bh;
+    } else {
+      mb = work % num_m;
+      bh = work / num_m;
+    }
+    b = bh / p.heads_q;
+    h = bh % p.heads_q;
+    hkv = h / (p.heads_q / p.heads_kv);
+    m0 = mb * Cfg::BR;
+    const int kv_end = p.causal ? min(p.seqlen_k, min(p.seqlen_q, m0 + Cfg::BR)) : p.seqlen_k;
+    n_tiles = (kv_end + BC - 1) / BC;
+  };
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -182,6 +198,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
     }
+    mbar_init(smem_u32(&empty_q), 4 * Cfg::kConsumers);
     fence_barrier_init();
   }
   __syncthreads();
@@ -193,54 +210,61 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       tma_prefetch_map(&tq);
       tma_prefetch_map(&tk);
       tma_prefetch_map(&tv);
-      mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
-      for (int w = 0; w < Cfg::kConsumers; ++w)
-        for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
-      // [lab:producer] the producer thread: wait for a free stage, then one TMA per 64-column block of K_j and V_j
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % kStages;
-        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
-        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
-        mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
-        for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
-        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
-        mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
-        for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
+      int ring = 0;  // K/V tiles issued by this CTA so far: the ring position runs on across work tiles
+      for (int work = blockIdx.x, it = 0; work < num_work; work += work_step, ++it) {
+        locate(work);
+        auto load_q = [&]() {
+          if (it > 0) mbar_wait(smem_u32(&empty_q), (it - 1) & 1);  // the last tile's epilogue is done
+          mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
+          for (int w = 0; w < Cfg::kConsumers; ++w)
+            for (int cb = 0; cb < D / 64; ++cb)
+              tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
+        };
+        if (!Cfg::kPersistent || n_tiles == 0) load_q();
+        // [lab:producer] the producer thread: wait for a free stage, then one TMA per 64-column block of K_j and V_j
+        for (int j = 0; j < n_tiles; ++j, ++ring) {
+          const int s = ring % kStages;
+          const uint32_t free_parity = ((ring / kStages) & 1) ^ 1;
+          if (ring >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+          mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+          for (int cb = 0; cb < D / 64; ++cb)
+            tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
+          if (Cfg::kPersistent && j == 0) load_q();  // K_0 first: it loads under the last tile's epilogue
+          if (ring >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+          mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+          for (int cb = 0; cb < D / 64; ++cb)
+            tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
+        }
+        // [/lab:producer]
       }
-      // [/lab:producer]
     }
   } else {
     // Consumers
     setmaxnreg_inc<Cfg::kRegsConsumer>();
     const int ct = threadIdx.x - 128 * wg;
-    const int wm0 = m0 + 64 * (wg - 1);
     const uint32_t sQw = sQ + (wg - 1) * Cfg::kQBytesWG;
     const float c = p.scale * kLog2e;
-    const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+    int wm0, row0;
     float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
     RowState st;
     float sacc[BC / 2], alpha[2];
     uint32_t pa[BC / 16][4];
+    int ring = 0;  // the ring position of this work tile's K_0 / V_0 (the producer's count)
     // The mbarrier waits come before wgmma_fence: a spin loop between the fence and
     // the wgmma makes ptxas inject fences of its own.
-    auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1); };
-    auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1); };
+    auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
+    auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
     auto issue_s = [&](int j) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaOp<BC>::template ss<kBf16, 0>(sacc, desc_kmajor(sQw, 64, kk), desc_kmajor(sK(j % kStages), BC, kk),
-                                           kk > 0);
+        WgmmaOp<BC>::template ss<kBf16, 0>(sacc, desc_kmajor(sQw, 64, kk),
+                                           desc_kmajor(sK((ring + j) % kStages), BC, kk), kk > 0);
       wgmma_commit();
     };
     auto issue_pv = [&](int j) {
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk)
-        WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(sV(j % kStages), BC, kk), 1);
+        WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(sV((ring + j) % kStages), BC, kk), 1);
       wgmma_commit();
     };
     auto softmax = [&](int j) {
@@ -251,8 +275,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         softmax_scores<BC, false, Cfg::kPolyEvery>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
     };
     // PINGPONG: turn() waits for this warpgroup's token, pass() hands it to the next one. Every
-    // warpgroup takes n_tiles + 1 turns; warpgroup 1 takes one more at the end, which consumes the
-    // last warpgroup's last pass, so no arrival is left pending at exit.
+    // warpgroup takes n_tiles + 1 turns per work tile, so the token runs on across work tiles; the
+    // last warpgroup hands out the first turn, and warpgroup 1 takes one more after the last work
+    // tile, which consumes the last warpgroup's last pass, so no arrival is left pending at exit.
     constexpr bool kPing = Cfg::kPingPong && Cfg::kConsumers > 1;
     const int next_wg = wg % Cfg::kConsumers + 1;
     auto turn = [&]() {
@@ -262,13 +287,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       if constexpr (kPing) named_barrier_arrive(3 + next_wg, 256);
     };
     auto release_k = [&](int j) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[j % kStages]));
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[(ring + j) % kStages]));
     };
     auto release_v = [&](int j) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[j % kStages]));
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[(ring + j) % kStages]));
     };
-    if (kPing && wg == Cfg::kConsumers && n_tiles > 0) named_barrier_arrive(3 + 1, 256);  // the first turn
-    mbar_wait(smem_u32(&bar_q), 0);
+    // Every work tile has n_tiles > 0 exactly when S_k > 0 (causal: m0 < S_q, so kv_end > 0).
+    if (kPing && wg == Cfg::kConsumers && p.seqlen_k > 0) named_barrier_arrive(3 + 1, 256);  // the first turn
+    for (int work = blockIdx.x, it = 0; work < num_work; work += work_step, ++it) {
+    locate(work);
+    wm0 = m0 + 64 * (wg - 1);
+    row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    st = RowState{};
+    mbar_wait(smem_u32(&bar_q), it & 1);
 
     if (n_tiles > 0) {
       wait_k(0);
@@ -312,11 +345,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       wgmma_wait<0>();
       reg_fence(o);
       release_v(n_tiles - 1);
-      if (kPing && wg == 1) turn();
     }
 
     // Epilogue
     epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
+    ring += n_tiles;
+    if constexpr (Cfg::kPersistent) {  // the O staging in the Q tile is read: the next Q may land there
+      __syncwarp();
+      fence_proxy_async();  // generic-proxy accesses ordered before the TMA (async proxy) writes
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q));
+    }
+    }
+    if (kPing && wg == 1 && p.seqlen_k > 0) turn();
   }
 #endif
 }
@@ -324,7 +364,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
 template <class Cfg, class T>
 struct Launch {
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-    return launch_fwd_sm90<Cfg, attn_fwd_v07_kernel<Cfg, T>>(p, stream, dev);
+    return launch_fwd_sm90<Cfg, attn_fwd_v07_kernel<Cfg, T>, Cfg::kPersistent>(p, stream, dev);
   }
 };
 

@@ -64,6 +64,9 @@ def run_check(versions) -> bool:
         run = ops.fwd_writer(name, defines)
         results = check.run_set(run, tests, version, progress=False, show_failures=0, save=False)
         results += [check.check_forward(run, c, version, layout="bshd", save=False) for c in tests[2:10]]
+        # Grids of more work tiles than SMs (528 at D 128, 352 at D 64): a persistent kernel loops here
+        results += [check.check_forward(run, cases.Case("many-tiles", 2, 8, 2, 4097, 4097, d, "bfloat16", causal),
+                                        version, trials=1, save=False) for d in (64, 128) for causal in (False, True)]
         for scale in (0.0, -0.35, 2.0):  # any finite scale: zero, negative, large
             with bench.sdpa_backend("math"):  # the yardstick: SDPA's fused backends give NaN for scale <= 0
                 results += [check.check_forward(run, c, version, scale=scale, save=False) for c in (tests[5], tests[14])]
@@ -80,7 +83,9 @@ def run_check(versions) -> bool:
 
 def run_sanitize(versions) -> bool:
     shapes = [(1, 3, 1, 65, 63, 64, True), (2, 4, 2, 63, 130, 128, False), (1, 2, 2, 130, 65, 128, True),
-              (1, 1, 1, 1, 1, 64, False), (1, 2, 1, 257, 257, 64, True)]
+              (1, 1, 1, 1, 1, 64, False), (1, 2, 1, 257, 257, 64, True),
+              # more work tiles than SMs, so a persistent kernel's CTAs take several each (272 and 240)
+              (2, 17, 1, 1000, 777, 128, True), (2, 20, 4, 1025, 1025, 64, False)]
     ok = True
     for version in versions:
         for (B, Hq, Hkv, Sq, Sk, D, causal) in shapes:

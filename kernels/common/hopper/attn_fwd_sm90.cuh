@@ -55,15 +55,17 @@ inline int make_fwd_maps(const AttnFwdParams* p, int q_rows, int kv_rows, CUtens
 }
 
 // One launch of a TMA forward kernel (v05..v07 share it): raise its shared-memory limit once per device,
-// build the three tensor maps, one CTA per (B_r query rows, head, batch). kKernel is the kernel
-// instantiation itself (common/launch.h's allow_smem_once keeps its once-per-device flags per instantiation).
-template <class Cfg, auto kKernel>
+// build the three tensor maps, one CTA per (B_r query rows, head, batch); kPersistent: one CTA per SM at
+// most, each looping over work tiles. kKernel is the kernel instantiation itself (common/launch.h's
+// allow_smem_once keeps its once-per-device flags per instantiation).
+template <class Cfg, auto kKernel, bool kPersistent = false>
 inline int launch_fwd_sm90(const AttnFwdParams& p, cudaStream_t stream, int dev) {
   if (const cudaError_t err = allow_smem_once<kKernel>(Cfg::kSmem, dev)) return (int)err;
   CUtensorMap tq, tk, tv;
   if (int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) return rc;
-  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  if (kPersistent && blocks > num_sms(dev)) blocks = num_sms(dev);
   kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
   return (int)cudaGetLastError();
 }
