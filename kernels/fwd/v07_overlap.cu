@@ -107,6 +107,12 @@
 #ifndef LAB_V07_D128_STAGES
 #define LAB_V07_D128_STAGES 2
 #endif
+#ifndef LAB_V07_D64_CHAINS
+#define LAB_V07_D64_CHAINS 1  // independent row max / row sum chains in the softmax (see CHAINS below)
+#endif
+#ifndef LAB_V07_D128_CHAINS
+#define LAB_V07_D128_CHAINS 1
+#endif
 #ifndef LAB_V07_D64_PERSIST
 #define LAB_V07_D64_PERSIST 0  // one CTA per SM looping over the tiles (see PERSIST below)
 #endif
@@ -117,8 +123,10 @@
 namespace {
 using namespace lab::sm90;
 
-template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY_, bool PERSIST_ = false>
+template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY_, bool PERSIST_ = false,
+          int CHAINS_ = 1>
 struct Cfg07 {
+  static constexpr int kChains = CHAINS_;
   static constexpr bool kPersistent = PERSIST_;
   static constexpr int kPolyEvery = POLY_;
   static_assert(kPolyEvery >= 0 && kPolyEvery <= BC_ / 8, "POLY: 0 (off) or every N-th of the B_c/8 column blocks");
@@ -142,9 +150,10 @@ struct Cfg07 {
   static_assert(BC % 16 == 0 && BC <= 256, "B_c: a wgmma N and a TMA box");
 };
 using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES, LAB_V07_D64_PINGPONG != 0,
-                    LAB_V07_D64_POLY, LAB_V07_D64_PERSIST != 0>;
+                    LAB_V07_D64_POLY, LAB_V07_D64_PERSIST != 0, LAB_V07_D64_CHAINS>;
 using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES,
-                     LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_PERSIST != 0>;
+                     LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_PERSIST != 0,
+                     LAB_V07_D128_CHAINS>;
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
@@ -270,9 +279,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     auto softmax = [&](int j) {
       const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
       if (mask)
-        softmax_scores<BC, true, Cfg::kPolyEvery>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
       else
-        softmax_scores<BC, false, Cfg::kPolyEvery>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        softmax_scores<BC, false, Cfg::kPolyEvery, Cfg::kChains>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
     };
     // PINGPONG: turn() waits for this warpgroup's token, pass() hands it to the next one. Every
     // warpgroup takes n_tiles + 1 turns per work tile, so the token runs on across work tiles; the

@@ -136,11 +136,18 @@ __device__ __forceinline__ float exp2_poly(float x) {
 // fragments, so it can run while a P V wgmma still reads them (v07).
 //   row0: this thread's first row (absolute query index); col0: first key of the tile.
 // kPolyEvery > 0: every kPolyEvery-th n8 column block takes exp2_poly instead of ex2.approx.
-template <int BC, bool kMask, int kPolyEvery = 0>
+// kChains > 1: the row max and the row sum run as kChains independent chains, combined at the end
+// (with one chain, a row's BC/2 values are one dependent FMNMX chain and one dependent FADD chain).
+template <int BC, bool kMask, int kPolyEvery = 0, int kChains = 1>
 __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
                                                int row0, int col0, int seqlen_k, bool causal) {
+  static_assert(kChains >= 1 && (BC / 4) % kChains == 0, "kChains divides a row's BC/4 value pairs");
   const int t = threadIdx.x % 4;
-  float mx[2] = {st.m[0], st.m[1]};
+  float mx[2][kChains];
+#pragma unroll
+  for (int k = 0; k < kChains; ++k) mx[0][k] = mx[1][k] = k == 0 ? 0.f : -INFINITY;
+  mx[0][0] = st.m[0];
+  mx[1][0] = st.m[1];
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
@@ -152,17 +159,27 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
         if (masked(row, col, seqlen_k, causal)) x = -INFINITY;  // common/mask.cuh
       }
       s[4 * i + e] = x;
-      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      float& m = mx[e >> 1][(2 * i + (e & 1)) % kChains];
+      m = fmaxf(m, x);
     }
   float off[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    off[h] = mx[h] == -INFINITY ? 0.f : mx[h];  // a row with no key yet: keep P = 0, not NaN
-    alpha[h] = fast_exp2(st.m[h] - off[h]);      // m_old = -inf gives 0
-    st.m[h] = mx[h];
+#pragma unroll
+    for (int k = 1; k < kChains; ++k) mx[h][0] = fmaxf(mx[h][0], mx[h][k]);
+    mx[h][0] = fmaxf(mx[h][0], __shfl_xor_sync(0xffffffffu, mx[h][0], 1));
+    mx[h][0] = fmaxf(mx[h][0], __shfl_xor_sync(0xffffffffu, mx[h][0], 2));
+    off[h] = mx[h][0] == -INFINITY ? 0.f : mx[h][0];  // a row with no key yet: keep P = 0, not NaN
+    alpha[h] = fast_exp2(st.m[h] - off[h]);            // m_old = -inf gives 0
+    st.m[h] = mx[h][0];
     st.l[h] *= alpha[h];
+  }
+  float sum[2][kChains];
+#pragma unroll
+  for (int k = 0; k < kChains; ++k) sum[0][k] = sum[1][k] = 0.f;
+  if constexpr (kChains == 1) {  // one chain: the sum runs on from l itself, as before chains existed
+    sum[0][0] = st.l[0];
+    sum[1][0] = st.l[1];
   }
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i)
@@ -172,8 +189,20 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
       constexpr int kEvery = kPolyEvery > 0 ? kPolyEvery : 1;  // (no % by zero when off)
       const float pv = (kPolyEvery > 0 && i % kEvery == 0) ? exp2_poly(arg) : fast_exp2(arg);
       s[4 * i + e] = pv;
-      st.l[e >> 1] += pv;
+      sum[e >> 1][(2 * i + (e & 1)) % kChains] += pv;
     }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (kChains == 1) {
+      st.l[h] = sum[h][0];
+    } else {
+#pragma unroll
+      for (int w = 1; w < kChains; w *= 2)  // pairwise: log2(kChains) dependent adds
+#pragma unroll
+        for (int k = 0; k + w < kChains; k += 2 * w) sum[h][k] += sum[h][k + w];
+      st.l[h] += sum[h][0];
+    }
+  }
 }
 
 // O *= alpha per row (rows g and g + 8 of the accumulator layout).
