@@ -113,6 +113,9 @@
 #ifndef LAB_V07_D128_CHAINS
 #define LAB_V07_D128_CHAINS 1
 #endif
+#ifndef LAB_V07_FOLD
+#define LAB_V07_FOLD 0  // 1: a scale > 0 runs the kernel with the scale folded into exp2's FFMA (see FOLD)
+#endif
 #ifndef LAB_V07_D64_PERSIST
 #define LAB_V07_D64_PERSIST 0  // one CTA per SM looping over the tiles (see PERSIST below)
 #endif
@@ -155,7 +158,7 @@ using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_
                      LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_PERSIST != 0,
                      LAB_V07_D128_CHAINS>;
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kFold>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
                                                                         const __grid_constant__ CUtensorMap tk,
                                                                         const __grid_constant__ CUtensorMap tv,
@@ -279,9 +282,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     auto softmax = [&](int j) {
       const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
       if (mask)
-        softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
       else
-        softmax_scores<BC, false, Cfg::kPolyEvery, Cfg::kChains>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        softmax_scores<BC, false, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
     };
     // PINGPONG: turn() waits for this warpgroup's token, pass() hands it to the next one. Every
     // warpgroup takes n_tiles + 1 turns per work tile, so the token runs on across work tiles; the
@@ -373,7 +376,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
 template <class Cfg, class T>
 struct Launch {
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-    return launch_fwd_sm90<Cfg, attn_fwd_v07_kernel<Cfg, T>, Cfg::kPersistent>(p, stream, dev);
+    if constexpr (LAB_V07_FOLD != 0)
+      if (p.scale > 0.f)  // the folded softmax needs an order-keeping (positive) scale
+        return launch_fwd_sm90<Cfg, attn_fwd_v07_kernel<Cfg, T, true>, Cfg::kPersistent>(p, stream, dev);
+    return launch_fwd_sm90<Cfg, attn_fwd_v07_kernel<Cfg, T, false>, Cfg::kPersistent>(p, stream, dev);
   }
 };
 

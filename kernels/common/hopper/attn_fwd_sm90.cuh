@@ -138,7 +138,9 @@ __device__ __forceinline__ float exp2_poly(float x) {
 // kPolyEvery > 0: every kPolyEvery-th n8 column block takes exp2_poly instead of ex2.approx.
 // kChains > 1: the row max and the row sum run as kChains independent chains, combined at the end
 // (with one chain, a row's BC/2 values are one dependent FMNMX chain and one dependent FADD chain).
-template <int BC, bool kMask, int kPolyEvery = 0, int kChains = 1>
+// kFold (only for c > 0, which keeps the order of the scores): the max is taken on the raw scores and the
+// scale folds into the exponent, exp2(s * c - m) by one FFMA: one FMUL and one FADD less per score.
+template <int BC, bool kMask, int kPolyEvery = 0, int kChains = 1, bool kFold = false>
 __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
                                                int row0, int col0, int seqlen_k, bool causal) {
   static_assert(kChains >= 1 && (BC / 4) % kChains == 0, "kChains divides a row's BC/4 value pairs");
@@ -146,13 +148,13 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
   float mx[2][kChains];
 #pragma unroll
   for (int k = 0; k < kChains; ++k) mx[0][k] = mx[1][k] = k == 0 ? 0.f : -INFINITY;
-  mx[0][0] = st.m[0];
-  mx[1][0] = st.m[1];
+  mx[0][0] = kFold ? -INFINITY : st.m[0];  // kFold: raw scores first, the scaled running max after
+  mx[1][0] = kFold ? -INFINITY : st.m[1];
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float x = s[4 * i + e] * c;
+      float x = kFold ? s[4 * i + e] : s[4 * i + e] * c;
       if constexpr (kMask) {
         const int col = col0 + 8 * i + 2 * t + (e & 1);
         const int row = row0 + (e >> 1) * 8;
@@ -169,6 +171,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
     for (int k = 1; k < kChains; ++k) mx[h][0] = fmaxf(mx[h][0], mx[h][k]);
     mx[h][0] = fmaxf(mx[h][0], __shfl_xor_sync(0xffffffffu, mx[h][0], 1));
     mx[h][0] = fmaxf(mx[h][0], __shfl_xor_sync(0xffffffffu, mx[h][0], 2));
+    if constexpr (kFold) mx[h][0] = fmaxf(st.m[h], mx[h][0] * c);  // -inf * c = -inf for c > 0
     off[h] = mx[h][0] == -INFINITY ? 0.f : mx[h][0];  // a row with no key yet: keep P = 0, not NaN
     alpha[h] = fast_exp2(st.m[h] - off[h]);            // m_old = -inf gives 0
     st.m[h] = mx[h][0];
@@ -185,7 +188,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
   for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float arg = s[4 * i + e] - off[e >> 1];
+      const float arg = kFold ? fmaf(s[4 * i + e], c, -off[e >> 1]) : s[4 * i + e] - off[e >> 1];
       constexpr int kEvery = kPolyEvery > 0 ? kPolyEvery : 1;  // (no % by zero when off)
       const float pv = (kPolyEvery > 0 && i % kEvery == 0) ? exp2_poly(arg) : fast_exp2(arg);
       s[4 * i + e] = pv;
