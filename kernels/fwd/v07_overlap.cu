@@ -113,6 +113,9 @@
 #ifndef LAB_V07_D128_CHAINS
 #define LAB_V07_D128_CHAINS 1
 #endif
+#ifndef LAB_V07_LAZY
+#define LAB_V07_LAZY 0  // 1: a warp skips the O rescale when every alpha of its rows is 1 (see LAZY)
+#endif
 #ifndef LAB_V07_FOLD
 #define LAB_V07_FOLD 0  // 1: a scale > 0 runs the kernel with the scale folded into exp2's FFMA (see FOLD)
 #endif
@@ -344,7 +347,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments are ours again
       reg_fence(o);
       release_v(j - 1);
-      rescale_o<D>(o, alpha);
+      // LAZY: alpha is exactly 1 for a row whose max did not grow, the common case once a few key tiles
+      // are in; a warp whose rows all have alpha 1 skips the D/2 multiplications by 1 (exact).
+      if (!LAB_V07_LAZY || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o<D>(o, alpha);
       pack_p<BC, T>(sacc, pa);
     }
     // [/lab:inner-loop]
