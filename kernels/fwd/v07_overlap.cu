@@ -30,6 +30,9 @@
 //   inter-warpgroup schedule).
 // - POLY (option, off): every N-th n8 column block of S takes exp2 on the
 //   FMA pipe (exp2_poly, a cubic) instead of the MUFU unit (FA4's trick).
+// - Softmax switches (2026-11-23, measured below): CHAINS (on, 2 independent row max / row sum
+//   chains), FOLD (on for scale > 0: the scale folded into exp2's FFMA, the host picks the kernel),
+//   LAZY (off), PERSIST (off: one CTA per SM looping over work tiles).
 //
 // Tile sizes (defaults; why): D = 128: 2 consumers x 64 rows, B_c = 176,
 // 2 stages (32 + 2 x 2 x 88 = 208 KiB): per thread O 64 + S 88 + P 44 +
@@ -62,7 +65,19 @@
 //   D = 128 up to 2k queries to v05): now the default. POLY at D = 64: every
 //   4th block -5 to -10 %, every 8th 0 to -5 %: the MUFU unit is not what
 //   bounds D = 64 here; off.
-// Final default (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
+// Session of 2026-11-23 (H200; outputs/driver_logs/20261123-h200-v07-*): the softmax's instruction count
+// and dependency chains. The ncu profile beside cuDNN (20261123-h200-ncu-0dccb32c0e/) at D = 128,
+// S = 2048: tensor pipe 62 % (cuDNN 74 %), issue 40 %, top stalls wait (1.34 cycles/issue) and
+// dispatch (0.94): the consumers' softmax, not the tensor core, sets the pace.
+//   PERSIST (one CTA per SM over the work tiles; prediction +5-8 % from no CTA turnaround): non-causal
+//     geomean 1.006x, causal 0.980x (-11/-14 % at causal 8k/16k D 128): off. The turnaround was not it.
+//   CHAINS = 2 (row max and row sum as two independent chains): +1.7 %, +3.2 %, +4.2 % D 64 / +0.8 %
+//     D 128 over three runs: on.
+//   FOLD (scale > 0: max on raw scores, exp2(s c - m) by one FFMA; 2 of ~6 FP32 ops per score gone):
+//     with CHAINS = 2, +8.1 % / +6.9 % at D 64 and +5.0 % / +5.0 % at D 128 (runs 1, 2): on. Geomean
+//     0.80-0.81x SDPA-cuDNN on bench-fwd against v07's 0.75-0.76x in the same processes.
+//   LAZY (a warp skips the O rescale when all its alphas are exactly 1): +0.2 % / -0.4 %: off.
+// Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
 //
@@ -108,16 +123,16 @@
 #define LAB_V07_D128_STAGES 2
 #endif
 #ifndef LAB_V07_D64_CHAINS
-#define LAB_V07_D64_CHAINS 1  // independent row max / row sum chains in the softmax (see CHAINS below)
+#define LAB_V07_D64_CHAINS 2  // independent row max / row sum chains in the softmax (see CHAINS)
 #endif
 #ifndef LAB_V07_D128_CHAINS
-#define LAB_V07_D128_CHAINS 1
+#define LAB_V07_D128_CHAINS 2
 #endif
 #ifndef LAB_V07_LAZY
 #define LAB_V07_LAZY 0  // 1: a warp skips the O rescale when every alpha of its rows is 1 (see LAZY)
 #endif
 #ifndef LAB_V07_FOLD
-#define LAB_V07_FOLD 0  // 1: a scale > 0 runs the kernel with the scale folded into exp2's FFMA (see FOLD)
+#define LAB_V07_FOLD 1  // a scale > 0 runs the kernel with the scale folded into exp2's FFMA (see FOLD)
 #endif
 #ifndef LAB_V07_D64_PERSIST
 #define LAB_V07_D64_PERSIST 0  // one CTA per SM looping over the tiles (see PERSIST below)
