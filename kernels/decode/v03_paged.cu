@@ -5,7 +5,7 @@
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DDECODE_FN=decode_paged_v03 tests/cuda/decode_main.cu kernels/decode/v03_paged.cu -o /tmp/dec3 && /tmp/dec3
 //   (contiguous driver list); paged: .venv/bin/python -m pytest -q tests/test_paged_gpu.py; compile check:
 //   python -m lab compile; sanitizers: bash tests/cuda/sanitize_paged.sh
-// Measured: not yet run on a GPU (written 2026-11-22 without GPU time); chapter n11_paged_decode measures it.
+// Measured: kernels/README.md, version table row "decode v03" (chapter n11_paged_decode, H200 and H100).
 //
 // decode_paged_v03: split-K decoding over a paged KV cache, tensor cores for Q K^T and P V.
 //
@@ -45,6 +45,14 @@
 // v02 at page 64 and 256 (one table entry per tile) and within 15 % at page 16 (4 pages a tile: 64-byte K
 // and V runs per page and head, i.e. 2 x 256 B segments instead of 64 x 256 B contiguous ones); >= 90 % of
 // copy bandwidth at >= 1 GB caches for page >= 64.
+// Outcome (H200, 2026-11-23): first loader (each thread walked its own rows, a while loop per row, for K and
+// V apart; 964 SASS instructions per tile against the contiguous loop's 477): 0.47-0.99x the contiguous
+// decode, 0.59 at pages 64/256 (session 20261123-000607-h200-0dccb32c0e). The page-group loader (one page
+// id and offset per 16-key group, the same for the whole block; 537 instructions): 0.95-0.99x at B*L >=
+// 8 x 16k for pages 64/256, 0.84 at page 16, 0.94-0.97x in CUDA graphs at every probed size
+// (outputs/driver_logs/20261123-h200-paged-host-probe-5172c812f0.jsonl); the eager public op stays below
+// the prediction at small caches, where the Python host path (+5-7 us over the contiguous call) sets the
+// time; 78-99 % of copy bandwidth at >= 1 GB (0.78 at page 16).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
