@@ -56,6 +56,13 @@
 
 #include "common/hopper/attn_fwd_sm90.cuh"
 
+#ifndef LAB_V05_CHAINS
+#define LAB_V05_CHAINS 1  // row max / row sum chains in the softmax (v07's CHAINS)
+#endif
+#ifndef LAB_V05_FOLD
+#define LAB_V05_FOLD 0  // 1: a scale > 0 runs the kernel with the scale folded into exp2's FFMA (v07's FOLD)
+#endif
+
 namespace {
 using namespace lab::sm90;
 
@@ -74,7 +81,7 @@ struct Cfg05 {
 using Cfg64 = Cfg05<64, 64, 2>;
 using Cfg128 = Cfg05<128, 64, 2>;
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kFold>
 __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant__ CUtensorMap tq,
                                                            const __grid_constant__ CUtensorMap tk,
                                                            const __grid_constant__ CUtensorMap tv,
@@ -153,9 +160,9 @@ __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant
     uint32_t pa[BC / 16][4];
     const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > m0);
     if (mask)
-      softmax_step<BC, D, T, true>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
+      softmax_step<BC, D, T, true, LAB_V05_CHAINS, kFold>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
     else
-      softmax_step<BC, D, T, false>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
+      softmax_step<BC, D, T, false, LAB_V05_CHAINS, kFold>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
 
     mbar_wait(smem_u32(&bar_v[s]), phase);
     wgmma_fence();
@@ -178,7 +185,10 @@ __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant
 template <class Cfg, class T>
 struct Launch {
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-    return launch_fwd_sm90<Cfg, attn_fwd_v05_kernel<Cfg, T>>(p, stream, dev);
+    if constexpr (LAB_V05_FOLD != 0)
+      if (p.scale > 0.f)  // the folded softmax needs an order-keeping (positive) scale
+        return launch_fwd_sm90<Cfg, attn_fwd_v05_kernel<Cfg, T, true>>(p, stream, dev);
+    return launch_fwd_sm90<Cfg, attn_fwd_v05_kernel<Cfg, T, false>>(p, stream, dev);
   }
 };
 

@@ -227,12 +227,12 @@ __device__ __forceinline__ void pack_p(const float (&s)[BC / 2], uint32_t (&pa)[
 }
 
 // The three in a row (v05, v06): softmax, O rescale, P fragments.
-template <int BC, int D, class T, bool kMask>
+template <int BC, int D, class T, bool kMask, int kChains = 1, bool kFold = false>
 __device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 2], uint32_t (&pa)[BC / 16][4],
                                              RowState& st, float c, int row0, int col0, int seqlen_k,
                                              bool causal) {
   float alpha[2];
-  softmax_scores<BC, kMask>(s, st, alpha, c, row0, col0, seqlen_k, causal);
+  softmax_scores<BC, kMask, 0, kChains, kFold>(s, st, alpha, c, row0, col0, seqlen_k, causal);
   rescale_o<D>(o, alpha);
   pack_p<BC, T>(s, pa);
 }
