@@ -50,7 +50,7 @@ code('''
 import json, re
 import numpy as np
 import torch
-from lab import bench, build, cases as case_sets, chapter, check, ops, plot, record, sweep
+from lab import bench, build, cases as case_sets, chapter, check, ops, plot, profile, record, sweep
 from lab.publish import tables
 ours = sweep.PUBLIC_FWD  # every "ours" row times lab.ops.attention(...) exactly as users call it
 ch = chapter.start("n9_hopper", device)
@@ -118,8 +118,9 @@ md(r"""
 ## Correctness on every `tests` case (GPU)
 
 Uneven sizes (1, 63, 65, 1025, 4097), S_q ≠ S_k both ways, causal and not, GQA and MQA, fp16 and bf16, strided
-(B, S, H, D) inputs, and scales 0, negative and large (the scale is folded into the scores before the running
-max, so its sign does not matter).
+(B, S, H, D) inputs, and scales 0, negative and large (a positive scale is folded into exp2's argument after
+a max on the raw scores; any other scale multiplies the scores before the running max, so its sign does not
+matter).
 """)
 code('''
 if not ch.skip("Hopper correctness"):
@@ -206,6 +207,23 @@ if not ch.skip("torch.compile"):
     print(f"graph breaks: {breaks}; compiled vs eager max diff: {diff}")
 ''')
 md(r"""
+## A profile of the final kernel beside cuDNN's (GPU)
+
+Nsight Compute through `lab.profile` (chapter n8): one launch of the public op and one of SDPA-cuDNN on the
+same case, clocks left alone, and the decision tree's verdict for each. Compare the tensor pipe's busy share,
+the issue rate and the top stall reasons: where cuDNN keeps the tensor core busier with the same work, the
+difference is in what the warps do between the GEMMs.
+""")
+code('''
+pairs = [(target, case) for case in ("fwd-d128-s2048", "fwd-d64-s2048") for target in ("op:attention", "sdpa:cudnn")]
+prof = [] if ch.skip("ncu profiles") else profile.measure_all(pairs, dtype="bfloat16")
+if not prof:
+    prof = ch.recorded(kind="profile")
+if prof:
+    display(profile.table(prof))
+    profile.stall_chart(prof, path=record.figure_path("n9_stalls.png"));
+''')
+md(r"""
 ## Findings
 
 Computed from the rows above: the public op against each SDPA backend, then every other timed row (each
@@ -222,10 +240,16 @@ What the steps showed (the numbers are in the version headers printed above, wit
   whole iteration late: separate K and V barriers fixed it.
 - **What bounds the S = 512 causal cells:** each CTA sees 1-4 key tiles, so the fixed cost per CTA (barrier
   init, tensor-map prefetch, the first TMA round trip, the epilogue) is not amortised, and most tiles are
-  diagonal tiles that need the mask. Many small CTAs per SM (v05) hide part of it; a persistent grid that
-  loads the next tile's Q during the epilogue would hide more.
-- **Not reached:** SDPA-cuDNN in any cell of `bench-fwd`. Moving exp2 to the FMA pipe (POLY) made D = 64
-  slower, so the MUFU unit is not what bounds it here; the next step is a profile beside cuDNN's (`lab.profile`).
+  diagonal tiles that need the mask. Many small CTAs per SM (v05) hide part of it. A persistent grid (v07's
+  PERSIST: one CTA per SM, the next tile's K and Q loaded under the epilogue) gained 2-7 % at S = 512 but lost
+  up to 14 % on long causal rows, so it stays off: the per-CTA turnaround is not what holds v07 back.
+- **The softmax sets the pace.** The profile above (first run: v07 at D = 128 with the tensor pipe 62 % busy
+  against cuDNN's 74 %, issue 40 %, top stalls fixed-latency waits and dispatch) points at the consumers' work
+  between the GEMMs, not at the GEMMs or memory. Two independent chains for the row max and row sum, and the
+  scale folded into exp2's FFMA for a positive scale (one FMUL and one FADD less per score), gave +5 % at
+  D = 128 and +7-8 % at D = 64 (v07), +2-4 % (v05). Skipping the O rescale when no row max grew gave nothing.
+- **Not reached:** SDPA-cuDNN in every cell of `bench-fwd` (level only at D = 64, S = 16384). Moving exp2 to
+  the FMA pipe (POLY) made D = 64 slower, so the MUFU unit is not what bounds it here.
 """)
 code('''
 from lab import findings
