@@ -325,68 +325,68 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     // Every work tile has n_tiles > 0 exactly when S_k > 0 (causal: m0 < S_q, so kv_end > 0).
     if (kPing && wg == Cfg::kConsumers && p.seqlen_k > 0) named_barrier_arrive(3 + 1, 256);  // the first turn
     for (int work = blockIdx.x, it = 0; work < num_work; work += work_step, ++it) {
-    locate(work);
-    wm0 = m0 + 64 * (wg - 1);
-    row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+      locate(work);
+      wm0 = m0 + 64 * (wg - 1);
+      row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    st = RowState{};
-    mbar_wait(smem_u32(&bar_q), it & 1);
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      st = RowState{};
+      mbar_wait(smem_u32(&bar_q), it & 1);
 
-    if (n_tiles > 0) {
-      wait_k(0);
-      turn();
-      wgmma_fence();
-      issue_s(0);
-      pass();
-      wgmma_wait<0>();
-      reg_fence(sacc);
-      release_k(0);
-      softmax(0);  // O is still 0: alpha needs no rescale
-      pack_p<BC, T>(sacc, pa);
-    }
-    // Main loop: S_j and P_{j-1} V_{j-1} in flight together.
-    // [lab:inner-loop] one key tile per consumer warpgroup: S_j and P_{j-1} V_{j-1} issued together, softmax under P V
-    for (int j = 1; j < n_tiles; ++j) {
-      wait_k(j);
-      wait_v(j - 1);
-      turn();
-      wgmma_fence();  // P fragments and rescaled O written before the wgmmas read them
-      issue_s(j);
-      issue_pv(j - 1);
-      pass();
-      wgmma_wait<1>();  // S_j is done (groups complete in order)
-      reg_fence(sacc);
-      release_k(j);
-      softmax(j);
-      wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments are ours again
-      reg_fence(o);
-      release_v(j - 1);
-      // LAZY: alpha is exactly 1 for a row whose max did not grow, the common case once a few key tiles
-      // are in; a warp whose rows all have alpha 1 skips the D/2 multiplications by 1 (exact).
-      if (!LAB_V07_LAZY || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o<D>(o, alpha);
-      pack_p<BC, T>(sacc, pa);
-    }
-    // [/lab:inner-loop]
-    if (n_tiles > 0) {
-      wait_v(n_tiles - 1);
-      turn();
-      wgmma_fence();
-      issue_pv(n_tiles - 1);
-      pass();
-      wgmma_wait<0>();
-      reg_fence(o);
-      release_v(n_tiles - 1);
-    }
+      if (n_tiles > 0) {
+        wait_k(0);
+        turn();
+        wgmma_fence();
+        issue_s(0);
+        pass();
+        wgmma_wait<0>();
+        reg_fence(sacc);
+        release_k(0);
+        softmax(0);  // O is still 0: alpha needs no rescale
+        pack_p<BC, T>(sacc, pa);
+      }
+      // Main loop: S_j and P_{j-1} V_{j-1} in flight together.
+      // [lab:inner-loop] one key tile per consumer warpgroup: S_j and P_{j-1} V_{j-1} issued together, softmax under P V
+      for (int j = 1; j < n_tiles; ++j) {
+        wait_k(j);
+        wait_v(j - 1);
+        turn();
+        wgmma_fence();  // P fragments and rescaled O written before the wgmmas read them
+        issue_s(j);
+        issue_pv(j - 1);
+        pass();
+        wgmma_wait<1>();  // S_j is done (groups complete in order)
+        reg_fence(sacc);
+        release_k(j);
+        softmax(j);
+        wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments are ours again
+        reg_fence(o);
+        release_v(j - 1);
+        // LAZY: alpha is exactly 1 for a row whose max did not grow, the common case once a few key tiles
+        // are in; a warp whose rows all have alpha 1 skips the D/2 multiplications by 1 (exact).
+        if (!LAB_V07_LAZY || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o<D>(o, alpha);
+        pack_p<BC, T>(sacc, pa);
+      }
+      // [/lab:inner-loop]
+      if (n_tiles > 0) {
+        wait_v(n_tiles - 1);
+        turn();
+        wgmma_fence();
+        issue_pv(n_tiles - 1);
+        pass();
+        wgmma_wait<0>();
+        reg_fence(o);
+        release_v(n_tiles - 1);
+      }
 
-    // Epilogue
-    epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
-    ring += n_tiles;
-    if constexpr (Cfg::kPersistent) {  // the O staging in the Q tile is read: the next Q may land there
-      __syncwarp();
-      fence_proxy_async();  // generic-proxy accesses ordered before the TMA (async proxy) writes
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q));
-    }
+      // Epilogue
+      epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
+      ring += n_tiles;
+      if constexpr (Cfg::kPersistent) {  // the O staging in the Q tile is read: the next Q may land there
+        __syncwarp();
+        fence_proxy_async();  // generic-proxy accesses ordered before the TMA (async proxy) writes
+        if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q));
+      }
     }
     if (kPing && wg == 1 && p.seqlen_k > 0) turn();
   }
