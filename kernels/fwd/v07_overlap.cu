@@ -300,9 +300,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     auto softmax = [&](int j) {
       const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
       if (mask)
-        softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,
+                                                                        p.seqlen_k, p.causal);
       else
-        softmax_scores<BC, false, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        softmax_scores<BC, false, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,
+                                                                        p.seqlen_k, p.causal);
     };
     // PINGPONG: turn() waits for this warpgroup's token, pass() hands it to the next one. Every
     // warpgroup takes n_tiles + 1 turns per work tile, so the token runs on across work tiles; the
@@ -346,7 +348,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         pack_p<BC, T>(sacc, pa);
       }
       // Main loop: S_j and P_{j-1} V_{j-1} in flight together.
-      // [lab:inner-loop] one key tile per consumer warpgroup: S_j and P_{j-1} V_{j-1} issued together, softmax under P V
+      // [lab:inner-loop] one key tile per consumer warpgroup: S_j and P_{j-1} V_{j-1} together, softmax under P V
       for (int j = 1; j < n_tiles; ++j) {
         wait_k(j);
         wait_v(j - 1);
