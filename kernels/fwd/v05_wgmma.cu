@@ -189,10 +189,8 @@ __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant
 template <class Cfg, class T>
 struct Launch {
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-    if constexpr (LAB_V05_FOLD != 0)
-      if (p.scale > 0.f)  // the folded softmax needs an order-keeping (positive) scale
-        return launch_fwd_sm90<Cfg, attn_fwd_v05_kernel<Cfg, T, true>>(p, stream, dev);
-    return launch_fwd_sm90<Cfg, attn_fwd_v05_kernel<Cfg, T, false>>(p, stream, dev);
+    return launch_fwd_sm90_fold<Cfg, attn_fwd_v05_kernel<Cfg, T, true>, attn_fwd_v05_kernel<Cfg, T, false>,
+                                LAB_V05_FOLD != 0>(p, stream, dev);
   }
 };
 

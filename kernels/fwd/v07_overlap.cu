@@ -398,10 +398,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
 template <class Cfg, class T>
 struct Launch {
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-    if constexpr (LAB_V07_FOLD != 0)
-      if (p.scale > 0.f)  // the folded softmax needs an order-keeping (positive) scale
-        return launch_fwd_sm90<Cfg, attn_fwd_v07_kernel<Cfg, T, true>, Cfg::kPersistent>(p, stream, dev);
-    return launch_fwd_sm90<Cfg, attn_fwd_v07_kernel<Cfg, T, false>, Cfg::kPersistent>(p, stream, dev);
+    return launch_fwd_sm90_fold<Cfg, attn_fwd_v07_kernel<Cfg, T, true>, attn_fwd_v07_kernel<Cfg, T, false>,
+                                LAB_V07_FOLD != 0, Cfg::kPersistent>(p, stream, dev);
   }
 };
 

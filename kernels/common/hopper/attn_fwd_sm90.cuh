@@ -70,6 +70,15 @@ inline int launch_fwd_sm90(const AttnFwdParams& p, cudaStream_t stream, int dev)
   return (int)cudaGetLastError();
 }
 
+// The same for a version with a folded-scale kernel (common softmax_scores' kFold): with the version's
+// switch on and a positive scale (order-keeping, what the fold needs) kFolded runs, else kPlain.
+template <class Cfg, auto kFolded, auto kPlain, bool kFoldOn, bool kPersistent = false>
+inline int launch_fwd_sm90_fold(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+  if constexpr (kFoldOn)
+    if (p.scale > 0.f) return launch_fwd_sm90<Cfg, kFolded, kPersistent>(p, stream, dev);
+  return launch_fwd_sm90<Cfg, kPlain, kPersistent>(p, stream, dev);
+}
+
 // The extern "C" entry of a TMA forward kernel: check the call, then pick the instantiation for
 // (D, dtype). Launch<Cfg, T>::run(p, stream, dev) launches one (a version file defines it in one line).
 template <class Cfg64, class Cfg128, template <class, class> class Launch>
