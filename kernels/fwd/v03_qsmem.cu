@@ -111,6 +111,7 @@
 #include <stdint.h>
 
 #include "common/mma.cuh"
+#include "common/mma_fwd_tiles.cuh"
 #include "common/launch.h"
 #include "common/params.h"
 #include "common/mask.cuh"
@@ -121,47 +122,20 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
-constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
 
 // 5. (see kLaunder) on by default; -DLAB_V03_LAUNDER=0 turns it off.
 #ifndef LAB_V03_LAUNDER
 #define LAB_V03_LAUNDER 1
 #endif
 
+// v02's tile arithmetic (common/mma_fwd_tiles.cuh) plus the switches v03 adds.
 template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_,
           bool kQInSmem_, bool kPingPong_, bool kPackEarly_>
-struct FwdConfig {
+struct FwdConfig : lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kStages_, kMinBlocks_> {
   static constexpr bool kQInSmem = kQInSmem_;    // Q fragments re-read from smem every k-step
   static constexpr bool kPingPong = kPingPong_;  // S_{j+1} issued before the softmax of S_j
   static constexpr bool kPackEarly = kPackEarly_;  // all of P packed to 16 bits before P V
   static constexpr bool kLaunder = LAB_V03_LAUNDER != 0;  // K/V source pointers recomputed per tile
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMTiles = kMTiles_;           // m16 tiles per warp
-  static constexpr int kRowsPerWarp = 16 * kMTiles;
-  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // B_r
-  static constexpr int kBlockN = kBlockN_;               // B_c
-  static constexpr int kStages = kStages_;
-  static constexpr int kMinBlocks = kMinBlocks_;  // for __launch_bounds__
-
-  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kKStepsQK = kHeadDim / 16;     // k16 steps of Q K^T
-  static constexpr int kNTilesS = kBlockN / 8;        // n8 tiles of S
-  static constexpr int kKStepsPV = kBlockN / 16;      // k16 steps of P V
-  static constexpr int kNTilesO = kHeadDim / 8;       // n8 tiles of O
-
-  static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
-  static constexpr int kSmemTile = kBlockN * kHeadDim * 2;  // one K_j or one V_j
-  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemTile;
-
-  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget exceeded");
-  static_assert(kHeadDim % 64 == 0, "XOR swizzle needs >= 8 chunks of 16 bytes per row");
-  static_assert(kBlockN % 16 == 0, "B_c must be a multiple of the mma k (16)");
-  static_assert(kStages >= 2, "need at least double buffering to overlap loads");
-  static_assert((kBlockM * kChunksPerRow) % kThreads == 0, "Q tile load must split evenly");
-  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile load must split evenly");
-  static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O store must split evenly");
 };
 
 // Tile configs: <D, warps, m16 tiles per warp, B_c, stages, min CTAs per SM,

@@ -166,6 +166,7 @@
 #include <stdint.h>
 
 #include "common/mma.cuh"
+#include "common/mma_fwd_tiles.cuh"
 #include "common/launch.h"
 #include "common/params.h"
 #include "common/mask.cuh"
@@ -176,7 +177,7 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
-constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
+using lab::kMaxSmemPerBlock;  // common/mma_fwd_tiles.cuh
 
 constexpr float kLazyLog2 = 8.0f;  // LAZY: offset lag allowed, in exp2 units (2^8 = 256)
 

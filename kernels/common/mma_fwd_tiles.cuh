@@ -1,0 +1,42 @@
+// The tile arithmetic of the mma.sync forward kernels (fwd v02, v03): from the tile choice (head dim, warps,
+// m16 tiles per warp, B_c, pipeline stages, CTAs per SM) the block's rows, the fragment counts and the
+// shared memory, with the checks every such tile must pass. A version adds its own switches on top
+// (v03: struct FwdConfig : MmaFwdTiles<...>); v04 keeps its own, whose K/V split changes the counts.
+#pragma once
+
+namespace lab {
+
+constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
+
+template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_>
+struct MmaFwdTiles {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMTiles = kMTiles_;           // m16 tiles per warp
+  static constexpr int kRowsPerWarp = 16 * kMTiles;
+  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // B_r
+  static constexpr int kBlockN = kBlockN_;               // B_c
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocks = kMinBlocks_;  // for __launch_bounds__
+
+  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kKStepsQK = kHeadDim / 16;     // k16 steps of Q K^T
+  static constexpr int kNTilesS = kBlockN / 8;        // n8 tiles of S
+  static constexpr int kKStepsPV = kBlockN / 16;      // k16 steps of P V
+  static constexpr int kNTilesO = kHeadDim / 8;       // n8 tiles of O
+
+  static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
+  static constexpr int kSmemTile = kBlockN * kHeadDim * 2;  // one K_j or one V_j
+  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemTile;
+
+  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget exceeded");
+  static_assert(kHeadDim % 64 == 0, "XOR swizzle needs >= 8 chunks of 16 bytes per row");
+  static_assert(kBlockN % 16 == 0, "B_c must be a multiple of the mma k (16)");
+  static_assert(kStages >= 2, "need at least double buffering to overlap loads");
+  static_assert((kBlockM * kChunksPerRow) % kThreads == 0, "Q tile load must split evenly");
+  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile load must split evenly");
+  static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O store must split evenly");
+};
+
+}  // namespace lab
