@@ -135,6 +135,27 @@ __device__ __forceinline__ SplitKV<T> split_kv(const Params& p, int b, int h_kv,
   return s;
 }
 
+// One tile of kBlockN K and V rows of a split into shared memory, kLoadIters 16-byte copies per thread
+// (thread tid takes vectors tid, tid + kThreads, ...; kVecPerRow of kVecElems elements per row). Rows past
+// n_keys are zero-filled and never addressed past the cache. copy(dst, src, valid): the 16-byte cp.async
+// (decode v01 plain, v02 with an L2 prefetch-size hint).
+template <int kThreads, int kLoadIters, int kVecPerRow, int kVecElems, int kBlockN, typename T, typename Copy>
+__device__ __forceinline__ void load_split_tile(T* sK, int k_smem_stride, T* sV, int v_smem_stride,
+                                                const SplitKV<T>& kv, int64_t k_row_stride, int64_t v_row_stride,
+                                                int tile, int tid, Copy copy) {
+#pragma unroll
+  for (int it = 0; it < kLoadIters; ++it) {
+    const int i = tid + it * kThreads;
+    const int j = i / kVecPerRow;
+    const int c = (i % kVecPerRow) * kVecElems;
+    const int key = tile * kBlockN + j;
+    const bool valid = key < kv.n_keys;
+    const int64_t src_row = valid ? key : 0;  // never form an address past the cache
+    copy(sK + j * k_smem_stride + c, kv.k + src_row * k_row_stride + c, valid);
+    copy(sV + j * v_smem_stride + c, kv.v + src_row * v_row_stride + c, valid);
+  }
+}
+
 }  // namespace decode
 
 }  // namespace lab

@@ -178,21 +178,11 @@ __global__ void __launch_bounds__(SplitKConfig<kHeadDim, kRows>::kThreads)
   const int64_t k_row_stride = p.k_stride[2];
   const int64_t v_row_stride = p.v_stride[2];
 
-  // One tile = Bc rows of K and V, kVecPerRow 16-byte vectors each. Rows past n_keys are zero-filled.
+  // One tile = Bc rows of K and V, kVecPerRow 16-byte vectors each (common/decode_util.cuh).
   auto load_tile = [&](int tile, int stage) {
-    T* sK = stage_k(stage);
-    T* sV = stage_v(stage);
-#pragma unroll
-    for (int it = 0; it < Cfg::kLoadIters; ++it) {
-      const int i = tid + it * Cfg::kThreads;
-      const int j = i / Cfg::kVecPerRow;
-      const int c = (i % Cfg::kVecPerRow) * Cfg::kVecElems;
-      const int key = tile * Bc + j;
-      const bool valid = key < n_keys;
-      const int64_t src_row = valid ? key : 0;  // never form an address past the cache
-      lab::decode::cp_async_16(sK + j * Cfg::kKStride + c, kv.k + src_row * k_row_stride + c, valid);
-      lab::decode::cp_async_16(sV + j * Cfg::kVStride + c, kv.v + src_row * v_row_stride + c, valid);
-    }
+    lab::decode::load_split_tile<Cfg::kThreads, Cfg::kLoadIters, Cfg::kVecPerRow, Cfg::kVecElems, Bc>(
+        stage_k(stage), Cfg::kKStride, stage_v(stage), Cfg::kVStride, kv, k_row_stride, v_row_stride, tile, tid,
+        lab::decode::cp_async_16);
   };
 
   // Prologue

@@ -156,20 +156,10 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
   const int64_t k_row_stride = p.k_stride[2];
   const int64_t v_row_stride = p.v_stride[2];
 
-  auto load_tile = [&](int tile, int stage) {
-    T* sK = stage_k(stage);
-    T* sV = stage_v(stage);
-#pragma unroll
-    for (int it = 0; it < Cfg::kLoadIters; ++it) {
-      const int i = tid + it * Cfg::kThreads;
-      const int j = i / Cfg::kVecPerRow;
-      const int c = (i % Cfg::kVecPerRow) * Cfg::kVecElems;
-      const int key = tile * Bc + j;
-      const bool valid = key < n_keys;
-      const int64_t src_row = valid ? key : 0;
-      cp_async_16_pf(sK + j * Cfg::kStride + c, kv.k + src_row * k_row_stride + c, valid);
-      cp_async_16_pf(sV + j * Cfg::kStride + c, kv.v + src_row * v_row_stride + c, valid);
-    }
+  auto load_tile = [&](int tile, int stage) {  // common/decode_util.cuh, with the L2 hint
+    lab::decode::load_split_tile<Cfg::kThreads, Cfg::kLoadIters, Cfg::kVecPerRow, Cfg::kVecElems, Bc>(
+        stage_k(stage), Cfg::kStride, stage_v(stage), Cfg::kStride, kv, k_row_stride, v_row_stride, tile, tid,
+        cp_async_16_pf);
   };
 
   // Prologue: start the stream, then fetch Q fragments from global memory (unscaled, input dtype: the
