@@ -104,4 +104,11 @@ inline int check_decode_params(const DecodeParams* p) {
   return 0;
 }
 
+// The keys of one split (lab/splits.py split_bounds): chunk = roundup(ceil(S_cache / splits), key block), so
+// every split but the last is whole key tiles.
+inline int split_chunk(int seqlen_cache, int num_splits, int key_block) {
+  const int per_split = (seqlen_cache + num_splits - 1) / num_splits;
+  return (per_split + key_block - 1) / key_block * key_block;
+}
+
 }  // namespace lab

@@ -362,8 +362,7 @@ extern "C" int decode_splitk_v02(const DecodeParams* p, void* stream_ptr) {
   const int64_t blocks = static_cast<int64_t>(p->num_splits) * p->batch * p->heads_kv * row_groups;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
 
-  const int per_split = (p->seqlen_cache + p->num_splits - 1) / p->num_splits;
-  const int chunk = (per_split + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+  const int chunk = lab::split_chunk(p->seqlen_cache, p->num_splits, kKeyBlock);  // common/launch.h
 
   const int device = lab::current_device();
   const bool use_pdl = lab::capability(device) >= 90;  // programmatic dependent launch exists from Hopper on
