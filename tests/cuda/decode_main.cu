@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "common/params.h"
+#include "host_bits.h"
 
 // The launcher under test: -DDECODE_FN=decode_splitk_v02 selects another version (default v01).
 #ifndef DECODE_FN
@@ -108,29 +109,6 @@ static int choose_num_splits(int batch, int heads_kv, int seqlen, int num_sms, i
   return 1;
 }
 
-// ------------------------------------------------------------ host dtype helpers
-static uint16_t to_bits(float x, int dtype) {
-  uint16_t bits;
-  if (dtype == LAB_FP16) {
-    __half h = __float2half_rn(x);
-    memcpy(&bits, &h, 2);
-  } else {
-    __nv_bfloat16 h = __float2bfloat16_rn(x);
-    memcpy(&bits, &h, 2);
-  }
-  return bits;
-}
-
-static float from_bits(uint16_t bits, int dtype) {
-  if (dtype == LAB_FP16) {
-    __half h;
-    memcpy(&h, &bits, 2);
-    return __half2float(h);
-  }
-  __nv_bfloat16 h;
-  memcpy(&h, &bits, 2);
-  return __bfloat162float(h);
-}
 
 // ------------------------------------------------------------ correctness
 struct TestConfig {

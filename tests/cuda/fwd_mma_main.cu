@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/params.h"
+#include "host_bits.h"
 
 #ifndef FWD_FN
 #define FWD_FN attn_fwd_v02
@@ -60,29 +61,6 @@ static void check_launch(int rc, const char* what) {
   }
 }
 
-// ------------------------------------------------------------ host dtype helpers
-static uint16_t to_bits(float x, int dtype) {
-  if (dtype == LAB_BF16) {
-    __nv_bfloat16 h = __float2bfloat16_rn(x);
-    uint16_t b;
-    memcpy(&b, &h, 2);
-    return b;
-  }
-  __half h = __float2half_rn(x);
-  uint16_t b;
-  memcpy(&b, &h, 2);
-  return b;
-}
-static float from_bits(uint16_t b, int dtype) {
-  if (dtype == LAB_BF16) {
-    __nv_bfloat16 h;
-    memcpy(&h, &b, 2);
-    return __bfloat162float(h);
-  }
-  __half h;
-  memcpy(&h, &b, 2);
-  return __half2float(h);
-}
 
 // ------------------------------------------------------------ reference
 // One row of softmax(Q K^T * scale) V in double; returns lse (natural log).
