@@ -16,7 +16,7 @@ from . import bench, check, record, sweep
 from .cases import Case, DecodeCase
 
 
-def _capture(fn):
+def capture(fn):
     """Warm up on a side stream (builds and loads the kernel outside the capture), then capture fn()."""
     import torch
 
@@ -48,7 +48,7 @@ def check_decode(case: DecodeCase, trials: int = 3, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)  # the lengths of each replay
     q, k, v, _ = sweep.case_inputs(case, seed)
     seqlens = torch.full((case.B,), case.kv_len, device="cuda", dtype=torch.int32)
-    graph, out = _capture(lambda: ops.decode(q, k, v, seqlens))
+    graph, out = capture(lambda: ops.decode(q, k, v, seqlens))
     results = []
     for t in range(trials):
         _refill(case, seed + 1 + t, q, k, v)
@@ -82,7 +82,7 @@ def check_attention(case: Case, trials: int = 3, seed: int = 0) -> dict:
 
     q, k, v, _ = sweep.case_inputs(case, seed)
     gqa = case.Hq != case.Hkv
-    graph, out = _capture(lambda: ops.attention(q, k, v, is_causal=case.causal, enable_gqa=gqa))
+    graph, out = capture(lambda: ops.attention(q, k, v, is_causal=case.causal, enable_gqa=gqa))
     results = []
     for t in range(trials):
         _refill(case, seed + 1 + t, q, k, v)
@@ -103,7 +103,7 @@ def time_replay(case, **stop) -> dict:
     decode = isinstance(case, DecodeCase)
     call = (sweep.public_decode() if decode else sweep.public_attention())(q, k, v, arg)
     impl = sweep.PUBLIC_DECODE if decode else sweep.PUBLIC_FWD
-    graph, _ = _capture(call)
+    graph, _ = capture(call)
     eager = bench.time_fn(call, **stop)
     replay = bench.time_fn(graph.replay, **stop)
     return record.append({"kind": "graph-timing", "impl": impl, "case": case.as_dict(),

@@ -140,7 +140,7 @@ def graph_check(case: PagedCase, seed: int = 0, save: bool = True) -> dict:
     new cache_seqlens and block_table contents: the same table, a reshuffled one over the same pool, then a
     table with a page id past the pool. Each replay must equal an eager call bit for bit (flags included) and,
     where no flag is set, pass the float64 check. One row, kind "graph"."""
-    from . import ops
+    from . import graphs, ops
 
     a = paged_inputs(case, torch.Generator().manual_seed(seed), "cuda")
     q, kp, vp = a["q"], a["k_pages"], a["v_pages"]
@@ -148,14 +148,7 @@ def graph_check(case: PagedCase, seed: int = 0, save: bool = True) -> dict:
 
     def call(errors):
         return ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal, page_errors=errors)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside capture: build, split plan
-        call(flags)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call(flags)
+    graph, out = graphs.capture(lambda: call(flags))  # warm-up (build, split plan) outside the capture
     bad = a["table"].clone()
     bad[-1, 0] = kp.shape[0] + 5
     lengths = case.lengths()

@@ -50,8 +50,8 @@
 // prologue and epilogue), so lab.ops picks it there.
 // 2026-11-23 (outputs/driver_logs/20261123-h200-v05-fold-run1-*): v07's FOLD (scale > 0: max on raw
 // scores, exp2 by one FFMA) +3.7 % at D = 64 and +1.7 % at D = 128 over the old softmax in one process,
-// 54/54 checks: on. With CHAINS = 2 as well only +1.0 / +0.8 % (one warpgroup, nothing to overlap the
-// chains with): off.
+// 54/54 checks: on. With v07's two max / sum chains as well only +1.0 / +0.8 % (one warpgroup, nothing
+// to overlap the chains with): one chain kept.
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v05_wgmma.cu
 #include <cuda_bf16.h>
@@ -60,9 +60,6 @@
 
 #include "common/hopper/attn_fwd_sm90.cuh"
 
-#ifndef LAB_V05_CHAINS
-#define LAB_V05_CHAINS 1  // row max / row sum chains in the softmax (v07's CHAINS); 2 measured below FOLD alone
-#endif
 #ifndef LAB_V05_FOLD
 #define LAB_V05_FOLD 1  // a scale > 0 runs the kernel with the scale folded into exp2's FFMA (v07's FOLD)
 #endif
@@ -164,9 +161,9 @@ __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant
     uint32_t pa[BC / 16][4];
     const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > m0);
     if (mask)
-      softmax_step<BC, D, T, true, LAB_V05_CHAINS, kFold>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
+      softmax_step<BC, D, T, true, /*kChains=*/1, kFold>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
     else
-      softmax_step<BC, D, T, false, LAB_V05_CHAINS, kFold>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
+      softmax_step<BC, D, T, false, /*kChains=*/1, kFold>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
 
     mbar_wait(smem_u32(&bar_v[s]), phase);
     wgmma_fence();

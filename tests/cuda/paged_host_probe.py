@@ -2,53 +2,24 @@
 
 For a few n11 cases, lab.ops.decode paged (with page_errors, the graph-safe call) and our contiguous decode:
   eager_us  - lab.bench.time_fn, the chapter's timer (one call between two events: host cost included)
-  graph_us  - 20 calls captured in one CUDA graph, replayed: the kernels alone
-  host_us   - perf_counter over 400 calls with no sync, per call: the Python + launch cost
+  graph_us  - the same call captured in a CUDA graph (lab.graphs.capture), replays timed by lab.bench.time_fn:
+              the kernels and one graph launch
+  host_us   - lab.hostcost.host_us with the GPU kept busy: the Python + launch cost of one call
 One JSON line per (case, impl) on stdout, with the GPU and torch version.
+(The log of 2026-11-23, outputs/driver_logs/20261123-h200-paged-host-probe-5172c812f0.jsonl, came from an
+earlier copy of this probe with timers of its own: 20 calls per replayed graph, host time over 400 calls.)
 
     python tests/cuda/paged_host_probe.py
 """
 from __future__ import annotations
 
 import json
-import time
 
 import torch
 
-from lab import bench, ops
+from lab import bench, graphs, hostcost, ops
 from lab.cases import PagedCase
 from lab.paged import paged_inputs
-
-
-def graph_us(fn, calls: int = 20, replays: int = 20) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / (calls * replays)
-
-
-def host_us(fn, calls: int = 400) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return 1e6 * (t1 - t0) / calls
 
 
 def main() -> None:
@@ -64,9 +35,10 @@ def main() -> None:
                                         page_errors=flags),
         }
         for impl, fn in calls.items():
-            eager = bench.time_fn(fn).median_ms * 1e3
-            row = {"case": case.name, "impl": impl, "eager_us": round(eager, 2), "graph_us": round(graph_us(fn), 2),
-                   "host_us": round(host_us(fn), 2), **env}
+            graph, _ = graphs.capture(fn)
+            row = {"case": case.name, "impl": impl, "eager_us": round(bench.time_fn(fn).median_ms * 1e3, 2),
+                   "graph_us": round(bench.time_fn(graph.replay).median_ms * 1e3, 2),
+                   "host_us": round(hostcost.host_us(fn, busy=True), 2), **env}
             print(json.dumps(row), flush=True)
 
 

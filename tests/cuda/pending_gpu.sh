@@ -1,10 +1,10 @@
 #!/bin/bash
-# What this session built without a GPU, verified in the fewest device calls (each under run's 600 s limit).
+# The GPU checks of what a CPU-only session builds, in the fewest device calls (each under run's 600 s limit).
 # Inside `run` (carry .whl for papermill; see README "Next GPU session"):
 #   bash tests/cuda/pending_gpu.sh tests      # 1: the GPU tests of everything new or changed
 #   bash tests/cuda/pending_gpu.sh sanitize   # 2: compute-sanitizer on the default paths of this GPU + paged tables
 #   bash tests/cuda/pending_gpu.sh session    # 3: the n11 session (paged race) and the n6/n7 guard session
-# Logs and the session tarballs go to $OUT; nothing here has run yet.
+# Logs and the session tarballs go to $OUT (first run: H200 and H100, 2026-11-23).
 set -u
 OUT=${OUT:-/tmp/pending_gpu}; mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/tx}

@@ -1,5 +1,5 @@
 #!/bin/bash
-# compute-sanitizer on decode v03 (kernels/decode/v03_paged.cu), for the next GPU session (not yet run):
+# compute-sanitizer on decode v03 (kernels/decode/v03_paged.cu); first run on an H200 on 2026-11-23:
 #   bash tests/cuda/sanitize_paged.sh        # inside `run`; logs to $OUT (about 5-10 minutes)
 # 1. The contiguous path: tests/cuda/decode_main.cu linked with v03 (its --sanitize list: lengths 0, 1, 63,
 #    4097, num_splits 1..1024, GQA/MHA/MQA, q_len 1/4/16) under memcheck, racecheck, initcheck, synccheck.

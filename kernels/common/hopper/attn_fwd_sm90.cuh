@@ -156,9 +156,11 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
   const int t = threadIdx.x % 4;
   float mx[2][kChains];
 #pragma unroll
-  for (int k = 0; k < kChains; ++k) mx[0][k] = mx[1][k] = k == 0 ? 0.f : -INFINITY;
-  mx[0][0] = kFold ? -INFINITY : st.m[0];  // kFold: raw scores first, the scaled running max after
-  mx[1][0] = kFold ? -INFINITY : st.m[1];
+  for (int k = 0; k < kChains; ++k) mx[0][k] = mx[1][k] = -INFINITY;
+  if constexpr (!kFold) {  // kFold: raw scores first, the scaled running max joins after
+    mx[0][0] = st.m[0];
+    mx[1][0] = st.m[1];
+  }
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
