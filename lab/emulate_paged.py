@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from .splits import BLOCK_N, clip_bounds, merge_partials, split_bounds
+from .splits import BLOCK_N, chunk_partial, merge_partials, split_bounds, split_partials
 
 PAGE_E_INDEX = 1  # kernels/common/params.h LAB_PAGE_E_INDEX
 PAGE_E_SHORT = 2  # LAB_PAGE_E_SHORT
@@ -123,57 +123,31 @@ def reference_paged_decode(q, k_pages, v_pages, table, seqlens, scale: float, is
     return out, lse, errors
 
 
-def _split_partial(rows, table_row, pages_k, pages_v, h_kv, begin, end, limits, scale, block_n):
-    """One split of one (b, KV head), as the kernel's pass 1: 64-key tiles found through the table, online
-    softmax in log2 units with a per-row key limit. Returns (o (R, D) normalised, lse (R,) natural log)."""
-    page_size = pages_k.shape[1]
-    n_rows, dim = rows.shape
-    m, l, acc = np.full(n_rows, -np.inf), np.zeros(n_rows), np.zeros((n_rows, dim))
-    q2 = rows * (scale / math.log(2.0))
-    for start in range(begin, end, block_n):
-        keys = np.arange(start, min(start + block_n, end))
-        pages = np.asarray(table_row, dtype=np.int64)[keys // page_size]
-        k = pages_k[pages, keys % page_size, h_kv].astype(np.float64)
-        v = pages_v[pages, keys % page_size, h_kv].astype(np.float64)
-        s = np.where(keys[None, :] < limits[:, None], q2 @ k.T, -np.inf)
-        m_new = np.maximum(m, s.max(axis=1))
-        m_use = np.where(np.isneginf(m_new), 0.0, m_new)  # a row with nothing visible yet
-        p = np.exp2(s - m_use[:, None])
-        alpha = np.exp2(m - m_use)
-        l = alpha * l + p.sum(axis=1)
-        acc = alpha[:, None] * acc + p @ v
-        m = m_new
-    seen = l > 0
-    o = np.where(seen[:, None], acc / np.where(seen, l, 1.0)[:, None], 0.0)
-    with np.errstate(divide="ignore"):
-        lse = np.where(seen, (m + np.log2(np.where(seen, l, 1.0))) * math.log(2.0), -np.inf)
-    return o, lse
-
-
 def emulate_paged_decode(q, k_pages, v_pages, table, seqlens, num_splits: int, scale: float,
                          is_causal: bool = False, block_n: int = BLOCK_N):
     """float64 emulation of decode_paged_v03. Returns (out, lse, errors, partial_lse).
 
     Splits are lab.splits' bounds over the table's capacity (max_pages * page_size), clipped to each
-    sequence's length, so a split may start or end inside a page and a tile may cross pages.
+    sequence's length, so a split may start or end inside a page and a tile may cross pages. Each split's
+    keys are found through the table (page table_row[j // page_size], row j % page_size), then run as
+    lab.splits' online softmax with the per-row key limit of the causal mask.
     """
     q = np.asarray(q, dtype=np.float64)
     table = np.asarray(table)
-    batch, heads_q, q_len, dim = q.shape
+    q_len = q.shape[2]
     heads_kv, page_size = k_pages.shape[2], k_pages.shape[1]
-    group = heads_q // heads_kv
+    group = q.shape[1] // heads_kv
     lengths, errors = sequence_status(table, seqlens, k_pages.shape[0], page_size)
-    bounds = split_bounds(table.shape[1] * page_size, num_splits, block_n)
-    partial_o = np.zeros((batch, heads_q, q_len, num_splits, dim))
-    partial_lse = np.full((batch, heads_q, q_len, num_splits), -np.inf)
-    for b, n in enumerate(lengths):
-        limits = np.tile(visible_keys(n, q_len, is_causal), group)  # row = head in group * q_len + token
-        for h_kv in range(heads_kv):
-            heads = slice(h_kv * group, (h_kv + 1) * group)
-            rows = q[b, heads].reshape(group * q_len, dim)
-            for s, (begin, end) in enumerate(clip_bounds(bounds, n)):
-                o, lse = _split_partial(rows, table[b], k_pages, v_pages, h_kv, begin, end, limits, scale, block_n)
-                partial_o[b, heads, :, s] = o.reshape(group, q_len, dim)
-                partial_lse[b, heads, :, s] = lse.reshape(group, q_len)
+
+    def partial(b, h_kv, rows, begin, end):
+        keys = np.arange(begin, end)
+        pages = table[b].astype(np.int64)[keys // page_size]
+        k = k_pages[pages, keys % page_size, h_kv].astype(np.float64)
+        v = v_pages[pages, keys % page_size, h_kv].astype(np.float64)
+        limits = np.tile(visible_keys(lengths[b], q_len, is_causal), group)  # row = head in group * q_len + token
+        return chunk_partial(rows, k, v, scale, block_n, limits, begin)
+
+    partial_o, partial_lse = split_partials(q, heads_kv, lengths, split_bounds(table.shape[1] * page_size,
+                                                                               num_splits, block_n), partial)
     out, lse = merge_partials(partial_o, partial_lse)
     return out, lse, errors, partial_lse

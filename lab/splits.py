@@ -165,29 +165,58 @@ def merge_partials(partial_o: np.ndarray, partial_lse: np.ndarray) -> tuple[np.n
     return out, lse
 
 
-def _chunk_partial(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, block_n: int):
-    """One split of one (b, KV head): online softmax over key tiles, like the kernel's main loop.
+def chunk_partial(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, block_n: int,
+                   limits: np.ndarray | None = None, first_key: int = 0):
+    """One split of one (b, KV head): online softmax over key tiles, like the kernels' main loop.
 
-    q (R, D), k and v (n, D). Returns (o, lse) with o (R, D) normalised and lse (R,) natural log; for
-    n == 0 returns zeros and -inf.
+    q (R, D), k and v (n, D), the split's keys from key index first_key on. limits (R,), optional: row r
+    sees only keys < limits[r] (decode v03's per-row causal limit). Returns (o, lse) with o (R, D)
+    normalised and lse (R,) natural log; a row that sees no key gets zeros and -inf.
     """
     rows, dim = q.shape
     m = np.full(rows, -np.inf)
     l = np.zeros(rows)
     acc = np.zeros((rows, dim))
     log2e = 1.0 / math.log(2.0)
-    q2 = q * (scale * log2e)  # scores in log2 units, as the kernel folds scale * log2 e into Q
+    q2 = q * (scale * log2e)  # scores in log2 units, as the kernels fold scale * log2 e into the scores
     for start in range(0, k.shape[0], block_n):
         s = q2 @ k[start:start + block_n].T
+        if limits is not None:
+            keys = first_key + start + np.arange(s.shape[1])
+            s = np.where(keys[None, :] < limits[:, None], s, -np.inf)
         m_new = np.maximum(m, s.max(axis=1))
-        p = np.exp2(s - m_new[:, None])
-        alpha = np.exp2(m - m_new)  # first tile: exp2(-inf) = 0
+        m_use = np.where(np.isneginf(m_new), 0.0, m_new)  # a row with nothing visible yet: P = 0, not NaN
+        p = np.exp2(s - m_use[:, None])
+        alpha = np.exp2(m - m_use)  # first tile: exp2(-inf) = 0
         l = alpha * l + p.sum(axis=1)
         acc = alpha[:, None] * acc + p @ v[start:start + block_n]
         m = m_new
-    if k.shape[0] == 0:
-        return acc, np.full(rows, -np.inf)
-    return acc / l[:, None], (m + np.log2(l)) * math.log(2.0)
+    seen = l > 0
+    o = np.where(seen[:, None], acc / np.where(seen, l, 1.0)[:, None], 0.0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(seen, (m + np.log2(np.where(seen, l, 1.0))) * math.log(2.0), -np.inf)
+    return o, lse
+
+
+def split_partials(q: np.ndarray, heads_kv: int, lengths: list[int], bounds: list[tuple[int, int]], partial):
+    """Pass 1 of split-K decoding: partial(b, h_kv, rows, begin, end) -> (o, lse) for each sequence's
+    splits (bounds clipped to its length) and KV head, whose rows are the group's query heads x q_len tokens
+    (row = head-in-group * q_len + token). Returns partial_o (B, Hq, q_len, splits, D), partial_lse."""
+    batch, heads_q, q_len, dim = q.shape
+    if heads_q % heads_kv:
+        raise ValueError("heads_q must be a multiple of heads_kv")
+    group = heads_q // heads_kv
+    partial_o = np.zeros((batch, heads_q, q_len, len(bounds), dim))
+    partial_lse = np.full((batch, heads_q, q_len, len(bounds)), -np.inf)
+    for b in range(batch):
+        for h_kv in range(heads_kv):
+            heads = slice(h_kv * group, (h_kv + 1) * group)
+            rows = q[b, heads].reshape(group * q_len, dim)
+            for s, (begin, end) in enumerate(clip_bounds(bounds, lengths[b])):
+                o, lse = partial(b, h_kv, rows, begin, end)
+                partial_o[b, heads, :, s] = o.reshape(group, q_len, dim)
+                partial_lse[b, heads, :, s] = lse.reshape(group, q_len)
+    return partial_o, partial_lse
 
 
 def emulate_split_decode(q, k, v, seqlens, num_splits: int, scale: float, block_n: int = BLOCK_N):
@@ -200,23 +229,12 @@ def emulate_split_decode(q, k, v, seqlens, num_splits: int, scale: float, block_
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
-    batch, heads_q, q_len, dim = q.shape
-    heads_kv, seqlen_cache = k.shape[1], k.shape[2]
-    if heads_q % heads_kv:
-        raise ValueError("heads_q must be a multiple of heads_kv")
-    group = heads_q // heads_kv
+    batch, seqlen_cache = q.shape[0], k.shape[2]
     lengths = [seqlen_cache] * batch if seqlens is None else [min(max(int(n), 0), seqlen_cache) for n in seqlens]
-    bounds = split_bounds(seqlen_cache, num_splits, block_n)
-    partial_o = np.zeros((batch, heads_q, q_len, num_splits, dim))
-    partial_lse = np.full((batch, heads_q, q_len, num_splits), -np.inf)
-    for b in range(batch):
-        for h_kv in range(heads_kv):
-            heads = slice(h_kv * group, (h_kv + 1) * group)
-            rows = q[b, heads].reshape(group * q_len, dim)  # row = head-in-group * q_len + token
-            for s, (begin, end) in enumerate(clip_bounds(bounds, lengths[b])):
-                o, lse = _chunk_partial(rows, k[b, h_kv, begin:end], v[b, h_kv, begin:end], scale, block_n)
-                partial_o[b, heads, :, s] = o.reshape(group, q_len, dim)
-                partial_lse[b, heads, :, s] = lse.reshape(group, q_len)
+    partial_o, partial_lse = split_partials(
+        q, k.shape[1], lengths, split_bounds(seqlen_cache, num_splits, block_n),
+        lambda b, h_kv, rows, begin, end: chunk_partial(rows, k[b, h_kv, begin:end], v[b, h_kv, begin:end],
+                                                         scale, block_n))
     out, lse = merge_partials(partial_o, partial_lse)
     return out, lse, partial_o, partial_lse
 
