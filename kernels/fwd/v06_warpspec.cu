@@ -59,6 +59,9 @@
 #ifndef LAB_V06_D128_STAGES
 #define LAB_V06_D128_STAGES 2
 #endif
+#ifndef LAB_V06_D128_CONSUMERS
+#define LAB_V06_D128_CONSUMERS 2  // 3: 160 registers each (a sweep switch)
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -81,7 +84,8 @@ struct Cfg06 {
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
 };
 using Cfg64 = Cfg06<64, 128, 3, LAB_V06_D64_STAGES, 24, 160>;
-using Cfg128 = Cfg06<128, 128, 2, LAB_V06_D128_STAGES, 24, 240>;
+using Cfg128 = Cfg06<128, 128, LAB_V06_D128_CONSUMERS, LAB_V06_D128_STAGES, 24,
+                     LAB_V06_D128_CONSUMERS >= 3 ? 160 : 240>;
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v06_kernel(const __grid_constant__ CUtensorMap tq,

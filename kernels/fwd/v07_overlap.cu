@@ -132,6 +132,9 @@
 #ifndef LAB_V07_FOLD
 #define LAB_V07_FOLD 1  // a scale > 0 runs the kernel with the scale folded into exp2's FFMA (see FOLD)
 #endif
+#ifndef LAB_V07_ABLATE
+#define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
+#endif
 #ifndef LAB_V07_D64_PERSIST
 #define LAB_V07_D64_PERSIST 0  // one CTA per SM looping over the tiles (see PERSIST below)
 #endif
@@ -254,6 +257,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           const int s = ring % kStages;
           const uint32_t free_parity = ((ring / kStages) & 1) ^ 1;
           if (ring >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+          if ((LAB_V07_ABLATE & 2) && ring >= kStages) {  // diagnostic: the math on stale tiles, no loads
+            mbar_wait(smem_u32(&empty_v[s]), free_parity);
+            mbar_arrive(smem_u32(&bar_k[s]));
+            mbar_arrive(smem_u32(&bar_v[s]));
+            continue;
+          }
           mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
@@ -296,6 +305,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       wgmma_commit();
     };
     auto softmax = [&](int j) {
+      if constexpr ((LAB_V07_ABLATE & 1) != 0) {  // diagnostic: P = raw scores, no max, exp or sum
+        alpha[0] = alpha[1] = 1.f;
+        return;
+      }
       const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
       if (mask)
         softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,

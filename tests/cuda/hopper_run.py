@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 import torch
@@ -101,6 +102,9 @@ def run_sanitize(versions) -> bool:
 
 def run_bench(versions, out_path=None) -> bool:
     grid = cases.bench_fwd_cases("bfloat16")
+    only = os.environ.get("LAB_BENCH_CASES")  # e.g. "fwd-d128-s8192,fwd-d128-s512-c": a subset, for quick A/B runs
+    if only:
+        grid = [c for c in grid if c.name in only.split(",")]
     # each version through the public op (what users call), then the default choice as the public row
     makers = {}
     for v in versions:  # "v07" times the public op with version=v07; "v07:NAME=VALUE+..." a kernel-only variant
