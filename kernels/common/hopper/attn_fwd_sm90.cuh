@@ -176,6 +176,11 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
       m = fmaxf(m, x);
     }
   float off[2];
+#if defined(LAB_SOFTMAX_ABLATE) && (LAB_SOFTMAX_ABLATE & 8)  // diagnostic (wrong results): no row max
+#pragma unroll
+  for (int h = 0; h < 2; ++h) off[h] = alpha[h] = 1.f;
+  if constexpr (false)
+#endif
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -201,7 +206,11 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
     for (int e = 0; e < 4; ++e) {
       const float arg = kFold ? fmaf(s[4 * i + e], c, -off[e >> 1]) : s[4 * i + e] - off[e >> 1];
       constexpr int kEvery = kPolyEvery > 0 ? kPolyEvery : 1;  // (no % by zero when off)
+#if defined(LAB_SOFTMAX_ABLATE) && (LAB_SOFTMAX_ABLATE & 4)  // diagnostic (wrong results): no MUFU
+      const float pv = arg * 0.5f;
+#else
       const float pv = (kPolyEvery > 0 && i % kEvery == 0) ? exp2_poly(arg) : fast_exp2(arg);
+#endif
       s[4 * i + e] = pv;
       sum[e >> 1][(2 * i + (e & 1)) % kChains] += pv;
     }
