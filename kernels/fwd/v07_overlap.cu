@@ -132,6 +132,12 @@
 #ifndef LAB_V07_FOLD
 #define LAB_V07_FOLD 1  // a scale > 0 runs the kernel with the scale folded into exp2's FFMA (see FOLD)
 #endif
+#ifndef LAB_V07_D64_LAZY
+#define LAB_V07_D64_LAZY 0  // FA4's conditional rescaling on unmasked tiles (softmax_scores_lazy)
+#endif
+#ifndef LAB_V07_D128_LAZY
+#define LAB_V07_D128_LAZY 0
+#endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
@@ -146,8 +152,9 @@ namespace {
 using namespace lab::sm90;
 
 template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY_, bool PERSIST_ = false,
-          int CHAINS_ = 1>
+          int CHAINS_ = 1, bool LAZY_ = false>
 struct Cfg07 {
+  static constexpr bool kLazy = LAZY_;
   static constexpr int kChains = CHAINS_;
   static constexpr bool kPersistent = PERSIST_;
   static constexpr int kPolyEvery = POLY_;
@@ -172,10 +179,10 @@ struct Cfg07 {
   static_assert(BC % 16 == 0 && BC <= 256, "B_c: a wgmma N and a TMA box");
 };
 using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES, LAB_V07_D64_PINGPONG != 0,
-                    LAB_V07_D64_POLY, LAB_V07_D64_PERSIST != 0, LAB_V07_D64_CHAINS>;
+                    LAB_V07_D64_POLY, LAB_V07_D64_PERSIST != 0, LAB_V07_D64_CHAINS, LAB_V07_D64_LAZY != 0>;
 using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES,
                      LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_PERSIST != 0,
-                     LAB_V07_D128_CHAINS>;
+                     LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0>;
 
 template <class Cfg, class T, bool kFold>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
@@ -304,18 +311,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(sV((ring + j) % kStages), BC, kk), 1);
       wgmma_commit();
     };
-    auto softmax = [&](int j) {
+    // Returns whether O needs rescale_o (LAZY: an unmasked tile that kept the max does not).
+    auto softmax = [&](int j) -> bool {
       if constexpr ((LAB_V07_ABLATE & 1) != 0) {  // diagnostic: P = raw scores, no max, exp or sum
         alpha[0] = alpha[1] = 1.f;
-        return;
+        return true;
       }
       const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
       if (mask)
         softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,
                                                                         p.seqlen_k, p.causal);
+      else if constexpr (Cfg::kLazy && kFold)
+        return softmax_scores_lazy<BC, Cfg::kChains>(sacc, st, alpha, c);
       else
         softmax_scores<BC, false, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,
                                                                         p.seqlen_k, p.causal);
+      return true;
     };
     // PINGPONG: turn() waits for this warpgroup's token, pass() hands it to the next one. Every
     // warpgroup takes n_tiles + 1 turns per work tile, so the token runs on across work tiles; the
@@ -371,11 +382,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         wgmma_wait<1>();  // S_j is done (groups complete in order)
         reg_fence(sacc);
         release_k(j);
-        softmax(j);
+        const bool rescale = softmax(j);
         wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments are ours again
         reg_fence(o);
         release_v(j - 1);
-        rescale_o<D>(o, alpha);
+        if (rescale) rescale_o<D>(o, alpha);
         pack_p<BC, T>(sacc, pa);
       }
       // [/lab:inner-loop]

@@ -228,6 +228,60 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
   }
 }
 
+// FA4's conditional rescaling, for unmasked tiles and a scale folded into exp2 (c > 0). The running max
+// only moves when some score beats it by more than kLazySlack (log2 units): then the tile takes
+// softmax_scores (returns true: O needs rescale_o). Otherwise the exps use the kept max as they are
+// (P <= 2^kLazySlack: no overflow in fp32 sums or in bf16/fp16 P) and alpha is 1 (returns false: no
+// O rescale). What this cuts from the common path: the max's quad shuffles and the serial chain from
+// the max to the first exp, alpha's exp and the 64 O multiplies; a per-thread max and one vote remain.
+// Exact: O and l carry the same offset, which the epilogue's O / l and LSE = m + log2 l take out.
+constexpr float kLazySlack = 8.f;
+template <int BC, int kChains>
+__device__ __forceinline__ bool softmax_scores_lazy(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c) {
+  constexpr int kMaxChains = 4;  // a row's BC/4 values as 4 independent FMNMX chains (the vote waits on them)
+  float mx[2][kMaxChains];
+#pragma unroll
+  for (int k = 0; k < kMaxChains; ++k) mx[0][k] = mx[1][k] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < BC / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float& m = mx[e >> 1][(2 * i + (e & 1)) % kMaxChains];
+      m = fmaxf(m, s[4 * i + e]);
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int k = 1; k < kMaxChains; ++k) mx[h][0] = fmaxf(mx[h][0], mx[h][k]);
+  // st.m = -inf (no key seen yet) always votes for the full step: -inf + slack < any finite score
+  const bool grow = mx[0][0] * c > st.m[0] + kLazySlack || mx[1][0] * c > st.m[1] + kLazySlack;
+  if (__any_sync(0xffffffffu, grow)) {  // warp-uniform: the whole warp takes the full step
+    softmax_scores<BC, false, 0, kChains, true>(s, st, alpha, c, 0, 0, 0, false);
+    return true;
+  }
+  float sum[2][kChains];
+#pragma unroll
+  for (int k = 0; k < kChains; ++k) sum[0][k] = sum[1][k] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BC / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pv = fast_exp2(fmaf(s[4 * i + e], c, -st.m[e >> 1]));
+      s[4 * i + e] = pv;
+      sum[e >> 1][(2 * i + (e & 1)) % kChains] += pv;
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int w = 1; w < kChains; w *= 2)
+#pragma unroll
+      for (int k = 0; k + w < kChains; k += 2 * w) sum[h][k] += sum[h][k + w];
+    st.l[h] += sum[h][0];
+    alpha[h] = 1.f;
+  }
+  return false;
+}
+
 // O *= alpha per row (rows g and g + 8 of the accumulator layout).
 template <int D>
 __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha)[2]) {
