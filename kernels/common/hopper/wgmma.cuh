@@ -33,6 +33,14 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo_
          ((uint64_t)((sbo_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// The descriptor of the same tile `bytes` further on. The start address field (bits 0-13) holds
+// address >> 4 and shared memory ends below 256 KiB (2^14 * 16 B), so the offset adds as a plain 64-bit
+// add with no carry out of the field: one base descriptor per tile, and a constant per wgmma (the mask
+// and shift per wgmma that desc_sw128 costs cost v07 ~15 instructions before each HGMMA, ncu 2026-11-23).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return (desc & ~0xFFFFFFFFull) | (uint32_t)((uint32_t)desc + (bytes >> 4));  // the low word alone: no carry
+}
+
 // wgmma.fence: orders this thread's prior register writes (accumulators, A fragments) before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
