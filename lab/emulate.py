@@ -16,6 +16,8 @@ Three things, NumPy only (no torch, no GPU):
       the running max over raw scores q.k, the scale folded into the exp2 argument
       (one FFMA per score), any finite scale by the rewrite of kernels/common/softmax.cuh
       (negated Q for a negative scale, FLT_MIN for 0; ``kernel_scale``).
+* ``lazy_rescale_emulated`` -- v07's softmax with FA4's conditional rescaling: the running
+  max is kept unless a score beats it by more than 2^8, so most tiles skip the O rescale.
 * ``debug_intermediates`` -- S, m, l, P, O of (b=0, h=0), the same quantities and
   layout as the LAB_DEBUG_DUMP build of kernels/fwd/v01_scalar.cu, so a chapter
   can diff the kernel's dump against them (``unpack_debug`` splits the flat dump).
@@ -187,6 +189,62 @@ def _fa2_raw_max(q, k, v, is_causal, scale, block_m, block_n, rewrite=True):
             out[:, :, i0:i1] = acc / np.where(l_i > 0, l_i, 1)[..., None]
             lse[:, :, i0:i1] = m_i * np.float32(factor) + np.log(l_i)
     return out, lse
+
+
+LAZY_SLACK = 8.0  # kernels/common/hopper/attn_fwd_sm90.cuh kLazySlack: the kept max may trail by 2^8
+WARP_ROWS = 16  # rows of one consumer warp: the kernel's vote (and so the full step) is per warp
+
+
+def lazy_rescale_emulated(q, k, v, is_causal=False, scale=None, block_m=128, block_n=176, slack=LAZY_SLACK):
+    """v07's softmax with FA4's conditional rescaling (softmax_scores_lazy), in float32.
+
+    The running max m (scaled, log2 units) is kept while no score of an unmasked tile beats it by more than
+    `slack`; then P = exp2(s*c - m) <= 2^slack and O needs no rescale. A warp (16 rows) that sees a larger
+    score, and every tile the mask touches, takes the full online-softmax step. Needs scale > 0 (the kernel
+    runs it only then). Returns (out, lse, stats) with stats = {"tiles", "full_steps", "p_max"}: warp-tiles,
+    how many took the full step, and the largest P seen (at most 2^slack).
+    """
+    _, heads_q, _, _, _, head_dim = _shapes(q, k, v)
+    scale = _resolve_scale(scale, head_dim)
+    if not scale > 0:
+        raise ValueError("the lazy rescale runs only for scale > 0 (the folded-scale kernel)")
+    q = np.asarray(q, dtype=np.float32)
+    k = _expand_kv(np.asarray(k, dtype=np.float32), heads_q)
+    v = _expand_kv(np.asarray(v, dtype=np.float32), heads_q)
+    c = np.float32(scale * LOG2E)
+    batch, heads, seqlen_q, _ = q.shape
+    seqlen_k = k.shape[2]
+    out = np.empty((batch, heads, seqlen_q, head_dim), dtype=np.float32)
+    lse = np.empty((batch, heads, seqlen_q), dtype=np.float32)
+    stats = {"tiles": 0, "full_steps": 0, "p_max": 0.0}
+    for w0 in range(0, seqlen_q, WARP_ROWS):  # one warp's rows at a time: its decisions are its own
+        w1 = min(w0 + WARP_ROWS, seqlen_q)
+        m0 = w0 - w0 % block_m  # the CTA's first row: its causal key range
+        acc = np.zeros((batch, heads, w1 - w0, head_dim), dtype=np.float32)
+        m = np.full((batch, heads, w1 - w0), -np.inf, dtype=np.float32)  # scaled, log2 units
+        l = np.zeros((batch, heads, w1 - w0), dtype=np.float32)
+        kv_end = min(seqlen_k, seqlen_q, m0 + block_m) if is_causal else seqlen_k
+        for j0 in range(0, kv_end, block_n):
+            j1 = min(j0 + block_n, seqlen_k)
+            s = q[:, :, w0:w1] @ k[:, :, j0:j1].swapaxes(-1, -2)
+            masked = j0 + block_n > seqlen_k or (is_causal and j0 + block_n - 1 > w0 - w0 % 64)
+            s = np.where(_visible(np.arange(w0, w1), np.arange(j0, j1), is_causal), s, -np.inf)
+            stats["tiles"] += batch * heads
+            grow = (s.max(axis=-1) * c > m + np.float32(slack)).any(axis=-1)  # per (b, h): the warp's vote
+            full = np.ones_like(grow) if masked else grow
+            stats["full_steps"] += int(full.sum())
+            m_new = np.where(full[..., None], np.maximum(m, s.max(axis=-1) * c), m)
+            off = np.where(np.isneginf(m_new), 0, m_new)
+            p = np.exp2(s * c - off[..., None])
+            alpha = np.where(full[..., None], np.exp2(m - off), np.float32(1))
+            l = alpha * l + p.sum(axis=-1)
+            acc = alpha[..., None] * acc + p @ v[:, :, j0:j1]
+            m = m_new
+            stats["p_max"] = max(stats["p_max"], float(p.max(initial=0.0)))
+        out[:, :, w0:w1] = acc / np.where(l > 0, l, 1)[..., None]
+        with np.errstate(divide="ignore"):
+            lse[:, :, w0:w1] = np.where(l > 0, (m + np.log2(np.where(l > 0, l, 1))) / np.float32(LOG2E), -np.inf)
+    return out, lse, stats
 
 
 def flash_forward_emulated(q, k, v, is_causal=False, scale=None, block_m=64, block_n=64,

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 from lab.emulate import (  # noqa: E402
     DEBUG_KEYS, LOG2E, attention_reference, debug_intermediates, debug_layout, debug_size,
-    flash_forward_emulated, pack_debug, unpack_debug,
+    flash_forward_emulated, lazy_rescale_emulated, pack_debug, unpack_debug,
 )
 
 # float32 rounding: measured errors are ~1e-6 for these sizes; a real bug (a
@@ -170,3 +170,36 @@ def test_importable_without_torch():
     code = "import sys; sys.modules['torch'] = None; import lab.emulate; print('ok')"
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k,is_causal", [(1, 1, False), (63, 65, True), (65, 1025, False),
+                                                        (300, 700, True), (1025, 400, False)])
+def test_lazy_rescale_matches_reference(seqlen_q, seqlen_k, is_causal):
+    """v07's conditional rescaling (kept max, P <= 2^8) gives softmax's answer, GQA included."""
+    q, k, v = make_qkv(2, 4, 2, seqlen_q, seqlen_k, 64, seed=seqlen_q)
+    out, lse, stats = lazy_rescale_emulated(q, k, v, is_causal=is_causal, block_n=176)
+    assert agrees((out, lse), attention_reference(q, k, v, is_causal=is_causal))
+    assert stats["p_max"] <= 2.0 ** 8
+
+
+def test_lazy_rescale_skips_most_rescales_and_takes_the_full_step_when_it_must():
+    # random scores: after the first tile the max moves by far less than 2^8, so rescales are rare
+    q, k, v = make_qkv(1, 2, 2, 128, 4096, 128, seed=1)
+    out, lse, stats = lazy_rescale_emulated(q, k, v, block_n=176)
+    assert agrees((out, lse), attention_reference(q, k, v))
+    first_tiles = 2 * (128 // 16)  # one per warp and head: m = -inf takes the full step
+    assert stats["full_steps"] < stats["tiles"] // 4
+    assert stats["full_steps"] >= first_tiles
+    # a key far above everything before it (+2^20 in scaled units): the kept max would overflow P, so the
+    # warps that see it take the full step, and the answer is still softmax's (no inf, no NaN)
+    k2 = k.copy()
+    k2[:, :, 3000] = q[0, 0].mean(axis=0) * 2000
+    out2, lse2, stats2 = lazy_rescale_emulated(q, k2, v, block_n=176)
+    assert agrees((out2, lse2), attention_reference(q, k2, v))
+    assert stats2["full_steps"] > stats["full_steps"] and stats2["p_max"] <= 2.0 ** 8
+
+
+def test_lazy_rescale_needs_a_positive_scale():
+    q, k, v = make_qkv(1, 1, 1, 4, 4, 64)
+    with pytest.raises(ValueError, match="scale > 0"):
+        lazy_rescale_emulated(q, k, v, scale=-0.5)

@@ -32,7 +32,8 @@
 //   FMA pipe (exp2_poly, a cubic) instead of the MUFU unit (FA4's trick).
 // - Softmax switches (2026-11-23, measured below): CHAINS (on, 2 independent row max / row sum
 //   chains), FOLD (on for scale > 0: the scale folded into exp2's FFMA, the host picks the kernel),
-//   PERSIST (off: one CTA per SM looping over work tiles); a lazy O rescale was tried and dropped.
+//   PERSIST (off: one CTA per SM looping over work tiles); a lazy O rescale was tried and dropped;
+//   LAZY (on, second sitting): FA4's conditional rescaling, the running max kept within 2^8.
 //
 // Tile sizes (defaults; why): D = 128: 2 consumers x 64 rows, B_c = 176,
 // 2 stages (32 + 2 x 2 x 88 = 208 KiB): per thread O 64 + S 88 + P 44 +
@@ -78,6 +79,26 @@
 //     0.80-0.81x SDPA-cuDNN on bench-fwd against v07's 0.75-0.76x in the same processes.
 //   LAZY (a warp skips the O rescale when all its alphas are exactly 1): +0.2 % / -0.4 %: dropped
 //     (the switch is gone; the run is outputs/driver_logs/20261123-h200-v07-lazy-run1-*).
+// Session of 2026-11-23, second sitting (H200; outputs/driver_logs/20261123-h200-{v07-ablate,v07-lazy-run2,
+// desc-run1}-*, ncu source counters in 20261123-h200-ncu-source-96b748d6d0/): what bounds the loop.
+//   Ablations (diagnostic switches, wrong results: LAB_V07_ABLATE, LAB_SOFTMAX_ABLATE), D = 128, TFLOP/s at
+//   S = 2048 / 8192 against the default's 552 / 569 (SDPA-cuDNN 609 / 601 in that process): no softmax
+//   758 / 746 (+37 / +31 %); no row max (no FMNMX, shuffles or alpha) 687 / 678 (+24 / +19 %); exp2 by an
+//   FMUL instead of MUFU 632 / 618 (+14 / +9 %); no K/V loads once the ring is full 497 / 579 (no gain).
+//   So the softmax is not hidden under the other warpgroup's GEMMs, and the loads are not the bound.
+//   ncu's per-instruction samples (S = 8192): ~35 % of all stall samples sit in the GEMM issue code,
+//   where each HGMMA waited on ~15 instructions rebuilding its descriptor (mask, shift, R2UR), ~45 %
+//   in the softmax (the FMNMX chains, then MUFU / FADD "wait" and "mio").
+//   Descriptors (common desc_advance: one base per tile, a constant per wgmma; loop 1465 -> 1393 static
+//     instructions): +2 to +5 % on v07 in 6 of 8 cells (D 128 S 512: 368 vs 409, the cell that moves
+//     most between runs); v05 -3 to -5 % at D 128, +1 to +4 % at D 64. Kept: the same code for all.
+//   LAZY (FA4's conditional rescaling, softmax_scores_lazy: keep the max unless a score beats it by 2^8;
+//     one vote replaces the quad shuffles; no O rescale when kept; masked tiles take the full step):
+//     run 2 (old descriptors) +5 % D 128 S 8192, -4 % S 2048, +1 to +4 % elsewhere; run with the new
+//     descriptors +3 to +4 % at D 128 (S 2048 / 8192 / 16k causal) and D 64 (S 2048 / 8192). On: 55/55
+//     checks, including keys planted far above the running max (hopper_run.planted_key_check).
+//   Left off: B_c = 192 at D = 128 (+2 to +8 % at S >= 2048, -5 % at S 512, -12 % causal 8k), POLY at
+//   D = 128 (every 8th / 4th n8 block: -1 to -10 %), 3 consumers at B_c = 96 (48 B of spills: -40 %).
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
@@ -133,10 +154,10 @@
 #define LAB_V07_FOLD 1  // a scale > 0 runs the kernel with the scale folded into exp2's FFMA (see FOLD)
 #endif
 #ifndef LAB_V07_D64_LAZY
-#define LAB_V07_D64_LAZY 0  // FA4's conditional rescaling on unmasked tiles (softmax_scores_lazy)
+#define LAB_V07_D64_LAZY 1  // FA4's conditional rescaling on unmasked tiles (softmax_scores_lazy; see LAZY)
 #endif
 #ifndef LAB_V07_D128_LAZY
-#define LAB_V07_D128_LAZY 0
+#define LAB_V07_D128_LAZY 1
 #endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full

@@ -103,17 +103,11 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* ptr) {
 
 // Descriptor of the A operand (64 rows, k16 step kk) of a K-major tile with `rows` rows per column block.
 __device__ __forceinline__ uint64_t desc_kmajor(uint32_t tile, int rows, int kk) {
-#ifdef LAB_DESC_PER_WGMMA  // measurement switch: the old per-wgmma descriptor (temporary)
-  return desc_sw128(tile + (kk / 4) * rows * 128 + (kk % 4) * 32, 16, 1024);
-#endif
   return desc_advance(desc_sw128(tile, 16, 1024), (kk / 4) * rows * 128 + (kk % 4) * 32);
 }
 
 // Descriptor of V (B of P V, N-major): k16 step kk = keys 16kk..16kk+15, all D columns.
 __device__ __forceinline__ uint64_t desc_v(uint32_t tile, int rows, int kk) {
-#ifdef LAB_DESC_PER_WGMMA
-  return desc_sw128(tile + kk * 16 * 128, rows * 128, 1024);
-#endif
   return desc_advance(desc_sw128(tile, rows * 128, 1024), kk * 16 * 128);
 }
 
