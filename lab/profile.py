@@ -217,6 +217,41 @@ def parse_raw_csv(text: str) -> list[dict]:
     return kernels
 
 
+def source_regions(text: str, block: int = 40, floor: float = 0.005) -> list[dict]:
+    """Where the warps stall, by stretch of SASS, from ncu's source page as CSV (`ncu -i R --page source
+    --csv --print-source sass`, a report taken with `--section SourceCounters`). One dict per block of
+    `block` consecutive instructions holding at least `floor` of the stall samples: first (instruction index),
+    share, stalls (top 3 reasons, samples) and ops (commonest 4 opcodes)."""
+    rows = list(csv.reader(io.StringIO(text)))
+    start = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
+    if start is None:
+        raise ValueError('not an ncu source-page CSV export: no header row starting with "Address"')
+    header, data = rows[start], rows[start + 1:]
+    ix = {h: i for i, h in enumerate(header)}
+    samples = lambda r: int(r[ix["Warp Stall Sampling (All Samples)"]] or 0)
+    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    total = sum(samples(r) for r in data) or 1
+    out = []
+    for a in range(0, len(data), block):
+        seg = data[a:a + block]
+        n = sum(samples(r) for r in seg)
+        if n < floor * total:
+            continue
+        why, ops = {}, {}
+        for r in seg:
+            for c in reasons:
+                why[c[len("stall_"):]] = why.get(c[len("stall_"):], 0) + int(r[ix[c]] or 0)
+            words = r[ix["Source"]].split()
+            op = (words[1] if words[0].startswith("@") else words[0]) if words else ""
+            ops[op] = ops.get(op, 0) + 1
+        out.append({"first": a, "share": n / total, "stalls": _top_n(why, 3), "ops": _top_n(ops, 4)})
+    return out
+
+
+def _top_n(counts: dict, n: int) -> list:
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+
+
 def _number(value: str):
     text = value.strip().replace(",", "")
     try:

@@ -191,3 +191,17 @@ def test_counter_permission_error_is_explained(monkeypatch, tmp_path):
         profile.run_ncu("fwd:v04", "Small", tmp_path / "out")
     assert "gVisor" in profile.explain_failure("==ERROR== Failed to initialize the profiler: LibraryNotLoaded")
     assert "'flash'" in profile.explain_failure("==WARNING== No kernels were profiled.", "flash", 3)
+
+
+def test_source_regions_finds_the_hot_stretch_and_its_reasons():
+    header = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+              '"stall_wait","stall_math","stall_wait (Not Issued)"')
+    body = [f'"0x{i:x}","{op}","{n}","1","{w}","{m}","0"' for i, (op, n, w, m) in enumerate(
+        [("FMNMX R1, R2, R3", 1, 1, 0)] * 4 + [("@!P0 MUFU.EX2 R4, R4", 90, 80, 10)] * 4 + [("NOP", 0, 0, 0)] * 4)]
+    text = '"Kernel Name","k"\n' + header + "\n" + "\n".join(body) + "\n"
+    regs = profile.source_regions(text, block=4, floor=0.05)
+    assert [r["first"] for r in regs] == [4]  # the first block holds 1 % of the samples, the last none
+    assert abs(regs[0]["share"] - 360 / 364) < 1e-9
+    assert regs[0]["stalls"][0] == ("wait", 320) and regs[0]["ops"] == [("MUFU.EX2", 4)]
+    with pytest.raises(ValueError, match="source-page"):
+        profile.source_regions("a,b\n1,2\n")
