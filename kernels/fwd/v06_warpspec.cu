@@ -26,9 +26,13 @@
 //            2 x (32 + 32) KiB = 160 KiB (3 stages would be 224 KiB + Q:
 //            over the 227 KiB limit); O 64 + S 64 + P 32 registers need
 //            more than 160, so 2 consumers at 240 (24 + 2 x 240).
-//   Rejected: D = 128 with 3 consumers (160 registers cannot hold O, S and
-//   P at B_c = 128 without spills); B_c = 64 at D = 128 (half the work per
-//   barrier round trip, 2x the softmax overhead per GEMM issue).
+//   Rejected: B_c = 64 at D = 128 (half the work per barrier round trip, 2x
+//   the softmax overhead per GEMM issue). D = 128 with 3 consumers was first
+//   rejected on paper (O, S and P in 160 registers); it compiles without
+//   spills (P reuses S's registers) and was measured on 2026-11-23
+//   (LAB_V06_D128_CONSUMERS=3, outputs/driver_logs/20261123-h200-v07-ablate-
+//   run1-*): 395/485/540/488 TFLOP/s at S = 512/2048/8192/8192 causal, +4 to
+//   +25 % over 2 consumers, still below v07 (392/582/564/501): left off.
 //
 // Prediction (H200 bf16 bench-fwd): producer/consumer overlap plus 2-3
 // warpgroups per SM taking turns on the tensor core: ~480-550 TFLOP/s at
