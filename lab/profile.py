@@ -14,6 +14,7 @@ on the one new token against the cache).
 """
 from __future__ import annotations
 
+import collections
 import csv
 import glob
 import io
@@ -237,19 +238,14 @@ def source_regions(text: str, block: int = 40, floor: float = 0.005) -> list[dic
         n = sum(samples(r) for r in seg)
         if n < floor * total:
             continue
-        why, ops = {}, {}
+        why, ops = collections.Counter(), collections.Counter()
         for r in seg:
             for c in reasons:
-                why[c[len("stall_"):]] = why.get(c[len("stall_"):], 0) + int(r[ix[c]] or 0)
+                why[c[len("stall_"):]] += int(r[ix[c]] or 0)
             words = r[ix["Source"]].split()
-            op = (words[1] if words[0].startswith("@") else words[0]) if words else ""
-            ops[op] = ops.get(op, 0) + 1
-        out.append({"first": a, "share": n / total, "stalls": _top_n(why, 3), "ops": _top_n(ops, 4)})
+            ops[(words[1] if words[0].startswith("@") else words[0]) if words else ""] += 1
+        out.append({"first": a, "share": n / total, "stalls": why.most_common(3), "ops": ops.most_common(4)})
     return out
-
-
-def _top_n(counts: dict, n: int) -> list:
-    return sorted(counts.items(), key=lambda kv: -kv[1])[:n]
 
 
 def _number(value: str):

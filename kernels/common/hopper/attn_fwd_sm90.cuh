@@ -139,6 +139,45 @@ __device__ __forceinline__ float exp2_poly(float x) {
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
+// P = exp2(s * c - off) (kFold) or exp2(s - off) in place, and l += the row sums of P; kChains
+// independent sum chains (see softmax_scores), exp2_poly on every kPolyEvery-th n8 block.
+template <int BC, int kPolyEvery, int kChains, bool kFold>
+__device__ __forceinline__ void exp_rows(float (&s)[BC / 2], RowState& st, const float (&off)[2], float c) {
+  float sum[2][kChains];
+#pragma unroll
+  for (int k = 0; k < kChains; ++k) sum[0][k] = sum[1][k] = 0.f;
+  if constexpr (kChains == 1) {  // one chain: the sum runs on from l itself, as before chains existed
+    sum[0][0] = st.l[0];
+    sum[1][0] = st.l[1];
+  }
+#pragma unroll
+  for (int i = 0; i < BC / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float arg = kFold ? fmaf(s[4 * i + e], c, -off[e >> 1]) : s[4 * i + e] - off[e >> 1];
+      constexpr int kEvery = kPolyEvery > 0 ? kPolyEvery : 1;  // (no % by zero when off)
+#if defined(LAB_SOFTMAX_ABLATE) && (LAB_SOFTMAX_ABLATE & 4)  // diagnostic (wrong results): no MUFU
+      const float pv = arg * 0.5f;
+#else
+      const float pv = (kPolyEvery > 0 && i % kEvery == 0) ? exp2_poly(arg) : fast_exp2(arg);
+#endif
+      s[4 * i + e] = pv;
+      sum[e >> 1][(2 * i + (e & 1)) % kChains] += pv;
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (kChains == 1) {
+      st.l[h] = sum[h][0];
+    } else {
+#pragma unroll
+      for (int w = 1; w < kChains; w *= 2)  // pairwise: log2(kChains) dependent adds
+#pragma unroll
+        for (int k = 0; k + w < kChains; k += 2 * w) sum[h][k] += sum[h][k + w];
+      st.l[h] += sum[h][0];
+    }
+  }
+}
+
 // Scale the 64 x BC score accumulator in place, mask it, update (m, l) and
 // turn it into P (fp32, in place); alpha[h] = exp2(m_old - m_new) is what O
 // must still be multiplied by (rescale_o). Touches neither O nor the P
@@ -193,39 +232,7 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
     st.m[h] = mx[h][0];
     st.l[h] *= alpha[h];
   }
-  float sum[2][kChains];
-#pragma unroll
-  for (int k = 0; k < kChains; ++k) sum[0][k] = sum[1][k] = 0.f;
-  if constexpr (kChains == 1) {  // one chain: the sum runs on from l itself, as before chains existed
-    sum[0][0] = st.l[0];
-    sum[1][0] = st.l[1];
-  }
-#pragma unroll
-  for (int i = 0; i < BC / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float arg = kFold ? fmaf(s[4 * i + e], c, -off[e >> 1]) : s[4 * i + e] - off[e >> 1];
-      constexpr int kEvery = kPolyEvery > 0 ? kPolyEvery : 1;  // (no % by zero when off)
-#if defined(LAB_SOFTMAX_ABLATE) && (LAB_SOFTMAX_ABLATE & 4)  // diagnostic (wrong results): no MUFU
-      const float pv = arg * 0.5f;
-#else
-      const float pv = (kPolyEvery > 0 && i % kEvery == 0) ? exp2_poly(arg) : fast_exp2(arg);
-#endif
-      s[4 * i + e] = pv;
-      sum[e >> 1][(2 * i + (e & 1)) % kChains] += pv;
-    }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if constexpr (kChains == 1) {
-      st.l[h] = sum[h][0];
-    } else {
-#pragma unroll
-      for (int w = 1; w < kChains; w *= 2)  // pairwise: log2(kChains) dependent adds
-#pragma unroll
-        for (int k = 0; k + w < kChains; k += 2 * w) sum[h][k] += sum[h][k + w];
-      st.l[h] += sum[h][0];
-    }
-  }
+  exp_rows<BC, kPolyEvery, kChains, kFold>(s, st, off, c);
 }
 
 // FA4's conditional rescaling, for unmasked tiles and a scale folded into exp2 (c > 0). The running max
@@ -259,26 +266,8 @@ __device__ __forceinline__ bool softmax_scores_lazy(float (&s)[BC / 2], RowState
     softmax_scores<BC, false, 0, kChains, true>(s, st, alpha, c, 0, 0, 0, false);
     return true;
   }
-  float sum[2][kChains];
-#pragma unroll
-  for (int k = 0; k < kChains; ++k) sum[0][k] = sum[1][k] = 0.f;
-#pragma unroll
-  for (int i = 0; i < BC / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float pv = fast_exp2(fmaf(s[4 * i + e], c, -st.m[e >> 1]));
-      s[4 * i + e] = pv;
-      sum[e >> 1][(2 * i + (e & 1)) % kChains] += pv;
-    }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int w = 1; w < kChains; w *= 2)
-#pragma unroll
-      for (int k = 0; k + w < kChains; k += 2 * w) sum[h][k] += sum[h][k + w];
-    st.l[h] += sum[h][0];
-    alpha[h] = 1.f;
-  }
+  alpha[0] = alpha[1] = 1.f;
+  exp_rows<BC, 0, kChains, true>(s, st, st.m, c);
   return false;
 }
 
