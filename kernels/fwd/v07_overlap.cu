@@ -168,6 +168,9 @@
 #ifndef LAB_V07_D128_PERSIST
 #define LAB_V07_D128_PERSIST 0
 #endif
+#ifndef LAB_V07_PERSIST_CAUSAL
+#define LAB_V07_PERSIST_CAUSAL 0  // PERSIST for causal calls too (snake order over the LPT list; else one CTA per tile)
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -205,7 +208,7 @@ using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_
                      LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_PERSIST != 0,
                      LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0>;
 
-template <class Cfg, class T, bool kFold>
+template <class Cfg, class T, bool kFold, bool kPersist>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
                                                                         const __grid_constant__ CUtensorMap tk,
                                                                         const __grid_constant__ CUtensorMap tv,
@@ -217,19 +220,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   // K and V have their own `empty` barriers: K_j is free once S_j is done, a whole softmax before
   // P_j V_j frees V_j, so the next K load is not held up by the overlapped P V (see the header).
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
-  __shared__ __align__(8) uint64_t empty_q;  // PERSIST: the epilogue is done with the Q tiles (its O staging)
+  __shared__ __align__(8) uint64_t empty_q;  // PERSIST: every S GEMM of this work tile has read Q
   uint8_t* smem = align1024(smem_raw);
   const uint32_t sQ = smem_u32(smem);
   auto sK = [&](int s) { return sQ + Cfg::kQBytes + s * Cfg::kTileBytes; };
   auto sV = [&](int s) { return sQ + Cfg::kQBytes + (kStages + s) * Cfg::kTileBytes; };
 
-  // Work tiles: (b, h, Q_i); causal: longest first over the whole grid. PERSIST: CTA x takes tiles
-  // x, x + gridDim.x, ... (grid = SMs), so the next tile's K_0 and Q loads overlap this one's epilogue and
-  // no CTA launch, barrier setup or pipeline fill sits between two tiles of an SM.
+  // Work tiles: (b, h, Q_i); causal: longest first over the whole grid. PERSIST: one CTA per SM takes
+  // round `it`'s tile it * G + x (G = gridDim.x); causal rounds alternate direction (a snake over the
+  // longest-first list) so each CTA's heavy and light tiles even out. The next tile's K_0 and Q load under
+  // this one's last GEMMs and epilogue: no CTA launch, barrier setup or pipeline fill between two tiles.
   const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
   const int num_bh = p.batch * p.heads_q;
-  const int num_work = Cfg::kPersistent ? num_m * num_bh : (int)blockIdx.x + 1;
-  const int work_step = Cfg::kPersistent ? (int)gridDim.x : 1;
+  const int num_rounds = kPersist ? (num_m * num_bh + gridDim.x - 1) / gridDim.x : 1;
+  auto work_at = [&](int it) {  // this CTA's tile of round it; past the end in the last round: skip it
+    if (!kPersist) return (int)blockIdx.x;
+    const int x = (p.causal && (it & 1)) ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int w = it * (int)gridDim.x + x;
+    return w < num_m * num_bh ? w : -1;
+  };
   int b, h, hkv, m0, n_tiles;
   auto locate = [&](int work) {
     int bh, mb;
@@ -270,16 +279,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       tma_prefetch_map(&tk);
       tma_prefetch_map(&tv);
       int ring = 0;  // K/V tiles issued by this CTA so far: the ring position runs on across work tiles
-      for (int work = blockIdx.x, it = 0; work < num_work; work += work_step, ++it) {
+      for (int it = 0, t = 0; it < num_rounds; ++it) {  // t: work tiles taken (only the last round skips)
+        const int work = work_at(it);
+        if (work < 0) continue;
         locate(work);
         auto load_q = [&]() {
-          if (it > 0) mbar_wait(smem_u32(&empty_q), (it - 1) & 1);  // the last tile's epilogue is done
+          if (t > 0) mbar_wait(smem_u32(&empty_q), (t - 1) & 1);  // the last tile's S GEMMs are done
           mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
           for (int w = 0; w < Cfg::kConsumers; ++w)
             for (int cb = 0; cb < D / 64; ++cb)
               tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
         };
-        if (!Cfg::kPersistent || n_tiles == 0) load_q();
+        if (!kPersist || n_tiles == 0) load_q();
         // [lab:producer] the producer thread: wait for a free stage, then one TMA per 64-column block of K_j and V_j
         for (int j = 0; j < n_tiles; ++j, ++ring) {
           const int s = ring % kStages;
@@ -294,13 +305,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
-          if (Cfg::kPersistent && j == 0) load_q();  // K_0 first: it loads under the last tile's epilogue
+          if (kPersist && j == 0) load_q();  // K_0 first: it loads under the last tile's epilogue
           if (ring >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
           mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
         }
         // [/lab:producer]
+        ++t;
       }
     }
   } else {
@@ -367,16 +379,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     auto release_v = [&](int j) {
       if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[(ring + j) % kStages]));
     };
+    auto release_q = [&]() {  // PERSIST: this warp's S GEMMs of the work tile are done; Q may be reloaded
+      if (kPersist && ct % 32 == 0) mbar_arrive(smem_u32(&empty_q));
+    };
     // Every work tile has n_tiles > 0 exactly when S_k > 0 (causal: m0 < S_q, so kv_end > 0).
     if (kPing && wg == Cfg::kConsumers && p.seqlen_k > 0) named_barrier_arrive(3 + 1, 256);  // the first turn
-    for (int work = blockIdx.x, it = 0; work < num_work; work += work_step, ++it) {
+    for (int it = 0, t = 0; it < num_rounds; ++it) {
+      const int work = work_at(it);
+      if (work < 0) continue;
       locate(work);
       wm0 = m0 + 64 * (wg - 1);
       row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
       st = RowState{};
-      mbar_wait(smem_u32(&bar_q), it & 1);
+      mbar_wait(smem_u32(&bar_q), t & 1);
 
       if (n_tiles > 0) {
         wait_k(0);
@@ -387,6 +404,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         wgmma_wait<0>();
         reg_fence(sacc);
         release_k(0);
+        if (n_tiles == 1) release_q();
         softmax(0);  // O is still 0: alpha needs no rescale
         pack_p<BC, T>(sacc, pa);
       }
@@ -403,6 +421,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         wgmma_wait<1>();  // S_j is done (groups complete in order)
         reg_fence(sacc);
         release_k(j);
+        if (j == n_tiles - 1) release_q();
         const bool rescale = softmax(j);
         wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments are ours again
         reg_fence(o);
@@ -422,14 +441,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         release_v(n_tiles - 1);
       }
 
-      // Epilogue
-      epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
-      ring += n_tiles;
-      if constexpr (Cfg::kPersistent) {  // the O staging in the Q tile is read: the next Q may land there
-        __syncwarp();
-        fence_proxy_async();  // generic-proxy accesses ordered before the TMA (async proxy) writes
-        if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q));
+      // Epilogue (PERSIST: straight from registers, so the Q tile is not needed for staging)
+      if constexpr (kPersist) {
+        if (n_tiles == 0) release_q();
+        epilogue_direct<D, T>(o, st, p, b, h, wm0);
+      } else {
+        epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
       }
+      ring += n_tiles;
+      ++t;
     }
     if (kPing && wg == 1 && p.seqlen_k > 0) turn();
   }
@@ -438,9 +458,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
 
 template <class Cfg, class T>
 struct Launch {
+  template <bool kPersist>
+  static int go(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+    return launch_fwd_sm90_fold<Cfg, attn_fwd_v07_kernel<Cfg, T, true, kPersist>,
+                                attn_fwd_v07_kernel<Cfg, T, false, kPersist>, LAB_V07_FOLD != 0, kPersist>(p, stream,
+                                                                                                          dev);
+  }
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-    return launch_fwd_sm90_fold<Cfg, attn_fwd_v07_kernel<Cfg, T, true>, attn_fwd_v07_kernel<Cfg, T, false>,
-                                LAB_V07_FOLD != 0, Cfg::kPersistent>(p, stream, dev);
+    if constexpr (Cfg::kPersistent)
+      if (!p.causal || LAB_V07_PERSIST_CAUSAL) return go<true>(p, stream, dev);
+    return go<false>(p, stream, dev);
   }
 };
 

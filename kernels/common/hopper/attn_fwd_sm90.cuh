@@ -302,12 +302,10 @@ __device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 
 
 // ---------------------------------------------------------------- epilogue
 
-// Normalise O, write LSE, stage O through this warpgroup's (now unused) Q
-// tile `stage` (64 rows, swizzled) and store rows < S_q with 16-byte stores.
-// `bar_id`: a named barrier for this warpgroup's 128 threads.
-template <int D, class T>
-__device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const AttnFwdParams& p, uint8_t* stage,
-                                         int b, int h, int m0, int bar_id) {
+// Normalise O (O / l, the quad's partial row sums reduced) and write LSE for rows < S_q.
+template <int D>
+__device__ __forceinline__ void normalise_o(float (&o)[D / 2], const RowState& st, const AttnFwdParams& p, int b,
+                                            int h, int m0) {
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -325,6 +323,16 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
       p.lse[((int64_t)b * p.heads_q + h) * p.seqlen_q + row] =
           (l > 0.f && st.m[hh] != -INFINITY) ? (st.m[hh] + __log2f(l)) * kLn2 : -INFINITY;
   }
+}
+
+// Normalise O, write LSE, stage O through this warpgroup's (now unused) Q
+// tile `stage` (64 rows, swizzled) and store rows < S_q with 16-byte stores.
+// `bar_id`: a named barrier for this warpgroup's 128 threads.
+template <int D, class T>
+__device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const AttnFwdParams& p, uint8_t* stage,
+                                         int b, int h, int m0, int bar_id) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
+  normalise_o<D>(o, st, p, b, h, m0);
   named_barrier_sync(bar_id, 128);  // every warp's wgmma reads of this Q tile are over
 #pragma unroll
   for (int i = 0; i < D / 8; ++i)
@@ -343,6 +351,26 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
     if (m0 + r < p.seqlen_q)
       *reinterpret_cast<uint4*>(out + (int64_t)(m0 + r) * p.o_stride[2] + c * 8) =
           *reinterpret_cast<const uint4*>(stage + swz_offset(64, r, c * 8));
+  }
+}
+
+// The same without shared memory: each thread stores its own 4-byte pairs of rows < S_q straight from the
+// accumulator layout (a warp's store covers 8 rows x 16 bytes). For a persistent CTA: the Q tile stays free
+// for the next work tile's load, which is then issued as soon as the last S GEMM has read Q.
+template <int D, class T>
+__device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st, const AttnFwdParams& p, int b,
+                                                int h, int m0) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
+  normalise_o<D>(o, st, p, b, h, m0);
+  T* out = static_cast<T*>(p.o) + (int64_t)b * p.o_stride[0] + (int64_t)h * p.o_stride[1];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = m0 + warp * 16 + hh * 8 + g;
+    if (row >= p.seqlen_q) continue;
+    T* dst = out + (int64_t)row * p.o_stride[2] + 2 * t;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<uint32_t*>(dst + 8 * i) = pack2<T>(o[4 * i + 2 * hh], o[4 * i + 2 * hh + 1]);
   }
 }
 
