@@ -37,15 +37,11 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const T* gbase, in
   }
 }
 
-// Writes a warp's normalised O fragments (rows warp_row0.. of the block, m16n8 layout) to global rows
-// m0 + r < seqlen_q of o. The fragments go first to this warp's own rows of the swizzled tile at sO (only
-// this warp reads them, so no block barrier), turning 4-byte fragment stores into 16-byte coalesced row
-// stores. kSyncFirst: a __syncwarp() before, when those rows were Q rows other lanes may still read.
-template <class Cfg, bool kSyncFirst, class T, int kMT, int kNO>
-__device__ __forceinline__ void store_o(const float (&acc_o)[kMT][kNO][4], uint32_t sO, T* o, const AttnFwdParams& p,
-                                        int m0, int warp_row0, int lane, int g, int t) {
+// Writes a warp's normalised O fragments (rows warp_row0.. of the block, m16n8 layout) to this warp's own
+// rows of the swizzled tile at sO, packed to 16 bits: the first half of store_o, which v04 calls on its own.
+template <class Cfg, class T, int kMT, int kNO>
+__device__ __forceinline__ void stage_o(const float (&acc_o)[kMT][kNO][4], uint32_t sO, int warp_row0, int g, int t) {
   constexpr int D = Cfg::kHeadDim;
-  if constexpr (kSyncFirst) __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -58,6 +54,18 @@ __device__ __forceinline__ void store_o(const float (&acc_o)[kMT][kNO][4], uint3
         const uint32_t addr = sO + (swizzle<D>(r, col / 8) + col % 8) * 2;
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
       }
+}
+
+// Writes a warp's normalised O fragments to global rows m0 + r < seqlen_q of o. The fragments go first to
+// this warp's own rows of the swizzled tile at sO (stage_o; only this warp reads them, so no block barrier),
+// turning 4-byte fragment stores into 16-byte coalesced row stores. kSyncFirst: a __syncwarp() before, when
+// those rows were Q rows other lanes may still read.
+template <class Cfg, bool kSyncFirst, class T, int kMT, int kNO>
+__device__ __forceinline__ void store_o(const float (&acc_o)[kMT][kNO][4], uint32_t sO, T* o, const AttnFwdParams& p,
+                                        int m0, int warp_row0, int lane, int g, int t) {
+  constexpr int D = Cfg::kHeadDim;
+  if constexpr (kSyncFirst) __syncwarp();
+  stage_o<Cfg, T>(acc_o, sO, warp_row0, g, t);
   __syncwarp();
 
   constexpr int kStorePerLane = Cfg::kRowsPerWarp * Cfg::kChunksPerRow / 32;

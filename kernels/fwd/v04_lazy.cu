@@ -760,27 +760,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   lab::normalise_rows<Cfg::kKVSplit == 1>(acc_o, row_max, row_sum, fabsf(p.scale), p.lse,
                                           ((int64_t)b * p.heads_q + h) * p.seqlen_q, m0 + warp_row0, p.seqlen_q, g, t);
-  // Stage O through this warp's own rows of sQ (only this warp ever read
-  // them, so no block barrier is needed) to turn 4-byte fragment stores into
-  // 16-byte coalesced row stores. The same steps as lab::store_o
-  // (common/smem_tile.cuh), kept inline here: called through the function,
-  // nvcc schedules a kernel's integer code differently (v03 at sm_90a: 13329
-  // -> 13633 instructions, no float, mma or memory op changed), and v04's
-  // guard is unchanged SASS (tests/cuda/sass_guard.sh, log of 2026-11-23).
+  // O goes out through this warp's own rows of sQ (lab::stage_o, common/smem_tile.cuh), then 16-byte row
+  // stores. The row stores are lab::store_o's second half, kept inline: through the function (its T* o, or
+  // a lambda for the address) nvcc forms the 64-bit row address in another order or sinks the head offset
+  // out of the prologue, and the whole kernel's integer code changes (sass_guard, 2026-11-23: +208
+  // instructions at sm_90a, or the same count reordered); the staging step shares with identical SASS.
   const uint32_t sO = sQ;
   __syncwarp();  // every lane's last ldmatrix of these Q rows is done (kQInSmem)
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < Cfg::kNTilesO; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = warp_row0 + mt * 16 + hh * 8 + g;
-        const int col = nt * 8 + 2 * t;
-        const uint32_t val = lab::pack2<T>(acc_o[mt][nt][2 * hh], acc_o[mt][nt][2 * hh + 1]);
-        const uint32_t addr = sO + (swizzle<D>(r, col / 8) + col % 8) * 2;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
-      }
+  lab::stage_o<Cfg, T>(acc_o, sO, warp_row0, g, t);
   __syncwarp();
 
   constexpr int kStorePerLane = Cfg::kRowsPerWarp * Cfg::kChunksPerRow / 32;
