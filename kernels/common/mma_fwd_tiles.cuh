@@ -4,6 +4,8 @@
 // (v03: struct FwdConfig : MmaFwdTiles<...>); v04 keeps its own, whose K/V split changes the counts.
 #pragma once
 
+#include "common/params.h"
+
 namespace lab {
 
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
@@ -38,5 +40,42 @@ struct MmaFwdTiles {
   static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile load must split evenly");
   static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O store must split evenly");
 };
+
+// The (batch b, query head h, KV head h_kv, first query row m0) of this CTA in the 1-D grid of
+// ceil(S_q / kBlockM) * B * H_q CTAs. Non-causal: the query block index runs fastest, so the CTAs resident at
+// one time share one head's K/V in L2. Causal, kHeadMajor (v03 on): the same order with the heaviest block of
+// each head first (FA2's order); otherwise (v02) the block index runs slowest, heaviest first over all heads.
+struct FwdBlock {
+  int b, h, h_kv, m0;
+};
+template <int kBlockM, bool kHeadMajor>
+__device__ __forceinline__ FwdBlock fwd_block(const AttnFwdParams& p) {
+  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  int m_block, bh;
+  if constexpr (kHeadMajor) {
+    if (p.causal) {
+      m_block = num_m_blocks - 1 - blockIdx.x % num_m_blocks;
+      bh = blockIdx.x / num_m_blocks;
+    } else {
+      m_block = blockIdx.x % num_m_blocks;
+      bh = blockIdx.x / num_m_blocks;
+    }
+  } else {
+    const int bh_count = p.batch * p.heads_q;
+    if (p.causal) {
+      bh = blockIdx.x % bh_count;
+      m_block = num_m_blocks - 1 - blockIdx.x / bh_count;
+    } else {
+      m_block = blockIdx.x % num_m_blocks;
+      bh = blockIdx.x / num_m_blocks;
+    }
+  }
+  FwdBlock blk;
+  blk.b = bh / p.heads_q;
+  blk.h = bh % p.heads_q;
+  blk.h_kv = blk.h / (p.heads_q / p.heads_kv);
+  blk.m0 = m_block * kBlockM;
+  return blk;
+}
 
 }  // namespace lab

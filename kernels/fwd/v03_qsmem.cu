@@ -231,23 +231,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int g = lane / 4;  // mma group: row within an 8-row half
   const int t = lane % 4;  // thread in group: column pair
 
-  // ---- which (b, h, query block) this CTA owns
-  const int num_m_blocks = (p.seqlen_q + Br - 1) / Br;
-  const int bh_count = p.batch * p.heads_q;
-  int m_block, bh;
-  (void)bh_count;
-  if (p.causal) {
-    // One head's query blocks together (L2 reuse of its K/V), heaviest first.
-    m_block = num_m_blocks - 1 - blockIdx.x % num_m_blocks;
-    bh = blockIdx.x / num_m_blocks;
-  } else {
-    m_block = blockIdx.x % num_m_blocks;
-    bh = blockIdx.x / num_m_blocks;
-  }
-  const int b = bh / p.heads_q;
-  const int h = bh % p.heads_q;
-  const int h_kv = h / (p.heads_q / p.heads_kv);
-  const int m0 = m_block * Br;
+  // ---- which (b, h, query block) this CTA owns; causal: one head's blocks together (L2 reuse of its K/V), heaviest first
+  const lab::FwdBlock blk = lab::fwd_block<Br, true>(p);
+  const int b = blk.b, h = blk.h, h_kv = blk.h_kv, m0 = blk.m0;
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
   const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + h_kv * p.k_stride[1];
