@@ -23,8 +23,10 @@ def test_ops_reexports_the_registry_tables():
 def test_defaults_per_gpu_follow_the_hopper_preference():
     assert registry.default_attention_version(128, 8192, False, (8, 0)) == "v04"
     assert registry.default_attention_version(128, 8192, False, (9, 0)) == "v07"
-    assert registry.default_attention_version(128, 2048, True, (9, 0)) == "v05"
-    assert registry.default_attention_version(128, 2049, True, (9, 0)) == "v07"
+    assert registry.default_attention_version(128, 512, True, (9, 0)) == "v05"
+    assert registry.default_attention_version(128, 513, True, (9, 0)) == "v07"
+    assert registry.default_attention_version(64, 512, False, (9, 0)) == "v05"
+    assert registry.default_attention_version(64, 2048, False, (9, 0)) == "v07"
     assert registry.default_attention_version(32, 100, False, (9, 0)) == "v01"  # only v01 has D=32
     assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07"}, "decode": {"v01", "v02", "v03"}}
     assert registry.default_versions((8, 0))["fwd"] == {"v01", "v04"}
@@ -54,7 +56,7 @@ def test_the_command_line_prints_tab_separated_rows_for_scripts():
 
 
 def test_default_for_row_reads_shape_and_gpu_from_a_record():
-    fwd = {"case": {"D": 64, "Sq": 4096, "causal": False}, "env": {"capability": "9.0"}}
+    fwd = {"case": {"D": 64, "Sq": 512, "causal": False}, "env": {"capability": "9.0"}}
     assert registry.default_for_row(fwd) == "v05"
     assert registry.default_for_row({**fwd, "env": {"capability": "8.9"}}) == "v04"
     assert registry.default_for_row({"case": {"Hq": 32, "Hkv": 8, "q_len": 1}}) == "v02"

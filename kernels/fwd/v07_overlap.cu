@@ -162,22 +162,45 @@
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
+// PERSIST: one CTA per SM looping over the work tiles, non-causal calls; PERSIST_CAUSAL: causal calls too
+// (a snake over the longest-first list). Measured in run 8 (see PERSIST, third sitting, above).
 #ifndef LAB_V07_D64_PERSIST
-#define LAB_V07_D64_PERSIST 0  // one CTA per SM looping over the tiles (see PERSIST below)
+#define LAB_V07_D64_PERSIST 1
+#endif
+#ifndef LAB_V07_D64_PERSIST_CAUSAL
+#define LAB_V07_D64_PERSIST_CAUSAL 1
 #endif
 #ifndef LAB_V07_D128_PERSIST
 #define LAB_V07_D128_PERSIST 0
 #endif
-#ifndef LAB_V07_PERSIST_CAUSAL
-#define LAB_V07_PERSIST_CAUSAL 0  // PERSIST for causal calls too (snake order over the LPT list; else one CTA per tile)
+#ifndef LAB_V07_D128_PERSIST_CAUSAL
+#define LAB_V07_D128_PERSIST_CAUSAL 0
+#endif
+// D = 128, few keys per query tile: a second config (B_c 128, 3 stages, persistent for non-causal) for
+// non-causal calls with S_k <= SHORT_MAX_SK and causal calls with S_q <= SHORT_MAX_SQ_CAUSAL (0: never).
+#ifndef LAB_V07_D128_SHORT_BC
+#define LAB_V07_D128_SHORT_BC 128
+#endif
+#ifndef LAB_V07_D128_SHORT_STAGES
+#define LAB_V07_D128_SHORT_STAGES 3
+#endif
+#ifndef LAB_V07_D128_SHORT_PERSIST
+#define LAB_V07_D128_SHORT_PERSIST 1
+#endif
+#ifndef LAB_V07_D128_SHORT_MAX_SK
+#define LAB_V07_D128_SHORT_MAX_SK 1024
+#endif
+#ifndef LAB_V07_D128_SHORT_MAX_SQ_CAUSAL
+#define LAB_V07_D128_SHORT_MAX_SQ_CAUSAL 2048
 #endif
 
 namespace {
 using namespace lab::sm90;
 
 template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY_, bool PERSIST_ = false,
-          int CHAINS_ = 1, bool LAZY_ = false>
+          int CHAINS_ = 1, bool LAZY_ = false, bool PERSIST_CAUSAL_ = false>
 struct Cfg07 {
+  static constexpr bool kPersistentCausal = PERSIST_CAUSAL_;
   static constexpr bool kLazy = LAZY_;
   static constexpr int kChains = CHAINS_;
   static constexpr bool kPersistent = PERSIST_;
@@ -203,10 +226,14 @@ struct Cfg07 {
   static_assert(BC % 16 == 0 && BC <= 256, "B_c: a wgmma N and a TMA box");
 };
 using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES, LAB_V07_D64_PINGPONG != 0,
-                    LAB_V07_D64_POLY, LAB_V07_D64_PERSIST != 0, LAB_V07_D64_CHAINS, LAB_V07_D64_LAZY != 0>;
+                    LAB_V07_D64_POLY, LAB_V07_D64_PERSIST != 0, LAB_V07_D64_CHAINS, LAB_V07_D64_LAZY != 0,
+                    LAB_V07_D64_PERSIST_CAUSAL != 0>;
 using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES,
                      LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_PERSIST != 0,
-                     LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0>;
+                     LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, LAB_V07_D128_PERSIST_CAUSAL != 0>;
+using Cfg128Short = Cfg07<128, LAB_V07_D128_SHORT_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_SHORT_STAGES,
+                          LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_SHORT_PERSIST != 0,
+                          LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, false>;
 
 template <class Cfg, class T, bool kFold, bool kPersist>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
@@ -456,18 +483,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
 #endif
 }
 
+// Config selection, one place (issue 13): per call, from (D, S_q, S_k, causal). Rejected options and
+// their numbers are in the header (B_c 192, POLY, 3 consumers at D = 128, persistent causal at D = 128).
+template <class C, class T>
+int launch_cfg(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+  auto go = [&](auto persist) {
+    constexpr bool kPersist = decltype(persist)::value;
+    return launch_fwd_sm90_fold<C, attn_fwd_v07_kernel<C, T, true, kPersist>,
+                                attn_fwd_v07_kernel<C, T, false, kPersist>, LAB_V07_FOLD != 0, kPersist>(p, stream,
+                                                                                                        dev);
+  };
+  if constexpr (C::kPersistent && C::kPersistentCausal) {
+    return go(std::true_type{});
+  } else {
+    if constexpr (C::kPersistent || C::kPersistentCausal)
+      if (p.causal ? C::kPersistentCausal : C::kPersistent) return go(std::true_type{});
+    return go(std::false_type{});
+  }
+}
+
 template <class Cfg, class T>
 struct Launch {
-  template <bool kPersist>
-  static int go(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-    return launch_fwd_sm90_fold<Cfg, attn_fwd_v07_kernel<Cfg, T, true, kPersist>,
-                                attn_fwd_v07_kernel<Cfg, T, false, kPersist>, LAB_V07_FOLD != 0, kPersist>(p, stream,
-                                                                                                          dev);
-  }
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-    if constexpr (Cfg::kPersistent)
-      if (!p.causal || LAB_V07_PERSIST_CAUSAL) return go<true>(p, stream, dev);
-    return go<false>(p, stream, dev);
+    if constexpr (Cfg::D == 128) {
+      // Few keys per query tile: the long config's B_c = 176 leaves 3 tiles at S_k = 512 (the last one masked)
+      // and its fill and epilogue are not hidden; B_c = 128 with 3 stages and a persistent grid (run 8).
+      const bool few_keys = p.causal ? p.seqlen_q <= LAB_V07_D128_SHORT_MAX_SQ_CAUSAL
+                                     : p.seqlen_k <= LAB_V07_D128_SHORT_MAX_SK;
+      if (few_keys) return launch_cfg<Cfg128Short, T>(p, stream, dev);
+    }
+    return launch_cfg<Cfg, T>(p, stream, dev);
   }
 };
 

@@ -105,7 +105,9 @@ def run_sanitize(versions) -> bool:
     shapes = [(1, 3, 1, 65, 63, 64, True), (2, 4, 2, 63, 130, 128, False), (1, 2, 2, 130, 65, 128, True),
               (1, 1, 1, 1, 1, 64, False), (1, 2, 1, 257, 257, 64, True),
               # more work tiles than SMs, so a persistent kernel's CTAs take several each (272 and 240)
-              (2, 17, 1, 1000, 777, 128, True), (2, 20, 4, 1025, 1025, 64, False)]
+              (2, 17, 1, 1000, 777, 128, True), (2, 20, 4, 1025, 1025, 64, False),
+              # v07 at D 128 picks its config per call: S_k > 1024 non-causal and S_q > 2048 causal take the long one
+              (1, 3, 1, 130, 1100, 128, False), (1, 2, 1, 2100, 2100, 128, True)]
     ok = True
     for version in versions:
         for (B, Hq, Hkv, Sq, Sk, D, causal) in shapes:
