@@ -78,4 +78,30 @@ __device__ __forceinline__ FwdBlock fwd_block(const AttnFwdParams& p) {
   return blk;
 }
 
+// This CTA's head of Q and O and its KV head of K and V (GQA), strides still to be applied per row.
+template <class T>
+struct FwdHeads {
+  const T* q;
+  const T* k;
+  const T* v;
+  T* o;
+};
+template <class T>
+__device__ __forceinline__ FwdHeads<T> fwd_heads(const AttnFwdParams& p, const FwdBlock& blk) {
+  FwdHeads<T> hd;
+  hd.q = static_cast<const T*>(p.q) + blk.b * p.q_stride[0] + blk.h * p.q_stride[1];
+  hd.k = static_cast<const T*>(p.k) + blk.b * p.k_stride[0] + blk.h_kv * p.k_stride[1];
+  hd.v = static_cast<const T*>(p.v) + blk.b * p.v_stride[0] + blk.h_kv * p.v_stride[1];
+  hd.o = static_cast<T*>(p.o) + blk.b * p.o_stride[0] + blk.h * p.o_stride[1];
+  return hd;
+}
+
+// K/V tiles of kBlockN keys the block starting at row m0 reads: all keys, or (causal) up to its last real row.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ int fwd_kv_tiles(const AttnFwdParams& p, int m0) {
+  const int last_row = min(m0 + kBlockM, p.seqlen_q);  // exclusive
+  const int n_end = p.causal ? min(p.seqlen_k, last_row) : p.seqlen_k;
+  return (n_end + kBlockN - 1) / kBlockN;
+}
+
 }  // namespace lab

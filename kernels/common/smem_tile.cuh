@@ -9,6 +9,7 @@
 
 #include "common/mma.cuh"
 #include "common/params.h"
+#include "common/softmax.cuh"
 
 namespace lab {
 
@@ -34,6 +35,32 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const T* gbase, in
     // Clamp to row 0 so the (unread) source address stays inside the tensor.
     const T* src = gbase + (valid ? (int64_t)grow * row_stride : 0) + c * 8;
     cp_async_16(smem_tile + swizzle<Cfg::kHeadDim>(r, c) * 2, src, valid);
+  }
+}
+
+// The prologue of the mma.sync forward kernels: Q_i (rows m0.. of q) as its own commit group, so its
+// fragments can be read while the first K/V tiles are still in flight; then K/V tiles 0 .. kPrefetch - 1
+// of kBc keys into stages 0.. (K of stage s at sKV + s * kSmemTile, V kStages tiles further), one commit
+// group each, committed even when empty so the group count stays uniform; then the wait for Q, and Q
+// negated for a negative scale (common/softmax.cuh; CTA-uniform, once).
+template <class Cfg, int kBc, int kPrefetch, class T>
+__device__ __forceinline__ void load_q_first_kv(uint32_t sQ, uint32_t sKV, void* smem, const T* q, const T* k,
+                                                const T* v, const AttnFwdParams& p, int m0, int n_tiles, int tid) {
+  load_tile<Cfg, Cfg::kBlockM>(sQ, q, p.q_stride[2], m0, p.seqlen_q, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < kPrefetch; ++s) {
+    if (s < n_tiles) {
+      load_tile<Cfg, kBc>(sKV + s * Cfg::kSmemTile, k, p.k_stride[2], s * kBc, p.seqlen_k, tid);
+      load_tile<Cfg, kBc>(sKV + (Cfg::kStages + s) * Cfg::kSmemTile, v, p.v_stride[2], s * kBc, p.seqlen_k, tid);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<kPrefetch>();  // Q has landed (K/V may not have)
+  __syncthreads();
+  if (softmax_negate_q(p.scale)) {
+    negate_smem_16bit<Cfg::kSmemQ, Cfg::kThreads>(smem, tid);
+    __syncthreads();
   }
 }
 

@@ -170,17 +170,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // ---- which (b, h, query block) this CTA owns; causal: heaviest first over all heads
   const lab::FwdBlock blk = lab::fwd_block<Br, false>(p);
-  const int b = blk.b, h = blk.h, h_kv = blk.h_kv, m0 = blk.m0;
+  const int b = blk.b, h = blk.h, m0 = blk.m0;
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + h_kv * p.k_stride[1];
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + h_kv * p.v_stride[1];
-  T* o = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1];
-
-  // Keys this block can see: all of them, or (causal) up to its last real row.
-  const int last_row = min(m0 + Br, p.seqlen_q);  // exclusive
-  const int n_end = p.causal ? min(p.seqlen_k, last_row) : p.seqlen_k;
-  const int n_tiles = (n_end + Bc - 1) / Bc;
+  const lab::FwdHeads<T> heads = lab::fwd_heads<T>(p, blk);
+  const T *q = heads.q, *k = heads.k, *v = heads.v;
+  T* o = heads.o;
+  const int n_tiles = lab::fwd_kv_tiles<Br, Bc>(p, m0);
 
   const uint32_t sQ = lab::smem_u32(smem);
   const uint32_t sKV = sQ + Cfg::kSmemQ;
@@ -188,25 +183,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   auto sV = [&](int stage) { return sKV + (kStages + stage) * Cfg::kSmemTile; };
 
   // ================================================================ Prologue
-  // Q_i is its own commit group so its fragments can be read while the first
-  // K/V tiles are still in flight.
-  load_tile<Cfg, Br>(sQ, q, p.q_stride[2], m0, p.seqlen_q, tid);
-  lab::cp_async_commit();
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) {
-      load_tile<Cfg, Bc>(sK(s), k, p.k_stride[2], s * Bc, p.seqlen_k, tid);
-      load_tile<Cfg, Bc>(sV(s), v, p.v_stride[2], s * Bc, p.seqlen_k, tid);
-    }
-    lab::cp_async_commit();  // always commit: keeps the group count uniform
-  }
-  lab::cp_async_wait<kStages - 1>();  // Q has landed (K/V may not have)
-  __syncthreads();
-  // A negative scale runs as |scale| on -Q (common/softmax.cuh); CTA-uniform branch, once.
-  if (lab::softmax_negate_q(p.scale)) {
-    lab::negate_smem_16bit<Cfg::kSmemQ, Cfg::kThreads>(smem, tid);
-    __syncthreads();
-  }
+  lab::load_q_first_kv<Cfg, Bc, kStages - 1>(sQ, sKV, smem, q, k, v, p, m0, n_tiles, tid);  // common/smem_tile.cuh
 
   // Q fragments (A operand), one x4 per m16 x k16 block. Lane l addresses
   // row l % 16 and chunk 2*kk + l / 16 of the block.
