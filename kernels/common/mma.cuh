@@ -61,6 +61,37 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
   Mma16816<T>::run(d, a, b0, b1);
 }
 
+// The two n8 tiles n and n + 1 of one ldmatrix.x4 B fragment (b[0], b[1]: the first 8 columns; b[2], b[3]:
+// the next 8): d[n] += A b[0..1], d[n + 1] += A b[2..3].
+template <class T, int kN>
+__device__ __forceinline__ void mma_16816_x2(float (&d)[kN][4], int n, const uint32_t (&a)[4],
+                                             const uint32_t (&b)[4]) {
+  mma_16816<T>(d[n], a, b[0], b[1]);
+  mma_16816<T>(d[n + 1], a, b[2], b[3]);
+}
+
+// Zero a warp's accumulator fragments (kM m tiles x kN n tiles, m16n8 layout).
+template <int kM, int kN>
+__device__ __forceinline__ void zero_frags(float (&d)[kM][kN][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[mt][nt][e] = 0.f;
+}
+
+// d = s, fragment by fragment.
+template <int kM, int kN>
+__device__ __forceinline__ void copy_frags(float (&d)[kM][kN][4], const float (&s)[kM][kN][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[mt][nt][e] = s[mt][nt][e];
+}
+
 // ---------------------------------------------------------------- ldmatrix
 // volatile: the shared memory behind the address is rewritten by cp.async
 // between calls, and the asm has no memory operand that would tell the

@@ -38,6 +38,48 @@ __device__ __forceinline__ void load_tile(uint32_t smem_tile, const T* gbase, in
   }
 }
 
+// Q fragment (A operand) of m tile mt and k-step kk of the warp whose rows start at warp_row0: one ldmatrix.x4;
+// lane l addresses row l % 16 and chunk 2 kk + l / 16 of the m16 x k16 block.
+template <int kHeadDim>
+__device__ __forceinline__ void load_q_frag(uint32_t (&dst)[4], uint32_t sQ, int warp_row0, int mt, int kk, int lane) {
+  const int r = warp_row0 + mt * 16 + (lane % 16);
+  const int c = kk * 2 + lane / 16;
+  ldmatrix_x4(dst, sQ + swizzle<kHeadDim>(r, c) * 2);
+}
+
+// Lane-invariant parts of the K and V ldmatrix addresses. K (B operand of Q K^T, non-transposed): lane l
+// reads key (l%8) + 8*(l/16), chunk (l/8)%2. V (B operand of P V, transposed): lane l reads key
+// (l%8) + 8*((l/8)%2), chunk l/16. In both, the key row % 8 == l % 8, which fixes the swizzle.
+struct KVLanes {
+  int k_row, k_chunk, v_row, v_chunk;
+};
+__device__ __forceinline__ KVLanes kv_lanes(int lane) {
+  KVLanes l;
+  l.k_row = (lane % 8) + 8 * (lane / 16);
+  l.k_chunk = (lane / 8) % 2;
+  l.v_row = (lane % 8) + 8 * ((lane / 8) % 2);
+  l.v_chunk = lane / 16;
+  return l;
+}
+
+// K fragment of keys 16 np.. (two n8 tiles) at k-step kk, and V fragment (.trans) of d 16 np.. at k-step kk.
+template <int kHeadDim>
+__device__ __forceinline__ void load_k_frag(uint32_t (&b)[4], uint32_t k_tile, int np, int kk, const KVLanes& l) {
+  ldmatrix_x4(b, k_tile + swizzle<kHeadDim>(np * 16 + l.k_row, kk * 2 + l.k_chunk) * 2);
+}
+template <int kHeadDim>
+__device__ __forceinline__ void load_v_frag(uint32_t (&b)[4], uint32_t v_tile, int np, int kk, const KVLanes& l) {
+  ldmatrix_x4_trans(b, v_tile + swizzle<kHeadDim>(kk * 16 + l.v_row, np * 2 + l.v_chunk) * 2);
+}
+
+// An opaque copy of a pointer: the compiler cannot hoist address arithmetic on it out of a loop (v03's
+// kLaunder: one 64-bit source pointer per cp.async held across the tile loop otherwise).
+template <class T>
+__device__ __forceinline__ const T* launder(const T* ptr) {
+  asm volatile("" : "+l"(ptr));
+  return ptr;
+}
+
 // The prologue of the mma.sync forward kernels: Q_i (rows m0.. of q) as its own commit group, so its
 // fragments can be read while the first K/V tiles are still in flight; then K/V tiles 0 .. kPrefetch - 1
 // of kBc keys into stages 0.. (K of stage s at sKV + s * kSmemTile, V kStages tiles further), one commit

@@ -57,6 +57,20 @@ __device__ __forceinline__ void negate_smem_16bit(void* smem, int tid) {
 // running max of the *unscaled* scores; row_sum is this thread's partial sum (the quad reduces it once,
 // at the end: normalise_rows). c = |scale| * log2(e) > 0 (see above).
 
+// The state before the first tile: O = 0, every row's max -inf and sum 0.
+template <int kMT, int kNO>
+__device__ __forceinline__ void init_softmax_state(float (&o)[kMT][kNO][4], float (&row_max)[kMT][2],
+                                                   float (&row_sum)[kMT][2]) {
+  zero_frags(o);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      row_max[mt][hh] = -INFINITY;
+      row_sum[mt][hh] = 0.f;
+    }
+}
+
 // Running max of row (mt, hh) after this tile, reduced over the quad.
 template <int kMT, int kNT>
 __device__ __forceinline__ float quad_row_max(const float (&s)[kMT][kNT][4], float running, int mt, int hh) {

@@ -90,7 +90,6 @@
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kNegInf = -INFINITY;
 
 // The tile arithmetic and its checks: common/mma_fwd_tiles.cuh.
 template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_>
@@ -190,44 +189,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
   uint32_t qf[kMT][Cfg::kKStepsQK][4];
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) {
-      const int r = warp_row0 + mt * 16 + (lane % 16);
-      const int c = kk * 2 + lane / 16;
-      lab::ldmatrix_x4(qf[mt][kk], sQ + swizzle<D>(r, c) * 2);
-    }
-  }
-
-  float acc_o[kMT][Cfg::kNTilesO][4];
-#pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < Cfg::kNTilesO; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
+    for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) lab::load_q_frag<D>(qf[mt][kk], sQ, warp_row0, mt, kk, lane);
 
   // Per-thread rows: (mt, half) -> row warp_row0 + mt*16 + half*8 + g.
+  float acc_o[kMT][Cfg::kNTilesO][4];
   float row_max[kMT][2];
   float row_sum[kMT][2];  // partial: this thread's columns only, reduced at the end
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      row_max[mt][hh] = kNegInf;
-      row_sum[mt][hh] = 0.f;
-    }
+  lab::init_softmax_state(acc_o, row_max, row_sum);
 
   const float scale_log2 = fabsf(p.scale) * kLog2e;  // > 0: the launcher made 0 FLT_MIN, the sign is in Q
 
-  // Lane-invariant parts of the ldmatrix addresses. K (B operand of Q K^T,
-  // non-transposed): lane l reads key (l%8) + 8*(l/16), chunk (l/8)%2.
-  // V (B operand of P V, transposed): lane l reads key (l%8) + 8*((l/8)%2),
-  // chunk l/16. In both, the key row % 8 == l % 8, which fixes the swizzle.
-  const int k_row = (lane % 8) + 8 * (lane / 16);
-  const int k_chunk = (lane / 8) % 2;
-  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2);
-  const int v_chunk = lane / 16;
+  const lab::KVLanes kvl = lab::kv_lanes(lane);  // lane parts of the K/V ldmatrix addresses
 
   // ================================================================ Main loop
   for (int j = 0; j < n_tiles; ++j) {
@@ -251,12 +225,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
     // ---- S_ij = Q_i K_j^T (fp32)
     float acc_s[kMT][Cfg::kNTilesS][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+    lab::zero_frags(acc_s);
 
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) {
@@ -264,12 +233,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int np = 0; np < Cfg::kNTilesS / 2; ++np) {
         // b[0], b[1]: keys 16np..+7 (n tile 2np); b[2], b[3]: keys +8..+15.
         uint32_t bk[4];
-        lab::ldmatrix_x4(bk, k_tile + swizzle<D>(np * 16 + k_row, kk * 2 + k_chunk) * 2);
+        lab::load_k_frag<D>(bk, k_tile, np, kk, kvl);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          lab::mma_16816<T>(acc_s[mt][2 * np], qf[mt][kk], bk[0], bk[1]);
-          lab::mma_16816<T>(acc_s[mt][2 * np + 1], qf[mt][kk], bk[2], bk[3]);
-        }
+        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_s[mt], 2 * np, qf[mt][kk], bk);
       }
     }
 
@@ -292,12 +258,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int np = 0; np < Cfg::kNTilesO / 2; ++np) {
         // b[0], b[1]: d 16np..+7 (n tile 2np); b[2], b[3]: d +8..+15.
         uint32_t bv[4];
-        lab::ldmatrix_x4_trans(bv, v_tile + swizzle<D>(kk * 16 + v_row, np * 2 + v_chunk) * 2);
+        lab::load_v_frag<D>(bv, v_tile, np, kk, kvl);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          lab::mma_16816<T>(acc_o[mt][2 * np], pa[mt], bv[0], bv[1]);
-          lab::mma_16816<T>(acc_o[mt][2 * np + 1], pa[mt], bv[2], bv[3]);
-        }
+        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_o[mt], 2 * np, pa[mt], bv);
       }
     }
   }

@@ -121,7 +121,6 @@
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kNegInf = -INFINITY;
 
 // 5. (see kLaunder) on by default; -DLAB_V03_LAUNDER=0 turns it off.
 #ifndef LAB_V03_LAUNDER
@@ -255,11 +254,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // Q K^T loop); otherwise all of them, loaded once here.
   constexpr int kQF = Cfg::kQInSmem ? 1 : Cfg::kKStepsQK;
   uint32_t qf[kMT][kQF][4];
-  auto load_q = [&](int mt, int kk, uint32_t (&dst)[4]) {
-    const int r = warp_row0 + mt * 16 + (lane % 16);
-    const int c = kk * 2 + lane / 16;
-    lab::ldmatrix_x4(dst, sQ + swizzle<D>(r, c) * 2);
-  };
+  auto load_q = [&](int mt, int kk, uint32_t (&dst)[4]) { lab::load_q_frag<D>(dst, sQ, warp_row0, mt, kk, lane); };
   if constexpr (!Cfg::kQInSmem) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -267,35 +262,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) load_q(mt, kk, qf[mt][kk]);
   }
 
-  float acc_o[kMT][Cfg::kNTilesO][4];
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < Cfg::kNTilesO; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mt][nt][e] = 0.f;
-
   // Per-thread rows: (mt, half) -> row warp_row0 + mt*16 + half*8 + g.
+  float acc_o[kMT][Cfg::kNTilesO][4];
   float row_max[kMT][2];
   float row_sum[kMT][2];  // partial: this thread's columns only, reduced at the end
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      row_max[mt][hh] = kNegInf;
-      row_sum[mt][hh] = 0.f;
-    }
+  lab::init_softmax_state(acc_o, row_max, row_sum);
 
   const float scale_log2 = fabsf(p.scale) * kLog2e;  // > 0: the launcher made 0 FLT_MIN, the sign is in Q
 
-  // Lane-invariant parts of the ldmatrix addresses. K (B operand of Q K^T,
-  // non-transposed): lane l reads key (l%8) + 8*(l/16), chunk (l/8)%2.
-  // V (B operand of P V, transposed): lane l reads key (l%8) + 8*((l/8)%2),
-  // chunk l/16. In both, the key row % 8 == l % 8, which fixes the swizzle.
-  const int k_row = (lane % 8) + 8 * (lane / 16);
-  const int k_chunk = (lane / 8) % 2;
-  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2);
-  const int v_chunk = lane / 16;
+  const lab::KVLanes kvl = lab::kv_lanes(lane);  // lane parts of the K/V ldmatrix addresses
 
   // ================================================================ One tile
   // The three steps of one K_j/V_j tile, used by both main loops below.
@@ -303,12 +278,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // acc = Q_i K^T for the K tile at k_tile (fp32).
   auto qk_tile = [&](SAcc& acc_s, uint32_t k_tile) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.f;
+    lab::zero_frags(acc_s);
 
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) {
@@ -322,12 +292,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int np = 0; np < Cfg::kNTilesS / 2; ++np) {
         // b[0], b[1]: keys 16np..+7 (n tile 2np); b[2], b[3]: keys +8..+15.
         uint32_t bk[4];
-        lab::ldmatrix_x4(bk, k_tile + swizzle<D>(np * 16 + k_row, kk * 2 + k_chunk) * 2);
+        lab::load_k_frag<D>(bk, k_tile, np, kk, kvl);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          lab::mma_16816<T>(acc_s[mt][2 * np], qf[mt][qk], bk[0], bk[1]);
-          lab::mma_16816<T>(acc_s[mt][2 * np + 1], qf[mt][qk], bk[2], bk[3]);
-        }
+        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_s[mt], 2 * np, qf[mt][qk], bk);
       }
     }
   };
@@ -365,12 +332,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int np = 0; np < Cfg::kNTilesO / 2; ++np) {
         // b[0], b[1]: d 16np..+7 (n tile 2np); b[2], b[3]: d +8..+15.
         uint32_t bv[4];
-        lab::ldmatrix_x4_trans(bv, v_tile + swizzle<D>(kk * 16 + v_row, np * 2 + v_chunk) * 2);
+        lab::load_v_frag<D>(bv, v_tile, np, kk, kvl);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          lab::mma_16816<T>(acc_o[mt][2 * np], pp[mt][kk], bv[0], bv[1]);
-          lab::mma_16816<T>(acc_o[mt][2 * np + 1], pp[mt][kk], bv[2], bv[3]);
-        }
+        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_o[mt], 2 * np, pp[mt][kk], bv);
       }
     }
   };
@@ -380,15 +344,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int jn = j + kStages - 1;
     if (jn < n_tiles) {
       const int st = jn % kStages;
-      const T* kb = k;
-      const T* vb = v;
-      if constexpr (Cfg::kLaunder) {
-        // Opaque copies: stops the compiler from hoisting one 64-bit source
-        // pointer per cp.async out of the tile loop (2 x kPerThread x 2
-        // registers held across the whole loop).
-        asm volatile("" : "+l"(kb));
-        asm volatile("" : "+l"(vb));
-      }
+      // kLaunder: opaque copies (2 x kPerThread x 2 registers held across the loop otherwise).
+      const T* kb = Cfg::kLaunder ? lab::launder(k) : k;
+      const T* vb = Cfg::kLaunder ? lab::launder(v) : v;
       load_tile<Cfg, Bc>(sK(st), kb, p.k_stride[2], jn * Bc, p.seqlen_k, tid);
       load_tile<Cfg, Bc>(sV(st), vb, p.v_stride[2], jn * Bc, p.seqlen_k, tid);
     }
@@ -432,12 +390,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       float acc_n[kMT][Cfg::kNTilesS][4];
       qk_tile(acc_n, sK((j + 1) % kStages));
       softmax_pv(acc_s, sV(j % kStages));
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < Cfg::kNTilesS; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = acc_n[mt][nt][e];
+      lab::copy_frags(acc_s, acc_n);
     }
   }
 
