@@ -4,6 +4,7 @@
 
 #include "common/decode_util.cuh"
 #include "common/mma.cuh"
+#include "common/params.h"
 
 namespace lab::decode {
 
@@ -29,6 +30,51 @@ __device__ __forceinline__ void rescale_pv(float (&acc)[kDTiles][4], const float
     ldmatrix_x4_trans(vb, smem_u32(v_lane + dp * 16));
     mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
     mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+  }
+}
+
+// The end of pass 1 (decode v02, v03): the kWarps warps' (m, l, O) of each of the block's `rows` query rows,
+// left by every warp in shared memory (sO [warp][kRows][D] fp32, sM and sL [warp][kRows], m in log2 units),
+// merged row by row into O (one split: the output, in the input dtype) or into the split's fp32 partial O
+// and LSE. Query row row0 + r of KV head h_kv is head h_kv * group + (row0 + r) / q_len, token
+// (row0 + r) % q_len. Each thread takes column pairs tid, tid + kThreads, ...
+template <class T, int kWarps, int kRows, int D, int kThreads>
+__device__ __forceinline__ void merge_warps_store(const float* sO, const float* sM, const float* sL, const DecodeParams& p,
+                                                  int rows, int row0, int b, int h_kv, int group, int split, int tid) {
+  constexpr int kPairs = D / 2;
+  for (int idx = tid; idx < rows * kPairs; idx += kThreads) {
+    const int r = idx / kPairs;
+    const int col = 2 * (idx % kPairs);
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, sM[w * kRows + r]);
+    float l = 0.f, o0 = 0.f, o1 = 0.f;
+    if (m_max != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(sM[w * kRows + r] - m_max);  // a warp that saw no key: 0
+        const float2 o = *reinterpret_cast<const float2*>(sO + (w * kRows + r) * D + col);
+        l = fmaf(f, sL[w * kRows + r], l);
+        o0 = fmaf(f, o.x, o0);
+        o1 = fmaf(f, o.y, o1);
+      }
+    }
+    // l == 0: no key seen (an empty split, a bad page table, causal): O = 0, LSE = -inf.
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? (m_max + log2f(l)) * kLn2 : -INFINITY;
+    const int rr = row0 + r;
+    const int h = h_kv * group + rr / p.q_len;
+    const int tok = rr % p.q_len;
+    const int64_t out_row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_len + tok;
+    if (p.num_splits == 1) {
+      T* dst = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + tok * p.o_stride[2] + col;
+      *reinterpret_cast<uint32_t*>(dst) = Elem<T>::from_float2(o0 * inv_l, o1 * inv_l);
+      if (p.lse != nullptr && col == 0) p.lse[out_row] = lse;
+    } else {
+      const int64_t part = out_row * p.num_splits + split;
+      *reinterpret_cast<float2*>(p.partial_o + part * D + col) = make_float2(o0 * inv_l, o1 * inv_l);
+      if (col == 0) p.partial_lse[part] = lse;
+    }
   }
 }
 

@@ -61,7 +61,6 @@
 namespace {
 
 using lab::decode::Elem;
-using lab::decode::kLn2;
 using lab::decode::kLog2e;
 
 // Ring depth: 3 stages at D = 128 (2 tiles = 64 KB in flight, two blocks per SM), 4 at D = 64. A deeper
@@ -296,41 +295,8 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
   }
   __syncthreads();
 
-  constexpr int kPairs = D / 2;
-  for (int idx = tid; idx < rows * kPairs; idx += Cfg::kThreads) {
-    const int r = idx / kPairs;
-    const int col = 2 * (idx % kPairs);
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) m_max = fmaxf(m_max, sM[w * Cfg::kRows + r]);
-    float l = 0.f, o0 = 0.f, o1 = 0.f;
-    if (m_max != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < Cfg::kWarps; ++w) {
-        const float f = exp2f(sM[w * Cfg::kRows + r] - m_max);  // a warp that saw no key: 0
-        const float2 o = *reinterpret_cast<const float2*>(sO + (w * Cfg::kRows + r) * D + col);
-        l = fmaf(f, sL[w * Cfg::kRows + r], l);
-        o0 = fmaf(f, o.x, o0);
-        o1 = fmaf(f, o.y, o1);
-      }
-    }
-    // l >= 1 whenever the chunk had a key; l == 0: empty chunk, O = 0, LSE = -inf.
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    const float lse = l > 0.f ? (m_max + log2f(l)) * kLn2 : -INFINITY;
-    const int rr = row0 + r;
-    const int h = h_kv * group + rr / p.q_len;
-    const int tok = rr % p.q_len;
-    const int64_t out_row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_len + tok;
-    if (num_splits == 1) {
-      T* dst = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + tok * p.o_stride[2] + col;
-      *reinterpret_cast<uint32_t*>(dst) = Elem<T>::from_float2(o0 * inv_l, o1 * inv_l);
-      if (p.lse != nullptr && col == 0) p.lse[out_row] = lse;
-    } else {
-      const int64_t part = out_row * num_splits + split;
-      *reinterpret_cast<float2*>(p.partial_o + part * D + col) = make_float2(o0 * inv_l, o1 * inv_l);
-      if (col == 0) p.partial_lse[part] = lse;
-    }
-  }
+  lab::decode::merge_warps_store<T, Cfg::kWarps, Cfg::kRows, D, Cfg::kThreads>(sO, sM, sL, p, rows, row0, b, h_kv,
+                                                                                group, split, tid);  // decode_pv.cuh
 }
 
 template <typename T, int kHeadDim, int kStages>
