@@ -99,6 +99,21 @@
 //     checks, including keys planted far above the running max (hopper_run.planted_key_check).
 //   Left off: B_c = 192 at D = 128 (+2 to +8 % at S >= 2048, -5 % at S 512, -12 % causal 8k), POLY at
 //   D = 128 (every 8th / 4th n8 block: -1 to -10 %), 3 consumers at B_c = 96 (48 B of spills: -40 %).
+// Session of 2026-11-23, third sitting (H200 runs 8-10, outputs/driver_logs/20261123-h200-v07-{persist-run8,
+// config-run9,ab-run10}-*): the cells with few keys per query tile.
+//   PERSIST reworked. The first cut's next Q waited for the epilogue, which staged O in the Q tile, so its
+//     TMA round trip (~1 us) and the epilogue stayed exposed per tile. Now O goes straight from registers
+//     (epilogue_direct) and each warp releases Q once its last S GEMM is done: the next Q and K_0 load under
+//     the last P V and the epilogue. Prediction: +10-15 % at S = 512 (~1-1.5 of ~11 us per tile), ~0 at long S.
+//     Outcome (run 8): D = 128 S = 512 +9 % (429 vs 394), with B_c = 128 +13 %, with B_c = 128 and 3 stages
+//     +16 % (455); D = 64 S = 512 +25 % (346 vs 276), S = 2048 +3 %; long rows -4 to +1 % at D = 128.
+//     Causal with a static snake order: D = 64 +23 % at 512 and +10 % at 2048, 0 at 16k; D = 128 -5 % at 16k
+//     (runs 8, 10): the hardware's own longest-first dispatch balances long causal rows better.
+//   Config per call (launch_cfg, below): D = 64 persistent (causal too); D = 128 with few keys (non-causal
+//     S_k <= 1024, causal S_q <= 2048) B_c = 128, 3 stages (Q 32 + 3 x (K 32 + V 32) = 224 KiB), persistent when
+//     non-causal; the long config otherwise. B_c = 128 for every causal size: -2 to -5 % at 8k / 16k (run 10).
+//   Same-kernel spread in these runs: "v07 (public op)" and "lab.ops.attention" time the same code, and differ
+//     by up to 10 % in causal cells (run 10): differences below that are not decisions.
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
