@@ -85,6 +85,42 @@ def time_fn(fn, timer=None, warmup: int = 3, **stop) -> Timing:
     return summarize(times)
 
 
+def time_interleaved(calls: dict, timer=None, warmup: int = 3, first_run=None, **stop) -> dict:
+    """{name: (fn, context or None)} -> {name: Timing, or why it cannot run}, timed in rounds.
+
+    Each round times every call once, in turn, so a slow drift of the GPU's clocks (power, heat) reaches all
+    of them alike and cancels in their ratios; timing one call's repetitions back to back put a whole drift
+    between two rows of one table. `context()` (e.g. an SDPA backend) is entered around each timed call,
+    outside the timer. Rounds stop when every call meets should_stop's rule; the time budget is per call.
+    A call that raises on its first run (a backend refusing the shape) is reported, not timed
+    (`first_run(fn) -> None or why`, try_run unless injected).
+    """
+    import contextlib
+
+    timer, first_run = timer or CudaTimer(), first_run or try_run
+    ctx = {name: (context or contextlib.nullcontext) for name, (_, context) in calls.items()}
+    result, live = {}, {}
+    for name, (fn, _) in calls.items():
+        with ctx[name]():
+            first = first_run(fn)
+            if first is not None:
+                result[name] = first
+                continue
+            for _ in range(warmup):
+                timer(fn)
+        live[name] = []
+    start = time.perf_counter()
+    while live:
+        for name, times in live.items():
+            with ctx[name]():
+                times.append(timer(calls[name][0]))
+        elapsed = (time.perf_counter() - start) / len(live)
+        if all(should_stop(times, elapsed, **stop) for times in live.values()):
+            break
+    result.update({name: summarize(times) for name, times in live.items()})
+    return {name: result[name] for name in calls}
+
+
 # ------------------------------------------------------------------ work formulas
 
 def attention_flops(B: int, H: int, Sq: int, Sk: int, D: int, causal: bool) -> float:
@@ -151,8 +187,8 @@ def sdpa_runner(backend: str, q, k, v, is_causal=False, scale=None, attn_mask=No
     return forced
 
 
-def try_time(fn, **stop) -> Timing | str:
-    """Time fn, or return why it cannot run (a backend that rejects the shape, or out of memory)."""
+def try_run(fn) -> str | None:
+    """Run fn once: None if it ran, else why it cannot run (a backend that rejects the shape, out of memory)."""
     import torch
 
     try:
@@ -161,7 +197,12 @@ def try_time(fn, **stop) -> Timing | str:
     except (RuntimeError, ValueError) as err:
         torch.cuda.synchronize()
         return f"unsupported: {str(err).splitlines()[0][:120]}"
-    return time_fn(fn, **stop)
+    return None
+
+
+def try_time(fn, **stop) -> Timing | str:
+    """Time fn, or return why it cannot run (a backend that rejects the shape, or out of memory)."""
+    return try_run(fn) or time_fn(fn, **stop)
 
 
 def peak_extra_bytes(fn) -> int:

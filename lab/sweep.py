@@ -44,6 +44,11 @@ def public_decode(version=None, num_splits=None):
     return make
 
 
+def _backend_context(backend: str):
+    """The context time_interleaved enters around each timed call of one SDPA backend."""
+    return lambda: bench.sdpa_backend(backend)
+
+
 def _inputs_fwd(case: Case, seed: int):
     import torch
 
@@ -87,21 +92,24 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
     for i, case in enumerate(tqdm(cases, desc="fwd sweep", disable=not progress, mininterval=5)):
         q, k, v = _inputs_fwd(case, seed=i)
         flops = bench.attention_flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal)
-        times, mems = {}, {}
+        calls, times, mems = {}, {}, {}
         for backend in backends:
             if backend == "math" and case.B * case.Hq * case.Sq * case.Sk * 4 > bench.MATH_MAX_SCORE_BYTES:
                 times[backend] = "skipped: scores would not fit (math backend materialises them)"
                 continue
-            fn = bench.sdpa_runner("default", q, k, v, case.causal)
-            with bench.sdpa_backend(backend):
-                times[backend] = bench.try_time(fn, **stop)
+            calls[backend] = (bench.sdpa_runner("default", q, k, v, case.causal), _backend_context(backend))
+        fns = {impl: make(q, k, v, case.causal) for impl, make in kernels.items()}
+        timed = bench.time_interleaved({**calls, **{("ours", impl): (fn, None) for impl, fn in fns.items()}}, **stop)
+        for backend in backends:
+            if backend in calls:
+                times[backend] = timed[backend]
                 if memory and isinstance(times[backend], bench.Timing):
-                    mems[backend] = bench.peak_extra_bytes(fn)
+                    with bench.sdpa_backend(backend):
+                        mems[backend] = bench.peak_extra_bytes(calls[backend][0])
             rows.append(record.append(_row("fwd", f"sdpa-{backend}", case, times[backend], flops, ceilings,
                                            {"peak_extra_bytes": mems.get(backend)})))
         for impl, make in kernels.items():
-            fn = make(q, k, v, case.causal)
-            t = bench.try_time(fn, **stop)
+            fn, t = fns[impl], timed[("ours", impl)]
             extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}}
             extra["flags"] = bench.flagged(extra["ratios"])
             if hasattr(make, "version"):
@@ -156,13 +164,16 @@ def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cud
         mask = None
         if case.seqlens:
             mask = (torch.arange(case.kv_len, device="cuda")[None, :] < seqlens[:, None])[:, None, None, :]
-        times = {}
+        calls = {backend: (bench.sdpa_runner("default", q, k, v, False, attn_mask=mask), _backend_context(backend))
+                 for backend in backends}
+        calls.update({("ours", impl): (make(q, k, v, seqlens if case.seqlens else None), None)  # uniform: no seqlens
+                      for impl, make in kernels.items()})
+        timed = bench.time_interleaved(calls, **stop)
+        times = {backend: timed[backend] for backend in backends}
         for backend in backends:
-            with bench.sdpa_backend(backend):
-                times[backend] = bench.try_time(bench.sdpa_runner("default", q, k, v, False, attn_mask=mask), **stop)
             rows.append(record.append(_row("decode", f"sdpa-{backend}", case, times[backend], work, ceilings, size)))
-        for impl, make in kernels.items():  # a uniform batch is called without cache_seqlens, as users do
-            t = bench.try_time(make(q, k, v, seqlens if case.seqlens else None), **stop)
+        for impl in kernels:
+            t = timed[("ours", impl)]
             extra = {"ratios": bench.ratios(t, times) if isinstance(t, bench.Timing) else {}, **size}
             extra["flags"] = bench.flagged(extra["ratios"])
             rows.append(record.append(_row("decode", impl, case, t, work, ceilings, extra)))

@@ -120,6 +120,60 @@ def test_time_fn_stops_on_time_budget():
     assert t.n == 3 and fn.n == 4  # the budget is spent at once: the 3-sample floor
 
 
+# ------------------------------------------------------------------ time_interleaved: rounds over several calls
+
+class Logged:
+    """A zero-arg call that appends its name to a shared log."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __call__(self):
+        self.log.append(self.name)
+
+
+def test_time_interleaved_times_the_calls_in_turn_after_their_warmup():
+    log = []
+    calls = {"a": (Logged("a", log), None), "b": (Logged("b", log), None)}
+    timer = FakeTimer(itertools.cycle([1.0, 2.0]))  # a always 1 ms, b always 2 ms, once the rounds start
+    t = bench.time_interleaved(calls, timer=timer, warmup=1, first_run=lambda fn: fn(), min_reps=4)
+    # first run and one warm-up each (a a b b), then rounds a b a b ... until both have 4 samples
+    assert log == ["a", "a", "b", "b"] + ["a", "b"] * 4
+    assert t["a"] == Timing(1.0, 1.0, 1.0, 4) and t["b"] == Timing(2.0, 2.0, 2.0, 4)
+
+
+def test_time_interleaved_reports_a_refusing_call_and_keeps_the_order():
+    log = []
+    calls = {"refused": (Logged("refused", log), None), "ok": (Logged("ok", log), None)}
+    first = lambda fn: "unsupported: no" if fn.name == "refused" else fn()  # noqa: E731
+    t = bench.time_interleaved(calls, timer=FakeTimer(itertools.repeat(3.0)), warmup=0, first_run=first, min_reps=3)
+    assert list(t) == ["refused", "ok"] and t["refused"] == "unsupported: no" and t["ok"].n == 3
+    assert "refused" not in log  # never timed (first_run here does not call it)
+
+
+def test_time_interleaved_enters_each_calls_context_around_its_timed_runs():
+    import contextlib
+    log = []
+
+    @contextlib.contextmanager
+    def backend():
+        log.append("enter")
+        yield
+        log.append("exit")
+
+    calls = {"sdpa": (Logged("sdpa", log), backend), "ours": (Logged("ours", log), None)}
+    bench.time_interleaved(calls, timer=FakeTimer(itertools.repeat(1.0)), warmup=0, first_run=lambda fn: fn(),
+                           min_reps=2)
+    assert log == ["enter", "sdpa", "exit", "ours"] + ["enter", "sdpa", "exit", "ours"] * 2
+
+
+def test_time_interleaved_stops_on_the_per_call_budget_when_a_call_stays_noisy():
+    calls = {"steady": (Counter(), None), "noisy": (Counter(), None)}
+    timer = FakeTimer(itertools.cycle([1.0, 1.0, 1.0, 9.0]))  # steady gets 1, noisy alternates 1 and 9
+    t = bench.time_interleaved(calls, timer=timer, warmup=0, first_run=lambda fn: fn(), min_reps=5, budget_s=0.0)
+    assert t["steady"].n == t["noisy"].n == 3  # the budget is spent at once: every call stops at the 3-sample floor
+
+
 # ------------------------------------------------------------------ work formulas
 
 def visible_pairs(Sq, Sk):
