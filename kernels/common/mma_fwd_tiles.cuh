@@ -1,24 +1,34 @@
-// The tile arithmetic of the mma.sync forward kernels (fwd v02, v03): from the tile choice (head dim, warps,
-// m16 tiles per warp, B_c, pipeline stages, CTAs per SM) the block's rows, the fragment counts and the
-// shared memory, with the checks every such tile must pass. A version adds its own switches on top
-// (v03: struct FwdConfig : MmaFwdTiles<...>); v04 keeps its own, whose K/V split changes the counts.
+// The tile arithmetic of the mma.sync forward kernels (fwd v02-v04): from the tile choice (head dim, warps,
+// m16 tiles per warp, B_c, pipeline stages, CTAs per SM; v04 also a K/V split) the block's rows, the fragment
+// counts and the shared memory, with the checks every such tile must pass. A version adds its own switches on
+// top (v03: struct FwdConfig : MmaFwdTiles<...>; v04: struct FwdConfig : MmaFwdSplitTiles<...>). Also the
+// host launch of such a kernel on the grid fwd_block reads (launch_fwd).
 #pragma once
+#include <cuda_runtime.h>
+#include <stdint.h>
 
+#include "common/launch.h"
 #include "common/params.h"
 
 namespace lab {
 
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // H100 opt-in limit (A100: 163 KiB)
 
-template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_>
-struct MmaFwdTiles {
+// kKVSplit (1 or 2; v04's H): the warps form kKVSplit groups over the same rows; group g takes keys
+// [g * B_c, (g+1) * B_c) of every loaded tile of kKVSplit * B_c keys (kBlockNLoad). 1: one group, every warp
+// its own rows (v02, v03).
+template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_, int kKVSplit_>
+struct MmaFwdSplitTiles {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMTiles = kMTiles_;           // m16 tiles per warp
   static constexpr int kRowsPerWarp = 16 * kMTiles;
-  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // B_r
-  static constexpr int kBlockN = kBlockN_;               // B_c
+  static constexpr int kKVSplit = kKVSplit_;
+  static constexpr int kRowWarps = kWarps / kKVSplit;       // warps over distinct rows
+  static constexpr int kBlockM = kRowWarps * kRowsPerWarp;  // B_r
+  static constexpr int kBlockN = kBlockN_;                  // B_c (per warp group)
+  static constexpr int kBlockNLoad = kBlockN * kKVSplit;    // keys per pipeline tile
   static constexpr int kStages = kStages_;
   static constexpr int kMinBlocks = kMinBlocks_;  // for __launch_bounds__
 
@@ -29,7 +39,7 @@ struct MmaFwdTiles {
   static constexpr int kNTilesO = kHeadDim / 8;       // n8 tiles of O
 
   static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
-  static constexpr int kSmemTile = kBlockN * kHeadDim * 2;  // one K_j or one V_j
+  static constexpr int kSmemTile = kBlockNLoad * kHeadDim * 2;  // one K_j or one V_j
   static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemTile;
 
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget exceeded");
@@ -37,9 +47,31 @@ struct MmaFwdTiles {
   static_assert(kBlockN % 16 == 0, "B_c must be a multiple of the mma k (16)");
   static_assert(kStages >= 2, "need at least double buffering to overlap loads");
   static_assert((kBlockM * kChunksPerRow) % kThreads == 0, "Q tile load must split evenly");
-  static_assert((kBlockN * kChunksPerRow) % kThreads == 0, "K/V tile load must split evenly");
+  static_assert((kBlockNLoad * kChunksPerRow) % kThreads == 0, "K/V tile load must split evenly");
+  static_assert(kKVSplit == 1 || kKVSplit == 2, "kKVSplit is 1 or 2");
+  static_assert(kWarps % kKVSplit == 0, "");
   static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O store must split evenly");
 };
+
+// The tiles without a K/V split (v02's config; v03 adds its switches on top). A struct, not an alias, so the
+// kernels' names keep the name MmaFwdTiles.
+template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, int kMinBlocks_>
+struct MmaFwdTiles : MmaFwdSplitTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kStages_, kMinBlocks_, 1> {};
+
+// Host: launches `Kernel` (a forward kernel of tile Cfg taking the params by value) on the 1-D grid of
+// ceil(S_q / B_r) * B * H_q CTAs that fwd_block reads, Cfg::kThreads threads, Cfg::kSmemBytes of dynamic
+// shared memory (opted in once per device, allow_smem_once). A cudaError_t as int, or LAB_E_SHAPE when the
+// grid is too large for gridDim.x.
+template <auto Kernel, class Cfg>
+int launch_fwd(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+  const cudaError_t err = allow_smem_once<Kernel>(Cfg::kSmemBytes, dev);
+  if (err != cudaSuccess) return (int)err;
+  const int64_t num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t blocks = num_m_blocks * p.batch * p.heads_q;
+  if (blocks > kMaxGridX) return LAB_E_SHAPE;
+  Kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return (int)cudaGetLastError();
+}
 
 // The (batch b, query head h, KV head h_kv, first query row m0) of this CTA in the 1-D grid of
 // ceil(S_q / kBlockM) * B * H_q CTAs. Non-causal: the query block index runs fastest, so the CTAs resident at

@@ -406,14 +406,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
 template <class Cfg, class T>
 int launch(const AttnFwdParams& p, cudaStream_t stream) {
-  auto kernel = attn_fwd_v03_kernel<Cfg, T>;
-  const cudaError_t err = lab::allow_smem_once<attn_fwd_v03_kernel<Cfg, T>>(Cfg::kSmemBytes, lab::current_device());
-  if (err != cudaSuccess) return (int)err;
-  const int64_t num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int64_t blocks = num_m_blocks * p.batch * p.heads_q;
-  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
-  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return (int)cudaGetLastError();
+  return lab::launch_fwd<attn_fwd_v03_kernel<Cfg, T>, Cfg>(p, stream, lab::current_device());  // common/mma_fwd_tiles.cuh
 }
 
 

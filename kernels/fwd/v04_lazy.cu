@@ -177,7 +177,6 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
-using lab::kMaxSmemPerBlock;  // common/mma_fwd_tiles.cuh
 
 constexpr float kLazyLog2 = 8.0f;  // LAZY: offset lag allowed, in exp2 units (2^8 = 256)
 
@@ -187,7 +186,10 @@ template <int kHeadDim_, int kWarps_, int kMTiles_, int kBlockN_, int kStages_, 
           bool kQInSmem_ = true, bool kPingPong_ = false, bool kPackEarly_ = false, int kKVSplit_ = 1,
           bool kLazy_ = true, bool kSplit_ = (kHeadDim_ != 64), bool kAddrXor_ = true, bool kKVPtr_ = true,
           bool kPro_ = false, bool kLaunder_ = true>
-struct FwdConfig {
+struct FwdConfig
+    : lab::MmaFwdSplitTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kStages_, kMinBlocks_, kKVSplit_> {
+  // The tile arithmetic, with H's K/V split (kKVSplit, kRowWarps, kBlockNLoad): common/mma_fwd_tiles.cuh.
+  using Tiles = lab::MmaFwdSplitTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kStages_, kMinBlocks_, kKVSplit_>;
   static constexpr bool kQInSmem = kQInSmem_;    // Q fragments re-read from smem every k-step
   static constexpr bool kPingPong = kPingPong_;  // S_{j+1} issued before the softmax of S_j
   static constexpr bool kPackEarly = kPackEarly_;  // all of P packed to 16 bits before P V
@@ -198,48 +200,13 @@ struct FwdConfig {
   static constexpr bool kPro = kPro_;            // E. prologue issues kStages tiles, not kStages - 1
   static_assert(!(kPro && kPingPong_), "kPro is written for the plain loop only");
   static constexpr bool kKVPtr = kKVPtr_;        // C. K/V copies from one row pointer per thread
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMTiles = kMTiles_;           // m16 tiles per warp
-  static constexpr int kRowsPerWarp = 16 * kMTiles;
-  // H. kKVSplit (1 or 2): the warps form kKVSplit groups over the same rows;
-  // group g takes keys [g * B_c, (g+1) * B_c) of every loaded tile of
-  // kKVSplit * B_c keys; the groups' (m, l, O) are merged through shared
-  // memory at the end.
-  static constexpr int kKVSplit = kKVSplit_;
-  static constexpr int kRowWarps = kWarps / kKVSplit;
-  static constexpr int kBlockM = kRowWarps * kRowsPerWarp;  // B_r
-  static constexpr int kBlockN = kBlockN_;                  // B_c (per warp group)
-  static constexpr int kBlockNLoad = kBlockN * kKVSplit;    // keys per pipeline tile
-  static constexpr int kStages = kStages_;
-  static constexpr int kMinBlocks = kMinBlocks_;  // for __launch_bounds__
-
-  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kKStepsQK = kHeadDim / 16;     // k16 steps of Q K^T
-  static constexpr int kNTilesS = kBlockN / 8;        // n8 tiles of S
-  static constexpr int kKStepsPV = kBlockN / 16;      // k16 steps of P V
-  static constexpr int kNTilesO = kHeadDim / 8;       // n8 tiles of O
-
-  static constexpr int kSmemQ = kBlockM * kHeadDim * 2;
-  static constexpr int kSmemTile = kBlockNLoad * kHeadDim * 2;  // one K_j or one V_j
-  // kKVSplit == 2: group 1's O, m, l per lane, in the K/V buffers after the loop.
-  static constexpr int kMergeFloats = kMTiles * (kHeadDim / 8) * 4 + 4 * kMTiles;
-  static constexpr int kSmemBytes = kSmemQ + 2 * kStages * kSmemTile;
-
-  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory budget exceeded");
-  static_assert(kHeadDim % 64 == 0, "XOR swizzle needs >= 8 chunks of 16 bytes per row");
-  static_assert(kBlockN % 16 == 0, "B_c must be a multiple of the mma k (16)");
-  static_assert(kStages >= 2, "need at least double buffering to overlap loads");
-  static_assert((kBlockM * kChunksPerRow) % kThreads == 0, "Q tile load must split evenly");
-  static_assert((kBlockNLoad * kChunksPerRow) % kThreads == 0, "K/V tile load must split evenly");
-  static_assert(kKVSplit == 1 || kKVSplit == 2, "kKVSplit is 1 or 2");
-  static_assert(kWarps % kKVSplit == 0, "");
-  static_assert(kKVSplit == 1 || !kPingPong_, "kKVSplit is written for the plain loop only");
-  static_assert(kKVSplit == 1 ||
-                    kRowWarps * 32 * kMergeFloats * 4 <= 2 * kStages * kSmemTile,
+  // H. kKVSplit == 2: the groups' (m, l, O) are merged through shared memory at the end; group 1's O, m, l
+  // per lane go to the K/V buffers after the loop.
+  static constexpr int kMergeFloats = kMTiles_ * (kHeadDim_ / 8) * 4 + 4 * kMTiles_;
+  static_assert(kKVSplit_ == 1 || !kPingPong_, "kKVSplit is written for the plain loop only");
+  static_assert(kKVSplit_ == 1 ||
+                    Tiles::kRowWarps * 32 * kMergeFloats * 4 <= 2 * kStages_ * Tiles::kSmemTile,
                 "merge buffer must fit in the K/V buffers");
-  static_assert((kRowsPerWarp * kChunksPerRow) % 32 == 0, "O store must split evenly");
 };
 
 // ---------------------------------------------------------------- tile configs (chosen in one place)
@@ -714,15 +681,8 @@ using lab::num_sms;
 
 template <class Cfg, class T>
 int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-  auto kernel = attn_fwd_v04_kernel<Cfg, T>;
-  // Once per device and instantiation (G: it was set on every call).
-  const cudaError_t err = lab::allow_smem_once<attn_fwd_v04_kernel<Cfg, T>>(Cfg::kSmemBytes, dev);
-  if (err != cudaSuccess) return (int)err;
-  const int64_t num_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int64_t blocks = num_m_blocks * p.batch * p.heads_q;
-  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
-  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return (int)cudaGetLastError();
+  // The shared-memory opt-in once per device and instantiation (G: it was set on every call).
+  return lab::launch_fwd<attn_fwd_v04_kernel<Cfg, T>, Cfg>(p, stream, dev);  // common/mma_fwd_tiles.cuh
 }
 
 enum class Tile { k64, k64Small, k128, k128Small };
