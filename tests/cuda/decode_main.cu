@@ -46,21 +46,7 @@
 #define DECODE_STR(x) DECODE_STR2(x)
 extern "C" int DECODE_FN(const DecodeParams* p, void* stream);
 
-static void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess) {
-    fprintf(stderr, "CUDA error %d (%s) at %s:%d: %s\n", (int)e, cudaGetErrorString(e), file, line, what);
-    exit(2);
-  }
-}
-#define CK(x) check_cuda((x), #x, __FILE__, __LINE__)
-
-static void check_launch(int rc, const char* what) {
-  if (rc != 0) {
-    fprintf(stderr, "launcher %s returned %d (%s)\n", what, rc,
-            rc > 0 ? cudaGetErrorString((cudaError_t)rc) : "LAB_E_*");
-    exit(2);
-  }
-}
+// CK (a CUDA call) and check_launch (a launcher's return code): host_bits.h.
 
 // ------------------------------------------------------------ split heuristic (mirror of lab/splits.py)
 // Keep identical to lab/splits.py: constants, candidate filter, 0.8 wave rule, 5% slack.

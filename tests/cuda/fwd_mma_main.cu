@@ -44,23 +44,7 @@
 
 extern "C" int FWD_FN(const AttnFwdParams* p, void* stream);
 
-static void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess) {
-    fprintf(stderr, "CUDA error %d (%s) at %s:%d: %s\n", (int)e, cudaGetErrorString(e), file, line,
-            what);
-    exit(2);
-  }
-}
-#define CK(x) check_cuda((x), #x, __FILE__, __LINE__)
-
-static void check_launch(int rc, const char* what) {
-  if (rc != 0) {
-    fprintf(stderr, "launcher %s returned %d (%s)\n", what, rc,
-            rc > 0 ? cudaGetErrorString((cudaError_t)rc) : "LAB_E_*");
-    exit(2);
-  }
-}
-
+// CK (a CUDA call) and check_launch (a launcher's return code): host_bits.h.
 
 // ------------------------------------------------------------ reference
 // One row of softmax(Q K^T * scale) V in double; returns lse (natural log).

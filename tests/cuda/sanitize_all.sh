@@ -16,19 +16,13 @@
 # are cut into 4 parts (--part i/4) that run in parallel. Summary: one line per (tool, binary) with the
 # sanitizer's own summary counts.
 set -u
-OUT=${OUT:-/tmp/sanitize_all}
-mkdir -p "$OUT"
-BIN=$(mktemp -d)
-CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-ARCH=$([ "$CAP" = 90 ] && echo 90a || echo "$CAP")
+source "$(dirname "${BASH_SOURCE[0]}")/sanitize_env.sh"
+sanitize_env /tmp/sanitize_all sanitize.log  # OUT BIN CAP ARCH LOG
 NV="nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_$ARCH,code=sm_$ARCH"
-LOG=$OUT/sanitize.log
 PARTS=4
 TIMEOUT=${SANITIZE_TIMEOUT:-420}
 
-{ date -u; git rev-parse --short=10 HEAD 2>/dev/null; git status --short kernels lab/binding.cpp tests/cuda 2>/dev/null
-  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv; nvcc --version | tail -2
-  compute-sanitizer --version | tail -2; } > "$LOG" 2>&1
+sanitize_log_head --nvcc kernels lab/binding.cpp tests/cuda
 
 CAPDOT=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
 NAMES=()

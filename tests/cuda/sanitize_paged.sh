@@ -8,14 +8,9 @@
 #    memcheck. PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives every tensor its own cudaMalloc, so a read past a
 #    cache or a table is outside an allocation and memcheck sees it (the caching allocator's pools hide it).
 set -u
-OUT=${OUT:-/tmp/sanitize_paged}
-mkdir -p "$OUT"
-BIN=$(mktemp -d)
-CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-ARCH=$([ "$CAP" = 90 ] && echo 90a || echo "$CAP")
-LOG=$OUT/sanitize_paged.log
-{ date -u; git rev-parse --short=10 HEAD 2>/dev/null; git status --short kernels lab/binding.cpp 2>/dev/null
-  nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv; compute-sanitizer --version | tail -2; } > "$LOG" 2>&1
+source "$(dirname "${BASH_SOURCE[0]}")/sanitize_env.sh"
+sanitize_env /tmp/sanitize_paged sanitize_paged.log  # OUT BIN CAP ARCH LOG
+sanitize_log_head kernels lab/binding.cpp
 
 nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_$ARCH,code=sm_$ARCH -DDECODE_FN=decode_paged_v03 \
   tests/cuda/decode_main.cu kernels/decode/v03_paged.cu -o $BIN/dec_v03 >> "$LOG" 2>&1

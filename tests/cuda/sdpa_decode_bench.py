@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from event_timing import median_ms  # tests/cuda/event_timing.py (this script's folder is on sys.path)
+
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -33,20 +35,7 @@ def main():
                             def call(i):
                                 return F.scaled_dot_product_attention(q, kv[i % nbuf][0], kv[i % nbuf][1],
                                                                       enable_gqa=True)
-                            for i in range(3):
-                                call(i)
-                            torch.cuda.synchronize()
-                            ms = []
-                            for i in range(30):
-                                e0 = torch.cuda.Event(enable_timing=True)
-                                e1 = torch.cuda.Event(enable_timing=True)
-                                e0.record()
-                                call(3 + i)
-                                e1.record()
-                                e1.synchronize()
-                                ms.append(e0.elapsed_time(e1))
-                        ms.sort()
-                        med = ms[len(ms) // 2]
+                            med = median_ms(call, 3, 30)
                         line += f"  {name} {med * 1e3:9.1f} us {nbytes / (med * 1e-3) / 1e9:6.0f} GB/s"
                     except Exception as exc:  # a backend refusing the shape
                         line += f"  {name} n/a ({type(exc).__name__}: {str(exc).splitlines()[0][:60]})"

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from event_timing import median_ms  # tests/cuda/event_timing.py (this script's folder is on sys.path)
+
 
 def main():
     dev = torch.cuda.get_device_properties(0)
@@ -22,20 +24,7 @@ def main():
             q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             for causal in (0, 1):
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    for _ in range(3):
-                        F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-                    torch.cuda.synchronize()
-                    ms = []
-                    for _ in range(25):
-                        e0 = torch.cuda.Event(enable_timing=True)
-                        e1 = torch.cuda.Event(enable_timing=True)
-                        e0.record()
-                        F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-                        e1.record()
-                        e1.synchronize()
-                        ms.append(e0.elapsed_time(e1))
-                ms.sort()
-                med = ms[len(ms) // 2]
+                    med = median_ms(lambda _: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)), 3, 25)
                 flops = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)
                 print(f"sdpa-flash bf16 D={D:<3d} S={S:<5d} causal={causal} B={B:<2d} H={H:<2d} "
                       f"{med:8.3f} ms  {flops / (med * 1e-3) / 1e12:6.1f} TFLOP/s", flush=True)
