@@ -263,6 +263,30 @@ void fill_attention(Params& p, const at::Tensor& q, const at::Tensor& k, const a
   p.dtype = dtype;
 }
 
+// The end of a forward or decode call, once its checks have passed: `o` made writable (writable(): a stand-in
+// written back by finish() when o cannot be written directly), nothing launched for an empty query (on_empty()
+// then), the device guard, readable copies of q, k, v (copies of misaligned or unusual strides must outlive
+// the launch: named, not temporaries) handed with the written tensor to launch(qr, kr, vr, ow), which fills
+// the params and runs the launcher; then o finished. The message of the first problem, or "".
+template <class Launch, class OnEmpty>
+std::string launch_on_copies(at::Tensor& o, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const char* kname, const char* vname, Launch&& launch, OnEmpty&& on_empty) {
+  at::Tensor ow;
+  LAB_TRY(writable(o, {{&q, "query"}, {&k, kname}, {&v, vname}}, &ow));
+  if (q.numel() == 0) {
+    on_empty();
+    return "";
+  }
+#ifndef LAB_BINDING_CPU_CHECKS
+  c10::cuda::CUDAGuard guard(q.device());
+#endif
+  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
+  LAB_TRY(launch(qr, kr, vr, ow));
+  finish(o, ow);
+  return "";
+}
+void nothing() {}
+
 // The checks and the launch of one forward call; the message of the first problem, or "".
 std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
                           c10::optional<at::Tensor> lse, double scale, bool causal, c10::optional<at::Tensor> debug) {
@@ -271,18 +295,11 @@ std::string attn_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tens
   AttnFwdParams p{};
   if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, q.size(0) * q.size(1) * q.size(2), true, &p.lse));
   if (debug.has_value()) LAB_TRY(float_buffer(*debug, "debug", q, 0, false, &p.debug));
-  at::Tensor ow;
-  LAB_TRY(writable(o, {{&q, "query"}, {&k, "key"}, {&v, "value"}}, &ow));
-  if (q.numel() == 0) return "";
-#ifndef LAB_BINDING_CPU_CHECKS
-  c10::cuda::CUDAGuard guard(q.device());
-#endif
-  // Copies (misaligned or unusual strides) must outlive the launch: named, not temporaries.
-  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
-  fill_attention(p, qr, kr, vr, ow, scale, causal, dtype);
-  LAB_TRY(run_launcher<AttnFwdLauncher>(launcher, p, "attention kernel"));
-  finish(o, ow);
-  return "";
+  auto launch = [&](const at::Tensor& qr, const at::Tensor& kr, const at::Tensor& vr, const at::Tensor& ow) {
+    fill_attention(p, qr, kr, vr, ow, scale, causal, dtype);
+    return run_launcher<AttnFwdLauncher>(launcher, p, "attention kernel");
+  };
+  return launch_on_copies(o, q, k, v, "key", "value", launch, nothing);
 }
 
 // The checks and fields decode and paged decode share: num_splits, the split workspaces (partial O and LSE,
@@ -342,18 +359,12 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
   LAB_TRY(decode_splits(p, q, k.size(2), "key_cache length", cache_seqlens, partial_o, partial_lse, num_splits));
   const int64_t rows = q.size(0) * q.size(1) * q.size(2);  // output rows (b, h, token)
   if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, rows, true, &p.lse));
-  at::Tensor ow;
-  LAB_TRY(writable(o, {{&q, "query"}, {&k, "key_cache"}, {&v, "value_cache"}}, &ow));
-  if (q.numel() == 0) return "";
-#ifndef LAB_BINDING_CPU_CHECKS
-  c10::cuda::CUDAGuard guard(q.device());
-#endif
-  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
-  // causal is bottom-right; only decode v03 reads it (lab.ops sends causal calls nowhere else)
-  fill_decode(p, qr, kr, vr, ow, k.size(1), k.size(2), num_splits, scale, dtype, causal);
-  LAB_TRY(run_launcher<DecodeLauncher>(launcher, p, "decode kernel"));
-  finish(o, ow);
-  return "";
+  auto launch = [&](const at::Tensor& qr, const at::Tensor& kr, const at::Tensor& vr, const at::Tensor& ow) {
+    // causal is bottom-right; only decode v03 reads it (lab.ops sends causal calls nowhere else)
+    fill_decode(p, qr, kr, vr, ow, k.size(1), k.size(2), num_splits, scale, dtype, causal);
+    return run_launcher<DecodeLauncher>(launcher, p, "decode kernel");
+  };
+  return launch_on_copies(o, q, k, v, "key_cache", "value_cache", launch, nothing);
 }
 
 // Paged decode (decode v03): caches (num_pages, page_size, H_kv, D), block_table (B, max_pages) int32,
@@ -416,27 +427,19 @@ std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::
   const int64_t capacity = table.size(1) * k.size(1);
   DecodeParams p{};
   LAB_TRY(decode_splits(p, q, capacity, "block_table capacity", cache_seqlens, partial_o, partial_lse, num_splits));
-  at::Tensor ow;
-  LAB_TRY(writable(o, {{&q, "query"}, {&k, "key_cache"}, {&v, "value_cache"}}, &ow));
-  if (q.numel() == 0) {  // no query rows: no launch, and no sequence is flagged
-    errors.zero_();
-    return "";
-  }
-#ifndef LAB_BINDING_CPU_CHECKS
-  c10::cuda::CUDAGuard guard(q.device());
-#endif
-  at::Tensor qr = readable(q), kr = readable(k), vr = readable(v);
-  // caches (num_pages, page_size, H_kv, D): the strides copied are (page, key in page, head)
-  fill_decode(p, qr, kr, vr, ow, k.size(2), capacity, num_splits, scale, dtype, causal);
-  p.block_table = table.data_ptr<int32_t>();
-  p.block_table_stride = table.size(0) > 1 ? table.stride(0) : table.size(1);
-  p.page_errors = errors.data_ptr<int32_t>();
-  p.num_pages = static_cast<int>(k.size(0));
-  p.page_size = static_cast<int>(k.size(1));
-  p.max_pages = static_cast<int>(table.size(1));
-  LAB_TRY(run_launcher<DecodeLauncher>(launcher, p, "paged decode kernel"));
-  finish(o, ow);
-  return "";
+  auto launch = [&](const at::Tensor& qr, const at::Tensor& kr, const at::Tensor& vr, const at::Tensor& ow) {
+    // caches (num_pages, page_size, H_kv, D): the strides copied are (page, key in page, head)
+    fill_decode(p, qr, kr, vr, ow, k.size(2), capacity, num_splits, scale, dtype, causal);
+    p.block_table = table.data_ptr<int32_t>();
+    p.block_table_stride = table.size(0) > 1 ? table.stride(0) : table.size(1);
+    p.page_errors = errors.data_ptr<int32_t>();
+    p.num_pages = static_cast<int>(k.size(0));
+    p.page_size = static_cast<int>(k.size(1));
+    p.max_pages = static_cast<int>(table.size(1));
+    return run_launcher<DecodeLauncher>(launcher, p, "paged decode kernel");
+  };
+  // no query rows: no launch, and no sequence is flagged
+  return launch_on_copies(o, q, k, v, "key_cache", "value_cache", launch, [&] { errors.zero_(); });
 }
 
 // Backward (kernels/bwd/*): the checks, the gradients and one float32 workspace allocated here, the launch.
