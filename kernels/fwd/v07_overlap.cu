@@ -175,7 +175,7 @@
 #define LAB_V07_D128_LAZY 1
 #endif
 #ifndef LAB_V07_L2_GROUP_MB
-#define LAB_V07_L2_GROUP_MB 32  // causal order: heads grouped so a group's K and V fit this much L2 (0: one group)
+#define LAB_V07_L2_GROUP_MB 16  // causal order: heads grouped so a group's K and V fit this much L2 (0: one group)
 #endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
