@@ -41,7 +41,7 @@ def default_attention_version(head_dim: int, seqlen_q: int, is_causal: bool, cap
 def _hopper_preference(head_dim: int, seqlen_q: int, is_causal: bool) -> tuple:
     """wgmma + TMA kernels (sm_90a) on compute capability 9.0: v05's many small CTAs (one warpgroup, several
     CTAs per SM hide each other's prologue and the causal tail) win at 512 queries and for causal D=64 up to
-    8k; v07 (warp-specialised, ping-pong at D=128, its config picked per call in kernels/fwd/v07_overlap.cu)
+    2k; v07 (warp-specialised, ping-pong at D=128, its config picked per call in kernels/fwd/v07_overlap.cu)
     everywhere else (HOPPER_SMALL_MAX_SQ's numbers)."""
     if seqlen_q <= HOPPER_SMALL_MAX_SQ.get((head_dim, bool(is_causal)), 0):
         return ("v05",) + BEST_FWD_HOPPER
@@ -49,11 +49,12 @@ def _hopper_preference(head_dim: int, seqlen_q: int, is_causal: bool) -> tuple:
 
 
 BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
-# (head dim, causal) -> largest S_q that runs v05 on Hopper. H200 runs 9-10 (outputs/driver_logs/20261123-h200-
-# v07-{config-run9,ab-run10}-*), TFLOP/s v05 vs v07 with its per-call configs: D=64 512 365 vs 324, 2k 441 vs 441
-# (a tie), 8k 415 vs 476; D=64 causal 512 248-268 vs 191-203, 2k 379-386 vs 362-364, 8k 422 vs 405; D=128 causal
-# 512 288 vs 259, 2k 406-417 vs 433-442. Between measured sizes the switch point is not measured.
-HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 8192, (128, True): 512}
+# (head dim, causal) -> largest S_q that runs v05 on Hopper. H200 run 12 and H100 run 11, timed in rounds
+# (outputs/driver_logs/20261123-{h200-v07-l2order-run12,h100-v07-l2order-run11}-*), TFLOP/s v05 vs v07: D=64 512
+# 351 vs 337, 2k 406 vs 443; D=64 causal 512 259 vs 197, 2k 361 vs 348 (H100 341 vs 343), 8k 404 vs 446 (H100
+# 406 vs 447); D=128 causal 512 274 vs 252 (H100 230 vs 241), 2k 363 vs 449. Between measured sizes the switch
+# point is not measured.
+HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 2048, (128, True): 512}
 HOPPER_CAPABILITIES = ((9, 0),)
 
 

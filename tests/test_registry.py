@@ -27,7 +27,8 @@ def test_defaults_per_gpu_follow_the_hopper_preference():
     assert registry.default_attention_version(128, 513, True, (9, 0)) == "v07"
     assert registry.default_attention_version(64, 512, False, (9, 0)) == "v05"
     assert registry.default_attention_version(64, 2048, False, (9, 0)) == "v07"
-    assert registry.default_attention_version(64, 8192, True, (9, 0)) == "v05"
+    assert registry.default_attention_version(64, 2048, True, (9, 0)) == "v05"
+    assert registry.default_attention_version(64, 8192, True, (9, 0)) == "v07"
     assert registry.default_attention_version(32, 100, False, (9, 0)) == "v01"  # only v01 has D=32
     assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07"}, "decode": {"v01", "v02", "v03"}}
     assert registry.default_versions((8, 0))["fwd"] == {"v01", "v04"}

@@ -113,7 +113,16 @@
 //     S_k <= 1024, causal S_q <= 2048) B_c = 128, 3 stages (Q 32 + 3 x (K 32 + V 32) = 224 KiB), persistent when
 //     non-causal; the long config otherwise. B_c = 128 for every causal size: -2 to -5 % at 8k / 16k (run 10).
 //   Same-kernel spread in these runs: "v07 (public op)" and "lab.ops.attention" time the same code, and differ
-//     by up to 10 % in causal cells (run 10): differences below that are not decisions.
+//     by up to 10 % in causal cells (run 10): differences below that are not decisions. Since run 11 every
+//     sweep times its rows in rounds (lab.bench.time_interleaved), so clock drift reaches all rows alike.
+//   Causal order by L2 (runs 11-12). Longest-first over the whole grid put 132 different heads in the first
+//     wave; each CTA then streams its K/V from DRAM at B_r = 128 FLOP per byte, ~4.8 TB/s at 600 TFLOP/s:
+//     more than an H100 has (3.35), about all an H200 has. Prediction: H100 causal D = 128 up to v06's level
+//     or better (+30-40 % at 2k), H200 +0-10 %. Now heads are grouped so a group's K and V fit 16 MiB
+//     (FA3's L2 swizzle), longest first within the group. Outcome (D = 128 causal, TFLOP/s grid-wide / 16 MiB):
+//     H100 2k 317 / 464 (+46 %), 8k 548 / 611 (+11 %), 16k 639 / 645, 512 211 / 241; H200 2k 426 / 449 (+5 %),
+//     8k 566 / 569, 16k 625 / 612 (8 MiB: 460 / 579 / 620; 32 MiB: 449 / 579 / 625). D = 64 loses 0-7 % with
+//     it (H200 16k 473 / 440): off there.
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
@@ -174,8 +183,14 @@
 #ifndef LAB_V07_D128_LAZY
 #define LAB_V07_D128_LAZY 1
 #endif
-#ifndef LAB_V07_L2_GROUP_MB
-#define LAB_V07_L2_GROUP_MB 16  // causal order: heads grouped so a group's K and V fit this much L2 (0: one group)
+// Causal order: heads grouped so a group's K and V fit this much L2 (0: one group, the grid-wide order).
+// Runs 11-12: D = 128 causal 2k +46 % (H100) / +5 % (H200) at 16 MiB; D = 64 -7 to 0 %: its B_r = 192 needs
+// less bandwidth per FLOP and the grouping costs longest-first balance.
+#ifndef LAB_V07_D64_L2_GROUP_MB
+#define LAB_V07_D64_L2_GROUP_MB 0
+#endif
+#ifndef LAB_V07_D128_L2_GROUP_MB
+#define LAB_V07_D128_L2_GROUP_MB 16
 #endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
@@ -216,8 +231,9 @@ namespace {
 using namespace lab::sm90;
 
 template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY_, bool PERSIST_ = false,
-          int CHAINS_ = 1, bool LAZY_ = false, bool PERSIST_CAUSAL_ = false>
+          int CHAINS_ = 1, bool LAZY_ = false, bool PERSIST_CAUSAL_ = false, int L2_GROUP_MB_ = 0>
 struct Cfg07 {
+  static constexpr int kL2GroupMB = L2_GROUP_MB_;
   static constexpr bool kPersistentCausal = PERSIST_CAUSAL_;
   static constexpr bool kLazy = LAZY_;
   static constexpr int kChains = CHAINS_;
@@ -245,13 +261,14 @@ struct Cfg07 {
 };
 using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES, LAB_V07_D64_PINGPONG != 0,
                     LAB_V07_D64_POLY, LAB_V07_D64_PERSIST != 0, LAB_V07_D64_CHAINS, LAB_V07_D64_LAZY != 0,
-                    LAB_V07_D64_PERSIST_CAUSAL != 0>;
+                    LAB_V07_D64_PERSIST_CAUSAL != 0, LAB_V07_D64_L2_GROUP_MB>;
 using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES,
                      LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_PERSIST != 0,
-                     LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, LAB_V07_D128_PERSIST_CAUSAL != 0>;
+                     LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, LAB_V07_D128_PERSIST_CAUSAL != 0,
+                     LAB_V07_D128_L2_GROUP_MB>;
 using Cfg128Short = Cfg07<128, LAB_V07_D128_SHORT_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_SHORT_STAGES,
                           LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_SHORT_PERSIST != 0,
-                          LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, false>;
+                          LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, false, LAB_V07_D128_L2_GROUP_MB>;
 
 template <class Cfg, class T, bool kFold, bool kPersist>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
@@ -292,8 +309,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       // grid, the first wave held 132 different heads and each CTA streamed its K/V from DRAM (B_r = 128
       // FLOP per byte: ~4.8 TB/s at 600 TFLOP/s, more than an H100 has).
       const int64_t kv_head = (int64_t)p.seqlen_k * D * 4;  // K and V of one head, 16-bit
-      const int64_t fit = (int64_t)LAB_V07_L2_GROUP_MB * (1 << 20) / (kv_head > 0 ? kv_head : 1);
-      const int group = LAB_V07_L2_GROUP_MB > 0 ? (int)max((int64_t)1, min((int64_t)num_bh, fit)) : num_bh;
+      const int64_t fit = (int64_t)Cfg::kL2GroupMB * (1 << 20) / (kv_head > 0 ? kv_head : 1);
+      const int group = Cfg::kL2GroupMB > 0 ? (int)max((int64_t)1, min((int64_t)num_bh, fit)) : num_bh;
       const int g = work / (group * num_m), r = work % (group * num_m);
       const int heads = min(group, num_bh - g * group);
       mb = num_m - 1 - r / heads;
