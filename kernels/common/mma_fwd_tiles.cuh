@@ -9,6 +9,7 @@
 
 #include "common/launch.h"
 #include "common/params.h"
+#include "common/softmax.cuh"
 
 namespace lab {
 
@@ -72,6 +73,55 @@ int launch_fwd(const AttnFwdParams& p, cudaStream_t stream, int dev) {
   Kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return (int)cudaGetLastError();
 }
+
+// Host: the entry of an mma.sync forward launcher (attn_fwd_v02..v04): the params with the kernel's scale (any
+// finite scale: common/softmax.cuh), the checks every forward launcher makes (check_fwd_params: an error code,
+// or 0 when there is nothing to write), then launch(params, stream, bf16), which picks the tile and launches.
+template <class Launch>
+int fwd_entry(const AttnFwdParams* p, void* stream, Launch&& launch) {
+  AttnFwdParams kernel_params = *p;
+  kernel_params.scale = softmax_kernel_scale(p->scale);
+  if (const int rc = check_fwd_params(&kernel_params)) return rc < 0 ? rc : 0;
+  return launch(kernel_params, static_cast<cudaStream_t>(stream), kernel_params.dtype == LAB_BF16);
+}
+
+// fwd_entry for a kernel with one tile per head dim (v02, v03): Kernel<Cfg, T>::kernel launched (launch_fwd)
+// with Cfg64 or Cfg128 and T __half or __nv_bfloat16.
+template <class Cfg64, class Cfg128, template <class, class> class Kernel>
+int fwd_entry_by_head_dim(const AttnFwdParams* p, void* stream) {
+  return fwd_entry(p, stream, [](const AttnFwdParams& kp, cudaStream_t st, bool bf16) {
+    const int dev = current_device();
+    if (kp.head_dim == 64)
+      return bf16 ? launch_fwd<Kernel<Cfg64, __nv_bfloat16>::kernel, Cfg64>(kp, st, dev)
+                  : launch_fwd<Kernel<Cfg64, __half>::kernel, Cfg64>(kp, st, dev);
+    return bf16 ? launch_fwd<Kernel<Cfg128, __nv_bfloat16>::kernel, Cfg128>(kp, st, dev)
+                : launch_fwd<Kernel<Cfg128, __half>::kernel, Cfg128>(kp, st, dev);
+  });
+}
+
+// A thread's ids in an mma.sync kernel: thread, warp, lane, and the lane's place in the m16n8 fragments:
+// g, its row within an 8-row half (the mma group), and t, its column pair (the thread in the group).
+struct MmaThread {
+  int tid, warp, lane, g, t;
+};
+__device__ __forceinline__ MmaThread mma_thread() {
+  MmaThread th;
+  th.tid = threadIdx.x;
+  th.warp = th.tid / 32;
+  th.lane = th.tid % 32;
+  th.g = th.lane / 4;
+  th.t = th.lane % 4;
+  return th;
+}
+
+// The K/V pipeline buffers, which follow Q in shared memory (at sQ + kSmemQ): stage s's K tile at k(s), its V
+// tile kStages tiles further, at v(s).
+template <class Cfg>
+struct KVStages {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t k(int stage) const { return base + stage * Cfg::kSmemTile; }
+  __device__ __forceinline__ uint32_t v(int stage) const { return base + (Cfg::kStages + stage) * Cfg::kSmemTile; }
+};
 
 // The (batch b, query head h, KV head h_kv, first query row m0) of this CTA in the 1-D grid of
 // ceil(S_q / kBlockM) * B * H_q CTAs. Non-causal: the query block index runs fastest, so the CTAs resident at

@@ -72,6 +72,65 @@ __device__ __forceinline__ void load_v_frag(uint32_t (&b)[4], uint32_t v_tile, i
   ldmatrix_x4_trans(b, v_tile + swizzle<kHeadDim>(kk * 16 + l.v_row, np * 2 + l.v_chunk) * 2);
 }
 
+// One k-step of a warp's mma over the n-tile pairs of acc: for each pair np, load_b(b, np) reads the B
+// fragment of n tiles 2np, 2np+1 (one ldmatrix.x4: b[0], b[1] the first n8 tile, b[2], b[3] the second), and
+// every m tile mt accumulates a(mt) B into acc[mt] (a(mt): its A fragment of this k-step).
+template <class T, int kMT, int kN, class A, class LoadB>
+__device__ __forceinline__ void mma_kstep(float (&acc)[kMT][kN][4], A&& a, LoadB&& load_b) {
+#pragma unroll
+  for (int np = 0; np < kN / 2; ++np) {
+    uint32_t b[4];
+    load_b(b, np);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) mma_16816_x2<T>(acc[mt], 2 * np, a(mt), b);
+  }
+}
+
+// S = Q K^T for one K tile, on a warp's kMT m16 tiles (fp32 S in acc_s, zeroed first). qf holds the Q
+// fragments: all k-steps (kQF = D/16, loaded once) or one (kQF = 1, Q re-read from shared memory every k-step:
+// load_q(kk) refills qf[.][0] before k-step kk). load_k(bk, np, kk) reads the K fragment of keys 16 np.. at
+// k-step kk (load_k_frag, or a kernel's own addressing).
+template <class T, int kKSteps, int kMT, int kNS, int kQF, class LoadQ, class LoadK>
+__device__ __forceinline__ void qk_tile(float (&acc_s)[kMT][kNS][4], uint32_t (&qf)[kMT][kQF][4], LoadQ&& load_q,
+                                        LoadK&& load_k) {
+  zero_frags(acc_s);
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    constexpr int kQ0 = 0;
+    const int qk = kQF == 1 ? kQ0 : kk;  // which qf slot holds k-step kk
+    if constexpr (kQF == 1) load_q(kk);
+    // keys 16np.. of the K tile
+    mma_kstep<T>(acc_s, [&](int mt) -> const uint32_t(&)[4] { return qf[mt][qk]; },
+                 [&](uint32_t (&bk)[4], int np) { load_k(bk, np, kk); });
+  }
+}
+
+// O += P V for one V tile, P being the fp32 S of the tile after the softmax (acc_s): the S accumulators of n
+// tiles 2kk, 2kk+1 are exactly the A fragment of k-step kk once packed to 16 bits. kPackEarly: all of P is
+// packed before the first P V mma, so the fp32 S registers die before the V fragments are loaded (half the
+// registers for P during P V). load_v(bv, np, kk) reads the V fragment (.trans) of d 16 np.. at k-step kk.
+template <class T, bool kPackEarly, int kMT, int kNS, int kNO, class LoadV>
+__device__ __forceinline__ void pv_tile(float (&acc_o)[kMT][kNO][4], const float (&acc_s)[kMT][kNS][4],
+                                        LoadV&& load_v) {
+  constexpr int kKSteps = kNS / 2;
+  uint32_t pp[kMT][kKSteps][4];
+  auto pack = [&](int kk) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) pack_p<T>(acc_s, mt, kk, pp[mt][kk]);
+  };
+  if constexpr (kPackEarly) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) pack(kk);
+  }
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    if constexpr (!kPackEarly) pack(kk);
+    // d 16np.. of the V tile
+    mma_kstep<T>(acc_o, [&](int mt) -> const uint32_t(&)[4] { return pp[mt][kk]; },
+                 [&](uint32_t (&bv)[4], int np) { load_v(bv, np, kk); });
+  }
+}
+
 // An opaque copy of a pointer: the compiler cannot hoist address arithmetic on it out of a loop (v03's
 // kLaunder: one 64-bit source pointer per cp.async held across the tile loop otherwise).
 template <class T>
@@ -154,6 +213,20 @@ __device__ __forceinline__ void store_o(const float (&acc_o)[kMT][kNO][4], uint3
       *reinterpret_cast<uint4*>(o + (int64_t)grow * p.o_stride[2] + c * 8) = val;
     }
   }
+}
+
+// The end of v02's and v03's kernel: the (empty) trailing cp.async groups drained before sQ is reused; O / l
+// and LSE (normalise_rows; the LSE rows of head (b, h) start at (b H_q + h) S_q); then O out through this
+// warp's own rows of sQ (store_o; kSyncFirst: after every lane's last ldmatrix of them, Q in smem).
+template <class Cfg, bool kSyncFirst, class T, int kMT, int kNO>
+__device__ __forceinline__ void fwd_epilogue(float (&acc_o)[kMT][kNO][4], const float (&row_max)[kMT][2],
+                                             const float (&row_sum)[kMT][2], uint32_t sQ, T* o,
+                                             const AttnFwdParams& p, int b, int h, int m0, int warp_row0, int lane,
+                                             int g, int t) {
+  cp_async_wait<0>();
+  normalise_rows<true>(acc_o, row_max, row_sum, fabsf(p.scale), p.lse, ((int64_t)b * p.heads_q + h) * p.seqlen_q,
+                       m0 + warp_row0, p.seqlen_q, g, t);
+  store_o<Cfg, kSyncFirst>(acc_o, sQ, o, p, m0, warp_row0, lane, g, t);
 }
 
 }  // namespace lab

@@ -147,9 +147,6 @@ using Cfg64 = FwdConfig<64, LAB_V02_D64_WARPS, LAB_V02_D64_MTILES, LAB_V02_D64_B
 using Cfg128 = FwdConfig<128, LAB_V02_D128_WARPS, LAB_V02_D128_MTILES, LAB_V02_D128_BC,
                          LAB_V02_D128_STAGES, LAB_V02_D128_MINB>;
 
-using lab::load_tile;
-using lab::swizzle;
-
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     attn_fwd_v02_kernel(const AttnFwdParams p) {
@@ -160,12 +157,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   constexpr int kStages = Cfg::kStages;
 
   extern __shared__ __align__(128) uint8_t smem[];
-
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int g = lane / 4;  // mma group: row within an 8-row half
-  const int t = lane % 4;  // thread in group: column pair
+  // tid, warp, lane; g: the lane's row within an 8-row half of a fragment (mma group), t: its column pair
+  const lab::MmaThread th = lab::mma_thread();  // common/mma_fwd_tiles.cuh
+  const int tid = th.tid, warp = th.warp, lane = th.lane, g = th.g, t = th.t;
 
   // ---- which (b, h, query block) this CTA owns; causal: heaviest first over all heads
   const lab::FwdBlock blk = lab::fwd_block<Br, false>(p);
@@ -177,12 +171,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int n_tiles = lab::fwd_kv_tiles<Br, Bc>(p, m0);
 
   const uint32_t sQ = lab::smem_u32(smem);
-  const uint32_t sKV = sQ + Cfg::kSmemQ;
-  auto sK = [&](int stage) { return sKV + stage * Cfg::kSmemTile; };
-  auto sV = [&](int stage) { return sKV + (kStages + stage) * Cfg::kSmemTile; };
+  const lab::KVStages<Cfg> kvs{sQ + Cfg::kSmemQ};  // the K and V tiles of each pipeline stage
 
   // ================================================================ Prologue
-  lab::load_q_first_kv<Cfg, Bc, kStages - 1>(sQ, sKV, smem, q, k, v, p, m0, n_tiles, tid);  // common/smem_tile.cuh
+  lab::load_q_first_kv<Cfg, Bc, kStages - 1>(sQ, kvs.base, smem, q, k, v, p, m0, n_tiles, tid);  // common/smem_tile.cuh
 
   // Q fragments (A operand), one x4 per m16 x k16 block. Lane l addresses
   // row l % 16 and chunk 2*kk + l / 16 of the block.
@@ -213,31 +205,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       const int jn = j + kStages - 1;
       if (jn < n_tiles) {
         const int st = jn % kStages;
-        load_tile<Cfg, Bc>(sK(st), k, p.k_stride[2], jn * Bc, p.seqlen_k, tid);
-        load_tile<Cfg, Bc>(sV(st), v, p.v_stride[2], jn * Bc, p.seqlen_k, tid);
+        lab::load_tile<Cfg, Bc>(kvs.k(st), k, p.k_stride[2], jn * Bc, p.seqlen_k, tid);
+        lab::load_tile<Cfg, Bc>(kvs.v(st), v, p.v_stride[2], jn * Bc, p.seqlen_k, tid);
       }
       lab::cp_async_commit();
     }
 
     const int st = j % kStages;
-    const uint32_t k_tile = sK(st);
-    const uint32_t v_tile = sV(st);
+    const uint32_t k_tile = kvs.k(st);
+    const uint32_t v_tile = kvs.v(st);
 
-    // ---- S_ij = Q_i K_j^T (fp32)
+    // ---- S_ij = Q_i K_j^T (fp32; common/smem_tile.cuh), Q from the fragments loaded above
     float acc_s[kMT][Cfg::kNTilesS][4];
-    lab::zero_frags(acc_s);
-
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) {
-#pragma unroll
-      for (int np = 0; np < Cfg::kNTilesS / 2; ++np) {
-        // b[0], b[1]: keys 16np..+7 (n tile 2np); b[2], b[3]: keys +8..+15.
-        uint32_t bk[4];
-        lab::load_k_frag<D>(bk, k_tile, np, kk, kvl);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_s[mt], 2 * np, qf[mt][kk], bk);
-      }
-    }
+    auto load_k = [&](uint32_t (&bk)[4], int np, int kk) { lab::load_k_frag<D>(bk, k_tile, np, kk, kvl); };
+    lab::qk_tile<T, Cfg::kKStepsQK>(acc_s, qf, [](int) {}, load_k);
 
     // ---- mask: only the tile that crosses S_k and the causal diagonal tiles
     const int n0 = j * Bc;
@@ -248,50 +229,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     lab::online_softmax(acc_s, row_max, row_sum, acc_o, scale_log2);
 
     // ---- O_i += P_ij V_j. The S accumulators of n tiles 2kk, 2kk+1 are
-    // exactly the A fragment of k-step kk once packed to 16 bits.
+    // exactly the A fragment of k-step kk once packed to 16 bits. The k-steps written out, not lab::pv_tile:
+    // through it (P of all k-steps in one array, or one k-step's) ptxas allocates v02's registers differently
+    // (sass_guard, 2026-11-23: sm_80 +48 instructions, more spill code; sm_90a registers renamed).
 #pragma unroll
     for (int kk = 0; kk < Cfg::kKStepsPV; ++kk) {
       uint32_t pa[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) lab::pack_p<T>(acc_s, mt, kk, pa[mt]);
-#pragma unroll
-      for (int np = 0; np < Cfg::kNTilesO / 2; ++np) {
-        // b[0], b[1]: d 16np..+7 (n tile 2np); b[2], b[3]: d +8..+15.
-        uint32_t bv[4];
-        lab::load_v_frag<D>(bv, v_tile, np, kk, kvl);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_o[mt], 2 * np, pa[mt], bv);
-      }
+      // d 16np.. of the V tile (common/smem_tile.cuh)
+      lab::mma_kstep<T>(acc_o, [&](int mt) -> const uint32_t(&)[4] { return pa[mt]; },
+                        [&](uint32_t (&bv)[4], int np) { lab::load_v_frag<D>(bv, v_tile, np, kk, kvl); });
     }
   }
 
   // ================================================================ Epilogue
-  // Drain the (empty) trailing cp.async groups before sQ is reused.
-  lab::cp_async_wait<0>();
-
-  lab::normalise_rows<true>(acc_o, row_max, row_sum, fabsf(p.scale), p.lse,
-                            ((int64_t)b * p.heads_q + h) * p.seqlen_q, m0 + warp_row0, p.seqlen_q, g, t);
-  // O goes out through this warp's own rows of sQ.
-  lab::store_o<Cfg, false>(acc_o, sQ, o, p, m0, warp_row0, lane, g, t);
+  // Drain the cp.async groups, O / l and LSE, O out through this warp's own rows of sQ (common/smem_tile.cuh).
+  lab::fwd_epilogue<Cfg, false>(acc_o, row_max, row_sum, sQ, o, p, b, h, m0, warp_row0, lane, g, t);
 }
 
 template <class Cfg, class T>
-int launch(const AttnFwdParams& p, cudaStream_t stream) {
-  return lab::launch_fwd<attn_fwd_v02_kernel<Cfg, T>, Cfg>(p, stream, lab::current_device());  // common/mma_fwd_tiles.cuh
-}
-
+struct Kernel {
+  static constexpr auto kernel = attn_fwd_v02_kernel<Cfg, T>;
+};
 
 }  // namespace
 
+// Scale, checks, then Cfg64 or Cfg128 by head dim (common/mma_fwd_tiles.cuh).
 extern "C" int attn_fwd_v02(const AttnFwdParams* p, void* stream) {
-  AttnFwdParams kernel_params = *p;  // any finite scale: common/softmax.cuh
-  kernel_params.scale = lab::softmax_kernel_scale(p->scale);
-  p = &kernel_params;
-  if (const int rc = lab::check_fwd_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
-
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool bf16 = p->dtype == LAB_BF16;
-  if (p->head_dim == 64)
-    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st) : launch<Cfg64, __half>(*p, st);
-  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st) : launch<Cfg128, __half>(*p, st);
+  return lab::fwd_entry_by_head_dim<Cfg64, Cfg128, Kernel>(p, stream);
 }

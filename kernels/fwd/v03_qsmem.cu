@@ -210,42 +210,30 @@ using Cfg128 = FwdConfig<128, LAB_V03_D128_WARPS, LAB_V03_D128_MTILES, LAB_V03_D
                          LAB_V03_D128_STAGES, LAB_V03_D128_MINB, LAB_V03_D128_QSMEM != 0,
                          LAB_V03_D128_PP != 0, LAB_V03_D128_PACK != 0>;
 
-using lab::load_tile;
-using lab::swizzle;
-
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     attn_fwd_v03_kernel(const AttnFwdParams p) {
   constexpr int D = Cfg::kHeadDim;
-  constexpr int Br = Cfg::kBlockM;
   constexpr int Bc = Cfg::kBlockN;
   constexpr int kMT = Cfg::kMTiles;
   constexpr int kStages = Cfg::kStages;
-
   extern __shared__ __align__(128) uint8_t smem[];
-
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int g = lane / 4;  // mma group: row within an 8-row half
-  const int t = lane % 4;  // thread in group: column pair
+  const lab::MmaThread th = lab::mma_thread();  // common/mma_fwd_tiles.cuh
+  const int tid = th.tid, warp = th.warp, lane = th.lane, g = th.g, t = th.t;
 
   // ---- which (b, h, query block) this CTA owns; causal: one head's blocks together (L2 reuse of its K/V), heaviest first
-  const lab::FwdBlock blk = lab::fwd_block<Br, true>(p);
+  const lab::FwdBlock blk = lab::fwd_block<Cfg::kBlockM, true>(p);
   const int b = blk.b, h = blk.h, m0 = blk.m0;
-
   const lab::FwdHeads<T> heads = lab::fwd_heads<T>(p, blk);
   const T *q = heads.q, *k = heads.k, *v = heads.v;
   T* o = heads.o;
-  const int n_tiles = lab::fwd_kv_tiles<Br, Bc>(p, m0);
+  const int n_tiles = lab::fwd_kv_tiles<Cfg::kBlockM, Bc>(p, m0);
 
   const uint32_t sQ = lab::smem_u32(smem);
-  const uint32_t sKV = sQ + Cfg::kSmemQ;
-  auto sK = [&](int stage) { return sKV + stage * Cfg::kSmemTile; };
-  auto sV = [&](int stage) { return sKV + (kStages + stage) * Cfg::kSmemTile; };
+  const lab::KVStages<Cfg> kvs{sQ + Cfg::kSmemQ};  // K and V of each pipeline stage
 
   // ================================================================ Prologue
-  lab::load_q_first_kv<Cfg, Bc, kStages - 1>(sQ, sKV, smem, q, k, v, p, m0, n_tiles, tid);  // common/smem_tile.cuh
+  lab::load_q_first_kv<Cfg, Bc, kStages - 1>(sQ, kvs.base, smem, q, k, v, p, m0, n_tiles, tid);  // common/smem_tile.cuh
 
   // Q fragments (A operand), one x4 per m16 x k16 block. Lane l addresses
   // row l % 16 and chunk 2*kk + l / 16 of the block.
@@ -276,27 +264,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // The three steps of one K_j/V_j tile, used by both main loops below.
   using SAcc = float[kMT][Cfg::kNTilesS][4];
 
-  // acc = Q_i K^T for the K tile at k_tile (fp32).
+  // acc = Q_i K^T for the K tile at k_tile (fp32; common/smem_tile.cuh).
   auto qk_tile = [&](SAcc& acc_s, uint32_t k_tile) {
-    lab::zero_frags(acc_s);
-
+    auto reload_q = [&](int kk) {  // kQInSmem: k-step kk's fragments
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) {
-      constexpr int kQ0 = 0;
-      const int qk = Cfg::kQInSmem ? kQ0 : kk;  // which qf slot holds k-step kk
-      if constexpr (Cfg::kQInSmem) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) load_q(mt, kk, qf[mt][0]);
-      }
-#pragma unroll
-      for (int np = 0; np < Cfg::kNTilesS / 2; ++np) {
-        // b[0], b[1]: keys 16np..+7 (n tile 2np); b[2], b[3]: keys +8..+15.
-        uint32_t bk[4];
-        lab::load_k_frag<D>(bk, k_tile, np, kk, kvl);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_s[mt], 2 * np, qf[mt][qk], bk);
-      }
-    }
+      for (int mt = 0; mt < kMT; ++mt) load_q(mt, kk, qf[mt][0]);
+    };
+    auto load_k = [&](uint32_t (&bk)[4], int np, int kk) { lab::load_k_frag<D>(bk, k_tile, np, kk, kvl); };
+    lab::qk_tile<T, Cfg::kKStepsQK>(acc_s, qf, reload_q, load_k);
   };
 
   // Mask of tile j: only the tile that crosses S_k and the causal diagonal tiles.
@@ -310,33 +285,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // then O += P V for the V tile at v_tile.
   auto softmax_pv = [&](SAcc& acc_s, uint32_t v_tile) {
     lab::online_softmax(acc_s, row_max, row_sum, acc_o, scale_log2);
-
-    // O_i += P_ij V_j. The S accumulators of n tiles 2kk, 2kk+1 are exactly
-    // the A fragment of k-step kk once packed to 16 bits. With kPackEarly
-    // all of P is packed before the first P V mma, so the fp32 S registers
-    // die before the V fragments are loaded (half the registers for P
-    // during P V; less spilling at 32 rows per warp).
-    uint32_t pp[kMT][Cfg::kKStepsPV][4];
-    auto pack_p = [&](int kk) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) lab::pack_p<T>(acc_s, mt, kk, pp[mt][kk]);
-    };
-    if constexpr (Cfg::kPackEarly) {
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kKStepsPV; ++kk) pack_p(kk);
-    }
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKStepsPV; ++kk) {
-      if constexpr (!Cfg::kPackEarly) pack_p(kk);
-#pragma unroll
-      for (int np = 0; np < Cfg::kNTilesO / 2; ++np) {
-        // b[0], b[1]: d 16np..+7 (n tile 2np); b[2], b[3]: d +8..+15.
-        uint32_t bv[4];
-        lab::load_v_frag<D>(bv, v_tile, np, kk, kvl);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_o[mt], 2 * np, pp[mt][kk], bv);
-      }
-    }
+    // O_i += P_ij V_j (common/smem_tile.cuh; kPackEarly: all of P packed first, less spilling at 32 rows per warp).
+    auto load_v = [&](uint32_t (&bv)[4], int np, int kk) { lab::load_v_frag<D>(bv, v_tile, np, kk, kvl); };
+    lab::pv_tile<T, Cfg::kPackEarly>(acc_o, acc_s, load_v);
   };
 
   // Refill at iteration j: the buffer tile j-1 used gets tile j + kStages - 1.
@@ -347,8 +298,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       // kLaunder: opaque copies (2 x kPerThread x 2 registers held across the loop otherwise).
       const T* kb = Cfg::kLaunder ? lab::launder(k) : k;
       const T* vb = Cfg::kLaunder ? lab::launder(v) : v;
-      load_tile<Cfg, Bc>(sK(st), kb, p.k_stride[2], jn * Bc, p.seqlen_k, tid);
-      load_tile<Cfg, Bc>(sV(st), vb, p.v_stride[2], jn * Bc, p.seqlen_k, tid);
+      lab::load_tile<Cfg, Bc>(kvs.k(st), kb, p.k_stride[2], jn * Bc, p.seqlen_k, tid);
+      lab::load_tile<Cfg, Bc>(kvs.v(st), vb, p.v_stride[2], jn * Bc, p.seqlen_k, tid);
     }
     lab::cp_async_commit();  // always: keeps the group count uniform
   };
@@ -361,9 +312,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       __syncthreads();  // everyone's are; and everyone has finished tile j-1's buffer
       refill(j);
       float acc_s[kMT][Cfg::kNTilesS][4];
-      qk_tile(acc_s, sK(j % kStages));
+      qk_tile(acc_s, kvs.k(j % kStages));
       mask_tile(acc_s, j);
-      softmax_pv(acc_s, sV(j % kStages));
+      softmax_pv(acc_s, kvs.v(j % kStages));
     }
   } else {
     // Ping-pong: S_{j+1} = Q K_{j+1}^T is issued before the softmax of S_j,
@@ -380,7 +331,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     if (n_tiles > 0) {
       lab::cp_async_wait<kStages - 2>();  // tile 0
       __syncthreads();
-      qk_tile(acc_s, sK(0));
+      qk_tile(acc_s, kvs.k(0));
     }
     for (int j = 0; j < n_tiles; ++j) {
       lab::cp_async_wait<kStages - 3>();  // tile j + 1 (or its empty group)
@@ -388,39 +339,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       refill(j);
       mask_tile(acc_s, j);
       float acc_n[kMT][Cfg::kNTilesS][4];
-      qk_tile(acc_n, sK((j + 1) % kStages));
-      softmax_pv(acc_s, sV(j % kStages));
+      qk_tile(acc_n, kvs.k((j + 1) % kStages));
+      softmax_pv(acc_s, kvs.v(j % kStages));
       lab::copy_frags(acc_s, acc_n);
     }
   }
 
   // ================================================================ Epilogue
-  // Drain the (empty) trailing cp.async groups before sQ is reused.
-  lab::cp_async_wait<0>();
-
-  lab::normalise_rows<true>(acc_o, row_max, row_sum, fabsf(p.scale), p.lse,
-                            ((int64_t)b * p.heads_q + h) * p.seqlen_q, m0 + warp_row0, p.seqlen_q, g, t);
-  // O goes out through this warp's own rows of sQ, after every lane's last ldmatrix of them (kQInSmem).
-  lab::store_o<Cfg, true>(acc_o, sQ, o, p, m0, warp_row0, lane, g, t);
+  // Drain the cp.async groups, O / l and LSE, O out through this warp's own rows of sQ after every lane's last
+  // ldmatrix of them (kQInSmem; common/smem_tile.cuh).
+  lab::fwd_epilogue<Cfg, true>(acc_o, row_max, row_sum, sQ, o, p, b, h, m0, warp_row0, lane, g, t);
 }
 
 template <class Cfg, class T>
-int launch(const AttnFwdParams& p, cudaStream_t stream) {
-  return lab::launch_fwd<attn_fwd_v03_kernel<Cfg, T>, Cfg>(p, stream, lab::current_device());  // common/mma_fwd_tiles.cuh
-}
-
+struct Kernel {
+  static constexpr auto kernel = attn_fwd_v03_kernel<Cfg, T>;
+};
 
 }  // namespace
 
+// Scale, checks, then Cfg64 or Cfg128 by head dim (common/mma_fwd_tiles.cuh).
 extern "C" int attn_fwd_v03(const AttnFwdParams* p, void* stream) {
-  AttnFwdParams kernel_params = *p;  // any finite scale: common/softmax.cuh
-  kernel_params.scale = lab::softmax_kernel_scale(p->scale);
-  p = &kernel_params;
-  if (const int rc = lab::check_fwd_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
-
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const bool bf16 = p->dtype == LAB_BF16;
-  if (p->head_dim == 64)
-    return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st) : launch<Cfg64, __half>(*p, st);
-  return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st) : launch<Cfg128, __half>(*p, st);
+  return lab::fwd_entry_by_head_dim<Cfg64, Cfg128, Kernel>(p, stream);
 }

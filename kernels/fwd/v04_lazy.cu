@@ -238,7 +238,6 @@ using Cfg128s = FwdConfig<128, 4, 1, 64, 2, 2>;
 #define LAB_V04_SMALL 1
 #endif
 
-using lab::load_tile;
 using lab::swizzle;
 
 // kKVPtr: the same copy as load_tile<Cfg, B_c>, written as one row pointer
@@ -276,7 +275,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   constexpr int kStages = Cfg::kStages;
 
   extern __shared__ __align__(128) uint8_t smem[];
-
+  // The ids written out, not lab::mma_thread() (v02, v03): through it nvcc orders the prologue's integer code
+  // of the KVSPLIT build differently (sass_guard, 2026-11-23; the default tiles were identical either way).
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -295,12 +295,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int n_tiles = lab::fwd_kv_tiles<Br, BcL>(p, m0);
 
   const uint32_t sQ = lab::smem_u32(smem);
-  const uint32_t sKV = sQ + Cfg::kSmemQ;
-  auto sK = [&](int stage) { return sKV + stage * Cfg::kSmemTile; };
-  auto sV = [&](int stage) { return sKV + (kStages + stage) * Cfg::kSmemTile; };
+  const lab::KVStages<Cfg> kvs{sQ + Cfg::kSmemQ};  // K and V of each pipeline stage
 
   // ================================================================ Prologue
-  lab::load_q_first_kv<Cfg, BcL, kStages - 1 + (Cfg::kPro ? 1 : 0)>(sQ, sKV, smem, q, k, v, p, m0, n_tiles, tid);  // common/smem_tile.cuh
+  lab::load_q_first_kv<Cfg, BcL, kStages - 1 + (Cfg::kPro ? 1 : 0)>(sQ, kvs.base, smem, q, k, v, p, m0, n_tiles, tid);  // common/smem_tile.cuh
 
   // Q fragments (A operand), one x4 per m16 x k16 block. Lane l addresses
   // row l % 16 and chunk 2*kk + l / 16 of the block.
@@ -344,37 +342,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // The three steps of one K_j/V_j tile, used by both main loops below.
   using SAcc = float[kMT][Cfg::kNTilesS][4];
 
-  // acc = Q_i K^T for the K tile at k_tile (fp32).
+  // acc = Q_i K^T for the K tile at k_tile (fp32; common/smem_tile.cuh), with B's addressing (kAddrXor).
   auto qk_tile = [&](SAcc& acc_s, uint32_t k_tile) {
-    lab::zero_frags(acc_s);
-
+    auto reload_q = [&](int kk) {  // kQInSmem: k-step kk's fragments
+      if constexpr (Cfg::kAddrXor) {
+        const uint32_t qa = q_base + (q_x ^ (kk << 5));
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) {
-      constexpr int kQ0 = 0;
-      const int qk = Cfg::kQInSmem ? kQ0 : kk;  // which qf slot holds k-step kk
-      if constexpr (Cfg::kQInSmem) {
-        if constexpr (Cfg::kAddrXor) {
-          const uint32_t qa = q_base + (q_x ^ (kk << 5));
+        for (int mt = 0; mt < kMT; ++mt) lab::ldmatrix_x4(qf[mt][0], qa + mt * 16 * D * 2);
+      } else {
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) lab::ldmatrix_x4(qf[mt][0], qa + mt * 16 * D * 2);
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) load_q(mt, kk, qf[mt][0]);
-        }
+        for (int mt = 0; mt < kMT; ++mt) load_q(mt, kk, qf[mt][0]);
       }
-      const uint32_t ka = k_tile + k_lane + (k_x ^ (kk << 5));
-#pragma unroll
-      for (int np = 0; np < Cfg::kNTilesS / 2; ++np) {
-        // b[0], b[1]: keys 16np..+7 (n tile 2np); b[2], b[3]: keys +8..+15.
-        uint32_t bk[4];
-        if constexpr (Cfg::kAddrXor)
-          lab::ldmatrix_x4(bk, ka + np * 16 * D * 2);
-        else
-          lab::load_k_frag<D>(bk, k_tile, np, kk, kvl);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_s[mt], 2 * np, qf[mt][qk], bk);
-      }
-    }
+    };
+    auto load_k = [&](uint32_t (&bk)[4], int np, int kk) {
+      if constexpr (Cfg::kAddrXor)
+        lab::ldmatrix_x4(bk, k_tile + k_lane + (k_x ^ (kk << 5)) + np * 16 * D * 2);
+      else
+        lab::load_k_frag<D>(bk, k_tile, np, kk, kvl);
+    };
+    lab::qk_tile<T, Cfg::kKStepsQK>(acc_s, qf, reload_q, load_k);
   };
 
   // Mask of tile j: only the tile that crosses S_k and the causal diagonal tiles.
@@ -457,35 +443,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
     }
 
-    // O_i += P_ij V_j. The S accumulators of n tiles 2kk, 2kk+1 are exactly
-    // the A fragment of k-step kk once packed to 16 bits. With kPackEarly
-    // all of P is packed before the first P V mma, so the fp32 S registers
-    // die before the V fragments are loaded (half the registers for P
-    // during P V; less spilling at 32 rows per warp).
-    uint32_t pp[kMT][Cfg::kKStepsPV][4];
-    auto pack_p = [&](int kk) {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) lab::pack_p<T>(acc_s, mt, kk, pp[mt][kk]);
+    // O_i += P_ij V_j (common/smem_tile.cuh; kPackEarly: all of P packed first), with B's addressing (kAddrXor).
+    auto load_v = [&](uint32_t (&bv)[4], int np, int kk) {
+      if constexpr (Cfg::kAddrXor)
+        lab::ldmatrix_x4_trans(bv, v_tile + v_lane + kk * 16 * D * 2 + (v_x ^ (np << 5)));
+      else
+        lab::load_v_frag<D>(bv, v_tile, np, kk, kvl);
     };
-    if constexpr (Cfg::kPackEarly) {
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kKStepsPV; ++kk) pack_p(kk);
-    }
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKStepsPV; ++kk) {
-      if constexpr (!Cfg::kPackEarly) pack_p(kk);
-#pragma unroll
-      for (int np = 0; np < Cfg::kNTilesO / 2; ++np) {
-        // b[0], b[1]: d 16np..+7 (n tile 2np); b[2], b[3]: d +8..+15.
-        uint32_t bv[4];
-        if constexpr (Cfg::kAddrXor)
-          lab::ldmatrix_x4_trans(bv, v_tile + v_lane + kk * 16 * D * 2 + (v_x ^ (np << 5)));
-        else
-          lab::load_v_frag<D>(bv, v_tile, np, kk, kvl);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) lab::mma_16816_x2<T>(acc_o[mt], 2 * np, pp[mt][kk], bv);
-      }
-    }
+    lab::pv_tile<T, Cfg::kPackEarly>(acc_o, acc_s, load_v);
   };
 
   // Refill at iteration j: the buffer tile j-1 used gets tile j + kStages - 1.
@@ -512,11 +477,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       const T* kb = Cfg::kLaunder ? lab::launder(k) : k;
       const T* vb = Cfg::kLaunder ? lab::launder(v) : v;
       if constexpr (Cfg::kKVPtr) {
-        load_kv_tile<Cfg>(sK(st), kb, p.k_stride[2], jn * BcL, p.seqlen_k, tid);
-        load_kv_tile<Cfg>(sV(st), vb, p.v_stride[2], jn * BcL, p.seqlen_k, tid);
+        load_kv_tile<Cfg>(kvs.k(st), kb, p.k_stride[2], jn * BcL, p.seqlen_k, tid);
+        load_kv_tile<Cfg>(kvs.v(st), vb, p.v_stride[2], jn * BcL, p.seqlen_k, tid);
       } else {
-        load_tile<Cfg, BcL>(sK(st), kb, p.k_stride[2], jn * BcL, p.seqlen_k, tid);
-        load_tile<Cfg, BcL>(sV(st), vb, p.v_stride[2], jn * BcL, p.seqlen_k, tid);
+        lab::load_tile<Cfg, BcL>(kvs.k(st), kb, p.k_stride[2], jn * BcL, p.seqlen_k, tid);
+        lab::load_tile<Cfg, BcL>(kvs.v(st), vb, p.v_stride[2], jn * BcL, p.seqlen_k, tid);
       }
     }
     lab::cp_async_commit();  // always: keeps the group count uniform
@@ -541,9 +506,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       __syncthreads();  // everyone's are; and everyone has finished tile j-1's buffer
       refill(j);
       float acc_s[kMT][Cfg::kNTilesS][4];
-      qk_tile(acc_s, sK(j % kStages) + sub);
+      qk_tile(acc_s, kvs.k(j % kStages) + sub);
       if constexpr (!Cfg::kSplit) mask_tile(acc_s, j);
-      softmax_pv(acc_s, sV(j % kStages) + sub);
+      softmax_pv(acc_s, kvs.v(j % kStages) + sub);
     }
 #pragma unroll 1
     for (; j < n_tiles; ++j) {
@@ -551,9 +516,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       __syncthreads();
       refill(j);
       float acc_s[kMT][Cfg::kNTilesS][4];
-      qk_tile(acc_s, sK(j % kStages) + sub);
+      qk_tile(acc_s, kvs.k(j % kStages) + sub);
       mask_tile(acc_s, j);
-      softmax_pv(acc_s, sV(j % kStages) + sub);
+      softmax_pv(acc_s, kvs.v(j % kStages) + sub);
     }
     // [/lab:inner-loop]
   } else {
@@ -571,7 +536,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     if (n_tiles > 0) {
       lab::cp_async_wait<kStages - 2>();  // tile 0
       __syncthreads();
-      qk_tile(acc_s, sK(0));
+      qk_tile(acc_s, kvs.k(0));
     }
     for (int j = 0; j < n_tiles; ++j) {
       lab::cp_async_wait<kStages - 3>();  // tile j + 1 (or its empty group)
@@ -579,8 +544,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       refill(j);
       mask_tile(acc_s, j);
       float acc_n[kMT][Cfg::kNTilesS][4];
-      qk_tile(acc_n, sK((j + 1) % kStages));
-      softmax_pv(acc_s, sV(j % kStages));
+      qk_tile(acc_n, kvs.k((j + 1) % kStages));
+      softmax_pv(acc_s, kvs.v(j % kStages));
       lab::copy_frags(acc_s, acc_n);
     }
   }
@@ -698,28 +663,24 @@ Tile pick_tile(int head_dim, int64_t ctas_128, int dev) {
 
 }  // namespace
 
+// Scale and checks (common/mma_fwd_tiles.cuh), then the tile: the sweep's, or pick_tile's.
 extern "C" int attn_fwd_v04(const AttnFwdParams* p, void* stream) {
-  AttnFwdParams kernel_params = *p;  // any finite scale: common/softmax.cuh
-  kernel_params.scale = lab::softmax_kernel_scale(p->scale);
-  p = &kernel_params;
-  if (const int rc = lab::check_fwd_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
-
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const int dev = current_device();
-  const bool bf16 = p->dtype == LAB_BF16;
+  return lab::fwd_entry(p, stream, [](const AttnFwdParams& kp, cudaStream_t st, bool bf16) -> int {
+    const int dev = current_device();
 #ifdef LAB_V04_TILE
-  if (p->head_dim != LAB_V04_TILE::kHeadDim) return LAB_E_HEAD_DIM;
-  return bf16 ? launch<LAB_V04_TILE, __nv_bfloat16>(*p, st, dev) : launch<LAB_V04_TILE, __half>(*p, st, dev);
+    if (kp.head_dim != LAB_V04_TILE::kHeadDim) return LAB_E_HEAD_DIM;
+    return bf16 ? launch<LAB_V04_TILE, __nv_bfloat16>(kp, st, dev) : launch<LAB_V04_TILE, __half>(kp, st, dev);
 #else
-  switch (pick_tile(p->head_dim, (int64_t)((p->seqlen_q + 127) / 128) * p->batch * p->heads_q, dev)) {
-    case Tile::k64Small:
-      return bf16 ? launch<Cfg64s, __nv_bfloat16>(*p, st, dev) : launch<Cfg64s, __half>(*p, st, dev);
-    case Tile::k64:
-      return bf16 ? launch<Cfg64, __nv_bfloat16>(*p, st, dev) : launch<Cfg64, __half>(*p, st, dev);
-    case Tile::k128Small:
-      return bf16 ? launch<Cfg128s, __nv_bfloat16>(*p, st, dev) : launch<Cfg128s, __half>(*p, st, dev);
-    default:
-      return bf16 ? launch<Cfg128, __nv_bfloat16>(*p, st, dev) : launch<Cfg128, __half>(*p, st, dev);
-  }
+    switch (pick_tile(kp.head_dim, (int64_t)((kp.seqlen_q + 127) / 128) * kp.batch * kp.heads_q, dev)) {
+      case Tile::k64Small:
+        return bf16 ? launch<Cfg64s, __nv_bfloat16>(kp, st, dev) : launch<Cfg64s, __half>(kp, st, dev);
+      case Tile::k64:
+        return bf16 ? launch<Cfg64, __nv_bfloat16>(kp, st, dev) : launch<Cfg64, __half>(kp, st, dev);
+      case Tile::k128Small:
+        return bf16 ? launch<Cfg128s, __nv_bfloat16>(kp, st, dev) : launch<Cfg128s, __half>(kp, st, dev);
+      default:
+        return bf16 ? launch<Cfg128, __nv_bfloat16>(kp, st, dev) : launch<Cfg128, __half>(kp, st, dev);
+    }
 #endif
+  });
 }
