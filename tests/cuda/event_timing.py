@@ -22,3 +22,19 @@ def median_ms(call, warmups, reps):
         ms.append(e0.elapsed_time(e1))
     ms.sort()
     return ms[len(ms) // 2]
+
+
+def host_us(fn, n=300, launches=True):
+    """Median host time of fn() in us; launches=True keeps the GPU busy first, so no launch waits on it."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    if launches:
+        torch.cuda._sleep(3_000_000 * n // 100)
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)

@@ -2,29 +2,11 @@
 
 Each stage of the call path timed alone, beside SDPA's whole call. Usage: python tests/cuda/host_breakdown.py
 """
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
 from lab import build, ops
-
-
-def us(fn, n=300, launches=True):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    if launches:
-        torch.cuda._sleep(3_000_000 * n // 100)
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
-
+from event_timing import host_us  # tests/cuda/ is the script's own directory
 
 q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(1, 8, 131072, 128, device="cuda", dtype=torch.bfloat16)
@@ -51,7 +33,7 @@ stages = {
 }
 print(torch.cuda.get_device_name(), torch.__version__, f"decode B1 H32/8 131072 keys, {name}, {splits} splits")
 for label, (fn, launches) in stages.items():
-    print(f"{label:<32} {us(fn, launches=launches):7.2f} us")
+    print(f"{label:<32} {host_us(fn, launches=launches):7.2f} us")
 qa = torch.randn(4, 16, 512, 128, device="cuda", dtype=torch.bfloat16)
 fv = ops.attention_version(qa)
 fa = ops.launcher(ops.FWD, fv)
@@ -63,4 +45,4 @@ for label, (fn, launches) in {
     "binding.attn_fwd (launch)": (lambda: bind.attn_fwd(fa, qa, qa, qa, oa, None, 0.088, False, None), True),
     "_attention_impl": (lambda: ops._attention_impl(qa, qa, qa, False, 0.088, fv, False), True),
 }.items():
-    print(f"{label:<32} {us(fn, launches=launches):7.2f} us")
+    print(f"{label:<32} {host_us(fn, launches=launches):7.2f} us")

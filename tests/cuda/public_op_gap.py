@@ -10,13 +10,12 @@ Usage: python tests/cuda/public_op_gap.py [out.json]
 """
 import contextlib
 import json
-import statistics
 import sys
-import time
 
 import torch
 
 from lab import bench, cases, ops, sweep
+from event_timing import host_us  # tests/cuda/ is the script's own directory
 
 
 def queued_ms(fn, n=50):
@@ -29,19 +28,6 @@ def queued_ms(fn, n=50):
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / n
-
-
-def host_us(fn, n=200):
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000 * n // 100)  # keep the GPU busy so launches never wait on it
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 def main():
