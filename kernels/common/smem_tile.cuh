@@ -229,4 +229,34 @@ __device__ __forceinline__ void fwd_epilogue(float (&acc_o)[kMT][kNO][4], const 
   store_o<Cfg, kSyncFirst>(acc_o, sQ, o, p, m0, warp_row0, lane, g, t);
 }
 
+// v03's and v04's ping-pong main loop: S_{j+1} = Q K_{j+1}^T is issued before the softmax of S_j, so one
+// warp has independent tensor-core work (the S_{j+1} mma) to overlap its own exp2/max/sum of tile j,
+// instead of relying on the other warps of its scheduler. Costs a second S accumulator (SAcc) and needs
+// K_{j+1} resident while V_j is used: at iteration j tiles j and j+1 must have landed, so the wait leaves
+// kStages - 3 groups in flight. On the last iteration the S_{j+1} product reads a buffer that holds no tile
+// (stale or never written); it is computed and thrown away, which keeps the loop body one basic block for
+// the scheduler. The kernel's steps of one tile: qk_tile(acc, k_tile), mask_tile(acc, j),
+// softmax_pv(acc, v_tile), refill(j) (the buffer tile j-1 used gets tile j + kStages - 1).
+template <class SAcc, int kStages, class KV, class QK, class Mask, class SoftmaxPV, class Refill>
+__device__ __forceinline__ void pingpong_loop(int n_tiles, const KV& kvs, QK&& qk_tile, Mask&& mask_tile,
+                                              SoftmaxPV&& softmax_pv, Refill&& refill) {
+  static_assert(kStages >= 3, "ping-pong needs K_{j+1} and V_j resident plus a buffer in flight");
+  SAcc acc_s;
+  if (n_tiles > 0) {
+    cp_async_wait<kStages - 2>();  // tile 0
+    __syncthreads();
+    qk_tile(acc_s, kvs.k(0));
+  }
+  for (int j = 0; j < n_tiles; ++j) {
+    cp_async_wait<kStages - 3>();  // tile j + 1 (or its empty group)
+    __syncthreads();  // landed for everyone; tile j-1's buffer is free
+    refill(j);
+    mask_tile(acc_s, j);
+    SAcc acc_n;
+    qk_tile(acc_n, kvs.k((j + 1) % kStages));
+    softmax_pv(acc_s, kvs.v(j % kStages));
+    copy_frags(acc_s, acc_n);
+  }
+}
+
 }  // namespace lab

@@ -522,32 +522,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
     // [/lab:inner-loop]
   } else {
-    // Ping-pong: S_{j+1} = Q K_{j+1}^T is issued before the softmax of S_j,
-    // so one warp has independent tensor-core work (the S_{j+1} mma) to
-    // overlap its own exp2/max/sum of tile j, instead of relying on the
-    // other warps of its scheduler. Costs a second S accumulator and needs
-    // K_{j+1} resident while V_j is used: at iteration j tiles j and j+1 must
-    // have landed, so the wait leaves kStages - 3 groups in flight.
-    // On the last iteration the S_{j+1} product reads a buffer that holds
-    // no tile (stale or never written); it is computed and thrown away,
-    // which keeps the loop body one basic block for the scheduler.
-    static_assert(kStages >= 3, "ping-pong needs K_{j+1} and V_j resident plus a buffer in flight");
-    float acc_s[kMT][Cfg::kNTilesS][4];
-    if (n_tiles > 0) {
-      lab::cp_async_wait<kStages - 2>();  // tile 0
-      __syncthreads();
-      qk_tile(acc_s, kvs.k(0));
-    }
-    for (int j = 0; j < n_tiles; ++j) {
-      lab::cp_async_wait<kStages - 3>();  // tile j + 1 (or its empty group)
-      __syncthreads();  // landed for everyone; tile j-1's buffer is free
-      refill(j);
-      mask_tile(acc_s, j);
-      float acc_n[kMT][Cfg::kNTilesS][4];
-      qk_tile(acc_n, kvs.k((j + 1) % kStages));
-      softmax_pv(acc_s, kvs.v(j % kStages));
-      lab::copy_frags(acc_s, acc_n);
-    }
+    // Ping-pong: S_{j+1} = Q K_{j+1}^T before the softmax of S_j (lab::pingpong_loop, common/smem_tile.cuh).
+    lab::pingpong_loop<SAcc, kStages>(n_tiles, kvs, qk_tile, mask_tile, softmax_pv, refill);
   }
 
   // ================================================================ Epilogue
