@@ -8,6 +8,49 @@
 
 namespace lab::decode {
 
+// Which rows a pass-1 CTA of decode v02/v03 owns: block x = (b h_kv, split, row group) with the row group
+// fastest; its kRows query rows start at row0 of the rows_total (= group * q_len) rows of KV head h_kv, and
+// `rows` of them exist. A warp's mma fragment rows are gid and gid + 8, its column pair tig.
+struct RowBlock {
+  int split, b, h_kv, row0, rows, rg;
+};
+template <int kRows>
+__device__ __forceinline__ RowBlock row_block(const DecodeParams& p, int rows_total, int row_groups) {
+  RowBlock blk;
+  blk.rg = blockIdx.x % row_groups;
+  blk.split = (blockIdx.x / row_groups) % p.num_splits;
+  const int bh = blockIdx.x / (row_groups * p.num_splits);
+  blk.b = bh / p.heads_kv;
+  blk.h_kv = bh % p.heads_kv;
+  blk.row0 = blk.rg * kRows;
+  blk.rows = min(kRows, rows_total - blk.row0);
+  return blk;
+}
+
+// The ldmatrix lane rows and columns of a warp's 16 keys of a K/V tile (decode v02, v03): K (non-trans,
+// B of S = Q K^T): m0, m1 keys 0-7, m2, m3 keys 8-15, m1, m3 dims +8; V (trans, B of O += P V): m1, m3
+// keys 8-15, m2, m3 dims +8.
+struct WarpKVLanes {
+  int k_key, k_col, v_key, v_col;
+};
+__device__ __forceinline__ WarpKVLanes warp_kv_lanes(int warp, int lane) {
+  return {warp * 16 + (lane & 7) + ((lane >> 4) << 3), ((lane >> 3) & 1) * 8,
+          warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), (lane >> 4) * 8};
+}
+
+// S = Q K^T for one warp's 16 keys (decode v02, v03): s[nt] covers keys 8 nt .. 8 nt + 7; k_lane is this
+// lane's ldmatrix row of K (k_key row, k_col column).
+template <class T, int kKSteps>
+__device__ __forceinline__ void warp_qk(float (&s)[2][4], const uint32_t (&qf)[kKSteps][4], const T* k_lane) {
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    uint32_t kb[4];
+    ldmatrix_x4(kb, smem_u32(k_lane + kk * 16));
+    mma_16816<T>(s[0], qf[kk], kb[0], kb[1]);
+    mma_16816<T>(s[1], qf[kk], kb[2], kb[3]);
+  }
+}
+
 // O += P V for one warp's 16 keys. O is rescaled by alpha (per row half) first, but only when some row max
 // of the warp moved: alpha is exactly 1 otherwise (exp2f(0)), and the vote keeps the branch warp-uniform.
 // pa: P as the A fragment; v_lane: this lane's ldmatrix.trans row of V (v_ld_key row, v_ld_col column);

@@ -156,6 +156,28 @@ __device__ __forceinline__ void load_split_tile(T* sK, int k_smem_stride, T* sV,
   }
 }
 
+// The K/V ring of decode v02/v03 in dynamic shared memory: stage s is kStageBytes from smem on, K first,
+// V kVOffset elements after K. (v01 keeps its two lambdas: through KVRing its SASS is reordered, same count.)
+template <typename T, int kStageBytes, int kVOffset>
+struct KVRing {
+  unsigned char* smem;
+  __device__ __forceinline__ T* k(int s) const { return reinterpret_cast<T*>(smem + s * kStageBytes); }
+  __device__ __forceinline__ T* v(int s) const { return k(s) + kVOffset; }
+};
+
+// The top of a ring iteration (decode v01-v03): tile t is complete once at most kStages - 2 younger groups
+// are pending; the barrier also tells everyone that the stage refilled here was fully consumed in
+// iteration t - 1; then tile t + kStages - 1 goes into that stage (load_tile(tile, stage)) and its group is
+// committed (always: keeps the group count uniform).
+template <int kStages, typename LoadTile>
+__device__ __forceinline__ void ring_step(int t, int n_tiles, LoadTile&& load_tile) {
+  cp_async_wait<kStages - 2>();
+  __syncthreads();
+  const int next = t + kStages - 1;
+  if (next < n_tiles) load_tile(next, next % kStages);
+  cp_async_commit();
+}
+
 }  // namespace decode
 
 }  // namespace lab

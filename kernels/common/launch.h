@@ -111,4 +111,29 @@ inline int split_chunk(int seqlen_cache, int num_splits, int key_block) {
   return (per_split + key_block - 1) / key_block * key_block;
 }
 
+// What a decode launcher (decode v01-v03) works out once its parameters passed check_decode_params: the
+// query rows of a KV head (group = H_q / H_kv heads of q_len tokens each, at most 2^20), their blocks of
+// rows_per_block (v02/v03: 16-row groups; v01 passes 0: its grid's y covers the rows, row_groups = 1), the
+// split's keys (split_chunk, key_block: the kernel's key tile), the device and whether it launches with
+// programmatic dependent launch (from Hopper on), the stream. LAB_E_SHAPE when the rows or grid.x
+// (splits x B x H_kv x row_groups) are too many, 0 otherwise.
+struct DecodeLaunch {
+  int group, rows, row_groups, chunk, device;
+  bool use_pdl;
+  cudaStream_t stream;
+};
+inline int decode_launch(const DecodeParams* p, int key_block, int rows_per_block, void* stream_ptr,
+                         DecodeLaunch* out) {
+  const int group = p->heads_q / p->heads_kv;
+  const int64_t rows_total = static_cast<int64_t>(group) * p->q_len;
+  if (rows_total > (1 << 20)) return LAB_E_SHAPE;
+  const int row_groups =
+      rows_per_block > 0 ? static_cast<int>((rows_total + rows_per_block - 1) / rows_per_block) : 1;
+  if (static_cast<int64_t>(p->num_splits) * p->batch * p->heads_kv * row_groups > kMaxGridX) return LAB_E_SHAPE;
+  const int device = current_device();
+  *out = {group,  static_cast<int>(rows_total), row_groups, split_chunk(p->seqlen_cache, p->num_splits, key_block),
+          device, capability(device) >= 90,      static_cast<cudaStream_t>(stream_ptr)};
+  return 0;
+}
+
 }  // namespace lab

@@ -245,13 +245,7 @@ __global__ void __launch_bounds__(SplitKConfig<kHeadDim, kRows>::kThreads)
   for (int t = 0; t < n_tiles; ++t) {
     // Tile t is complete once at most kStages-2 younger groups are pending. The barrier also
     // tells everyone that the stage refilled below was fully consumed in iteration t-1.
-    lab::decode::cp_async_wait<Cfg::kStages - 2>();
-    __syncthreads();
-    {
-      const int next = t + Cfg::kStages - 1;
-      if (next < n_tiles) load_tile(next, next % Cfg::kStages);
-      lab::decode::cp_async_commit();
-    }
+    lab::decode::ring_step<Cfg::kStages>(t, n_tiles, load_tile);  // common/decode_util.cuh
     const T* sK = stage_k(t % Cfg::kStages);
     const T* sV = stage_v(t % Cfg::kStages);
 
@@ -450,18 +444,9 @@ extern "C" int decode_splitk_v01(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == SplitKConfig<128, 1>::kBlockN && kKeyBlock == SplitKConfig<64, 1>::kBlockN,
                 "chunk rounding must match the kernel's key block");
   if (const int rc = lab::check_decode_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
-  const int group = p->heads_q / p->heads_kv;
-  const int64_t rows_total = static_cast<int64_t>(group) * p->q_len;
-  const int64_t blocks_x = static_cast<int64_t>(p->num_splits) * p->batch * p->heads_kv;
-  if (rows_total > (1 << 20) || blocks_x > 0x7fffffff) return LAB_E_SHAPE;
-
-  const int chunk = lab::split_chunk(p->seqlen_cache, p->num_splits, kKeyBlock);  // common/launch.h
-
-  const int device = lab::current_device();
-  const bool use_pdl = lab::capability(device) >= 90;  // programmatic dependent launch exists from Hopper on
-
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const int rows = static_cast<int>(rows_total);
+  lab::DecodeLaunch l;  // rows, chunk, device, PDL, stream (common/launch.h); rows in the grid's y
+  if (const int bad = lab::decode_launch(p, kKeyBlock, 0, stream_ptr, &l)) return bad;
+  const auto [group, rows, row_groups, chunk, device, use_pdl, stream] = l;
   if (p->dtype == LAB_FP16) {
     return p->head_dim == 128 ? dispatch_rows<__half, 128>(p, stream, chunk, group, rows, device, use_pdl)
                               : dispatch_rows<__half, 64>(p, stream, chunk, group, rows, device, use_pdl);

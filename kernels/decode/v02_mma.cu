@@ -129,24 +129,14 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
   constexpr int D = kHeadDim;
   constexpr int Bc = Cfg::kBlockN;
   extern __shared__ __align__(16) unsigned char smem[];
-  auto stage_k = [&](int s) { return reinterpret_cast<T*>(smem + s * Cfg::kStageBytes); };
-  auto stage_v = [&](int s) { return reinterpret_cast<T*>(smem + s * Cfg::kStageBytes) + Cfg::kTileElems; };
+  const lab::decode::KVRing<T, Cfg::kStageBytes, Cfg::kTileElems> ring{smem};  // common/decode_util.cuh
 
   lab::decode::pdl_launch_dependents();
 
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int gid = lane / 4;  // MMA row (and row + 8) of this lane
-  const int tig = lane % 4;  // MMA column pair of this lane
-  const int num_splits = p.num_splits;
-  const int rg = blockIdx.x % row_groups;
-  const int split = (blockIdx.x / row_groups) % num_splits;
-  const int bh = blockIdx.x / (row_groups * num_splits);
-  const int b = bh / p.heads_kv;
-  const int h_kv = bh % p.heads_kv;
-  const int row0 = rg * Cfg::kRows;
-  const int rows = min(Cfg::kRows, rows_total - row0);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int gid = lane / 4, tig = lane % 4;  // MMA row (and row + 8) and column pair of this lane
+  const lab::decode::RowBlock blk = lab::decode::row_block<Cfg::kRows>(p, rows_total, row_groups);  // decode_pv.cuh
+  const int split = blk.split, b = blk.b, h_kv = blk.h_kv, row0 = blk.row0, rows = blk.rows;
 
   const auto kv = lab::decode::split_kv<T>(p, b, h_kv, split, chunk);  // common/decode_util.cuh
   const int n_keys = kv.n_keys;
@@ -157,7 +147,7 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
 
   auto load_tile = [&](int tile, int stage) {  // common/decode_util.cuh, with the L2 hint
     lab::decode::load_split_tile<Cfg::kThreads, Cfg::kLoadIters, Cfg::kVecPerRow, Cfg::kVecElems, Bc>(
-        stage_k(stage), Cfg::kStride, stage_v(stage), Cfg::kStride, kv, k_row_stride, v_row_stride, tile, tid,
+        ring.k(stage), Cfg::kStride, ring.v(stage), Cfg::kStride, kv, k_row_stride, v_row_stride, tile, tid,
         cp_async_16_pf);
   };
 
@@ -200,33 +190,17 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
   float m_run[2] = {-INFINITY, -INFINITY};  // rows gid, gid + 8; log2 units; quad-uniform
   float l_run[2] = {0.f, 0.f};              // this lane's partial row sums
 
-  // ldmatrix lane addressing inside the warp's 16 keys.
-  const int k_ld_key = warp * Cfg::kWarpKeys + (lane & 7) + ((lane >> 4) << 3);  // m0,m1: keys 0-7; m2,m3: 8-15
-  const int k_ld_col = ((lane >> 3) & 1) * 8;                                   // m1, m3: dims +8
-  const int v_ld_key = warp * Cfg::kWarpKeys + (lane & 7) + (((lane >> 3) & 1) << 3);  // m1, m3: keys 8-15
-  const int v_ld_col = (lane >> 4) * 8;                                               // m2, m3: dims +8
+  const lab::decode::WarpKVLanes kvl = lab::decode::warp_kv_lanes(warp, lane);  // ldmatrix lanes, decode_pv.cuh
 
   // [lab:inner-loop] one key tile per iteration: S = Q K^T on tensor cores, online softmax, O += P V
   for (int t = 0; t < n_tiles; ++t) {
-    lab::decode::cp_async_wait<Cfg::kStages - 2>();
-    __syncthreads();
-    {
-      const int next = t + Cfg::kStages - 1;
-      if (next < n_tiles) load_tile(next, next % Cfg::kStages);
-      lab::decode::cp_async_commit();
-    }
-    const T* sK = stage_k(t % Cfg::kStages);
-    const T* sV = stage_v(t % Cfg::kStages);
+    lab::decode::ring_step<Cfg::kStages>(t, n_tiles, load_tile);  // common/decode_util.cuh
+    const T* sK = ring.k(t % Cfg::kStages);
+    const T* sV = ring.v(t % Cfg::kStages);
 
     // S = Q K^T for this warp's 16 keys: s[nt] covers keys 8 nt .. 8 nt + 7.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
-      uint32_t kb[4];
-      lab::ldmatrix_x4(kb, lab::smem_u32(sK + k_ld_key * Cfg::kStride + kk * 16 + k_ld_col));
-      lab::mma_16816<T>(s[0], qf[kk], kb[0], kb[1]);
-      lab::mma_16816<T>(s[1], qf[kk], kb[2], kb[3]);
-    }
+    lab::decode::warp_qk<T, Cfg::kKSteps>(s, qf, sK + kvl.k_key * Cfg::kStride + kvl.k_col);
 
     // Online softmax over the warp's keys; keys past the chunk end are -inf.
     const int n_valid = n_keys - t * Bc;  // >= 1
@@ -263,7 +237,7 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
       }
     // Rescale O only when some row max moved, then O += P V for this warp's 16 keys (common/decode_pv.cuh).
     lab::decode::rescale_pv<T, Cfg::kDTiles, V02_LAZY_RESCALE != 0>(acc, alpha, pa,
-                                                                    sV + v_ld_key * Cfg::kStride + v_ld_col);
+                                                                    sV + kvl.v_key * Cfg::kStride + kvl.v_col);
   }
   // [/lab:inner-loop]
 
@@ -321,20 +295,9 @@ extern "C" int decode_splitk_v02(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == MmaConfig<128, kStagesD128>::kBlockN && kKeyBlock == MmaConfig<64, kStagesD64>::kBlockN,
                 "chunk rounding must match the kernel's key block");
   if (const int rc = lab::check_decode_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
-  const int group = p->heads_q / p->heads_kv;
-  const int64_t rows_total = static_cast<int64_t>(group) * p->q_len;
-  if (rows_total > (1 << 20)) return LAB_E_SHAPE;
-  const int row_groups = static_cast<int>((rows_total + 15) / 16);
-  const int64_t blocks = static_cast<int64_t>(p->num_splits) * p->batch * p->heads_kv * row_groups;
-  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
-
-  const int chunk = lab::split_chunk(p->seqlen_cache, p->num_splits, kKeyBlock);  // common/launch.h
-
-  const int device = lab::current_device();
-  const bool use_pdl = lab::capability(device) >= 90;  // programmatic dependent launch exists from Hopper on
-
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const int rows = static_cast<int>(rows_total);
+  lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
+  if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;
+  const auto [group, rows, row_groups, chunk, device, use_pdl, stream] = l;
   if (p->dtype == LAB_FP16) {
     return p->head_dim == 128
                ? launch_typed<__half, 128, kStagesD128>(p, stream, chunk, group, rows, row_groups, device, use_pdl)

@@ -109,19 +109,14 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   constexpr int D = kHeadDim;
   constexpr int Bc = Cfg::kBlockN;
   extern __shared__ __align__(16) unsigned char smem[];
-  auto tile_k = [&](int s) { return reinterpret_cast<T*>(smem + s * Cfg::kStageBytes); };
-  auto tile_v = [&](int s) { return tile_k(s) + Cfg::kTileElems; };
+  const lab::decode::KVRing<T, Cfg::kStageBytes, Cfg::kTileElems> ring{smem};  // common/decode_util.cuh
 
   lab::decode::pdl_launch_dependents();
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int gid = lane / 4, tig = lane % 4;  // mma fragment row and column pair
-  const int rg = blockIdx.x % row_groups;
-  const int split = (blockIdx.x / row_groups) % p.num_splits;
-  const int bh = blockIdx.x / (row_groups * p.num_splits);
-  const int b = bh / p.heads_kv, h_kv = bh % p.heads_kv;
-  const int row0 = rg * Cfg::kRows;
-  const int rows = min(Cfg::kRows, rows_total - row0);
+  const lab::decode::RowBlock blk = lab::decode::row_block<Cfg::kRows>(p, rows_total, row_groups);  // as v02
+  const int split = blk.split, b = blk.b, h_kv = blk.h_kv, row0 = blk.row0, rows = blk.rows, rg = blk.rg;
 
   // Prologue: the sequence's length (clamped to the keys that exist), the split's keys, the cursor.
   const int cap = p.seqlen_cache;  // paged: max_pages * page_size
@@ -156,8 +151,8 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   // j0 + (it * kRowStep) % 16 of the group: both compile-time but j0, which k_base already holds.
   static_assert(Cfg::kRowStep <= 16 && 16 % Cfg::kRowStep == 0, "a thread's row group is known at compile time");
   auto load_tile = [&](int t, int stage) {
-    T* sK = tile_k(stage) + j0 * Cfg::kStride + col;
-    T* sV = tile_v(stage) + j0 * Cfg::kStride + col;
+    T* sK = ring.k(stage) + j0 * Cfg::kStride + col;
+    T* sV = ring.v(stage) + j0 * Cfg::kStride + col;
     int64_t k_group[lab::paged::PageCursor<Bc>::kGroups], v_group[lab::paged::PageCursor<Bc>::kGroups];
     bool group_ok[lab::paged::PageCursor<Bc>::kGroups];
     if (kPaged) {
@@ -228,29 +223,17 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   const float qk_scale = p.scale * kLog2e;
   float acc[Cfg::kDTiles][4] = {};
   RowState st;
-  const int k_ld_key = warp * 16 + (lane & 7) + ((lane >> 4) << 3);
-  const int k_ld_col = ((lane >> 3) & 1) * 8;
-  const int v_ld_key = warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-  const int v_ld_col = (lane >> 4) * 8;
+  const lab::decode::WarpKVLanes kvl = lab::decode::warp_kv_lanes(warp, lane);  // as v02
 
   // Main loop
   // [lab:paged-loop] one key tile per iteration: the ring as in v02, a per-row key limit for the causal mask
   for (int t = 0; t < n_tiles; ++t) {
-    lab::decode::cp_async_wait<Cfg::kStages - 2>();
-    __syncthreads();
-    if (t + Cfg::kStages - 1 < n_tiles) load_tile(t + Cfg::kStages - 1, (t + Cfg::kStages - 1) % Cfg::kStages);
-    lab::decode::cp_async_commit();
-    const T* sK = tile_k(t % Cfg::kStages);
-    const T* sV = tile_v(t % Cfg::kStages);
+    lab::decode::ring_step<Cfg::kStages>(t, n_tiles, load_tile);  // common/decode_util.cuh
+    const T* sK = ring.k(t % Cfg::kStages);
+    const T* sV = ring.v(t % Cfg::kStages);
 
     float s[2][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
-      uint32_t kb[4];
-      lab::ldmatrix_x4(kb, lab::smem_u32(sK + k_ld_key * Cfg::kStride + kk * 16 + k_ld_col));
-      lab::mma_16816<T>(s[0], qf[kk], kb[0], kb[1]);
-      lab::mma_16816<T>(s[1], qf[kk], kb[2], kb[3]);
-    }
+    lab::decode::warp_qk<T, Cfg::kKSteps>(s, qf, sK + kvl.k_key * Cfg::kStride + kvl.k_col);
     // Mask: key (in the tile) < the row's limit; the limit of a row is n_keys without causal.
     const int limit[2] = {row_keys[0] - t * Bc, row_keys[1] - t * Bc};
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -281,7 +264,7 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
       const float2 rounded = Elem<T>::to_float2(pa[i]);
       st.l[h] += rounded.x + rounded.y;
     }
-    lab::decode::rescale_pv<T, Cfg::kDTiles>(acc, alpha, pa, sV + v_ld_key * Cfg::kStride + v_ld_col);  // as v02
+    lab::decode::rescale_pv<T, Cfg::kDTiles>(acc, alpha, pa, sV + kvl.v_key * Cfg::kStride + kvl.v_col);  // as v02
   }
   // [/lab:paged-loop]
 
@@ -354,17 +337,9 @@ extern "C" int decode_paged_v03(const DecodeParams* p, void* stream_ptr) {
   if (rc < 0) return rc;
   if (const int bad = check_paged(p)) return bad;
   if (rc > 0) return 0;  // nothing to compute
-  const int group = p->heads_q / p->heads_kv;
-  const int64_t rows_total = static_cast<int64_t>(group) * p->q_len;
-  if (rows_total > (1 << 20)) return LAB_E_SHAPE;
-  const int row_groups = static_cast<int>((rows_total + 15) / 16);
-  if (static_cast<int64_t>(p->num_splits) * p->batch * p->heads_kv * row_groups > lab::kMaxGridX) return LAB_E_SHAPE;
-
-  const int chunk = lab::split_chunk(p->seqlen_cache, p->num_splits, kKeyBlock);  // common/launch.h
-  const int device = lab::current_device();
-  const bool use_pdl = lab::capability(device) >= 90;  // programmatic dependent launch exists from Hopper on
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const int rows = static_cast<int>(rows_total);
+  lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
+  if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;
+  const auto [group, rows, row_groups, chunk, device, use_pdl, stream] = l;
   const bool paged = p->block_table != nullptr;
   if (p->dtype == LAB_FP16)
     return paged ? dispatch_head_dim<__half, true>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
