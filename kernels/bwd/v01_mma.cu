@@ -105,6 +105,34 @@ __device__ __forceinline__ uint32_t addr_b_kn_trans(const void* t, int ld, int n
   return tile_addr(t, ld, k0 + ((lane >> 3) & 1) * 8 + (lane & 7), n0 + (lane >> 4) * 8);
 }
 
+// Both products a step recomputes, for one warp's 16 rows m0.. of its A tiles: s = A_s B_s^T and
+// dp = A_dp B_dp^T (kN n8 tiles: rows of the B tiles), over D; every tile row-major with pitch ld. The K/V
+// CTA: S^T = K_w Q^T and dP^T = V_w dO^T; the dQ CTA: S = Q_w K^T and dP = dO_w V^T.
+template <class T, int D, int kN>
+__device__ __forceinline__ void s_dp_tile(float (&s)[kN][4], float (&dp)[kN][4], const void* a_s, const void* a_dp,
+                                          int m0, const void* b_s, const void* b_dp, int ld, int lane) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t as[4], ad[4];
+    ldmatrix_x4(as, addr_a(a_s, ld, m0, kk * 16, lane));
+    ldmatrix_x4(ad, addr_a(a_dp, ld, m0, kk * 16, lane));
+#pragma unroll
+    for (int jn = 0; jn < kN / 2; ++jn) {
+      uint32_t bs[4], bd[4];
+      ldmatrix_x4(bs, addr_b_nk(b_s, ld, jn * 16, kk * 16, lane));
+      ldmatrix_x4(bd, addr_b_nk(b_dp, ld, jn * 16, kk * 16, lane));
+      mma_16816<T>(s[2 * jn], as, bs[0], bs[1]);
+      mma_16816<T>(s[2 * jn + 1], as, bs[2], bs[3]);
+      mma_16816<T>(dp[2 * jn], ad, bd[0], bd[1]);
+      mma_16816<T>(dp[2 * jn + 1], ad, bd[2], bd[3]);
+    }
+  }
+}
+
 // rows x D tile of a (B, H, S, D) tensor into smem (pitch LD), rows >= seqlen zero-filled.
 template <class T, int D, int ROWS>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t row_stride, int row0, int seqlen, int tid) {
@@ -262,26 +290,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
     // [lab:dkdv-tile] one (query head, query block) step of a K/V CTA: recompute P^T, dS^T; dV, dK, dQ
     // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x BR queries per warp.
     float s[NQ][4], dp[NQ][4];
-#pragma unroll
-    for (int j = 0; j < NQ; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ak[4], av[4];
-      ldmatrix_x4(ak, addr_a(sK, LD, kw, kk * 16, lane));
-      ldmatrix_x4(av, addr_a(sV, LD, kw, kk * 16, lane));
-#pragma unroll
-      for (int jn = 0; jn < NQ / 2; ++jn) {
-        uint32_t bq[4], bd[4];
-        ldmatrix_x4(bq, addr_b_nk(tq, LD, jn * 16, kk * 16, lane));
-        ldmatrix_x4(bd, addr_b_nk(tdo, LD, jn * 16, kk * 16, lane));
-        mma_16816<T>(s[2 * jn], ak, bq[0], bq[1]);
-        mma_16816<T>(s[2 * jn + 1], ak, bq[2], bq[3]);
-        mma_16816<T>(dp[2 * jn], av, bd[0], bd[1]);
-        mma_16816<T>(dp[2 * jn + 1], av, bd[2], bd[3]);
-      }
-    }
+    s_dp_tile<T, D>(s, dp, sK, sV, kw, tq, tdo, LD, lane);
 
     // P^T (into s) and dS^T (into dp). Mask only where a tile can hold a masked element.
     const bool need_mask = q0 + BR > p.seqlen_q || k0 + kBc > p.seqlen_k || (p.causal && q0 < k0 + kBc - 1);
@@ -451,26 +460,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnBwdParams p) {
     const T* tv = sV + buf * kBcDq * LD;
 
     float s[NK][4], dp[NK][4];
-#pragma unroll
-    for (int n = 0; n < NK; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t aq[4], ad[4];
-      ldmatrix_x4(aq, addr_a(sQ, LD, warp * 16, kk * 16, lane));
-      ldmatrix_x4(ad, addr_a(sdO, LD, warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int jn = 0; jn < NK / 2; ++jn) {
-        uint32_t bk[4], bv[4];
-        ldmatrix_x4(bk, addr_b_nk(tk, LD, jn * 16, kk * 16, lane));
-        ldmatrix_x4(bv, addr_b_nk(tv, LD, jn * 16, kk * 16, lane));
-        mma_16816<T>(s[2 * jn], aq, bk[0], bk[1]);
-        mma_16816<T>(s[2 * jn + 1], aq, bk[2], bk[3]);
-        mma_16816<T>(dp[2 * jn], ad, bv[0], bv[1]);
-        mma_16816<T>(dp[2 * jn + 1], ad, bv[2], bv[3]);
-      }
-    }
+    s_dp_tile<T, D>(s, dp, sQ, sdO, warp * 16, tk, tv, LD, lane);
     const bool need_mask = q0 + kBrDq > p.seqlen_q || k0 + kBcDq > p.seqlen_k || (p.causal && k0 + kBcDq - 1 > q0);
 #pragma unroll
     for (int n = 0; n < NK; ++n)
