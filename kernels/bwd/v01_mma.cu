@@ -125,10 +125,8 @@ __device__ __forceinline__ void s_dp_tile(float (&s)[kN][4], float (&dp)[kN][4],
       uint32_t bs[4], bd[4];
       ldmatrix_x4(bs, addr_b_nk(b_s, ld, jn * 16, kk * 16, lane));
       ldmatrix_x4(bd, addr_b_nk(b_dp, ld, jn * 16, kk * 16, lane));
-      mma_16816<T>(s[2 * jn], as, bs[0], bs[1]);
-      mma_16816<T>(s[2 * jn + 1], as, bs[2], bs[3]);
-      mma_16816<T>(dp[2 * jn], ad, bd[0], bd[1]);
-      mma_16816<T>(dp[2 * jn + 1], ad, bd[2], bd[3]);
+      mma_16816_x2<T>(s, 2 * jn, as, bs);
+      mma_16816_x2<T>(dp, 2 * jn, ad, bd);
     }
   }
 }
@@ -323,10 +321,8 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
         uint32_t bd[4], bq[4];
         ldmatrix_x4_trans(bd, addr_b_kn_trans(tdo, LD, dn * 16, jk * 16, lane));
         ldmatrix_x4_trans(bq, addr_b_kn_trans(tq, LD, dn * 16, jk * 16, lane));
-        mma_16816<T>(dv[2 * dn], ap, bd[0], bd[1]);
-        mma_16816<T>(dv[2 * dn + 1], ap, bd[2], bd[3]);
-        mma_16816<T>(dk[2 * dn], as, bq[0], bq[1]);
-        mma_16816<T>(dk[2 * dn + 1], as, bq[2], bq[3]);
+        mma_16816_x2<T>(dv, 2 * dn, ap, bd);
+        mma_16816_x2<T>(dk, 2 * dn, as, bq);
       }
       if constexpr (kAtomicDq) {  // dS^T rows of this warp into smem [key][query] for the block's dQ
         T* row = sdS + (kw + g) * LDS + jk * 16 + 2 * t;
@@ -356,8 +352,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
         for (int dn = 0; dn < DC / 16; ++dn) {
           uint32_t bk[4];
           ldmatrix_x4_trans(bk, addr_b_kn_trans(sK, LD, wd * DC + dn * 16, kk * 16, lane));
-          mma_16816<T>(acc[2 * dn], a, bk[0], bk[1]);
-          mma_16816<T>(acc[2 * dn + 1], a, bk[2], bk[3]);
+          mma_16816_x2<T>(acc, 2 * dn, a, bk);
         }
       }
       float* dqa = p.dq_accum + ((int64_t)b * p.heads_q + hq) * p.seqlen_q * D;
@@ -484,8 +479,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnBwdParams p) {
       for (int dn = 0; dn < D / 16; ++dn) {
         uint32_t bk[4];
         ldmatrix_x4_trans(bk, addr_b_kn_trans(tk, LD, dn * 16, jk * 16, lane));
-        mma_16816<T>(dq[2 * dn], as, bk[0], bk[1]);
-        mma_16816<T>(dq[2 * dn + 1], as, bk[2], bk[3]);
+        mma_16816_x2<T>(dq, 2 * dn, as, bk);
       }
     }
     __syncthreads();
