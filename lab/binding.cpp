@@ -243,24 +243,32 @@ std::string check_call(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   return check_scale(scale);
 }
 
-// The fields forward and backward params share (AttnFwdParams, AttnBwdParams), from the tensors the kernel reads.
+// The fields every params struct names alike (AttnFwdParams, AttnBwdParams, DecodeParams), from the tensors the
+// kernel reads: q and o, the four tensors' strides, B, H_q, D, the scale, causal, the dtype code.
 template <typename Params>
-void fill_attention(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
-                    double scale, bool causal, int dtype) {
+void fill_common(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                 double scale, bool causal, int dtype) {
   p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
   p.o = o.data_ptr();
   copy_all_strides(p, q, k, v, o);
   p.batch = q.size(0);
   p.heads_q = q.size(1);
-  p.heads_kv = k.size(1);
-  p.seqlen_q = q.size(2);
-  p.seqlen_k = k.size(2);
   p.head_dim = q.size(3);
   p.scale = static_cast<float>(scale);
   p.causal = causal;
   p.dtype = dtype;
+}
+
+// The fields forward and backward params share (AttnFwdParams, AttnBwdParams), from the tensors the kernel reads.
+template <typename Params>
+void fill_attention(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                    double scale, bool causal, int dtype) {
+  fill_common(p, q, k, v, o, scale, causal, dtype);
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.heads_kv = k.size(1);
+  p.seqlen_q = q.size(2);
+  p.seqlen_k = k.size(2);
 }
 
 // The end of a forward or decode call, once its checks have passed: `o` made writable (writable(): a stand-in
@@ -333,21 +341,13 @@ std::string decode_splits(DecodeParams& p, const at::Tensor& q, int64_t keys, co
 // the key count the split plan covers (the cache length, or the block table's capacity) come from the caller.
 void fill_decode(DecodeParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
                  int64_t heads_kv, int64_t seqlen_cache, int64_t num_splits, double scale, int dtype, bool causal) {
-  p.q = q.data_ptr();
+  fill_common(p, q, k, v, o, scale, causal, dtype);
   p.k_cache = k.data_ptr();
   p.v_cache = v.data_ptr();
-  p.o = o.data_ptr();
-  copy_all_strides(p, q, k, v, o);
-  p.batch = q.size(0);
-  p.heads_q = q.size(1);
   p.heads_kv = heads_kv;
   p.q_len = q.size(2);
   p.seqlen_cache = static_cast<int>(seqlen_cache);
-  p.head_dim = q.size(3);
   p.num_splits = static_cast<int>(num_splits);
-  p.scale = static_cast<float>(scale);
-  p.dtype = dtype;
-  p.causal = causal;
 }
 
 std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
