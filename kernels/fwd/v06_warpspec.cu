@@ -98,32 +98,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v06_kernel(const __
                                                                         const AttnFwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty[kStages];
   uint8_t* smem = align1024(smem_raw);
-  const uint32_t sQ = smem_u32(smem);
-  auto sK = [&](int s) { return sQ + Cfg::kQBytes + s * Cfg::kTileBytes; };
-  auto sV = [&](int s) { return sQ + Cfg::kQBytes + (kStages + s) * Cfg::kTileBytes; };
+  const SmemRing<Cfg> ring = smem_ring<Cfg>(smem);
 
   // Prologue: which (b, h, Q_i) this CTA computes (v05's order).
-  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
-  const int bh = blockIdx.x / num_m;
-  const int mb = p.causal ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
-  const int b = bh / p.heads_q, h = bh % p.heads_q;
-  const int hkv = h / (p.heads_q / p.heads_kv);
-  const int m0 = mb * Cfg::BR;
-  const int kv_end = p.causal ? min(p.seqlen_k, min(p.seqlen_q, m0 + Cfg::BR)) : p.seqlen_k;
-  const int n_tiles = (kv_end + BC - 1) / BC;
+  const WorkTile work = cta_work_tile<Cfg>(p);
+  const int b = work.b, h = work.h, hkv = work.hkv, m0 = work.m0, n_tiles = work.n_tiles;
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
-    mbar_init(smem_u32(&bar_q), 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(smem_u32(&bar_k[s]), 1);
-      mbar_init(smem_u32(&bar_v[s]), 1);
+    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    for (int s = 0; s < kStages; ++s)
       mbar_init(smem_u32(&bar_empty[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
-    }
     fence_barrier_init();
   }
   __syncthreads();  // the last CTA-wide barrier: roles split below
@@ -132,22 +120,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v06_kernel(const __
     // Producer
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (threadIdx.x == 0) {
-      tma_prefetch_map(&tq);
-      tma_prefetch_map(&tk);
-      tma_prefetch_map(&tv);
+      tma_prefetch_maps(&tq, &tk, &tv);
       mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
       for (int w = 0; w < Cfg::kConsumers; ++w)
         for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
+          tma_load_4d(ring.q + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages;
         if (j >= kStages) mbar_wait(smem_u32(&bar_empty[s]), ((j / kStages) & 1) ^ 1);
         mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
         for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
+          tma_load_4d(ring.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
         mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
         for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
+          tma_load_4d(ring.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
       }
     }
   } else {
@@ -155,42 +141,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v06_kernel(const __
     setmaxnreg_inc<Cfg::kRegsConsumer>();
     const int ct = threadIdx.x - 128 * wg;  // thread index inside this warpgroup
     const int wm0 = m0 + 64 * (wg - 1);     // this warpgroup's first row
-    const uint32_t sQw = sQ + (wg - 1) * Cfg::kQBytesWG;
+    const uint32_t sQw = ring.q + (wg - 1) * Cfg::kQBytesWG;
     const float c = p.scale * kLog2e;
     const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
     float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    zero_acc(o);
     RowState st;
     mbar_wait(smem_u32(&bar_q), 0);
 
     // Main loop
     for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % kStages;
-      const uint32_t phase = (j / kStages) & 1;
-      float sacc[BC / 2];
-      mbar_wait(smem_u32(&bar_k[s]), phase);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaOp<BC>::template ss<kBf16, 0>(sacc, desc_kmajor(sQw, 64, kk), desc_kmajor(sK(s), BC, kk), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-
-      uint32_t pa[BC / 16][4];
-      const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
-      if (mask)
-        softmax_step<BC, D, T, true>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
-      else
-        softmax_step<BC, D, T, false>(sacc, o, pa, st, c, row0, j * BC, p.seqlen_k, p.causal);
-
-      mbar_wait(smem_u32(&bar_v[s]), phase);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(sV(s), BC, kk), 1);
-      wgmma_commit();
-      wgmma_wait<0>();
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&bar_empty[s]));  // this warp is done with stage s
+      serial_tile<Cfg, T>(o, st, ring, sQw, bar_k, bar_v, j, wm0, row0, c, p);
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&bar_empty[j % kStages]));  // this warp is done with stage s
     }
 
     // Epilogue

@@ -284,9 +284,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
   __shared__ __align__(8) uint64_t empty_q;  // PERSIST: every S GEMM of this work tile has read Q
   uint8_t* smem = align1024(smem_raw);
-  const uint32_t sQ = smem_u32(smem);
-  auto sK = [&](int s) { return sQ + Cfg::kQBytes + s * Cfg::kTileBytes; };
-  auto sV = [&](int s) { return sQ + Cfg::kQBytes + (kStages + s) * Cfg::kTileBytes; };
+  const SmemRing<Cfg> ring_ = smem_ring<Cfg>(smem);
+  const uint32_t sQ = ring_.q;
 
   // Work tiles: (b, h, Q_i); causal: longest first over the whole grid. PERSIST: one CTA per SM takes
   // round `it`'s tile it * G + x (G = gridDim.x); causal rounds alternate direction (a snake over the
@@ -329,10 +328,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
-    mbar_init(smem_u32(&bar_q), 1);
+    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(smem_u32(&bar_k[s]), 1);
-      mbar_init(smem_u32(&bar_v[s]), 1);
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
     }
@@ -345,9 +342,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     // Producer (v06's)
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (threadIdx.x == 0) {
-      tma_prefetch_map(&tq);
-      tma_prefetch_map(&tk);
-      tma_prefetch_map(&tv);
+      tma_prefetch_maps(&tq, &tk, &tv);
       int ring = 0;  // K/V tiles issued by this CTA so far: the ring position runs on across work tiles
       for (int it = 0, t = 0; it < num_rounds; ++it) {  // t: work tiles taken (only the last round skips)
         const int work = work_at(it);
@@ -374,12 +369,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           }
           mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
-            tma_load_4d(sK(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
+            tma_load_4d(ring_.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
           if (kPersist && j == 0) load_q();  // K_0 first: it loads under the last tile's epilogue
           if (ring >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
           mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
-            tma_load_4d(sV(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
+            tma_load_4d(ring_.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
         }
         // [/lab:producer]
         ++t;
@@ -401,26 +396,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     // the wgmma makes ptxas inject fences of its own.
     auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
     auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
-    auto issue_s = [&](int j) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaOp<BC>::template ss<kBf16, 0>(sacc, desc_kmajor(sQw, 64, kk),
-                                           desc_kmajor(sK((ring + j) % kStages), BC, kk), kk > 0);
-      wgmma_commit();
-    };
-    auto issue_pv = [&](int j) {
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk)
-        WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(sV((ring + j) % kStages), BC, kk), 1);
-      wgmma_commit();
-    };
+    auto issue_s = [&](int j) { issue_qk<D, BC, kBf16>(sacc, sQw, ring_.k((ring + j) % kStages)); };
+    auto issue_o = [&](int j) { issue_pv<D, BC, kBf16>(o, pa, ring_.v((ring + j) % kStages)); };
     // Returns whether O needs rescale_o (LAZY: an unmasked tile that kept the max does not).
     auto softmax = [&](int j) -> bool {
       if constexpr ((LAB_V07_ABLATE & 1) != 0) {  // diagnostic: P = raw scores, no max, exp or sum
         alpha[0] = alpha[1] = 1.f;
         return true;
       }
-      const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
+      const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);  // key_tile_needs_mask
       if (mask)
         softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,
                                                                         p.seqlen_k, p.causal);
@@ -460,8 +444,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       locate(work);
       wm0 = m0 + 64 * (wg - 1);
       row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+      zero_acc(o);
       st = RowState{};
       mbar_wait(smem_u32(&bar_q), t & 1);
 
@@ -486,7 +469,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         turn();
         wgmma_fence();  // P fragments and rescaled O written before the wgmmas read them
         issue_s(j);
-        issue_pv(j - 1);
+        issue_o(j - 1);
         pass();
         wgmma_wait<1>();  // S_j is done (groups complete in order)
         reg_fence(sacc);
@@ -504,7 +487,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         wait_v(n_tiles - 1);
         turn();
         wgmma_fence();
-        issue_pv(n_tiles - 1);
+        issue_o(n_tiles - 1);
         pass();
         wgmma_wait<0>();
         reg_fence(o);

@@ -12,6 +12,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common/launch.h"
 #include "common/mask.cuh"
 #include "common/mma.cuh"
@@ -109,6 +111,71 @@ __device__ __forceinline__ uint64_t desc_kmajor(uint32_t tile, int rows, int kk)
 // Descriptor of V (B of P V, N-major): k16 step kk = keys 16kk..16kk+15, all D columns.
 __device__ __forceinline__ uint64_t desc_v(uint32_t tile, int rows, int kk) {
   return desc_advance(desc_sw128(tile, rows * 128, 1024), kk * 16 * 128);
+}
+
+// The shared-memory layout of v05..v07: Cfg::kQBytes of Q tiles, then kStages K tiles, then kStages V tiles.
+template <class Cfg>
+struct SmemRing {
+  uint32_t q;
+  __device__ __forceinline__ uint32_t k(int s) const { return q + Cfg::kQBytes + s * Cfg::kTileBytes; }
+  __device__ __forceinline__ uint32_t v(int s) const { return q + Cfg::kQBytes + (Cfg::kStages + s) * Cfg::kTileBytes; }
+};
+
+// The ring over this CTA's dynamic shared memory, `smem` from align1024 (what 128-byte swizzle needs).
+template <class Cfg>
+__device__ __forceinline__ SmemRing<Cfg> smem_ring(uint8_t* smem) {
+  return SmemRing<Cfg>{smem_u32(smem)};
+}
+
+// The work of one CTA of v05 / v06: (b, h, query block) from blockIdx.x, heads slowest; causal blocks of a
+// head heaviest first. n_tiles: the key tiles of BC keys the block reads (causal: up to its last row).
+struct WorkTile {
+  int b, h, hkv, m0, n_tiles;
+};
+template <class Cfg>
+__device__ __forceinline__ WorkTile cta_work_tile(const AttnFwdParams& p) {
+  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
+  const int bh = blockIdx.x / num_m;
+  const int mb = p.causal ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
+  const int b = bh / p.heads_q, h = bh % p.heads_q;
+  const int hkv = h / (p.heads_q / p.heads_kv);
+  const int m0 = mb * Cfg::BR;
+  const int kv_end = p.causal ? min(p.seqlen_k, min(p.seqlen_q, m0 + Cfg::BR)) : p.seqlen_k;
+  return WorkTile{b, h, hkv, m0, (kv_end + Cfg::BC - 1) / Cfg::BC};
+}
+
+// The `full` barriers of Q and of each K and V stage: one arrival (the TMA-issuing thread's expect_tx).
+template <int kStages>
+__device__ __forceinline__ void init_full_barriers(uint64_t* bar_q, uint64_t* bar_k, uint64_t* bar_v) {
+  mbar_init(smem_u32(bar_q), 1);
+  for (int s = 0; s < kStages; ++s) {
+    mbar_init(smem_u32(&bar_k[s]), 1);
+    mbar_init(smem_u32(&bar_v[s]), 1);
+  }
+}
+
+// A wgmma accumulator (one flat array per thread) set to zero.
+template <int kN>
+__device__ __forceinline__ void zero_acc(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) d[i] = 0.f;
+}
+
+// S = Q_w K^T for one K tile of BC keys (SS form: both from shared memory), one commit group.
+template <int D, int BC, bool kBf16>
+__device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q, uint32_t k) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    WgmmaOp<BC>::template ss<kBf16, 0>(s, desc_kmajor(q, 64, kk), desc_kmajor(k, BC, kk), kk > 0);
+  wgmma_commit();
+}
+
+// O += P V for one V tile (RS form: P from registers), one commit group.
+template <int D, int BC, bool kBf16>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BC / 16][4], uint32_t v) {
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(v, BC, kk), 1);
+  wgmma_commit();
 }
 
 // Byte offset of element (r, c) in a swizzled tile with `rows` rows per column block.
@@ -289,15 +356,58 @@ __device__ __forceinline__ void pack_p(const float (&s)[BC / 2], uint32_t (&pa)[
     for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
-// The three in a row (v05, v06): softmax, O rescale, P fragments.
-template <int BC, int D, class T, bool kMask, int kChains = 1, bool kFold = false>
-__device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 2], uint32_t (&pa)[BC / 16][4],
-                                             RowState& st, float c, int row0, int col0, int seqlen_k,
-                                             bool causal) {
+// common/mask.cuh's tile_needs_mask for key tile j of BC keys (written per tile index: the same predicate,
+// in the form v05..v07's SASS was measured with).
+template <int BC>
+__device__ __forceinline__ bool key_tile_needs_mask(int j, int wm0, int seqlen_k, bool causal) {
+  return (j + 1) * BC > seqlen_k || (causal && (j + 1) * BC - 1 > wm0);
+}
+
+// The three in a row (v05, v06), for key tile j of a warpgroup whose first row is wm0: masked only where
+// the tile needs it (common/mask.cuh).
+template <int BC, int D, class T, bool kMask, int kChains, bool kFold>
+__device__ __forceinline__ void softmax_step_masked(float (&s)[BC / 2], float (&o)[D / 2], uint32_t (&pa)[BC / 16][4],
+                                                    RowState& st, float c, int row0, int col0, int seqlen_k,
+                                                    bool causal) {
   float alpha[2];
   softmax_scores<BC, kMask, 0, kChains, kFold>(s, st, alpha, c, row0, col0, seqlen_k, causal);
   rescale_o<D>(o, alpha);
   pack_p<BC, T>(s, pa);
+}
+// (Each branch keeps its own copy of the rescale and the packing: one join before them changes the schedule.)
+template <int BC, int D, class T, int kChains = 1, bool kFold = false>
+__device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 2], uint32_t (&pa)[BC / 16][4],
+                                             RowState& st, float c, int row0, int j, int wm0, int seqlen_k,
+                                             bool causal) {
+  if (key_tile_needs_mask<BC>(j, wm0, seqlen_k, causal))
+    softmax_step_masked<BC, D, T, true, kChains, kFold>(s, o, pa, st, c, row0, j * BC, seqlen_k, causal);
+  else
+    softmax_step_masked<BC, D, T, false, kChains, kFold>(s, o, pa, st, c, row0, j * BC, seqlen_k, causal);
+}
+
+// One key tile with nothing overlapped (v05, v06): wait K_j, S = Q K_j^T, softmax, wait V_j, O += P V_j,
+// each GEMM waited for. Stage j % kStages of the ring; the caller releases the stage.
+template <class Cfg, class T, int kChains = 1, bool kFold = false>
+__device__ __forceinline__ void serial_tile(float (&o)[Cfg::D / 2], RowState& st, const SmemRing<Cfg>& ring,
+                                            uint32_t q, uint64_t* bar_k, uint64_t* bar_v, int j, int wm0, int row0,
+                                            float c, const AttnFwdParams& p) {
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const int s = j % kStages;
+  const uint32_t phase = (j / kStages) & 1;
+  float sacc[BC / 2];
+  mbar_wait(smem_u32(&bar_k[s]), phase);
+  wgmma_fence();
+  issue_qk<D, BC, kBf16>(sacc, q, ring.k(s));
+  wgmma_wait<0>();
+
+  uint32_t pa[BC / 16][4];
+  softmax_step<BC, D, T, kChains, kFold>(sacc, o, pa, st, c, row0, j, wm0, p.seqlen_k, p.causal);
+
+  mbar_wait(smem_u32(&bar_v[s]), phase);
+  wgmma_fence();
+  issue_pv<D, BC, kBf16>(o, pa, ring.v(s));
+  wgmma_wait<0>();
 }
 
 // ---------------------------------------------------------------- epilogue

@@ -64,6 +64,13 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// The three maps of an attention kernel (Q, K, V), prefetched by the thread that issues the loads.
+__device__ __forceinline__ void tma_prefetch_maps(const CUtensorMap* q, const CUtensorMap* k, const CUtensorMap* v) {
+  tma_prefetch_map(q);
+  tma_prefetch_map(k);
+  tma_prefetch_map(v);
+}
+
 // cp.async.bulk.tensor 4-D load: coordinates innermost first (elements); completes `box bytes` of tx on `bar`.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2, int c3) {
