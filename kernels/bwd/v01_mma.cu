@@ -105,6 +105,23 @@ __device__ __forceinline__ uint32_t addr_b_kn_trans(const void* t, int ld, int n
   return tile_addr(t, ld, k0 + ((lane >> 3) & 1) * 8 + (lane & 7), n0 + (lane >> 4) * 8);
 }
 
+// One pair of n8 tiles (n, n + 1) of two products at once: c1 += a1 B1 and c2 += a2 B2, B1 and B2 loaded
+// with ldmatrix.x4 (kTrans: .trans) from the smem addresses b1 and b2.
+template <class T, bool kTrans, int kN1, int kN2>
+__device__ __forceinline__ void mma_pair_x2(float (&c1)[kN1][4], float (&c2)[kN2][4], int n, const uint32_t (&a1)[4],
+                                            const uint32_t (&a2)[4], uint32_t b1, uint32_t b2) {
+  uint32_t f1[4], f2[4];
+  if constexpr (kTrans) {
+    ldmatrix_x4_trans(f1, b1);
+    ldmatrix_x4_trans(f2, b2);
+  } else {
+    ldmatrix_x4(f1, b1);
+    ldmatrix_x4(f2, b2);
+  }
+  mma_16816_x2<T>(c1, n, a1, f1);
+  mma_16816_x2<T>(c2, n, a2, f2);
+}
+
 // Both products a step recomputes, for one warp's 16 rows m0.. of its A tiles: s = A_s B_s^T and
 // dp = A_dp B_dp^T (kN n8 tiles: rows of the B tiles), over D; every tile row-major with pitch ld. The K/V
 // CTA: S^T = K_w Q^T and dP^T = V_w dO^T; the dQ CTA: S = Q_w K^T and dP = dO_w V^T.
@@ -121,13 +138,9 @@ __device__ __forceinline__ void s_dp_tile(float (&s)[kN][4], float (&dp)[kN][4],
     ldmatrix_x4(as, addr_a(a_s, ld, m0, kk * 16, lane));
     ldmatrix_x4(ad, addr_a(a_dp, ld, m0, kk * 16, lane));
 #pragma unroll
-    for (int jn = 0; jn < kN / 2; ++jn) {
-      uint32_t bs[4], bd[4];
-      ldmatrix_x4(bs, addr_b_nk(b_s, ld, jn * 16, kk * 16, lane));
-      ldmatrix_x4(bd, addr_b_nk(b_dp, ld, jn * 16, kk * 16, lane));
-      mma_16816_x2<T>(s, 2 * jn, as, bs);
-      mma_16816_x2<T>(dp, 2 * jn, ad, bd);
-    }
+    for (int jn = 0; jn < kN / 2; ++jn)
+      mma_pair_x2<T, false>(s, dp, 2 * jn, as, ad, addr_b_nk(b_s, ld, jn * 16, kk * 16, lane),
+                            addr_b_nk(b_dp, ld, jn * 16, kk * 16, lane));
   }
 }
 
@@ -317,13 +330,9 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
                         pack2<T>(dp[2 * jk + 1][0], dp[2 * jk + 1][1]),
                         pack2<T>(dp[2 * jk + 1][2], dp[2 * jk + 1][3])};
 #pragma unroll
-      for (int dn = 0; dn < D / 16; ++dn) {
-        uint32_t bd[4], bq[4];
-        ldmatrix_x4_trans(bd, addr_b_kn_trans(tdo, LD, dn * 16, jk * 16, lane));
-        ldmatrix_x4_trans(bq, addr_b_kn_trans(tq, LD, dn * 16, jk * 16, lane));
-        mma_16816_x2<T>(dv, 2 * dn, ap, bd);
-        mma_16816_x2<T>(dk, 2 * dn, as, bq);
-      }
+      for (int dn = 0; dn < D / 16; ++dn)
+        mma_pair_x2<T, true>(dv, dk, 2 * dn, ap, as, addr_b_kn_trans(tdo, LD, dn * 16, jk * 16, lane),
+                             addr_b_kn_trans(tq, LD, dn * 16, jk * 16, lane));
       if constexpr (kAtomicDq) {  // dS^T rows of this warp into smem [key][query] for the block's dQ
         T* row = sdS + (kw + g) * LDS + jk * 16 + 2 * t;
         *reinterpret_cast<uint32_t*>(row) = as[0];
