@@ -1,0 +1,44 @@
+"""Cell-by-cell comparison of the two guard sessions of guard_ab.sh: head / base time for every timed row.
+
+SDPA's rows run the same code in both sessions, so their spread is the noise floor the +-2 % guard is read
+against. Usage: python3 tests/cuda/guard_ab.py base.tgz head.tgz [out.json]
+"""
+import io
+import json
+import sys
+import tarfile
+
+
+def rows(tgz):
+    with tarfile.open(tgz) as tar:
+        for member in tar.getmembers():
+            if member.name.endswith("records.jsonl"):
+                text = tar.extractfile(member).read().decode()
+                return [json.loads(line) for line in io.StringIO(text) if line.strip()]
+    raise SystemExit(f"{tgz}: no records.jsonl")
+
+
+def times(records):
+    return {(r.get("chapter"), r["impl"], r["case"]["name"]): r["timing"]["median_ms"]
+            for r in records if isinstance(r.get("timing"), dict)}
+
+
+def main():
+    base, head = times(rows(sys.argv[1])), times(rows(sys.argv[2]))
+    table = [(key, head[key] / base[key]) for key in sorted(base) if key in head]
+    ours = [(k, x) for k, x in table if not k[1].startswith("sdpa")]
+    sdpa = [(k, x) for k, x in table if k[1].startswith("sdpa")]
+    for (chapter, impl, case), x in ours:
+        print(f"{chapter:<11} {impl:<30} {case:<22} head/base {x:.3f}{'  OUTSIDE +-2 %' if abs(x - 1) > 0.02 else ''}")
+    worst = lambda pairs: max((abs(x - 1) for _, x in pairs), default=0.0)  # noqa: E731
+    print(f"ours: {len(ours)} rows, worst |head/base - 1| {worst(ours):.3f}, outside +-2 %: "
+          f"{sum(abs(x - 1) > 0.02 for _, x in ours)}; SDPA (unchanged code, the noise floor): {len(sdpa)} rows, "
+          f"worst {worst(sdpa):.3f}, outside +-2 %: {sum(abs(x - 1) > 0.02 for _, x in sdpa)}")
+    if len(sys.argv) > 3:
+        with open(sys.argv[3], "w") as f:
+            json.dump([{"chapter": k[0], "impl": k[1], "case": k[2], "head_over_base": x} for k, x in table], f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
