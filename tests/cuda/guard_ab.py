@@ -5,6 +5,7 @@ against. Usage: python3 tests/cuda/guard_ab.py base.tgz head.tgz [out.json]
 """
 import io
 import json
+import statistics
 import sys
 import tarfile
 
@@ -30,6 +31,12 @@ def main():
     sdpa = [(k, x) for k, x in table if k[1].startswith("sdpa")]
     for (chapter, impl, case), x in ours:
         print(f"{chapter:<11} {impl:<30} {case:<22} head/base {x:.3f}{'  OUTSIDE +-2 %' if abs(x - 1) > 0.02 else ''}")
+    by_impl = {}
+    for (chapter, impl, _), x in table:
+        by_impl.setdefault((chapter, impl), []).append(x)
+    for (chapter, impl), xs in sorted(by_impl.items()):  # a kernel whose SASS did not change shows the drift
+        print(f"{chapter:<11} {impl:<30} n={len(xs):2} median {statistics.median(xs):.3f} min {min(xs):.3f} "
+              f"max {max(xs):.3f} outside +-2 %: {sum(abs(x - 1) > 0.02 for x in xs)}")
     worst = lambda pairs: max((abs(x - 1) for _, x in pairs), default=0.0)  # noqa: E731
     print(f"ours: {len(ours)} rows, worst |head/base - 1| {worst(ours):.3f}, outside +-2 %: "
           f"{sum(abs(x - 1) > 0.02 for _, x in ours)}; SDPA (unchanged code, the noise floor): {len(sdpa)} rows, "
