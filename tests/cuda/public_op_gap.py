@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from lab import bench, cases, ops, sweep
+from lab import bench, build, cases, ops, sweep
 from event_timing import host_us  # tests/cuda/ is the script's own directory
 
 
@@ -38,8 +38,13 @@ def main():
         case = grid[name]
         q, k, v, causal = sweep.case_inputs(case)
         version = ops.attention_version(q, None, causal)
-        calls = {
+        address, bind, scale = ops.launcher(ops.FWD, version), build.binding(), 1 / q.shape[-1] ** 0.5
+        calls = {  # the public op, then the layers under it down to the bare launch
             "lab.ops.attention": lambda: ops.attention(q, k, v, is_causal=causal),
+            "_attention_impl": lambda: ops._attention_impl(q, k, v, causal, scale, version, False),
+            "binding.attn_call": lambda: bind.attn_call(address, q, k, v, scale, causal, False),
+            "attn_fwd + empty_like": lambda: bind.attn_fwd(address, q, k, v, torch.empty_like(q), None, scale, causal,
+                                                           None),
             f"{version} kernel only": ops.fwd_call_factory(version)(q, k, v, causal),
             "sdpa-cudnn": bench.sdpa_runner("default", q, k, v, causal),
         }
@@ -50,7 +55,7 @@ def main():
                 row = {"case": name, "call": label, "cold_ms": cold[label].median_ms, "queued_ms": queued_ms(fn),
                        "host_us": host_us(fn)}
             out.append(row)
-            print(f"{name:<16} {label:<22} cold {row['cold_ms']:.4f} ms  queued {row['queued_ms']:.4f} ms  "
+            print(f"{name:<16} {label:<24} cold {row['cold_ms']:.4f} ms  queued {row['queued_ms']:.4f} ms  "
                   f"host {row['host_us']:6.1f} us")
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
