@@ -3,7 +3,11 @@
 median_ms(call, warmups, reps): call(0) .. call(warmups - 1), a device synchronize, then `reps` calls
 call(warmups + i), each between two CUDA events, synchronized on the second; the median of the event times in
 ms (the upper one of an even count). The index lets a caller rotate its inputs.
+host_us(fn, n, launches): the median host microseconds of fn() (host_breakdown.py, public_op_gap.py).
 """
+import statistics
+import time
+
 import torch
 
 
