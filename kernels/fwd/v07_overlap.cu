@@ -123,6 +123,9 @@
 //     H100 2k 317 / 464 (+46 %), 8k 548 / 611 (+11 %), 16k 639 / 645, 512 211 / 241; H200 2k 426 / 449 (+5 %),
 //     8k 566 / 569, 16k 625 / 612 (8 MiB: 460 / 579 / 620; 32 MiB: 449 / 579 / 625). D = 64 loses 0-7 % with
 //     it (H200 16k 473 / 440): off there.
+//   D = 128, S = 2048 (run 13, H200, rounds; the same code measured 631 / 643 at 8k, so +-2 % is noise):
+//     default 560-562 TFLOP/s, PERSIST 573, long config at B_c = 128 584 (+4 %; -8 % at 16k in run 8), the
+//     few-keys config 562; causal 2048: few-keys config 469-471, the long one with L2 order 454. Left as is.
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
