@@ -22,6 +22,8 @@
 // - Causal CTAs in longest-first order over the whole grid (query block
 //   slowest, heaviest first): the last wave holds the shortest CTAs, so
 //   the tail is short (LPT scheduling). Non-causal keeps v06's order.
+//   Since the third sitting of 2026-11-23 the order is longest-first within
+//   groups of heads whose K/V fit 16 MiB of L2 (D = 128; see below).
 // - Tile config knobs (compile-time, for sweeps): LAB_V07_D{64,128}_
 //   {CONSUMERS,BC,STAGES}.
 // - PINGPONG (on at D = 128): the consumer warpgroups take turns issuing
@@ -290,10 +292,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   const SmemRing<Cfg> ring_ = smem_ring<Cfg>(smem);
   const uint32_t sQ = ring_.q;
 
-  // Work tiles: (b, h, Q_i); causal: longest first over the whole grid. PERSIST: one CTA per SM takes
-  // round `it`'s tile it * G + x (G = gridDim.x); causal rounds alternate direction (a snake over the
-  // longest-first list) so each CTA's heavy and light tiles even out. The next tile's K_0 and Q load under
-  // this one's last GEMMs and epilogue: no CTA launch, barrier setup or pipeline fill between two tiles.
+  // Work tiles: (b, h, Q_i); causal: longest first (within L2-sized head groups, see locate). PERSIST: one
+  // CTA per SM takes round `it`'s tile it * G + x (G = gridDim.x); causal rounds alternate direction (a snake
+  // over the longest-first list) so each CTA's heavy and light tiles even out. The next tile's K_0 and Q load
+  // under this one's last GEMMs and epilogue: no CTA launch, barrier setup or pipeline fill between two tiles.
   const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
   const int num_bh = p.batch * p.heads_q;
   const int num_rounds = kPersist ? (num_m * num_bh + gridDim.x - 1) / gridDim.x : 1;
