@@ -76,13 +76,7 @@ class CudaTimer:
 
 def time_fn(fn, timer=None, warmup: int = 3, **stop) -> Timing:
     """Median time of fn() in ms. `timer(fn) -> ms` is injectable (tests use a fake one)."""
-    timer = timer or CudaTimer()
-    for _ in range(warmup):
-        timer(fn)
-    times, start = [], time.perf_counter()
-    while not should_stop(times, time.perf_counter() - start, **stop):
-        times.append(timer(fn))
-    return summarize(times)
+    return time_interleaved({"fn": (fn, None)}, timer, warmup, first_run=lambda _: None, **stop)["fn"]
 
 
 def time_interleaved(calls: dict, timer=None, warmup: int = 3, first_run=None, **stop) -> dict:

@@ -10,6 +10,8 @@ or decode_sweep(...); the rows land in the run's records.jsonl and come back as 
 """
 from __future__ import annotations
 
+from functools import partial
+
 from . import bench, record
 from .cases import Case, DecodeCase, decode_kv_bytes
 from .check import DTYPES
@@ -42,11 +44,6 @@ def public_decode(version=None, num_splits=None):
     def make(q, k, v, seqlens):
         return lambda: ops.decode(q, k, v, seqlens, version=version, num_splits=num_splits)
     return make
-
-
-def _backend_context(backend: str):
-    """The context time_interleaved enters around each timed call of one SDPA backend."""
-    return lambda: bench.sdpa_backend(backend)
 
 
 def _inputs_fwd(case: Case, seed: int):
@@ -97,7 +94,7 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
             if backend == "math" and case.B * case.Hq * case.Sq * case.Sk * 4 > bench.MATH_MAX_SCORE_BYTES:
                 times[backend] = "skipped: scores would not fit (math backend materialises them)"
                 continue
-            calls[backend] = (bench.sdpa_runner("default", q, k, v, case.causal), _backend_context(backend))
+            calls[backend] = (bench.sdpa_runner("default", q, k, v, case.causal), partial(bench.sdpa_backend, backend))
         fns = {impl: make(q, k, v, case.causal) for impl, make in kernels.items()}
         timed = bench.time_interleaved({**calls, **{("ours", impl): (fn, None) for impl, fn in fns.items()}}, **stop)
         for backend in backends:
@@ -164,7 +161,7 @@ def decode_sweep(cases: list[DecodeCase], kernels: dict, backends=("flash", "cud
         mask = None
         if case.seqlens:
             mask = (torch.arange(case.kv_len, device="cuda")[None, :] < seqlens[:, None])[:, None, None, :]
-        calls = {backend: (bench.sdpa_runner("default", q, k, v, False, attn_mask=mask), _backend_context(backend))
+        calls = {backend: (bench.sdpa_runner("default", q, k, v, False, attn_mask=mask), partial(bench.sdpa_backend, backend))
                  for backend in backends}
         calls.update({("ours", impl): (make(q, k, v, seqlens if case.seqlens else None), None)  # uniform: no seqlens
                       for impl, make in kernels.items()})

@@ -409,7 +409,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         alpha[0] = alpha[1] = 1.f;
         return true;
       }
-      const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);  // key_tile_needs_mask
+      // common/mask.cuh's tile_needs_mask, written out: the call form moves v07's integer code (sass_guard)
+      const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
       if (mask)
         softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,
                                                                         p.seqlen_k, p.causal);

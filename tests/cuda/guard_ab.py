@@ -1,22 +1,27 @@
 """Cell-by-cell comparison of the two guard sessions of guard_ab.sh: head / base time for every timed row.
 
 SDPA's rows run the same code in both sessions, so their spread is the noise floor the +-2 % guard is read
-against. Usage: python3 tests/cuda/guard_ab.py base.tgz head.tgz [out.json]
+against. Usage (repo root): PYTHONPATH=. python3 tests/cuda/guard_ab.py base.tgz head.tgz [out.json]
 """
-import io
 import json
 import statistics
 import sys
 import tarfile
+import tempfile
+from pathlib import Path
+
+from lab import record
 
 
 def rows(tgz):
-    with tarfile.open(tgz) as tar:
-        for member in tar.getmembers():
-            if member.name.endswith("records.jsonl"):
-                text = tar.extractfile(member).read().decode()
-                return [json.loads(line) for line in io.StringIO(text) if line.strip()]
-    raise SystemExit(f"{tgz}: no records.jsonl")
+    """The records of a session tarball, read by lab.record (the one reader of records.jsonl)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(tgz) as tar:
+            tar.extractall(tmp, filter="data")
+        found = record.load(Path(tmp))
+    if not found:
+        raise SystemExit(f"{tgz}: no records")
+    return found
 
 
 def times(records):

@@ -4,7 +4,7 @@
 # judged cell by cell (within +-2 %) without a session from another day or another timing rule in between.
 # Here:   rm -rf .cache/base && mkdir -p .cache/base && git archive BASE kernels | tar -x -C .cache/base
 # Device: run(carry=[".whl", ".cache/base"]): LAB_COMMIT=HEAD BASE=BASE bash tests/cuda/guard_ab.sh
-# Then:   python3 tests/cuda/guard_ab.py OUT/base.tgz OUT/head.tgz   (the cell-by-cell ratio table)
+# Then:   PYTHONPATH=. python3 tests/cuda/guard_ab.py OUT/base.tgz OUT/head.tgz   (the cell-by-cell ratio table)
 set -u
 OUT=${OUT:-/tmp/guard_ab}; mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/tx}

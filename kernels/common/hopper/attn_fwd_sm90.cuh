@@ -356,15 +356,7 @@ __device__ __forceinline__ void pack_p(const float (&s)[BC / 2], uint32_t (&pa)[
     for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
-// common/mask.cuh's tile_needs_mask for key tile j of BC keys (written per tile index: the same predicate,
-// in the form v05..v07's SASS was measured with).
-template <int BC>
-__device__ __forceinline__ bool key_tile_needs_mask(int j, int wm0, int seqlen_k, bool causal) {
-  return (j + 1) * BC > seqlen_k || (causal && (j + 1) * BC - 1 > wm0);
-}
-
-// The three in a row (v05, v06), for key tile j of a warpgroup whose first row is wm0: masked only where
-// the tile needs it (common/mask.cuh).
+// The three in a row: softmax (masked or not), O rescale, P fragments.
 template <int BC, int D, class T, bool kMask, int kChains, bool kFold>
 __device__ __forceinline__ void softmax_step_masked(float (&s)[BC / 2], float (&o)[D / 2], uint32_t (&pa)[BC / 16][4],
                                                     RowState& st, float c, int row0, int col0, int seqlen_k,
@@ -374,12 +366,14 @@ __device__ __forceinline__ void softmax_step_masked(float (&s)[BC / 2], float (&
   rescale_o<D>(o, alpha);
   pack_p<BC, T>(s, pa);
 }
-// (Each branch keeps its own copy of the rescale and the packing: one join before them changes the schedule.)
+// The same for key tile j of a warpgroup whose first row is wm0 (v05, v06), masked only where the tile needs
+// it (common/mask.cuh). Each branch keeps its own copy of the rescale and the packing: one join before them
+// changes the schedule.
 template <int BC, int D, class T, int kChains = 1, bool kFold = false>
 __device__ __forceinline__ void softmax_step(float (&s)[BC / 2], float (&o)[D / 2], uint32_t (&pa)[BC / 16][4],
                                              RowState& st, float c, int row0, int j, int wm0, int seqlen_k,
                                              bool causal) {
-  if (key_tile_needs_mask<BC>(j, wm0, seqlen_k, causal))
+  if (tile_needs_mask(j * BC, BC, wm0, seqlen_k, causal))
     softmax_step_masked<BC, D, T, true, kChains, kFold>(s, o, pa, st, c, row0, j * BC, seqlen_k, causal);
   else
     softmax_step_masked<BC, D, T, false, kChains, kFold>(s, o, pa, st, c, row0, j * BC, seqlen_k, causal);
