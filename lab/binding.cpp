@@ -525,6 +525,31 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_call(int64_t
   return {error, o, lse};
 }
 
+// lab.ops.attention's eager call in one crossing: the Python layer's own rules (ops._check_qkv's last-dim stride,
+// _check_heads, the empty key, an autograd call) are checked here, then attn_call's. A rule of this layer
+// answers "refused" before anything is allocated, attn_call's checks answer their message; on any answer
+// lab.ops takes its full path, which raises the right TypeError/ValueError. Why: the public op's host time shows in every short row (n9, issue 15), and each
+// Python attribute read of the checks costs about what the C++ check does. scale None: 1/sqrt(D), computed
+// as Python's 1.0 / math.sqrt(D) is (both correctly rounded), so the two paths pass the same float; a given
+// scale meets attn_call's check_scale (finite, fits float32), and a refusal there also sends lab.ops the long way.
+bool python_rules_hold(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa) {
+  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return false;
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->dim() != 4 || !on_gpu(*t)) return false;
+    if (t->scalar_type() != at::kHalf && t->scalar_type() != at::kBFloat16) return false;
+    if (t->stride(3) != 1 && t->numel() != 0) return false;
+  }
+  return k.size(2) > 0 && (enable_gqa || q.size(1) == k.size(1));
+}
+
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_auto(int64_t launcher, at::Tensor q, at::Tensor k,
+                                                                      at::Tensor v, bool causal, bool enable_gqa,
+                                                                      bool want_lse, c10::optional<double> scale) {
+  if (!python_rules_hold(q, k, v, enable_gqa)) return {"refused", at::Tensor(), c10::nullopt};
+  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  return attn_call(launcher, q, k, v, s, causal, want_lse);
+}
+
 std::tuple<std::string, at::Tensor> decode_call(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v,
                                                 c10::optional<at::Tensor> cache_seqlens, double scale,
                                                 int64_t num_splits) {
@@ -582,6 +607,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attn_fwd", &attn_fwd, "forward attention through a launcher address");
   m.def("decode_fwd", &decode_fwd, "split-K decoding through a launcher address");
   m.def("attn_call", &attn_call, "forward attention, output allocated here: (error, out, lse)");
+  m.def("attn_auto", &attn_auto, "lab.ops.attention's eager call: (error or \"refused\", out, lse)");
   m.def("decode_call", &decode_call, "split-K decoding, output and workspaces allocated here: (error, out)");
   m.def("decode_paged_call", &decode_paged_call,
         "decode v03 (paged or contiguous, bottom-right causal), allocated here: (error, out, page_errors)");

@@ -19,6 +19,9 @@ class Kernel:
 
 
 _addresses: dict = {}
+# Memoised per-call plans of the public ops (lab.ops: launcher addresses keyed by shape and device); they
+# hold addresses, so reload() forgets them with _addresses.
+plans: dict = {}
 
 
 def launcher(table: dict, version: str, defines=None) -> int:
@@ -34,6 +37,7 @@ def launcher(table: dict, version: str, defines=None) -> int:
 def reload() -> None:
     """Forget launcher addresses: the next call rebuilds any kernel whose sources changed."""
     _addresses.clear()
+    plans.clear()
     build._loaded.clear()
 
 

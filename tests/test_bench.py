@@ -232,3 +232,29 @@ def test_sdpa_runner_cpu_backends_agree():
     torch.testing.assert_close(default, forced)
     with pytest.raises(KeyError):
         bench.sdpa_runner("triton", q, k, v)
+
+
+# ------------------------------------------------------------------ fwd_sweep: which rows share rounds
+
+def test_fwd_sweep_times_the_math_backend_in_rounds_of_its_own(monkeypatch):
+    """The math backend runs for milliseconds per call and slowed the rows timed after it inside a round (n9,
+    H200): the sweep times it alone, after the rounds that hold every other backend and ours."""
+    import torch
+
+    from lab import cases, record, sweep
+
+    groups = []
+
+    def fake_interleaved(calls, **stop):
+        groups.append(set(calls))
+        return {name: Timing(1.0, 1.0, 1.0, 3) for name in calls}
+
+    tiny = torch.zeros(1, 1, 1, 64)
+    monkeypatch.setattr(sweep, "_inputs_fwd", lambda case, seed: [tiny, tiny, tiny])
+    monkeypatch.setattr(bench, "ceilings", lambda: {"bf16_matmul_tflops": 1000.0, "copy_gbps": 3000.0})
+    monkeypatch.setattr(bench, "time_interleaved", fake_interleaved)
+    monkeypatch.setattr(record, "append", lambda row: row)
+    case = cases.Case("t", B=1, Hq=1, Hkv=1, Sq=1, Sk=1, D=64, dtype="bfloat16", causal=False)
+    rows = sweep.fwd_sweep([case], {"ours": lambda q, k, v, c: (lambda: None)}, progress=False)
+    assert groups == [{"flash", "cudnn", "efficient", "default", ("ours", "ours")}, {"math"}]
+    assert sorted(r["impl"] for r in rows) == sorted([f"sdpa-{b}" for b in bench.BACKENDS] + ["ours"])

@@ -7,6 +7,7 @@ The first run compiles the binding (~20 s on the CPU box); later runs load it fr
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import shutil
 
@@ -74,3 +75,78 @@ def test_every_message_names_an_argument():
     for table in (binding_cases.fwd_bad, binding_cases.decode_bad):
         for what, (_, pattern) in table("cpu").items():
             assert any(re.search(re.escape(n), pattern) for n in names), (what, pattern)
+
+
+# ------------------------------------------------------------------ attn_auto: lab.ops.attention's eager call
+
+def _auto_call(binding, a, causal=False, gqa=True, want_lse=False, scale=None):
+    return binding.module.attn_auto(0, a["q"], a["k"], a["v"], causal, gqa, want_lse, scale)
+
+
+def _refusal(change):
+    a = binding_cases.fwd_args("cpu")
+    a.update(change(a))
+    return a
+
+
+# What lab.ops' Python layer raises on that the binding's own checks would let through (a copy, a launch with
+# nothing to read): attn_auto must answer "refused", so the full path runs and raises the right error.
+PYTHON_RULES = {
+    "gqa_not_asked": (lambda a: {}, dict(gqa=False)),  # Hq 4, Hkv 2 without enable_gqa
+    "empty_key": (lambda a: {"k": torch.randn(2, 2, 0, 64, dtype=torch.float16),
+                             "v": torch.randn(2, 2, 0, 64, dtype=torch.float16)}, {}),
+    "last_dim_strided": (lambda a: {"q": torch.randn(2, 4, 65, 128, dtype=torch.float16)[..., ::2]}, {}),
+    "dtype": (lambda a: {"q": a["q"].float()}, {}),
+    "rank": (lambda a: {"q": a["q"][0]}, {}),
+    "grad_wanted": (lambda a: {"k": a["k"].clone().requires_grad_()}, {}),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(PYTHON_RULES))
+def test_attn_auto_refuses_what_the_python_layer_raises_on(cpu_binding, rule):
+    change, kwargs = PYTHON_RULES[rule]
+    error, out, lse = _auto_call(cpu_binding, _refusal(change), **kwargs)
+    assert error == "refused" and out is None and lse is None
+
+
+@pytest.mark.parametrize("what", [w for w in _cases(binding_cases.fwd_bad)
+                                  if not w.startswith(("out", "lse", "debug", "scale"))])
+def test_attn_auto_answers_every_bad_input_of_the_binding(cpu_binding, what):
+    """The binding's own checks (check_call) still run behind attn_auto: each bad q/k/v case answers an error."""
+    change, _ = binding_cases.fwd_bad("cpu")[what]
+    error, _, _ = _auto_call(cpu_binding, _refusal(change))
+    assert error, what
+
+
+def test_attn_auto_good_call_allocates_out_and_lse(cpu_binding):
+    a = binding_cases.fwd_args("cpu")
+    error, out, lse = _auto_call(cpu_binding, a, want_lse=True)
+    assert error == "" and out.shape == a["q"].shape and out.dtype == a["q"].dtype
+    assert lse.shape == a["q"].shape[:3] and lse.dtype == torch.float32
+    assert _auto_call(cpu_binding, a)[2] is None
+    with torch.no_grad():  # no gradient wanted: a leaf that requires grad is fine
+        assert _auto_call(cpu_binding, _refusal(PYTHON_RULES["grad_wanted"][0]))[0] == ""
+    assert _auto_call(cpu_binding, a, scale=0.5)[0] == ""
+    for bad in (math.nan, math.inf, 1e39):  # a given scale meets check_scale
+        assert "scale" in _auto_call(cpu_binding, a, scale=bad)[0]
+
+
+def test_ops_attention_hands_its_arguments_to_attn_auto_in_order(cpu_binding, monkeypatch):
+    """lab.ops.attention's fast path on a memoised plan: the arguments reach attn_auto in its order, the answer
+    comes back as SDPA's (out) or (out, lse), and a refusal falls through to the full path's own error."""
+    from lab import ops
+
+    a = binding_cases.fwd_args("cpu")
+    seen = []
+
+    def plan(*args):
+        seen.append(args[3:])
+        return cpu_binding.module.attn_auto(0, *args)
+
+    monkeypatch.setitem(ops._plans, (65, 64, True, a["q"].get_device()), plan)
+    out, lse = ops.attention(a["q"], a["k"], a["v"], is_causal=True, enable_gqa=True, return_lse=True, scale=0.25)
+    assert seen == [(True, True, True, 0.25)] and out.shape == a["q"].shape and lse.shape == a["q"].shape[:3]
+    assert ops.attention(a["q"], a["k"], a["v"], is_causal=True, enable_gqa=True).shape == a["q"].shape
+    with pytest.raises(ValueError, match="CUDA device"):  # refused by attn_auto; the full path raises (here: CPU)
+        ops.attention(a["q"], a["k"], a["v"], is_causal=True)
+    assert seen[-1] == (True, False, False, None)

@@ -41,6 +41,7 @@ def main():
         address, bind, scale = ops.launcher(ops.FWD, version), build.binding(), 1 / q.shape[-1] ** 0.5
         calls = {  # the public op, then the layers under it down to the bare launch
             "lab.ops.attention": lambda: ops.attention(q, k, v, is_causal=causal),
+            "lab.ops.attention (full path)": lambda: ops.attention(q, k, v, is_causal=causal, version=version),
             "_attention_impl": lambda: ops._attention_impl(q, k, v, causal, scale, version, False),
             "binding.attn_call": lambda: bind.attn_call(address, q, k, v, scale, causal, False),
             "attn_fwd + empty_like": lambda: bind.attn_fwd(address, q, k, v, torch.empty_like(q), None, scale, causal,
