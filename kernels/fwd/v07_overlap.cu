@@ -197,6 +197,14 @@
 #ifndef LAB_V07_D128_L2_GROUP_MB
 #define LAB_V07_D128_L2_GROUP_MB 16
 #endif
+// FUSE: persistent configs run one stream of key tiles across their work tiles (see [lab:fuse] below).
+// D = 64: its three consumers' 160 registers spill with it (192 / 80 bytes of stack).
+#ifndef LAB_V07_D64_FUSE
+#define LAB_V07_D64_FUSE 0
+#endif
+#ifndef LAB_V07_D128_FUSE
+#define LAB_V07_D128_FUSE 0
+#endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
@@ -283,11 +291,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kFuse = kPersist && (D == 64 ? LAB_V07_D64_FUSE : LAB_V07_D128_FUSE) != 0;
   extern __shared__ uint8_t smem_raw[];
   // K and V have their own `empty` barriers: K_j is free once S_j is done, a whole softmax before
   // P_j V_j frees V_j, so the next K load is not held up by the overlapped P V (see the header).
-  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
-  __shared__ __align__(8) uint64_t empty_q;  // PERSIST: every S GEMM of this work tile has read Q
+  // FUSE: each consumer warpgroup's Q rows have their own pair (bar_q[w], empty_q[w]), so a warpgroup's next
+  // Q loads once its own S GEMMs are done, not once the slowest one's are: it needs that Q one turn after its
+  // last S GEMM, for the next tile's S_0. Otherwise one pair, bar_q[0] / empty_q[0], for all of Q.
+  constexpr int kQBars = kFuse ? Cfg::kConsumers : 1;
+  __shared__ __align__(8) uint64_t bar_q[kQBars], bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
+  __shared__ __align__(8) uint64_t empty_q[kQBars];  // PERSIST: every S GEMM of this work tile has read Q
   uint8_t* smem = align1024(smem_raw);
   const SmemRing<Cfg> ring_ = smem_ring<Cfg>(smem);
   const uint32_t sQ = ring_.q;
@@ -333,12 +346,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
-    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    init_full_barriers<kStages>(&bar_q[0], bar_k, bar_v);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
     }
-    mbar_init(smem_u32(&empty_q), 4 * Cfg::kConsumers);
+    for (int w = 0; w < kQBars; ++w) {
+      if (w > 0) mbar_init(smem_u32(&bar_q[w]), 1);
+      mbar_init(smem_u32(&empty_q[w]), 4 * Cfg::kConsumers / kQBars);  // its warpgroup's warps (all, if one)
+    }
     fence_barrier_init();
   }
   __syncthreads();
@@ -354,11 +370,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         if (work < 0) continue;
         locate(work);
         auto load_q = [&]() {
-          if (t > 0) mbar_wait(smem_u32(&empty_q), (t - 1) & 1);  // the last tile's S GEMMs are done
-          mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
-          for (int w = 0; w < Cfg::kConsumers; ++w)
+          for (int w = 0; w < Cfg::kConsumers; ++w) {
+            const int qb = kQBars > 1 ? w : 0;
+            if (w == 0 || kQBars > 1) {
+              if (t > 0) mbar_wait(smem_u32(&empty_q[qb]), (t - 1) & 1);  // the last tile's S GEMMs are done
+              mbar_arrive_expect_tx(smem_u32(&bar_q[qb]), kQBars > 1 ? Cfg::kQBytesWG : Cfg::kQBytes);
+            }
             for (int cb = 0; cb < D / 64; ++cb)
-              tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
+              tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q[qb]), cb * 64, m0 + 64 * w, h,
+                          b);
+          }
         };
         if (!kPersist || n_tiles == 0) load_q();
         // [lab:producer] the producer thread: wait for a free stage, then one TMA per 64-column block of K_j and V_j
@@ -439,12 +460,97 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     auto release_v = [&](int j) {
       if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[(ring + j) % kStages]));
     };
+    const int qb = kQBars > 1 ? wg - 1 : 0;  // this warpgroup's Q barriers
     auto release_q = [&]() {  // PERSIST: this warp's S GEMMs of the work tile are done; Q may be reloaded
-      if (kPersist && ct % 32 == 0) mbar_arrive(smem_u32(&empty_q));
+      if (kPersist && ct % 32 == 0) mbar_arrive(smem_u32(&empty_q[qb]));
     };
     // Every work tile has n_tiles > 0 exactly when S_k > 0 (causal: m0 < S_q, so kv_end > 0).
     if (kPing && wg == Cfg::kConsumers && p.seqlen_k > 0) named_barrier_arrive(3 + 1, 256);  // the first turn
-    for (int it = 0, t = 0; it < num_rounds; ++it) {
+    bool fused = false;
+    if constexpr (kFuse) {
+      // [lab:fuse] FUSE: one stream of key tiles over this CTA's work tiles. A work tile's last P V goes out in
+      // the same turn as the next work tile's S_0, and the next tile's first softmax runs under that P V; the
+      // epilogue follows. Every work tile has n_tiles >= 1 here (S_k > 0).
+      fused = p.seqlen_k > 0;
+      int it = 0, t = 0;
+      int work = fused && num_rounds > 0 ? work_at(0) : -1;
+      auto begin = [&](int w) {  // the row state and Q of work tile t
+        locate(w);
+        wm0 = m0 + 64 * (wg - 1);
+        row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+        st = RowState{};
+        mbar_wait(smem_u32(&bar_q[qb]), t & 1);
+      };
+      if (work >= 0) {
+        begin(work);
+        zero_acc(o);
+        wait_k(0);
+        turn();
+        wgmma_fence();
+        issue_s(0);
+        pass();
+        wgmma_wait<0>();
+        reg_fence(sacc);
+        release_k(0);
+        if (n_tiles == 1) release_q();
+        softmax(0);
+        pack_p<BC, T>(sacc, pa);
+      }
+      while (work >= 0) {
+        for (int j = 1; j < n_tiles; ++j) {  // as the main loop below
+          wait_k(j);
+          wait_v(j - 1);
+          turn();
+          wgmma_fence();
+          issue_s(j);
+          issue_o(j - 1);
+          pass();
+          wgmma_wait<1>();
+          reg_fence(sacc);
+          release_k(j);
+          if (j == n_tiles - 1) release_q();
+          const bool rescale = softmax(j);
+          wgmma_wait<0>();
+          reg_fence(o);
+          release_v(j - 1);
+          if (rescale) rescale_o<D>(o, alpha);
+          pack_p<BC, T>(sacc, pa);
+        }
+        // This tile's last P V (stage sv) and what its epilogue needs, then the next tile's head.
+        const int sv = (ring + n_tiles - 1) % kStages, pv = ((ring + n_tiles - 1) / kStages) & 1;
+        RowState done = st;
+        const int db = b, dh = h, dwm0 = wm0;
+        ring += n_tiles;
+        ++t;
+        work = ++it < num_rounds ? work_at(it) : -1;
+        if (work >= 0) {
+          begin(work);
+          wait_k(0);
+        }
+        mbar_wait(smem_u32(&bar_v[sv]), pv);
+        turn();
+        wgmma_fence();
+        if (work >= 0) issue_s(0);
+        issue_pv<D, BC, kBf16>(o, pa, ring_.v(sv));
+        pass();
+        if (work >= 0) {
+          wgmma_wait<1>();  // S_0 of the next tile (committed first)
+          reg_fence(sacc);
+          release_k(0);
+          if (n_tiles == 1) release_q();
+          softmax(0);  // touches neither O nor the P fragments, which the P V still reads
+        }
+        wgmma_wait<0>();
+        reg_fence(o);
+        if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[sv]));
+        epilogue_direct<D, T>(o, done, p, db, dh, dwm0);
+        if (work < 0) break;
+        zero_acc(o);
+        pack_p<BC, T>(sacc, pa);
+      }
+      // [/lab:fuse]
+    }
+    for (int it = 0, t = 0; !fused && it < num_rounds; ++it) {
       const int work = work_at(it);
       if (work < 0) continue;
       locate(work);
@@ -452,7 +558,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
       zero_acc(o);
       st = RowState{};
-      mbar_wait(smem_u32(&bar_q), t & 1);
+      mbar_wait(smem_u32(&bar_q[qb]), t & 1);
 
       if (n_tiles > 0) {
         wait_k(0);
