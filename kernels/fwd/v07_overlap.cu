@@ -128,6 +128,19 @@
 //   D = 128, S = 2048 (run 13, H200, rounds; the same code measured 631 / 643 at 8k, so +-2 % is noise):
 //     default 560-562 TFLOP/s, PERSIST 573, long config at B_c = 128 584 (+4 %; -8 % at 16k in run 8), the
 //     few-keys config 562; causal 2048: few-keys config 469-471, the long one with L2 order 454. Left as is.
+// Session of 2026-11-23, fourth sitting: the cells with few keys, again (H200 run 14,
+// outputs/driver_logs/20261123-h200-v07-fuse-run14-f82abe0/). ncu (20261123-h200-math-round-4596772/) at D = 128,
+// S = 512 non-causal: ours 304 us, tensor pipe 51 %, issue 33 %, top stall wait; cuDNN 245 us, 63 % / 41 %.
+// Per work tile of 4 key tiles, each warpgroup takes 5 turns, two of them half-empty (S_0 alone, the last
+// P V alone), and the epilogue sits between them.
+//   FUSE (persistent configs; [lab:fuse]): one stream of key tiles across work tiles, the last P V of a tile
+//     in the same turn as the next tile's S_0, whose softmax runs under that P V; per-warpgroup Q barriers so
+//     each warpgroup's next Q loads right after its own last S GEMM. Prediction: +8-12 % at S = 512 (one
+//     half-empty turn of ~5 gone per tile), ~0 at long S. Outcome (kernel-only rows, rounds): D = 128
+//     S = 512 387 vs 455 TFLOP/s (-15 %); the few-keys config with FUSE at S = 2048 441 vs 574 without it.
+//     58/58 checks pass with it (tiles of 1 key block, many tiles per CTA, ragged tails, GQA). The prediction
+//     failed and no profile of the fused kernel was taken: off (D = 64 cannot take it: 192 B of spills).
+//   Few-keys config up to S_k = 8192 (no FUSE): S = 2048 574 vs 583, S = 8192 599 vs 651: thresholds stay.
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
