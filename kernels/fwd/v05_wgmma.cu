@@ -79,8 +79,21 @@ struct Cfg05 {
   static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
 };
-using Cfg64 = Cfg05<64, 64, 2>;
-using Cfg128 = Cfg05<128, 64, 2>;
+// Tile knobs (compile-time, for sweeps): B_c and the ring depth per head dim.
+#ifndef LAB_V05_D64_BC
+#define LAB_V05_D64_BC 64
+#endif
+#ifndef LAB_V05_D64_STAGES
+#define LAB_V05_D64_STAGES 2
+#endif
+#ifndef LAB_V05_D128_BC
+#define LAB_V05_D128_BC 64
+#endif
+#ifndef LAB_V05_D128_STAGES
+#define LAB_V05_D128_STAGES 2
+#endif
+using Cfg64 = Cfg05<64, LAB_V05_D64_BC, LAB_V05_D64_STAGES>;
+using Cfg128 = Cfg05<128, LAB_V05_D128_BC, LAB_V05_D128_STAGES>;
 
 template <class Cfg, class T, bool kFold>
 __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant__ CUtensorMap tq,
