@@ -25,7 +25,8 @@
 //
 // Launch: grid ceil(S_q/64) * B * H_q (query block fastest; causal: the
 // heaviest block of each head first), 128 threads, smem 64*D*2 + 2*kStages*
-// B_c*D*2 (+1 KiB alignment): D = 64: B_c = 64, 2 stages, 41 KiB; D = 128:
+// B_c*D*2 (+1 KiB alignment): D = 64: B_c = 64, 2 stages, 41 KiB (B_c = 128,
+// 72 KiB for non-causal calls and long causal ones since run 15); D = 128:
 // B_c = 64, 2 stages, 81 KiB (two CTAs per SM so that one CTA's softmax
 // hides behind the other's GEMMs).
 //
@@ -52,6 +53,12 @@
 // scores, exp2 by one FFMA) +3.7 % at D = 64 and +1.7 % at D = 128 over the old softmax in one process,
 // 54/54 checks: on. With v07's two max / sum chains as well only +1.0 / +0.8 % (one warpgroup, nothing
 // to overlap the chains with): one chain kept.
+// 2026-11-23, fourth sitting (H200 run 15, outputs/driver_logs/20261123-h200-v05-tiles-run15-8b78b61/): lab.ops
+// runs v05 in four cells of bench-fwd (D = 64 at 512, D = 64 causal up to 2k, D = 128 causal 512), three of
+// them under SDPA-cuDNN. Prediction: B_c = 128 at D = 64 halves the per-key barrier and shuffle cost, +5 %
+// where the tiles are full. Outcome (kernel-only rows, rounds): 512 +5.6 % (378 vs 358), causal 2048 +3.4 %
+// (376 vs 363), causal 512 -4.9 % (255 vs 268): a second D = 64 config, picked per call (Cfg64Wide below).
+// 3 stages: -10 % at D = 64 and -39 % at D = 128 (fewer CTAs per SM). v07's CHAINS = 4: +-1 %.
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v05_wgmma.cu
 #include <cuda_bf16.h>
@@ -92,7 +99,19 @@ struct Cfg05 {
 #ifndef LAB_V05_D128_STAGES
 #define LAB_V05_D128_STAGES 2
 #endif
+// D = 64, a second config per call (Launch below): B_c = 128 for non-causal calls and for causal calls with
+// more than WIDE_MIN_SK_CAUSAL keys (H200 run 15, kernel-only rows in rounds: 512 378 vs 358, causal 2048 376
+// vs 363, causal 512 255 vs 268 TFLOP/s). Half the barrier round trips and row max / sum shuffles per key;
+// at causal 512 the diagonal tiles' masked half costs more than that saves. 72 KiB and 129 registers: three
+// CTAs per SM instead of four. (3 stages at D = 64, or at D = 128, lose 10-40 %: fewer CTAs per SM.)
+#ifndef LAB_V05_D64_WIDE_BC
+#define LAB_V05_D64_WIDE_BC 128
+#endif
+#ifndef LAB_V05_D64_WIDE_MIN_SK_CAUSAL
+#define LAB_V05_D64_WIDE_MIN_SK_CAUSAL 1024  // between 512 (narrow wins) and 2048 (wide wins): not measured
+#endif
 using Cfg64 = Cfg05<64, LAB_V05_D64_BC, LAB_V05_D64_STAGES>;
+using Cfg64Wide = Cfg05<64, LAB_V05_D64_WIDE_BC, LAB_V05_D64_STAGES>;
 using Cfg128 = Cfg05<128, LAB_V05_D128_BC, LAB_V05_D128_STAGES>;
 
 template <class Cfg, class T, bool kFold>
@@ -156,11 +175,18 @@ __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant
 #endif
 }
 
+template <class C, class T>
+int launch_cfg(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+  return launch_fwd_sm90_fold<C, attn_fwd_v05_kernel<C, T, true>, attn_fwd_v05_kernel<C, T, false>,
+                              LAB_V05_FOLD != 0>(p, stream, dev);
+}
+
 template <class Cfg, class T>
 struct Launch {
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-    return launch_fwd_sm90_fold<Cfg, attn_fwd_v05_kernel<Cfg, T, true>, attn_fwd_v05_kernel<Cfg, T, false>,
-                                LAB_V05_FOLD != 0>(p, stream, dev);
+    if constexpr (Cfg::D == 64)
+      if (!p.causal || p.seqlen_k > LAB_V05_D64_WIDE_MIN_SK_CAUSAL) return launch_cfg<Cfg64Wide, T>(p, stream, dev);
+    return launch_cfg<Cfg, T>(p, stream, dev);
   }
 };
 
