@@ -141,6 +141,9 @@
 //     58/58 checks pass with it (tiles of 1 key block, many tiles per CTA, ragged tails, GQA). The prediction
 //     failed and no profile of the fused kernel was taken: off (D = 64 cannot take it: 192 B of spills).
 //   Few-keys config up to S_k = 8192 (no FUSE): S = 2048 574 vs 583, S = 8192 599 vs 651: thresholds stay.
+//   Long config at B_c = 128 (run 16, outputs/driver_logs/20261123-h200-v05-check-run16-bbb7b66/): S = 2048
+//     574 vs 559 (+2.6 %; run 13: +4 %), 8192 618 vs 634, 16k 639 vs 654; with 3 stages 569 / 614 / 632. A
+//     per-call B_c = 128 below ~4k keys would gain ~3 % in one cell, about the noise of one run: not taken.
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
