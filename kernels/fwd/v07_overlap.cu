@@ -213,6 +213,10 @@
 #ifndef LAB_V07_D128_L2_GROUP_MB
 #define LAB_V07_D128_L2_GROUP_MB 16
 #endif
+// PREFETCH: persistent configs prefetch the next work tile's Q, K_0 and V_0 into L2 (producer, [PREFETCH]).
+#ifndef LAB_V07_PREFETCH
+#define LAB_V07_PREFETCH 0
+#endif
 // FUSE: persistent configs run one stream of key tiles across their work tiles (see [lab:fuse] below).
 // D = 64: its three consumers' 160 registers spill with it (192 / 80 bytes of stack).
 #ifndef LAB_V07_D64_FUSE
@@ -384,6 +388,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       for (int it = 0, t = 0; it < num_rounds; ++it) {  // t: work tiles taken (only the last round skips)
         const int work = work_at(it);
         if (work < 0) continue;
+        if constexpr (kPersist && LAB_V07_PREFETCH != 0) {
+          // PREFETCH: the next work tile's Q and first K/V boxes into L2 now, a work tile ahead: its Q load waits
+          // for this tile's S GEMMs to finish with the Q tile, and then sits in the gap between the two tiles.
+          const int next = it + 1 < num_rounds ? work_at(it + 1) : -1;
+          if (next >= 0) {
+            locate(next);
+            for (int cb = 0; cb < D / 64; ++cb) {
+              for (int w = 0; w < Cfg::kConsumers; ++w) tma_prefetch_l2_4d(&tq, cb * 64, m0 + 64 * w, h, b);
+              tma_prefetch_l2_4d(&tk, cb * 64, 0, hkv, b);
+              tma_prefetch_l2_4d(&tv, cb * 64, 0, hkv, b);
+            }
+          }
+        }
         locate(work);
         auto load_q = [&]() {
           for (int w = 0; w < Cfg::kConsumers; ++w) {
