@@ -141,6 +141,12 @@
 //     58/58 checks pass with it (tiles of 1 key block, many tiles per CTA, ragged tails, GQA). The prediction
 //     failed and no profile of the fused kernel was taken: off (D = 64 cannot take it: 192 B of spills).
 //   Few-keys config up to S_k = 8192 (no FUSE): S = 2048 574 vs 583, S = 8192 599 vs 651: thresholds stay.
+//   PREFETCH (run 17, outputs/driver_logs/20261123-h200-v07-prefetch-run17-3fb4a56/): if FUSE lost on the next
+//     tile's Q (read from DRAM once its warpgroup's last S GEMM is done, ~1 us), a prefetch of that Q and of
+//     K_0 / V_0 into L2 a work tile ahead should recover it. Outcome: FUSE with it 393 vs 465 TFLOP/s at
+//     D = 128 S = 512 (58/58 checks): the Q load was not what FUSE lost on. PREFETCH alone: D = 64 +0.4 to
+//     +1.5 % (2k, 8k causal, 16k), D = 128 S = 512 -0.8 %: inside the noise, off. What FUSE lost on is not
+//     known; the next step there is an ncu source profile of the fused loop.
 //   Long config at B_c = 128 (run 16, outputs/driver_logs/20261123-h200-v05-check-run16-bbb7b66/): S = 2048
 //     574 vs 559 (+2.6 %; run 13: +4 %), 8192 618 vs 634, 16k 639 vs 654; with 3 stages 569 / 614 / 632. A
 //     per-call B_c = 128 below ~4k keys would gain ~3 % in one cell, about the noise of one run: not taken.
