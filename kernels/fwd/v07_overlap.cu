@@ -555,35 +555,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           if (rescale) rescale_o<D>(o, alpha);
           pack_p<BC, T>(sacc, pa);
         }
-        // This tile's last P V (stage sv) and what its epilogue needs, then the next tile's head.
+        // This tile's last P V (stage sv) and what its epilogue needs, then the next tile's head. Each of the
+        // two ends below issues its wgmmas unconditionally after its fence: a wgmma issued under a condition
+        // between fence and commit made ptxas serialize every wgmma of the kernel (C7520, runs 14 and 17).
         const int sv = (ring + n_tiles - 1) % kStages, pv = ((ring + n_tiles - 1) / kStages) & 1;
         RowState done = st;
         const int db = b, dh = h, dwm0 = wm0;
         ring += n_tiles;
         ++t;
         work = ++it < num_rounds ? work_at(it) : -1;
-        if (work >= 0) {
-          begin(work);
-          wait_k(0);
+        if (work < 0) {  // the CTA's last work tile: its P V alone
+          mbar_wait(smem_u32(&bar_v[sv]), pv);
+          turn();
+          wgmma_fence();
+          issue_pv<D, BC, kBf16>(o, pa, ring_.v(sv));
+          pass();
+          wgmma_wait<0>();
+          reg_fence(o);
+          if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[sv]));
+          epilogue_direct<D, T>(o, done, p, db, dh, dwm0);
+          break;
         }
+        begin(work);
+        wait_k(0);
         mbar_wait(smem_u32(&bar_v[sv]), pv);
         turn();
         wgmma_fence();
-        if (work >= 0) issue_s(0);
+        issue_s(0);
         issue_pv<D, BC, kBf16>(o, pa, ring_.v(sv));
         pass();
-        if (work >= 0) {
-          wgmma_wait<1>();  // S_0 of the next tile (committed first)
-          reg_fence(sacc);
-          release_k(0);
-          if (n_tiles == 1) release_q();
-          softmax(0);  // touches neither O nor the P fragments, which the P V still reads
-        }
+        wgmma_wait<1>();  // S_0 of the next tile (committed first)
+        reg_fence(sacc);
+        release_k(0);
+        if (n_tiles == 1) release_q();
+        softmax(0);  // touches neither O nor the P fragments, which the P V still reads
         wgmma_wait<0>();
         reg_fence(o);
         if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[sv]));
         epilogue_direct<D, T>(o, done, p, db, dh, dwm0);
-        if (work < 0) break;
         zero_acc(o);
         pack_p<BC, T>(sacc, pa);
       }
