@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(build.resource_table(rows))
         spills = [r for r in rows if r["spills"]]
-        print(f"\n{len(rows)} kernel instantiations compiled; {len(spills)} spill")
+        serialized = [r for r in rows if r.get("wgmma_serialized")]
+        print(f"\n{len(rows)} kernel instantiations compiled; {len(spills)} spill"
+              + (f"; {len(serialized)} with wgmma serialized by ptxas" if serialized else ""))
         return 0
     if args.command == "session":
         from . import session

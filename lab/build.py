@@ -137,9 +137,18 @@ def source_hash(source: Path | str) -> str:
 
 # ---------------------------------------------------------------- ptxas report
 
+# ptxas's "(C75xx) Potential Performance Loss: wgmma.mma_async instructions are serialized due to <why> in the
+# function '<name>'": it then waits for each wgmma before the next, and the kernel runs at a fraction of its rate
+# (v07's FUSE: -15 %, outputs/driver_logs/20261123-h200-v07-fuse-run14-*). Printed before the entry's block.
+WGMMA_SERIALIZED = re.compile(r"\((C75\d\d)\) Potential Performance Loss: wgmma\S* instructions are serialized "
+                              r"due to (.*?) in the function '([^']+)'")
+
+
 def parse_ptxas(text: str) -> list[dict]:
-    """Per-kernel resources from `-Xptxas -v` output: registers, smem, stack frame, spills."""
+    """Per-kernel resources from `-Xptxas -v` output: registers, smem, stack frame, spills, and whether ptxas
+    serialized the kernel's wgmma instructions (wgmma_serialized: "C7520: <why>", or None)."""
     rows, current, props_for = [], None, None
+    serialized = {m.group(3): f"{m.group(1)}: {m.group(2)}" for m in WGMMA_SERIALIZED.finditer(text)}
     for line in text.splitlines():
         if m := re.search(r"Compiling entry function '([^']+)' for '(\w+)'", line):
             current = {"kernel": m.group(1), "arch": m.group(2), "registers": 0, "smem_bytes": 0,
@@ -159,6 +168,7 @@ def parse_ptxas(text: str) -> list[dict]:
             if s := re.search(r"(\d+) bytes smem", line):
                 current["smem_bytes"] = int(s.group(1))
     for row in rows:
+        row["wgmma_serialized"] = serialized.get(row["kernel"])
         row["kernel"] = _demangle(row["kernel"])
         row["spills"] = row["spill_stores"] + row["spill_loads"] > 0
     return rows
@@ -177,7 +187,7 @@ def resource_table(rows: list[dict]) -> str:
     header = f"{'kernel':<{width}} {'arch':<7} {'regs':>4} {'smem':>7} {'stack':>5} {'spill st/ld':>11}"
     lines = [header, "-" * len(header)]
     for r in rows:
-        flag = "  <-- SPILLS" if r["spills"] else ""
+        flag = ("  <-- SPILLS" if r["spills"] else "") + ("  <-- WGMMA SERIALIZED" if r.get("wgmma_serialized") else "")
         lines.append(f"{r['kernel']:<{width}} {r['arch']:<7} {r['registers']:>4} {r['smem_bytes']:>7} "
                      f"{r['stack_bytes']:>5} {r['spill_stores']:>5}/{r['spill_loads']:<5}{flag}")
     return "\n".join(lines)

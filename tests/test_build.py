@@ -394,6 +394,24 @@ def test_every_kernel_compiles_for_sm80_and_sm90a():
             assert any(r["source"] == rel and r["arch"] == arch for r in rows), f"{rel} has no kernel for {arch}"
     for row in rows:
         assert row["arch"] in build.CHECK_ARCHS and row["registers"] > 0
+    serialized = [f"{r['source']} {r['kernel']}: {r['wgmma_serialized']}" for r in rows if r["wgmma_serialized"]]
+    assert not serialized, "ptxas serialized these kernels' wgmma instructions:\n" + "\n".join(serialized)
+
+
+def test_parse_ptxas_names_kernels_whose_wgmma_ptxas_serialized():
+    """Real ptxas output (v07 at 93774e8 built with LAB_V07_D128_FUSE=1: a wgmma issued under a condition after
+    its fence): the four persistent few-keys instantiations, the ones FUSE changes, carry C7520; the long-config
+    ones built beside them do not."""
+    rows = build.parse_ptxas((FIXTURES / "ptxas_wgmma_serialized.log").read_text())
+    flagged = [r for r in rows if r["wgmma_serialized"]]
+    assert len(rows) == 16 and len(flagged) == 4
+    assert all(r["wgmma_serialized"].startswith("C7520: program dependence on compiler-inserted WG.AR in divergent")
+               for r in flagged)
+    few_keys = ("Cfg07<128, 128, 2, 3", "Cfg07ILi128ELi128ELi2ELi3E")  # demangled, or as is without c++filt
+    long_cfg = ("Cfg07<128, 176", "Cfg07ILi128ELi176E")
+    assert all(any(k in r["kernel"] for k in few_keys) for r in flagged)
+    assert not any(any(k in r["kernel"] for k in long_cfg) for r in flagged)
+    assert "<-- WGMMA SERIALIZED" in build.resource_table(rows)
 
 
 @requires_nvcc
