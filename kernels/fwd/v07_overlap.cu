@@ -139,14 +139,23 @@
 //     half-empty turn of ~5 gone per tile), ~0 at long S. Outcome (kernel-only rows, rounds): D = 128
 //     S = 512 387 vs 455 TFLOP/s (-15 %); the few-keys config with FUSE at S = 2048 441 vs 574 without it.
 //     58/58 checks pass with it (tiles of 1 key block, many tiles per CTA, ragged tails, GQA). The prediction
-//     failed and no profile of the fused kernel was taken: off (D = 64 cannot take it: 192 B of spills).
+//     failed; see run 18 for why.
 //   Few-keys config up to S_k = 8192 (no FUSE): S = 2048 574 vs 583, S = 8192 599 vs 651: thresholds stay.
 //   PREFETCH (run 17, outputs/driver_logs/20261123-h200-v07-prefetch-run17-3fb4a56/): if FUSE lost on the next
 //     tile's Q (read from DRAM once its warpgroup's last S GEMM is done, ~1 us), a prefetch of that Q and of
 //     K_0 / V_0 into L2 a work tile ahead should recover it. Outcome: FUSE with it 393 vs 465 TFLOP/s at
 //     D = 128 S = 512 (58/58 checks): the Q load was not what FUSE lost on. PREFETCH alone: D = 64 +0.4 to
 //     +1.5 % (2k, 8k causal, 16k), D = 128 S = 512 -0.8 %: inside the noise, off. What FUSE lost on is not
-//     known; the next step there is an ncu source profile of the fused loop.
+//     known then.
+//   FUSE, why it lost and fixed (run 18, outputs/driver_logs/20261123-h200-v07-fuse-run18-1804827/; ncu source
+//     counters in 20261123-h200-v07-fuse-ncu-93774e8/): the first cut issued the next tile's S_0 under an `if`
+//     between wgmma_fence and the commit, and ptxas serialized every wgmma of those kernels (C7520, "WG.AR in
+//     divergent path"): a WARPGROUP.DEPBAR after each HGMMA of the main loop. Now each end of a work tile
+//     issues its wgmmas unconditionally (last tile: P V alone; otherwise P V with the next S_0), and CI's
+//     compile gate fails any kernel ptxas serializes (lab.build.parse_ptxas). Outcome: D = 128 S = 512 464 vs
+//     437 TFLOP/s (+6.1 %, kernel-only rows in rounds), the prediction's lower end; S = 2048 with the few-keys
+//     config and FUSE 597 vs 589 (+1.3 %, noise: thresholds stay). 58/58 checks; memcheck, racecheck and
+//     synccheck clean. On at D = 128; D = 64 would spill (200 B of stack at its 160 registers): off there.
 //   Long config at B_c = 128 (run 16, outputs/driver_logs/20261123-h200-v05-check-run16-bbb7b66/): S = 2048
 //     574 vs 559 (+2.6 %; run 13: +4 %), 8192 618 vs 634, 16k 639 vs 654; with 3 stages 569 / 614 / 632. A
 //     per-call B_c = 128 below ~4k keys would gain ~3 % in one cell, about the noise of one run: not taken.
@@ -224,7 +233,7 @@
 #define LAB_V07_PREFETCH 0
 #endif
 // FUSE: persistent configs run one stream of key tiles across their work tiles (see [lab:fuse] below).
-// D = 64: its three consumers' 160 registers spill with it (192 / 80 bytes of stack).
+// D = 64: its three consumers' 160 registers spill with it (200 / 64 bytes of stack).
 #ifndef LAB_V07_D64_FUSE
 #define LAB_V07_D64_FUSE 0
 #endif
