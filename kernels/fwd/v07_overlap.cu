@@ -529,6 +529,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         st = RowState{};
         mbar_wait(smem_u32(&bar_q[qb]), t & 1);
       };
+      // The head and main loop below are the plain path's, written out again: sharing them as lambdas renames
+      // registers in these kernels and changes the D = 64 kernels' SASS (tests/cuda/sass_guard.sh, 2026-11-23),
+      // which the GPU checks, sanitizers and sessions of this code did not cover.
       if (work >= 0) {
         begin(work);
         zero_acc(o);
