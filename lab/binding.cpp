@@ -525,18 +525,18 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_call(int64_t
   return {error, o, lse};
 }
 
-// lab.ops.attention's eager call in one crossing: the Python layer's own rules (ops._check_qkv's last-dim stride,
-// _check_heads, the empty key, an autograd call) are checked here, then attn_call's. A rule of this layer
-// answers "refused" before anything is allocated, attn_call's checks answer their message; on any answer
-// lab.ops takes its full path, which raises the right TypeError/ValueError. Why: the public op's host time shows in every short row (n9, issue 15), and each
-// Python attribute read of the checks costs about what the C++ check does. scale None: 1/sqrt(D), computed
-// as Python's 1.0 / math.sqrt(D) is (both correctly rounded), so the two paths pass the same float; a given
-// scale meets attn_call's check_scale (finite, fits float32), and a refusal there also sends lab.ops the long way.
+// lab.ops.attention's eager call in one crossing. Here only the Python layer's rules that attn_call's checks
+// (check_call: device, rank, dtype, shapes, scale) do not make: an autograd call, a last dim with stride != 1
+// (attn_call would copy it, ops._check_tensor raises), query heads != key heads without enable_gqa, an empty
+// key. A refusal answers "refused", attn_call's checks answer their message; on any answer lab.ops takes its
+// full path, which raises the right TypeError/ValueError. Why: the public op's host time shows in every short
+// row (n9, issue 15), and each Python attribute read of the checks costs about what the C++ check does.
+// scale None: 1/sqrt(D), computed as Python's 1.0 / math.sqrt(D) is (both correctly rounded), so the two paths
+// pass the same float.
 bool python_rules_hold(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa) {
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return false;
   for (const at::Tensor* t : {&q, &k, &v}) {
-    if (t->dim() != 4 || !on_gpu(*t)) return false;
-    if (t->scalar_type() != at::kHalf && t->scalar_type() != at::kBFloat16) return false;
+    if (t->dim() != 4) return false;  // (the rules below index dims 1-3)
     if (t->stride(3) != 1 && t->numel() != 0) return false;
   }
   return k.size(2) > 0 && (enable_gqa || q.size(1) == k.size(1));

@@ -23,6 +23,7 @@ from .registry import (BEST_FWD, DECODE, FWD, PAGED_DECODE, SPLIT_RULE, default_
                        default_decode_version)
 
 MAX_DECODE_Q_LEN = 16
+_Tensor = torch.Tensor  # the exact type the fast path takes (a subclass goes through the dispatcher)
 FLOAT32_MAX = 3.4028234663852886e38
 _devices: dict = {}
 
@@ -203,9 +204,6 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     return (out, lse) if return_lse else out
 
 
-_Tensor = torch.Tensor
-
-
 def _attention_fast(query, key, value, is_causal: bool, scale, enable_gqa: bool, return_lse: bool):
     """The eager default call in one crossing into the binding (attn_auto), or None: then attention() takes
     its full path, which raises the right error for whatever was refused.
@@ -236,7 +234,7 @@ def _attention_fast(query, key, value, is_causal: bool, scale, enable_gqa: bool,
 def _fwd_plan(query, is_causal: bool):
     """attn_auto bound to the default kernel's launcher for this query, or None (not a CUDA tensor, or no
     kernel for its head dim: the full path says which)."""
-    if query.get_device() < 0 or query.dtype not in _DTYPES:
+    if query.get_device() < 0:
         return None
     try:
         name = attention_version(query, None, is_causal)

@@ -145,7 +145,8 @@
 //     tile's Q (read from DRAM once its warpgroup's last S GEMM is done, ~1 us), a prefetch of that Q and of
 //     K_0 / V_0 into L2 a work tile ahead should recover it. Outcome: FUSE with it 393 vs 465 TFLOP/s at
 //     D = 128 S = 512 (58/58 checks): the Q load was not what FUSE lost on. PREFETCH alone: D = 64 +0.4 to
-//     +1.5 % (2k, 8k causal, 16k), D = 128 S = 512 -0.8 %: inside the noise, off. What FUSE lost on is not
+//     +1.5 % (2k, 8k causal, 16k), D = 128 S = 512 -0.8 %: inside the noise, dropped (the switch and its
+//     tma_prefetch_l2_4d wrapper are gone; they are in the history at 3fb4a56). What FUSE lost on is not
 //     known then.
 //   FUSE, why it lost and fixed (run 18, outputs/driver_logs/20261123-h200-v07-fuse-run18-1804827/; ncu source
 //     counters in 20261123-h200-v07-fuse-ncu-93774e8/): the first cut issued the next tile's S_0 under an `if`
@@ -227,10 +228,6 @@
 #endif
 #ifndef LAB_V07_D128_L2_GROUP_MB
 #define LAB_V07_D128_L2_GROUP_MB 16
-#endif
-// PREFETCH: persistent configs prefetch the next work tile's Q, K_0 and V_0 into L2 (producer, [PREFETCH]).
-#ifndef LAB_V07_PREFETCH
-#define LAB_V07_PREFETCH 0
 #endif
 // FUSE: persistent configs run one stream of key tiles across their work tiles (see [lab:fuse] below).
 // D = 64: its three consumers' 160 registers spill with it (200 / 64 bytes of stack).
@@ -403,19 +400,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       for (int it = 0, t = 0; it < num_rounds; ++it) {  // t: work tiles taken (only the last round skips)
         const int work = work_at(it);
         if (work < 0) continue;
-        if constexpr (kPersist && LAB_V07_PREFETCH != 0) {
-          // PREFETCH: the next work tile's Q and first K/V boxes into L2 now, a work tile ahead: its Q load waits
-          // for this tile's S GEMMs to finish with the Q tile, and then sits in the gap between the two tiles.
-          const int next = it + 1 < num_rounds ? work_at(it + 1) : -1;
-          if (next >= 0) {
-            locate(next);
-            for (int cb = 0; cb < D / 64; ++cb) {
-              for (int w = 0; w < Cfg::kConsumers; ++w) tma_prefetch_l2_4d(&tq, cb * 64, m0 + 64 * w, h, b);
-              tma_prefetch_l2_4d(&tk, cb * 64, 0, hkv, b);
-              tma_prefetch_l2_4d(&tv, cb * 64, 0, hkv, b);
-            }
-          }
-        }
         locate(work);
         auto load_q = [&]() {
           for (int w = 0; w < Cfg::kConsumers; ++w) {

@@ -81,15 +81,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// cp.async.bulk.prefetch.tensor 4-D: the box at these coordinates into L2, no shared memory and no barrier; a
-// later tma_load_4d of the same box then waits on L2, not DRAM. A hint: it may be dropped, never faults.
-__device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-}
-
 // fence.proxy.async: generic-proxy shared-memory writes become visible to the async proxy (wgmma, TMA) after it.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
