@@ -265,6 +265,9 @@
 #ifndef LAB_V07_D128_SHORT_PERSIST
 #define LAB_V07_D128_SHORT_PERSIST 1
 #endif
+#ifndef LAB_V07_D128_SHORT_PERSIST_CAUSAL
+#define LAB_V07_D128_SHORT_PERSIST_CAUSAL 0  // causal calls too (snake order, FUSE): measured below
+#endif
 #ifndef LAB_V07_D128_SHORT_MAX_SK
 #define LAB_V07_D128_SHORT_MAX_SK 1024
 #endif
@@ -313,7 +316,8 @@ using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_
                      LAB_V07_D128_L2_GROUP_MB>;
 using Cfg128Short = Cfg07<128, LAB_V07_D128_SHORT_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_SHORT_STAGES,
                           LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_SHORT_PERSIST != 0,
-                          LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, false, LAB_V07_D128_L2_GROUP_MB>;
+                          LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, LAB_V07_D128_SHORT_PERSIST_CAUSAL != 0,
+                          LAB_V07_D128_L2_GROUP_MB>;
 
 template <class Cfg, class T, bool kFold, bool kPersist>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
