@@ -30,6 +30,6 @@ PY
     echo "$name ncu rc=$?" >> "$OUT/$name.log"
     "$NCU" -i "$OUT/$name.ncu-rep" --page details --csv > "$OUT/$name-details.csv" 2>/dev/null
     "$NCU" -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/$name-source.csv.gz"
-    tail -1 "$OUT/$name.log"
+    tar xzOf "$OUT/$name.tgz" "$name.log" | tail -1
   done
 done

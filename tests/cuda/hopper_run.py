@@ -148,6 +148,8 @@ def run_bench(versions, out_path=None) -> bool:
         grid = [c for c in grid if c.name in only.split(",")]
     # each version through the public op (what users call), then the default choice as the public row
     makers = {}
+    if os.environ.get("LAB_BENCH_PUBLIC_FIRST"):  # the public op also first in each round (an order-effect probe)
+        makers[sweep.PUBLIC_FWD + " (first)"] = sweep.public_attention()
     for v in versions:  # "v07" times the public op with version=v07; "v07:NAME=VALUE+..." a kernel-only variant
         name, defines = parse(v)
         makers[f"{v} (public op)" if not defines else v] = (sweep.public_attention(name) if not defines
