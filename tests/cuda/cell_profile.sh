@@ -30,6 +30,8 @@ PY
     echo "$name ncu rc=$?" >> "$OUT/$name.log"
     "$NCU" -i "$OUT/$name.ncu-rep" --page details --csv > "$OUT/$name-details.csv" 2>/dev/null
     "$NCU" -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/$name-source.csv.gz"
+    # one archive per profile: the device returns only a few files per call
+    (cd "$OUT" && tar czf "$name.tgz" "$name".ncu-rep "$name"-*.csv* "$name".log && rm -f "$name".ncu-rep "$name"-*.csv* "$name".log)
     tar xzOf "$OUT/$name.tgz" "$name.log" | tail -1
   done
 done
