@@ -237,6 +237,10 @@
 #ifndef LAB_V07_D128_FUSE
 #define LAB_V07_D128_FUSE 1  // run 18: +6.1 % at D = 128 S = 512 (the few-keys config), 58/58 checks, sanitizers clean
 #endif
+// The producer's waits for a free stage or Q slot sleep up to this long (mbar_wait_idle; 0: spin).
+#ifndef LAB_V07_PRODUCER_HINT_NS
+#define LAB_V07_PRODUCER_HINT_NS 0
+#endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
@@ -400,6 +404,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
+      const auto idle_wait = mbar_wait_idle<LAB_V07_PRODUCER_HINT_NS>;
       int ring = 0;  // K/V tiles issued by this CTA so far: the ring position runs on across work tiles
       for (int it = 0, t = 0; it < num_rounds; ++it) {  // t: work tiles taken (only the last round skips)
         const int work = work_at(it);
@@ -409,7 +414,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           for (int w = 0; w < Cfg::kConsumers; ++w) {
             const int qb = kQBars > 1 ? w : 0;
             if (w == 0 || kQBars > 1) {
-              if (t > 0) mbar_wait(smem_u32(&empty_q[qb]), (t - 1) & 1);  // the last tile's S GEMMs are done
+              if (t > 0) idle_wait(smem_u32(&empty_q[qb]), (t - 1) & 1);  // the last tile's S GEMMs are done
               mbar_arrive_expect_tx(smem_u32(&bar_q[qb]), kQBars > 1 ? Cfg::kQBytesWG : Cfg::kQBytes);
             }
             for (int cb = 0; cb < D / 64; ++cb)
@@ -422,7 +427,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         for (int j = 0; j < n_tiles; ++j, ++ring) {
           const int s = ring % kStages;
           const uint32_t free_parity = ((ring / kStages) & 1) ^ 1;
-          if (ring >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+          if (ring >= kStages) idle_wait(smem_u32(&empty_k[s]), free_parity);
           if ((LAB_V07_ABLATE & 2) && ring >= kStages) {  // diagnostic: the math on stale tiles, no loads
             mbar_wait(smem_u32(&empty_v[s]), free_parity);
             mbar_arrive(smem_u32(&bar_k[s]));
@@ -433,7 +438,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(ring_.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
           if (kPersist && j == 0) load_q();  // K_0 first: it loads under the last tile's epilogue
-          if (ring >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+          if (ring >= kStages) idle_wait(smem_u32(&empty_v[s]), free_parity);
           mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(ring_.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
