@@ -160,6 +160,16 @@
 //   Long config at B_c = 128 (run 16, outputs/driver_logs/20261123-h200-v05-check-run16-bbb7b66/): S = 2048
 //     574 vs 559 (+2.6 %; run 13: +4 %), 8192 618 vs 634, 16k 639 vs 654; with 3 stages 569 / 614 / 632. A
 //     per-call B_c = 128 below ~4k keys would gain ~3 % in one cell, about the noise of one run: not taken.
+// Session of 2026-11-23, fifth sitting (H200 runs 1-3, outputs/driver_logs/20261123-h200-d128-cells-run*): the four
+// D = 128 cells below cuDNN. ncu beside SDPA-cuDNN (run 2): cuDNN runs one persistent kernel for every cell
+// (132 CTAs, 1 producer + 2 consumer warpgroups, HGMMA 64x128x16: B_c = 128, 232 KiB), at S = 2048 1.42 M
+// cycles against our 1.57 M, with more instructions (316 M vs 278 M) at a higher IPC (1.74 vs 1.38); our top
+// stall is `wait` (MUFU, FMNMX), and our producer's try_wait / branch spin is 23 M of the 302 M instructions.
+//   Producer wait with a suspend-time hint (mbarrier.try_wait's suspendTimeHint, 1 us / 10 ms; prediction
+//     +2-5 % from the issue slots the spin takes beside two consumer warps): +0 to +1.3 % over 7 cells (run 3),
+//     noise: dropped. The spin is not what bounds the consumers.
+//   Persistent causal few-keys config with FUSE, snake order (run 1): causal 512 244 vs 256, 2048 366 vs 483:
+//     the snake over L2 head groups is unbalanced (rounds are not longest-first across groups). See PAIR.
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
@@ -237,10 +247,6 @@
 #ifndef LAB_V07_D128_FUSE
 #define LAB_V07_D128_FUSE 1  // run 18: +6.1 % at D = 128 S = 512 (the few-keys config), 58/58 checks, sanitizers clean
 #endif
-// The producer's waits for a free stage or Q slot sleep up to this long (mbar_wait_idle; 0: spin).
-#ifndef LAB_V07_PRODUCER_HINT_NS
-#define LAB_V07_PRODUCER_HINT_NS 0
-#endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
@@ -271,6 +277,9 @@
 #endif
 #ifndef LAB_V07_D128_SHORT_PERSIST_CAUSAL
 #define LAB_V07_D128_SHORT_PERSIST_CAUSAL 0  // causal calls too (snake order, FUSE): measured below
+#endif
+#ifndef LAB_V07_D128_PAIR_CAUSAL
+#define LAB_V07_D128_PAIR_CAUSAL 1  // persistent causal calls at D = 128 take query tiles in pairs (see PAIR)
 #endif
 #ifndef LAB_V07_D128_SHORT_MAX_SK
 #define LAB_V07_D128_SHORT_MAX_SK 1024
@@ -351,9 +360,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   // under this one's last GEMMs and epilogue: no CTA launch, barrier setup or pipeline fill between two tiles.
   const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
   const int num_bh = p.batch * p.heads_q;
-  const int num_rounds = kPersist ? (num_m * num_bh + gridDim.x - 1) / gridDim.x : 1;
-  auto work_at = [&](int it) {  // this CTA's tile of round it; past the end in the last round: skip it
+  // PAIR (persistent causal, D = 128): a unit is two query tiles of one head, num_m-1-u then u (longest
+  // first), so every unit costs num_m + 1 key tiles and a static round-robin over units is balanced; a
+  // unit's head neighbours its other units in the same round (L2). The snake over L2 head groups left CTAs
+  // with 4 + 4 key tiles beside CTAs with 2 + 2 (run 1: -5 % at S = 512, -24 % at 2048 causal).
+  constexpr bool kPair = kPersist && D == 128 && LAB_V07_D128_PAIR_CAUSAL != 0;
+  const bool pair = kPair && p.causal;
+  const int half = (num_m + 1) / 2, num_units = num_bh * half;
+  const int num_rounds = !kPersist ? 1
+                         : pair    ? 2 * ((num_units + gridDim.x - 1) / gridDim.x)
+                                   : (num_m * num_bh + gridDim.x - 1) / gridDim.x;
+  auto work_at = [&](int it) {  // this CTA's tile of round it (-1: none; PAIR: also an odd num_m's middle tile twice)
     if (!kPersist) return (int)blockIdx.x;
+    if (kPair && pair) {
+      const int u = (it >> 1) * (int)gridDim.x + (int)blockIdx.x, r = u % half;
+      const int mb = (it & 1) ? r : num_m - 1 - r;
+      return u < num_units && !((it & 1) && mb == num_m - 1 - r) ? (u / half) * num_m + mb : -1;
+    }
     const int x = (p.causal && (it & 1)) ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int w = it * (int)gridDim.x + x;
     return w < num_m * num_bh ? w : -1;
@@ -361,7 +384,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   int b, h, hkv, m0, n_tiles;
   auto locate = [&](int work) {
     int bh, mb;
-    if (p.causal) {
+    if (p.causal && !pair) {
       // Longest first within a group of heads whose K and V fit in L2 (FA3's L2 swizzle): over the whole
       // grid, the first wave held 132 different heads and each CTA streamed its K/V from DRAM (B_r = 128
       // FLOP per byte: ~4.8 TB/s at 600 TFLOP/s, more than an H100 has).
@@ -404,7 +427,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
-      const auto idle_wait = mbar_wait_idle<LAB_V07_PRODUCER_HINT_NS>;
       int ring = 0;  // K/V tiles issued by this CTA so far: the ring position runs on across work tiles
       for (int it = 0, t = 0; it < num_rounds; ++it) {  // t: work tiles taken (only the last round skips)
         const int work = work_at(it);
@@ -414,7 +436,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           for (int w = 0; w < Cfg::kConsumers; ++w) {
             const int qb = kQBars > 1 ? w : 0;
             if (w == 0 || kQBars > 1) {
-              if (t > 0) idle_wait(smem_u32(&empty_q[qb]), (t - 1) & 1);  // the last tile's S GEMMs are done
+              if (t > 0) mbar_wait(smem_u32(&empty_q[qb]), (t - 1) & 1);  // the last tile's S GEMMs are done
               mbar_arrive_expect_tx(smem_u32(&bar_q[qb]), kQBars > 1 ? Cfg::kQBytesWG : Cfg::kQBytes);
             }
             for (int cb = 0; cb < D / 64; ++cb)
@@ -427,7 +449,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         for (int j = 0; j < n_tiles; ++j, ++ring) {
           const int s = ring % kStages;
           const uint32_t free_parity = ((ring / kStages) & 1) ^ 1;
-          if (ring >= kStages) idle_wait(smem_u32(&empty_k[s]), free_parity);
+          if (ring >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
           if ((LAB_V07_ABLATE & 2) && ring >= kStages) {  // diagnostic: the math on stale tiles, no loads
             mbar_wait(smem_u32(&empty_v[s]), free_parity);
             mbar_arrive(smem_u32(&bar_k[s]));
@@ -438,7 +460,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(ring_.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
           if (kPersist && j == 0) load_q();  // K_0 first: it loads under the last tile's epilogue
-          if (ring >= kStages) idle_wait(smem_u32(&empty_v[s]), free_parity);
+          if (ring >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
           mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(ring_.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
@@ -569,6 +591,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         ring += n_tiles;
         ++t;
         work = ++it < num_rounds ? work_at(it) : -1;
+        if constexpr (kPair)  // PAIR skips inside the rounds too, not only past the last unit
+          while (work < 0 && pair && ++it < num_rounds) work = work_at(it);
         if (work < 0) {  // the CTA's last work tile: its P V alone
           mbar_wait(smem_u32(&bar_v[sv]), pv);
           turn();

@@ -52,23 +52,4 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   }
 }
 
-// try_wait.parity with a suspend-time hint: the thread may sleep up to kHintNs until the phase completes
-// instead of returning after the hardware's short default, so a waiting producer warp stops taking issue
-// slots from the consumer warps on its SM sub-partition (ncu, H200, v07 D = 128 S = 2048: the producer's
-// try_wait / branch loop was 23 M of 302 M instructions). kHintNs = 0: plain mbar_wait.
-template <uint32_t kHintNs>
-__device__ __forceinline__ void mbar_wait_idle(uint32_t bar, uint32_t parity) {
-  if constexpr (kHintNs == 0) {
-    mbar_wait(bar, parity);
-  } else {
-    uint32_t done = 0;
-    while (!done)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity), "n"(kHintNs)
-          : "memory");
-  }
-}
-
 }  // namespace lab::sm90
