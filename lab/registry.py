@@ -40,7 +40,7 @@ def default_attention_version(head_dim: int, seqlen_q: int, is_causal: bool, cap
 
 def _hopper_preference(head_dim: int, seqlen_q: int, is_causal: bool) -> tuple:
     """wgmma + TMA kernels (sm_90a) on compute capability 9.0: v05's many small CTAs (one warpgroup, several
-    CTAs per SM hide each other's prologue and the causal tail) win at 512 queries and for causal D=64 up to
+    CTAs per SM hide each other's prologue and the causal tail) win at D=64 for 512 queries and causal up to
     2k; v07 (warp-specialised, ping-pong at D=128, its config picked per call in kernels/fwd/v07_overlap.cu)
     everywhere else (HOPPER_SMALL_MAX_SQ's numbers)."""
     if seqlen_q <= HOPPER_SMALL_MAX_SQ.get((head_dim, bool(is_causal)), 0):
@@ -54,7 +54,9 @@ BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
 # 351 vs 337, 2k 406 vs 443; D=64 causal 512 259 vs 197, 2k 361 vs 348 (H100 341 vs 343), 8k 404 vs 446 (H100
 # 406 vs 447); D=128 causal 512 274 vs 252 (H100 230 vs 241), 2k 363 vs 449. Between measured sizes the switch
 # point is not measured.
-HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 2048, (128, True): 512}
+# D = 128 causal 512 went to v07 in the fifth sitting: its few-keys config in PAIR order 306 vs v05 286 (H200 run 4,
+# outputs/driver_logs/20261123-h200-d128-cells-run4-b9a4b85/).
+HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 2048}
 HOPPER_CAPABILITIES = ((9, 0),)
 
 

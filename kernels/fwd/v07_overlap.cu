@@ -170,6 +170,12 @@
 //     noise: dropped. The spin is not what bounds the consumers.
 //   Persistent causal few-keys config with FUSE, snake order (run 1): causal 512 244 vs 256, 2048 366 vs 483:
 //     the snake over L2 head groups is unbalanced (rounds are not longest-first across groups). See PAIR.
+//   PAIR (run 4, outputs/driver_logs/20261123-h200-d128-cells-run4-b9a4b85/): persistent causal few-keys config,
+//     units of two query tiles. Prediction: the persistence and FUSE gains of non-causal S = 512 (+15-20 % over
+//     the non-persistent config, 256), ~295-307 at causal 512, just above v05 (286). Outcome (TFLOP/s, kernel-
+//     only rows in rounds): causal 512 306 (non-persistent 255, snake 242, PAIR without FUSE 283, v05 286,
+//     SDPA-cuDNN 323); causal 2048 505 (480, 363, 472; cuDNN 482); causal 8192 (long config) unchanged; 58/58
+//     checks. Now the default, and lab.ops sends causal D = 128 at 512 queries here instead of v05.
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
@@ -264,7 +270,7 @@
 #ifndef LAB_V07_D128_PERSIST_CAUSAL
 #define LAB_V07_D128_PERSIST_CAUSAL 0
 #endif
-// D = 128, few keys per query tile: a second config (B_c 128, 3 stages, persistent for non-causal) for
+// D = 128, few keys per query tile: a second config (B_c 128, 3 stages, persistent; causal in PAIR order) for
 // non-causal calls with S_k <= SHORT_MAX_SK and causal calls with S_q <= SHORT_MAX_SQ_CAUSAL (0: never).
 #ifndef LAB_V07_D128_SHORT_BC
 #define LAB_V07_D128_SHORT_BC 128
@@ -276,7 +282,7 @@
 #define LAB_V07_D128_SHORT_PERSIST 1
 #endif
 #ifndef LAB_V07_D128_SHORT_PERSIST_CAUSAL
-#define LAB_V07_D128_SHORT_PERSIST_CAUSAL 0  // causal calls too (snake order, FUSE): measured below
+#define LAB_V07_D128_SHORT_PERSIST_CAUSAL 1  // causal calls too, in PAIR order with FUSE (run 4: +7 % / +5 %)
 #endif
 #ifndef LAB_V07_D128_PAIR_CAUSAL
 #define LAB_V07_D128_PAIR_CAUSAL 1  // persistent causal calls at D = 128 take query tiles in pairs (see PAIR)

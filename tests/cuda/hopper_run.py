@@ -99,10 +99,14 @@ def run_check(versions) -> bool:
                                         version, trials=1, save=False) for d in (64, 128) for causal in (False, True)]
         # D 128 non-causal with S_k <= 1024 (the few-keys config, persistent): many work tiles per CTA, ragged
         # tails, GQA, and one key tile per work tile (FUSE's stream crosses a work tile at every step)
-        results += [check.check_forward(run, cases.Case("many-tiles-short", B, Hq, Hkv, Sq, Sk, 128, dtype, False),
+        # Causal up to 2048 queries: the same config in PAIR order (odd and even numbers of query tiles, more
+        # units than SMs)
+        results += [check.check_forward(run, cases.Case("many-tiles-short", B, Hq, Hkv, Sq, Sk, 128, dtype, causal),
                                         version, trials=1, save=False)
-                    for (B, Hq, Hkv, Sq, Sk, dtype) in ((4, 16, 4, 1000, 777, "bfloat16"), (2, 40, 8, 513, 1000, "float16"),
-                                                       (2, 40, 8, 700, 100, "bfloat16"))]
+                    for (B, Hq, Hkv, Sq, Sk, dtype, causal) in (
+                        (4, 16, 4, 1000, 777, "bfloat16", False), (2, 40, 8, 513, 1000, "float16", False),
+                        (2, 40, 8, 700, 100, "bfloat16", False), (4, 16, 4, 1000, 1000, "bfloat16", True),
+                        (2, 40, 8, 1100, 1000, "float16", True), (3, 20, 20, 2048, 2048, "bfloat16", True))]
         for scale in (0.0, -0.35, 2.0):  # any finite scale: zero, negative, large
             with bench.sdpa_backend("math"):  # the yardstick: SDPA's fused backends give NaN for scale <= 0
                 results += [check.check_forward(run, c, version, scale=scale, save=False) for c in (tests[5], tests[14])]
@@ -127,7 +131,9 @@ def run_sanitize(versions) -> bool:
               # v07 at D 128 picks its config per call: S_k > 1024 non-causal and S_q > 2048 causal take the long one
               (1, 3, 1, 130, 1100, 128, False), (1, 2, 1, 2100, 2100, 128, True),
               # the few-keys config (D 128, S_k <= 1024) with more work tiles than SMs (240 and 160)
-              (2, 40, 8, 300, 500, 128, False), (1, 40, 8, 500, 100, 128, False)]
+              (2, 40, 8, 300, 500, 128, False), (1, 40, 8, 500, 100, 128, False),
+              # causal few-keys in PAIR order: an odd number of query tiles (9), more units (200) than SMs
+              (1, 40, 8, 1100, 1100, 128, True)]
     ok = True
     for version in versions:
         for (B, Hq, Hkv, Sq, Sk, D, causal) in shapes:
