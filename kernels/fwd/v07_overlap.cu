@@ -176,6 +176,13 @@
 //     only rows in rounds): causal 512 306 (non-persistent 255, snake 242, PAIR without FUSE 283, v05 286,
 //     SDPA-cuDNN 323); causal 2048 505 (480, 363, 472; cuDNN 482); causal 8192 (long config) unchanged; 58/58
 //     checks. Now the default, and lab.ops sends causal D = 128 at 512 queries here instead of v05.
+//   Static schedule (run 5, outputs/driver_logs/20261123-h200-d128-cells-run5-bd46d1e/): the few-keys config
+//     loses ~5 % to the long one at S = 8192 (613 vs 648). If one CTA per SM over a static round-robin were the
+//     cause (SMs of unequal speed wait for the slowest), hardware-scheduled CTAs of k tiles each should recover
+//     it. Outcome: k = 2 / 4 / 8 at 8192 604 / 611 / 614, at 512 405 / 438 / 458 (one CTA per SM 477): no; the
+//     loss is B_c = 128's per-tile cost (the long config at B_c = 128: 651 vs 673, run 1). The switch is gone.
+//   Few-keys config up to S_k = 2048 non-causal (runs 1, 2, 5): 593 vs 583, 580 vs 572, 579 vs 564 TFLOP/s
+//     (+1.4 to +2.7 %, the same sign in three runs): the threshold moves from 1024 to 2048.
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
@@ -288,7 +295,7 @@
 #define LAB_V07_D128_PAIR_CAUSAL 1  // persistent causal calls at D = 128 take query tiles in pairs (see PAIR)
 #endif
 #ifndef LAB_V07_D128_SHORT_MAX_SK
-#define LAB_V07_D128_SHORT_MAX_SK 1024
+#define LAB_V07_D128_SHORT_MAX_SK 2048  // runs 1, 2, 5 of the fifth sitting: +1.9 / +1.4 / +2.7 % at S_k = 2048
 #endif
 #ifndef LAB_V07_D128_SHORT_MAX_SQ_CAUSAL
 #define LAB_V07_D128_SHORT_MAX_SQ_CAUSAL 2048

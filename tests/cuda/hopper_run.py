@@ -97,7 +97,7 @@ def run_check(versions) -> bool:
         # Grids of more work tiles than SMs (528 at D 128, 352 at D 64): a persistent kernel loops here
         results += [check.check_forward(run, cases.Case("many-tiles", 2, 8, 2, 4097, 4097, d, "bfloat16", causal),
                                         version, trials=1, save=False) for d in (64, 128) for causal in (False, True)]
-        # D 128 non-causal with S_k <= 1024 (the few-keys config, persistent): many work tiles per CTA, ragged
+        # D 128 non-causal with S_k <= 2048 (the few-keys config, persistent): many work tiles per CTA, ragged
         # tails, GQA, and one key tile per work tile (FUSE's stream crosses a work tile at every step)
         # Causal up to 2048 queries: the same config in PAIR order (odd and even numbers of query tiles, more
         # units than SMs)
@@ -105,7 +105,8 @@ def run_check(versions) -> bool:
                                         version, trials=1, save=False)
                     for (B, Hq, Hkv, Sq, Sk, dtype, causal) in (
                         (4, 16, 4, 1000, 777, "bfloat16", False), (2, 40, 8, 513, 1000, "float16", False),
-                        (2, 40, 8, 700, 100, "bfloat16", False), (4, 16, 4, 1000, 1000, "bfloat16", True),
+                        (2, 40, 8, 700, 100, "bfloat16", False), (2, 20, 4, 1500, 2048, "float16", False),
+                        (4, 16, 4, 1000, 1000, "bfloat16", True),
                         (2, 40, 8, 1100, 1000, "float16", True), (3, 20, 20, 2048, 2048, "bfloat16", True))]
         for scale in (0.0, -0.35, 2.0):  # any finite scale: zero, negative, large
             with bench.sdpa_backend("math"):  # the yardstick: SDPA's fused backends give NaN for scale <= 0
@@ -128,9 +129,9 @@ def run_sanitize(versions) -> bool:
               (1, 1, 1, 1, 1, 64, False), (1, 2, 1, 257, 257, 64, True),
               # more work tiles than SMs, so a persistent kernel's CTAs take several each (272 and 240)
               (2, 17, 1, 1000, 777, 128, True), (2, 20, 4, 1025, 1025, 64, False),
-              # v07 at D 128 picks its config per call: S_k > 1024 non-causal and S_q > 2048 causal take the long one
-              (1, 3, 1, 130, 1100, 128, False), (1, 2, 1, 2100, 2100, 128, True),
-              # the few-keys config (D 128, S_k <= 1024) with more work tiles than SMs (240 and 160)
+              # v07 at D 128 picks its config per call: S_k > 2048 non-causal and S_q > 2048 causal take the long one
+              (1, 3, 1, 130, 2100, 128, False), (1, 2, 1, 2100, 2100, 128, True),
+              # the few-keys config (D 128, S_k <= 2048) with more work tiles than SMs (240 and 160)
               (2, 40, 8, 300, 500, 128, False), (1, 40, 8, 500, 100, 128, False),
               # causal few-keys in PAIR order: an odd number of query tiles (9), more units (200) than SMs
               (1, 40, 8, 1100, 1100, 128, True)]

@@ -56,10 +56,6 @@ inline int make_fwd_maps(const AttnFwdParams* p, int q_rows, int kv_rows, CUtens
   return 0;
 }
 
-#ifndef LAB_PERSIST_TILES_PER_CTA
-#define LAB_PERSIST_TILES_PER_CTA 0  // persistent kernels: 0 = one CTA per SM; k = ceil(tiles / k) CTAs (a sweep switch)
-#endif
-
 // One launch of a TMA forward kernel (v05..v07 share it): raise its shared-memory limit once per device,
 // build the three tensor maps, one CTA per (B_r query rows, head, batch); kPersistent: one CTA per SM at
 // most, each looping over work tiles. kKernel is the kernel instantiation itself (common/launch.h's
@@ -71,11 +67,7 @@ inline int launch_fwd_sm90(const AttnFwdParams& p, cudaStream_t stream, int dev)
   if (int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) return rc;
   int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
-  if (kPersistent) {  // one CTA per SM, or (a sweep switch) CTAs of LAB_PERSIST_TILES_PER_CTA tiles each
-    const int64_t cap = LAB_PERSIST_TILES_PER_CTA > 0 ? (blocks + LAB_PERSIST_TILES_PER_CTA - 1) / LAB_PERSIST_TILES_PER_CTA
-                                                      : (int64_t)num_sms(dev);
-    if (blocks > cap) blocks = cap;
-  }
+  if (kPersistent && blocks > num_sms(dev)) blocks = num_sms(dev);
   kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
   return (int)cudaGetLastError();
 }
