@@ -176,6 +176,10 @@
 //     only rows in rounds): causal 512 306 (non-persistent 255, snake 242, PAIR without FUSE 283, v05 286,
 //     SDPA-cuDNN 323); causal 2048 505 (480, 363, 472; cuDNN 482); causal 8192 (long config) unchanged; 58/58
 //     checks. Now the default, and lab.ops sends causal D = 128 at 512 queries here instead of v05.
+//   ncu of the final few-keys kernels beside SDPA-cuDNN at S = 512 (outputs/driver_logs/20261123-h200-ncu-pair-
+//     9ba6c81/): the same grid, shared memory and HGMMA count, 18-22 % more cycles; our top stall is `wait`
+//     (MUFU 28 %, HGMMA 14 %, FMNMX 11 % of it at causal 512), cuDNN's is `barrier` (its consumers wait for
+//     the tensor core). The softmax chain per key tile, not memory or the schedule, bounds these cells.
 //   Static schedule (run 5, outputs/driver_logs/20261123-h200-d128-cells-run5-bd46d1e/): the few-keys config
 //     loses ~5 % to the long one at S = 8192 (613 vs 648). If one CTA per SM over a static round-robin were the
 //     cause (SMs of unequal speed wait for the slowest), hardware-scheduled CTAs of k tiles each should recover
