@@ -6,7 +6,7 @@
 // and only those tiles pay for the per-element compares.
 //
 // Causal here is SDPA's top-left alignment: row i sees keys 0..i. The Hopper kernels (common/hopper/
-// attn_fwd_sm90.cuh) use the same predicate on their wgmma fragment layout.
+// attn_fwd_sm90.cuh) use the same predicate on their wgmma fragment layout, as one bound per row.
 #pragma once
 #include <math.h>
 

@@ -187,6 +187,11 @@
 //     loss is B_c = 128's per-tile cost (the long config at B_c = 128: 651 vs 673, run 1). The switch is gone.
 //   Few-keys config up to S_k = 2048 non-causal (runs 1, 2, 5): 593 vs 583, 580 vs 572, 579 vs 564 TFLOP/s
 //     (+1.4 to +2.7 %, the same sign in three runs): the threshold moves from 1024 to 2048.
+//   Softmax micro-steps (run 6, outputs/driver_logs/20261123-h200-d128-cells-run6-c13c752/; TFLOP/s at 512 / 512
+//     causal / 2048 / 2048 causal / 8192 against 497 / 304 / 593 / 498 / 647): the mask as one bound per row
+//     (one compare per element, common softmax_scores) 504 / 315 / 603 / 511 / 652 (+1 to +3.4 %): kept, for
+//     v05-v07 alike; the exponent arguments in a pass of their own 496 / 306 / 594 / 500 / 649 and CHAINS = 4
+//     496 / 305 / 588 / 497 / 655: noise, not kept.
 // Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.

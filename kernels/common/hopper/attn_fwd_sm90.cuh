@@ -56,13 +56,6 @@ inline int make_fwd_maps(const AttnFwdParams* p, int q_rows, int kv_rows, CUtens
   return 0;
 }
 
-#ifndef LAB_SOFTMAX_TWO_PASS
-#define LAB_SOFTMAX_TWO_PASS 0  // sweep switch (exp_rows): all exponent arguments, then all exp2s
-#endif
-#ifndef LAB_SOFTMAX_MASK_LIMIT
-#define LAB_SOFTMAX_MASK_LIMIT 0  // sweep switch (softmax_scores): one compare per masked element
-#endif
-
 // One launch of a TMA forward kernel (v05..v07 share it): raise its shared-memory limit once per device,
 // build the three tensor maps, one CTA per (B_r query rows, head, batch); kPersistent: one CTA per SM at
 // most, each looping over work tiles. kKernel is the kernel instantiation itself (common/launch.h's
@@ -224,19 +217,11 @@ __device__ __forceinline__ void exp_rows(float (&s)[BC / 2], RowState& st, const
     sum[0][0] = st.l[0];
     sum[1][0] = st.l[1];
   }
-#if LAB_SOFTMAX_TWO_PASS  // sweep switch: every exponent argument first (in place), then the exp2s and sums
-#pragma unroll
-  for (int i = 0; i < BC / 2; ++i) s[i] = kFold ? fmaf(s[i], c, -off[(i >> 1) & 1]) : s[i] - off[(i >> 1) & 1];
-#endif
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-#if LAB_SOFTMAX_TWO_PASS
-      const float arg = s[4 * i + e];
-#else
       const float arg = kFold ? fmaf(s[4 * i + e], c, -off[e >> 1]) : s[4 * i + e] - off[e >> 1];
-#endif
       constexpr int kEvery = kPolyEvery > 0 ? kPolyEvery : 1;  // (no % by zero when off)
 #if defined(LAB_SOFTMAX_ABLATE) && (LAB_SOFTMAX_ABLATE & 4)  // diagnostic (wrong results): no MUFU
       const float pv = arg * 0.5f;
@@ -275,13 +260,13 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
                                                int row0, int col0, int seqlen_k, bool causal) {
   static_assert(kChains >= 1 && (BC / 4) % kChains == 0, "kChains divides a row's BC/4 value pairs");
   const int t = threadIdx.x % 4;
-#if LAB_SOFTMAX_MASK_LIMIT  // sweep switch: per row, the first hidden column relative to this thread's first
-  // column, so each element's test is one compare against a compile-time offset (8 i + e % 2)
-  int lim[2];
+  // The mask (common/mask.cuh's `masked`: col >= S_k, or causal col > row) as one bound per row: the first
+  // hidden column relative to this thread's first one, so each element's test is one compare against a
+  // compile-time offset (8 i + e % 2). H200, fifth sitting run 6: +1-3 % on the D = 128 cells with few keys.
+  int lim[2] = {0, 0};
   if constexpr (kMask)
-    for (int h = 0; h < 2; ++h)
-      lim[h] = (causal ? min(seqlen_k, row0 + 8 * h + 1) : seqlen_k) - col0 - 2 * t;
-#endif
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lim[h] = (causal ? min(seqlen_k, row0 + 8 * h + 1) : seqlen_k) - col0 - 2 * t;
   float mx[2][kChains];
 #pragma unroll
   for (int k = 0; k < kChains; ++k) mx[0][k] = mx[1][k] = -INFINITY;
@@ -294,16 +279,8 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = kFold ? s[4 * i + e] : s[4 * i + e] * c;
-      if constexpr (kMask) {
-        const int col = col0 + 8 * i + 2 * t + (e & 1);
-        const int row = row0 + (e >> 1) * 8;
-#if LAB_SOFTMAX_MASK_LIMIT
-        (void)row, (void)col;
+      if constexpr (kMask)
         if (8 * i + (e & 1) >= lim[e >> 1]) x = -INFINITY;
-#else
-        if (masked(row, col, seqlen_k, causal)) x = -INFINITY;  // common/mask.cuh
-#endif
-      }
       s[4 * i + e] = x;
       float& m = mx[e >> 1][(2 * i + (e & 1)) % kChains];
       m = fmaxf(m, x);
