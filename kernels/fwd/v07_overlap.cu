@@ -160,7 +160,7 @@
 //   Long config at B_c = 128 (run 16, outputs/driver_logs/20261123-h200-v05-check-run16-bbb7b66/): S = 2048
 //     574 vs 559 (+2.6 %; run 13: +4 %), 8192 618 vs 634, 16k 639 vs 654; with 3 stages 569 / 614 / 632. A
 //     per-call B_c = 128 below ~4k keys would gain ~3 % in one cell, about the noise of one run: not taken.
-// Session of 2026-11-23, fifth sitting (H200 runs 1-3, outputs/driver_logs/20261123-h200-d128-cells-run*): the four
+// Session of 2026-11-23, fifth sitting (H200 runs 1-6, outputs/driver_logs/20261123-h200-d128-cells-run*): the four
 // D = 128 cells below cuDNN. ncu beside SDPA-cuDNN (run 2): cuDNN runs one persistent kernel for every cell
 // (132 CTAs, 1 producer + 2 consumer warpgroups, HGMMA 64x128x16: B_c = 128, 232 KiB), at S = 2048 1.42 M
 // cycles against our 1.57 M, with more instructions (316 M vs 278 M) at a higher IPC (1.74 vs 1.38); our top
@@ -192,7 +192,7 @@
 //     (one compare per element, common softmax_scores) 504 / 315 / 603 / 511 / 652 (+1 to +3.4 %): kept, for
 //     v05-v07 alike; the exponent arguments in a pass of their own 496 / 306 / 594 / 500 / 649 and CHAINS = 4
 //     496 / 305 / 588 / 497 / 655: noise, not kept.
-// Final default before these (run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
+// Final default of 2026-11-22 (its run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
 //
