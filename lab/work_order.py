@@ -17,6 +17,8 @@ every tile is taken exactly once and how even the key tiles per CTA come out.
 """
 from __future__ import annotations
 
+L2_GROUP_MB = 16  # v07's LAB_V07_D128_L2_GROUP_MB: the snake's head groups at D = 128
+
 
 def pair_order(num_m: int, num_bh: int, grid: int) -> list[list[tuple[int, int]]]:
     """Per CTA, its (bh, mb) tiles in the order it runs them under PAIR."""

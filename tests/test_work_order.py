@@ -1,7 +1,7 @@
 """v07's persistent causal orders (lab.work_order): every tile once, and how even the work per CTA is."""
 import pytest
 
-from lab import work_order
+from lab import cases, work_order
 
 
 @pytest.mark.parametrize("num_m,num_bh,grid", [(4, 1024, 132), (16, 256, 132), (9, 40, 132), (1, 7, 132),
@@ -32,12 +32,13 @@ def test_pair_runs_units_of_two_tiles_of_one_head_longest_first(num_m):
     assert units == 40 * ((num_m + 1) // 2)
 
 
-@pytest.mark.parametrize("seqlen,batch_heads", [(512, 1024), (2048, 256)])
-def test_pair_is_balanced_where_the_snake_was_not(seqlen, batch_heads):
-    """bench-fwd's causal D = 128 cells (B * S = 32k, 16 heads) on 132 SMs: the snake left its busiest CTA 40-48 %
-    above the mean (H200 run 1 measured it 21-24 % slower end to end), PAIR within 4 % (one round's rounding)."""
-    num_m = seqlen // 128
-    group = work_order.l2_group(seqlen, 128, 16, batch_heads)
+@pytest.mark.parametrize("case", [c for c in cases.bench_fwd_cases(head_dims=(128,), seqlens=(512, 2048)) if c.causal],
+                         ids=lambda c: c.name)
+def test_pair_is_balanced_where_the_snake_was_not(case):
+    """bench-fwd's causal D = 128 cells where v07 runs persistent, on 132 SMs: the snake left its busiest CTA 40-48 %
+    above the mean (H200 runs 1 and 4 measured it 21-28 % slower end to end), PAIR within 4 % (one round's rounding)."""
+    seqlen, num_m, batch_heads = case.Sq, case.Sq // 128, case.B * case.Hq
+    group = work_order.l2_group(seqlen, 128, work_order.L2_GROUP_MB, batch_heads)
     snake = work_order.imbalance(work_order.snake_order(num_m, batch_heads, 132, group))
     pair = work_order.imbalance(work_order.pair_order(num_m, batch_heads, 132))
     assert pair < 1.04

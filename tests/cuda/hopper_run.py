@@ -97,10 +97,9 @@ def run_check(versions) -> bool:
         # Grids of more work tiles than SMs (528 at D 128, 352 at D 64): a persistent kernel loops here
         results += [check.check_forward(run, cases.Case("many-tiles", 2, 8, 2, 4097, 4097, d, "bfloat16", causal),
                                         version, trials=1, save=False) for d in (64, 128) for causal in (False, True)]
-        # D 128 non-causal with S_k <= 2048 (the few-keys config, persistent): many work tiles per CTA, ragged
-        # tails, GQA, and one key tile per work tile (FUSE's stream crosses a work tile at every step)
-        # Causal up to 2048 queries: the same config in PAIR order (odd and even numbers of query tiles, more
-        # units than SMs)
+        # D 128's few-keys config (persistent, FUSE): non-causal with S_k <= 2048 (many work tiles per CTA, ragged
+        # tails, GQA, one key tile per work tile, where FUSE's stream crosses a work tile at every step) and causal
+        # up to 2048 queries in PAIR order (odd and even numbers of query tiles, more units than SMs)
         results += [check.check_forward(run, cases.Case("many-tiles-short", B, Hq, Hkv, Sq, Sk, 128, dtype, causal),
                                         version, trials=1, save=False)
                     for (B, Hq, Hkv, Sq, Sk, dtype, causal) in (
