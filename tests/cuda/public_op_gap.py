@@ -6,15 +6,20 @@ kernel-only factory (preallocated output), and SDPA-cuDNN. Each is timed three w
   queued 50 calls back to back between two events: the host runs ahead, so host time is hidden
   host   microseconds of Python + launch per call while the GPU is kept busy (perf_counter)
 If `queued` agrees and `cold` does not, the gap is host time not hidden behind the flush.
-Usage: python tests/cuda/public_op_gap.py [out.json]
+  slept  as cold, with a GPU sleep of ~50 us queued after the flush: the host always finishes its launch
+         before the timed window opens, so any host time left in `cold` shows as cold - slept
+Each call is timed twice (rows "... (again)") in the same rounds: the spread between the two copies of one
+call is the noise any other difference has to beat.
+Usage: python tests/cuda/public_op_gap.py [out.json]   (LAB_GAP_CASES=name,name: the cells; default below)
 """
 import contextlib
 import json
+import os
 import sys
 
 import torch
 
-from lab import bench, build, cases, ops, sweep
+from lab import bench, cases, ops, sweep
 from event_timing import host_us  # tests/cuda/ is the script's own directory
 
 
@@ -30,37 +35,57 @@ def queued_ms(fn, n=50):
     return start.elapsed_time(end) / n
 
 
+class SleptTimer(bench.CudaTimer):
+    """lab.bench.CudaTimer with a GPU sleep between the flush and the timed window (see `slept` above)."""
+
+    def __call__(self, fn) -> float:
+        torch = self._torch
+        self._flush.zero_()
+        torch.cuda._sleep(100_000)  # ~50 us at 1.98 GHz: longer than any host path measured here
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+CELLS = "fwd-d128-s512,fwd-d128-s512-c,fwd-d128-s2048,fwd-d128-s2048-c,fwd-d64-s2048,fwd-d64-s8192-c"
+
+
 def main():
     out = []
     grid = {c.name: c for c in cases.bench_fwd_cases("bfloat16")}
     print(torch.cuda.get_device_name(), torch.__version__)
-    for name in ("fwd-d128-s512", "fwd-d64-s512", "fwd-d128-s512-c", "fwd-d128-s2048"):
+    for name in os.environ.get("LAB_GAP_CASES", CELLS).split(","):
         case = grid[name]
         q, k, v, causal = sweep.case_inputs(case)
         version = ops.attention_version(q, None, causal)
-        address, bind, scale = ops.launcher(ops.FWD, version), build.binding(), 1 / q.shape[-1] ** 0.5
-        calls = {  # the public op, then the layers under it down to the bare launch
+        kernel_only = ops.fwd_call_factory(version)
+        calls = {  # the public op and its kernel, each twice (the noise floor), and SDPA-cuDNN
             "lab.ops.attention": lambda: ops.attention(q, k, v, is_causal=causal),
-            "lab.ops.attention (full path)": lambda: ops.attention(q, k, v, is_causal=causal, version=version),
-            "_attention_impl": lambda: ops._attention_impl(q, k, v, causal, scale, version, False),
-            "binding.attn_call": lambda: bind.attn_call(address, q, k, v, scale, causal, False),
-            "attn_fwd + empty_like": lambda: bind.attn_fwd(address, q, k, v, torch.empty_like(q), None, scale, causal,
-                                                           None),
-            f"{version} kernel only": ops.fwd_call_factory(version)(q, k, v, causal),
+            f"{version} kernel only": kernel_only(q, k, v, causal),
             "sdpa-cudnn": bench.sdpa_runner("default", q, k, v, causal),
+            "lab.ops.attention (again)": lambda: ops.attention(q, k, v, is_causal=causal),
+            f"{version} kernel only (again)": kernel_only(q, k, v, causal),
         }
         ctx = {"sdpa-cudnn": lambda: bench.sdpa_backend("cudnn")}
-        cold = bench.time_interleaved({n: (fn, ctx.get(n)) for n, fn in calls.items()})
+        cold = bench.time_interleaved({n: (fn, ctx.get(n)) for n, fn in calls.items()}, budget_s=1.0)
+        slept = bench.time_interleaved({n: (fn, ctx.get(n)) for n, fn in calls.items()}, timer=SleptTimer(),
+                                      budget_s=1.0)
         for label, fn in calls.items():
             with ctx.get(label, contextlib.nullcontext)():
-                row = {"case": name, "call": label, "cold_ms": cold[label].median_ms, "queued_ms": queued_ms(fn),
-                       "host_us": host_us(fn)}
+                row = {"case": name, "call": label, "version": version, "cold": cold[label].as_dict(),
+                       "slept": slept[label].as_dict(), "queued_ms": queued_ms(fn), "host_us": host_us(fn)}
             out.append(row)
-            print(f"{name:<16} {label:<24} cold {row['cold_ms']:.4f} ms  queued {row['queued_ms']:.4f} ms  "
-                  f"host {row['host_us']:6.1f} us")
+            c, s = row["cold"], row["slept"]
+            print(f"{name:<16} {label:<26} cold {c['median_ms']:.4f} ({c['q1_ms']:.4f}-{c['q3_ms']:.4f}, n {c['n']})"
+                  f"  slept {s['median_ms']:.4f} ({s['q1_ms']:.4f}-{s['q3_ms']:.4f}, n {s['n']})"
+                  f"  queued {row['queued_ms']:.4f}  host {row['host_us']:5.1f} us", flush=True)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": out}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "commit": os.environ.get("LAB_COMMIT"), "rows": out}, f, indent=1)
 
 
 if __name__ == "__main__":

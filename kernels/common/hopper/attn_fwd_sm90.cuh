@@ -255,6 +255,9 @@ __device__ __forceinline__ void exp_rows(float (&s)[BC / 2], RowState& st, const
 // (with one chain, a row's BC/2 values are one dependent FMNMX chain and one dependent FADD chain).
 // kFold (only for c > 0, which keeps the order of the scores): the max is taken on the raw scores and the
 // scale folds into the exponent, exp2(s * c - m) by one FFMA: one FMUL and one FADD less per score.
+#ifndef LAB_SOFTMAX_MASK_PER_ELEMENT
+#define LAB_SOFTMAX_MASK_PER_ELEMENT 0
+#endif
 template <int BC, bool kMask, int kPolyEvery = 0, int kChains = 1, bool kFold = false>
 __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
                                                int row0, int col0, int seqlen_k, bool causal) {
@@ -279,8 +282,13 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = kFold ? s[4 * i + e] : s[4 * i + e] * c;
+#if LAB_SOFTMAX_MASK_PER_ELEMENT  // sweep switch: the fourth sitting's per-element predicate (D = 64 A/B)
+      if constexpr (kMask)
+        if (masked(row0 + (e >> 1) * 8, col0 + 8 * i + 2 * t + (e & 1), seqlen_k, causal)) x = -INFINITY;
+#else
       if constexpr (kMask)
         if (8 * i + (e & 1) >= lim[e >> 1]) x = -INFINITY;
+#endif
       s[4 * i + e] = x;
       float& m = mx[e >> 1][(2 * i + (e & 1)) % kChains];
       m = fmaxf(m, x);
