@@ -269,6 +269,18 @@
 #ifndef LAB_V07_D128_FUSE
 #define LAB_V07_D128_FUSE 1  // run 18: +6.1 % at D = 128 S = 512 (the few-keys config), 58/58 checks, sanitizers clean
 #endif
+// How masked tiles apply the mask (common softmax_scores' kRowBound): one bound per row, or the per-element
+// predicate. Sixth sitting run 1 (H200): D = 64 +4.4 to +5.9 % per element in all five cells timed, none of
+// them with a masked tile in most of its work; D = 128 +1 to +3.4 % with the row bound (fifth sitting run 6).
+#ifndef LAB_V07_D64_MASK_ROW_BOUND
+#define LAB_V07_D64_MASK_ROW_BOUND 0
+#endif
+#ifndef LAB_V07_D128_MASK_ROW_BOUND
+#define LAB_V07_D128_MASK_ROW_BOUND 1
+#endif
+#ifndef LAB_V07_FUSE_NOZERO
+#define LAB_V07_FUSE_NOZERO 0  // sweep switch: FUSE's first P V of a work tile overwrites O (no zero_acc)
+#endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
@@ -317,6 +329,7 @@ template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY
           int CHAINS_ = 1, bool LAZY_ = false, bool PERSIST_CAUSAL_ = false, int L2_GROUP_MB_ = 0>
 struct Cfg07 {
   static constexpr int kL2GroupMB = L2_GROUP_MB_;
+  static constexpr bool kMaskRowBound = (D_ == 64 ? LAB_V07_D64_MASK_ROW_BOUND : LAB_V07_D128_MASK_ROW_BOUND) != 0;
   static constexpr bool kPersistentCausal = PERSIST_CAUSAL_;
   static constexpr bool kLazy = LAZY_;
   static constexpr int kChains = CHAINS_;
@@ -509,7 +522,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
     auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
     auto issue_s = [&](int j) { issue_qk<D, BC, kBf16>(sacc, sQw, ring_.k((ring + j) % kStages)); };
-    auto issue_o = [&](int j) { issue_pv<D, BC, kBf16>(o, pa, ring_.v((ring + j) % kStages)); };
+    auto issue_o = [&](int j, bool overwrite = false) {
+      issue_pv<D, BC, kBf16>(o, pa, ring_.v((ring + j) % kStages), overwrite);
+    };
     // Returns whether O needs rescale_o (LAZY: an unmasked tile that kept the max does not).
     auto softmax = [&](int j) -> bool {
       if constexpr ((LAB_V07_ABLATE & 1) != 0) {  // diagnostic: P = raw scores, no max, exp or sum
@@ -519,8 +534,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       // common/mask.cuh's tile_needs_mask, written out: the call form moves v07's integer code (sass_guard)
       const bool mask = (j + 1) * BC > p.seqlen_k || (p.causal && (j + 1) * BC - 1 > wm0);
       if (mask)
-        softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,
-                                                                        p.seqlen_k, p.causal);
+        softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold, Cfg::kMaskRowBound>(sacc, st, alpha, c,
+                                                                                           row0, j * BC, p.seqlen_k,
+                                                                                           p.causal);
       else if constexpr (Cfg::kLazy && kFold)
         return softmax_scores_lazy<BC, Cfg::kChains>(sacc, st, alpha, c);
       else
@@ -592,7 +608,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           turn();
           wgmma_fence();
           issue_s(j);
-          issue_o(j - 1);
+          issue_o(j - 1, LAB_V07_FUSE_NOZERO && j == 1);
           pass();
           wgmma_wait<1>();
           reg_fence(sacc);
@@ -609,6 +625,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         // two ends below issues its wgmmas unconditionally after its fence: a wgmma issued under a condition
         // between fence and commit made ptxas serialize every wgmma of the kernel (C7520, runs 14 and 17).
         const int sv = (ring + n_tiles - 1) % kStages, pv = ((ring + n_tiles - 1) / kStages) & 1;
+        const bool pv_first = LAB_V07_FUSE_NOZERO && n_tiles == 1;  // this P V is the tile's only one
         RowState done = st;
         const int db = b, dh = h, dwm0 = wm0;
         ring += n_tiles;
@@ -620,7 +637,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           mbar_wait(smem_u32(&bar_v[sv]), pv);
           turn();
           wgmma_fence();
-          issue_pv<D, BC, kBf16>(o, pa, ring_.v(sv));
+          issue_pv<D, BC, kBf16>(o, pa, ring_.v(sv), pv_first);
           pass();
           wgmma_wait<0>();
           reg_fence(o);
@@ -634,7 +651,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         turn();
         wgmma_fence();
         issue_s(0);
-        issue_pv<D, BC, kBf16>(o, pa, ring_.v(sv));
+        issue_pv<D, BC, kBf16>(o, pa, ring_.v(sv), pv_first);
         pass();
         wgmma_wait<1>();  // S_0 of the next tile (committed first)
         reg_fence(sacc);
@@ -645,7 +662,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         reg_fence(o);
         if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[sv]));
         epilogue_direct<D, T>(o, done, p, db, dh, dwm0);
-        zero_acc(o);
+        if constexpr (!LAB_V07_FUSE_NOZERO) zero_acc(o);
         pack_p<BC, T>(sacc, pa);
       }
       // [/lab:fuse]

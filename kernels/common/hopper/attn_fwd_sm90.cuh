@@ -170,11 +170,14 @@ __device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q, uint32_
   wgmma_commit();
 }
 
-// O += P V for one V tile (RS form: P from registers), one commit group.
+// O += P V for one V tile (RS form: P from registers), one commit group; overwrite: O = P V (the first
+// k16 step's scale_d = 0), so a work tile's first P V needs no zeroed O.
 template <int D, int BC, bool kBf16>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BC / 16][4], uint32_t v) {
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BC / 16][4], uint32_t v,
+                                         bool overwrite = false) {
 #pragma unroll
-  for (int kk = 0; kk < BC / 16; ++kk) WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(v, BC, kk), 1);
+  for (int kk = 0; kk < BC / 16; ++kk)
+    WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(v, BC, kk), kk == 0 && overwrite ? 0 : 1);
   wgmma_commit();
 }
 
@@ -255,19 +258,18 @@ __device__ __forceinline__ void exp_rows(float (&s)[BC / 2], RowState& st, const
 // (with one chain, a row's BC/2 values are one dependent FMNMX chain and one dependent FADD chain).
 // kFold (only for c > 0, which keeps the order of the scores): the max is taken on the raw scores and the
 // scale folds into the exponent, exp2(s * c - m) by one FFMA: one FMUL and one FADD less per score.
-#ifndef LAB_SOFTMAX_MASK_PER_ELEMENT
-#define LAB_SOFTMAX_MASK_PER_ELEMENT 0
-#endif
-template <int BC, bool kMask, int kPolyEvery = 0, int kChains = 1, bool kFold = false>
+template <int BC, bool kMask, int kPolyEvery = 0, int kChains = 1, bool kFold = false, bool kRowBound = true>
 __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
                                                int row0, int col0, int seqlen_k, bool causal) {
   static_assert(kChains >= 1 && (BC / 4) % kChains == 0, "kChains divides a row's BC/4 value pairs");
   const int t = threadIdx.x % 4;
-  // The mask (common/mask.cuh's `masked`: col >= S_k, or causal col > row) as one bound per row: the first
-  // hidden column relative to this thread's first one, so each element's test is one compare against a
-  // compile-time offset (8 i + e % 2). H200, fifth sitting run 6: +1-3 % on the D = 128 cells with few keys.
+  // kRowBound: the mask (common/mask.cuh's `masked`: col >= S_k, or causal col > row) as one bound per row:
+  // the first hidden column relative to this thread's first one, so each element's test is one compare
+  // against a compile-time offset (8 i + e % 2). H200, fifth sitting run 6: +1-3 % on the D = 128 cells with
+  // few keys. Otherwise `masked` per element: v07 at D = 64 ran 4-6 % faster with it in every cell, masked
+  // or not (sixth sitting run 1: the choice moves the whole kernel's code, not just the masked tiles').
   int lim[2] = {0, 0};
-  if constexpr (kMask)
+  if constexpr (kMask && kRowBound)
 #pragma unroll
     for (int h = 0; h < 2; ++h) lim[h] = (causal ? min(seqlen_k, row0 + 8 * h + 1) : seqlen_k) - col0 - 2 * t;
   float mx[2][kChains];
@@ -282,13 +284,11 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = kFold ? s[4 * i + e] : s[4 * i + e] * c;
-#if LAB_SOFTMAX_MASK_PER_ELEMENT  // sweep switch: the fourth sitting's per-element predicate (D = 64 A/B)
-      if constexpr (kMask)
-        if (masked(row0 + (e >> 1) * 8, col0 + 8 * i + 2 * t + (e & 1), seqlen_k, causal)) x = -INFINITY;
-#else
-      if constexpr (kMask)
+      if constexpr (kMask && kRowBound) {
         if (8 * i + (e & 1) >= lim[e >> 1]) x = -INFINITY;
-#endif
+      } else if constexpr (kMask) {
+        if (masked(row0 + (e >> 1) * 8, col0 + 8 * i + 2 * t + (e & 1), seqlen_k, causal)) x = -INFINITY;
+      }
       s[4 * i + e] = x;
       float& m = mx[e >> 1][(2 * i + (e & 1)) % kChains];
       m = fmaxf(m, x);
@@ -470,6 +470,9 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
   }
 }
 
+#ifndef LAB_EPILOGUE_PACKED
+#define LAB_EPILOGUE_PACKED 0
+#endif
 // The same without shared memory: each thread stores its own 4-byte pairs of rows < S_q straight from the
 // accumulator layout (a warp's store covers 8 rows x 16 bytes). For a persistent CTA: the Q tile stays free
 // for the next work tile's load, which is then issued as soon as the last S GEMM has read Q.
@@ -479,6 +482,33 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
   normalise_o<D>(o, st, p, b, h, m0);
   T* out = static_cast<T*>(p.o) + (int64_t)b * p.o_stride[0] + (int64_t)h * p.o_stride[1];
+#if LAB_EPILOGUE_PACKED  // sweep switch: both rows' addresses and every packed value before the first store
+  // (sixth sitting: ncu put ~4.5 % of all stall samples at S = 512 on the epilogue's second-row address and
+  // normalise waiting for the first row's stores to release their registers)
+  uint32_t packed[2][D / 8];
+  uint64_t dst[2];  // global addresses (st.global below: a generic pointer through the fence would give ST, not STG)
+  bool live[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = m0 + warp * 16 + hh * 8 + g;
+    live[hh] = row < p.seqlen_q;
+    dst[hh] = __cvta_generic_to_global(out + (int64_t)row * p.o_stride[2] + 2 * t);
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) packed[hh][i] = pack2<T>(o[4 * i + 2 * hh], o[4 * i + 2 * hh + 1]);
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    asm volatile("" : "+l"(dst[hh])::"memory");
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) asm volatile("" : "+r"(packed[hh][i])::"memory");
+  }
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)  // the two rows interleaved: neither row's stores can go before the other's values
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      if (live[hh]) asm volatile("st.global.b32 [%0], %1;" ::"l"(dst[hh] + 16 * i), "r"(packed[hh][i]) : "memory");
+  return;
+#endif
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int row = m0 + warp * 16 + hh * 8 + g;
