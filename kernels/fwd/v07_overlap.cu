@@ -280,13 +280,10 @@
 #endif
 // NOZERO: a work tile's first P V overwrites O (wgmma scale_d = 0) instead of O being zeroed after the last
 // tile's epilogue: the zeroing waited for the epilogue's stores to release O's registers (long scoreboard).
-// FUSE (the D = 128 few-keys config): H200 run 2 of the sixth sitting, +1.4 to +5.6 % in its four cells.
-// PLAIN: the persistent configs without FUSE (D = 64), a sweep switch.
+// FUSE (the D = 128 few-keys config): H200 run 2 of the sixth sitting, +1.4 to +5.6 % in its four cells. The
+// same in the persistent path without FUSE (D = 64; run 3): 0 to -1.4 % in five cells, not kept.
 #ifndef LAB_V07_FUSE_NOZERO
 #define LAB_V07_FUSE_NOZERO 1
-#endif
-#ifndef LAB_V07_PLAIN_NOZERO
-#define LAB_V07_PLAIN_NOZERO 0
 #endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
@@ -680,8 +677,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       locate(work);
       wm0 = m0 + 64 * (wg - 1);
       row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
-      constexpr bool kNoZero = kPersist && LAB_V07_PLAIN_NOZERO != 0;  // (one work tile per CTA otherwise)
-      if (!kNoZero || n_tiles == 0) zero_acc(o);
+      zero_acc(o);
       st = RowState{};
       mbar_wait(smem_u32(&bar_q[qb]), t & 1);
 
@@ -706,7 +702,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         turn();
         wgmma_fence();  // P fragments and rescaled O written before the wgmmas read them
         issue_s(j);
-        issue_o(j - 1, kNoZero && j == 1);
+        issue_o(j - 1);
         pass();
         wgmma_wait<1>();  // S_j is done (groups complete in order)
         reg_fence(sacc);
@@ -724,7 +720,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         wait_v(n_tiles - 1);
         turn();
         wgmma_fence();
-        issue_o(n_tiles - 1, kNoZero && n_tiles == 1);
+        issue_o(n_tiles - 1);
         pass();
         wgmma_wait<0>();
         reg_fence(o);

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from lab import bench, cases, ops, sweep
+from lab import bench, build, cases, ops, sweep
 from event_timing import host_us  # tests/cuda/ is the script's own directory
 
 
@@ -62,13 +62,21 @@ def main():
         q, k, v, causal = sweep.case_inputs(case)
         version = ops.attention_version(q, None, causal)
         kernel_only = ops.fwd_call_factory(version)
+        address, bind, scale = ops.launcher(ops.FWD, version), build.binding(), 1 / q.shape[-1] ** 0.5
         calls = {  # the public op and its kernel, each twice (the noise floor), and SDPA-cuDNN
             "lab.ops.attention": lambda: ops.attention(q, k, v, is_causal=causal),
             f"{version} kernel only": kernel_only(q, k, v, causal),
             "sdpa-cudnn": bench.sdpa_runner("default", q, k, v, causal),
             "lab.ops.attention (again)": lambda: ops.attention(q, k, v, is_causal=causal),
             f"{version} kernel only (again)": kernel_only(q, k, v, causal),
+            # the kernel-only launch with an output allocated per call, as the public op does
+            f"{version} kernel only, fresh output": lambda: bind.attn_fwd(address, q, k, v, torch.empty_like(q), None,
+                                                                          scale, causal, None),
         }
+        variant = os.environ.get("LAB_GAP_VARIANT")  # e.g. "NAME=0": the same source built again with a define
+        if variant:
+            name_, _, value = variant.partition("=")
+            calls[f"{version}:{variant} kernel only"] = ops.fwd_call_factory(version, {name_: value})(q, k, v, causal)
         ctx = {"sdpa-cudnn": lambda: bench.sdpa_backend("cudnn")}
         cold = bench.time_interleaved({n: (fn, ctx.get(n)) for n, fn in calls.items()}, budget_s=1.0)
         slept = bench.time_interleaved({n: (fn, ctx.get(n)) for n, fn in calls.items()}, timer=SleptTimer(),
