@@ -470,8 +470,8 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
   }
 }
 
-#ifndef LAB_EPILOGUE_PACKED
-#define LAB_EPILOGUE_PACKED 0
+#ifndef LAB_EPILOGUE_QUAD
+#define LAB_EPILOGUE_QUAD 0
 #endif
 // The same without shared memory: each thread stores its own 4-byte pairs of rows < S_q straight from the
 // accumulator layout (a warp's store covers 8 rows x 16 bytes). For a persistent CTA: the Q tile stays free
@@ -482,31 +482,43 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
   normalise_o<D>(o, st, p, b, h, m0);
   T* out = static_cast<T*>(p.o) + (int64_t)b * p.o_stride[0] + (int64_t)h * p.o_stride[1];
-#if LAB_EPILOGUE_PACKED  // sweep switch: both rows' addresses and every packed value before the first store
-  // (sixth sitting: ncu put ~4.5 % of all stall samples at S = 512 on the epilogue's second-row address and
-  // normalise waiting for the first row's stores to release their registers)
-  uint32_t packed[2][D / 8];
-  uint64_t dst[2];  // global addresses (st.global below: a generic pointer through the fence would give ST, not STG)
-  bool live[2];
+#if LAB_EPILOGUE_QUAD  // sweep switch: the quad's words exchanged by shuffles into 8-byte (1) or 16-byte (2) stores
+  // (sixth sitting: each 4-byte warp store touched 8 lines, so the 32 per thread kept L1 busy ~1000 cycles per
+  // warpgroup epilogue). Every lane shuffles (full-warp masks); only the stores are predicated by row.
+  const int t0 = t & 1, t1 = t >> 1;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int row = m0 + warp * 16 + hh * 8 + g;
-    live[hh] = row < p.seqlen_q;
-    dst[hh] = __cvta_generic_to_global(out + (int64_t)row * p.o_stride[2] + 2 * t);
+    T* dst = out + (int64_t)row * p.o_stride[2];
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) packed[hh][i] = pack2<T>(o[4 * i + 2 * hh], o[4 * i + 2 * hh + 1]);
+    for (int a = 0; a < D / 32; ++a) {  // four 8-column blocks 4a .. 4a + 3
+      uint32_t c[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[j] = pack2<T>(o[4 * (4 * a + j) + 2 * hh], o[4 * (4 * a + j) + 2 * hh + 1]);
+      // Lanes t and t ^ 1 swap: afterwards lane t holds columns 2 (t & ~1) .. + 3 of block 2m + t0 in c[2m], c[2m + 1].
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const uint32_t x = __shfl_xor_sync(0xffffffffu, t0 ? c[2 * m] : c[2 * m + 1], 1);
+        c[2 * m] = t0 ? x : c[2 * m];
+        c[2 * m + 1] = t0 ? c[2 * m + 1] : x;
+      }
+#if LAB_EPILOGUE_QUAD == 1
+      if (row < p.seqlen_q)
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+          *reinterpret_cast<uint2*>(dst + 8 * (4 * a + 2 * m + t0) + 2 * (t & 2)) = make_uint2(c[2 * m], c[2 * m + 1]);
+#else
+      // Lanes t and t ^ 2 swap: afterwards lane t holds all eight columns of block 4a + t, c[k] from lane k.
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const uint32_t x = __shfl_xor_sync(0xffffffffu, t1 ? c[n] : c[n + 2], 2);
+        c[n] = t1 ? x : c[n];
+        c[n + 2] = t1 ? c[n + 2] : x;
+      }
+      if (row < p.seqlen_q) *reinterpret_cast<uint4*>(dst + 8 * (4 * a + t)) = make_uint4(c[0], c[1], c[2], c[3]);
+#endif
+    }
   }
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    asm volatile("" : "+l"(dst[hh])::"memory");
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) asm volatile("" : "+r"(packed[hh][i])::"memory");
-  }
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)  // the two rows interleaved: neither row's stores can go before the other's values
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-      if (live[hh]) asm volatile("st.global.b32 [%0], %1;" ::"l"(dst[hh] + 16 * i), "r"(packed[hh][i]) : "memory");
   return;
 #endif
 #pragma unroll
