@@ -470,19 +470,25 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
   }
 }
 
+// QUAD (sixth sitting, H200 run 5, kernel-only rows in rounds): 1 (8-byte stores) against the 4-byte stores:
+// D = 128 +6.2 / +8.4 / +2.1 / +3.9 % at 512 / 512 causal / 2048 / 2048 causal, D = 64 +3.1 / -0.5 / +0.4 % at
+// 2048 / 8192 causal / 16384; 2 (16-byte stores, one more shuffle round) +4.8 / +6.7 / +2.3 / +3.5 and +2.1 /
+// -0.2 / +0.7 %. 62/62 checks with each. 0: the 4-byte stores.
 #ifndef LAB_EPILOGUE_QUAD
-#define LAB_EPILOGUE_QUAD 0
+#define LAB_EPILOGUE_QUAD 1
 #endif
-// The same without shared memory: each thread stores its own 4-byte pairs of rows < S_q straight from the
-// accumulator layout (a warp's store covers 8 rows x 16 bytes). For a persistent CTA: the Q tile stays free
-// for the next work tile's load, which is then issued as soon as the last S GEMM has read Q.
+// The same without shared memory, rows < S_q straight from the accumulator layout: with QUAD = 1 (default) the
+// lanes t and t ^ 1 of each quad swap words so that each stores 8 contiguous bytes (a warp's store covers 8
+// rows x 32 bytes); with 0 each thread stores its own 4-byte pairs (8 rows x 16 bytes, twice the stores). For
+// a persistent CTA: the Q tile stays free for the next work tile's load, issued once the last S GEMM has read Q.
+// tests/test_epilogue_quad.py walks the lane exchange on the CPU.
 template <int D, class T>
 __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st, const AttnFwdParams& p, int b,
                                                 int h, int m0) {
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
   normalise_o<D>(o, st, p, b, h, m0);
   T* out = static_cast<T*>(p.o) + (int64_t)b * p.o_stride[0] + (int64_t)h * p.o_stride[1];
-#if LAB_EPILOGUE_QUAD  // sweep switch: the quad's words exchanged by shuffles into 8-byte (1) or 16-byte (2) stores
+#if LAB_EPILOGUE_QUAD  // the quad's words exchanged by shuffles into 8-byte (1) or 16-byte (2) stores
   // (sixth sitting: each 4-byte warp store touched 8 lines, so the 32 per thread kept L1 busy ~1000 cycles per
   // warpgroup epilogue). Every lane shuffles (full-warp masks); only the stores are predicated by row.
   const int t0 = t & 1, t1 = t >> 1;
