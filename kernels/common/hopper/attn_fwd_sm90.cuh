@@ -491,7 +491,7 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
 #if LAB_EPILOGUE_QUAD  // the quad's words exchanged by shuffles into 8-byte (1) or 16-byte (2) stores
   // (sixth sitting: each 4-byte warp store touched 8 lines, so the 32 per thread kept L1 busy ~1000 cycles per
   // warpgroup epilogue). Every lane shuffles (full-warp masks); only the stores are predicated by row.
-  const int t0 = t & 1, t1 = t >> 1;
+  const int t0 = t & 1;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int row = m0 + warp * 16 + hh * 8 + g;
@@ -501,7 +501,7 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
       uint32_t c[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) c[j] = pack2<T>(o[4 * (4 * a + j) + 2 * hh], o[4 * (4 * a + j) + 2 * hh + 1]);
-      // Lanes t and t ^ 1 swap: afterwards lane t holds columns 2 (t & ~1) .. + 3 of block 2m + t0 in c[2m], c[2m + 1].
+      // Lanes t and t ^ 1 swap: now lane t holds columns 2 (t & ~1) .. + 3 of block 2m + t0 in c[2m], c[2m + 1].
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         const uint32_t x = __shfl_xor_sync(0xffffffffu, t0 ? c[2 * m] : c[2 * m + 1], 1);
@@ -515,6 +515,7 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
           *reinterpret_cast<uint2*>(dst + 8 * (4 * a + 2 * m + t0) + 2 * (t & 2)) = make_uint2(c[2 * m], c[2 * m + 1]);
 #else
       // Lanes t and t ^ 2 swap: afterwards lane t holds all eight columns of block 4a + t, c[k] from lane k.
+      const int t1 = t >> 1;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         const uint32_t x = __shfl_xor_sync(0xffffffffu, t1 ? c[n] : c[n + 2], 2);
@@ -525,8 +526,7 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
 #endif
     }
   }
-  return;
-#endif
+#else
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int row = m0 + warp * 16 + hh * 8 + g;
@@ -536,6 +536,7 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
     for (int i = 0; i < D / 8; ++i)
       *reinterpret_cast<uint32_t*>(dst + 8 * i) = pack2<T>(o[4 * i + 2 * hh], o[4 * i + 2 * hh + 1]);
   }
+#endif
 }
 
 }  // namespace lab::sm90
