@@ -419,7 +419,9 @@ __device__ __forceinline__ void serial_tile(float (&o)[Cfg::D / 2], RowState& st
 // ---------------------------------------------------------------- epilogue
 
 // Normalise O (O / l, the quad's partial row sums reduced) and write LSE for rows < S_q.
-template <int D>
+// kFastInv: 1 / l by MUFU.RCP (__fdividef) instead of the IEEE division and its slow-path branch; l >= 1
+// whenever it is > 0 (the running max's own score adds exp2(0)), so the approximation's range limit is far off.
+template <int D, bool kFastInv = false>
 __device__ __forceinline__ void normalise_o(float (&o)[D / 2], const RowState& st, const AttnFwdParams& p, int b,
                                             int h, int m0) {
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
@@ -428,7 +430,7 @@ __device__ __forceinline__ void normalise_o(float (&o)[D / 2], const RowState& s
     float l = st.l[hh];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // S_k = 0: O = 0
+    const float inv = l > 0.f ? (kFastInv ? __fdividef(1.f, l) : 1.f / l) : 0.f;  // S_k = 0: O = 0
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       o[4 * i + 2 * hh] *= inv;
@@ -477,6 +479,9 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
 #ifndef LAB_EPILOGUE_QUAD
 #define LAB_EPILOGUE_QUAD 1
 #endif
+#ifndef LAB_EPILOGUE_FAST_INV
+#define LAB_EPILOGUE_FAST_INV 0  // sweep switch: normalise_o's kFastInv in epilogue_direct
+#endif
 // The same without shared memory, rows < S_q straight from the accumulator layout: with QUAD = 1 (default) the
 // lanes t and t ^ 1 of each quad swap words so that each stores 8 contiguous bytes (a warp's store covers 8
 // rows x 32 bytes); with 0 each thread stores its own 4-byte pairs (8 rows x 16 bytes, twice the stores). For
@@ -486,7 +491,7 @@ template <int D, class T>
 __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st, const AttnFwdParams& p, int b,
                                                 int h, int m0) {
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
-  normalise_o<D>(o, st, p, b, h, m0);
+  normalise_o<D, LAB_EPILOGUE_FAST_INV != 0>(o, st, p, b, h, m0);
   T* out = static_cast<T*>(p.o) + (int64_t)b * p.o_stride[0] + (int64_t)h * p.o_stride[1];
 #if LAB_EPILOGUE_QUAD  // the quad's words exchanged by shuffles into 8-byte (1) or 16-byte (2) stores
   // (sixth sitting: each 4-byte warp store touched 8 lines, so the 32 per thread kept L1 busy ~1000 cycles per
