@@ -285,12 +285,12 @@
 #ifndef LAB_V07_FUSE_NOZERO
 #define LAB_V07_FUSE_NOZERO 1
 #endif
-// WORK_SMEM (FUSE path): the producer thread publishes each work tile's (b, h, m0, n_tiles, has_next) in shared
-// memory before its Q barrier's arrive (release; the consumers' wait acquires), so the consumers' transition
-// between work tiles runs no work_at / locate integer code (ncu, fifth sitting: ~4.5 % of all stall samples at
-// S = 512 sat there, on the critical path of the turn after the epilogue). A sweep switch.
+// WORK_SMEM (FUSE path): the producer thread sends each work tile's (b, h, m0, n_tiles | has_next << 30) to
+// every consumer warpgroup with st.async, counted on that warpgroup's Q barrier like the Q bytes, so the
+// consumers' transition between work tiles runs no work_at / locate integer code (ncu, fifth sitting: ~4.5 %
+// of all stall samples at S = 512 sat there, on the critical path of the turn after the epilogue).
 #ifndef LAB_V07_WORK_SMEM
-#define LAB_V07_WORK_SMEM 0
+#define LAB_V07_WORK_SMEM 1  // H200 run 7 of the sixth sitting (see the header)
 #endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   __shared__ __align__(8) uint64_t bar_q[kQBars], bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
   __shared__ __align__(8) uint64_t empty_q[kQBars];  // PERSIST: every S GEMM of this work tile has read Q
   constexpr bool kWorkSmem = kFuse && LAB_V07_WORK_SMEM != 0;
-  __shared__ int work_info[2][5];  // WORK_SMEM: tile t's (b, h, m0, n_tiles, has_next) in slot t & 1
+  __shared__ __align__(16) int4 work_info[kQBars][2];  // WORK_SMEM: warpgroup w's word on tile t in [w][t & 1]
   uint8_t* smem = align1024(smem_raw);
   const SmemRing<Cfg> ring_ = smem_ring<Cfg>(smem);
   const uint32_t sQ = ring_.q;
@@ -486,13 +486,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
             const int qb = kQBars > 1 ? w : 0;
             if (w == 0 || kQBars > 1) {
               if (t > 0) mbar_wait(smem_u32(&empty_q[qb]), (t - 1) & 1);  // the last tile's S GEMMs are done
-              if (kWorkSmem && w == 0) {  // slot t & 1 was last read at tile t - 2, before its S GEMMs
+              mbar_arrive_expect_tx(smem_u32(&bar_q[qb]),
+                                    (kQBars > 1 ? Cfg::kQBytesWG : Cfg::kQBytes) + (kWorkSmem ? sizeof(int4) : 0));
+              if constexpr (kWorkSmem) {  // slot t & 1 was last read at tile t - 2, before its S GEMMs (empty_q)
                 int next = it + 1;
                 while (next < num_rounds && work_at(next) < 0) ++next;
-                int* info = work_info[t & 1];
-                info[0] = b, info[1] = h, info[2] = m0, info[3] = n_tiles, info[4] = next < num_rounds;
+                st_async_v4(smem_u32(&work_info[qb][t & 1]), make_int4(b, h, m0, n_tiles | (next < num_rounds) << 30),
+                            smem_u32(&bar_q[qb]));
               }
-              mbar_arrive_expect_tx(smem_u32(&bar_q[qb]), kQBars > 1 ? Cfg::kQBytesWG : Cfg::kQBytes);
             }
             for (int cb = 0; cb < D / 64; ++cb)
               tma_load_4d(sQ + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q[qb]), cb * 64, m0 + 64 * w, h,
@@ -598,9 +599,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       bool has_next = false;  // WORK_SMEM: the producer's word on whether this CTA has a work tile after t
       auto begin = [&](int w) {  // the row state and Q of work tile t
         if (kWorkSmem) {
-          mbar_wait(smem_u32(&bar_q[qb]), t & 1);  // acquires the producer's work_info writes
-          const int* info = work_info[t & 1];
-          b = info[0], h = info[1], m0 = info[2], n_tiles = info[3], has_next = info[4] != 0;
+          mbar_wait(smem_u32(&bar_q[qb]), t & 1);  // the producer's st.async has landed with the Q bytes
+          const int4 info = work_info[qb][t & 1];
+          b = info.x, h = info.y, m0 = info.z, n_tiles = info.w & ((1 << 30) - 1), has_next = info.w >> 30;
         } else {
           locate(w);
         }
