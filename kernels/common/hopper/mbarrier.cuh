@@ -31,15 +31,6 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
-// st.async: 16 bytes into this CTA's shared memory through the async proxy, counted in `bar`'s transaction
-// bytes like a TMA load's (the shared::cta window lies inside shared::cluster, so a CTA's own address serves);
-// a thread that sees the phase complete reads them with ordinary loads. 16-byte aligned destination.
-__device__ __forceinline__ void st_async_v4(uint32_t dst, int4 v, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.s32 [%0], {%1, %2, %3, %4}, [%5];\n"
-               ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
-               : "memory");
-}
-
 // plain arrive (release semantics: this thread's prior shared-memory reads/writes happen before the phase ends).
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
