@@ -285,15 +285,6 @@
 #ifndef LAB_V07_FUSE_NOZERO
 #define LAB_V07_FUSE_NOZERO 1
 #endif
-// WORK_SMEM (FUSE path): the producer thread posts each work tile's (b, h, m0, n_tiles | has_next << 30) in
-// shared memory before that tile's Q barrier arrive (release; the consumers' wait acquires), so the consumers'
-// transition between work tiles runs no work_at / locate integer code (ncu, fifth sitting: ~4.5 % of all stall
-// samples at S = 512 sat there, on the critical path of the turn after the epilogue). The words go through
-// shared-memory atomics: racecheck does not model mbarrier ordering and reported plain stores and loads
-// (run 6), and st.async, which it does not track, needs a cluster of two CTAs or more (run 7).
-#ifndef LAB_V07_WORK_SMEM
-#define LAB_V07_WORK_SMEM 1  // H200 run 7 of the sixth sitting (see the header)
-#endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
@@ -398,8 +389,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   constexpr int kQBars = kFuse ? Cfg::kConsumers : 1;
   __shared__ __align__(8) uint64_t bar_q[kQBars], bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
   __shared__ __align__(8) uint64_t empty_q[kQBars];  // PERSIST: every S GEMM of this work tile has read Q
-  constexpr bool kWorkSmem = kFuse && LAB_V07_WORK_SMEM != 0;
-  __shared__ int work_info[2][4];  // WORK_SMEM: tile t's words in slot t & 1
   uint8_t* smem = align1024(smem_raw);
   const SmemRing<Cfg> ring_ = smem_ring<Cfg>(smem);
   const uint32_t sQ = ring_.q;
@@ -488,12 +477,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
             const int qb = kQBars > 1 ? w : 0;
             if (w == 0 || kQBars > 1) {
               if (t > 0) mbar_wait(smem_u32(&empty_q[qb]), (t - 1) & 1);  // the last tile's S GEMMs are done
-              if (kWorkSmem && w == 0) {  // slot t & 1 was last read at tile t - 2, before its S GEMMs (empty_q)
-                int next = it + 1;
-                while (next < num_rounds && work_at(next) < 0) ++next;
-                const int words[4] = {b, h, m0, n_tiles | (next < num_rounds) << 30};
-                for (int i = 0; i < 4; ++i) atomicExch(&work_info[t & 1][i], words[i]);
-              }
               mbar_arrive_expect_tx(smem_u32(&bar_q[qb]), kQBars > 1 ? Cfg::kQBytesWG : Cfg::kQBytes);
             }
             for (int cb = 0; cb < D / 64; ++cb)
@@ -597,22 +580,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       fused = p.seqlen_k > 0;
       int it = 0, t = 0;
       int work = fused && num_rounds > 0 ? work_at(0) : -1;
-      bool has_next = false;  // WORK_SMEM: the producer's word on whether this CTA has a work tile after t
       auto begin = [&](int w) {  // the row state and Q of work tile t
-        if (kWorkSmem) {
-          mbar_wait(smem_u32(&bar_q[qb]), t & 1);  // acquires the producer's words (posted before its arrive)
-          int words[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i)  // one read per warp, broadcast
-            words[i] = __shfl_sync(0xffffffffu, ct % 32 == 0 ? atomicOr(&work_info[t & 1][i], 0) : 0, 0);
-          b = words[0], h = words[1], m0 = words[2], n_tiles = words[3] & ((1 << 30) - 1), has_next = words[3] >> 30;
-        } else {
-          locate(w);
-        }
+        locate(w);
         wm0 = m0 + 64 * (wg - 1);
         row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
         st = RowState{};
-        if (!kWorkSmem) mbar_wait(smem_u32(&bar_q[qb]), t & 1);
+        mbar_wait(smem_u32(&bar_q[qb]), t & 1);
       };
       // The head and main loop below are the plain path's, written out again: sharing them as lambdas renames
       // registers in these kernels and changes the D = 64 kernels' SASS (tests/cuda/sass_guard.sh, 2026-11-23),
@@ -661,13 +634,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         const int db = b, dh = h, dwm0 = wm0;
         ring += n_tiles;
         ++t;
-        if constexpr (kWorkSmem) {
-          work = has_next ? 0 : -1;
-        } else {
-          work = ++it < num_rounds ? work_at(it) : -1;
-          if constexpr (kPair)  // PAIR skips inside the rounds too, not only past the last unit
-            while (work < 0 && pair && ++it < num_rounds) work = work_at(it);
-        }
+        work = ++it < num_rounds ? work_at(it) : -1;
+        if constexpr (kPair)  // PAIR skips inside the rounds too, not only past the last unit
+          while (work < 0 && pair && ++it < num_rounds) work = work_at(it);
         if (work < 0) {  // the CTA's last work tile: its P V alone
           mbar_wait(smem_u32(&bar_v[sv]), pv);
           turn();
