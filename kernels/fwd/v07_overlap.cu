@@ -285,6 +285,12 @@
 #ifndef LAB_V07_FUSE_NOZERO
 #define LAB_V07_FUSE_NOZERO 1
 #endif
+// FAST_DIV: the persistent kernels' work-tile arithmetic (work_at, locate) divides by num_m, the heads and
+// PAIR's half through common/fast_div.cuh (a wide multiply and a shift) instead of signed divisions. A sweep
+// switch.
+#ifndef LAB_V07_FAST_DIV
+#define LAB_V07_FAST_DIV 0
+#endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
@@ -410,12 +416,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   const int num_rounds = !kPersist ? 1
                          : pair    ? 2 * ((num_units + gridDim.x - 1) / gridDim.x)
                                    : (num_m * num_bh + gridDim.x - 1) / gridDim.x;
+  // FAST_DIV (persistent kernels: a non-persistent CTA locates one tile, cheaper than building the divisors)
+  constexpr bool kFastDiv = kPersist && LAB_V07_FAST_DIV != 0;
+  const lab::FastDiv div_m(num_m), div_heads(p.heads_q), div_half(half), div_group(p.heads_q / p.heads_kv);
+  auto quot = [&](int n, const lab::FastDiv& f, int d) { return kFastDiv ? f.div(n) : n / d; };
+  auto rem = [&](int n, const lab::FastDiv& f, int d) { return kFastDiv ? f.mod(n) : n % d; };
   auto work_at = [&](int it) {  // this CTA's tile of round it (-1: none; PAIR: also an odd num_m's middle tile twice)
     if (!kPersist) return (int)blockIdx.x;
     if (kPair && pair) {
-      const int u = (it >> 1) * (int)gridDim.x + (int)blockIdx.x, r = u % half;
+      const int u = (it >> 1) * (int)gridDim.x + (int)blockIdx.x, r = rem(u, div_half, half);
       const int mb = (it & 1) ? r : num_m - 1 - r;
-      return u < num_units && !((it & 1) && mb == num_m - 1 - r) ? (u / half) * num_m + mb : -1;
+      return u < num_units && !((it & 1) && mb == num_m - 1 - r) ? quot(u, div_half, half) * num_m + mb : -1;
     }
     const int x = (p.causal && (it & 1)) ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int w = it * (int)gridDim.x + x;
@@ -436,12 +447,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       mb = num_m - 1 - r / heads;
       bh = g * group + r % heads;
     } else {
-      mb = work % num_m;
-      bh = work / num_m;
+      mb = rem(work, div_m, num_m);
+      bh = quot(work, div_m, num_m);
     }
-    b = bh / p.heads_q;
-    h = bh % p.heads_q;
-    hkv = h / (p.heads_q / p.heads_kv);
+    b = quot(bh, div_heads, p.heads_q);
+    h = rem(bh, div_heads, p.heads_q);
+    hkv = quot(h, div_group, p.heads_q / p.heads_kv);
     m0 = mb * Cfg::BR;
     const int kv_end = p.causal ? min(p.seqlen_k, min(p.seqlen_q, m0 + Cfg::BR)) : p.seqlen_k;
     n_tiles = (kv_end + BC - 1) / BC;

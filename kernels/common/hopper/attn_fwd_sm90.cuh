@@ -14,6 +14,7 @@
 
 #include <type_traits>
 
+#include "common/fast_div.cuh"
 #include "common/launch.h"
 #include "common/mask.cuh"
 #include "common/mma.cuh"
