@@ -192,6 +192,24 @@
 //     (one compare per element, common softmax_scores) 504 / 315 / 603 / 511 / 652 (+1 to +3.4 %): kept, for
 //     v05-v07 alike; the exponent arguments in a pass of their own 496 / 306 / 594 / 500 / 649 and CHAINS = 4
 //     496 / 305 / 588 / 497 / 655: noise, not kept.
+// Session of 2026-11-23, sixth sitting (H200 runs 1-9, outputs/driver_logs/20261123-h200-sixth-*, README there): the
+// work between two work tiles. ncu (fifth sitting, S = 512) put 35 % of all stall samples in per-work-tile code,
+// which cost about two key tiles per work tile of four. Kernel-only rows in rounds, D = 128 at 512 / 512 causal /
+// 2048 / 2048 causal:
+//   D = 64 masks per element again (kMaskRowBound): the row bound had cost v07 4-6 % at D = 64 in every cell,
+//     masked or not (run 1), through the code around it, not the masked tiles.
+//   NOZERO (FUSE): a tile's first P V overwrites O instead of O being zeroed after the epilogue, where the zeroing
+//     waited for the epilogue's stores to release O's registers: +1.9 / +5.6 / +1.4 / +2.2 % (run 2). The same in
+//     the D = 64 persistent path: 0 to -1.4 % (run 3), not kept.
+//   Epilogue stores (common epilogue_direct, QUAD): lanes t and t ^ 1 swap words so each stores 8 bytes; a warp's
+//     4-byte stores had touched 8 lines each, 32 per thread: +6.2 / +8.4 / +2.1 / +3.9 % (run 5), D = 64 -0.5 to
+//     +3.1 %. 16-byte stores (a second swap) gained a little less. Packing every value before the first store:
+//     -2 to -5 % (run 2).
+//   FAST_INV: 1 / l by MUFU.RCP in that epilogue, +0.6 to +1.4 % (run 6).
+//   Work-tile arithmetic: handed over by the producer in shared memory, +1.6 to +3.8 % (run 6), but racecheck
+//     flags the plain handoff (it does not model mbarrier ordering), st.async needs a cluster (run 7) and atomics
+//     ate the gain (run 8): dropped. FAST_DIV (common/fast_div.cuh, a wide multiply and a shift per division)
+//     instead: +4.4 / +5.4 / +0.1 / +2.1 % (run 9).
 // Final default of 2026-11-22 (its run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
