@@ -310,6 +310,12 @@
 #ifndef LAB_V07_FAST_DIV
 #define LAB_V07_FAST_DIV 1
 #endif
+// FIRST_FULL: a work tile's first key tile takes the full softmax step at once. With LAZY it first took the
+// lazy step's row max and vote, which always votes for the full step there (the running max is -inf), so the
+// row max was computed twice, on the path between two work tiles. A sweep switch.
+#ifndef LAB_V07_FIRST_FULL
+#define LAB_V07_FIRST_FULL 0
+#endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
@@ -571,7 +577,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold, Cfg::kMaskRowBound>(sacc, st, alpha, c,
                                                                                            row0, j * BC, p.seqlen_k,
                                                                                            p.causal);
-      else if constexpr (Cfg::kLazy && kFold)
+      else if (Cfg::kLazy && kFold && !(LAB_V07_FIRST_FULL && j == 0))
         return softmax_scores_lazy<BC, Cfg::kChains>(sacc, st, alpha, c);
       else
         softmax_scores<BC, false, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,
