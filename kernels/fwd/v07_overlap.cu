@@ -210,6 +210,9 @@
 //     flags the plain handoff (it does not model mbarrier ordering), st.async needs a cluster (run 7) and atomics
 //     ate the gain (run 8): dropped. FAST_DIV (common/fast_div.cuh, a wide multiply and a shift per division)
 //     instead: +4.4 / +5.4 / +0.1 / +2.1 % (run 9).
+//   FIRST_FULL (D = 128): a work tile's first key tile goes straight to the full softmax step; the lazy step's
+//     row max and vote before it always chose the full step there: +2.0 / +4.1 / +1.8 / +2.2 % (run 12), D = 64
+//     -1.4 %, off there.
 // Final default of 2026-11-22 (its run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
@@ -312,9 +315,13 @@
 #endif
 // FIRST_FULL: a work tile's first key tile takes the full softmax step at once. With LAZY it first took the
 // lazy step's row max and vote, which always votes for the full step there (the running max is -inf), so the
-// row max was computed twice, on the path between two work tiles. A sweep switch.
-#ifndef LAB_V07_FIRST_FULL
-#define LAB_V07_FIRST_FULL 0
+// row max was computed twice, on the path between two work tiles. H200 run 12 of the sixth sitting: D = 128
+// +2.0 / +4.1 / +1.8 / +2.2 % at 512 / 512 causal / 2048 / 2048 causal, D = 64 -1.4 % at 2048; 62/62 checks.
+#ifndef LAB_V07_D64_FIRST_FULL
+#define LAB_V07_D64_FIRST_FULL 0
+#endif
+#ifndef LAB_V07_D128_FIRST_FULL
+#define LAB_V07_D128_FIRST_FULL 1
 #endif
 #ifndef LAB_V07_ABLATE
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
@@ -365,6 +372,7 @@ template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY
 struct Cfg07 {
   static constexpr int kL2GroupMB = L2_GROUP_MB_;
   static constexpr bool kMaskRowBound = (D_ == 64 ? LAB_V07_D64_MASK_ROW_BOUND : LAB_V07_D128_MASK_ROW_BOUND) != 0;
+  static constexpr bool kFirstFull = (D_ == 64 ? LAB_V07_D64_FIRST_FULL : LAB_V07_D128_FIRST_FULL) != 0;
   static constexpr bool kPersistentCausal = PERSIST_CAUSAL_;
   static constexpr bool kLazy = LAZY_;
   static constexpr int kChains = CHAINS_;
@@ -577,7 +585,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         softmax_scores<BC, true, Cfg::kPolyEvery, Cfg::kChains, kFold, Cfg::kMaskRowBound>(sacc, st, alpha, c,
                                                                                            row0, j * BC, p.seqlen_k,
                                                                                            p.causal);
-      else if (Cfg::kLazy && kFold && !(LAB_V07_FIRST_FULL && j == 0))
+      else if (Cfg::kLazy && kFold && !(Cfg::kFirstFull && j == 0))
         return softmax_scores_lazy<BC, Cfg::kChains>(sacc, st, alpha, c);
       else
         softmax_scores<BC, false, Cfg::kPolyEvery, Cfg::kChains, kFold>(sacc, st, alpha, c, row0, j * BC,
