@@ -480,6 +480,9 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
 #ifndef LAB_EPILOGUE_QUAD
 #define LAB_EPILOGUE_QUAD 1
 #endif
+#ifndef LAB_EPILOGUE_STREAM
+#define LAB_EPILOGUE_STREAM 0
+#endif
 #ifndef LAB_EPILOGUE_FAST_INV
 #define LAB_EPILOGUE_FAST_INV 1  // normalise_o's kFastInv in epilogue_direct: H200 run 6, +0.6 to +1.4 % in 5 cells
 #endif
@@ -518,7 +521,12 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
       if (row < p.seqlen_q)
 #pragma unroll
         for (int m = 0; m < 2; ++m)
+#if LAB_EPILOGUE_STREAM  // sweep switch: st.global.cs (evict-first) for O, which no kernel reads back
+          __stcs(reinterpret_cast<uint2*>(dst + 8 * (4 * a + 2 * m + t0) + 2 * (t & 2)),
+                 make_uint2(c[2 * m], c[2 * m + 1]));
+#else
           *reinterpret_cast<uint2*>(dst + 8 * (4 * a + 2 * m + t0) + 2 * (t & 2)) = make_uint2(c[2 * m], c[2 * m + 1]);
+#endif
 #else
       // Lanes t and t ^ 2 swap: afterwards lane t holds all eight columns of block 4a + t, c[k] from lane k.
       const int t1 = t >> 1;
