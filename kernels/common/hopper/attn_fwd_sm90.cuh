@@ -476,12 +476,10 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
 // QUAD (sixth sitting, H200 run 5, kernel-only rows in rounds): 1 (8-byte stores) against the 4-byte stores:
 // D = 128 +6.2 / +8.4 / +2.1 / +3.9 % at 512 / 512 causal / 2048 / 2048 causal, D = 64 +3.1 / -0.5 / +0.4 % at
 // 2048 / 8192 causal / 16384; 2 (16-byte stores, one more shuffle round) +4.8 / +6.7 / +2.3 / +3.5 and +2.1 /
-// -0.2 / +0.7 %. 62/62 checks with each. 0: the 4-byte stores.
+// -0.2 / +0.7 %. 62/62 checks with each. 0: the 4-byte stores. On the H100 at D = 128 S = 512 (run 13, causal /
+// not): 2 -7.6 / -1.5 %, and streaming stores (st.global.cs) -1.3 / -4.1 %: not how its extra DRAM cycles go.
 #ifndef LAB_EPILOGUE_QUAD
 #define LAB_EPILOGUE_QUAD 1
-#endif
-#ifndef LAB_EPILOGUE_STREAM
-#define LAB_EPILOGUE_STREAM 0
 #endif
 #ifndef LAB_EPILOGUE_FAST_INV
 #define LAB_EPILOGUE_FAST_INV 1  // normalise_o's kFastInv in epilogue_direct: H200 run 6, +0.6 to +1.4 % in 5 cells
@@ -521,12 +519,7 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
       if (row < p.seqlen_q)
 #pragma unroll
         for (int m = 0; m < 2; ++m)
-#if LAB_EPILOGUE_STREAM  // sweep switch: st.global.cs (evict-first) for O, which no kernel reads back
-          __stcs(reinterpret_cast<uint2*>(dst + 8 * (4 * a + 2 * m + t0) + 2 * (t & 2)),
-                 make_uint2(c[2 * m], c[2 * m + 1]));
-#else
           *reinterpret_cast<uint2*>(dst + 8 * (4 * a + 2 * m + t0) + 2 * (t & 2)) = make_uint2(c[2 * m], c[2 * m + 1]);
-#endif
 #else
       // Lanes t and t ^ 2 swap: afterwards lane t holds all eight columns of block 4a + t, c[k] from lane k.
       const int t1 = t >> 1;
