@@ -38,16 +38,8 @@ def queued_ms(fn, n=50):
 class SleptTimer(bench.CudaTimer):
     """lab.bench.CudaTimer with a GPU sleep between the flush and the timed window (see `slept` above)."""
 
-    def __call__(self, fn) -> float:
-        torch = self._torch
-        self._flush.zero_()
-        torch.cuda._sleep(100_000)  # ~50 us at 1.98 GHz: longer than any host path measured here
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+    def _settle(self) -> None:
+        self._torch.cuda._sleep(100_000)  # ~50 us at 1.98 GHz: longer than any host path measured here
 
 
 CELLS = "fwd-d128-s512,fwd-d128-s512-c,fwd-d128-s2048,fwd-d128-s2048-c,fwd-d64-s2048,fwd-d64-s8192-c"
