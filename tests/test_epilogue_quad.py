@@ -28,8 +28,8 @@ def stores(mode: int, head_dim: int, reversed_select: bool = False):
         for a in range(head_dim // 32):
             c = {lane: [words(lane, 4 * a + j, hh) for j in range(4)] for lane in range(32)}
             for m in range(2):  # lanes t and t ^ 1
-                odd = lambda lane: bool(lane & 1) != reversed_select  # noqa: E731
-                x = shuffle_xor({lane: c[lane][2 * m] if odd(lane) else c[lane][2 * m + 1] for lane in c}, 1)
+                x = shuffle_xor({lane: c[lane][2 * m] if bool(lane & 1) != reversed_select else c[lane][2 * m + 1]
+                                 for lane in c}, 1)
                 for lane in c:
                     if lane & 1:
                         c[lane][2 * m] = x[lane]

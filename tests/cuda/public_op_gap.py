@@ -1,15 +1,15 @@
-"""Why lab.ops.attention times slower than its own kernel on short rows (n9, S = 512): host time or GPU time?
+"""Why lab.ops.attention can time slower than its own kernel (n9, issue 15): host time or GPU time?
 
-For each cell, three calls on the same inputs: the public op as users call it, the same kernel through the
-kernel-only factory (preallocated output), and SDPA-cuDNN. Each is timed three ways:
+For each cell, on the same inputs: the public op as users call it, the same kernel through the kernel-only
+factory (preallocated output), that launch with an output allocated per call, and SDPA-cuDNN; the public op
+and the kernel-only call appear twice (rows "... (again)"), so the spread between two copies of one call is
+the noise any other difference has to beat. LAB_GAP_VARIANT=NAME=VALUE adds the kernel built again with a
+define. Each call is timed four ways:
   cold   one call after an L2 flush (lab.bench.CudaTimer, what the sweeps record), in rounds
+  slept  as cold, with a GPU sleep of ~50 us queued after the flush (SleptTimer): the host always finishes
+         its launch before the timed window opens, so host time left in `cold` shows as cold - slept
   queued 50 calls back to back between two events: the host runs ahead, so host time is hidden
   host   microseconds of Python + launch per call while the GPU is kept busy (perf_counter)
-If `queued` agrees and `cold` does not, the gap is host time not hidden behind the flush.
-  slept  as cold, with a GPU sleep of ~50 us queued after the flush: the host always finishes its launch
-         before the timed window opens, so any host time left in `cold` shows as cold - slept
-Each call is timed twice (rows "... (again)") in the same rounds: the spread between the two copies of one
-call is the noise any other difference has to beat.
 Usage: python tests/cuda/public_op_gap.py [out.json]   (LAB_GAP_CASES=name,name: the cells; default below)
 """
 import contextlib
@@ -54,7 +54,7 @@ def main():
         q, k, v, causal = sweep.case_inputs(case)
         version = ops.attention_version(q, None, causal)
         kernel_only = ops.fwd_call_factory(version)
-        address, bind, scale = ops.launcher(ops.FWD, version), build.binding(), 1 / q.shape[-1] ** 0.5
+        address, bind, scale = ops.launcher(ops.FWD, version), build.binding(), ops._scale(None, q.shape[-1])
         calls = {  # the public op and its kernel, each twice (the noise floor), and SDPA-cuDNN
             "lab.ops.attention": lambda: ops.attention(q, k, v, is_causal=causal),
             f"{version} kernel only": kernel_only(q, k, v, causal),
