@@ -6,8 +6,10 @@ adapters of the backward (runners, timed steps, the sweep, the training example)
 saves q, k, v, out and the natural-log lse (never P) and calls `lab::attention_backward`, a custom op with
 a fake implementation, so torch.compile(fullgraph=True) traces forward plus backward without a graph break.
 
-dQ mode: fp32 atomics (the default, fewest FLOPs) or a separate dQ pass when
-torch.are_deterministic_algorithms_enabled() (bit-identical across runs); kernels/bwd/v01_mma.cu says why.
+Which kernel: on compute capability 9.0, v02 (wgmma, TMA, warp-specialised; dQ added by the copy engine's bulk
+reductions); elsewhere v01 (mma.sync; dQ by fp32 atomics). When torch.are_deterministic_algorithms_enabled(),
+v01's separate dQ pass on every GPU (bit-identical across runs; kernels/bwd/v01_mma.cu says why it costs more):
+v02's reduction order is not fixed.
 """
 from __future__ import annotations
 
@@ -18,13 +20,20 @@ from .kernels import Kernel, launcher, resolve_version
 
 BWD = {
     "v01": Kernel("bwd/v01_mma.cu", "attn_bwd_v01", (64, 128)),
+    "v02": Kernel("bwd/v02_wgmma.cu", "attn_bwd_v02", (64, 128), ((9, 0),)),
 }
 BEST_BWD = ("v01",)
+BEST_BWD_HOPPER = ("v02", "v01")  # compute capability 9.0, non-deterministic mode
+DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode
 
 
-def backward_version(head_dim: int, version=None) -> str:
-    """The backward kernel for this head dim: `version` checked, or the first of BEST_BWD that takes it."""
-    return resolve_version(version, BWD, head_dim, BEST_BWD)
+def backward_version(head_dim: int, version=None, capability: tuple = (), deterministic: bool = False) -> str:
+    """The backward kernel for this head dim on a GPU of `capability`: `version` checked, or the first of the
+    preference (BEST_BWD_HOPPER on 9.0 unless deterministic, else BEST_BWD) that takes it."""
+    if version is not None and deterministic and resolve_version(version, BWD, head_dim, ()) not in DETERMINISTIC_BWD:
+        raise ValueError(f"backward {version} has no deterministic mode; deterministic versions: {DETERMINISTIC_BWD}")
+    hopper = tuple(capability) in BWD["v02"].capabilities and not deterministic
+    return resolve_version(version, BWD, head_dim, BEST_BWD_HOPPER if hopper else BEST_BWD)
 
 
 def _bwd_impl(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version, defines=None):
@@ -60,9 +69,11 @@ def _backward(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(out)
     if grad_lse is not None:
         grad_lse = grad_lse.contiguous()
-    version = backward_version(query.shape[-1])
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    capability = torch.cuda.get_device_capability(query.device) if query.is_cuda else ()
+    version = backward_version(query.shape[-1], capability=capability, deterministic=deterministic)
     dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, grad_lse, ctx.is_causal, ctx.scale,
-                                        torch.are_deterministic_algorithms_enabled(), version)
+                                        deterministic, version)
     return dq, dk, dv, None, None, None
 
 

@@ -208,7 +208,9 @@ std::string launch_error(int rc, const char* what) {
     const char* reason = rc == LAB_E_HEAD_DIM ? "head_dim not supported by this kernel"
                          : rc == LAB_E_DTYPE ? "dtype not supported by this kernel"
                          : rc == LAB_E_SHAPE ? "shape not supported by this kernel"
-                         : rc == LAB_E_WORKSPACE ? "missing workspace" : "unknown launcher error";
+                         : rc == LAB_E_WORKSPACE ? "missing workspace"
+                         : rc == LAB_E_MODE    ? "mode not supported by this kernel (deterministic)"
+                                               : "unknown launcher error";
     return msg(what, ": ", reason, " (code ", rc, ")");
   }
 #ifdef LAB_BINDING_CPU_CHECKS
@@ -477,7 +479,7 @@ std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tenso
 #endif
   const int64_t padded = q.size(0) * q.size(1) *
                          ((q.size(2) + LAB_BWD_ROW_PAD - 1) / LAB_BWD_ROW_PAD * LAB_BWD_ROW_PAD);
-  at::Tensor work = at::empty({2 * padded + (deterministic ? 0 : rows * q.size(3))}, q.options().dtype(at::kFloat));
+  at::Tensor work = at::empty({2 * padded + (deterministic ? 0 : padded * q.size(3))}, q.options().dtype(at::kFloat));
   p.delta = work.data_ptr<float>();
   p.lse_log2 = p.delta + padded;
   p.dq_accum = deterministic ? nullptr : p.delta + 2 * padded;

@@ -114,6 +114,20 @@ def bench_fwd_cases(dtype: str = "bfloat16", head_dims=(64, 128), seqlens=(512, 
     return cases
 
 
+def bench_bwd_cases(dtype: str = "bfloat16", head_dims=(64, 128), seqlens=(512, 1024, 2048, 4096, 8192, 16384)
+                    ) -> list[Case]:
+    """The backward's race: B*S = 16k tokens, H*D = 2048, causal and not, plus GQA 32/8 and an odd length."""
+    cases = []
+    for D in head_dims:
+        for S in seqlens:
+            for causal in (False, True):
+                B, H = 16384 // S, 2048 // D
+                cases.append(Case(f"bwd-d{D}-s{S}{'-c' if causal else ''}", B, H, H, S, S, D, dtype, causal))
+    cases.append(Case("bwd-d128-s4096-gqa-c", 4, 32, 8, 4096, 4096, 128, dtype, True))
+    cases.append(Case("bwd-d128-s4097-c", 4, 16, 16, 4097, 4097, 128, dtype, True))
+    return cases
+
+
 def bench_fwd_fp16_cases() -> list[Case]:
     """One fp16 cell beside the bf16 grid: the same kernel path with the other dtype."""
     return [Case("fwd-d128-s4096-fp16", 8, 16, 16, 4096, 4096, 128, "float16", False)]
@@ -208,9 +222,10 @@ def decode_kv_bytes(case: DecodeCase) -> int:
 
 
 def by_name(name: str, **kwargs) -> list:
-    """Case sets by their published names: tests, seed, bench-fwd, bench-decode, decode-long, decode-tests,
-    paged-tests, bench-paged."""
+    """Case sets by their published names: tests, seed, bench-fwd, bench-bwd, bench-decode, decode-long,
+    decode-tests, paged-tests, bench-paged."""
     table = {"tests": tests_cases, "seed": seed_cases, "bench-fwd": bench_fwd_cases, "bench-fwd-fp16": bench_fwd_fp16_cases,
+             "bench-bwd": bench_bwd_cases,
              "bench-decode": bench_decode_cases, "decode-long": decode_long_cases, "decode-tests": decode_tests_cases,
              "paged-tests": paged_tests_cases, "bench-paged": bench_paged_cases}
     if name not in table:

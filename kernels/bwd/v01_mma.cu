@@ -49,6 +49,7 @@
 #include <stdint.h>
 
 #include "common/launch.h"
+#include "common/bwd_prepass.cuh"
 #include "common/mma.cuh"
 #include "common/params.h"
 
@@ -161,51 +162,10 @@ __device__ __forceinline__ void store2(T* dst, float a, float b) {
   *reinterpret_cast<uint32_t*>(dst) = pack2<T>(a, b);
 }
 
-__host__ __device__ __forceinline__ int padded_rows(int sq) {
-  return (sq + LAB_BWD_ROW_PAD - 1) / LAB_BWD_ROW_PAD * LAB_BWD_ROW_PAD;
-}
+using bwd::padded_rows;
 
-// ---------------------------------------------------------------- 1. Delta and LSE * log2(e)
-// D/8 threads per row, one 16-byte chunk of O and dO each, reduced with shuffles.
-template <class T, int D>
-__global__ void __launch_bounds__(128) bwd_pre(const AttnBwdParams p) {
-  constexpr int kLanes = D / 8;
-  const int sq_pad = padded_rows(p.seqlen_q);
-  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t row = idx / kLanes;  // over B * Hq * sq_pad
-  const int chunk = (int)(idx % kLanes);
-  const int64_t rows = (int64_t)p.batch * p.heads_q * sq_pad;
-  const int64_t bh = row / sq_pad;
-  const int i = (int)(row % sq_pad);
-  const bool live = row < rows && i < p.seqlen_q;
-  float dot = 0.f;
-  if (live) {
-    const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);
-    const T* o = static_cast<const T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2] + chunk * 8;
-    const T* d = static_cast<const T*>(p.dout) + b * p.do_stride[0] + h * p.do_stride[1] + i * p.do_stride[2] +
-                 chunk * 8;
-    const uint4 ov = *reinterpret_cast<const uint4*>(o), dv = *reinterpret_cast<const uint4*>(d);
-    const T* oe = reinterpret_cast<const T*>(&ov);
-    const T* de = reinterpret_cast<const T*>(&dv);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) dot += static_cast<float>(oe[e]) * static_cast<float>(de[e]);
-  }
-#pragma unroll
-  for (int off = kLanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-  if (row < rows && chunk == 0) {
-    float delta = 0.f, lse2 = 0.f;
-    if (live) {
-      const int64_t r = bh * p.seqlen_q + i;
-      delta = dot - (p.dlse != nullptr ? p.dlse[r] : 0.f);
-      lse2 = p.lse[r] * kLog2e;
-    }
-#ifdef LAB_BWD_BUG_NO_DELTA
-    delta = 0.f;  // self-test: the D term forgotten
-#endif
-    p.delta[row] = delta;
-    p.lse_log2[row] = lse2;
-  }
-}
+// ---------------------------------------------------------------- 1. Delta and LSE * log2(e): common/bwd_prepass.cuh
+using bwd::bwd_pre;
 
 // ---------------------------------------------------------------- 2. dK, dV (and dQ by atomics)
 // One m16n8 accumulator tile (rows r0, r0 + 8; columns col0 .. col0 + 7) added into the fp32 dQ rows.

@@ -28,6 +28,7 @@ enum LabError {
   LAB_E_DTYPE = -2,      // dtype not supported by this kernel
   LAB_E_SHAPE = -3,      // a size this kernel cannot take (e.g. q_len too large)
   LAB_E_WORKSPACE = -4,  // a required workspace pointer is null
+  LAB_E_MODE = -5,       // a mode this kernel does not run (e.g. deterministic dQ)
 };
 
 // Forward attention, layout (B, H, S, D) addressed through strides.
@@ -94,8 +95,10 @@ typedef struct DecodeParams {
 // the forward's out and its natural-log lse, and the output gradient dout; writes dq, dk, dv (dk/dv summed
 // over the query heads of a GQA group). Causal, GQA and scale as in AttnFwdParams.
 // Workspaces (float32, allocated by the caller): delta and lse_log2 hold LAB_BWD_ROW_PAD-padded rows
-// [B, Hq, round_up(Sq, LAB_BWD_ROW_PAD)]; dq_accum [B, Hq, Sq, D] contiguous is needed only when
-// deterministic == 0 (dQ by fp32 atomics, then a convert pass).
+// [B, Hq, round_up(Sq, LAB_BWD_ROW_PAD)]; dq_accum holds as many rows times D ([B, Hq, padded Sq, D]) and is
+// needed only when deterministic == 0 (dQ by fp32 atomics or bulk reductions, then a convert pass). Each
+// version orders dq_accum its own way: v01 (B, Hq, Sq, D) in its first rows, v02 64-row blocks in wgmma
+// accumulator order (bwd/v02_wgmma.cu).
 #define LAB_BWD_ROW_PAD 64
 typedef struct AttnBwdParams {
   const void* q;

@@ -81,6 +81,40 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// cp.async.bulk (1-D, no tensor map): `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
+// to shared memory, completing `bytes` of tx on `bar`. For small contiguous rows such as per-row statistics.
+__device__ __forceinline__ void bulk_load_1d(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// cp.reduce.async.bulk .add.f32: the copy engine adds `bytes` of fp32 from shared memory into global memory
+// (element-wise, atomically per element), so one thread hands a whole tile's accumulation to the engine.
+// Writers of the shared tile need fence_proxy_async() and a barrier before this is issued.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+
+// Closes this thread's bulk operations issued since the last commit into one bulk group.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Returns when at most N of this thread's bulk groups still read their shared-memory source (the source
+// may then be overwritten; the global writes may still be in flight).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Returns when at most N of this thread's bulk groups are still in flight at all (before a CTA exits).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // fence.proxy.async: generic-proxy shared-memory writes become visible to the async proxy (wgmma, TMA) after it.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
