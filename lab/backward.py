@@ -21,6 +21,7 @@ from .kernels import Kernel, launcher, resolve_version
 BWD = {
     "v01": Kernel("bwd/v01_mma.cu", "attn_bwd_v01", (64, 128)),
     "v02": Kernel("bwd/v02_wgmma.cu", "attn_bwd_v02", (64, 128), ((9, 0),)),
+    "v03": Kernel("bwd/v03_pipe.cu", "attn_bwd_v03", (64, 128), ((9, 0),)),
 }
 BEST_BWD = ("v01",)
 BEST_BWD_HOPPER = ("v02", "v01")  # compute capability 9.0, non-deterministic mode
@@ -32,7 +33,7 @@ def backward_version(head_dim: int, version=None, capability: tuple = (), determ
     preference (BEST_BWD_HOPPER on 9.0 unless deterministic, else BEST_BWD) that takes it."""
     if version is not None and deterministic and resolve_version(version, BWD, head_dim, ()) not in DETERMINISTIC_BWD:
         raise ValueError(f"backward {version} has no deterministic mode; deterministic versions: {DETERMINISTIC_BWD}")
-    hopper = tuple(capability) in BWD["v02"].capabilities and not deterministic
+    hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities and not deterministic
     return resolve_version(version, BWD, head_dim, BEST_BWD_HOPPER if hopper else BEST_BWD)
 
 

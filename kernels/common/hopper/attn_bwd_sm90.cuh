@@ -1,0 +1,365 @@
+// Parts of the Hopper backward kernels (bwd/v02.., sm_90a) that every version shares: the tile config, the
+// per-CTA work, the producer, the five GEMMs as issue steps, P^T / dS^T, the dS^T and dQ hand-offs through
+// shared memory, the dK / dV epilogue, the dQ convert pass and the host launch. A version file composes them.
+// The design and its notation are in bwd/v02_wgmma.cu's header.
+//
+// Tile layout in shared memory: as the forward's (common/hopper/attn_fwd_sm90.cuh): D/64 column blocks of
+// R rows x 128 bytes, 128-byte swizzle, every block 1024-byte aligned.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "common/bwd_prepass.cuh"
+#include "common/hopper/attn_fwd_sm90.cuh"
+
+namespace lab::sm90::bwd {
+
+// One place for the tile choice, with what was rejected and why.
+//   B_c = 128 keys per CTA as two consumer warpgroups of m64: a CTA reads each Q_i / dO_i once for 128 keys
+//     (B_c = 64, one consumer: twice the Q/dO traffic and half the tensor work per barrier).
+//   B_r = 64 queries per step: the smallest wgmma N that keeps S^T and dP^T at 32 registers each; with dK and
+//     dV (2 x D/2) resident, D = 128 needs 64 + 64 + 32 + 32 + P/dS fragments: inside 240 registers only at 64.
+//   kStages = 2: two Q/dO steps in flight cover the TMA latency at one CTA per SM; a third does not fit
+//     beside the dQ buffers at D = 128 (227 KB).
+//   kDsBufs: 1 (v02) or 2 dS^T buffers (a second lets a warpgroup write step i + 1's dS^T while the other
+//     still reads step i's: 16 KB, which D = 128 has room for only without a third stage).
+template <int D_, int kDsBufs_ = 1>
+struct Cfg {
+  static constexpr int D = D_;
+  static constexpr int BR = 64;
+  static constexpr int BC = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kDsBufs = kDsBufs_;
+  static constexpr bool kSplitDq = D == 128;  // dQ split by columns (both halves of dS) or by keys (own half)
+  static constexpr int kThreads = 384;
+  static constexpr int kRegsConsumer = 240, kRegsProducer = 24;
+  static constexpr int kKVBytes = BC * D * 2;   // one of K, V
+  static constexpr int kQBytes = BR * D * 2;    // one of Q_i, dO_i
+  static constexpr int kDsBytes = BC * BR * 2;  // dS^T
+  static constexpr int kDqBytes = 64 * 64 * 4;  // one warpgroup's dQ partial
+  static constexpr int kRowBytes = BR * 4;      // LSE_i or Delta_i
+  // offsets from the 1024-aligned base
+  static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
+  static constexpr int kOffDo = kOffQ + kStages * kQBytes;
+  static constexpr int kOffDs = kOffDo + kStages * kQBytes;
+  static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;  // [warpgroup][buffer]
+  static constexpr int kOffRows = kOffDq + 4 * kDqBytes;      // [stage] LSE then Delta
+  static constexpr int kSmem = kOffRows + kStages * 2 * kRowBytes + 1024;
+  static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
+  static_assert(D == 64 || D == 128, "dQ is one m64n64 GEMM per warpgroup: D / 2 (split) or D (own keys) = 64");
+};
+
+constexpr int kBarDsFree = 1, kBarDsReady = 2, kBarWg = 3;  // named barriers (0 is __syncthreads)
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The work of one CTA: key block nb of KV head hkv, batch b; query blocks mb0 .. n_mb - 1 of each query head
+// of the group (causal: the first query block that reaches key n0). The key block is the fastest index of
+// blockIdx.x: a head's CTAs run together and share its Q and dO in L2; causal: block 0, the longest, first.
+struct Work {
+  int b, hkv, n0, mb0, n_mb, group, n_iters;
+  __device__ __forceinline__ int per_head() const { return n_mb - mb0; }
+  __device__ __forceinline__ int head(int it) const { return hkv * group + it / per_head(); }
+  __device__ __forceinline__ int m0(int it, int br) const { return (mb0 + it % per_head()) * br; }
+};
+template <class C>
+__device__ __forceinline__ Work cta_work(const AttnBwdParams& p) {
+  const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC;
+  const int nb = blockIdx.x % n_kb;
+  const int bh = blockIdx.x / n_kb;
+  Work w;
+  w.b = bh / p.heads_kv;
+  w.hkv = bh % p.heads_kv;
+  w.n0 = nb * C::BC;
+  w.n_mb = (p.seqlen_q + C::BR - 1) / C::BR;
+  w.mb0 = p.causal ? min(w.n0 / C::BR, w.n_mb) : 0;
+  w.group = p.heads_q / p.heads_kv;
+  w.n_iters = w.group * (w.n_mb - w.mb0);
+  return w;
+}
+
+// The CTA's mbarriers: K and V (once), and the full / empty pair of each Q_i / dO_i / LSE_i / Delta_i stage.
+template <int kStages>
+struct Bars {
+  uint64_t kv, full[kStages], empty[kStages];
+};
+template <int kStages>
+__device__ __forceinline__ void init_bars(Bars<kStages>& bars) {
+  mbar_init(smem_u32(&bars.kv), 1);
+  for (int s = 0; s < kStages; ++s) {
+    mbar_init(smem_u32(&bars.full[s]), 1);
+    mbar_init(smem_u32(&bars.empty[s]), 256);  // every consumer thread releases its own reads
+  }
+  fence_barrier_init();
+}
+
+// The producer (one thread): K and V once, then Q_i, dO_i (TMA) and LSE_i, Delta_i (1-D bulk copies) per step.
+template <class C>
+__device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
+                                        const CUtensorMap* tdo, Bars<C::kStages>& bars, uint32_t base,
+                                        const Work& work, const AttnBwdParams& p) {
+  constexpr int D = C::D;
+  tma_prefetch_maps(tq, tk, tv);
+  tma_prefetch_map(tdo);
+  mbar_arrive_expect_tx(smem_u32(&bars.kv), 2 * C::kKVBytes);
+  for (int cb = 0; cb < D / 64; ++cb) {
+    tma_load_4d(base + C::kOffK + cb * C::BC * 128, tk, smem_u32(&bars.kv), cb * 64, work.n0, work.hkv, work.b);
+    tma_load_4d(base + C::kOffV + cb * C::BC * 128, tv, smem_u32(&bars.kv), cb * 64, work.n0, work.hkv, work.b);
+  }
+  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  for (int it = 0; it < work.n_iters; ++it) {
+    const int s = it % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
+    mbar_wait(smem_u32(&bars.empty[s]), ((it / C::kStages) & 1) ^ 1);
+    const uint32_t full = smem_u32(&bars.full[s]);
+    mbar_arrive_expect_tx(full, 2 * C::kQBytes + 2 * C::kRowBytes);
+    for (int cb = 0; cb < D / 64; ++cb) {
+      tma_load_4d(base + C::kOffQ + s * C::kQBytes + cb * C::BR * 128, tq, full, cb * 64, m0, hq, work.b);
+      tma_load_4d(base + C::kOffDo + s * C::kQBytes + cb * C::BR * 128, tdo, full, cb * 64, m0, hq, work.b);
+    }
+    const int64_t row = ((int64_t)work.b * p.heads_q + hq) * sq_pad + m0;
+    const uint32_t rows = base + C::kOffRows + s * 2 * C::kRowBytes;
+    bulk_load_1d(rows, p.lse_log2 + row, C::kRowBytes, full);
+    bulk_load_1d(rows + C::kRowBytes, p.delta + row, C::kRowBytes, full);
+  }
+}
+
+// S^T = K_w Q_i^T (SS, m64n64, k = D): one commit group.
+template <class C, bool kBf16>
+__device__ __forceinline__ void issue_s(float (&sacc)[32], uint32_t k_w, uint32_t q_s) {
+#pragma unroll
+  for (int kk = 0; kk < C::D / 16; ++kk)
+    WgmmaOp<64>::ss<kBf16, 0>(sacc, desc_kmajor(k_w, C::BC, kk), desc_kmajor(q_s, C::BR, kk), kk > 0);
+  wgmma_commit();
+}
+
+// S^T, then dP^T = V_w dO_i^T (the same GEMM shape): two commit groups.
+template <class C, bool kBf16>
+__device__ __forceinline__ void issue_s_dp(float (&sacc)[32], float (&dpacc)[32], uint32_t k_w, uint32_t v_w,
+                                           uint32_t q_s, uint32_t do_s) {
+  issue_s<C, kBf16>(sacc, k_w, q_s);
+  issue_s<C, kBf16>(dpacc, v_w, do_s);
+}
+
+// P^T and dS^T of one step for one thread's accumulator share (keys: rows, queries: columns), masked where
+// the tile needs it: s holds S^T and becomes P^T, dp holds dP^T and becomes dS^T.
+template <bool kMask>
+__device__ __forceinline__ void p_ds(float (&s)[32], float (&dp)[32], const float* lse2, const float* delta,
+                                     float c, int key0, int q0, int t, const AttnBwdParams& p) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = 8 * i + 2 * t + (e & 1);
+      float pv = ex2(fmaf(s[4 * i + e], c, -lse2[col]));
+      if constexpr (kMask) {
+        const int key = key0 + 8 * (e >> 1), q = q0 + col;
+        if (q >= p.seqlen_q || key >= p.seqlen_k || (p.causal && key > q)) pv = 0.f;
+      }
+      s[4 * i + e] = pv;
+      dp[4 * i + e] = pv * (dp[4 * i + e] - delta[col]);
+    }
+}
+
+// The same, masked only where the step's tile needs it: the causal diagonal and the ragged ends.
+template <class C>
+__device__ __forceinline__ void p_ds_step(float (&s)[32], float (&dp)[32], const float* rows, float c, int kw0,
+                                          int m0, const AttnBwdParams& p) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+  const bool mask = (p.causal && kw0 + 63 > m0) || m0 + C::BR > p.seqlen_q || kw0 + 64 > p.seqlen_k;
+  if (mask)
+    p_ds<true>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
+  else
+    p_ds<false>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
+}
+
+// dV_w += P^T dO_i and dK_w += dS^T Q_i (RS, m64nD, k = B_r; dO and Q read MN-major): one commit group.
+template <class C, bool kBf16>
+__device__ __forceinline__ void issue_dv_dk(float (&dv)[C::D / 2], float (&dk)[C::D / 2],
+                                            const uint32_t (&pa)[C::BR / 16][4], const uint32_t (&dsa)[C::BR / 16][4],
+                                            uint32_t q_s, uint32_t do_s) {
+#pragma unroll
+  for (int kk = 0; kk < C::BR / 16; ++kk)
+    WgmmaOp<C::D>::template rs<kBf16, 1>(dv, pa[kk], desc_v(do_s, C::BR, kk), 1);
+#pragma unroll
+  for (int kk = 0; kk < C::BR / 16; ++kk)
+    WgmmaOp<C::D>::template rs<kBf16, 1>(dk, dsa[kk], desc_v(q_s, C::BR, kk), 1);
+  wgmma_commit();
+}
+
+// This warpgroup's rows of dS^T (bf16 / fp16 A fragments, as packed for the dK GEMM) into the 128-key x
+// 64-query dS^T tile at `ds` (128B swizzle: conflict-free 4-byte stores), then the fence that lets the
+// tensor core read it.
+template <class C>
+__device__ __forceinline__ void store_ds(uint8_t* ds, const uint32_t (&dsa)[C::BR / 16][4]) {
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 64 * wg + warp * 16 + hh * 8 + g;
+      *reinterpret_cast<uint32_t*>(ds + swz_offset(C::BC, r, 8 * i + 2 * t)) = dsa[i / 2][2 * (i % 2) + hh];
+    }
+  fence_proxy_async();
+}
+
+// This warpgroup's dQ partial (SS m64n64, A = dS read M-major from the dS^T tile): D = 128, columns 64 wg..
+// over all 128 keys; D = 64, all columns over its own 64 keys. One commit group.
+template <class C, bool kBf16>
+__device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds, uint32_t k_tile) {
+  const int wg = threadIdx.x / 128;
+  if constexpr (C::kSplitDq) {
+#pragma unroll
+    for (int kk = 0; kk < C::BC / 16; ++kk)
+      WgmmaOp<64>::ss<kBf16, 1, 1>(dq, desc_v(ds, C::BC, kk), desc_v(k_tile + wg * C::BC * 128, C::BC, kk), kk > 0);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      WgmmaOp<64>::ss<kBf16, 1, 1>(dq, desc_v(ds + wg * 64 * 128, C::BC, kk), desc_v(k_tile + wg * 64 * 128, C::BC, kk),
+                                   kk > 0);
+  }
+  wgmma_commit();
+}
+
+// The dQ partial of step `it` in accumulator order (16-byte stores, threads consecutive: no bank conflict) into
+// this warpgroup's buffer it & 1, then one thread hands it to the copy engine, which adds it into dq_accum.
+// The buffer's previous reduction was waited for (read) one step ago by the same thread, and a barrier of
+// this warpgroup has passed since.
+template <class C>
+__device__ __forceinline__ void reduce_dq(const float (&dq)[32], uint8_t* smem, int it, int hq, int m0, int b,
+                                          const AttnBwdParams& p) {
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  uint8_t* buf = smem + C::kOffDq + (2 * wg + (it & 1)) * C::kDqBytes;
+#pragma unroll
+  for (int r4 = 0; r4 < 8; ++r4)
+    *reinterpret_cast<float4*>(buf + (r4 * 128 + wt) * 16) =
+        make_float4(dq[4 * r4], dq[4 * r4 + 1], dq[4 * r4 + 2], dq[4 * r4 + 3]);
+  fence_proxy_async();
+  named_barrier_sync(kBarWg + wg, 128);
+  if (wt == 0) {
+    const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+    float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D + (C::kSplitDq ? wg * 64 * 64 : 0);
+    bulk_reduce_add_f32(dst, smem_u32(buf), C::kDqBytes);
+    bulk_commit();
+    bulk_wait_read<1>();
+  }
+}
+
+// Epilogue: dK (times scale) and dV of this warpgroup's keys < S_k, 4-byte stores from the accumulators.
+template <class C, class T>
+__device__ __forceinline__ void store_dk_dv(const float (&dk)[C::D / 2], const float (&dv)[C::D / 2], int kw0,
+                                            const Work& work, const AttnBwdParams& p) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+  T* dkg = static_cast<T*>(p.dk) + (int64_t)work.b * p.dk_stride[0] + (int64_t)work.hkv * p.dk_stride[1];
+  T* dvg = static_cast<T*>(p.dv) + (int64_t)work.b * p.dv_stride[0] + (int64_t)work.hkv * p.dv_stride[1];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = kw0 + warp * 16 + hh * 8 + g;
+    if (key >= p.seqlen_k) continue;
+#pragma unroll
+    for (int i = 0; i < C::D / 8; ++i) {
+      const int col = 8 * i + 2 * t;
+      *reinterpret_cast<uint32_t*>(dkg + (int64_t)key * p.dk_stride[2] + col) =
+          lab::pack2<T>(dk[4 * i + 2 * hh] * p.scale, dk[4 * i + 2 * hh + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dvg + (int64_t)key * p.dv_stride[2] + col) =
+          lab::pack2<T>(dv[4 * i + 2 * hh], dv[4 * i + 2 * hh + 1]);
+    }
+  }
+}
+
+// dQ = scale * dq_accum, from the accumulator order back to (B, H, S, D): one thread per float4 of a block
+// (index (r4 * 128 + wt) * 4 of part `part`), which holds rows g and g + 8 of warp wt / 32 at two columns.
+template <class C, class T>
+__global__ void __launch_bounds__(256) convert_dq(const AttnBwdParams p) {
+  constexpr int D = C::D;
+  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  const int64_t quads = (int64_t)p.batch * p.heads_q * sq_pad * D / 4;
+  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < quads;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t block = idx / (64 * D / 4);  // (b, h, 64-row block)
+    const int in = (int)(idx % (64 * D / 4));
+    const int part = in / 1024, r4 = (in % 1024) / 128, wt = in % 128;
+    const int warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+    const int row = (int)(block % (sq_pad / 64)) * 64 + warp * 16 + g;
+    const int col = (C::kSplitDq ? part * 64 : 0) + 8 * r4 + 2 * t;
+    const int64_t bh = block / (sq_pad / 64);
+    const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);
+    const float4 a = reinterpret_cast<const float4*>(p.dq_accum)[idx];
+    T* dst = static_cast<T*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[1] + col;
+    if (row < p.seqlen_q)
+      *reinterpret_cast<uint32_t*>(dst + row * p.dq_stride[2]) = lab::pack2<T>(a.x * p.scale, a.y * p.scale);
+    if (row + 8 < p.seqlen_q)
+      *reinterpret_cast<uint32_t*>(dst + (row + 8) * p.dq_stride[2]) = lab::pack2<T>(a.z * p.scale, a.w * p.scale);
+  }
+}
+
+// ---------------------------------------------------------------- host
+
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, AttnBwdParams);
+
+// The four launches of a call: pre-pass, dq_accum zeroed, the dK/dV kernel kKernel, the dQ convert pass.
+template <class C, class T, auto kKernel>
+int launch(const AttnBwdParams& p, cudaStream_t st, int dev) {
+  constexpr int D = C::D;
+  const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  const int64_t pre_threads = lab::bwd::bwd_pre_threads(p, D);
+  cudaError_t err = cudaSuccess;
+  if (pre_threads > 0) {
+    lab::bwd::bwd_pre<T, D><<<(unsigned)((pre_threads + 127) / 128), 128, 0, st>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  const size_t accum = (size_t)p.batch * p.heads_q * sq_pad * D;
+  if (accum > 0 && (err = cudaMemsetAsync(p.dq_accum, 0, accum * sizeof(float), st)) != cudaSuccess) return err;
+  CUtensorMap tq, tk, tv, tdo;
+  const int Sq = p.seqlen_q > 0 ? p.seqlen_q : 1;  // S_q = 0: the maps are never read, but must be legal
+  if (!make_bhsd_map(&tq, p.q, bf16, D, Sq, p.heads_q, p.batch, p.q_stride, C::BR) ||
+      !make_bhsd_map(&tdo, p.dout, bf16, D, Sq, p.heads_q, p.batch, p.do_stride, C::BR) ||
+      !make_bhsd_map(&tk, p.k, bf16, D, p.seqlen_k, p.heads_kv, p.batch, p.k_stride, C::BC) ||
+      !make_bhsd_map(&tv, p.v, bf16, D, p.seqlen_k, p.heads_kv, p.batch, p.v_stride, C::BC))
+    return LAB_E_SHAPE;
+  if ((err = lab::allow_smem_once<kKernel>(C::kSmem, dev)) != cudaSuccess) return err;
+  const int64_t blocks = (int64_t)((p.seqlen_k + C::BC - 1) / C::BC) * p.heads_kv * p.batch;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kKernel<<<(unsigned)blocks, C::kThreads, C::kSmem, st>>>(tq, tk, tv, tdo, p);
+  if ((err = cudaGetLastError()) != cudaSuccess || accum == 0) return err;
+  const int64_t quads = (int64_t)accum / 4, grid = (quads + 255) / 256;
+  convert_dq<C, T><<<(unsigned)(grid < 65536 ? grid : 65536), 256, 0, st>>>(p);
+  return cudaGetLastError();
+}
+
+// The extern "C" entry of a Hopper backward: check the call, then Launch<D, T>::run(p, stream, dev).
+template <template <int, class> class Launch>
+int entry(const AttnBwdParams* p, void* stream) {
+  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
+  if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 || p->heads_kv <= 0 ||
+      p->heads_q % p->heads_kv != 0 || p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30))
+    return LAB_E_SHAPE;
+  if (p->batch == 0 || p->seqlen_k == 0) return 0;  // nothing to write
+  if (p->deterministic) return LAB_E_MODE;  // the copy engine's reduction order is not fixed: v01's dQ pass
+  if (p->lse == nullptr || p->delta == nullptr || p->lse_log2 == nullptr || p->dq_accum == nullptr)
+    return LAB_E_WORKSPACE;
+  using lab::aligned16;
+  using lab::strides_ok;
+  if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->o) || !aligned16(p->dout) ||
+      !aligned16(p->dq) || !aligned16(p->dk) || !aligned16(p->dv) || !aligned16(p->delta) ||
+      !aligned16(p->lse_log2) || !aligned16(p->dq_accum) || !strides_ok(p->q_stride) || !strides_ok(p->k_stride) ||
+      !strides_ok(p->v_stride) || !strides_ok(p->o_stride) || !strides_ok(p->do_stride) ||
+      !strides_ok(p->dq_stride) || !strides_ok(p->dk_stride) || !strides_ok(p->dv_stride))
+    return LAB_E_SHAPE;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->dtype == LAB_BF16;
+  if (p->head_dim == 64)
+    return bf16 ? Launch<64, __nv_bfloat16>::run(*p, st, dev) : Launch<64, __half>::run(*p, st, dev);
+  return bf16 ? Launch<128, __nv_bfloat16>::run(*p, st, dev) : Launch<128, __half>::run(*p, st, dev);
+}
+
+}  // namespace lab::sm90::bwd
