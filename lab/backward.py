@@ -60,7 +60,7 @@ def _setup_context(ctx, inputs, output):
     query, key, value, is_causal, scale, _version = inputs
     out, lse = output
     ctx.save_for_backward(query, key, value, out, lse)
-    ctx.is_causal, ctx.scale = is_causal, scale
+    ctx.is_causal, ctx.scale, ctx.eager = is_causal, scale, False
     ctx.set_materialize_grads(False)  # an unused lse gets no zero gradient tensor
 
 
@@ -73,9 +73,34 @@ def _backward(ctx, grad_out, grad_lse):
     deterministic = torch.are_deterministic_algorithms_enabled()
     capability = torch.cuda.get_device_capability(query.device) if query.is_cuda else ()
     version = backward_version(query.shape[-1], capability=capability, deterministic=deterministic)
-    dq, dk, dv = _attention_backward_op(grad_out, query, key, value, out, lse, grad_lse, ctx.is_causal, ctx.scale,
-                                        deterministic, version)
+    # The eager autograd.Function below calls the implementation itself; a traced backward needs the op.
+    run = _bwd_impl if ctx.eager else _attention_backward_op
+    dq, dk, dv = run(grad_out, query, key, value, out, lse, grad_lse, ctx.is_causal, ctx.scale, deterministic,
+                     version)
     return dq, dk, dv, None, None, None
+
+
+class EagerAttention(torch.autograd.Function):
+    """lab::attention's forward and backward for plain eager calls that want gradients.
+
+    Why: in a cold timing (an L2 flush, then one backward) the host time is not hidden, and the torch.library
+    path (register_autograd's wrapper, then the backward custom op's dispatch) costs several times what a
+    torch.autograd.Function does (CPU box: ~210 us against ~85 us per torch.autograd.grad; tools/gpu/
+    bwd_public_gap.py shows the GPU work of the two paths is the same). torch.compile, export and fake
+    tensors still see the custom ops, whose autograd is _backward too.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, is_causal, scale, version, impl):
+        out, lse = impl(query, key, value, is_causal, scale, version)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.is_causal, ctx.scale, ctx.eager = is_causal, scale, True
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _backward(ctx, grad_out, grad_lse) + (None,)
 
 
 _registered = False

@@ -199,6 +199,8 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     scale = _scale(scale, query.shape[-1])
     if _direct(query, key, value):  # eager: no dispatcher, and no LSE buffer unless asked for
         out, lse = _attention_impl(query, key, value, is_causal, scale, name, return_lse)
+    elif _eager() and all(type(t) is _Tensor for t in (query, key, value)):  # eager with gradients
+        out, lse = _backward.EagerAttention.apply(query, key, value, is_causal, scale, name, _attention_impl)
     else:
         out, lse = _attention_op(query, key, value, is_causal, scale, name)
     return (out, lse) if return_lse else out

@@ -33,11 +33,24 @@ def _assert_passed(results):
     assert check.backward_passed(results), "\n".join(repr(r) for r in results.values() if not r.passed)
 
 
+# (version, deterministic): every registered backward in every dQ mode it has.
+MODES = [(name, det) for name in sorted(backward.BWD) for det in (False, True)
+         if not det or name in backward.DETERMINISTIC_BWD]
+
+
+def _runs_here(version):
+    kernel = backward.BWD[version]
+    if kernel.capabilities and tuple(torch.cuda.get_device_capability()) not in kernel.capabilities:
+        pytest.skip(f"{version} needs compute capability {kernel.capabilities}")
+
+
 @pytest.mark.parametrize("case", CASES + EXTRA, ids=_ids(CASES + EXTRA))
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "det"])
-def test_kernel_gradients_match_the_float64_reference(case, deterministic, session_dir):
-    run = backward_harness.bwd_runner("v01", deterministic=deterministic)
-    _assert_passed(check.check_backward(run, case, f"bwd-v01-{'det' if deterministic else 'atomic'}", trials=1))
+@pytest.mark.parametrize("version,deterministic", MODES, ids=[f"{v}-{'det' if d else 'atomic'}" for v, d in MODES])
+def test_kernel_gradients_match_the_float64_reference(case, version, deterministic, session_dir):
+    _runs_here(version)
+    run = backward_harness.bwd_runner(version, deterministic=deterministic)
+    _assert_passed(check.check_backward(run, case, f"bwd-{version}-{'det' if deterministic else 'atomic'}",
+                                        trials=1))
 
 
 @pytest.mark.parametrize("case", CASES[::3], ids=_ids(CASES[::3]))
@@ -46,12 +59,14 @@ def test_public_op_autograd_forward_plus_backward(case, session_dir):
                                         include_forward=True))
 
 
+@pytest.mark.parametrize("version", sorted(backward.BWD))
 @pytest.mark.parametrize("scale", [-0.125, 0.0, 0.3])
 @pytest.mark.parametrize("causal", [False, True])
-def test_any_finite_scale_against_sdpa_on_the_rewritten_problem(scale, causal, session_dir):
+def test_any_finite_scale_against_sdpa_on_the_rewritten_problem(version, scale, causal, session_dir):
+    _runs_here(version)
     case = Case("bwd-scale", 2, 4, 2, 130, 65, 64, "bfloat16", causal)
-    _assert_passed(check.check_backward(backward_harness.bwd_runner(), case, "bwd-v01", trials=1, scale=scale,
-                                        yardstick="default"))
+    _assert_passed(check.check_backward(backward_harness.bwd_runner(version), case, f"bwd-{version}", trials=1,
+                                        scale=scale, yardstick="default"))
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -92,8 +107,10 @@ def test_torch_deterministic_algorithms_selects_the_separate_dq_pass():
     assert all(torch.equal(a, b) for g in grads[1:] for a, b in zip(grads[0], g))
 
 
-def test_forgetting_the_d_term_fails_the_check(session_dir):
-    run = backward_harness.bwd_runner("v01", defines={"LAB_BWD_BUG_NO_DELTA": None})
+@pytest.mark.parametrize("version", sorted(backward.BWD))
+def test_forgetting_the_d_term_fails_the_check(version, session_dir):
+    _runs_here(version)
+    run = backward_harness.bwd_runner(version, defines={"LAB_BWD_BUG_NO_DELTA": None})
     res = check.check_backward(run, Case("bwd-selftest", 1, 4, 4, 130, 130, 64, "float16", False), "bwd-no-delta",
                                trials=1, save=False)
     assert not res["dq"].passed and not res["dk"].passed
@@ -144,6 +161,30 @@ def test_torch_compile_fullgraph_forward_plus_backward():
     step(*leaves[1]).backward()
     for a, b in zip(leaves[0], leaves[1]):
         assert torch.equal(a.grad, b.grad) or float((a.grad.float() - b.grad.float()).abs().max()) < 1e-2
+
+
+def test_v02_refuses_the_deterministic_mode_by_name():
+    _runs_here("v02")
+    q, k, v, do = _inputs(Sq=65, Sk=65, D=64)
+    out, lse = ops.attention(q, k, v, enable_gqa=True, return_lse=True)
+    with pytest.raises(RuntimeError, match="deterministic"):
+        build.binding().attn_bwd_call(ops.launcher(backward.BWD, "v02"), q, k, v, out, lse, None, do, 0.125, False,
+                                      True)
+    with pytest.raises(ValueError, match="no deterministic mode"):
+        backward.backward_version(64, "v02", capability=(9, 0), deterministic=True)
+
+
+def test_eager_training_path_matches_the_custom_op_path():
+    q, k, v, do = _inputs(Sq=300, Sk=257, D=128)
+    leaves = [[t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2)]
+    eager = torch.autograd.grad(ops.attention(*leaves[0], is_causal=True, enable_gqa=True), leaves[0], do)
+    scale = ops._scale(None, 128)
+    name = ops.attention_version(q, None, True)
+    out, _ = ops._attention_op(*leaves[1], True, scale, name)  # the traced path's op and its registered autograd
+    traced = torch.autograd.grad(out, leaves[1], do)
+    assert torch.equal(eager[1], traced[1]) and torch.equal(eager[2], traced[2])  # dK, dV: one CTA, fixed order
+    # dQ: fp32 additions from many CTAs in whatever order they land, then rounded: equal up to that rounding
+    assert float((eager[0].float() - traced[0].float()).abs().max()) <= 1e-2 * float(traced[0].float().abs().max())
 
 
 def test_bad_input_raises_naming_the_argument():
