@@ -18,7 +18,7 @@ from .publish.tables import Table
 
 CHAPTER = "n12_ring"
 TARGETS = {"efficiency": 0.85, "comm_ratio": 1.1, "tokens": 1 << 20}
-# The one device call that runs this chapter on two GPUs (see README, "Ring attention on two GPUs").
+# The command that runs this chapter as a session on a lent two-GPU machine (tools/gpu/README.md, "n12 on two GPUs").
 SESSION_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && "
                    "export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx || exit; "
                    "python3 -m lab session --chapters n12_ring --device cuda --no-log --tarball $OUT/n12_session.tgz")

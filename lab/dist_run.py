@@ -12,7 +12,8 @@ Stages (--stages, default all):
   grow with S) and in --budget-s seconds (time grows with S^2), up to --max-seq; peak memory per rank. Its
   outputs are checked to be finite only (no reference at these lengths); the values are checked at S <= 4097.
 
-Presets: `gpu` (bfloat16, S = 256k causal D = 128 for scaling, as issue 18 sets) and `cpu` (float64 math
+Presets: `gpu` (bfloat16, S = 256k causal D = 128 for scaling: long enough that
+one GPU's compute outlasts a shard's transfer) and `cpu` (float64 math
 over gloo, tiny sizes: what CI and the chapter's CPU mode run; its times are CPU wall-clock, not GPU numbers).
 """
 from __future__ import annotations

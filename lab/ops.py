@@ -61,7 +61,7 @@ def _direct(*tensors) -> bool:
 
     The custom op is what torch.compile, export and fake-tensor tracing see, and what raises when a
     gradient is asked for; in plain eager mode its dispatch costs ~8 us of Python per call (measured on
-    the CPU box), more than SDPA's whole host path allows us (issue 11: <= SDPA's host cost + 5 us). So:
+    the CPU box), more than SDPA's whole host path allows us (lab.hostcost's target: <= SDPA's host cost + 5 us). So:
     plain tensors, no tracing mode of any kind, no gradient wanted -> call the same implementation
     function the op registers.
     """
@@ -83,7 +83,7 @@ PAGED_LAYOUT = "(num_pages, page_size, H_kv, D) with a block_table"
 
 
 def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)"):
-    # Every attribute is read once: this runs three times per call, on the host path that issue 11 bounds.
+    # Every attribute is read once: this runs three times per call, on the host path lab.hostcost bounds.
     # layout=PAGED_LAYOUT: a paged cache, whose first dimension is pages, not the batch.
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -335,7 +335,7 @@ _decode_plans: dict = {}
 
 def _decode_plan(query, key_cache, version, num_splits) -> tuple[str, int]:
     """(kernel, split count) for this call, memoised on the shapes, device and arguments: a decoding loop
-    repeats them every step, and one dict lookup is cheaper than resolving both again (host cost, issue 11)."""
+    repeats them every step, and one dict lookup is cheaper than resolving both again (host cost per step)."""
     key = (query.shape, key_cache.shape, query.device, version, num_splits)
     plan = _decode_plans.get(key)
     if plan is None:

@@ -54,7 +54,7 @@ BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
 # 351 vs 337, 2k 406 vs 443; D=64 causal 512 259 vs 197, 2k 361 vs 348 (H100 341 vs 343), 8k 404 vs 446 (H100
 # 406 vs 447); D=128 causal 512 274 vs 252 (H100 230 vs 241), 2k 363 vs 449. Between measured sizes the switch
 # point is not measured.
-# D = 128 causal 512 went to v07 in the fifth sitting: its few-keys config in PAIR order 306 vs v05 286 (H200 run 4,
+# D = 128 causal 512 went to v07 once its few-keys config ran in PAIR order: 306 vs v05 286 (H200 run 4,
 # outputs/driver_logs/20261123-h200-d128-cells-run4-b9a4b85/).
 HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 2048}
 HOPPER_CAPABILITIES = ((9, 0),)
@@ -85,10 +85,10 @@ def default_for_row(row: dict) -> str | None:
 
 # ---------------------------------------------------------------- standalone drivers
 
-# The C++ drivers (tests/cuda/*_main.cu) that test a kernel without torch, by family; the version's symbol
+# The C++ drivers (tools/gpu/*_main.cu) that test a kernel without torch, by family; the version's symbol
 # goes in as -D<macro>=<symbol>. fwd v01 has a driver of its own (its debug switches).
-DRIVERS = {"fwd": ("tests/cuda/fwd_mma_main.cu", "FWD_FN"), "decode": ("tests/cuda/decode_main.cu", "DECODE_FN")}
-OWN_DRIVER = {("fwd", "v01"): "tests/cuda/fwd_v01_main.cu"}
+DRIVERS = {"fwd": ("tools/gpu/fwd_mma_main.cu", "FWD_FN"), "decode": ("tools/gpu/decode_main.cu", "DECODE_FN")}
+OWN_DRIVER = {("fwd", "v01"): "tools/gpu/fwd_v01_main.cu"}
 
 
 def default_versions(capability: tuple) -> dict[str, set]:
@@ -104,7 +104,7 @@ def default_versions(capability: tuple) -> dict[str, set]:
 def drivers(capability: tuple | None = None, defaults_only: bool = False) -> list[tuple[str, str, str, str]]:
     """(name, driver, kernel source, -D flag) for every registered kernel that runs on `capability` (None:
     all; defaults_only: only default_versions(capability)), e.g.
-    ('fwd_v04', 'tests/cuda/fwd_mma_main.cu', 'kernels/fwd/v04_lazy.cu', '-DFWD_FN=attn_fwd_v04')."""
+    ('fwd_v04', 'tools/gpu/fwd_mma_main.cu', 'kernels/fwd/v04_lazy.cu', '-DFWD_FN=attn_fwd_v04')."""
     wanted = default_versions(capability) if defaults_only and capability is not None else None
     rows = []
     for family, table in (("fwd", FWD), ("decode", DECODE)):

@@ -2,7 +2,7 @@
 
 Pure Python and NumPy (no torch), so tests and GPU-less notebooks can import it. The chunking rule and
 the merge algebra mirror kernels/decode/v01_splitk.cu; the split heuristic is mirrored in C by
-tests/cuda/decode_main.cu (`choose_num_splits` there): change them together.
+tools/gpu/decode_main.cu (`choose_num_splits` there): change them together.
 
 Layout is (B, H, S, D): q (B, Hq, q_len, D), k and v (B, Hkv, S_cache, D). Query head h reads KV head
 h // (Hq // Hkv). Every query token sees the first seqlens[b] keys (no mask inside the cache).
@@ -61,7 +61,7 @@ def nonempty_splits(seqlen_cache: int, num_splits: int, block_n: int = BLOCK_N) 
 
     O(1): split s is non-empty iff s * chunk < seqlen_cache, so the count is ceil(seqlen_cache / chunk),
     at most num_splits. (It used to build the bounds list: O(num_splits) per call, and choose_num_splits
-    called it for every candidate, once per decode call: issue 11.)
+    called it for every candidate, once per decode call: host time on every decoding step.)
     """
     n = max(seqlen_cache, 0)
     if n == 0:

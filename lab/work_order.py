@@ -4,7 +4,7 @@ written out in Python so the balance they give can be counted (and plotted) with
 A work tile is (bh, mb): query rows [mb * B_r, (mb + 1) * B_r) of batch-head bh. With a square causal mask and
 B_r = B_c, tile mb costs mb + 1 key tiles, so a static round-robin is only as even as the order makes it.
 
-- `snake_order`: the order v07 ran first (fifth sitting, run 1). Heads in groups whose K and V fit L2, longest
+- `snake_order`: the order v07 ran first (H200 d128-cells run 1, outputs/driver_logs/20261123-h200-d128-cells-run1-821ab82). Heads in groups whose K and V fit L2, longest
   tile first within a group, and CTA x takes tile it * G + x in round `it`, reversed every other round.
   Rounds that straddle two groups are not longest-first, so some CTAs draw two long tiles and others two
   short ones.

@@ -54,7 +54,7 @@ def test_capability_is_cached(monkeypatch):
 
 
 def test_generated_wgmma_header_is_current(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("gen", paths.ROOT / "tests/cuda/hopper_gen_wgmma.py")
+    spec = importlib.util.spec_from_file_location("gen", paths.ROOT / "tools/codegen/hopper_gen_wgmma.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     monkeypatch.setattr(gen, "OUT", tmp_path / "wgmma_ops.cuh")

@@ -1,4 +1,4 @@
-"""Any finite softmax scale (issue 12), on CPU: the emulations against the float64 reference.
+"""Any finite softmax scale (0, negative, huge: SDPA accepts them all), on CPU: the emulations against the float64 reference.
 
 `order="mma"` is the arithmetic of the tensor-core forward kernels (running max over raw scores, scale
 folded into exp2) with the rewrite of kernels/common/softmax.cuh (negated Q for scale < 0, FLT_MIN for 0);

@@ -207,7 +207,7 @@ def test_scale():
 
 
 def test_decode_empty_batch_with_cache_seqlens(fake):
-    """Batch 0 with cache_seqlens: an empty output, no host read of the (empty) lengths (issue 12)."""
+    """Batch 0 with cache_seqlens: an empty output, no host read of the (empty) lengths."""
     q, kc = fake(0, 8, 1, 128, dtype=BF16), fake(0, 2, 64, 128, dtype=BF16)
     out = ops.decode(q, kc, kc, torch.empty(0, dtype=torch.int32, device="cuda"))
     assert out.shape == (0, 8, 1, 128)

@@ -1,4 +1,4 @@
-"""GPU tests of the public ops' call path (issue 11 and the edge sizes of issue 12): CUDA-graph capture
+"""GPU tests of the public ops' call path (what a serving loop needs, and the edge sizes): CUDA-graph capture
 with new cache_seqlens, no host synchronisation, clamped lengths, empty batches and caches.
 
 Skipped without CUDA; the GPU run is committed under outputs/driver_logs/.

@@ -4,7 +4,7 @@ lab.check's rule), the contiguous causal path, bad tables (zeroed rows and flags
 graph replays with new lengths and tables. Marked `gpu`: skipped without CUDA (tests/conftest.py).
 
 Not yet run on a GPU (written without GPU time, 2026-11-22). Run: .venv/bin/python -m pytest -q tests/test_paged_gpu.py
-Under compute-sanitizer: bash tests/cuda/sanitize_paged.sh
+Under compute-sanitizer: bash tools/gpu/sanitize_paged.sh
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ def test_ops_reexports_the_registry_tables():
 def test_defaults_per_gpu_follow_the_hopper_preference():
     assert registry.default_attention_version(128, 8192, False, (8, 0)) == "v04"
     assert registry.default_attention_version(128, 8192, False, (9, 0)) == "v07"
-    assert registry.default_attention_version(128, 512, True, (9, 0)) == "v07"  # PAIR order (fifth sitting)
+    assert registry.default_attention_version(128, 512, True, (9, 0)) == "v07"  # few-keys config in PAIR order
     assert registry.default_attention_version(128, 512, False, (9, 0)) == "v07"
     assert registry.default_attention_version(64, 512, False, (9, 0)) == "v05"
     assert registry.default_attention_version(64, 2048, False, (9, 0)) == "v07"

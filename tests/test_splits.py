@@ -216,7 +216,7 @@ def test_emulation_is_sensitive():
     assert np.abs(partial_o.mean(axis=3) - ref_out).max() > 1e-3
 
 
-# ---------------------------------------------------------------- the per-call plan (issue 11)
+# ---------------------------------------------------------------- the per-call plan (O(1) host cost per step)
 
 def _reference_choose(batch, heads_kv, seqlen_k, num_sms, blocks_per_sm=splits.BLOCKS_PER_SM):
     """The heuristic as first written: non-empty splits counted by building every candidate's bounds list."""
