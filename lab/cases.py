@@ -157,7 +157,7 @@ def decode_tests_cases() -> list[DecodeCase]:
 @dataclass(frozen=True)
 class PagedCase(DecodeCase):
     """A decode case on a paged cache (lab.ops.decode with block_table): the cache cut into page_size-key
-    pages behind a shuffled block table (lab.paged); causal is bottom-right (token i of q_len sees keys
+    pages behind a shuffled block table (lab.decode.paged); causal is bottom-right (token i of q_len sees keys
     [0, len - q_len + i]). kv_len is the longest sequence; the table holds ceil(kv_len / page_size) pages
     per sequence."""
 

@@ -5,7 +5,7 @@ bottom-right, as serving does when the S_q queries are the *last* S_q positions 
 (chunked prefill, speculative tokens): query i sees keys j <= i + S_k - S_q. torch names the two
 torch.nn.attention.bias.CausalVariant.UPPER_LEFT and LOWER_RIGHT; lab.ops.attention takes
 causal_variant="upper_left" (the default, SDPA's) or "lower_right" (FlashAttention's; flash-attention
-issues #402 and #1778 ask for it). lab.ops.decode's is_causal is always bottom-right (lab/paged.py).
+issues #402 and #1778 ask for it). lab.ops.decode's is_causal is always bottom-right (lab/decode/paged.py).
 
 No kernel change. With d = S_k - S_q:
 - d = 0: the two alignments are the same mask.

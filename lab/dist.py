@@ -3,7 +3,7 @@
 Each rank holds one shard of the sequence, (B, H, S_local, D) like SDPA. K/V shards travel around the
 ring (to rank + 1, from rank - 1) with `torch.distributed.batch_isend_irecv`; while the next shard is in
 flight, the local queries attend to the shard already here, and every step's partial (out, lse) is merged
-by log-sum-exp: the algebra of the split-K combine (lab.splits.merge_partials), here in torch.
+by log-sum-exp: the algebra of the split-K combine (lab.decode.splits.merge_partials), here in torch.
 
 Layouts (`shard_chunks`):
 - non-causal: contiguous shards, boundaries at floor(r * S / W), so any S works (uneven shards);

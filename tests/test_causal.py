@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from lab import causal, paged
+from lab import causal
+from lab.decode import paged
 from lab.dist import reference_attend
 
 
 def lower_right_reference(q, k, v):
-    """float64 softmax with lab.paged's bottom-right mask (key j visible to query i iff j <= i + S_k - S_q), the
+    """float64 softmax with lab.decode.paged's bottom-right mask (key j visible to query i iff j <= i + S_k - S_q), the
     rule decode v03 is checked against; rows with no visible key: out 0, lse -inf."""
     heads_q, heads_kv = q.shape[1], k.shape[1]
     k = k.repeat_interleave(heads_q // heads_kv, dim=1).double()

@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from lab import dist as ring
-from lab import splits
+from lab.decode import splits
 
 
 def _inputs(B, Hq, Hkv, S, D, seed=0):

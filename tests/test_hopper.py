@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab import ops, paths, registry
+from lab import op_common, ops, paths, registry
 
 
 def _query(head_dim: int, seqlen_q: int = 8192):
@@ -43,12 +43,12 @@ def test_hopper_versions_are_registered_for_sm90_only():
 
 def test_capability_is_cached(monkeypatch):
     calls = []
-    monkeypatch.setattr(ops, "_devices", {})
+    monkeypatch.setattr(op_common, "_devices", {})
     monkeypatch.setattr(ops.torch.cuda, "is_available", lambda: True)
     props = SimpleNamespace(major=9, minor=0, multi_processor_count=132)
     monkeypatch.setattr(ops.torch.cuda, "get_device_properties", lambda index: calls.append(index) or props)
     device = SimpleNamespace(type="cuda", index=3)
-    assert ops._capability(device) == (9, 0) and ops._capability(device) == (9, 0)
+    assert op_common._capability(device) == (9, 0) and op_common._capability(device) == (9, 0)
     assert ops.sm_count(device) == 132
     assert calls == [3]  # one read serves the capability and the SM count
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab import emulate, splits
+from lab import emulate
+from lab.decode import splits
 
 SCALES = [-0.125, 0.0, 0.3, None]
 

@@ -1,4 +1,4 @@
-"""CPU checks of lab/splits.py: the split heuristic, the chunking rule and the float64 emulation."""
+"""CPU checks of lab/decode/splits.py: the split heuristic, the chunking rule and the float64 emulation."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from lab import splits
+from lab.decode import splits
 
 H100_SMS = 132
 

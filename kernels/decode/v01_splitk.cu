@@ -436,7 +436,7 @@ int dispatch_rows(const DecodeParams* p, cudaStream_t stream, int chunk, int gro
   return launch_typed<T, kHeadDim, 64>(p, stream, chunk, group, rows_total, device, use_pdl);
 }
 
-constexpr int kKeyBlock = 64;  // must equal SplitKConfig::kBlockN and lab/splits.py's block_n
+constexpr int kKeyBlock = 64;  // must equal SplitKConfig::kBlockN and lab/decode/splits.py's block_n
 
 }  // namespace
 

@@ -78,7 +78,7 @@ struct PagedConfig {
   static constexpr int kRows = 16;          // one m16 tile of query rows per block
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
-  static constexpr int kBlockN = 64;  // keys per tile, 16 per warp; lab/splits.py BLOCK_N
+  static constexpr int kBlockN = 64;  // keys per tile, 16 per warp; lab/decode/splits.py BLOCK_N
   static constexpr int kVecPerRow = kHeadDim / 8;
   static constexpr int kRowStep = kThreads / kVecPerRow;  // rows between two of one thread's loads
   static constexpr int kLoadRows = kBlockN / kRowStep;    // rows a thread loads per tile
@@ -326,7 +326,7 @@ int check_paged(const DecodeParams* p) {
   return 0;
 }
 
-constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/splits.py BLOCK_N: chunks are whole tiles
+constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 
 }  // namespace
 

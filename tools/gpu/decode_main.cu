@@ -8,7 +8,7 @@
 // K+V exceed N GiB are skipped; default 9, as lab/cases.py DECODE_MAX_KV_BYTES), --quick (a handful of small
 // configs, no bench: for compute-sanitizer, which runs 10-100x slower), --sanitize (the list of
 // tools/gpu/sanitize_all.sh: lengths 0/1/63/4097, num_splits up to LAB_MAX_NUM_SPLITS), --bps N (blocks per SM the bench's split
-// heuristic assumes; default 2 for v01 and 1 for v02, as lab/splits.py choose_num_splits / choose_num_splits_v02).
+// heuristic assumes; default 2 for v01 and 1 for v02, as lab/decode/splits.py choose_num_splits / choose_num_splits_v02).
 //
 // Correctness: fresh randn inputs per config rounded to the kernel dtype; the reference is computed in
 // double from those rounded values. Q and O are strided as (B, q_len, H, D) views and K has padded
@@ -17,7 +17,7 @@
 // two output roundings; LSE within 2e-3. A sequence of length 0 must give O = 0 and LSE = -inf.
 //
 // Benchmark (bench-decode): q_len 1, D 128, bf16, Hq 32, Hkv {32, 8}, KV length {4k, 16k, 32k, 64k},
-// batch {1, 8, 64}, num_splits from the same heuristic as lab/splits.py. KV buffers are rotated so the
+// batch {1, 8, 64}, num_splits from the same heuristic as lab/decode/splits.py. KV buffers are rotated so the
 // set touched per cell is >= 256 MiB (L2 cannot serve it). 3 warm-ups, median of 30 cudaEvent-timed
 // runs. GB/s counts K + V + Q + O bytes once. The device-to-device cudaMemcpy line counts bytes read +
 // written.
@@ -48,12 +48,12 @@ extern "C" int DECODE_FN(const DecodeParams* p, void* stream);
 
 // CK (a CUDA call) and check_launch (a launcher's return code): host_bits.h.
 
-// ------------------------------------------------------------ split heuristic (mirror of lab/splits.py)
-// Keep identical to lab/splits.py: constants, candidate filter, 0.8 wave rule, 5% slack.
+// ------------------------------------------------------------ split heuristic (mirror of lab/decode/splits.py)
+// Keep identical to lab/decode/splits.py: constants, candidate filter, 0.8 wave rule, 5% slack.
 static const int kBlockN = 64;
 static const int kMaxSplits = 128;
-static const int kBlocksPerSm = 2;     // v01 (lab/splits.py BLOCKS_PER_SM)
-static const int kBlocksPerSmV02 = 1;  // v02 and later (lab/splits.py BLOCKS_PER_SM_V02, choose_num_splits_v02)
+static const int kBlocksPerSm = 2;     // v01 (lab/decode/splits.py BLOCKS_PER_SM)
+static const int kBlocksPerSmV02 = 1;  // v02 and later (lab/decode/splits.py BLOCKS_PER_SM_V02, choose_num_splits_v02)
 static const int kMinChunk = 2 * kBlockN;
 static const double kFullEnough = 0.8;
 static const double kEfficiencySlack = 0.95;
@@ -406,7 +406,7 @@ static void run_bench(int num_sms, double max_kv_gib, double copy_gbs, int bps) 
 int main(int argc, char** argv) {
   bool do_test = true, do_bench = true, quick = false, sanitize = false;
   double max_kv_gib = 9.0;
-  // Blocks per SM the bench's split heuristic plans for: v01's 2, v02's 1 (as lab/splits.py); --bps N overrides it
+  // Blocks per SM the bench's split heuristic plans for: v01's 2, v02's 1 (as lab/decode/splits.py); --bps N overrides it
   // (experiments only).
   int bps = strcmp(DECODE_STR(DECODE_FN), "decode_splitk_v01") == 0 ? kBlocksPerSm : kBlocksPerSmV02;
   for (int i = 1; i < argc; ++i) {
@@ -424,10 +424,10 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, dev));
   printf("%s: %s, %d SMs, sm_%d%d, L2 %d MiB, bench heuristic %d block(s)/SM\n", DECODE_STR(DECODE_FN), prop.name,
          prop.multiProcessorCount, prop.major, prop.minor, prop.l2CacheSize >> 20, bps);
-  // The heuristic must agree with lab/splits.py (its doctest values).
+  // The heuristic must agree with lab/decode/splits.py (its doctest values).
   if (choose_num_splits(1, 8, 32768, 132) != 31 || choose_num_splits(8, 32, 4096, 132) != 1 ||
       choose_num_splits(1, 8, 32768, 132, kBlocksPerSmV02) != 16) {
-    printf("FAIL split heuristic differs from lab/splits.py\n");
+    printf("FAIL split heuristic differs from lab/decode/splits.py\n");
     return 1;
   }
 

@@ -19,7 +19,7 @@ import torch
 
 from lab import bench, graphs, hostcost, ops
 from lab.cases import PagedCase
-from lab.paged import paged_inputs
+from lab.decode.paged import paged_inputs
 
 
 def main() -> None:

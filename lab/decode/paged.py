@@ -1,6 +1,6 @@
 """Paged decoding on the GPU side: paged inputs of a PagedCase, the float64 check, and the race of chapter n11.
 
-The layout and the CPU algorithm are lab.emulate_paged's (NumPy); this module builds the same layout in torch
+The layout and the CPU algorithm are lab.decode.emulate_paged's (NumPy); this module builds the same layout in torch
 (any device), checks lab.ops.decode(..., block_table=...) against a float64 reference computed on the
 contiguous cache the pages were cut from, and times the public op beside our contiguous decode and SDPA on
 the same data made contiguous.
@@ -11,10 +11,10 @@ import math
 
 import torch
 
-from . import bench, check, record, sweep
-from .cases import PagedCase
-from .check import DTYPES, CheckResult
-from .sweep import PUBLIC_DECODE
+from .. import bench, check, record, sweep
+from ..cases import PagedCase
+from ..check import DTYPES, CheckResult
+from ..sweep import PUBLIC_DECODE
 
 SPARE_PAGES = 3  # pages in the pool that no sequence uses: a shuffled table never maps 1:1 onto the pool
 CONTIGUOUS = f"{PUBLIC_DECODE} contiguous"  # the race's row (and ratio key) of our decode on the contiguous cache
@@ -23,7 +23,7 @@ EAGER_CHECK = f"{PUBLIC_DECODE} (eager flag check)"  # the paged op without page
 
 def block_table(batch: int, kv_len: int, page_size: int, generator=None, device="cpu", spare: int = SPARE_PAGES):
     """(table (B, max_pages) int32 on device, num_pages): the B * max_pages pages of a pool of num_pages in a
-    random order (lab.emulate_paged.block_table's rule, in torch)."""
+    random order (lab.decode.emulate_paged.block_table's rule, in torch)."""
     max_pages = -(-kv_len // page_size)
     num_pages = batch * max_pages + spare
     order = torch.randperm(num_pages, generator=generator, device=generator.device if generator is not None else "cpu")
@@ -111,7 +111,7 @@ def check_paged(case: PagedCase, impl: str = PUBLIC_DECODE, num_splits=None, tri
     output, so the allocator's free blocks of that size are NaN-poisoned first (lab.check's backward rule);
     page_errors starts at -1 and must come back 0. defines: build decode v03 with them and call the binding
     directly (the self-test's wrong kernel, LAB_PAGED_BUG_IDENTITY, which ignores the table)."""
-    from . import build, ops
+    from .. import build, op_common, ops
 
     device = device or check.resolve_device()
     lengths = case.lengths()
@@ -126,7 +126,7 @@ def check_paged(case: PagedCase, impl: str = PUBLIC_DECODE, num_splits=None, tri
         else:
             out = build.binding().decode_paged_call(
                 ops.launcher(ops.DECODE, "v03", defines), a["q"], a["k_pages"], a["v_pages"], a["seqlens"], a["table"],
-                flags, ops._scale(scale, case.D), num_splits or 1, case.causal)[0]
+                flags, op_common._scale(scale, case.D), num_splits or 1, case.causal)[0]
         if bool(flags.any()):
             out = torch.full_like(out, float("nan"))  # a false (or unwritten) flag fails the check
         return (out, reference(a["q"], a["k"], a["v"], lengths, case.causal, scale),
@@ -140,7 +140,7 @@ def graph_check(case: PagedCase, seed: int = 0, save: bool = True) -> dict:
     new cache_seqlens and block_table contents: the same table, a reshuffled one over the same pool, then a
     table with a page id past the pool. Each replay must equal an eager call bit for bit (flags included) and,
     where no flag is set, pass the float64 check. One row, kind "graph"."""
-    from . import graphs, ops
+    from .. import graphs, ops
 
     a = paged_inputs(case, torch.Generator().manual_seed(seed), "cuda")
     q, kp, vp = a["q"], a["k_pages"], a["v_pages"]
@@ -182,7 +182,7 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
     "paged"; their case carries `tokens` (batch x length), the x axis of the chapter's plots."""
     from tqdm.std import tqdm
 
-    from . import ops
+    from .. import ops
 
     ceilings = bench.ceilings()
     rows = []

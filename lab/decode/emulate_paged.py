@@ -10,7 +10,7 @@ lab.ops.decode. Query head h reads KV head h // (Hq // Hkv).
 * ``reference_paged_decode``: gather, then softmax attention directly (the yardstick).
 * ``emulate_paged_decode``: what decode v03 computes: split-K over the table's capacity in whole 64-key
   tiles, keys found through the table tile by tile, an online softmax per split with a per-row key limit,
-  the LSE merge of lab.splits, and the kernel's rules for bad tables.
+  the LSE merge of lab.decode.splits, and the kernel's rules for bad tables.
 
 Causal is bottom-right (FlashAttention's decode rule): token i of q_len sees keys [0, len - q_len + i]; a
 token that sees no key gets 0 (and LSE -inf), as a sequence of length 0 does. lab.ops.attention's causal
@@ -127,10 +127,10 @@ def emulate_paged_decode(q, k_pages, v_pages, table, seqlens, num_splits: int, s
                          is_causal: bool = False, block_n: int = BLOCK_N):
     """float64 emulation of decode_paged_v03. Returns (out, lse, errors, partial_lse).
 
-    Splits are lab.splits' bounds over the table's capacity (max_pages * page_size), clipped to each
+    Splits are lab.decode.splits' bounds over the table's capacity (max_pages * page_size), clipped to each
     sequence's length, so a split may start or end inside a page and a tile may cross pages. Each split's
     keys are found through the table (page table_row[j // page_size], row j % page_size), then run as
-    lab.splits' online softmax with the per-row key limit of the causal mask.
+    lab.decode.splits' online softmax with the per-row key limit of the causal mask.
     """
     q = np.asarray(q, dtype=np.float64)
     table = np.asarray(table)

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from .emulate import attention_reference
+from ..emulate import attention_reference
 
 BLOCK_N = 64  # keys per tile in decode_splitk_v01 (SplitKConfig::kBlockN); chunks are whole tiles
 MAX_SPLITS = 128
