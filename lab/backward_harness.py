@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import bench, ops, record
+from . import bench, op_common, ops, record
 from .backward import _bwd_impl
 
 
@@ -19,7 +19,7 @@ def bwd_runner(version: str = "v01", deterministic: bool = False, defines=None):
     built with `defines` (e.g. {"LAB_BWD_BUG_NO_DELTA": None}, the self-test that must fail).
     """
     def run(q, k, v, is_causal, scale, dout):
-        resolved = ops._scale(scale, q.shape[-1])
+        resolved = op_common._scale(scale, q.shape[-1])
         with torch.no_grad():
             out, lse = ops.attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
                                      return_lse=True)

@@ -1,11 +1,11 @@
-"""lab.causal: bottom-right causal from top-left kernels, checked on the CPU with the float64 reference as
+"""lab.fwd.causal: bottom-right causal from top-left kernels, checked on the CPU with the float64 reference as
 the kernel; the same decomposition runs lab.ops.attention(causal_variant="lower_right") on GPUs
 (tests/test_ops_gpu.py)."""
 import numpy as np
 import pytest
 import torch
 
-from lab import causal
+from lab.fwd import causal
 from lab.decode import paged
 from lab.dist import reference_attend
 

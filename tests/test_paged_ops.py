@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lab import ops
+from lab import ops, paths
 from lab.decode import emulate_paged
 from lab.decode import op as decode_op
 
@@ -140,7 +140,7 @@ def test_page_error_message_names_sequences_and_reasons():
 
 
 def test_emulation_flag_values_match_the_kernel_header():
-    header = (ops.build.paths.KERNELS / "common" / "params.h").read_text()
+    header = (paths.KERNELS / "common" / "params.h").read_text()
     assert f"#define LAB_PAGE_E_INDEX {emulate_paged.PAGE_E_INDEX}" in header
     assert f"#define LAB_PAGE_E_SHORT {emulate_paged.PAGE_E_SHORT}" in header
 

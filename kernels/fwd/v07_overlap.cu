@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   // PAIR (persistent causal, D = 128): a unit is two query tiles of one head, num_m-1-u then u (longest
   // first), so every unit costs num_m + 1 key tiles and a static round-robin over units is balanced; a
   // unit's head neighbours its other units in the same round (L2). The snake over L2 head groups left CTAs
-  // with 4 + 4 key tiles beside CTAs with 2 + 2 (run 1: -5 % at S = 512, -24 % at 2048 causal). lab/work_order.py
+  // with 4 + 4 key tiles beside CTAs with 2 + 2 (run 1: -5 % at S = 512, -24 % at 2048 causal). lab/fwd/work_order.py
   // mirrors both orders (tests/test_work_order.py counts the key tiles per CTA): change them together.
   constexpr bool kPair = kPersist && D == 128 && LAB_V07_D128_PAIR_CAUSAL != 0;
   const bool pair = kPair && p.causal;

@@ -11,7 +11,7 @@ export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=${
 { date -u; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv; nvcc --version | tail -1
   python3 -c "import torch; print('torch', torch.__version__)"; echo "commit ${LAB_COMMIT:-unknown}"; } > "$OUT/env.log" 2>&1
 case ${1:-tests} in
-  tests)  # lower_right (lab.causal), paged decode v03, the registry-driven kernel tests (v02-v04 share new
+  tests)  # lower_right (lab.fwd.causal), paged decode v03, the registry-driven kernel tests (v02-v04 share new
           # device functions; the SASS guard says v04-v07 and decode are unchanged), binding run_launcher
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests/test_ops_gpu.py tests/test_paged_gpu.py \
       tests/test_gpu.py tests/test_hopper_gpu.py > "$OUT/pytest.log" 2>&1

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .merge import lse_merge
+from ..merge import lse_merge
 
 VARIANTS = ("upper_left", "lower_right")
 
