@@ -20,7 +20,7 @@ from .fwd.op import attention, attention_version, fwd_call_factory, fwd_writer  
 from .decode.op import (MAX_DECODE_Q_LEN, MAX_NUM_SPLITS, decode, decode_call_factory, decode_writer,  # noqa: F401
                         raise_page_errors)
 
-# Autograd for lab::attention (and the lab::attention_backward op) is registered by lab/backward.py, imported
+# Autograd for lab::attention (and the lab::attention_backward op) is registered by lab/backward/op.py, imported
 # here so that `import lab.ops` is enough for lab.ops.attention to be differentiable.
 from . import backward as _backward  # noqa: E402
 

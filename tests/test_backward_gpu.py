@@ -1,4 +1,4 @@
-"""GPU tests of the backward pass (kernels/bwd/*, lab/backward.py): every `tests` case through the kernel in both
+"""GPU tests of the backward pass (kernels/bwd/*, lab/backward/op.py): every `tests` case through the kernel in both
 dQ modes and through the public op's autograd, judged against the float64 reference's gradients with SDPA's
 own backward error as the yardstick (lab.check.check_backward); any finite scale; non-contiguous inputs; the
 deterministic mode bit-identical across runs; the D-term self-test failing; the lse gradient; every forward's
@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lab import backward, backward_harness, build, cases, check, ops
+from lab import backward, build, cases, check, ops
+from lab.backward import harness as backward_harness
 from lab.cases import Case
 
 pytestmark = pytest.mark.gpu

@@ -8,7 +8,8 @@ import json
 
 import torch
 
-from lab import backward_harness, bench, cases
+from lab import bench, cases
+from lab.backward import harness as backward_harness
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")

@@ -9,7 +9,8 @@ import sys
 
 import torch
 
-from lab import backward, backward_harness, bench, cases, ops
+from lab import backward, bench, cases, ops
+from lab.backward import harness as backward_harness
 
 CELLS = [c for c in cases.bench_fwd_cases("bfloat16", seqlens=(2048, 8192))
          if c.name in ("fwd-d64-s2048", "fwd-d64-s8192-c", "fwd-d128-s2048-c", "fwd-d128-s8192")]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from . import bench, op_common, ops, record
-from .backward import _bwd_impl
+from .. import bench, op_common, ops, record
+from .op import _bwd_impl
 
 
 def bwd_runner(version: str = "v01", deterministic: bool = False, defines=None):
@@ -115,7 +115,7 @@ def backward_sweep(cases, mode: str = "bwd", backends=("flash", "cudnn", "effici
     forward's (5*B*H*S^2*D, halved for causal), fwd+bwd 3.5x. Rows are recorded with kind 'bwd' / 'fwd+bwd'."""
     from tqdm.std import tqdm
 
-    from .sweep import _inputs_fwd, _row
+    from ..sweep import _inputs_fwd, _row
 
     if mode not in BWD_MODES:
         raise ValueError(f"mode must be one of {BWD_MODES}, got {mode!r}")

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from .emulate import LOG2E, _expand_kv, _resolve_scale, _shapes, _visible, attention_reference
+from ..emulate import LOG2E, _expand_kv, _resolve_scale, _shapes, _visible, attention_reference
 
 
 def backward_reference(q, k, v, dout, is_causal=False, scale=None):

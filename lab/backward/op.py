@@ -2,7 +2,7 @@
 
 `lab.ops` imports this module at its end and calls register(), so `lab.ops.attention` is differentiable in query, key and value
 without anyone importing it (this module imports nothing of lab.ops: no import cycle). The check and bench
-adapters of the backward (runners, timed steps, the sweep, the training example) are in lab.backward_harness. The forward custom op `lab::attention` already returns (out, lse); autograd
+adapters of the backward (runners, timed steps, the sweep, the training example) are in lab.backward.harness. The forward custom op `lab::attention` already returns (out, lse); autograd
 saves q, k, v, out and the natural-log lse (never P) and calls `lab::attention_backward`, a custom op with
 a fake implementation, so torch.compile(fullgraph=True) traces forward plus backward without a graph break.
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from . import build
-from .kernels import Kernel, launcher, resolve_version
+from .. import build
+from ..kernels import Kernel, launcher, resolve_version
 
 BWD = {
     "v01": Kernel("bwd/v01_mma.cu", "attn_bwd_v01", (64, 128)),
