@@ -1,7 +1,7 @@
 """The log-sum-exp merge of partial attention results over disjoint key sets, in torch.
 
 The algebra of the split-K combine (lab.decode.splits.merge_partials, common/splitk_combine.cuh): the ring
-(lab.dist) merges one K/V shard per step with it, and the bottom-right causal alignment (lab.fwd.causal) its
+(lab.ring) merges one K/V shard per step with it, and the bottom-right causal alignment (lab.fwd.causal) its
 prefix and suffix.
 """
 from __future__ import annotations

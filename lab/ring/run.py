@@ -1,4 +1,4 @@
-"""`torchrun --nproc-per-node 2 -m lab.dist_run`: the ring's checks, scaling, hidden communication and largest
+"""`torchrun --nproc-per-node 2 -m lab.ring.run`: the ring's checks, scaling, hidden communication and largest
 sequence, one JSON record line per result (rank 0 writes them through lab.record, into $LAB_SESSION_DIR).
 
 Stages (--stages, default all):
@@ -27,10 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import check, dist as ring, record
+from .. import check, record
+from . import attention as ring
 
 CHAPTER = "n12_ring"
-IMPL = "lab.dist.ring_attention"
+IMPL = "lab.dist.ring_attention"  # the records' name since the first sessions: old and new rows compare
 STAGES = ("checks", "scale", "comm", "largest")
 
 
@@ -80,7 +81,7 @@ class Run:
     def attend(self, q, k, v, causal):
         """The single-device attention of the whole sequence (reference for checks, t1 for scaling)."""
         if self.cuda:
-            from . import ops
+            from .. import ops
             return ops.attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
         return ring.reference_attend(q, k, v, causal)[0]
 
@@ -128,7 +129,7 @@ def prepare(run: Run) -> None:
     """Build the kernels the run calls, one rank at a time (two ranks must not compile one file at once)."""
     if not run.cuda:
         return
-    from . import ops
+    from .. import ops
     for turn in range(run.world):
         if run.rank == turn:
             for D in (64, 128):
@@ -275,7 +276,7 @@ def largest(run: Run, max_seq: int, budget_s: float) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m lab.dist_run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m lab.ring.run", description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="default: gpu on CUDA, cpu otherwise")
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
@@ -290,7 +291,7 @@ def main(argv=None) -> int:
     unknown = set(stages) - set(STAGES)
     if unknown:
         parser.error(f"unknown stages {sorted(unknown)}")
-    run.say(f"lab.dist_run: world {run.world}, {run.label}, preset {args.preset or device.type}, stages {stages}, "
+    run.say(f"lab.ring.run: world {run.world}, {run.label}, preset {args.preset or device.type}, stages {stages}, "
             f"multicast off: {ring.MULTICAST_OFF}")
     try:
         prepare(run)

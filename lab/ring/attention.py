@@ -1,4 +1,4 @@
-"""Context-parallel (ring) attention over torch.distributed: lab.dist.ring_attention.
+"""Context-parallel (ring) attention over torch.distributed: lab.ring.ring_attention.
 
 Each rank holds one shard of the sequence, (B, H, S_local, D) like SDPA. K/V shards travel around the
 ring (to rank + 1, from rank - 1) with `torch.distributed.batch_isend_irecv`; while the next shard is in
@@ -17,7 +17,7 @@ The local attention is a function attend(q, k, v, is_causal) -> (out, lse natura
 lab.ops.attention(..., return_lse=True) on GPUs, reference_attend (float64 math) on the CPU, where CI runs
 the whole algorithm over the gloo backend with world sizes 2-4 (tests/test_dist.py).
 
-The transport is lab.dist_comm: on a GPU each transfer is queued on a stream of its own, and the current
+The transport is lab.ring.comm: on a GPU each transfer is queued on a stream of its own, and the current
 stream, which runs the forward kernel on the shard already here, waits for it only when the next step needs
 its shard. A StepClock passed in records, per step, when the compute and the transfer started and ended
 (CUDA events on a GPU, wall-clock on the CPU). `communicate=False` runs the same steps on stand-in shards with
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from .merge import lse_merge  # noqa: F401 (lab.dist.lse_merge: the ring's merge)
+from ..merge import lse_merge  # noqa: F401 (lab.ring.attention.lse_merge: the ring's merge)
 
-from .dist_comm import MULTICAST_OFF, StepClock, comm_stream, init_process_group, multicast_off, transfer  # noqa: F401
+from .comm import MULTICAST_OFF, StepClock, comm_stream, init_process_group, multicast_off, transfer  # noqa: F401
 
 # ------------------------------------------------------------------ layout
 
@@ -73,7 +73,7 @@ def unshard(shards: list[torch.Tensor], seqlen: int, is_causal: bool) -> torch.T
 
 def reference_attend(q, k, v, is_causal: bool):
     """lab.emulate's float64 attention (out, lse) on torch tensors: the CPU runs and the tests."""
-    from .emulate import attention_reference
+    from ..emulate import attention_reference
 
     out, lse = attention_reference(*(t.detach().cpu().numpy() for t in (q, k, v)), is_causal=is_causal)
     return torch.from_numpy(out).to(q.device), torch.from_numpy(lse).to(q.device)
@@ -81,7 +81,7 @@ def reference_attend(q, k, v, is_causal: bool):
 
 def lab_attend(q, k, v, is_causal: bool):
     """lab.ops.attention with its LSE: the forward kernel each ring step runs on a GPU."""
-    from . import ops
+    from .. import ops
 
     out, lse = ops.attention(q, k, v, is_causal=is_causal, enable_gqa=q.shape[1] != k.shape[1], return_lse=True)
     return out.float(), lse

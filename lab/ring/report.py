@@ -1,4 +1,4 @@
-"""Chapter n12_ring's side of the ring: launching lab.dist_run under torchrun from a cell, choosing which run
+"""Chapter n12_ring's side of the ring: launching lab.ring.run under torchrun from a cell, choosing which run
 to show, the layout and timeline figures, the tables and the findings (the notebook defines no helpers).
 
 Which run a chapter shows: on a machine with at least `world` GPUs, the run it launches there. Elsewhere
@@ -13,8 +13,9 @@ import subprocess
 import sys
 import uuid
 
-from . import dist as ring, paths, record
-from .publish.tables import Table
+from .. import paths, record
+from ..publish.tables import Table
+from . import attention as ring
 
 CHAPTER = "n12_ring"
 TARGETS = {"efficiency": 0.85, "comm_ratio": 1.1, "tokens": 1 << 20}
@@ -25,14 +26,14 @@ SESSION_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile 
 
 
 def launch(world: int, device: str, extra=(), timeout: float = 900) -> list[dict]:
-    """torchrun --standalone --nproc-per-node world -m lab.dist_run; its rows (appended to this run's records)."""
+    """torchrun --standalone --nproc-per-node world -m lab.ring.run; its rows (appended to this run's records)."""
     tag = uuid.uuid4().hex[:12]
     env = {**os.environ, "LAB_SESSION_DIR": str(record.run_dir()), "LAB_CHAPTER": CHAPTER, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(paths.ROOT), os.environ.get("PYTHONPATH")]))}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU run never touches (or claims to be) a GPU
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-               "-m", "lab.dist_run", "--device", device, "--tag", tag, *extra]
+               "-m", "lab.ring.run", "--device", device, "--tag", tag, *extra]
     done = subprocess.run(command, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     print(done.stdout, end="")
     if done.returncode:
@@ -75,7 +76,7 @@ def layout_figure(seqlen: int = 16, world: int = 4, path=None):
     """Who owns which chunk (contiguous against zig-zag), and the causal work per rank of each layout."""
     import matplotlib.pyplot as plt
 
-    from .plot import save_figure
+    from ..plot import save_figure
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 2.8), gridspec_kw={"width_ratios": [3, 2]})
     colors = plt.get_cmap("tab10")
@@ -106,7 +107,7 @@ def timeline_figure(rows: list[dict], path=None):
     """Per-step compute and transfer intervals of every rank, one panel per mode, from the StepClock rows."""
     import matplotlib.pyplot as plt
 
-    from .plot import save_figure
+    from ..plot import save_figure
 
     lines = of(rows, "ring-timeline")
     modes = [m for m in ("overlap", "serial", "compute-only") if any(r["mode"] == m for r in lines)]

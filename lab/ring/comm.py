@@ -1,4 +1,4 @@
-"""The transport under lab.dist's ring: the process group, the comm stream, one step's K/V transfer, and
+"""The transport under lab.ring's ring: the process group, the comm stream, one step's K/V transfer, and
 the per-step clock from which the chapter draws its overlap timeline.
 
 - init_process_group: NCCL on GPUs (one GPU per local rank), gloo on the CPU, from torchrun's environment;
