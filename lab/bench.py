@@ -75,8 +75,9 @@ class CudaTimer:
         return start.elapsed_time(end)
 
     def _settle(self) -> None:
-        """GPU work queued between the flush and the timed window: none here (tests/cuda/public_op_gap.py's
-        SleptTimer queues a sleep, so the host's launch is always ahead of the window)."""
+        """GPU work queued between the flush and the timed window: none here. A subclass that queues a GPU sleep
+        keeps the host's launch ahead of the window, which tells host time from GPU time in a cold call (how
+        the public op's gap to its kernel-only row was read: outputs/driver_logs/README.md)."""
 
 
 def time_fn(fn, timer=None, warmup: int = 3, **stop) -> Timing:

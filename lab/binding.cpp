@@ -513,9 +513,10 @@ std::string decode_fwd(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor 
 }
 
 // What lab.ops calls: the same checks and launch, with the output and workspaces allocated here. An
-// allocation through at::empty costs ~1 us against ~2.7 us through Python (H200 machine, 2026-11-22,
-// tests/cuda/host_breakdown.py), and decode needs three per call: issue 11 bounds the whole host path at
-// SDPA's + 5 us. Returns (error, out, lse); the tensors are undefined (None) when error is not empty.
+// allocation through at::empty costs ~1 us against ~2.7 us through Python (H200 machine, 2026-11-22, each
+// stage of the call path timed alone), and decode needs three per call, while a batch-1 decoding step is a
+// few tens of microseconds of GPU work: the whole host path must stay within SDPA's + 5 us or it, not the
+// kernel, sets the step time. Returns (error, out, lse); the tensors are undefined (None) when error is not empty.
 std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_call(int64_t launcher, at::Tensor q, at::Tensor k,
                                                                       at::Tensor v, double scale, bool causal,
                                                                       bool want_lse) {
@@ -532,7 +533,7 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_call(int64_t
 // (attn_call would copy it, ops._check_tensor raises), query heads != key heads without enable_gqa, an empty
 // key. A refusal answers "refused", attn_call's checks answer their message; on any answer lab.ops takes its
 // full path, which raises the right TypeError/ValueError. Why: the public op's host time shows in every short
-// row (n9, issue 15), and each Python attribute read of the checks costs about what the C++ check does.
+// row of n9's race (an L2-flushed call does not hide it), and each Python attribute read of the checks costs about what the C++ check does.
 // scale None: 1/sqrt(D), computed as Python's 1.0 / math.sqrt(D) is (both correctly rounded), so the two paths
 // pass the same float.
 bool python_rules_hold(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa) {

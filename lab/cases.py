@@ -150,7 +150,7 @@ def bench_decode_cases(dtype: str = "bfloat16", kv_lens=(4096, 16384, 32768, 655
 
 
 def decode_long_cases(dtype: str = "bfloat16") -> list[DecodeCase]:
-    """The cells where lab.ops.decode lost most to its host path (issue 11): batch 1 at 128k keys, and
+    """The cells where lab.ops.decode lost most to its host path (BUG-002): batch 1 at 128k keys, and
     64 query heads over 8 KV heads at batch 4."""
     return [DecodeCase("dec-h8-b1-kv131072", 1, 32, 8, 1, 131072, 128, dtype),
             DecodeCase("dec-h32-b1-kv131072", 1, 32, 32, 1, 131072, 128, dtype),
@@ -171,7 +171,7 @@ def decode_tests_cases() -> list[DecodeCase]:
 @dataclass(frozen=True)
 class PagedCase(DecodeCase):
     """A decode case on a paged cache (lab.ops.decode with block_table): the cache cut into page_size-key
-    pages behind a shuffled block table (lab.paged); causal is bottom-right (token i of q_len sees keys
+    pages behind a shuffled block table (lab.decode.paged); causal is bottom-right (token i of q_len sees keys
     [0, len - q_len + i]). kv_len is the longest sequence; the table holds ceil(kv_len / page_size) pages
     per sequence."""
 
@@ -188,7 +188,7 @@ PAGE_SIZES = (16, 64, 256)
 
 
 def paged_tests_cases() -> list[PagedCase]:
-    """Issue 17's checks: page sizes 16/64/256, GQA 1/4/8, q_len 1/3/8, causal and not, ragged lengths
+    """The paged decode's checks: page sizes 16/64/256, GQA 1/4/8, q_len 1/3/8, causal and not, ragged lengths
     including 0 and 1 (and fewer keys than new tokens), fp16 and bf16, D 64 and 128."""
     lens = (0, 1, 5, 63, 65, 1025, 4097)
     cases = []

@@ -1,8 +1,8 @@
 """CUDA-graph capture of the public ops, as serving engines use them: capture once, copy new inputs into
 the captured buffers, replay.
 
-What must hold (issue 11): the call path makes no host synchronisation (a `.min()`/`.max()` on
-`cache_seqlens` used to invalidate the capture), the workspace sizes and split plan depend only on
+What must hold for a serving loop to capture a call: the call path makes no host synchronisation (a
+`.min()`/`.max()` on `cache_seqlens` used to invalidate the capture), the workspace sizes and split plan depend only on
 shapes (the plan is chosen for the cache capacity S_cache at capture), and a replay with new contents,
 new `cache_seqlens` values among them, gives the answer eager mode gives on the same inputs.
 

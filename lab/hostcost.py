@@ -1,7 +1,7 @@
 """Host cost per call: CPU microseconds from call to return, for our public ops beside SDPA's.
 
-Issue 11: the book published kernel-only decode ratios while `lab.ops.decode` spent milliseconds in a
-Python split heuristic on every call. A kernel's GPU time hides host cost only while the GPU is busier
+Why: the book once published kernel-only decode ratios while `lab.ops.decode` spent milliseconds in a
+Python split heuristic on every call (BUG-002). A kernel's GPU time hides host cost only while the GPU is busier
 than the host; a decoding step at batch 1 is a few tens of microseconds of GPU work, so the host path
 is part of the product. This module measures it two ways, at the real shapes (nothing in the call path
 may grow with the cache length):
@@ -11,7 +11,8 @@ may grow with the cache length):
 - busy: a long sleep kernel is queued first, so every call only enqueues. This is the host cost a
   pipelined caller pays, with no GPU wait mixed in.
 
-Target (issue 11): ours <= SDPA's own host cost + TARGET_EXCESS_US at every shape. It is a benchmark,
+Target: ours <= SDPA's own host cost + TARGET_EXCESS_US at every shape, so a user who swaps SDPA for
+lab.ops loses no host time that could matter. It is a benchmark,
 measured on the GPU machine and judged by a gate, never a timed unit test.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Kernel registry mechanics shared by every family: the Kernel record, version resolution, launchers.
 
-The tables themselves live in lab.registry (FWD / DECODE, re-exported by lab.ops) and lab.backward (BWD); this module
+The tables themselves live in lab.registry (FWD / DECODE, re-exported by lab.ops) and lab.backward.op (BWD); this module
 imports neither, so a family's module can register its kernels without importing lab.ops.
 """
 from __future__ import annotations

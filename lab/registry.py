@@ -25,6 +25,14 @@ DECODE = {
     "v02": Kernel("decode/v02_mma.cu", "decode_splitk_v02", (64, 128)),
     "v03": Kernel("decode/v03_paged.cu", "decode_paged_v03", (64, 128)),
 }
+BWD = {
+    "v01": Kernel("bwd/v01_mma.cu", "attn_bwd_v01", (64, 128)),
+    "v02": Kernel("bwd/v02_wgmma.cu", "attn_bwd_v02", (64, 128), ((9, 0),)),
+    "v03": Kernel("bwd/v03_pipe.cu", "attn_bwd_v03", (64, 128), ((9, 0),)),
+}
+BEST_BWD = ("v01",)
+BEST_BWD_HOPPER = ("v02", "v01")  # compute capability 9.0, non-deterministic mode (v03: kernels/bwd/README.md)
+DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 PAGED_DECODE = ("v03",)  # decode versions with a block table (paged cache) and the bottom-right causal mask
 SPLIT_RULE = {"v03": "v02"}  # v03's pass 1 is v02's with another address: v02's one-block-per-SM split plan
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
@@ -54,7 +62,7 @@ BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
 # 351 vs 337, 2k 406 vs 443; D=64 causal 512 259 vs 197, 2k 361 vs 348 (H100 341 vs 343), 8k 404 vs 446 (H100
 # 406 vs 447); D=128 causal 512 274 vs 252 (H100 230 vs 241), 2k 363 vs 449. Between measured sizes the switch
 # point is not measured.
-# D = 128 causal 512 went to v07 in the fifth sitting: its few-keys config in PAIR order 306 vs v05 286 (H200 run 4,
+# D = 128 causal 512 went to v07 once its few-keys config ran in PAIR order: 306 vs v05 286 (H200 run 4,
 # outputs/driver_logs/20261123-h200-d128-cells-run4-b9a4b85/).
 HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 2048}
 HOPPER_CAPABILITIES = ((9, 0),)
@@ -85,10 +93,11 @@ def default_for_row(row: dict) -> str | None:
 
 # ---------------------------------------------------------------- standalone drivers
 
-# The C++ drivers (tests/cuda/*_main.cu) that test a kernel without torch, by family; the version's symbol
+# The C++ drivers (tools/gpu/*_main.cu) that test a kernel without torch, by family; the version's symbol
 # goes in as -D<macro>=<symbol>. fwd v01 has a driver of its own (its debug switches).
-DRIVERS = {"fwd": ("tests/cuda/fwd_mma_main.cu", "FWD_FN"), "decode": ("tests/cuda/decode_main.cu", "DECODE_FN")}
-OWN_DRIVER = {("fwd", "v01"): "tests/cuda/fwd_v01_main.cu"}
+DRIVERS = {"fwd": ("tools/gpu/fwd_mma_main.cu", "FWD_FN"), "decode": ("tools/gpu/decode_main.cu", "DECODE_FN"),
+           "bwd": ("tools/gpu/bwd_main.cu", "BWD_FN")}
+OWN_DRIVER = {("fwd", "v01"): "tools/gpu/fwd_v01_main.cu"}
 
 
 def default_versions(capability: tuple) -> dict[str, set]:
@@ -98,16 +107,18 @@ def default_versions(capability: tuple) -> dict[str, set]:
     fwd = {default_attention_version(d, s, c, tuple(capability)) for d in head_dims for c in (False, True)
            for s in (1, *HOPPER_SMALL_MAX_SQ.values(), *(v + 1 for v in HOPPER_SMALL_MAX_SQ.values()))}
     decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | set(PAGED_DECODE)
-    return {"fwd": fwd, "decode": decode}
+    hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
+    bwd = {(BEST_BWD_HOPPER if hopper else BEST_BWD)[0]} | set(DETERMINISTIC_BWD)
+    return {"fwd": fwd, "decode": decode, "bwd": bwd}
 
 
 def drivers(capability: tuple | None = None, defaults_only: bool = False) -> list[tuple[str, str, str, str]]:
     """(name, driver, kernel source, -D flag) for every registered kernel that runs on `capability` (None:
     all; defaults_only: only default_versions(capability)), e.g.
-    ('fwd_v04', 'tests/cuda/fwd_mma_main.cu', 'kernels/fwd/v04_lazy.cu', '-DFWD_FN=attn_fwd_v04')."""
+    ('fwd_v04', 'tools/gpu/fwd_mma_main.cu', 'kernels/fwd/v04_lazy.cu', '-DFWD_FN=attn_fwd_v04')."""
     wanted = default_versions(capability) if defaults_only and capability is not None else None
     rows = []
-    for family, table in (("fwd", FWD), ("decode", DECODE)):
+    for family, table in (("fwd", FWD), ("decode", DECODE), ("bwd", BWD)):
         main, macro = DRIVERS[family]
         for version, kernel in sorted(table.items()):
             if capability is not None and kernel.capabilities and tuple(capability) not in kernel.capabilities:
@@ -115,8 +126,10 @@ def drivers(capability: tuple | None = None, defaults_only: bool = False) -> lis
             if wanted is not None and version not in wanted[family]:
                 continue
             own = OWN_DRIVER.get((family, version))
-            rows.append((f"{family}_{version}", own or main, f"kernels/{kernel.source}",
-                         "" if own else f"-D{macro}={kernel.symbol}"))
+            flags = "" if own else f"-D{macro}={kernel.symbol}"
+            if family == "bwd" and version not in DETERMINISTIC_BWD:
+                flags += " -DBWD_MODES=1"  # the driver skips the deterministic mode this version refuses
+            rows.append((f"{family}_{version}", own or main, f"kernels/{kernel.source}", flags))
     return rows
 
 

@@ -1,6 +1,6 @@
 """Sweeps: every case timed for our kernels and every SDPA backend in one process, one record per row.
 
-Time what users call (issue 11): the row that stands for "ours" times the public op exactly as a user
+Time what users call: the row that stands for "ours" times the public op exactly as a user
 calls it, `lab.ops.attention(...)` / `lab.ops.decode(...)`, validation and split plan included, and its
 `impl` is exactly PUBLIC_FWD / PUBLIC_DECODE. A pre-resolved launcher (ops.fwd_call_factory / decode_call_factory) may
 run beside it as a diagnostic "kernel only" row; the difference between the two is the host overhead.

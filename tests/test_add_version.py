@@ -1,4 +1,4 @@
-"""Adding a kernel version takes two edits (issue 13): add the file, add the registry line.
+"""Adding a kernel version takes two edits: add the file, add the registry line (kernels/README.md).
 
 In a temporary clone of the repository, a scratch v99 (a copy of v04 under its own symbol) is added with
 exactly those two edits; then the compile check builds it for sm_80 and sm_90a, the registry-driven CPU

@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lab import backward, backward_harness, bench, check, ops
+from lab import backward, bench, check, ops
+from lab.backward import harness as backward_harness
 from lab.cases import Case
-from lab.emulate_backward import backward_reference, flash_backward_emulated, relative_error
+from lab.backward.emulate import backward_reference, flash_backward_emulated, relative_error
 
 # (B, Hq, Hkv, Sq, Sk, D): uneven sizes, Sq != Sk both ways, GQA/MQA
 SHAPES = [(1, 1, 1, 1, 1, 64), (2, 3, 3, 65, 63, 64), (1, 4, 2, 63, 130, 32), (1, 2, 1, 130, 65, 16),
@@ -225,7 +226,7 @@ def test_sdpa_yardstick_rewrites_scale_le_0_exactly(scale):
 
 
 def test_hbm_bytes_counts_the_minimum_traffic():
-    from lab.emulate_backward import hbm_bytes
+    from lab.backward.emulate import hbm_bytes
 
     b = hbm_bytes(1, 2, 1, 10, 20, 8)
     assert b["reads"] == 3 * 1 * 2 * 10 * 8 * 2 + 2 * 20 * 8 * 2 + 2 * 10 * 4

@@ -1,4 +1,4 @@
-"""GPU tests of the backward pass (kernels/bwd/*, lab/backward.py): every `tests` case through the kernel in both
+"""GPU tests of the backward pass (kernels/bwd/*, lab/backward/op.py): every `tests` case through the kernel in both
 dQ modes and through the public op's autograd, judged against the float64 reference's gradients with SDPA's
 own backward error as the yardstick (lab.check.check_backward); any finite scale; non-contiguous inputs; the
 deterministic mode bit-identical across runs; the D-term self-test failing; the lse gradient; every forward's
@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lab import backward, backward_harness, build, cases, check, ops
+from lab import backward, build, cases, check, ops
+from lab.backward import harness as backward_harness
 from lab.cases import Case
 
 pytestmark = pytest.mark.gpu
@@ -178,9 +179,10 @@ def test_eager_training_path_matches_the_custom_op_path():
     q, k, v, do = _inputs(Sq=300, Sk=257, D=128)
     leaves = [[t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2)]
     eager = torch.autograd.grad(ops.attention(*leaves[0], is_causal=True, enable_gqa=True), leaves[0], do)
-    scale = ops._scale(None, 128)
+    from lab.fwd import op as fwd_op
+
     name = ops.attention_version(q, None, True)
-    out, _ = ops._attention_op(*leaves[1], True, scale, name)  # the traced path's op and its registered autograd
+    out, _ = fwd_op._attention_op(*leaves[1], True, fwd_op._scale(None, 128), name)  # the traced path's op
     traced = torch.autograd.grad(out, leaves[1], do)
     assert torch.equal(eager[1], traced[1]) and torch.equal(eager[2], traced[2])  # dK, dV: one CTA, fixed order
     # dQ: fp32 additions from many CTAs in whatever order they land, then rounded: equal up to that rounding

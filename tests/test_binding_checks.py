@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import binding_cases
-from lab import build, paths
+from lab import build, kernels, paths
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_ops_attention_hands_its_arguments_to_attn_auto_in_order(cpu_binding, mo
         seen.append(args[3:])
         return cpu_binding.module.attn_auto(0, *args)
 
-    monkeypatch.setitem(ops._plans, (65, 64, True, a["q"].get_device()), plan)
+    monkeypatch.setitem(kernels.plans, (65, 64, True, a["q"].get_device()), plan)
     out, lse = ops.attention(a["q"], a["k"], a["v"], is_causal=True, enable_gqa=True, return_lse=True, scale=0.25)
     assert seen == [(True, True, True, 0.25)] and out.shape == a["q"].shape and lse.shape == a["q"].shape[:3]
     assert ops.attention(a["q"], a["k"], a["v"], is_causal=True, enable_gqa=True).shape == a["q"].shape

@@ -1,16 +1,17 @@
-"""lab.causal: bottom-right causal from top-left kernels, checked on the CPU with the float64 reference as
+"""lab.fwd.causal: bottom-right causal from top-left kernels, checked on the CPU with the float64 reference as
 the kernel; the same decomposition runs lab.ops.attention(causal_variant="lower_right") on GPUs
 (tests/test_ops_gpu.py)."""
 import numpy as np
 import pytest
 import torch
 
-from lab import causal, paged
-from lab.dist import reference_attend
+from lab.fwd import causal
+from lab.decode import paged
+from lab.ring.attention import reference_attend
 
 
 def lower_right_reference(q, k, v):
-    """float64 softmax with lab.paged's bottom-right mask (key j visible to query i iff j <= i + S_k - S_q), the
+    """float64 softmax with lab.decode.paged's bottom-right mask (key j visible to query i iff j <= i + S_k - S_q), the
     rule decode v03 is checked against; rows with no visible key: out 0, lse -inf."""
     heads_q, heads_kv = q.shape[1], k.shape[1]
     k = k.repeat_interleave(heads_q // heads_kv, dim=1).double()

@@ -25,10 +25,25 @@ def name(request):
     return request.param
 
 
+EXECUTOR_KEYS = {"execution", "papermill"}  # cell metadata that papermill or a timing extension writes
+
+
 def test_chapter_is_clean_source(name):
+    """The notebook is the chapter's one source (no generator writes it), so it must be stored as one: no
+    outputs or execution counts, no executor metadata, a stable unique id per cell (nbformat 4.5), a # Title
+    first and a papermill `parameters` cell that takes `device`. A chapter saved from JupyterLab after a run
+    fails here until its outputs are cleared (README, "Editing a chapter")."""
     nb = json.loads((paths.CHAPTERS / f"{name}.ipynb").read_text())
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), "nbformat 4.5 or later (cells carry ids)"
+    assert "papermill" not in nb["metadata"], "an executed copy was saved over the source"
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert not any(c.get("outputs") for c in code), "chapters are stored without outputs"
+    assert all(c.get("execution_count") is None for c in code), "chapters are stored without execution counts"
+    for cell in nb["cells"]:
+        assert not EXECUTOR_KEYS & set(cell["metadata"]), f"cell {cell.get('id')}: executor metadata {cell['metadata']}"
+        assert "injected-parameters" not in cell["metadata"].get("tags", []), "papermill's injected cell was saved"
+    ids = [c.get("id") for c in nb["cells"]]
+    assert all(ids) and len(set(ids)) == len(ids), f"every cell needs its own id: {ids}"
     assert any("parameters" in c["metadata"].get("tags", []) for c in code), "papermill needs a parameters cell"
     first = "".join(nb["cells"][0]["source"])
     assert first.startswith("# "), "every chapter starts with a # Title cell"

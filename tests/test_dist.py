@@ -1,4 +1,4 @@
-"""lab.dist: ring attention, checked on the CPU. The layout and the LSE merge in one process, then the real
+"""lab.ring: ring attention, checked on the CPU. The layout and the LSE merge in one process, then the real
 ring over torch.distributed's gloo backend with world sizes 2-4 (one process per rank), against full
 attention on the whole sequence: causal (zig-zag) and not, GQA, uneven shard boundaries."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from lab import dist as ring
-from lab import splits
+from lab.ring import attention as ring
+from lab.decode import splits
 
 
 def _inputs(B, Hq, Hkv, S, D, seed=0):

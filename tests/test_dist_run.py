@@ -1,4 +1,4 @@
-"""lab.dist_run under torchrun on the CPU (gloo, 2 processes, tiny sizes): what CI and n12_ring's CPU mode run.
+"""lab.ring.run under torchrun on the CPU (gloo, 2 processes, tiny sizes): what CI and n12_ring's CPU mode run.
 Its rows (checks, scaling, communication, timelines, largest sequence) carry world_size and efficiency and
 are CPU rows; the transport's pieces (StepClock, the compute-only stand-in, the serial mode) on their own;
 the findings and figures from the rows; the gates of n12 count only GPU rows."""
@@ -12,8 +12,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from lab import dist as ring
-from lab import dist_comm, dist_report, gates, record
+from lab import gates, record
+from lab.ring import attention as ring
+from lab.ring import comm as dist_comm
+from lab.ring import report as dist_report
 
 matplotlib.use("Agg")
 

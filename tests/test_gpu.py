@@ -2,7 +2,7 @@
 skipped automatically when torch sees no CUDA device (tests/conftest.py). Needs nvcc and a CUDA build of torch.
 
 Driven by the registries: every version in `lab.ops.FWD` and `lab.ops.DECODE` is checked against the float64
-reference on every `tests` case (lab.cases), on the scale cases (any finite scale, issue 12) and, through
+reference on every `tests` case (lab.cases), on the scale cases (any finite scale, as SDPA takes) and, through
 direct calls of the binding and of torch.ops.lab.*, on bad input. A new version is covered by adding its
 registry line; a version whose `capabilities` the GPU lacks (sm_90a code on another GPU) is skipped.
 
@@ -87,7 +87,7 @@ def test_forward_version_on_tests_case(version, case):
     assert result.passed, repr(result)
 
 
-# Any finite scale (issue 12): 0 gives uniform weights, a negative scale prefers the least similar keys.
+# Any finite scale, as SDPA takes: 0 gives uniform weights, a negative scale prefers the least similar keys.
 # Ragged S_k (not a multiple of any tile), causal and not, GQA, both head dims; the first shape is the
 # issue's (B=2, H=4, S=100, D=128, bf16).
 SCALE_SHAPES = [(2, 4, 4, 100, 100, 128, "bfloat16"), (2, 6, 2, 65, 130, 64, "float16"),

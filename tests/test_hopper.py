@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab import ops, paths, registry
+from lab import op_common, ops, paths, registry
+from lab.fwd import op as fwd_op
 
 
 def _query(head_dim: int, seqlen_q: int = 8192):
@@ -16,7 +17,7 @@ def _query(head_dim: int, seqlen_q: int = 8192):
 @pytest.mark.parametrize("capability,expected", [((9, 0), "hopper"), ((8, 0), "v04"), ((8, 9), "v04"), ((10, 0), "v04")])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_default_version_per_capability(monkeypatch, capability, expected, head_dim):
-    monkeypatch.setattr(ops, "_capability", lambda device: capability)
+    monkeypatch.setattr(fwd_op, "_capability", lambda device: capability)
     chosen = ops.attention_version(_query(head_dim))
     if expected == "hopper":
         expected = "v07"
@@ -28,7 +29,7 @@ def test_default_version_per_capability(monkeypatch, capability, expected, head_
     (64, 1, False, "v05"), (64, 512, False, "v05"), (64, 513, False, "v07"), (64, 2048, True, "v05"), (64, 2049, True, "v07"),
     (128, 1, False, "v07"), (128, 16384, False, "v07"), (128, 1, True, "v07"), (128, 512, True, "v07")])
 def test_hopper_choice_by_shape(monkeypatch, head_dim, seqlen_q, causal, expected):
-    monkeypatch.setattr(ops, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(fwd_op, "_capability", lambda device: (9, 0))
     assert ops.attention_version(_query(head_dim, seqlen_q), is_causal=causal) == expected
 
 
@@ -43,18 +44,18 @@ def test_hopper_versions_are_registered_for_sm90_only():
 
 def test_capability_is_cached(monkeypatch):
     calls = []
-    monkeypatch.setattr(ops, "_devices", {})
-    monkeypatch.setattr(ops.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(op_common, "_devices", {})
+    monkeypatch.setattr(op_common.torch.cuda, "is_available", lambda: True)
     props = SimpleNamespace(major=9, minor=0, multi_processor_count=132)
-    monkeypatch.setattr(ops.torch.cuda, "get_device_properties", lambda index: calls.append(index) or props)
+    monkeypatch.setattr(op_common.torch.cuda, "get_device_properties", lambda index: calls.append(index) or props)
     device = SimpleNamespace(type="cuda", index=3)
-    assert ops._capability(device) == (9, 0) and ops._capability(device) == (9, 0)
+    assert op_common._capability(device) == (9, 0) and op_common._capability(device) == (9, 0)
     assert ops.sm_count(device) == 132
     assert calls == [3]  # one read serves the capability and the SM count
 
 
 def test_generated_wgmma_header_is_current(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("gen", paths.ROOT / "tests/cuda/hopper_gen_wgmma.py")
+    spec = importlib.util.spec_from_file_location("gen", paths.ROOT / "tools/codegen/hopper_gen_wgmma.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     monkeypatch.setattr(gen, "OUT", tmp_path / "wgmma_ops.cuh")

@@ -162,7 +162,7 @@ def test_generation_is_repeatable_and_never_touches_sessions(outputs):
            {p: d for p, d in pages_before.items() if p.suffix == ".md"}
 
 
-# ---------------------------------------------------------------- untrusted session folders (issue 12, items 5, 6)
+# ---------------------------------------------------------------- untrusted session folders
 
 def _copy_fixture(tmp_path) -> Path:
     return fixture_outputs.build(tmp_path / "outputs")

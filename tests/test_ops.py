@@ -13,7 +13,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lab import ops
+from lab import op_common, ops
+from lab.decode import op as decode_op
+from lab.kernels import resolve_version
 
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -55,15 +57,15 @@ def test_decode_fake_shapes(fake):
 
 def test_check_tensor_type_dtype_rank_device_on_cpu():
     with pytest.raises(TypeError, match=r"^query must be a torch.Tensor, got list"):
-        ops._check_tensor([1.0], "query")
+        op_common._check_tensor([1.0], "query")
     with pytest.raises(TypeError, match=r"^query\.dtype must be torch.float16 or torch.bfloat16, got torch.float32"):
-        ops._check_tensor(torch.empty(1, 1, 1, 64), "query")
+        op_common._check_tensor(torch.empty(1, 1, 1, 64), "query")
     with pytest.raises(TypeError, match=r"^key\.dtype must be .* got torch.int64"):
-        ops._check_tensor(torch.empty(1, 1, 1, 64, dtype=torch.int64), "key")
+        op_common._check_tensor(torch.empty(1, 1, 1, 64, dtype=torch.int64), "key")
     with pytest.raises(ValueError, match=r"^query must be 4-D \(B, H, S, D\), got shape \(2, 3, 64\)"):
-        ops._check_tensor(torch.empty(2, 3, 64, dtype=F16), "query")
+        op_common._check_tensor(torch.empty(2, 3, 64, dtype=F16), "query")
     with pytest.raises(ValueError, match=r"^value must be on a CUDA device, got cpu"):
-        ops._check_tensor(torch.empty(1, 1, 1, 64, dtype=F16), "value")
+        op_common._check_tensor(torch.empty(1, 1, 1, 64, dtype=F16), "value")
 
 
 def test_public_functions_reject_cpu_tensors():
@@ -166,63 +168,63 @@ def test_decode_validation_on_fake_cuda_tensors(fake):
 
 def test_check_heads():
     q = torch.empty(1, 8, 1, 16)
-    ops._check_heads(q, torch.empty(1, 8, 1, 16), enable_gqa=False)
-    ops._check_heads(q, torch.empty(1, 2, 1, 16), enable_gqa=True)
+    op_common._check_heads(q, torch.empty(1, 8, 1, 16), enable_gqa=False)
+    op_common._check_heads(q, torch.empty(1, 2, 1, 16), enable_gqa=True)
     with pytest.raises(ValueError, match="enable_gqa=True"):
-        ops._check_heads(q, torch.empty(1, 2, 1, 16), enable_gqa=False)
+        op_common._check_heads(q, torch.empty(1, 2, 1, 16), enable_gqa=False)
     with pytest.raises(ValueError, match=r"multiple of value heads \(3\)"):
-        ops._check_heads(q, torch.empty(1, 3, 1, 16), enable_gqa=True, what="value")
+        op_common._check_heads(q, torch.empty(1, 3, 1, 16), enable_gqa=True, what="value")
     with pytest.raises(ValueError, match=r"multiple of key heads \(0\)"):  # not a ZeroDivisionError
-        ops._check_heads(q, torch.empty(1, 0, 1, 16), enable_gqa=True)
+        op_common._check_heads(q, torch.empty(1, 0, 1, 16), enable_gqa=True)
 
 
 def test_version_selection():
-    assert ops._version(None, ops.FWD, 64, ops.BEST_FWD) == ops.BEST_FWD[0]
-    assert ops._version(None, ops.FWD, 128, ops.BEST_FWD) == ops.BEST_FWD[0]
-    assert ops._version(None, ops.FWD, 32, ops.BEST_FWD) == "v01"
-    assert ops._version(1, ops.FWD, 16, ops.BEST_FWD) == "v01"
-    assert ops._version("v01", ops.FWD, 128, ops.BEST_FWD) == "v01"
-    assert ops._version(None, ops.DECODE, 128, ("v01",)) == "v01"
+    assert resolve_version(None, ops.FWD, 64, ops.BEST_FWD) == ops.BEST_FWD[0]
+    assert resolve_version(None, ops.FWD, 128, ops.BEST_FWD) == ops.BEST_FWD[0]
+    assert resolve_version(None, ops.FWD, 32, ops.BEST_FWD) == "v01"
+    assert resolve_version(1, ops.FWD, 16, ops.BEST_FWD) == "v01"
+    assert resolve_version("v01", ops.FWD, 128, ops.BEST_FWD) == "v01"
+    assert resolve_version(None, ops.DECODE, 128, ("v01",)) == "v01"
     with pytest.raises(ValueError, match=r"head dim 32 is not supported by v02"):
-        ops._version(2, ops.FWD, 32, ops.BEST_FWD)
+        resolve_version(2, ops.FWD, 32, ops.BEST_FWD)
     with pytest.raises(ValueError, match=r"supported: \[16, 32, 64, 128\]"):
-        ops._version(None, ops.FWD, 256, ops.BEST_FWD)
+        resolve_version(None, ops.FWD, 256, ops.BEST_FWD)
     with pytest.raises(ValueError, match="unknown"):
-        ops._version("v3", ops.FWD, 64, ops.BEST_FWD)
+        resolve_version("v3", ops.FWD, 64, ops.BEST_FWD)
 
 
 def test_scale():
-    assert ops._scale(None, 64) == 0.125
-    assert ops._scale(None, 128) == pytest.approx(1 / math.sqrt(128))
-    assert ops._scale(2, 64) == 2.0 and isinstance(ops._scale(2, 64), float)
-    assert ops._scale(0.3, 64) == 0.3
+    assert op_common._scale(None, 64) == 0.125
+    assert op_common._scale(None, 128) == pytest.approx(1 / math.sqrt(128))
+    assert op_common._scale(2, 64) == 2.0 and isinstance(op_common._scale(2, 64), float)
+    assert op_common._scale(0.3, 64) == 0.3
     for bad in (float("nan"), float("inf"), -float("inf"), True, "1", torch.tensor(0.5)):
         with pytest.raises(TypeError, match="scale must be a finite float or None"):
-            ops._scale(bad, 64)
-    assert ops._scale(0.0, 64) == 0.0 and ops._scale(-0.125, 64) == -0.125  # SDPA takes any finite scale
-    assert ops._scale(3.4e38, 64) == 3.4e38
+            op_common._scale(bad, 64)
+    assert op_common._scale(0.0, 64) == 0.0 and op_common._scale(-0.125, 64) == -0.125  # SDPA takes any finite scale
+    assert op_common._scale(3.4e38, 64) == 3.4e38
     for huge in (1e39, -1e39, 3.5e38):  # finite in Python, +-inf as the kernels' float32
         with pytest.raises(ValueError, match="overflows float32"):
-            ops._scale(huge, 64)
+            op_common._scale(huge, 64)
 
 
 def test_decode_empty_batch_with_cache_seqlens(fake):
-    """Batch 0 with cache_seqlens: an empty output, no host read of the (empty) lengths (issue 12)."""
+    """Batch 0 with cache_seqlens: an empty output, no host read of the (empty) lengths."""
     q, kc = fake(0, 8, 1, 128, dtype=BF16), fake(0, 2, 64, 128, dtype=BF16)
     out = ops.decode(q, kc, kc, torch.empty(0, dtype=torch.int32, device="cuda"))
     assert out.shape == (0, 8, 1, 128)
 
 
 def test_num_splits_is_bounded():
-    assert ops._num_splits(ops.MAX_NUM_SPLITS, 1, 8, 4096, None) == ops.MAX_NUM_SPLITS
+    assert decode_op._num_splits(ops.MAX_NUM_SPLITS, 1, 8, 4096, None) == ops.MAX_NUM_SPLITS
     with pytest.raises(ValueError, match=r"num_splits must be an int in \[1, 1024\]"):
-        ops._num_splits(ops.MAX_NUM_SPLITS + 1, 1, 8, 4096, None)
+        decode_op._num_splits(ops.MAX_NUM_SPLITS + 1, 1, 8, 4096, None)
 
 
 def test_num_splits_override_needs_no_gpu():
-    assert ops._num_splits(5, 2, 8, 4096, None) == 5
+    assert decode_op._num_splits(5, 2, 8, 4096, None) == 5
     with pytest.raises(ValueError, match="num_splits"):
-        ops._num_splits(0, 2, 8, 4096, None)
+        decode_op._num_splits(0, 2, 8, 4096, None)
 
 
 def test_kernel_tables_name_existing_sources():
@@ -236,14 +238,14 @@ def test_kernel_tables_name_existing_sources():
 
 def test_decode_plan_is_memoised(fake, monkeypatch):
     """A decoding loop resolves kernel and split count once per shape, then one dict lookup per step."""
-    ops._decode_plans.clear()
+    decode_op._decode_plans.clear()
     calls = []
-    resolve = ops._decode_version
-    monkeypatch.setattr(ops, "_decode_version", lambda *a: calls.append(a) or resolve(*a))
+    resolve = decode_op._decode_version
+    monkeypatch.setattr(decode_op, "_decode_version", lambda *a: calls.append(a) or resolve(*a))
     q, kc = fake(2, 8, 1, 128, dtype=BF16), fake(2, 2, 4096, 128, dtype=BF16)
     for _ in range(5):
         ops.decode(q, kc, kc, num_splits=4)
-    assert len(calls) == 1 and ops._decode_plans[(q.shape, kc.shape, q.device, None, 4)] == ("v02", 4)
+    assert len(calls) == 1 and decode_op._decode_plans[(q.shape, kc.shape, q.device, None, 4)] == ("v02", 4)
     ops.decode(fake(2, 8, 1, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16),
                num_splits=4)
     assert len(calls) == 2  # a new cache length is a new plan

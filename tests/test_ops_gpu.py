@@ -1,4 +1,4 @@
-"""GPU tests of the public ops' call path (issue 11 and the edge sizes of issue 12): CUDA-graph capture
+"""GPU tests of the public ops' call path (what a serving loop needs, and the edge sizes): CUDA-graph capture
 with new cache_seqlens, no host synchronisation, clamped lengths, empty batches and caches.
 
 Skipped without CUDA; the GPU run is committed under outputs/driver_logs/.
@@ -83,7 +83,7 @@ def test_eager_path_and_custom_op_agree():
 @pytest.mark.parametrize("sq,sk", [(1, 1025), (63, 65), (65, 63), (1025, 4097), (4097, 1025), (7, 7)])
 @pytest.mark.parametrize("heads,D", [((8, 8), 64), ((8, 2), 128)])
 def test_lower_right_causal_against_float64_and_sdpa(sq, sk, heads, D):
-    """causal_variant="lower_right" (lab.causal) against the float64 bottom-right reference: error at most 3x
+    """causal_variant="lower_right" (lab.fwd.causal) against the float64 bottom-right reference: error at most 3x
     SDPA's own error with torch's causal_lower_right bias (plus 1e-3 of slack for fp rounding of tiny errors);
     rows that see no key are exactly 0 (SDPA gives NaN there); NaN never passes."""
     from torch.nn.attention.bias import causal_lower_right

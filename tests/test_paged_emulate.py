@@ -1,4 +1,4 @@
-"""lab/emulate_paged.py on CPU: the paged layout, the plain reference against the contiguous cache, and the
+"""lab/decode/emulate_paged.py on CPU: the paged layout, the plain reference against the contiguous cache, and the
 emulation of decode v03 (split-K over pages, LSE merge, bottom-right causal, bad tables) against both.
 
 Run: .venv/bin/python -m pytest -q tests/test_paged_emulate.py
@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from lab import emulate_paged as ep
-from lab import splits
+from lab.decode import emulate_paged as ep
+from lab.decode import splits
 
 
 def _inputs(seed, B, Hq, Hkv, q_len, S, D=16):

@@ -1,17 +1,18 @@
 """GPU tests of decode v03 through lab.ops.decode: paged caches (shuffled tables, page sizes 16/64/256, GQA
-1/4/8, q_len 1-8, causal and not, ragged lengths with 0 and 1) against the float64 reference (lab.paged,
+1/4/8, q_len 1-8, causal and not, ragged lengths with 0 and 1) against the float64 reference (lab.decode.paged,
 lab.check's rule), the contiguous causal path, bad tables (zeroed rows and flags; eager ValueError), and CUDA
 graph replays with new lengths and tables. Marked `gpu`: skipped without CUDA (tests/conftest.py).
 
 Not yet run on a GPU (written without GPU time, 2026-11-22). Run: .venv/bin/python -m pytest -q tests/test_paged_gpu.py
-Under compute-sanitizer: bash tests/cuda/sanitize_paged.sh
+Under compute-sanitizer: bash tools/gpu/sanitize_paged.sh
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lab import cases, check, emulate_paged, ops, paged
+from lab import cases, check, ops
+from lab.decode import emulate_paged, paged
 from lab.cases import PagedCase
 
 pytestmark = pytest.mark.gpu

@@ -10,7 +10,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lab import emulate_paged, ops
+from lab import ops, paths
+from lab.decode import emulate_paged
+from lab.decode import op as decode_op
 
 BF16, F16 = torch.bfloat16, torch.float16
 
@@ -99,9 +101,9 @@ def test_page_errors_need_a_block_table(fake):
 def test_split_plan_from_the_table_capacity(fake, monkeypatch):
     """The plan sees max_pages * page_size (shapes only: graph-safe), with v02's one-block-per-SM rule."""
     seen = []
-    monkeypatch.setattr(ops, "_num_splits", lambda n, batch, heads, seqlen, device, version: seen.append(
+    monkeypatch.setattr(decode_op, "_num_splits", lambda n, batch, heads, seqlen, device, version: seen.append(
         (batch, heads, seqlen, version)) or 3)
-    ops._decode_plans.clear()
+    decode_op._decode_plans.clear()
     q, kc, vc, table = _paged(fake, max_pages=10, page_size=64)
     ops.decode(q, kc, vc, block_table=table)
     ops.decode(q, kc, vc, block_table=table)  # memoised: asked once
@@ -110,14 +112,14 @@ def test_split_plan_from_the_table_capacity(fake, monkeypatch):
     assert seen[-1] == (3, 2, 999, "v02")
     ops.decode(q, fake(3, 2, 999, 128), fake(3, 2, 999, 128), version="v03")  # v03 unmasked: the same rule
     assert seen[-1] == (3, 2, 999, "v02")
-    ops._decode_plans.clear()
+    decode_op._decode_plans.clear()
 
 
 def test_contiguous_causal_routing(fake, monkeypatch):
     """q_len > 1 causal -> v03; q_len 1 causal is the unmasked call (v01/v02); no block table, no flags."""
     calls = []
-    real = ops._v03_op
-    monkeypatch.setattr(ops, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
+    real = decode_op._v03_op
+    monkeypatch.setattr(decode_op, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
     k = fake(3, 2, 300, 128)
     ops.decode(fake(3, 8, 4, 128), k, k, is_causal=True)
     assert calls == ["v03"]
@@ -138,17 +140,18 @@ def test_page_error_message_names_sequences_and_reasons():
 
 
 def test_emulation_flag_values_match_the_kernel_header():
-    header = (ops.build.paths.KERNELS / "common" / "params.h").read_text()
+    header = (paths.KERNELS / "common" / "params.h").read_text()
     assert f"#define LAB_PAGE_E_INDEX {emulate_paged.PAGE_E_INDEX}" in header
     assert f"#define LAB_PAGE_E_SHORT {emulate_paged.PAGE_E_SHORT}" in header
 
 
 def test_torch_layout_and_reference_agree_with_the_emulation():
-    """lab.paged builds the pages in torch (on CPU here); the NumPy emulation of decode v03 on those pages
-    equals lab.paged's float64 reference on the contiguous cache, and SDPA's yardstick is close to it."""
+    """lab.decode.paged builds the pages in torch (on CPU here); the NumPy emulation of decode v03 on those pages
+    equals lab.decode.paged's float64 reference on the contiguous cache, and SDPA's yardstick is close to it."""
     import numpy as np
 
-    from lab import cases, paged
+    from lab import cases
+    from lab.decode import paged
 
     for case in (cases.paged_tests_cases()[9], cases.paged_tests_cases()[-1]):  # page 16 causal fp16; page 256 bf16
         a = paged.paged_inputs(case, torch.Generator().manual_seed(0), "cpu")
@@ -163,10 +166,10 @@ def test_torch_layout_and_reference_agree_with_the_emulation():
 
 def test_expanded_or_transposed_tables_are_copied():
     table = torch.zeros(3, 10, dtype=torch.int32)
-    assert ops._kernel_table(table) is table
+    assert decode_op._kernel_table(table) is table
     shared = torch.arange(10, dtype=torch.int32)[None].expand(3, 10)  # one row for every sequence: stride(0) == 0
-    copied = ops._kernel_table(shared)
+    copied = decode_op._kernel_table(shared)
     assert copied.is_contiguous() and torch.equal(copied, shared)
     transposed = torch.zeros(10, 3, dtype=torch.int32).t()
-    assert ops._kernel_table(transposed).stride() == (10, 1)
-    assert ops._kernel_table(table[:, :4]) .stride() == (10, 1)  # a column slice is read in place
+    assert decode_op._kernel_table(transposed).stride() == (10, 1)
+    assert decode_op._kernel_table(table[:, :4]) .stride() == (10, 1)  # a column slice is read in place

@@ -1,4 +1,4 @@
-"""lab/profile.py without a GPU: the raw-CSV parser and the decision tree on exports made on an H200
+"""lab/profile/ without a GPU: the raw-CSV parser and the decision tree on exports made on an H200
 (tests/fixtures/ncu_raw_*.csv, provenance in ncu_fixtures.json), the ncu command line, and the clear
 message when ncu is missing or cannot read the counters."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from lab import cases, profile
+from lab import cases, paths, profile
 from tests.conftest import FIXTURES
 
 PROVENANCE = json.loads((FIXTURES / "ncu_fixtures.json").read_text())["files"]
@@ -152,9 +152,9 @@ def test_reports_kept_within_the_run_budget(session_dir, monkeypatch):
     big.write_bytes(b"x" * (profile.RUN_REP_BUDGET - 100))
     new = folder / "second.ncu-rep"
     new.write_bytes(b"x" * 1000)
-    monkeypatch.setattr(profile, "run_ncu", lambda *a, **k: (new, "sections"))
-    monkeypatch.setattr(profile, "export_raw", lambda rep: (FIXTURES / "ncu_raw_seed_small.csv").read_text())
-    monkeypatch.setattr(profile, "ncu_version", lambda: "test")
+    monkeypatch.setattr(profile.ncu, "run_ncu", lambda *a, **k: (new, "sections"))
+    monkeypatch.setattr(profile.ncu, "export_raw", lambda rep: (FIXTURES / "ncu_raw_seed_small.csv").read_text())
+    monkeypatch.setattr(profile.ncu, "ncu_version", lambda: "test")
     row = profile.measure("op:attention", "Small")
     assert row["ncu"]["report"] is None and not new.exists(), "over the run's budget: only the record stays"
     assert row["verdict"]["label"] == "launch" and row["kind"] == "profile"
@@ -169,7 +169,7 @@ def test_byte_floor_and_flops_use_the_lab_formulas():
 
 
 def test_ncu_command_leaves_clocks_alone():
-    cmd = profile.ncu_command("ncu", ["python"], "attn_fwd_v04_kernel", 3, profile.paths.ROOT / "x", nvtx=True)
+    cmd = profile.ncu_command("ncu", ["python"], "attn_fwd_v04_kernel", 3, paths.ROOT / "x", nvtx=True)
     joined = " ".join(cmd)
     assert "--clock-control none" in joined and "-k regex:attn_fwd_v04_kernel" in joined
     assert "--launch-skip 3" in joined and "--launch-count 1" in joined and "--nvtx-include" in joined
@@ -177,7 +177,7 @@ def test_ncu_command_leaves_clocks_alone():
 
 
 def test_missing_ncu_is_a_clear_message(monkeypatch, tmp_path):
-    monkeypatch.setattr(profile, "find_ncu", lambda: None)
+    monkeypatch.setattr(profile.ncu, "find_ncu", lambda: None)
     with pytest.raises(profile.ProfileUnavailable, match="not installed"):
         profile.run_ncu("fwd:v04", "Small", tmp_path)
 
@@ -186,7 +186,7 @@ def test_counter_permission_error_is_explained(monkeypatch, tmp_path):
     fake = tmp_path / "ncu"  # an ncu that fails the way a locked-down driver makes it fail
     fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM - The user does not have permission'\nexit 1\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setattr(profile, "find_ncu", lambda: str(fake))
+    monkeypatch.setattr(profile.ncu, "find_ncu", lambda: str(fake))
     with pytest.raises(profile.ProfileUnavailable, match="ERR_NVGPUCTRPERM.*NVreg_RestrictProfilingToAdminUsers"):
         profile.run_ncu("fwd:v04", "Small", tmp_path / "out")
     assert "gVisor" in profile.explain_failure("==ERROR== Failed to initialize the profiler: LibraryNotLoaded")

@@ -1,5 +1,5 @@
 """The shape of lab/: no import cycles, a publishing subpackage that runs without torch, one list each of
-chapters and SDPA backends, one records reader and writer (issue 13, item 4)."""
+chapters and SDPA backends, one records reader and writer: each thing the lab knows is said in one place."""
 from __future__ import annotations
 
 import ast

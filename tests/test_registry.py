@@ -23,26 +23,30 @@ def test_ops_reexports_the_registry_tables():
 def test_defaults_per_gpu_follow_the_hopper_preference():
     assert registry.default_attention_version(128, 8192, False, (8, 0)) == "v04"
     assert registry.default_attention_version(128, 8192, False, (9, 0)) == "v07"
-    assert registry.default_attention_version(128, 512, True, (9, 0)) == "v07"  # PAIR order (fifth sitting)
+    assert registry.default_attention_version(128, 512, True, (9, 0)) == "v07"  # few-keys config in PAIR order
     assert registry.default_attention_version(128, 512, False, (9, 0)) == "v07"
     assert registry.default_attention_version(64, 512, False, (9, 0)) == "v05"
     assert registry.default_attention_version(64, 2048, False, (9, 0)) == "v07"
     assert registry.default_attention_version(64, 2048, True, (9, 0)) == "v05"
     assert registry.default_attention_version(64, 8192, True, (9, 0)) == "v07"
     assert registry.default_attention_version(32, 100, False, (9, 0)) == "v01"  # only v01 has D=32
-    assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07"}, "decode": {"v01", "v02", "v03"}}
+    assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07"}, "decode": {"v01", "v02", "v03"},
+                                                 "bwd": {"v02", "v01"}}  # v01: the deterministic mode
     assert registry.default_versions((8, 0))["fwd"] == {"v01", "v04"}
+    assert registry.default_versions((8, 0))["bwd"] == {"v01"}
 
 
 def test_driver_rows_name_existing_files_and_the_kernel_symbol():
     rows = registry.drivers()
-    assert {r[0] for r in rows} == {f"fwd_{v}" for v in registry.FWD} | {f"decode_{v}" for v in registry.DECODE}
+    assert {r[0] for r in rows} == ({f"fwd_{v}" for v in registry.FWD} | {f"decode_{v}" for v in registry.DECODE} |
+                                    {f"bwd_{v}" for v in registry.BWD})
     for name, main, source, define in rows:
         assert (ROOT / main).exists() and (ROOT / source).exists(), (name, main, source)
         family, version = name.split("_")
-        table = registry.FWD if family == "fwd" else registry.DECODE
+        table = {"fwd": registry.FWD, "decode": registry.DECODE, "bwd": registry.BWD}[family]
+        one_mode = " -DBWD_MODES=1" if family == "bwd" and version not in registry.DETERMINISTIC_BWD else ""
         assert define == ("" if (family, version) in registry.OWN_DRIVER else f"-D{registry.DRIVERS[family][1]}="
-                          f"{table[version].symbol}")
+                          f"{table[version].symbol}{one_mode}")
     hopper_only = {r[0] for r in registry.drivers((8, 0))}
     assert "fwd_v05" not in hopper_only and "fwd_v04" in hopper_only  # sm_90a kernels only where they run
 
@@ -51,7 +55,7 @@ def test_the_command_line_prints_tab_separated_rows_for_scripts():
     out = subprocess.run([sys.executable, "-m", "lab.registry", "drivers", "9.0", "--defaults"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout.splitlines()
     names = [line.split("\t")[0] for line in out]
-    assert names == ["fwd_v01", "fwd_v05", "fwd_v07", "decode_v01", "decode_v02", "decode_v03"]
+    assert names == ["fwd_v01", "fwd_v05", "fwd_v07", "decode_v01", "decode_v02", "decode_v03", "bwd_v01", "bwd_v02"]
     assert all(len(line.split("\t")) == 4 for line in out)
     bad = subprocess.run([sys.executable, "-m", "lab.registry"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr

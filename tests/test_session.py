@@ -136,7 +136,7 @@ def test_interrupt_finishes_session_json(tmp_path, monkeypatch):
     assert [c["status"] for c in info["chapters"]] == ["failed", "skipped"]
 
 
-# ---------------------------------------------------------------- hardening (issue 12, items 4, 5 and 7)
+# ---------------------------------------------------------------- hardening: torn lines, full disks, signals
 
 def test_a_torn_line_never_stops_the_session(tmp_path):
     lines = []

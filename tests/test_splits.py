@@ -1,4 +1,4 @@
-"""CPU checks of lab/splits.py: the split heuristic, the chunking rule and the float64 emulation."""
+"""CPU checks of lab/decode/splits.py: the split heuristic, the chunking rule and the float64 emulation."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from lab import splits
+from lab.decode import splits
 
 H100_SMS = 132
 
@@ -216,7 +216,7 @@ def test_emulation_is_sensitive():
     assert np.abs(partial_o.mean(axis=3) - ref_out).max() > 1e-3
 
 
-# ---------------------------------------------------------------- the per-call plan (issue 11)
+# ---------------------------------------------------------------- the per-call plan (O(1) host cost per step)
 
 def _reference_choose(batch, heads_kv, seqlen_k, num_sms, blocks_per_sm=splits.BLOCKS_PER_SM):
     """The heuristic as first written: non-empty splits counted by building every candidate's bounds list."""

@@ -1,7 +1,8 @@
-"""v07's persistent causal orders (lab.work_order): every tile once, and how even the work per CTA is."""
+"""v07's persistent causal orders (lab.fwd.work_order): every tile once, and how even the work per CTA is."""
 import pytest
 
-from lab import cases, work_order
+from lab import cases
+from lab.fwd import work_order
 
 
 @pytest.mark.parametrize("num_m,num_bh,grid", [(4, 1024, 132), (16, 256, 132), (9, 40, 132), (1, 7, 132),

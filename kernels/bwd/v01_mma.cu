@@ -41,8 +41,8 @@
 // LAB_BWD_WARPS (default 4: 64-key K/V blocks, 64-row dq blocks; 8: 128 / 128, FA2's block and half the dQ
 // atomics); LAB_BWD_RED (default 1: scalar atomicAdd; 4: red.global.add.v4.f32, a quarter of the atomic
 // instructions, sm_90 only). The defaults are what ran on the H200 (run 1, kernels/bwd/README.md: 0.51-0.68x
-// SDPA-flash); WARPS=8 and RED=4 compile without spills but have not run on a GPU yet (no device time was
-// left): tests/cuda/bwd_variants.py sweeps all four and tests/cuda/bwd_main.cu checks each build.
+// SDPA-flash); WARPS=8 and RED=4 compile without spills but have not run on a GPU yet (run 1 was the only
+// GPU run): tools/gpu/bwd_variants.py sweeps all four and tools/gpu/bwd_main.cu checks each build.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

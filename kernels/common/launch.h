@@ -104,7 +104,7 @@ inline int check_decode_params(const DecodeParams* p) {
   return 0;
 }
 
-// The keys of one split (lab/splits.py split_bounds): chunk = roundup(ceil(S_cache / splits), key block), so
+// The keys of one split (lab/decode/splits.py split_bounds): chunk = roundup(ceil(S_cache / splits), key block), so
 // every split but the last is whole key tiles.
 inline int split_chunk(int seqlen_cache, int num_splits, int key_block) {
   const int per_split = (seqlen_cache + num_splits - 1) / num_splits;

@@ -28,7 +28,7 @@ __device__ __forceinline__ void cp_async_16_l2(void* smem_dst, const void* gmem_
                : "memory");
 }
 
-// Device code reads the table through the read-only cache; host code (tests/cuda/paged_cursor_check.cu checks
+// Device code reads the table through the read-only cache; host code (tests/fixtures/paged_cursor_check.cu checks
 // the cursor on the CPU against plain division) reads it directly.
 __host__ __device__ __forceinline__ int32_t table_entry(const int32_t* entry) {
 #ifdef __CUDA_ARCH__

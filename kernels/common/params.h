@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 // Largest num_splits a decode launcher accepts (the binding checks it first, with the
-// workspace bound below). lab/splits.py never picks more than 128; more splits than
+// workspace bound below). lab/decode/splits.py never picks more than 128; more splits than
 // 64-key tiles only adds empty splits. The binding also keeps B*Hq*q_len*num_splits*D
 // within int32, the range of the kernels' int split and key offsets.
 #define LAB_MAX_NUM_SPLITS 1024
@@ -68,7 +68,7 @@ typedef struct DecodeParams {
   int64_t v_stride[3];
   int64_t o_stride[3];
   int batch, heads_q, heads_kv, q_len, seqlen_cache, head_dim;
-  int num_splits;            // >= 1, chosen by lab/splits.py unless overridden
+  int num_splits;            // >= 1, chosen by lab/decode/splits.py unless overridden
   float scale;
   int dtype;
   // Paged KV cache and the causal mask: read by decode v03 (kernels/decode/v03_paged.cu) only; v01 and v02

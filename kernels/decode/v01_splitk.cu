@@ -1,5 +1,5 @@
 // Changes: first decode version (split-K, scalar fp32, LSE combine).
-// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tests/cuda/decode_main.cu kernels/decode/v01_splitk.cu -o /tmp/dec && /tmp/dec
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tools/gpu/decode_main.cu kernels/decode/v01_splitk.cu -o /tmp/dec && /tmp/dec
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
 // Measured: kernels/README.md, version table row "decode v01" and the "Decode kernels" table.
 //
@@ -88,7 +88,7 @@ template <int kHeadDim_, int kRows_>
 struct SplitKConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRows = kRows_;  // query rows (heads x tokens) per block
-  static constexpr int kThreads = 128;  // 4 warps: enough to issue 16 cp.async each per tile, few enough that
+  static constexpr int kThreads = 128;  // 4 warps: enough for 16 cp.async each per tile, few enough that
                                         // two blocks fit per SM at D = 128
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kBlockN = 64;  // B_c, keys per tile: 32 KB of K+V at D = 128
@@ -436,7 +436,7 @@ int dispatch_rows(const DecodeParams* p, cudaStream_t stream, int chunk, int gro
   return launch_typed<T, kHeadDim, 64>(p, stream, chunk, group, rows_total, device, use_pdl);
 }
 
-constexpr int kKeyBlock = 64;  // must equal SplitKConfig::kBlockN and lab/splits.py's block_n
+constexpr int kKeyBlock = 64;  // must equal SplitKConfig::kBlockN and lab/decode/splits.py's block_n
 
 }  // namespace
 

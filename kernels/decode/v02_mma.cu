@@ -1,12 +1,12 @@
 // Changes: vs decode v01: Q K^T and P V on mma.sync, one block per SM split plan, L2::128B hint.
-// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DDECODE_FN=decode_splitk_v02 tests/cuda/decode_main.cu kernels/decode/v02_mma.cu -o /tmp/dec2 && /tmp/dec2
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DDECODE_FN=decode_splitk_v02 tools/gpu/decode_main.cu kernels/decode/v02_mma.cu -o /tmp/dec2 && /tmp/dec2
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
 // Measured: kernels/README.md, version table row "decode v02" and "v02 (tensor cores) notes".
 //
 // decode_splitk_v02: split-K (flash-decoding) attention over a KV cache, tensor cores for Q K^T and P V.
 //
 // Same contract, chunking rule, partial-workspace layout and combine as decode_splitk_v01 (read its header
-// for the algebra; lab/splits.py emulates both). What changes is pass 1.
+// for the algebra; lab/decode/splits.py emulates both). What changes is pass 1.
 //
 // Why. v01 does Q K^T and P V with scalar FP32 FMAs. With one query row per KV head (Hkv = Hq) that is
 // cheap and v01 runs at ~4.4 TB/s on an H200; with 4 rows (GQA group 4) the FMAs, bf16 unpacks, broadcast
@@ -39,7 +39,7 @@
 // cache length, per-sequence lengths clamped to [0, S_cache]. Strides multiples of 8 elements, 16-byte
 // aligned bases (LAB_E_SHAPE otherwise).
 //
-// Split count: lab/splits.py choose_num_splits_v02 (= choose_num_splits with blocks_per_sm = 1): half of
+// Split count: lab/decode/splits.py choose_num_splits_v02 (= choose_num_splits with blocks_per_sm = 1): half of
 // v01's splits for batch 1 and 8; measured 5-11 % faster than planning two blocks per SM on the batch-1
 // GQA cells, within +-3 % elsewhere (Hkv 8, batch 8, 16k keys is bimodal with 2 splits: 138 or 153 us).
 //
@@ -287,7 +287,7 @@ int launch_typed(const DecodeParams* p, cudaStream_t stream, int chunk, int grou
   return lab::decode::launch_splitk_combine<T, kHeadDim>(p, stream, use_pdl);
 }
 
-constexpr int kKeyBlock = 64;  // must equal MmaConfig::kBlockN and lab/splits.py's BLOCK_N
+constexpr int kKeyBlock = 64;  // must equal MmaConfig::kBlockN and lab/decode/splits.py's BLOCK_N
 
 }  // namespace
 

@@ -2,9 +2,9 @@
 // multiple of 16), a bottom-right causal mask for q_len > 1, a device-side page-table check (bad sequences
 // zeroed and flagged in page_errors, never read out of bounds); with no block table it is v02's contiguous
 // decode plus the causal mask.
-// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DDECODE_FN=decode_paged_v03 tests/cuda/decode_main.cu kernels/decode/v03_paged.cu -o /tmp/dec3 && /tmp/dec3
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DDECODE_FN=decode_paged_v03 tools/gpu/decode_main.cu kernels/decode/v03_paged.cu -o /tmp/dec3 && /tmp/dec3
 //   (contiguous driver list); paged: .venv/bin/python -m pytest -q tests/test_paged_gpu.py; compile check:
-//   python -m lab compile; sanitizers: bash tests/cuda/sanitize_paged.sh
+//   python -m lab compile; sanitizers: bash tools/gpu/sanitize_paged.sh
 // Measured: kernels/README.md, version table row "decode v03" (chapter n11_paged_decode, H200 and H100).
 //
 // decode_paged_v03: split-K decoding over a paged KV cache, tensor cores for Q K^T and P V.
@@ -78,7 +78,7 @@ struct PagedConfig {
   static constexpr int kRows = 16;          // one m16 tile of query rows per block
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
-  static constexpr int kBlockN = 64;  // keys per tile, 16 per warp; lab/splits.py BLOCK_N
+  static constexpr int kBlockN = 64;  // keys per tile, 16 per warp; lab/decode/splits.py BLOCK_N
   static constexpr int kVecPerRow = kHeadDim / 8;
   static constexpr int kRowStep = kThreads / kVecPerRow;  // rows between two of one thread's loads
   static constexpr int kLoadRows = kBlockN / kRowStep;    // rows a thread loads per tile
@@ -326,7 +326,7 @@ int check_paged(const DecodeParams* p) {
   return 0;
 }
 
-constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/splits.py BLOCK_N: chunks are whole tiles
+constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 // Changes: first version (FA1 order, scalar fp32).
-// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tests/cuda/fwd_v01_main.cu kernels/fwd/v01_scalar.cu -o /tmp/v01 && /tmp/v01
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tools/gpu/fwd_v01_main.cu kernels/fwd/v01_scalar.cu -o /tmp/v01 && /tmp/v01
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
 // Measured: kernels/README.md, version table row "fwd v01" and section "v01 - the baseline".
 //

@@ -1,5 +1,5 @@
 // Changes: vs v01: tensor cores (mma.sync, ldmatrix), cp.async pipeline, FA2 loop order, P in registers.
-// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tests/cuda/fwd_mma_main.cu kernels/fwd/v02_mma.cu -o /tmp/v02 && /tmp/v02
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tools/gpu/fwd_mma_main.cu kernels/fwd/v02_mma.cu -o /tmp/v02 && /tmp/v02
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
 // Measured: kernels/README.md, version table row "fwd v02" and the "Forward kernels" table.
 //

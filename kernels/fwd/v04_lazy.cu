@@ -1,5 +1,5 @@
 // Changes: vs v03: lazy O rescale, XOR ldmatrix addressing, one K/V row pointer (no spills), small-grid config.
-// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DFWD_FN=attn_fwd_v04 tests/cuda/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o /tmp/v04 && /tmp/v04
+// Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DFWD_FN=attn_fwd_v04 tools/gpu/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o /tmp/v04 && /tmp/v04
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
 // Measured: kernels/README.md, version table row "fwd v04" (the default) and "v04 at small S".
 //
@@ -232,7 +232,7 @@ using Cfg128s = FwdConfig<128, 4, 1, 64, 2, 2>;
 
 // The one sweep switch: -DLAB_V04_TILE='FwdConfig<128\,8\,1\,64\,2\,1>' (nvcc takes commas in -D
 // values only escaped) makes every launch of that head dim use the tile given, in place of the pick
-// below; tests/cuda/v04_checks.sh builds its variants this way. LAB_V04_SMALL forces the pick's small-grid
+// below; tools/gpu/v04_checks.sh builds its variants this way. LAB_V04_SMALL forces the pick's small-grid
 // rule for tests: 1 (default) by the rule, 0 never, 2 always.
 #ifndef LAB_V04_SMALL
 #define LAB_V04_SMALL 1

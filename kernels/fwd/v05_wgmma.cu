@@ -53,7 +53,7 @@
 // scores, exp2 by one FFMA) +3.7 % at D = 64 and +1.7 % at D = 128 over the old softmax in one process,
 // 54/54 checks: on. With v07's two max / sum chains as well only +1.0 / +0.8 % (one warpgroup, nothing
 // to overlap the chains with): one chain kept.
-// 2026-11-23, fourth sitting (H200 run 15, outputs/driver_logs/20261123-h200-v05-tiles-run15-8b78b61/): lab.ops
+// 2026-11-23 (H200 run 15, outputs/driver_logs/20261123-h200-v05-tiles-run15-8b78b61/): lab.ops
 // runs v05 in four cells of bench-fwd (D = 64 at 512, D = 64 causal up to 2k, D = 128 causal 512), three of
 // them under SDPA-cuDNN. Prediction: B_c = 128 at D = 64 halves the per-key barrier and shuffle cost, +5 %
 // where the tiles are full. Outcome (kernel-only rows, rounds): 512 +5.6 % (378 vs 358), causal 2048 +3.4 %

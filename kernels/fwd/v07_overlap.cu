@@ -22,7 +22,7 @@
 // - Causal CTAs in longest-first order over the whole grid (query block
 //   slowest, heaviest first): the last wave holds the shortest CTAs, so
 //   the tail is short (LPT scheduling). Non-causal keeps v06's order.
-//   Since the third sitting of 2026-11-23 the order is longest-first within
+//   Since H200 runs 11-12 of 2026-11-23 (l2order) the order is longest-first within
 //   groups of heads whose K/V fit 16 MiB of L2 (D = 128; see below).
 // - Tile config knobs (compile-time, for sweeps): LAB_V07_D{64,128}_
 //   {CONSUMERS,BC,STAGES}.
@@ -35,7 +35,7 @@
 // - Softmax switches (2026-11-23, measured below): CHAINS (on, 2 independent row max / row sum
 //   chains), FOLD (on for scale > 0: the scale folded into exp2's FFMA, the host picks the kernel),
 //   PERSIST (off: one CTA per SM looping over work tiles); a lazy O rescale was tried and dropped;
-//   LAZY (on, second sitting): FA4's conditional rescaling, the running max kept within 2^8.
+//   LAZY (on since the lazy runs 1-2): FA4's conditional rescaling, the running max kept within 2^8.
 //
 // Tile sizes (defaults; why): D = 128: 2 consumers x 64 rows, B_c = 176,
 // 2 stages (32 + 2 x 2 x 88 = 208 KiB): per thread O 64 + S 88 + P 44 +
@@ -70,7 +70,7 @@
 //   bounds D = 64 here; off.
 // Session of 2026-11-23 (H200; outputs/driver_logs/20261123-h200-v07-*): the softmax's instruction count
 // and dependency chains. The ncu profile beside cuDNN (20261123-h200-ncu-0dccb32c0e/) at D = 128,
-// S = 2048: tensor pipe 62 % (cuDNN 74 %), issue 40 %, top stalls wait (1.34 cycles/issue) and
+// S = 2048: tensor pipe 62 % (cuDNN 74 %), issue slots 40 %, top stalls wait (1.34 cycles/issue) and
 // dispatch (0.94): the consumers' softmax, not the tensor core, sets the pace.
 //   PERSIST (one CTA per SM over the work tiles; prediction +5-8 % from no CTA turnaround): non-causal
 //     geomean 1.006x, causal 0.980x (-11/-14 % at causal 8k/16k D 128): off. The turnaround was not it.
@@ -81,7 +81,7 @@
 //     0.80-0.81x SDPA-cuDNN on bench-fwd against v07's 0.75-0.76x in the same processes.
 //   LAZY (a warp skips the O rescale when all its alphas are exactly 1): +0.2 % / -0.4 %: dropped
 //     (the switch is gone; the run is outputs/driver_logs/20261123-h200-v07-lazy-run1-*).
-// Session of 2026-11-23, second sitting (H200; outputs/driver_logs/20261123-h200-{v07-ablate,v07-lazy-run2,
+// Runs of 2026-11-23, ablations and source counters (H200; outputs/driver_logs/20261123-h200-{v07-ablate,v07-lazy-run2,
 // desc-run1}-*, ncu source counters in 20261123-h200-ncu-source-96b748d6d0/): what bounds the loop.
 //   Ablations (diagnostic switches, wrong results: LAB_V07_ABLATE, LAB_SOFTMAX_ABLATE), D = 128, TFLOP/s at
 //   S = 2048 / 8192 against the default's 552 / 569 (SDPA-cuDNN 609 / 601 in that process): no softmax
@@ -101,7 +101,7 @@
 //     checks, including keys planted far above the running max (hopper_run.planted_key_check).
 //   Left off: B_c = 192 at D = 128 (+2 to +8 % at S >= 2048, -5 % at S 512, -12 % causal 8k), POLY at
 //   D = 128 (every 8th / 4th n8 block: -1 to -10 %), 3 consumers at B_c = 96 (48 B of spills: -40 %).
-// Session of 2026-11-23, third sitting (H200 runs 8-10, outputs/driver_logs/20261123-h200-v07-{persist-run8,
+// Runs of 2026-11-23, persistent grids (H200 runs 8-10, outputs/driver_logs/20261123-h200-v07-{persist-run8,
 // config-run9,ab-run10}-*): the cells with few keys per query tile.
 //   PERSIST reworked. The first cut's next Q waited for the epilogue, which staged O in the Q tile, so its
 //     TMA round trip (~1 us) and the epilogue stayed exposed per tile. Now O goes straight from registers
@@ -128,9 +128,9 @@
 //   D = 128, S = 2048 (run 13, H200, rounds; the same code measured 631 / 643 at 8k, so +-2 % is noise):
 //     default 560-562 TFLOP/s, PERSIST 573, long config at B_c = 128 584 (+4 %; -8 % at 16k in run 8), the
 //     few-keys config 562; causal 2048: few-keys config 469-471, the long one with L2 order 454. Left as is.
-// Session of 2026-11-23, fourth sitting: the cells with few keys, again (H200 run 14,
+// Runs of 2026-11-23: the cells with few keys, again (H200 run 14,
 // outputs/driver_logs/20261123-h200-v07-fuse-run14-f82abe0/). ncu (20261123-h200-math-round-4596772/) at D = 128,
-// S = 512 non-causal: ours 304 us, tensor pipe 51 %, issue 33 %, top stall wait; cuDNN 245 us, 63 % / 41 %.
+// S = 512 non-causal: ours 304 us, tensor pipe 51 %, issue slots 33 %, top stall wait; cuDNN 245 us, 63 % / 41 %.
 // Per work tile of 4 key tiles, each warpgroup takes 5 turns, two of them half-empty (S_0 alone, the last
 // P V alone), and the epilogue sits between them.
 //   FUSE (persistent configs; [lab:fuse]): one stream of key tiles across work tiles, the last P V of a tile
@@ -160,7 +160,7 @@
 //   Long config at B_c = 128 (run 16, outputs/driver_logs/20261123-h200-v05-check-run16-bbb7b66/): S = 2048
 //     574 vs 559 (+2.6 %; run 13: +4 %), 8192 618 vs 634, 16k 639 vs 654; with 3 stages 569 / 614 / 632. A
 //     per-call B_c = 128 below ~4k keys would gain ~3 % in one cell, about the noise of one run: not taken.
-// Session of 2026-11-23, fifth sitting (H200 runs 1-6, outputs/driver_logs/20261123-h200-d128-cells-run*): the four
+// Runs of 2026-11-23, D = 128 cells (H200 runs 1-6, outputs/driver_logs/20261123-h200-d128-cells-run*): the four
 // D = 128 cells below cuDNN. ncu beside SDPA-cuDNN (run 2): cuDNN runs one persistent kernel for every cell
 // (132 CTAs, 1 producer + 2 consumer warpgroups, HGMMA 64x128x16: B_c = 128, 232 KiB), at S = 2048 1.42 M
 // cycles against our 1.57 M, with more instructions (316 M vs 278 M) at a higher IPC (1.74 vs 1.38); our top
@@ -192,8 +192,8 @@
 //     (one compare per element, common softmax_scores) 504 / 315 / 603 / 511 / 652 (+1 to +3.4 %): kept, for
 //     v05-v07 alike; the exponent arguments in a pass of their own 496 / 306 / 594 / 500 / 649 and CHAINS = 4
 //     496 / 305 / 588 / 497 / 655: noise, not kept.
-// Session of 2026-11-23, sixth sitting (H200 runs 1-9, outputs/driver_logs/20261123-h200-sixth-*, README there): the
-// work between two work tiles. ncu (fifth sitting, S = 512) put 35 % of all stall samples in per-work-tile code,
+// Runs of 2026-11-23 (H200 sixth-runs 1-9, outputs/driver_logs/20261123-h200-sixth-*, README there): the
+// work between two work tiles. ncu (ncu-pair-9ba6c81, S = 512) put 35 % of all stall samples in per-work-tile code,
 // which cost about two key tiles per work tile of four. Kernel-only rows in rounds, D = 128 at 512 / 512 causal /
 // 2048 / 2048 causal:
 //   D = 64 masks per element again (kMaskRowBound): the row bound had cost v07 4-6 % at D = 64 in every cell,
@@ -291,8 +291,8 @@
 #define LAB_V07_D128_FUSE 1  // run 18: +6.1 % at D = 128 S = 512 (the few-keys config), 58/58 checks, sanitizers clean
 #endif
 // How masked tiles apply the mask (common softmax_scores' kRowBound): one bound per row, or the per-element
-// predicate. Sixth sitting run 1 (H200): D = 64 +4.4 to +5.9 % per element in all five cells timed, none of
-// them with a masked tile in most of its work; D = 128 +1 to +3.4 % with the row bound (fifth sitting run 6).
+// predicate. H200 sixth-run 1: D = 64 +4.4 to +5.9 % per element in all five cells timed, none of
+// them with a masked tile in most of its work; D = 128 +1 to +3.4 % with the row bound (d128-cells run 6).
 #ifndef LAB_V07_D64_MASK_ROW_BOUND
 #define LAB_V07_D64_MASK_ROW_BOUND 0
 #endif
@@ -301,21 +301,21 @@
 #endif
 // NOZERO: a work tile's first P V overwrites O (wgmma scale_d = 0) instead of O being zeroed after the last
 // tile's epilogue: the zeroing waited for the epilogue's stores to release O's registers (long scoreboard).
-// FUSE (the D = 128 few-keys config): H200 run 2 of the sixth sitting, +1.4 to +5.6 % in its four cells. The
+// FUSE (the D = 128 few-keys config): H200 sixth-run 2, +1.4 to +5.6 % in its four cells. The
 // same in the persistent path without FUSE (D = 64; run 3): 0 to -1.4 % in five cells, not kept.
 #ifndef LAB_V07_FUSE_NOZERO
 #define LAB_V07_FUSE_NOZERO 1
 #endif
 // FAST_DIV: the persistent kernels' work-tile arithmetic (work_at, locate) divides by num_m, the heads and
 // PAIR's half through common/fast_div.cuh (a wide multiply and a shift) instead of signed divisions, which sat
-// on the path between two work tiles. H200 run 9 of the sixth sitting: D = 128 +4.4 / +5.4 / +0.1 / +2.1 % at
+// on the path between two work tiles. H200 sixth-run 9: D = 128 +4.4 / +5.4 / +0.1 / +2.1 % at
 // 512 / 512 causal / 2048 / 2048 causal, D = 64 +0.8 / +1.0 % at 2048 / 8192 causal; 62/62 checks.
 #ifndef LAB_V07_FAST_DIV
 #define LAB_V07_FAST_DIV 1
 #endif
 // FIRST_FULL: a work tile's first key tile takes the full softmax step at once. With LAZY it first took the
 // lazy step's row max and vote, which always votes for the full step there (the running max is -inf), so the
-// row max was computed twice, on the path between two work tiles. H200 run 12 of the sixth sitting: D = 128
+// row max was computed twice, on the path between two work tiles. H200 sixth-run 12: D = 128
 // +2.0 / +4.1 / +1.8 / +2.2 % at 512 / 512 causal / 2048 / 2048 causal, D = 64 -1.4 % at 2048; 62/62 checks.
 #ifndef LAB_V07_D64_FIRST_FULL
 #define LAB_V07_D64_FIRST_FULL 0
@@ -327,7 +327,7 @@
 #define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
 // PERSIST: one CTA per SM looping over the work tiles, non-causal calls; PERSIST_CAUSAL: causal calls too
-// (a snake over the longest-first list). Measured in run 8 (see PERSIST, third sitting, above).
+// (a snake over the longest-first list). Measured in run 8 (see PERSIST, persistent grids, above).
 #ifndef LAB_V07_D64_PERSIST
 #define LAB_V07_D64_PERSIST 1
 #endif
@@ -358,7 +358,7 @@
 #define LAB_V07_D128_PAIR_CAUSAL 1  // persistent causal calls at D = 128 take query tiles in pairs (see PAIR)
 #endif
 #ifndef LAB_V07_D128_SHORT_MAX_SK
-#define LAB_V07_D128_SHORT_MAX_SK 2048  // runs 1, 2, 5 of the fifth sitting: +1.9 / +1.4 / +2.7 % at S_k = 2048
+#define LAB_V07_D128_SHORT_MAX_SK 2048  // d128-cells runs 1, 2, 5: +1.9 / +1.4 / +2.7 % at S_k = 2048
 #endif
 #ifndef LAB_V07_D128_SHORT_MAX_SQ_CAUSAL
 #define LAB_V07_D128_SHORT_MAX_SQ_CAUSAL 2048
@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   // PAIR (persistent causal, D = 128): a unit is two query tiles of one head, num_m-1-u then u (longest
   // first), so every unit costs num_m + 1 key tiles and a static round-robin over units is balanced; a
   // unit's head neighbours its other units in the same round (L2). The snake over L2 head groups left CTAs
-  // with 4 + 4 key tiles beside CTAs with 2 + 2 (run 1: -5 % at S = 512, -24 % at 2048 causal). lab/work_order.py
+  // with 4 + 4 key tiles beside CTAs with 2 + 2 (run 1: -5 % at S = 512, -24 % at 2048 causal). lab/fwd/work_order.py
   // mirrors both orders (tests/test_work_order.py counts the key tiles per CTA): change them together.
   constexpr bool kPair = kPersist && D == 128 && LAB_V07_D128_PAIR_CAUSAL != 0;
   const bool pair = kPair && p.causal;
@@ -632,7 +632,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         mbar_wait(smem_u32(&bar_q[qb]), t & 1);
       };
       // The head and main loop below are the plain path's, written out again: sharing them as lambdas renames
-      // registers in these kernels and changes the D = 64 kernels' SASS (tests/cuda/sass_guard.sh, 2026-11-23),
+      // registers in these kernels and changes the D = 64 kernels' SASS (tools/sass/sass_guard.sh, 2026-11-23),
       // which the GPU checks, sanitizers and sessions of this code did not cover.
       if (work >= 0) {
         begin(work);
@@ -786,7 +786,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
 #endif
 }
 
-// Config selection, one place (issue 13): per call, from (D, S_q, S_k, causal). Rejected options and
+// Config selection, in one place: per call, from (D, S_q, S_k, causal). Rejected options and
 // their numbers are in the header (B_c 192, POLY, 3 consumers at D = 128, persistent causal at D = 128).
 template <class C, class T>
 int launch_cfg(const AttnFwdParams& p, cudaStream_t stream, int dev) {

@@ -8,7 +8,8 @@ import torch
 
 from lab import bench, cases, ops
 from lab.backward import _bwd_impl
-from lab.backward_harness import ours_step
+from lab.backward.harness import ours_step
+from lab.op_common import _scale
 from lab.sweep import _inputs_fwd
 
 
@@ -19,7 +20,7 @@ def main(name):
     public = ours_step("bwd", q, k, v, case.causal, dout)
     with torch.no_grad():
         o, lse = ops.attention(q, k, v, is_causal=case.causal, return_lse=True)
-    scale = ops._scale(None, case.D)
+    scale = _scale(None, case.D)
     kernel = lambda: _bwd_impl(dout, q, k, v, o, lse, None, case.causal, scale, False, "v02")  # noqa: E731
     times = bench.time_interleaved({"public": (public, None), "kernel-level": (kernel, None)})
     print({n: round(t.median_ms, 4) for n, t in times.items()})

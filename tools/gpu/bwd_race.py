@@ -1,5 +1,5 @@
 """The Hopper backward on the GPU, in one process: gradient checks of a backward version through lab.check
-(float64 reference, SDPA's error as the yardstick), then the race (lab.backward_race) over bench-bwd or a
+(float64 reference, SDPA's error as the yardstick), then the race (lab.backward.race) over bench-bwd or a
 subset, a table printed last. Usage: python3 tools/gpu/bwd_race.py VERSION CASE_FILTER [--flex] [--checks-only]
 (CASE_FILTER: a substring of case names, '' for all). Records go to $LAB_OUTPUTS.
 """
@@ -7,7 +7,9 @@ import sys
 
 import torch
 
-from lab import backward_harness, backward_race, cases, check
+from lab import cases, check
+from lab.backward import harness as backward_harness
+from lab.backward import race as backward_race
 from lab.cases import Case
 
 CHECKS = [Case("c-d64", 2, 4, 2, 65, 130, 64, "bfloat16", True), Case("c-d128", 2, 4, 2, 130, 65, 128, "float16", False),

@@ -9,7 +9,8 @@ import torch
 
 from lab import bench, cases, ops
 from lab.backward import _bwd_impl
-from lab.backward_harness import flops, sdpa_step
+from lab.backward.harness import flops, sdpa_step
+from lab.op_common import _scale
 from lab.sweep import _inputs_fwd
 
 
@@ -19,7 +20,7 @@ def main(argv):
     for i, case in enumerate(c for c in cases.bench_bwd_cases() if flt in c.name):
         q, k, v = _inputs_fwd(case, seed=i)
         dout = _inputs_fwd(case, seed=10_000 + i)[0]
-        scale = ops._scale(None, case.D)
+        scale = _scale(None, case.D)
         with torch.no_grad():
             o, lse = ops.attention(q, k, v, is_causal=case.causal, enable_gqa=case.Hq != case.Hkv, return_lse=True)
         calls = {"sdpa-cudnn": (sdpa_step("cudnn", "bwd", q, k, v, case.causal, dout), None)}

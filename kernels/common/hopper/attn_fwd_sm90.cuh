@@ -266,9 +266,9 @@ __device__ __forceinline__ void softmax_scores(float (&s)[BC / 2], RowState& st,
   const int t = threadIdx.x % 4;
   // kRowBound: the mask (common/mask.cuh's `masked`: col >= S_k, or causal col > row) as one bound per row:
   // the first hidden column relative to this thread's first one, so each element's test is one compare
-  // against a compile-time offset (8 i + e % 2). H200, fifth sitting run 6: +1-3 % on the D = 128 cells with
+  // against a compile-time offset (8 i + e % 2). H200 d128-cells run 6: +1-3 % on the D = 128 cells with
   // few keys. Otherwise `masked` per element: v07 at D = 64 ran 4-6 % faster with it in every cell, masked
-  // or not (sixth sitting run 1: the choice moves the whole kernel's code, not just the masked tiles').
+  // or not (H200 sixth-run 1: the choice moves the whole kernel's code, not just the masked tiles').
   int lim[2] = {0, 0};
   if constexpr (kMask && kRowBound)
 #pragma unroll
@@ -473,7 +473,7 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
   }
 }
 
-// QUAD (sixth sitting, H200 run 5, kernel-only rows in rounds): 1 (8-byte stores) against the 4-byte stores:
+// QUAD (H200 sixth-run 5, kernel-only rows in rounds): 1 (8-byte stores) against the 4-byte stores:
 // D = 128 +6.2 / +8.4 / +2.1 / +3.9 % at 512 / 512 causal / 2048 / 2048 causal, D = 64 +3.1 / -0.5 / +0.4 % at
 // 2048 / 8192 causal / 16384; 2 (16-byte stores, one more shuffle round) +4.8 / +6.7 / +2.3 / +3.5 and +2.1 /
 // -0.2 / +0.7 %. 62/62 checks with each. 0: the 4-byte stores. On the H100 at D = 128 S = 512 (run 13, causal /
@@ -496,7 +496,7 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
   normalise_o<D, LAB_EPILOGUE_FAST_INV != 0>(o, st, p, b, h, m0);
   T* out = static_cast<T*>(p.o) + (int64_t)b * p.o_stride[0] + (int64_t)h * p.o_stride[1];
 #if LAB_EPILOGUE_QUAD  // the quad's words exchanged by shuffles into 8-byte (1) or 16-byte (2) stores
-  // (sixth sitting: each 4-byte warp store touched 8 lines, so the 32 per thread kept L1 busy ~1000 cycles per
+  // (ncu, sixth-runs: each 4-byte warp store touched 8 lines, so the 32 per thread kept L1 busy ~1000 cycles per
   // warpgroup epilogue). Every lane shuffles (full-warp masks); only the stores are predicated by row.
   const int t0 = t & 1;
 #pragma unroll

@@ -1,0 +1,108 @@
+"""The backward pass of lab.ops.attention: autograd registration, the backward custom op, runners.
+
+`lab.ops` imports this module at its end and calls register(), so `lab.ops.attention` is differentiable in query, key and value
+without anyone importing it (this module imports nothing of lab.ops: no import cycle). The check and bench
+adapters of the backward (runners, timed steps, the sweep, the training example) are in lab.backward.harness. The forward custom op `lab::attention` already returns (out, lse); autograd
+saves q, k, v, out and the natural-log lse (never P) and calls `lab::attention_backward`, a custom op with
+a fake implementation, so torch.compile(fullgraph=True) traces forward plus backward without a graph break.
+
+Which kernel: on compute capability 9.0, v02 (wgmma, TMA, warp-specialised; dQ added by the copy engine's bulk
+reductions); elsewhere v01 (mma.sync; dQ by fp32 atomics). When torch.are_deterministic_algorithms_enabled(),
+v01's separate dQ pass on every GPU (bit-identical across runs; kernels/bwd/v01_mma.cu says why it costs more):
+v02's reduction order is not fixed.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import build
+from ..kernels import launcher, resolve_version
+from ..registry import BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD  # noqa: F401 (re-exported)
+
+# The table and preference lists live in lab.registry (no torch: the drivers and sanitizer scripts read them).
+
+
+def backward_version(head_dim: int, version=None, capability: tuple = (), deterministic: bool = False) -> str:
+    """The backward kernel for this head dim on a GPU of `capability`: `version` checked, or the first of the
+    preference (BEST_BWD_HOPPER on 9.0 unless deterministic, else BEST_BWD) that takes it."""
+    if version is not None and deterministic and resolve_version(version, BWD, head_dim, ()) not in DETERMINISTIC_BWD:
+        raise ValueError(f"backward {version} has no deterministic mode; deterministic versions: {DETERMINISTIC_BWD}")
+    hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities and not deterministic
+    return resolve_version(version, BWD, head_dim, BEST_BWD_HOPPER if hopper else BEST_BWD)
+
+
+def _bwd_impl(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version, defines=None):
+    dq, dk, dv = build.binding().attn_bwd_call(launcher(BWD, version, defines), query, key, value, out, lse,
+                                               grad_lse, grad_out, scale, is_causal, deterministic)
+    return dq, dk, dv
+
+
+@torch.library.custom_op("lab::attention_backward", mutates_args=())
+def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           out: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor | None, is_causal: bool,
+                           scale: float, deterministic: bool, version: str
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd_impl(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version)
+
+
+@_attention_backward_op.register_fake
+def _(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version):
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, is_causal, scale, _version = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse)
+    ctx.is_causal, ctx.scale, ctx.eager = is_causal, scale, False
+    ctx.set_materialize_grads(False)  # an unused lse gets no zero gradient tensor
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse = ctx.saved_tensors
+    if grad_out is None:  # only lse was used
+        grad_out = torch.zeros_like(out)
+    if grad_lse is not None:
+        grad_lse = grad_lse.contiguous()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    capability = torch.cuda.get_device_capability(query.device) if query.is_cuda else ()
+    version = backward_version(query.shape[-1], capability=capability, deterministic=deterministic)
+    # The eager autograd.Function below calls the implementation itself; a traced backward needs the op.
+    run = _bwd_impl if ctx.eager else _attention_backward_op
+    dq, dk, dv = run(grad_out, query, key, value, out, lse, grad_lse, ctx.is_causal, ctx.scale, deterministic,
+                     version)
+    return dq, dk, dv, None, None, None
+
+
+class EagerAttention(torch.autograd.Function):
+    """lab::attention's forward and backward for plain eager calls that want gradients.
+
+    Why: in a cold timing (an L2 flush, then one backward) the host time is not hidden, and the torch.library
+    path (register_autograd's wrapper, then the backward custom op's dispatch) costs several times what a
+    torch.autograd.Function does (CPU box: ~210 us against ~85 us per torch.autograd.grad; tools/gpu/
+    bwd_public_gap.py shows the GPU work of the two paths is the same). torch.compile, export and fake
+    tensors still see the custom ops, whose autograd is _backward too.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, is_causal, scale, version, impl):
+        out, lse = impl(query, key, value, is_causal, scale, version)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.is_causal, ctx.scale, ctx.eager = is_causal, scale, True
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _backward(ctx, grad_out, grad_lse) + (None,)
+
+
+_registered = False
+
+
+def register() -> None:
+    """Make lab::attention differentiable; lab.ops calls this once it has defined the op (idempotent)."""
+    global _registered
+    if not _registered:
+        torch.library.register_autograd("lab::attention", _backward, setup_context=_setup_context)
+        _registered = True

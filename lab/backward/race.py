@@ -1,0 +1,78 @@
+"""The backward's race as users call it: the public op's backward (torch.autograd.grad on a recorded graph) and
+its training step (forward plus backward) against SDPA forced to each backend and FlexAttention, timed in
+rounds in one process (lab.bench.time_interleaved: a clock drift reaches every candidate alike).
+
+Rows are recorded with kind 'bwd' or 'fwd+bwd' and impl 'lab.ops.attention', 'sdpa-<backend>' or 'flex'; the
+public op's row carries its ratios against every other candidate that ran.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import bench, record
+from .harness import flops, ours_step, sdpa_step
+
+_flex_compiled = None
+
+
+def flex_step(mode: str, q, k, v, is_causal: bool, dout=None):
+    """FlexAttention (compiled once per process, recompiled per shape by torch) with the same mask: a causal
+    block mask or none. Its backward is the one torch.compile generates for it."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from .harness import _step
+
+    global _flex_compiled
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    mask = None
+    if is_causal:
+        mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, q.shape[2], k.shape[2], device=q.device)
+    gqa = q.shape[1] != k.shape[1]
+    return _step(lambda a, b, c: _flex_compiled(a, b, c, block_mask=mask, enable_gqa=gqa), mode, q, k, v, dout)
+
+
+def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient"), flex: bool = True,
+         progress: bool = True, **stop) -> list[dict]:
+    """Time every case in every mode, all candidates interleaved in rounds; returns the recorded rows."""
+    from tqdm.std import tqdm
+
+    from ..sweep import _inputs_fwd, _row
+
+    ceilings_ = bench.ceilings()
+    rows = []
+    work_items = [(i, case, mode) for i, case in enumerate(cases) for mode in modes]
+    for i, case, mode in tqdm(work_items, desc="backward race", disable=not progress, mininterval=5):
+        q, k, v = _inputs_fwd(case, seed=i)
+        dout = _inputs_fwd(case, seed=10_000 + i)[0]
+        makers = {"lab.ops.attention": lambda: ours_step(mode, q, k, v, case.causal, dout)}
+        for backend in backends:
+            makers[f"sdpa-{backend}"] = lambda b=backend: sdpa_step(b, mode, q, k, v, case.causal, dout)
+        if flex:
+            makers["flex"] = lambda: flex_step(mode, q, k, v, case.causal, dout)
+        steps, refused = {}, {}
+        for name, make in makers.items():
+            made = _make(make)
+            (refused if isinstance(made, str) else steps)[name] = made
+        times = bench.time_interleaved({name: (fn, None) for name, fn in steps.items()}, **stop)
+        times.update(refused)
+        work = flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal, mode)
+        ours = times["lab.ops.attention"]
+        others = {name: t for name, t in times.items() if name != "lab.ops.attention"}
+        for name, t in others.items():
+            rows.append(record.append(_row(mode, name, case, t, work, ceilings_, {"flops": work})))
+        ratios = {name: t.median_ms / ours.median_ms for name, t in others.items()
+                  if isinstance(t, bench.Timing)} if isinstance(ours, bench.Timing) else {}
+        extra = {"ratios": ratios, "flops": work, "flags": bench.flagged(ratios)}
+        rows.append(record.append(_row(mode, "lab.ops.attention", case, ours, work, ceilings_, extra)))
+        del q, k, v, dout, steps
+    return rows
+
+
+def _make(make):
+    """A step, or why it cannot be made (a backend that refuses the shape in its forward)."""
+    try:
+        return make()
+    except (RuntimeError, ValueError, NotImplementedError) as err:
+        torch.cuda.synchronize()
+        return f"unsupported: {str(err).splitlines()[0][:120]}"

@@ -1,0 +1,259 @@
+"""Split-K decoding on the CPU: how many splits, where they start, and what the kernel computes.
+
+Pure Python and NumPy (no torch), so tests and GPU-less notebooks can import it. The chunking rule and
+the merge algebra mirror kernels/decode/v01_splitk.cu; the split heuristic is mirrored in C by
+tools/gpu/decode_main.cu (`choose_num_splits` there): change them together.
+
+Layout is (B, H, S, D): q (B, Hq, q_len, D), k and v (B, Hkv, S_cache, D). Query head h reads KV head
+h // (Hq // Hkv). Every query token sees the first seqlens[b] keys (no mask inside the cache).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..emulate import attention_reference
+
+BLOCK_N = 64  # keys per tile in decode_splitk_v01 (SplitKConfig::kBlockN); chunks are whole tiles
+MAX_SPLITS = 128
+BLOCKS_PER_SM = 2  # v01 at D = 128 with <= 4 query rows per KV head: ~103-107 KB smem, two fit an H100 SM
+# decode_splitk_v02 (tensor cores, lighter blocks): the same kernel could hold two blocks per SM, but planning
+# one block per SM (half the splits, chunks twice as long) measured 5-11 % faster on the batch-1 GQA cells of
+# bench-decode on an H200 (2026-11-21) and within +-3 % elsewhere. Pass it as choose_num_splits(..., blocks_per_sm=BLOCKS_PER_SM_V02), or use choose_num_splits_v02.
+BLOCKS_PER_SM_V02 = 1
+MIN_CHUNK = 2 * BLOCK_N  # a split shorter than two tiles leaves the double-buffered K/V stream idle
+FULL_ENOUGH = 0.8  # batch * Hkv blocks filling this much of one wave need no split at all
+EFFICIENCY_SLACK = 0.95  # take the fewest splits within 5% of the best wave efficiency
+
+
+def split_chunk(seqlen_cache: int, num_splits: int, block_n: int = BLOCK_N) -> int:
+    """Keys per split: ceil(seqlen_cache / num_splits) rounded up to a whole number of key tiles."""
+    if num_splits < 1 or block_n < 1:
+        raise ValueError("num_splits and block_n must be >= 1")
+    per_split = -(-max(seqlen_cache, 0) // num_splits)
+    return -(-per_split // block_n) * block_n
+
+
+def split_bounds(seqlen_cache: int, num_splits: int, block_n: int = BLOCK_N) -> list[tuple[int, int]]:
+    """[(begin, end)] of each split over keys [0, seqlen_cache); trailing splits may be empty (begin == end).
+
+    Split s covers [s * chunk, min((s + 1) * chunk, seqlen_cache)). For a sequence shorter than the cache
+    the kernel clips the same bounds to its own length: `split_bounds(len_b, ...)` is wrong for that, use
+    `clip_bounds(split_bounds(seqlen_cache, ...), len_b)`.
+    """
+    chunk = split_chunk(seqlen_cache, num_splits, block_n)
+    bounds = []
+    for s in range(num_splits):
+        begin = min(s * chunk, max(seqlen_cache, 0))
+        bounds.append((begin, min(begin + chunk, max(seqlen_cache, 0))))
+    return bounds
+
+
+def clip_bounds(bounds: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+    """The same splits seen by a sequence of `length` keys: each clipped to [0, length), empty if past it."""
+    return [(min(begin, length), min(end, length)) for begin, end in bounds]
+
+
+def nonempty_splits(seqlen_cache: int, num_splits: int, block_n: int = BLOCK_N) -> int:
+    """How many of the splits hold at least one key of a full-length sequence (rounding can leave some empty).
+
+    O(1): split s is non-empty iff s * chunk < seqlen_cache, so the count is ceil(seqlen_cache / chunk),
+    at most num_splits. (It used to build the bounds list: O(num_splits) per call, and choose_num_splits
+    called it for every candidate, once per decode call: host time on every decoding step.)
+    """
+    n = max(seqlen_cache, 0)
+    if n == 0:
+        return 0
+    return min(num_splits, -(-n // split_chunk(n, num_splits, block_n)))
+
+
+def wave_efficiency(blocks: int, num_sms: int, blocks_per_sm: int = BLOCKS_PER_SM) -> float:
+    """Fraction of the launched waves' block slots that hold a block: blocks / (waves * slots)."""
+    slots = num_sms * blocks_per_sm
+    waves = -(-blocks // slots)
+    return blocks / (waves * slots)
+
+
+def choose_num_splits(batch: int, heads_kv: int, seqlen_k: int, num_sms: int, *, block_n: int = BLOCK_N,
+                      max_splits: int = MAX_SPLITS, blocks_per_sm: int = BLOCKS_PER_SM,
+                      min_chunk: int = MIN_CHUNK) -> int:
+    """Number of KV splits for decode_splitk_v01: fill the GPU in whole waves with as few splits as possible.
+
+    One block of the kernel handles one (batch, KV head, split); `blocks_per_sm` of them are resident per
+    SM, so a wave is `num_sms * blocks_per_sm` blocks. The rule:
+
+    1. If batch * heads_kv alone fills at least 80% of a wave, use 1 split (no combine pass at all).
+    2. Candidates s run from 1 to min(max_splits, ceil(seqlen_k / min_chunk)): no split is shorter than
+       `min_chunk` keys. A candidate is dropped if the chunk rounding leaves fewer than s splits non-empty
+       (s = 33 for 32k keys gives chunks of 1024 keys and only 32 used splits: it is really s = 32).
+    3. Wave efficiency of s is blocks / (waves * slots) with blocks = batch * heads_kv * s. Return the
+       smallest s whose efficiency is within 5% of the best candidate's: more splits than that only add
+       partial outputs to write and merge.
+
+    Worked example, batch 1, Hkv 8, 32k keys, 132 SMs (H100 SXM), 2 blocks per SM: a wave is 264 blocks
+    and 8 blocks fill 3% of it, so split. Up to 128 splits are allowed (32768 / 128 = 256 keys >= 128).
+    The best efficiency is s = 32 or 64: 256 of 264 slots, 0.970 (s = 33, exactly one wave, is dropped
+    by rule 2). The smallest s within 5% of 0.970 (>= 0.921) is s = 31: 248 blocks, efficiency 0.939,
+    chunks of ceil(32768 / 31) = 1058 -> 1088 keys (17 tiles of 64); the last split holds the remaining
+    128 keys [32640, 32768). s = 30 would give 240 blocks, 0.909: below the bar.
+
+    >>> choose_num_splits(1, 8, 32768, 132)
+    31
+    >>> choose_num_splits(8, 32, 4096, 132)   # 256 blocks already fill 97% of a wave
+    1
+    """
+    if min(batch, heads_kv, num_sms, blocks_per_sm, block_n) < 1 or seqlen_k < 1:
+        return 1
+    base = batch * heads_kv
+    slots = num_sms * blocks_per_sm
+    if base >= FULL_ENOUGH * slots:
+        return 1
+    upper = max(1, min(max_splits, -(-seqlen_k // max(min_chunk, 1)), -(-seqlen_k // block_n)))
+    efficiency = {}
+    for s in range(1, upper + 1):
+        if nonempty_splits(seqlen_k, s, block_n) < s:
+            continue
+        efficiency[s] = wave_efficiency(base * s, num_sms, blocks_per_sm)
+    best = max(efficiency.values())
+    return min(s for s, e in efficiency.items() if e >= EFFICIENCY_SLACK * best)
+
+
+def choose_num_splits_v02(batch: int, heads_kv: int, seqlen_k: int, num_sms: int) -> int:
+    """Split count for decode_splitk_v02: choose_num_splits with one planned block per SM (BLOCKS_PER_SM_V02).
+
+    >>> choose_num_splits_v02(1, 8, 32768, 132)   # 16 splits of 2048 keys: 128 blocks, one per SM
+    16
+    >>> choose_num_splits_v02(8, 32, 4096, 132)
+    1
+    """
+    return choose_num_splits(batch, heads_kv, seqlen_k, num_sms, blocks_per_sm=BLOCKS_PER_SM_V02)
+
+
+@functools.lru_cache(maxsize=4096)
+def split_plan(batch: int, heads_kv: int, seqlen_k: int, num_sms: int, version: str = "v01") -> int:
+    """choose_num_splits (v01) or choose_num_splits_v02 (v02), memoised: what lab.ops.decode calls per step.
+
+    A serving loop asks the same question every token (batch, KV heads, cache length and SM count rarely
+    change between steps), so the answer is cached; a new shape costs one evaluation of at most
+    MAX_SPLITS candidates, whatever the cache length.
+    """
+    if version == "v02":
+        return choose_num_splits_v02(batch, heads_kv, seqlen_k, num_sms)
+    return choose_num_splits(batch, heads_kv, seqlen_k, num_sms)
+
+
+def merge_partials(partial_o: np.ndarray, partial_lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge per-split outputs by their log-sum-exp weights, as the combine kernel does.
+
+    partial_o (..., num_splits, D) holds each split's normalised output, partial_lse (..., num_splits) its
+    natural-log LSE (-inf for an empty split). Returns out (..., D) and lse (...). Rows whose splits are
+    all empty get out = 0 and lse = -inf.
+    """
+    partial_o = np.asarray(partial_o, dtype=np.float64)
+    partial_lse = np.asarray(partial_lse, dtype=np.float64)
+    lse_max = partial_lse.max(axis=-1)
+    empty = np.isneginf(lse_max)
+    safe_max = np.where(empty, 0.0, lse_max)
+    weights = np.exp(partial_lse - safe_max[..., None])  # exp(-inf) = 0 for empty splits
+    w_sum = weights.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.einsum("...s,...sd->...d", weights, partial_o) / np.where(empty, 1.0, w_sum)[..., None]
+        lse = np.where(empty, -np.inf, safe_max + np.log(np.where(empty, 1.0, w_sum)))
+    out[empty] = 0.0
+    return out, lse
+
+
+def chunk_partial(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, block_n: int,
+                   limits: np.ndarray | None = None, first_key: int = 0):
+    """One split of one (b, KV head): online softmax over key tiles, like the kernels' main loop.
+
+    q (R, D), k and v (n, D), the split's keys from key index first_key on. limits (R,), optional: row r
+    sees only keys < limits[r] (decode v03's per-row causal limit). Returns (o, lse) with o (R, D)
+    normalised and lse (R,) natural log; a row that sees no key gets zeros and -inf.
+    """
+    rows, dim = q.shape
+    m = np.full(rows, -np.inf)
+    l = np.zeros(rows)
+    acc = np.zeros((rows, dim))
+    log2e = 1.0 / math.log(2.0)
+    q2 = q * (scale * log2e)  # scores in log2 units, as the kernels fold scale * log2 e into the scores
+    for start in range(0, k.shape[0], block_n):
+        s = q2 @ k[start:start + block_n].T
+        if limits is not None:
+            keys = first_key + start + np.arange(s.shape[1])
+            s = np.where(keys[None, :] < limits[:, None], s, -np.inf)
+        m_new = np.maximum(m, s.max(axis=1))
+        m_use = np.where(np.isneginf(m_new), 0.0, m_new)  # a row with nothing visible yet: P = 0, not NaN
+        p = np.exp2(s - m_use[:, None])
+        alpha = np.exp2(m - m_use)  # first tile: exp2(-inf) = 0
+        l = alpha * l + p.sum(axis=1)
+        acc = alpha[:, None] * acc + p @ v[start:start + block_n]
+        m = m_new
+    seen = l > 0
+    o = np.where(seen[:, None], acc / np.where(seen, l, 1.0)[:, None], 0.0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(seen, (m + np.log2(np.where(seen, l, 1.0))) * math.log(2.0), -np.inf)
+    return o, lse
+
+
+def split_partials(q: np.ndarray, heads_kv: int, lengths: list[int], bounds: list[tuple[int, int]], partial):
+    """Pass 1 of split-K decoding: partial(b, h_kv, rows, begin, end) -> (o, lse) for each sequence's
+    splits (bounds clipped to its length) and KV head, whose rows are the group's query heads x q_len tokens
+    (row = head-in-group * q_len + token). Returns partial_o (B, Hq, q_len, splits, D), partial_lse."""
+    batch, heads_q, q_len, dim = q.shape
+    if heads_q % heads_kv:
+        raise ValueError("heads_q must be a multiple of heads_kv")
+    group = heads_q // heads_kv
+    partial_o = np.zeros((batch, heads_q, q_len, len(bounds), dim))
+    partial_lse = np.full((batch, heads_q, q_len, len(bounds)), -np.inf)
+    for b in range(batch):
+        for h_kv in range(heads_kv):
+            heads = slice(h_kv * group, (h_kv + 1) * group)
+            rows = q[b, heads].reshape(group * q_len, dim)
+            for s, (begin, end) in enumerate(clip_bounds(bounds, lengths[b])):
+                o, lse = partial(b, h_kv, rows, begin, end)
+                partial_o[b, heads, :, s] = o.reshape(group, q_len, dim)
+                partial_lse[b, heads, :, s] = lse.reshape(group, q_len)
+    return partial_o, partial_lse
+
+
+def emulate_split_decode(q, k, v, seqlens, num_splits: int, scale: float, block_n: int = BLOCK_N):
+    """float64 emulation of decode_splitk_v01: per-split partials, then the LSE merge.
+
+    q (B, Hq, q_len, D); k, v (B, Hkv, S_cache, D); seqlens: B lengths or None (every sequence S_cache
+    long), clipped to [0, S_cache] like the kernel. Returns out (B, Hq, q_len, D), lse (B, Hq, q_len),
+    partial_o (B, Hq, q_len, num_splits, D), partial_lse (B, Hq, q_len, num_splits).
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    batch, seqlen_cache = q.shape[0], k.shape[2]
+    lengths = [seqlen_cache] * batch if seqlens is None else [min(max(int(n), 0), seqlen_cache) for n in seqlens]
+    partial_o, partial_lse = split_partials(
+        q, k.shape[1], lengths, split_bounds(seqlen_cache, num_splits, block_n),
+        lambda b, h_kv, rows, begin, end: chunk_partial(rows, k[b, h_kv, begin:end], v[b, h_kv, begin:end],
+                                                         scale, block_n))
+    out, lse = merge_partials(partial_o, partial_lse)
+    return out, lse, partial_o, partial_lse
+
+
+def reference_decode(q, k, v, seqlens, scale: float):
+    """Direct float64 softmax(q k^T * scale) v per (b, head) over the first seqlens[b] keys; no splitting.
+
+    Length-0 sequences give out = 0 and lse = -inf (the convention of the kernel).
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    batch, heads_q, q_len, dim = q.shape
+    seqlen_cache = k.shape[2]
+    lengths = [seqlen_cache] * batch if seqlens is None else [min(max(int(n), 0), seqlen_cache) for n in seqlens]
+    out = np.zeros((batch, heads_q, q_len, dim))
+    lse = np.full((batch, heads_q, q_len), -np.inf)
+    for b, n in enumerate(lengths):
+        if n:  # the forward reference on this sequence's visible keys (no mask inside the cache)
+            seq_out, seq_lse = attention_reference(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], scale=scale)
+            out[b], lse[b] = seq_out[0], seq_lse[0]
+    return out, lse

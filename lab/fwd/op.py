@@ -1,0 +1,147 @@
+"""lab.ops.attention: the forward pass with SDPA's names and (B, H, S, D) layout, as a torch.library custom op.
+
+The eager default call reaches the kernel in one crossing of the binding (a plan memoised per shape and
+device); every other call checks its input here (lab.op_common's checks) and picks the kernel by lab.registry's
+default rules. Bottom-right causal runs on the top-left kernels (lab.fwd.causal).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import build
+from ..kernels import launcher
+from ..kernels import plans as _plans
+from ..kernels import resolve_version as _version
+from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
+from ..registry import BEST_FWD, FWD, default_attention_version
+from . import causal
+
+_Tensor = torch.Tensor  # the exact type the fast path takes (a subclass goes through the dispatcher)
+
+
+def _attention_impl(query, key, value, is_causal: bool, scale: float, version: str, want_lse: bool = True):
+    # The binding allocates out (and lse): Python-side allocations cost ~2.7 us each on the host path. It
+    # also copies any input the kernels cannot read as it is (misaligned, strides not multiples of 8
+    # elements, an expanded dim): the result is right, only slower.
+    out, lse = build.binding().attn_call(launcher(FWD, version), query, key, value, scale, is_causal, want_lse)
+    return out, lse
+
+
+@torch.library.custom_op("lab::attention", mutates_args=())
+def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, is_causal: bool, scale: float,
+                  version: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attention_impl(query, key, value, is_causal, scale, version)
+
+
+@_attention_op.register_fake
+def _(query, key, value, is_causal, scale, version):
+    return query.new_empty(query.shape), query.new_empty(query.shape[:3], dtype=torch.float32)
+
+
+def attention_version(query, version=None, is_causal: bool = False) -> str:
+    """The forward kernel lab.ops.attention runs for this query: `version` checked, or the default for its
+    head dim (BEST_FWD order). Device-specific defaults belong here, cached per device."""
+    if version is None:
+        return default_attention_version(query.shape[-1], query.shape[2], is_causal, _capability(query.device))
+    return _version(version, FWD, query.shape[-1], BEST_FWD)
+
+
+def attention(query, key, value, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+              version=None, return_lse: bool = False, causal_variant: str = "upper_left"):
+    """Scaled dot-product attention, (B, H, S, D) like F.scaled_dot_product_attention.
+
+    is_causal follows SDPA (top-left aligned: query i sees keys j <= i, also when S_q != S_k).
+    causal_variant: "upper_left" (SDPA's alignment, the default) or "lower_right" (FlashAttention's: query i
+    sees keys j <= i + S_k - S_q; rows that see no key give 0), the names of torch.nn.attention.bias.
+    CausalVariant; lab.fwd.causal says how lower_right runs on the top-left kernels.
+    version: None picks the fastest kernel for the head dim; or 1/"v01", 2/"v02".
+    return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).
+    """
+    if _eager() and version is None and causal_variant == "upper_left" and type(is_causal) is bool and \
+            (scale is None or type(scale) is float) and type(query) is _Tensor and type(key) is _Tensor and \
+            type(value) is _Tensor:  # the eager default call (torch.compile traces the full path below)
+        answer = _attention_fast(query, key, value, is_causal, scale, enable_gqa, return_lse)
+        if answer is not None:
+            return answer
+    _check_qkv(query, key, value, "key", "value")
+    _check_heads(query, key, enable_gqa)
+    if key.shape[2] == 0:
+        raise ValueError("key has sequence length 0: every query row would attend to nothing")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if causal_variant not in causal.VARIANTS:
+        raise ValueError(f"causal_variant must be one of {causal.VARIANTS}, got {causal_variant!r}")
+    if is_causal and causal_variant == "lower_right" and key.shape[2] != query.shape[2]:
+        def attend(q, k, v, top_left_causal):
+            return attention(q, k, v, top_left_causal, scale, enable_gqa, version, return_lse=True)
+        out, lse = causal.lower_right(attend, query, key, value)
+        return (out, lse) if return_lse else out
+    name = attention_version(query, version, is_causal)
+    scale = _scale(scale, query.shape[-1])
+    if _direct(query, key, value):  # eager: no dispatcher, and no LSE buffer unless asked for
+        out, lse = _attention_impl(query, key, value, is_causal, scale, name, return_lse)
+    elif _eager() and all(type(t) is _Tensor for t in (query, key, value)):  # eager with gradients
+        from ..backward.op import EagerAttention  # lab.backward imports nothing of the forward: no cycle
+
+        out, lse = EagerAttention.apply(query, key, value, is_causal, scale, name, _attention_impl)
+    else:
+        out, lse = _attention_op(query, key, value, is_causal, scale, name)
+    return (out, lse) if return_lse else out
+
+
+def _attention_fast(query, key, value, is_causal: bool, scale, enable_gqa: bool, return_lse: bool):
+    """The eager default call in one crossing into the binding (attn_auto), or None: then attention() takes
+    its full path, which raises the right error for whatever was refused.
+
+    Why: in a cold timing (an L2 flush, then one call) the host time of the public op is not hidden, and
+    on the H200 the checks, the kernel choice and the Python layers cost ~8-17 us over the binding call
+    (outputs/driver_logs/20261123-h200-public-op-gap-*.json). Here the kernel comes from a plan memoised
+    on (S_q, D, causal, device) and every check runs in C++ (binding.cpp's python_rules_hold, check_call).
+    """
+    shape = query.shape
+    if len(shape) != 4:
+        return None
+    plan_key = (shape[2], shape[3], is_causal, query.get_device())
+    plan = _plans.get(plan_key)
+    if plan is None:
+        plan = _fwd_plan(query, is_causal)
+        if plan is None:
+            return None
+        if len(_plans) >= 4096:  # sequence lengths seen by a long-lived server: keep the table bounded
+            _plans.clear()
+        _plans[plan_key] = plan
+    error, out, lse = plan(query, key, value, is_causal, enable_gqa, return_lse, scale)
+    if error:
+        return None
+    return (out, lse) if return_lse else out
+
+
+def _fwd_plan(query, is_causal: bool):
+    """attn_auto bound to the default kernel's launcher for this query, or None (not a CUDA tensor, or no
+    kernel for its head dim: the full path says which)."""
+    if query.get_device() < 0:
+        return None
+    try:
+        name = attention_version(query, None, is_causal)
+    except ValueError:
+        return None
+    return functools.partial(build.binding().module.attn_auto, launcher(FWD, name))
+
+
+def fwd_writer(version: str, defines=None):
+    """For lab.check: run(q, k, v, is_causal, scale, out) writes into the caller's (poisoned) `out`."""
+    def run(q, k, v, is_causal, scale, out, debug=None):
+        address = launcher(FWD, version, defines)
+        build.binding().attn_fwd(address, q, k, v, out, None, _scale(scale, q.shape[-1]), is_causal, debug)
+    return run
+
+
+def fwd_call_factory(version: str, defines=None):
+    """For lab.sweep: make(q, k, v, is_causal) -> a zero-argument call with everything resolved up front."""
+    def make(q, k, v, is_causal):
+        address, bind = launcher(FWD, version, defines), build.binding()
+        out, scale = torch.empty_like(q), _scale(None, q.shape[-1])
+        return lambda: bind.attn_fwd(address, q, k, v, out, None, scale, is_causal, None)
+    return make

@@ -1,0 +1,122 @@
+"""What every public op (lab.ops.attention, lab.ops.decode) does first: the device facts it reads once, the
+test for the eager fast path, the input checks in Python's exception types, and the softmax scale.
+
+Shared by the families' op glue (lab.fwd.op, lab.decode.op), so each family checks its input the same way.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+FLOAT32_MAX = 3.4028234663852886e38
+_devices: dict = {}
+
+
+def _device(device) -> tuple[tuple, int]:
+    """(compute capability, multiprocessor count) of a CUDA device, read once per device index: both are on
+    every call's path (kernel choice, split plan), and get_device_properties costs microseconds."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    info = _devices.get(index)
+    if info is None:
+        if not torch.cuda.is_available():  # fake CUDA tensors on a CPU-only torch (tracing tests): no GPU to ask
+            return (0, 0), 0
+        props = torch.cuda.get_device_properties(index)
+        info = _devices[index] = ((props.major, props.minor), props.multi_processor_count)
+    return info
+
+
+def sm_count(device) -> int:
+    return _device(device)[1]
+
+
+def _capability(device) -> tuple:
+    return _device(device)[0]
+
+
+def _eager() -> bool:
+    """No tracing mode of any kind: not torch.compile (asked first: dynamo folds it, and never sees the
+    two C calls after it), no dispatch mode (fake tensors), no torch function mode."""
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or
+                torch._C._is_torch_function_mode_enabled())
+
+
+def _direct(*tensors) -> bool:
+    """True when a call can skip the torch.library dispatcher and run the implementation directly.
+
+    The custom op is what torch.compile, export and fake-tensor tracing see, and what raises when a
+    gradient is asked for; in plain eager mode its dispatch costs ~8 us of Python per call (measured on
+    the CPU box), more than SDPA's whole host path allows us (lab.hostcost's target: <= SDPA's host cost + 5 us). So:
+    plain tensors, no tracing mode of any kind, no gradient wanted -> call the same implementation
+    function the op registers.
+    """
+    if not _eager():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or (grad and t.requires_grad):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------ validation
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+PAGED_LAYOUT = "(num_pages, page_size, H_kv, D) with a block_table"
+
+
+def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)"):
+    # Every attribute is read once: this runs three times per call, on the host path lab.hostcost bounds.
+    # layout=PAGED_LAYOUT: a paged cache, whose first dimension is pages, not the batch.
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dtype, shape, device = t.dtype, t.shape, t.device
+    if dtype not in _DTYPES:
+        raise TypeError(f"{name}.dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+    if len(shape) != 4:
+        raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(shape)}")
+    if device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {device} (CPU mode: use lab.emulate)")
+    if like is not None:
+        if dtype != like.dtype:
+            raise TypeError(f"{name}.dtype ({dtype}) must match query.dtype ({like.dtype})")
+        if device != like.device:
+            raise ValueError(f"{name} is on {device} but query is on {like.device}")
+        like_shape = like.shape
+        if shape[0] != like_shape[0] and layout != PAGED_LAYOUT:
+            raise ValueError(f"{name} has batch {shape[0]} but query has batch {like_shape[0]}")
+        if shape[3] != like_shape[3]:
+            raise ValueError(f"{name} has head dim {shape[3]} but query has {like_shape[3]}")
+    if t.stride(3) != 1 and t.numel():
+        raise ValueError(f"{name} must have a contiguous last dimension, got stride(-1) = {t.stride(-1)}; "
+                         f"call {name}.contiguous()")
+
+
+def _check_qkv(query, key, value, kname: str, vname: str):
+    """The checks every op makes first (the binding's check_call, in Python's exception types)."""
+    _check_tensor(query, "query")
+    _check_tensor(key, kname, query)
+    _check_tensor(value, vname, query)
+    if key.shape != value.shape:
+        raise ValueError(f"{kname} and {vname} shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
+
+
+def _check_heads(query, key, enable_gqa: bool, what: str = "key"):
+    Hq, Hkv = query.shape[1], key.shape[1]
+    if Hq != Hkv and not enable_gqa:
+        raise ValueError(f"query has {Hq} heads but {what} has {Hkv}: pass enable_gqa=True (as in SDPA) for GQA/MQA")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of {what} heads ({Hkv})")
+
+
+def _scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    if abs(scale) > FLOAT32_MAX:  # the kernels take it as a float32: it would become +-inf
+        raise ValueError(f"scale={scale!r} overflows float32 (|scale| must be <= {FLOAT32_MAX:.4g})")
+    return float(scale)
+

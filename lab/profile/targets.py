@@ -1,0 +1,104 @@
+"""What a profile launches: the target (fwd:<version>, decode:<version>, op:attention, op:decode,
+sdpa:<backend>), its case, the kernel source and name filter ncu uses, the call itself, and the floors its
+counters are judged against (bytes that must move, useful FLOPs).
+"""
+from __future__ import annotations
+
+import re
+
+from .. import bench, cases as case_sets, paths
+
+SDPA_KERNELS = {  # kernel-name filters for SDPA's backends (the profiled launch is also inside an NVTX range);
+    # flash's split-KV decode path also launches a combine kernel, which the filter leaves out
+    "flash": "flash_fwd_(splitkv_)?kernel", "efficient": "fmha|cutlass|attention_kernel", "cudnn": "cudnn|sdpa|fprop",
+    "math": ".*", "default": ".*"}
+
+
+def find_case(name: str, dtype: str | None = None):
+    """A case by name from any published case set; dtype re-types the bench sets (seed sizes stay fp16)."""
+    for set_name in ("seed", "bench-fwd", "bench-decode", "tests", "decode-tests"):
+        kwargs = {"dtype": dtype} if dtype and set_name.startswith("bench") else {}
+        for case in case_sets.by_name(set_name, **kwargs):
+            if case.name == name:
+                return case
+    raise ValueError(f"case {name!r} is in no case set of lab.cases")
+
+
+def parse_target(target: str) -> tuple[str, str]:
+    family, _, name = target.partition(":")
+    if family not in ("fwd", "decode", "op", "sdpa") or not name:
+        raise ValueError(f"target {target!r}: use fwd:<version>, decode:<version>, op:attention, op:decode "
+                         f"or sdpa:<backend>")
+    from .. import ops
+
+    table = {"fwd": ops.FWD, "decode": ops.DECODE, "op": {"attention": 1, "decode": 1},
+             "sdpa": {b: 1 for b in bench.BACKENDS}}[family]
+    if name not in table:
+        raise ValueError(f"target {target!r}: {name!r} is not one of {sorted(table)}")
+    return family, name
+
+
+def kernel_source(target: str, case) -> str | None:
+    """The .cu file whose kernel the target launches (None for SDPA)."""
+    from .. import ops
+
+    family, name = parse_target(target)
+    if family == "fwd":
+        return ops.FWD[name].source
+    if family == "decode":
+        return ops.DECODE[name].source
+    if family == "op" and name == "attention":  # the kernel lab.ops.attention picks on this GPU
+        import torch
+
+        capability = tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else (0, 0)
+        return ops.FWD[ops.default_attention_version(case.D, case.Sq, case.causal, capability)].source
+    if family == "op":
+        return ops.DECODE[ops.default_decode_version(case.Hq, case.Hkv, case.q_len)].source
+    return None
+
+
+_GLOBAL = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
+
+
+def kernel_regex(target: str, case) -> str:
+    """The name filter: the __global__ functions defined in the target's own .cu (not its headers)."""
+    source = kernel_source(target, case)
+    if source is None:
+        return SDPA_KERNELS[parse_target(target)[1]]
+    names = _GLOBAL.findall((paths.KERNELS / source).read_text())
+    if not names:
+        raise ValueError(f"{source} defines no __global__ function to profile")
+    return "|".join(sorted(set(names)))
+
+
+def make_call(target: str, case):
+    """A zero-argument call launching the target on fresh inputs for the case (CUDA needed)."""
+    from .. import ops, sweep
+
+    family, name = parse_target(target)
+    q, k, v, arg = sweep.case_inputs(case)  # arg: is_causal (forward) or cache_seqlens (decode)
+    if family == "fwd":
+        return ops.fwd_call_factory(name)(q, k, v, arg)
+    if family == "decode":
+        return ops.decode_call_factory(name)(q, k, v, arg)
+    if family == "op":
+        return (sweep.public_attention() if name == "attention" else sweep.public_decode())(q, k, v, arg)
+    runner = bench.sdpa_runner("default", q, k, v, arg if isinstance(arg, bool) else False)
+
+    def sdpa():
+        with bench.sdpa_backend(name):
+            return runner()
+    return sdpa
+
+
+def byte_floor(case) -> int:
+    """Bytes that must move: Q, K, V read once and O written once (decode: bench.decode_bytes)."""
+    if isinstance(case, case_sets.DecodeCase):
+        return bench.decode_bytes(case.lengths(), case.Hq, case.Hkv, case.q_len, case.D)
+    return 2 * 2 * case.D * (case.B * case.Hq * case.Sq + case.B * case.Hkv * case.Sk)
+
+
+def work_flops(case) -> float:
+    if isinstance(case, case_sets.DecodeCase):
+        return sum(bench.attention_flops(1, case.Hq, case.q_len, n, case.D, False) for n in case.lengths())
+    return bench.attention_flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal)

@@ -1,0 +1,196 @@
+"""Context-parallel (ring) attention over torch.distributed: lab.ring.ring_attention.
+
+Each rank holds one shard of the sequence, (B, H, S_local, D) like SDPA. K/V shards travel around the
+ring (to rank + 1, from rank - 1) with `torch.distributed.batch_isend_irecv`; while the next shard is in
+flight, the local queries attend to the shard already here, and every step's partial (out, lse) is merged
+by log-sum-exp: the algebra of the split-K combine (lab.decode.splits.merge_partials), here in torch.
+
+Layouts (`shard_chunks`):
+- non-causal: contiguous shards, boundaries at floor(r * S / W), so any S works (uneven shards);
+- causal: zig-zag. The sequence is cut into 2W chunks and rank r holds chunks r and 2W - 1 - r. Under a
+  causal mask, contiguous shards give rank W - 1 about 2W - 1 times the work of rank 0; zig-zag pairs an
+  early chunk with a late one, so every rank does the same work (up to one chunk of rounding), and every
+  chunk pair is either fully visible, the causal diagonal (same chunk), or skipped: the forward kernel
+  only ever runs full or top-left-causal blocks of equal length.
+
+The local attention is a function attend(q, k, v, is_causal) -> (out, lse natural log, (B, H, S_q)):
+lab.ops.attention(..., return_lse=True) on GPUs, reference_attend (float64 math) on the CPU, where CI runs
+the whole algorithm over the gloo backend with world sizes 2-4 (tests/test_dist.py).
+
+The transport is lab.ring.comm: on a GPU each transfer is queued on a stream of its own, and the current
+stream, which runs the forward kernel on the shard already here, waits for it only when the next step needs
+its shard. A StepClock passed in records, per step, when the compute and the transfer started and ended
+(CUDA events on a GPU, wall-clock on the CPU). `communicate=False` runs the same steps on stand-in shards with
+no transfer (the compute-only time); `overlap=False` waits for each transfer before computing (the serial
+time). init_process_group() keeps NVLink multicast off, as the GPU machines require.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..merge import lse_merge  # noqa: F401 (lab.ring.attention.lse_merge: the ring's merge)
+
+from .comm import MULTICAST_OFF, StepClock, comm_stream, init_process_group, multicast_off, transfer  # noqa: F401
+
+# ------------------------------------------------------------------ layout
+
+def chunk_bounds(seqlen: int, parts: int) -> list[tuple[int, int]]:
+    """[begin, end) of `parts` near-equal chunks of [0, seqlen): boundaries at floor(i * seqlen / parts)."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    cuts = [i * seqlen // parts for i in range(parts + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def shard_chunks(seqlen: int, world: int, rank: int, is_causal: bool) -> list[tuple[int, int]]:
+    """The [begin, end) position ranges rank holds: one contiguous range, or zig-zag chunks r and 2W-1-r."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of {world}")
+    if not is_causal:
+        return [chunk_bounds(seqlen, world)[rank]]
+    chunks = chunk_bounds(seqlen, 2 * world)
+    return [chunks[rank], chunks[2 * world - 1 - rank]]
+
+
+def shard(x: torch.Tensor, world: int, rank: int, is_causal: bool) -> torch.Tensor:
+    """Rank's shard of a full (B, H, S, D) tensor, its chunks concatenated along S."""
+    return torch.cat([x[:, :, b:e] for b, e in shard_chunks(x.shape[2], world, rank, is_causal)], dim=2)
+
+
+def unshard(shards: list[torch.Tensor], seqlen: int, is_causal: bool) -> torch.Tensor:
+    """The full tensor back from every rank's shard (the inverse of shard)."""
+    world = len(shards)
+    parts = {}
+    for rank, piece in enumerate(shards):
+        offset = 0
+        for b, e in shard_chunks(seqlen, world, rank, is_causal):
+            parts[(b, e)] = piece[:, :, offset:offset + e - b]  # (b, e): empty chunks share a begin
+            offset += e - b
+    return torch.cat([parts[key] for key in sorted(parts)], dim=2)
+
+
+# ------------------------------------------------------------------ local attention and the merge
+
+def reference_attend(q, k, v, is_causal: bool):
+    """lab.emulate's float64 attention (out, lse) on torch tensors: the CPU runs and the tests."""
+    from ..emulate import attention_reference
+
+    out, lse = attention_reference(*(t.detach().cpu().numpy() for t in (q, k, v)), is_causal=is_causal)
+    return torch.from_numpy(out).to(q.device), torch.from_numpy(lse).to(q.device)
+
+
+def lab_attend(q, k, v, is_causal: bool):
+    """lab.ops.attention with its LSE: the forward kernel each ring step runs on a GPU."""
+    from .. import ops
+
+    out, lse = ops.attention(q, k, v, is_causal=is_causal, enable_gqa=q.shape[1] != k.shape[1], return_lse=True)
+    return out.float(), lse
+
+
+# ------------------------------------------------------------------ the ring
+
+def _visible(q_chunk: tuple, k_chunk: tuple, is_causal: bool) -> str | None:
+    """How query chunk sees key chunk: 'full', 'causal' (the same chunk: its diagonal), or None (masked)."""
+    if not is_causal or k_chunk[1] <= q_chunk[0]:
+        return "full"
+    if k_chunk == q_chunk:
+        return "causal"
+    return None  # every key after every query: zig-zag chunks never straddle, so there is no third case
+
+
+def ring_step(q, q_chunks, k, v, k_chunks, is_causal, attend, acc):
+    """Attend the local queries to one K/V shard and merge into acc[i] = (out, lse) per query chunk."""
+    q_off = 0
+    for i, qc in enumerate(q_chunks):
+        qi = q[:, :, q_off:q_off + qc[1] - qc[0]]
+        q_off += qc[1] - qc[0]
+        k_off = 0
+        for kc in k_chunks:
+            n = kc[1] - kc[0]
+            mode = _visible(qc, kc, is_causal)
+            if mode is not None and n and qi.shape[2]:
+                out, lse = attend(qi, k[:, :, k_off:k_off + n], v[:, :, k_off:k_off + n], mode == "causal")
+                acc[i] = (out, lse) if acc[i] is None else lse_merge(*acc[i], out, lse)
+            k_off += n
+    return acc
+
+
+def _rows(q, acc, q_chunks):
+    """This rank's output rows from the merged partials; a chunk that saw no key (an empty chunk) is zeros."""
+    dtype = next((a[0].dtype for a in acc if a is not None), q.dtype)
+    parts = [a[0] if a is not None else q.new_zeros(q.shape[0], q.shape[1], e - b, q.shape[3], dtype=dtype)
+             for a, (b, e) in zip(acc, q_chunks)]
+    return torch.cat(parts, dim=2).to(q.dtype)
+
+
+def ring_attention(q, k, v, is_causal: bool = False, group=None, attend=None, seqlen: int | None = None,
+                   clock: StepClock | None = None, communicate: bool = True, overlap: bool = True):
+    """Attention over a sequence sharded across the ranks of `group` (shard_chunks's layout).
+
+    q (B, H, S_local, D), k and v (B, H_kv, S_local_k, D) are this rank's shards; seqlen is the full length
+    (default: the sum of the shard lengths over the group). Returns this rank's rows of the output. Forward
+    only. K/V circulate with batch_isend_irecv, each transfer started before the attention of the block
+    already here (on a GPU: on comm_stream), so communication runs under compute. clock: a StepClock that
+    records each step; communicate=False: compute only (stand-in shards); overlap=False: serial.
+    """
+    import torch.distributed as dist
+
+    attend = attend or (lab_attend if q.is_cuda else reference_attend)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if seqlen is None:
+        lengths = torch.tensor([q.shape[2]], device=q.device)
+        dist.all_reduce(lengths, group=group)
+        seqlen = int(lengths)
+    q_chunks = shard_chunks(seqlen, world, rank, is_causal)
+    if sum(e - b for b, e in q_chunks) != q.shape[2]:
+        raise ValueError(f"rank {rank} holds {q.shape[2]} query rows but the layout gives it "
+                         f"{sum(e - b for b, e in q_chunks)} of {seqlen}")
+    acc = [None] * len(q_chunks)
+    kv = torch.stack([k, v])
+    peers = tuple(dist.get_global_rank(group, r) if group else r for r in ((rank + 1) % world, (rank - 1) % world))
+    stream = comm_stream(q.device) if q.is_cuda and communicate else None
+    current = torch.cuda.current_stream() if q.is_cuda else None
+    for step in range(world):
+        owner = (rank - step) % world  # whose shard is here now
+        pending = None
+        if step < world - 1:  # the next shard to arrive is owner - 1's; uneven shards differ in length
+            n_next = sum(e - b for b, e in shard_chunks(seqlen, world, (owner - 1) % world, is_causal))
+            if stream is not None and (step == 0 or not overlap):  # the first send reads kv, made on this
+                stream.wait_stream(current)  # stream; serial: no transfer starts before the last compute ends
+            pending = transfer(kv, n_next, peers, group, step, clock, stream, communicate)
+            if not overlap:
+                pending.wait()
+        if clock:
+            clock.mark(step, "compute", "start", current)
+        ring_step(q, q_chunks, kv[0], kv[1], shard_chunks(seqlen, world, owner, is_causal), is_causal, attend, acc)
+        if clock:
+            clock.mark(step, "compute", "end", current)
+        if pending is not None:
+            kv = pending.wait()
+    return _rows(q, acc, q_chunks)
+
+
+def emulate_ring(q, k, v, world: int, is_causal: bool, attend=reference_attend):
+    """The same steps in one process: rank r's output rows, for every r (tests, and the CPU chapter)."""
+    seqlen = q.shape[2]
+    shards_kv = [(shard(k, world, r, is_causal), shard(v, world, r, is_causal)) for r in range(world)]
+    outs = []
+    for rank in range(world):
+        q_chunks = shard_chunks(seqlen, world, rank, is_causal)
+        acc = [None] * len(q_chunks)
+        qs = shard(q, world, rank, is_causal)
+        for step in range(world):
+            owner = (rank - step) % world
+            ring_step(qs, q_chunks, *shards_kv[owner], shard_chunks(seqlen, world, owner, is_causal), is_causal,
+                      attend, acc)
+        outs.append(_rows(qs, acc, q_chunks))
+    return unshard(outs, seqlen, is_causal)
+
+
+def causal_work(seqlen: int, world: int, zigzag: bool = True) -> list[int]:
+    """Query-key pairs each rank computes under a causal mask: zig-zag against contiguous shards."""
+    work = []
+    for rank in range(world):
+        chunks = shard_chunks(seqlen, world, rank, True) if zigzag else [chunk_bounds(seqlen, world)[rank]]
+        work.append(sum((b + e + 1) * (e - b) // 2 for b, e in chunks))  # rows b..e-1 see b+1..e keys
+    return work
