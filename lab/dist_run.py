@@ -123,20 +123,31 @@ class Run:
         return out
 
 
-def prepare(run: Run) -> None:
-    """Build the kernels the run calls, one rank at a time (two ranks must not compile one file at once)."""
+def prepare(run: Run, build_arch: str | None = None) -> None:
+    """Build the kernels the run calls before any stage times them. Every rank asks at once: the kernel cache
+    lets one process compile a key while the others wait for its library (lab/cache_files.py).
+
+    build_arch (e.g. sm_80; nvcc, no GPU): each rank compiles, for that target, the forward kernels the ring
+    calls on such a GPU; the cold-cache check of concurrent ranks on a machine without one."""
+    if build_arch:
+        from . import build, registry
+        capability = tuple(int(c) for c in build_arch.removeprefix("sm_").rstrip("a"))
+        versions = sorted({registry.default_attention_version(D, sq, causal, capability)
+                           for D in (64, 128) for causal in (False, True) for sq in (64, 8192)})
+        for version in versions:
+            lib = build.build_kernel(registry.FWD[version].source, arch=build.check_arch_flags(build_arch))
+            print(f"rank {run.rank}: {version} for {build_arch} {'from the cache' if lib.cached else 'built'}: "
+                  f"{lib.path.name}", flush=True)
     if not run.cuda:
         return
     from . import ops
-    for turn in range(run.world):
-        if run.rank == turn:
-            for D in (64, 128):
-                for causal in (False, True):
-                    for sq in (64, 8192):
-                        q, k, v = run.inputs(1, 2, 2, sq, D, seed=0)
-                        ops.attention(q, k, v, is_causal=causal, return_lse=True)
-            run.sync()
-        run.dist.barrier()
+    for D in (64, 128):
+        for causal in (False, True):
+            for sq in (64, 8192):
+                q, k, v = run.inputs(1, 2, 2, sq, D, seed=0)
+                ops.attention(q, k, v, is_causal=causal, return_lse=True)
+    run.sync()
+    run.dist.barrier()
 
 
 def _ring_on(run, q, k, v, causal, **kw):
@@ -281,6 +292,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default="", help="copied into every row (the chapter finds its run's rows by it)")
     parser.add_argument("--max-seq", type=int, help="largest S the largest stage tries")
     parser.add_argument("--budget-s", type=float, help="seconds one call of the largest stage may be predicted to take")
+    parser.add_argument("--build-arch", help="first compile the ring's forward kernels for this target (sm_80, "
+                                             "sm_90a) on every rank at once; needs nvcc, not a GPU")
     args = parser.parse_args(argv)
     device = ring.init_process_group(args.device)
     preset = PRESETS[args.preset or ("gpu" if device.type == "cuda" else "cpu")]
@@ -292,7 +305,7 @@ def main(argv=None) -> int:
     run.say(f"lab.dist_run: world {run.world}, {run.label}, preset {args.preset or device.type}, stages {stages}, "
             f"multicast off: {ring.MULTICAST_OFF}")
     try:
-        prepare(run)
+        prepare(run, args.build_arch)
         for stage in stages:
             if stage == "largest":
                 largest(run, args.max_seq or preset.max_seq, args.budget_s or preset.budget_s)
