@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from .. import paths, toc
-from . import baselines, chapters, ledger, pages, pivot, prune
+from . import baselines, chapters, ledger, pages, prune, standings
 from .pages import Markdown
 
 
@@ -107,7 +107,7 @@ def generate(outputs: Path | None = None, chapters_list: list[str] | None = None
         "baselines": pages.write_page(log_dir / "baselines.md", baselines.page(outputs, sessions, rows, log_dir)),
         "bugs": pages.write_page(log_dir / "bugs.md", ledger.bugs_page(outputs, sessions, rows, log_dir)),
         "patterns": pages.write_page(log_dir / "patterns.md", ledger.patterns_page(outputs, sessions, rows, log_dir)),
-        "standings": pages.write_page(log_dir / "standings.md", pivot.standings_include(rows)),
+        "standings": pages.write_page(log_dir / "standings.md", standings.include(rows)),
     }
     known = list(chapters_list or toc.chapters())
     unknown = sorted({str(c.get("name")) for s in sessions for c in s.get("chapters", [])} - set(known))
