@@ -199,6 +199,7 @@ def scale(run: Run) -> None:
     case = {"name": f"ring-scale-S{S}", "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "causal": True,
             "dtype": str(run.preset.dtype).replace("torch.", "")}
     one = run.timed(lambda: run.attend(q, k, v, True), run.preset.reps, everyone=False) if run.rank == 0 else None
+    sdpa = _yardsticks(run, q, k, v) if run.rank == 0 else {}
     run.dist.barrier()
     shards = [ring.shard(t, run.world, run.rank, True) for t in (q, k, v)]
     del q, k, v
@@ -206,10 +207,33 @@ def scale(run: Run) -> None:
     if run.rank == 0:
         eff = record.scaling_efficiency(one["median_ms"], many["median_ms"], run.world)
         flops = _flops(B, Hq, S, D, True)
+        ratios = {b: t["median_ms"] / many["median_ms"] for b, t in sdpa.items() if "median_ms" in t}
         run.write({"kind": "ring-scale", "case": case, "single": one, "timing": many, "efficiency": eff,
-                   "tflops_single": flops / one["median_ms"] / 1e9, "tflops": flops / many["median_ms"] / 1e9})
+                   "tflops_single": flops / one["median_ms"] / 1e9, "tflops": flops / many["median_ms"] / 1e9,
+                   "sdpa": sdpa, "ratios": ratios})
         run.say(f"scaling at S={S} causal D={D}: 1 device {one['median_ms']:.1f} ms, {run.world} devices "
                 f"{many['median_ms']:.1f} ms, efficiency {eff:.3f} ({run.label})")
+
+
+# What the ring is for beating: SDPA on one device over the whole sequence. On a GPU its fused backends;
+# math would materialise the S x S scores (128 GiB at S = 256k). On the CPU math is the only backend.
+YARDSTICKS = {"cuda": ("flash", "cudnn", "efficient"), "cpu": ("math",)}
+
+
+def _yardsticks(run: Run, q, k, v) -> dict:
+    """{sdpa-<backend>: timing, or why it could not run} on this rank alone, the whole sequence, causal."""
+    from . import bench
+
+    found = {}
+    for backend in YARDSTICKS[run.device.type]:
+        try:
+            found[f"sdpa-{backend}"] = run.timed(bench.sdpa_runner(backend, q, k, v, is_causal=True),
+                                                 run.preset.reps, everyone=False)
+        except (RuntimeError, ValueError) as err:  # a backend that rejects the shape, or out of memory
+            found[f"sdpa-{backend}"] = {"unsupported": str(err).splitlines()[0][:120]}
+            if run.cuda:
+                torch.cuda.empty_cache()
+    return found
 
 
 def comm(run: Run) -> None:
