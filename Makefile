@@ -42,8 +42,12 @@ book: $(STAMP)
 	$(VPY) -m lab log --summary; \
 	exit $$status
 
+# pytest-xdist: one worker per core (at most 4, the suite's heavy tests are few), tests of one module fixture
+# kept together (xdist_group); the nvcc compile checks are shared through the kernel cache, where one worker
+# compiles a key and the others wait for it. The ten slowest tests are listed at the end.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup --durations=10 tests
 
 kernels:
 	@if [ -x $(VPY) ]; then $(VPY) -m lab compile; else $(PY) -m lab compile; fi

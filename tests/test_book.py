@@ -13,6 +13,9 @@ import pytest
 import fixture_outputs
 from lab.publish import log
 
+# pytest-xdist (make test): the module's tests stay on one worker, so the book is built once, by its module fixture
+pytestmark = pytest.mark.xdist_group("test_book")
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--virtual-time-budget=5000"]  # lets index.html's redirect to intro.html happen

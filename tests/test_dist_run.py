@@ -15,6 +15,9 @@ import torch.multiprocessing as mp
 from lab import dist as ring
 from lab import dist_comm, dist_report, gates, record
 
+# pytest-xdist (make test): the module's tests stay on one worker, so the torchrun run is made once, by its module fixture
+pytestmark = pytest.mark.xdist_group("test_dist_run")
+
 matplotlib.use("Agg")
 
 

@@ -14,6 +14,9 @@ import fixture_outputs
 from fixture_outputs import SESSIONS
 from lab.publish import chapters as publish, log
 
+# pytest-xdist (make test): the module's tests stay on one worker, so the fixture outputs and their log are made once, by the module fixture
+pytestmark = pytest.mark.xdist_group("test_log")
+
 OLD, NEW, CPU = (SESSIONS[k][0] for k in ("old", "new", "cpu"))
 
 
