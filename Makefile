@@ -7,10 +7,14 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-export MPLCONFIGDIR := $(CURDIR)/.cache/matplotlib
-export JUPYTER_CONFIG_DIR := $(CURDIR)/.cache/jupyter
-export JUPYTER_DATA_DIR := $(CURDIR)/.cache/jupyter-data
-export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+# Every cache goes under LAB_CACHE_DIR (lab/paths.py reads the same variable): point it elsewhere for a
+# read-only or shared checkout.
+LAB_CACHE_DIR ?= $(CURDIR)/.cache
+export LAB_CACHE_DIR
+export MPLCONFIGDIR := $(LAB_CACHE_DIR)/matplotlib
+export JUPYTER_CONFIG_DIR := $(LAB_CACHE_DIR)/jupyter
+export JUPYTER_DATA_DIR := $(LAB_CACHE_DIR)/jupyter-data
+export TORCH_EXTENSIONS_DIR := $(LAB_CACHE_DIR)/torch_extensions
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: book test kernels lab env clean-book
@@ -38,8 +42,12 @@ book: $(STAMP)
 	$(VPY) -m lab log --summary; \
 	exit $$status
 
+# pytest-xdist: one worker per core (at most 4, the suite's heavy tests are few), tests of one module fixture
+# kept together (xdist_group); the nvcc compile checks are shared through the kernel cache, where one worker
+# compiles a key and the others wait for it. The ten slowest tests are listed at the end.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup --durations=10 tests
 
 kernels:
 	@if [ -x $(VPY) ]; then $(VPY) -m lab compile; else $(PY) -m lab compile; fi

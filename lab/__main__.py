@@ -1,4 +1,5 @@
-"""python -m lab {env,compile,session,log}: env, compile and session need the lab's toolchain; log needs no torch."""
+"""python -m lab {env,compile,session,log,prune}: env, compile and session need the lab's toolchain; log and
+prune need no torch."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--arch", action="append", help="targets (default: sm_80 and sm_90a)")
     sub.add_parser("session", help="execute every chapter with papermill and record a session", add_help=False)
     sub.add_parser("log", help="generate the log pages and the book's chapter copies from outputs/", add_help=False)
+    sub.add_parser("prune", help="remove the executed copies of superseded sessions (git history keeps them)",
+                   add_help=False)
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "env":
@@ -43,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         from .publish import log
 
         return log.main(rest)
+    if args.command == "prune":
+        from .publish import prune
+
+        return prune.main(rest)
     return 2
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from . import paths
+from . import cache_files, files, paths
 
 CHECK_ARCHS = ("sm_80", "sm_90a")
 BASE_FLAGS = ("-std=c++17", "-O3", "-lineinfo", "-Xptxas", "-v", "-I", "kernels")
@@ -287,17 +287,23 @@ def build_kernel(source: Path | str, defines=None, arch: list[str] | None = None
     out_dir.mkdir(parents=True, exist_ok=True)
     so = out_dir / f"{path.stem}-{key}.so"
     meta = so.with_suffix(".json")
-    if so.exists() and meta.exists():
-        info = json.loads(meta.read_text())
-        lib = KernelLibrary(paths.relative(path), so, key, True, 0.0, info["resources"])
-    else:
-        tmp = so.with_suffix(".tmp.so")
-        log, seconds = run_nvcc([*flags, "-shared", "-Xcompiler", "-fPIC", paths.relative(path), "-o", str(tmp)],
-                                paths.relative(path))
-        tmp.replace(so)
-        lib = KernelLibrary(paths.relative(path), so, key, False, seconds, parse_ptxas(log))
-        meta.write_text(json.dumps({"source": lib.source, "flags": flags, "resources": lib.resources,
-                                    "build_seconds": seconds}, indent=1))
+    source = paths.relative(path)
+
+    def ready() -> KernelLibrary | None:
+        try:  # a library without readable metadata (a build killed between the two) is built again
+            info = json.loads(meta.read_text()) if so.exists() else None
+        except (OSError, ValueError):
+            return None
+        return KernelLibrary(source, so, key, True, 0.0, info["resources"]) if info else None
+
+    def make(tmp: Path) -> KernelLibrary:
+        log, seconds = run_nvcc([*flags, "-shared", "-Xcompiler", "-fPIC", source, "-o", str(tmp)], source)
+        built = KernelLibrary(source, so, key, False, seconds, parse_ptxas(log))
+        files.write_atomic(meta, json.dumps({"source": source, "flags": flags, "resources": built.resources,
+                                             "build_seconds": seconds}, indent=1))
+        return built
+
+    lib = cache_files.publish_once(so, ready, make)
     _loaded[key] = lib
     return lib
 
@@ -325,11 +331,20 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
         flags = [*BASE_FLAGS, *check_arch_flags(arch), *_define_flags(defines)]
         obj = out_dir / f"{path.stem}-{arch}-{cache_key(path, flags)}.o"
         saved = obj.with_suffix(".log")
-        if obj.exists() and saved.exists():  # unchanged sources and flags: reuse the ptxas report
-            return saved.read_text()
-        log, _ = run_nvcc([*flags, "-c", paths.relative(path), "-o", str(obj)], f"{paths.relative(path)} for {arch}")
-        saved.write_text(log)
-        return log
+
+        def ready() -> str | None:  # unchanged sources and flags: reuse the ptxas report
+            try:
+                return saved.read_text() if obj.exists() else None
+            except OSError:
+                return None
+
+        def make(tmp: Path) -> str:
+            log, _ = run_nvcc([*flags, "-c", paths.relative(path), "-o", str(tmp)],
+                              f"{paths.relative(path)} for {arch}")
+            files.write_atomic(saved, log)
+            return log
+
+        return cache_files.publish_once(obj, ready, make)
 
     jobs = [(path, arch) for path in (sources or kernel_sources()) for arch in archs]
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
@@ -403,16 +418,26 @@ def binding():
     name = f"lab_binding_{key}"
     build_dir = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / name
     built = build_dir / f"{name}.so"
-    if built.exists():  # a cached load is an import, never a ninja run
+    module = None
+    if not _binding_ready(built):
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with cache_files.locked(built):  # torchrun's ranks on a cold cache: one builds, the others wait
+            if not built.exists():
+                from torch.utils.cpp_extension import load_inline
+
+                module = load_inline(name=name, cpp_sources=[source], with_cuda=True,
+                                     extra_include_paths=[str(paths.KERNELS)], extra_cflags=["-O2"],
+                                     build_directory=str(build_dir), verbose=False)
+    if module is None:  # a cached load is an import, never a ninja run
         spec = importlib.util.spec_from_file_location(name, built)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        _binding = Binding(module)
-        return _binding
-    from torch.utils.cpp_extension import load_inline
-
-    build_dir.mkdir(parents=True, exist_ok=True)
-    _binding = Binding(load_inline(name=name, cpp_sources=[source], with_cuda=True,
-                                   extra_include_paths=[str(paths.KERNELS)], extra_cflags=["-O2"],
-                                   build_directory=str(build_dir), verbose=False))
+    _binding = Binding(module)
     return _binding
+
+
+def _binding_ready(built: Path) -> bool:
+    """The binding's library is whole: it exists and no builder holds its lock (ours, or torch's own baton,
+    which ninja's link runs under), checked in that order so a library seen half-linked is never loaded."""
+    return built.exists() and not built.with_name(built.name + ".lock").exists() \
+        and not (built.parent / "lock").exists()

@@ -1,4 +1,6 @@
-"""Where things live. Every cache stays inside the repository (ignored), never under $HOME."""
+"""Where things live. Every cache goes under one folder, LAB_CACHE_DIR (default: <checkout>/.cache, ignored by
+git), never under $HOME: the kernel libraries, the compile checks, the torch binding (TORCH_EXTENSIONS_DIR),
+matplotlib's and Jupyter's. Pointing it elsewhere lets a read-only or shared checkout build and run."""
 from __future__ import annotations
 
 import os
@@ -8,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 CHAPTERS = ROOT / "chapters"
 OUTPUTS = Path(os.environ.get("LAB_OUTPUTS", ROOT / "outputs"))
-CACHE = Path(os.environ.get("LAB_CACHE", ROOT / ".cache"))
+# LAB_CACHE is the variable's older name, still read so existing scripts keep their cache
+CACHE = Path(os.environ.get("LAB_CACHE_DIR") or os.environ.get("LAB_CACHE") or ROOT / ".cache")
 
 
 def relative(path: Path | str) -> str:
@@ -21,7 +24,7 @@ def relative(path: Path | str) -> str:
 
 
 def setup_cache_env() -> None:
-    """Point torch extensions, matplotlib and Jupyter caches into .cache/ unless the user chose."""
+    """Point torch extensions, matplotlib and Jupyter caches under CACHE unless the user chose."""
     defaults = {
         "TORCH_EXTENSIONS_DIR": CACHE / "torch_extensions",
         "MPLCONFIGDIR": CACHE / "matplotlib",

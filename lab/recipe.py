@@ -83,7 +83,7 @@ def cold_build_seconds(source: str, symbol: str) -> float:
     import tempfile
 
     with tempfile.TemporaryDirectory() as empty:
-        env = {**os.environ, "TORCH_EXTENSIONS_DIR": os.path.join(empty, "ext"), "LAB_CACHE": os.path.join(empty, "lab")}
+        env = {**os.environ, "TORCH_EXTENSIONS_DIR": os.path.join(empty, "ext"), "LAB_CACHE_DIR": os.path.join(empty, "lab")}
         code = textwrap.dedent(f"""
             import time, torch
             from lab import build

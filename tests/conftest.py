@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-os.environ.setdefault("MPLCONFIGDIR", str(ROOT / ".cache" / "matplotlib"))
+from lab import paths  # noqa: E402  (after the import path is set)
+
+os.environ.setdefault("MPLCONFIGDIR", str(paths.CACHE / "matplotlib"))
 # Agg for this test process: matplotlib reads MPLBACKEND once, when it is imported. The variable is then
 # restored, so notebooks that tests execute in subprocesses (papermill, nbmake) keep their inline backend.
 _previous_backend = os.environ.get("MPLBACKEND")

@@ -83,6 +83,15 @@ def rows_for(which: str) -> list[dict]:
             decode_row("sdpa-flash", decode_case("dec-b1-kv4096", 1, 4096), 0.055, 1.0, 1.0),
             {"kind": "check", "chapter": "n6_fa2", "impl": "v02", "case": case("odd", 65, D=64),
              "check": {"passed": False, "max_abs": 0.9, "sdpa_max_abs": 0.004, "nan": False}},
+            # the other families of the front page: backward, paged decode, and a ring row that timed its
+            # speed-up over one GPU but no SDPA yardstick
+            fwd("lab.ops.attention", case("fwd-s2048", 2048), 3.0, 0.5, 0.4, kind="bwd", chapter="n10_backward"),
+            {**decode_row("lab.ops.decode", {**decode_case("pg-p64-b8-kv8192", 8, 8192), "page_size": 64}, 0.2,
+                          0.9, 0.95), "kind": "paged", "chapter": "n11_paged_decode"},
+            {"kind": "ring-scale", "chapter": "n12_ring", "impl": "lab.dist.ring_attention", "world_size": 2,
+             "case": {"name": "ring-scale-S262144", "B": 1, "Hq": 16, "Hkv": 16, "S": 262144, "D": 128,
+                      "causal": True, "dtype": "bfloat16"},
+             "single": {"median_ms": 520.0}, "timing": {"median_ms": 260.0}, "efficiency": 1.0, "tflops": 1000.0},
         ]
     return [{"kind": "check", "chapter": "n4_baseline", "impl": "v01", "case": small,
              "check": {"passed": True, "max_abs": 1e-6}}]

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("gi
 
 
 def _run(args, cwd, **kw):
-    env = {**os.environ, "PYTHONPATH": str(cwd), "LAB_CACHE": str(Path(cwd) / ".cache"), "LAB_OUTPUTS": str(Path(cwd) / "outputs")}
+    env = {**os.environ, "PYTHONPATH": str(cwd), "LAB_CACHE_DIR": str(Path(cwd) / ".cache"), "LAB_OUTPUTS": str(Path(cwd) / "outputs")}
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, **kw)
 
 

@@ -2,7 +2,7 @@
 LAB_BINDING_CPU_CHECKS (CPU tensors accepted as the kernels' device, nothing launched), called with every bad
 direct call of tests/binding_cases.py. The same cases run through the CUDA build in tests/test_gpu.py.
 
-The first run compiles the binding (~20 s on the CPU box); later runs load it from .cache/.
+The first run compiles the binding (~20 s on the CPU box); later runs load it from the cache (LAB_CACHE_DIR).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import binding_cases
-from lab import build, kernels, paths
+from lab import build, cache_files, kernels, paths
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +27,11 @@ def cpu_binding():
     source = (paths.ROOT / "lab" / "binding.cpp").read_text()
     header = (paths.KERNELS / "common" / "params.h").read_text()
     key = hashlib.sha256((source + header + torch.__version__).encode()).hexdigest()[:12]
-    folder = paths.ROOT / ".cache" / f"binding_cpu_{key}"
+    folder = paths.CACHE / f"binding_cpu_{key}"
     folder.mkdir(parents=True, exist_ok=True)
-    module = load_inline(name=f"lab_binding_cpu_{key}", cpp_sources=[source], extra_cflags=["-O0", "-DLAB_BINDING_CPU_CHECKS"],
-                         extra_include_paths=[str(paths.KERNELS)], build_directory=str(folder), verbose=False)
+    with cache_files.locked(folder / "binding.so"):  # pytest-xdist's workers: one builds, the others wait
+        module = load_inline(name=f"lab_binding_cpu_{key}", cpp_sources=[source], extra_cflags=["-O0", "-DLAB_BINDING_CPU_CHECKS"],
+                             extra_include_paths=[str(paths.KERNELS)], build_directory=str(folder), verbose=False)
     return build.Binding(module)
 
 

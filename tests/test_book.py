@@ -13,6 +13,9 @@ import pytest
 import fixture_outputs
 from lab.publish import log
 
+# pytest-xdist (make test): the module's tests stay on one worker, so the book is built once, by its module fixture
+pytestmark = pytest.mark.xdist_group("test_book")
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--virtual-time-budget=5000"]  # lets index.html's redirect to intro.html happen
@@ -100,10 +103,11 @@ def test_pages_render_tables_and_figures_in_a_browser(built, browser, page):
         assert "<img" in dom, f"{page}: no figure in the rendered DOM"
     if page == "index":  # the front page's standings, included from outputs/log/standings.md
         assert "Attention kernels: a lab notebook" in dom and "Sessions" in dom and "Latest standings" in dom
-        assert "lab.ops.attention (forward)" in dom and "lab.ops.decode (decode)" in dom and "1.00x (0.80-1.25, 3)" in dom
+        assert all(f"<td><p>{family}</p></td>" in dom for family in ("forward", "backward", "decode", "paged decode", "ring"))
+        assert "lab.ops.attention" in dom and "lab.ops.decode" in dom and "1.00x (0.80-1.25, 3)" in dom
     if page == "baselines":  # the pivot per GPU and family, coloured, and a figure per family
-        assert dom.count('class="pivot"') == 2 and "background:rgba(46,160,67" in dom
-        assert "pivot-fwd-h100-80gb-hbm3.png" in dom and "pivot-decode-h100-80gb-hbm3.png" in dom
+        assert dom.count('class="pivot"') == 5 and "background:rgba(46,160,67" in dom  # the five families
+        assert all(f"pivot-{family}-h100-80gb-hbm3.png" in dom for family in ("fwd", "bwd", "decode", "paged"))
         assert "trend-h100-80gb-hbm3.png" in dom and "origin-l4.png" in dom and "0.743" in dom
     if page == "sessions":
         assert "RuntimeError: no kernel image is available" in dom

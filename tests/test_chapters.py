@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,23 +53,86 @@ def test_chapter_is_clean_source(name):
     assert "device" in params
 
 
-def test_chapter_runs_in_cpu_mode(name, tmp_path, monkeypatch):
+def _execute(name: str, out: Path, root: Path = paths.ROOT) -> str:
+    """Run the chapter through papermill in CPU mode; the text of every code cell's output."""
     import papermill
 
-    outputs = tmp_path / "outputs"
-    env = {"LAB_OUTPUTS": str(outputs), "PYTHONPATH": os.pathsep.join(filter(None, [str(paths.ROOT), os.environ.get("PYTHONPATH")]))}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("LAB_SESSION_DIR", raising=False)
-    out = tmp_path / f"{name}.ipynb"
-    papermill.execute_notebook(str(paths.CHAPTERS / f"{name}.ipynb"), str(out), parameters={"device": "cpu"},
-                               cwd=str(paths.ROOT), kernel_name="python3", progress_bar=False)
+    papermill.execute_notebook(str(root / "chapters" / f"{name}.ipynb"), str(out), parameters={"device": "cpu"},
+                               cwd=str(root), kernel_name="python3", progress_bar=False)
     executed = json.loads(out.read_text())
-    text = "\n".join("".join(o.get("text", "")) for c in executed["cells"] if c["cell_type"] == "code"
-                     for o in c.get("outputs", []))
+    errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"{name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    return "\n".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                     for c in executed["cells"] if c["cell_type"] == "code" for o in c.get("outputs", []))
+
+
+@pytest.mark.parametrize("outputs", ["empty", "committed"])
+def test_chapter_runs_in_cpu_mode(name, outputs, tmp_path, monkeypatch):
+    """Against an empty outputs/ (a new user's first run) and against the committed one, the path `make book`
+    takes on a machine without a GPU: there CPU mode shows the recorded GPU results."""
+    if outputs == "empty":
+        root = tmp_path / "outputs"
+        monkeypatch.setenv("LAB_OUTPUTS", str(root))
+        monkeypatch.delenv("LAB_SESSION_DIR", raising=False)
+    else:  # read the committed records; write this run's records beside the test, never into outputs/
+        root = tmp_path / "session"
+        monkeypatch.setenv("LAB_OUTPUTS", str(paths.ROOT / "outputs"))
+        monkeypatch.setenv("LAB_SESSION_DIR", str(root))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(paths.ROOT), os.environ.get("PYTHONPATH")])))
+    text = _execute(name, tmp_path / f"{name}.ipynb")
     assert "CPU mode" in text
     # a chapter records its own results even when run on its own, with no session
-    assert list(outputs.rglob("records.jsonl")), "the chapter wrote no records under outputs/"
+    assert list(root.rglob("records.jsonl")), "the chapter wrote no records"
     if name not in ("n0_environment",):
         assert "[skipped in CPU mode:" in text, "GPU cells must say they were skipped"
-    assert not any(o.get("output_type") == "error" for c in executed["cells"] for o in c.get("outputs", []))
+    if outputs == "committed":
+        from lab import record
+
+        recorded = {r["session"] for r in record.latest_gpu_rows(record.load(paths.ROOT / "outputs", chapter=name))}
+        assert not recorded or any(session in text for session in recorded), \
+            f"{name}: GPU results of {sorted(recorded)} are recorded, but CPU mode did not show them"
+
+
+def _tracked_copy(destination: Path) -> Path:
+    """The checkout's tracked files (or, outside git, everything but caches and builds) copied to destination."""
+    try:
+        names = subprocess.run(["git", "ls-files", "-z"], cwd=paths.ROOT, capture_output=True, text=True,
+                               check=True).stdout.split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        shutil.copytree(paths.ROOT, destination, ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".cache", "_build", "__pycache__", "adhoc", "book", "log"))
+        return destination
+    for name in filter(None, names):
+        if (paths.ROOT / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(paths.ROOT / name, destination / name)
+    return destination
+
+
+def _snapshot(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_a_read_only_checkout_runs_a_chapter_with_the_cache_elsewhere(tmp_path, monkeypatch):
+    """LAB_CACHE_DIR alone moves every cache: a read-only copy of the checkout compile-checks its kernels and
+    plots in CPU mode, and nothing is written inside the copy."""
+    checkout = _tracked_copy(tmp_path / "checkout")
+    cache = tmp_path / "elsewhere"
+    for name in ("TORCH_EXTENSIONS_DIR", "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR", "LAB_CACHE", "LAB_OUTPUTS"):
+        monkeypatch.delenv(name, raising=False)  # they must follow LAB_CACHE_DIR, not the test's environment
+    monkeypatch.setenv("LAB_CACHE_DIR", str(cache))
+    monkeypatch.setenv("LAB_SESSION_DIR", str(tmp_path / "session"))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # what Python does by itself in a read-only folder
+    monkeypatch.setenv("PYTHONPATH", str(checkout))
+    for path in [checkout, *checkout.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    before = _snapshot(checkout)
+    try:
+        text = _execute("n4_baseline", tmp_path / "out.ipynb", root=checkout)
+    finally:
+        for path in [checkout, *checkout.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)  # so pytest can remove its temporary folder
+    assert "CPU mode" in text
+    assert _snapshot(checkout) == before, "the chapter wrote inside the checkout"
+    assert list((cache / "compile_check").glob("*.o")), "the kernels were compile-checked into LAB_CACHE_DIR"
+    assert (cache / "matplotlib").is_dir() and (cache / "torch_extensions").is_dir()

@@ -17,6 +17,9 @@ from lab.ring import attention as ring
 from lab.ring import comm as dist_comm
 from lab.ring import report as dist_report
 
+# pytest-xdist (make test): the module's tests stay on one worker, so the torchrun run is made once, by its module fixture
+pytestmark = pytest.mark.xdist_group("test_dist_run")
+
 matplotlib.use("Agg")
 
 
@@ -51,6 +54,10 @@ def test_scaling_and_communication_rows(rows):
     (scale,) = dist_report.of(rows, "ring-scale")
     assert scale["efficiency"] == pytest.approx(
         record.scaling_efficiency(scale["single"]["median_ms"], scale["timing"]["median_ms"], 2))
+    # the yardstick of the front page's ring row: SDPA on one device over the whole sequence (math on the CPU)
+    assert set(scale["sdpa"]) == {"sdpa-math"} and scale["sdpa"]["sdpa-math"]["median_ms"] > 0
+    assert scale["ratios"] == {"sdpa-math": pytest.approx(scale["sdpa"]["sdpa-math"]["median_ms"]
+                                                          / scale["timing"]["median_ms"])}
     (comm,) = dist_report.of(rows, "ring-comm")
     assert comm["comm_ratio"] == pytest.approx(comm["timing"]["median_ms"] / comm["compute_only"]["median_ms"])
     lines = dist_report.of(rows, "ring-timeline")

@@ -142,3 +142,44 @@ def test_tables_use_the_log_renderer():
                                                                               ["<b>", 1.234]]).rstrip("\n")
     assert "| v\\|1 | n/a |" in table.markdown() and "&lt;b&gt;" in table.markdown()
     json.dumps(table.markdown())
+
+
+def test_chapters_import_only_what_the_lab_installs():
+    """A chapter imports the standard library, lab, torch, IPython (ipykernel's) or a requirements.txt package:
+    anything else works on a GPU machine that happens to have it and fails `make book` on a fresh clone."""
+    import ast
+
+    pinned = {line.split("==")[0].strip().lower().replace("-", "_")
+              for line in (paths.ROOT / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    allowed = set(sys.stdlib_module_names) | {"lab", "torch", "IPython"} | pinned
+    for notebook in sorted(paths.CHAPTERS.glob("n*.ipynb")):
+        for cell in json.loads(notebook.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            source = "\n".join(line for line in "".join(cell["source"]).splitlines()
+                               if not line.lstrip().startswith(("%", "!")))
+            for node in ast.walk(ast.parse(source)):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+                for name in names:
+                    assert name.split(".")[0] in allowed, f"{notebook.name} imports {name}, which nothing installs"
+
+
+def test_backward_tables_need_no_pandas():
+    from types import SimpleNamespace
+
+    from lab.publish import tables
+
+    def result(passed, err):
+        return SimpleNamespace(passed=passed, worst={"max_abs": err, "sdpa_max_abs": err / 2})
+
+    checked = tables.gradient_checks([("a", {n: result(True, 1e-3) for n in ("dq", "dk", "dv")}),
+                                      ("b", {"dq": result(False, 0.5), "dk": result(True, 1e-3),
+                                             "dv": result(True, 1e-3)})])
+    assert checked.caption == "1/2 checks pass"
+    assert "| b | no | 5.00e-01 / 2.50e-01 |" in checked.markdown()
+    row = {"impl": "lab.ops.attention", "case": {"name": "s2048"}, "tflops": 150.0,
+           "timing": {"median_ms": 1.5}, "ratios": {"sdpa-flash": 0.6, "sdpa-cudnn": 0.5}}
+    race = tables.race([row, {**row, "impl": "sdpa-flash"}]).markdown()
+    assert "| s2048 | 150 | 1.50 | 0.6 | 0.5 | n/a |" in race and race.count("s2048") == 1

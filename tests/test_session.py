@@ -17,6 +17,9 @@ import pytest
 
 from lab import files, paths, record, session
 
+# pytest-xdist (make test): the module's tests stay on one worker, so the fixture session runs once, by its module fixture
+pytestmark = pytest.mark.xdist_group("test_session")
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 

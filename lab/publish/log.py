@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from .. import paths, toc
-from . import baselines, chapters, ledger, pages, pivot
+from . import baselines, chapters, ledger, pages, prune, standings
 from .pages import Markdown
 
 
@@ -46,13 +46,17 @@ def sessions_page(outputs: Path, sessions: list[dict]) -> str:
              "a gate without data (a CPU session, a chapter that did not get that far) never counts as a pass, "
              "and the gates of a chapter that failed are *void*. A session marked *abandoned* was left "
              "\"running\" by a runner that was killed. "
-             "Cost is GPU-hours at the price given to the session, when one was given.\n"]
+             "Cost is GPU-hours at the price given to the session, when one was given. Every session's records "
+             "stay in the tree; its executed notebooks and figures stay only while the book publishes it or a "
+             "chapter, README or log page cites it (`python -m lab prune`), and *Copies* names the commit that "
+             "still has them otherwise.\n"]
     newest = list(reversed(sessions))
     parts.append(pages.table(
-        ["Session", "Start (UTC)", "GPU", "Mode", "Cases", "Status", "Duration", "Chapters", "Gates", "Cost"],
+        ["Session", "Start (UTC)", "GPU", "Mode", "Cases", "Status", "Duration", "Chapters", "Gates", "Cost",
+         "Copies"],
         [[pages.session_ref(s["id"]), pages.date(s.get("start")), (s.get("env") or {}).get("gpu"), s.get("mode"),
           s.get("cases"), s.get("status"), pages.duration(s.get("duration_s")), _chapter_counts(s),
-          _gate_cells(s.get("gates")), _cost(s)] for s in newest]) if newest else "No session has run yet: `python -m lab session`.\n")
+          _gate_cells(s.get("gates")), _cost(s), prune.where(s)] for s in newest]) if newest else "No session has run yet: `python -m lab session`.\n")
     for s in newest:
         env = s.get("env") or {}
         facts = ", ".join(f"{k} {env[k]}" for k in ("capability", "sms", "driver", "cuda", "torch", "nvcc", "python")
@@ -61,6 +65,8 @@ def sessions_page(outputs: Path, sessions: list[dict]) -> str:
                      f"{pages.text(env.get('gpu', 'cpu'))} ({pages.text(s.get('mode'))} mode), commit "
                      f"{pages.text(s.get('commit'))}, {pages.date(s.get('start'))} to {pages.date(s.get('end'))} UTC, "
                      f"status {pages.text(s.get('status'))}. Environment: {pages.text(facts or 'not recorded')}.\n")
+        if (restore := prune.restore_note(s)) is not None:
+            parts.append(restore)
         if s.get("error"):
             parts.append(f"The runner stopped on an error: {pages.text(s['error'])}\n")
         parts.append(pages.table(["Chapter", "Status", "Duration", "Build s", "Gates", "Error"],
@@ -101,7 +107,7 @@ def generate(outputs: Path | None = None, chapters_list: list[str] | None = None
         "baselines": pages.write_page(log_dir / "baselines.md", baselines.page(outputs, sessions, rows, log_dir)),
         "bugs": pages.write_page(log_dir / "bugs.md", ledger.bugs_page(outputs, sessions, rows, log_dir)),
         "patterns": pages.write_page(log_dir / "patterns.md", ledger.patterns_page(outputs, sessions, rows, log_dir)),
-        "standings": pages.write_page(log_dir / "standings.md", pivot.standings_include(rows)),
+        "standings": pages.write_page(log_dir / "standings.md", standings.include(rows)),
     }
     known = list(chapters_list or toc.chapters())
     unknown = sorted({str(c.get("name")) for s in sessions for c in s.get("chapters", [])} - set(known))

@@ -1,13 +1,15 @@
 """Our default kernel of each family against every SDPA backend, read at a glance.
 
-- `pivot_html`: per GPU and family, one row per shape (D, causal, S for the forward pass; H, B, L for
-  decode), one column per backend, each cell our ratio (SDPA's time / ours, >1: ours faster), coloured
+The families: the forward pass, the backward pass, decode, paged decode and the ring (context-parallel
+attention over several GPUs). Each is measured against its own SDPA yardstick (YARDSTICK).
+
+- `pivot_html`: per GPU and family, one row per shape (D, causal, S for the forward and backward passes;
+  H, B, L for decode, and the page size for paged decode; S and GPUs for the ring), one column per backend, each cell our ratio (SDPA's time / ours, >1: ours faster), coloured
   on a log scale from red (0.5x or worse) through white (parity) to green (2x or better);
 - `family_figure`: the same ratios against S (or L), one line per backend;
-- `standings_include`: the front page's table, the geometric mean per backend, per GPU and family.
 
-"Ours" is the public op as users call it: rows whose impl is exactly `lab.ops.attention` or
-`lab.ops.decode`. Older sessions named their rows by version (v04) or, for decode, `auto`
+"Ours" is the public op as users call it: rows whose impl is exactly `lab.ops.attention`, `lab.ops.decode`
+or `lab.dist.ring_attention`. Older sessions named their rows by version (v04) or, for decode, `auto`
 (lab.ops.decode's own choice); for those, the newest version in the session stands in, and the page
 says which impl it shows.
 """
@@ -24,7 +26,13 @@ from ..record import slug
 from . import pages
 from .pages import Markdown
 
-FAMILIES = {"fwd": ("lab.ops.attention", "forward"), "decode": ("lab.ops.decode", "decode")}
+# record kind -> (our public op, the family's name)
+FAMILIES = {"fwd": ("lab.ops.attention", "forward"), "bwd": ("lab.ops.attention", "backward"),
+            "decode": ("lab.ops.decode", "decode"), "paged": ("lab.ops.decode", "paged decode"),
+            "ring-scale": ("lab.dist.ring_attention", "ring")}
+YARDSTICK = {"fwd": "SDPA's forward, same shape", "bwd": "SDPA's backward (dQ, dK, dV), same shape",
+             "decode": "SDPA on the same cache", "paged": "SDPA on the same cache, contiguous",
+             "ring-scale": "SDPA on one GPU over the whole sequence"}
 LEGACY = {"decode": ("auto",)}  # n7 timed lab.ops.decode as "auto" before the public-op rows
 _VERSION = re.compile(r"^v(\d+)$")
 _PAD = "padding:2px 8px;text-align:right"
@@ -39,8 +47,11 @@ def _plain(label: str) -> str:
 
 
 def timed(rows: list[dict], family: str) -> list[dict]:
-    return [r for r in rows if r.get("kind") == family and pages.is_gpu(r) and isinstance(r.get("timing"), dict)
-            and isinstance(r.get("ratios"), dict) and isinstance(r.get("case"), dict)]
+    """GPU rows of the family with a timing; ratios {} where a row has none (a ring session that timed no
+    SDPA yardstick still shows on the front page, with its yardstick cells empty)."""
+    return [{**r, "ratios": r.get("ratios") if isinstance(r.get("ratios"), dict) else {}} for r in rows
+            if r.get("kind") == family and pages.is_gpu(r) and isinstance(r.get("timing"), dict)
+            and isinstance(r.get("case"), dict)]
 
 
 def _legacy_impl(family: str, impls: set) -> str | None:
@@ -83,11 +94,22 @@ def shape_key(row: dict, family: str) -> tuple:
     c = row["case"]
     if family == "decode":
         return (c.get("D"), _heads(c), c.get("B"), c.get("kv_len"), bool(c.get("seqlens")), str(c.get("dtype")))
+    if family == "paged":
+        return (c.get("D"), _heads(c), c.get("B"), c.get("kv_len"), c.get("page_size"), c.get("q_len"),
+                bool(c.get("causal")), str(c.get("dtype")))
+    if family == "ring-scale":
+        return (c.get("D"), bool(c.get("causal")), c.get("S"), row.get("world_size"), str(c.get("dtype")))
     s = c.get("Sq") if c.get("Sq") == c.get("Sk") else f"{c.get('Sq')}/{c.get('Sk')}"
     return (c.get("D"), bool(c.get("causal")), s, f"{c.get('B')}×{_heads(c)}", str(c.get("dtype")))
 
 
-SHAPE_COLUMNS = {"fwd": ["D", "causal", "S", "B×H", "dtype"], "decode": ["D", "H q/kv", "B", "L (kv)", "ragged", "dtype"]}
+SHAPE_COLUMNS = {"fwd": ["D", "causal", "S", "B×H", "dtype"], "bwd": ["D", "causal", "S", "B×H", "dtype"],
+                 "decode": ["D", "H q/kv", "B", "L (kv)", "ragged", "dtype"],
+                 "paged": ["D", "H q/kv", "B", "L (kv)", "page", "q_len", "causal", "dtype"],
+                 "ring-scale": ["D", "causal", "S", "GPUs", "dtype"]}
+_PANELS = {"fwd": "head dim and masking", "bwd": "head dim and masking", "decode": "head layout and batch",
+           "paged": "page size, head layout, batch and query length"}
+RATE = {"fwd": "tflops", "bwd": "tflops", "ring-scale": "tflops", "decode": "gbps", "paged": "gbps"}
 
 
 def _sort_key(key: tuple):
@@ -112,7 +134,7 @@ def _shape_text(value) -> str:
 def pivot_html(family: str, chosen: list[dict]) -> Markdown:
     """The pivot as an HTML table (a Markdown table cannot colour its cells); every value is escaped."""
     present = backends.ordered({b for r in chosen for b in r["ratios"]})
-    metric = "TFLOP/s" if family == "fwd" else "GB/s"
+    metric = "TFLOP/s" if RATE[family] == "tflops" else "GB/s"
     head = SHAPE_COLUMNS[family] + [f"vs {b}" for b in present] + ["ours ms", metric, "check"]
     lines = ['<table class="pivot" style="border-collapse:collapse;font-size:0.9em">',
              "<thead><tr>" + "".join(f'<th style="{_PAD}">{html.escape(h)}</th>' for h in head) + "</tr></thead>",
@@ -124,7 +146,7 @@ def pivot_html(family: str, chosen: list[dict]) -> Markdown:
             shown = f"{value:.2f}" if isinstance(value, (int, float)) else "–"
             cells.append(f'<td style="{_PAD};{colour(value)}">{html.escape(shown)}</td>')
         ms = row["timing"].get("median_ms")
-        rate = row.get("tflops") if family == "fwd" else row.get("gbps")
+        rate = row.get(RATE[family])
         check = row.get("check") if isinstance(row.get("check"), dict) else {}
         verdict = {True: "pass", False: "FAIL"}.get(check.get("passed"), "–")
         cells += [f'<td style="{_PAD}">{html.escape(pages.fmt_number(float(v)) if isinstance(v, (int, float)) else "–")}</td>'
@@ -136,20 +158,22 @@ def pivot_html(family: str, chosen: list[dict]) -> Markdown:
 
 def _x(row: dict, family: str):
     c = row["case"]
-    return c.get("kv_len") if family == "decode" else c.get("Sq")
+    return c.get("kv_len") if family in ("decode", "paged") else c.get("Sq")
 
 
 def _panel(row: dict, family: str) -> str:
     c = row["case"]
     if family == "decode":
         return f"D={c.get('D')}, H={_heads(c)}, B={c.get('B')}"
+    if family == "paged":
+        return f"page {c.get('page_size')}, H={_heads(c)}, B={c.get('B')}, q_len {c.get('q_len')}"
     return f"D={c.get('D')}, {'causal' if c.get('causal') else 'non-causal'}"
 
 
 def family_figure(family: str, chosen: list[dict], impl: str, gpu: str, target: Path) -> Path | None:
     """Ratio against S (or L) per panel, one line per backend; shapes sharing an x are averaged (geometric)."""
     points = [r for r in chosen if isinstance(_x(r, family), (int, float)) and not r["case"].get("seqlens")]
-    if not points:
+    if not points or family == "ring-scale":  # the ring times one length: its pivot row says it all
         return None
     from matplotlib.figure import Figure  # no pyplot: no global backend state in a library
     from matplotlib.ticker import ScalarFormatter
@@ -182,7 +206,7 @@ def family_figure(family: str, chosen: list[dict], impl: str, gpu: str, target: 
         ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.tick_params(axis="y", which="both", labelsize=7)
         ax.set_title(_plain(name), fontsize=8)
-        ax.set_xlabel("L (kv)" if family == "decode" else "S", fontsize=8)
+        ax.set_xlabel("L (kv)" if family in ("decode", "paged") else "S", fontsize=8)
         ax.grid(alpha=0.3)
     for ax in axes[::cols]:
         ax.set_ylabel("SDPA time / ours", fontsize=8)
@@ -207,42 +231,6 @@ def by_gpu(rows: list[dict]) -> dict[str, list[dict]]:
     return dict(sorted(groups.items()))
 
 
-def standings(rows: list[dict]) -> tuple[list[str], list[list]]:
-    """Per GPU and family: the default kernel's geometric-mean ratio (min-max) against each backend."""
-    table, seen = [], set()
-    for gpu, gpu_rows in by_gpu(rows).items():
-        for family in FAMILIES:
-            impl, session, chosen = ours(gpu_rows, family)
-            if not chosen:
-                continue
-            line = {"gpu": gpu, "kernel": f"{impl} ({FAMILIES[family][1]})", "cells": len(chosen), "session": session}
-            for b in {k for r in chosen for k in r["ratios"]}:
-                values = [r["ratios"][b] for r in chosen if isinstance(r["ratios"].get(b), (int, float))]
-                mean = geomean(values)
-                if mean is not None:
-                    seen.add(b)
-                    line[b] = Markdown(f"{mean:.2f}x ({min(values):.2f}-{max(values):.2f}, {len(values)})")
-            table.append(line)
-    present = backends.ordered(seen)
-    header = ["GPU", "Kernel", *[f"vs {b}" for b in present], "Cells", "Session"]
-    body = [[t["gpu"], t["kernel"], *[t.get(b) for b in present], t["cells"], pages.session_ref(t["session"])]
-            for t in table]
-    return header, body
-
-
-def standings_include(rows: list[dict]) -> str:
-    """The front page's standings (intro.md includes this file)."""
-    header, body = standings(rows)
-    if not body:
-        return ("*No GPU session has timed a default kernel yet: the standings appear here after the first "
-                "one (`python -m lab session` on a GPU, then `python -m lab log`).*\n")
-    return ("*Generated by `python -m lab log`.* The default kernel of each family (the public op as users "
-            "call it) against each SDPA backend, in the newest GPU session that timed it: the geometric mean "
-            "of SDPA's time / ours over that session's cells (>1: ours faster), with the range and the number "
-            "of cells. The {doc}`baselines </outputs/log/baselines>` page has every cell.\n\n"
-            + pages.table(header, body))
-
-
 def section(gpu: str, gpu_rows: list[dict], log_dir: Path) -> str:
     """The baselines page's part for one GPU: a pivot and a figure per family."""
     parts = []
@@ -258,7 +246,7 @@ def section(gpu: str, gpu_rows: list[dict], log_dir: Path) -> str:
         figure = family_figure(family, chosen, impl, gpu, log_dir / "figures" / f"pivot-{family}-{slug(gpu)}.png")
         if figure:
             parts.append(f"![{title} ratios on {pages.text(gpu)}](figures/{figure.name})\n\n"
-                         f"*The same ratios against {'L' if family == 'decode' else 'S'}, one panel per "
-                         f"{'head layout and batch' if family == 'decode' else 'head dim and masking'}; shapes "
+                         f"*The same ratios against {'L' if family in ('decode', 'paged') else 'S'}, one panel "
+                         f"per {_PANELS[family]}; shapes "
                          "that share a length are averaged (geometric mean); sdpa-math is in the table only.*\n")
     return "\n".join(parts)

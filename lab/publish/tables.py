@@ -109,3 +109,24 @@ def backends(rows: list[dict], metric: str = "tflops") -> Table:
         table.append(line)
     unit = {"tflops": "TFLOP/s", "gbps": "GB/s"}.get(metric, metric)
     return Table(["case"] + impls, table, f"{unit} per implementation")
+
+
+def gradient_checks(results_by_case) -> Table:
+    """One row per (label, {"dq": CheckResult, "dk": ..., "dv": ...}): the verdict and each gradient's worst
+    max abs error beside SDPA's own."""
+    rows = []
+    for label, results in results_by_case:
+        worst = {name: r.worst for name, r in results.items()}
+        rows.append([label, all(r.passed for r in results.values()),
+                     *[f"{worst[n]['max_abs']:.2e} / {worst[n]['sdpa_max_abs']:.2e}" for n in ("dq", "dk", "dv")]])
+    passed = sum(row[1] for row in rows)
+    return Table(["case", "passed", "dQ max abs (ours / SDPA)", "dK", "dV"], rows, f"{passed}/{len(rows)} checks pass")
+
+
+def race(rows: list[dict], impl: str = "lab.ops.attention", backends=("flash", "cudnn", "efficient")) -> Table:
+    """Per case: our TFLOP/s and time, then our speedup over each SDPA backend."""
+    ours = [r for r in rows if r["impl"] == impl and "timing" in r]
+    table = [[r["case"]["name"], r["tflops"], _ms(r), *[r.get("ratios", {}).get(f"sdpa-{b}", float("nan"))
+                                                        for b in backends]] for r in ours]
+    names = {"flash": "SDPA-flash", "cudnn": "SDPA-cuDNN", "efficient": "SDPA-efficient"}
+    return Table(["case", "TFLOP/s", "ms", *[f"x {names.get(b, b)}" for b in backends]], table)

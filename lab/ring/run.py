@@ -125,20 +125,31 @@ class Run:
         return out
 
 
-def prepare(run: Run) -> None:
-    """Build the kernels the run calls, one rank at a time (two ranks must not compile one file at once)."""
+def prepare(run: Run, build_arch: str | None = None) -> None:
+    """Build the kernels the run calls before any stage times them. Every rank asks at once: the kernel cache
+    lets one process compile a key while the others wait for its library (lab/cache_files.py).
+
+    build_arch (e.g. sm_80; nvcc, no GPU): each rank compiles, for that target, the forward kernels the ring
+    calls on such a GPU; the cold-cache check of concurrent ranks on a machine without one."""
+    if build_arch:
+        from .. import build, registry
+        capability = tuple(int(c) for c in build_arch.removeprefix("sm_").rstrip("a"))
+        versions = sorted({registry.default_attention_version(D, sq, causal, capability)
+                           for D in (64, 128) for causal in (False, True) for sq in (64, 8192)})
+        for version in versions:
+            lib = build.build_kernel(registry.FWD[version].source, arch=build.check_arch_flags(build_arch))
+            print(f"rank {run.rank}: {version} for {build_arch} {'from the cache' if lib.cached else 'built'}: "
+                  f"{lib.path.name}", flush=True)
     if not run.cuda:
         return
     from .. import ops
-    for turn in range(run.world):
-        if run.rank == turn:
-            for D in (64, 128):
-                for causal in (False, True):
-                    for sq in (64, 8192):
-                        q, k, v = run.inputs(1, 2, 2, sq, D, seed=0)
-                        ops.attention(q, k, v, is_causal=causal, return_lse=True)
-            run.sync()
-        run.dist.barrier()
+    for D in (64, 128):
+        for causal in (False, True):
+            for sq in (64, 8192):
+                q, k, v = run.inputs(1, 2, 2, sq, D, seed=0)
+                ops.attention(q, k, v, is_causal=causal, return_lse=True)
+    run.sync()
+    run.dist.barrier()
 
 
 def _ring_on(run, q, k, v, causal, **kw):
@@ -190,6 +201,7 @@ def scale(run: Run) -> None:
     case = {"name": f"ring-scale-S{S}", "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "causal": True,
             "dtype": str(run.preset.dtype).replace("torch.", "")}
     one = run.timed(lambda: run.attend(q, k, v, True), run.preset.reps, everyone=False) if run.rank == 0 else None
+    sdpa = _yardsticks(run, q, k, v) if run.rank == 0 else {}
     run.dist.barrier()
     shards = [ring.shard(t, run.world, run.rank, True) for t in (q, k, v)]
     del q, k, v
@@ -197,10 +209,33 @@ def scale(run: Run) -> None:
     if run.rank == 0:
         eff = record.scaling_efficiency(one["median_ms"], many["median_ms"], run.world)
         flops = _flops(B, Hq, S, D, True)
+        ratios = {b: t["median_ms"] / many["median_ms"] for b, t in sdpa.items() if "median_ms" in t}
         run.write({"kind": "ring-scale", "case": case, "single": one, "timing": many, "efficiency": eff,
-                   "tflops_single": flops / one["median_ms"] / 1e9, "tflops": flops / many["median_ms"] / 1e9})
+                   "tflops_single": flops / one["median_ms"] / 1e9, "tflops": flops / many["median_ms"] / 1e9,
+                   "sdpa": sdpa, "ratios": ratios})
         run.say(f"scaling at S={S} causal D={D}: 1 device {one['median_ms']:.1f} ms, {run.world} devices "
                 f"{many['median_ms']:.1f} ms, efficiency {eff:.3f} ({run.label})")
+
+
+# What the ring is for beating: SDPA on one device over the whole sequence. On a GPU its fused backends;
+# math would materialise the S x S scores (128 GiB at S = 256k). On the CPU math is the only backend.
+YARDSTICKS = {"cuda": ("flash", "cudnn", "efficient"), "cpu": ("math",)}
+
+
+def _yardsticks(run: Run, q, k, v) -> dict:
+    """{sdpa-<backend>: timing, or why it could not run} on this rank alone, the whole sequence, causal."""
+    from .. import bench
+
+    found = {}
+    for backend in YARDSTICKS[run.device.type]:
+        try:
+            found[f"sdpa-{backend}"] = run.timed(bench.sdpa_runner(backend, q, k, v, is_causal=True),
+                                                 run.preset.reps, everyone=False)
+        except (RuntimeError, ValueError) as err:  # a backend that rejects the shape, or out of memory
+            found[f"sdpa-{backend}"] = {"unsupported": str(err).splitlines()[0][:120]}
+            if run.cuda:
+                torch.cuda.empty_cache()
+    return found
 
 
 def comm(run: Run) -> None:
@@ -283,6 +318,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default="", help="copied into every row (the chapter finds its run's rows by it)")
     parser.add_argument("--max-seq", type=int, help="largest S the largest stage tries")
     parser.add_argument("--budget-s", type=float, help="seconds one call of the largest stage may be predicted to take")
+    parser.add_argument("--build-arch", help="first compile the ring's forward kernels for this target (sm_80, "
+                                             "sm_90a) on every rank at once; needs nvcc, not a GPU")
     args = parser.parse_args(argv)
     device = ring.init_process_group(args.device)
     preset = PRESETS[args.preset or ("gpu" if device.type == "cuda" else "cpu")]
@@ -294,7 +331,7 @@ def main(argv=None) -> int:
     run.say(f"lab.ring.run: world {run.world}, {run.label}, preset {args.preset or device.type}, stages {stages}, "
             f"multicast off: {ring.MULTICAST_OFF}")
     try:
-        prepare(run)
+        prepare(run, args.build_arch)
         for stage in stages:
             if stage == "largest":
                 largest(run, args.max_seq or preset.max_seq, args.budget_s or preset.budget_s)

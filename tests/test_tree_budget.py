@@ -1,0 +1,155 @@
+"""The tree budget: the tracked tree stays under 40 MB, and pruning never takes a copy the book publishes.
+
+`python -m lab prune` removes the executed notebooks and figures of superseded sessions (their records
+stay) and writes pruned.json with the commit that still has them; the sessions page names that commit.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lab import paths
+from lab.publish import log, pages, prune
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
+
+
+def _git_tree() -> bool:
+    try:
+        return subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=paths.ROOT,
+                              capture_output=True, text=True).stdout.strip() == "true"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _git_tree(), reason="the checkout is not a git work tree (an exported copy)")
+def test_tracked_tree_is_under_budget():
+    size = prune.tracked_bytes()
+    assert 0 < size <= prune.BUDGET_BYTES, (
+        f"the tracked tree is {size / 1e6:.1f} MB, over its {prune.BUDGET_BYTES / 1e6:.0f} MB budget: "
+        "`python -m lab prune` removes the executed copies of superseded sessions (README: Where results go)")
+
+
+def test_published_sessions_keep_their_notebooks():
+    """Per chapter and GPU, the latest session that ran the chapter ok still has its executed notebook."""
+    sessions = pages.load_sessions(paths.ROOT / "outputs")
+    latest: dict[tuple[str, str], dict] = {}
+    for s in sessions:  # oldest first, so the last one seen per (chapter, GPU) is the latest
+        for entry in s["chapters"]:
+            if s.get("mode") == "gpu" and entry.get("status") == "ok":
+                latest[(entry["name"], s["env"].get("gpu"))] = (s, entry)
+    assert latest, "the committed outputs hold GPU sessions"
+    for (chapter, gpu), (s, entry) in latest.items():
+        assert (s["_dir"] / entry.get("notebook", f"{chapter}.ipynb")).is_file(), (
+            f"{s['id']} is the latest {gpu} session of {chapter}, but its executed notebook left the tree")
+
+
+# ------------------------------------------------------------------ pruning a small tree of sessions
+
+GPUS = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200", "cpu": "cpu"}
+
+
+def _session(outputs: Path, sid: str, chapters: dict[str, str], ncu: bool = False) -> Path:
+    gpu = sid.split("-")[2]
+    folder = outputs / "sessions" / sid
+    (folder / "figures").mkdir(parents=True)
+    for name in chapters:
+        (folder / f"{name}.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                                          "nbformat_minor": 5}))
+        (folder / "figures" / f"{name}.png").write_bytes(PNG)
+    if ncu:
+        (folder / "ncu").mkdir()
+        (folder / "ncu" / "fwd.ncu-rep").write_bytes(b"\1" * 1000)
+    (folder / "records.jsonl").write_text(json.dumps({"kind": "check", "session": sid}) + "\n")
+    start = f"{sid[:4]}-{sid[4:6]}-{sid[6:8]}T{sid[9:11]}:{sid[11:13]}:00+00:00"
+    (folder / "session.json").write_text(json.dumps({
+        "start": start, "status": "complete", "mode": "cpu" if gpu == "cpu" else "gpu", "env": {"gpu": GPUS[gpu]},
+        "chapters": [{"name": n, "status": st, "notebook": f"{n}.ipynb"} for n, st in chapters.items()]}))
+    return folder
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "repo"
+    (root / "chapters").mkdir(parents=True)
+    shutil.copy(paths.ROOT / "_toc.yml", root / "_toc.yml")
+    out = root / "outputs"
+    ids = {"cited": "20251020-100000-h100-eeee", "old": "20251101-100000-h100-aaaa",
+           "new": "20251102-100000-h100-bbbb", "h200": "20251103-100000-h200-cccc",
+           "mixed": "20251104-100000-h100-dddd", "cpu": "20251105-100000-cpu-ffff"}
+    _session(out, ids["cited"], {"n4_baseline": "ok"})
+    _session(out, ids["old"], {"n4_baseline": "ok"}, ncu=True)
+    _session(out, ids["new"], {"n4_baseline": "ok"}, ncu=True)
+    _session(out, ids["h200"], {"n4_baseline": "ok"})
+    _session(out, ids["mixed"], {"n4_baseline": "failed", "n5_correctness": "ok"})
+    _session(out, ids["cpu"], {"n4_baseline": "ok"})
+    (root / "README.md").write_text(f"The first H100 numbers: session `{ids['cited']}`.\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "sessions"], cwd=root, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    return root, ids, head
+
+
+def test_prune_keeps_published_and_cited_sessions(tree):
+    root, ids, head = tree
+    sessions = root / "outputs" / "sessions"
+    done = prune.prune(root)
+    assert set(done) == {ids["old"], ids["cpu"], ids["new"]}
+    # superseded on its GPU (old) or CPU-mode beside GPU evidence (cpu): every copy leaves, the records stay
+    for key in ("old", "cpu"):
+        folder = sessions / ids[key]
+        assert prune.copies(folder) == [], key
+        assert (folder / "records.jsonl").is_file() and (folder / "session.json").is_file()
+        note = json.loads((folder / prune.PRUNED).read_text())
+        assert note["commit"] == head and "n4_baseline.ipynb" in note["files"]
+        shown = subprocess.run(["git", "show", f"{note['commit']}:outputs/sessions/{ids[key]}/n4_baseline.ipynb"],
+                               cwd=root, capture_output=True, text=True)
+        assert shown.returncode == 0 and '"nbformat": 4' in shown.stdout
+    # the latest H100 session keeps its notebook and figures; only its Nsight Compute report leaves
+    new = sessions / ids["new"]
+    assert (new / "n4_baseline.ipynb").is_file() and (new / "figures" / "n4_baseline.png").is_file()
+    assert not (new / "ncu" / "fwd.ncu-rep").exists()
+    assert json.loads((new / prune.PRUNED).read_text())["files"] == ["ncu/fwd.ncu-rep"]
+    # the H200's latest, the only ok run of n5 (its failed n4 does not supersede an ok one), the cited one
+    for key in ("h200", "mixed", "cited"):
+        assert (sessions / ids[key] / "n4_baseline.ipynb").is_file(), key
+        assert not (sessions / ids[key] / prune.PRUNED).exists(), key
+    assert prune.prune(root) == {}, "a second prune finds nothing"
+
+
+def test_sessions_page_names_the_commit_that_has_the_copies(tree):
+    root, ids, head = tree
+    before = log.generate(root / "outputs", chapters_list=["n4_baseline", "n5_correctness"],
+                          chapters_dir=root / "chapters")["chapters"]
+    prune.prune(root)
+    written = log.generate(root / "outputs", chapters_list=["n4_baseline", "n5_correctness"],
+                           chapters_dir=root / "chapters")
+    assert written["chapters"] == before, "pruning changes no chapter page of the book"
+    page = Path(written["sessions"]).read_text()
+    section = page.split(f"## {ids['old']}")[1].split("\n## ")[0]
+    assert f"git checkout {head[:10]} -- outputs/sessions/{ids['old']}" in section
+    row = next(line for line in page.splitlines() if line.startswith(f"| {{ref}}`{ids['old']} "))
+    assert row.rstrip(" |").endswith(f"at commit `{head[:10]}`")
+    kept = next(line for line in page.splitlines() if line.startswith(f"| {{ref}}`{ids['h200']} "))
+    assert kept.rstrip(" |").endswith("2 in the tree")
+
+
+def test_prune_refuses_a_session_that_is_not_committed(tree):
+    root, ids, _ = tree
+    (root / "outputs" / "sessions" / ids["old"] / "figures" / "late.png").write_bytes(PNG)
+    with pytest.raises(RuntimeError, match="commit the session"):
+        prune.prune(root)
+    assert (root / "outputs" / "sessions" / ids["old"] / "n4_baseline.ipynb").is_file()
+
+
+def test_citations_by_name_stamp_and_short_form(tmp_path):
+    ids = ["20251101-100000-h100-aaaa", "20251102-110000-h200-bbbb", "20251103-120000-h100-cccc",
+           "20251104-130000-h100-dddd"]
+    (tmp_path / "README.md").write_text(f"`{ids[0]}`, `20251102-110000-h200-…`, `…120000…`, 20251104-13000\n")
+    assert prune.cited(tmp_path, ids) == set(ids[:3])
