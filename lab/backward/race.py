@@ -32,9 +32,10 @@ def flex_step(mode: str, q, k, v, is_causal: bool, dout=None):
     return _step(lambda a, b, c: _flex_compiled(a, b, c, block_mask=mask, enable_gqa=gqa), mode, q, k, v, dout)
 
 
-def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient"), flex: bool = True,
+def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient"), flex=True,
          progress: bool = True, **stop) -> list[dict]:
-    """Time every case in every mode, all candidates interleaved in rounds; returns the recorded rows."""
+    """Time every case in every mode, all candidates interleaved in rounds; returns the recorded rows.
+    flex: True, False, or a predicate on the case (FlexAttention compiles once per shape: tens of seconds)."""
     from tqdm.std import tqdm
 
     from ..sweep import _inputs_fwd, _row
@@ -48,7 +49,7 @@ def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient
         makers = {"lab.ops.attention": lambda: ours_step(mode, q, k, v, case.causal, dout)}
         for backend in backends:
             makers[f"sdpa-{backend}"] = lambda b=backend: sdpa_step(b, mode, q, k, v, case.causal, dout)
-        if flex:
+        if flex(case) if callable(flex) else flex:
             makers["flex"] = lambda: flex_step(mode, q, k, v, case.causal, dout)
         steps, refused = {}, {}
         for name, make in makers.items():
@@ -76,3 +77,41 @@ def _make(make):
     except (RuntimeError, ValueError, NotImplementedError) as err:
         torch.cuda.synchronize()
         return f"unsupported: {str(err).splitlines()[0][:120]}"
+
+
+def versions(cases, names=("v01", "v02", "v03"), progress: bool = True, **stop) -> list[dict]:
+    """A diagnostic beside the race: every backward version that runs on this GPU, called kernel-level (the
+    forward's lse computed once, no autograd), against SDPA-cuDNN's backward (through autograd), in rounds.
+    Rows: kind 'bwd-kernel', impl 'bwd-<version> (kernel-level)' with its ratio against SDPA-cuDNN."""
+    from tqdm.std import tqdm
+
+    from .. import ops
+    from ..op_common import _scale
+    from ..registry import BWD
+    from ..sweep import _inputs_fwd, _row
+    from .op import _bwd_impl
+
+    capability = tuple(torch.cuda.get_device_capability())
+    runnable = [n for n in names if not BWD[n].capabilities or capability in BWD[n].capabilities]
+    ceilings_ = bench.ceilings()
+    rows = []
+    for i, case in enumerate(tqdm(cases, desc="backward versions", disable=not progress, mininterval=5)):
+        q, k, v = _inputs_fwd(case, seed=i)
+        dout = _inputs_fwd(case, seed=10_000 + i)[0]
+        with torch.no_grad():
+            out, lse = ops.attention(q, k, v, is_causal=case.causal, enable_gqa=case.Hq != case.Hkv, return_lse=True)
+        scale = _scale(None, case.D)
+        calls = {"sdpa-cudnn": (sdpa_step("cudnn", "bwd", q, k, v, case.causal, dout), None)}
+        for name in runnable:
+            calls[f"bwd-{name} (kernel-level)"] = (
+                lambda n=name: _bwd_impl(dout, q, k, v, out, lse, None, case.causal, scale, False, n), None)
+        times = bench.time_interleaved(calls, **stop)
+        work = flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal, "bwd")
+        cudnn = times["sdpa-cudnn"]
+        for impl, t in times.items():
+            extra = {"flops": work}
+            if impl != "sdpa-cudnn" and isinstance(t, bench.Timing) and isinstance(cudnn, bench.Timing):
+                extra["ratios"] = {"sdpa-cudnn": cudnn.median_ms / t.median_ms}
+            rows.append(record.append(_row("bwd-kernel", impl, case, t, work, ceilings_, extra)))
+        del q, k, v, dout, out, lse
+    return rows

@@ -124,9 +124,26 @@ def gradient_checks(results_by_case) -> Table:
 
 
 def race(rows: list[dict], impl: str = "lab.ops.attention", backends=("flash", "cudnn", "efficient")) -> Table:
-    """Per case: our TFLOP/s and time, then our speedup over each SDPA backend."""
+    """Per case: our TFLOP/s and time, then our speedup over each SDPA backend (and "flex": FlexAttention)."""
     ours = [r for r in rows if r["impl"] == impl and "timing" in r]
-    table = [[r["case"]["name"], r["tflops"], _ms(r), *[r.get("ratios", {}).get(f"sdpa-{b}", float("nan"))
+    key = {b: b if b == "flex" else f"sdpa-{b}" for b in backends}
+    table = [[r["case"]["name"], r["tflops"], _ms(r), *[r.get("ratios", {}).get(key[b], float("nan"))
                                                         for b in backends]] for r in ours]
-    names = {"flash": "SDPA-flash", "cudnn": "SDPA-cuDNN", "efficient": "SDPA-efficient"}
+    names = {"flash": "SDPA-flash", "cudnn": "SDPA-cuDNN", "efficient": "SDPA-efficient", "flex": "FlexAttention"}
     return Table(["case", "TFLOP/s", "ms", *[f"x {names.get(b, b)}" for b in backends]], table)
+
+
+def versions(rows: list[dict], baseline: str = "sdpa-cudnn") -> Table:
+    """Per case: the baseline's TFLOP/s, then each other impl's TFLOP/s and its speedup over the baseline."""
+    impls = sorted({r["impl"] for r in rows if r["impl"] != baseline})
+    names = list(dict.fromkeys(r["case"]["name"] for r in rows))
+    by = {(r["case"]["name"], r["impl"]): r for r in rows if "tflops" in r}
+    table = []
+    for name in names:
+        line = [name, by[(name, baseline)]["tflops"] if (name, baseline) in by else float("nan")]
+        for impl in impls:
+            row = by.get((name, impl))
+            line += [row["tflops"], row.get("ratios", {}).get(baseline, float("nan"))] if row else [float("nan")] * 2
+        table.append(line)
+    headers = ["case", f"{baseline} TFLOP/s"] + [h for impl in impls for h in (f"{impl} TFLOP/s", f"x {baseline}")]
+    return Table(headers, table)
