@@ -55,7 +55,7 @@ def _inputs_fwd(case: Case, seed: int):
     return [torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in (shape_q, shape_kv, shape_kv)]
 
 
-FLOP_KINDS = ("fwd", "bwd", "fwd+bwd")  # work counted in FLOPs against the matmul ceiling; decode in bytes
+FLOP_KINDS = ("fwd", "bwd", "fwd+bwd", "bwd-kernel")  # work counted in FLOPs against the matmul ceiling; decode in bytes
 
 
 def _row(kind, impl, case, timing, work, ceilings, extra=None):
