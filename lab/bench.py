@@ -80,6 +80,19 @@ class CudaTimer:
         the public op's gap to its kernel-only row was read: outputs/driver_logs/README.md)."""
 
 
+class GpuTimeTimer(CudaTimer):
+    """CudaTimer with a GPU sleep (~1 ms) queued between the flush and the timed window: the host issues the
+    call while the GPU sleeps, so the window holds the call's GPU work alone, not its host time. What a
+    training loop whose host runs ahead of the GPU sees; CudaTimer's cold call is what a lone call costs."""
+
+    def __init__(self, sleep_cycles: int = 2_000_000):
+        super().__init__()
+        self._cycles = sleep_cycles
+
+    def _settle(self) -> None:
+        self._torch.cuda._sleep(self._cycles)
+
+
 def time_fn(fn, timer=None, warmup: int = 3, **stop) -> Timing:
     """Median time of fn() in ms. `timer(fn) -> ms` is injectable (tests use a fake one)."""
     return time_interleaved({"fn": (fn, None)}, timer, warmup, first_run=lambda _: None, **stop)["fn"]

@@ -80,9 +80,10 @@ def _make(make):
 
 
 def versions(cases, names=("v01", "v02", "v03"), progress: bool = True, **stop) -> list[dict]:
-    """A diagnostic beside the race: every backward version that runs on this GPU, called kernel-level (the
-    forward's lse computed once, no autograd), against SDPA-cuDNN's backward (through autograd), in rounds.
-    Rows: kind 'bwd-kernel', impl 'bwd-<version> (kernel-level)' with its ratio against SDPA-cuDNN."""
+    """A diagnostic beside the race, timed with bench.GpuTimeTimer (the host's time hidden behind a GPU sleep,
+    so only GPU work is in the window): every backward version that runs on this GPU called kernel-level (the
+    forward's lse computed once, no autograd), the public op's backward and SDPA-cuDNN's (both through
+    torch.autograd.grad), in rounds. Rows: kind 'bwd-kernel', ratios against 'sdpa-cudnn (GPU time)'."""
     from tqdm.std import tqdm
 
     from .. import ops
@@ -94,6 +95,7 @@ def versions(cases, names=("v01", "v02", "v03"), progress: bool = True, **stop) 
     capability = tuple(torch.cuda.get_device_capability())
     runnable = [n for n in names if not BWD[n].capabilities or capability in BWD[n].capabilities]
     ceilings_ = bench.ceilings()
+    timer = bench.GpuTimeTimer()
     rows = []
     for i, case in enumerate(tqdm(cases, desc="backward versions", disable=not progress, mininterval=5)):
         q, k, v = _inputs_fwd(case, seed=i)
@@ -101,17 +103,18 @@ def versions(cases, names=("v01", "v02", "v03"), progress: bool = True, **stop) 
         with torch.no_grad():
             out, lse = ops.attention(q, k, v, is_causal=case.causal, enable_gqa=case.Hq != case.Hkv, return_lse=True)
         scale = _scale(None, case.D)
-        calls = {"sdpa-cudnn": (sdpa_step("cudnn", "bwd", q, k, v, case.causal, dout), None)}
+        base = "sdpa-cudnn (GPU time)"
+        calls = {base: (sdpa_step("cudnn", "bwd", q, k, v, case.causal, dout), None),
+                 "lab.ops.attention (GPU time)": (ours_step("bwd", q, k, v, case.causal, dout), None)}
         for name in runnable:
             calls[f"bwd-{name} (kernel-level)"] = (
                 lambda n=name: _bwd_impl(dout, q, k, v, out, lse, None, case.causal, scale, False, n), None)
-        times = bench.time_interleaved(calls, **stop)
+        times = bench.time_interleaved(calls, timer=timer, **stop)
         work = flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal, "bwd")
-        cudnn = times["sdpa-cudnn"]
         for impl, t in times.items():
-            extra = {"flops": work}
-            if impl != "sdpa-cudnn" and isinstance(t, bench.Timing) and isinstance(cudnn, bench.Timing):
-                extra["ratios"] = {"sdpa-cudnn": cudnn.median_ms / t.median_ms}
+            extra = {"flops": work, "timer": "gpu-time"}
+            if impl != base and isinstance(t, bench.Timing) and isinstance(times[base], bench.Timing):
+                extra["ratios"] = {"sdpa-cudnn": times[base].median_ms / t.median_ms}
             rows.append(record.append(_row("bwd-kernel", impl, case, t, work, ceilings_, extra)))
         del q, k, v, dout, out, lse
     return rows

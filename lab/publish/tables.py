@@ -134,16 +134,19 @@ def race(rows: list[dict], impl: str = "lab.ops.attention", backends=("flash", "
 
 
 def versions(rows: list[dict], baseline: str = "sdpa-cudnn") -> Table:
-    """Per case: the baseline's TFLOP/s, then each other impl's TFLOP/s and its speedup over the baseline."""
-    impls = sorted({r["impl"] for r in rows if r["impl"] != baseline})
-    names = list(dict.fromkeys(r["case"]["name"] for r in rows))
-    by = {(r["case"]["name"], r["impl"]): r for r in rows if "tflops" in r}
+    """Per case: the baseline's TFLOP/s (the impl whose name starts with `baseline`), then each other impl's
+    TFLOP/s and its speedup over the baseline (the rows' ratios[baseline])."""
+    names_all = list(dict.fromkeys(r["impl"] for r in rows))
+    base = next((n for n in names_all if n.startswith(baseline)), baseline)
+    impls = [n for n in names_all if n != base]
+    cases = list(dict.fromkeys(r["case"]["name"] for r in rows))
+    by = {(r["case"]["name"], r["impl"]): r for r in rows if "tflops" in r or "ratios" in r}
     table = []
-    for name in names:
-        line = [name, by[(name, baseline)]["tflops"] if (name, baseline) in by else float("nan")]
+    for name in cases:
+        line = [name, by.get((name, base), {}).get("tflops", float("nan"))]
         for impl in impls:
-            row = by.get((name, impl))
-            line += [row["tflops"], row.get("ratios", {}).get(baseline, float("nan"))] if row else [float("nan")] * 2
+            row = by.get((name, impl), {})
+            line += [row.get("tflops", float("nan")), row.get("ratios", {}).get(baseline, float("nan"))]
         table.append(line)
-    headers = ["case", f"{baseline} TFLOP/s"] + [h for impl in impls for h in (f"{impl} TFLOP/s", f"x {baseline}")]
+    headers = ["case", f"{base} TFLOP/s"] + [h for impl in impls for h in (f"{impl} TFLOP/s", f"x {baseline}")]
     return Table(headers, table)
