@@ -136,6 +136,17 @@ def test_kernel_filters_come_from_the_sources():
         profile.find_case("no-such-case")
 
 
+def test_backward_targets_profile_the_backward():
+    case = profile.find_case("bwd-d128-s4096")
+    assert profile.kernel_source("bwd:v02", case) == "bwd/v02_wgmma.cu"
+    assert profile.kernel_regex("bwd:v02", case) == "bwd_dkdv_v02"  # its own kernel, not the shared convert pass
+    assert profile.kernel_regex("sdpa-bwd:cudnn", case) == profile.SDPA_BWD_KERNELS["cudnn"]
+    assert profile.work_flops(case, "bwd:v02") == 2.5 * profile.work_flops(case)
+    assert profile.byte_floor(case, "sdpa-bwd:cudnn") == 2 * profile.byte_floor(case)
+    with pytest.raises(ValueError, match="v99"):
+        profile.parse_target("bwd:v99")
+
+
 def test_measured_flops_match_the_formula_where_nothing_is_padded():
     case = profile.find_case("fwd-d128-s2048")
     m = profile.summarize(_raw("ncu_raw_fwd_v04.csv"))

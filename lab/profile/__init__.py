@@ -22,6 +22,6 @@ from .ncu import (EXTRA_METRICS, MAX_KEPT_REP_BYTES, NVTX_RANGE, RUN_REP_BUDGET,
                   ncu_version, recorded, row_from_raw, run_ncu)
 from .report import (FIXTURES, KNOWN_ANSWERS, check_fixtures, known_answers, markdown, measure_all, plan,  # noqa: F401
                      recorded_ceilings, roofline, stall_chart, table)
-from .targets import (SDPA_KERNELS, byte_floor, find_case, kernel_regex, kernel_source, make_call,  # noqa: F401
-                      parse_target, work_flops)
+from .targets import (SDPA_BWD_KERNELS, SDPA_KERNELS, byte_floor, find_case, kernel_regex, kernel_source,  # noqa: F401
+                      make_call, parse_target, work_flops)
 from .tree import ACTIONS, TREE, decide  # noqa: F401

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m lab.profile", description=package_doc.split("\n")[0])
-    parser.add_argument("target", help="child | fwd:v04 | decode:v02 | op:attention | op:decode | sdpa:flash ...")
+    parser.add_argument("target", help="child | fwd:v04 | decode:v02 | bwd:v02 | op:attention | op:decode | sdpa:flash | sdpa-bwd:cudnn ...")
     parser.add_argument("rest", nargs="+", help="case name (after 'child': target and case)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--dtype", help="dtype of a bench case (default: the case set's own)")

@@ -179,10 +179,10 @@ def row_from_raw(raw: dict, target: str, case, source: str | None, host_us: floa
 
     m = summarize(raw)
     m["host_us_per_call"] = host_us
-    floor = byte_floor(case)
+    floor = byte_floor(case, target)
     m["byte_floor"] = floor
     m["bytes_over_floor"] = m["dram_bytes"] / floor if m.get("dram_bytes") and floor else None
-    m["flops"] = work_flops(case)
+    m["flops"] = work_flops(case, target)
     return {"kind": "profile", "impl": target, "case": case.as_dict(), "source": source,
             "source_hash": build.source_hash(source) if source else None, "metrics": m, "verdict": decide(m),
             "tree": dict(TREE)}
