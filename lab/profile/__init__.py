@@ -8,6 +8,7 @@ the raw page (never the text page), reduced to a row of metrics, recorded with t
 hash and the case, and judged by a decision tree whose thresholds are data (lab.profile.tree.TREE).
 
     python -m lab.profile fwd:v04 fwd-d128-s2048        # or decode:v02, op:attention, sdpa:flash
+    python -m lab.profile bwd:v02 bwd-d128-s4096        # or sdpa-bwd:cudnn: the backward beside cuDNN's
 Targets: fwd:<version> and decode:<version> (lab.ops.FWD / DECODE), op:attention and op:decode (the
 public ops, default kernel), sdpa:<backend> (flash, cudnn, efficient, math; a decode case runs SDPA
 on the one new token against the cache).
