@@ -1,0 +1,68 @@
+"""The Hopper backward's dQ hand-off (common/hopper/attn_bwd_sm90.cuh: reduce_dq and convert_dq), walked on the CPU.
+
+Each consumer warpgroup holds a 64 x 64 fp32 dQ partial in the wgmma accumulator layout: thread wt of the group,
+in warp wt / 32 with (g, t) = (lane / 4, lane % 4), holds d[4 i + e] = row 16 (wt / 32) + g + 8 (e / 2), column
+8 i + 2 t + e % 2. reduce_dq stores register quad i of thread wt at float index (i * 128 + wt) * 4 of its part
+of the block (D = 128: part = warpgroup, its 64 columns; D = 64: one part that both warpgroups add into), and
+convert_dq reads the block back quad by quad. These tests run both index maps over every thread and register
+and check that each element of the 64 x D block is written once per warpgroup and read back at its own row
+and column; a planted bug (the two row halves of a quad swapped in the convert) must fail. The GPU runs
+(tools/gpu/bwd_hopper.sh, n10) check the kernel itself.
+"""
+import pytest
+
+
+def kernel_writes(D: int):
+    """{float index in the 64-row block: [(row, col), ...]} as reduce_dq's stores place each warpgroup's
+    accumulator (D = 128: warpgroup w owns columns 64 w..; D = 64: both own all 64, over their own keys)."""
+    split = D == 128
+    out = {}
+    for wg in range(2):
+        for wt in range(128):
+            warp, lane = divmod(wt, 32)
+            g, t = divmod(lane, 4)
+            for i in range(8):
+                for e in range(4):
+                    row = 16 * warp + g + 8 * (e >> 1)
+                    col = (64 * wg if split else 0) + 8 * i + 2 * t + (e & 1)
+                    index = (wg * 64 * 64 if split else 0) + (i * 128 + wt) * 4 + e
+                    out.setdefault(index, []).append((row, col))
+    return out
+
+
+def convert_reads(D: int, swap_halves: bool = False):
+    """{float index: (row, col)} as convert_dq maps each float4 of a block back to (row, col)."""
+    split = D == 128
+    out = {}
+    for quad in range(64 * D // 4):
+        part, rest = divmod(quad, 1024)
+        r4, wt = divmod(rest, 128)
+        warp, lane = divmod(wt, 32)
+        g, t = divmod(lane, 4)
+        row = 16 * warp + g
+        col = (part * 64 if split else 0) + 8 * r4 + 2 * t
+        first, second = (row + 8, row) if swap_halves else (row, row + 8)
+        for e, (r, c) in enumerate(((first, col), (first, col + 1), (second, col), (second, col + 1))):
+            out[4 * quad + e] = (r, c)
+    return out
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_every_element_goes_out_and_comes_back_at_its_place(D):
+    writes, reads = kernel_writes(D), convert_reads(D)
+    assert sorted(writes) == list(range(64 * D)) == sorted(reads)  # the block, nothing outside it
+    for index, placed in writes.items():
+        assert all(p == reads[index] for p in placed), (index, placed, reads[index])
+    assert sorted(reads.values()) == [(r, c) for r in range(64) for c in range(D)]  # a bijection onto 64 x D
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_warpgroups_add_once_each(D):
+    counts = {len(placed) for placed in kernel_writes(D).values()}
+    # D = 128: each warpgroup owns its own columns (one write per element); D = 64: both add their keys' share
+    assert counts == ({1} if D == 128 else {2})
+
+
+def test_swapped_row_halves_in_the_convert_fail():
+    writes, reads = kernel_writes(128), convert_reads(128, swap_halves=True)
+    assert any(p != reads[i] for i, placed in writes.items() for p in placed)
