@@ -14,6 +14,12 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist (make test) one worker runs per core: torch in a worker, and in the processes it starts
+# (torchrun, mp.spawn, papermill), keeps to one thread, so that workers do not oversubscribe the cores with
+# OpenMP threads that spin while they wait. Set before anything imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
