@@ -148,9 +148,15 @@ def parse_ptxas(text: str) -> list[dict]:
     """Per-kernel resources from `-Xptxas -v` output: registers, smem, stack frame, spills, and whether ptxas
     serialized the kernel's wgmma instructions (wgmma_serialized: "C7520: <why>", or None)."""
     rows, current, props_for = [], None, None
-    serialized = {m.group(3): f"{m.group(1)}: {m.group(2)}" for m in WGMMA_SERIALIZED.finditer(text)}
+    # ptxas prints a run's C75xx warnings before that run's first entry; one nvcc run for several archs runs
+    # ptxas once per arch, so a warning belongs to the arch of the next entry
+    serialized, pending = {}, {}
     for line in text.splitlines():
-        if m := re.search(r"Compiling entry function '([^']+)' for '(\w+)'", line):
+        if m := WGMMA_SERIALIZED.search(line):
+            pending[m.group(3)] = f"{m.group(1)}: {m.group(2)}"
+        elif m := re.search(r"Compiling entry function '([^']+)' for '(\w+)'", line):
+            serialized.update({(name, m.group(2)): why for name, why in pending.items()})
+            pending = {}
             current = {"kernel": m.group(1), "arch": m.group(2), "registers": 0, "smem_bytes": 0,
                        "stack_bytes": 0, "spill_stores": 0, "spill_loads": 0}
             rows.append(current)
@@ -168,7 +174,7 @@ def parse_ptxas(text: str) -> list[dict]:
             if s := re.search(r"(\d+) bytes smem", line):
                 current["smem_bytes"] = int(s.group(1))
     for row in rows:
-        row["wgmma_serialized"] = serialized.get(row["kernel"])
+        row["wgmma_serialized"] = serialized.get((row["kernel"], row["arch"]))
         row["kernel"] = _demangle(row["kernel"])
         row["spills"] = row["spill_stores"] + row["spill_loads"] > 0
     return rows

@@ -414,6 +414,16 @@ def test_parse_ptxas_names_kernels_whose_wgmma_ptxas_serialized():
     assert "<-- WGMMA SERIALIZED" in build.resource_table(rows)
 
 
+def test_parse_ptxas_gives_a_serialized_wgmma_to_its_own_arch():
+    """One nvcc run for sm_80 and sm_90a runs ptxas twice; the sm_90a run's warning, printed before that run's
+    first entry, flags the sm_90a instantiation only."""
+    entry = "ptxas info    : Compiling entry function '_Z1kv' for '{}'\nptxas info    : Used 40 registers\n"
+    warning = ("ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+               "due to a reason in the function '_Z1kv'\n")
+    rows = build.parse_ptxas(entry.format("sm_80") + warning + entry.format("sm_90a"))
+    assert [(r["arch"], r["wgmma_serialized"]) for r in rows] == [("sm_80", None), ("sm_90a", "C7520: a reason")]
+
+
 @requires_nvcc
 def test_v04_sweep_switch_builds_one_tile_and_rejects_a_bad_one():
     """v04's one sweep switch (LAB_V04_TILE, commas escaped for nvcc) builds the tile it names through the
