@@ -103,26 +103,21 @@ def seed_cases(dtype: str = "float16") -> list[Case]:
     return cases
 
 
+def _token_grid(prefix: str, tokens: int, dtype: str, head_dims, seqlens) -> list[Case]:
+    """B*S = tokens, H*D = 2048, causal and not: every cell does the same non-causal work per token."""
+    return [Case(f"{prefix}-d{D}-s{S}{'-c' if causal else ''}", tokens // S, 2048 // D, 2048 // D, S, S, D, dtype, causal)
+            for D in head_dims for S in seqlens for causal in (False, True)]
+
+
 def bench_fwd_cases(dtype: str = "bfloat16", head_dims=(64, 128), seqlens=(512, 2048, 8192, 16384)) -> list[Case]:
     """B*S = 32k tokens, H*D = 2048: every cell does the same non-causal work per token."""
-    cases = []
-    for D in head_dims:
-        for S in seqlens:
-            for causal in (False, True):
-                B, H = 32768 // S, 2048 // D
-                cases.append(Case(f"fwd-d{D}-s{S}{'-c' if causal else ''}", B, H, H, S, S, D, dtype, causal))
-    return cases
+    return _token_grid("fwd", 32768, dtype, head_dims, seqlens)
 
 
 def bench_bwd_cases(dtype: str = "bfloat16", head_dims=(64, 128), seqlens=(512, 1024, 2048, 4096, 8192, 16384)
                     ) -> list[Case]:
     """The backward's race: B*S = 16k tokens, H*D = 2048, causal and not, plus GQA 32/8 and an odd length."""
-    cases = []
-    for D in head_dims:
-        for S in seqlens:
-            for causal in (False, True):
-                B, H = 16384 // S, 2048 // D
-                cases.append(Case(f"bwd-d{D}-s{S}{'-c' if causal else ''}", B, H, H, S, S, D, dtype, causal))
+    cases = _token_grid("bwd", 16384, dtype, head_dims, seqlens)
     cases.append(Case("bwd-d128-s4096-gqa-c", 4, 32, 8, 4096, 4096, 128, dtype, True))
     cases.append(Case("bwd-d128-s4097-c", 4, 16, 16, 4097, 4097, 128, dtype, True))
     return cases
