@@ -59,7 +59,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
 
   // Prologue
-  if (!start_cta<C>(bars, base, work, &tq, &tk, &tv, &tdo, p)) return;  // the producer's threads
+  if (threadIdx.x == 0) init_bars(bars);
+  __syncthreads();
+  if (wg == 2) {
+    setmaxnreg_dec<C::kRegsProducer>();
+    if (wt == 0) produce<C>(&tq, &tk, &tv, &tdo, bars, base, work, p);
+    return;
+  }
+  setmaxnreg_inc<C::kRegsConsumer>();
   const int kw0 = work.n0 + 64 * wg;
   const uint32_t k_w = base + C::kOffK + wg * 64 * 128, v_w = base + C::kOffV + wg * 64 * 128;
   const float c = p.scale * kLog2e;

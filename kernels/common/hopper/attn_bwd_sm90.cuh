@@ -129,23 +129,6 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
   }
 }
 
-// The start every Hopper backward kernel shares: the barriers, then the producer warpgroup's whole part (its
-// threads get false and leave) and the consumers' register raise; the consumers return once K and V are in.
-template <class C>
-__device__ __forceinline__ bool start_cta(Bars<C::kStages>& bars, uint32_t base, const Work& work,
-                                          const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
-                                          const CUtensorMap* tdo, const AttnBwdParams& p) {
-  if (threadIdx.x == 0) init_bars(bars);
-  __syncthreads();
-  if (threadIdx.x / 128 == 2) {
-    setmaxnreg_dec<C::kRegsProducer>();
-    if (threadIdx.x % 128 == 0) produce<C>(tq, tk, tv, tdo, bars, base, work, p);
-    return false;
-  }
-  setmaxnreg_inc<C::kRegsConsumer>();
-  return true;
-}
-
 // S^T = K_w Q_i^T (SS, m64n64, k = D): one commit group.
 template <class C, bool kBf16>
 __device__ __forceinline__ void issue_s(float (&sacc)[32], uint32_t k_w, uint32_t q_s) {
