@@ -466,8 +466,6 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnBwdParams p) {
 }
 
 // ---------------------------------------------------------------- host
-using lab::aligned16;
-using lab::strides_ok;
 
 template <auto Kernel>
 cudaError_t launch_kernel(dim3 grid, int threads, int smem, cudaStream_t st, const AttnBwdParams& p) {
@@ -507,21 +505,8 @@ int launch(const AttnBwdParams& p, cudaStream_t st) {
 }  // namespace
 
 extern "C" int attn_bwd_v01(const AttnBwdParams* p, void* stream) {
-  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
-  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
-  if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 || p->heads_kv <= 0 ||
-      p->heads_q % p->heads_kv != 0 || p->heads_q > 65535 || p->batch > 65535)
-    return LAB_E_SHAPE;
-  if (p->batch == 0 || p->seqlen_k == 0) return 0;  // nothing to write
-  if (p->lse == nullptr || p->delta == nullptr || p->lse_log2 == nullptr ||
-      (!p->deterministic && p->dq_accum == nullptr))
-    return LAB_E_WORKSPACE;
-  if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->o) || !aligned16(p->dout) ||
-      !aligned16(p->dq) || !aligned16(p->dk) || !aligned16(p->dv) || !aligned16(p->delta) ||
-      !aligned16(p->lse_log2) || !strides_ok(p->q_stride) || !strides_ok(p->k_stride) ||
-      !strides_ok(p->v_stride) || !strides_ok(p->o_stride) || !strides_ok(p->do_stride) ||
-      !strides_ok(p->dq_stride) || !strides_ok(p->dk_stride) || !strides_ok(p->dv_stride))
-    return LAB_E_SHAPE;
+  if (const int rc = lab::check_bwd_params(p)) return rc < 0 ? rc : 0;
+  if (p->heads_q > 65535 || p->batch > 65535) return LAB_E_SHAPE;  // gridDim.y and .z
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == LAB_BF16;
   if (p->head_dim == 64) return bf16 ? launch<__nv_bfloat16, 64>(*p, st) : launch<__half, 64>(*p, st);

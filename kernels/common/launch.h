@@ -85,6 +85,30 @@ inline int check_fwd_params(const AttnFwdParams* p) {
   return 0;
 }
 
+// The checks every backward launcher (bwd v01-v03) makes before it launches, the same convention: a negative
+// LAB_E_* code, 1 when there is nothing to write (an empty batch or no key: dQ, dK, dV were zeroed by the
+// caller), 0 to go on. D in {64, 128}, fp16/bf16, H_q % H_kv == 0, the pre-pass workspaces (and dq_accum unless
+// deterministic), 16-byte aligned bases and strides of 8 elements for every tensor.
+inline int check_bwd_params(const AttnBwdParams* p) {
+  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
+  if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 || p->heads_kv <= 0 ||
+      p->heads_q % p->heads_kv != 0)
+    return LAB_E_SHAPE;
+  if (p->batch == 0 || p->seqlen_k == 0) return 1;
+  if (p->lse == nullptr || p->delta == nullptr || p->lse_log2 == nullptr ||
+      (!p->deterministic && p->dq_accum == nullptr))
+    return LAB_E_WORKSPACE;
+  if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->o) || !aligned16(p->dout) ||
+      !aligned16(p->dq) || !aligned16(p->dk) || !aligned16(p->dv) || !aligned16(p->delta) ||
+      !aligned16(p->lse_log2) || (!p->deterministic && !aligned16(p->dq_accum)) || !strides_ok(p->q_stride) ||
+      !strides_ok(p->k_stride) || !strides_ok(p->v_stride) || !strides_ok(p->o_stride) ||
+      !strides_ok(p->do_stride) || !strides_ok(p->dq_stride) || !strides_ok(p->dk_stride) ||
+      !strides_ok(p->dv_stride))
+    return LAB_E_SHAPE;
+  return 0;
+}
+
 // The checks every decode launcher (decode v01-v03) makes before it launches: a negative LAB_E_* code for a
 // call it cannot take, 1 when there is nothing to compute (an empty batch, no query token or no query head;
 // a launcher returns 0 then), 0 to go on. D in {64, 128}, fp16/bf16, H_q % H_kv == 0, splits in

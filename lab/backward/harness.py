@@ -138,12 +138,17 @@ def backward_sweep(cases, mode: str = "bwd", backends=("flash", "cudnn", "effici
     return rows
 
 
-def _try_step(make, **stop):
-    """try_time for a step whose construction runs the forward (mode 'bwd'), which a backend may refuse."""
-
+def make_step(make):
+    """A step, or why it cannot be made: its construction runs the forward (mode 'bwd'), which a backend (or
+    FlexAttention's compiler) may refuse."""
     try:
-        fn = make()
-    except (RuntimeError, ValueError) as err:
+        return make()
+    except (RuntimeError, ValueError, NotImplementedError) as err:
         torch.cuda.synchronize()
         return f"unsupported: {str(err).splitlines()[0][:120]}"
-    return bench.try_time(fn, **stop)
+
+
+def _try_step(make, **stop):
+    """try_time for a step that make_step builds."""
+    fn = make_step(make)
+    return fn if isinstance(fn, str) else bench.try_time(fn, **stop)

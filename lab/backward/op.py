@@ -17,6 +17,7 @@ import torch
 
 from .. import build
 from ..kernels import launcher, resolve_version
+from ..op_common import _capability
 from ..registry import BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD  # noqa: F401 (re-exported)
 
 # The table and preference lists live in lab.registry (no torch: the drivers and sanitizer scripts read them).
@@ -65,7 +66,7 @@ def _backward(ctx, grad_out, grad_lse):
     if grad_lse is not None:
         grad_lse = grad_lse.contiguous()
     deterministic = torch.are_deterministic_algorithms_enabled()
-    capability = torch.cuda.get_device_capability(query.device) if query.is_cuda else ()
+    capability = _capability(query.device) if query.is_cuda else ()
     version = backward_version(query.shape[-1], capability=capability, deterministic=deterministic)
     # The eager autograd.Function below calls the implementation itself; a traced backward needs the op.
     run = _bwd_impl if ctx.eager else _attention_backward_op

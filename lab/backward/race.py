@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import bench, record
-from .harness import flops, ours_step, sdpa_step
+from .harness import flops, make_step, ours_step, sdpa_step
 
 _flex_compiled = None
 
@@ -53,7 +53,7 @@ def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient
             makers["flex"] = lambda: flex_step(mode, q, k, v, case.causal, dout)
         steps, refused = {}, {}
         for name, make in makers.items():
-            made = _make(make)
+            made = make_step(make)
             (refused if isinstance(made, str) else steps)[name] = made
         times = bench.time_interleaved({name: (fn, None) for name, fn in steps.items()}, **stop)
         times.update(refused)
@@ -68,15 +68,6 @@ def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient
         rows.append(record.append(_row(mode, "lab.ops.attention", case, ours, work, ceilings_, extra)))
         del q, k, v, dout, steps
     return rows
-
-
-def _make(make):
-    """A step, or why it cannot be made (a backend that refuses the shape in its forward)."""
-    try:
-        return make()
-    except (RuntimeError, ValueError, NotImplementedError) as err:
-        torch.cuda.synchronize()
-        return f"unsupported: {str(err).splitlines()[0][:120]}"
 
 
 def versions(cases, names=("v01", "v02", "v03"), progress: bool = True, **stop) -> list[dict]:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The Hopper backward on one GPU in one call: the standalone driver (every config of tools' bwd_main.cu against
+# The Hopper backward on one GPU in one call: the standalone driver (every config of tools/gpu/bwd_main.cu against
 # float64 gradients, and the D-term self-test build that must fail), compute-sanitizer (memcheck, racecheck,
 # synccheck, initcheck) on the driver, then tools/gpu/bwd_race.py (checks through lab.check, the race).
 # Usage inside `run`: bash tools/gpu/bwd_hopper.sh VERSION CASE_FILTER [race flags]; logs and records to $OUT.
@@ -12,7 +12,7 @@ LOG=$OUT/bwd_$V.log
 { date -u; git rev-parse --short=10 HEAD; git status --short kernels lab | head -20
   nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm --format=csv
   nvcc --version | tail -1; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } > "$LOG" 2>&1
-B=$(mktemp -d); DRV=$(ls tests/cuda/bwd_main.cu tools/gpu/bwd_main.cu 2>/dev/null | head -1)
+B=$(mktemp -d); DRV=tools/gpu/bwd_main.cu
 NV="nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_90a,code=sm_90a -DBWD_FN=$SYM -DBWD_MODES=1"
 $NV $DRV $SRC -o $B/bwd > $B/build.log 2>&1 &
 $NV -DLAB_BWD_BUG_NO_DELTA $DRV $SRC -o $B/bwd_bug > /dev/null 2>&1 &

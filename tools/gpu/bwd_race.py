@@ -8,6 +8,7 @@ import sys
 import torch
 
 from lab import cases, check
+from lab.publish import tables
 from lab.backward import harness as backward_harness
 from lab.backward import race as backward_race
 from lab.cases import Case
@@ -35,15 +36,8 @@ def main(argv):
         return 1 if fails else 0
     chosen = [c for c in cases.bench_bwd_cases() if flt in c.name]
     rows = backward_race.race(chosen, flex="--flex" in argv, progress=False)
-    print(f"{'case':24} {'mode':8} {'ours':>7} {'flash':>7} {'cudnn':>7} {'flex':>7}  TFLOP/s | ours/cudnn")
-    by = {}
-    for r in rows:
-        by.setdefault((r["case"]["name"], r["kind"]), {})[r["impl"]] = r
-    for (name, kind), impls in by.items():
-        tf = {k: impls[k].get("tflops", float("nan")) if k in impls else float("nan")
-              for k in ("lab.ops.attention", "sdpa-flash", "sdpa-cudnn", "flex")}
-        ratio = impls["lab.ops.attention"].get("ratios", {}).get("sdpa-cudnn", float("nan"))
-        print(f"{name:24} {kind:8} " + " ".join(f"{v:7.1f}" for v in tf.values()) + f"  | {ratio:.3f}")
+    for kind in ("bwd", "fwd+bwd"):
+        print(kind, tables.race([r for r in rows if r["kind"] == kind], backends=("flash", "cudnn", "efficient", "flex")))
     return 1 if fails else 0
 
 

@@ -336,23 +336,9 @@ int launch(const AttnBwdParams& p, cudaStream_t st, int dev) {
 // The extern "C" entry of a Hopper backward: check the call, then Launch<D, T>::run(p, stream, dev).
 template <template <int, class> class Launch>
 int entry(const AttnBwdParams* p, void* stream) {
-  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
-  if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
-  if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 || p->heads_kv <= 0 ||
-      p->heads_q % p->heads_kv != 0 || p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30))
-    return LAB_E_SHAPE;
-  if (p->batch == 0 || p->seqlen_k == 0) return 0;  // nothing to write
+  if (const int rc = lab::check_bwd_params(p)) return rc < 0 ? rc : 0;
+  if (p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30)) return LAB_E_SHAPE;  // TMA coordinates are int32
   if (p->deterministic) return LAB_E_MODE;  // the copy engine's reduction order is not fixed: v01's dQ pass
-  if (p->lse == nullptr || p->delta == nullptr || p->lse_log2 == nullptr || p->dq_accum == nullptr)
-    return LAB_E_WORKSPACE;
-  using lab::aligned16;
-  using lab::strides_ok;
-  if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->o) || !aligned16(p->dout) ||
-      !aligned16(p->dq) || !aligned16(p->dk) || !aligned16(p->dv) || !aligned16(p->delta) ||
-      !aligned16(p->lse_log2) || !aligned16(p->dq_accum) || !strides_ok(p->q_stride) || !strides_ok(p->k_stride) ||
-      !strides_ok(p->v_stride) || !strides_ok(p->o_stride) || !strides_ok(p->do_stride) ||
-      !strides_ok(p->dq_stride) || !strides_ok(p->dk_stride) || !strides_ok(p->dv_stride))
-    return LAB_E_SHAPE;
   int dev = 0;
   if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
