@@ -29,6 +29,7 @@ BWD = {
     "v01": Kernel("bwd/v01_mma.cu", "attn_bwd_v01", (64, 128)),
     "v02": Kernel("bwd/v02_wgmma.cu", "attn_bwd_v02", (64, 128), ((9, 0),)),
     "v03": Kernel("bwd/v03_pipe.cu", "attn_bwd_v03", (64, 128), ((9, 0),)),
+    "v04": Kernel("bwd/v04_persist.cu", "attn_bwd_v04", (64, 128), ((9, 0),)),
 }
 BEST_BWD = ("v01",)
 BEST_BWD_HOPPER = ("v02", "v01")  # compute capability 9.0, non-deterministic mode (v03: kernels/bwd/README.md)

@@ -51,8 +51,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                  const AttnBwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = C::D, BR = C::BR, kStages = C::kStages;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr int D = C::D, kStages = C::kStages;
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) Bars<kStages> bars;
   uint8_t* smem = align1024(smem_raw);
@@ -69,8 +68,6 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     return;
   }
   setmaxnreg_inc<C::kRegsConsumer>();
-  const int kw0 = work.n0 + 64 * wg;  // this warpgroup's first key
-  const uint32_t k_w = base + C::kOffK + wg * 64 * 128, v_w = base + C::kOffV + wg * 64 * 128;
   const float c = p.scale * kLog2e;
   float dk[D / 2], dv[D / 2];
   zero_acc(dk);
@@ -78,45 +75,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   mbar_wait(smem_u32(&bars.kv), 0);
 
   // Main loop: each step waits for every GEMM it issued before the next begins.
-  for (int it = 0; it < work.n_iters; ++it) {
-    const int s = it % kStages, hq = work.head(it), m0 = work.m0(it, BR);
-    const uint32_t q_s = base + C::kOffQ + s * C::kQBytes, do_s = base + C::kOffDo + s * C::kQBytes;
-    const float* rows = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);
-    mbar_wait(smem_u32(&bars.full[s]), (it / kStages) & 1);
-
-    float sacc[32], dpacc[32];
-    wgmma_fence();
-    issue_s_dp<C, kBf16>(sacc, dpacc, k_w, v_w, q_s, do_s);
-    wgmma_wait<0>();
-    reg_fence(sacc);
-    reg_fence(dpacc);
-    p_ds_step<C>(sacc, dpacc, rows, c, kw0, m0, p);
-
-    uint32_t pa[BR / 16][4], dsa[BR / 16][4];
-    pack_p<BR, T>(sacc, pa);
-    pack_p<BR, T>(dpacc, dsa);
-    wgmma_fence();
-    issue_dv_dk<C, kBf16>(dv, dk, pa, dsa, q_s, do_s);
-
-    // dS^T to shared memory: every read of the last step's dS^T (the other warpgroup's too) is over first.
-    if constexpr (C::kSplitDq) named_barrier_sync(kBarDsFree, 256);
-    store_ds<C>(smem + C::kOffDs, dsa);
-    named_barrier_sync(C::kSplitDq ? kBarDsReady : kBarWg + wg, C::kSplitDq ? 256 : 128);
-
-    float dq[32];
-    wgmma_fence();
-    issue_dq<C, kBf16>(dq, base + C::kOffDs, base + C::kOffK);
-    wgmma_wait<0>();
-    reg_fence(dq);
-    reg_fence(dk);
-    reg_fence(dv);
-    mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of Q_i, dO_i and the rows are over
-    reduce_dq<C>(dq, smem, it, hq, m0, work.b, p);
-  }
+  for (int it = 0; it < work.n_iters; ++it) consume_step<C, T>(dk, dv, smem, bars, work, it, it, c, p);
   if (wt == 0) bulk_wait<0>();
 
   // Epilogue
-  store_dk_dv<C, T>(dk, dv, kw0, work, p);
+  store_dk_dv<C, T>(dk, dv, work.n0 + 64 * wg, work, p);
 #endif
 }
 

@@ -70,11 +70,25 @@ def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient
     return rows
 
 
-def versions(cases, names=("v01", "v02", "v03"), progress: bool = True, **stop) -> list[dict]:
+def ablation(name: str) -> tuple[str, dict | None]:
+    """'v04:LAB_V04_DS_BUFS=1,OTHER=2' -> ('v04', {'LAB_V04_DS_BUFS': '1', 'OTHER': '2'}); 'v02' -> ('v02', None)."""
+    version, _, switches = name.partition(":")
+    if not switches:
+        return version, None
+    pairs = [item.partition("=") for item in switches.split(",")]
+    if any(not key or not sep for key, sep, _ in pairs):
+        raise ValueError(f"{name!r}: switches are KEY=VALUE, comma-separated")
+    return version, {key: value for key, _, value in pairs}
+
+
+def versions(cases, names=None, progress: bool = True, **stop) -> list[dict]:
     """A diagnostic beside the race, timed with bench.GpuTimeTimer (the host's time hidden behind a GPU sleep,
     so only GPU work is in the window): every backward version that runs on this GPU called kernel-level (the
     forward's lse computed once, no autograd), the public op's backward and SDPA-cuDNN's (both through
-    torch.autograd.grad), in rounds. Rows: kind 'bwd-kernel', ratios against 'sdpa-cudnn (GPU time)'."""
+    torch.autograd.grad), in rounds. Rows: kind 'bwd-kernel', ratios against 'sdpa-cudnn (GPU time)'.
+
+    names: versions (default: every one in the registry), each optionally with compile-time switches as
+    'v04:LAB_V04_DS_BUFS=1' (an ablation: the version rebuilt with that macro)."""
     from tqdm.std import tqdm
 
     from .. import ops
@@ -84,7 +98,9 @@ def versions(cases, names=("v01", "v02", "v03"), progress: bool = True, **stop) 
     from .op import _bwd_impl
 
     capability = tuple(torch.cuda.get_device_capability())
-    runnable = [n for n in names if not BWD[n].capabilities or capability in BWD[n].capabilities]
+    variants = {name: ablation(name) for name in (names or BWD)}
+    runnable = {name: (version, defines) for name, (version, defines) in variants.items()
+                if not BWD[version].capabilities or capability in BWD[version].capabilities}
     ceilings_ = bench.ceilings()
     timer = bench.GpuTimeTimer()
     rows = []
@@ -97,9 +113,10 @@ def versions(cases, names=("v01", "v02", "v03"), progress: bool = True, **stop) 
         base = "sdpa-cudnn (GPU time)"
         calls = {base: (sdpa_step("cudnn", "bwd", q, k, v, case.causal, dout), None),
                  "lab.ops.attention (GPU time)": (ours_step("bwd", q, k, v, case.causal, dout), None)}
-        for name in runnable:
+        for name, (version, defines) in runnable.items():
             calls[f"bwd-{name} (kernel-level)"] = (
-                lambda n=name: _bwd_impl(dout, q, k, v, out, lse, None, case.causal, scale, False, n), None)
+                lambda n=version, d=defines: _bwd_impl(dout, q, k, v, out, lse, None, case.causal, scale, False, n,
+                                                       defines=d), None)
         times = bench.time_interleaved(calls, timer=timer, **stop)
         work = flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal, "bwd")
         for impl, t in times.items():

@@ -69,10 +69,14 @@ struct Work {
   __device__ __forceinline__ int m0(int it, int br) const { return (mb0 + it % per_head()) * br; }
 };
 template <class C>
-__device__ __forceinline__ Work cta_work(const AttnBwdParams& p) {
+__device__ __forceinline__ int num_tiles(const AttnBwdParams& p) {
+  return (p.seqlen_k + C::BC - 1) / C::BC * p.heads_kv * p.batch;
+}
+template <class C>
+__device__ __forceinline__ Work tile_work(const AttnBwdParams& p, int tile) {
   const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC;
-  const int nb = blockIdx.x % n_kb;
-  const int bh = blockIdx.x / n_kb;
+  const int nb = tile % n_kb;
+  const int bh = tile / n_kb;
   Work w;
   w.b = bh / p.heads_kv;
   w.hkv = bh % p.heads_kv;
@@ -82,6 +86,10 @@ __device__ __forceinline__ Work cta_work(const AttnBwdParams& p) {
   w.group = p.heads_q / p.heads_kv;
   w.n_iters = w.group * (w.n_mb - w.mb0);
   return w;
+}
+template <class C>
+__device__ __forceinline__ Work cta_work(const AttnBwdParams& p) {
+  return tile_work<C>(p, blockIdx.x);
 }
 
 // The CTA's mbarriers: K and V (once), and the full / empty pair of each Q_i / dO_i / LSE_i / Delta_i stage.
@@ -99,26 +107,29 @@ __device__ __forceinline__ void init_bars(Bars<kStages>& bars) {
   fence_barrier_init();
 }
 
-// The producer (one thread): K and V once, then Q_i, dO_i (TMA) and LSE_i, Delta_i (1-D bulk copies) per step.
+// The producer's K and V of a tile (one thread), on the kv barrier.
 template <class C>
-__device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
-                                        const CUtensorMap* tdo, Bars<C::kStages>& bars, uint32_t base,
-                                        const Work& work, const AttnBwdParams& p) {
-  constexpr int D = C::D;
-  tma_prefetch_maps(tq, tk, tv);
-  tma_prefetch_map(tdo);
-  mbar_arrive_expect_tx(smem_u32(&bars.kv), 2 * C::kKVBytes);
-  for (int cb = 0; cb < D / 64; ++cb) {
-    tma_load_4d(base + C::kOffK + cb * C::BC * 128, tk, smem_u32(&bars.kv), cb * 64, work.n0, work.hkv, work.b);
-    tma_load_4d(base + C::kOffV + cb * C::BC * 128, tv, smem_u32(&bars.kv), cb * 64, work.n0, work.hkv, work.b);
+__device__ __forceinline__ void load_kv(const CUtensorMap* tk, const CUtensorMap* tv, uint64_t& kv, uint32_t base,
+                                        const Work& work) {
+  mbar_arrive_expect_tx(smem_u32(&kv), 2 * C::kKVBytes);
+  for (int cb = 0; cb < C::D / 64; ++cb) {
+    tma_load_4d(base + C::kOffK + cb * C::BC * 128, tk, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
+    tma_load_4d(base + C::kOffV + cb * C::BC * 128, tv, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
   }
+}
+
+// The producer's steps of a tile (one thread): Q_i, dO_i (TMA) and LSE_i, Delta_i (1-D bulk copies) into the
+// ring; `step0` is the CTA's count of steps before this tile (the ring's stage and phase run on across tiles).
+template <class C>
+__device__ __forceinline__ void produce_steps(const CUtensorMap* tq, const CUtensorMap* tdo, Bars<C::kStages>& bars,
+                                              uint32_t base, const Work& work, const AttnBwdParams& p, int step0) {
   const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
   for (int it = 0; it < work.n_iters; ++it) {
-    const int s = it % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
-    mbar_wait(smem_u32(&bars.empty[s]), ((it / C::kStages) & 1) ^ 1);
+    const int step = step0 + it, s = step % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
+    mbar_wait(smem_u32(&bars.empty[s]), ((step / C::kStages) & 1) ^ 1);
     const uint32_t full = smem_u32(&bars.full[s]);
     mbar_arrive_expect_tx(full, 2 * C::kQBytes + 2 * C::kRowBytes);
-    for (int cb = 0; cb < D / 64; ++cb) {
+    for (int cb = 0; cb < C::D / 64; ++cb) {
       tma_load_4d(base + C::kOffQ + s * C::kQBytes + cb * C::BR * 128, tq, full, cb * 64, m0, hq, work.b);
       tma_load_4d(base + C::kOffDo + s * C::kQBytes + cb * C::BR * 128, tdo, full, cb * 64, m0, hq, work.b);
     }
@@ -127,6 +138,17 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
     bulk_load_1d(rows, p.lse_log2 + row, C::kRowBytes, full);
     bulk_load_1d(rows + C::kRowBytes, p.delta + row, C::kRowBytes, full);
   }
+}
+
+// The producer of a one-tile CTA (one thread): K and V once, then every step.
+template <class C>
+__device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
+                                        const CUtensorMap* tdo, Bars<C::kStages>& bars, uint32_t base,
+                                        const Work& work, const AttnBwdParams& p) {
+  tma_prefetch_maps(tq, tk, tv);
+  tma_prefetch_map(tdo);
+  load_kv<C>(tk, tv, bars.kv, base, work);
+  produce_steps<C>(tq, tdo, bars, base, work, p, 0);
 }
 
 // S^T = K_w Q_i^T (SS, m64n64, k = D): one commit group.
@@ -250,6 +272,55 @@ __device__ __forceinline__ void reduce_dq(const float (&dq)[32], uint8_t* smem, 
   }
 }
 
+// One step of a consumer warpgroup: query block `it` of the tile `work`, the CTA's step `step` (stage, phase,
+// dS^T and dQ buffers). Each GEMM it issues is waited for before the step returns. With one dS^T buffer the
+// split-dQ path first waits until both warpgroups have read the last step's; with two, the parity does it.
+template <class C, class T>
+__device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[C::D / 2], uint8_t* smem,
+                                             Bars<C::kStages>& bars, const Work& work, int it, int step, float c,
+                                             const AttnBwdParams& p) {
+  constexpr int BR = C::BR, kStages = C::kStages;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const int wg = threadIdx.x / 128;
+  const uint32_t base = smem_u32(smem);
+  const int kw0 = work.n0 + 64 * wg;  // this warpgroup's first key
+  const uint32_t k_w = base + C::kOffK + wg * 64 * 128, v_w = base + C::kOffV + wg * 64 * 128;
+  const int s = step % kStages, hq = work.head(it), m0 = work.m0(it, BR);
+  const uint32_t q_s = base + C::kOffQ + s * C::kQBytes, do_s = base + C::kOffDo + s * C::kQBytes;
+  const float* rows = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);
+  mbar_wait(smem_u32(&bars.full[s]), (step / kStages) & 1);
+
+  float sacc[32], dpacc[32];
+  wgmma_fence();
+  issue_s_dp<C, kBf16>(sacc, dpacc, k_w, v_w, q_s, do_s);
+  wgmma_wait<0>();
+  reg_fence(sacc);
+  reg_fence(dpacc);
+  p_ds_step<C>(sacc, dpacc, rows, c, kw0, m0, p);
+
+  uint32_t pa[BR / 16][4], dsa[BR / 16][4];
+  pack_p<BR, T>(sacc, pa);
+  pack_p<BR, T>(dpacc, dsa);
+  wgmma_fence();
+  issue_dv_dk<C, kBf16>(dv, dk, pa, dsa, q_s, do_s);
+
+  // dS^T to shared memory: every read of this buffer's last dS^T (the other warpgroup's too) is over first.
+  if constexpr (C::kSplitDq && C::kDsBufs == 1) named_barrier_sync(kBarDsFree, 256);
+  const int ds_off = C::kOffDs + (step % C::kDsBufs) * C::kDsBytes;
+  store_ds<C>(smem + ds_off, dsa);
+  named_barrier_sync(C::kSplitDq ? kBarDsReady : kBarWg + wg, C::kSplitDq ? 256 : 128);
+
+  float dq[32];
+  wgmma_fence();
+  issue_dq<C, kBf16>(dq, base + ds_off, base + C::kOffK);
+  wgmma_wait<0>();
+  reg_fence(dq);
+  reg_fence(dk);
+  reg_fence(dv);
+  mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of Q_i, dO_i and the rows are over
+  reduce_dq<C>(dq, smem, step, hq, m0, work.b, p);
+}
+
 // Epilogue: dK (times scale) and dV of this warpgroup's keys < S_k, 4-byte stores from the accumulators.
 template <class C, class T>
 __device__ __forceinline__ void store_dk_dv(const float (&dk)[C::D / 2], const float (&dv)[C::D / 2], int kw0,
@@ -303,7 +374,9 @@ __global__ void __launch_bounds__(256) convert_dq(const AttnBwdParams p) {
 using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, AttnBwdParams);
 
 // The four launches of a call: pre-pass, dq_accum zeroed, the dK/dV kernel kKernel, the dQ convert pass.
-template <class C, class T, auto kKernel>
+// kMaxCtas > 0: kKernel loops over the tiles itself (persistent), so its grid is at most one CTA per SM and at
+// most kMaxCtas (a small cap makes small test problems run several tiles per CTA); 0: one CTA per tile.
+template <class C, class T, auto kKernel, int kMaxCtas = 0>
 int launch(const AttnBwdParams& p, cudaStream_t st, int dev) {
   constexpr int D = C::D;
   const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -326,7 +399,16 @@ int launch(const AttnBwdParams& p, cudaStream_t st, int dev) {
   if ((err = lab::allow_smem_once<kKernel>(C::kSmem, dev)) != cudaSuccess) return err;
   const int64_t blocks = (int64_t)((p.seqlen_k + C::BC - 1) / C::BC) * p.heads_kv * p.batch;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
-  kKernel<<<(unsigned)blocks, C::kThreads, C::kSmem, st>>>(tq, tk, tv, tdo, p);
+  int64_t ctas = blocks;
+  if constexpr (kMaxCtas > 0) {
+    static int sms[64] = {};  // per device: the attribute query is not free on every call
+    if (dev < 0 || dev >= 64) return LAB_E_SHAPE;
+    if (!sms[dev] && (err = cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+      return err;
+    const int64_t cap = sms[dev] < kMaxCtas ? sms[dev] : kMaxCtas;
+    ctas = blocks < cap ? blocks : cap;
+  }
+  kKernel<<<(unsigned)ctas, C::kThreads, C::kSmem, st>>>(tq, tk, tv, tdo, p);
   if ((err = cudaGetLastError()) != cudaSuccess || accum == 0) return err;
   const int64_t quads = (int64_t)accum / 4, grid = (quads + 255) / 256;
   convert_dq<C, T><<<(unsigned)(grid < 65536 ? grid : 65536), 256, 0, st>>>(p);
