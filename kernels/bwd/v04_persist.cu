@@ -32,6 +32,11 @@
 #ifndef LAB_V04_MAX_CTAS
 #define LAB_V04_MAX_CTAS (1 << 30)
 #endif
+// 1: persistent (the grid capped as above); 0: one CTA per tile as v02 (the tile loop then runs once), which
+// leaves the second dS^T buffer as the only change.
+#ifndef LAB_V04_PERSISTENT
+#define LAB_V04_PERSISTENT 1
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -97,7 +102,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    return launch<Cfg4<D>, T, bwd_dkdv_v04<Cfg4<D>, T>, LAB_V04_MAX_CTAS>(p, st, dev);
+    return launch<Cfg4<D>, T, bwd_dkdv_v04<Cfg4<D>, T>, LAB_V04_PERSISTENT ? LAB_V04_MAX_CTAS : 0>(p, st, dev);
   }
 };
 
