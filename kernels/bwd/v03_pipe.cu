@@ -17,9 +17,9 @@
 // ~5 % of a step and the second barrier ~2 %; +4-7 % over v02, not yet cuDNN's level. The elementwise phase
 // (one ex2 per score, both warpgroups in step through the dQ barrier) stays exposed.
 // Outcome (H100, in rounds with v02; kernels/bwd/README.md): D = 128 11-13 % slower than v02 in GPU time
-// (S = 4096: 447 vs 511 TFLOP/s, causal 384 vs 436), D = 64 within 2 %. Not explained yet; the likeliest cause is
-// that the early S^T GEMM queues ahead of the other warpgroup's dQ GEMM, the critical path through the shared
-// dS barrier. v02 stays the default.
+// (S = 4096: 447 vs 511 TFLOP/s, causal 384 vs 436), D = 64 within 2 %. ptxas says why: at D = 128 it serializes
+// the wgmma instructions for want of registers (C7512) and injects warpgroup waits (C7517), so the early GEMM
+// never overlaps anything. v02 stays the default.
 //
 // Limits: v02's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no
 // deterministic mode).

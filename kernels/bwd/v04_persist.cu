@@ -17,6 +17,10 @@
 // Prediction (H200 profile of v02 at D = 128, S = 4096: 2506 us against cuDNN's 2266, barrier the first stall
 // reason at 2.0 cycles per issued instruction): the half-empty last wave is ~3 % and the per-CTA prologue and
 // epilogue ~2 %; the second barrier ~1-2 %. +5-7 % over v02: still short of cuDNN by ~3-5 %.
+// Outcome (H200, GPU time, in rounds; kernels/bwd/README.md): D = 128 non-causal 2-4 % slower than v02, D = 128
+// S = 16384 causal 38 % slower (the static round-robin's imbalance), D = 64 non-causal +5 %; without persistence
+// (LAB_V04_PERSISTENT=0) the second buffer alone is 2-4 % slower than v02. A measured negative result: v02 stays
+// the default.
 //
 // Limits: v02's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
 // mode). The static round-robin balances causal work only on average (each CTA meets every key-block residue).

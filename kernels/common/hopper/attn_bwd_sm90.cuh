@@ -25,6 +25,9 @@ namespace lab::sm90::bwd {
 //     beside the dQ buffers at D = 128 (227 KB).
 //   kDsBufs: 1 (v02) or 2 dS^T buffers (a second lets a warpgroup write step i + 1's dS^T while the other
 //     still reads step i's: 16 KB, which D = 128 has room for only without a third stage).
+//     Measured (bwd/v04): 2 buffers are 2-4 % slower than 1 at D = 128 with one CTA per tile.
+//   One CTA per tile, not persistent: v04's persistent loop (one CTA per SM, static round-robin) measured 2-4 %
+//     slower at D = 128 and 38 % slower on long causal problems.
 template <int D_, int kDsBufs_ = 1>
 struct Cfg {
   static constexpr int D = D_;
