@@ -123,6 +123,12 @@ def bench_bwd_cases(dtype: str = "bfloat16", head_dims=(64, 128), seqlens=(512, 
     return cases
 
 
+def head_dim_cases(dtype: str = "bfloat16", head_dims=(32, 80, 96), seqlens=(512, 2048, 8192)) -> list[Case]:
+    """Head dims without a kernel of their own (run zero-padded to the next one): B*S = 16k tokens,
+    H = 2048 // D, causal and not."""
+    return _token_grid("hd", 16384, dtype, head_dims, seqlens)
+
+
 def bench_fwd_fp16_cases() -> list[Case]:
     """One fp16 cell beside the bf16 grid: the same kernel path with the other dtype."""
     return [Case("fwd-d128-s4096-fp16", 8, 16, 16, 4096, 4096, 128, "float16", False)]

@@ -37,6 +37,9 @@ DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the other
 PAGED_DECODE = ("v03",)  # decode versions with a block table (paged cache) and the bottom-right causal mask
 SPLIT_RULE = {"v03": "v02"}  # v03's pass 1 is v02's with another address: v02's one-block-per-SM split plan
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
+# Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
+# next of these (lab.fwd.head_dims), and runs them when the caller names no version.
+FAST_HEAD_DIMS = (64, 128)
 
 
 # ---------------------------------------------------------------- defaults

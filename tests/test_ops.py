@@ -103,8 +103,14 @@ def test_validation_on_fake_cuda_tensors(fake):
          r"value must have a contiguous last dimension"),
         (lambda: ops.attention(fake(1, 2, 4, 96), fake(1, 2, 4, 96), fake(1, 2, 4, 96), version=2), ValueError,
          r"head dim 96 is not supported by v02 \(supported: \[64, 128\]\)"),
-        (lambda: ops.attention(fake(1, 2, 4, 96), fake(1, 2, 4, 96), fake(1, 2, 4, 96)), ValueError,
-         r"head dim 96 is not supported"),
+        (lambda: ops.attention(fake(1, 2, 4, 160), fake(1, 2, 4, 160), fake(1, 2, 4, 160)), ValueError,
+         r"head dims query/key 160, value 160: lab.ops.attention runs D_qk and D_v up to 128"),
+        (lambda: ops.attention(fake(1, 2, 4, 64), fake(1, 2, 4, 64), fake(1, 2, 4, 192)), ValueError,
+         r"head dims query/key 64, value 192"),
+        (lambda: ops.attention(fake(1, 2, 4, 64), fake(1, 2, 4, 80), fake(1, 2, 4, 80)), ValueError,
+         r"key has head dim 80 but query has 64"),
+        (lambda: ops.attention(fake(1, 2, 4, 64), fake(1, 2, 4, 64), fake(1, 2, 5, 96)), ValueError,
+         r"key and value must agree in \(B, H, S\)"),
         (lambda: ops.attention(q, q, q, version="vXX"), ValueError, r"version='vXX' is unknown; available: \['v01', 'v02'"),
         (lambda: ops.attention(q, q, q, version=999), ValueError, r"version=999 is unknown"),
         (lambda: ops.attention(q, q, q, scale=float("nan")), (TypeError, ValueError), r"scale must be a finite float"),
@@ -124,7 +130,9 @@ def test_valid_variants_reach_the_op(fake):
     mqa = fake(2, 1, 8, 64)
     assert ops.attention(q, mqa, mqa, enable_gqa=True).shape == q.shape
     small = fake(1, 2, 3, 32)
-    assert ops.attention(small, small, small).shape == (1, 2, 3, 32)  # D=32: only v01 has it
+    assert ops.attention(small, small, small, version=1).shape == (1, 2, 3, 32)  # D=32: v01 has it
+    # by default D=32 runs padded to 64 (tests/test_head_dims.py: a CPU build of torch cannot slice fake CUDA
+    # tensors, so the padded calls are checked there on CPU tensors and in tests/test_ops_gpu.py on the GPU)
     # lower_right at S_q == S_k is the top-left mask: the op runs as usual (S_q != S_k: tests/test_causal.py
     # on the CPU, tests/test_ops_gpu.py through the kernels; a CPU build of torch cannot slice fake CUDA tensors)
     assert ops.attention(q, q, q, is_causal=True, causal_variant="lower_right").shape == q.shape

@@ -15,8 +15,8 @@ from ..kernels import launcher
 from ..kernels import plans as _plans
 from ..kernels import resolve_version as _version
 from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
-from ..registry import BEST_FWD, FWD, default_attention_version
-from . import causal
+from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, default_attention_version
+from . import causal, head_dims
 
 _Tensor = torch.Tensor  # the exact type the fast path takes (a subclass goes through the dispatcher)
 
@@ -44,7 +44,8 @@ def attention_version(query, version=None, is_causal: bool = False) -> str:
     """The forward kernel lab.ops.attention runs for this query: `version` checked, or the default for its
     head dim (BEST_FWD order). Device-specific defaults belong here, cached per device."""
     if version is None:
-        return default_attention_version(query.shape[-1], query.shape[2], is_causal, _capability(query.device))
+        head_dim = head_dims.kernel_head_dim(query.shape[-1], query.shape[-1]) or query.shape[-1]
+        return default_attention_version(head_dim, query.shape[2], is_causal, _capability(query.device))
     return _version(version, FWD, query.shape[-1], BEST_FWD)
 
 
@@ -57,6 +58,8 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     sees keys j <= i + S_k - S_q; rows that see no key give 0), the names of torch.nn.attention.bias.
     CausalVariant; lab.fwd.causal says how lower_right runs on the top-left kernels.
     version: None picks the fastest kernel for the head dim; or 1/"v01", 2/"v02".
+    Head dims: D_qk and D_v (value's, which may differ from query's, as in SDPA) up to 128; with version=None
+    a D without a fast kernel runs on the next one's, zero-padded (lab.fwd.head_dims says why that is exact).
     return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).
     """
     if _eager() and version is None and causal_variant == "upper_left" and type(is_causal) is bool and \
@@ -65,6 +68,11 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
         answer = _attention_fast(query, key, value, is_causal, scale, enable_gqa, return_lse)
         if answer is not None:
             return answer
+    if version is None and head_dims.needs_padding(query, value):
+        def attend(q, k, v, padded_scale):
+            return attention(q, k, v, is_causal, padded_scale, enable_gqa, None, True, causal_variant)
+        out, lse = head_dims.pad_and_attend(attend, query, key, value, scale)
+        return (out, lse) if return_lse else out
     _check_qkv(query, key, value, "key", "value")
     _check_heads(query, key, enable_gqa)
     if key.shape[2] == 0:
@@ -121,7 +129,7 @@ def _attention_fast(query, key, value, is_causal: bool, scale, enable_gqa: bool,
 def _fwd_plan(query, is_causal: bool):
     """attn_auto bound to the default kernel's launcher for this query, or None (not a CUDA tensor, or no
     kernel for its head dim: the full path says which)."""
-    if query.get_device() < 0:
+    if query.get_device() < 0 or query.shape[-1] not in FAST_HEAD_DIMS:  # other head dims run padded
         return None
     try:
         name = attention_version(query, None, is_causal)

@@ -1,0 +1,59 @@
+"""Head dims without a kernel of their own, and value head dims other than the query's, on the kernels that
+exist: zero columns appended to query, key and value.
+
+Why it is exact: appended zero columns add 0 to every score q·k, and the output's extra columns (P times zero
+values) are cut off; the softmax scale is the caller's (1/sqrt of the true D_qk), never the padded width's.
+The padding is plain torch (F.pad, a slice), so autograd carries the gradients back to the unpadded tensors
+and torch.compile traces it. The cost is the wider kernel's (D = 80 and 96 run the D = 128 kernel: 1.6x and
+1.33x its FLOPs) plus the copies; chapter n5's head-dim cells measure it against SDPA.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..op_common import _check_tensor, _scale
+from ..registry import FAST_HEAD_DIMS
+
+
+def kernel_head_dim(d_qk: int, d_v: int) -> int | None:
+    """The smallest fast kernel head dim that holds both, or None when both are already one (same D, fast)."""
+    if d_qk == d_v and d_qk in FAST_HEAD_DIMS:
+        return None
+    wide = max(d_qk, d_v)
+    for d in FAST_HEAD_DIMS:
+        if d >= wide:
+            return d
+    raise ValueError(f"head dims query/key {d_qk}, value {d_v}: lab.ops.attention runs D_qk and D_v up to "
+                     f"{FAST_HEAD_DIMS[-1]} (kernels at {list(FAST_HEAD_DIMS)}, smaller dims padded to the next); "
+                     f"use F.scaled_dot_product_attention for wider heads")
+
+
+def needs_padding(query, value) -> bool:
+    """True when this call runs through pad_and_attend: a head dim without a fast kernel, or D_v != D_qk."""
+    return isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor) and query.dim() == 4 and \
+        value.dim() == 4 and (query.shape[-1] != value.shape[-1] or query.shape[-1] not in FAST_HEAD_DIMS)
+
+
+def pad_and_attend(attend, query, key, value, scale):
+    """Check the shapes (value may have its own head dim), pad to the kernel's head dim, call
+    attend(q, k, v, scale) -> (out, lse) on the padded tensors and cut the output back to D_v."""
+    _check_tensor(query, "query")
+    _check_tensor(key, "key", query)
+    _check_tensor(value, "value")
+    if value.dtype != query.dtype or value.device != query.device:
+        raise TypeError(f"value ({value.dtype}, {value.device}) must match query ({query.dtype}, {query.device})")
+    if value.shape[:3] != key.shape[:3]:
+        raise ValueError(f"key and value must agree in (B, H, S): {tuple(key.shape[:3])} vs {tuple(value.shape[:3])}")
+    if query.shape[-1] == 0 or value.shape[-1] == 0:
+        raise ValueError(f"head dims must be >= 1, got query/key {query.shape[-1]}, value {value.shape[-1]}")
+    return padded(attend, query, key, value, _scale(scale, query.shape[-1]))
+
+
+def padded(attend, query, key, value, scale: float, width: int | None = None):
+    """The padding itself (any device, no checks): attend(q, k, v, scale) -> (out, lse) on tensors padded to
+    `width` (default: kernel_head_dim's), the output cut back to value's head dim."""
+    d_qk, d_v = query.shape[-1], value.shape[-1]
+    d = width or kernel_head_dim(d_qk, d_v) or d_qk
+    out, lse = attend(F.pad(query, (0, d - d_qk)), F.pad(key, (0, d - d_qk)), F.pad(value, (0, d - d_v)), scale)
+    return out[..., :d_v].contiguous(), lse

@@ -1,0 +1,64 @@
+"""lab.fwd.head_dims on the CPU: the padding is exact in float64 (forward, lse and the three gradients against
+SDPA on the unpadded tensors, D_v != D_qk included), a padding that took the padded width's scale fails, and
+the kernel head dim chosen for each (D_qk, D_v)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lab.fwd import head_dims
+
+
+def reference(q, k, v, scale, is_causal=False):
+    """(out, lse) in float64 with the mask written out: what a kernel returns."""
+    s = (q @ k.transpose(-1, -2)) * scale
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v, lse
+
+
+@pytest.mark.parametrize("d_qk,d_v", [(80, 80), (96, 96), (32, 32), (8, 8), (24, 40), (128, 64), (64, 128), (96, 40)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_padding_is_exact(d_qk, d_v, is_causal):
+    gen = torch.Generator().manual_seed(d_qk * 1000 + d_v)
+    q = torch.randn(2, 3, 65, d_qk, dtype=torch.float64, generator=gen, requires_grad=True)
+    k = torch.randn(2, 3, 63, d_qk, dtype=torch.float64, generator=gen, requires_grad=True)
+    v = torch.randn(2, 3, 63, d_v, dtype=torch.float64, generator=gen, requires_grad=True)
+    scale = 1 / math.sqrt(d_qk)
+    widths = []
+
+    def attend(qp, kp, vp, s):
+        widths.append((qp.shape[-1], vp.shape[-1]))
+        return reference(qp, kp, vp, s, is_causal)
+
+    out, lse = head_dims.padded(attend, q, k, v, scale)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    assert out.shape == want.shape and out.is_contiguous()
+    assert widths == [(head_dims.kernel_head_dim(d_qk, d_v),) * 2]
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, reference(q, k, v, scale, is_causal)[1], rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    ref = torch.autograd.grad(want, (q, k, v), grad)
+    for name, a, b in zip("qkv", got, ref):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"d{name}")
+
+
+def test_the_padded_widths_scale_would_be_wrong():
+    """The check above can fail: 1/sqrt(padded width) instead of 1/sqrt(D_qk) changes the output."""
+    q, k, v = (torch.randn(1, 2, 17, 80, dtype=torch.float64) for _ in range(3))
+    out, _ = head_dims.padded(reference, q, k, v, 1 / math.sqrt(128))
+    want = F.scaled_dot_product_attention(q, k, v)
+    assert (out - want).abs().max() > 1e-3
+
+
+def test_kernel_head_dims():
+    assert head_dims.kernel_head_dim(64, 64) is None and head_dims.kernel_head_dim(128, 128) is None
+    assert [head_dims.kernel_head_dim(d, d) for d in (8, 32, 48, 65, 80, 96, 120)] == [64, 64, 64, 128, 128, 128, 128]
+    assert head_dims.kernel_head_dim(128, 64) == 128 and head_dims.kernel_head_dim(40, 96) == 128
+    for d_qk, d_v in ((160, 160), (256, 256), (192, 128), (64, 129)):
+        with pytest.raises(ValueError, match=f"head dims query/key {d_qk}, value {d_v}"):
+            head_dims.kernel_head_dim(d_qk, d_v)
