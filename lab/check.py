@@ -59,7 +59,12 @@ def reference(q, k, v, is_causal=False, scale=None, seqlens=None):
 
 
 def sdpa(q, k, v, is_causal=False, scale=None, seqlens=None):
-    """PyTorch SDPA in the inputs' dtype (default dispatch): the error yardstick."""
+    """PyTorch SDPA in the inputs' dtype (default dispatch): the error yardstick.
+
+    Fused backends return NaN for scale <= 0 (seen at head dims 32-120 on the H100, torch 2.11), so such a
+    scale runs as the same problem rewritten exactly, as sdpa_grads does: (-q, |scale|), or 2^-100 for 0."""
+    if scale is not None and scale <= 0:
+        q, scale = (-q, -scale) if scale < 0 else (q, 2.0**-100)
     gqa = k.shape[1] != q.shape[1]
     if seqlens is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=gqa)

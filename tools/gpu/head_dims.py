@@ -1,7 +1,7 @@
 """Head dims without a kernel of their own, on the GPU in one process: lab.ops.attention's forward and
 gradients (zero-padded to the next kernel head dim) checked through lab.check against float64, value head dims
 other than the query's checked the same way by hand, then forward and backward timed against SDPA's backends
-over lab.cases.head_dim_cases. Usage: python3 tools/gpu/head_dims.py [--quick]. Records go to $LAB_OUTPUTS.
+over lab.cases.head_dim_cases. Usage: python3 tools/gpu/head_dims.py [--quick] [--checks-only]. Records go to $LAB_OUTPUTS.
 """
 import sys
 
@@ -69,6 +69,8 @@ def main(argv):
     torch.backends.cuda.matmul.allow_tf32 = False
     quick = "--quick" in argv
     fails = checks(quick)
+    if "--checks-only" in argv:
+        return 1 if fails else 0
     grid = cases.head_dim_cases()
     if quick:
         grid = [c for c in grid if "s2048" in c.name]
