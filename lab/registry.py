@@ -30,6 +30,7 @@ BWD = {
     "v02": Kernel("bwd/v02_wgmma.cu", "attn_bwd_v02", (64, 128), ((9, 0),)),
     "v03": Kernel("bwd/v03_pipe.cu", "attn_bwd_v03", (64, 128), ((9, 0),)),
     "v04": Kernel("bwd/v04_persist.cu", "attn_bwd_v04", (64, 128), ((9, 0),)),
+    "v05": Kernel("bwd/v05_stagger.cu", "attn_bwd_v05", (128,), ((9, 0),)),
 }
 BEST_BWD = ("v01",)
 BEST_BWD_HOPPER = ("v02", "v01")  # compute capability 9.0, non-deterministic mode (v03: kernels/bwd/README.md)
@@ -133,6 +134,8 @@ def drivers(capability: tuple | None = None, defaults_only: bool = False) -> lis
             flags = "" if own else f"-D{macro}={kernel.symbol}"
             if family == "bwd" and version not in DETERMINISTIC_BWD:
                 flags += " -DBWD_MODES=1"  # the driver skips the deterministic mode this version refuses
+            if family == "bwd" and len(kernel.head_dims) == 1:
+                flags += f" -DBWD_ONLY_D={kernel.head_dims[0]}"  # the driver's configs of that head dim alone
             rows.append((f"{family}_{version}", own or main, f"kernels/{kernel.source}", flags))
     return rows
 

@@ -39,16 +39,18 @@ MODES = [(name, det) for name in sorted(backward.BWD) for det in (False, True)
          if not det or name in backward.DETERMINISTIC_BWD]
 
 
-def _runs_here(version, table=backward.BWD):
+def _runs_here(version, table=backward.BWD, head_dim=None):
     kernel = table[version]
     if kernel.capabilities and tuple(torch.cuda.get_device_capability()) not in kernel.capabilities:
         pytest.skip(f"{version} needs compute capability {kernel.capabilities}")
+    if head_dim is not None and head_dim not in kernel.head_dims:
+        pytest.skip(f"{version} runs head dims {kernel.head_dims}")
 
 
 @pytest.mark.parametrize("case", CASES + EXTRA, ids=_ids(CASES + EXTRA))
 @pytest.mark.parametrize("version,deterministic", MODES, ids=[f"{v}-{'det' if d else 'atomic'}" for v, d in MODES])
 def test_kernel_gradients_match_the_float64_reference(case, version, deterministic, session_dir):
-    _runs_here(version)
+    _runs_here(version, head_dim=case.D)
     run = backward_harness.bwd_runner(version, deterministic=deterministic)
     _assert_passed(check.check_backward(run, case, f"bwd-{version}-{'det' if deterministic else 'atomic'}",
                                         trials=1))
@@ -65,7 +67,7 @@ def test_public_op_autograd_forward_plus_backward(case, session_dir):
 @pytest.mark.parametrize("causal", [False, True])
 def test_any_finite_scale_against_sdpa_on_the_rewritten_problem(version, scale, causal, session_dir):
     _runs_here(version)
-    case = Case("bwd-scale", 2, 4, 2, 130, 65, 64, "bfloat16", causal)
+    case = Case("bwd-scale", 2, 4, 2, 130, 65, backward.BWD[version].head_dims[0], "bfloat16", causal)
     _assert_passed(check.check_backward(backward_harness.bwd_runner(version), case, f"bwd-{version}", trials=1,
                                         scale=scale, yardstick="default"))
 
@@ -112,7 +114,8 @@ def test_torch_deterministic_algorithms_selects_the_separate_dq_pass():
 def test_forgetting_the_d_term_fails_the_check(version, session_dir):
     _runs_here(version)
     run = backward_harness.bwd_runner(version, defines={"LAB_BWD_BUG_NO_DELTA": None})
-    res = check.check_backward(run, Case("bwd-selftest", 1, 4, 4, 130, 130, 64, "float16", False), "bwd-no-delta",
+    case = Case("bwd-selftest", 1, 4, 4, 130, 130, backward.BWD[version].head_dims[0], "float16", False)
+    res = check.check_backward(run, case, "bwd-no-delta",
                                trials=1, save=False)
     assert not res["dq"].passed and not res["dk"].passed
     assert res["dv"].passed  # dV has no D term

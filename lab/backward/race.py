@@ -114,6 +114,8 @@ def versions(cases, names=None, progress: bool = True, **stop) -> list[dict]:
         calls = {base: (sdpa_step("cudnn", "bwd", q, k, v, case.causal, dout), None),
                  "lab.ops.attention (GPU time)": (ours_step("bwd", q, k, v, case.causal, dout), None)}
         for name, (version, defines) in runnable.items():
+            if case.D not in BWD[version].head_dims:
+                continue
             calls[f"bwd-{name} (kernel-level)"] = (
                 lambda n=version, d=defines: _bwd_impl(dout, q, k, v, out, lse, None, case.causal, scale, False, n,
                                                        defines=d), None)

@@ -15,7 +15,9 @@ for src in $(python3 -c "from lab import registry; print(' '.join(k.source for k
   python3 -c "from lab import build; build.build_kernel('$src')" >> "$OUT/build.log" 2>&1 &
   case $src in bwd/v04*) for ab in LAB_V04_DS_BUFS=1 LAB_V04_PERSISTENT=0; do
                           python3 -c "from lab import build; build.build_kernel('$src', {'${ab%=*}': '${ab#*=}'})" \
-                            >> "$OUT/build.log" 2>&1 & done ;; esac
+                            >> "$OUT/build.log" 2>&1 & done ;;
+                      bwd/v05*) python3 -c "from lab import build; build.build_kernel('$src', {'LAB_V05_STAGGER': '0'})" \
+                            >> "$OUT/build.log" 2>&1 & ;; esac
   case $src in bwd/*) python3 -c "from lab import build; build.build_kernel('$src', {'LAB_BWD_BUG_NO_DELTA': None})" \
                         >> "$OUT/build.log" 2>&1 & ;; esac
 done

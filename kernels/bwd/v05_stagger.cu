@@ -1,0 +1,161 @@
+// Backward attention v05: v02 with each step's dQ GEMM deferred by one step, so the two consumer warpgroups no
+// longer meet at a full barrier every step and can run half a step apart.
+// Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
+// Measured: kernels/bwd/README.md (the version table).
+//
+// What changes against v02 (bwd/v02_wgmma.cu has the design; common/hopper/attn_bwd_sm90.cuh the parts):
+// - The lockstep. At D = 128 a warpgroup's dQ_i reads both halves of dS^T_i, so v02 puts a 256-thread barrier
+//   between the dS^T store and the dQ GEMM of every step. Both warpgroups therefore compute P^T and dS^T (one
+//   ex2 per score, ~20 % of a step's tensor time by the MUFU rate) at the same moment, and the tensor core
+//   idles through it: the profile's first stall reason is the barrier (2.0 cycles per issued instruction on
+//   the H200, against cuDNN's 1.5) and the tensor pipe is 58 % busy (cuDNN 66 %).
+// - v05 issues step i's dQ GEMM in step i + 1, after that step's dV/dK GEMMs (the last one after the loop).
+//   By then the other warpgroup's half of dS^T_i has long been stored, so the wait is a producer/consumer
+//   pair of named barriers per buffer and writer (ready: arrive after the store, sync before the dQ GEMM;
+//   free: arrive after the dQ GEMM, sync before the buffer is written again two steps later) instead of a
+//   full barrier, and nothing pulls the warpgroups back into step. Two dS^T buffers (Cfg kDsBufs = 2).
+// - LAB_V05_STAGGER (1): warpgroup 1 starts its first step once warpgroup 0 has finished its first softmax,
+//   so the two start half a step apart: one's softmax runs under the other's GEMMs.
+// - Registers: the deferred dQ accumulator (32) is live only with dK, dV and the P^T / dS^T fragments (192 in
+//   all), never beside the S^T / dP^T accumulators: no more than v02 holds (v03's early S^T spilled).
+// Prediction (H200, D = 128, S = 4096: v02 0.91x cuDNN in GPU time): if the stagger holds, up to the ~20 %
+// softmax share comes off the critical path; the barrier and issue overheads stay: +5-10 % over v02.
+//
+// Limits: D = 128 only (at D = 64 each warpgroup's dQ reads only its own dS^T: v02 has no lockstep there);
+// otherwise v02's (sm_90 only; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
+// mode).
+//
+// Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v05_stagger.cu
+#include "common/hopper/attn_bwd_sm90.cuh"
+
+#ifndef LAB_V05_STAGGER
+#define LAB_V05_STAGGER 1
+#endif
+
+namespace {
+using namespace lab::sm90;
+using namespace lab::sm90::bwd;
+
+template <int D>
+using Cfg5 = Cfg<D, 2>;
+
+// Named barriers of the dS^T hand-off (after the shared header's 1..4): per buffer b and writer warpgroup w,
+// "w's half of buffer b is written" and "w may write its half of buffer b again"; and the start stagger.
+constexpr int kBarReady = 5, kBarFree = 9, kBarStagger = 13;
+__device__ __forceinline__ int ready_bar(int buf, int writer) { return kBarReady + 2 * buf + writer; }
+__device__ __forceinline__ int free_bar(int buf, int writer) { return kBarFree + 2 * buf + writer; }
+
+// dQ of step j (issued during step j + 1, or after the loop): wait for the other warpgroup's half of dS^T_j,
+// the GEMM over both halves, release the buffer to the other warpgroup (when it writes it again), hand the
+// partial to the copy engine. Every GEMM in flight (this step's dV / dK too) is complete on return.
+template <class C>
+__device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, const AttnBwdParams& p) {
+  constexpr bool kBf16 = C::kBf16;
+  const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
+  const uint32_t base = smem_u32(smem);
+  named_barrier_sync(ready_bar(buf, other), 256);
+  float dq[32];
+  wgmma_fence();
+  issue_dq<C, kBf16>(dq, base + C::kOffDs + buf * C::kDsBytes, base + C::kOffK);
+  wgmma_wait<0>();
+  reg_fence(dq);
+  if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
+  reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
+}
+
+template <int D_, class T>
+struct Cfg5T : Cfg5<D_> {
+  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+};
+
+template <class C, class T>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    bwd_dkdv_v05(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                 const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                 const AttnBwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = C::D, BR = C::BR, kStages = C::kStages;
+  constexpr bool kBf16 = C::kBf16;
+  static_assert(C::kSplitDq && C::kDsBufs == 2, "v05 is the split-dQ path (D = 128) with two dS^T buffers");
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) Bars<kStages> bars;
+  uint8_t* smem = align1024(smem_raw);
+  const uint32_t base = smem_u32(smem);
+  const Work work = cta_work<C>(p);
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+
+  // Prologue
+  if (threadIdx.x == 0) init_bars(bars);
+  __syncthreads();
+  if (wg == 2) {
+    setmaxnreg_dec<C::kRegsProducer>();
+    if (wt == 0) produce<C>(&tq, &tk, &tv, &tdo, bars, base, work, p);
+    return;
+  }
+  setmaxnreg_inc<C::kRegsConsumer>();
+  const int kw0 = work.n0 + 64 * wg;
+  const uint32_t k_w = base + C::kOffK + wg * 64 * 128, v_w = base + C::kOffV + wg * 64 * 128;
+  const float c = p.scale * kLog2e;
+  float dk[D / 2], dv[D / 2];
+  zero_acc(dk);
+  zero_acc(dv);
+  mbar_wait(smem_u32(&bars.kv), 0);
+
+  // Main loop: step it's S^T, dP^T, P^T, dS^T, dV and dK, then step it - 1's dQ.
+  for (int it = 0; it < work.n_iters; ++it) {
+    const int s = it % kStages, m0 = work.m0(it, BR), buf = it & 1;
+    const uint32_t q_s = base + C::kOffQ + s * C::kQBytes, do_s = base + C::kOffDo + s * C::kQBytes;
+    const float* rows = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);
+    mbar_wait(smem_u32(&bars.full[s]), (it / kStages) & 1);
+    if (LAB_V05_STAGGER && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
+
+    float sacc[32], dpacc[32];
+    wgmma_fence();
+    issue_s_dp<C, kBf16>(sacc, dpacc, k_w, v_w, q_s, do_s);
+    wgmma_wait<0>();
+    reg_fence(sacc);
+    reg_fence(dpacc);
+    p_ds_step<C>(sacc, dpacc, rows, c, kw0, m0, p);
+    if (LAB_V05_STAGGER && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
+
+    uint32_t pa[BR / 16][4], dsa[BR / 16][4];
+    pack_p<BR, T>(sacc, pa);
+    pack_p<BR, T>(dpacc, dsa);
+    wgmma_fence();
+    issue_dv_dk<C, kBf16>(dv, dk, pa, dsa, q_s, do_s);
+
+    if (it >= 2) named_barrier_sync(free_bar(buf, wg), 256);  // the other warpgroup has read dS^T_{it-2}
+    store_ds<C>(smem + C::kOffDs + buf * C::kDsBytes, dsa);
+    named_barrier_arrive(ready_bar(buf, wg), 256);
+    if (it >= 1) {
+      dq_step<C>(smem, work, it - 1, p);  // its bulk hand-off's barrier also orders this step's own stores
+    } else {
+      wgmma_wait<0>();
+      named_barrier_sync(kBarWg + wg, 128);  // this warpgroup's half of dS^T_0, before its dQ GEMM reads it
+    }
+    reg_fence(dk);
+    reg_fence(dv);
+    mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of Q_i, dO_i and the rows are over
+  }
+  if (work.n_iters > 0) dq_step<C>(smem, work, work.n_iters - 1, p);
+  if (wt == 0) bulk_wait<0>();
+
+  // Epilogue
+  store_dk_dv<C, T>(dk, dv, kw0, work, p);
+#endif
+}
+
+template <int D, class T>
+struct Launch {
+  static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
+    if constexpr (D == 128) {
+      return launch<Cfg5T<D, T>, T, bwd_dkdv_v05<Cfg5T<D, T>, T>>(p, st, dev);
+    } else {  // D = 64 computes dQ over a warpgroup's own keys: no lockstep to break (lab.ops runs v02)
+      return LAB_E_HEAD_DIM;
+    }
+  }
+};
+
+}  // namespace
+
+extern "C" int attn_bwd_v05(const AttnBwdParams* p, void* stream) { return entry<Launch>(p, stream); }
