@@ -30,7 +30,7 @@ BWD = {
     "v02": Kernel("bwd/v02_wgmma.cu", "attn_bwd_v02", (64, 128), ((9, 0),)),
     "v03": Kernel("bwd/v03_pipe.cu", "attn_bwd_v03", (64, 128), ((9, 0),)),
     "v04": Kernel("bwd/v04_persist.cu", "attn_bwd_v04", (64, 128), ((9, 0),)),
-    "v05": Kernel("bwd/v05_stagger.cu", "attn_bwd_v05", (128,), ((9, 0),)),
+    "v05": Kernel("bwd/v05_stagger.cu", "attn_bwd_v05", (64, 128), ((9, 0),)),
 }
 BEST_BWD = ("v01",)
 BEST_BWD_HOPPER = ("v02", "v01")  # compute capability 9.0, non-deterministic mode (v03: kernels/bwd/README.md)

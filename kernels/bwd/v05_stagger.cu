@@ -21,15 +21,20 @@
 // Prediction (H200, D = 128, S = 4096: v02 0.91x cuDNN in GPU time): if the stagger holds, up to the ~20 %
 // softmax share comes off the critical path; the barrier and issue overheads stay: +5-10 % over v02.
 //
-// Limits: D = 128 only (at D = 64 each warpgroup's dQ reads only its own dS^T: v02 has no lockstep there);
-// otherwise v02's (sm_90 only; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
+// - D = 64: each warpgroup's dQ reads only its own half of dS^T, so there is no barrier between the two to
+//   remove; but they start together with the same work and so do their softmax together. The deferred dQ
+//   and the start stagger apply there as well, without the cross-warpgroup barriers.
+//
+// Limits: v02's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
 // mode).
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v05_stagger.cu
 #include "common/hopper/attn_bwd_sm90.cuh"
 
+// 0: no stagger; 1: always; 2: non-causal calls only (first H100 run, D = 128: the stagger gained 2-3 % without a
+// mask and lost 1-1.5 % with the causal one).
 #ifndef LAB_V05_STAGGER
-#define LAB_V05_STAGGER 1
+#define LAB_V05_STAGGER 2
 #endif
 
 namespace {
@@ -53,13 +58,13 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   constexpr bool kBf16 = C::kBf16;
   const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
   const uint32_t base = smem_u32(smem);
-  named_barrier_sync(ready_bar(buf, other), 256);
+  if constexpr (C::kSplitDq) named_barrier_sync(ready_bar(buf, other), 256);
   float dq[32];
   wgmma_fence();
   issue_dq<C, kBf16>(dq, base + C::kOffDs + buf * C::kDsBytes, base + C::kOffK);
   wgmma_wait<0>();
   reg_fence(dq);
-  if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
+  if (C::kSplitDq && j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
   reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
 }
 
@@ -76,13 +81,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = C::D, BR = C::BR, kStages = C::kStages;
   constexpr bool kBf16 = C::kBf16;
-  static_assert(C::kSplitDq && C::kDsBufs == 2, "v05 is the split-dQ path (D = 128) with two dS^T buffers");
+  static_assert(C::kDsBufs == 2, "v05 alternates two dS^T buffers");
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) Bars<kStages> bars;
   uint8_t* smem = align1024(smem_raw);
   const uint32_t base = smem_u32(smem);
   const Work work = cta_work<C>(p);
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
 
   // Prologue
   if (threadIdx.x == 0) init_bars(bars);
@@ -107,7 +113,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     const uint32_t q_s = base + C::kOffQ + s * C::kQBytes, do_s = base + C::kOffDo + s * C::kQBytes;
     const float* rows = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);
     mbar_wait(smem_u32(&bars.full[s]), (it / kStages) & 1);
-    if (LAB_V05_STAGGER && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
+    if (stagger && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
 
     float sacc[32], dpacc[32];
     wgmma_fence();
@@ -116,7 +122,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     reg_fence(sacc);
     reg_fence(dpacc);
     p_ds_step<C>(sacc, dpacc, rows, c, kw0, m0, p);
-    if (LAB_V05_STAGGER && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
+    if (stagger && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
 
     uint32_t pa[BR / 16][4], dsa[BR / 16][4];
     pack_p<BR, T>(sacc, pa);
@@ -124,9 +130,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     wgmma_fence();
     issue_dv_dk<C, kBf16>(dv, dk, pa, dsa, q_s, do_s);
 
-    if (it >= 2) named_barrier_sync(free_bar(buf, wg), 256);  // the other warpgroup has read dS^T_{it-2}
+    if (C::kSplitDq && it >= 2) named_barrier_sync(free_bar(buf, wg), 256);  // the other has read dS^T_{it-2}
     store_ds<C>(smem + C::kOffDs + buf * C::kDsBytes, dsa);
-    named_barrier_arrive(ready_bar(buf, wg), 256);
+    if constexpr (C::kSplitDq) named_barrier_arrive(ready_bar(buf, wg), 256);
     if (it >= 1) {
       dq_step<C>(smem, work, it - 1, p);  // its bulk hand-off's barrier also orders this step's own stores
     } else {
@@ -148,11 +154,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    if constexpr (D == 128) {
-      return launch<Cfg5T<D, T>, T, bwd_dkdv_v05<Cfg5T<D, T>, T>>(p, st, dev);
-    } else {  // D = 64 computes dQ over a warpgroup's own keys: no lockstep to break (lab.ops runs v02)
-      return LAB_E_HEAD_DIM;
-    }
+    return launch<Cfg5T<D, T>, T, bwd_dkdv_v05<Cfg5T<D, T>, T>>(p, st, dev);
   }
 };
 
