@@ -37,6 +37,15 @@
 #define LAB_V05_STAGGER 2
 #endif
 
+// 1: dQ partials added by each thread's red.global.add.v4.f32 straight from the accumulators, in the same
+// accumulator order; 0: through shared memory and the copy engine's bulk reduction (v02's reduce_dq). The red
+// path moves no dQ bytes through shared memory (32 KB stored and 32 KB read per CTA step), which the
+// per-instruction profile (tools/gpu/bwd_source_profile.sh) and the count of shared-memory bytes per step suggest
+// is the bound: the m64n64 SS GEMMs alone need about the full shared-memory bandwidth while they run.
+#ifndef LAB_V05_DQ_RED
+#define LAB_V05_DQ_RED 0
+#endif
+
 namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
@@ -49,6 +58,19 @@ using Cfg5 = Cfg<D, 2>;
 constexpr int kBarReady = 5, kBarFree = 9, kBarStagger = 13;
 __device__ __forceinline__ int ready_bar(int buf, int writer) { return kBarReady + 2 * buf + writer; }
 __device__ __forceinline__ int free_bar(int buf, int writer) { return kBarFree + 2 * buf + writer; }
+
+// The dQ partial of step j added into dq_accum by this thread's 16-byte reductions, in reduce_dq's order.
+template <class C>
+__device__ __forceinline__ void red_dq(const float (&dq)[32], int hq, int m0, int b, const AttnBwdParams& p) {
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D + (C::kSplitDq ? wg * 64 * 64 : 0);
+#pragma unroll
+  for (int r4 = 0; r4 < 8; ++r4)
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + (r4 * 128 + wt) * 4),
+                 "f"(dq[4 * r4]), "f"(dq[4 * r4 + 1]), "f"(dq[4 * r4 + 2]), "f"(dq[4 * r4 + 3])
+                 : "memory");
+}
 
 // dQ of step j (issued during step j + 1, or after the loop): wait for the other warpgroup's half of dS^T_j,
 // the GEMM over both halves, release the buffer to the other warpgroup (when it writes it again), hand the
@@ -65,7 +87,10 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   wgmma_wait<0>();
   reg_fence(dq);
   if (C::kSplitDq && j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
-  reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
+  if constexpr (LAB_V05_DQ_RED)
+    red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
+  else
+    reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
 }
 
 template <int D_, class T>
@@ -135,6 +160,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     if constexpr (C::kSplitDq) named_barrier_arrive(ready_bar(buf, wg), 256);
     if (it >= 1) {
       dq_step<C>(smem, work, it - 1, p);  // its bulk hand-off's barrier also orders this step's own stores
+      if constexpr (LAB_V05_DQ_RED) named_barrier_sync(kBarWg + wg, 128);  // (no hand-off barrier: order them)
     } else {
       wgmma_wait<0>();
       named_barrier_sync(kBarWg + wg, 128);  // this warpgroup's half of dS^T_0, before its dQ GEMM reads it
