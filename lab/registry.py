@@ -34,14 +34,6 @@ BWD = {
 }
 BEST_BWD = ("v01",)
 BEST_BWD_HOPPER = ("v05", "v02", "v01")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
-# Head dims where the Hopper preference skips a version: v05's stagger measured 1-4 % slower than v02 at D = 64
-# below S = 16384 on the H100 (GPU time, in rounds; kernels/bwd/README.md), so D = 64 runs v02.
-BWD_HOPPER_SKIP = {64: ("v05",)}
-
-
-def bwd_hopper_preference(head_dim: int) -> tuple:
-    """The Hopper backward preference for one head dim: BEST_BWD_HOPPER less BWD_HOPPER_SKIP's versions."""
-    return tuple(v for v in BEST_BWD_HOPPER if v not in BWD_HOPPER_SKIP.get(head_dim, ()))
 DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 PAGED_DECODE = ("v03",)  # decode versions with a block table (paged cache) and the bottom-right causal mask
 SPLIT_RULE = {"v03": "v02"}  # v03's pass 1 is v02's with another address: v02's one-block-per-SM split plan
@@ -121,8 +113,7 @@ def default_versions(capability: tuple) -> dict[str, set]:
            for s in (1, *HOPPER_SMALL_MAX_SQ.values(), *(v + 1 for v in HOPPER_SMALL_MAX_SQ.values()))}
     decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | set(PAGED_DECODE)
     hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
-    dims = sorted({d for kernel in BWD.values() for d in kernel.head_dims})
-    bwd = {(bwd_hopper_preference(d) if hopper else BEST_BWD)[0] for d in dims} | set(DETERMINISTIC_BWD)
+    bwd = {(BEST_BWD_HOPPER if hopper else BEST_BWD)[0]} | set(DETERMINISTIC_BWD)
     return {"fwd": fwd, "decode": decode, "bwd": bwd}
 
 

@@ -42,8 +42,10 @@
 // path moves no dQ bytes through shared memory (32 KB stored and 32 KB read per CTA step), which the
 // per-instruction profile (tools/gpu/bwd_source_profile.sh) and the count of shared-memory bytes per step suggest
 // is the bound: the m64n64 SS GEMMs alone need about the full shared-memory bandwidth while they run.
+// Measured (H100, GPU time, in rounds with v02 and the 0 build): +3 to +9 % at D = 128 (0.93-1.02x SDPA-cuDNN's
+// backward), +1 to +6 % at D = 64; the default.
 #ifndef LAB_V05_DQ_RED
-#define LAB_V05_DQ_RED 0
+#define LAB_V05_DQ_RED 1
 #endif
 
 namespace {

@@ -6,8 +6,8 @@ adapters of the backward (runners, timed steps, the sweep, the training example)
 saves q, k, v, out and the natural-log lse (never P) and calls `lab::attention_backward`, a custom op with
 a fake implementation, so torch.compile(fullgraph=True) traces forward plus backward without a graph break.
 
-Which kernel: on compute capability 9.0, v05 at D = 128 and v02 at D = 64 (wgmma, TMA, warp-specialised; dQ
-added by the copy engine's bulk reductions; v05 defers each dQ GEMM by a step); elsewhere v01 (mma.sync; dQ by fp32 atomics). When torch.are_deterministic_algorithms_enabled(),
+Which kernel: on compute capability 9.0, v05 (wgmma, TMA, warp-specialised; each dQ GEMM deferred by a step and
+its partial added by 16-byte reductions from the accumulators); elsewhere v01 (mma.sync; dQ by fp32 atomics). When torch.are_deterministic_algorithms_enabled(),
 v01's separate dQ pass on every GPU (bit-identical across runs; kernels/bwd/v01_mma.cu says why it costs more):
 v02's reduction order is not fixed.
 """
@@ -18,19 +18,18 @@ import torch
 from .. import build
 from ..kernels import launcher, resolve_version
 from ..op_common import _capability
-from ..registry import BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD, bwd_hopper_preference  # noqa: F401
+from ..registry import BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD  # noqa: F401 (re-exported)
 
 # The table and preference lists live in lab.registry (no torch: the drivers and sanitizer scripts read them).
 
 
 def backward_version(head_dim: int, version=None, capability: tuple = (), deterministic: bool = False) -> str:
     """The backward kernel for this head dim on a GPU of `capability`: `version` checked, or the first of the
-    preference (BEST_BWD_HOPPER on 9.0 unless deterministic, less BWD_HOPPER_SKIP's for this head dim, else
-    BEST_BWD) that takes it."""
+    preference (BEST_BWD_HOPPER on 9.0 unless deterministic, else BEST_BWD) that takes it."""
     if version is not None and deterministic and resolve_version(version, BWD, head_dim, ()) not in DETERMINISTIC_BWD:
         raise ValueError(f"backward {version} has no deterministic mode; deterministic versions: {DETERMINISTIC_BWD}")
     hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities and not deterministic
-    return resolve_version(version, BWD, head_dim, bwd_hopper_preference(head_dim) if hopper else BEST_BWD)
+    return resolve_version(version, BWD, head_dim, BEST_BWD_HOPPER if hopper else BEST_BWD)
 
 
 def _bwd_impl(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version, defines=None):

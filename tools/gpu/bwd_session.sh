@@ -16,8 +16,8 @@ for src in $(python3 -c "from lab import registry; print(' '.join(k.source for k
   case $src in bwd/v04*) for ab in LAB_V04_DS_BUFS=1 LAB_V04_PERSISTENT=0; do
                           python3 -c "from lab import build; build.build_kernel('$src', {'${ab%=*}': '${ab#*=}'})" \
                             >> "$OUT/build.log" 2>&1 & done ;;
-                      bwd/v05*) for st in 0 1; do
-                          python3 -c "from lab import build; build.build_kernel('$src', {'LAB_V05_STAGGER': '$st'})" \
+                      bwd/v05*) for ab in LAB_V05_STAGGER=0 LAB_V05_STAGGER=1 LAB_V05_DQ_RED=0; do
+                          python3 -c "from lab import build; build.build_kernel('$src', {'${ab%=*}': '${ab#*=}'})" \
                             >> "$OUT/build.log" 2>&1 & done ;; esac
   case $src in bwd/*) python3 -c "from lab import build; build.build_kernel('$src', {'LAB_BWD_BUG_NO_DELTA': None})" \
                         >> "$OUT/build.log" 2>&1 & ;; esac
