@@ -10,24 +10,35 @@ Every row carries: kind, chapter, session, timestamp, commit, and the environmen
 Multi-GPU rows carry world_size (filled in from torchrun's WORLD_SIZE when a rank writes) and, where they
 measure scaling, efficiency (scaling_efficiency).
 
-This module is the one writer (`append`) and the one reader (`read`, `load`) of records.jsonl. The reader
-skips a torn line (a killed process, a full disk) with a warning naming file:line instead of raising, so
-one bad line never stops a chapter, the session runner or the log. It imports no torch.
+This module is the one writer (`append`, `compress`) and the one reader (`read`, `session_rows`, `load`) of
+records.jsonl. The reader skips a torn line (a killed process, a full disk) with a warning naming file:line
+instead of raising, so one bad line never stops a chapter, the session runner or the log. It imports no torch.
+
+A superseded session's records may be stored as records.jsonl.gz (`compress`, run by `python -m lab prune`):
+the same text, gzipped, so the tree that travels to every GPU machine stays small. Readers take both. A folder
+holding both is read .gz first, then the plain file: rows appended after compression land in a fresh plain
+file and come after the older ones. No row is read twice: a plain file that begins with the whole .gz text
+(the original, brought back from git history) is read alone, and so is a .gz that ends with the whole plain
+text (`compress` stopped between writing the one and deleting the other).
 """
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import json
 import os
 import re
 import subprocess
 import warnings
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
 from . import env, files, paths
 
 RECORDS = "records.jsonl"
+RECORDS_GZ = RECORDS + ".gz"  # the same text gzipped (`compress`): a superseded session's records
+READ_ORDER = (RECORDS_GZ, RECORDS)  # within one folder: compressed rows are older than any plain ones
 
 
 class TornLineWarning(UserWarning):
@@ -130,13 +141,29 @@ def _jsonable(value):
     return str(value)
 
 
-def read(file: Path) -> list[dict]:
-    """The rows of one records.jsonl, in order; a torn or non-object line is skipped with a warning."""
-    file = Path(file)
+def _raw(file: Path) -> bytes | None:
+    """The bytes of one records file, gunzipped when it is records.jsonl.gz; None when it is missing."""
     try:
-        text = file.read_bytes().decode("utf-8", errors="replace")
+        data = Path(file).read_bytes()
     except FileNotFoundError:
-        return []
+        return None
+    return _gunzip(Path(file), data) if Path(file).name.endswith(".gz") else data
+
+
+def _gunzip(file: Path, data: bytes) -> bytes:
+    """A damaged .gz (a cut copy) gives the rows before the damage and a warning, like a torn plain file."""
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as err:
+        warnings.warn(f"{file}: damaged gzip data ({err}); read up to the damage", TornLineWarning, stacklevel=4)
+    try:
+        return zlib.decompressobj(wbits=31).decompress(data)  # 31: a gzip header; stops without the trailer
+    except zlib.error:
+        return b""
+
+
+def _rows(file: Path, data: bytes) -> list[dict]:
+    text = data.decode("utf-8", errors="replace")
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -148,10 +175,72 @@ def read(file: Path) -> list[dict]:
         else:
             reason = "not a JSON object"
         if not isinstance(row, dict):
-            warnings.warn(f"{file}:{number}: skipped a torn record line: {reason}", TornLineWarning, stacklevel=2)
+            warnings.warn(f"{file}:{number}: skipped a torn record line: {reason}", TornLineWarning, stacklevel=3)
             continue
         rows.append(row)
     return rows
+
+
+def read(file: Path) -> list[dict]:
+    """The rows of one records.jsonl or records.jsonl.gz, in order; a torn or non-object line is skipped
+    with a warning."""
+    data = _raw(Path(file))
+    return [] if data is None else _rows(Path(file), data)
+
+
+def _sources(folder: Path) -> list[tuple[Path, bytes]]:
+    """A folder's records files with their (gunzipped) bytes, in reading order (see the module notes)."""
+    found = [(folder / name, data) for name in READ_ORDER if (data := _raw(folder / name)) is not None]
+    if len(found) == 2:
+        (_, packed), (_, plain) = found
+        if plain.startswith(packed):
+            return found[1:]  # the original plain file, brought back from git history, has every .gz row
+        if packed.endswith(plain):
+            return found[:1]  # `compress` stopped after writing the .gz: it already has the plain rows
+    return found
+
+
+def session_rows(folder: Path) -> list[dict]:
+    """Every row of one folder's records (records.jsonl.gz, then records.jsonl), in order."""
+    return [row for file, data in _sources(Path(folder)) for row in _rows(file, data)]
+
+
+def folders(root: Path, depth: str = "**") -> list[Path]:
+    """Folders under root (at glob `depth`) that hold records, sorted as their records files' paths sort."""
+    found = {p.parent for name in READ_ORDER for p in Path(root).glob(f"{depth}/{name}") if p.is_file()}
+    return sorted(found, key=lambda folder: folder / RECORDS)
+
+
+def _gzip(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=9, mtime=0)  # mtime=0: the same rows give the same bytes
+
+
+def compressed(folder: Path) -> bytes | None:
+    """What `compress` would write as the folder's records.jsonl.gz; None when it has no plain records."""
+    folder = Path(folder)
+    if not (folder / RECORDS).is_file():
+        return None
+    parts = [data for _, data in _sources(folder)]
+    for i, data in enumerate(parts[:-1]):
+        if data and not data.endswith(b"\n"):  # a torn last line must not swallow the next file's first row
+            parts[i] = data + b"\n"
+    return _gzip(b"".join(parts))
+
+
+def compress(folder: Path) -> tuple[int, int] | None:
+    """Replace the folder's records.jsonl with records.jsonl.gz holding every row (an older .gz's first);
+    returns (bytes before, bytes after), or None when there was no plain file. Not for a run still appending.
+
+    The .gz is written atomically before the plain file goes; a crash between leaves both, and the reader
+    sees that the .gz already ends with the plain file's rows."""
+    folder = Path(folder)
+    data = compressed(folder)
+    if data is None:
+        return None
+    before = sum((folder / name).stat().st_size for name in READ_ORDER if (folder / name).is_file())
+    files.write_atomic(folder / RECORDS_GZ, data)
+    (folder / RECORDS).unlink()
+    return before, len(data)
 
 
 def load(root: Path | None = None, **match) -> list[dict]:
@@ -162,8 +251,8 @@ def load(root: Path | None = None, **match) -> list[dict]:
     root = Path(root or paths.OUTPUTS)
     gpu_only = match.pop("gpu_only", False)
     rows = []
-    for file in sorted(root.rglob(RECORDS)):
-        for row in read(file):
+    for folder in folders(root):
+        for row in session_rows(folder):
             if gpu_only and (row.get("env") or {}).get("gpu", "cpu") == "cpu":
                 continue
             case = row.get("case") if isinstance(row.get("case"), dict) else {}

@@ -149,7 +149,7 @@ def append_row(session_dir: Path, row: dict, env: dict) -> None:
 
 
 def session_rows(session_dir: Path) -> list[dict]:
-    return record.read(session_dir / record.RECORDS)
+    return record.session_rows(session_dir)
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import json
 import types
 from pathlib import Path
@@ -213,3 +214,80 @@ def test_one_session_id_format(monkeypatch):
     assert record.session_id("NVIDIA H200", when) == "20251101-100000-h200-abc1234567"
     monkeypatch.setattr(record, "fingerprint", lambda: {"gpu": "cpu"})
     assert record.new_run_id(when) == "20251101-100000-cpu-abc1234567"
+
+
+# ------------------------------------------------------------------ gzipped records (records.jsonl.gz)
+
+def _plain(folder: Path, rows: list[dict], tail: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / record.RECORDS
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+    return path
+
+
+def test_gzipped_records_read_and_load_like_plain(tmp_path):
+    root = tmp_path / "outputs"
+    rows = [{"kind": "fwd", "n": i, "case": {"B": i}} for i in range(5)]
+    plain = _plain(root / "sessions" / "a", rows)
+    _plain(root / "sessions" / "b", rows)
+    assert record.compress(root / "sessions" / "b") is not None
+    packed = root / "sessions" / "b" / record.RECORDS_GZ
+    assert not (root / "sessions" / "b" / record.RECORDS).exists()
+    assert record.read(packed) == record.read(plain) == rows
+    assert record.session_rows(packed.parent) == rows
+    assert record.load(root) == rows + rows  # a first, then b: the folders' order, whatever the file form
+    assert record.load(root, B=3) == [rows[3], rows[3]]
+    assert record.folders(root) == [root / "sessions" / "a", root / "sessions" / "b"]
+
+
+def test_compress_is_deterministic_and_keeps_every_byte(tmp_path):
+    text = '{"kind": "fwd", "n": 1}\n{"kind": "fwd", "n": 2}\n'
+    for name in ("x", "y"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / record.RECORDS).write_text(text)
+        record.compress(tmp_path / name)
+    x, y = ((tmp_path / n / record.RECORDS_GZ).read_bytes() for n in ("x", "y"))
+    assert x == y and gzip.decompress(x).decode() == text
+    assert record.compress(tmp_path / "x") is None, "nothing plain left to compress"
+
+
+def test_rows_appended_after_compression_come_after_the_gzipped_ones(tmp_path):
+    folder = tmp_path / "s"
+    _plain(folder, [{"n": 1}], tail='{"n": 2, "torn')  # a killed writer left a torn last line
+    record.compress(folder)
+    record.append({"n": 3}, folder=folder, env={"gpu": "cpu"})
+    with pytest.warns(record.TornLineWarning, match=r"records.jsonl.gz:2: skipped a torn record line"):
+        assert [r["n"] for r in record.session_rows(folder)] == [1, 3]
+    # compressing again joins both files; the torn line stays alone on its line and loses no row
+    record.compress(folder)
+    assert not (folder / record.RECORDS).exists()
+    with pytest.warns(record.TornLineWarning):
+        assert [r["n"] for r in record.session_rows(folder)] == [1, 3]
+
+
+def test_a_folder_with_both_forms_never_reads_a_row_twice(tmp_path):
+    rows = [{"n": 1}, {"n": 2}]
+    restored = tmp_path / "restored"  # the original plain file brought back from git beside its .gz
+    _plain(restored, rows)
+    (restored / record.RECORDS_GZ).write_bytes(record.compressed(restored))
+    record.append({"n": 3}, folder=restored, env={"gpu": "cpu"})
+    assert [r["n"] for r in record.session_rows(restored)] == [1, 2, 3]
+    stopped = tmp_path / "stopped"  # compress wrote the .gz of both files, then stopped before the unlink
+    _plain(stopped, rows[:1])
+    record.compress(stopped)
+    _plain(stopped, rows[1:])
+    (stopped / record.RECORDS_GZ).write_bytes(record.compressed(stopped))
+    assert [r["n"] for r in record.session_rows(stopped)] == [1, 2]
+    assert [r["n"] for r in record.load(tmp_path)] == [1, 2, 3, 1, 2]
+
+
+def test_a_cut_gzip_file_gives_its_first_rows_with_a_warning(tmp_path):
+    folder = tmp_path / "s"
+    _plain(folder, [{"n": i, "pad": "x" * 50} for i in range(200)])
+    record.compress(folder)
+    packed = folder / record.RECORDS_GZ
+    packed.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    with pytest.warns(record.TornLineWarning) as caught:  # the damage, then the torn line it cut
+        rows = record.read(packed)
+    assert "damaged gzip data" in str(caught[0].message)
+    assert 0 < len(rows) < 200 and [r["n"] for r in rows] == list(range(len(rows)))

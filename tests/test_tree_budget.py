@@ -1,7 +1,7 @@
 """The tree budget: the tracked tree stays under 40 MB, and pruning never takes a copy the book publishes.
 
 `python -m lab prune` removes the executed notebooks and figures of superseded sessions (their records
-stay) and writes pruned.json with the commit that still has them; the sessions page names that commit.
+stay, gzipped) and writes pruned.json with the commit that still has them; the sessions page names that commit.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import paths
+from lab import paths, record, session
 from lab.publish import log, pages, prune
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
@@ -64,7 +64,8 @@ def _session(outputs: Path, sid: str, chapters: dict[str, str], ncu: bool = Fals
     if ncu:
         (folder / "ncu").mkdir()
         (folder / "ncu" / "fwd.ncu-rep").write_bytes(b"\1" * 1000)
-    (folder / "records.jsonl").write_text(json.dumps({"kind": "check", "session": sid}) + "\n")
+    (folder / "records.jsonl").write_text("".join(json.dumps({"kind": "check", "session": sid, "n": i,
+                                                              "pad": "x" * 40}) + "\n" for i in range(50)))
     start = f"{sid[:4]}-{sid[4:6]}-{sid[6:8]}T{sid[9:11]}:{sid[11:13]}:00+00:00"
     (folder / "session.json").write_text(json.dumps({
         "start": start, "status": "complete", "mode": "cpu" if gpu == "cpu" else "gpu", "env": {"gpu": GPUS[gpu]},
@@ -102,12 +103,16 @@ def test_prune_keeps_published_and_cited_sessions(tree):
     done = prune.prune(root)
     assert set(done) == {ids["old"], ids["cpu"], ids["new"]}
     # superseded on its GPU (old) or CPU-mode beside GPU evidence (cpu): every copy leaves, the records stay
+    # gzipped
     for key in ("old", "cpu"):
         folder = sessions / ids[key]
         assert prune.copies(folder) == [], key
-        assert (folder / "records.jsonl").is_file() and (folder / "session.json").is_file()
+        assert (folder / record.RECORDS_GZ).is_file() and (folder / "session.json").is_file()
+        assert not (folder / record.RECORDS).exists(), key
         note = json.loads((folder / prune.PRUNED).read_text())
         assert note["commit"] == head and "n4_baseline.ipynb" in note["files"]
+        assert note["records"]["file"] == record.RECORDS_GZ
+        assert note["records"]["gzip_bytes"] == (folder / record.RECORDS_GZ).stat().st_size
         shown = subprocess.run(["git", "show", f"{note['commit']}:outputs/sessions/{ids[key]}/n4_baseline.ipynb"],
                                cwd=root, capture_output=True, text=True)
         assert shown.returncode == 0 and '"nbformat": 4' in shown.stdout
@@ -120,6 +125,9 @@ def test_prune_keeps_published_and_cited_sessions(tree):
     for key in ("h200", "mixed", "cited"):
         assert (sessions / ids[key] / "n4_baseline.ipynb").is_file(), key
         assert not (sessions / ids[key] / prune.PRUNED).exists(), key
+    for key in ("new", "h200", "mixed", "cited"):  # published or cited: plain records, as the runner wrote them
+        assert (sessions / ids[key] / record.RECORDS).is_file(), key
+        assert not (sessions / ids[key] / record.RECORDS_GZ).exists(), key
     assert prune.prune(root) == {}, "a second prune finds nothing"
 
 
@@ -153,3 +161,63 @@ def test_citations_by_name_stamp_and_short_form(tmp_path):
            "20251104-130000-h100-dddd"]
     (tmp_path / "README.md").write_text(f"`{ids[0]}`, `20251102-110000-h200-…`, `…120000…`, 20251104-13000\n")
     assert prune.cited(tmp_path, ids) == set(ids[:3])
+
+
+def test_pruning_keeps_every_record_row(tree):
+    root, ids, _ = tree
+    outputs = root / "outputs"
+    before = record.load(outputs)
+    rows = pages.load_rows(outputs)
+    old = session.session_rows(outputs / "sessions" / ids["old"])
+    assert len(before) == 6 * 50
+    prune.prune(root)
+    assert record.load(outputs) == before
+    assert pages.load_rows(outputs) == rows
+    assert session.session_rows(outputs / "sessions" / ids["old"]) == old and len(old) == 50
+
+
+def _commit(root: Path, message: str) -> None:
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", message], cwd=root, check=True)
+
+
+def test_a_session_pruned_before_gets_its_records_gzipped(tree):
+    """A session pruned before records were gzipped still holds a plain records.jsonl: the next prune packs it."""
+    root, ids, head = tree
+    folder = root / "outputs" / "sessions" / ids["old"]
+    prune.prune(root)
+    _commit(root, "prune")
+    (folder / record.RECORDS_GZ).unlink()
+    subprocess.run(["git", "checkout", head, "--", f"outputs/sessions/{ids['old']}/{record.RECORDS}"],
+                   cwd=root, check=True)
+    _commit(root, "records as they were")
+    rows, size = record.load(root / "outputs"), prune.tracked_bytes(root)
+    old_note = (folder / prune.PRUNED).stat().st_size
+
+    dry = prune.prune(root, dry_run=True)
+    assert set(dry) == {ids["old"]} and dry[ids["old"]]["files"] == []
+    assert (folder / record.RECORDS).is_file() and not (folder / record.RECORDS_GZ).exists(), "dry: no change"
+
+    done = prune.prune(root)
+    assert done == dry
+    assert not (folder / record.RECORDS).exists() and (folder / record.RECORDS_GZ).is_file()
+    note = json.loads((folder / prune.PRUNED).read_text())
+    assert note["commit"] == head and "n4_baseline.ipynb" in note["files"], "the first prune's note stays"
+    assert note["records"]["file"] == record.RECORDS_GZ
+    assert record.load(root / "outputs") == rows
+    _commit(root, "gzip")  # the dry run's projection is the tree's size, but for pruned.json's new lines
+    grown = (folder / prune.PRUNED).stat().st_size - old_note
+    assert prune.tracked_bytes(root) == size - prune.saved(dry) + grown < size
+    assert prune.prune(root) == {}
+
+
+def test_prune_refuses_records_that_are_not_committed(tree):
+    root, ids, _ = tree
+    prune.prune(root)
+    _commit(root, "prune")
+    folder = root / "outputs" / "sessions" / ids["old"]
+    record.append({"kind": "late"}, folder=folder, env={"gpu": "cpu"})  # appended after its commit
+    with pytest.raises(RuntimeError, match="commit the session"):
+        prune.prune(root)
+    assert (folder / record.RECORDS).is_file()

@@ -20,6 +20,13 @@
 //   all), never beside the S^T / dP^T accumulators: no more than v02 holds (v03's early S^T spilled).
 // Prediction (H200, D = 128, S = 4096: v02 0.91x cuDNN in GPU time): if the stagger holds, up to the ~20 %
 // softmax share comes off the critical path; the barrier and issue overheads stay: +5-10 % over v02.
+// Outcome (H100, GPU time, in rounds; kernels/bwd/README.md): the deferral and the stagger bought +2 to +4 % at
+// D = 128 and nothing at D = 64, short of the prediction. The per-instruction profile then showed the consumers
+// waiting on their own GEMMs (warpgroup.depbar, 25 % of the samples) rather than on named barriers (2 %), and
+// counting the bytes explained it: the m64n64 SS GEMMs read ~4 KB of shared memory per 32-clock instruction,
+// about the full shared-memory bandwidth, and the dQ hand-off added 64 KB of a step's ~370 KB. With the dQ
+// partials added straight from the registers (LAB_V05_DQ_RED, below) the kernel takes 2323-2349 us against
+// cuDNN's 2310-2339 at D = 128, S = 4096 (ncu, H100 and H200), from v02's 2496-2519.
 //
 // - D = 64: each warpgroup's dQ reads only its own half of dS^T, so there is no barrier between the two to
 //   remove; but they start together with the same work and so do their softmax together. The deferred dQ

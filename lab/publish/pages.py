@@ -120,11 +120,11 @@ def load_sessions(outputs: Path) -> list[dict]:
 def load_rows(outputs: Path) -> list[dict]:
     """Records of published sessions only: ad-hoc chapter runs are drafts, not evidence."""
     rows = []
-    for file in sorted((outputs / "sessions").glob("*/records.jsonl")):
-        if not SESSION_ID.match(file.parent.name):
+    for folder in record.folders(outputs / "sessions", depth="*"):  # records.jsonl and records.jsonl.gz
+        if not SESSION_ID.match(folder.name):
             continue
-        for row in record.read(file):
-            row["session"] = file.parent.name  # a row belongs to the folder it is in
+        for row in record.session_rows(folder):
+            row["session"] = folder.name  # a row belongs to the folder it is in
             rows.append(row)
     return rows
 

@@ -1,9 +1,9 @@
 """The tree budget: which sessions keep their executed copies, and `python -m lab prune` for the others.
 
-A session folder holds two kinds of files. Its evidence (records.jsonl, session.json, ceilings.json,
-pruned.json once pruned, and notes *.md) is small, append-only and always stays. Its executed copies (the notebooks with
-embedded figures, figures/, ncu reports) weigh 0.2-6 MB a session, and every copy of the checkout to a GPU
-machine carries them. Notebooks and figures stay only for the sessions the book publishes:
+A session folder holds two kinds of files. Its evidence (records.jsonl or records.jsonl.gz, session.json,
+ceilings.json, pruned.json once pruned, and notes *.md) is small, append-only and always stays. Its executed
+copies (the notebooks with embedded figures, figures/, ncu reports) weigh 0.2-6 MB a session, and every copy
+of the checkout to a GPU machine carries them. Notebooks and figures stay only for the sessions the book publishes:
 
 - per chapter and GPU, the session whose copy the book shows or would show (`chapters.choose` over that
   GPU's sessions), and the overall choice when no GPU ever ran the chapter;
@@ -14,6 +14,9 @@ machine carries them. Notebooks and figures stay only for the sessions the book 
 Nsight Compute reports (.ncu-rep, 0.3-2.5 MB each) leave the tree in every session: the book never shows
 them (the executed notebook has the charts, the records have the metrics), and one n8 session's four
 reports alone weigh 6 MB.
+
+A superseded session's records stay in the tree as records.jsonl.gz: every row, a tenth of the bytes
+(lab.record reads both forms); the sessions the book publishes or cites keep plain records.jsonl.
 
 Git history keeps everything pruned. Pruning writes <session>/pruned.json with the last commit whose
 tree has the files, and the sessions page names it with the command that restores them.
@@ -27,11 +30,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import files, paths, toc
+from .. import files, paths, record, toc
 from . import chapters, pages
 
 BUDGET_BYTES = 40_000_000  # the tracked tree; a checkout travels to a GPU machine on every call
-EVIDENCE = frozenset({"records.jsonl", "session.json", "ceilings.json", "pruned.json"})
+EVIDENCE = frozenset({record.RECORDS, record.RECORDS_GZ, "session.json", "ceilings.json", "pruned.json"})
 PRUNED = "pruned.json"
 DOCUMENTS = ("*.md", "chapters/*.ipynb", "kernels/**/README.md", "outputs/bugs.json", "outputs/patterns.json")
 NEVER_KEPT = (".ncu-rep",)  # suffixes that leave the tree even in a published session
@@ -82,8 +85,10 @@ def published(sessions: list[dict], chapter_names: list[str], chapters_dir: Path
     return keep
 
 
-def plan(root: Path | None = None, outputs: Path | None = None) -> tuple[set[str], dict[str, list[Path]]]:
-    """(sessions whose notebooks and figures stay, {session to prune: the files that leave the tree})."""
+def plan(root: Path | None = None, outputs: Path | None = None
+         ) -> tuple[set[str], dict[str, list[Path]], set[str]]:
+    """(sessions whose notebooks and figures stay, {session to prune: the files that leave the tree},
+    superseded sessions whose plain records.jsonl becomes records.jsonl.gz)."""
     root = Path(root or paths.ROOT)
     outputs = Path(outputs or root / "outputs")
     sessions = pages.load_sessions(outputs)
@@ -94,18 +99,27 @@ def plan(root: Path | None = None, outputs: Path | None = None) -> tuple[set[str
         found = [p for p in copies(s["_dir"]) if s["id"] not in keep or p.name.endswith(NEVER_KEPT)]
         if found:
             drop[s["id"]] = found
-    return keep, drop
+    # a session still at work may append more rows: its records stay plain until it ends
+    squeeze = {s["id"] for s in sessions if s["id"] not in keep and s.get("status") != "running"
+               and (s["_dir"] / record.RECORDS).is_file()}
+    return keep, drop, squeeze
 
 
 def _git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
 
 
-def last_commit(root: Path, found: list[Path]) -> str:
-    """The last commit whose tree has these files as they are now; refuses uncommitted ones."""
+def _committed(root: Path, found: list[Path]) -> list[str]:
+    """Their paths relative to root; refuses files with uncommitted changes (history must have what leaves)."""
     names = [str(p.relative_to(root)) for p in found]
     if _git(root, "status", "--porcelain", "--", *names).strip():
         raise RuntimeError(f"{found[0].parent}: uncommitted changes; commit the session before pruning it")
+    return names
+
+
+def last_commit(root: Path, found: list[Path]) -> str:
+    """The last commit whose tree has these files as they are now; refuses uncommitted ones."""
+    names = _committed(root, found)
     commit = _git(root, "log", "-1", "--format=%H", "--", *names).strip()
     if not commit:
         raise RuntimeError(f"{found[0].parent}: not in git history; commit the session before pruning it")
@@ -113,32 +127,54 @@ def last_commit(root: Path, found: list[Path]) -> str:
 
 
 def prune(root: Path | None = None, outputs: Path | None = None, dry_run: bool = False) -> dict[str, dict]:
-    """Remove the executed copies of every session outside the kept set; returns {session: pruned.json}."""
+    """Remove the executed copies of every session outside the kept set and gzip the records of the
+    superseded ones; returns {session: what was done}, which pruned.json keeps once files left the tree."""
     root = Path(root or paths.ROOT)
     outputs = Path(outputs or root / "outputs")
-    keep, drop = plan(root, outputs)
+    keep, drop, squeeze = plan(root, outputs)
     done = {}
-    for sid, found in sorted(drop.items()):
+    for sid in sorted(set(drop) | squeeze):
         folder = outputs / "sessions" / sid
-        note = {"commit": last_commit(root, found), "files": [p.relative_to(folder).as_posix() for p in found],
-                "bytes": sum(p.stat().st_size for p in found),
-                "why": ("Nsight Compute reports: the book shows their charts and the records their metrics"
-                        if sid in keep else "superseded: the book publishes a later session of these chapters "
-                        "on this GPU, and no chapter, README or log page cites this one")}
+        found = drop.get(sid, [])
+        note = _copies_note(root, folder, found, sid in keep) if found else {"files": [], "bytes": 0}
+        if sid in squeeze:
+            _committed(root, [folder / record.RECORDS])  # changed since its commit: maybe still being written
+            note["records"] = _records_note(folder)
         done[sid] = note
-        if dry_run:
-            continue
-        old = _read_note(folder)  # a session pruned twice keeps the first commit, which has the most files
-        if old:
-            note = {**note, "commit": old["commit"], "files": sorted(set(old["files"]) | set(note["files"])),
-                    "bytes": old.get("bytes", 0) + note["bytes"]}
-        files.write_atomic(folder / PRUNED, json.dumps(note, indent=1) + "\n")
-        for path in found:
-            path.unlink()
-        for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-            if not any(sub.iterdir()):
-                sub.rmdir()
+        if not dry_run:
+            _apply(folder, found, note)
     return done
+
+
+def _copies_note(root: Path, folder: Path, found: list[Path], kept: bool) -> dict:
+    return {"commit": last_commit(root, found), "files": [p.relative_to(folder).as_posix() for p in found],
+            "bytes": sum(p.stat().st_size for p in found),
+            "why": ("Nsight Compute reports: the book shows their charts and the records their metrics"
+                    if kept else "superseded: the book publishes a later session of these chapters "
+                    "on this GPU, and no chapter, README or log page cites this one")}
+
+
+def _records_note(folder: Path) -> dict:
+    before = sum((folder / n).stat().st_size for n in record.READ_ORDER if (folder / n).is_file())
+    return {"file": record.RECORDS_GZ, "bytes": before, "gzip_bytes": len(record.compressed(folder)),
+            "how": "every row, gzipped; lab.record reads records.jsonl.gz as it reads records.jsonl"}
+
+
+def _apply(folder: Path, found: list[Path], note: dict) -> None:
+    """Write pruned.json, then remove the copies and gzip the records: a failure midway leaves the note."""
+    old = _read_note(folder)  # a session pruned twice keeps the first commit, which has the most files
+    if old:
+        note = {**old, **note, "commit": old["commit"], "files": sorted(set(old["files"]) | set(note["files"])),
+                "bytes": old.get("bytes", 0) + note["bytes"]}
+    if old or found:  # gzipped records alone need no note: nothing left the tree, no commit to name
+        files.write_atomic(folder / PRUNED, json.dumps(note, indent=1) + "\n")
+    for path in found:
+        path.unlink()
+    for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(sub.iterdir()):
+            sub.rmdir()
+    if "records" in note:
+        record.compress(folder)
 
 
 def _read_note(folder: Path) -> dict | None:
@@ -183,7 +219,7 @@ def tracked_bytes(root: Path | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab prune", description=__doc__.split("\n")[0])
-    parser.add_argument("--dry-run", action="store_true", help="list what would leave the tree; change nothing")
+    parser.add_argument("--dry-run", action="store_true", help="list what would leave the tree or be gzipped; change nothing")
     args = parser.parse_args(argv)
     try:
         done = prune(dry_run=args.dry_run)
@@ -191,11 +227,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prune: {err}", file=sys.stderr)
         return 1
     for sid, note in done.items():
-        print(f"{'would prune' if args.dry_run else 'pruned'} {sid}: {len(note['files'])} files, "
-              f"{note['bytes'] / 1e6:.1f} MB (commit {note['commit'][:10]} has them)")
+        print(f"{'would prune' if args.dry_run else 'pruned'} {sid}: {_summary(note)}")
     if not done:
-        print("nothing to prune: every session with executed copies is published or cited")
+        print("nothing to prune: every session with executed copies or plain records is published or cited")
     elif not args.dry_run:
         print("commit the removal: git add -A outputs/sessions && git commit")
-    print(f"tracked tree: {tracked_bytes() / 1e6:.1f} MB (budget {BUDGET_BYTES / 1e6:.0f} MB)")
+    size = tracked_bytes()
+    print(f"tracked tree: {size / 1e6:.1f} MB (budget {BUDGET_BYTES / 1e6:.0f} MB)")
+    if args.dry_run and done:
+        print(f"tracked tree after pruning: {(size - saved(done)) / 1e6:.1f} MB")
     return 0
+
+
+def _summary(note: dict) -> str:
+    parts = []
+    if note["files"]:
+        parts.append(f"{len(note['files'])} files, {note['bytes'] / 1e6:.1f} MB "
+                     f"(commit {note['commit'][:10]} has them)")
+    if "records" in note:
+        packed = note["records"]
+        parts.append(f"records {packed['bytes'] / 1e6:.2f} MB -> {packed['gzip_bytes'] / 1e6:.2f} MB "
+                     f"as {packed['file']}")
+    return "; ".join(parts)
+
+
+def saved(done: dict[str, dict]) -> int:
+    """Bytes a prune takes out of the tree: the copies removed, and what gzip saves on the records."""
+    total = 0
+    for note in done.values():
+        total += note["bytes"]
+        if "records" in note:
+            total += note["records"]["bytes"] - note["records"]["gzip_bytes"]
+    return total
