@@ -1,0 +1,88 @@
+"""`attn_implementation="lab"` for Hugging Face transformers models.
+
+    import lab.integrations.transformers as lab_hf
+    lab_hf.register()                      # once; then
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="lab")
+
+register() adds `attention_forward` to transformers' AttentionInterface and SDPA's mask function under the same
+name to its AttentionMaskInterface, so the model hands over the mask SDPA would get: None for a causal batch
+without padding, which the lab runs as its causal mask (bottom-right when the cached keys outnumber the new
+queries, as in decoding with a KV cache). A call the lab cannot run (an explicit mask, dropout, a logit softcap,
+a sliding window shorter than the keys, a head dim over 128, CPU tensors, float32) runs PyTorch's SDPA instead,
+with a warning naming the reason once per reason: never silently.
+
+transformers is imported only inside register(): the adapter itself needs torch alone.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import FAST_HEAD_DIMS
+
+NAME = "lab"
+_warned: set[str] = set()
+
+
+def unsupported(query, key, value, attention_mask, dropout: float = 0.0, softcap: float | None = None,
+                sliding_window: int | None = None) -> str | None:
+    """Why the lab cannot run this call (a reason for the warning), or None when it can."""
+    if not (query.is_cuda and key.is_cuda and value.is_cuda):
+        return "tensors not on a CUDA device"
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {query.dtype} (the kernels take float16 and bfloat16)"
+    if attention_mask is not None:
+        return "an explicit attention mask (padding or a custom mask)"
+    if dropout:
+        return f"attention dropout {dropout}"
+    if softcap:
+        return f"logit softcapping ({softcap})"
+    if sliding_window is not None and 0 < sliding_window < key.shape[2]:
+        return f"a sliding window of {sliding_window} keys over {key.shape[2]}"
+    if max(query.shape[-1], value.shape[-1]) > FAST_HEAD_DIMS[-1]:
+        return f"head dim {max(query.shape[-1], value.shape[-1])} (the lab runs up to {FAST_HEAD_DIMS[-1]})"
+    return None
+
+
+def _fallback(reason: str, query, key, value, attention_mask, dropout, scaling, is_causal):
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"lab attention: {reason}; this call runs PyTorch SDPA instead", stacklevel=3)
+    gqa = query.shape[1] != key.shape[1]
+    causal = is_causal and attention_mask is None and query.shape[2] > 1
+    if causal and query.shape[2] != key.shape[2]:  # keys cached before these queries: bottom-right alignment
+        attention_mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril(
+            key.shape[2] - query.shape[2])
+        causal = False
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                          scale=scaling, is_causal=causal, enable_gqa=gqa)
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, sliding_window: int | None = None, softcap: float | None = None,
+                      **kwargs):
+    """transformers' attention signature: query (B, H_q, S_q, D), key and value (B, H_kv, S_k, D) -> (output
+    (B, S_q, H_q, D_v), None). is_causal defaults to the module's flag, as SDPA's adapter does."""
+    from .. import ops
+
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    reason = unsupported(query, key, value, attention_mask, dropout, softcap, sliding_window)
+    if reason is not None:
+        out = _fallback(reason, query, key, value, attention_mask, dropout, scaling, is_causal)
+    else:
+        causal = bool(is_causal) and query.shape[2] > 1  # one new token sees every cached key
+        out = ops.attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
+                            causal_variant="lower_right")
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register(name: str = NAME) -> str:
+    """Register the lab's attention (and SDPA's mask function) with transformers under `name`; returns it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
