@@ -1,7 +1,7 @@
 """lab.integrations.transformers on the GPU: three decoder configs with random weights (Llama, D = 128; Phi-3-mini,
 D = 96; Gemma-2, D = 256, softcapping off) in bf16, each built with attn_implementation "eager", "sdpa" and "lab".
 Per model: prefill logits of "sdpa" and "lab" against "eager" (max abs and relative L2), 24 greedy tokens of each
-against eager's, and the lab's fallback warnings. One JSON line per model to stdout and $OUT/transformers.jsonl.
+against eager's, the lab's fallback warnings, and any implementation transformers refuses for the model. One JSON line per model to stdout and $OUT/transformers.jsonl.
 Usage: python3 tools/gpu/transformers_models.py (transformers importable; carry its wheels).
 """
 import json
@@ -40,11 +40,14 @@ def main():
                                                                     capture_output=True, text=True).stdout.strip()}
     gen = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, SMALL["vocab_size"], (2, 333), device="cuda", generator=gen)
-    rows = []
     for label, make in CONFIGS.items():
-        logits, tokens, caught = {}, {}, []
+        logits, tokens, caught, refused = {}, {}, [], {}
         for impl in ("eager", "sdpa", name):
-            model = build(make(), impl)
+            try:
+                model = build(make(), impl)
+            except ValueError as err:  # transformers refuses SDPA for some architectures (Gemma-2)
+                refused[impl] = str(err).split(".")[0]
+                continue
             lab_hf._warned.clear()
             with torch.no_grad(), warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
@@ -58,15 +61,13 @@ def main():
         err = {impl: {"max_abs": float((logits[impl] - ref).abs().max()),
                       "rel_l2": float((logits[impl] - ref).norm() / ref.norm()),
                       "greedy_tokens_equal_eager": int((tokens[impl] == tokens["eager"]).sum()),
-                      "greedy_tokens": int(tokens["eager"].numel())} for impl in ("sdpa", name)}
+                      "greedy_tokens": int(tokens["eager"].numel())} for impl in ("sdpa", name) if impl in logits}
         row = {"kind": "transformers-model", "model": label, "prefill": list(ids.shape), "errors_vs_eager": err,
-               "lab_fallback_warnings": caught, "env": env}
-        rows.append(row)
+               "lab_fallback_warnings": caught, "refused_by_transformers": refused, "env": env}
         print(json.dumps(row))
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "transformers.jsonl"), "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], "transformers.jsonl"), "a") as f:
+                f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
