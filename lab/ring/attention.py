@@ -26,6 +26,8 @@ time). init_process_group() keeps NVLink multicast off, as the GPU machines requ
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..merge import lse_merge  # noqa: F401 (lab.ring.attention.lse_merge: the ring's merge)
@@ -123,16 +125,54 @@ def _rows(q, acc, q_chunks):
     return torch.cat(parts, dim=2).to(q.dtype)
 
 
+def _lse_rows(q, acc, q_chunks):
+    """This rank's merged lse rows (natural log, (B, H, S_local)); a chunk that saw no key is -inf."""
+    dtype = next((a[1].dtype for a in acc if a is not None), torch.float32)
+    parts = [a[1] if a is not None else torch.full((q.shape[0], q.shape[1], e - b), -math.inf, dtype=dtype,
+                                                   device=q.device)
+             for a, (b, e) in zip(acc, q_chunks)]
+    return torch.cat(parts, dim=2)
+
+
 def ring_attention(q, k, v, is_causal: bool = False, group=None, attend=None, seqlen: int | None = None,
                    clock: StepClock | None = None, communicate: bool = True, overlap: bool = True):
     """Attention over a sequence sharded across the ranks of `group` (shard_chunks's layout).
 
     q (B, H, S_local, D), k and v (B, H_kv, S_local_k, D) are this rank's shards; seqlen is the full length
-    (default: the sum of the shard lengths over the group). Returns this rank's rows of the output. Forward
-    only. K/V circulate with batch_isend_irecv, each transfer started before the attention of the block
-    already here (on a GPU: on comm_stream), so communication runs under compute. clock: a StepClock that
-    records each step; communicate=False: compute only (stand-in shards); overlap=False: serial.
+    (default: the sum of the shard lengths over the group). Returns this rank's rows of the output,
+    differentiable in q, k and v (lab.ring.backward: K, V and the dK/dV accumulators go round the ring again).
+    K/V circulate with batch_isend_irecv, each transfer started before the attention of the block already here
+    (on a GPU: on comm_stream), so communication runs under compute. clock: a StepClock that records each step;
+    communicate=False: compute only (stand-in shards); overlap=False: serial.
     """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return RingAttention.apply(q, k, v, is_causal, group, attend, seqlen, clock, communicate, overlap)
+    return ring_forward(q, k, v, is_causal, group, attend, seqlen, clock, communicate, overlap)[0]
+
+
+class RingAttention(torch.autograd.Function):
+    """ring_attention with gradients: saves the shards, the output rows and the merged lse (never P)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, group, attend, seqlen, clock, communicate, overlap):
+        out, lse = ring_forward(q, k, v, is_causal, group, attend, seqlen, clock, communicate, overlap)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.is_causal, ctx.group, ctx.seqlen = is_causal, group, seqlen
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from .backward import ring_attention_backward
+
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_attention_backward(q, k, v, out, lse, dout.contiguous(), ctx.is_causal, ctx.group,
+                                             ctx.seqlen)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def ring_forward(q, k, v, is_causal: bool = False, group=None, attend=None, seqlen: int | None = None,
+                 clock: StepClock | None = None, communicate: bool = True, overlap: bool = True):
+    """ring_attention's steps: (this rank's output rows, their merged lse in natural log, float32 or wider)."""
     import torch.distributed as dist
 
     attend = attend or (lab_attend if q.is_cuda else reference_attend)
@@ -167,14 +207,19 @@ def ring_attention(q, k, v, is_causal: bool = False, group=None, attend=None, se
             clock.mark(step, "compute", "end", current)
         if pending is not None:
             kv = pending.wait()
-    return _rows(q, acc, q_chunks)
+    return _rows(q, acc, q_chunks), _lse_rows(q, acc, q_chunks)
 
 
 def emulate_ring(q, k, v, world: int, is_causal: bool, attend=reference_attend):
     """The same steps in one process: rank r's output rows, for every r (tests, and the CPU chapter)."""
+    return emulate_ring_with_lse(q, k, v, world, is_causal, attend)[0]
+
+
+def emulate_ring_with_lse(q, k, v, world: int, is_causal: bool, attend=reference_attend):
+    """emulate_ring's output and merged lse (natural log, (B, H, S)), both in full-sequence order."""
     seqlen = q.shape[2]
     shards_kv = [(shard(k, world, r, is_causal), shard(v, world, r, is_causal)) for r in range(world)]
-    outs = []
+    outs, lses = [], []
     for rank in range(world):
         q_chunks = shard_chunks(seqlen, world, rank, is_causal)
         acc = [None] * len(q_chunks)
@@ -184,7 +229,8 @@ def emulate_ring(q, k, v, world: int, is_causal: bool, attend=reference_attend):
             ring_step(qs, q_chunks, *shards_kv[owner], shard_chunks(seqlen, world, owner, is_causal), is_causal,
                       attend, acc)
         outs.append(_rows(qs, acc, q_chunks))
-    return unshard(outs, seqlen, is_causal)
+        lses.append(_lse_rows(qs, acc, q_chunks).unsqueeze(-1))
+    return unshard(outs, seqlen, is_causal), unshard(lses, seqlen, is_causal).squeeze(-1)
 
 
 def causal_work(seqlen: int, world: int, zigzag: bool = True) -> list[int]:
