@@ -36,7 +36,8 @@ def rows(tmp_path_factory, request):
 
 def test_torchrun_cpu_run_records_every_stage(rows):
     kinds = {r["kind"] for r in rows}
-    assert kinds == {"check", "ring-scale", "ring-comm", "ring-timeline", "ring-largest-step", "ring-largest"}
+    assert kinds == {"check", "ring-scale", "ring-comm", "ring-timeline", "ring-largest-step", "ring-largest",
+                     "grad-check"}
     assert all(r["world_size"] == 2 and r["chapter"] == "n12_ring" and r["env"]["gpu"] == "cpu" for r in rows)
     assert all(r["commit"] and r["env"]["torch"] for r in rows)  # lab.record's common fields
 
@@ -48,6 +49,16 @@ def test_checks_pass_and_the_no_lse_merge_fails(rows):
     assert len(good) == 6 and all(r["check"]["passed"] for r in good)
     assert {(r["case"]["name"], r["case"]["causal"]) for r in good} >= {("ring-gqa", True), ("ring-uneven", False)}
     assert bad and not any(r["check"]["passed"] for r in bad)
+
+
+def test_gradient_checks_pass_and_the_block_lse_backward_fails(rows):
+    grads = dist_report.of(rows, "grad-check")
+    good = [r for r in grads if not r.get("expected_fail")]
+    bad = [r for r in grads if r.get("expected_fail")]
+    assert len(good) == 18 and all(r["check"]["passed"] for r in good)  # 3 cases x causal and not x dQ, dK, dV
+    assert {r["grad"] for r in good} == {"dq", "dk", "dv"}
+    assert {(r["case"]["name"], r["case"]["causal"]) for r in good} >= {("ring-grad-gqa", True), ("ring-grad-uneven", False)}
+    assert len(bad) == 6 and not any(r["check"]["passed"] for r in bad)
 
 
 def test_scaling_and_communication_rows(rows):
@@ -80,7 +91,8 @@ def test_largest_sequence_rows(rows):
 
 def test_findings_figures_and_tables_from_the_rows(rows, tmp_path):
     text = "\n".join(dist_report.findings(rows))
-    assert "checks: 6/6 pass" in text and "efficiency" in text and "target judged on GPUs only" in text
+    assert "checks: 6/6 pass" in text and "gradient checks (dQ, dK, dV through autograd): 18/18 pass" in text
+    assert "efficiency" in text and "target judged on GPUs only" in text
     assert "not GPU numbers" in text
     assert dist_report.timeline_figure(rows, path=tmp_path / "t.png") and (tmp_path / "t.png").stat().st_size
     assert dist_report.layout_figure(16, 4, path=tmp_path / "l.png")
@@ -90,12 +102,14 @@ def test_findings_figures_and_tables_from_the_rows(rows, tmp_path):
 
 def test_n12_gates_count_gpu_rows_only(rows):
     declared = [g for g in gates.load_gates() if g["chapter"] == "n12_ring" and g.get("gpu_only")]
-    assert len(declared) == 5  # beside them, the emulated backward's two gates count CPU rows too
+    assert len(declared) == 7  # beside them, the emulated backward's two gates count CPU rows too
     assert all(gates.evaluate(g, rows)["status"] == "no data" for g in declared)
     as_gpu = [dict(r, env={**r["env"], "gpu": "NVIDIA H200"}) for r in rows]
     found = {g["name"]: gates.evaluate(g, as_gpu)["status"] for g in declared}
     assert found["every ring check passes (causal and not, GQA, uneven shards)"] == "pass"
     assert found["a ring that merges without LSE weights fails the check"] == "pass"
+    assert found["every ring gradient check passes (dQ, dK, dV; causal and not, GQA, uneven shards)"] == "pass"
+    assert found["a ring backward with each block's own LSE fails the gradient check"] == "pass"
 
 
 def test_record_fills_world_size_from_torchrun(tmp_path, monkeypatch):

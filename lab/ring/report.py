@@ -179,6 +179,12 @@ def findings(rows: list[dict]) -> list[str]:
         lines.append(f"checks: {sum(r['check']['passed'] for r in checks)}/{len(checks)} pass against single-device "
                      f"attention (causal and not, GQA, uneven shards); the merge without LSE weights fails "
                      f"{sum(not r['check']['passed'] for r in selftest)}/{len(selftest)}")
+    grads = [r for r in of(rows, "grad-check") if not r.get("expected_fail")]
+    grad_selftest = [r for r in of(rows, "grad-check") if r.get("expected_fail")]
+    if grads:
+        lines.append(f"gradient checks (dQ, dK, dV through autograd): {sum(r['check']['passed'] for r in grads)}/"
+                     f"{len(grads)} pass against single-device gradients; a backward with each block's own LSE fails "
+                     f"{sum(not r['check']['passed'] for r in grad_selftest)}/{len(grad_selftest)}")
     for r in of(rows, "ring-scale"):
         c = r["case"]
         lines.append(f"scaling at S={c['S']} causal D={c['D']} over {r['world_size']} ranks: efficiency "

@@ -8,6 +8,9 @@ Stages (--stages, default all):
 - scale: rank 0 alone on the full sequence (t1), then the ring on all ranks (tW); efficiency = t1 / (W tW);
 - comm: the ring with the transfer overlapped, serial, and with no transfer (compute only), plus one call
   of each with a StepClock: the per-step timeline; comm_ratio = overlapped / compute-only;
+- grad-checks: the ring's gradients (torch.autograd.grad through ring_attention) against float64 autograd of
+  full attention, single-device autograd as the yardstick, each of dQ, dK, dV judged by lab.check.compare;
+  and a ring backward fed each block's own LSE instead of the merged one, which must fail;
 - largest: S doubling from the scale length while the next call is predicted to fit in memory (peak bytes
   grow with S) and in --budget-s seconds (time grows with S^2), up to --max-seq; peak memory per rank. Its
   outputs are checked to be finite only (no reference at these lengths); the values are checked at S <= 4097.
@@ -32,7 +35,7 @@ from . import attention as ring
 
 CHAPTER = "n12_ring"
 IMPL = "lab.dist.ring_attention"  # the records' name since the first sessions: old and new rows compare
-STAGES = ("checks", "scale", "comm", "largest")
+STAGES = ("checks", "scale", "comm", "largest", "grad-checks")
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,60 @@ def checks(run: Run) -> None:
                            "impl": f"{IMPL} (merge without LSE weights)", "check": bad})
                 run.say(f"self-test: a merge without LSE weights {'fails, as it must' if not bad['passed'] else 'PASSES: the check is blind'}"
                         f" (max_abs {bad['max_abs']:.2e})")
+
+
+def grad_checks(run: Run) -> None:
+    from .backward import lab_attend_backward, reference_attend_backward, ring_attention_backward
+
+    names = ("dq", "dk", "dv")
+    for seed, (name, B, Hq, Hkv, S, D) in enumerate(run.preset.checks):
+        for causal in (False, True):
+            q, k, v = run.inputs(B, Hq, Hkv, S, D, seed=100 + seed)
+            dout = run.inputs(B, Hq, Hq, S, D, seed=200 + seed)[0]
+            mine = [ring.shard(t, run.world, run.rank, causal).requires_grad_() for t in (q, k, v)]
+            out = ring.ring_attention(*mine, is_causal=causal, seqlen=S)
+            grads = torch.autograd.grad(out, mine, ring.shard(dout, run.world, run.rank, causal))
+            wrong = None
+            if name == "mha":  # the self-test: the block's own lse in place of the merged one
+                attend = ring.lab_attend if run.cuda else ring.reference_attend
+                inner = lab_attend_backward if run.cuda else reference_attend_backward
+                block = lambda qb, kb, vb, ob, dob, lseb, c: inner(qb, kb, vb, ob, dob, attend(qb, kb, vb, c)[1], c)  # noqa: E731
+                out2, lse2 = ring.ring_forward(*(t.detach() for t in mine), is_causal=causal, seqlen=S)
+                wrong = ring_attention_backward(*(t.detach() for t in mine), out2, lse2,
+                                                ring.shard(dout, run.world, run.rank, causal), causal, seqlen=S,
+                                                attend_backward=block)
+            shards = run.gather(([g.cpu() for g in grads], None if wrong is None else [g.cpu() for g in wrong]))
+            if run.rank:
+                continue
+            ref = check.reference_grads(q, k, v, dout, causal)[1:]
+            yard = _single_device_grads(run, q, k, v, dout, causal)
+            case = {"name": f"ring-grad-{name}", "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "causal": causal,
+                    "dtype": str(run.preset.dtype).replace("torch.", "")}
+            for i, grad in enumerate(names):
+                result = check.compare(ring.unshard([s[0][i] for s in shards], S, causal), ref[i].cpu(), yard[i])
+                run.write({"kind": "grad-check", "case": case, "grad": grad, "check": result})
+                run.say(f"grad check {case['name']:<16} {grad} S={S:<5} {'causal' if causal else 'full  '} "
+                        f"{'PASS' if result['passed'] else 'FAIL'} max_abs {result['max_abs']:.2e} "
+                        f"(single device {result['sdpa_max_abs']:.2e})")
+                if wrong is not None:
+                    bad = check.compare(ring.unshard([s[1][i] for s in shards], S, causal), ref[i].cpu(), yard[i])
+                    run.write({"kind": "grad-check", "case": {**case, "name": "ring-grad-selftest-block-lse"},
+                               "grad": grad, "expected_fail": True,
+                               "impl": f"{IMPL} (backward with each block's own LSE)", "check": bad})
+                    run.say(f"self-test {grad}: a backward with block LSEs "
+                            f"{'fails, as it must' if not bad['passed'] else 'PASSES: the check is blind'}")
+
+
+def _single_device_grads(run: Run, q, k, v, dout, causal):
+    """The yardstick: autograd of single-device attention on the whole sequence (the lab's op on a GPU)."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    if run.cuda:
+        from .. import ops
+        out = ops.attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                 enable_gqa=q.shape[1] != k.shape[1])
+    return [g.cpu() for g in torch.autograd.grad(out, (q, k, v), dout)]
 
 
 def _no_lse(run):
@@ -336,7 +393,7 @@ def main(argv=None) -> int:
             if stage == "largest":
                 largest(run, args.max_seq or preset.max_seq, args.budget_s or preset.budget_s)
             else:
-                globals()[stage](run)
+                globals()[stage.replace("-", "_")](run)
     finally:
         run.dist.destroy_process_group()
     return 0
