@@ -37,7 +37,7 @@ def rows(tmp_path_factory, request):
 def test_torchrun_cpu_run_records_every_stage(rows):
     kinds = {r["kind"] for r in rows}
     assert kinds == {"check", "ring-scale", "ring-comm", "ring-timeline", "ring-largest-step", "ring-largest",
-                     "grad-check"}
+                     "grad-check", "ring-train"}
     assert all(r["world_size"] == 2 and r["chapter"] == "n12_ring" and r["env"]["gpu"] == "cpu" for r in rows)
     assert all(r["commit"] and r["env"]["torch"] for r in rows)  # lab.record's common fields
 
@@ -59,6 +59,12 @@ def test_gradient_checks_pass_and_the_block_lse_backward_fails(rows):
     assert {r["grad"] for r in good} == {"dq", "dk", "dv"}
     assert {(r["case"]["name"], r["case"]["causal"]) for r in good} >= {("ring-grad-gqa", True), ("ring-grad-uneven", False)}
     assert len(bad) == 6 and not any(r["check"]["passed"] for r in bad)
+
+
+def test_the_sharded_model_trains_like_one_device(rows):
+    (run,) = dist_report.of(rows, "ring-train")
+    assert len(run["losses"]) == len(run["losses_single"]) == run["case"]["steps"] == 6
+    assert run["max_rel_diff"] < 1e-10 and run["losses"][-1] < run["losses"][0]
 
 
 def test_scaling_and_communication_rows(rows):
@@ -102,7 +108,7 @@ def test_findings_figures_and_tables_from_the_rows(rows, tmp_path):
 
 def test_n12_gates_count_gpu_rows_only(rows):
     declared = [g for g in gates.load_gates() if g["chapter"] == "n12_ring" and g.get("gpu_only")]
-    assert len(declared) == 7  # beside them, the emulated backward's two gates count CPU rows too
+    assert len(declared) == 8  # beside them, the emulated backward's two gates count CPU rows too
     assert all(gates.evaluate(g, rows)["status"] == "no data" for g in declared)
     as_gpu = [dict(r, env={**r["env"], "gpu": "NVIDIA H200"}) for r in rows]
     found = {g["name"]: gates.evaluate(g, as_gpu)["status"] for g in declared}
@@ -110,6 +116,7 @@ def test_n12_gates_count_gpu_rows_only(rows):
     assert found["a ring that merges without LSE weights fails the check"] == "pass"
     assert found["every ring gradient check passes (dQ, dK, dV; causal and not, GQA, uneven shards)"] == "pass"
     assert found["a ring backward with each block's own LSE fails the gradient check"] == "pass"
+    assert found["the sharded model's loss curve matches one device's (relative difference <= 0.02)"] == "pass"
 
 
 def test_record_fills_world_size_from_torchrun(tmp_path, monkeypatch):

@@ -185,6 +185,11 @@ def findings(rows: list[dict]) -> list[str]:
         lines.append(f"gradient checks (dQ, dK, dV through autograd): {sum(r['check']['passed'] for r in grads)}/"
                      f"{len(grads)} pass against single-device gradients; a backward with each block's own LSE fails "
                      f"{sum(not r['check']['passed'] for r in grad_selftest)}/{len(grad_selftest)}")
+    for r in of(rows, "ring-train"):
+        c = r["case"]
+        lines.append(f"training: {c['steps']} steps of a one-block decoder at S={c['S']:,} sharded over "
+                     f"{r['world_size']} ranks, loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}; largest relative "
+                     f"difference from the one-device run {r['max_rel_diff']:.1e}")
     for r in of(rows, "ring-scale"):
         c = r["case"]
         lines.append(f"scaling at S={c['S']} causal D={c['D']} over {r['world_size']} ranks: efficiency "

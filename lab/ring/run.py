@@ -11,6 +11,8 @@ Stages (--stages, default all):
 - grad-checks: the ring's gradients (torch.autograd.grad through ring_attention) against float64 autograd of
   full attention, single-device autograd as the yardstick, each of dQ, dK, dV judged by lab.check.compare;
   and a ring backward fed each block's own LSE instead of the merged one, which must fail;
+- train: lab.ring.train's one-block decoder trained with its sequence sharded over the ranks, and on rank 0
+  alone with the whole sequence, from the same initial weights on the same batches: both loss curves;
 - largest: S doubling from the scale length while the next call is predicted to fit in memory (peak bytes
   grow with S) and in --budget-s seconds (time grows with S^2), up to --max-seq; peak memory per rank. Its
   outputs are checked to be finite only (no reference at these lengths); the values are checked at S <= 4097.
@@ -35,7 +37,7 @@ from . import attention as ring
 
 CHAPTER = "n12_ring"
 IMPL = "lab.dist.ring_attention"  # the records' name since the first sessions: old and new rows compare
-STAGES = ("checks", "scale", "comm", "largest", "grad-checks")
+STAGES = ("checks", "scale", "comm", "largest", "grad-checks", "train")
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,13 @@ class Preset:
     max_seq: int
     budget_s: float
     reps: int
+    train: tuple = (6, 2, 37, 32, 32, 4, 2)  # steps, batch, S, vocab, model dim, heads, KV heads
 
 
 PRESETS = {
     "gpu": Preset(torch.bfloat16, (("mha", 2, 8, 8, 4096, 128), ("gqa", 1, 8, 2, 3000, 128),
                                    ("uneven", 1, 4, 4, 4097, 64), ("short", 1, 4, 1, 67, 64)),
-                  (1, 16, 16, 262144, 128), 8, 1 << 22, 90.0, 5),  # 4M: a rank's (1, 8, 2M, 128) shard is 2^31
+                  (1, 16, 16, 262144, 128), 8, 1 << 22, 90.0, 5, (200, 1, 16384, 256, 512, 8, 2)),  # 4M: a rank's (1, 8, 2M, 128) shard is 2^31
     # elements, where 32-bit element offsets would wrap: the kernels' int arithmetic is not audited beyond it
     "cpu": Preset(torch.float64, (("mha", 1, 2, 2, 64, 16), ("gqa", 1, 4, 2, 37, 16), ("uneven", 1, 2, 1, 61, 8)),
                   (1, 2, 2, 512, 32), 2, 2048, 5.0, 3),
@@ -226,6 +229,36 @@ def grad_checks(run: Run) -> None:
                                "impl": f"{IMPL} (backward with each block's own LSE)", "check": bad})
                     run.say(f"self-test {grad}: a backward with block LSEs "
                             f"{'fails, as it must' if not bad['passed'] else 'PASSES: the check is blind'}")
+
+
+def train(run: Run) -> None:
+    from . import train as ring_train
+
+    steps, batch, S, vocab, dim, heads, kv_heads = run.preset.train
+    batches = ring_train.make_batches(steps, batch, S, vocab, device=run.device)
+
+    def model():
+        torch.manual_seed(0)
+        return ring_train.TinyDecoder(vocab, dim, heads, kv_heads, max_len=S).to(run.device, run.preset.dtype)
+
+    start = time.perf_counter()
+    sharded = ring_train.train_losses(model(), batches)
+    seconds = time.perf_counter() - start
+    single = None
+    if run.rank == 0:  # the same model and batches on one device, the whole sequence
+        attend = None
+        if run.cuda:
+            from .. import ops
+            attend = lambda q, k, v: ops.attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+        single = ring_train.train_losses(model(), batches, attend=attend, sharded=False)
+    if run.rank:
+        return
+    diff = max(abs(a - b) / abs(b) for a, b in zip(sharded, single))
+    run.write({"kind": "ring-train", "case": {"S": S, "batch": batch, "dim": dim, "Hq": heads, "Hkv": kv_heads,
+               "steps": steps}, "losses": sharded, "losses_single": single, "max_rel_diff": diff,
+               "seconds": seconds})
+    run.say(f"train: {steps} steps at S={S} over {run.world} ranks, loss {sharded[0]:.4f} -> {sharded[-1]:.4f}; "
+            f"largest relative difference from one device {diff:.2e}")
 
 
 def _single_device_grads(run: Run, q, k, v, dout, causal):
