@@ -32,8 +32,8 @@ import torch
 
 from ..merge import lse_merge  # noqa: F401 (lab.ring.attention.lse_merge: the ring's merge)
 
-from .blocks import (_visible, chunk_bounds, lab_attend, reference_attend, shard, shard_chunks,  # noqa: F401
-                     unshard)  # (re-exported: lab.ring.attention.shard and the rest, as before)
+from .blocks import (_visible, chunk_bounds, lab_attend, reference_attend, ring_place, shard,  # noqa: F401
+                     shard_chunks, unshard)  # (re-exported: lab.ring.attention.shard and the rest, as before)
 from .comm import MULTICAST_OFF, StepClock, comm_stream, init_process_group, multicast_off, transfer  # noqa: F401
 
 # ------------------------------------------------------------------ the ring
@@ -114,15 +114,7 @@ def ring_forward(q, k, v, is_causal: bool = False, group=None, attend=None, seql
     import torch.distributed as dist
 
     attend = attend or (lab_attend if q.is_cuda else reference_attend)
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    if seqlen is None:
-        lengths = torch.tensor([q.shape[2]], device=q.device)
-        dist.all_reduce(lengths, group=group)
-        seqlen = int(lengths)
-    q_chunks = shard_chunks(seqlen, world, rank, is_causal)
-    if sum(e - b for b, e in q_chunks) != q.shape[2]:
-        raise ValueError(f"rank {rank} holds {q.shape[2]} query rows but the layout gives it "
-                         f"{sum(e - b for b, e in q_chunks)} of {seqlen}")
+    world, rank, seqlen, q_chunks = ring_place(q, group, seqlen, is_causal)
     acc = [None] * len(q_chunks)
     kv = torch.stack([k, v])
     peers = tuple(dist.get_global_rank(group, r) if group else r for r in ((rank + 1) % world, (rank - 1) % world))

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from .blocks import _visible, reference_attend, shard, shard_chunks, unshard
+from .blocks import _visible, reference_attend, ring_place, shard, shard_chunks, unshard
 from .comm import StepClock, comm_stream, transfer
 
 
@@ -84,13 +84,8 @@ def ring_attention_backward(q, k, v, out, lse, dout, is_causal: bool, group=None
     import torch.distributed as dist
 
     attend_backward = attend_backward or (lab_attend_backward if q.is_cuda else reference_attend_backward)
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    if seqlen is None:
-        lengths = torch.tensor([q.shape[2]], device=q.device)
-        dist.all_reduce(lengths, group=group)
-        seqlen = int(lengths)
+    world, rank, seqlen, q_chunks = ring_place(q, group, seqlen, is_causal)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q_chunks = shard_chunks(seqlen, world, rank, is_causal)
     length = lambda r: sum(e - b for b, e in shard_chunks(seqlen, world, r % world, is_causal))  # noqa: E731
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     kv = torch.stack([k, v])

@@ -69,3 +69,20 @@ def _visible(q_chunk: tuple, k_chunk: tuple, is_causal: bool) -> str | None:
     if k_chunk == q_chunk:
         return "causal"
     return None  # every key after every query: zig-zag chunks never straddle, so there is no third case
+
+
+def ring_place(q, group, seqlen: int | None, is_causal: bool) -> tuple[int, int, int, list[tuple[int, int]]]:
+    """(world, rank, seqlen, this rank's query chunks) of a ring call: seqlen summed over the group when not
+    given; a shard whose row count the layout does not give raises."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if seqlen is None:
+        lengths = torch.tensor([q.shape[2]], device=q.device)
+        dist.all_reduce(lengths, group=group)
+        seqlen = int(lengths)
+    q_chunks = shard_chunks(seqlen, world, rank, is_causal)
+    if sum(e - b for b, e in q_chunks) != q.shape[2]:
+        raise ValueError(f"rank {rank} holds {q.shape[2]} query rows but the layout gives it "
+                         f"{sum(e - b for b, e in q_chunks)} of {seqlen}")
+    return world, rank, seqlen, q_chunks
