@@ -61,8 +61,9 @@ def reference(q, k, v, is_causal=False, scale=None, seqlens=None):
 def sdpa(q, k, v, is_causal=False, scale=None, seqlens=None):
     """PyTorch SDPA in the inputs' dtype (default dispatch): the error yardstick.
 
-    Fused backends return NaN for scale <= 0 (seen at head dims 32-120 on the H100, torch 2.11), so such a
-    scale runs as the same problem rewritten exactly, as sdpa_grads does: (-q, |scale|), or 2^-100 for 0."""
+    Flash and cuDNN return NaN for scale <= 0 (torch 2.11; seen on the H200 and, at head dims 32-120, on the
+    H100), so such a scale runs as the same problem rewritten exactly: scale < 0 as (-q, |scale|) (negation is
+    exact in fp16/bf16); scale == 0 as 2^-100 (every weight still rounds to exactly uniform)."""
     if scale is not None and scale <= 0:
         q, scale = (-q, -scale) if scale < 0 else (q, 2.0**-100)
     gqa = k.shape[1] != q.shape[1]
@@ -267,25 +268,19 @@ def reference_grads(q, k, v, dout, is_causal=False, scale=None):
 def sdpa_grads(q, k, v, dout, is_causal=False, scale=None, backend: str = "default"):
     """SDPA's (out, dq, dk, dv) in the inputs' dtype, forced to `backend`: the backward error yardstick.
 
-    Flash and cuDNN return NaN for scale <= 0 (torch 2.11, H200), and the math backend's bf16 backward is more
-    accurate than any fused kernel's (H200 run 1 of n10: a fused backward at ~3.5x math's relative L2 error),
-    so it is no yardstick for one. For scale <= 0 the fused backends get the same problem rewritten exactly:
-    scale < 0 as (-q, |scale|) with dq negated back (negation is exact in fp16/bf16); scale == 0 as scale
-    2^-100 (every weight still rounds to exactly uniform; the true dq and dk are 0, SDPA's are ~2^-100).
+    The math backend's bf16 backward is more accurate than any fused kernel's (H200 run 1 of n10: a fused
+    backward at ~3.5x math's relative L2 error), so it is no yardstick for one. A scale <= 0 runs as sdpa()
+    rewrites it, exactly: autograd through the rewritten query (-q) gives dq back with its sign.
     """
     from .bench import sdpa_backend
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
-    sign, run_scale = 1.0, scale
-    if scale is not None and scale <= 0 and backend != "math":
-        sign, run_scale = (-1.0, -scale) if scale < 0 else (1.0, 2.0**-100)
     with sdpa_backend(backend):
-        qs = -q if sign < 0 else q
         if group > 1 and backend != "default":  # a forced backend may not take enable_gqa: expand, grads sum back
-            out = sdpa(qs, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal, run_scale)
+            out = sdpa(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal, scale)
         else:
-            out = sdpa(qs, k, v, is_causal, run_scale)
+            out = sdpa(q, k, v, is_causal, scale)
         grads = torch.autograd.grad(out, (q, k, v), dout)
     return (out.detach(), *grads)
 

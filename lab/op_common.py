@@ -67,9 +67,10 @@ _DTYPES = (torch.float16, torch.bfloat16)
 PAGED_LAYOUT = "(num_pages, page_size, H_kv, D) with a block_table"
 
 
-def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)"):
+def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)", same_head_dim: bool = True):
     # Every attribute is read once: this runs three times per call, on the host path lab.hostcost bounds.
-    # layout=PAGED_LAYOUT: a paged cache, whose first dimension is pages, not the batch.
+    # layout=PAGED_LAYOUT: a paged cache, whose first dimension is pages, not the batch. same_head_dim=False: a
+    # value whose head dim may differ from the query's (SDPA allows it).
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     dtype, shape, device = t.dtype, t.shape, t.device
@@ -87,7 +88,7 @@ def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)"):
         like_shape = like.shape
         if shape[0] != like_shape[0] and layout != PAGED_LAYOUT:
             raise ValueError(f"{name} has batch {shape[0]} but query has batch {like_shape[0]}")
-        if shape[3] != like_shape[3]:
+        if same_head_dim and shape[3] != like_shape[3]:
             raise ValueError(f"{name} has head dim {shape[3]} but query has {like_shape[3]}")
     if t.stride(3) != 1 and t.numel():
         raise ValueError(f"{name} must have a contiguous last dimension, got stride(-1) = {t.stride(-1)}; "

@@ -134,8 +134,6 @@ def drivers(capability: tuple | None = None, defaults_only: bool = False) -> lis
             flags = "" if own else f"-D{macro}={kernel.symbol}"
             if family == "bwd" and version not in DETERMINISTIC_BWD:
                 flags += " -DBWD_MODES=1"  # the driver skips the deterministic mode this version refuses
-            if family == "bwd" and len(kernel.head_dims) == 1:
-                flags += f" -DBWD_ONLY_D={kernel.head_dims[0]}"  # the driver's configs of that head dim alone
             rows.append((f"{family}_{version}", own or main, f"kernels/{kernel.source}", flags))
     return rows
 

@@ -45,10 +45,8 @@ def test_driver_rows_name_existing_files_and_the_kernel_symbol():
         family, version = name.split("_")
         table = {"fwd": registry.FWD, "decode": registry.DECODE, "bwd": registry.BWD}[family]
         one_mode = " -DBWD_MODES=1" if family == "bwd" and version not in registry.DETERMINISTIC_BWD else ""
-        dims = table[version].head_dims
-        one_dim = f" -DBWD_ONLY_D={dims[0]}" if family == "bwd" and len(dims) == 1 else ""
         assert define == ("" if (family, version) in registry.OWN_DRIVER else f"-D{registry.DRIVERS[family][1]}="
-                          f"{table[version].symbol}{one_mode}{one_dim}")
+                          f"{table[version].symbol}{one_mode}")
     hopper_only = {r[0] for r in registry.drivers((8, 0))}
     assert "fwd_v05" not in hopper_only and "fwd_v04" in hopper_only  # sm_90a kernels only where they run
 

@@ -40,9 +40,7 @@ def pad_and_attend(attend, query, key, value, scale):
     attend(q, k, v, scale) -> (out, lse) on the padded tensors and cut the output back to D_v."""
     _check_tensor(query, "query")
     _check_tensor(key, "key", query)
-    _check_tensor(value, "value")
-    if value.dtype != query.dtype or value.device != query.device:
-        raise TypeError(f"value ({value.dtype}, {value.device}) must match query ({query.dtype}, {query.device})")
+    _check_tensor(value, "value", query, same_head_dim=False)
     if value.shape[:3] != key.shape[:3]:
         raise ValueError(f"key and value must agree in (B, H, S): {tuple(key.shape[:3])} vs {tuple(value.shape[:3])}")
     if query.shape[-1] == 0 or value.shape[-1] == 0:

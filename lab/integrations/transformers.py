@@ -20,6 +20,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from ..fwd.head_dims import kernel_head_dim
 from ..registry import FAST_HEAD_DIMS
 
 NAME = "lab"
@@ -41,7 +42,9 @@ def unsupported(query, key, value, attention_mask, dropout: float = 0.0, softcap
         return f"logit softcapping ({softcap})"
     if sliding_window is not None and 0 < sliding_window < key.shape[2]:
         return f"a sliding window of {sliding_window} keys over {key.shape[2]}"
-    if max(query.shape[-1], value.shape[-1]) > FAST_HEAD_DIMS[-1]:
+    try:
+        kernel_head_dim(query.shape[-1], value.shape[-1])
+    except ValueError:
         return f"head dim {max(query.shape[-1], value.shape[-1])} (the lab runs up to {FAST_HEAD_DIMS[-1]})"
     return None
 

@@ -58,6 +58,13 @@ def lab_attend_backward(q, k, v, out, dout, lse, is_causal: bool):
                      torch.are_deterministic_algorithms_enabled(), version)
 
 
+def with_block_lse(attend, attend_backward):
+    """The deliberately wrong block backward: each block's own lse (from `attend`) in place of the merged one."""
+    def wrong(q, k, v, out, dout, lse, is_causal):
+        return attend_backward(q, k, v, out, dout, attend(q, k, v, is_causal)[1], is_causal)
+    return wrong
+
+
 def backward_step(q, q_chunks, out, dout, lse, k, v, k_chunks, is_causal, attend_backward, dq, dkv):
     """One K/V block's contributions: into dq (this rank's rows) and dkv (the block's dK, dV), float32 or wider."""
     q_off = 0
@@ -125,10 +132,7 @@ def emulate_ring_backward(q, k, v, dout, world: int, is_causal: bool, attend=ref
     seqlen = q.shape[2]
     out, lse = attend(q, k, v, is_causal)  # what the forward ring gives (tests/test_dist.py checks it equal)
     if block_lse:
-        inner = attend_backward
-
-        def attend_backward(qb, kb, vb, ob, dob, lseb, causal):  # noqa: F811 (the wrong one, on purpose)
-            return inner(qb, kb, vb, ob, dob, attend(qb, kb, vb, causal)[1], causal)
+        attend_backward = with_block_lse(attend, attend_backward)
 
     dq_parts, dkv_total = [], {}
     for rank in range(world):

@@ -173,18 +173,16 @@ def _met(value, op: str, target, cpu: bool) -> str:
 def findings(rows: list[dict]) -> list[str]:
     """The chapter's closing sentences, from one run's rows."""
     cpu, lines = is_cpu(rows), []
-    checks = [r for r in of(rows, "check") if not r.get("expected_fail")]
-    selftest = [r for r in of(rows, "check") if r.get("expected_fail")]
-    if checks:
-        lines.append(f"checks: {sum(r['check']['passed'] for r in checks)}/{len(checks)} pass against single-device "
-                     f"attention (causal and not, GQA, uneven shards); the merge without LSE weights fails "
-                     f"{sum(not r['check']['passed'] for r in selftest)}/{len(selftest)}")
-    grads = [r for r in of(rows, "grad-check") if not r.get("expected_fail")]
-    grad_selftest = [r for r in of(rows, "grad-check") if r.get("expected_fail")]
-    if grads:
-        lines.append(f"gradient checks (dQ, dK, dV through autograd): {sum(r['check']['passed'] for r in grads)}/"
-                     f"{len(grads)} pass against single-device gradients; a backward with each block's own LSE fails "
-                     f"{sum(not r['check']['passed'] for r in grad_selftest)}/{len(grad_selftest)}")
+    for kind, label, selftest in (
+            ("check", "checks: {}/{} pass against single-device attention (causal and not, GQA, uneven shards)",
+             "the merge without LSE weights"),
+            ("grad-check", "gradient checks (dQ, dK, dV through autograd): {}/{} pass against single-device "
+             "gradients", "a backward with each block's own LSE")):
+        good = [r for r in of(rows, kind) if not r.get("expected_fail")]
+        bad = [r for r in of(rows, kind) if r.get("expected_fail")]
+        if good:
+            lines.append(label.format(sum(r["check"]["passed"] for r in good), len(good)) + f"; {selftest} fails "
+                         f"{sum(not r['check']['passed'] for r in bad)}/{len(bad)}")
     for r in of(rows, "ring-train"):
         c = r["case"]
         lines.append(f"training: {c['steps']} steps of a one-block decoder at S={c['S']:,} sharded over "

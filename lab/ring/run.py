@@ -190,7 +190,7 @@ def checks(run: Run) -> None:
 
 
 def grad_checks(run: Run) -> None:
-    from .backward import lab_attend_backward, reference_attend_backward, ring_attention_backward
+    from .backward import lab_attend_backward, reference_attend_backward, ring_attention_backward, with_block_lse
 
     names = ("dq", "dk", "dv")
     for seed, (name, B, Hq, Hkv, S, D) in enumerate(run.preset.checks):
@@ -202,9 +202,8 @@ def grad_checks(run: Run) -> None:
             grads = torch.autograd.grad(out, mine, ring.shard(dout, run.world, run.rank, causal))
             wrong = None
             if name == "mha":  # the self-test: the block's own lse in place of the merged one
-                attend = ring.lab_attend if run.cuda else ring.reference_attend
-                inner = lab_attend_backward if run.cuda else reference_attend_backward
-                block = lambda qb, kb, vb, ob, dob, lseb, c: inner(qb, kb, vb, ob, dob, attend(qb, kb, vb, c)[1], c)  # noqa: E731
+                block = with_block_lse(ring.lab_attend if run.cuda else ring.reference_attend,
+                                       lab_attend_backward if run.cuda else reference_attend_backward)
                 out2, lse2 = ring.ring_forward(*(t.detach() for t in mine), is_causal=causal, seqlen=S)
                 wrong = ring_attention_backward(*(t.detach() for t in mine), out2, lse2,
                                                 ring.shard(dout, run.world, run.rank, causal), causal, seqlen=S,

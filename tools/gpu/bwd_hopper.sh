@@ -14,8 +14,7 @@ TAG=$V${BWD_TAG:+_$BWD_TAG}; LOG=$OUT/bwd_$TAG.log
   nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm --format=csv
   nvcc --version | tail -1; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } > "$LOG" 2>&1
 B=$(mktemp -d); DRV=tools/gpu/bwd_main.cu
-ONLY_D=$(python3 -c "from lab.registry import BWD; d = BWD['$V'].head_dims; print(d[0] if len(d) == 1 else 0)")
-NV="nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_90a,code=sm_90a -DBWD_FN=$SYM -DBWD_MODES=1 -DBWD_ONLY_D=$ONLY_D ${BWD_NVCC_FLAGS:-}"
+NV="nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_90a,code=sm_90a -DBWD_FN=$SYM -DBWD_MODES=1 ${BWD_NVCC_FLAGS:-}"
 $NV $DRV $SRC -o $B/bwd > $B/build.log 2>&1 &
 $NV -DLAB_BWD_BUG_NO_DELTA $DRV $SRC -o $B/bwd_bug > /dev/null 2>&1 &
 python3 -c "from lab import build; build.binding(); print('binding ok')" > $B/binding.log 2>&1 &
