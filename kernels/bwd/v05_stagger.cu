@@ -14,8 +14,8 @@
 //   pair of named barriers per buffer and writer (ready: arrive after the store, sync before the dQ GEMM;
 //   free: arrive after the dQ GEMM, sync before the buffer is written again two steps later) instead of a
 //   full barrier, and nothing pulls the warpgroups back into step. Two dS^T buffers (Cfg kDsBufs = 2).
-// - LAB_V05_STAGGER (1): warpgroup 1 starts its first step once warpgroup 0 has finished its first softmax,
-//   so the two start half a step apart: one's softmax runs under the other's GEMMs.
+// - LAB_V05_STAGGER (2, below): warpgroup 1 starts its first step once warpgroup 0 has finished its first
+//   softmax, so the two start half a step apart: one's softmax runs under the other's GEMMs.
 // - Registers: the deferred dQ accumulator (32) is live only with dK, dV and the P^T / dS^T fragments (192 in
 //   all), never beside the S^T / dP^T accumulators: no more than v02 holds (v03's early S^T spilled).
 // Prediction (H200, D = 128, S = 4096: v02 0.91x cuDNN in GPU time): if the stagger holds, up to the ~20 %
@@ -84,9 +84,9 @@ __device__ __forceinline__ void red_dq(const float (&dq)[32], int hq, int m0, in
 // dQ of step j (issued during step j + 1, or after the loop): wait for the other warpgroup's half of dS^T_j,
 // the GEMM over both halves, release the buffer to the other warpgroup (when it writes it again), hand the
 // partial to the copy engine. Every GEMM in flight (this step's dV / dK too) is complete on return.
-template <class C>
+template <class C, class T>
 __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, const AttnBwdParams& p) {
-  constexpr bool kBf16 = C::kBf16;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
   const uint32_t base = smem_u32(smem);
   if constexpr (C::kSplitDq) named_barrier_sync(ready_bar(buf, other), 256);
@@ -102,11 +102,6 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
     reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
 }
 
-template <int D_, class T>
-struct Cfg5T : Cfg5<D_> {
-  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-};
-
 template <class C, class T>
 __global__ void __launch_bounds__(C::kThreads, 1)
     bwd_dkdv_v05(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -114,7 +109,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                  const AttnBwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = C::D, BR = C::BR, kStages = C::kStages;
-  constexpr bool kBf16 = C::kBf16;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   static_assert(C::kDsBufs == 2, "v05 alternates two dS^T buffers");
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) Bars<kStages> bars;
@@ -168,7 +163,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     store_ds<C>(smem + C::kOffDs + buf * C::kDsBytes, dsa);
     if constexpr (C::kSplitDq) named_barrier_arrive(ready_bar(buf, wg), 256);
     if (it >= 1) {
-      dq_step<C>(smem, work, it - 1, p);  // its bulk hand-off's barrier also orders this step's own stores
+      dq_step<C, T>(smem, work, it - 1, p);  // its bulk hand-off's barrier also orders this step's own stores
       if constexpr (LAB_V05_DQ_RED) named_barrier_sync(kBarWg + wg, 128);  // (no hand-off barrier: order them)
     } else {
       wgmma_wait<0>();
@@ -178,7 +173,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     reg_fence(dv);
     mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of Q_i, dO_i and the rows are over
   }
-  if (work.n_iters > 0) dq_step<C>(smem, work, work.n_iters - 1, p);
+  if (work.n_iters > 0) dq_step<C, T>(smem, work, work.n_iters - 1, p);
   if (wt == 0) bulk_wait<0>();
 
   // Epilogue
@@ -189,7 +184,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    return launch<Cfg5T<D, T>, T, bwd_dkdv_v05<Cfg5T<D, T>, T>>(p, st, dev);
+    return launch<Cfg5<D>, T, bwd_dkdv_v05<Cfg5<D>, T>>(p, st, dev);
   }
 };
 
