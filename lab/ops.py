@@ -17,6 +17,7 @@ from .op_common import sm_count  # noqa: F401
 from .registry import (BEST_FWD, DECODE, FWD, PAGED_DECODE, SPLIT_RULE, default_attention_version,  # noqa: F401
                        default_decode_version)
 from .fwd.op import attention, attention_version, fwd_call_factory, fwd_writer  # noqa: F401
+from .masks.op import attention_varlen  # noqa: F401 (window/softcap/sinks go through attention's arguments)
 from .decode.op import (MAX_DECODE_Q_LEN, MAX_NUM_SPLITS, decode, decode_call_factory, decode_writer,  # noqa: F401
                         raise_page_errors)
 

@@ -32,6 +32,12 @@ BWD = {
     "v04": Kernel("bwd/v04_persist.cu", "attn_bwd_v04", (64, 128), ((9, 0),)),
     "v05": Kernel("bwd/v05_stagger.cu", "attn_bwd_v05", (64, 128), ((9, 0),)),
 }
+# The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
+# (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. Hopper runs
+# the same mma.sync kernel (no wgmma version of the masks yet).
+MASKED_FWD = {
+    "v08": Kernel("fwd/v08_masks.cu", "attn_fwd_v08", (64, 128)),
+}
 BEST_BWD = ("v01",)
 BEST_BWD_HOPPER = ("v05", "v02", "v01")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
 DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)

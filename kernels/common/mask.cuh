@@ -40,4 +40,58 @@ __device__ __forceinline__ void mask_scores(float (&s)[kMT][kNT][4], int row0, i
       }
 }
 
+// ---------------------------------------------------------------- windows (fwd v08; lab/masks/spec.py)
+// Query row i aligned with key i + off; left/right: keys before/after the diagonal a row sees (-1: all).
+
+// True when the key at `col` is hidden from row `row` by S_k or the window.
+__device__ __forceinline__ bool window_masked(int row, int col, int seqlen_k, int off, int left, int right) {
+  return col >= seqlen_k || (left >= 0 && col < row + off - left) || (right >= 0 && col > row + off + right);
+}
+
+// [lo, hi) of the keys some row of [m0, m1) sees (hi <= lo: none): the tiles outside it are never loaded.
+__device__ __forceinline__ int2 window_key_range(int m0, int m1, int seqlen_k, int off, int left, int right) {
+  const int lo = left >= 0 ? max(0, m0 + off - left) : 0;
+  const int hi = right >= 0 ? min(seqlen_k, m1 - 1 + off + right + 1) : seqlen_k;
+  return make_int2(lo, hi);
+}
+
+// True when the tile of keys [n0, n0 + bc) hides some key from some row of [m0, m1).
+__device__ __forceinline__ bool window_tile_needs_mask(int n0, int bc, int m0, int m1, int seqlen_k, int off,
+                                                       int left, int right) {
+  return n0 + bc > seqlen_k || (left >= 0 && n0 < m1 - 1 + off - left) || (right >= 0 && n0 + bc - 1 > m0 + off + right);
+}
+
+// mask_scores with the window rule.
+template <int kMT, int kNT>
+__device__ __forceinline__ void mask_scores_window(float (&s)[kMT][kNT][4], int row0, int n0, int seqlen_k, int off,
+                                                   int left, int right, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + mt * 16 + (e / 2) * 8 + g;
+        const int col = n0 + nt * 8 + 2 * t + (e % 2);
+        if (window_masked(row, col, seqlen_k, off, left, right)) s[mt][nt][e] = -INFINITY;
+      }
+}
+
+// Softcap, before the mask: s -> tanh(s * scale / softcap) in place (the caller's exp2 factor becomes
+// softcap * log2(e)). tanh.approx: relative error ~2^-11, below the 16-bit P it feeds.
+__device__ __forceinline__ float tanh_fast(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+template <int kMT, int kNT>
+__device__ __forceinline__ void softcap_scores(float (&s)[kMT][kNT][4], float scale_over_cap) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = tanh_fast(s[mt][nt][e] * scale_over_cap);
+}
+
 }  // namespace lab

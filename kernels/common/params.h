@@ -129,6 +129,28 @@ typedef struct AttnBwdParams {
   int deterministic;     // 1: no atomics (dQ in a separate pass), bit-identical across runs
 } AttnBwdParams;
 
+// Forward attention with the masks real models use (fwd v08, kernels/fwd/v08_masks.cu; lab/masks/spec.py
+// writes the rule out): a sliding window, logit softcapping, attention sinks, and packed variable-length
+// sequences. base.causal is not read: causal arrives as window_right = 0.
+// Query row i of a sequence is aligned with key i + offset: dense calls offset = diag_offset; packed calls
+// (cu_seqlens_q != NULL) offset = S_k - S_q of each sequence (FlashAttention's bottom-right rule). Row i sees key
+// j iff (window_left < 0 or j >= i + offset - window_left) and (window_right < 0 or j <= i + offset + window_right).
+// Packed: q, k, v, o are (total, H, D) with base.q_stride = {unused, head, token}; sequence b is rows
+// [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q (likewise k, v with cu_seqlens_k); base.batch is the number of
+// sequences, base.seqlen_q / seqlen_k are max_seqlen_q / max_seqlen_k (host ints: the grid is sized from them,
+// with no copy of cu_seqlens to the host); lengths are clamped to [0, max_seqlen] and rows to [0, total), so no
+// cu_seqlens value makes the kernel read or write out of bounds. lse is then [H_q, total_q].
+typedef struct AttnMaskParams {
+  AttnFwdParams base;
+  int window_left, window_right;  // -1: unbounded
+  int diag_offset;                // dense only
+  float softcap;                  // s -> softcap * tanh(s / softcap) on the scaled score; 0: off
+  const float* sinks;             // [H_q] float32 logits in the units of the scaled scores, or NULL
+  const int32_t* cu_seqlens_q;    // [batch + 1] device int32, or NULL: dense (B, H, S, D)
+  const int32_t* cu_seqlens_k;
+  int total_q, total_k;           // packed rows of q and k
+} AttnMaskParams;
+
 #ifdef __cplusplus
 }
 #endif

@@ -167,4 +167,38 @@ __device__ __forceinline__ void normalise_rows(float (&o)[kMT][kNO][4], const fl
   }
 }
 
+// normalise_rows with an attention sink (fwd v08): the sink's logit joins the normaliser, l += exp2(sink_log2 -
+// m c), taken against top = max(m c, sink_log2) so that a large sink cannot overflow; sink_log2 = -inf: none.
+// c is the exp2 factor of the scores (|scale| log2 e, or softcap log2 e); LSE = (top + log2 l) ln 2 includes the
+// sink. lse_row0 points at row 0's LSE (stride 1), written for rows below seqlen_q when not null.
+template <int kMT, int kNO>
+__device__ __forceinline__ void normalise_rows_sink(float (&o)[kMT][kNO][4], const float (&row_max)[kMT][2],
+                                                    const float (&row_sum)[kMT][2], float c, float sink_log2,
+                                                    float* lse_row0, int row0, int seqlen_q, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float l = row_sum[mt][hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float m = row_max[mt][hh];
+      const float mc = m == -INFINITY ? -INFINITY : m * c;
+      const float top = fmaxf(mc, sink_log2);
+      float o_scale = 0.f, lse = -INFINITY;
+      if (top != -INFINITY) {
+        const float a = exp2f(mc - top);
+        const float total = l * a + exp2f(sink_log2 - top);
+        if (total > 0.f) {
+          o_scale = a / total;
+          lse = (top + log2f(total)) * 0.6931471805599453f;
+        }
+      }
+      rescale_row(o, mt, hh, o_scale);
+      const int row = row0 + mt * 16 + hh * 8 + g;
+      if (lse_row0 != nullptr && t == 0 && row < seqlen_q) lse_row0[row] = lse;
+    }
+  }
+}
+
 }  // namespace lab

@@ -50,7 +50,8 @@ def attention_version(query, version=None, is_causal: bool = False) -> str:
 
 
 def attention(query, key, value, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
-              version=None, return_lse: bool = False, causal_variant: str = "upper_left"):
+              version=None, return_lse: bool = False, causal_variant: str = "upper_left", window_size=None,
+              softcap: float = 0.0, sinks=None):
     """Scaled dot-product attention, (B, H, S, D) like F.scaled_dot_product_attention.
 
     is_causal follows SDPA (top-left aligned: query i sees keys j <= i, also when S_q != S_k).
@@ -61,7 +62,15 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     Head dims: D_qk and D_v (value's, which may differ from query's, as in SDPA) up to 128; with version=None
     a D without a fast kernel runs on the next one's, zero-padded (lab.fwd.head_dims says why that is exact).
     return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).
+    window_size=(left, right) (-1: unbounded; combines with causal), softcap (0: off), sinks ((H_q,) float32
+    logits that join the softmax and attend to nothing): FlashAttention's names, run by lab.masks.op (the rule
+    is written out in lab.masks.spec; the window is aligned with the causal diagonal of causal_variant).
     """
+    if window_size is not None or softcap or sinks is not None:
+        from ..masks.op import attention_masked
+
+        return attention_masked(query, key, value, is_causal, scale, enable_gqa, version, return_lse, causal_variant,
+                                window_size, softcap, sinks)
     if _eager() and version is None and causal_variant == "upper_left" and type(is_causal) is bool and \
             (scale is None or type(scale) is float) and type(query) is _Tensor and type(key) is _Tensor and \
             type(value) is _Tensor:  # the eager default call (torch.compile traces the full path below)

@@ -1,0 +1,189 @@
+"""The masked tiled algorithm on the CPU (NumPy, float32 like the kernels' accumulators), step for step as
+kernels/fwd/v08_masks.cu runs it, and the backward formulas of the four features.
+
+Forward, per block of B_r query rows (FlashAttention-2's loop, lab.emulate's "mma" order):
+- only the key tiles in spec.tile_range are read: the others lie wholly outside the window and are skipped,
+  not masked, so a window of W keys costs O(S_q (W + B_r + B_c)) scores, not O(S_q S_k). Tiles inside the
+  range that some row sees only partly get the per-element mask; the counts come back in `stats`.
+- softcap: the raw score becomes t = tanh(s * scale / softcap) and the exp2 step runs on t with the factor
+  c = softcap * log2(e) instead of scale * log2(e) (one FMUL and one tanh more per score; the running max is
+  over t, whose exp2 offset is then m c as before).
+- sinks: the final normaliser l += exp2(sink log2(e) - m c), taken against max(m c, sink log2(e)) so a large
+  sink cannot overflow; LSE includes the sink.
+Varlen: `varlen_schedule` is the kernel's grid over packed sequences: ceil(max_seqlen_q / B_r) x B x H_q CTAs
+(max_seqlen_q a host int: no device-to-host copy of cu_seqlens), a CTA whose block starts past its sequence's
+length returns at once; every tile that computes belongs to a real sequence (no padding of the data).
+
+Backward (`backward`, float64): with P_ij = exp(s_ij - LSE_i) and D_i = rowsum(dO_i * O_i) - dLSE_i,
+  dV = P^T dO, dP = dO V^T, dS = P * (dP - D), and with softcap dS *= 1 - tanh^2 (s' = c tanh(s / c) has
+  ds'/ds = 1 - tanh^2(s / c)); dQ = scale dS K, dK = scale dS^T Q.
+  Sink gradient: LSE_i = log(sum_j exp(s_ij) + exp(sink)), so dP_ij/dsink = -P_ij P_sink,i and
+  dLSE_i/dsink = P_sink,i = exp(sink - LSE_i); hence d sink_h = sum_i P_sink,i (dLSE_i - dO_i . O_i)
+  = -sum_i P_sink,i D_i, over every row of every batch element of head h.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .spec import Mask, tile_is_full, tile_range, visible as _visible_t
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def _visible(rows, cols, seqlen_k, offset, mask):
+    import torch
+    return _visible_t(torch.from_numpy(rows), torch.from_numpy(cols), seqlen_k, offset, mask).numpy()
+
+
+def forward_head(q, k, v, mask: Mask, scale: float, offset: int = 0, sink=None, block_m: int = 64,
+                 block_n: int = 64, ignore_window: bool = False, stats: dict | None = None):
+    """One head: q (S_q, D), k and v (S_k, D) float32 arrays -> (out (S_q, D_v), lse (S_q,)), natural log.
+    ignore_window: the deliberately wrong variant (every key tile read, no window mask)."""
+    seqlen_q, seqlen_k = q.shape[0], k.shape[0]
+    out = np.zeros((seqlen_q, v.shape[1]), np.float32)
+    lse = np.full(seqlen_q, -np.inf, np.float32)
+    # ignore_window: the wrong variant keeps causality and the softcap, and drops the window's edges.
+    use = Mask(-1, 0 if mask.right == 0 else -1, mask.softcap) if ignore_window else mask
+    c = np.float32((mask.softcap if mask.softcap > 0 else abs(scale)) * LOG2E)
+    st = stats if stats is not None else {}
+    for m0 in range(0, seqlen_q, block_m):
+        m1 = min(m0 + block_m, seqlen_q)
+        first, last = tile_range(m0, m1, seqlen_k, offset, use, block_n)
+        total = -(-seqlen_k // block_n)
+        st["skipped"] = st.get("skipped", 0) + total - (last - first)
+        m = np.full(m1 - m0, -np.inf, np.float32)
+        l = np.zeros(m1 - m0, np.float32)
+        acc = np.zeros((m1 - m0, v.shape[1]), np.float32)
+        for j in range(first, last):
+            n0, n1 = j * block_n, min((j + 1) * block_n, seqlen_k)
+            s = (q[m0:m1] @ k[n0:n1].T).astype(np.float32)
+            if mask.softcap > 0:
+                s = np.tanh(s * np.float32(scale / mask.softcap)).astype(np.float32)
+            elif scale < 0:  # the kernels negate Q and run with |scale|
+                s = -s
+            if tile_is_full(m0, m1, n0, n1, seqlen_k, offset, use):
+                st["full"] = st.get("full", 0) + 1
+            else:
+                st["masked"] = st.get("masked", 0) + 1
+                s = np.where(_visible(np.arange(m0, m1), np.arange(n0, n1), seqlen_k, offset, use), s, -np.inf)
+            m_new = np.maximum(m, s.max(axis=1))
+            off = np.where(np.isneginf(m_new), 0, m_new * c).astype(np.float32)
+            alpha = np.exp2(np.where(np.isneginf(m), -np.inf, m * c) - off).astype(np.float32)
+            p = np.exp2(s * c - off[:, None]).astype(np.float32)
+            l = l * alpha + p.sum(axis=1)
+            acc = acc * alpha[:, None] + p @ v[n0:n1]
+            m = m_new
+        # Epilogue: the sink joins the normaliser against max(m c, sink log2 e).
+        mc = np.where(np.isneginf(m), -np.inf, m * c).astype(np.float32)
+        if sink is not None:
+            sl = np.float32(sink * LOG2E)
+            top = np.maximum(mc, sl)
+            a = np.exp2(mc - top)
+            l_tot = l * a + np.exp2(sl - top)
+            out[m0:m1] = acc * (a / l_tot)[:, None]
+            lse[m0:m1] = (top + np.log2(l_tot)) / LOG2E
+        else:
+            good = l > 0
+            out[m0:m1] = np.where(good[:, None], acc / np.where(good, l, 1)[:, None], 0)
+            lse[m0:m1] = np.where(good, (mc + np.log2(np.where(good, l, 1))) / LOG2E, -np.inf)
+    return out, lse
+
+
+def forward(q, k, v, mask: Mask, scale=None, offset: int = 0, sinks=None, stats: dict | None = None, **kw):
+    """(B, H, S, D) arrays (GQA by head groups) -> (out, lse (B, H_q, S_q)), forward_head per (b, h)."""
+    B, Hq, Sq, D = q.shape
+    group = Hq // k.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out = np.zeros((B, Hq, Sq, v.shape[-1]), np.float32)
+    lse = np.zeros((B, Hq, Sq), np.float32)
+    for b in range(B):
+        for h in range(Hq):
+            sink = None if sinks is None else float(sinks[h])
+            out[b, h], lse[b, h] = forward_head(np.float32(q[b, h]), np.float32(k[b, h // group]),
+                                                np.float32(v[b, h // group]), mask, scale, offset, sink,
+                                                stats=stats, **kw)
+    return out, lse
+
+
+def varlen_schedule(cu_seqlens_q, max_seqlen_q: int, heads: int, block_m: int = 64):
+    """The kernel's CTAs over packed sequences: (b, h, m0, rows) for those that compute, and the count of
+    those that return at once (their block starts past the sequence's end)."""
+    cu = [int(x) for x in cu_seqlens_q]
+    work, idle = [], 0
+    for b in range(len(cu) - 1):
+        length = cu[b + 1] - cu[b]
+        for h in range(heads):
+            for mb in range(-(-max_seqlen_q // block_m)):
+                m0 = mb * block_m
+                if m0 < length:
+                    work.append((b, h, m0, min(block_m, length - m0)))
+                else:
+                    idle += 1
+    return work, idle
+
+
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, mask: Mask, scale=None, sinks=None,
+                   block_m: int = 64, block_n: int = 64, stats: dict | None = None, **kw):
+    """Packed (total, H, D) arrays through varlen_schedule: out (total_q, H_q, D_v), lse (H_q, total_q)."""
+    Hq, D = q.shape[1], q.shape[2]
+    group = Hq // k.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    out = np.zeros((q.shape[0], Hq, v.shape[-1]), np.float32)
+    lse = np.full((Hq, q.shape[0]), -np.inf, np.float32)
+    work, idle = varlen_schedule(cq, max_seqlen_q, Hq, block_m)
+    if stats is not None:
+        stats["idle_ctas"], stats["ctas"] = idle, len(work)
+    for b, h, m0, rows in work:
+        sq, sk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        qb = np.float32(q[cq[b]:cq[b + 1], h])
+        kb, vb = np.float32(k[ck[b]:ck[b + 1], h // group]), np.float32(v[ck[b]:ck[b + 1], h // group])
+        # One CTA's rows: the block [m0, m0 + rows) of this sequence, aligned bottom-right.
+        o, l = forward_head(qb, kb, vb, mask, scale, sk - sq, None if sinks is None else float(sinks[h]),
+                            block_m, block_n, stats=stats, **kw)
+        out[cq[b] + m0:cq[b] + m0 + rows, h] = o[m0:m0 + rows]
+        lse[h, cq[b] + m0:cq[b] + m0 + rows] = l[m0:m0 + rows]
+    return out, lse
+
+
+def backward(q, k, v, out, lse, dout, mask: Mask, scale=None, offset: int = 0, sinks=None, dlse=None,
+             block_m: int = 64, block_n: int = 64):
+    """The backward formulas (module docstring), float64, tile by tile over the forward's tile range.
+    (B, H, S, D) arrays -> (dq, dk, dv, dsinks or None); dk/dv summed over each GQA group."""
+    q, k, v, out, dout = (np.asarray(t, np.float64) for t in (q, k, v, out, dout))
+    lse = np.asarray(lse, np.float64)
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    delta = (dout * out).sum(-1) - (0 if dlse is None else np.asarray(dlse, np.float64))
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    safe = np.where(np.isfinite(lse), lse, 0.0)
+    for b in range(B):
+        for h in range(Hq):
+            hk = h // group
+            for m0 in range(0, Sq, block_m):
+                m1 = min(m0 + block_m, Sq)
+                first, last = tile_range(m0, m1, Sk, offset, mask, block_n)
+                for j in range(first, last):
+                    n0, n1 = j * block_n, min((j + 1) * block_n, Sk)
+                    s = scale * (q[b, h, m0:m1] @ k[b, hk, n0:n1].T)
+                    if mask.softcap > 0:
+                        t = np.tanh(s / mask.softcap)
+                        s = mask.softcap * t
+                    seen = _visible(np.arange(m0, m1), np.arange(n0, n1), Sk, offset, mask)
+                    p = np.where(seen, np.exp(np.where(seen, s, 0) - safe[b, h, m0:m1, None]), 0.0)
+                    dv[b, hk, n0:n1] += p.T @ dout[b, h, m0:m1]
+                    dp = dout[b, h, m0:m1] @ v[b, hk, n0:n1].T
+                    ds = p * (dp - delta[b, h, m0:m1, None])
+                    if mask.softcap > 0:
+                        ds = ds * (1.0 - t * t)
+                    dq[b, h, m0:m1] += scale * ds @ k[b, hk, n0:n1]
+                    dk[b, hk, n0:n1] += scale * ds.T @ q[b, h, m0:m1]
+    dsinks = None
+    if sinks is not None:
+        p_sink = np.exp(np.asarray(sinks, np.float64)[None, :, None] - lse)
+        dsinks = -(p_sink * delta).sum(axis=(0, 2))
+    return dq, dk, dv, dsinks

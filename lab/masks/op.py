@@ -1,0 +1,239 @@
+"""lab.ops.attention's window_size / softcap / sinks, and lab.ops.attention_varlen: checks, custom ops, launch.
+
+The masked kernel (lab.registry.MASKED_FWD, kernels/fwd/v08_masks.cu) takes AttnMaskParams, which this module
+fills through ctypes and hands to the launcher's address (lab.kernels.launcher): no entry in the torch binding.
+Both calls are torch.library custom ops with fake implementations (torch.compile traces them). What has no
+kernel yet raises NotImplementedError naming it: the backward of every masked call, and head dims the padding
+rule cannot reach. Nothing falls back to a slow path.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..kernels import launcher
+from ..op_common import _check_heads, _check_qkv, _direct, _eager, _scale
+from ..registry import FAST_HEAD_DIMS, MASKED_FWD
+from . import spec
+
+VERSION = "v08"
+_DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
+_I64x3 = ctypes.c_int64 * 3
+
+
+class _FwdParams(ctypes.Structure):  # AttnFwdParams, kernels/common/params.h
+    _fields_ = [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("o", ctypes.c_void_p),
+                ("lse", ctypes.c_void_p), ("q_stride", _I64x3), ("k_stride", _I64x3), ("v_stride", _I64x3),
+                ("o_stride", _I64x3), ("batch", ctypes.c_int), ("heads_q", ctypes.c_int),
+                ("heads_kv", ctypes.c_int), ("seqlen_q", ctypes.c_int), ("seqlen_k", ctypes.c_int),
+                ("head_dim", ctypes.c_int), ("scale", ctypes.c_float), ("causal", ctypes.c_int),
+                ("dtype", ctypes.c_int), ("debug", ctypes.c_void_p)]
+
+
+class _MaskParams(ctypes.Structure):  # AttnMaskParams
+    _fields_ = [("base", _FwdParams), ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
+                ("diag_offset", ctypes.c_int), ("softcap", ctypes.c_float), ("sinks", ctypes.c_void_p),
+                ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p), ("total_q", ctypes.c_int),
+                ("total_k", ctypes.c_int)]
+
+
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_MaskParams), ctypes.c_void_p)
+_calls: dict = {}
+
+
+def _readable(t):
+    """The kernels' preconditions (16-byte aligned rows, strides in multiples of 8 elements), by a copy if not."""
+    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]) or t.stride(-1) != 1:
+        return t.contiguous()
+    return t
+
+
+def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, sinks=None, cu_q=None, cu_k=None,
+           max_q: int = 0, max_k: int = 0, version: str = VERSION, defines=None) -> None:
+    """Run the masked kernel into `out` (and `lse` when given). Dense (B, H, S, D) or, with cu_q/cu_k, packed
+    (total, H, D) tensors. No checks beyond the kernel's own: callers check first (attention_masked, varlen)."""
+    key = (version, tuple(sorted(defines.items())) if defines else ())
+    call = _calls.get(key)
+    if call is None:
+        call = _calls[key] = _LAUNCH(launcher(MASKED_FWD, version, defines))
+    p = _MaskParams()
+    b = p.base
+    b.q, b.k, b.v, b.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    b.lse = lse.data_ptr() if lse is not None else None
+    if cu_q is None:
+        for name, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", out)):
+            setattr(b, name, _I64x3(*t.stride()[:3]))
+        b.batch, b.heads_q, b.seqlen_q, b.head_dim = q.shape
+        b.heads_kv, b.seqlen_k = k.shape[1], k.shape[2]
+    else:
+        for name, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", out)):
+            setattr(b, name, _I64x3(0, t.stride(1), t.stride(0)))
+        b.batch, b.heads_q, b.heads_kv, b.head_dim = cu_q.shape[0] - 1, q.shape[1], k.shape[1], q.shape[2]
+        b.seqlen_q, b.seqlen_k = max_q, max_k
+        p.cu_seqlens_q, p.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
+        p.total_q, p.total_k = q.shape[0], k.shape[0]
+    b.scale, b.causal, b.dtype = scale, 0, _DTYPE_CODE[q.dtype]
+    p.window_left, p.window_right, p.diag_offset, p.softcap = mask.left, mask.right, offset, mask.softcap
+    p.sinks = sinks.data_ptr() if sinks is not None else None
+    with torch.cuda.device(q.device):
+        rc = call(ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
+    if rc != 0:
+        raise RuntimeError(f"masked attention kernel {version} failed with code {rc} (LAB_E_* < 0, or a cudaError_t)")
+
+
+# ------------------------------------------------------------------ custom ops
+
+@torch.library.custom_op("lab::attention_masked", mutates_args=())
+def _masked_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None, left: int,
+               right: int, offset: int, softcap: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _masked_impl(query, key, value, sinks, left, right, offset, softcap, scale)
+
+
+@_masked_op.register_fake
+def _(query, key, value, sinks, left, right, offset, softcap, scale):
+    return query.new_empty(query.shape), query.new_empty(query.shape[:3], dtype=torch.float32)
+
+
+def _masked_impl(query, key, value, sinks, left, right, offset, softcap, scale, want_lse=True):
+    q, k, v = (_readable(t) for t in (query, key, value))
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if want_lse else None
+    launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, offset, sinks)
+    return out, lse
+
+
+@torch.library.custom_op("lab::attention_varlen", mutates_args=())
+def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: torch.Tensor,
+               cu_seqlens_k: torch.Tensor, sinks: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+               left: int, right: int, softcap: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _varlen_impl(query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, left,
+                        right, softcap, scale)
+
+
+@_varlen_op.register_fake
+def _(query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, left, right, softcap,
+      scale):
+    return query.new_empty(query.shape), query.new_empty((query.shape[1], query.shape[0]), dtype=torch.float32)
+
+
+def _varlen_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, want_lse=True):
+    q, k, v = (_readable(t) for t in (query, key, value))
+    # Rows of no sequence (past cu_seqlens_q[-1]) are never written: zeros, not garbage.
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device) \
+        if want_lse else None
+    launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, 0, sinks, cu_q, cu_k, max_q, max_k)
+    return out, lse
+
+
+def _no_backward(tensors, what: str) -> None:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise NotImplementedError(f"{what}: the backward pass of window_size / softcap / sinks / packed sequences "
+                                  f"has no kernel yet (forward only); call it under torch.no_grad() or use "
+                                  f"FlexAttention for training with these masks")
+
+
+# ------------------------------------------------------------------ public calls
+
+def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, return_lse, causal_variant,
+                     window_size, softcap, sinks):
+    """lab.ops.attention with window_size, softcap or sinks (lab.fwd.op.attention hands such calls here)."""
+    mask = spec.make_mask(is_causal, window_size, softcap)
+    if version not in (None, VERSION):
+        raise ValueError(f"window_size / softcap / sinks run on the masked kernel {VERSION!r} only, got "
+                         f"version={version!r}")
+    if causal_variant not in ("upper_left", "lower_right"):
+        raise ValueError(f"causal_variant must be 'upper_left' or 'lower_right', got {causal_variant!r}")
+    from ..fwd import head_dims
+
+    padded = head_dims.needs_padding(query, value)
+    if not padded:  # the padded path checks its own (value may have its own head dim)
+        _check_qkv(query, key, value, "key", "value")
+    _check_heads(query, key, enable_gqa)
+    if key.shape[2] == 0:
+        raise ValueError("key has sequence length 0: every query row would attend to nothing")
+    spec.check_sinks(sinks, query.shape[1], query.device)
+    _no_backward((query, key, value, sinks), "lab.ops.attention")
+    scale = _scale(scale, query.shape[-1])
+    offset = key.shape[2] - query.shape[2] if causal_variant == "lower_right" else 0
+    if padded:
+        def attend(q, k, v, s):
+            return attention_masked(q, k, v, is_causal, s, enable_gqa, version, True, causal_variant, window_size,
+                                    softcap, sinks)
+        out, lse = head_dims.pad_and_attend(attend, query, key, value, scale)
+        return (out, lse) if return_lse else out
+    args = (query, key, value, sinks, mask.left, mask.right, offset, mask.softcap, scale)
+    if _direct(query, key, value) and (sinks is None or type(sinks) is torch.Tensor):
+        out, lse = _masked_impl(*args, want_lse=return_lse)
+    else:
+        out, lse = _masked_op(*args)
+    return (out, lse) if return_lse else out
+
+
+def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values: bool, max_len: int):
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        raise TypeError(f"{name}.dtype must be torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {tuple(cu.shape)}")
+    if batch is not None and cu.shape[0] != batch + 1:
+        raise ValueError(f"{name} has {cu.shape[0]} entries but cu_seqlens_q has {batch + 1}")
+    if cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but query is on {device}")
+    if check_values and not isinstance(cu, torch._subclasses.fake_tensor.FakeTensor):
+        host = cu.tolist()  # one device-to-host copy: check_cu_seqlens=False skips it
+        if host[0] != 0:
+            raise ValueError(f"{name}[0] must be 0, got {host[0]}")
+        lengths = [b - a for a, b in zip(host, host[1:])]
+        if any(n < 0 for n in lengths):
+            raise ValueError(f"{name} must be non-decreasing, got {host}")
+        if host[-1] > total:
+            raise ValueError(f"{name}[-1] = {host[-1]} exceeds the {total} packed rows")
+        if lengths and max(lengths) > max_len:
+            raise ValueError(f"a sequence of {max(lengths)} rows exceeds max_seqlen ({max_len}) for {name}")
+
+
+def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                     is_causal: bool = False, scale: float | None = None, window_size=None, softcap: float = 0.0,
+                     sinks=None, return_lse: bool = False, check_cu_seqlens: bool = True):
+    """Attention over packed variable-length sequences, FlashAttention's flash_attn_varlen_func.
+
+    query (total_q, H_q, D), key and value (total_k, H_kv, D); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+    of query and cu_seqlens_k[b]:cu_seqlens_k[b+1] of key/value (int32 on query's device). max_seqlen_q/k: host
+    ints bounding every length (the grid is sized from them). Causal and the window are aligned bottom-right per
+    sequence (FlashAttention's rule, lab.masks.spec). GQA when H_q is a multiple of H_kv. return_lse: also
+    (H_q, total_q) float32 natural-log LSE. check_cu_seqlens: check cu_seqlens' values (starts at 0,
+    non-decreasing, within the packed rows and max_seqlen) at the cost of one device-to-host copy; False skips
+    it, and the kernel then clamps every length so no value reads or writes out of bounds.
+    """
+    mask = spec.make_mask(is_causal, window_size, softcap)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total_tokens, H, D), got shape {tuple(t.shape)}")
+    # The 4-D checks of the dense op on (1, H, total, D) views: dtype, device, head dims, strides.
+    _check_qkv(*(t.unsqueeze(0).transpose(1, 2) for t in (query, key, value)), "key", "value")
+    if query.shape[1] % key.shape[1]:
+        raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of key heads ({key.shape[1]})")
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise TypeError(f"{name} must be a non-negative host int, got {n!r}")
+    _check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], query.device, None, check_cu_seqlens, max_seqlen_q)
+    _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], query.device, cu_seqlens_q.shape[0] - 1,
+              check_cu_seqlens, max_seqlen_k)
+    spec.check_sinks(sinks, query.shape[1], query.device)
+    _no_backward((query, key, value, sinks), "lab.ops.attention_varlen")
+    if query.shape[-1] not in FAST_HEAD_DIMS:
+        raise NotImplementedError(f"lab.ops.attention_varlen: head dim {query.shape[-1]} has no kernel "
+                                  f"(kernels at {list(FAST_HEAD_DIMS)}; the dense op pads other head dims)")
+    scale = _scale(scale, query.shape[-1])
+    args = (query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, mask.left,
+            mask.right, mask.softcap, scale)
+    if _direct(query, key, value) and _eager():
+        out, lse = _varlen_impl(*args, want_lse=return_lse)
+    else:
+        out, lse = _varlen_op(*args)
+    return (out, lse) if return_lse else out

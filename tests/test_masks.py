@@ -1,0 +1,207 @@
+"""lab.masks on the CPU: the emulated tiled algorithm (window tiles skipped, softcap in the exp2 step, sinks in the
+normaliser, the varlen scheduler) against the float64 reference with the mask written out; the backward formulas
+against float64 autograd of that reference; a variant that ignores the window must fail; the public calls'
+argument checks under fake CUDA tensors (tests/test_ops.py's way)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from lab import ops
+from lab.masks import emulate, op as mask_op, reference, spec
+
+LENGTHS = [(1, 1), (63, 63), (65, 65), (63, 130), (130, 63), (1, 97)]
+WINDOWS = [((0, 0), False), ((1, 0), False), ((0, -1), True), ((64, 0), False), ((200, -1), True),
+           ((5, 7), False), ((-1, 3), False), ((-1, -1), True)]
+
+
+def _draw(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    same_inf = np.isneginf(a) & np.isneginf(b)
+    return float(np.abs(np.where(same_inf, 0, a - np.where(same_inf, 0, b))).max())
+
+
+@pytest.mark.parametrize("sq,sk", LENGTHS)
+@pytest.mark.parametrize("window,causal", WINDOWS)
+def test_emulation_matches_reference(sq, sk, window, causal):
+    seed = sq * 1000 + sk
+    mask = spec.make_mask(causal, window, 20.0 if sq % 2 else 0.0)
+    q, k, v = _draw(2, 4, sq, 32, seed=seed), _draw(2, 2, sk, 32, seed=seed + 1), _draw(2, 2, sk, 32, seed=seed + 2)
+    sinks = _draw(4, seed=seed + 3) if sk % 2 else None
+    offset = sk - sq
+    ref_out, ref_lse = reference.attend(q, k, v, mask, 0.3, offset, sinks)
+    out, lse = emulate.forward(q.numpy(), k.numpy(), v.numpy(), mask, 0.3, offset,
+                               None if sinks is None else sinks.numpy(), block_m=32, block_n=16)
+    assert _err(out, ref_out) < 2e-5 and _err(lse, ref_lse) < 2e-5
+    assert np.isfinite(out).all()
+    if sinks is None:  # rows that see nothing: O = 0, LSE = -inf in both
+        assert (np.isneginf(lse) == torch.isneginf(ref_lse).numpy()).all()
+
+
+def test_window_edges_written_out():
+    m = spec.make_mask(True, (2, -1), 0.0)
+    seen = spec.visible(torch.arange(5), torch.arange(5), 5, 0, m)
+    assert seen.int().tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 1, 0],
+                                   [0, 0, 1, 1, 1]]
+    # (0, 0): only the diagonal; bottom-right offset 2 moves it two keys right
+    diag = spec.visible(torch.arange(3), torch.arange(5), 5, 2, spec.make_mask(False, (0, 0), 0.0))
+    assert diag.int().tolist() == [[0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1]]
+
+
+def test_window_tiles_are_skipped_and_cost_is_linear():
+    mask = spec.make_mask(True, (256, 0), 0.0)
+
+    def tiles(seqlen):
+        computed = sum(j1 - j0 for m0 in range(0, seqlen, 64)
+                       for j0, j1 in [spec.tile_range(m0, min(m0 + 64, seqlen), seqlen, 0, mask, 64)])
+        return computed, (-(-seqlen // 64)) ** 2
+
+    (c1, all1), (c2, all2), (c4, all4) = tiles(4096), tiles(8192), tiles(16384)
+    assert c4 - c2 == 2 * (c2 - c1)  # linear in S at a fixed window: a constant cost per query block
+    assert c1 <= (4096 // 64) * (256 // 64 + 2) and c4 < all4 / 40
+    stats = {}
+    q = _draw(1, 1, 640, 16, seed=5).numpy()
+    emulate.forward(q, q, q, mask, None, 0, stats=stats)
+    assert stats["skipped"] > 0 and stats["skipped"] + stats["masked"] + stats.get("full", 0) == 10 * 10
+
+
+def test_ignoring_the_window_fails():
+    mask = spec.make_mask(True, (16, 0), 0.0)
+    q, k, v = (_draw(1, 2, 130, 32, seed=s) for s in (7, 8, 9))
+    ref, _ = reference.attend(q, k, v, mask)
+    good, _ = emulate.forward(q.numpy(), k.numpy(), v.numpy(), mask)
+    wrong, _ = emulate.forward(q.numpy(), k.numpy(), v.numpy(), mask, ignore_window=True)
+    assert _err(good, ref) < 1e-5 and _err(wrong, ref) > 1e-2
+
+
+def _packed(lens_q, lens_k, heads_q, heads_kv, d, seed):
+    cu_q = torch.tensor([0] + list(np.cumsum(lens_q)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=torch.int32)
+    q = _draw(int(cu_q[-1]), heads_q, d, seed=seed)
+    k, v = _draw(int(cu_k[-1]), heads_kv, d, seed=seed + 1), _draw(int(cu_k[-1]), heads_kv, d, seed=seed + 2)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("window,causal,cap,sink", [((-1, -1), True, 0.0, False), ((8, 0), False, 0.0, True),
+                                                    ((3, 3), False, 10.0, False), ((-1, -1), False, 0.0, True)])
+def test_varlen_emulation_with_empty_sequences(window, causal, cap, sink):
+    lens_q, lens_k = [5, 0, 70, 1, 33, 0], [5, 3, 64, 0, 40, 0]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, 32, seed=11)
+    mask = spec.make_mask(causal, window, cap)
+    sinks = _draw(4, seed=12) if sink else None
+    ref_out, ref_lse = reference.attend_varlen(q, k, v, cu_q, cu_k, mask, None, sinks)
+    stats = {}
+    out, lse = emulate.forward_varlen(q.numpy(), k.numpy(), v.numpy(), cu_q, cu_k, max(lens_q), mask, None,
+                                      None if sinks is None else sinks.numpy(), block_m=32, block_n=16, stats=stats)
+    assert _err(out, ref_out) < 2e-5 and _err(lse, ref_lse) < 2e-5
+    # no padding: only blocks inside a sequence compute; the rest of the max_seqlen grid returns at once
+    assert stats["ctas"] == 4 * sum(-(-n // 32) for n in lens_q)
+    assert stats["ctas"] + stats["idle_ctas"] == 4 * len(lens_q) * (-(-max(lens_q) // 32))
+
+
+@pytest.mark.parametrize("window,causal,cap,sink,offset", [((9, 0), False, 0.0, True, 0), ((-1, -1), True, 5.0, True, 7),
+                                                           ((4, 6), False, 3.0, False, -5), ((-1, -1), False, 0.0, True, 0)])
+def test_backward_formulas_match_autograd(window, causal, cap, sink, offset):
+    mask = spec.make_mask(causal, window, cap)
+    sq, sk = 40, 40 + offset
+    q, k, v = (_draw(*s, seed=i).requires_grad_() for i, s in enumerate([(2, 4, sq, 16), (2, 2, sk, 16), (2, 2, sk, 16)]))
+    sinks = _draw(4, seed=9).requires_grad_() if sink else None
+    out, lse = reference.attend(q, k, v, mask, 0.4, offset, sinks)
+    dout, dlse = _draw(*out.shape, seed=10), _draw(*lse.shape, seed=11)
+    dlse = torch.where(torch.isfinite(lse), dlse, torch.zeros_like(dlse))
+    inputs = [q, k, v] + ([sinks] if sink else [])
+    grads = torch.autograd.grad((out * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0) * dlse).sum(), inputs)
+    dq, dk, dv, dsinks = emulate.backward(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(),
+                                          out.detach().numpy(), lse.detach().numpy(), dout.numpy(), mask, 0.4, offset,
+                                          None if sinks is None else sinks.detach().numpy(), dlse.numpy(), 16, 16)
+    for got, want in zip((dq, dk, dv), grads[:3]):
+        assert _err(got, want) < 1e-9
+    if sink:
+        assert _err(dsinks, grads[3]) < 1e-9 and np.abs(dsinks).max() > 1e-3
+    # the softcap's derivative is not optional: without it dq is wrong
+    if cap:
+        nocap = emulate.backward(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), out.detach().numpy(),
+                                 lse.detach().numpy(), dout.numpy(), spec.Mask(mask.left, mask.right, 0.0), 0.4,
+                                 offset, None if sinks is None else sinks.detach().numpy(), dlse.numpy())
+        assert _err(nocap[0], grads[0]) > 1e-3
+
+
+# ------------------------------------------------------------------ the public calls' checks
+
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+@pytest.fixture
+def fake():
+    with FakeTensorMode():
+        yield lambda *shape, dtype=F16: torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+def test_masked_attention_checks(fake):
+    q = fake(2, 4, 8, 64)
+    sinks = torch.empty(4, dtype=torch.float32, device="cuda")
+    out, lse = ops.attention(q, q, q, window_size=(3, 0), softcap=5.0, sinks=sinks, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 4, 8)
+    gqa = ops.attention(q, fake(2, 2, 9, 64), fake(2, 2, 9, 64), enable_gqa=True, window_size=(2, 2))
+    assert gqa.shape == q.shape
+    cases = [
+        (lambda: ops.attention(q, q, q, window_size=(-2, 0)), ValueError, r"window_size entries must be >= -1"),
+        (lambda: ops.attention(q, q, q, window_size=4), TypeError, r"window_size must be a pair of ints"),
+        (lambda: ops.attention(q, q, q, window_size=(1.5, 0)), TypeError, r"window_size must be a pair"),
+        (lambda: ops.attention(q, q, q, softcap=-1.0), ValueError, r"softcap must be >= 0"),
+        (lambda: ops.attention(q, q, q, softcap=float("nan")), TypeError, r"softcap must be a finite float"),
+        (lambda: ops.attention(q, q, q, sinks=fake(4, dtype=F16)), TypeError, r"sinks.dtype must be torch.float32"),
+        (lambda: ops.attention(q, q, q, sinks=fake(3, dtype=torch.float32)), ValueError, r"sinks must have shape \(H_q,\) = \(4,\)"),
+        (lambda: ops.attention(q, q, q, sinks=[0.0] * 4), TypeError, r"sinks must be a torch.Tensor"),
+        (lambda: ops.attention(q, fake(2, 2, 8, 64), fake(2, 2, 8, 64), window_size=(1, 1)), ValueError,
+         r"pass enable_gqa=True"),
+        (lambda: ops.attention(q, q, q, window_size=(1, 1), version="v04"), ValueError, r"masked kernel 'v08'"),
+        (lambda: ops.attention(q, q, fake(2, 4, 8, 64, dtype=BF16), window_size=(1, 1)), TypeError, r"value.dtype"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+
+
+def test_masked_backward_is_refused(fake):
+    q = fake(1, 2, 8, 64).requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"backward pass of window_size / softcap / sinks"):
+        ops.attention(q, q, q, window_size=(4, 0))
+
+
+def test_varlen_checks(fake):
+    q, k = fake(20, 4, 64), fake(30, 2, 64)
+    cu = torch.empty(3, dtype=torch.int32, device="cuda")
+    out, lse = ops.attention_varlen(q, k, k, cu, cu, 12, 20, is_causal=True, window_size=(4, 0), return_lse=True)
+    assert out.shape == q.shape and lse.shape == (4, 20)
+    cases = [
+        (lambda: ops.attention_varlen(q, k, k, fake(3, dtype=torch.int64), cu, 12, 20), TypeError, r"cu_seqlens_q.dtype must be torch.int32"),
+        (lambda: ops.attention_varlen(q, k, k, cu, fake(2, dtype=torch.int32), 12, 20), ValueError, r"cu_seqlens_k has 2 entries"),
+        (lambda: ops.attention_varlen(q, k, k, cu, torch.zeros(3, dtype=torch.int32), 12, 20), ValueError,
+         r"cu_seqlens_k is on cpu"),
+        (lambda: ops.attention_varlen(q, k, k, fake(3, 1, dtype=torch.int32), cu, 12, 20), ValueError, r"cu_seqlens_q must be 1-D"),
+        (lambda: ops.attention_varlen(fake(1, 20, 4, 64), k, k, cu, cu, 12, 20), ValueError, r"query must be 3-D"),
+        (lambda: ops.attention_varlen(q, k, k, cu, cu, 12.0, 20), TypeError, r"max_seqlen_q must be a non-negative"),
+        (lambda: ops.attention_varlen(fake(20, 3, 64), k, k, cu, cu, 12, 20), ValueError, r"multiple of key heads"),
+        (lambda: ops.attention_varlen(q, k, k, cu, cu, 12, 20, window_size=(-3, 0)), ValueError, r"window_size"),
+        (lambda: ops.attention_varlen(fake(20, 4, 96), fake(30, 2, 96), fake(30, 2, 96), cu, cu, 12, 20),
+         NotImplementedError, r"head dim 96 has no kernel"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+
+
+@pytest.mark.parametrize("values,message", [([1, 3, 5], r"\[0\] must be 0"), ([0, 5, 3], r"non-decreasing"),
+                                            ([0, 5, 40], r"exceeds the 30 packed rows"),
+                                            ([0, 25, 30], r"25 rows exceeds max_seqlen \(20\)")])
+def test_cu_seqlens_values(values, message):
+    cu = torch.tensor(values, dtype=torch.int32)
+    with pytest.raises(ValueError, match=message):
+        mask_op._check_cu(cu, "cu_seqlens_q", 30, cu.device, None, True, 20)
