@@ -479,7 +479,9 @@ std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tenso
 #endif
   const int64_t padded = q.size(0) * q.size(1) *
                          ((q.size(2) + LAB_BWD_ROW_PAD - 1) / LAB_BWD_ROW_PAD * LAB_BWD_ROW_PAD);
-  at::Tensor work = at::empty({2 * padded + (deterministic ? 0 : padded * q.size(3))}, q.options().dtype(at::kFloat));
+  // dq_accum and, after it, a word per padded row for the tile counters (kernels/common/params.h)
+  at::Tensor work = at::empty({2 * padded + (deterministic ? 0 : padded * (q.size(3) + 1))},
+                              q.options().dtype(at::kFloat));
   p.delta = work.data_ptr<float>();
   p.lse_log2 = p.delta + padded;
   p.dq_accum = deterministic ? nullptr : p.delta + 2 * padded;

@@ -24,6 +24,7 @@ DECODE = {
     "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
     "v02": Kernel("decode/v02_mma.cu", "decode_splitk_v02", (64, 128)),
     "v03": Kernel("decode/v03_paged.cu", "decode_paged_v03", (64, 128)),
+    "v04": Kernel("decode/v04_pagerow.cu", "decode_pagerow_v04", (64, 128)),
 }
 BWD = {
     "v01": Kernel("bwd/v01_mma.cu", "attn_bwd_v01", (64, 128)),
@@ -31,6 +32,7 @@ BWD = {
     "v03": Kernel("bwd/v03_pipe.cu", "attn_bwd_v03", (64, 128), ((9, 0),)),
     "v04": Kernel("bwd/v04_persist.cu", "attn_bwd_v04", (64, 128), ((9, 0),)),
     "v05": Kernel("bwd/v05_stagger.cu", "attn_bwd_v05", (64, 128), ((9, 0),)),
+    "v06": Kernel("bwd/v06_convert.cu", "attn_bwd_v06", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. Hopper runs
@@ -41,7 +43,12 @@ MASKED_FWD = {
 BEST_BWD = ("v01",)
 BEST_BWD_HOPPER = ("v05", "v02", "v01")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
 DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
-PAGED_DECODE = ("v03",)  # decode versions with a block table (paged cache) and the bottom-right causal mask
+PAGED_DECODE = ("v03", "v04")  # decode versions with a block table (paged cache) and the bottom-right causal mask
+# KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
+PAGED_HEADS = {"v04": 8}
+# The paged version lab.ops.decode runs when H_kv allows it (PAGED_HEADS), else v03. v04's rows read whole
+# runs of 8 heads of a page (kernels/decode/v04_pagerow.cu).
+BEST_PAGED = ("v04", "v03")
 SPLIT_RULE = {"v03": "v02"}  # v03's pass 1 is v02's with another address: v02's one-block-per-SM split plan
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
@@ -85,13 +92,23 @@ def default_decode_version(heads_q: int, heads_kv: int, q_len: int) -> str:
     return "v02" if heads_q // heads_kv * q_len >= 2 else "v01"
 
 
+def paged_versions(heads_kv: int) -> tuple:
+    """The paged decode versions that take H_kv KV heads, in lab.ops.decode's order of preference."""
+    return tuple(v for v in BEST_PAGED if heads_kv % PAGED_HEADS.get(v, 1) == 0)
+
+
+def default_paged_version(heads_kv: int) -> str:
+    """What lab.ops.decode runs for a block table (or a causal call) with H_kv KV heads."""
+    return paged_versions(heads_kv)[0]
+
+
 def default_for_row(row: dict) -> str | None:
     """The default version for a record's shape and GPU (what lab.ops would have run), or None when the row
     does not say enough: forward rows need D, Sq, causal and env.capability; decode rows Hq, Hkv, q_len."""
     case = row.get("case") or {}
     try:
         if "page_size" in case:
-            return PAGED_DECODE[0]
+            return default_paged_version(int(case["Hkv"]))
         if "q_len" in case:
             return default_decode_version(int(case["Hq"]), int(case["Hkv"]), int(case["q_len"]))
         if "Sq" in case:

@@ -14,7 +14,7 @@
 //   pair of named barriers per buffer and writer (ready: arrive after the store, sync before the dQ GEMM;
 //   free: arrive after the dQ GEMM, sync before the buffer is written again two steps later) instead of a
 //   full barrier, and nothing pulls the warpgroups back into step. Two dS^T buffers (Cfg kDsBufs = 2).
-// - LAB_V05_STAGGER (2, below): warpgroup 1 starts its first step once warpgroup 0 has finished its first
+// - LAB_V05_STAGGER (2, common/hopper/attn_bwd_stagger.cuh): warpgroup 1 starts its first step once warpgroup 0 has finished its first
 //   softmax, so the two start half a step apart: one's softmax runs under the other's GEMMs.
 // - Registers: the deferred dQ accumulator (32) is live only with dK, dV and the P^T / dS^T fragments (192 in
 //   all), never beside the S^T / dP^T accumulators: no more than v02 holds (v03's early S^T spilled).
@@ -25,7 +25,7 @@
 // waiting on their own GEMMs (warpgroup.depbar, 25 % of the samples) rather than on named barriers (2 %), and
 // counting the bytes explained it: the m64n64 SS GEMMs read ~4 KB of shared memory per 32-clock instruction,
 // about the full shared-memory bandwidth, and the dQ hand-off added 64 KB of a step's ~370 KB. With the dQ
-// partials added straight from the registers (LAB_V05_DQ_RED, below) the kernel takes 2323-2349 us against
+// partials added straight from the registers (LAB_V05_DQ_RED, common/hopper/attn_bwd_stagger.cuh) the kernel takes 2323-2349 us against
 // cuDNN's 2310-2339 at D = 128, S = 4096 (ncu, H100 and H200), from v02's 2496-2519.
 //
 // - D = 64: each warpgroup's dQ reads only its own half of dS^T, so there is no barrier between the two to
@@ -36,24 +36,7 @@
 // mode).
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v05_stagger.cu
-#include "common/hopper/attn_bwd_sm90.cuh"
-
-// 0: no stagger; 1: always; 2: non-causal calls only (first H100 run, D = 128: the stagger gained 2-3 % without a
-// mask and lost 1-1.5 % with the causal one).
-#ifndef LAB_V05_STAGGER
-#define LAB_V05_STAGGER 2
-#endif
-
-// 1: dQ partials added by each thread's red.global.add.v4.f32 straight from the accumulators, in the same
-// accumulator order; 0: through shared memory and the copy engine's bulk reduction (v02's reduce_dq). The red
-// path moves no dQ bytes through shared memory (32 KB stored and 32 KB read per CTA step), which the
-// per-instruction profile (tools/gpu/bwd_source_profile.sh) and the count of shared-memory bytes per step suggest
-// is the bound: the m64n64 SS GEMMs alone need about the full shared-memory bandwidth while they run.
-// Measured (H100, GPU time, in rounds with v02 and the 0 build): +3 to +9 % at D = 128 (0.93-1.02x SDPA-cuDNN's
-// backward), +1 to +6 % at D = 64; the default.
-#ifndef LAB_V05_DQ_RED
-#define LAB_V05_DQ_RED 1
-#endif
+#include "common/hopper/attn_bwd_stagger.cuh"
 
 namespace {
 using namespace lab::sm90;
@@ -62,129 +45,24 @@ using namespace lab::sm90::bwd;
 template <int D>
 using Cfg5 = Cfg<D, 2>;
 
-// Named barriers of the dS^T hand-off (after the shared header's 1..4): per buffer b and writer warpgroup w,
-// "w's half of buffer b is written" and "w may write its half of buffer b again"; and the start stagger.
-constexpr int kBarReady = 5, kBarFree = 9, kBarStagger = 13;
-__device__ __forceinline__ int ready_bar(int buf, int writer) { return kBarReady + 2 * buf + writer; }
-__device__ __forceinline__ int free_bar(int buf, int writer) { return kBarFree + 2 * buf + writer; }
-
-// The dQ partial of step j added into dq_accum by this thread's 16-byte reductions, in reduce_dq's order.
-template <class C>
-__device__ __forceinline__ void red_dq(const float (&dq)[32], int hq, int m0, int b, const AttnBwdParams& p) {
-  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
-  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
-  float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D + (C::kSplitDq ? wg * 64 * 64 : 0);
-#pragma unroll
-  for (int r4 = 0; r4 < 8; ++r4)
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + (r4 * 128 + wt) * 4),
-                 "f"(dq[4 * r4]), "f"(dq[4 * r4 + 1]), "f"(dq[4 * r4 + 2]), "f"(dq[4 * r4 + 3])
-                 : "memory");
-}
-
-// dQ of step j (issued during step j + 1, or after the loop): wait for the other warpgroup's half of dS^T_j,
-// the GEMM over both halves, release the buffer to the other warpgroup (when it writes it again), hand the
-// partial to the copy engine. Every GEMM in flight (this step's dV / dK too) is complete on return.
-template <class C, class T>
-__device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, const AttnBwdParams& p) {
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
-  const uint32_t base = smem_u32(smem);
-  if constexpr (C::kSplitDq) named_barrier_sync(ready_bar(buf, other), 256);
-  float dq[32];
-  wgmma_fence();
-  issue_dq<C, kBf16>(dq, base + C::kOffDs + buf * C::kDsBytes, base + C::kOffK);
-  wgmma_wait<0>();
-  reg_fence(dq);
-  if (C::kSplitDq && j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
-  if constexpr (LAB_V05_DQ_RED)
-    red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
-  else
-    reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
-}
-
-template <class C, class T>
-__global__ void __launch_bounds__(C::kThreads, 1)
-    bwd_dkdv_v05(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                 const AttnBwdParams p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = C::D, BR = C::BR, kStages = C::kStages;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  static_assert(C::kDsBufs == 2, "v05 alternates two dS^T buffers");
-  extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) Bars<kStages> bars;
-  uint8_t* smem = align1024(smem_raw);
-  const uint32_t base = smem_u32(smem);
-  const Work work = cta_work<C>(p);
-  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
-  const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
-
-  // Prologue
-  if (threadIdx.x == 0) init_bars(bars);
-  __syncthreads();
-  if (wg == 2) {
-    setmaxnreg_dec<C::kRegsProducer>();
-    if (wt == 0) produce<C>(&tq, &tk, &tv, &tdo, bars, base, work, p);
-    return;
+// v05's sink: each thread's reductions straight from the accumulators (LAB_V05_DQ_RED), or the copy engine's.
+struct AddPartial {
+  template <class C>
+  __device__ __forceinline__ void add(const float (&dq)[32], uint8_t* smem, const Work& work, int j,
+                                             const AttnBwdParams& p) {
+    if constexpr (LAB_V05_DQ_RED)
+      red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
+    else
+      reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
   }
-  setmaxnreg_inc<C::kRegsConsumer>();
-  const int kw0 = work.n0 + 64 * wg;
-  const uint32_t k_w = base + C::kOffK + wg * 64 * 128, v_w = base + C::kOffV + wg * 64 * 128;
-  const float c = p.scale * kLog2e;
-  float dk[D / 2], dv[D / 2];
-  zero_acc(dk);
-  zero_acc(dv);
-  mbar_wait(smem_u32(&bars.kv), 0);
-
-  // Main loop: step it's S^T, dP^T, P^T, dS^T, dV and dK, then step it - 1's dQ.
-  for (int it = 0; it < work.n_iters; ++it) {
-    const int s = it % kStages, m0 = work.m0(it, BR), buf = it & 1;
-    const uint32_t q_s = base + C::kOffQ + s * C::kQBytes, do_s = base + C::kOffDo + s * C::kQBytes;
-    const float* rows = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);
-    mbar_wait(smem_u32(&bars.full[s]), (it / kStages) & 1);
-    if (stagger && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
-
-    float sacc[32], dpacc[32];
-    wgmma_fence();
-    issue_s_dp<C, kBf16>(sacc, dpacc, k_w, v_w, q_s, do_s);
-    wgmma_wait<0>();
-    reg_fence(sacc);
-    reg_fence(dpacc);
-    p_ds_step<C>(sacc, dpacc, rows, c, kw0, m0, p);
-    if (stagger && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
-
-    uint32_t pa[BR / 16][4], dsa[BR / 16][4];
-    pack_p<BR, T>(sacc, pa);
-    pack_p<BR, T>(dpacc, dsa);
-    wgmma_fence();
-    issue_dv_dk<C, kBf16>(dv, dk, pa, dsa, q_s, do_s);
-
-    if (C::kSplitDq && it >= 2) named_barrier_sync(free_bar(buf, wg), 256);  // the other has read dS^T_{it-2}
-    store_ds<C>(smem + C::kOffDs + buf * C::kDsBytes, dsa);
-    if constexpr (C::kSplitDq) named_barrier_arrive(ready_bar(buf, wg), 256);
-    if (it >= 1) {
-      dq_step<C, T>(smem, work, it - 1, p);  // its bulk hand-off's barrier also orders this step's own stores
-      if constexpr (LAB_V05_DQ_RED) named_barrier_sync(kBarWg + wg, 128);  // (no hand-off barrier: order them)
-    } else {
-      wgmma_wait<0>();
-      named_barrier_sync(kBarWg + wg, 128);  // this warpgroup's half of dS^T_0, before its dQ GEMM reads it
-    }
-    reg_fence(dk);
-    reg_fence(dv);
-    mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of Q_i, dO_i and the rows are over
-  }
-  if (work.n_iters > 0) dq_step<C, T>(smem, work, work.n_iters - 1, p);
-  if (wt == 0) bulk_wait<0>();
-
-  // Epilogue
-  store_dk_dv<C, T>(dk, dv, kw0, work, p);
-#endif
-}
+  template <class C>
+  __device__ __forceinline__ void finish(const Work&, const AttnBwdParams&) {}
+};
 
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    return launch<Cfg5<D>, T, bwd_dkdv_v05<Cfg5<D>, T>>(p, st, dev);
+    return launch<Cfg5<D>, T, bwd_dkdv_stagger<Cfg5<D>, T, AddPartial>>(p, st, dev);
   }
 };
 

@@ -96,9 +96,10 @@ typedef struct DecodeParams {
 // over the query heads of a GQA group). Causal, GQA and scale as in AttnFwdParams.
 // Workspaces (float32, allocated by the caller): delta and lse_log2 hold LAB_BWD_ROW_PAD-padded rows
 // [B, Hq, round_up(Sq, LAB_BWD_ROW_PAD)]; dq_accum holds as many rows times D ([B, Hq, padded Sq, D]) and is
-// needed only when deterministic == 0 (dQ by fp32 atomics or bulk reductions, then a convert pass). Each
-// version orders dq_accum its own way: v01 (B, Hq, Sq, D) in its first rows, v02 64-row blocks in wgmma
-// accumulator order (bwd/v02_wgmma.cu).
+// needed only when deterministic == 0 (dQ by fp32 atomics or bulk reductions, then a convert pass), followed
+// by one more 4-byte word per padded row (B * Hq * padded Sq: the tile counters of a version that converts dQ
+// in its own kernel, bwd/v06). Each version orders dq_accum its own way: v01 (B, Hq, Sq, D) in its first rows,
+// v02 64-row blocks in wgmma accumulator order (bwd/v02_wgmma.cu).
 #define LAB_BWD_ROW_PAD 64
 typedef struct AttnBwdParams {
   const void* q;

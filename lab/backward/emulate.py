@@ -23,10 +23,9 @@ import numpy as np
 from ..emulate import LOG2E, _expand_kv, _resolve_scale, _shapes, _visible, attention_reference
 
 
-def backward_reference(q, k, v, dout, is_causal=False, scale=None):
-    """float64 (dq, dk, dv) of attention_reference; dk/dv have the KV heads' shape (GQA summed)."""
-    batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim = _shapes(q, k, v)
-    scale = _resolve_scale(scale, head_dim)
+def reference_ds(q, k, v, dout, is_causal, scale):
+    """float64 (P, dS, K and V expanded to the query heads) of softmax(scale Q K^T) V, (B, Hq, Sq, Sk) each."""
+    heads_q, seqlen_q, seqlen_k = q.shape[1], q.shape[2], k.shape[2]
     q64, do64 = np.asarray(q, np.float64), np.asarray(dout, np.float64)
     k64 = _expand_kv(np.asarray(k, np.float64), heads_q)
     v64 = _expand_kv(np.asarray(v, np.float64), heads_q)
@@ -34,9 +33,17 @@ def backward_reference(q, k, v, dout, is_causal=False, scale=None):
     s = np.where(_visible(np.arange(seqlen_q), np.arange(seqlen_k), is_causal), s, -np.inf)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
-    dv = p.swapaxes(-1, -2) @ do64
     dp = do64 @ v64.swapaxes(-1, -2)
-    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    return p, p * (dp - (dp * p).sum(axis=-1, keepdims=True)), k64, v64
+
+
+def backward_reference(q, k, v, dout, is_causal=False, scale=None):
+    """float64 (dq, dk, dv) of attention_reference; dk/dv have the KV heads' shape (GQA summed)."""
+    batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim = _shapes(q, k, v)
+    scale = _resolve_scale(scale, head_dim)
+    p, ds, k64, _ = reference_ds(q, k, v, dout, is_causal, scale)
+    q64, do64 = np.asarray(q, np.float64), np.asarray(dout, np.float64)
+    dv = p.swapaxes(-1, -2) @ do64
     dq = scale * ds @ k64
     dk = scale * ds.swapaxes(-1, -2) @ q64
     group = heads_q // heads_kv

@@ -122,7 +122,7 @@ static bool run_one(const Cfg& c, int deterministic, std::mt19937& rng, bool ver
   CK(cudaMalloc(&gq, nq * 2)); CK(cudaMalloc(&gdo, nq * 2)); CK(cudaMalloc(&go, nq * 2)); CK(cudaMalloc(&gdq, nq * 2));
   CK(cudaMalloc(&gk, nk * 2)); CK(cudaMalloc(&gv, nk * 2)); CK(cudaMalloc(&gdk, nk * 2)); CK(cudaMalloc(&gdv, nk * 2));
   CK(cudaMalloc(&glse, lse.size() * 4 + 16));
-  CK(cudaMalloc(&gwork, (2 * padded + padded * c.D) * 4));  // dq_accum: padded rows
+  CK(cudaMalloc(&gwork, (2 * padded + padded * (c.D + 1)) * 4));  // dq_accum: padded rows
   CK(cudaMemcpy(gq, q.data(), nq * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(gdo, dout.data(), nq * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(go, o.data(), nq * 2, cudaMemcpyHostToDevice));
@@ -130,7 +130,7 @@ static bool run_one(const Cfg& c, int deterministic, std::mt19937& rng, bool ver
   CK(cudaMemcpy(gv, v.data(), nk * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(glse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(gdq, 0xFF, nq * 2)); CK(cudaMemset(gdk, 0xFF, nk * 2)); CK(cudaMemset(gdv, 0xFF, nk * 2));
-  CK(cudaMemset(gwork, 0xFF, (2 * padded + padded * c.D) * 4));
+  CK(cudaMemset(gwork, 0xFF, (2 * padded + padded * (c.D + 1)) * 4));
 
   AttnBwdParams prm{};
   prm.q = gq; prm.k = gk; prm.v = gv; prm.o = go; prm.dout = gdo; prm.lse = glse;

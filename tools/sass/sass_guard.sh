@@ -2,7 +2,8 @@
 # SASS guard for refactors that must not change a kernel: compiles each kernel at a base revision and in
 # the working tree, for sm_80 and sm_90a, and compares the machine code. Verdicts per kernel and arch:
 #   (kernel names are not compared: a template argument with its default value renames a kernel)
-#   identical SASS        - the refactor cannot change speed or results (the strongest guard, no GPU needed)
+#   identical SASS        - the refactor cannot change speed or results (the strongest guard, no GPU needed);
+#                           also per kernel when only the kernels' order in the cubin moved
 #   same opcode sequence  - only register numbers differ
 #   DIFFERENT             - the opcode histogram diff follows; the change needs the GPU guard (±2 %, tools/gpu/guard_ab.sh)
 # Usage: tools/sass/sass_guard.sh BASE_REV kernels/fwd/v04_lazy.cu [more.cu ...]
@@ -15,6 +16,7 @@ root=$(git rev-parse --show-toplevel)
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 git -C "$root" archive "$base" kernels | tar -x -C "$work"
 norm() { sed -E 's/Function : .*/Function/; s@/\*[^*]*\*/@@g; s/[[:space:]]+/ /g; s/^ //; s/ $//' "$1" | grep -v '^$' | grep -v '^\.'; }
+blocks() { norm "$1" | awk '/^Function/ { if (b != "") print b; b = ""; next } { b = b " ; " $0 } END { if (b != "") print b }' | sort; }
 ops() { norm "$1" | sed -E '/Function/!{s/^(@!?U?P[0-9T]+ )?([A-Z0-9_.]+).*/\1\2/; s/^@!?U?P[0-9T]+ /@P /}'; }
 sass() {  # sass KERNELS_DIR FILE ARCH OUT
   nvcc -std=c++17 -O3 -I "$1" -gencode=arch=compute_${3#sm_},code=$3 -cubin "$1/${2#kernels/}" -o "$4.cubin"
@@ -28,6 +30,7 @@ for f in "$@"; do
     sass "$root/kernels" "$f" $arch "$work/$n.after"
     b=$work/$n.before; a=$work/$n.after
     if cmp -s <(norm "$b") <(norm "$a"); then echo "$f $arch: identical SASS ($(ops "$a" | grep -vc Function) instructions)"
+    elif cmp -s <(blocks "$b") <(blocks "$a"); then echo "$f $arch: identical SASS per kernel, kernels in another order in the cubin"
     elif cmp -s <(ops "$b") <(ops "$a"); then echo "$f $arch: same opcode sequence, registers renamed"
     else
       echo "$f $arch: DIFFERENT, $(ops "$b" | grep -vc Function) -> $(ops "$a" | grep -vc Function) instructions; opcode counts before | after:"

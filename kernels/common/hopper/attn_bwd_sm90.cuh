@@ -379,7 +379,9 @@ using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, At
 // The four launches of a call: pre-pass, dq_accum zeroed, the dK/dV kernel kKernel, the dQ convert pass.
 // kMaxCtas > 0: kKernel loops over the tiles itself (persistent), so its grid is at most one CTA per SM and at
 // most kMaxCtas (a small cap makes small test problems run several tiles per CTA); 0: one CTA per tile.
-template <class C, class T, auto kKernel, int kMaxCtas = 0>
+// kInKernelConvert: kKernel writes dQ itself (its tile counters, which follow dq_accum, are zeroed with it), so
+// the convert pass runs only when there is no key block to do it.
+template <class C, class T, auto kKernel, int kMaxCtas = 0, bool kInKernelConvert = false>
 int launch(const AttnBwdParams& p, cudaStream_t st, int dev) {
   constexpr int D = C::D;
   const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -391,7 +393,8 @@ int launch(const AttnBwdParams& p, cudaStream_t st, int dev) {
   }
   const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
   const size_t accum = (size_t)p.batch * p.heads_q * sq_pad * D;
-  if (accum > 0 && (err = cudaMemsetAsync(p.dq_accum, 0, accum * sizeof(float), st)) != cudaSuccess) return err;
+  const size_t cleared = accum + (kInKernelConvert ? (size_t)p.batch * p.heads_q * sq_pad : 0);
+  if (accum > 0 && (err = cudaMemsetAsync(p.dq_accum, 0, cleared * sizeof(float), st)) != cudaSuccess) return err;
   CUtensorMap tq, tk, tv, tdo;
   const int Sq = p.seqlen_q > 0 ? p.seqlen_q : 1;  // S_q = 0: the maps are never read, but must be legal
   if (!make_bhsd_map(&tq, p.q, bf16, D, Sq, p.heads_q, p.batch, p.q_stride, C::BR) ||
@@ -412,7 +415,7 @@ int launch(const AttnBwdParams& p, cudaStream_t st, int dev) {
     ctas = blocks < cap ? blocks : cap;
   }
   kKernel<<<(unsigned)ctas, C::kThreads, C::kSmem, st>>>(tq, tk, tv, tdo, p);
-  if ((err = cudaGetLastError()) != cudaSuccess || accum == 0) return err;
+  if ((err = cudaGetLastError()) != cudaSuccess || accum == 0 || (kInKernelConvert && blocks > 0)) return err;
   const int64_t quads = (int64_t)accum / 4, grid = (quads + 255) / 256;
   convert_dq<C, T><<<(unsigned)(grid < 65536 ? grid : 65536), 256, 0, st>>>(p);
   return cudaGetLastError();
