@@ -189,30 +189,36 @@ PAGE_SIZES = (16, 64, 256)
 
 
 def paged_tests_cases() -> list[PagedCase]:
-    """The paged decode's checks: page sizes 16/64/256, GQA 1/4/8, q_len 1/3/8, causal and not, ragged lengths
-    including 0 and 1 (and fewer keys than new tokens), fp16 and bf16, D 64 and 128."""
+    """The paged decode's checks: page sizes 16/64/256, GQA 1/4/8 (H_kv 8 and 2: decode v04 and v03), q_len
+    1/3/8, causal and not, ragged lengths including 0 and 1 (and fewer keys than new tokens), fp16 and bf16, D 64
+    and 128."""
     lens = (0, 1, 5, 63, 65, 1025, 4097)
     cases = []
     for i, (page, (Hq, Hkv), q_len, causal) in enumerate(
-            (p, g, t, c) for p in PAGE_SIZES for g in ((8, 8), (8, 2), (16, 2)) for t in (1, 3, 8) for c in (False, True)):
+            (p, g, t, c) for p in PAGE_SIZES for g in ((8, 8), (8, 2), (16, 2), (32, 8)) for t in (1, 3, 8)
+            for c in (False, True)):
         dtype, D = ("bfloat16", 128) if i % 2 == 0 else ("float16", 64)
         name = f"pt-p{page}-{Hq}x{Hkv}-q{q_len}{'-c' if causal else ''}-d{D}-{dtype[:2]}"
         cases.append(PagedCase(name, len(lens), Hq, Hkv, q_len, max(lens), D, dtype, lens, page, causal))
     return cases
 
 
-def bench_paged_cases(dtype: str = "bfloat16", page_sizes=PAGE_SIZES, batches=(1, 8, 32), kv_lens=(4096, 16384, 32768),
+# (batch, length) of the paged race: a serving engine's shapes from many short sequences to one long one,
+# 0.27-1.07 GB of K and V (bf16, Hkv 8, D 128)
+PAGED_CELLS = ((64, 1024), (32, 4096), (8, 16384), (1, 131072), (128, 2048))
+
+
+def bench_paged_cases(dtype: str = "bfloat16", page_sizes=PAGE_SIZES, cells=PAGED_CELLS,
                       max_kv_bytes: int = DECODE_MAX_KV_BYTES) -> list[PagedCase]:
-    """The race of chapter n11: Hq 32 over Hkv 8, D 128, q_len 1, batch x length for each page size; plus
-    speculative decoding (q_len 4, causal) at page 64, batch 8."""
+    """The race of chapter n11: Hq 32 over Hkv 8, D 128, q_len 1, each (batch, length) cell for each page size;
+    plus speculative decoding (q_len 4, causal) at page 64, batch 8, 4k and 16k keys."""
     cases = []
     for page in page_sizes:
-        for B in batches:
-            for L in kv_lens:
-                case = PagedCase(f"pg-p{page}-b{B}-kv{L}", B, 32, 8, 1, L, 128, dtype, (), page)
-                if 2 * B * case.Hkv * L * case.D * 2 <= max_kv_bytes:
-                    cases.append(case)
-    for L in kv_lens:
+        for B, L in cells:
+            case = PagedCase(f"pg-p{page}-b{B}-kv{L}", B, 32, 8, 1, L, 128, dtype, (), page)
+            if 2 * B * case.Hkv * L * case.D * 2 <= max_kv_bytes:
+                cases.append(case)
+    for L in (4096, 16384):
         cases.append(PagedCase(f"pg-p64-b8-kv{L}-q4c", 8, 32, 8, 4, L, 128, dtype, (), 64, True))
     return cases
 

@@ -130,3 +130,28 @@ def test_lengths_are_clamped_like_the_kernel():
     assert lengths == [64, 64] and errors == [0, 0]  # None: the table's capacity
     out, *_ = ep.emulate_paged_decode(q, kp, vp, table, None, 2, 1 / math.sqrt(16), False)
     np.testing.assert_allclose(out, _direct(q, k, v, [64, 64], 0.25, False), atol=1e-12)
+
+
+@pytest.mark.parametrize("page_size", [16, 48, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_pagerow_algorithm(page_size, causal):
+    """decode v04's algorithm: 16-key tiles (one page id each: a 16-key tile never crosses a page, even at page 48)
+    and its own split plan (blocks of 8 KV heads, splits of >= 256 keys, one wave), emulated against the direct
+    softmax; its plan over the n11 cells on a 132-SM GPU, each within a wave."""
+    q, k, v, rng = _inputs(page_size + causal, 3, 32, 8, 3, 1100)
+    kp, vp, table = ep.page_cache(k, v, page_size, rng, spare_pages=1)
+    capacity = table.shape[1] * page_size
+    lengths = [1100, 0, 517]
+    assert all(begin % splits.BLOCK_N_V04 == 0 for begin, _ in splits.split_bounds(capacity, 7, splits.BLOCK_N_V04))
+    assert all((begin + 16 * t) // page_size == (begin + 16 * t + 15) // page_size  # one page per tile
+               for begin, _ in splits.split_bounds(capacity, 7, splits.BLOCK_N_V04) for t in range(8))
+    ref = _direct(q, k, v, lengths, 0.2, causal)
+    for num_splits in (1, 7, splits.choose_num_splits_v04(3, 8, capacity, 132)):
+        out, _, errors, _ = ep.emulate_paged_decode(q, kp, vp, table, lengths, num_splits, 0.2, causal,
+                                                    block_n=splits.BLOCK_N_V04)
+        np.testing.assert_allclose(out, ref, atol=1e-12)
+        assert errors == [0, 0, 0]
+    plan = {(B, L): splits.choose_num_splits_v04(B, 8, L, 132) for B, L in
+            ((64, 1024), (32, 4096), (8, 16384), (1, 131072), (128, 2048))}
+    assert plan == {(64, 1024): 2, (32, 4096): 4, (8, 16384): 16, (1, 131072): 127, (128, 2048): 1}
+    assert all(B * s <= 132 or s == 1 for (B, _), s in plan.items())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab import cases, check, ops
+from lab import cases, check, ops, registry
 from lab.decode import emulate_paged, paged
 from lab.cases import PagedCase
 
@@ -23,17 +23,24 @@ def _isolated_records(session_dir):
     return session_dir
 
 
-@pytest.mark.parametrize("case", cases.paged_tests_cases(), ids=lambda c: c.name)
-def test_paged_case(case):
-    result = paged.check_paged(case, save=False)
+# Every paged version in the registry, on the cases whose H_kv it takes (lab.registry.paged_versions).
+VERSIONED = [(v, c) for c in cases.paged_tests_cases() for v in registry.paged_versions(c.Hkv)]
+
+
+@pytest.mark.parametrize("version,case", VERSIONED, ids=lambda x: x if isinstance(x, str) else x.name)
+def test_paged_case(version, case):
+    result = paged.check_paged(case, save=False, version=version)
     assert result.passed, repr(result)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, 64, ops.MAX_NUM_SPLITS])
 @pytest.mark.parametrize("page_size", [16, 48, 256])
-def test_paged_split_counts(num_splits, page_size):
-    case = PagedCase(f"pg-splits-p{page_size}", 4, 8, 2, 4, 4097, 128, "bfloat16", (0, 1, 63, 4097), page_size, True)
-    result = paged.check_paged(case, num_splits=num_splits, save=False)
+@pytest.mark.parametrize("version", registry.PAGED_DECODE)
+def test_paged_split_counts(num_splits, page_size, version):
+    heads_kv = registry.PAGED_HEADS.get(version, 2)
+    case = PagedCase(f"pg-splits-p{page_size}", 4, 4 * heads_kv, heads_kv, 4, 4097, 128, "bfloat16", (0, 1, 63, 4097),
+                     page_size, True)
+    result = paged.check_paged(case, num_splits=num_splits, save=False, version=version)
     assert result.passed, (num_splits, repr(result))
 
 
@@ -48,8 +55,9 @@ def test_contiguous_causal(q_len):
     assert metrics["passed"], metrics
 
 
-def _bad_table_inputs(seed=0):
-    case = PagedCase("pg-bad", 6, 8, 2, 3, 512, 128, "bfloat16", (512, 512, 100, 40, 513, 512), 16, True)
+def _bad_table_inputs(seed=0, heads_kv=2):
+    case = PagedCase("pg-bad", 6, 4 * heads_kv, heads_kv, 3, 512, 128, "bfloat16", (512, 512, 100, 40, 513, 512), 16,
+                     True)
     a = paged.paged_inputs(case, torch.Generator().manual_seed(seed), "cuda")
     table = a["table"].clone()
     num_pages = a["k_pages"].shape[0]
@@ -61,11 +69,12 @@ def _bad_table_inputs(seed=0):
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_out_of_range_tables_zero_the_rows_and_flag_them(num_splits):
-    case, a, table = _bad_table_inputs()
+@pytest.mark.parametrize("version", registry.PAGED_DECODE)
+def test_out_of_range_tables_zero_the_rows_and_flag_them(num_splits, version):
+    case, a, table = _bad_table_inputs(heads_kv=registry.PAGED_HEADS.get(version, 2))
     flags = torch.full((case.B,), -1, dtype=torch.int32, device="cuda")
     out = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], None, num_splits, block_table=table,
-                     is_causal=True, page_errors=flags)
+                     is_causal=True, page_errors=flags, version=version)
     E, S = emulate_paged.PAGE_E_INDEX, emulate_paged.PAGE_E_SHORT
     assert flags.tolist() == [0, E, E, 0, S, 0]
     assert (out[[1, 2, 4]] == 0).all() and torch.isfinite(out).all()
@@ -94,11 +103,12 @@ def test_cuda_graph_replays_with_new_lengths_and_tables(case):
     assert row["passed"], row["replays"]
 
 
-def test_a_kernel_that_ignores_the_table_fails():
+@pytest.mark.parametrize("version", registry.PAGED_DECODE)
+def test_a_kernel_that_ignores_the_table_fails(version):
     """The self-test: LAB_PAGED_BUG_IDENTITY reads slot i as page i; on a shuffled table it must fail."""
-    case = cases.paged_tests_cases()[2]
-    assert not paged.check_paged(case, defines={"LAB_PAGED_BUG_IDENTITY": None}, save=False).passed
-    assert paged.check_paged(case, save=False).passed
+    case = cases.paged_tests_cases()[2]  # H_kv 8: every paged version takes it
+    assert not paged.check_paged(case, defines={"LAB_PAGED_BUG_IDENTITY": None}, save=False, version=version).passed
+    assert paged.check_paged(case, save=False, version=version).passed
 
 
 def test_direct_binding_checks():

@@ -31,7 +31,7 @@ def _paged(fake, B=3, Hq=8, Hkv=2, q_len=4, num_pages=40, page_size=64, max_page
 
 
 def test_registry_and_op():
-    assert ops.DECODE["v03"].source == "decode/v03_paged.cu" and ops.PAGED_DECODE == ("v03",)
+    assert ops.DECODE["v03"].source == "decode/v03_paged.cu" and ops.PAGED_DECODE == ("v03", "v04")
     assert "lab::decode_paged" in str(torch.ops.lab.decode_paged.default._schema)
 
 
@@ -173,3 +173,22 @@ def test_expanded_or_transposed_tables_are_copied():
     transposed = torch.zeros(10, 3, dtype=torch.int32).t()
     assert decode_op._kernel_table(transposed).stride() == (10, 1)
     assert decode_op._kernel_table(table[:, :4]) .stride() == (10, 1)  # a column slice is read in place
+
+
+def test_paged_routing_by_kv_heads(fake, monkeypatch):
+    """H_kv a multiple of 8 runs the registry's first paged choice (BEST_PAGED), H_kv 2 runs v03; naming v04 for
+    H_kv 2 is a ValueError that says why; v04's split plan is its own rule (blocks of 8 heads)."""
+    from lab import registry
+
+    calls = []
+    real = decode_op._v03_op
+    monkeypatch.setattr(decode_op, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
+    decode_op._decode_plans.clear()
+    q, kc, vc, table = _paged(fake, Hq=32, Hkv=8)
+    ops.decode(q, kc, vc, block_table=table)
+    q2, kc2, vc2, table2 = _paged(fake)
+    ops.decode(q2, kc2, vc2, block_table=table2)
+    assert calls == [registry.default_paged_version(8), "v03"]
+    with pytest.raises(ValueError, match=r"'v04' needs H_kv to be a multiple of 8, got 2"):
+        ops.decode(q2, kc2, vc2, block_table=table2, version="v04")
+    decode_op._decode_plans.clear()

@@ -104,6 +104,59 @@ struct PageCursor {
 };
 // [/lab:page-cursor]
 
+// The block's walk over 16-key tiles (decode v04): a tile starts on a multiple of 16 keys and page_size is a
+// multiple of 16, so a tile lies in one page and has one page id, the same for every thread of the block. The
+// walk holds that id for the tile being issued and moves on with no division; a new id is read from the table
+// only when the walk enters a new page (every tile at page 16, every 16th at page 256), one tile ahead of its
+// use, so its load latency hides under the tile in between.
+// [lab:page-walk] one page id per 16-key tile, read when the page changes, one tile ahead
+struct PageWalk {
+  const int32_t* table;  // this sequence's row of block_table
+  int page_size;
+  unsigned num_pages;
+  int slot, row;  // the next tile to issue: table slot and first row in its page
+  int page;       // its page id (-1 past the split's keys)
+
+  // first_key: the split's first key, a multiple of 16; keys: the split's keys. The block's only division.
+  __host__ __device__ __forceinline__ void start(const int32_t* table_row, int ps, int np, int first_key, int keys) {
+    table = table_row;
+    page_size = ps;
+    num_pages = static_cast<unsigned>(np);
+    slot = first_key / ps;
+    row = first_key - slot * ps;
+    page = keys > 0 ? read(slot) : -1;
+  }
+
+  __host__ __device__ __forceinline__ int32_t read(int s) const {
+#ifdef LAB_PAGED_BUG_IDENTITY  // the self-test's wrong kernel: slot i read as page i, the table ignored
+    return s;
+#else
+    return table_entry(table + s);
+#endif
+  }
+
+  // Element offset of the tile's first row in a cache with (page, row) strides; false for a bad page id or
+  // a tile past the end (the caller zero-fills; the offset is then 0 and never read).
+  __host__ __device__ __forceinline__ bool offset(int64_t page_stride, int64_t row_stride, int64_t* off) const {
+    const bool ok = static_cast<unsigned>(page) < num_pages;
+    *off = ok ? static_cast<int64_t>(page) * page_stride + static_cast<int64_t>(row) * row_stride : 0;
+    return ok;
+  }
+
+  // To the next tile; keys_left: the split's keys from that tile on.
+  __host__ __device__ __forceinline__ void advance(int keys_left) {
+    row += 16;
+    if (row == page_size) {
+      row = 0;
+      ++slot;
+      page = keys_left > 0 ? read(slot) : -1;
+    } else if (keys_left <= 0) {
+      page = -1;
+    }
+  }
+};
+// [/lab:page-walk]
+
 // The page-table check of one sequence, by the whole block: true when a page id among its first
 // n_pages slots is outside [0, num_pages). Every block of the sequence runs it, so all of them agree to
 // zero the sequence without talking to each other (no workspace to clear between graph replays).
@@ -113,6 +166,19 @@ __device__ __forceinline__ bool bad_pages(const int32_t* table_row, int n_pages,
   for (int i = threadIdx.x; i < n_pages; i += kThreads)
     bad |= static_cast<unsigned>(__ldg(table_row + i)) >= static_cast<unsigned>(num_pages);
   return __syncthreads_or(bad) != 0;
+}
+
+// The paged fields of a call with a block table (decode v04; v03 keeps its own copy): LAB_E_WORKSPACE without
+// page_errors, LAB_E_SHAPE for a page size that is not a positive multiple of 16 or a table whose capacity is
+// not seqlen_cache; 0 otherwise, and for a call with no table.
+inline int check_paged_params(const DecodeParams* p) {
+  if (p->block_table == nullptr) return 0;
+  if (p->page_errors == nullptr) return LAB_E_WORKSPACE;
+  if (p->page_size <= 0 || p->page_size % 16 != 0 || p->num_pages < 0 || p->max_pages < 0 ||
+      p->block_table_stride < p->max_pages ||
+      static_cast<int64_t>(p->max_pages) * p->page_size != p->seqlen_cache)
+    return LAB_E_SHAPE;
+  return 0;
 }
 
 // Bottom-right causal limit of query token tok (0-based of q_len) in a sequence of len keys: it sees keys

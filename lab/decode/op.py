@@ -11,7 +11,7 @@ from .. import build
 from ..kernels import launcher
 from ..kernels import resolve_version as _version
 from ..op_common import PAGED_LAYOUT, _check_heads, _check_qkv, _check_tensor, _direct, _scale, sm_count
-from ..registry import DECODE, PAGED_DECODE, SPLIT_RULE, default_decode_version
+from ..registry import DECODE, PAGED_DECODE, PAGED_HEADS, SPLIT_RULE, default_decode_version, paged_versions
 
 MAX_DECODE_Q_LEN = 16
 
@@ -200,7 +200,11 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits) -> tuple
         if version is not None and _version(version, DECODE, query.shape[-1], ()) not in PAGED_DECODE:
             raise ValueError(f"decode version {version!r} has no block table or causal mask; use one of "
                              f"{list(PAGED_DECODE)} or version=None")
-        name = _version(version, DECODE, query.shape[-1], PAGED_DECODE)
+        takes = paged_versions(heads_kv)
+        if version is not None and _version(version, DECODE, query.shape[-1], ()) not in takes:
+            raise ValueError(f"decode version {version!r} needs H_kv to be a multiple of {PAGED_HEADS[version]}, got "
+                             f"{heads_kv}; use one of {list(takes)} or version=None")
+        name = _version(version, DECODE, query.shape[-1], takes)
         plan = _remember(key, name, _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device,
                                                 SPLIT_RULE.get(name, name)))
     return plan

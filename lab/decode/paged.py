@@ -105,12 +105,13 @@ def paged_inputs(case: PagedCase, generator, device, magnitude: float = 1.0):
 
 def check_paged(case: PagedCase, impl: str = PUBLIC_DECODE, num_splits=None, trials: int = 3, seed: int = 0,
                 device=None, peaked: bool = True, scale: float | None = None, save: bool = True,
-                defines: dict | None = None) -> CheckResult:
+                defines: dict | None = None, version: str | None = None) -> CheckResult:
     """lab.ops.decode(q, k_pages, v_pages, cache_seqlens, block_table=..., is_causal=case.causal) against the
     float64 reference on the contiguous cache, judged by SDPA's error (lab.check's rule). The op allocates its
     output, so the allocator's free blocks of that size are NaN-poisoned first (lab.check's backward rule);
     page_errors starts at -1 and must come back 0. defines: build decode v03 with them and call the binding
-    directly (the self-test's wrong kernel, LAB_PAGED_BUG_IDENTITY, which ignores the table)."""
+    directly (the self-test's wrong kernel, LAB_PAGED_BUG_IDENTITY, which ignores the table). version: a paged
+    version by name (None: lab.ops.decode's choice; with defines, v03)."""
     from .. import build, op_common, ops
 
     device = device or check.resolve_device()
@@ -122,10 +123,10 @@ def check_paged(case: PagedCase, impl: str = PUBLIC_DECODE, num_splits=None, tri
         check._poison_allocator(a["q"])
         if defines is None:
             out = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], scale, num_splits,
-                             block_table=a["table"], is_causal=case.causal, page_errors=flags)
+                             block_table=a["table"], is_causal=case.causal, page_errors=flags, version=version)
         else:
             out = build.binding().decode_paged_call(
-                ops.launcher(ops.DECODE, "v03", defines), a["q"], a["k_pages"], a["v_pages"], a["seqlens"], a["table"],
+                ops.launcher(ops.DECODE, version or "v03", defines), a["q"], a["k_pages"], a["v_pages"], a["seqlens"], a["table"],
                 flags, op_common._scale(scale, case.D), num_splits or 1, case.causal)[0]
         if bool(flags.any()):
             out = torch.full_like(out, float("nan"))  # a false (or unwritten) flag fails the check

@@ -131,6 +131,34 @@ def choose_num_splits_v02(batch: int, heads_kv: int, seqlen_k: int, num_sms: int
     return choose_num_splits(batch, heads_kv, seqlen_k, num_sms, blocks_per_sm=BLOCKS_PER_SM_V02)
 
 
+BLOCK_N_V04 = 16  # decode v04's key tile (kernels/decode/v04_pagerow.cu kTileKeys): one page id per tile
+HEADS_V04 = 8  # KV heads of one v04 block
+MIN_CHUNK_V04 = 256  # 16 tiles: the ring's prologue (2 tiles in flight) stays a small share of a split
+
+
+def choose_num_splits_v04(batch: int, heads_kv: int, seqlen_k: int, num_sms: int) -> int:
+    """Split count for decode v04, whose block reads 8 KV heads: choose_num_splits over batch x H_kv / 8 blocks
+    with one block per SM (204 KiB of shared memory at D 128), 16-key tiles, splits of at least 256 keys, at
+    most MAX_SPLITS, and one wave (a second wave's blocks would start when the first's end: a tail). A memory-bound block wants every SM, so the slack is 1 %, not 5 %.
+
+    >>> choose_num_splits_v04(8, 8, 16384, 132)    # 8 blocks -> 16 splits: 128 blocks, one per SM
+    16
+    >>> choose_num_splits_v04(128, 8, 2048, 132)   # 128 blocks already fill 97 % of a wave
+    1
+    """
+    blocks = batch * max(heads_kv // HEADS_V04, 1)
+    if min(blocks, num_sms) < 1 or seqlen_k < 1:
+        return 1
+    slots = num_sms
+    if blocks >= FULL_ENOUGH * slots:
+        return 1
+    upper = max(1, min(MAX_SPLITS, -(-seqlen_k // MIN_CHUNK_V04), slots // blocks))  # one wave: no tail
+    efficiency = {s: wave_efficiency(blocks * s, num_sms, 1) for s in range(1, upper + 1)
+                  if nonempty_splits(seqlen_k, s, BLOCK_N_V04) == s}
+    best = max(efficiency.values())
+    return min(s for s, e in efficiency.items() if e >= 0.99 * best)
+
+
 @functools.lru_cache(maxsize=4096)
 def split_plan(batch: int, heads_kv: int, seqlen_k: int, num_sms: int, version: str = "v01") -> int:
     """choose_num_splits (v01) or choose_num_splits_v02 (v02), memoised: what lab.ops.decode calls per step.
@@ -141,6 +169,8 @@ def split_plan(batch: int, heads_kv: int, seqlen_k: int, num_sms: int, version: 
     """
     if version == "v02":
         return choose_num_splits_v02(batch, heads_kv, seqlen_k, num_sms)
+    if version == "v04":
+        return choose_num_splits_v04(batch, heads_kv, seqlen_k, num_sms)
     return choose_num_splits(batch, heads_kv, seqlen_k, num_sms)
 
 
