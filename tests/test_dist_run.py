@@ -16,6 +16,7 @@ from lab import gates, record
 from lab.ring import attention as ring
 from lab.ring import comm as dist_comm
 from lab.ring import report as dist_report
+from lab.ring import report_bwd as dist_report_bwd
 
 # pytest-xdist (make test): the module's tests stay on one worker, so the torchrun run is made once, by its module fixture
 pytestmark = pytest.mark.xdist_group("test_dist_run")
@@ -37,7 +38,8 @@ def rows(tmp_path_factory, request):
 def test_torchrun_cpu_run_records_every_stage(rows):
     kinds = {r["kind"] for r in rows}
     assert kinds == {"check", "ring-scale", "ring-comm", "ring-timeline", "ring-largest-step", "ring-largest",
-                     "grad-check", "ring-train"}
+                     "grad-check", "ring-train", "ring-scale-fwd-bwd", "ring-comm-bwd", "ring-torch-cp",
+                     "ring-torch-cp-race", "ring-largest-fwd-bwd-step", "ring-largest-fwd-bwd"}
     assert all(r["world_size"] == 2 and r["chapter"] == "n12_ring" and r["env"]["gpu"] == "cpu" for r in rows)
     assert all(r["commit"] and r["env"]["torch"] for r in rows)  # lab.record's common fields
 
@@ -77,7 +79,7 @@ def test_scaling_and_communication_rows(rows):
                                                           / scale["timing"]["median_ms"])}
     (comm,) = dist_report.of(rows, "ring-comm")
     assert comm["comm_ratio"] == pytest.approx(comm["timing"]["median_ms"] / comm["compute_only"]["median_ms"])
-    lines = dist_report.of(rows, "ring-timeline")
+    lines = [r for r in dist_report.of(rows, "ring-timeline") if r.get("pass", "forward") == "forward"]
     assert {(r["mode"], r["rank"]) for r in lines} == {(m, k) for m in ("overlap", "serial", "compute-only") for k in (0, 1)}
     for r in lines:
         assert [s["step"] for s in r["steps"]] == [0, 1]
@@ -86,6 +88,45 @@ def test_scaling_and_communication_rows(rows):
         assert len(transfers) == (0 if r["mode"] == "compute-only" else 1)  # W - 1 transfers
         if r["mode"] == "serial":  # the transfer ends before that step's compute starts
             assert transfers[0]["comm_end_ms"] <= r["steps"][0]["compute_start_ms"]
+
+
+def test_forward_plus_backward_scaling_and_the_backward_ring_rows(rows):
+    (scale,) = dist_report.of(rows, "ring-scale-fwd-bwd")
+    assert scale["efficiency"] == pytest.approx(
+        record.scaling_efficiency(scale["single"]["median_ms"], scale["timing"]["median_ms"], 2))
+    assert scale["single_peak_gib"] > 0 and scale["case"]["S"] == 512
+    (comm,) = dist_report.of(rows, "ring-comm-bwd")
+    assert comm["comm_ratio"] == pytest.approx(comm["timing"]["median_ms"] / comm["compute_only"]["median_ms"])
+    lines = [r for r in dist_report.of(rows, "ring-timeline") if r.get("pass") == "backward"]
+    assert {(r["mode"], r["rank"]) for r in lines} == {(m, k) for m in ("overlap", "serial", "compute-only") for k in (0, 1)}
+    for r in lines:  # W compute steps; W - 1 K/V transfers (steps 0..W-2) and W dK/dV sums (steps W..2W-1)
+        assert [s["step"] for s in r["steps"] if "compute_start_ms" in s] == [0, 1]
+        transfers = sorted(s["step"] for s in r["steps"] if "comm_start_ms" in s)
+        assert transfers == ([] if r["mode"] == "compute-only" else [0, 2, 3])
+        if r["mode"] == "serial":  # each K/V transfer ends before its step's compute starts
+            first = next(s for s in r["steps"] if s["step"] == 0)
+            assert first["comm_end_ms"] <= first["compute_start_ms"]
+
+
+def test_torch_context_parallel_rows_say_what_ran(rows):
+    """On the CPU torch's ring has no SDPA kernel to dispatch to: every configuration's error is recorded, and
+    the race row has no speedup (its gate: no data), never a number."""
+    tried = dist_report.of(rows, "ring-torch-cp")
+    assert {(r["backend"], r["rotate"]) for r in tried} == {("math", "allgather"), ("math", "alltoall")}
+    for r in tried:
+        assert ("timing" in r) != ("error" in r) and r["lab"]["median_ms"] > 0
+        assert r["speedup"] == (r["timing"]["median_ms"] / r["lab"]["median_ms"] if "timing" in r else None)
+    (race,) = dist_report.of(rows, "ring-torch-cp-race")
+    ran = [r for r in tried if "timing" in r]
+    assert (race["speedup"] is None) == (not ran) and len(race["errors"]) == len(tried) - len(ran)
+
+
+def test_largest_forward_plus_backward_rows(rows):
+    steps = dist_report.of(rows, "ring-largest-fwd-bwd-step")
+    assert [(r["devices"], r["case"]["S"]) for r in steps] == [(d, s) for d in (1, 2) for s in (512, 1024, 2048)]
+    assert all(r["finite"] and len(r["memory"]) == r["devices"] for r in steps)
+    best = {r["devices"]: r for r in dist_report.of(rows, "ring-largest-fwd-bwd")}
+    assert set(best) == {1, 2} and all(r["S"] == 2048 and r["projected_fit_tokens"] > 2048 for r in best.values())
 
 
 def test_largest_sequence_rows(rows):
@@ -104,11 +145,20 @@ def test_findings_figures_and_tables_from_the_rows(rows, tmp_path):
     assert dist_report.layout_figure(16, 4, path=tmp_path / "l.png")
     assert "8/8 checks as expected" in dist_report.check_table(rows).markdown()
     assert "compute only" in dist_report.timing_table(rows).markdown()
+    assert "forward+backward" in dist_report.timing_table(rows).markdown()
+    assert dist_report.timeline_figure(rows, path=tmp_path / "b.png", which="backward")
+    assert dist_report_bwd.loss_figure(rows, path=tmp_path / "loss.png") and (tmp_path / "loss.png").stat().st_size
+    assert "24/24 gradient checks as expected" in dist_report_bwd.grad_check_table(rows).markdown()
+    assert "math" in dist_report_bwd.torch_cp_table(rows).markdown()
+    assert len(dist_report_bwd.largest_table(rows).rows) == 6
+    for needle in ("forward+backward scaling at S=512", "backward communication:", "torch's context parallel did not run",
+                   "longest forward+backward of one layer", "training: 6 steps"):
+        assert needle in text, needle
 
 
 def test_n12_gates_count_gpu_rows_only(rows):
     declared = [g for g in gates.load_gates() if g["chapter"] == "n12_ring" and g.get("gpu_only")]
-    assert len(declared) == 8  # beside them, the emulated backward's two gates count CPU rows too
+    assert len(declared) == 11  # beside them, the emulated backward's two gates count CPU rows too
     assert all(gates.evaluate(g, rows)["status"] == "no data" for g in declared)
     as_gpu = [dict(r, env={**r["env"], "gpu": "NVIDIA H200"}) for r in rows]
     found = {g["name"]: gates.evaluate(g, as_gpu)["status"] for g in declared}
@@ -117,6 +167,11 @@ def test_n12_gates_count_gpu_rows_only(rows):
     assert found["every ring gradient check passes (dQ, dK, dV; causal and not, GQA, uneven shards)"] == "pass"
     assert found["a ring backward with each block's own LSE fails the gradient check"] == "pass"
     assert found["the sharded model's loss curve matches one device's (relative difference <= 0.02)"] == "pass"
+    # the CPU preset's shape is not the gate's (S = 256k, GQA 32/8), and torch's ring could not run on the CPU
+    assert found["forward+backward scaling efficiency >= 0.9 on 2 GPUs at S=256k, causal, D=128, GQA 32/8"] == "no data"
+    assert found["the lab's ring >= 1.0x torch's context parallel over SDPA (its fastest configuration), forward+backward, "
+                 "same shapes"] == "no data"
+    assert found["backward communication hidden: backward ring with transfers <= 1.1x compute-only"] in ("pass", "fail")
 
 
 def test_record_fills_world_size_from_torchrun(tmp_path, monkeypatch):

@@ -79,3 +79,37 @@ def test_ring_gradients_over_gloo_equal_full_attention(world, causal, tmp_path):
     mp.spawn(_worker, args=(world, _free_port(), seqlen, causal, path), nprocs=world, join=True)
     results = [json.load(open(f"{path}.{r}")) for r in range(world)]
     assert max(r["max_abs"] for r in results) < 1e-10, results
+
+
+def _modes_worker(rank, world, port, path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        seqlen = 37
+        q, k, v = _inputs(1, 4, 2, seqlen, 8, seed=5)
+        dout = torch.randn(q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+        mine = [ring.shard(t, world, rank, True) for t in (q, k, v, dout)]
+        out, lse = ring.ring_forward(*mine[:3], is_causal=True)
+        want = [ring.shard(g, world, rank, True) for g in full_grads(q, k, v, dout, True)]
+        clock = ring.StepClock(cuda=False)
+        serial = ring_bwd.ring_attention_backward(*mine[:3], out, lse, mine[3], True, overlap=False, clock=clock)
+        alone = ring_bwd.ring_attention_backward(*mine[:3], out, lse, mine[3], True, communicate=False)
+        with open(f"{path}.{rank}", "w") as f:
+            json.dump({"serial": max(float((a - b).abs().max()) for a, b in zip(serial, want)), "steps": clock.steps(),
+                       "alone": [list(g.shape) for g in alone], "want": [list(g.shape) for g in want]}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_serial_and_compute_only_backward_over_gloo_world_3(tmp_path):
+    """overlap=False gives the same gradients, each K/V transfer ended before its step's compute; W - 1 K/V
+    transfers and W dK/dV sums; communicate=False runs the same steps with no transfer (shapes only)."""
+    path = str(tmp_path / "result")
+    mp.spawn(_modes_worker, args=(3, _free_port(), path), nprocs=3, join=True)
+    for rank in range(3):
+        result = json.load(open(f"{path}.{rank}"))
+        assert result["serial"] < 1e-10 and result["alone"] == result["want"]
+        steps = {s["step"]: s for s in result["steps"]}
+        assert sorted(s for s in steps if "comm_start_ms" in steps[s]) == [0, 1, 3, 4, 5]
+        assert all(steps[s]["comm_end_ms"] <= steps[s]["compute_start_ms"] for s in (0, 1))

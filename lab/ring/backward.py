@@ -86,8 +86,11 @@ def backward_step(q, q_chunks, out, dout, lse, k, v, k_chunks, is_causal, attend
 
 
 def ring_attention_backward(q, k, v, out, lse, dout, is_causal: bool, group=None, seqlen: int | None = None,
-                            attend_backward=None, clock: StepClock | None = None):
-    """This rank's (dq, dk, dv) for its shards, given the forward's output rows and merged lse (natural log)."""
+                            attend_backward=None, clock: StepClock | None = None, communicate: bool = True,
+                            overlap: bool = True):
+    """This rank's (dq, dk, dv) for its shards, given the forward's output rows and merged lse (natural log).
+    communicate=False: the same steps with no transfer (stand-in blocks and accumulators: the compute-only time,
+    its gradients meaningless); overlap=False: each transfer is waited for before the compute that follows."""
     import torch.distributed as dist
 
     attend_backward = attend_backward or (lab_attend_backward if q.is_cuda else reference_attend_backward)
@@ -97,16 +100,18 @@ def ring_attention_backward(q, k, v, out, lse, dout, is_causal: bool, group=None
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     kv = torch.stack([k, v])
     peers = tuple(dist.get_global_rank(group, r) if group else r for r in ((rank + 1) % world, (rank - 1) % world))
-    stream = comm_stream(q.device) if q.is_cuda else None
+    stream = comm_stream(q.device) if q.is_cuda and communicate else None
     current = torch.cuda.current_stream() if q.is_cuda else None
     incoming = None  # the dK/dV accumulator of the block here, from the ranks before this one
     for step in range(world):
         owner = (rank - step) % world
         pending = None
         if step < world - 1:
-            if stream is not None and step == 0:
+            if stream is not None and (step == 0 or not overlap):
                 stream.wait_stream(current)
-            pending = transfer(kv, length(owner - 1), peers, group, step, clock, stream)
+            pending = transfer(kv, length(owner - 1), peers, group, step, clock, stream, communicate)
+            if not overlap:
+                pending.wait()
         if clock:
             clock.mark(step, "compute", "start", current)
         dkv = torch.zeros((2, *k.shape[:2], length(owner), k.shape[3]), dtype=acc_dtype, device=q.device)
@@ -118,7 +123,9 @@ def ring_attention_backward(q, k, v, out, lse, dout, is_causal: bool, group=None
             dkv += incoming.wait()
         if stream is not None:
             stream.wait_stream(current)  # the accumulator is sent once this step's adds are done
-        incoming = transfer(dkv, length(owner - 1), peers, group, world + step, clock, stream)
+        incoming = transfer(dkv, length(owner - 1), peers, group, world + step, clock, stream, communicate)
+        if not overlap:
+            incoming.wait()
         if pending is not None:
             kv = pending.wait()
     own = incoming.wait()  # after the last step: this rank's block, summed over every rank

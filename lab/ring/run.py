@@ -1,25 +1,28 @@
 """`torchrun --nproc-per-node 2 -m lab.ring.run`: the ring's checks, scaling, hidden communication and largest
-sequence, one JSON record line per result (rank 0 writes them through lab.record, into $LAB_SESSION_DIR).
+sequence, forward and forward plus backward, one JSON record line per result (rank 0 writes them through
+lab.record, into $LAB_SESSION_DIR). The stages that take gradients are lab.ring.stages_bwd.
 
 Stages (--stages, default all):
 - checks: the sharded result against single-device attention on the full sequence (lab.ops.attention on a
   GPU, float64 math on the CPU), judged by lab.check.compare against the float64 reference: causal and not,
   GQA, uneven shard boundaries; and a ring whose merge ignores the LSE weights, which must fail;
-- scale: rank 0 alone on the full sequence (t1), then the ring on all ranks (tW); efficiency = t1 / (W tW);
+- grad-checks: dQ, dK, dV through ring_attention against float64 autograd, and the block-LSE backward that must fail;
+- scale: rank 0 alone on the full sequence (t1), then the ring on all ranks (tW); efficiency = t1 / (W tW),
+  for the forward and for forward plus backward;
 - comm: the ring with the transfer overlapped, serial, and with no transfer (compute only), plus one call
-  of each with a StepClock: the per-step timeline; comm_ratio = overlapped / compute-only;
-- grad-checks: the ring's gradients (torch.autograd.grad through ring_attention) against float64 autograd of
-  full attention, single-device autograd as the yardstick, each of dQ, dK, dV judged by lab.check.compare;
-  and a ring backward fed each block's own LSE instead of the merged one, which must fail;
-- train: lab.ring.train's one-block decoder trained with its sequence sharded over the ranks, and on rank 0
-  alone with the whole sequence, from the same initial weights on the same batches: both loss curves;
+  of each with a StepClock: the per-step timeline; comm_ratio = overlapped / compute-only; the forward ring,
+  then the backward ring alone;
+- torch-cp: torch's context parallel over SDPA against the lab's ring, forward plus backward (lab.ring.torch_cp);
 - largest: S doubling from the scale length while the next call is predicted to fit in memory (peak bytes
-  grow with S) and in --budget-s seconds (time grows with S^2), up to --max-seq; peak memory per rank. Its
-  outputs are checked to be finite only (no reference at these lengths); the values are checked at S <= 4097.
+  grow with S) and in --budget-s seconds (time grows with S^2), up to --max-seq; peak memory per rank. Then
+  one layer's forward plus backward, on one device and on the ring. Outputs are checked to be finite only
+  (no reference at these lengths); the values are checked at S <= 4097;
+- train: lab.ring.train's one-block decoder trained with its sequence sharded over the ranks, and on rank 0
+  alone with the whole sequence, from the same initial weights on the same batches: both loss curves.
 
-Presets: `gpu` (bfloat16, S = 256k causal D = 128 for scaling: long enough that
-one GPU's compute outlasts a shard's transfer) and `cpu` (float64 math
-over gloo, tiny sizes: what CI and the chapter's CPU mode run; its times are CPU wall-clock, not GPU numbers).
+Presets: `gpu` (bfloat16, S = 256k causal, D = 128, GQA 32/8 for scaling: long enough that one GPU's compute
+outlasts a shard's transfer) and `cpu` (float64 math over gloo, tiny sizes: what CI and the chapter's CPU mode
+run; its times are CPU wall-clock, not GPU numbers).
 """
 from __future__ import annotations
 
@@ -34,10 +37,11 @@ import torch
 
 from .. import check, record
 from . import attention as ring
+from . import stages_bwd as bwd
 
 CHAPTER = "n12_ring"
 IMPL = "lab.dist.ring_attention"  # the records' name since the first sessions: old and new rows compare
-STAGES = ("checks", "scale", "comm", "largest", "grad-checks", "train")
+STAGES = ("checks", "grad-checks", "scale", "comm", "torch-cp", "largest", "train")
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,20 @@ class Preset:
     budget_s: float
     reps: int
     train: tuple = (6, 2, 37, 32, 32, 4, 2)  # steps, batch, S, vocab, model dim, heads, KV heads
+    reps_bwd: int = 2  # forward plus backward timings (scale, comm, torch-cp)
+    largest_bwd: tuple = (2, 1, 512, 2048)  # Hq, Hkv, first S, last S of one layer's forward plus backward
+    budget_bwd_s: float = 5.0
 
 
 PRESETS = {
+    # 256k, GQA 32/8: the single device's forward plus backward holds q, k, v, dout, out and the gradients
+    # (~10 GiB in bf16) plus the backward's float32 accumulators: it fits one 80 GB GPU, and the run records
+    # its peak. 4M for the forward: a rank's (1, 8, 2M, 128) shard is 2^31 elements, where 32-bit element
+    # offsets would wrap: the kernels' int arithmetic is not audited beyond it (largest_fwd_bwd stops below it).
     "gpu": Preset(torch.bfloat16, (("mha", 2, 8, 8, 4096, 128), ("gqa", 1, 8, 2, 3000, 128),
                                    ("uneven", 1, 4, 4, 4097, 64), ("short", 1, 4, 1, 67, 64)),
-                  (1, 16, 16, 262144, 128), 8, 1 << 22, 90.0, 5, (200, 1, 16384, 256, 512, 8, 2)),  # 4M: a rank's (1, 8, 2M, 128) shard is 2^31
-    # elements, where 32-bit element offsets would wrap: the kernels' int arithmetic is not audited beyond it
+                  (1, 32, 8, 262144, 128), 8, 1 << 22, 30.0, 3, (200, 1, 16384, 256, 512, 8, 2),
+                  reps_bwd=3, largest_bwd=(8, 2, 262144, 1 << 22), budget_bwd_s=40.0),
     "cpu": Preset(torch.float64, (("mha", 1, 2, 2, 64, 16), ("gqa", 1, 4, 2, 37, 16), ("uneven", 1, 2, 1, 61, 8)),
                   (1, 2, 2, 512, 32), 2, 2048, 5.0, 3),
 }
@@ -72,6 +83,7 @@ class Run:
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.cuda = device.type == "cuda"
         self.label = "GPU, CUDA events, NCCL" if self.cuda else "CPU wall-clock, gloo"
+        self.memo = {}  # what one stage measured that a later one reuses (the ring's forward plus backward)
 
     def write(self, row: dict) -> None:
         if self.rank == 0:  # a CPU run on a GPU machine is still a CPU row (gates never count it)
@@ -154,6 +166,8 @@ def prepare(run: Run, build_arch: str | None = None) -> None:
             for sq in (64, 8192):
                 q, k, v = run.inputs(1, 2, 2, sq, D, seed=0)
                 ops.attention(q, k, v, is_causal=causal, return_lse=True)
+            q, k, v = run.inputs(1, 4, 2, 256, D, seed=0)  # the backward kernels (its GQA path too)
+            bwd.fwd_bwd_call(lambda *t: bwd.single_attend(run, *t, causal=causal), q, k, v, q)()
     run.sync()
     run.dist.barrier()
 
@@ -187,89 +201,6 @@ def checks(run: Run) -> None:
                            "impl": f"{IMPL} (merge without LSE weights)", "check": bad})
                 run.say(f"self-test: a merge without LSE weights {'fails, as it must' if not bad['passed'] else 'PASSES: the check is blind'}"
                         f" (max_abs {bad['max_abs']:.2e})")
-
-
-def grad_checks(run: Run) -> None:
-    from .backward import lab_attend_backward, reference_attend_backward, ring_attention_backward, with_block_lse
-
-    names = ("dq", "dk", "dv")
-    for seed, (name, B, Hq, Hkv, S, D) in enumerate(run.preset.checks):
-        for causal in (False, True):
-            q, k, v = run.inputs(B, Hq, Hkv, S, D, seed=100 + seed)
-            dout = run.inputs(B, Hq, Hq, S, D, seed=200 + seed)[0]
-            mine = [ring.shard(t, run.world, run.rank, causal).requires_grad_() for t in (q, k, v)]
-            out = ring.ring_attention(*mine, is_causal=causal, seqlen=S)
-            grads = torch.autograd.grad(out, mine, ring.shard(dout, run.world, run.rank, causal))
-            wrong = None
-            if name == "mha":  # the self-test: the block's own lse in place of the merged one
-                block = with_block_lse(ring.lab_attend if run.cuda else ring.reference_attend,
-                                       lab_attend_backward if run.cuda else reference_attend_backward)
-                out2, lse2 = ring.ring_forward(*(t.detach() for t in mine), is_causal=causal, seqlen=S)
-                wrong = ring_attention_backward(*(t.detach() for t in mine), out2, lse2,
-                                                ring.shard(dout, run.world, run.rank, causal), causal, seqlen=S,
-                                                attend_backward=block)
-            shards = run.gather(([g.cpu() for g in grads], None if wrong is None else [g.cpu() for g in wrong]))
-            if run.rank:
-                continue
-            ref = check.reference_grads(q, k, v, dout, causal)[1:]
-            yard = _single_device_grads(run, q, k, v, dout, causal)
-            case = {"name": f"ring-grad-{name}", "B": B, "Hq": Hq, "Hkv": Hkv, "S": S, "D": D, "causal": causal,
-                    "dtype": str(run.preset.dtype).replace("torch.", "")}
-            for i, grad in enumerate(names):
-                result = check.compare(ring.unshard([s[0][i] for s in shards], S, causal), ref[i].cpu(), yard[i])
-                run.write({"kind": "grad-check", "case": case, "grad": grad, "check": result})
-                run.say(f"grad check {case['name']:<16} {grad} S={S:<5} {'causal' if causal else 'full  '} "
-                        f"{'PASS' if result['passed'] else 'FAIL'} max_abs {result['max_abs']:.2e} "
-                        f"(single device {result['sdpa_max_abs']:.2e})")
-                if wrong is not None:
-                    bad = check.compare(ring.unshard([s[1][i] for s in shards], S, causal), ref[i].cpu(), yard[i])
-                    run.write({"kind": "grad-check", "case": {**case, "name": "ring-grad-selftest-block-lse"},
-                               "grad": grad, "expected_fail": True,
-                               "impl": f"{IMPL} (backward with each block's own LSE)", "check": bad})
-                    run.say(f"self-test {grad}: a backward with block LSEs "
-                            f"{'fails, as it must' if not bad['passed'] else 'PASSES: the check is blind'}")
-
-
-def train(run: Run) -> None:
-    from . import train as ring_train
-
-    steps, batch, S, vocab, dim, heads, kv_heads = run.preset.train
-    batches = ring_train.make_batches(steps, batch, S, vocab, device=run.device)
-
-    def model():
-        torch.manual_seed(0)
-        return ring_train.TinyDecoder(vocab, dim, heads, kv_heads, max_len=S).to(run.device, run.preset.dtype)
-
-    start = time.perf_counter()
-    sharded = ring_train.train_losses(model(), batches)
-    seconds = time.perf_counter() - start
-    single = None
-    if run.rank == 0:  # the same model and batches on one device, the whole sequence
-        attend = None
-        if run.cuda:
-            from .. import ops
-            attend = lambda q, k, v: ops.attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
-        single = ring_train.train_losses(model(), batches, attend=attend, sharded=False)
-    if run.rank:
-        return
-    diff = max(abs(a - b) / abs(b) for a, b in zip(sharded, single))
-    run.write({"kind": "ring-train", "case": {"S": S, "batch": batch, "dim": dim, "Hq": heads, "Hkv": kv_heads,
-               "steps": steps}, "losses": sharded, "losses_single": single, "max_rel_diff": diff,
-               "seconds": seconds})
-    run.say(f"train: {steps} steps at S={S} over {run.world} ranks, loss {sharded[0]:.4f} -> {sharded[-1]:.4f}; "
-            f"largest relative difference from one device {diff:.2e}")
-
-
-def _single_device_grads(run: Run, q, k, v, dout, causal):
-    """The yardstick: autograd of single-device attention on the whole sequence (the lab's op on a GPU)."""
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    if run.cuda:
-        from .. import ops
-        out = ops.attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-    else:
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                 enable_gqa=q.shape[1] != k.shape[1])
-    return [g.cpu() for g in torch.autograd.grad(out, (q, k, v), dout)]
 
 
 def _no_lse(run):
@@ -399,6 +330,11 @@ def largest(run: Run, max_seq: int, budget_s: float) -> None:
         run.say(f"largest run: S={best['S']} ({stopped}); by memory alone ~{fits} tokens would fit (projection)")
 
 
+STEPS = {"checks": (checks,), "grad-checks": (bwd.grad_checks,), "scale": (scale, bwd.scale_fwd_bwd),
+         "comm": (comm, bwd.comm_bwd), "torch-cp": (bwd.torch_cp_race,), "largest": (largest, bwd.largest_fwd_bwd),
+         "train": (bwd.train,)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m lab.ring.run", description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
@@ -422,10 +358,12 @@ def main(argv=None) -> int:
     try:
         prepare(run, args.build_arch)
         for stage in stages:
-            if stage == "largest":
-                largest(run, args.max_seq or preset.max_seq, args.budget_s or preset.budget_s)
-            else:
-                globals()[stage.replace("-", "_")](run)
+            for step in STEPS[stage]:
+                if step is largest:
+                    largest(run, args.max_seq or preset.max_seq, args.budget_s or preset.budget_s)
+                else:
+                    step(run)
+            run.dist.barrier()
     finally:
         run.dist.destroy_process_group()
     return 0
