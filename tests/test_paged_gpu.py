@@ -125,3 +125,21 @@ def test_direct_binding_checks():
         call(address, a["q"], a["k_pages"], a["v_pages"], None, a["table"].long(), None, 0.1, 1, False)
     with pytest.raises(RuntimeError, match=r"page_errors needs a block_table"):
         call(address, a["q"], a["k"], a["v"], None, None, torch.zeros(2, dtype=torch.int32, device="cuda"), 0.1, 1, False)
+
+
+def test_fast_path_equals_the_full_path_and_refusals_take_the_full_path():
+    """The graph-safe call's one-crossing path (lab.decode.op._paged_fast, after one full call of the same shapes)
+    gives the full path's output bit for bit; lengths that are not int32 still work (the full path converts
+    them), and a bad flags buffer still raises the full path's TypeError."""
+    case = PagedCase("pg-fast", 3, 32, 8, 1, 700, 128, "bfloat16", (700, 1, 300), 16)
+    a = paged.paged_inputs(case, torch.Generator().manual_seed(7), "cuda")
+    flags = torch.full((case.B,), -1, dtype=torch.int32, device="cuda")
+
+    def call(seqlens, errors):
+        return ops.decode(a["q"], a["k_pages"], a["v_pages"], seqlens, block_table=a["table"], page_errors=errors)
+    first = call(a["seqlens"], flags)  # full path: checks, then the plan is kept
+    again = call(a["seqlens"], flags)  # one crossing
+    assert torch.equal(first, again) and flags.tolist() == [0, 0, 0]
+    assert torch.equal(call(a["seqlens"].long(), flags), first)
+    with pytest.raises(TypeError, match="page_errors must be an int32"):
+        call(a["seqlens"], flags.long())
