@@ -54,6 +54,11 @@ def lab_attend_backward(q, k, v, out, dout, lse, is_causal: bool):
 
     version = backward_version(q.shape[-1], capability=_capability(q.device),
                                deterministic=torch.are_deterministic_algorithms_enabled())
+    # the kernel reads lse as one dense, 16-byte aligned float32 row per query; a query chunk's rows of a shard's
+    # lse are neither (a strided view, or one that starts mid-buffer), q, k, v, out and dout it takes strided
+    lse = lse.float()
+    if not lse.is_contiguous() or lse.data_ptr() % 16:
+        lse = lse.clone(memory_format=torch.contiguous_format)
     return _bwd_impl(dout, q, k, v, out.to(q.dtype), lse, None, is_causal, _scale(None, q.shape[-1]),
                      torch.are_deterministic_algorithms_enabled(), version)
 
