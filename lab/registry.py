@@ -35,11 +35,13 @@ BWD = {
     "v06": Kernel("bwd/v06_convert.cu", "attn_bwd_v06", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
-# (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. Hopper runs
-# the same mma.sync kernel (no wgmma version of the masks yet).
+# (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;
+# v09, the same masks on wgmma and TMA (sm_90a); lab.masks.op runs v09 on compute capability 9.0, v08 elsewhere.
 MASKED_FWD = {
     "v08": Kernel("fwd/v08_masks.cu", "attn_fwd_v08", (64, 128)),
+    "v09": Kernel("fwd/v09_masks_wgmma.cu", "attn_fwd_v09", (64, 128), ((9, 0),)),
 }
+BEST_MASKED_FWD = ("v09", "v08")  # preference: the first that runs on the device's capability
 BEST_BWD = ("v01",)
 BEST_BWD_HOPPER = ("v05", "v02", "v01")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
 DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)

@@ -1,6 +1,6 @@
 """lab.ops.attention's window_size / softcap / sinks, and lab.ops.attention_varlen: checks, custom ops, launch.
 
-The masked kernel (lab.registry.MASKED_FWD, kernels/fwd/v08_masks.cu) takes AttnMaskParams, which this module
+The masked kernels (lab.registry.MASKED_FWD: fwd v08 on mma.sync, v09 on wgmma for compute capability 9.0) take AttnMaskParams, which this module
 fills through ctypes and hands to the launcher's address (lab.kernels.launcher): no entry in the torch binding.
 Both calls are torch.library custom ops with fake implementations (torch.compile traces them). What has no
 kernel yet raises NotImplementedError naming it: the backward of every masked call, and head dims the padding
@@ -13,11 +13,9 @@ import ctypes
 import torch
 
 from ..kernels import launcher
-from ..op_common import _check_heads, _check_qkv, _direct, _eager, _scale
-from ..registry import FAST_HEAD_DIMS, MASKED_FWD
+from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
+from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
 from . import spec
-
-VERSION = "v08"
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 _I64x3 = ctypes.c_int64 * 3
 
@@ -49,10 +47,27 @@ def _readable(t):
     return t
 
 
+def masked_version(device, version=None) -> str:
+    """The masked kernel for a device: `version` checked, or the first of BEST_MASKED_FWD that runs there."""
+    capability = _capability(device)
+    if version is None:
+        for name in BEST_MASKED_FWD:
+            if not MASKED_FWD[name].capabilities or capability in MASKED_FWD[name].capabilities:
+                return name
+    if version not in MASKED_FWD:
+        raise ValueError(f"window_size / softcap / sinks / varlen run on the masked kernels {sorted(MASKED_FWD)}, "
+                         f"got version={version!r}")
+    if MASKED_FWD[version].capabilities and capability not in MASKED_FWD[version].capabilities:
+        raise ValueError(f"version={version!r} runs on compute capability {MASKED_FWD[version].capabilities}, "
+                         f"this device has {capability}")
+    return version
+
+
 def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, sinks=None, cu_q=None, cu_k=None,
-           max_q: int = 0, max_k: int = 0, version: str = VERSION, defines=None) -> None:
+           max_q: int = 0, max_k: int = 0, version: str | None = None, defines=None) -> None:
     """Run the masked kernel into `out` (and `lse` when given). Dense (B, H, S, D) or, with cu_q/cu_k, packed
     (total, H, D) tensors. No checks beyond the kernel's own: callers check first (attention_masked, varlen)."""
+    version = masked_version(q.device, version)
     key = (version, tuple(sorted(defines.items())) if defines else ())
     call = _calls.get(key)
     if call is None:
@@ -86,44 +101,47 @@ def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, si
 
 @torch.library.custom_op("lab::attention_masked", mutates_args=())
 def _masked_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks: torch.Tensor | None, left: int,
-               right: int, offset: int, softcap: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _masked_impl(query, key, value, sinks, left, right, offset, softcap, scale)
+               right: int, offset: int, softcap: float, scale: float, version: str
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _masked_impl(query, key, value, sinks, left, right, offset, softcap, scale, version)
 
 
 @_masked_op.register_fake
-def _(query, key, value, sinks, left, right, offset, softcap, scale):
+def _(query, key, value, sinks, left, right, offset, softcap, scale, version):
     return query.new_empty(query.shape), query.new_empty(query.shape[:3], dtype=torch.float32)
 
 
-def _masked_impl(query, key, value, sinks, left, right, offset, softcap, scale, want_lse=True):
+def _masked_impl(query, key, value, sinks, left, right, offset, softcap, scale, version, want_lse=True):
     q, k, v = (_readable(t) for t in (query, key, value))
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if want_lse else None
-    launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, offset, sinks)
+    launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, offset, sinks, version=version)
     return out, lse
 
 
 @torch.library.custom_op("lab::attention_varlen", mutates_args=())
 def _varlen_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, sinks: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
-               left: int, right: int, softcap: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+               left: int, right: int, softcap: float, scale: float, version: str
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     return _varlen_impl(query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, left,
-                        right, softcap, scale)
+                        right, softcap, scale, version)
 
 
 @_varlen_op.register_fake
 def _(query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, left, right, softcap,
-      scale):
+      scale, version):
     return query.new_empty(query.shape), query.new_empty((query.shape[1], query.shape[0]), dtype=torch.float32)
 
 
-def _varlen_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, want_lse=True):
+def _varlen_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, version,
+                 want_lse=True):
     q, k, v = (_readable(t) for t in (query, key, value))
     # Rows of no sequence (past cu_seqlens_q[-1]) are never written: zeros, not garbage.
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device) \
         if want_lse else None
-    launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, 0, sinks, cu_q, cu_k, max_q, max_k)
+    launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, 0, sinks, cu_q, cu_k, max_q, max_k, version)
     return out, lse
 
 
@@ -140,9 +158,6 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
                      window_size, softcap, sinks):
     """lab.ops.attention with window_size, softcap or sinks (lab.fwd.op.attention hands such calls here)."""
     mask = spec.make_mask(is_causal, window_size, softcap)
-    if version not in (None, VERSION):
-        raise ValueError(f"window_size / softcap / sinks run on the masked kernel {VERSION!r} only, got "
-                         f"version={version!r}")
     if causal_variant not in ("upper_left", "lower_right"):
         raise ValueError(f"causal_variant must be 'upper_left' or 'lower_right', got {causal_variant!r}")
     from ..fwd import head_dims
@@ -163,7 +178,8 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
                                     softcap, sinks)
         out, lse = head_dims.pad_and_attend(attend, query, key, value, scale)
         return (out, lse) if return_lse else out
-    args = (query, key, value, sinks, mask.left, mask.right, offset, mask.softcap, scale)
+    args = (query, key, value, sinks, mask.left, mask.right, offset, mask.softcap, scale,
+            masked_version(query.device, version))
     if _direct(query, key, value) and (sinks is None or type(sinks) is torch.Tensor):
         out, lse = _masked_impl(*args, want_lse=return_lse)
     else:
@@ -197,7 +213,7 @@ def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values
 
 def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                      is_causal: bool = False, scale: float | None = None, window_size=None, softcap: float = 0.0,
-                     sinks=None, return_lse: bool = False, check_cu_seqlens: bool = True):
+                     sinks=None, return_lse: bool = False, check_cu_seqlens: bool = True, version=None):
     """Attention over packed variable-length sequences, FlashAttention's flash_attn_varlen_func.
 
     query (total_q, H_q, D), key and value (total_k, H_kv, D); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
@@ -231,7 +247,7 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                   f"(kernels at {list(FAST_HEAD_DIMS)}; the dense op pads other head dims)")
     scale = _scale(scale, query.shape[-1])
     args = (query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, mask.left,
-            mask.right, mask.softcap, scale)
+            mask.right, mask.softcap, scale, masked_version(query.device, version))
     if _direct(query, key, value) and _eager():
         out, lse = _varlen_impl(*args, want_lse=return_lse)
     else:

@@ -29,18 +29,29 @@ def draw(*shape, dtype, magnitude=1.0, layout="bhsd"):
     return (torch.randn(*shape, generator=GEN) * magnitude).to("cuda", dtype)
 
 
-def sdpa_error(q, k, v, mask, scale, offset):
-    """SDPA's error pattern (its output minus float64) on the window alone, rows that see nothing at 0."""
+def sdpa_error(q, k, v, mask, scale, offset, sinks=None):
+    """SDPA's error pattern (its output minus float64) on the window and the sinks, rows that see nothing at 0.
+    A sink is exact in SDPA: one more key of zeros (value zeros) whose additive mask entry is the sink's logit.
+    The softcap is not expressible there: the pattern is SDPA's on the problem without it."""
     plain = spec.Mask(mask.left, mask.right, 0.0)
     Sq, Sk = q.shape[2], k.shape[2]
     allowed = spec.visible(torch.arange(Sq, device="cuda"), torch.arange(Sk, device="cuda"), Sk, offset, plain)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
-    ref, _ = reference.attend(q, k, v, plain, scale, offset)
+    gqa = k.shape[1] != q.shape[1]
+    if sinks is None:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+    else:
+        bias = torch.zeros(1, q.shape[1], Sq, Sk + 1, device="cuda", dtype=q.dtype)
+        bias[..., :Sk].masked_fill_(~allowed, float("-inf"))
+        bias[..., Sk] = sinks.to(q.dtype)[:, None]  # the sink's logit, rounded to the dtype like every score
+        zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
+        y = F.scaled_dot_product_attention(q, torch.cat([k, zero], 2), torch.cat([v, zero], 2), attn_mask=bias,
+                                           scale=scale, enable_gqa=gqa)
+    ref, _ = reference.attend(q, k, v, plain, scale, offset, sinks)
     return y.double().nan_to_num(0.0) - ref
 
 
-def check_dense(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, lower_right=False, layout="bhsd",
-                defines=None, expect_fail=False, trials=2):
+def check_dense(version, name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, lower_right=False,
+                layout="bhsd", defines=None, expect_fail=False, trials=2):
     mask = spec.make_mask(causal, window, cap)
     offset = Sk - Sq if lower_right else 0
     worst = None
@@ -55,9 +66,9 @@ def check_dense(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, l
         out = torch.full((B, Hq, Sq, D), float("nan"), dtype=dtype, device="cuda")
         lse = torch.full((B, Hq, Sq), float("nan"), device="cuda")
         mop.launch(mop._readable(q), mop._readable(k), mop._readable(v), out, lse, mask, scale, offset, sinks,
-                   defines=defines)
+                   version=version, defines=defines)
         ref, ref_lse = reference.attend(q, k, v, mask, scale, offset, sinks)
-        metrics = check.compare(out, ref, ref + sdpa_error(q, k, v, mask, scale, offset))
+        metrics = check.compare(out, ref, ref + sdpa_error(q, k, v, mask, scale, offset, sinks))
         finite = torch.isfinite(ref_lse)
         metrics["lse_max_abs"] = float((lse.double() - ref_lse)[finite].abs().max()) if finite.any() else 0.0
         metrics["lse_inf_agree"] = bool((torch.isneginf(lse) == torch.isneginf(ref_lse)).all())
@@ -68,16 +79,16 @@ def check_dense(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, l
                 window=[mask.left, mask.right], softcap=cap, sinks=sink,
                 offset=offset, layout=layout)
     ok = worst["passed"] != expect_fail
-    record.append({"kind": "check", "impl": "v08" + ("-ignore-window" if defines else ""), "case": case,
+    record.append({"kind": "check", "impl": version + ("-ignore-window" if defines else ""), "case": case,
                    "expect_fail": expect_fail, "ok": ok, "check": {k: worst[k] for k in (
                        "passed", "max_abs", "rel_l2", "nan", "mismatches", "sdpa_max_abs", "tol_max_abs",
                        "lse_max_abs", "lse_inf_agree")}}, chapter=CHAPTER)
-    print(("ok  " if ok else "BAD ") + f"{name} {case} max_abs {worst['max_abs']:.3g} tol {worst['tol_max_abs']:.3g}"
+    print(("ok  " if ok else "BAD ") + f"{version} {name} {case} max_abs {worst['max_abs']:.3g} tol {worst['tol_max_abs']:.3g}"
           f" lse {worst['lse_max_abs']:.3g} passed={worst['passed']}", flush=True)
     return ok
 
 
-def check_varlen(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, sink):
+def check_varlen(version, name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, sink):
     mask = spec.make_mask(causal, window, cap)
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
@@ -88,7 +99,7 @@ def check_varlen(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, s
     scale = D ** -0.5
     out = torch.full_like(q, float("nan"))
     lse = torch.full((Hq, q.shape[0]), float("nan"), device="cuda")
-    mop.launch(q, k, v, out, lse, mask, scale, 0, sinks, cu_q, cu_k, max(lens_q), max(lens_k))
+    mop.launch(q, k, v, out, lse, mask, scale, 0, sinks, cu_q, cu_k, max(lens_q), max(lens_k), version)
     ref, ref_lse = reference.attend_varlen(q, k, v, cu_q.tolist(), cu_k.tolist(), mask, scale, sinks)
     err = torch.zeros_like(ref)
     cq, ck = cu_q.tolist(), cu_k.tolist()
@@ -96,22 +107,22 @@ def check_varlen(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, s
         if lens_q[b] and lens_k[b]:
             sl = lambda t, c: t[c[b]:c[b + 1]].transpose(0, 1)[None]  # noqa: E731
             err[cq[b]:cq[b + 1]] = sdpa_error(sl(q, cq), sl(k, ck), sl(v, ck), mask, scale,
-                                               lens_k[b] - lens_q[b])[0].transpose(0, 1)
+                                               lens_k[b] - lens_q[b], sinks)[0].transpose(0, 1)
     metrics = check.compare(out, ref, ref + err)
     finite = torch.isfinite(ref_lse)
     metrics["lse_max_abs"] = float((lse.double() - ref_lse)[finite].abs().max()) if finite.any() else 0.0
     ok = metrics["passed"] and metrics["lse_max_abs"] < 1e-2
     case = dict(name=name, lens_q=lens_q, lens_k=lens_k, Hq=Hq, Hkv=Hkv, D=D, dtype=str(dtype).split(".")[-1],
                 causal=causal, window=[mask.left, mask.right], softcap=cap, sinks=sink)
-    record.append({"kind": "check", "impl": "v08-varlen", "case": case, "expect_fail": False, "ok": ok,
+    record.append({"kind": "check", "impl": version + "-varlen", "case": case, "expect_fail": False, "ok": ok,
                    "check": {k: metrics[k] for k in ("passed", "max_abs", "rel_l2", "nan", "mismatches",
                                                      "sdpa_max_abs", "tol_max_abs", "lse_max_abs")}}, chapter=CHAPTER)
-    print(("ok  " if ok else "BAD ") + f"{name} {case} max_abs {metrics['max_abs']:.3g} tol {metrics['tol_max_abs']:.3g}",
+    print(("ok  " if ok else "BAD ") + f"{version} {name} {case} max_abs {metrics['max_abs']:.3g} tol {metrics['tol_max_abs']:.3g}",
           flush=True)
     return ok
 
 
-def checks() -> int:
+def checks(version: str) -> int:
     bad = 0
     bf16, fp16 = torch.bfloat16, torch.float16
     masks = [("w0", False, (0, 0), 0.0, False), ("w1c", True, (1, 0), 0.0, False), ("w64c", True, (64, 0), 0.0, False),
@@ -123,35 +134,37 @@ def checks() -> int:
         for name, causal, window, cap, sink in masks:
             for B, Hq, Hkv, Sq, Sk in (sizes if D == 128 else sizes[1:4]):
                 w = (Sk, Sk) if window == "S" else (Sk + 100, -1) if window == "S+" else window
-                bad += not check_dense(name, B, Hq, Hkv, Sq, Sk, D, bf16, causal, w, cap, sink)
+                bad += not check_dense(version, name, B, Hq, Hkv, Sq, Sk, D, bf16, causal, w, cap, sink)
     for lower_right in (False, True):
         for Sq, Sk in ((65, 1025), (1025, 65)):
-            bad += not check_dense("cross", 1, 4, 2, Sq, Sk, 128, bf16, True, (200, 0), 0.0, True, lower_right)
-    bad += not check_dense("fp16", 1, 4, 2, 1025, 1025, 128, fp16, True, (256, 0), 20.0, True)
-    bad += not check_dense("fp16", 1, 4, 2, 1025, 1025, 64, fp16, False, (30, 40), 0.0, False)
-    bad += not check_dense("bshd", 2, 4, 2, 1025, 1025, 128, bf16, True, (256, 0), 0.0, True, layout="bshd")
+            bad += not check_dense(version, "cross", 1, 4, 2, Sq, Sk, 128, bf16, True, (200, 0), 0.0, True, lower_right)
+    bad += not check_dense(version, "fp16", 1, 4, 2, 1025, 1025, 128, fp16, True, (256, 0), 20.0, True)
+    bad += not check_dense(version, "fp16", 1, 4, 2, 1025, 1025, 64, fp16, False, (30, 40), 0.0, False)
+    bad += not check_dense(version, "bshd", 2, 4, 2, 1025, 1025, 128, bf16, True, (256, 0), 0.0, True, layout="bshd")
     # the kernel that ignores the window must fail
-    bad += not check_dense("ignore-window", 1, 4, 2, 1025, 1025, 128, bf16, True, (64, 0), 0.0, False,
+    bad += not check_dense(version, "ignore-window", 1, 4, 2, 1025, 1025, 128, bf16, True, (64, 0), 0.0, False,
                            defines={"LAB_V08_IGNORE_WINDOW": 1}, expect_fail=True)
     for D in (128, 64):
         for causal, window, cap, sink in ((True, None, 0.0, False), (True, (100, 0), 0.0, True),
                                           (False, (20, 20), 30.0, False), (False, None, 0.0, True)):
-            bad += not check_varlen("packed", [0, 5, 1025, 63, 0, 300], [0, 5, 1025, 63, 7, 300], 4, 2, D,
+            bad += not check_varlen(version, "packed", [0, 5, 1025, 63, 0, 300], [0, 5, 1025, 63, 7, 300], 4, 2, D,
                                     torch.bfloat16, causal, window, cap, sink)
-            bad += not check_varlen("cross", [5, 70, 1, 0, 200], [9, 64, 30, 12, 0], 4, 2, D, torch.bfloat16, causal,
+            bad += not check_varlen(version, "cross", [5, 70, 1, 0, 200], [9, 64, 30, 12, 0], 4, 2, D, torch.bfloat16, causal,
                                     window, cap, sink)
     # the public ops, as users call them (their own output allocation), GQA and return_lse
     q, k = draw(2, 8, 700, 128, dtype=torch.bfloat16), draw(2, 2, 700, 128, dtype=torch.bfloat16)
     out, lse = ops.attention(q, k, k, is_causal=True, enable_gqa=True, window_size=(100, 0), softcap=20.0,
                              sinks=torch.zeros(8, device="cuda"), return_lse=True)
     ref, ref_lse = reference.attend(q, k, k, spec.make_mask(True, (100, 0), 20.0), None, 0, torch.zeros(8, device="cuda"))
-    pub = check.compare(out, ref, ref + sdpa_error(q, k, k, spec.make_mask(True, (100, 0), 0.0), 128 ** -0.5, 0))
+    pub = check.compare(out, ref, ref + sdpa_error(q, k, k, spec.make_mask(True, (100, 0), 0.0), 128 ** -0.5, 0,
+                                                   torch.zeros(8, device="cuda")))
     ok = pub["passed"] and float((lse.double() - ref_lse).abs().max()) < 1e-2
-    record.append({"kind": "check", "impl": "lab.ops.attention(window,softcap,sinks)", "ok": ok,
+    record.append({"kind": "check", "impl": "lab.ops.attention(window,softcap,sinks)",
+                   "version": mop.masked_version(q.device), "ok": ok,
                    "check": {k: pub[k] for k in ("passed", "max_abs", "tol_max_abs")}}, chapter=CHAPTER)
     print("public op", ok, pub["max_abs"], flush=True)
     bad += not ok
-    print(f"checks done: {bad} bad", flush=True)
+    print(f"checks {version} done: {bad} bad", flush=True)
     return bad
 
 
@@ -190,6 +203,7 @@ def race(budget_s: float) -> None:
             dense = spec.visible(rows, rows, S, 0, spec.make_mask(True, (W, 0), 0.0))[None, None]
             emit("window", S, {"window": W}, {
                 "lab": (lambda: ops.attention(q, k, v, is_causal=True, window_size=(W, 0)), None),
+                "lab_v08": (lambda: ops.attention(q, k, v, is_causal=True, window_size=(W, 0), version="v08"), None),
                 "flex": (lambda: flex(q, k, v, block_mask=bm), None),
                 "sdpa_efficient": (bench.sdpa_runner("efficient", q, k, v, attn_mask=dense), None),
                 "sdpa_cudnn": (bench.sdpa_runner("cudnn", q, k, v, attn_mask=dense), None),
@@ -201,12 +215,12 @@ def race(budget_s: float) -> None:
         sinks = torch.randn(H, device="cuda")
         emit("softcap", S, {"softcap": 30.0, "causal": True}, {
             "lab": (lambda: ops.attention(q, k, v, is_causal=True, softcap=30.0), None),
-            "lab_v08_plain": (lambda: ops.attention(q, k, v, is_causal=True, window_size=(-1, -1)), None),
+            "lab_masked_plain": (lambda: ops.attention(q, k, v, is_causal=True, window_size=(-1, -1)), None),
             "lab_default_plain": (lambda: ops.attention(q, k, v, is_causal=True), None),
             "flex": (lambda: flex(q, k, v, score_mod=capped, block_mask=causal_bm), None)})
         emit("sinks", S, {"causal": True}, {
             "lab": (lambda: ops.attention(q, k, v, is_causal=True, sinks=sinks), None),
-            "lab_v08_plain": (lambda: ops.attention(q, k, v, is_causal=True, window_size=(-1, -1)), None),
+            "lab_masked_plain": (lambda: ops.attention(q, k, v, is_causal=True, window_size=(-1, -1)), None),
             "lab_default_plain": (lambda: ops.attention(q, k, v, is_causal=True), None)})
     # packed documents, 16384 tokens: uneven, and all of one length (against the dense kernels on the same tokens)
     for lens in ([3000, 1000, 5000, 384, 7000], [2048] * 8):
@@ -227,20 +241,24 @@ def race(budget_s: float) -> None:
                 F.scaled_dot_product_attention(qf[:, :, a:b], kf[:, :, a:b], vf[:, :, a:b], is_causal=True)
         calls = {"lab": (lambda: ops.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True,
                                                       check_cu_seqlens=False), None),
+                 "lab_v08": (lambda: ops.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True,
+                                                          check_cu_seqlens=False, version="v08"), None),
                  "flex_document": (lambda: flex(qf, kf, vf, block_mask=bm), None),
                  "sdpa_loop": (loop, None)}
         if len(set(lens)) == 1:
             qb, kb, vb = (t.view(len(lens), lens[0], H, D).transpose(1, 2) for t in (q, k, v))
             calls["lab_dense_default"] = (lambda: ops.attention(qb, kb, vb, is_causal=True), None)
-            calls["lab_dense_v08"] = (lambda: ops.attention(qb, kb, vb, is_causal=True, window_size=(-1, -1)), None)
+            calls["lab_dense_masked"] = (lambda: ops.attention(qb, kb, vb, is_causal=True, window_size=(-1, -1)),
+                                         None)
         emit("varlen", total, {"lens": lens, "causal": True}, calls)
 
 
 if __name__ == "__main__":
-    stages = sys.argv[1:] or ["checks", "race"]
+    stages = sys.argv[1:] or ["checks-v09", "checks-v08", "race"]
     bad = 0
-    if "checks" in stages:
-        bad = checks()
+    for version in ("v09", "v08"):
+        if f"checks-{version}" in stages:
+            bad += checks(version)
     if "race" in stages:
         race(float(__import__("os").environ.get("MASKS_RACE_BUDGET_S", "150")))
     sys.exit(1 if bad else 0)

@@ -1,0 +1,98 @@
+// The masks of fwd v09 (kernels/fwd/v09_masks_wgmma.cu) on the wgmma accumulator layout: the window mask, the
+// softcap transform and the epilogue with an attention sink. Separate from attn_fwd_sm90.cuh so that v05-v07,
+// which never include it, keep their code exactly. The rule is common/mask.cuh's window_masked (lab/masks/spec.py).
+//
+// Layout (m64nBC f32 accumulator, one warpgroup): thread (warp w, lane l) holds s[4 i + e] for row
+// row0 + 8 (e / 2), row0 = m0 + 16 w + l / 4, and column col0 + 8 i + 2 (l % 4) + e % 2.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "common/hopper/attn_fwd_sm90.cuh"
+#include "common/mask.cuh"
+
+namespace lab::sm90 {
+
+// Hidden scores -> -inf (after any scale or softcap: the caller's softmax then runs with a positive factor).
+template <int BC>
+__device__ __forceinline__ void mask_window_wg(float (&s)[BC / 2], int row0, int col0, int seqlen_k, int off, int left,
+                                               int right) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < BC / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (window_masked(row0 + (e >> 1) * 8, col0 + 8 * i + 2 * t + (e & 1), seqlen_k, off, left, right))
+        s[4 * i + e] = -INFINITY;
+}
+
+// s -> tanh(s * k) (softcap: k = scale / softcap, the softmax factor softcap log2 e) or s -> s * k (a scale <= 0,
+// which the folded softmax cannot take: k = scale, factor log2 e).
+template <int BC, bool kTanh>
+__device__ __forceinline__ void transform_scores(float (&s)[BC / 2], float k) {
+#pragma unroll
+  for (int i = 0; i < BC / 2; ++i) s[i] = kTanh ? tanh_fast(s[i] * k) : s[i] * k;
+}
+
+// normalise_o with a sink: st.m is the running max already in exp2 units (the folded softmax), sink_log2 the
+// sink's logit times log2 e (-inf: none); top = max(m, sink) keeps exp2 from overflowing. LSE (natural log,
+// including the sink) at lse_row0[row] for rows below seqlen_q, when lse_row0 is not null.
+template <int D>
+__device__ __forceinline__ void normalise_o_sink(float (&o)[D / 2], const RowState& st, float sink_log2,
+                                                 float* lse_row0, int m0, int seqlen_q) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = st.l[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float m = st.m[hh];
+    const float top = fmaxf(m, sink_log2);
+    float scale = 0.f, lse = -INFINITY;
+    if (top != -INFINITY) {
+      const float a = exp2f(m - top);
+      const float total = l * a + exp2f(sink_log2 - top);
+      if (total > 0.f) {
+        scale = a / total;
+        lse = (top + log2f(total)) * kLn2;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[4 * i + 2 * hh] *= scale;
+      o[4 * i + 2 * hh + 1] *= scale;
+    }
+    const int row = m0 + warp * 16 + hh * 8 + g;
+    if (lse_row0 != nullptr && t == 0 && row < seqlen_q) lse_row0[row] = lse;
+  }
+}
+
+// epilogue with normalise_o_sink and O's rows given by a row pointer (a packed sequence's first row): O staged
+// through `stage` (the Q tile, free once every warp's last wgmma has read it), then 16-byte row stores.
+template <int D, class T>
+__device__ __forceinline__ void epilogue_sink(float (&o)[D / 2], const RowState& st, float sink_log2, float* lse_row0,
+                                              T* out, int64_t row_stride, int seqlen_q, uint8_t* stage, int m0,
+                                              int bar_id) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
+  normalise_o_sink<D>(o, st, sink_log2, lse_row0, m0, seqlen_q);
+  named_barrier_sync(bar_id, 128);
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = warp * 16 + hh * 8 + g;
+      *reinterpret_cast<uint32_t*>(stage + swz_offset(64, r, 8 * i + 2 * t)) =
+          pack2<T>(o[4 * i + 2 * hh], o[4 * i + 2 * hh + 1]);
+    }
+  named_barrier_sync(bar_id, 128);
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int i = 0; i < 64 * kChunks / 128; ++i) {
+    const int idx = wt + i * 128, r = idx / kChunks, c = idx % kChunks;
+    if (m0 + r < seqlen_q)
+      *reinterpret_cast<uint4*>(out + (int64_t)(m0 + r) * row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(stage + swz_offset(64, r, c * 8));
+  }
+}
+
+}  // namespace lab::sm90

@@ -1,0 +1,207 @@
+// Changes: vs v05 (wgmma + TMA, one warpgroup per CTA, serial key tiles) and v08 (the masks on mma.sync): v08's
+// masks on Hopper's matrix instructions, so that a masked call on an H100/H200 is not left at mma.sync speed.
+//   - window: the CTA's key tiles are the window's key range only (common/mask.cuh window_key_range); the TMA
+//     coordinates start at its first tile, tiles outside are never loaded. Tiles crossing an edge (or S_k) get
+//     the per-element mask (common/hopper/attn_mask_sm90.cuh mask_window_wg) before the softmax.
+//   - softcap (kTransform = tanh) and a scale <= 0 (kTransform = multiply): the scores are transformed first, so the
+//     softmax always runs v05's folded form with a positive factor (softcap log2 e, or log2 e); scale > 0 without
+//     softcap folds the scale into exp2's FFMA as v05 does.
+//   - sinks: in the final normaliser (normalise_o_sink).
+//   - packed sequences: the TMA maps span the packed (total, H, D) tensors (B = 1); a CTA reads its sequence's
+//     first rows from cu_seqlens and offsets the row coordinates; rows a tile reads past its sequence are masked
+//     (keys: col >= S_k) or never stored (queries). Grid ceil(max_seqlen_q / 64) x B x H_q; a CTA whose block
+//     starts past its sequence returns before any barrier.
+// Tiles: v05's, B_r = 64 (one warpgroup), B_c = 64 at D = 128 and 128 at D = 64, 2 stages (80 / 65 KiB, 2-3 CTAs
+// per SM). Causal and windowed dense grids take the heaviest query block of each head first (v05's order).
+// Compile check: python -m lab compile. Checks and race: tools/gpu/masks_run.py (version "v09").
+// Measured: kernels/README.md, row "fwd v09".
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <type_traits>
+
+#include "common/hopper/attn_fwd_sm90.cuh"
+#include "common/hopper/attn_mask_sm90.cuh"
+
+#ifndef LAB_V08_IGNORE_WINDOW
+#define LAB_V08_IGNORE_WINDOW 0  // the deliberately wrong build (drops the window), as v08's
+#endif
+
+namespace {
+using namespace lab::sm90;
+
+template <int D_, int BC_, int STAGES_>
+struct Cfg09 {
+  static constexpr int D = D_;
+  static constexpr int BR = 64;
+  static constexpr int BC = BC_;
+  static constexpr int kStages = STAGES_;
+  static constexpr int kThreads = 128;
+  static constexpr int kQBytes = BR * D * 2;
+  static constexpr int kTileBytes = BC * D * 2;
+  static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
+  static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
+};
+using Cfg64 = Cfg09<64, 128, 2>;
+using Cfg128 = Cfg09<128, 64, 2>;
+
+enum Transform { kNone = 0, kScale = 1, kTanh = 2 };
+
+template <class Cfg, class T, int kTransform>
+__global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant__ CUtensorMap tq,
+                                                           const __grid_constant__ CUtensorMap tk,
+                                                           const __grid_constant__ CUtensorMap tv,
+                                                           const AttnMaskParams mp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const AttnFwdParams& p = mp.base;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages];
+  uint8_t* smem = align1024(smem_raw);
+  const SmemRing<Cfg> ring = smem_ring<Cfg>(smem);
+  const bool packed = mp.cu_seqlens_q != nullptr;
+
+  // Prologue: which (sequence, head, query block); heaviest block first when the window has a right edge.
+  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
+  const int bh = blockIdx.x / num_m;
+  const int mb = mp.window_right >= 0 ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
+  const int b = bh / p.heads_q, h = bh % p.heads_q, hkv = h / (p.heads_q / p.heads_kv);
+  int q0 = 0, k0 = 0, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, off = mp.diag_offset;
+  if (packed) {  // clamped: no cu_seqlens value reads or writes outside the packed tensors
+    const int qa = min(max(mp.cu_seqlens_q[b], 0), mp.total_q), qb = min(max(mp.cu_seqlens_q[b + 1], qa), mp.total_q);
+    const int ka = min(max(mp.cu_seqlens_k[b], 0), mp.total_k), kb = min(max(mp.cu_seqlens_k[b + 1], ka), mp.total_k);
+    q0 = qa;
+    k0 = ka;
+    seqlen_q = min(qb - qa, p.seqlen_q);
+    seqlen_k = min(kb - ka, p.seqlen_k);
+    off = seqlen_k - seqlen_q;
+  }
+  const int m0 = mb * Cfg::BR;
+  if (m0 >= seqlen_q) return;  // the whole CTA, before any barrier or load
+  const int left = LAB_V08_IGNORE_WINDOW ? -1 : mp.window_left;
+  const int right = LAB_V08_IGNORE_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
+  const int2 range = lab::window_key_range(m0, min(m0 + Cfg::BR, seqlen_q), seqlen_k, off, left, right);
+  const int first = range.y > range.x ? range.x / BC : 0;
+  const int n_tiles = range.y > range.x ? (range.y + BC - 1) / BC - first : 0;
+  const int shift = first * BC;
+  const int bq = packed ? 0 : b;  // the maps' batch coordinate
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  auto issue = [&](int j) {  // thread 0: tile j of the window's K and V into stage j % kStages
+    const int s = j % kStages;
+    const int row = k0 + shift + j * BC;
+    mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+    for (int cb = 0; cb < D / 64; ++cb)
+      tma_load_4d(ring.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, row, hkv, bq);
+    mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+    for (int cb = 0; cb < D / 64; ++cb)
+      tma_load_4d(ring.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, row, hkv, bq);
+  };
+  if (tid == 0) {
+    tma_prefetch_maps(&tq, &tk, &tv);
+    mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
+    for (int cb = 0; cb < D / 64; ++cb) tma_load_4d(ring.q + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, q0 + m0, h, bq);
+    for (int j = 0; j < kStages && j < n_tiles; ++j) issue(j);
+  }
+
+  // The softmax's exp2 factor (> 0) and the transform before it.
+  const float c = kTransform == kTanh ? mp.softcap * kLog2e : kTransform == kScale ? kLog2e : p.scale * kLog2e;
+  const float tk_factor = kTransform == kTanh ? p.scale / mp.softcap : p.scale;
+  const int row0 = m0 + (tid / 32) * 16 + (tid % 32) / 4;
+  const int k_end = seqlen_k - shift, k_off = off - shift;  // the window's keys, from its first tile
+  float o[D / 2];
+  zero_acc(o);
+  RowState st;
+  mbar_wait(smem_u32(&bar_q), 0);
+
+  // Main loop: S_j = Q K_j^T, transform, the mask where a tile crosses an edge, softmax, O += P_j V_j.
+  // [lab:inner-loop] v05's serial key tile with the window's mask and the softcap
+  for (int j = 0; j < n_tiles; ++j) {
+    const int s = j % kStages;
+    const uint32_t phase = (j / kStages) & 1;
+    float sacc[BC / 2];
+    mbar_wait(smem_u32(&bar_k[s]), phase);
+    wgmma_fence();
+    issue_qk<D, BC, kBf16>(sacc, ring.q, ring.k(s));
+    wgmma_wait<0>();
+    if constexpr (kTransform != kNone) transform_scores<BC, kTransform == kTanh>(sacc, tk_factor);
+    if (lab::window_tile_needs_mask(j * BC, BC, m0, min(m0 + Cfg::BR, seqlen_q), k_end, k_off, left, right))
+      mask_window_wg<BC>(sacc, row0, j * BC, k_end, k_off, left, right);
+    float alpha[2];
+    softmax_scores<BC, false, 0, 1, true>(sacc, st, alpha, c, 0, 0, 0, false);
+    rescale_o<D>(o, alpha);
+    uint32_t pa[BC / 16][4];
+    pack_p<BC, T>(sacc, pa);
+    mbar_wait(smem_u32(&bar_v[s]), phase);
+    wgmma_fence();
+    issue_pv<D, BC, kBf16>(o, pa, ring.v(s));
+    wgmma_wait<0>();
+    if (j + kStages < n_tiles) {
+      named_barrier_sync(1, 128);  // every warp is done with stage s
+      if (tid == 0) issue(j + kStages);
+    }
+  }
+  // [/lab:inner-loop]
+
+  // Epilogue: the sink joins the normaliser; O rows of this sequence only.
+  const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
+  float* lse_row0 = p.lse == nullptr ? nullptr
+                    : packed         ? p.lse + (int64_t)h * mp.total_q + q0
+                                     : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
+  T* out = static_cast<T*>(p.o) + (int64_t)bq * p.o_stride[0] + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2];
+  epilogue_sink<D, T>(o, st, sink_log2, lse_row0, out, p.o_stride[2], seqlen_q, smem, m0, 1);
+#endif
+}
+
+template <class Cfg, class T, int kTransform>
+int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
+  constexpr auto kernel = attn_fwd_v09_kernel<Cfg, T, kTransform>;
+  if (const cudaError_t err = lab::allow_smem_once<kernel>(Cfg::kSmem, dev)) return (int)err;
+  const AttnFwdParams& p = mp.base;
+  CUtensorMap tq, tk, tv;
+  const bool bf16 = p.dtype == LAB_BF16;
+  if (mp.cu_seqlens_q != nullptr) {  // the packed tensors as one sequence of total rows (B = 1)
+    const int tk_rows = mp.total_k > 0 ? mp.total_k : 1;
+    if (!make_bhsd_map(&tq, p.q, bf16, p.head_dim, mp.total_q, p.heads_q, 1, p.q_stride, 64) ||
+        !make_bhsd_map(&tk, p.k, bf16, p.head_dim, tk_rows, p.heads_kv, 1, p.k_stride, Cfg::BC) ||
+        !make_bhsd_map(&tv, p.v, bf16, p.head_dim, tk_rows, p.heads_kv, 1, p.v_stride, Cfg::BC))
+      return LAB_E_SHAPE;
+  } else if (const int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) {
+    return rc;
+  }
+  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, mp);
+  return (int)cudaGetLastError();
+}
+
+template <class Cfg, class T>
+int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
+  if (mp.softcap > 0.f) return launch<Cfg, T, kTanh>(mp, stream, dev);
+  if (mp.base.scale > 0.f) return launch<Cfg, T, kNone>(mp, stream, dev);
+  return launch<Cfg, T, kScale>(mp, stream, dev);
+}
+
+}  // namespace
+
+// v08's checks (with the TMA limits of common/hopper), then the tile by head dim and the kernel by dtype and transform.
+extern "C" int attn_fwd_v09(const AttnMaskParams* p, void* stream) {
+  if (p->softcap < 0.f || p->window_left < -1 || p->window_right < -1) return LAB_E_SHAPE;
+  if ((p->cu_seqlens_q == nullptr) != (p->cu_seqlens_k == nullptr)) return LAB_E_SHAPE;
+  if (p->cu_seqlens_q != nullptr && (p->total_q <= 0 || p->total_q > (1 << 30) || p->total_k > (1 << 30)))
+    return p->total_q == 0 ? 0 : LAB_E_SHAPE;
+  if (const int rc = check_tma_fwd_params(&p->base)) return rc < 0 ? rc : 0;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->base.dtype == LAB_BF16;
+  if (p->base.head_dim == 64)
+    return bf16 ? launch_by_transform<Cfg64, __nv_bfloat16>(*p, st, dev) : launch_by_transform<Cfg64, __half>(*p, st, dev);
+  return bf16 ? launch_by_transform<Cfg128, __nv_bfloat16>(*p, st, dev) : launch_by_transform<Cfg128, __half>(*p, st, dev);
+}
