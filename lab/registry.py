@@ -48,9 +48,12 @@ DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the other
 PAGED_DECODE = ("v03", "v04")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
 PAGED_HEADS = {"v04": 8}
-# The paged version lab.ops.decode runs when H_kv allows it (PAGED_HEADS), else v03. v04's rows read whole
-# runs of 8 heads of a page (kernels/decode/v04_pagerow.cu).
+# The paged versions in lab.ops.decode's order of preference, where H_kv allows (PAGED_HEADS) and, for v04, where
+# its blocks of 8 heads fill a wave with no split (PAGEROW_FULL_WAVE of the SMs): measured on an H100 (kernels/decode/
+# README.md), v04 was 1.5-2.5 % faster than v03 at 128 x 2048 (one split) and 1-12 % slower with 2-127 splits
+# (the combine of many splits, and 16-key tiles over short splits).
 BEST_PAGED = ("v04", "v03")
+PAGEROW_FULL_WAVE = 0.8
 SPLIT_RULE = {"v03": "v02"}  # v03's pass 1 is v02's with another address: v02's one-block-per-SM split plan
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
@@ -94,14 +97,20 @@ def default_decode_version(heads_q: int, heads_kv: int, q_len: int) -> str:
     return "v02" if heads_q // heads_kv * q_len >= 2 else "v01"
 
 
-def paged_versions(heads_kv: int) -> tuple:
-    """The paged decode versions that take H_kv KV heads, in lab.ops.decode's order of preference."""
-    return tuple(v for v in BEST_PAGED if heads_kv % PAGED_HEADS.get(v, 1) == 0)
+def paged_versions(heads_kv: int, batch: int | None = None, sms: int | None = None) -> tuple:
+    """The paged decode versions that take H_kv KV heads, in lab.ops.decode's order of preference for a batch on a
+    GPU of `sms` SMs: v04 first only where batch x H_kv / 8 blocks fill PAGEROW_FULL_WAVE of the SMs (unknown
+    batch or SMs: last)."""
+    takes = [v for v in BEST_PAGED if heads_kv % PAGED_HEADS.get(v, 1) == 0]
+    full = batch is not None and sms and batch * (heads_kv // PAGED_HEADS["v04"]) >= PAGEROW_FULL_WAVE * sms
+    if "v04" in takes and not full:
+        takes = [v for v in takes if v != "v04"] + ["v04"]
+    return tuple(takes)
 
 
-def default_paged_version(heads_kv: int) -> str:
-    """What lab.ops.decode runs for a block table (or a causal call) with H_kv KV heads."""
-    return paged_versions(heads_kv)[0]
+def default_paged_version(heads_kv: int, batch: int | None = None, sms: int | None = None) -> str:
+    """What lab.ops.decode runs for a block table (or a causal call) with H_kv KV heads, a batch, on `sms` SMs."""
+    return paged_versions(heads_kv, batch, sms)[0]
 
 
 def default_for_row(row: dict) -> str | None:
@@ -110,7 +119,8 @@ def default_for_row(row: dict) -> str | None:
     case = row.get("case") or {}
     try:
         if "page_size" in case:
-            return default_paged_version(int(case["Hkv"]))
+            return default_paged_version(int(case["Hkv"]), int(case.get("B", 0)) or None,
+                                         int(row.get("env", {}).get("sms") or 0) or None)
         if "q_len" in case:
             return default_decode_version(int(case["Hq"]), int(case["Hkv"]), int(case["q_len"]))
         if "Sq" in case:

@@ -176,19 +176,22 @@ def test_expanded_or_transposed_tables_are_copied():
 
 
 def test_paged_routing_by_kv_heads(fake, monkeypatch):
-    """H_kv a multiple of 8 runs the registry's first paged choice (BEST_PAGED), H_kv 2 runs v03; naming v04 for
-    H_kv 2 is a ValueError that says why; v04's split plan is its own rule (blocks of 8 heads)."""
+    """H_kv a multiple of 8 runs v04 where its blocks of 8 heads fill the SMs (no split), else v03; H_kv 2 runs v03;
+    naming v04 for H_kv 2 is a ValueError that says why."""
     from lab import registry
 
     calls = []
     real = decode_op._v03_op
     monkeypatch.setattr(decode_op, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
     decode_op._decode_plans.clear()
-    q, kc, vc, table = _paged(fake, Hq=32, Hkv=8)
-    ops.decode(q, kc, vc, block_table=table)
+    monkeypatch.setattr(decode_op, "sm_count", lambda device: 132)
+    q, kc, vc, table = _paged(fake, B=3, Hq=32, Hkv=8)
+    ops.decode(q, kc, vc, block_table=table)  # 3 blocks of 8 heads: v04 would need splits, v03 runs
+    q, kc, vc, table = _paged(fake, B=120, Hq=32, Hkv=16)
+    ops.decode(q, kc, vc, block_table=table)  # 240 blocks of 8 heads: one wave with no split, v04 runs
     q2, kc2, vc2, table2 = _paged(fake)
     ops.decode(q2, kc2, vc2, block_table=table2)
-    assert calls == [registry.default_paged_version(8), "v03"]
+    assert calls == ["v03", "v04", "v03"]
     with pytest.raises(ValueError, match=r"'v04' needs H_kv to be a multiple of 8, got 2"):
         ops.decode(q2, kc2, vc2, block_table=table2, version="v04")
     decode_op._decode_plans.clear()

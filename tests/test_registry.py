@@ -67,7 +67,10 @@ def test_default_for_row_reads_shape_and_gpu_from_a_record():
     assert registry.default_for_row(fwd) == "v05"
     assert registry.default_for_row({**fwd, "env": {"capability": "8.9"}}) == "v04"
     assert registry.default_for_row({"case": {"Hq": 32, "Hkv": 8, "q_len": 1}}) == "v02"
-    assert registry.default_for_row({"case": {"Hq": 8, "Hkv": 8, "q_len": 1, "page_size": 16}}) == registry.BEST_PAGED[0]
+    assert registry.default_for_row({"case": {"Hq": 8, "Hkv": 8, "q_len": 1, "page_size": 16}}) == "v03"  # no batch
+    paged = {"case": {"Hq": 32, "Hkv": 8, "q_len": 1, "page_size": 16, "B": 128}, "env": {"sms": 132}}
+    assert registry.default_for_row(paged) == "v04"  # 128 blocks of 8 heads fill the wave: v04
+    assert registry.default_for_row({**paged, "case": {**paged["case"], "B": 64}}) == "v03"  # v04 would split
     assert registry.default_for_row({"case": {"Hq": 8, "Hkv": 2, "q_len": 1, "page_size": 16}}) == "v03"
     assert registry.default_for_row({"case": {"D": 64, "Sq": 4}}) is None  # no GPU: no default
     assert registry.default_for_row({}) is None

@@ -160,11 +160,22 @@ struct PageWalk {
 // The page-table check of one sequence, by the whole block: true when a page id among its first
 // n_pages slots is outside [0, num_pages). Every block of the sequence runs it, so all of them agree to
 // zero the sequence without talking to each other (no workspace to clear between graph replays).
+// The loads go kUnroll at a time: one at a time, a 131072-key sequence in pages of 16 (8192 ids, 64 per thread of
+// a 128-thread block) was 64 serial L2 round trips in every block's prologue, ~12 us of a ~200 us call (H100).
 template <int kThreads>
 __device__ __forceinline__ bool bad_pages(const int32_t* table_row, int n_pages, int num_pages) {
+  constexpr int kUnroll = 8;
+  const unsigned limit = static_cast<unsigned>(num_pages);
   bool bad = false;
-  for (int i = threadIdx.x; i < n_pages; i += kThreads)
-    bad |= static_cast<unsigned>(__ldg(table_row + i)) >= static_cast<unsigned>(num_pages);
+  int i = threadIdx.x;
+  for (; i + (kUnroll - 1) * kThreads < n_pages; i += kUnroll * kThreads) {
+    int32_t id[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) id[u] = __ldg(table_row + i + u * kThreads);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) bad |= static_cast<unsigned>(id[u]) >= limit;
+  }
+  for (; i < n_pages; i += kThreads) bad |= static_cast<unsigned>(__ldg(table_row + i)) >= limit;
   return __syncthreads_or(bad) != 0;
 }
 

@@ -232,7 +232,7 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits) -> tuple
         if version is not None and _version(version, DECODE, query.shape[-1], ()) not in PAGED_DECODE:
             raise ValueError(f"decode version {version!r} has no block table or causal mask; use one of "
                              f"{list(PAGED_DECODE)} or version=None")
-        takes = paged_versions(heads_kv)
+        takes = paged_versions(heads_kv, query.shape[0], sm_count(query.device))
         if version is not None and _version(version, DECODE, query.shape[-1], ()) not in takes:
             raise ValueError(f"decode version {version!r} needs H_kv to be a multiple of {PAGED_HEADS[version]}, got "
                              f"{heads_kv}; use one of {list(takes)} or version=None")
