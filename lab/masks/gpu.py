@@ -188,9 +188,14 @@ def race(budget_s: float) -> None:
         row = {k: (t.median_ms if hasattr(t, "median_ms") else str(t)) for k, t in times.items()}
         ours = row["lab"]
         ratios = {k: (v / ours if isinstance(v, float) else None) for k, v in row.items() if k != "lab"}
+        # overhead: the feature's cost over the same kernel without it; dense_overhead: a packed batch of equal
+        # lengths over the default dense op on the same tokens (the targets' two "within 5 %" rows)
+        extra_fields = {name: ours / row[other] for name, other in (("overhead", "lab_masked_plain"),
+                                                                    ("dense_overhead", "lab_dense_default"))
+                        if isinstance(row.get(other), float)}
         record.append({"kind": "race", "feature": feature, "case": {"B": 1, "H": H, "S": S, "D": D, "dtype": "bfloat16",
                                                                    **extra}, "median_ms": row,
-                       "ratio_vs_lab": ratios}, chapter=CHAPTER)
+                       "ratio_vs_lab": ratios, **extra_fields}, chapter=CHAPTER)
         print(f"race {feature} S={S} {extra}: " + ", ".join(f"{k} {v if isinstance(v, str) else round(v, 3)}"
                                                              for k, v in row.items()), flush=True)
 
