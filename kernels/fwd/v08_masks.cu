@@ -123,9 +123,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attn_fwd_v08_kerne
   const int g = lane / 4;
   const int t = lane % 4;
 
-  // ---- which (sequence b, head h, query block) this CTA owns: query block fastest (one head's K/V shared in L2)
+  // ---- which (sequence b, head h, query block) this CTA owns: query block fastest (one head's K/V shared in L2),
+  // heaviest first when the window has a right edge (causal: the last blocks see the most keys; v03's order)
   const int num_m_blocks = (p.seqlen_q + Br - 1) / Br;
-  const int m_block = blockIdx.x % num_m_blocks;
+  const int m_block = mp.window_right >= 0 ? num_m_blocks - 1 - (int)(blockIdx.x % num_m_blocks)
+                                           : (int)(blockIdx.x % num_m_blocks);
   const int bh = blockIdx.x / num_m_blocks;
   const int b = bh / p.heads_q, h = bh % p.heads_q;
   const int h_kv = h / (p.heads_q / p.heads_kv);
