@@ -206,3 +206,31 @@ def test_cu_seqlens_values(values, message):
     cu = torch.tensor(values, dtype=torch.int32)
     with pytest.raises(ValueError, match=message):
         mask_op._check_cu(cu, "cu_seqlens_q", 30, cu.device, None, True, 20)
+
+
+def test_params_layout_matches_the_c_struct():
+    """lab.masks.op packs AttnMaskParams with struct.pack; ctypes lays the same fields out by C's alignment rules."""
+    import ctypes
+    i64x3 = ctypes.c_int64 * 3
+
+    class Fwd(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "v", "o", "lse")] + \
+                   [(n, i64x3) for n in ("qs", "ks", "vs", "os")] + \
+                   [(n, ctypes.c_int) for n in ("b", "hq", "hkv", "sq", "sk", "d")] + \
+                   [("scale", ctypes.c_float), ("causal", ctypes.c_int), ("dtype", ctypes.c_int), ("debug", ctypes.c_void_p)]
+
+    class Masked(ctypes.Structure):
+        _fields_ = [("base", Fwd), ("left", ctypes.c_int), ("right", ctypes.c_int), ("off", ctypes.c_int),
+                    ("softcap", ctypes.c_float), ("sinks", ctypes.c_void_p), ("cuq", ctypes.c_void_p),
+                    ("cuk", ctypes.c_void_p), ("tq", ctypes.c_int), ("tk", ctypes.c_int)]
+
+    values = list(range(1, 6)) + list(range(10, 22)) + list(range(30, 36)) + [0.5, 40, 1] + [7, -1, 3, 2.5, 50, 51, 52, 60, 61]
+    m = Masked()
+    b = m.base
+    b.q, b.k, b.v, b.o, b.lse = values[:5]
+    b.qs, b.ks, b.vs, b.os = (i64x3(*values[5 + 3 * i:8 + 3 * i]) for i in range(4))
+    b.b, b.hq, b.hkv, b.sq, b.sk, b.d = values[17:23]
+    b.scale, b.causal, b.dtype, b.debug = values[23], values[24], values[25], 0
+    m.left, m.right, m.off, m.softcap, m.sinks, m.cuq, m.cuk, m.tq, m.tk = values[26:]
+    packed = mask_op.PARAMS.pack(*values[:26], 0, *values[26:])
+    assert ctypes.sizeof(Masked) == mask_op.PARAMS.size and bytes(m) == packed

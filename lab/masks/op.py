@@ -9,6 +9,7 @@ rule cannot reach. Nothing falls back to a slow path.
 from __future__ import annotations
 
 import ctypes
+import struct
 
 import torch
 
@@ -17,26 +18,14 @@ from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, 
 from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
 from . import spec
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
-_I64x3 = ctypes.c_int64 * 3
-
-
-class _FwdParams(ctypes.Structure):  # AttnFwdParams, kernels/common/params.h
-    _fields_ = [("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("o", ctypes.c_void_p),
-                ("lse", ctypes.c_void_p), ("q_stride", _I64x3), ("k_stride", _I64x3), ("v_stride", _I64x3),
-                ("o_stride", _I64x3), ("batch", ctypes.c_int), ("heads_q", ctypes.c_int),
-                ("heads_kv", ctypes.c_int), ("seqlen_q", ctypes.c_int), ("seqlen_k", ctypes.c_int),
-                ("head_dim", ctypes.c_int), ("scale", ctypes.c_float), ("causal", ctypes.c_int),
-                ("dtype", ctypes.c_int), ("debug", ctypes.c_void_p)]
-
-
-class _MaskParams(ctypes.Structure):  # AttnMaskParams
-    _fields_ = [("base", _FwdParams), ("window_left", ctypes.c_int), ("window_right", ctypes.c_int),
-                ("diag_offset", ctypes.c_int), ("softcap", ctypes.c_float), ("sinks", ctypes.c_void_p),
-                ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p), ("total_q", ctypes.c_int),
-                ("total_k", ctypes.c_int)]
-
-
-_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_MaskParams), ctypes.c_void_p)
+# AttnMaskParams (kernels/common/params.h) packed in one struct.pack call: AttnFwdParams (q, k, v, o, lse; four
+# strides of 3; batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype; 4 bytes of padding;
+# debug), then window_left, window_right, diag_offset, softcap, sinks, cu_seqlens_q, cu_seqlens_k, total_q, total_k.
+# Filling a ctypes.Structure field by field cost ~28 us a call on the CPU box; the pack costs a few.
+# tests/test_masks.py checks the layout against ctypes' own (the C rules of alignment).
+PARAMS = struct.Struct("<5Q12q6if2i4xQ3ifQQQ2i")
+assert PARAMS.size == 232
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _calls: dict = {}
 
 
@@ -72,27 +61,20 @@ def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, si
     call = _calls.get(key)
     if call is None:
         call = _calls[key] = _LAUNCH(launcher(MASKED_FWD, version, defines))
-    p = _MaskParams()
-    b = p.base
-    b.q, b.k, b.v, b.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-    b.lse = lse.data_ptr() if lse is not None else None
     if cu_q is None:
-        for name, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", out)):
-            setattr(b, name, _I64x3(*t.stride()[:3]))
-        b.batch, b.heads_q, b.seqlen_q, b.head_dim = q.shape
-        b.heads_kv, b.seqlen_k = k.shape[1], k.shape[2]
+        strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
+        sizes = (q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
+        packed = (0, 0, 0, 0)
     else:
-        for name, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", out)):
-            setattr(b, name, _I64x3(0, t.stride(1), t.stride(0)))
-        b.batch, b.heads_q, b.heads_kv, b.head_dim = cu_q.shape[0] - 1, q.shape[1], k.shape[1], q.shape[2]
-        b.seqlen_q, b.seqlen_k = max_q, max_k
-        p.cu_seqlens_q, p.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
-        p.total_q, p.total_k = q.shape[0], k.shape[0]
-    b.scale, b.causal, b.dtype = scale, 0, _DTYPE_CODE[q.dtype]
-    p.window_left, p.window_right, p.diag_offset, p.softcap = mask.left, mask.right, offset, mask.softcap
-    p.sinks = sinks.data_ptr() if sinks is not None else None
+        strides = tuple(x for t in (q, k, v, out) for x in (0, t.stride(1), t.stride(0)))
+        sizes = (cu_q.shape[0] - 1, q.shape[1], k.shape[1], max_q, max_k, q.shape[2])
+        packed = (cu_q.data_ptr(), cu_k.data_ptr(), q.shape[0], k.shape[0])
+    params = PARAMS.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                         lse.data_ptr() if lse is not None else 0, *strides, *sizes, scale, 0, _DTYPE_CODE[q.dtype], 0,
+                         mask.left, mask.right, offset, mask.softcap, sinks.data_ptr() if sinks is not None else 0,
+                         *packed)
     with torch.cuda.device(q.device):
-        rc = call(ctypes.byref(p), ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
+        rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
     if rc != 0:
         raise RuntimeError(f"masked attention kernel {version} failed with code {rc} (LAB_E_* < 0, or a cudaError_t)")
 
