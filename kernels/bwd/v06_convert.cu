@@ -29,6 +29,13 @@
 // off the shorter calls (+5-8 % at S = 1024, both head dims, B S fixed); the loop itself unchanged (the publish
 // costs a warp barrier and one atomic per warp and step).
 //
+// Outcome (H100, GPU time, in rounds with v05 and SDPA-cuDNN's backward, 15 bench-bwd cells; kernels/bwd/README.md):
+// correct (53/53 driver configs, 14/14 lab.check gradient checks, four sanitizers clean) and 28-35 % slower than
+// v05 in every cell (D = 128, S = 4096: 399 against 553 TFLOP/s). The loss is far beyond the convert pass it
+// removes (~3 %), so it is the publish: a fence per warp and step (MEMBAR.GPU) stalls the warp until its
+// outstanding global reductions are acknowledged, and one step after they were issued they still are not: the
+// dQ reductions (16 KB per warpgroup and step) queue at L2. Kept as the measured negative result; not the default.
+//
 // Limits: v05's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
 // mode), with the dQ partials always reduced from the registers (LAB_V05_DQ_RED = 1).
 //
