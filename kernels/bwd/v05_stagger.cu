@@ -45,20 +45,6 @@ using namespace lab::sm90::bwd;
 template <int D>
 using Cfg5 = Cfg<D, 2>;
 
-// v05's sink: each thread's reductions straight from the accumulators (LAB_V05_DQ_RED), or the copy engine's.
-struct AddPartial {
-  template <class C>
-  __device__ __forceinline__ void add(const float (&dq)[32], uint8_t* smem, const Work& work, int j,
-                                             const AttnBwdParams& p) {
-    if constexpr (LAB_V05_DQ_RED)
-      red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
-    else
-      reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
-  }
-  template <class C>
-  __device__ __forceinline__ void finish(const Work&, const AttnBwdParams&) {}
-};
-
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {

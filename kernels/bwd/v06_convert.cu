@@ -126,7 +126,7 @@ struct ConvertLast {
 
   // Step j: settle step j - 2's count, publish step j - 1's reductions, then issue step j's.
   template <class C>
-  __device__ __forceinline__ void add(const float (&dq)[32], uint8_t*, const Work& work, int j,
+  __device__ __forceinline__ void add(const float (&dq)[C::kDqRegs], uint8_t*, const Work& work, int j,
                                       const AttnBwdParams& p) {
     if (pending >= 0) settle<C>(work, p);
     if (j >= 1) arrive<C>(work, j - 1, p);

@@ -28,20 +28,24 @@ namespace lab::sm90::bwd {
 //     Measured (bwd/v04): 2 buffers are 2-4 % slower than 1 at D = 128 with one CTA per tile.
 //   One CTA per tile, not persistent: v04's persistent loop (one CTA per SM, static round-robin) measured 2-4 %
 //     slower at D = 128 and 38 % slower on long causal problems.
-template <int D_, int kDsBufs_ = 1>
+//   kDqByColumns: D = 64 splits dQ by columns as D = 128 does (each warpgroup 32 columns over all 128 keys, an
+//     m64n32 GEMM) instead of by keys (64 columns over its own keys): half the dQ reductions per step (bwd/v07).
+template <int D_, int kDsBufs_ = 1, bool kDqByColumns = false>
 struct Cfg {
   static constexpr int D = D_;
   static constexpr int BR = 64;
   static constexpr int BC = 128;
   static constexpr int kStages = 2;
   static constexpr int kDsBufs = kDsBufs_;
-  static constexpr bool kSplitDq = D == 128;  // dQ split by columns (both halves of dS) or by keys (own half)
+  static constexpr bool kSplitDq = D == 128 || kDqByColumns;  // dQ split by columns (both halves of dS) or by keys
+  static constexpr int kDqCols = kSplitDq ? D / 2 : D;          // a warpgroup's dQ partial: 64 rows x kDqCols
+  static constexpr int kDqRegs = kDqCols / 2;
   static constexpr int kThreads = 384;
   static constexpr int kRegsConsumer = 240, kRegsProducer = 24;
   static constexpr int kKVBytes = BC * D * 2;   // one of K, V
   static constexpr int kQBytes = BR * D * 2;    // one of Q_i, dO_i
   static constexpr int kDsBytes = BC * BR * 2;  // dS^T
-  static constexpr int kDqBytes = 64 * 64 * 4;  // one warpgroup's dQ partial
+  static constexpr int kDqBytes = 64 * kDqCols * 4;  // one warpgroup's dQ partial
   static constexpr int kRowBytes = BR * 4;      // LSE_i or Delta_i
   // offsets from the 1024-aligned base
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
@@ -51,7 +55,7 @@ struct Cfg {
   static constexpr int kOffRows = kOffDq + 4 * kDqBytes;      // [stage] LSE then Delta
   static constexpr int kSmem = kOffRows + kStages * 2 * kRowBytes + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
-  static_assert(D == 64 || D == 128, "dQ is one m64n64 GEMM per warpgroup: D / 2 (split) or D (own keys) = 64");
+  static_assert(D == 64 || D == 128, "dQ is one m64n64 GEMM per warpgroup (D / 2 split, or D own keys), or m64n32");
 };
 
 constexpr int kBarDsFree = 1, kBarDsReady = 2, kBarWg = 3;  // named barriers (0 is __syncthreads)
@@ -236,12 +240,14 @@ __device__ __forceinline__ void store_ds(uint8_t* ds, const uint32_t (&dsa)[C::B
 // This warpgroup's dQ partial (SS m64n64, A = dS read M-major from the dS^T tile): D = 128, columns 64 wg..
 // over all 128 keys; D = 64, all columns over its own 64 keys. One commit group.
 template <class C, bool kBf16>
-__device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds, uint32_t k_tile) {
+__device__ __forceinline__ void issue_dq(float (&dq)[C::kDqRegs], uint32_t ds, uint32_t k_tile) {
   const int wg = threadIdx.x / 128;
   if constexpr (C::kSplitDq) {
+    // D = 128: the warpgroup's 64-column block of K; D = 64: its 32 columns, 64 bytes into each swizzled row.
+    const uint32_t k_cols = k_tile + (C::D == 128 ? wg * C::BC * 128 : wg * C::kDqCols * 2);
 #pragma unroll
     for (int kk = 0; kk < C::BC / 16; ++kk)
-      WgmmaOp<64>::ss<kBf16, 1, 1>(dq, desc_v(ds, C::BC, kk), desc_v(k_tile + wg * C::BC * 128, C::BC, kk), kk > 0);
+      WgmmaOp<C::kDqCols>::template ss<kBf16, 1, 1>(dq, desc_v(ds, C::BC, kk), desc_v(k_cols, C::BC, kk), kk > 0);
   } else {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -256,19 +262,19 @@ __device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t ds, uint32_t 
 // The buffer's previous reduction was waited for (read) one step ago by the same thread, and a barrier of
 // this warpgroup has passed since.
 template <class C>
-__device__ __forceinline__ void reduce_dq(const float (&dq)[32], uint8_t* smem, int it, int hq, int m0, int b,
+__device__ __forceinline__ void reduce_dq(const float (&dq)[C::kDqRegs], uint8_t* smem, int it, int hq, int m0, int b,
                                           const AttnBwdParams& p) {
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   uint8_t* buf = smem + C::kOffDq + (2 * wg + (it & 1)) * C::kDqBytes;
 #pragma unroll
-  for (int r4 = 0; r4 < 8; ++r4)
+  for (int r4 = 0; r4 < C::kDqCols / 8; ++r4)
     *reinterpret_cast<float4*>(buf + (r4 * 128 + wt) * 16) =
         make_float4(dq[4 * r4], dq[4 * r4 + 1], dq[4 * r4 + 2], dq[4 * r4 + 3]);
   fence_proxy_async();
   named_barrier_sync(kBarWg + wg, 128);
   if (wt == 0) {
     const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
-    float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D + (C::kSplitDq ? wg * 64 * 64 : 0);
+    float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D + (C::kSplitDq ? wg * 64 * C::kDqCols : 0);
     bulk_reduce_add_f32(dst, smem_u32(buf), C::kDqBytes);
     bulk_commit();
     bulk_wait_read<1>();
@@ -313,7 +319,7 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   store_ds<C>(smem + ds_off, dsa);
   named_barrier_sync(C::kSplitDq ? kBarDsReady : kBarWg + wg, C::kSplitDq ? 256 : 128);
 
-  float dq[32];
+  float dq[C::kDqRegs];
   wgmma_fence();
   issue_dq<C, kBf16>(dq, base + ds_off, base + C::kOffK);
   wgmma_wait<0>();
@@ -357,10 +363,11 @@ __global__ void __launch_bounds__(256) convert_dq(const AttnBwdParams p) {
        idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t block = idx / (64 * D / 4);  // (b, h, 64-row block)
     const int in = (int)(idx % (64 * D / 4));
-    const int part = in / 1024, r4 = (in % 1024) / 128, wt = in % 128;
+    constexpr int kPartQuads = 16 * C::kDqCols;  // a warpgroup's 64 x kDqCols part
+    const int part = in / kPartQuads, r4 = (in % kPartQuads) / 128, wt = in % 128;
     const int warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
     const int row = (int)(block % (sq_pad / 64)) * 64 + warp * 16 + g;
-    const int col = (C::kSplitDq ? part * 64 : 0) + 8 * r4 + 2 * t;
+    const int col = (C::kSplitDq ? part * C::kDqCols : 0) + 8 * r4 + 2 * t;
     const int64_t bh = block / (sq_pad / 64);
     const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);
     const float4 a = reinterpret_cast<const float4*>(p.dq_accum)[idx];

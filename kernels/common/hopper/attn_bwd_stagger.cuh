@@ -35,12 +35,12 @@ __device__ __forceinline__ int free_bar(int buf, int writer) { return kBarFree +
 
 // The dQ partial of step j added into dq_accum by this thread's 16-byte reductions, in reduce_dq's order.
 template <class C>
-__device__ __forceinline__ void red_dq(const float (&dq)[32], int hq, int m0, int b, const AttnBwdParams& p) {
+__device__ __forceinline__ void red_dq(const float (&dq)[C::kDqRegs], int hq, int m0, int b, const AttnBwdParams& p) {
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
-  float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D + (C::kSplitDq ? wg * 64 * 64 : 0);
+  float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D + (C::kSplitDq ? wg * 64 * C::kDqCols : 0);
 #pragma unroll
-  for (int r4 = 0; r4 < 8; ++r4)
+  for (int r4 = 0; r4 < C::kDqCols / 8; ++r4)
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + (r4 * 128 + wt) * 4),
                  "f"(dq[4 * r4]), "f"(dq[4 * r4 + 1]), "f"(dq[4 * r4 + 2]), "f"(dq[4 * r4 + 3])
                  : "memory");
@@ -55,7 +55,7 @@ __device__ __forceinline__ void dq_step(Sink& sink, uint8_t* smem, const Work& w
   const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
   const uint32_t base = smem_u32(smem);
   if constexpr (C::kSplitDq) named_barrier_sync(ready_bar(buf, other), 256);
-  float dq[32];
+  float dq[C::kDqRegs];
   wgmma_fence();
   issue_dq<C, kBf16>(dq, base + C::kOffDs + buf * C::kDsBytes, base + C::kOffK);
   wgmma_wait<0>();
@@ -63,6 +63,20 @@ __device__ __forceinline__ void dq_step(Sink& sink, uint8_t* smem, const Work& w
   if (C::kSplitDq && j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
   sink.template add<C>(dq, smem, work, j, p);
 }
+
+// v05's sink: each thread's reductions straight from the accumulators (LAB_V05_DQ_RED), or the copy engine's.
+struct AddPartial {
+  template <class C>
+  __device__ __forceinline__ void add(const float (&dq)[C::kDqRegs], uint8_t* smem, const Work& work, int j,
+                                             const AttnBwdParams& p) {
+    if constexpr (LAB_V05_DQ_RED)
+      red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
+    else
+      reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
+  }
+  template <class C>
+  __device__ __forceinline__ void finish(const Work&, const AttnBwdParams&) {}
+};
 
 template <class C, class T, class Sink>
 __global__ void __launch_bounds__(C::kThreads, 1)
