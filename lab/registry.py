@@ -44,7 +44,7 @@ MASKED_FWD = {
 }
 BEST_MASKED_FWD = ("v09", "v08")  # preference: the first that runs on the device's capability
 BEST_BWD = ("v01",)
-BEST_BWD_HOPPER = ("v05", "v02", "v01")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
+BEST_BWD_HOPPER = ("v07", "v05", "v02", "v01")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
 DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 PAGED_DECODE = ("v03", "v04")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)

@@ -66,6 +66,7 @@ def kernel_source(target: str, case) -> str | None:
     return None
 
 
+_INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
 _GLOBAL = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
 
 
@@ -75,7 +76,11 @@ def kernel_regex(target: str, case) -> str:
     if source is None:
         family, name = parse_target(target)
         return (SDPA_BWD_KERNELS if family == "sdpa-bwd" else SDPA_KERNELS)[name]
-    names = _GLOBAL.findall((paths.KERNELS / source).read_text())
+    text = (paths.KERNELS / source).read_text()
+    names = _GLOBAL.findall(text)
+    if not names:  # a version that instantiates a shared kernel template: the headers it includes itself
+        names = [n for header in _INCLUDE.findall(text) if (paths.KERNELS / header).is_file()
+                 for n in _GLOBAL.findall((paths.KERNELS / header).read_text())]
     if not names:
         raise ValueError(f"{source} defines no __global__ function to profile")
     return "|".join(sorted(set(names)))
