@@ -171,8 +171,23 @@ def test_masked_attention_checks(fake):
 
 
 def test_masked_backward_is_refused(fake):
+    """No kernel computes these gradients yet: the op says so instead of running something slow."""
     q = fake(1, 2, 8, 64).requires_grad_()
     with pytest.raises(NotImplementedError, match=r"backward pass of window_size / softcap / sinks"):
+        ops.attention(q, q, q, window_size=(4, 0))
+    sinks = torch.empty(2, dtype=torch.float32, device="cuda").requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"lab.ops.attention: the backward pass"):
+        ops.attention(fake(1, 2, 8, 64), fake(1, 2, 8, 64), fake(1, 2, 8, 64), sinks=sinks)
+    packed, cu = fake(20, 2, 64).requires_grad_(), torch.empty(3, dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match=r"lab.ops.attention_varlen: the backward pass"):
+        ops.attention_varlen(packed, packed, packed, cu, cu, 10, 10)
+    with torch.no_grad():  # without gradients the same calls run (here: their fake kernels)
+        assert ops.attention(q, q, q, window_size=(4, 0)).shape == q.shape
+
+
+def test_cpu_tensors_get_a_clear_error():
+    q = torch.zeros(1, 2, 8, 64, dtype=F16)
+    with pytest.raises(ValueError, match=r"query must be on a CUDA device, got cpu"):
         ops.attention(q, q, q, window_size=(4, 0))
 
 

@@ -212,8 +212,10 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D (total_tokens, H, D), got shape {tuple(t.shape)}")
-    # The 4-D checks of the dense op on (1, H, total, D) views: dtype, device, head dims, strides.
-    _check_qkv(*(t.unsqueeze(0).transpose(1, 2) for t in (query, key, value)), "key", "value")
+    _no_backward((query, key, value, sinks), "lab.ops.attention_varlen")
+    # The 4-D checks of the dense op on (1, H, total, D) views (detached: checks only): dtype, device, head dims,
+    # strides.
+    _check_qkv(*(t.detach().unsqueeze(0).transpose(1, 2) for t in (query, key, value)), "key", "value")
     if query.shape[1] % key.shape[1]:
         raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of key heads ({key.shape[1]})")
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
@@ -223,7 +225,6 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], query.device, cu_seqlens_q.shape[0] - 1,
               check_cu_seqlens, max_seqlen_k)
     spec.check_sinks(sinks, query.shape[1], query.device)
-    _no_backward((query, key, value, sinks), "lab.ops.attention_varlen")
     if query.shape[-1] not in FAST_HEAD_DIMS:
         raise NotImplementedError(f"lab.ops.attention_varlen: head dim {query.shape[-1]} has no kernel "
                                   f"(kernels at {list(FAST_HEAD_DIMS)}; the dense op pads other head dims)")
