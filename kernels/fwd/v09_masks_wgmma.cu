@@ -16,7 +16,7 @@
 // Compile check: python -m lab compile. Checks and race: tools/gpu/masks_run.py (version "v09").
 // Measured: kernels/README.md, row "fwd v09". Prediction: about v05's speed on the unmasked work that remains,
 //   so a window well ahead of FlexAttention (which pays Triton's masked-block overhead) and of SDPA's dense mask.
-//   Outcome (H100, bf16 D=128 H=16, run 2 of 2026-11-26, chapter n13): window 1.23-1.39x Flex, 2.0-14.3x SDPA-cuDNN
+//   Outcome (H100, bf16 D=128 H=16; outputs/driver_logs/20261126-h100-masks/, chapter n13): window 1.23-1.39x Flex, 2.0-14.3x SDPA-cuDNN
 //   with the boolean mask; packed documents 1.26-1.27x Flex's document mask; sinks +1-3 %; softcap +22-24 % (a MUFU
 //   tanh beside each exp2 in a softmax-bound serial loop); the kernel without a mask at 1.43-1.77x v07's time,
 //   which is what keeps it short of the 1.5x-over-Flex target: the masks belong in v07's loop next.
