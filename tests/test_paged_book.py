@@ -52,8 +52,8 @@ def test_gates_read_no_data_without_rows_and_judge_the_race_rows():
                                                                          ratios={"lab.ops.decode contiguous": 0.80,
                                                                                  "sdpa-cudnn": 0.99})], mine)}
     by = {name.split(" >= ", 1)[1] if " >= " in name else name: r for name, r in results.items()}
-    assert by["0.95x our contiguous decode at page sizes 64 and 256"]["status"] == "pass"
-    assert by["0.85x our contiguous decode at page size 16"]["status"] == "fail"
+    assert by["0.95x our contiguous decode in every cell (pages 16, 64 and 256)"]["status"] == "fail"  # page 16: 0.80
+    assert by["0.95x the contiguous step on a ragged batch"]["status"] == "no data"
     assert by["0.95x SDPA-cuDNN on the same data made contiguous"]["status"] == "pass"
     assert by["90% of copy bandwidth wherever the cache is >= 1 GB"]["status"] == "pass"
     assert json.loads((paths.CHAPTERS / "gates.json").read_text())  # still valid JSON

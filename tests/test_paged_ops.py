@@ -195,3 +195,12 @@ def test_paged_routing_by_kv_heads(fake, monkeypatch):
     with pytest.raises(ValueError, match=r"'v04' needs H_kv to be a multiple of 8, got 2"):
         ops.decode(q2, kc2, vc2, block_table=table2, version="v04")
     decode_op._decode_plans.clear()
+
+
+def test_serving_lengths_are_long_tailed_and_bounded():
+    from lab.decode import paged
+
+    lengths = paged.serving_lengths(64, 16384, seed=0)
+    assert len(lengths) == 64 and min(lengths) >= 1 and max(lengths) == 16384
+    assert sorted(lengths)[32] < 4096 < max(lengths)  # most sequences short, one long: the tail a server sees
+    assert paged.serving_lengths(64, 16384, seed=0) == lengths  # seeded

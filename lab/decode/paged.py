@@ -221,3 +221,50 @@ def _row(impl, case, timing, work, ceilings, extra):
     row = sweep._row("paged", impl, case, timing, work, ceilings, extra)
     row["case"]["tokens"] = sum(case.lengths())
     return row
+
+
+def serving_lengths(batch: int, max_len: int, seed: int = 0) -> list[int]:
+    """Long-tailed cache lengths, as a server's batch holds them: log-normal around 1k keys (sigma 1.2), clipped to
+    [1, max_len], the longest set to max_len (one long conversation)."""
+    gen = torch.Generator().manual_seed(seed)
+    draws = torch.exp(torch.randn(batch, generator=gen, dtype=torch.float64) * 1.2 + math.log(1024.0))
+    lengths = [int(min(max(1.0, x), max_len)) for x in draws.tolist()]
+    lengths[int(torch.randint(batch, (1,), generator=gen))] = max_len
+    return lengths
+
+
+def serving_race(batch: int = 64, max_len: int = 16384, page_size: int = 16, dtype: str = "bfloat16", seed: int = 0,
+                 split_chunk: int = 2048, save: bool = True) -> list[dict]:
+    """The serving view: one decode step over a ragged batch (serving_lengths), timed eager (lab.bench's CudaTimer)
+    and as a CUDA-graph replay (captured once, lab.graphs.capture), for the paged public op (page_errors given),
+    the same op with splits of at most `split_chunk` keys of the capacity (a plan for ragged batches: the long
+    sequences' keys spread over more blocks), and the contiguous op on the padded cache with cache_seqlens. GB/s on
+    the bytes that must move (the lengths' K and V). Rows kind "serving"."""
+    from .. import bench, graphs, ops
+
+    lengths = serving_lengths(batch, max_len, seed)
+    case = PagedCase(f"serve-b{batch}-p{page_size}", batch, 32, 8, 1, max_len, 128, dtype, tuple(lengths), page_size)
+    a = paged_inputs(case, torch.Generator(device="cuda").manual_seed(seed), "cuda")
+    flags = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    splits = -(-max_len // split_chunk)
+    calls = {PUBLIC_DECODE: lambda: ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"],
+                                               block_table=a["table"], page_errors=flags),
+             f"{PUBLIC_DECODE} num_splits={splits}": lambda: ops.decode(a["q"], a["k_pages"], a["v_pages"],
+                                                                        a["seqlens"], None, splits,
+                                                                        block_table=a["table"], page_errors=flags),
+             CONTIGUOUS: lambda: ops.decode(a["q"], a["k"], a["v"], a["seqlens"])}
+    work = bench.decode_bytes(lengths, case.Hq, case.Hkv, case.q_len, case.D)
+    rows = []
+    for impl, fn in calls.items():
+        graph, _ = graphs.capture(fn)
+        for mode, timed in (("eager", fn), ("graph", graph.replay)):
+            t = bench.time_fn(timed)
+            rows.append({"kind": "serving", "impl": impl, "mode": mode, "case": case.as_dict(),
+                         "median_us": t.median_ms * 1e3, "gbps": work / t.median_ms / 1e6, "bytes": work,
+                         "tokens": sum(lengths),
+                         "lengths": {"min": min(lengths), "median": sorted(lengths)[batch // 2], "max": max(lengths)}})
+    contiguous = {r["mode"]: r["median_us"] for r in rows if r["impl"] == CONTIGUOUS}
+    for r in rows:  # t(contiguous) / t(this call), same mode
+        r["ratios"] = {CONTIGUOUS: contiguous[r["mode"]] / r["median_us"]}
+    del a
+    return [record.append(r) for r in rows] if save else rows

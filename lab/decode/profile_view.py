@@ -1,0 +1,61 @@
+"""Chapter n11's view of a paged-decode profile run (tools/gpu/paged_profile.sh): where the time goes per cell and
+kernel (ncu), the host's share of an eager call, and the serving view's rows. Pure Python: reads the JSON lines a
+run left under outputs/driver_logs/, so a machine without a GPU shows the recorded numbers with their GPU and commit.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import paths
+from ..publish.tables import Table
+
+RUNS = "*-paged-profile-*"  # outputs/driver_logs/<date>-<gpu>-paged-profile-<commit>/
+
+
+def latest_run(gpu: str = "h100") -> Path | None:
+    """The newest profile folder of that GPU (by name: the date leads), or None."""
+    runs = sorted(p for p in (paths.ROOT / "outputs" / "driver_logs").glob(RUNS) if f"-{gpu}-" in p.name)
+    return runs[-1] if runs else None
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def profile_table(run: Path) -> Table:
+    """Per cell and kernel (pass 1; cuDNN's one kernel): GPU time, DRAM throughput, issue activity, warp
+    instructions per MB of K and V, and the top stall reasons (share of stalled cycles per issue)."""
+    rows = []
+    for r in _lines(run / "ncu_profile.jsonl"):
+        m = r["metrics"]
+        mb = (m.get("dram_bytes") or 0) / 1e6
+        stalls = ", ".join(f"{s['reason']} {s['share']:.0%}" for s in m["stalls"][:3])
+        rows.append([r["cell"], r["page"] if r["impl"].startswith("paged") else "-", r["impl"],
+                     f"{m['duration_us']:.1f}", f"{m['dram_pct']:.1f}", f"{m['issue_pct'] or 0:.1f}",
+                     f"{(m.get('warp_inst') or 0) / mb:.0f}" if mb else "-", stalls])
+    env = _lines(run / "ncu_profile.jsonl")[:1]
+    caption = f"ncu --clock-control none, {env[0]['gpu']}, commit {env[0]['commit']} ({run.name})" if env else ""
+    return Table(["B x L", "page", "kernel", "us", "DRAM %", "issue %", "warp inst / MB", "top stalls"], rows, caption)
+
+
+def host_table(run: Path) -> Table:
+    """Per cell and call, us: eager (L2 flushed, one call: host path included where longer than the flush), GPU
+    time alone (a GPU sleep queued first), a CUDA-graph replay, and the host's microseconds per call."""
+    rows = [[r["cell"], r["impl"], r.get("eager_us"), r.get("gpu_us"), r.get("graph_us"), r.get("host_us"),
+             f"{r['copy_us_same_bytes'] / 2:.0f}"]
+            for r in _lines(run / "race.jsonl") if r.get("kind") == "paged-profile-race"]
+    return Table(["B x L", "call", "eager us", "GPU us", "graph us", "host us", "copy floor us"], rows, run.name)
+
+
+def serving_table(rows: list[dict]) -> Table:
+    """lab.decode.paged.serving_race's rows: eager and graph replay per call."""
+    out = [[r["case"]["name"], r["impl"], r["mode"], f"{r['median_us']:.1f}", f"{r['gbps']:.0f}",
+            f"{r['lengths']['min']}/{r['lengths']['median']}/{r['lengths']['max']}"] for r in rows]
+    return Table(["batch", "call", "mode", "us", "GB/s", "lengths min/median/max"], out)
+
+
+def serving_ratio(rows: list[dict], impl: str, baseline: str, mode: str = "graph") -> float | None:
+    """t(baseline) / t(impl) in the serving rows of one mode (> 1: impl faster)."""
+    t = {r["impl"]: r["median_us"] for r in rows if r["mode"] == mode}
+    return t[baseline] / t[impl] if impl in t and baseline in t else None
