@@ -1,5 +1,5 @@
-"""Small decode v04 calls for compute-sanitizer (tools/gpu/sanitize_pagerow.sh): paged caches at pages 16/48/256
-(a 16-key tile never crosses a page; 48 is not a multiple of the old 64-key tile), ragged lengths with 0 and 1,
+"""Small paged-decode calls (decode v03 and v04; PAGED_VERSIONS picks) for compute-sanitizer
+(tools/gpu/sanitize_pagerow.sh): paged caches at pages 16/48/256 (a 16-key tile never crosses a page; 48 is not a multiple of the old 64-key tile), ragged lengths with 0 and 1,
 q_len 1 and 3 (bottom-right causal), fp16 D 64 and bf16 D 128, H_kv 8 and 16 (two head chunks), one split, three
 and the plan's; bad tables (a page id past the pool, a negative one, a length past the table); the contiguous
 cache, plain and causal. Each output is checked against the float64 reference, so a run that only stays quiet
@@ -7,6 +7,7 @@ under the tool without computing the right thing does not pass. Prints PASS/FAIL
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -15,13 +16,13 @@ from lab import check, ops
 from lab.cases import PagedCase
 from lab.decode import paged
 
-V = "v04"
+VERSIONS = os.environ.get("PAGED_VERSIONS", "v03 v04").split()  # every paged version; the contiguous rows run v04
 
 
 def main() -> int:
     failed = 0
     gen = torch.Generator().manual_seed(0)
-    for page in (16, 48, 256):
+    for V, page in ((v, p) for v in VERSIONS for p in (16, 48, 256)):
         for (Hq, Hkv, q_len, causal, D, dtype) in ((32, 8, 1, False, 128, "bfloat16"), (32, 16, 3, True, 64, "float16")):
             case = PagedCase(f"san-p{page}-{Hq}x{Hkv}-q{q_len}", 4, Hq, Hkv, q_len, 300, D, dtype, (0, 1, 65, 300), page,
                              causal)
@@ -34,7 +35,7 @@ def main() -> int:
                                  is_causal=causal, page_errors=flags, version=V)
                 ok = check.compare(out, ref, yard)["passed"] and flags.tolist() == [0] * case.B
                 failed += not ok
-                print(("PASS" if ok else "FAIL"), case.name, "splits", splits, flush=True)
+                print(("PASS" if ok else "FAIL"), V, case.name, "splits", splits, flush=True)
             if page == 16:  # bad tables: zeroed and flagged, never read
                 table = a["table"].clone()
                 table[1, 0] = a["k_pages"].shape[0]
@@ -46,12 +47,12 @@ def main() -> int:
                                  is_causal=causal, page_errors=flags, version=V)
                 ok = flags.tolist() == [0, 1, 1, 2] and bool((out[1:] == 0).all())
                 failed += not ok
-                print(("PASS" if ok else "FAIL"), case.name, "bad table", flags.tolist(), flush=True)
+                print(("PASS" if ok else "FAIL"), V, case.name, "bad table", flags.tolist(), flush=True)
             k, v = a["k"], a["v"]
             out = ops.decode(a["q"], k, v, a["seqlens"], is_causal=causal, version=V)  # contiguous
             ok = check.compare(out, ref, yard)["passed"]
             failed += not ok
-            print(("PASS" if ok else "FAIL"), case.name, "contiguous", flush=True)
+            print(("PASS" if ok else "FAIL"), V, case.name, "contiguous", flush=True)
     torch.cuda.synchronize()
     print(f"{'FAILED ' + str(failed) if failed else 'all passed'}")
     return 1 if failed else 0
