@@ -6,63 +6,72 @@ in warp wt / 32 with (g, t) = (lane / 4, lane % 4), holds d[4 i + e] = row 16 (w
 of the block (D = 128: part = warpgroup, its 64 columns; D = 64: one part that both warpgroups add into), and
 convert_dq reads the block back quad by quad. These tests run both index maps over every thread and register
 and check that each element of the 64 x D block is written once per warpgroup and read back at its own row
-and column; a planted bug (the two row halves of a quad swapped in the convert) must fail. The GPU runs
+and column; with Cfg's kDqByColumns (v07) D = 64 splits by columns too, each warpgroup a 64 x 32 part (m64n32:
+16 registers, quads i < 4); a planted bug (the two row halves of a quad swapped in the convert) must fail. The GPU runs
 (tools/gpu/bwd_hopper.sh, n10) check the kernel itself.
 """
 import pytest
 
 
-def kernel_writes(D: int):
+def kernel_writes(D: int, by_columns: bool = False):
     """{float index in the 64-row block: [(row, col), ...]} as reduce_dq's stores place each warpgroup's
     accumulator (D = 128: warpgroup w owns columns 64 w..; D = 64: both own all 64, over their own keys)."""
-    split = D == 128
+    split = D == 128 or by_columns
+    cols = D // 2 if split else D  # Cfg::kDqCols
     out = {}
     for wg in range(2):
         for wt in range(128):
             warp, lane = divmod(wt, 32)
             g, t = divmod(lane, 4)
-            for i in range(8):
+            for i in range(cols // 8):
                 for e in range(4):
                     row = 16 * warp + g + 8 * (e >> 1)
-                    col = (64 * wg if split else 0) + 8 * i + 2 * t + (e & 1)
-                    index = (wg * 64 * 64 if split else 0) + (i * 128 + wt) * 4 + e
+                    col = (cols * wg if split else 0) + 8 * i + 2 * t + (e & 1)
+                    index = (wg * 64 * cols if split else 0) + (i * 128 + wt) * 4 + e
                     out.setdefault(index, []).append((row, col))
     return out
 
 
-def convert_reads(D: int, swap_halves: bool = False):
+def convert_reads(D: int, swap_halves: bool = False, by_columns: bool = False):
     """{float index: (row, col)} as convert_dq maps each float4 of a block back to (row, col)."""
-    split = D == 128
+    split = D == 128 or by_columns
+    cols = D // 2 if split else D
     out = {}
     for quad in range(64 * D // 4):
-        part, rest = divmod(quad, 1024)
+        part, rest = divmod(quad, 16 * cols)  # kPartQuads
         r4, wt = divmod(rest, 128)
         warp, lane = divmod(wt, 32)
         g, t = divmod(lane, 4)
         row = 16 * warp + g
-        col = (part * 64 if split else 0) + 8 * r4 + 2 * t
+        col = (part * cols if split else 0) + 8 * r4 + 2 * t
         first, second = (row + 8, row) if swap_halves else (row, row + 8)
         for e, (r, c) in enumerate(((first, col), (first, col + 1), (second, col), (second, col + 1))):
             out[4 * quad + e] = (r, c)
     return out
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_every_element_goes_out_and_comes_back_at_its_place(D):
-    writes, reads = kernel_writes(D), convert_reads(D)
+@pytest.mark.parametrize("D, by_columns", [(64, False), (128, False), (64, True)])
+def test_every_element_goes_out_and_comes_back_at_its_place(D, by_columns):
+    writes, reads = kernel_writes(D, by_columns), convert_reads(D, by_columns=by_columns)
     assert sorted(writes) == list(range(64 * D)) == sorted(reads)  # the block, nothing outside it
     for index, placed in writes.items():
         assert all(p == reads[index] for p in placed), (index, placed, reads[index])
     assert sorted(reads.values()) == [(r, c) for r in range(64) for c in range(D)]  # a bijection onto 64 x D
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_warpgroups_add_once_each(D):
-    counts = {len(placed) for placed in kernel_writes(D).values()}
-    # D = 128: each warpgroup owns its own columns (one write per element); D = 64: both add their keys' share
-    assert counts == ({1} if D == 128 else {2})
+@pytest.mark.parametrize("D, by_columns", [(64, False), (128, False), (64, True)])
+def test_warpgroups_add_once_each(D, by_columns):
+    counts = {len(placed) for placed in kernel_writes(D, by_columns).values()}
+    # split by columns (D = 128, or v07's D = 64): one write per element; by keys: both add their keys' share
+    assert counts == ({1} if D == 128 or by_columns else {2})
 
 
 def test_swapped_row_halves_in_the_convert_fail():
     writes, reads = kernel_writes(128), convert_reads(128, swap_halves=True)
+    assert any(p != reads[i] for i, placed in writes.items() for p in placed)
+
+
+def test_a_convert_that_keeps_64_column_parts_fails_the_column_split_d64():
+    """v07's D = 64 parts are 32 columns wide: the convert must take its part size from Cfg, not assume 64."""
+    writes, reads = kernel_writes(64, by_columns=True), convert_reads(64)
     assert any(p != reads[i] for i, placed in writes.items() for p in placed)
