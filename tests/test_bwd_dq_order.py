@@ -7,7 +7,7 @@ of the block (D = 128: part = warpgroup, its 64 columns; D = 64: one part that b
 convert_dq reads the block back quad by quad. These tests run both index maps over every thread and register
 and check that each element of the 64 x D block is written once per warpgroup and read back at its own row
 and column; with Cfg's kDqByColumns (v07) D = 64 splits by columns too, each warpgroup a 64 x 32 part (m64n32:
-16 registers, quads i < 4); a planted bug (the two row halves of a quad swapped in the convert) must fail. The GPU runs
+16 registers, quads i < 4; its two parts, one after the other, land where D = 64's single 64-column part does); a planted bug (the two row halves of a quad swapped in the convert) must fail. The GPU runs
 (tools/gpu/bwd_hopper.sh, n10) check the kernel itself.
 """
 import pytest
@@ -70,8 +70,3 @@ def test_swapped_row_halves_in_the_convert_fail():
     writes, reads = kernel_writes(128), convert_reads(128, swap_halves=True)
     assert any(p != reads[i] for i, placed in writes.items() for p in placed)
 
-
-def test_a_convert_that_keeps_64_column_parts_fails_the_column_split_d64():
-    """v07's D = 64 parts are 32 columns wide: the convert must take its part size from Cfg, not assume 64."""
-    writes, reads = kernel_writes(64, by_columns=True), convert_reads(64)
-    assert any(p != reads[i] for i, placed in writes.items() for p in placed)
