@@ -129,6 +129,16 @@ def head_dim_cases(dtype: str = "bfloat16", head_dims=(32, 80, 96), seqlens=(512
     return _token_grid("hd", 16384, dtype, head_dims, seqlens)
 
 
+def wide_head_dim_cases(dtype: str = "bfloat16", head_dims=(192, 256), seqlens=(512, 2048, 8192)) -> list[Case]:
+    """Head dims above 128 (fwd v10, forward only): B*S = 16k tokens, H = 16 (H*D = 3072 / 4096), causal and
+    not, plus Gemma-2's GQA (16 query heads over 8) at D = 256 and one padded width (200, run at 256)."""
+    cases = [Case(f"hdw-d{D}-s{S}{'-c' if causal else ''}", 16384 // S, 16, 16, S, S, D, dtype, causal)
+             for D in head_dims for S in seqlens for causal in (False, True)]
+    cases.append(Case("hdw-d256-s4096-gqa-c", 4, 16, 8, 4096, 4096, 256, dtype, True))
+    cases.append(Case("hdw-d200-s2048", 8, 16, 16, 2048, 2048, 200, dtype, False))
+    return cases
+
+
 def bench_fwd_fp16_cases() -> list[Case]:
     """One fp16 cell beside the bf16 grid: the same kernel path with the other dtype."""
     return [Case("fwd-d128-s4096-fp16", 8, 16, 16, 4096, 4096, 128, "float16", False)]

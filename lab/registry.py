@@ -19,6 +19,7 @@ FWD = {
     "v05": Kernel("fwd/v05_wgmma.cu", "attn_fwd_v05", (64, 128), ((9, 0),)),
     "v06": Kernel("fwd/v06_warpspec.cu", "attn_fwd_v06", (64, 128), ((9, 0),)),
     "v07": Kernel("fwd/v07_overlap.cu", "attn_fwd_v07", (64, 128), ((9, 0),)),
+    "v10": Kernel("fwd/v10_wide.cu", "attn_fwd_v10", (192, 256), ((9, 0),)),
 }
 DECODE = {
     "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
@@ -43,6 +44,12 @@ MASKED_FWD = {
     "v09": Kernel("fwd/v09_masks_wgmma.cu", "attn_fwd_v09", (64, 128), ((9, 0),)),
 }
 BEST_MASKED_FWD = ("v09", "v08")  # preference: the first that runs on the device's capability
+# The masked backward (window, softcap, sinks; dense calls): its launcher takes MaskBwdParams (kernels/common/hopper/
+# attn_bwd_mask_sm90.cuh); lab.masks.backward calls it. v08 is bwd v07's staggered loop with the masks' steps.
+MASKED_BWD = {
+    "v08": Kernel("bwd/v08_masks.cu", "attn_bwd_v08", (64, 128), ((9, 0),)),
+}
+BEST_MASKED_BWD = ("v08",)
 BEST_BWD = ("v01",)
 BEST_BWD_HOPPER = ("v07", "v05", "v02", "v01")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
 DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
@@ -60,12 +67,20 @@ BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
 # next of these (lab.fwd.head_dims), and runs them when the caller names no version.
 FAST_HEAD_DIMS = (64, 128)
+# Head dims with a forward kernel only, on compute capability 9.0 (fwd v10): D_qk, D_v from 129 to 256 pad up to
+# these; a gradient through them raises NotImplementedError (no backward kernel is built for them).
+WIDE_HEAD_DIMS = (192, 256)
+FWD_HEAD_DIMS = FAST_HEAD_DIMS + WIDE_HEAD_DIMS
 
 
 # ---------------------------------------------------------------- defaults
 
 def default_attention_version(head_dim: int, seqlen_q: int, is_causal: bool, capability: tuple) -> str:
     """The default forward kernel for a shape on a GPU of this compute capability."""
+    if head_dim in WIDE_HEAD_DIMS and capability not in HOPPER_CAPABILITIES:
+        raise ValueError(f"head dim {head_dim}: the forward kernel for D_qk, D_v above 128 (fwd v10, wgmma) runs on "
+                         f"compute capability 9.0 only, this GPU is {'.'.join(map(str, capability))}; "
+                         f"use F.scaled_dot_product_attention for heads wider than 128 here")
     preference = _hopper_preference(head_dim, seqlen_q, is_causal) if capability in HOPPER_CAPABILITIES else ()
     return _version(None, FWD, head_dim, preference + BEST_FWD)
 
@@ -80,7 +95,7 @@ def _hopper_preference(head_dim: int, seqlen_q: int, is_causal: bool) -> tuple:
     return BEST_FWD_HOPPER
 
 
-BEST_FWD_HOPPER = ("v07", "v06", "v05")  # preference on compute capability 9.0
+BEST_FWD_HOPPER = ("v07", "v06", "v05", "v10")  # preference on compute capability 9.0 (v10: D 192, 256 only)
 # (head dim, causal) -> largest S_q that runs v05 on Hopper. H200 run 12 and H100 run 11, timed in rounds
 # (outputs/driver_logs/20261123-{h200-v07-l2order-run12,h100-v07-l2order-run11}-*), TFLOP/s v05 vs v07: D=64 512
 # 351 vs 337, 2k 406 vs 443; D=64 causal 512 259 vs 197, 2k 361 vs 348 (H100 341 vs 343), 8k 404 vs 446 (H100
@@ -145,6 +160,7 @@ def default_versions(capability: tuple) -> dict[str, set]:
     """Every version some call gets by default on a GPU of this capability, per family: the kernels whose
     sanitizer runs cover what users run."""
     head_dims = sorted({d for kernel in FWD.values() for d in kernel.head_dims})
+    head_dims = [d for d in head_dims if d not in WIDE_HEAD_DIMS or tuple(capability) in HOPPER_CAPABILITIES]
     fwd = {default_attention_version(d, s, c, tuple(capability)) for d in head_dims for c in (False, True)
            for s in (1, *HOPPER_SMALL_MAX_SQ.values(), *(v + 1 for v in HOPPER_SMALL_MAX_SQ.values()))}
     decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | set(PAGED_DECODE)

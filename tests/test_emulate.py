@@ -57,6 +57,19 @@ def test_emulation_matches_reference(seqlen_q, seqlen_k, is_causal, order):
         assert agrees(got, want), (block_m, block_n, np.abs(got[0] - want[0]).max())
 
 
+@pytest.mark.parametrize("head_dim,block_m,block_n", [(192, 128, 112), (256, 128, 80), (160, 128, 112)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_wide_head_dims_on_the_wide_kernels_tiles(head_dim, block_m, block_n, is_causal):
+    """D = 192 / 256 (and 160, which lab.ops pads to 192) on fwd v10's tiles: B_r = 128, B_c = 112 / 80, GQA,
+    uneven lengths (a partial last tile on both sides)."""
+    q, k, v = make_qkv(2, 4, 2, 129, 1025 if is_causal else 197, head_dim, seed=head_dim)
+    q, k, v = (x.astype(np.float16) for x in (q, k, v))
+    want = attention_reference(q, k, v, is_causal=is_causal)
+    got = flash_forward_emulated(q, k, v, is_causal=is_causal, block_m=block_m, block_n=block_n, order="fa2")
+    assert got[0].shape == (2, 4, 129, head_dim)
+    assert agrees(got, want), np.abs(got[0] - want[0]).max()
+
+
 @pytest.mark.parametrize("head_dim", [16, 64, 128])
 @pytest.mark.parametrize("order", ["fa1", "fa2"])
 def test_head_dims_scale_and_fp16_inputs(head_dim, order):

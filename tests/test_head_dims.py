@@ -19,7 +19,8 @@ def reference(q, k, v, scale, is_causal=False):
     return torch.softmax(s, -1) @ v, lse
 
 
-@pytest.mark.parametrize("d_qk,d_v", [(80, 80), (96, 96), (32, 32), (8, 8), (24, 40), (128, 64), (64, 128), (96, 40)])
+@pytest.mark.parametrize("d_qk,d_v", [(80, 80), (96, 96), (32, 32), (8, 8), (24, 40), (128, 64), (64, 128), (96, 40),
+                                      (160, 160), (200, 200), (192, 128), (129, 64), (256, 192)])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_padding_is_exact(d_qk, d_v, is_causal):
     gen = torch.Generator().manual_seed(d_qk * 1000 + d_v)
@@ -56,9 +57,40 @@ def test_the_padded_widths_scale_would_be_wrong():
 
 
 def test_kernel_head_dims():
-    assert head_dims.kernel_head_dim(64, 64) is None and head_dims.kernel_head_dim(128, 128) is None
+    for d in (64, 128, 192, 256):
+        assert head_dims.kernel_head_dim(d, d) is None
     assert [head_dims.kernel_head_dim(d, d) for d in (8, 32, 48, 65, 80, 96, 120)] == [64, 64, 64, 128, 128, 128, 128]
+    assert [head_dims.kernel_head_dim(d, d) for d in (129, 160, 176, 200, 248)] == [192, 192, 192, 256, 256]
     assert head_dims.kernel_head_dim(128, 64) == 128 and head_dims.kernel_head_dim(40, 96) == 128
-    for d_qk, d_v in ((160, 160), (256, 256), (192, 128), (64, 129)):
+    assert head_dims.kernel_head_dim(192, 128) == 192 and head_dims.kernel_head_dim(64, 129) == 192
+    assert head_dims.kernel_head_dim(256, 64) == 256 and head_dims.kernel_head_dim(192, 256) == 256
+    assert not head_dims.forward_only(128, 64) and not head_dims.forward_only(96, 96)
+    assert head_dims.forward_only(192, 128) and head_dims.forward_only(160, 160) and head_dims.forward_only(256, 256)
+    for d_qk, d_v in ((264, 264), (257, 256), (64, 320)):
         with pytest.raises(ValueError, match=f"head dims query/key {d_qk}, value {d_v}"):
             head_dims.kernel_head_dim(d_qk, d_v)
+
+
+@pytest.mark.parametrize("d_qk,d_v", [(256, 256), (160, 160), (192, 128), (64, 200)])
+def test_gradients_above_128_raise_before_the_forward_runs(d_qk, d_v):
+    from lab import ops
+
+    q, k = torch.randn(1, 2, 5, d_qk, dtype=torch.bfloat16), torch.randn(1, 2, 7, d_qk, dtype=torch.bfloat16)
+    v = torch.randn(1, 2, 7, d_v, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=f"query/key {d_qk}, value {d_v}: lab.ops.attention has no backward"):
+        ops.attention(q.requires_grad_(), k, v)
+    with torch.no_grad():  # no gradient wanted: past this check (the CPU tensors get the device error)
+        with pytest.raises(ValueError) as err:
+            ops.attention(q, k, v)
+        assert "backward" not in str(err.value)
+
+
+def test_the_wide_forward_is_hopper_only_and_says_so():
+    from lab import registry
+
+    assert registry.default_attention_version(256, 4096, True, (9, 0)) == "v10"
+    assert registry.default_attention_version(192, 1, False, (9, 0)) == "v10"
+    assert registry.default_attention_version(128, 4096, False, (9, 0)) == "v07"  # the narrow defaults stay
+    with pytest.raises(ValueError, match="head dim 256: .* compute capability 9.0 only, this GPU is 8.0"):
+        registry.default_attention_version(256, 4096, False, (8, 0))
+    assert "v10" in registry.default_versions((9, 0))["fwd"] and "v10" not in registry.default_versions((8, 0))["fwd"]

@@ -15,7 +15,9 @@ class Module:
     is_causal = True
 
 
-def test_the_reasons_for_falling_back():
+def test_the_reasons_for_falling_back(monkeypatch):
+    hopper = [(9, 0)]  # the capability unsupported() sees (no GPU here)
+    monkeypatch.setattr(lab_hf, "_capability", lambda device: hopper[0])
     with FakeTensorMode():
         cuda = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device="cuda")
         q, k = cuda(1, 8, 5, 128), cuda(1, 2, 9, 128)
@@ -28,8 +30,19 @@ def test_the_reasons_for_falling_back():
         for reason, extra in cases.items():
             args = {"attention_mask": None, **extra}
             assert lab_hf.unsupported(q, k, k, **args).startswith(reason), reason
-        wide = cuda(1, 8, 5, 256)
-        assert lab_hf.unsupported(wide, cuda(1, 2, 9, 256), cuda(1, 2, 9, 256), None).startswith("head dim 256")
+        wide, wide_kv = cuda(1, 8, 5, 256), cuda(1, 2, 9, 256)
+        with torch.no_grad():  # Gemma-2's D = 256 prefill: the lab's wide forward on compute capability 9.0 only
+            assert lab_hf.unsupported(wide, wide_kv, wide_kv, None) is None
+            assert lab_hf.unsupported(cuda(1, 8, 5, 200), cuda(1, 2, 9, 200), cuda(1, 2, 9, 200), None) is None
+            hopper[0] = (8, 0)
+            assert lab_hf.unsupported(wide, wide_kv, wide_kv, None) == \
+                "head dim 256 on compute capability 8.0 (the lab's kernels above 128 run on 9.0)"
+            hopper[0] = (9, 0)
+        wide.requires_grad_()  # no backward kernel above 128
+        assert lab_hf.unsupported(wide, wide_kv, wide_kv, None).startswith("head dim 256 with gradients")
+        with torch.no_grad():
+            assert lab_hf.unsupported(cuda(1, 8, 5, 264), cuda(1, 2, 9, 264), cuda(1, 2, 9, 264), None) == \
+                "head dim 264 (the lab runs up to 256)"
         assert lab_hf.unsupported(cuda(1, 8, 5, 64, dtype=torch.float32), cuda(1, 2, 9, 64, dtype=torch.float32),
                                   cuda(1, 2, 9, 64, dtype=torch.float32), None).startswith("dtype torch.float32")
     cpu = torch.zeros(1, 2, 3, 64, dtype=torch.bfloat16)

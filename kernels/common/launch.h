@@ -72,8 +72,13 @@ cudaError_t allow_smem_once(int bytes, int dev) {
 // negative LAB_E_* code for a call it cannot take, 1 when there is nothing to write (an empty batch or no
 // query row; a launcher returns 0 then), 0 to go on. fp16/bf16, H_q % H_kv == 0, 16-byte aligned bases and
 // strides of 8 elements (cp.async, vector stores and TMA all need them; lab.ops copies anything else).
+// check_fwd_call: all of it but the head dim, for a launcher of other head dims (fwd v10: 192 and 256).
+inline int check_fwd_call(const AttnFwdParams* p);
 inline int check_fwd_params(const AttnFwdParams* p) {
   if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  return check_fwd_call(p);
+}
+inline int check_fwd_call(const AttnFwdParams* p) {
   if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
   if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 || p->heads_kv <= 0 ||
       p->heads_q % p->heads_kv != 0)

@@ -1,5 +1,6 @@
 """Head dims without a kernel of their own, and value head dims other than the query's, on the kernels that
-exist: zero columns appended to query, key and value.
+exist: zero columns appended to query, key and value. Kernels: 64 and 128 (forward and backward), 192 and 256
+(forward only, compute capability 9.0): every D_qk, D_v from 1 to 256 runs on the next of these.
 
 Why it is exact: appended zero columns add 0 to every score q·k, and the output's extra columns (P times zero
 values) are cut off; the softmax scale is the caller's (1/sqrt of the true D_qk), never the padded width's.
@@ -13,26 +14,42 @@ import torch
 import torch.nn.functional as F
 
 from ..op_common import _check_tensor, _scale
-from ..registry import FAST_HEAD_DIMS
+from ..registry import FAST_HEAD_DIMS, FWD_HEAD_DIMS, WIDE_HEAD_DIMS
 
 
 def kernel_head_dim(d_qk: int, d_v: int) -> int | None:
-    """The smallest fast kernel head dim that holds both, or None when both are already one (same D, fast)."""
-    if d_qk == d_v and d_qk in FAST_HEAD_DIMS:
+    """The smallest kernel head dim that holds both, or None when both are already one (same D, a kernel's)."""
+    if d_qk == d_v and d_qk in FWD_HEAD_DIMS:
         return None
     wide = max(d_qk, d_v)
-    for d in FAST_HEAD_DIMS:
+    for d in FWD_HEAD_DIMS:
         if d >= wide:
             return d
     raise ValueError(f"head dims query/key {d_qk}, value {d_v}: lab.ops.attention runs D_qk and D_v up to "
-                     f"{FAST_HEAD_DIMS[-1]} (kernels at {list(FAST_HEAD_DIMS)}, smaller dims padded to the next); "
+                     f"{FWD_HEAD_DIMS[-1]} (kernels at {list(FWD_HEAD_DIMS)}, smaller dims padded to the next; "
+                     f"{list(WIDE_HEAD_DIMS)} forward only, on compute capability 9.0); "
                      f"use F.scaled_dot_product_attention for wider heads")
+
+
+def forward_only(d_qk: int, d_v: int) -> bool:
+    """True when the call runs on a forward-only kernel head dim (no backward kernel: gradients raise)."""
+    return (kernel_head_dim(d_qk, d_v) or d_qk) not in FAST_HEAD_DIMS
+
+
+def refuse_gradients(query, key, value) -> None:
+    """NotImplementedError when a gradient is wanted through a forward-only head dim (checked before the
+    forward runs, so the error names the cause rather than a missing kernel at backward time)."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value)):
+        raise NotImplementedError(
+            f"head dims query/key {query.shape[-1]}, value {value.shape[-1]}: lab.ops.attention has no backward "
+            f"kernel above D = {FAST_HEAD_DIMS[-1]} (the forward runs on D = {list(WIDE_HEAD_DIMS)}); call it "
+            f"under torch.no_grad() / on detached tensors, or use F.scaled_dot_product_attention for training")
 
 
 def needs_padding(query, value) -> bool:
     """True when this call runs through pad_and_attend: a head dim without a fast kernel, or D_v != D_qk."""
     return isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor) and query.dim() == 4 and \
-        value.dim() == 4 and (query.shape[-1] != value.shape[-1] or query.shape[-1] not in FAST_HEAD_DIMS)
+        value.dim() == 4 and (query.shape[-1] != value.shape[-1] or query.shape[-1] not in FWD_HEAD_DIMS)
 
 
 def pad_and_attend(attend, query, key, value, scale):

@@ -15,7 +15,7 @@ from ..kernels import launcher
 from ..kernels import plans as _plans
 from ..kernels import resolve_version as _version
 from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
-from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, default_attention_version
+from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, default_attention_version
 from . import causal, head_dims
 
 _Tensor = torch.Tensor  # the exact type the fast path takes (a subclass goes through the dispatcher)
@@ -59,8 +59,10 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     sees keys j <= i + S_k - S_q; rows that see no key give 0), the names of torch.nn.attention.bias.
     CausalVariant; lab.fwd.causal says how lower_right runs on the top-left kernels.
     version: None picks the fastest kernel for the head dim; or 1/"v01", 2/"v02".
-    Head dims: D_qk and D_v (value's, which may differ from query's, as in SDPA) up to 128; with version=None
-    a D without a fast kernel runs on the next one's, zero-padded (lab.fwd.head_dims says why that is exact).
+    Head dims: D_qk and D_v (value's, which may differ from query's, as in SDPA) up to 256; with version=None
+    a D without a kernel of its own runs on the next one's (64, 128, 192, 256), zero-padded (lab.fwd.head_dims
+    says why that is exact). Above 128: forward only (a gradient raises NotImplementedError), on compute
+    capability 9.0.
     return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).
     window_size=(left, right) (-1: unbounded; combines with causal), softcap (0: off), sinks ((H_q,) float32
     logits that join the softmax and attend to nothing): FlashAttention's names, run by lab.masks.op (the rule
@@ -77,6 +79,9 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
         answer = _attention_fast(query, key, value, is_causal, scale, enable_gqa, return_lse)
         if answer is not None:
             return answer
+    if isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor) and query.dim() == 4 and \
+            value.dim() == 4 and max(query.shape[-1], value.shape[-1]) > FAST_HEAD_DIMS[-1]:
+        head_dims.refuse_gradients(query, key, value)  # forward-only head dims: say so before any padding
     if version is None and head_dims.needs_padding(query, value):
         def attend(q, k, v, padded_scale):
             return attention(q, k, v, is_causal, padded_scale, enable_gqa, None, True, causal_variant)
@@ -138,7 +143,7 @@ def _attention_fast(query, key, value, is_causal: bool, scale, enable_gqa: bool,
 def _fwd_plan(query, is_causal: bool):
     """attn_auto bound to the default kernel's launcher for this query, or None (not a CUDA tensor, or no
     kernel for its head dim: the full path says which)."""
-    if query.get_device() < 0 or query.shape[-1] not in FAST_HEAD_DIMS:  # other head dims run padded
+    if query.get_device() < 0 or query.shape[-1] not in FWD_HEAD_DIMS:  # other head dims run padded
         return None
     try:
         name = attention_version(query, None, is_causal)

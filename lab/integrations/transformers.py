@@ -8,8 +8,10 @@ register() adds `attention_forward` to transformers' AttentionInterface and SDPA
 name to its AttentionMaskInterface, so the model hands over the mask SDPA would get: None for a causal batch
 without padding, which the lab runs as its causal mask (bottom-right when the cached keys outnumber the new
 queries, as in decoding with a KV cache). A call the lab cannot run (an explicit mask, dropout, a logit softcap,
-a sliding window shorter than the keys, a head dim over 128, CPU tensors, float32) runs PyTorch's SDPA instead,
-with a warning naming the reason once per reason: never silently.
+a sliding window shorter than the keys, a head dim over 256, a head dim over 128 when a gradient is wanted (no
+backward kernel there) or off compute capability 9.0 (the wide forward is Hopper-only), CPU tensors, float32)
+runs PyTorch's SDPA instead, with a warning naming the reason once per reason: never silently. So Gemma-2's
+D = 256 prefill runs the lab's kernel under torch.no_grad() on an H100 / H200 (softcap and window off).
 
 transformers is imported only inside register(): the adapter itself needs torch alone.
 """
@@ -21,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from ..fwd.head_dims import kernel_head_dim
-from ..registry import FAST_HEAD_DIMS
+from ..op_common import _capability
+from ..registry import FAST_HEAD_DIMS, FWD_HEAD_DIMS, HOPPER_CAPABILITIES
 
 NAME = "lab"
 _warned: set[str] = set()
@@ -42,10 +45,18 @@ def unsupported(query, key, value, attention_mask, dropout: float = 0.0, softcap
         return f"logit softcapping ({softcap})"
     if sliding_window is not None and 0 < sliding_window < key.shape[2]:
         return f"a sliding window of {sliding_window} keys over {key.shape[2]}"
+    wide = max(query.shape[-1], value.shape[-1])
     try:
         kernel_head_dim(query.shape[-1], value.shape[-1])
     except ValueError:
-        return f"head dim {max(query.shape[-1], value.shape[-1])} (the lab runs up to {FAST_HEAD_DIMS[-1]})"
+        return f"head dim {wide} (the lab runs up to {FWD_HEAD_DIMS[-1]})"
+    if wide > FAST_HEAD_DIMS[-1]:
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            return f"head dim {wide} with gradients (the lab's backward runs up to {FAST_HEAD_DIMS[-1]})"
+        capability = _capability(query.device)
+        if capability not in HOPPER_CAPABILITIES:
+            return (f"head dim {wide} on compute capability {capability[0]}.{capability[1]} (the lab's kernels above "
+                    f"{FAST_HEAD_DIMS[-1]} run on 9.0)")
     return None
 
 

@@ -1,7 +1,9 @@
 """Head dims without a kernel of their own, on the GPU in one process: lab.ops.attention's forward and
 gradients (zero-padded to the next kernel head dim) checked through lab.check against float64, value head dims
 other than the query's checked the same way by hand, then forward and backward timed against SDPA's backends
-over lab.cases.head_dim_cases. Usage: python3 tools/gpu/head_dims.py [--quick] [--checks-only]. Records go to $LAB_OUTPUTS.
+over lab.cases.head_dim_cases. Usage: python3 tools/gpu/head_dims.py [--quick] [--checks-only] [--wide].
+--wide: the head dims above 128 instead (fwd v10 at 192 / 256, 160 and 200 padded; forward only, gradients must
+raise NotImplementedError), raced over lab.cases.wide_head_dim_cases. Records go to $LAB_OUTPUTS.
 """
 import sys
 
@@ -40,8 +42,9 @@ def checks(quick: bool) -> int:
     return fails
 
 
-def value_head_dim_check(d_qk: int, d_v: int) -> bool:
-    """D_v != D_qk, causal, GQA: output and gradients against float64 autograd, SDPA's error as the yardstick."""
+def value_head_dim_check(d_qk: int, d_v: int, grads: bool = True) -> bool:
+    """D_v != D_qk, causal, GQA: output and gradients (grads=False: the output) against float64 autograd, SDPA's
+    error as the yardstick."""
     gen = torch.Generator(device="cuda").manual_seed(d_qk * 1000 + d_v)
     shape = lambda h, s, d: torch.randn(2, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     q, k, v, dout = shape(8, 333, d_qk), shape(2, 517, d_qk), shape(2, 517, d_v), shape(8, 333, d_v)
@@ -52,11 +55,11 @@ def value_head_dim_check(d_qk: int, d_v: int) -> bool:
                      ("ref", lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(
                          a, b, c, is_causal=True, enable_gqa=True))):
         dt = torch.float64 if name == "ref" else torch.bfloat16
-        a, b, c = (t.to(dt).detach().requires_grad_() for t in (q, k, v))
+        a, b, c = (t.to(dt).detach().requires_grad_(grads) for t in (q, k, v))
         out = fn(a, b, c)
-        results.append((out, *torch.autograd.grad(out, (a, b, c), dout.to(dt))))
+        results.append((out, *torch.autograd.grad(out, (a, b, c), dout.to(dt))) if grads else (out,))
     ok = True
-    for i, label in enumerate(("out", "dq", "dk", "dv")):
+    for i, label in enumerate(("out", "dq", "dk", "dv")[: 4 if grads else 1]):
         verdict = check.compare(results[0][i], results[2][i], results[1][i])
         ok &= bool(verdict["passed"])
         record.append({"kind": "check", "impl": "lab.ops.attention", "case": {"name": f"dv-{d_qk}-{d_v}", "D": d_qk,
@@ -65,9 +68,83 @@ def value_head_dim_check(d_qk: int, d_v: int) -> bool:
     return ok
 
 
+WIDE_SHAPES = [((2, 4, 2, 65, 130), "bfloat16", True), ((1, 6, 2, 1025, 63), "float16", False),
+               ((2, 2, 2, 1, 1025), "bfloat16", True), ((1, 4, 4, 4097, 4097), "bfloat16", True),
+               ((1, 4, 1, 63, 4097), "float16", False), ((1, 2, 2, 4097, 65), "float16", True)]
+
+
+def wide_checks(quick: bool) -> int:
+    """D = 160, 192, 200, 256 forward (no gradients) through lab.check at uneven lengths, GQA, causal and not,
+    fp16 / bf16, scales default and negative; D_v != D_qk; LSE; a wrong scale must fail; gradients must raise."""
+    def forward(q, k, v, is_causal, scale, out):
+        out.copy_(ops.attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]))
+
+    fails = total = 0
+    with torch.no_grad():
+        for D in (160, 192, 200, 256):
+            for i, (shape, dtype, causal) in enumerate(WIDE_SHAPES[: 3 if quick else None]):
+                case = Case(f"hdw-check-{D}-{i}", *shape, D, dtype, causal)
+                for scale in (None, -0.3):
+                    res = check.check_forward(forward, case, "lab.ops.attention", trials=2, scale=scale)
+                    fails, total = fails + (not res.passed), total + 1
+                    print("PASS" if res.passed else "FAIL", case.label, scale, "" if res.passed else repr(res))
+        # A wrong kernel must fail the same check: the scale off by 20 % at D = 256.
+        wrong = check.check_forward(lambda q, k, v, c, s, out: forward(q, k, v, c, 1.2 / 16, out),
+                                    Case("hdw-wrong-scale", 1, 4, 2, 1025, 1025, 256, "bfloat16", True),
+                                    "lab.ops.attention (scale x1.2)", trials=1, save=False)
+        print("wrong-scale variant", "FAILS (as it must)" if not wrong.passed else "PASSES: the check is blind", repr(wrong))
+        fails, total = fails + wrong.passed, total + 1
+        for d_qk, d_v in ((192, 128), (256, 64), (128, 256), (200, 160)):
+            ok = value_head_dim_check(d_qk, d_v, grads=False)
+            fails, total = fails + (not ok), total + 1
+        for D in (192, 256):
+            ok = lse_check(D)
+            fails, total = fails + (not ok), total + 1
+    q = torch.randn(1, 2, 8, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    try:
+        ops.attention(q, q, q)
+        ok = False
+    except NotImplementedError as err:
+        ok = "no backward" in str(err)
+    print("PASS" if ok else "FAIL", "a gradient through D = 256 raises NotImplementedError")
+    fails, total = fails + (not ok), total + 1
+    print(f"wide head-dim checks: {total - fails}/{total} pass")
+    return fails
+
+
+def lse_check(D: int) -> bool:
+    """return_lse at D against float64's logsumexp, within float32 accumulation of the bf16 inputs' scores."""
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    q = torch.randn(2, 8, 333, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(2, 2, 1025, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+    out, lse = ops.attention(q, k, k, is_causal=True, enable_gqa=True, return_lse=True)
+    s = (q.double() @ k.double().repeat_interleave(4, 1).transpose(-1, -2)) / D ** 0.5
+    s = s.masked_fill(torch.ones(333, 1025, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    ref = torch.logsumexp(s, -1)
+    err = float((lse.double() - ref).abs().max())
+    ok = bool(torch.isfinite(lse).all()) and err <= 1e-4 * float(ref.abs().max())
+    print("PASS" if ok else "FAIL", f"LSE D {D}: max abs err {err:.3g} (|lse| up to {float(ref.abs().max()):.3g})")
+    return ok
+
+
+def wide_race(quick: bool):
+    grid = cases.wide_head_dim_cases()
+    if quick:
+        grid = [c for c in grid if "s2048" in c.name or "gqa" in c.name]
+    with torch.no_grad():
+        rows = sweep.fwd_sweep(grid, {"lab.ops.attention": sweep.public_attention()},
+                               backends=("flash", "cudnn", "efficient"), progress=False)
+    print("forward", tables.race(rows, backends=("flash", "cudnn", "efficient")))
+
+
 def main(argv):
     torch.backends.cuda.matmul.allow_tf32 = False
     quick = "--quick" in argv
+    if "--wide" in argv:
+        fails = wide_checks(quick)
+        if "--checks-only" not in argv:
+            wide_race(quick)
+        return 1 if fails else 0
     fails = checks(quick)
     if "--checks-only" in argv:
         return 1 if fails else 0

@@ -1,0 +1,162 @@
+// v10_wide: the Hopper forward for head dims 192 and 256 (sm_90a): v06's warp-specialised kernel with
+// tiles sized for wide heads. lab.ops.attention pads every D_qk, D_v from 129 to 256 up to one of these.
+//
+// What is new against v06 (producer warpgroup + 2 consumer warpgroups of 64 rows, serial S / softmax / P V
+// per warpgroup, the two warpgroups taking turns on the tensor core):
+// - Tile sizes for D = 192 and 256. Per consumer thread the O accumulator is D/2 fp32 registers (96 / 128),
+//   the scores B_c/2 and the P fragments B_c/4, inside the 240 registers two consumers get (setmaxnreg
+//   24 / 240). Shared memory: Q (B_r = 128 rows) + 2 stages of K and V, within 227 KiB:
+//     D = 256: B_c = 80, 2 stages: Q 64 KiB + 2 x (40 + 40) KiB = 224 KiB; O 128 + S 40 + P 20 registers.
+//     D = 192: B_c = 112, 2 stages: Q 48 KiB + 2 x (42 + 42) KiB = 216 KiB; O 96 + S 56 + P 28 registers.
+//   Rejected on paper: B_c = 96 at D = 256 (2 stages: 64 + 4 x 48 = 256 KiB, over the limit); B_c = 128 at
+//   D = 192 (240 KiB); 3 stages at either D (a third of B_c, 2x the per-key barrier and shuffle cost);
+//   B_r = 192 (3 consumers at 160 registers cannot hold a 128-register O). B_c = 64 at D = 256 (192 KiB) and
+//   96 at D = 192 are the knobs' alternatives (LAB_V10_D{192,256}_BC). m64n80k16 and m64n112k16 are
+//   generated beside the other widths (tools/codegen/hopper_gen_wgmma.py).
+// - v07's FOLD (scale > 0: the max on raw scores, exp2(s c - m) by one FFMA) and CHAINS = 2 (two row max /
+//   row sum chains) in the serial tile (common/hopper/attn_fwd_sm90.cuh's serial_tile).
+// - Its own entry: head dims 192 and 256 (common/launch.h's check_fwd_call for the rest of the checks).
+// Not taken from v07 yet: the intra-warpgroup overlap (S_{j+1} with P_j V_j: +B_c/2 live registers), the
+// ping-pong token, the persistent and L2-ordered grids.
+//
+// Prediction (H100 bf16, public op, B·S = 16k, H·D = 2048-4096): the wider head doubles the GEMM work per
+// score against D = 128 while the softmax's work per score stays, so the serial schedule loses less than v06
+// did at D = 128 (469-519 TFLOP/s there on the H200): ~450-520 TFLOP/s non-causal at S >= 2048, causal
+// ~80 % of that; against SDPA-flash (FA2 code on Hopper) 1.3-1.6x; against SDPA-cuDNN (where it takes D = 256)
+// 0.8-1.0x.
+// Outcome: see kernels/README.md's v10 row (H100 run, outputs/driver_logs/20261126-h100-head-dims-wide/).
+//
+// Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
+// and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.
+// Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v10_wide.cu
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <type_traits>
+
+#include "common/hopper/attn_fwd_sm90.cuh"
+
+#ifndef LAB_V10_D192_BC
+#define LAB_V10_D192_BC 112
+#endif
+#ifndef LAB_V10_D256_BC
+#define LAB_V10_D256_BC 80
+#endif
+#ifndef LAB_V10_STAGES
+#define LAB_V10_STAGES 2
+#endif
+#ifndef LAB_V10_FOLD
+#define LAB_V10_FOLD 1
+#endif
+#ifndef LAB_V10_CHAINS
+#define LAB_V10_CHAINS 2
+#endif
+
+namespace {
+using namespace lab::sm90;
+
+template <int D_, int BC_, int STAGES_>
+struct Cfg10 {
+  static constexpr int D = D_;
+  static constexpr int kConsumers = 2;
+  static constexpr int BR = 64 * kConsumers;
+  static constexpr int BC = BC_;
+  static constexpr int kStages = STAGES_;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kRegsProducer = 24;
+  static constexpr int kRegsConsumer = 240;
+  static constexpr int kQBytesWG = 64 * D * 2;  // one consumer's Q rows
+  static constexpr int kQBytes = kConsumers * kQBytesWG;
+  static constexpr int kTileBytes = BC * D * 2;
+  static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
+  static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
+  static_assert((BC * 128) % 1024 == 0, "each 64-column block of a K/V tile starts 1024-byte aligned");
+  static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
+};
+using Cfg192 = Cfg10<192, LAB_V10_D192_BC, LAB_V10_STAGES>;
+using Cfg256 = Cfg10<256, LAB_V10_D256_BC, LAB_V10_STAGES>;
+
+template <class Cfg, class T, bool kFold>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __grid_constant__ CUtensorMap tq,
+                                                                        const __grid_constant__ CUtensorMap tk,
+                                                                        const __grid_constant__ CUtensorMap tv,
+                                                                        const AttnFwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty[kStages];
+  uint8_t* smem = align1024(smem_raw);
+  const SmemRing<Cfg> ring = smem_ring<Cfg>(smem);
+
+  const WorkTile work = cta_work_tile<Cfg>(p);
+  const int b = work.b, h = work.h, hkv = work.hkv, m0 = work.m0, n_tiles = work.n_tiles;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    for (int s = 0; s < kStages; ++s)
+      mbar_init(smem_u32(&bar_empty[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer: Q once, then K_j, V_j into the ring, each stage reused once every consumer warp released it.
+    setmaxnreg_dec<Cfg::kRegsProducer>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_maps(&tq, &tk, &tv);
+      mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
+      for (int w = 0; w < Cfg::kConsumers; ++w)
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(ring.q + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages;
+        if (j >= kStages) mbar_wait(smem_u32(&bar_empty[s]), ((j / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(ring.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
+        mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(ring.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
+      }
+    }
+  } else {
+    // Consumers: 64 rows each, v05's serial tile with the folded scale and two chains.
+    setmaxnreg_inc<Cfg::kRegsConsumer>();
+    const int ct = threadIdx.x - 128 * wg;
+    const int wm0 = m0 + 64 * (wg - 1);
+    const uint32_t sQw = ring.q + (wg - 1) * Cfg::kQBytesWG;
+    const float c = p.scale * kLog2e;
+    const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+    float o[D / 2];
+    zero_acc(o);
+    RowState st;
+    mbar_wait(smem_u32(&bar_q), 0);
+    for (int j = 0; j < n_tiles; ++j) {
+      serial_tile<Cfg, T, LAB_V10_CHAINS, kFold>(o, st, ring, sQw, bar_k, bar_v, j, wm0, row0, c, p);
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&bar_empty[j % kStages]));
+    }
+    epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
+  }
+#endif
+}
+
+template <class Cfg, class T>
+int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
+  return launch_fwd_sm90_fold<Cfg, attn_fwd_v10_kernel<Cfg, T, true>, attn_fwd_v10_kernel<Cfg, T, false>,
+                              LAB_V10_FOLD != 0>(p, stream, dev);
+}
+
+}  // namespace
+
+extern "C" int attn_fwd_v10(const AttnFwdParams* p, void* stream) {
+  if (p->head_dim != 192 && p->head_dim != 256) return LAB_E_HEAD_DIM;
+  if (const int rc = lab::check_fwd_call(p)) return rc < 0 ? rc : 0;
+  if (p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30)) return LAB_E_SHAPE;  // TMA's int32 coordinates
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->dtype == LAB_BF16;
+  if (p->head_dim == 192)
+    return bf16 ? launch<Cfg192, __nv_bfloat16>(*p, st, dev) : launch<Cfg192, __half>(*p, st, dev);
+  return bf16 ? launch<Cfg256, __nv_bfloat16>(*p, st, dev) : launch<Cfg256, __half>(*p, st, dev);
+}
