@@ -132,6 +132,49 @@ def test_backward_formulas_match_autograd(window, causal, cap, sink, offset):
         assert _err(nocap[0], grads[0]) > 1e-3
 
 
+@pytest.mark.parametrize("sq,sk", LENGTHS)
+@pytest.mark.parametrize("window,causal", WINDOWS)
+@pytest.mark.parametrize("offset_kind", ["top_left", "bottom_right"])
+def test_backward_query_block_range_is_exact(sq, sk, window, causal, offset_kind):
+    """bwd v08's key-major loop: a key block visits exactly the query blocks with some visible pair."""
+    mask = spec.make_mask(causal, window, 0.0)
+    offset = sk - sq if offset_kind == "bottom_right" else 0
+    seen = spec.visible(torch.arange(sq), torch.arange(sk), sk, offset, mask)
+    for bn in (16, 128):
+        for n0 in range(0, sk, bn):
+            n1 = min(n0 + bn, sk)
+            for bm in (16, 64):
+                blocks = {i // bm for i in range(sq) if seen[i, n0:n1].any()}
+                first, last = spec.query_block_range(n0, n1, sq, offset, mask, bm)
+                assert set(range(first, last)) == blocks, (n0, bm)
+
+
+@pytest.mark.parametrize("window,causal,cap,sink,offset", [((9, 0), False, 0.0, True, 0), ((-1, -1), True, 5.0, True, 7),
+                                                           ((4, 6), False, 3.0, False, -5), ((0, 0), False, 0.0, False, 0)])
+def test_key_major_backward_matches_autograd(window, causal, cap, sink, offset):
+    """The backward in the kernel's order (key blocks, their query-block range) against float64 autograd; the
+    same loop that ignores the window (every query block, no per-element window) fails."""
+    mask = spec.make_mask(causal, window, cap)
+    sq, sk = 40, 40 + offset
+    q, k, v = (_draw(*s, seed=i).requires_grad_() for i, s in enumerate([(2, 4, sq, 16), (2, 2, sk, 16), (2, 2, sk, 16)]))
+    sinks = _draw(4, seed=9).requires_grad_() if sink else None
+    out, lse = reference.attend(q, k, v, mask, 0.4, offset, sinks)
+    dout, dlse = _draw(*out.shape, seed=10), _draw(*lse.shape, seed=11)
+    dlse = torch.where(torch.isfinite(lse), dlse, torch.zeros_like(dlse))
+    inputs = [q, k, v] + ([sinks] if sink else [])
+    grads = torch.autograd.grad((out * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0) * dlse).sum(), inputs)
+    args = (q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), out.detach().numpy(), lse.detach().numpy(),
+            dout.numpy())
+    tail = (0.4, offset, None if sinks is None else sinks.detach().numpy(), dlse.numpy(), 16, 32)
+    dq, dk, dv, dsinks = emulate.backward_by_keys(*args, mask, *tail)
+    for got, want in zip((dq, dk, dv), grads[:3]):
+        assert _err(got, want) < 1e-9
+    if sink:
+        assert _err(dsinks, grads[3]) < 1e-9
+    wrong = emulate.backward_by_keys(*args, spec.Mask(-1, -1, mask.softcap), *tail)
+    assert max(_err(w, g) for w, g in zip(wrong[:3], grads[:3])) > 1e-3
+
+
 # ------------------------------------------------------------------ the public calls' checks
 
 F16, BF16 = torch.float16, torch.bfloat16
@@ -171,15 +214,16 @@ def test_masked_attention_checks(fake):
 
 
 def test_masked_backward_is_refused(fake):
-    """No kernel computes these gradients yet: the op says so instead of running something slow."""
+    """Where no kernel computes these gradients (off Hopper; packed calls) the op says so instead of running
+    something slow."""
     q = fake(1, 2, 8, 64).requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"backward pass of window_size / softcap / sinks"):
+    with pytest.raises(NotImplementedError, match=r"backward pass of window_size / softcap / sinks runs on compute"):
         ops.attention(q, q, q, window_size=(4, 0))
     sinks = torch.empty(2, dtype=torch.float32, device="cuda").requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"lab.ops.attention: the backward pass"):
+    with pytest.raises(NotImplementedError, match=r"\(Hopper\) only"):
         ops.attention(fake(1, 2, 8, 64), fake(1, 2, 8, 64), fake(1, 2, 8, 64), sinks=sinks)
     packed, cu = fake(20, 2, 64).requires_grad_(), torch.empty(3, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match=r"lab.ops.attention_varlen: the backward pass"):
+    with pytest.raises(NotImplementedError, match=r"lab.ops.attention_varlen: the backward pass of packed"):
         ops.attention_varlen(packed, packed, packed, cu, cu, 10, 10)
     with torch.no_grad():  # without gradients the same calls run (here: their fake kernels)
         assert ops.attention(q, q, q, window_size=(4, 0)).shape == q.shape
@@ -249,3 +293,21 @@ def test_params_layout_matches_the_c_struct():
     m.left, m.right, m.off, m.softcap, m.sinks, m.cuq, m.cuk, m.tq, m.tk = values[26:]
     packed = mask_op.PARAMS.pack(*values[:26], 0, *values[26:])
     assert ctypes.sizeof(Masked) == mask_op.PARAMS.size and bytes(m) == packed
+
+
+def test_backward_params_layout():
+    """lab.masks.backward packs MaskBwdParams as ctypes lays the same fields out (the C side asserts 336 / 368)."""
+    import ctypes as C
+
+    from lab.masks import backward
+
+    class Bwd(C.Structure):
+        _fields_ = ([(n, C.c_void_p) for n in "q k v o dout lse dlse dq dk dv delta lse_log2 dq_accum".split()] +
+                    [(f"s{i}", C.c_int64) for i in range(24)] + [(n, C.c_int) for n in "b hq hkv sq sk d".split()] +
+                    [("scale", C.c_float)] + [(n, C.c_int) for n in "causal dtype det".split()])
+
+    class MaskBwd(C.Structure):
+        _fields_ = [("base", Bwd), ("left", C.c_int), ("right", C.c_int), ("off", C.c_int), ("cap", C.c_float),
+                    ("sinks", C.c_void_p), ("dsinks", C.c_void_p)]
+    assert C.sizeof(Bwd) == 336 and C.sizeof(MaskBwd) == backward.PARAMS.size == 368
+    assert MaskBwd.left.offset == 336 and MaskBwd.sinks.offset == 352

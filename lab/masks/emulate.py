@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from .spec import Mask, tile_is_full, tile_range, visible as _visible_t
+from .spec import Mask, query_block_range, tile_is_full, tile_range, visible as _visible_t
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -186,4 +186,43 @@ def backward(q, k, v, out, lse, dout, mask: Mask, scale=None, offset: int = 0, s
     if sinks is not None:
         p_sink = np.exp(np.asarray(sinks, np.float64)[None, :, None] - lse)
         dsinks = -(p_sink * delta).sum(axis=(0, 2))
+    return dq, dk, dv, dsinks
+
+
+def backward_by_keys(q, k, v, out, lse, dout, mask: Mask, scale=None, offset: int = 0, sinks=None, dlse=None,
+                     block_m: int = 64, block_n: int = 128):
+    """backward's formulas in bwd v08's order: one key block at a time (a CTA), over only the query blocks of
+    spec.query_block_range, masking per element where a tile needs it. Same returns as backward."""
+    q, k, v, out, dout = (np.asarray(t, np.float64) for t in (q, k, v, out, dout))
+    lse = np.asarray(lse, np.float64)
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    delta = (dout * out).sum(-1) - (0 if dlse is None else np.asarray(dlse, np.float64))
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    safe = np.where(np.isfinite(lse), lse, 0.0)
+    for b in range(B):
+        for hk in range(Hkv):
+            for n0 in range(0, Sk, block_n):
+                n1 = min(n0 + block_n, Sk)
+                first, last = query_block_range(n0, n1, Sq, offset, mask, block_m)
+                for h in range(hk * group, (hk + 1) * group):
+                    for i in range(first, last):
+                        m0, m1 = i * block_m, min((i + 1) * block_m, Sq)
+                        s = scale * (q[b, h, m0:m1] @ k[b, hk, n0:n1].T)
+                        t = np.tanh(s / mask.softcap) if mask.softcap > 0 else None
+                        if t is not None:
+                            s = mask.softcap * t
+                        seen = _visible(np.arange(m0, m1), np.arange(n0, n1), Sk, offset, mask)
+                        p = np.where(seen, np.exp(np.where(seen, s, 0) - safe[b, h, m0:m1, None]), 0.0)
+                        dv[b, hk, n0:n1] += p.T @ dout[b, h, m0:m1]
+                        ds = p * (dout[b, h, m0:m1] @ v[b, hk, n0:n1].T - delta[b, h, m0:m1, None])
+                        if t is not None:
+                            ds = ds * (1.0 - t * t)
+                        dq[b, h, m0:m1] += scale * ds @ k[b, hk, n0:n1]
+                        dk[b, hk, n0:n1] += scale * ds.T @ q[b, h, m0:m1]
+    dsinks = None
+    if sinks is not None:
+        dsinks = -(np.exp(np.asarray(sinks, np.float64)[None, :, None] - lse) * delta).sum(axis=(0, 2))
     return dq, dk, dv, dsinks

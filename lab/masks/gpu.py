@@ -1,8 +1,8 @@
 """The masks on the GPU (fwd v08, v09): the correctness grid against the float64 reference (with the wrong-window
 kernel that must fail), then the race against FlexAttention and SDPA with an explicit mask. Chapter n13_masks
-calls checks() and race(); tools/gpu/masks_run.py runs them standalone:
+calls checks() and race() (and lab.masks.gpu_bwd's for the backward); tools/gpu/masks_run.py runs them standalone:
 
-    LAB_SESSION_DIR=$OUT/<session> python tools/gpu/masks_run.py [checks-v09] [checks-v08] [race]
+    LAB_SESSION_DIR=$OUT/<session> python tools/gpu/masks_run.py [checks-v09] [checks-v08] [race] [checks-bwd] [race-bwd]
 
 Every row goes through lab.record (GPU, versions, commit). Yardstick of a check: SDPA's own error (default dispatch,
 the window as an explicit boolean mask) on the same inputs without softcap and sinks, which SDPA cannot express;
@@ -261,13 +261,19 @@ def race(budget_s: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    stages = argv or ["checks-v09", "checks-v08", "race"]
+    stages = argv or ["checks-v09", "checks-v08", "race", "checks-bwd", "race-bwd"]
     bad = 0
     for version in ("v09", "v08"):
         if f"checks-{version}" in stages:
             bad += checks(version)
     if "race" in stages:
         race(float(os.environ.get("MASKS_RACE_BUDGET_S", "150")))
+    if "checks-bwd" in stages or "race-bwd" in stages:  # the backward (lab.masks.gpu_bwd)
+        from . import gpu_bwd
+        if "checks-bwd" in stages:
+            bad += gpu_bwd.checks()
+        if "race-bwd" in stages:
+            gpu_bwd.race(float(os.environ.get("MASKS_RACE_BUDGET_S", "150")))
     return 1 if bad else 0
 
 

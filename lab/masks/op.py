@@ -2,9 +2,10 @@
 
 The masked kernels (lab.registry.MASKED_FWD: fwd v08 on mma.sync, v09 on wgmma for compute capability 9.0) take AttnMaskParams, which this module
 fills through ctypes and hands to the launcher's address (lab.kernels.launcher): no entry in the torch binding.
-Both calls are torch.library custom ops with fake implementations (torch.compile traces them). What has no
-kernel yet raises NotImplementedError naming it: the backward of every masked call, and head dims the padding
-rule cannot reach. Nothing falls back to a slow path.
+Both calls are torch.library custom ops with fake implementations (torch.compile traces them). The dense call is
+differentiable on compute capability 9.0 (lab.masks.backward: bwd v08). What has no kernel yet raises
+NotImplementedError naming it: the backward elsewhere and of packed calls, and head dims the padding rule cannot
+reach. Nothing falls back to a slow path.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from ..kernels import launcher
 from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
 from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
-from . import spec
+from . import backward, spec
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnMaskParams (kernels/common/params.h) packed in one struct.pack call: AttnFwdParams (q, k, v, o, lse; four
 # strides of 3; batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype; 4 bytes of padding;
@@ -129,9 +130,8 @@ def _varlen_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right
 
 def _no_backward(tensors, what: str) -> None:
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise NotImplementedError(f"{what}: the backward pass of window_size / softcap / sinks / packed sequences "
-                                  f"has no kernel yet (forward only); call it under torch.no_grad() or use "
-                                  f"FlexAttention for training with these masks")
+        raise NotImplementedError(f"{what}: the backward pass of packed sequences has no kernel yet (forward "
+                                  f"only); call it under torch.no_grad(), or run the sequences as dense calls")
 
 
 # ------------------------------------------------------------------ public calls
@@ -151,7 +151,8 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
     if key.shape[2] == 0:
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
     spec.check_sinks(sinks, query.shape[1], query.device)
-    _no_backward((query, key, value, sinks), "lab.ops.attention")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, sinks)):
+        backward.masked_bwd_version(query.device)  # NotImplementedError where no masked backward runs
     scale = _scale(scale, query.shape[-1])
     offset = key.shape[2] - query.shape[2] if causal_variant == "lower_right" else 0
     if padded:
@@ -162,7 +163,7 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
         return (out, lse) if return_lse else out
     args = (query, key, value, sinks, mask.left, mask.right, offset, mask.softcap, scale,
             masked_version(query.device, version))
-    if _direct(query, key, value) and (sinks is None or type(sinks) is torch.Tensor):
+    if _direct(query, key, value, *(() if sinks is None else (sinks,))):
         out, lse = _masked_impl(*args, want_lse=return_lse)
     else:
         out, lse = _masked_op(*args)
@@ -236,3 +237,6 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     else:
         out, lse = _varlen_op(*args)
     return (out, lse) if return_lse else out
+
+
+backward.register()  # lab::attention_masked is differentiable (lab.masks.backward)

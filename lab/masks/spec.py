@@ -101,3 +101,20 @@ def tile_is_full(m0: int, m1: int, n0: int, n1: int, seqlen_k: int, offset: int,
     if mask.right >= 0 and n1 - 1 > m0 + offset + mask.right:
         return False
     return True
+
+
+def query_rows(n0: int, n1: int, seqlen_q: int, offset: int, mask: Mask) -> tuple[int, int]:
+    """[lo, hi): the query rows that see some key of [n0, n1) (hi <= lo: none): row i sees key j iff
+    j >= i + offset - left and j <= i + offset + right. The backward's key-major loop visits only these
+    (kernels/common/hopper/attn_bwd_mask_sm90.cuh's window_rows, which returns them inclusive)."""
+    lo = max(0, n0 - offset - mask.right) if mask.right >= 0 else 0
+    hi = min(seqlen_q, n1 - 1 - offset + mask.left + 1) if mask.left >= 0 else seqlen_q
+    return lo, hi
+
+
+def query_block_range(n0: int, n1: int, seqlen_q: int, offset: int, mask: Mask, block_m: int) -> tuple[int, int]:
+    """[first, last) query blocks of block_m rows that key block [n0, n1) visits in the backward."""
+    lo, hi = query_rows(n0, n1, seqlen_q, offset, mask)
+    if hi <= lo:
+        return 0, 0
+    return lo // block_m, -(-hi // block_m)

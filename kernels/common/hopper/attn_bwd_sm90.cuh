@@ -387,9 +387,10 @@ using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, At
 // kMaxCtas > 0: kKernel loops over the tiles itself (persistent), so its grid is at most one CTA per SM and at
 // most kMaxCtas (a small cap makes small test problems run several tiles per CTA); 0: one CTA per tile.
 // kInKernelConvert: kKernel writes dQ itself (its tile counters, which follow dq_accum, are zeroed with it), so
-// the convert pass runs only when there is no key block to do it.
-template <class C, class T, auto kKernel, int kMaxCtas = 0, bool kInKernelConvert = false>
-int launch(const AttnBwdParams& p, cudaStream_t st, int dev) {
+// the convert pass runs only when there is no key block to do it. P: kKernel's parameter block, AttnBwdParams or
+// a struct derived from it (the pre-pass and the convert pass read its AttnBwdParams part).
+template <class C, class T, auto kKernel, int kMaxCtas = 0, bool kInKernelConvert = false, class P = AttnBwdParams>
+int launch(const P& p, cudaStream_t st, int dev) {
   constexpr int D = C::D;
   const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   const int64_t pre_threads = lab::bwd::bwd_pre_threads(p, D);

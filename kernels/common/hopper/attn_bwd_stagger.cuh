@@ -5,6 +5,10 @@
 //   sink.add<C>(dq, smem, work, j, p)  step j's partial in accumulator order, its GEMM complete (every consumer
 //                                      thread, after the dS^T buffer is released);
 //   sink.finish<C>(work, p)            once, after the last step's add.
+// and what a CTA does through Steps (DenseSteps by default: the dense kernels' parameters, tile range and masks):
+//   Steps::Params                      the kernel's parameter block (AttnBwdParams or a struct derived from it);
+//   Steps::work<C>(p)                  the CTA's key block and query-block range;
+//   Steps::p_ds<C>(s, dp, rows, c, kw0, m0, p)   P^T and dS^T of a step, masked where the tile needs it.
 #pragma once
 #include "common/hopper/attn_bwd_sm90.cuh"
 
@@ -78,11 +82,23 @@ struct AddPartial {
   __device__ __forceinline__ void finish(const Work&, const AttnBwdParams&) {}
 };
 
-template <class C, class T, class Sink>
+// The dense kernels' steps: causal (top-left) or none, cta_work's tile range, p_ds_step's masks.
+struct DenseSteps {
+  using Params = AttnBwdParams;
+  template <class C>
+  __device__ __forceinline__ static Work work(const AttnBwdParams& p) { return cta_work<C>(p); }
+  template <class C>
+  __device__ __forceinline__ static void p_ds(float (&s)[32], float (&dp)[32], const float* rows, float c, int kw0,
+                                              int m0, const AttnBwdParams& p) {
+    p_ds_step<C>(s, dp, rows, c, kw0, m0, p);
+  }
+};
+
+template <class C, class T, class Sink, class Steps = DenseSteps>
 __global__ void __launch_bounds__(C::kThreads, 1)
     bwd_dkdv_stagger(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                 const AttnBwdParams p) {
+                 const typename Steps::Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = C::D, BR = C::BR, kStages = C::kStages;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
@@ -91,7 +107,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   __shared__ __align__(8) Bars<kStages> bars;
   uint8_t* smem = align1024(smem_raw);
   const uint32_t base = smem_u32(smem);
-  const Work work = cta_work<C>(p);
+  const Work work = Steps::template work<C>(p);
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
   const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
 
@@ -127,7 +143,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     wgmma_wait<0>();
     reg_fence(sacc);
     reg_fence(dpacc);
-    p_ds_step<C>(sacc, dpacc, rows, c, kw0, m0, p);
+    Steps::template p_ds<C>(sacc, dpacc, rows, c, kw0, m0, p);
     if (stagger && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
 
     uint32_t pa[BR / 16][4], dsa[BR / 16][4];

@@ -1,0 +1,49 @@
+// Backward attention v08: the masks of fwd v08/v09 (sliding window, softcap, sinks) on v07's staggered loop,
+// so lab.ops.attention(..., window_size=, softcap=, sinks=) is differentiable. Dense (B, H, S, D) calls only.
+// Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(..., window_size=...) then
+// autograd (lab/masks/backward.py).
+// Measured: kernels/bwd/README.md (the masks' section).
+//
+// What is new (common/hopper/attn_bwd_mask_sm90.cuh, a Steps policy of common/hopper/attn_bwd_stagger.cuh):
+//   - the window: key block [n0, n1) is seen only by query rows [n0 - off - right, n1 - 1 - off + left], so a
+//     CTA visits those query blocks and no other (tiles wholly outside the window are skipped: O(S W) work, as
+//     in the forward); the blocks the window crosses are masked per element with the forward's rule;
+//   - softcap: P recomputed from the capped score (tanh.approx, the forward's), dS scaled by 1 - tanh^2;
+//   - sinks: nothing in the loop (the forward's LSE holds the sink's share); their gradient, when wanted, is a
+//     reduction over the pre-pass's Delta and the LSE after it (sink_grad).
+// Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
+//
+// Prediction (H100, D = 128, bf16): the window's backward time scales with the visited (key block, query block)
+// pairs, (W + 128 + 64) / S of the dense non-causal loop's, with the diagonal-crossing blocks paying the
+// per-element mask (the forward measured masking cheap next to skipping); softcap adds a tanh (MUFU) per score
+// on top of the ex2, the same MUFU pressure the forward saw (+22-24 %), here over more tensor work per score
+// (five GEMMs, not two): +8-12 %; a sink costs a reduction over B H S floats: < 1 %.
+//
+// Limits: sm_90 only (the body is guarded for sm_80 builds); D 64 and 128; fp16, bf16; dense calls (packed
+// sequences have no backward yet); GQA; any finite scale; no deterministic mode.
+//
+// Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v08_masks.cu
+#include "common/hopper/attn_bwd_mask_sm90.cuh"
+
+namespace {
+using namespace lab::sm90;
+using namespace lab::sm90::bwd;
+
+template <int D>
+using Cfg8 = Cfg<D, 2, true>;
+
+template <int D, class T>
+struct Launch {
+  // entry() hands over the caller's MaskBwdParams (attn_bwd_v08's argument) as its AttnBwdParams part.
+  static int run(const AttnBwdParams& base, cudaStream_t st, int dev) {
+    const MaskBwdParams& p = static_cast<const MaskBwdParams&>(base);
+    const int rc = p.softcap > 0.f
+                       ? launch<Cfg8<D>, T, bwd_dkdv_stagger<Cfg8<D>, T, AddPartial, WindowSteps<true>>>(p, st, dev)
+                       : launch<Cfg8<D>, T, bwd_dkdv_stagger<Cfg8<D>, T, AddPartial, WindowSteps<false>>>(p, st, dev);
+    return rc != 0 ? rc : launch_sink_grad(p, st);
+  }
+};
+
+}  // namespace
+
+extern "C" int attn_bwd_v08(const MaskBwdParams* p, void* stream) { return entry<Launch>(p, stream); }

@@ -1,0 +1,140 @@
+// The masks of the Hopper backward (bwd/v08_masks.cu) as a Steps policy of the staggered loop
+// (common/hopper/attn_bwd_stagger.cuh): the sliding window's query-block range per key block, the window mask on
+// partial tiles, the softcap's recompute and derivative, and the sinks' gradient. The rule is common/mask.cuh's
+// window_masked (lab/masks/spec.py writes it out; spec.query_block_range is this file's window_work).
+//
+// The equations (s = scale q.k, the score the forward capped; LSE the forward's, natural log, sink included):
+//   s' = softcap tanh(s / softcap)   (softcap off: s' = s)
+//   P  = exp(s' - LSE)               (a sink needs nothing more: its share is in LSE)
+//   dS' = P (dP - Delta),  Delta = rowsum(dO O) - dLSE
+//   dS = dS' (1 - tanh^2(s / softcap))   the gradient of the raw scaled score, which dK = scale dS^T Q and
+//                                        dQ = scale dS K take as the dense loop does
+//   dsink_h = -sum_{b, i} exp(sink_h - LSE_i) Delta_i   (d LSE_i / d sink_h = exp(sink_h - LSE_i), and
+//                                        d O_i / d sink_h = -O_i exp(sink_h - LSE_i))
+#pragma once
+#include <math.h>
+
+#include "common/hopper/attn_bwd_stagger.cuh"
+#include "common/mask.cuh"
+
+// The mask's parameters after the dense backward's; lab/masks/backward.py packs the same layout.
+struct MaskBwdParams : AttnBwdParams {
+  int window_left, window_right;  // -1: unbounded (causal arrives as window_right = 0)
+  int diag_offset;                // query row i is aligned with key i + diag_offset
+  float softcap;                  // 0: off
+  const float* sinks;             // [H_q] or NULL
+  float* dsinks;                  // [H_q] zeroed by the caller, or NULL: no sink gradient wanted
+};
+// (the base's 336 bytes, then 4 ints / floats and 2 pointers: no padding anywhere, so the sizes pin the offsets)
+static_assert(sizeof(AttnBwdParams) == 336 && sizeof(MaskBwdParams) == 368, "lab/masks/backward.py packs this layout");
+
+namespace lab::sm90::bwd {
+
+// The query rows [lo, hi] (inclusive; hi < lo: none) that see some key of [n0, n1): row i sees key j iff
+// j >= i + off - left and j <= i + off + right, so i <= n1 - 1 - off + left and i >= n0 - off - right.
+// 64-bit: a window "beyond S" may be near INT_MAX.
+__device__ __forceinline__ int2 window_rows(int n0, int n1, int seqlen_q, int off, int left, int right) {
+  const long long lo = right >= 0 ? (long long)n0 - off - right : 0;
+  const long long hi = left >= 0 ? (long long)n1 - 1 - off + left : (long long)seqlen_q - 1;
+  const long long a = lo > 0 ? lo : 0, b = hi < seqlen_q - 1 ? hi : (long long)seqlen_q - 1;
+  return make_int2((int)(b < a ? 1 : a), (int)(b < a ? 0 : b));
+}
+
+// Steps for the masks: only the query blocks of a key block's window are visited (a window of W costs O(S W)).
+template <bool kSoftcap>
+struct WindowSteps {
+  using Params = MaskBwdParams;
+
+  template <class C>
+  __device__ __forceinline__ static Work work(const MaskBwdParams& p) {
+    Work w = cta_work<C>(p);
+    const int n1 = min(w.n0 + C::BC, p.seqlen_k);
+    const int2 rows = window_rows(w.n0, n1, p.seqlen_q, p.diag_offset, p.window_left, p.window_right);
+    if (rows.y < rows.x) {
+      w.mb0 = w.n_mb = 0;
+    } else {
+      w.mb0 = rows.x / C::BR;
+      w.n_mb = rows.y / C::BR + 1;
+    }
+    w.n_iters = w.group * (w.n_mb - w.mb0);
+    return w;
+  }
+
+  // One thread's share of S^T / dP^T (keys: rows, queries: columns), as p_ds of the dense loop.
+  template <bool kMask>
+  __device__ __forceinline__ static void p_ds_masked(float (&s)[32], float (&dp)[32], const float* lse2,
+                                                     const float* delta, float c, int key0, int q0, int t,
+                                                     const MaskBwdParams& p) {
+    const float k_in = p.scale / p.softcap, k_out = p.softcap * kLog2e;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * i + 2 * t + (e & 1);
+        float pv, dcap = 1.f;
+        if constexpr (kSoftcap) {
+          const float th = tanh_fast(s[4 * i + e] * k_in);
+          pv = ex2(fmaf(th, k_out, -lse2[col]));
+#ifndef LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD
+          dcap = fmaf(-th, th, 1.f);
+#endif
+        } else {
+          pv = ex2(fmaf(s[4 * i + e], c, -lse2[col]));
+        }
+        if constexpr (kMask) {
+          const int key = key0 + 8 * (e >> 1), q = q0 + col;
+#ifdef LAB_BWD_MASK_BUG_NO_WINDOW
+          if (q >= p.seqlen_q || key >= p.seqlen_k) pv = 0.f;  // self-test: the window forgotten on partial tiles
+#else
+          if (q >= p.seqlen_q || window_masked(q, key, p.seqlen_k, p.diag_offset, p.window_left, p.window_right))
+            pv = 0.f;
+#endif
+        }
+        s[4 * i + e] = pv;
+        dp[4 * i + e] = pv * (dp[4 * i + e] - delta[col]) * dcap;
+      }
+  }
+
+  template <class C>
+  __device__ __forceinline__ static void p_ds(float (&s)[32], float (&dp)[32], const float* rows, float c, int kw0,
+                                              int m0, const MaskBwdParams& p) {
+    const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+    const bool mask = m0 + C::BR > p.seqlen_q ||
+                      window_tile_needs_mask(kw0, 64, m0, m0 + C::BR, p.seqlen_k, p.diag_offset, p.window_left,
+                                             p.window_right);
+    if (mask)
+      p_ds_masked<true>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
+    else
+      p_ds_masked<false>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
+  }
+};
+
+// dsinks[h] -= sum over (b, i) of exp(sink_h - LSE_i) Delta_i: one CTA per (b, h) and chunk of rows, after the
+// pre-pass (Delta in its padded rows), one atomic add per CTA.
+__global__ void __launch_bounds__(256) sink_grad(const MaskBwdParams p) {
+  const int bh = blockIdx.x, h = bh % p.heads_q;
+  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  const float sink = p.sinks[h];
+  float acc = 0.f;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < p.seqlen_q; i += gridDim.y * blockDim.x)
+    acc += expf(sink - p.lse[(int64_t)bh * p.seqlen_q + i]) * p.delta[(int64_t)bh * sq_pad + i];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  __shared__ float warp_sum[8];
+  if (threadIdx.x % 32 == 0) warp_sum[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < 8; ++w) total += warp_sum[w];
+    atomicAdd(p.dsinks + h, -total);
+  }
+}
+
+inline int launch_sink_grad(const MaskBwdParams& p, cudaStream_t st) {
+  if (p.dsinks == nullptr || p.sinks == nullptr || p.seqlen_q == 0 || p.batch == 0) return 0;
+  const int chunks = min((p.seqlen_q + 4095) / 4096, 64);
+  sink_grad<<<dim3((unsigned)(p.batch * p.heads_q), (unsigned)chunks), 256, 0, st>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace lab::sm90::bwd

@@ -1,0 +1,216 @@
+"""The masks' backward on the GPU (bwd v08 through lab.ops.attention's autograd): gradient checks against float64
+autograd of lab.masks.reference (with the builds that drop the softcap's derivative or the window, which must
+fail), and the race of the backward against FlexAttention's compiled backward and SDPA with an explicit mask.
+lab.masks.gpu.main runs them as the stages checks-bwd and race-bwd; chapter n13_masks reads the records.
+
+Yardstick of a gradient check: SDPA's own gradient error (the window as an explicit boolean mask, a sink as one
+more key of zeros whose mask entry is its logit) on the same inputs without the softcap, which SDPA cannot
+express; its error pattern is laid on the float64 gradients and lab.check.compare judges ours against it. d sinks'
+yardstick is its formula evaluated with SDPA's 16-bit output (the error a 16-bit O alone brings).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .. import bench, check, ops, record
+from . import backward as mbwd, reference, spec
+from .gpu import CHAPTER, GEN, draw
+
+_FIELDS = ("passed", "max_abs", "rel_l2", "nan", "mismatches", "sdpa_max_abs", "tol_max_abs")
+
+
+def _sdpa_grads(q, k, v, dout, mask, scale, offset, sinks):
+    """SDPA's (out, dq, dk, dv) in q's dtype on the problem without softcap; rows that see nothing give 0."""
+    Sq, Sk = q.shape[2], k.shape[2]
+    allowed = spec.visible(torch.arange(Sq, device="cuda"), torch.arange(Sk, device="cuda"), Sk, offset,
+                           spec.Mask(mask.left, mask.right, 0.0))
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    gqa = k.shape[1] != q.shape[1]
+    if sinks is None:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+    else:
+        bias = torch.zeros(1, q.shape[1], Sq, Sk + 1, device="cuda", dtype=q.dtype)
+        bias[..., :Sk].masked_fill_(~allowed, float("-inf"))
+        bias[..., Sk] = sinks.detach().to(q.dtype)[:, None]
+        zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
+        y = F.scaled_dot_product_attention(q, torch.cat([k, zero], 2), torch.cat([v, zero], 2), attn_mask=bias,
+                                           scale=scale, enable_gqa=gqa)
+    grads = torch.autograd.grad(y, (q, k, v), dout)
+    return (y.detach().nan_to_num(0.0),) + tuple(g.nan_to_num(0.0) for g in grads)
+
+
+def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, lower_right=False, defines=None,
+              expect_fail=False, trials=2):
+    mask = spec.make_mask(causal, window, cap)
+    offset = Sk - Sq if lower_right else 0
+    scale = D ** -0.5
+    worst = None
+    for trial in range(trials):
+        GEN.manual_seed(hash(("bwd", name, Sq, Sk, D, trial)) % 2**31)
+        magnitude = 2.0 if trial == trials - 1 else 1.0
+        q = draw(B, Hq, Sq, D, dtype=dtype, magnitude=magnitude).requires_grad_()
+        k = draw(B, Hkv, Sk, D, dtype=dtype, magnitude=magnitude).requires_grad_()
+        v = draw(B, Hkv, Sk, D, dtype=dtype).requires_grad_()
+        dout = draw(B, Hq, Sq, D, dtype=dtype)
+        sinks = (torch.randn(Hq, generator=GEN) * 2).cuda().requires_grad_() if sink else None
+        dlse = torch.randn(B, Hq, Sq, generator=GEN).cuda()
+        inputs = (q, k, v) + ((sinks,) if sink else ())
+        # ours: through the public op and autograd (the kernel's defines through lab.masks.backward's launch)
+        if defines:
+            out, lse = ops.attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=Hq != Hkv, window_size=window,
+                                     softcap=cap, sinks=sinks, return_lse=True,
+                                     causal_variant="lower_right" if lower_right else "upper_left")
+            dl = torch.where(torch.isfinite(lse), dlse, 0.0)
+            dq, dk, dv, ds = mbwd.launch_backward(dout, q, k, v, out.detach(), lse.detach(), dl, sinks, sink,
+                                                  mask.left, mask.right, offset, mask.softcap, scale,
+                                                  defines=defines)
+            got = (dq, dk, dv) + ((ds,) if sink else ())
+        else:
+            out, lse = ops.attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=Hq != Hkv, window_size=window,
+                                     softcap=cap, sinks=sinks, return_lse=True,
+                                     causal_variant="lower_right" if lower_right else "upper_left")
+            dl = torch.where(torch.isfinite(lse), dlse, 0.0).detach()
+            lse_used = torch.where(torch.isfinite(lse), lse, 0.0)
+            got = torch.autograd.grad((out.float() * dout.float()).sum() + (lse_used * dl).sum(), inputs)
+        # float64 autograd of the reference
+        ref_in = [t.detach().double().requires_grad_() for t in inputs]
+        r_out, r_lse = reference.attend(*ref_in[:3], mask, scale, offset, ref_in[3] if sink else None)
+        r_used = torch.where(torch.isfinite(r_lse), r_lse, 0.0)
+        want = torch.autograd.grad((r_out * dout.double()).sum() + (r_used * dl.double()).sum(), ref_in)
+        # SDPA's error pattern on the problem without softcap (dlse has no SDPA counterpart: dout only)
+        plain = spec.Mask(mask.left, mask.right, 0.0)
+        p_in = [t.detach().double().requires_grad_() for t in inputs]
+        p_out, _ = reference.attend(*p_in[:3], plain, scale, offset, p_in[3] if sink else None)
+        p_grads = torch.autograd.grad((p_out * dout.double()).sum(), p_in[:3])
+        s_out, *s_grads = _sdpa_grads(q, k, v, dout, mask, scale, offset, sinks)
+        metrics = {}
+        for label, g, w, sg, pg in zip(("dq", "dk", "dv"), got, want, s_grads, p_grads):
+            metrics[label] = check.compare(g, w, w + (sg.double() - pg))
+        if sink:
+            # d sinks' formula with SDPA's 16-bit O against the float64 O: the error a 16-bit output brings
+            p_sink = torch.exp(sinks.detach().double()[None, :, None] - r_lse.detach())
+            delta_ref = (dout.double() * r_out.detach()).sum(-1) - dl.double()
+            delta_sdpa = (dout.double() * s_out.double()).sum(-1) - dl.double()
+            yard = want[3] + (-(p_sink * delta_sdpa).sum((0, 2)) + (p_sink * delta_ref).sum((0, 2)))
+            metrics["dsinks"] = check.compare(got[3], want[3], yard)
+        passed = all(m["passed"] for m in metrics.values())
+        score = max(m["max_abs"] / max(m["tol_max_abs"], 1e-30) for m in metrics.values())
+        if worst is None or not passed or score > worst[1]:
+            worst = (metrics, score, passed)
+            if not passed:
+                break
+    metrics, score, passed = worst
+    case = dict(name=name, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, dtype=str(dtype).split(".")[-1], causal=causal,
+                window=[mask.left, mask.right], softcap=cap, sinks=sink, offset=offset)
+    ok = passed != expect_fail
+    bug = "-" + "-".join(k.lower().replace("lab_bwd_mask_bug_", "") for k in defines) if defines else ""
+    record.append({"kind": "check_bwd", "impl": "bwd_" + mbwd.masked_bwd_version(q.device) + bug, "case": case,
+                   "expect_fail": expect_fail, "ok": ok, "passed": passed, "worst_ratio": score,
+                   "check": {g: {k: m[k] for k in _FIELDS} for g, m in metrics.items()}}, chapter=CHAPTER)
+    print(("ok  " if ok else "BAD ") + f"bwd{bug} {name} {case} worst max_abs/tol {score:.3g} passed={passed} "
+          + " ".join(f"{g} {m['max_abs']:.3g}/{m['tol_max_abs']:.3g}" for g, m in metrics.items()), flush=True)
+    return ok
+
+
+def checks() -> int:
+    bad = 0
+    bf16, fp16 = torch.bfloat16, torch.float16
+    masks = [("w0", False, (0, 0), 0.0, False), ("w1c", True, (1, 0), 0.0, False), ("w64c", True, (64, 0), 0.0, False),
+             ("wS", False, "S", 0.0, False), ("beyond", True, "S+", 0.0, False), ("sym", False, (100, 50), 0.0, False),
+             ("cap", True, None, 30.0, False), ("sink", True, None, 0.0, True), ("all", True, (128, 0), 50.0, True),
+             ("capnc", False, None, 5.0, True)]
+    sizes = [(2, 4, 2, 1, 1), (1, 4, 4, 63, 63), (2, 4, 2, 65, 65), (1, 8, 2, 1025, 1025)]
+    for D in (128, 64):
+        for name, causal, window, cap, sink in masks:
+            for B, Hq, Hkv, Sq, Sk in sizes:
+                w = (Sk, Sk) if window == "S" else (Sk + 100, -1) if window == "S+" else window
+                bad += not check_bwd(name, B, Hq, Hkv, Sq, Sk, D, bf16, causal, w, cap, sink)
+    for lower_right in (False, True):
+        for Sq, Sk in ((65, 1025), (1025, 65)):
+            bad += not check_bwd("cross", 1, 4, 2, Sq, Sk, 128, bf16, True, (200, 0), 0.0, True, lower_right)
+    bad += not check_bwd("fp16", 1, 4, 2, 1025, 1025, 128, fp16, True, (256, 0), 20.0, True)
+    bad += not check_bwd("fp16", 1, 4, 2, 1025, 1025, 64, fp16, False, (30, 40), 0.0, False)
+    bad += not check_bwd("long", 1, 2, 1, 4097, 4097, 128, bf16, True, (1000, 0), 30.0, True, trials=1)
+    # the builds that must fail: the softcap's derivative dropped; the window forgotten on the tiles it crosses
+    bad += not check_bwd("no-softcap-grad", 1, 4, 2, 1025, 1025, 128, bf16, True, (256, 0), 10.0, False,
+                         defines={"LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD": 1}, expect_fail=True)
+    bad += not check_bwd("no-window", 1, 4, 2, 1025, 1025, 128, bf16, True, (64, 0), 0.0, False,
+                         defines={"LAB_BWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
+    print(f"checks bwd done: {bad} bad", flush=True)
+    return bad
+
+
+# ------------------------------------------------------------------ race
+
+def race(budget_s: float) -> None:
+    """Backward alone (torch.autograd.grad with retain_graph over one forward) and forward + backward, public op."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    start = time.time()
+    H, D, dt = 16, 128, torch.bfloat16
+    stop = dict(budget_s=0.4, max_reps=20, min_reps=5)
+
+    def emit(feature, S, extra, fns, ins):
+        if time.time() - start > budget_s:
+            print(f"race-bwd: budget spent, skipping {feature} S={S} {extra}", flush=True)
+            return
+        dout = torch.randn(1, H, S, D, device="cuda", dtype=dt)
+        calls = {}
+        for name, fn in fns.items():
+            try:
+                out = fn()
+            except Exception as e:  # a backend refusing the shape is reported, not timed
+                calls[name] = (lambda e=e: (_ for _ in ()).throw(e), None)
+                continue
+            calls[name] = (lambda out=out: torch.autograd.grad(out, ins, dout, retain_graph=True, allow_unused=True),
+                           None)
+            calls[name + "+fwd"] = (lambda fn=fn: torch.autograd.grad(fn(), ins, dout, allow_unused=True), None)
+        times = bench.time_interleaved(calls, **stop)
+        row = {k: (t.median_ms if hasattr(t, "median_ms") else str(t)) for k, t in times.items()}
+        ratios = {}  # each peer's time over ours, backward alone and forward + backward apart
+        for name, t in row.items():
+            base = row.get("lab+fwd" if name.endswith("+fwd") else "lab")
+            if name not in ("lab", "lab+fwd"):
+                ratios[name] = t / base if isinstance(t, float) and isinstance(base, float) else None
+        extra_fields = {f"overhead{s}": row["lab" + s] / row["lab_masked_plain" + s] for s in ("", "+fwd")
+                        if isinstance(row.get("lab" + s), float) and isinstance(row.get("lab_masked_plain" + s), float)}
+        record.append({"kind": "race_bwd", "feature": feature, "case": {"B": 1, "H": H, "S": S, "D": D,
+                                                                       "dtype": "bfloat16", **extra},
+                       "median_ms": row, "ratio_vs_lab": ratios, **extra_fields}, chapter=CHAPTER)
+        print(f"race-bwd {feature} S={S} {extra}: " + ", ".join(
+            f"{k} {v if isinstance(v, str) else round(v, 3)}" for k, v in row.items()), flush=True)
+
+    for S in (4096, 16384):
+        GEN.manual_seed(S)
+        q, k, v = (draw(1, H, S, D, dtype=dt).requires_grad_() for _ in range(3))
+        ins = (q, k, v)
+        rows = torch.arange(S, device="cuda")
+        for W in (1024, 4096):
+            def mask_mod(b, h, qi, ki, W=W):
+                return (qi >= ki) & (qi - ki <= W)
+            bm = create_block_mask(mask_mod, None, None, S, S, device="cuda")
+            dense = spec.visible(rows, rows, S, 0, spec.make_mask(True, (W, 0), 0.0))[None, None]
+            fns = {"lab": lambda W=W: ops.attention(q, k, v, is_causal=True, window_size=(W, 0)),
+                   "flex": lambda bm=bm: flex(q, k, v, block_mask=bm),
+                   "lab_dense_causal": lambda: ops.attention(q, k, v, is_causal=True)}
+            for backend in ("efficient", "cudnn"):
+                fns["sdpa_" + backend] = lambda backend=backend, dense=dense: bench.sdpa_runner(
+                    backend, q, k, v, attn_mask=dense)()
+            emit("window", S, {"window": W}, fns, ins)
+        causal_bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, S, S, device="cuda")
+
+        def capped(score, b, h, qi, ki):
+            return 30.0 * torch.tanh(score / 30.0)
+        sinks = torch.randn(H, device="cuda").requires_grad_()
+        plain = lambda: ops.attention(q, k, v, is_causal=True, window_size=(-1, -1))  # noqa: E731
+        emit("softcap", S, {"softcap": 30.0, "causal": True}, {
+            "lab": lambda: ops.attention(q, k, v, is_causal=True, softcap=30.0), "lab_masked_plain": plain,
+            "lab_dense_causal": lambda: ops.attention(q, k, v, is_causal=True),
+            "flex": lambda: flex(q, k, v, score_mod=capped, block_mask=causal_bm)}, ins)
+        emit("sinks", S, {"causal": True, "sinks_requires_grad": True}, {
+            "lab": lambda: ops.attention(q, k, v, is_causal=True, sinks=sinks), "lab_masked_plain": plain,
+            "lab_dense_causal": lambda: ops.attention(q, k, v, is_causal=True)}, ins + (sinks,))
