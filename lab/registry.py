@@ -183,6 +183,9 @@ def drivers(capability: tuple | None = None, defaults_only: bool = False) -> lis
             if wanted is not None and version not in wanted[family]:
                 continue
             own = OWN_DRIVER.get((family, version))
+            if not own and not set(kernel.head_dims) & set(FAST_HEAD_DIMS):
+                continue  # the shared drivers' cases are D 64 / 128; fwd v10's: tools/gpu/wide_sanitize.py
+
             flags = "" if own else f"-D{macro}={kernel.symbol}"
             if family == "bwd" and version not in DETERMINISTIC_BWD:
                 flags += " -DBWD_MODES=1"  # the driver skips the deterministic mode this version refuses
