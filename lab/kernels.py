@@ -48,8 +48,8 @@ def resolve_version(version, table: dict, head_dim: int, preference) -> str:
         for name in preference:
             if name in table and head_dim in table[name].head_dims:
                 return name
-        raise ValueError(f"head dim {head_dim} is not supported by any kernel "
-                         f"(supported: {sorted({d for k in table.values() for d in k.head_dims})})")
+        raise ValueError(f"head dim {head_dim} is not supported by any kernel "  # of those this preference tries
+                         f"(supported: {sorted({d for n in preference if n in table for d in table[n].head_dims})})")
     name = f"v{int(version):02d}" if isinstance(version, int) else str(version)
     if name not in table:
         raise ValueError(f"version={version!r} is unknown; available: {sorted(table)}")
