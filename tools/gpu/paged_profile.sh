@@ -34,8 +34,9 @@ for s in $STEPS; do
     race) step race ${RACE_TIMEOUT:-240} python3 tools/gpu/paged_profile.py race "$LOGS/race.jsonl" ;;
     ncu) step ncu ${NCU_TIMEOUT:-240} python3 tools/gpu/paged_profile.py ncu "$LOGS/ncu" ;;
     sanitize) step sanitize ${SANITIZE_TIMEOUT:-300} bash tools/gpu/sanitize_pagerow.sh "$LOGS" ;;
+    ab) step ab ${AB_TIMEOUT:-150} python3 tools/gpu/split_cap_ab.py ;;
   esac
 done
-for f in checks sanitize race ncu; do [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -n ${TAIL:-40} "$LOGS/$f.log"; }; done
+for f in checks sanitize ab race ncu; do [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -n ${TAIL:-40} "$LOGS/$f.log"; }; done
 (cd "$OUT" && tar czf paged_profile.tgz logs && rm -rf logs)
 tar tzvf "$OUT/paged_profile.tgz" | awk '{print $3, $6}' | tail -20
