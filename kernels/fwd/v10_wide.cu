@@ -16,8 +16,10 @@
 // - v07's FOLD (scale > 0: the max on raw scores, exp2(s c - m) by one FFMA) and CHAINS = 2 (two row max /
 //   row sum chains) in the serial tile (common/hopper/attn_fwd_sm90.cuh's serial_tile).
 // - Its own entry: head dims 192 and 256 (common/launch.h's check_fwd_call for the rest of the checks).
-// Not taken from v07 yet: the intra-warpgroup overlap (S_{j+1} with P_j V_j: +B_c/2 live registers), the
-// ping-pong token, the persistent and L2-ordered grids.
+// - K and V released apart (v07's split `empty` barriers), and OVERLAP (LAB_V10_OVERLAP=1, a switch): v07's
+//   intra-warpgroup overlap, S_j issued with P_{j-1} V_{j-1} and the softmax of S_j under that P V (+B_c/4 live
+//   registers for the previous P: 128 + 40 + 20 at D = 256; no spills either way).
+// Not taken from v07: the ping-pong token, the persistent and L2-ordered grids.
 //
 // Prediction (H100 bf16, public op, B·S = 16k, H·D = 2048-4096): the wider head doubles the GEMM work per
 // score against D = 128 while the softmax's work per score stays, so the serial schedule loses less than v06
@@ -49,6 +51,9 @@
 #endif
 #ifndef LAB_V10_CHAINS
 #define LAB_V10_CHAINS 2
+#endif
+#ifndef LAB_V10_OVERLAP
+#define LAB_V10_OVERLAP 0  // 1: v07's intra-warpgroup overlap (S_j with P_{j-1} V_{j-1}, softmax under the P V)
 #endif
 
 namespace {
@@ -83,7 +88,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], bar_empty[kStages];
+  // K and V stages are released apart (v07's split barriers): with OVERLAP, K_j is free once S_j is done, a
+  // whole P V earlier than V_j, so the next K load is not held behind it (one arrival per consumer warp).
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
   uint8_t* smem = align1024(smem_raw);
   const SmemRing<Cfg> ring = smem_ring<Cfg>(smem);
 
@@ -93,8 +100,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
 
   if (threadIdx.x == 0) {
     init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
-    for (int s = 0; s < kStages; ++s)
-      mbar_init(smem_u32(&bar_empty[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);
+      mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
+    }
     fence_barrier_init();
   }
   __syncthreads();
@@ -110,10 +119,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
           tma_load_4d(ring.q + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages;
-        if (j >= kStages) mbar_wait(smem_u32(&bar_empty[s]), ((j / kStages) & 1) ^ 1);
+        const uint32_t free_phase = ((j / kStages) & 1) ^ 1;
+        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_phase);
         mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
         for (int cb = 0; cb < D / 64; ++cb)
           tma_load_4d(ring.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
+        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_phase);
         mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
         for (int cb = 0; cb < D / 64; ++cb)
           tma_load_4d(ring.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
@@ -131,9 +142,63 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
     zero_acc(o);
     RowState st;
     mbar_wait(smem_u32(&bar_q), 0);
-    for (int j = 0; j < n_tiles; ++j) {
-      serial_tile<Cfg, T, LAB_V10_CHAINS, kFold>(o, st, ring, sQw, bar_k, bar_v, j, wm0, row0, c, p);
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&bar_empty[j % kStages]));
+    auto release = [&](uint64_t* empty, int j) {
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty[j % kStages]));
+    };
+    if constexpr (!LAB_V10_OVERLAP) {
+      for (int j = 0; j < n_tiles; ++j) {
+        serial_tile<Cfg, T, LAB_V10_CHAINS, kFold>(o, st, ring, sQw, bar_k, bar_v, j, wm0, row0, c, p);
+        release(empty_k, j);
+        release(empty_v, j);
+      }
+    } else {
+      // v07's loop: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j under the P V.
+      constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+      constexpr int CH = LAB_V10_CHAINS;
+      float sacc[BC / 2];
+      uint32_t pa[BC / 16][4];
+      float alpha[2];
+      auto wait_full = [&](uint64_t* full, int j) { mbar_wait(smem_u32(&full[j % kStages]), (j / kStages) & 1); };
+      auto softmax = [&](int j) {
+        if (lab::tile_needs_mask(j * BC, BC, wm0, p.seqlen_k, p.causal))
+          softmax_scores<BC, true, 0, CH, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        else
+          softmax_scores<BC, false, 0, CH, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+      };
+      if (n_tiles > 0) {
+        wait_full(bar_k, 0);
+        wgmma_fence();
+        issue_qk<D, BC, kBf16>(sacc, sQw, ring.k(0));
+        wgmma_wait<0>();
+        reg_fence(sacc);
+        release(empty_k, 0);
+        softmax(0);  // O is still 0: no rescale
+        pack_p<BC, T>(sacc, pa);
+      }
+      for (int j = 1; j < n_tiles; ++j) {
+        wait_full(bar_k, j);
+        wait_full(bar_v, j - 1);
+        wgmma_fence();  // the P fragments and the rescaled O written before the wgmmas read them
+        issue_qk<D, BC, kBf16>(sacc, sQw, ring.k(j % kStages));
+        issue_pv<D, BC, kBf16>(o, pa, ring.v((j - 1) % kStages));
+        wgmma_wait<1>();  // S_j (committed first)
+        reg_fence(sacc);
+        release(empty_k, j);
+        softmax(j);  // touches neither O nor the P fragments the P V still reads
+        wgmma_wait<0>();
+        reg_fence(o);
+        release(empty_v, j - 1);
+        rescale_o<D>(o, alpha);
+        pack_p<BC, T>(sacc, pa);
+      }
+      if (n_tiles > 0) {
+        wait_full(bar_v, n_tiles - 1);
+        wgmma_fence();
+        issue_pv<D, BC, kBf16>(o, pa, ring.v((n_tiles - 1) % kStages));
+        wgmma_wait<0>();
+        reg_fence(o);
+        release(empty_v, n_tiles - 1);
+      }
     }
     epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
   }

@@ -73,6 +73,14 @@ WIDE_SHAPES = [((2, 4, 2, 65, 130), "bfloat16", True), ((1, 6, 2, 1025, 63), "fl
                ((1, 4, 1, 63, 4097), "float16", False), ((1, 2, 2, 4097, 65), "float16", True)]
 
 
+def wide_alt() -> dict:
+    """$WIDE_ALT (e.g. LAB_V10_OVERLAP=1, space-separated NAME=VALUE): a second build of fwd v10 that the wide
+    checks and the race run beside the default one."""
+    import os
+
+    return dict(item.split("=", 1) for item in os.environ.get("WIDE_ALT", "").split())
+
+
 def wide_checks(quick: bool) -> int:
     """D = 160, 192, 200, 256 forward (no gradients) through lab.check at uneven lengths, GQA, causal and not,
     fp16 / bf16, scales default and negative; D_v != D_qk; LSE; a wrong scale must fail; gradients must raise."""
@@ -85,9 +93,13 @@ def wide_checks(quick: bool) -> int:
             for i, (shape, dtype, causal) in enumerate(WIDE_SHAPES[: 3 if quick else None]):
                 case = Case(f"hdw-check-{D}-{i}", *shape, D, dtype, causal)
                 for scale in (None, -0.3):
-                    res = check.check_forward(forward, case, "lab.ops.attention", trials=2, scale=scale)
-                    fails, total = fails + (not res.passed), total + 1
-                    print("PASS" if res.passed else "FAIL", case.label, scale, "" if res.passed else repr(res))
+                    runs = {"lab.ops.attention": forward}
+                    if wide_alt() and D in (192, 256):
+                        runs["v10 " + " ".join(f"{k}={v}" for k, v in wide_alt().items())] = ops.fwd_writer("v10", wide_alt())
+                    for impl, run in runs.items():
+                        res = check.check_forward(run, case, impl, trials=2, scale=scale)
+                        fails, total = fails + (not res.passed), total + 1
+                        print("PASS" if res.passed else "FAIL", impl, case.label, scale, "" if res.passed else repr(res))
         # A wrong kernel must fail the same check: the scale off by 20 % at D = 256.
         wrong = check.check_forward(lambda q, k, v, c, s, out: forward(q, k, v, c, 1.2 / 16, out),
                                     Case("hdw-wrong-scale", 1, 4, 2, 1025, 1025, 256, "bfloat16", True),
@@ -131,10 +143,18 @@ def wide_race(quick: bool):
     grid = cases.wide_head_dim_cases()
     if quick:
         grid = [c for c in grid if "s2048" in c.name or "gqa" in c.name]
+    native = [c for c in grid if c.D in (192, 256)]
+    kernels = {"lab.ops.attention": sweep.public_attention()}
+    if wide_alt():  # kernel-level rows of both builds, timed in the same rounds
+        kernels["v10"] = ops.fwd_call_factory("v10")
+        kernels["v10 " + " ".join(f"{k}={v}" for k, v in wide_alt().items())] = ops.fwd_call_factory("v10", wide_alt())
+    backends = ("flash", "cudnn", "efficient")
     with torch.no_grad():
-        rows = sweep.fwd_sweep(grid, {"lab.ops.attention": sweep.public_attention()},
-                               backends=("flash", "cudnn", "efficient"), progress=False)
-    print("forward", tables.race(rows, backends=("flash", "cudnn", "efficient")))
+        rows = sweep.fwd_sweep(native, kernels, backends=backends, progress=False)
+        rows += sweep.fwd_sweep([c for c in grid if c not in native], {"lab.ops.attention": sweep.public_attention()},
+                                backends=backends, progress=False)
+    for impl in kernels:
+        print("forward", impl, tables.race(rows, impl=impl, backends=backends))
 
 
 def main(argv):
