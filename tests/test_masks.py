@@ -311,3 +311,37 @@ def test_backward_params_layout():
                     ("sinks", C.c_void_p), ("dsinks", C.c_void_p)]
     assert C.sizeof(Bwd) == 336 and C.sizeof(MaskBwd) == backward.PARAMS.size == 368
     assert MaskBwd.left.offset == 336 and MaskBwd.sinks.offset == 352
+
+
+@pytest.mark.parametrize("path", ["eager", "custom_op"])
+def test_backward_autograd_plumbing(monkeypatch, path):
+    """The autograd wiring of the masked op (the eager Function and the custom op's registered autograd) on the
+    CPU, with the kernels replaced by the float64 reference (forward) and the key-major emulation (backward):
+    every gradient reaches its input, d sinks only when sinks.requires_grad, a gradient into LSE included."""
+    from lab.masks import backward, op as mop
+
+    def fwd(q, k, v, sinks, left, right, offset, softcap, scale, version, want_lse=True):
+        out, lse = reference.attend(q, k, v, spec.Mask(left, right, softcap), scale, offset, sinks)
+        return out.to(q.dtype), lse
+
+    def bwd(grad_out, q, k, v, out, lse, grad_lse, sinks, want_dsinks, left, right, offset, softcap, scale):
+        got = emulate.backward_by_keys(*(t.detach().numpy() for t in (q, k, v, out, lse, grad_out)),
+                                       spec.Mask(left, right, softcap), scale, offset,
+                                       None if sinks is None else sinks.detach().numpy(),
+                                       None if grad_lse is None else grad_lse.numpy(), 16, 32)
+        ds = torch.from_numpy(got[3]) if want_dsinks else torch.zeros(0, dtype=torch.float64)
+        return tuple(torch.from_numpy(g) for g in got[:3]) + (ds,)
+    monkeypatch.setattr(mop, "_masked_impl", fwd)
+    monkeypatch.setattr(backward, "launch_backward", bwd)
+    mask = spec.make_mask(True, (7, 0), 4.0)
+    for sink_grad in (True, False):
+        q, k, v = (_draw(*s, seed=i).requires_grad_() for i, s in enumerate([(1, 4, 33, 16), (1, 2, 33, 16), (1, 2, 33, 16)]))
+        sinks = _draw(4, seed=5).requires_grad_(sink_grad)
+        args = (q, k, v, sinks, mask.left, mask.right, 0, mask.softcap, 0.3, "v09")
+        out, lse = (backward.EagerMasked.apply(*args, fwd) if path == "eager" else mop._masked_op(*args))
+        dout, dlse = _draw(*out.shape, seed=7), _draw(*lse.shape, seed=8)
+        inputs = [q, k, v] + ([sinks] if sink_grad else [])
+        got = torch.autograd.grad((out * dout).sum() + (lse * dlse).sum(), inputs)
+        r_out, r_lse = reference.attend(q, k, v, mask, 0.3, 0, sinks)
+        want = torch.autograd.grad((r_out * dout).sum() + (r_lse * dlse).sum(), inputs)
+        assert len(got) == len(want) and all(_err(g, w) < 1e-9 for g, w in zip(got, want))

@@ -115,6 +115,30 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, (dsinks if want_dsinks else None), None, None, None, None, None, None
 
 
+class EagerMasked(torch.autograd.Function):
+    """lab::attention_masked's forward and backward for plain eager calls that want gradients: the custom op's
+    autograd wrapper and the backward op's dispatch cost more host time than the kernels of a short call
+    (lab.backward.op.EagerAttention has the measurement); torch.compile and fake tensors still see the ops."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, sinks, left, right, offset, softcap, scale, version, impl):
+        out, lse = impl(query, key, value, sinks, left, right, offset, softcap, scale, version)
+        ctx.save_for_backward(query, key, value, out, lse, sinks)
+        ctx.mask = (left, right, offset, softcap, scale)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        query, key, value, out, lse, sinks = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        want_dsinks = sinks is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, dsinks = launch_backward(grad_out, query, key, value, out, lse, grad_lse, sinks, want_dsinks,
+                                             *ctx.mask)
+        return dq, dk, dv, (dsinks if want_dsinks else None), None, None, None, None, None, None, None
+
+
 _registered = False
 
 

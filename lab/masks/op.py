@@ -165,6 +165,8 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
             masked_version(query.device, version))
     if _direct(query, key, value, *(() if sinks is None else (sinks,))):
         out, lse = _masked_impl(*args, want_lse=return_lse)
+    elif _eager() and all(type(t) is torch.Tensor for t in (query, key, value, *(() if sinks is None else (sinks,)))):
+        out, lse = backward.EagerMasked.apply(*args, _masked_impl)  # gradients wanted, plain eager tensors
     else:
         out, lse = _masked_op(*args)
     return (out, lse) if return_lse else out
