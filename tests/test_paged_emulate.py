@@ -155,3 +155,20 @@ def test_pagerow_algorithm(page_size, causal):
             ((64, 1024), (32, 4096), (8, 16384), (1, 131072), (128, 2048))}
     assert plan == {(64, 1024): 2, (32, 4096): 4, (8, 16384): 16, (1, 131072): 127, (128, 2048): 1}
     assert all(B * s <= 132 or s == 1 for (B, _), s in plan.items())
+
+
+def test_ragged_split_plan():
+    """A paged call's plan has at least one split per RAGGED_CHUNK keys of the capacity (lab.decode.splits.
+    ragged_splits): a long-tailed batch's longest sequence spread over several splits, emulated against the direct
+    softmax, with the short sequences' splits empty."""
+    assert splits.ragged_splits(1, 16384) == 4 and splits.ragged_splits(16, 131072) == 32
+    assert splits.ragged_splits(1, 2048) == 1 and splits.ragged_splits(5, 10 ** 9) == splits.MAX_SPLITS
+    capacity = 3 * splits.RAGGED_CHUNK
+    q, k, v, rng = _inputs(11, 4, 8, 2, 1, capacity)
+    kp, vp, table = ep.page_cache(k, v, 64, rng)
+    lengths = [capacity, 7, 300, 0]
+    num_splits = splits.ragged_splits(splits.choose_num_splits_v02(4, 2, capacity, 132), capacity)
+    assert num_splits >= 3 and all(end - begin <= splits.RAGGED_CHUNK for begin, end in splits.split_bounds(capacity, num_splits))
+    out, _, errors, partial_lse = ep.emulate_paged_decode(q, kp, vp, table, lengths, num_splits, 0.25)
+    np.testing.assert_allclose(out, _direct(q, k, v, lengths, 0.25, False), atol=1e-12)
+    assert errors == [0] * 4 and np.isneginf(partial_lse[1, :, :, 1:]).all()  # 7 keys: the later splits are empty

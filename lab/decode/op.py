@@ -223,10 +223,11 @@ def _kernel_table(block_table):
     return block_table.contiguous()
 
 
-def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits) -> tuple[str, int]:
-    """(version, splits) of a paged or causal call, memoised like _decode_plan; the plan is v02's (one block
-    per SM), over the cache capacity: for a paged cache max_pages * page_size, known without a host sync."""
-    key = ("v03", query.shape, heads_kv, capacity, query.device, version, num_splits)
+def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits, paged: bool = False) -> tuple[str, int]:
+    """(version, splits) of a paged or causal call, memoised like _decode_plan; the plan is the version's rule
+    over the cache capacity (for a paged cache max_pages * page_size, known without a host sync) and, paged, at
+    least one split per RAGGED_CHUNK keys of the capacity (lab.decode.splits.ragged_splits)."""
+    key = ("v03", query.shape, heads_kv, capacity, query.device, version, num_splits, paged)
     plan = _decode_plans.get(key)
     if plan is None:
         if version is not None and _version(version, DECODE, query.shape[-1], ()) not in PAGED_DECODE:
@@ -237,8 +238,12 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits) -> tuple
             raise ValueError(f"decode version {version!r} needs H_kv to be a multiple of {PAGED_HEADS[version]}, got "
                              f"{heads_kv}; use one of {list(takes)} or version=None")
         name = _version(version, DECODE, query.shape[-1], takes)
-        plan = _remember(key, name, _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device,
-                                                SPLIT_RULE.get(name, name)))
+        splits = _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device, SPLIT_RULE.get(name, name))
+        if paged and num_splits is None:
+            from .splits import ragged_splits
+
+            splits = ragged_splits(splits, capacity)
+        plan = _remember(key, name, splits)
     return plan
 
 
@@ -291,7 +296,7 @@ def _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits,
         block_table = _check_paged(query, key_cache, value_cache, block_table, page_errors)
         seqlens = _check_seqlens(query, cache_seqlens)
         heads_kv, capacity = key_cache.shape[2], block_table.shape[1] * key_cache.shape[1]
-    name, splits = _v03_plan(query, heads_kv, capacity, version, num_splits)
+    name, splits = _v03_plan(query, heads_kv, capacity, version, num_splits, block_table is not None)
     scale = _scale(scale, query.shape[-1])
     if _direct(query, key_cache, value_cache):
         out, errors = _v03_impl(query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits,
