@@ -26,6 +26,10 @@
 // cache's (a page-16 tile is 32 KiB in one piece): expected within 3 % of the contiguous decode, and >= 90 %
 // of copy bandwidth on >= 1 GB caches. Fewer loader instructions (no per-group cursor) matter less: at
 // ~13 bytes/clock/SM a tile has ~5000 cycles of budget and issues ~1/5 of them.
+// Outcome (H100, 2026-11-26, kernels/decode/README.md): the prediction was wrong, v03 already read DRAM like the
+// contiguous decode (ncu 80-86 % of peak against v02's 81-87 %), so v04 gained nothing there: 1.5-2.5 % faster
+// than v03 at 128 x 2048 (one split), 1 % faster to 5 % slower at 2-16 splits, 10 % slower at 127 splits (the
+// combine walks 127 partials a row). lab.ops.decode runs it only where its blocks fill a wave unsplit.
 //
 // Launch: grid num_splits * B * (H_kv / 8) * ceil(G * q_len / 16), 256 threads; shared memory: kStages x
 // (K + V) x 128 rows x (D + 8) x 2 bytes: D 128, 3 stages 204 KiB (2 stages, 136 KiB, where the device has
