@@ -5,7 +5,7 @@
 # $OUT/wide.tgz (records.jsonl, logs). Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] bash
 # tools/gpu/wide_session.sh [quick]
 set -u
-OUT=${OUT:-/tmp/wide_session}; W=$OUT/wide; mkdir -p "$W"
+OUT=${OUT:-/tmp/wide_session}; W=$OUT; mkdir -p "$W"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 LAB_SESSION_DIR=$W
 Q=$([ "${1:-}" = quick ] && echo --quick)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$W/gpu.txt"
@@ -18,12 +18,11 @@ fi
 wait
 timeout ${CHECK_TIMEOUT:-150} python3 tools/gpu/head_dims.py --wide --checks-only $Q > "$W/checks.log" 2>&1
 echo "checks rc=$?" >> "$W/checks.log"
+timeout ${RACE_TIMEOUT:-120} python3 -c "import sys; sys.path.insert(0, 'tools/gpu'); import head_dims, torch
+torch.backends.cuda.matmul.allow_tf32 = False; head_dims.wide_race('$Q' == '--quick')" > "$W/race.log" 2>&1
+echo "race rc=$?" >> "$W/race.log"
 for tool in memcheck racecheck; do
   timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool $tool python3 tools/gpu/wide_sanitize.py > "$W/$tool.log" 2>&1
   echo "$tool rc=$?" >> "$W/$tool.log"
 done
-timeout ${RACE_TIMEOUT:-120} python3 -c "import sys; sys.path.insert(0, 'tools/gpu'); import head_dims, torch
-torch.backends.cuda.matmul.allow_tf32 = False; head_dims.wide_race('$Q' == '--quick')" > "$W/race.log" 2>&1
-echo "race rc=$?" >> "$W/race.log"
-tar czf "$OUT/wide.tgz" -C "$OUT" wide
 tail -3 "$W/checks.log"; grep -h "ERROR SUMMARY\|rc=" "$W/memcheck.log" "$W/racecheck.log"; tail -22 "$W/race.log"
