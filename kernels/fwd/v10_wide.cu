@@ -16,9 +16,9 @@
 // - v07's FOLD (scale > 0: the max on raw scores, exp2(s c - m) by one FFMA) and CHAINS = 2 (two row max /
 //   row sum chains) in the serial tile (common/hopper/attn_fwd_sm90.cuh's serial_tile).
 // - Its own entry: head dims 192 and 256 (common/launch.h's check_fwd_call for the rest of the checks).
-// - K and V released apart (v07's split `empty` barriers), and OVERLAP (LAB_V10_OVERLAP=1, a switch): v07's
-//   intra-warpgroup overlap, S_j issued with P_{j-1} V_{j-1} and the softmax of S_j under that P V (+B_c/4 live
-//   registers for the previous P: 128 + 40 + 20 at D = 256; no spills either way).
+// - K and V released apart (v07's split `empty` barriers), and OVERLAP (on; LAB_V10_OVERLAP=0 gives v06's serial
+//   tile): v07's intra-warpgroup overlap, S_j issued with P_{j-1} V_{j-1} and the softmax of S_j under that P V
+//   (+B_c/4 live registers for the previous P: 128 + 40 + 20 at D = 256; no spills either way).
 // Not taken from v07: the ping-pong token, the persistent and L2-ordered grids.
 //
 // Prediction (H100 bf16, public op, B·S = 16k, H·D = 2048-4096): the wider head doubles the GEMM work per
@@ -26,7 +26,14 @@
 // did at D = 128 (469-519 TFLOP/s there on the H200): ~450-520 TFLOP/s non-causal at S >= 2048, causal
 // ~80 % of that; against SDPA-flash (FA2 code on Hopper) 1.3-1.6x; against SDPA-cuDNN (where it takes D = 256)
 // 0.8-1.0x.
-// Outcome: see kernels/README.md's v10 row (H100 run, outputs/driver_logs/20261126-h100-head-dims-wide/).
+// Outcome (H100 run 1, outputs/driver_logs/20261126-h100-head-dims-wide/run1-27a2774/, bf16, kernel-only rows
+// timed in rounds beside SDPA; TFLOP/s at S = 512 / 2048 / 8192, non-causal | causal):
+//   serial (OVERLAP = 0):  D = 192 415 / 558 / 631 | 256 / 474 / 579;  D = 256 440 / 591 / 637 | 295 / 491 / 582
+//     0.89-1.10x SDPA-cuDNN, 1.46-2.21x SDPA-flash: above the prediction (450-520 at S >= 2048 and 0.8-1.0x cuDNN).
+//   OVERLAP:               D = 192 427 / 616 / 720 | 260 / 510 / 660;  D = 256 451 / 659 / 723 | 299 / 533 / 663
+//     +3 to +14 % over serial (most at S = 8192: the softmax hides under the P V), 0.91-1.13x SDPA-cuDNN (below 1.0
+//     at D = 256 S = 512 non-causal, 0.908, and D = 192 S = 2048 causal, 0.979), 1.48-2.50x SDPA-flash; Gemma-2's
+//     GQA 16/8 at S = 4096 causal 625 TFLOP/s, 1.10x cuDNN. On since then.
 //
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
 // and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.
@@ -53,7 +60,7 @@
 #define LAB_V10_CHAINS 2
 #endif
 #ifndef LAB_V10_OVERLAP
-#define LAB_V10_OVERLAP 0  // 1: v07's intra-warpgroup overlap (S_j with P_{j-1} V_{j-1}, softmax under the P V)
+#define LAB_V10_OVERLAP 1  // v07's intra-warpgroup overlap (S_j with P_{j-1} V_{j-1}, softmax under the P V); 0: serial
 #endif
 
 namespace {
