@@ -34,6 +34,18 @@
 //     +3 to +14 % over serial (most at S = 8192: the softmax hides under the P V), 0.91-1.13x SDPA-cuDNN (below 1.0
 //     at D = 256 S = 512 non-causal, 0.908, and D = 192 S = 2048 causal, 0.979), 1.48-2.50x SDPA-flash; Gemma-2's
 //     GQA 16/8 at S = 4096 causal 625 TFLOP/s, 1.10x cuDNN. On since then.
+// H100 run 2 (run2-f5f4f93/, OVERLAP the default): the same kernel 430 / 629 / 706 | 264 / 520 / 662 (D = 192) and
+//   461 / 643 / 732 | 303 / 529 / 652 (D = 256), within 1-2 % of run 1's; SDPA-cuDNN moved more between the runs
+//   (its S = 512 cells 10-20 % faster), so the public op is 0.88-1.08x cuDNN (geomean 0.98; >= 1.0 at S = 8192 and at
+//   D = 256 S = 2048), 1.35-2.50x SDPA-flash. The cells behind cuDNN are the short ones (S = 512: 4-7 key tiles per
+//   CTA, one CTA per SM, nothing hides the Q load, the fill and the epilogue) and causal 2048: v07's persistent
+//   grid and ping-pong are the next steps there.
+//   The rejected tiles, measured (same process): B_c = 64 at D = 256 +2 / +3 % at S = 512 (8 full tiles instead of
+//   6 and a 40 %-full one), -6 to -9 % from S = 2048; B_c = 96 at D = 192 -1 to -3 % except S = 512 causal (+3 %).
+//   A per-call B_c for short keys would gain about as much as the runs differ: not taken.
+//   Padding: D = 200 (padded to 256 by lab.fwd.head_dims) takes 1.47 ms where the D = 256 kernel takes 0.85 ms on
+//   the same shape: the copies of F.pad and the output slice, not the kernel. TMA's out-of-bounds zero fill could
+//   read the unpadded tensors (a map of the true width) and a column bound in the epilogue skip the copies.
 //
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
 // and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.
