@@ -35,9 +35,9 @@
 //     at D = 256 S = 512 non-causal, 0.908, and D = 192 S = 2048 causal, 0.979), 1.48-2.50x SDPA-flash; Gemma-2's
 //     GQA 16/8 at S = 4096 causal 625 TFLOP/s, 1.10x cuDNN. On since then.
 // H100 run 2 (run2-f5f4f93/, OVERLAP the default): the same kernel 430 / 629 / 706 | 264 / 520 / 662 (D = 192) and
-//   461 / 643 / 732 | 303 / 529 / 652 (D = 256), within 1-2 % of run 1's; SDPA-cuDNN moved more between the runs
-//   (its S = 512 cells 4-22 % faster, D = 192 S = 2048 11 %), so the public op is 0.88-1.08x cuDNN (geomean 0.98; >= 1.0 at S = 8192 and at
-//   D = 256 S = 2048), 1.35-2.50x SDPA-flash. The cells behind cuDNN are the short ones (S = 512: 4-7 key tiles per
+//   461 / 643 / 732 | 303 / 529 / 652 (D = 256), within 2.5 % of run 1's; SDPA-cuDNN moved more between the runs
+//   (its S = 512 cells 4-22 % faster, D = 192 S = 2048 11 %), so the public op is 0.88-1.08x cuDNN (geomean
+//   0.98; >= 1.0 at S = 8192 and at D = 256 S = 2048), 1.35-2.50x SDPA-flash. The cells behind cuDNN are the short ones (S = 512: 4-7 key tiles per
 //   CTA, one CTA per SM, nothing hides the Q load, the fill and the epilogue) and causal 2048: v07's persistent
 //   grid and ping-pong are the next steps there.
 //   The rejected tiles, measured (same process): B_c = 64 at D = 256 +2 / +3 % at S = 512 (8 full tiles instead of
