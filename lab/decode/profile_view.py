@@ -4,10 +4,9 @@ run left under outputs/driver_logs/, so a machine without a GPU shows the record
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from .. import paths
+from .. import paths, record
 from ..publish.tables import Table
 
 RUNS = "*-paged-profile-*"  # outputs/driver_logs/<date>-<gpu>-paged-profile-<commit>/
@@ -20,7 +19,7 @@ def latest_run(gpu: str = "h100") -> Path | None:
 
 
 def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return record.read(path)  # the one records reader: [] when the file is missing
 
 
 def profile_table(run: Path) -> Table:

@@ -10,8 +10,6 @@ its error pattern is laid on the float64 reference and lab.check.compare judges 
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import torch
@@ -259,23 +257,3 @@ def race(budget_s: float) -> None:
                                          None)
         emit("varlen", total, {"lens": lens, "causal": True}, calls)
 
-
-def main(argv: list[str]) -> int:
-    stages = argv or ["checks-v09", "checks-v08", "race", "checks-bwd", "race-bwd"]
-    bad = 0
-    for version in ("v09", "v08"):
-        if f"checks-{version}" in stages:
-            bad += checks(version)
-    if "race" in stages:
-        race(float(os.environ.get("MASKS_RACE_BUDGET_S", "150")))
-    if "checks-bwd" in stages or "race-bwd" in stages:  # the backward (lab.masks.gpu_bwd)
-        from . import gpu_bwd
-        if "checks-bwd" in stages:
-            bad += gpu_bwd.checks()
-        if "race-bwd" in stages:
-            gpu_bwd.race(float(os.environ.get("MASKS_RACE_BUDGET_S", "150")))
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
