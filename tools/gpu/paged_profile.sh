@@ -1,10 +1,10 @@
 #!/bin/bash
-# The paged decode's evidence in one device call: every decode kernel built at once, the paged GPU checks of every
+# The paged decode's evidence in one run on a GPU machine: every decode kernel built at once, the paged GPU checks of every
 # registered paged version (tests/test_paged_gpu.py, the wrong-table kernel must fail), the race and copy ceiling
 # on the serving cells, Nsight Compute on them (tools/gpu/paged_profile.py), compute-sanitizer (step sanitize:
 # tools/gpu/sanitize_pagerow.sh) and the split-cap A/B (step ab: tools/gpu/split_cap_ab.py), the steps named in
 # STEPS. Everything lands in $OUT/paged_profile.tgz.
-# Device: run(carry=[".cache/dev"] where kernels were prebuilt here with LAB_CACHE_DIR=.cache/dev):
+# On the GPU machine (with .cache/dev carried there when the kernels were prebuilt with LAB_CACHE_DIR=.cache/dev):
 #   LAB_COMMIT=<sha> STEPS="checks race ncu" bash tools/gpu/paged_profile.sh
 set -u
 OUT=${OUT:-/tmp/paged_profile}; LOGS=$OUT/logs; mkdir -p "$LOGS"
