@@ -105,9 +105,9 @@ def test_varlen_emulation_with_empty_sequences(window, causal, cap, sink):
     assert stats["ctas"] + stats["idle_ctas"] == 4 * len(lens_q) * (-(-max(lens_q) // 32))
 
 
-@pytest.mark.parametrize("window,causal,cap,sink,offset", [((9, 0), False, 0.0, True, 0), ((-1, -1), True, 5.0, True, 7),
-                                                           ((4, 6), False, 3.0, False, -5), ((-1, -1), False, 0.0, True, 0)])
-def test_backward_formulas_match_autograd(window, causal, cap, sink, offset):
+def _backward_problem(window, causal, cap, sink, offset):
+    """(mask, the emulation's array arguments, its sinks and dlse, float64 autograd's gradients) of one case:
+    40 queries, 40 + offset keys, GQA 4/2, scale 0.4, a random gradient into the output and into the LSE."""
     mask = spec.make_mask(causal, window, cap)
     sq, sk = 40, 40 + offset
     q, k, v = (_draw(*s, seed=i).requires_grad_() for i, s in enumerate([(2, 4, sq, 16), (2, 2, sk, 16), (2, 2, sk, 16)]))
@@ -117,18 +117,22 @@ def test_backward_formulas_match_autograd(window, causal, cap, sink, offset):
     dlse = torch.where(torch.isfinite(lse), dlse, torch.zeros_like(dlse))
     inputs = [q, k, v] + ([sinks] if sink else [])
     grads = torch.autograd.grad((out * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0) * dlse).sum(), inputs)
-    dq, dk, dv, dsinks = emulate.backward(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(),
-                                          out.detach().numpy(), lse.detach().numpy(), dout.numpy(), mask, 0.4, offset,
-                                          None if sinks is None else sinks.detach().numpy(), dlse.numpy(), 16, 16)
+    args = tuple(t.detach().numpy() for t in (q, k, v, out, lse)) + (dout.numpy(),)
+    return mask, args, None if sinks is None else sinks.detach().numpy(), dlse.numpy(), grads
+
+
+@pytest.mark.parametrize("window,causal,cap,sink,offset", [((9, 0), False, 0.0, True, 0), ((-1, -1), True, 5.0, True, 7),
+                                                           ((4, 6), False, 3.0, False, -5), ((-1, -1), False, 0.0, True, 0)])
+def test_backward_formulas_match_autograd(window, causal, cap, sink, offset):
+    mask, args, sinks, dlse, grads = _backward_problem(window, causal, cap, sink, offset)
+    dq, dk, dv, dsinks = emulate.backward(*args, mask, 0.4, offset, sinks, dlse, 16, 16)
     for got, want in zip((dq, dk, dv), grads[:3]):
         assert _err(got, want) < 1e-9
     if sink:
         assert _err(dsinks, grads[3]) < 1e-9 and np.abs(dsinks).max() > 1e-3
     # the softcap's derivative is not optional: without it dq is wrong
     if cap:
-        nocap = emulate.backward(q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), out.detach().numpy(),
-                                 lse.detach().numpy(), dout.numpy(), spec.Mask(mask.left, mask.right, 0.0), 0.4,
-                                 offset, None if sinks is None else sinks.detach().numpy(), dlse.numpy())
+        nocap = emulate.backward(*args, spec.Mask(mask.left, mask.right, 0.0), 0.4, offset, sinks, dlse)
         assert _err(nocap[0], grads[0]) > 1e-3
 
 
@@ -154,18 +158,8 @@ def test_backward_query_block_range_is_exact(sq, sk, window, causal, offset_kind
 def test_key_major_backward_matches_autograd(window, causal, cap, sink, offset):
     """The backward in the kernel's order (key blocks, their query-block range) against float64 autograd; the
     same loop that ignores the window (every query block, no per-element window) fails."""
-    mask = spec.make_mask(causal, window, cap)
-    sq, sk = 40, 40 + offset
-    q, k, v = (_draw(*s, seed=i).requires_grad_() for i, s in enumerate([(2, 4, sq, 16), (2, 2, sk, 16), (2, 2, sk, 16)]))
-    sinks = _draw(4, seed=9).requires_grad_() if sink else None
-    out, lse = reference.attend(q, k, v, mask, 0.4, offset, sinks)
-    dout, dlse = _draw(*out.shape, seed=10), _draw(*lse.shape, seed=11)
-    dlse = torch.where(torch.isfinite(lse), dlse, torch.zeros_like(dlse))
-    inputs = [q, k, v] + ([sinks] if sink else [])
-    grads = torch.autograd.grad((out * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0) * dlse).sum(), inputs)
-    args = (q.detach().numpy(), k.detach().numpy(), v.detach().numpy(), out.detach().numpy(), lse.detach().numpy(),
-            dout.numpy())
-    tail = (0.4, offset, None if sinks is None else sinks.detach().numpy(), dlse.numpy(), 16, 32)
+    mask, args, sinks, dlse, grads = _backward_problem(window, causal, cap, sink, offset)
+    tail = (0.4, offset, sinks, dlse, 16, 32)
     dq, dk, dv, dsinks = emulate.backward_by_keys(*args, mask, *tail)
     for got, want in zip((dq, dk, dv), grads[:3]):
         assert _err(got, want) < 1e-9

@@ -148,81 +148,73 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, mask:
     return out, lse
 
 
+class _Grads:
+    """What both backward orders share: the float64 inputs, Delta, the gradients, and one tile's contribution."""
+
+    def __init__(self, q, k, v, out, lse, dout, mask: Mask, scale, offset: int, dlse):
+        self.q, self.k, self.v, out, self.dout = (np.asarray(t, np.float64) for t in (q, k, v, out, dout))
+        self.lse = np.asarray(lse, np.float64)
+        self.group = self.q.shape[1] // self.k.shape[1]
+        self.Sq, self.Sk = self.q.shape[2], self.k.shape[2]
+        self.scale = 1.0 / math.sqrt(self.q.shape[-1]) if scale is None else float(scale)
+        self.delta = (self.dout * out).sum(-1) - (0 if dlse is None else np.asarray(dlse, np.float64))
+        self.dq, self.dk, self.dv = (np.zeros_like(t) for t in (self.q, self.k, self.v))
+        self.safe = np.where(np.isfinite(self.lse), self.lse, 0.0)
+        self.mask, self.offset = mask, offset
+
+    def tile(self, b: int, h: int, m0: int, m1: int, n0: int, n1: int) -> None:
+        """Query rows [m0, m1) of head h against keys [n0, n1): P, dP, dS (softcap's derivative), the adds."""
+        hk, mask, scale = h // self.group, self.mask, self.scale
+        q, k, v, dout = self.q[b, h, m0:m1], self.k[b, hk, n0:n1], self.v[b, hk, n0:n1], self.dout[b, h, m0:m1]
+        s = scale * (q @ k.T)
+        t = np.tanh(s / mask.softcap) if mask.softcap > 0 else None
+        if t is not None:
+            s = mask.softcap * t
+        seen = _visible(np.arange(m0, m1), np.arange(n0, n1), self.Sk, self.offset, mask)
+        p = np.where(seen, np.exp(np.where(seen, s, 0) - self.safe[b, h, m0:m1, None]), 0.0)
+        self.dv[b, hk, n0:n1] += p.T @ dout
+        ds = p * (dout @ v.T - self.delta[b, h, m0:m1, None])
+        if t is not None:
+            ds = ds * (1.0 - t * t)
+        self.dq[b, h, m0:m1] += scale * ds @ k
+        self.dk[b, hk, n0:n1] += scale * ds.T @ q
+
+    def result(self, sinks):
+        """(dq, dk, dv, dsinks or None): dsinks_h = -sum over rows of exp(sink_h - LSE) Delta."""
+        dsinks = None
+        if sinks is not None:
+            dsinks = -(np.exp(np.asarray(sinks, np.float64)[None, :, None] - self.lse) * self.delta).sum(axis=(0, 2))
+        return self.dq, self.dk, self.dv, dsinks
+
+
 def backward(q, k, v, out, lse, dout, mask: Mask, scale=None, offset: int = 0, sinks=None, dlse=None,
              block_m: int = 64, block_n: int = 64):
     """The backward formulas (module docstring), float64, tile by tile over the forward's tile range.
     (B, H, S, D) arrays -> (dq, dk, dv, dsinks or None); dk/dv summed over each GQA group."""
-    q, k, v, out, dout = (np.asarray(t, np.float64) for t in (q, k, v, out, dout))
-    lse = np.asarray(lse, np.float64)
-    B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    group = Hq // Hkv
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    delta = (dout * out).sum(-1) - (0 if dlse is None else np.asarray(dlse, np.float64))
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    safe = np.where(np.isfinite(lse), lse, 0.0)
+    g = _Grads(q, k, v, out, lse, dout, mask, scale, offset, dlse)
+    B, Hq = g.q.shape[:2]
     for b in range(B):
         for h in range(Hq):
-            hk = h // group
-            for m0 in range(0, Sq, block_m):
-                m1 = min(m0 + block_m, Sq)
-                first, last = tile_range(m0, m1, Sk, offset, mask, block_n)
+            for m0 in range(0, g.Sq, block_m):
+                m1 = min(m0 + block_m, g.Sq)
+                first, last = tile_range(m0, m1, g.Sk, offset, mask, block_n)
                 for j in range(first, last):
-                    n0, n1 = j * block_n, min((j + 1) * block_n, Sk)
-                    s = scale * (q[b, h, m0:m1] @ k[b, hk, n0:n1].T)
-                    if mask.softcap > 0:
-                        t = np.tanh(s / mask.softcap)
-                        s = mask.softcap * t
-                    seen = _visible(np.arange(m0, m1), np.arange(n0, n1), Sk, offset, mask)
-                    p = np.where(seen, np.exp(np.where(seen, s, 0) - safe[b, h, m0:m1, None]), 0.0)
-                    dv[b, hk, n0:n1] += p.T @ dout[b, h, m0:m1]
-                    dp = dout[b, h, m0:m1] @ v[b, hk, n0:n1].T
-                    ds = p * (dp - delta[b, h, m0:m1, None])
-                    if mask.softcap > 0:
-                        ds = ds * (1.0 - t * t)
-                    dq[b, h, m0:m1] += scale * ds @ k[b, hk, n0:n1]
-                    dk[b, hk, n0:n1] += scale * ds.T @ q[b, h, m0:m1]
-    dsinks = None
-    if sinks is not None:
-        p_sink = np.exp(np.asarray(sinks, np.float64)[None, :, None] - lse)
-        dsinks = -(p_sink * delta).sum(axis=(0, 2))
-    return dq, dk, dv, dsinks
+                    g.tile(b, h, m0, m1, j * block_n, min((j + 1) * block_n, g.Sk))
+    return g.result(sinks)
 
 
 def backward_by_keys(q, k, v, out, lse, dout, mask: Mask, scale=None, offset: int = 0, sinks=None, dlse=None,
                      block_m: int = 64, block_n: int = 128):
     """backward's formulas in bwd v08's order: one key block at a time (a CTA), over only the query blocks of
-    spec.query_block_range, masking per element where a tile needs it. Same returns as backward."""
-    q, k, v, out, dout = (np.asarray(t, np.float64) for t in (q, k, v, out, dout))
-    lse = np.asarray(lse, np.float64)
-    B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    group = Hq // Hkv
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    delta = (dout * out).sum(-1) - (0 if dlse is None else np.asarray(dlse, np.float64))
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    safe = np.where(np.isfinite(lse), lse, 0.0)
+    spec.query_block_range. Same returns as backward."""
+    g = _Grads(q, k, v, out, lse, dout, mask, scale, offset, dlse)
+    B, Hkv = g.k.shape[:2]
     for b in range(B):
         for hk in range(Hkv):
-            for n0 in range(0, Sk, block_n):
-                n1 = min(n0 + block_n, Sk)
-                first, last = query_block_range(n0, n1, Sq, offset, mask, block_m)
-                for h in range(hk * group, (hk + 1) * group):
+            for n0 in range(0, g.Sk, block_n):
+                n1 = min(n0 + block_n, g.Sk)
+                first, last = query_block_range(n0, n1, g.Sq, offset, mask, block_m)
+                for h in range(hk * g.group, (hk + 1) * g.group):
                     for i in range(first, last):
-                        m0, m1 = i * block_m, min((i + 1) * block_m, Sq)
-                        s = scale * (q[b, h, m0:m1] @ k[b, hk, n0:n1].T)
-                        t = np.tanh(s / mask.softcap) if mask.softcap > 0 else None
-                        if t is not None:
-                            s = mask.softcap * t
-                        seen = _visible(np.arange(m0, m1), np.arange(n0, n1), Sk, offset, mask)
-                        p = np.where(seen, np.exp(np.where(seen, s, 0) - safe[b, h, m0:m1, None]), 0.0)
-                        dv[b, hk, n0:n1] += p.T @ dout[b, h, m0:m1]
-                        ds = p * (dout[b, h, m0:m1] @ v[b, hk, n0:n1].T - delta[b, h, m0:m1, None])
-                        if t is not None:
-                            ds = ds * (1.0 - t * t)
-                        dq[b, h, m0:m1] += scale * ds @ k[b, hk, n0:n1]
-                        dk[b, hk, n0:n1] += scale * ds.T @ q[b, h, m0:m1]
-    dsinks = None
-    if sinks is not None:
-        dsinks = -(np.exp(np.asarray(sinks, np.float64)[None, :, None] - lse) * delta).sum(axis=(0, 2))
-    return dq, dk, dv, dsinks
+                        g.tile(b, h, i * block_m, min((i + 1) * block_m, g.Sq), n0, n1)
+    return g.result(sinks)
