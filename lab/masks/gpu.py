@@ -29,23 +29,29 @@ def draw(*shape, dtype, magnitude=1.0, layout="bhsd"):
     return (torch.randn(*shape, generator=GEN) * magnitude).to("cuda", dtype)
 
 
-def sdpa_error(q, k, v, mask, scale, offset, sinks=None):
-    """SDPA's error pattern (its output minus float64) on the window and the sinks, rows that see nothing at 0.
-    A sink is exact in SDPA: one more key of zeros (value zeros) whose additive mask entry is the sink's logit.
-    The softcap is not expressible there: the pattern is SDPA's on the problem without it."""
+def sdpa_masked(q, k, v, mask, scale, offset, sinks=None):
+    """SDPA (default dispatch) on the window as an explicit boolean mask, without the softcap, which SDPA cannot
+    express. A sink is exact there: one more key of zeros (value zeros) whose additive mask entry is the sink's
+    logit, rounded to the dtype like every score. Differentiable in q, k and v."""
     plain = spec.Mask(mask.left, mask.right, 0.0)
     Sq, Sk = q.shape[2], k.shape[2]
     allowed = spec.visible(torch.arange(Sq, device="cuda"), torch.arange(Sk, device="cuda"), Sk, offset, plain)
     gqa = k.shape[1] != q.shape[1]
     if sinks is None:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
-    else:
-        bias = torch.zeros(1, q.shape[1], Sq, Sk + 1, device="cuda", dtype=q.dtype)
-        bias[..., :Sk].masked_fill_(~allowed, float("-inf"))
-        bias[..., Sk] = sinks.to(q.dtype)[:, None]  # the sink's logit, rounded to the dtype like every score
-        zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
-        y = F.scaled_dot_product_attention(q, torch.cat([k, zero], 2), torch.cat([v, zero], 2), attn_mask=bias,
-                                           scale=scale, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+    bias = torch.zeros(1, q.shape[1], Sq, Sk + 1, device="cuda", dtype=q.dtype)
+    bias[..., :Sk].masked_fill_(~allowed, float("-inf"))
+    bias[..., Sk] = sinks.detach().to(q.dtype)[:, None]
+    zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
+    return F.scaled_dot_product_attention(q, torch.cat([k, zero], 2), torch.cat([v, zero], 2), attn_mask=bias,
+                                          scale=scale, enable_gqa=gqa)
+
+
+def sdpa_error(q, k, v, mask, scale, offset, sinks=None):
+    """SDPA's error pattern (sdpa_masked minus float64) on the window and the sinks, rows that see nothing at 0.
+    The softcap is not expressible there: the pattern is SDPA's on the problem without it."""
+    plain = spec.Mask(mask.left, mask.right, 0.0)
+    y = sdpa_masked(q, k, v, mask, scale, offset, sinks)
     ref, _ = reference.attend(q, k, v, plain, scale, offset, sinks)
     return y.double().nan_to_num(0.0) - ref
 

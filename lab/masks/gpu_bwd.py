@@ -13,31 +13,18 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.nn.functional as F
 
 from .. import bench, check, ops, record
 from . import backward as mbwd, reference, spec
-from .gpu import CHAPTER, GEN, draw
+from .gpu import CHAPTER, GEN, draw, sdpa_masked
 
 _FIELDS = ("passed", "max_abs", "rel_l2", "nan", "mismatches", "sdpa_max_abs", "tol_max_abs")
 
 
 def _sdpa_grads(q, k, v, dout, mask, scale, offset, sinks):
     """SDPA's (out, dq, dk, dv) in q's dtype on the problem without softcap; rows that see nothing give 0."""
-    Sq, Sk = q.shape[2], k.shape[2]
-    allowed = spec.visible(torch.arange(Sq, device="cuda"), torch.arange(Sk, device="cuda"), Sk, offset,
-                           spec.Mask(mask.left, mask.right, 0.0))
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    gqa = k.shape[1] != q.shape[1]
-    if sinks is None:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
-    else:
-        bias = torch.zeros(1, q.shape[1], Sq, Sk + 1, device="cuda", dtype=q.dtype)
-        bias[..., :Sk].masked_fill_(~allowed, float("-inf"))
-        bias[..., Sk] = sinks.detach().to(q.dtype)[:, None]
-        zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
-        y = F.scaled_dot_product_attention(q, torch.cat([k, zero], 2), torch.cat([v, zero], 2), attn_mask=bias,
-                                           scale=scale, enable_gqa=gqa)
+    y = sdpa_masked(q, k, v, mask, scale, offset, sinks)
     grads = torch.autograd.grad(y, (q, k, v), dout)
     return (y.detach().nan_to_num(0.0),) + tuple(g.nan_to_num(0.0) for g in grads)
 
