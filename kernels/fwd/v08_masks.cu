@@ -252,27 +252,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attn_fwd_v08_kerne
   lab::cp_async_wait<0>();
   const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : kNegInf;
   lab::normalise_rows_sink(acc_o, row_max, row_sum, scale_log2, sink_log2, sv.lse, m0 + warp_row0, sv.seqlen_q, g, t);
-  const uint32_t sO = sQ;
-  __syncwarp();
-  lab::stage_o<C, T>(acc_o, sO, warp_row0, g, t);
-  __syncwarp();
-  constexpr int kStorePerLane = C::kRowsPerWarp * C::kChunksPerRow / 32;
-#pragma unroll
-  for (int i = 0; i < kStorePerLane; ++i) {
-    const int idx = lane + i * 32;
-    const int r = warp_row0 + idx / C::kChunksPerRow;
-    const int c = idx % C::kChunksPerRow;
-    const int grow = m0 + r;
-    if (grow < sv.seqlen_q) {
-      uint4 val;
-      const uint32_t addr = sO + swizzle<D>(r, c) * 2;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
-                   : "r"(addr)
-                   : "memory");
-      *reinterpret_cast<uint4*>(sv.o + (int64_t)grow * p.o_stride[2] + c * 8) = val;
-    }
-  }
+  // O out through this warp's own rows of sQ (kSyncFirst: after every lane's last ldmatrix of them); sp
+  // carries this sequence's S_q as the row bound, sv.o its first row.
+  lab::store_o<C, true>(acc_o, sQ, sv.o, sp, m0, warp_row0, lane, g, t);
 }
 
 template <class C, class T, bool kSoftcap>
