@@ -20,6 +20,7 @@ import torch
 
 from .. import check, record
 from . import attention as ring
+from . import growth
 from . import torch_cp
 from .backward import ring_attention_backward
 
@@ -154,17 +155,13 @@ def _grow(run, devices: int, budget_s: float) -> None:
                    "finite": all(r["finite"] for r in per_rank)})
         run.say(f"forward+backward on {devices} device(s), S={S}: {seconds:.2f} s, peak memory "
                 + ", ".join(f"{r['peak_gib']:.1f}/{r['total_gib']:.0f} GiB" for r in per_rank))
-        grow = max(r["peak_gib"] * 2 / r["total_gib"] for r in per_rank)
-        if seconds * 4 > budget_s:
-            stopped = f"the next length (2x) would take ~{seconds * 4:.0f} s > the budget {budget_s:g} s"
-            break
-        if grow > 0.92:
-            stopped = f"the next length (2x) would need ~{grow:.0%} of a device's memory"
+        reason = growth.stop_reason(seconds, per_rank, budget_s)
+        if reason:
+            stopped = reason
             break
         S *= 2
     if best:
-        worst = max(best["ranks"], key=lambda r: r["peak_gib"])
-        fits = int(best["S"] * 0.92 * worst["total_gib"] / worst["peak_gib"]) if worst["peak_gib"] else None
+        worst, fits = growth.projection(best)
         run.write({"kind": "ring-largest-fwd-bwd", "devices": devices, "S": best["S"], "seconds": best["seconds"],
                    "memory": best["ranks"], "peak_gib": worst["peak_gib"], "total_gib": worst["total_gib"],
                    "stopped": stopped, "projected_fit_tokens": fits,

@@ -15,6 +15,7 @@ import torch
 
 from .. import check, record
 from . import attention as ring
+from . import growth
 
 
 def _ring_on(run, q, k, v, causal, **kw):
@@ -158,17 +159,13 @@ def largest(run, max_seq: int, budget_s: float) -> None:
                    "seconds": seconds, "memory": per_rank, "finite": all(r["finite"] for r in per_rank)})
         run.say(f"S={S}: {seconds:.2f} s, peak memory per rank "
                 + ", ".join(f"{r['peak_gib']:.1f}/{r['total_gib']:.0f} GiB" for r in per_rank))
-        grow = max(r["peak_gib"] * 2 / r["total_gib"] for r in per_rank)
-        if seconds * 4 > budget_s:
-            stopped = f"the next length (2x) would take ~{seconds * 4:.0f} s > --budget-s {budget_s:g}"
-            break
-        if grow > 0.92:
-            stopped = f"the next length (2x) would need ~{grow:.0%} of a rank's memory"
+        reason = growth.stop_reason(seconds, per_rank, budget_s)
+        if reason:
+            stopped = reason
             break
         S *= 2
     if best:
-        worst = max(best["ranks"], key=lambda r: r["peak_gib"])
-        fits = int(best["S"] * 0.92 * worst["total_gib"] / worst["peak_gib"]) if worst["peak_gib"] else None
+        worst, fits = growth.projection(best)
         run.write({"kind": "ring-largest", "S": best["S"], "seconds": best["seconds"], "memory": best["ranks"],
                    "peak_gib": worst["peak_gib"], "total_gib": worst["total_gib"], "stopped": stopped,
                    "projected_fit_tokens": fits, "case": {"Hq": H, "D": D, "causal": True}})
