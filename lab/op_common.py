@@ -112,6 +112,13 @@ def _check_heads(query, key, enable_gqa: bool, what: str = "key"):
         raise ValueError(f"query heads ({Hq}) must be a multiple of {what} heads ({Hkv})")
 
 
+def _readable(t):
+    """The kernels' preconditions (16-byte aligned rows, strides in multiples of 8 elements), by a copy if not."""
+    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]) or t.stride(-1) != 1:
+        return t.contiguous()
+    return t
+
+
 def _scale(scale, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)

@@ -339,3 +339,13 @@ def test_backward_autograd_plumbing(monkeypatch, path):
         r_out, r_lse = reference.attend(q, k, v, mask, 0.3, 0, sinks)
         want = torch.autograd.grad((r_out * dout).sum() + (r_lse * dlse).sum(), inputs)
         assert len(got) == len(want) and all(_err(g, w) < 1e-9 for g, w in zip(got, want))
+
+
+def test_the_kernels_read_a_copy_only_where_their_preconditions_fail():
+    from lab.op_common import _readable
+
+    dense = torch.zeros(2, 4, 8, 16)
+    assert _readable(dense) is dense
+    for view in (dense[..., :15], dense.transpose(2, 3), dense.view(-1)[1:1 + 2 * 4 * 8 * 8].view(2, 4, 8, 8)):
+        fixed = _readable(view)
+        assert fixed is not view and fixed.is_contiguous() and torch.equal(fixed, view)

@@ -15,7 +15,7 @@ import struct
 import torch
 
 from ..kernels import launcher
-from ..op_common import _capability
+from ..op_common import _capability, _readable
 from ..registry import BEST_MASKED_BWD, MASKED_BWD
 
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
@@ -40,12 +40,6 @@ def masked_bwd_version(device, version=None) -> str:
     raise NotImplementedError(f"the backward pass of window_size / softcap / sinks runs on compute capability "
                               f"{MASKED_BWD[BEST_MASKED_BWD[0]].capabilities} (Hopper) only; this device has "
                               f"{capability}")
-
-
-def _readable(t):
-    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]) or t.stride(-1) != 1:
-        return t.contiguous()
-    return t
 
 
 def launch_backward(grad_out, q, k, v, out, lse, grad_lse, sinks, want_dsinks: bool, left: int, right: int,

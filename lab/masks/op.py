@@ -15,7 +15,7 @@ import struct
 import torch
 
 from ..kernels import launcher
-from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
+from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _readable, _scale
 from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
 from . import backward, spec
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
@@ -28,13 +28,6 @@ PARAMS = struct.Struct("<5Q12q6if2i4xQ3ifQQQ2i")
 assert PARAMS.size == 232
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _calls: dict = {}
-
-
-def _readable(t):
-    """The kernels' preconditions (16-byte aligned rows, strides in multiples of 8 elements), by a copy if not."""
-    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]) or t.stride(-1) != 1:
-        return t.contiguous()
-    return t
 
 
 def masked_version(device, version=None) -> str:
