@@ -346,6 +346,8 @@ def test_the_kernels_read_a_copy_only_where_their_preconditions_fail():
 
     dense = torch.zeros(2, 4, 8, 16)
     assert _readable(dense) is dense
-    for view in (dense[..., :15], dense.transpose(2, 3), dense.view(-1)[1:1 + 2 * 4 * 8 * 8].view(2, 4, 8, 8)):
+    assert _readable(dense[..., :8]) is not None and _readable(dense[..., :8]).data_ptr() == dense.data_ptr()  # rows 16 apart
+    odd_rows = torch.zeros(2, 4, 8, 17)[..., :16]  # rows 17 elements apart
+    for view in (odd_rows, dense.transpose(2, 3), dense.view(-1)[1:1 + 2 * 4 * 8 * 8].view(2, 4, 8, 8)):
         fixed = _readable(view)
         assert fixed is not view and fixed.is_contiguous() and torch.equal(fixed, view)
