@@ -114,7 +114,9 @@ def _check_heads(query, key, enable_gqa: bool, what: str = "key"):
 
 def _readable(t):
     """The kernels' preconditions (16-byte aligned rows, strides in multiples of 8 elements), by a copy if not."""
-    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]) or t.stride(-1) != 1:
+    if t.data_ptr() % 16:  # contiguous() would hand back the same misaligned storage
+        return t.clone(memory_format=torch.contiguous_format)
+    if any(s % 8 for s in t.stride()[:-1]) or t.stride(-1) != 1:
         return t.contiguous()
     return t
 
