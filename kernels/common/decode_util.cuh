@@ -178,6 +178,17 @@ __device__ __forceinline__ void ring_step(int t, int n_tiles, LoadTile&& load_ti
   cp_async_commit();
 }
 
+// The ring's prologue (decode v03, v04): tiles 0 .. kStages - 2 into stages 0 .. kStages - 2, a group each,
+// committed also when the tile does not exist, so that ring_step's wait count stays right.
+template <int kStages, typename LoadTile>
+__device__ __forceinline__ void ring_prologue(int n_tiles, LoadTile&& load_tile) {
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) load_tile(s, s);
+    cp_async_commit();
+  }
+}
+
 }  // namespace decode
 
 }  // namespace lab

@@ -179,7 +179,7 @@ __device__ __forceinline__ bool bad_pages(const int32_t* table_row, int n_pages,
   return __syncthreads_or(bad) != 0;
 }
 
-// The paged fields of a call with a block table (decode v04; v03 keeps its own copy): LAB_E_WORKSPACE without
+// The paged fields of a call with a block table (decode v03, v04): LAB_E_WORKSPACE without
 // page_errors, LAB_E_SHAPE for a page size that is not a positive multiple of 16 or a table whose capacity is
 // not seqlen_cache; 0 otherwise, and for a call with no table.
 inline int check_paged_params(const DecodeParams* p) {
@@ -198,6 +198,43 @@ inline int check_paged_params(const DecodeParams* p) {
 // <= 0: the token sees nothing in this split.
 __device__ __forceinline__ int causal_keys(bool causal, int len, int q_len, int tok, int key_begin, int n_keys) {
   return causal ? min(n_keys, len - q_len + tok + 1 - key_begin) : n_keys;
+}
+
+// The page-table check of a sequence in decode v03 / v04, run while the first tiles are in flight (their bad
+// ids were zero-filled, not read): a bad id adds LAB_PAGE_E_INDEX; with any error every block of the sequence
+// drops its keys (n_keys = n_tiles = 0: its rows become O = 0). The caller's one reporting thread writes
+// page_errors: with that store in here, nvcc schedules v04's prologue differently (sass_guard).
+template <int kThreads>
+__device__ __forceinline__ void check_page_table(const DecodeParams& p, const int32_t* table_row, int len,
+                                                 int& errors, int& n_keys, int& n_tiles) {
+  if (bad_pages<kThreads>(table_row, (len + p.page_size - 1) / p.page_size, p.num_pages))
+    errors |= LAB_PAGE_E_INDEX;
+  if (errors) n_keys = n_tiles = 0;
+}
+
+// A warp's Q fragments in decode v03 / v04 (m16n8k16 A layout, unscaled, input dtype; rows row0 + r of
+// the rows of KV head h_kv, query token (row0 + r) % q_len) and each fragment row's causal key limit in the
+// split. Rows past `rows` load zeros.
+template <typename T, int kKSteps>
+__device__ __forceinline__ void load_q_frags(uint32_t (&qf)[kKSteps][4], int (&row_keys)[2], const DecodeParams& p,
+                                             int b, int h_kv, int group, int row0, int rows, int len,
+                                             int key_begin, int n_keys, int gid, int tig) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = gid + 8 * half;
+    const int rr = row0 + r;
+    const int tok = rr % p.q_len;
+    row_keys[half] = causal_keys(p.causal, len, p.q_len, tok, key_begin, n_keys);
+    const T* q_row = r < rows ? static_cast<const T*>(p.q) + b * p.q_stride[0] +
+                                    (h_kv * group + rr / p.q_len) * p.q_stride[1] + tok * p.q_stride[2]
+                              : nullptr;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk)
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi)  // a0/a1: columns 2 tig, a2/a3: 2 tig + 8
+        qf[kk][half + 2 * hi] =
+            q_row ? __ldg(reinterpret_cast<const unsigned int*>(q_row + kk * 16 + 2 * tig + 8 * hi)) : 0u;
+  }
 }
 
 }  // namespace paged

@@ -186,39 +186,19 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   };
 
   int n_tiles = (n_keys + Bc - 1) / Bc;
-#pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < n_tiles) load_tile(s, s);
-    lab::decode::cp_async_commit();
-  }
+  lab::decode::ring_prologue<Cfg::kStages>(n_tiles, load_tile);  // common/decode_util.cuh
 
-  // The page-table check, while the first tiles are in flight (their bad ids were zero-filled, not read).
+  // The page-table check, while the first tiles are in flight (common/paged.cuh).
   if (kPaged) {
-    if (lab::paged::bad_pages<Cfg::kThreads>(table_row, (len + p.page_size - 1) / p.page_size, p.num_pages))
-      errors |= LAB_PAGE_E_INDEX;
-    if (errors) n_keys = n_tiles = 0;  // every block of the sequence agrees: its rows become O = 0
+    lab::paged::check_page_table<Cfg::kThreads>(p, table_row, len, errors, n_keys, n_tiles);
     if (split == 0 && h_kv == 0 && rg == 0 && tid == 0) p.page_errors[b] = errors;
   }
 
-  // Q fragments (unscaled, input dtype) and each fragment row's causal key limit in the split.
+  // Q fragments and each fragment row's causal key limit in the split (common/paged.cuh).
   uint32_t qf[Cfg::kKSteps][4];
   int row_keys[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = gid + 8 * half;
-    const int rr = row0 + r;
-    const int tok = rr % p.q_len;
-    row_keys[half] = lab::paged::causal_keys(p.causal, len, p.q_len, tok, key_begin, n_keys);
-    const T* q_row = r < rows ? static_cast<const T*>(p.q) + b * p.q_stride[0] +
-                                    (h_kv * group + rr / p.q_len) * p.q_stride[1] + tok * p.q_stride[2]
-                              : nullptr;
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKSteps; ++kk)
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi)  // a0/a1: columns 2 tig, a2/a3: 2 tig + 8
-        qf[kk][half + 2 * hi] =
-            q_row ? __ldg(reinterpret_cast<const unsigned int*>(q_row + kk * 16 + 2 * tig + 8 * hi)) : 0u;
-  }
+  lab::paged::load_q_frags<T, Cfg::kKSteps>(qf, row_keys, p, b, h_kv, group, row0, rows, len, key_begin, n_keys, gid,
+                                            tig);
 
   const float qk_scale = p.scale * kLog2e;
   float acc[Cfg::kDTiles][4] = {};
@@ -315,17 +295,6 @@ int dispatch_head_dim(const DecodeParams* p, cudaStream_t stream, int chunk, int
              : launch_typed<T, 64, 4, kPaged>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
 }
 
-// The paged fields, when there is a block table (LAB_E_SHAPE / LAB_E_WORKSPACE otherwise).
-int check_paged(const DecodeParams* p) {
-  if (p->block_table == nullptr) return 0;
-  if (p->page_errors == nullptr) return LAB_E_WORKSPACE;
-  if (p->page_size <= 0 || p->page_size % 16 != 0 || p->num_pages < 0 || p->max_pages < 0 ||
-      p->block_table_stride < p->max_pages ||
-      static_cast<int64_t>(p->max_pages) * p->page_size != p->seqlen_cache)
-    return LAB_E_SHAPE;
-  return 0;
-}
-
 constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 
 }  // namespace
@@ -335,7 +304,7 @@ extern "C" int decode_paged_v03(const DecodeParams* p, void* stream_ptr) {
                 "chunk rounding must match the kernel's key block");
   const int rc = lab::check_decode_params(p);  // common/launch.h
   if (rc < 0) return rc;
-  if (const int bad = check_paged(p)) return bad;
+  if (const int bad = lab::paged::check_paged_params(p)) return bad;  // common/paged.cuh
   if (rc > 0) return 0;  // nothing to compute
   lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
   if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;

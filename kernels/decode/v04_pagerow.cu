@@ -158,39 +158,19 @@ __global__ void __launch_bounds__(RowTileConfig<kHeadDim, kStages>::kThreads, 1)
   };
 
   int n_tiles = (n_keys + kTileKeys - 1) / kTileKeys;
-#pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < n_tiles) load_tile(s, s);
-    lab::decode::cp_async_commit();
-  }
+  lab::decode::ring_prologue<Cfg::kStages>(n_tiles, load_tile);  // common/decode_util.cuh
 
-  // The page-table check, while the first tiles are in flight (their bad ids were zero-filled, not read).
+  // The page-table check, while the first tiles are in flight (common/paged.cuh).
   if (kPaged) {
-    if (lab::paged::bad_pages<Cfg::kThreads>(table_row, (len + p.page_size - 1) / p.page_size, p.num_pages))
-      errors |= LAB_PAGE_E_INDEX;
-    if (errors) n_keys = n_tiles = 0;  // every block of the sequence agrees: its rows become O = 0
+    lab::paged::check_page_table<Cfg::kThreads>(p, table_row, len, errors, n_keys, n_tiles);
     if (split == 0 && c == 0 && rg == 0 && tid == 0) p.page_errors[b] = errors;
   }
 
-  // Q fragments (unscaled, input dtype) and each fragment row's causal key limit in the split.
+  // Q fragments and each fragment row's causal key limit in the split (common/paged.cuh).
   uint32_t qf[Cfg::kKSteps][4];
   int row_keys[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = gid + 8 * half;
-    const int rr = row0 + r;
-    const int tok = rr % p.q_len;
-    row_keys[half] = lab::paged::causal_keys(p.causal, len, p.q_len, tok, key_begin, n_keys);
-    const T* q_row = r < rows ? static_cast<const T*>(p.q) + b * p.q_stride[0] +
-                                    (h_kv * group + rr / p.q_len) * p.q_stride[1] + tok * p.q_stride[2]
-                              : nullptr;
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKSteps; ++kk)
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi)  // a0/a1: columns 2 tig, a2/a3: 2 tig + 8
-        qf[kk][half + 2 * hi] =
-            q_row ? __ldg(reinterpret_cast<const unsigned int*>(q_row + kk * 16 + 2 * tig + 8 * hi)) : 0u;
-  }
+  lab::paged::load_q_frags<T, Cfg::kKSteps>(qf, row_keys, p, b, h_kv, group, row0, rows, len, key_begin, n_keys, gid,
+                                            tig);
 
   const float qk_scale = p.scale * kLog2e;
   float acc[Cfg::kDTiles][4] = {};
