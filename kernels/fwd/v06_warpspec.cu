@@ -121,10 +121,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v06_kernel(const __
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
-      mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
-      for (int w = 0; w < Cfg::kConsumers; ++w)
-        for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(ring.q + w * Cfg::kQBytesWG + cb * 64 * 128, &tq, smem_u32(&bar_q), cb * 64, m0 + 64 * w, h, b);
+      load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), m0, h, b);
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages;
         if (j >= kStages) mbar_wait(smem_u32(&bar_empty[s]), ((j / kStages) & 1) ^ 1);

@@ -156,6 +156,17 @@ __device__ __forceinline__ void init_full_barriers(uint64_t* bar_q, uint64_t* ba
 }
 
 // A wgmma accumulator (one flat array per thread) set to zero.
+// The producer's Q_i in fwd v06 / v10: warpgroup w's 64 rows from m0 + 64 w at q + w kQBytesWG, in D / 64
+// boxes of 64 columns, all completing on bar_q.
+template <class Cfg>
+__device__ __forceinline__ void load_q_consumers(uint32_t q, const CUtensorMap* tq, uint32_t bar_q, int m0, int h,
+                                                 int b) {
+  mbar_arrive_expect_tx(bar_q, Cfg::kQBytes);
+  for (int w = 0; w < Cfg::kConsumers; ++w)
+    for (int cb = 0; cb < Cfg::D / 64; ++cb)
+      tma_load_4d(q + w * Cfg::kQBytesWG + cb * 64 * 128, tq, bar_q, cb * 64, m0 + 64 * w, h, b);
+}
+
 template <int kN>
 __device__ __forceinline__ void zero_acc(float (&d)[kN]) {
 #pragma unroll
