@@ -23,11 +23,11 @@ __device__ __forceinline__ bool tile_needs_mask(int n0, int bc, int m0, int seql
   return n0 + bc > seqlen_k || (causal && n0 + bc - 1 > m0);
 }
 
-// Sets hidden scores to -inf in a warp's S fragments (m16n8 accumulator layout, common/mma.cuh):
-// element e of m tile mt and n tile nt is row row0 + 16 mt + 8 (e / 2) + g, key n0 + 8 nt + 2 t + e % 2.
-template <int kMT, int kNT>
-__device__ __forceinline__ void mask_scores(float (&s)[kMT][kNT][4], int row0, int n0, int seqlen_k, bool causal,
-                                            int g, int t) {
+// Sets the scores that hidden(row, key) hides to -inf in a warp's S fragments (m16n8 accumulator layout,
+// common/mma.cuh): element e of m tile mt and n tile nt is row row0 + 16 mt + 8 (e / 2) + g,
+// key n0 + 8 nt + 2 t + e % 2.
+template <int kMT, int kNT, class Hidden>
+__device__ __forceinline__ void mask_fragments(float (&s)[kMT][kNT][4], int row0, int n0, int g, int t, Hidden hidden) {
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -36,8 +36,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[kMT][kNT][4], int row0, i
       for (int e = 0; e < 4; ++e) {
         const int row = row0 + mt * 16 + (e / 2) * 8 + g;
         const int col = n0 + nt * 8 + 2 * t + (e % 2);
-        if (masked(row, col, seqlen_k, causal)) s[mt][nt][e] = -INFINITY;
+        if (hidden(row, col)) s[mt][nt][e] = -INFINITY;
       }
+}
+
+// mask_fragments with S_k and the causal rule (masked).
+template <int kMT, int kNT>
+__device__ __forceinline__ void mask_scores(float (&s)[kMT][kNT][4], int row0, int n0, int seqlen_k, bool causal,
+                                            int g, int t) {
+  mask_fragments(s, row0, n0, g, t, [=](int row, int col) { return masked(row, col, seqlen_k, causal); });
 }
 
 // ---------------------------------------------------------------- windows (fwd v08; lab/masks/spec.py)
@@ -61,20 +68,12 @@ __device__ __forceinline__ bool window_tile_needs_mask(int n0, int bc, int m0, i
   return n0 + bc > seqlen_k || (left >= 0 && n0 < m1 - 1 + off - left) || (right >= 0 && n0 + bc - 1 > m0 + off + right);
 }
 
-// mask_scores with the window rule.
+// mask_fragments with the window rule.
 template <int kMT, int kNT>
 __device__ __forceinline__ void mask_scores_window(float (&s)[kMT][kNT][4], int row0, int n0, int seqlen_k, int off,
                                                    int left, int right, int g, int t) {
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row0 + mt * 16 + (e / 2) * 8 + g;
-        const int col = n0 + nt * 8 + 2 * t + (e % 2);
-        if (window_masked(row, col, seqlen_k, off, left, right)) s[mt][nt][e] = -INFINITY;
-      }
+  mask_fragments(s, row0, n0, g, t,
+                 [=](int row, int col) { return window_masked(row, col, seqlen_k, off, left, right); });
 }
 
 // Softcap, before the mask: s -> tanh(s * scale / softcap) in place (the caller's exp2 factor becomes
