@@ -430,6 +430,12 @@ __device__ __forceinline__ void serial_tile(float (&o)[Cfg::D / 2], RowState& st
 
 // ---------------------------------------------------------------- epilogue
 
+// A row's sum over its quad: the 4 lanes (lane / 4 equal) that hold its columns in the accumulator layout.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 // Normalise O (O / l, the quad's partial row sums reduced) and write LSE for rows < S_q.
 // kFastInv: 1 / l by MUFU.RCP (__fdividef) instead of the IEEE division and its slow-path branch; l >= 1
 // whenever it is > 0 (the running max's own score adds exp2(0)), so the approximation's range limit is far off.
@@ -439,9 +445,7 @@ __device__ __forceinline__ void normalise_o(float (&o)[D / 2], const RowState& s
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float l = st.l[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = quad_sum(st.l[hh]);
     const float inv = l > 0.f ? (kFastInv ? __fdividef(1.f, l) : 1.f / l) : 0.f;  // S_k = 0: O = 0
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {

@@ -43,9 +43,7 @@ __device__ __forceinline__ void normalise_o_sink(float (&o)[D / 2], const RowSta
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float l = st.l[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = quad_sum(st.l[hh]);
     const float m = st.m[hh];
     const float top = fmaxf(m, sink_log2);
     float scale = 0.f, lse = -INFINITY;
