@@ -35,6 +35,7 @@ BWD = {
     "v05": Kernel("bwd/v05_stagger.cu", "attn_bwd_v05", (64, 128), ((9, 0),)),
     "v06": Kernel("bwd/v06_convert.cu", "attn_bwd_v06", (64, 128), ((9, 0),)),
     "v07": Kernel("bwd/v07_dqcols.cu", "attn_bwd_v07", (64, 128), ((9, 0),)),
+    "v10": Kernel("bwd/v10_regkv.cu", "attn_bwd_v10", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;

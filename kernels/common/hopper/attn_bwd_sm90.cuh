@@ -38,6 +38,9 @@ struct Cfg {
   static constexpr int kStages = 2;
   static constexpr int kDsBufs = kDsBufs_;
   static constexpr bool kSplitDq = D == 128 || kDqByColumns;  // dQ split by columns (both halves of dS) or by keys
+  // bwd/v10: K_w and V_w held as wgmma A fragments in registers (S^T and dP^T as RS GEMMs), and P^T computed
+  // while the dP^T GEMM still runs. A version's Cfg turns them on; the loop reads them with if constexpr.
+  static constexpr bool kKvInRegs = false, kPUnderDp = false;
   static constexpr int kDqCols = kSplitDq ? D / 2 : D;          // a warpgroup's dQ partial: 64 rows x kDqCols
   static constexpr int kDqRegs = kDqCols / 2;
   static constexpr int kThreads = 384;
@@ -205,6 +208,68 @@ __device__ __forceinline__ void p_ds_step(float (&s)[32], float (&dp)[32], const
     p_ds<true>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
   else
     p_ds<false>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
+}
+
+// p_ds in two halves, so P^T can be computed while the dP^T GEMM runs (bwd/v10): P^T in place of S^T (masked
+// where the tile needs it: a masked P is 0, so its dS is 0 with no second test), then dS^T in place of dP^T.
+template <bool kMask>
+__device__ __forceinline__ void p_only(float (&s)[32], const float* lse2, float c, int key0, int q0, int t,
+                                       const AttnBwdParams& p) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = 8 * i + 2 * t + (e & 1);
+      float pv = ex2(fmaf(s[4 * i + e], c, -lse2[col]));
+      if constexpr (kMask) {
+        const int key = key0 + 8 * (e >> 1), q = q0 + col;
+        if (q >= p.seqlen_q || key >= p.seqlen_k || (p.causal && key > q)) pv = 0.f;
+      }
+      s[4 * i + e] = pv;
+    }
+}
+__device__ __forceinline__ void ds_only(const float (&s)[32], float (&dp)[32], const float* delta, int t) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - delta[8 * i + 2 * t + (e & 1)]);
+}
+template <class C>
+__device__ __forceinline__ void p_step(float (&s)[32], const float* rows, float c, int kw0, int m0,
+                                       const AttnBwdParams& p) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+  const bool mask = (p.causal && kw0 + 63 > m0) || m0 + C::BR > p.seqlen_q || kw0 + 64 > p.seqlen_k;
+  if (mask)
+    p_only<true>(s, rows, c, kw0 + warp * 16 + g, m0, t, p);
+  else
+    p_only<false>(s, rows, c, kw0 + warp * 16 + g, m0, t, p);
+}
+
+// This warpgroup's 64 rows of a K-major tile (K or V, `rows` rows per 64-column block, 128B swizzle) as the
+// wgmma A fragments of its D / 16 k-steps: a[kk] = rows g and g + 8 of the warp's 16, columns 16kk + 2t and
+// 16kk + 8 + 2t (the mma.sync m16n8k16 A layout, which RS wgmma takes per warp). Read once per CTA.
+template <class C>
+__device__ __forceinline__ void load_a_frags(uint32_t (&a)[C::D / 16][4], const uint8_t* tile) {
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+  const int r = 64 * wg + 16 * warp + g;
+#pragma unroll
+  for (int kk = 0; kk < C::D / 16; ++kk)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      a[kk][j] = *reinterpret_cast<const uint32_t*>(tile + swz_offset(C::BC, r + 8 * (j & 1), 16 * kk + 8 * (j >> 1) + 2 * t));
+}
+
+// S^T = K_w Q_i^T and dP^T = V_w dO_i^T with K_w, V_w from registers (RS, m64n64, k = D): two commit groups.
+// Each k-step reads 2 KB of shared memory (Q_i or dO_i) instead of the SS form's 4 KB.
+template <class C, bool kBf16>
+__device__ __forceinline__ void issue_s_dp_rs(float (&sacc)[32], float (&dpacc)[32], const uint32_t (&kf)[C::D / 16][4],
+                                              const uint32_t (&vf)[C::D / 16][4], uint32_t q_s, uint32_t do_s) {
+#pragma unroll
+  for (int kk = 0; kk < C::D / 16; ++kk) WgmmaOp<64>::rs<kBf16, 0>(sacc, kf[kk], desc_kmajor(q_s, C::BR, kk), kk > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < C::D / 16; ++kk) WgmmaOp<64>::rs<kBf16, 0>(dpacc, vf[kk], desc_kmajor(do_s, C::BR, kk), kk > 0);
+  wgmma_commit();
 }
 
 // dV_w += P^T dO_i and dK_w += dS^T Q_i (RS, m64nD, k = B_r; dO and Q read MN-major): one commit group.

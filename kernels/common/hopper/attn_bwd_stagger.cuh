@@ -92,6 +92,16 @@ struct DenseSteps {
                                               int m0, const AttnBwdParams& p) {
     p_ds_step<C>(s, dp, rows, c, kw0, m0, p);
   }
+  // The same in two halves (Cfg::kPUnderDp): P^T while the dP^T GEMM runs, then dS^T.
+  template <class C>
+  __device__ __forceinline__ static void p(float (&s)[32], const float* rows, float c, int kw0, int m0,
+                                           const AttnBwdParams& p) {
+    p_step<C>(s, rows, c, kw0, m0, p);
+  }
+  template <class C>
+  __device__ __forceinline__ static void ds(const float (&s)[32], float (&dp)[32], const float* rows) {
+    ds_only(s, dp, rows + C::BR, threadIdx.x % 4);
+  }
 };
 
 template <class C, class T, class Sink, class Steps = DenseSteps>
@@ -128,6 +138,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   zero_acc(dv);
   mbar_wait(smem_u32(&bars.kv), 0);
   Sink sink{};
+  constexpr int kFrags = C::kKvInRegs ? D / 16 : 1;
+  uint32_t kf[kFrags][4], vf[kFrags][4];  // K_w, V_w as A fragments (Cfg::kKvInRegs)
+  if constexpr (C::kKvInRegs) {
+    load_a_frags<C>(kf, smem + C::kOffK);
+    load_a_frags<C>(vf, smem + C::kOffV);
+  }
 
   // Main loop: step it's S^T, dP^T, P^T, dS^T, dV and dK, then step it - 1's dQ.
   for (int it = 0; it < work.n_iters; ++it) {
@@ -139,11 +155,23 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
     float sacc[32], dpacc[32];
     wgmma_fence();
-    issue_s_dp<C, kBf16>(sacc, dpacc, k_w, v_w, q_s, do_s);
-    wgmma_wait<0>();
-    reg_fence(sacc);
-    reg_fence(dpacc);
-    Steps::template p_ds<C>(sacc, dpacc, rows, c, kw0, m0, p);
+    if constexpr (C::kKvInRegs)
+      issue_s_dp_rs<C, kBf16>(sacc, dpacc, kf, vf, q_s, do_s);
+    else
+      issue_s_dp<C, kBf16>(sacc, dpacc, k_w, v_w, q_s, do_s);
+    if constexpr (C::kPUnderDp) {
+      wgmma_wait<1>();  // S^T is in; dP^T's GEMM still runs under the ex2 of P^T
+      reg_fence(sacc);
+      Steps::template p<C>(sacc, rows, c, kw0, m0, p);
+      wgmma_wait<0>();
+      reg_fence(dpacc);
+      Steps::template ds<C>(sacc, dpacc, rows);
+    } else {
+      wgmma_wait<0>();
+      reg_fence(sacc);
+      reg_fence(dpacc);
+      Steps::template p_ds<C>(sacc, dpacc, rows, c, kw0, m0, p);
+    }
     if (stagger && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
 
     uint32_t pa[BR / 16][4], dsa[BR / 16][4];

@@ -1,0 +1,49 @@
+// Backward attention v10: v07 with the per-step shared-memory reads cut and the softmax moved under a GEMM.
+// D = 64 holds K_w and V_w in registers as wgmma A fragments, so S^T and dP^T become RS GEMMs; every head dim
+// computes P^T while the dP^T GEMM still runs.
+// Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
+// Measured: kernels/bwd/README.md (the version table).
+//
+// Why. Counting a CTA step's shared-memory bytes at D = 64 (B_r = 64, two warpgroups of 64 keys): S^T and dP^T
+// as SS GEMMs read 2 x 16 KB per warpgroup (A and B, 4 KB per k16 instruction, which is the whole 128 B/clock
+// of shared memory at the tensor core's m64n64 rate), dV and dK 2 x 8 KB (B only), dQ 24 KB (dS^T and K's
+// columns), dS^T stores 8 KB: 160 KB per CTA step, plus 16 KB of TMA writes of Q_i and dO_i. At 128 B/clock
+// that is ~1370 clocks against 1280 for the step's 5.2 MFLOP at the tensor core's peak: D = 64 is bound by
+// shared memory as much as by the tensor core, which is where v07 still trails cuDNN (0.93-0.95x, GPU time,
+// at every length). K_w and V_w do not change within a CTA, so as register fragments (16 registers each at
+// D = 64) they take 32 KB off the step: 144 KB, 11 % fewer clocks of shared memory. D = 128 would need 64
+// registers for them beside 128 of dK and dV: it keeps SS.
+//   Second, v07 waits for both S^T and dP^T before computing P^T; P^T needs only S^T, so the ex2 of 4096
+//   scores per warpgroup (256 MUFU clocks, the same at D = 64 and 128) can run while the tensor core finishes
+//   dP^T (256 clocks at D = 64). The other warpgroup's GEMMs already cover part of it (v05's stagger).
+//
+// Registers (D = 64): dK, dV 64 + S^T, dP^T 64 + K_w, V_w 32 = 160 at the GEMM issue, inside the consumers' 240.
+//
+// Prediction (H100, GPU time): D = 64 +3-7 % (if shared memory is the bound, up to +11 %; the dQ reductions and
+// the barrier waits are unchanged); D = 128 +0-2 % from P under dP^T alone.
+//
+// Limits: v07's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
+// mode).
+//
+// Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v10_regkv.cu
+#include "common/hopper/attn_bwd_stagger.cuh"
+
+namespace {
+using namespace lab::sm90;
+using namespace lab::sm90::bwd;
+
+template <int D>
+struct Cfg10 : Cfg<D, 2, true> {
+  static constexpr bool kKvInRegs = D == 64, kPUnderDp = true;
+};
+
+template <int D, class T>
+struct Launch {
+  static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
+    return launch<Cfg10<D>, T, bwd_dkdv_stagger<Cfg10<D>, T, AddPartial>>(p, st, dev);
+  }
+};
+
+}  // namespace
+
+extern "C" int attn_bwd_v10(const AttnBwdParams* p, void* stream) { return entry<Launch>(p, stream); }
