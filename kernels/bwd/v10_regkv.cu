@@ -28,13 +28,21 @@
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v10_regkv.cu
 #include "common/hopper/attn_bwd_stagger.cuh"
 
+// Switches for the ablation (n10's version table): 0 turns each change off.
+#ifndef LAB_V10_KV_REGS
+#define LAB_V10_KV_REGS 1
+#endif
+#ifndef LAB_V10_P_UNDER_DP
+#define LAB_V10_P_UNDER_DP 1
+#endif
+
 namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
 template <int D>
 struct Cfg10 : Cfg<D, 2, true> {
-  static constexpr bool kKvInRegs = D == 64, kPUnderDp = true;
+  static constexpr bool kKvInRegs = LAB_V10_KV_REGS && D == 64, kPUnderDp = LAB_V10_P_UNDER_DP;
 };
 
 template <int D, class T>
