@@ -169,6 +169,54 @@ def test_key_major_backward_matches_autograd(window, causal, cap, sink, offset):
     assert max(_err(w, g) for w, g in zip(wrong[:3], grads[:3])) > 1e-3
 
 
+
+@pytest.mark.parametrize("window,causal,cap,sink", [((-1, -1), True, 0.0, True), ((8, 0), False, 5.0, True),
+                                                    ((3, 3), False, 0.0, False), ((-1, -1), False, 10.0, True)])
+def test_varlen_backward_matches_autograd_with_empty_sequences(window, causal, cap, sink):
+    """Packed sequences through bwd v08's route (padded copies, each rule per sequence; lab.masks.varlen_bwd's
+    pad / unpad) against float64 autograd of the packed reference, empty sequences and rows of no sequence
+    included; the same route with the sequences' lengths ignored (one window over the whole padded row) fails."""
+    lens_q, lens_k = [5, 0, 70, 1, 33, 0, 4], [5, 3, 64, 0, 40, 0, 9]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, 16, seed=21)
+    q, k, v = (torch.cat([t, _draw(3, *t.shape[1:], seed=22)]) for t in (q, k, v))  # rows of no sequence
+    mask = spec.make_mask(causal, window, cap)
+    sinks = (_draw(4, seed=23) * 2).requires_grad_() if sink else None
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, lse = reference.attend_varlen(q, k, v, cu_q, cu_k, mask, 0.4, sinks)
+    dout, dlse = _draw(*out.shape, seed=24), _draw(*lse.shape, seed=25)
+    dlse = torch.where(torch.isfinite(lse), dlse, torch.zeros_like(dlse))
+    inputs = [q, k, v] + ([sinks] if sink else [])
+    want = torch.autograd.grad((out * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0) * dlse).sum(), inputs)
+    args = (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), dout, cu_q, cu_k, max(lens_q), max(lens_k))
+    got = emulate.backward_varlen(*args, mask, 0.4, None if sinks is None else sinks.detach().numpy(), dlse, 16, 32)
+    for g, w in zip(got[:3], want[:3]):
+        assert _err(g, w) < 1e-9 and np.abs(np.asarray(w)).max() > 1e-3
+    assert float(got[0][-3:].abs().max()) == 0.0 and float(got[1][-3:].abs().max()) == 0.0  # rows of no sequence
+    if sink:
+        assert _err(got[3], want[3]) < 1e-9 and np.abs(got[3]).max() > 1e-3
+    # one dense window over the padded buffers (the lengths forgotten) reads other sequences' padding: wrong
+    one = torch.tensor([0, int(cu_q[-1])], dtype=torch.int32), torch.tensor([0, int(cu_k[-1])], dtype=torch.int32)
+    wrong = emulate.backward_varlen(*args[:6], *one, int(cu_q[-1]), int(cu_k[-1]), mask, 0.4,
+                                    None if sinks is None else sinks.detach().numpy(), dlse, 16, 32)
+    assert max(_err(g, w) for g, w in zip(wrong[:3], want[:3])) > 1e-3
+
+
+def test_pad_and_unpad_round_trip_without_host_lengths():
+    """The copies into the padded buffers and back: each sequence's rows first, `fill` after; rows of no sequence
+    come back as zeros; lengths past max_seqlen are clamped (unchecked cu_seqlens read nothing out of bounds)."""
+    from lab.masks import varlen_bwd
+    cu = torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+    x = torch.arange(9 * 2, dtype=torch.float64).view(9, 2, 1)
+    dense = varlen_bwd.pad(x, cu, 4, fill=-1.0)
+    assert dense.shape == (3, 2, 4, 1)
+    assert dense[0, 0, :, 0].tolist() == [0, 2, 4, -1] and dense[1, 1, :, 0].tolist() == [-1] * 4
+    assert dense[2, 1, :, 0].tolist() == [7, 9, 11, 13]
+    back = varlen_bwd.unpad(dense, cu, 9)
+    assert torch.equal(back[:7], x[:7]) and float(back[7:].abs().max()) == 0.0
+    clipped = varlen_bwd.pad(x, torch.tensor([0, 9], dtype=torch.int32), 4)
+    assert clipped[0, 0, :, 0].tolist() == [0, 2, 4, 6]
+    assert varlen_bwd.unpad(clipped, torch.tensor([0, 9], dtype=torch.int32), 9)[4:].abs().max() == 0
+
 # ------------------------------------------------------------------ the public calls' checks
 
 F16, BF16 = torch.float16, torch.bfloat16
@@ -208,7 +256,7 @@ def test_masked_attention_checks(fake):
 
 
 def test_masked_backward_is_refused(fake):
-    """Where no kernel computes these gradients (off Hopper; packed calls) the op says so instead of running
+    """Where no kernel computes these gradients (off Hopper, dense or packed) the op says so instead of running
     something slow."""
     q = fake(1, 2, 8, 64).requires_grad_()
     with pytest.raises(NotImplementedError, match=r"backward pass of window_size / softcap / sinks runs on compute"):
@@ -217,7 +265,7 @@ def test_masked_backward_is_refused(fake):
     with pytest.raises(NotImplementedError, match=r"\(Hopper\) only"):
         ops.attention(fake(1, 2, 8, 64), fake(1, 2, 8, 64), fake(1, 2, 8, 64), sinks=sinks)
     packed, cu = fake(20, 2, 64).requires_grad_(), torch.empty(3, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match=r"lab.ops.attention_varlen: the backward pass of packed"):
+    with pytest.raises(NotImplementedError, match=r"\(Hopper\) only"):
         ops.attention_varlen(packed, packed, packed, cu, cu, 10, 10)
     with torch.no_grad():  # without gradients the same calls run (here: their fake kernels)
         assert ops.attention(q, q, q, window_size=(4, 0)).shape == q.shape
@@ -290,7 +338,7 @@ def test_params_layout_matches_the_c_struct():
 
 
 def test_backward_params_layout():
-    """lab.masks.backward packs MaskBwdParams as ctypes lays the same fields out (the C side asserts 336 / 368)."""
+    """lab.masks.backward packs MaskBwdParams as ctypes lays the same fields out (the C side asserts 336 / 376)."""
     import ctypes as C
 
     from lab.masks import backward
@@ -302,8 +350,8 @@ def test_backward_params_layout():
 
     class MaskBwd(C.Structure):
         _fields_ = [("base", Bwd), ("left", C.c_int), ("right", C.c_int), ("off", C.c_int), ("cap", C.c_float),
-                    ("sinks", C.c_void_p), ("dsinks", C.c_void_p)]
-    assert C.sizeof(Bwd) == 336 and C.sizeof(MaskBwd) == backward.PARAMS.size == 368
+                    ("sinks", C.c_void_p), ("dsinks", C.c_void_p), ("seqlens", C.c_void_p)]
+    assert C.sizeof(Bwd) == 336 and C.sizeof(MaskBwd) == backward.PARAMS.size == 376
     assert MaskBwd.left.offset == 336 and MaskBwd.sinks.offset == 352
 
 
@@ -340,6 +388,42 @@ def test_backward_autograd_plumbing(monkeypatch, path):
         want = torch.autograd.grad((r_out * dout).sum() + (r_lse * dlse).sum(), inputs)
         assert len(got) == len(want) and all(_err(g, w) < 1e-9 for g, w in zip(got, want))
 
+
+@pytest.mark.parametrize("path", ["eager", "custom_op"])
+def test_varlen_backward_autograd_plumbing(monkeypatch, path):
+    """lab::attention_varlen's autograd (the eager Function and the custom op's registered autograd) on the CPU,
+    the kernels replaced by the packed float64 reference (forward) and emulate.backward_varlen (backward)."""
+    from lab.masks import op as mop, varlen_bwd
+
+    def fwd(q, k, v, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, version, want_lse=True):
+        out, lse = reference.attend_varlen(q, k, v, cu_q, cu_k, spec.Mask(left, right, softcap), scale, sinks)
+        return out.to(q.dtype), lse
+
+    def bwd(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks, max_q, max_k, left, right,
+            softcap, scale):
+        got = emulate.backward_varlen(q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), grad_out, cu_q,
+                                      cu_k, max_q, max_k, spec.Mask(left, right, softcap), scale,
+                                      None if sinks is None else sinks.detach().numpy(), grad_lse, 16, 32)
+        ds = torch.from_numpy(got[3]) if want_dsinks else torch.zeros(0, dtype=torch.float64)
+        return got[:3] + (ds,)
+    monkeypatch.setattr(mop, "_varlen_impl", fwd)
+    monkeypatch.setattr(varlen_bwd, "launch", bwd)
+    mask = spec.make_mask(True, (7, 0), 4.0)
+    lens_q, lens_k = [9, 0, 30, 4], [12, 5, 30, 0]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, 16, seed=31)
+    for sink_grad in (True, False):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        sinks = _draw(4, seed=5).requires_grad_(sink_grad)
+        args = (q, k, v, cu_q, cu_k, sinks, 30, 30, mask.left, mask.right, mask.softcap, 0.3, "v09")
+        out, lse = varlen_bwd.EagerVarlen.apply(*args, fwd) if path == "eager" else mop._varlen_op(*args)
+        dout, dlse = _draw(*out.shape, seed=7), _draw(*lse.shape, seed=8)
+        used = torch.where(torch.isfinite(lse), lse, 0)
+        inputs = [q, k, v] + ([sinks] if sink_grad else [])
+        got = torch.autograd.grad((out * dout).sum() + (used * dlse).sum(), inputs)
+        r_out, r_lse = reference.attend_varlen(q, k, v, cu_q, cu_k, mask, 0.3, sinks)
+        r_used = torch.where(torch.isfinite(r_lse), r_lse, 0)
+        want = torch.autograd.grad((r_out * dout).sum() + (r_used * dlse).sum(), inputs)
+        assert len(got) == len(want) and all(_err(g, w) < 1e-9 for g, w in zip(got, want))
 
 def test_the_kernels_read_a_copy_only_where_their_preconditions_fail():
     from lab.op_common import _readable

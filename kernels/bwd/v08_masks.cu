@@ -1,5 +1,5 @@
 // Backward attention v08: the masks of fwd v08/v09 (sliding window, softcap, sinks) on v07's staggered loop,
-// so lab.ops.attention(..., window_size=, softcap=, sinks=) is differentiable. Dense (B, H, S, D) calls only.
+// so lab.ops.attention(..., window_size=, softcap=, sinks=) and lab.ops.attention_varlen are differentiable.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(..., window_size=...) then
 // autograd (lab/masks/backward.py).
 // Measured: kernels/bwd/README.md (the masks' section).
@@ -10,7 +10,12 @@
 //     in the forward); the blocks the window crosses are masked per element with the forward's rule;
 //   - softcap: P recomputed from the capped score (tanh.approx, the forward's), dS scaled by 1 - tanh^2;
 //   - sinks: nothing in the loop (the forward's LSE holds the sink's share); their gradient, when wanted, is a
-//     reduction over the pre-pass's Delta and the LSE after it (sink_grad).
+//     reduction over the pre-pass's Delta and the LSE after it (sink_grad);
+//   - packed sequences (MaskBwdParams::seqlens, a device array: no host sync): lab/masks/varlen_bwd.py copies them
+//     into right-padded dense buffers of max_seqlen rows; every rule above then runs per sequence (its S_q, S_k
+//     and bottom-right offset), so tiles past a sequence's end are neither visited nor masked. The copies in and
+//     out are the cost of reusing the dense producer's TMA maps; addressing the packed tensors in the producer
+//     and the epilogue would remove them.
 // Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
 //
 // Prediction (H100, D = 128, bf16): the window's backward time scales with the visited (key block, query block)
@@ -19,8 +24,8 @@
 // on top of the ex2, the same MUFU pressure the forward saw (+22-24 %), here over more tensor work per score
 // (five GEMMs, not two): +8-12 %; a sink costs a reduction over B H S floats: < 1 %.
 //
-// Limits: sm_90 only (the body is guarded for sm_80 builds); D 64 and 128; fp16, bf16; dense calls (packed
-// sequences have no backward yet); GQA; any finite scale; no deterministic mode.
+// Limits: sm_90 only (the body is guarded for sm_80 builds); D 64 and 128; fp16, bf16; dense or packed (through
+// padded copies); GQA; any finite scale; no deterministic mode.
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v08_masks.cu
 #include "common/hopper/attn_bwd_mask_sm90.cuh"
@@ -37,10 +42,14 @@ struct Launch {
   // entry() hands over the caller's MaskBwdParams (attn_bwd_v08's argument) as its AttnBwdParams part.
   static int run(const AttnBwdParams& base, cudaStream_t st, int dev) {
     const MaskBwdParams& p = static_cast<const MaskBwdParams&>(base);
-    const int rc = p.softcap > 0.f
-                       ? launch<Cfg8<D>, T, bwd_dkdv_stagger<Cfg8<D>, T, AddPartial, WindowSteps<true>>>(p, st, dev)
-                       : launch<Cfg8<D>, T, bwd_dkdv_stagger<Cfg8<D>, T, AddPartial, WindowSteps<false>>>(p, st, dev);
+    const int rc = p.seqlens != nullptr ? (p.softcap > 0.f ? run<true, true>(p, st, dev) : run<false, true>(p, st, dev))
+                                        : (p.softcap > 0.f ? run<true, false>(p, st, dev) : run<false, false>(p, st, dev));
     return rc != 0 ? rc : launch_sink_grad(p, st);
+  }
+  template <bool kSoftcap, bool kVarlen>
+  static int run(const MaskBwdParams& p, cudaStream_t st, int dev) {
+    using Steps = WindowSteps<kSoftcap, kVarlen>;
+    return launch<Cfg8<D>, T, bwd_dkdv_stagger<Cfg8<D>, T, AddPartial, Steps>>(p, st, dev);
   }
 };
 

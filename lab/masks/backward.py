@@ -5,7 +5,7 @@ The kernel (lab.registry.MASKED_BWD: bwd v08, compute capability 9.0) takes Mask
 (kernels/common/hopper/attn_bwd_mask_sm90.cuh: AttnBwdParams, then the window, offset, softcap, sinks and the
 sinks' gradient), packed here with one struct.pack and handed to the launcher's address, as lab.masks.op does for
 the forward. Autograd saves q, k, v, out, the natural-log LSE (the sink's share included) and the sinks, never P.
-d sinks is computed only when sinks.requires_grad. Packed (varlen) calls have no backward yet.
+d sinks is computed only when sinks.requires_grad. Packed (varlen) calls: lab.masks.varlen_bwd, on the same launch.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from ..registry import BEST_MASKED_BWD, MASKED_BWD
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnBwdParams (q, k, v, o, dout, lse, dlse, dq, dk, dv, delta, lse_log2, dq_accum; eight strides of 3; batch,
 # heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype, deterministic), then window_left,
-# window_right, diag_offset, softcap, sinks, dsinks: no padding anywhere (the C side asserts the sizes).
-PARAMS = struct.Struct("<13Q24q6if3i3if2Q")
-assert PARAMS.size == 368
+# window_right, diag_offset, softcap, sinks, dsinks, seqlens: no padding anywhere (the C side asserts the sizes).
+PARAMS = struct.Struct("<13Q24q6if3i3if3Q")
+assert PARAMS.size == 376
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _calls: dict = {}
 ROW_PAD = 64  # LAB_BWD_ROW_PAD (kernels/common/params.h)
@@ -43,8 +43,10 @@ def masked_bwd_version(device, version=None) -> str:
 
 
 def launch_backward(grad_out, q, k, v, out, lse, grad_lse, sinks, want_dsinks: bool, left: int, right: int,
-                    offset: int, softcap: float, scale: float, version: str | None = None, defines=None):
-    """(dq, dk, dv, dsinks) of a dense masked call; dsinks is an empty tensor unless want_dsinks."""
+                    offset: int, softcap: float, scale: float, version: str | None = None, defines=None,
+                    seqlens=None):
+    """(dq, dk, dv, dsinks) of a dense masked call; dsinks is an empty tensor unless want_dsinks. seqlens: packed
+    sequences padded into the dense tensors (lab.masks.varlen_bwd), int32 (2, B) of their S_q and S_k."""
     version = masked_bwd_version(q.device, version)
     key = (version, tuple(sorted(defines.items())) if defines else ())
     call = _calls.get(key)
@@ -66,7 +68,8 @@ def launch_backward(grad_out, q, k, v, out, lse, grad_lse, sinks, want_dsinks: b
                          dlse.data_ptr() if dlse is not None else 0, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                          base, base + 4 * padded, base + 8 * padded, *strides, B, Hq, k.shape[1], Sq, k.shape[2], D,
                          scale, int(right >= 0), _DTYPE_CODE[q.dtype], 0, left, right, offset, softcap,
-                         sinks.data_ptr() if sinks is not None else 0, dsinks.data_ptr() if want_dsinks else 0)
+                         sinks.data_ptr() if sinks is not None else 0, dsinks.data_ptr() if want_dsinks else 0,
+                         seqlens.data_ptr() if seqlens is not None else 0)
     with torch.cuda.device(q.device):
         rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
     if rc != 0:

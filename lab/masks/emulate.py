@@ -218,3 +218,31 @@ def backward_by_keys(q, k, v, out, lse, dout, mask: Mask, scale=None, offset: in
                     for i in range(first, last):
                         g.tile(b, h, i * block_m, min((i + 1) * block_m, g.Sq), n0, n1)
     return g.result(sinks)
+
+
+def backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                    mask: Mask, scale=None, sinks=None, dlse=None, block_m: int = 64, block_n: int = 128):
+    """Packed sequences in bwd v08's way (lab.masks.varlen_bwd): copied into right-padded dense buffers (torch
+    tensors: out and dout (total_q, H_q, D), lse and dlse (H_q, total_q)), backward_by_keys per sequence with its
+    own S_q, S_k and bottom-right offset, the gradients copied back. -> (dq, dk, dv) packed float64, dsinks."""
+    import torch
+
+    from .varlen_bwd import lengths, pad, unpad
+    dense = [pad(t.double(), cu_seqlens_q, max_seqlen_q) for t in (q, out, dout)]
+    kd, vd = (pad(t.double(), cu_seqlens_k, max_seqlen_k) for t in (k, v))
+    ld = pad(lse.double().t().unsqueeze(-1), cu_seqlens_q, max_seqlen_q, float("inf")).squeeze(-1)
+    dld = None if dlse is None else pad(dlse.double().t().unsqueeze(-1), cu_seqlens_q, max_seqlen_q).squeeze(-1)
+    grads = [torch.zeros_like(t) for t in (dense[0], kd, vd)]
+    dsinks = None if sinks is None else np.zeros(q.shape[1])
+    for b, (sq, sk) in enumerate(zip(lengths(cu_seqlens_q, max_seqlen_q).tolist(),
+                                     lengths(cu_seqlens_k, max_seqlen_k).tolist())):
+        rows, keys = slice(b, b + 1), (slice(b, b + 1), slice(None), slice(0, sk))
+        qb, ob, gb = (t[rows, :, :sq].numpy() for t in dense)
+        res = backward_by_keys(qb, kd[keys].numpy(), vd[keys].numpy(), ob, ld[rows, :, :sq].numpy(), gb, mask, scale,
+                               sk - sq, sinks, None if dld is None else dld[rows, :, :sq].numpy(), block_m, block_n)
+        grads[0][rows, :, :sq] = torch.from_numpy(res[0])
+        grads[1][keys], grads[2][keys] = torch.from_numpy(res[1]), torch.from_numpy(res[2])
+        if sinks is not None:
+            dsinks += res[3]
+    return (unpad(grads[0], cu_seqlens_q, q.shape[0]), unpad(grads[1], cu_seqlens_k, k.shape[0]),
+            unpad(grads[2], cu_seqlens_k, k.shape[0]), dsinks)

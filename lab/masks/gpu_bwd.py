@@ -29,6 +29,28 @@ def _sdpa_grads(q, k, v, dout, mask, scale, offset, sinks):
     return (y.detach().nan_to_num(0.0),) + tuple(g.nan_to_num(0.0) for g in grads)
 
 
+def dlse_rounding(q, k, mask, scale, offset, lse, dlse, dtype):
+    """The error that rounding dS to the 16-bit dtype brings to dQ and dK through the dLSE term alone: dS =
+    P (dP - dO.O + dLSE) (times 1 - tanh^2 with softcap) is rounded before the dQ and dK GEMMs, in SDPA's
+    backward as in ours, but SDPA takes no dLSE, so its error pattern never holds this term's share. Where the
+    rest of dS is (nearly) zero, e.g. a row that sees one key, dS is the dLSE term and this is its whole error.
+    Float64 (B, H, S, D) inputs; returns (dq error, dk error) patterns, dk summed over each GQA group."""
+    group = q.shape[1] // k.shape[1]
+    qd, kd = q.double(), k.double().repeat_interleave(group, 1)
+    s = scale * (qd @ kd.transpose(-1, -2))
+    dcap = 1.0
+    if mask.softcap > 0:
+        t = torch.tanh(s / mask.softcap)
+        s, dcap = mask.softcap * t, 1.0 - t * t
+    seen = spec.visible(torch.arange(q.shape[2], device=q.device), torch.arange(k.shape[2], device=q.device),
+                        k.shape[2], offset, mask)
+    safe = torch.where(torch.isfinite(lse), lse, 0.0).double()
+    ds = torch.where(seen, torch.exp(torch.where(seen, s, 0.0) - safe[..., None]), 0.0) * dlse.double()[..., None] * dcap
+    err = ds.to(dtype).double() - ds
+    dk = scale * (err.transpose(-1, -2) @ qd)
+    return scale * (err @ kd), dk.view(k.shape[0], k.shape[1], group, *dk.shape[2:]).sum(2)
+
+
 def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, lower_right=False, defines=None,
               expect_fail=False, trials=2, custom_op=False):
     """custom_op: through lab::attention_masked and its registered autograd (what torch.compile traces) instead
@@ -80,13 +102,15 @@ def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, low
         p_out, _ = reference.attend(*p_in[:3], plain, scale, offset, p_in[3] if sink else None)
         p_grads = torch.autograd.grad((p_out * dout.double()).sum(), p_in[:3])
         s_out, *s_grads = _sdpa_grads(q, k, v, dout, mask, scale, offset, sinks)
-        # The yardstick's error: SDPA's, plus the rounding of the exact gradient to the output dtype. The second
-        # term matters where SDPA's problem has (nearly) exact zeros that ours does not: a row that sees one key
-        # has dS = P (dP - D) = 0 without dLSE, which SDPA cannot be given, and dLSE k with it.
+        # The yardstick's error: SDPA's, plus the rounding of the exact gradient to the output dtype, plus the
+        # rounding of dS's dLSE term to the dtype (dlse_rounding). The last two matter where SDPA's problem has
+        # (nearly) exact zeros that ours does not: a row that sees one key has dS = P (dP - D) = 0 without dLSE,
+        # which SDPA cannot be given, and dS = P dLSE with it.
+        lse_terms = dlse_rounding(q.detach(), k.detach(), mask, scale, offset, r_lse.detach(), dl, dtype) + (0.0,)
         metrics = {}
-        for label, g, w, sg, pg in zip(("dq", "dk", "dv"), got, want, s_grads, p_grads):
+        for label, g, w, sg, pg, lt in zip(("dq", "dk", "dv"), got, want, s_grads, p_grads, lse_terms):
             rounding = (w.to(dtype).double() - w).abs()
-            metrics[label] = check.compare(g, w, w + (sg.double() - pg).abs() + rounding)
+            metrics[label] = check.compare(g, w, w + (sg.double() - pg).abs() + rounding + abs(lt))
         if sink:
             # d sinks' formula with SDPA's 16-bit O, and with the float64 O rounded to the dtype, against the
             # float64 O: the error a 16-bit output brings

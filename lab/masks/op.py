@@ -3,9 +3,9 @@
 The masked kernels (lab.registry.MASKED_FWD: fwd v08 on mma.sync, v09 on wgmma for compute capability 9.0) take AttnMaskParams, which this module
 fills through ctypes and hands to the launcher's address (lab.kernels.launcher): no entry in the torch binding.
 Both calls are torch.library custom ops with fake implementations (torch.compile traces them). The dense call is
-differentiable on compute capability 9.0 (lab.masks.backward: bwd v08). What has no kernel yet raises
-NotImplementedError naming it: the backward elsewhere and of packed calls, and head dims the padding rule cannot
-reach. Nothing falls back to a slow path.
+differentiable on compute capability 9.0 (lab.masks.backward and, for packed calls, lab.masks.varlen_bwd: bwd v08).
+What has no kernel yet raises NotImplementedError naming it: the backward off Hopper, and head dims the padding
+rule cannot reach. Nothing falls back to a slow path.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from ..kernels import launcher
 from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _readable, _scale
 from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
-from . import backward, spec
+from . import backward, spec, varlen_bwd
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnMaskParams (kernels/common/params.h) packed in one struct.pack call: AttnFwdParams (q, k, v, o, lse; four
 # strides of 3; batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype; 4 bytes of padding;
@@ -121,12 +121,6 @@ def _varlen_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right
     return out, lse
 
 
-def _no_backward(tensors, what: str) -> None:
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise NotImplementedError(f"{what}: the backward pass of packed sequences has no kernel yet (forward "
-                                  f"only); call it under torch.no_grad(), or run the sequences as dense calls")
-
-
 # ------------------------------------------------------------------ public calls
 
 def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, return_lse, causal_variant,
@@ -200,7 +194,8 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     sequence (FlashAttention's rule, lab.masks.spec). GQA when H_q is a multiple of H_kv. return_lse: also
     (H_q, total_q) float32 natural-log LSE. check_cu_seqlens: check cu_seqlens' values (starts at 0,
     non-decreasing, within the packed rows and max_seqlen) at the cost of one device-to-host copy; False skips
-    it, and the kernel then clamps every length so no value reads or writes out of bounds.
+    it, and the kernel then clamps every length so no value reads or writes out of bounds. Differentiable in
+    query, key, value and sinks on compute capability 9.0 (lab.masks.varlen_bwd).
     """
     mask = spec.make_mask(is_causal, window_size, softcap)
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -208,7 +203,9 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D (total_tokens, H, D), got shape {tuple(t.shape)}")
-    _no_backward((query, key, value, sinks), "lab.ops.attention_varlen")
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, sinks))
+    if grads:
+        backward.masked_bwd_version(query.device)  # NotImplementedError where no masked backward runs
     # The 4-D checks of the dense op on (1, H, total, D) views (detached: checks only): dtype, device, head dims,
     # strides.
     _check_qkv(*(t.detach().unsqueeze(0).transpose(1, 2) for t in (query, key, value)), "key", "value")
@@ -227,11 +224,15 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     scale = _scale(scale, query.shape[-1])
     args = (query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, mask.left,
             mask.right, mask.softcap, scale, masked_version(query.device, version))
-    if _direct(query, key, value) and _eager():
+    plain = all(type(t) is torch.Tensor for t in (query, key, value, *(() if sinks is None else (sinks,))))
+    if _direct(query, key, value, *(() if sinks is None else (sinks,))) and _eager():
         out, lse = _varlen_impl(*args, want_lse=return_lse)
+    elif grads and _eager() and plain:
+        out, lse = varlen_bwd.EagerVarlen.apply(*args, _varlen_impl)  # gradients wanted, plain eager tensors
     else:
         out, lse = _varlen_op(*args)
     return (out, lse) if return_lse else out
 
 
 backward.register()  # lab::attention_masked is differentiable (lab.masks.backward)
+varlen_bwd.register()  # and lab::attention_varlen (lab.masks.varlen_bwd)

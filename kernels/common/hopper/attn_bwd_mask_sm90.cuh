@@ -1,6 +1,7 @@
 // The masks of the Hopper backward (bwd/v08_masks.cu) as a Steps policy of the staggered loop
 // (common/hopper/attn_bwd_stagger.cuh): the sliding window's query-block range per key block, the window mask on
-// partial tiles, the softcap's recompute and derivative, and the sinks' gradient. The rule is common/mask.cuh's
+// partial tiles, the softcap's recompute and derivative, the sinks' gradient, and packed sequences (each rule per
+// sequence, from a device array of lengths over right-padded dense buffers). The rule is common/mask.cuh's
 // window_masked (lab/masks/spec.py writes it out; spec.query_block_range is this file's window_work).
 //
 // The equations (s = scale q.k, the score the forward capped; LSE the forward's, natural log, sink included):
@@ -24,9 +25,13 @@ struct MaskBwdParams : AttnBwdParams {
   float softcap;                  // 0: off
   const float* sinks;             // [H_q] or NULL
   float* dsinks;                  // [H_q] zeroed by the caller, or NULL: no sink gradient wanted
+  // Packed sequences: [2][batch] int32, S_q then S_k of each sequence, or NULL (dense). Sequence b's rows and keys
+  // are the first S_q / S_k of batch entry b of the dense tensors (seqlen_q / seqlen_k: max_seqlen_q / _k), each
+  // sequence aligned bottom-right with its own offset S_k - S_q; lengths are clamped to the dense ones.
+  const int* seqlens;
 };
-// (the base's 336 bytes, then 4 ints / floats and 2 pointers: no padding anywhere, so the sizes pin the offsets)
-static_assert(sizeof(AttnBwdParams) == 336 && sizeof(MaskBwdParams) == 368, "lab/masks/backward.py packs this layout");
+// (the base's 336 bytes, then 4 ints / floats and 3 pointers: no padding anywhere, so the sizes pin the offsets)
+static_assert(sizeof(AttnBwdParams) == 336 && sizeof(MaskBwdParams) == 376, "lab/masks/backward.py packs this layout");
 
 namespace lab::sm90::bwd {
 
@@ -40,17 +45,36 @@ __device__ __forceinline__ int2 window_rows(int n0, int n1, int seqlen_q, int of
   return make_int2((int)(b < a ? 1 : a), (int)(b < a ? 0 : b));
 }
 
+// One sequence's view: its S_q, S_k and diagonal offset (the whole call's for dense calls).
+struct SeqView {
+  int seqlen_q, seqlen_k, off;
+};
+// Packed sequences (kVarlen): sequence b's lengths from p.seqlens, clamped to the dense buffers, bottom-right.
+template <bool kVarlen>
+__device__ __forceinline__ SeqView seq_view(const MaskBwdParams& p, int b) {
+  if constexpr (!kVarlen) {
+    return SeqView{p.seqlen_q, p.seqlen_k, p.diag_offset};
+  } else {
+    const int sq = min(max(__ldg(p.seqlens + b), 0), p.seqlen_q);
+    const int sk = min(max(__ldg(p.seqlens + p.batch + b), 0), p.seqlen_k);
+    return SeqView{sq, sk, sk - sq};
+  }
+}
+
 // Steps for the masks: only the query blocks of a key block's window are visited (a window of W costs O(S W)).
-template <bool kSoftcap>
+// kVarlen: every rule per packed sequence, so a key block past its sequence's S_k visits nothing and a query block
+// past its S_q is never visited: the padding of the dense buffers costs copies, not tiles.
+template <bool kSoftcap, bool kVarlen = false>
 struct WindowSteps {
   using Params = MaskBwdParams;
 
   template <class C>
   __device__ __forceinline__ static Work work(const MaskBwdParams& p) {
     Work w = cta_work<C>(p);
-    const int n1 = min(w.n0 + C::BC, p.seqlen_k);
-    const int2 rows = window_rows(w.n0, n1, p.seqlen_q, p.diag_offset, p.window_left, p.window_right);
-    if (rows.y < rows.x) {
+    const SeqView sv = seq_view<kVarlen>(p, w.b);
+    const int n1 = min(w.n0 + C::BC, sv.seqlen_k);
+    const int2 rows = window_rows(w.n0, n1, sv.seqlen_q, sv.off, p.window_left, p.window_right);
+    if (rows.y < rows.x || w.n0 >= sv.seqlen_k) {
       w.mb0 = w.n_mb = 0;
     } else {
       w.mb0 = rows.x / C::BR;
@@ -64,7 +88,7 @@ struct WindowSteps {
   template <bool kMask>
   __device__ __forceinline__ static void p_ds_masked(float (&s)[32], float (&dp)[32], const float* lse2,
                                                      const float* delta, float c, int key0, int q0, int t,
-                                                     const MaskBwdParams& p) {
+                                                     const MaskBwdParams& p, const SeqView& sv) {
     const float k_in = p.scale / p.softcap, k_out = p.softcap * kLog2e;
 #pragma unroll
     for (int i = 0; i < 8; ++i)
@@ -84,9 +108,9 @@ struct WindowSteps {
         if constexpr (kMask) {
           const int key = key0 + 8 * (e >> 1), q = q0 + col;
 #ifdef LAB_BWD_MASK_BUG_NO_WINDOW
-          if (q >= p.seqlen_q || key >= p.seqlen_k) pv = 0.f;  // self-test: the window forgotten on partial tiles
+          if (q >= sv.seqlen_q || key >= sv.seqlen_k) pv = 0.f;  // self-test: the window forgotten on partial tiles
 #else
-          if (q >= p.seqlen_q || window_masked(q, key, p.seqlen_k, p.diag_offset, p.window_left, p.window_right))
+          if (q >= sv.seqlen_q || window_masked(q, key, sv.seqlen_k, sv.off, p.window_left, p.window_right))
             pv = 0.f;
 #endif
         }
@@ -99,13 +123,14 @@ struct WindowSteps {
   __device__ __forceinline__ static void p_ds(float (&s)[32], float (&dp)[32], const float* rows, float c, int kw0,
                                               int m0, const MaskBwdParams& p) {
     const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
-    const bool mask = m0 + C::BR > p.seqlen_q ||
-                      window_tile_needs_mask(kw0, 64, m0, m0 + C::BR, p.seqlen_k, p.diag_offset, p.window_left,
+    const SeqView sv = seq_view<kVarlen>(p, kVarlen ? cta_work<C>(p).b : 0);
+    const bool mask = m0 + C::BR > sv.seqlen_q ||
+                      window_tile_needs_mask(kw0, 64, m0, m0 + C::BR, sv.seqlen_k, sv.off, p.window_left,
                                              p.window_right);
     if (mask)
-      p_ds_masked<true>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
+      p_ds_masked<true>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p, sv);
     else
-      p_ds_masked<false>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
+      p_ds_masked<false>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p, sv);
   }
 };
 
@@ -114,9 +139,11 @@ struct WindowSteps {
 __global__ void __launch_bounds__(256) sink_grad(const MaskBwdParams p) {
   const int bh = blockIdx.x, h = bh % p.heads_q;
   const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  // Packed sequences: only sequence b's own rows (the padding's LSE and Delta are never read).
+  const int rows = p.seqlens != nullptr ? seq_view<true>(p, bh / p.heads_q).seqlen_q : p.seqlen_q;
   const float sink = p.sinks[h];
   float acc = 0.f;
-  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < p.seqlen_q; i += gridDim.y * blockDim.x)
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < rows; i += gridDim.y * blockDim.x)
     acc += expf(sink - p.lse[(int64_t)bh * p.seqlen_q + i]) * p.delta[(int64_t)bh * sq_pad + i];
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);

@@ -1,0 +1,137 @@
+"""The packed (varlen) backward on the GPU: lab.ops.attention_varlen's gradients (bwd v08 through
+lab.masks.varlen_bwd) against float64 autograd of lab.masks.reference.attend_varlen, empty sequences, rows of no
+sequence, GQA, window, softcap and sinks with their gradient included; a build that forgets the window on the
+tiles it crosses must fail. Records are check_bwd rows of chapter n13 (the masked backward's gate counts them).
+
+Yardstick: SDPA's error pattern on each sequence as its own dense call (lab.masks.gpu_bwd's, the softcap left
+out), laid on the float64 gradients, plus the 16-bit rounding of the exact gradient and of dS's dLSE term; d sinks
+by its formula with SDPA's 16-bit O.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import check, ops, record
+from . import backward as mbwd, reference, spec, varlen_bwd
+from .gpu import CHAPTER, GEN, draw
+from .gpu_bwd import _FIELDS, _sdpa_grads, dlse_rounding
+
+
+def _per_sequence(fn, cu_q, cu_k, *packed):
+    """fn(b, offset, (1, H, S, D) views of q, k, v, dout, dlse) per sequence with rows and keys; returns a list of
+    (b, results)."""
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    q, k, v, dout, dlse = packed
+    done = []
+    for b in range(len(cq) - 1):
+        rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        if cq[b + 1] > cq[b] and ck[b + 1] > ck[b]:
+            views = [t[r].transpose(0, 1)[None] for t, r in ((q, rq), (k, rk), (v, rk), (dout, rq))]
+            done.append((rq, rk, fn(ck[b + 1] - ck[b] - (cq[b + 1] - cq[b]), *views, dlse[:, rq][None])))
+    return done
+
+
+def check_varlen_bwd(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, sink, defines=None,
+                     expect_fail=False, trials=2, stray=5):
+    """stray: packed rows after the last sequence (they belong to none: zero gradients)."""
+    mask = spec.make_mask(causal, window, cap)
+    scale = D ** -0.5
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    tq, tk = sum(lens_q) + stray, sum(lens_k) + stray
+    worst = None
+    for trial in range(trials):
+        GEN.manual_seed(hash(("varlen-bwd", name, tuple(lens_q), D, trial)) % 2**31)
+        magnitude = 2.0 if trial == trials - 1 else 1.0
+        q = draw(tq, Hq, D, dtype=dtype, magnitude=magnitude).requires_grad_()
+        k = draw(tk, Hkv, D, dtype=dtype, magnitude=magnitude).requires_grad_()
+        v = draw(tk, Hkv, D, dtype=dtype).requires_grad_()
+        dout = draw(tq, Hq, D, dtype=dtype)
+        dlse = torch.randn(Hq, tq, generator=GEN).cuda()
+        sinks = (torch.randn(Hq, generator=GEN) * 2).cuda().requires_grad_() if sink else None
+        inputs = (q, k, v) + ((sinks,) if sink else ())
+        out, lse = ops.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, scale=scale,
+                                        window_size=window, softcap=cap, sinks=sinks, return_lse=True)
+        dl = torch.where(torch.isfinite(lse), dlse, 0.0).detach()
+        if defines:
+            dq, dk, dv, ds = varlen_bwd.launch(dout, q, k, v, out.detach(), lse.detach(), dl, cu_q, cu_k, sinks, sink,
+                                               max(lens_q), max(lens_k), mask.left, mask.right, mask.softcap, scale,
+                                               defines=defines)
+            got = (dq, dk, dv) + ((ds,) if sink else ())
+        else:
+            used = torch.where(torch.isfinite(lse), lse, 0.0)
+            got = torch.autograd.grad((out.float() * dout.float()).sum() + (used * dl).sum(), inputs)
+        ref_in = [t.detach().double().requires_grad_() for t in inputs]
+        r_out, r_lse = reference.attend_varlen(*ref_in[:3], cu_q, cu_k, mask, scale, ref_in[3] if sink else None)
+        r_used = torch.where(torch.isfinite(r_lse), r_lse, 0.0)
+        want = torch.autograd.grad((r_out * dout.double()).sum() + (r_used * dl.double()).sum(), ref_in)
+        # the yardstick's error pattern, sequence by sequence (SDPA's dense call and its float64 twin)
+        plain = spec.Mask(mask.left, mask.right, 0.0)
+        pattern = [torch.zeros_like(w, dtype=torch.float64) for w in want[:3]]
+        s_out = torch.zeros_like(r_out)
+
+        def one(offset, qb, kb, vb, db, lb):
+            s = _sdpa_grads(qb, kb, vb, db, mask, scale, offset, sinks)
+            p_in = [t.detach().double().requires_grad_() for t in (qb, kb, vb)]
+            p_out, _ = reference.attend(*p_in, plain, scale, offset, sinks.detach() if sink else None)
+            p = torch.autograd.grad((p_out * db.double()).sum(), p_in)
+            _, b_lse = reference.attend(qb.detach(), kb.detach(), vb.detach(), mask, scale, offset,
+                                        sinks.detach() if sink else None)
+            lt = dlse_rounding(qb.detach(), kb.detach(), mask, scale, offset, b_lse, lb, dtype) + (0.0,)
+            return s[0], [(sg.double() - pg).abs() + abs(t) for sg, pg, t in zip(s[1:], p, lt)]
+
+        for rq, rk, (so, errs) in _per_sequence(one, cu_q, cu_k, q.detach(), k.detach(), v.detach(), dout, dl):
+            s_out[rq] = so[0].transpose(0, 1).double()
+            for i, (e, r) in enumerate(zip(errs, (rq, rk, rk))):
+                pattern[i][r] += e[0].transpose(0, 1)
+        metrics = {}
+        for label, g, w, e in zip(("dq", "dk", "dv"), got, want, pattern):
+            metrics[label] = check.compare(g, w, w + e + (w.to(dtype).double() - w).abs())
+        if sink:
+            p_sink = torch.exp(sinks.detach().double()[:, None] - r_lse.detach())
+
+            def dsink(o):
+                return -(torch.nan_to_num(p_sink * ((dout.double() * o).sum(-1).t() - dl.double()), 0.0)).sum(1)
+            exact = dsink(r_out.detach())
+            yard = want[3] + (dsink(s_out) - exact).abs() + (dsink(r_out.detach().to(dtype).double()) - exact).abs()
+            metrics["dsinks"] = check.compare(got[3], want[3], yard)
+        passed = all(m["passed"] for m in metrics.values())
+        score = max(m["max_abs"] / max(m["tol_max_abs"], 1e-30) for m in metrics.values())
+        if worst is None or not passed or score > worst[1]:
+            worst = (metrics, score, passed)
+            if not passed:
+                break
+    metrics, score, passed = worst
+    case = dict(name=name, packed=True, lens_q=list(lens_q), lens_k=list(lens_k), stray_rows=stray, Hq=Hq, Hkv=Hkv,
+                D=D, dtype=str(dtype).split(".")[-1], causal=causal, window=[mask.left, mask.right], softcap=cap,
+                sinks=sink)
+    ok = passed != expect_fail
+    bug = "-" + "-".join(k.lower().replace("lab_bwd_mask_bug_", "") for k in defines) if defines else ""
+    record.append({"kind": "check_bwd", "impl": "bwd_varlen_" + mbwd.masked_bwd_version(q.device) + bug, "case": case,
+                   "expect_fail": expect_fail, "ok": ok, "passed": passed, "worst_ratio": score,
+                   "check": {g: {k: m[k] for k in _FIELDS} for g, m in metrics.items()}}, chapter=CHAPTER)
+    print(("ok  " if ok else "BAD ") + f"varlen-bwd{bug} {name} {case} worst max_abs/tol {score:.3g} passed={passed} "
+          + " ".join(f"{g} {m['max_abs']:.3g}/{m['tol_max_abs']:.3g}" for g, m in metrics.items()), flush=True)
+    return ok
+
+
+def checks() -> int:
+    """The packed backward's grid: empty sequences (either side), uneven lengths across tile edges, one sequence
+    longer than the rest, S_q != S_k per sequence (bottom-right), D 64 / 128, fp16 / bf16, GQA."""
+    bf16, fp16 = torch.bfloat16, torch.float16
+    docs_q, docs_k = [1, 0, 63, 65, 200, 0, 130], [1, 7, 63, 65, 200, 0, 97]
+    long_q = [1025, 3, 0, 300]
+    cases = [("causal", docs_q, docs_q, 128, bf16, True, None, 0.0, False),
+             ("window", docs_q, docs_q, 128, bf16, True, (40, 0), 0.0, False),
+             ("cross", docs_q, docs_k, 128, bf16, True, (64, 0), 0.0, True),
+             ("all", docs_q, docs_k, 64, bf16, True, (100, 0), 30.0, True),
+             ("noncausal", docs_q, docs_k, 64, fp16, False, (20, 30), 5.0, True),
+             ("full", docs_q, docs_k, 128, fp16, False, None, 0.0, True),
+             ("long", long_q, long_q, 128, bf16, True, (256, 0), 50.0, True)]
+    bad = 0
+    for name, lq, lk, D, dtype, causal, window, cap, sink in cases:
+        bad += not check_varlen_bwd(name, lq, lk, 4, 2, D, dtype, causal, window, cap, sink)
+    bad += not check_varlen_bwd("no-window", long_q, long_q, 4, 2, 128, bf16, True, (64, 0), 0.0, False,
+                                defines={"LAB_BWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
+    print(f"checks varlen bwd done: {bad} bad", flush=True)
+    return bad

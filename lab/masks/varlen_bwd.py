@@ -1,0 +1,138 @@
+"""The backward pass of lab.ops.attention_varlen: packed (total, H, D) sequences through bwd v08.
+
+bwd v08 runs every mask rule per packed sequence (its S_q, S_k and bottom-right offset, from a device array of
+lengths: MaskBwdParams::seqlens), on dense buffers of max_seqlen rows per sequence. This module copies the packed
+tensors into those buffers (each sequence's rows first, the rest zeros; LSE +inf there, so no padded row has a
+probability) and the gradients back, with gathers indexed on the device from cu_seqlens: no host sync, and
+max_seqlen_q / _k stay host ints as in the forward. The padding costs memory and the copies (B max_seqlen H D
+elements each way), not tiles: the kernel neither visits nor masks a tile past a sequence's end. Addressing the
+packed tensors in the kernel's producer and epilogue would remove the copies.
+
+pad / unpad are plain torch (any device), so the CPU tests check them with lab.masks.emulate.backward_varlen.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import backward
+
+
+def lengths(cu: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Each sequence's length, clamped to [0, max_len] (unchecked cu_seqlens must not read out of bounds)."""
+    return (cu[1:] - cu[:-1]).clamp(0, max_len)
+
+
+def pad(x: torch.Tensor, cu: torch.Tensor, max_len: int, fill: float = 0.0) -> torch.Tensor:
+    """Packed (total, H, ...) -> (B, H, max_len, ...): sequence b's rows first in entry b, `fill` after them."""
+    B = cu.shape[0] - 1
+    rows = torch.arange(max_len, device=x.device)
+    valid = rows[None] < lengths(cu, max_len).to(x.device)[:, None]
+    if x.shape[0] == 0:
+        dense = x.new_full((B, max_len) + tuple(x.shape[1:]), fill)
+    else:
+        index = (cu[:-1].to(x.device).long()[:, None] + rows[None]).clamp_(0, x.shape[0] - 1)
+        dense = x[index].masked_fill_(~valid.view(B, max_len, *([1] * (x.dim() - 1))), fill)
+    return dense.transpose(1, 2)
+
+
+def unpad(dense: torch.Tensor, cu: torch.Tensor, total: int) -> torch.Tensor:
+    """(B, H, max_len, ...) -> packed (total, H, ...): row t from its sequence's entry, zeros for rows of none."""
+    B, max_len = dense.shape[0], dense.shape[2]
+    t = torch.arange(total, device=dense.device, dtype=torch.int32)
+    cu = cu.to(dense.device)
+    if B == 0 or max_len == 0 or total == 0:
+        return dense.new_zeros((total, dense.shape[1]) + tuple(dense.shape[3:]))
+    b = torch.searchsorted(cu[1:].contiguous(), t, right=True)  # the sequence of row t (B: past the last)
+    bc = b.clamp(max=B - 1)
+    r = t.long() - cu[bc].long()
+    valid = (b < B) & (r >= 0) & (r < max_len)
+    rows = dense.transpose(1, 2)[bc, r.clamp(0, max_len - 1)]
+    return rows.masked_fill_(~valid.view(total, *([1] * (rows.dim() - 1))), 0)
+
+
+def launch(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks: bool, max_q: int, max_k: int,
+           left: int, right: int, softcap: float, scale: float, version: str | None = None, defines=None):
+    """(dq, dk, dv, dsinks) of a packed call: q, out, grad_out (total_q, H_q, D), k, v (total_k, H_kv, D), lse and
+    grad_lse (H_q, total_q) or None."""
+    B = cu_q.shape[0] - 1
+    dsinks = torch.zeros(q.shape[1] if want_dsinks else 0, dtype=torch.float32, device=q.device)
+    if B == 0 or max_q == 0 or max_k == 0 or q.shape[0] == 0 or k.shape[0] == 0:
+        if want_dsinks and grad_lse is not None:  # no row sees a key: O = 0, LSE = sink, so d sink = sum of dLSE
+            dsinks += torch.where(torch.isfinite(lse), grad_lse, 0.0).sum(1)  # (rows of no sequence: LSE -inf)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
+    qd, od, god = (pad(t, cu_q, max_q) for t in (q, out, grad_out))
+    kd, vd = (pad(t, cu_k, max_k) for t in (k, v))
+    lsed = pad(lse.t().unsqueeze(-1), cu_q, max_q, float("inf")).squeeze(-1).contiguous()
+    dlsed = None if grad_lse is None else pad(grad_lse.t().unsqueeze(-1), cu_q, max_q).squeeze(-1).contiguous()
+    seqlens = torch.stack((lengths(cu_q, max_q), lengths(cu_k, max_k))).to(torch.int32).contiguous()
+    dq, dk, dv, ds = backward.launch_backward(god, qd, kd, vd, od, lsed, dlsed, sinks, want_dsinks, left, right, 0,
+                                              softcap, scale, version, defines, seqlens=seqlens)
+    return unpad(dq, cu_q, q.shape[0]), unpad(dk, cu_k, k.shape[0]), unpad(dv, cu_k, k.shape[0]), ds
+
+
+@torch.library.custom_op("lab::attention_varlen_backward", mutates_args=())
+def _varlen_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        out: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor | None, cu_seqlens_q: torch.Tensor,
+                        cu_seqlens_k: torch.Tensor, sinks: torch.Tensor | None, want_dsinks: bool, max_seqlen_q: int,
+                        max_seqlen_k: int, left: int, right: int, softcap: float, scale: float
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch(grad_out, query, key, value, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, sinks, want_dsinks,
+                  max_seqlen_q, max_seqlen_k, left, right, softcap, scale)
+
+
+@_varlen_backward_op.register_fake
+def _(grad_out, query, key, value, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, sinks, want_dsinks, max_seqlen_q,
+      max_seqlen_k, left, right, softcap, scale):
+    return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
+            query.new_empty((query.shape[1] if want_dsinks else 0,), dtype=torch.float32))
+
+
+_NONE_AFTER_SINKS = (None,) * 7  # max_seqlen_q, max_seqlen_k, left, right, softcap, scale, version
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, _version = inputs
+    ctx.save_for_backward(query, key, value, output[0], output[1], cu_q, cu_k, sinks)
+    ctx.mask = (max_q, max_k, left, right, softcap, scale)
+    ctx.set_materialize_grads(False)
+
+
+def _grads(ctx, grad_out, grad_lse, op):
+    query, key, value, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
+    if grad_out is None:  # only lse was used
+        grad_out = torch.zeros_like(out)
+    want_dsinks = sinks is not None and ctx.needs_input_grad[5]
+    dq, dk, dv, dsinks = op(grad_out, query, key, value, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks,
+                            *ctx.mask)
+    return (dq, dk, dv, None, None, dsinks if want_dsinks else None) + _NONE_AFTER_SINKS
+
+
+def _backward(ctx, grad_out, grad_lse):
+    return _grads(ctx, grad_out, grad_lse, _varlen_backward_op)
+
+
+class EagerVarlen(torch.autograd.Function):
+    """lab::attention_varlen and its backward for plain eager calls that want gradients (the custom op's autograd
+    wrapper costs host time, as for lab.masks.backward.EagerMasked); torch.compile still sees the ops."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, version, impl):
+        out, lse = impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, version)
+        _setup_context(ctx, (query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale,
+                             version), (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return _grads(ctx, grad_out, grad_lse, launch) + (None,)
+
+
+_registered = False
+
+
+def register() -> None:
+    """Make lab::attention_varlen differentiable (lab.masks.op calls this once it has defined the op)."""
+    global _registered
+    if not _registered:
+        torch.library.register_autograd("lab::attention_varlen", _backward, setup_context=_setup_context)
+        _registered = True
