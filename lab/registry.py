@@ -35,6 +35,7 @@ BWD = {
     "v05": Kernel("bwd/v05_stagger.cu", "attn_bwd_v05", (64, 128), ((9, 0),)),
     "v06": Kernel("bwd/v06_convert.cu", "attn_bwd_v06", (64, 128), ((9, 0),)),
     "v07": Kernel("bwd/v07_dqcols.cu", "attn_bwd_v07", (64, 128), ((9, 0),)),
+    "v09": Kernel("bwd/v09_wide.cu", "attn_bwd_v09", (192, 256)),
     "v10": Kernel("bwd/v10_regkv.cu", "attn_bwd_v10", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
@@ -51,8 +52,8 @@ MASKED_BWD = {
     "v08": Kernel("bwd/v08_masks.cu", "attn_bwd_v08", (64, 128), ((9, 0),)),
 }
 BEST_MASKED_BWD = ("v08",)
-BEST_BWD = ("v01",)
-BEST_BWD_HOPPER = ("v07", "v05", "v02", "v01")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
+BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
+BEST_BWD_HOPPER = ("v07", "v05", "v02", "v01", "v09")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
 DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 PAGED_DECODE = ("v03", "v04")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
@@ -68,8 +69,9 @@ BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
 # next of these (lab.fwd.head_dims), and runs them when the caller names no version.
 FAST_HEAD_DIMS = (64, 128)
-# Head dims with a forward kernel only, on compute capability 9.0 (fwd v10): D_qk, D_v from 129 to 256 pad up to
-# these; a gradient through them raises NotImplementedError (no backward kernel is built for them).
+# Head dims whose forward runs on compute capability 9.0 only (fwd v10): D_qk, D_v from 129 to 256 pad up to these;
+# their backward is bwd v09, which has no deterministic mode (a gradient under torch.use_deterministic_algorithms
+# raises NotImplementedError).
 WIDE_HEAD_DIMS = (192, 256)
 FWD_HEAD_DIMS = FAST_HEAD_DIMS + WIDE_HEAD_DIMS
 
@@ -166,7 +168,8 @@ def default_versions(capability: tuple) -> dict[str, set]:
            for s in (1, *HOPPER_SMALL_MAX_SQ.values(), *(v + 1 for v in HOPPER_SMALL_MAX_SQ.values()))}
     decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | set(PAGED_DECODE)
     hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
-    bwd = {(BEST_BWD_HOPPER if hopper else BEST_BWD)[0]} | set(DETERMINISTIC_BWD)
+    bwd = {_version(None, BWD, d, BEST_BWD_HOPPER if hopper else BEST_BWD) for d in FWD_HEAD_DIMS} | \
+        set(DETERMINISTIC_BWD)
     return {"fwd": fwd, "decode": decode, "bwd": bwd}
 
 
@@ -185,7 +188,7 @@ def drivers(capability: tuple | None = None, defaults_only: bool = False) -> lis
                 continue
             own = OWN_DRIVER.get((family, version))
             if not own and not set(kernel.head_dims) & set(FAST_HEAD_DIMS):
-                continue  # the shared drivers' cases are D 64 / 128; fwd v10's: tools/gpu/wide_sanitize.py
+                continue  # the shared drivers' cases are D 64 / 128; fwd v10's, bwd v09's: tools/gpu/wide_sanitize.py
 
             flags = "" if own else f"-D{macro}={kernel.symbol}"
             if family == "bwd" and version not in DETERMINISTIC_BWD:

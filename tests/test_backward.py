@@ -149,7 +149,8 @@ def test_backward_version_selection():
     with pytest.raises(ValueError, match="head dim 32"):
         backward.backward_version(32)
     with pytest.raises(ValueError, match="unknown"):
-        backward.backward_version(64, "v09")
+        backward.backward_version(64, "v99")
+    assert backward.backward_version(256) == "v09" == backward.backward_version(192, capability=hopper)
 
 
 def test_ops_imports_the_registration():

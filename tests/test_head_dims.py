@@ -64,25 +64,49 @@ def test_kernel_head_dims():
     assert head_dims.kernel_head_dim(128, 64) == 128 and head_dims.kernel_head_dim(40, 96) == 128
     assert head_dims.kernel_head_dim(192, 128) == 192 and head_dims.kernel_head_dim(64, 129) == 192
     assert head_dims.kernel_head_dim(256, 64) == 256 and head_dims.kernel_head_dim(192, 256) == 256
-    assert not head_dims.forward_only(128, 64) and not head_dims.forward_only(96, 96)
-    assert head_dims.forward_only(192, 128) and head_dims.forward_only(160, 160) and head_dims.forward_only(256, 256)
+    assert not head_dims.no_deterministic_backward(128, 64) and not head_dims.no_deterministic_backward(96, 96)
+    assert all(head_dims.no_deterministic_backward(*d) for d in ((192, 128), (160, 160), (256, 256)))
     for d_qk, d_v in ((264, 264), (257, 256), (64, 320)):
         with pytest.raises(ValueError, match=f"head dims query/key {d_qk}, value {d_v}"):
             head_dims.kernel_head_dim(d_qk, d_v)
 
 
 @pytest.mark.parametrize("d_qk,d_v", [(256, 256), (160, 160), (192, 128), (64, 200)])
-def test_gradients_above_128_raise_before_the_forward_runs(d_qk, d_v):
+def test_gradients_above_128_raise_only_in_deterministic_mode(d_qk, d_v):
     from lab import ops
 
     q, k = torch.randn(1, 2, 5, d_qk, dtype=torch.bfloat16), torch.randn(1, 2, 7, d_qk, dtype=torch.bfloat16)
     v = torch.randn(1, 2, 7, d_v, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match=f"query/key {d_qk}, value {d_v}: lab.ops.attention has no backward"):
-        ops.attention(q.requires_grad_(), k, v)
-    with torch.no_grad():  # no gradient wanted: past this check (the CPU tensors get the device error)
-        with pytest.raises(ValueError) as err:
+    q.requires_grad_()
+    with pytest.raises(ValueError) as err:  # gradients wanted: past the head-dim rule (CPU tensors: device error)
+        ops.attention(q, k, v)
+    assert "backward" not in str(err.value)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(NotImplementedError, match=f"query/key {d_qk}, value {d_v}: lab.ops.attention has no "
+                                                      f"deterministic backward above D = 128"):
             ops.attention(q, k, v)
-        assert "backward" not in str(err.value)
+        with torch.no_grad():  # no gradient wanted: no refusal
+            with pytest.raises(ValueError):
+                ops.attention(q, k, v)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_every_head_dim_has_a_backward_kernel():
+    """The backward's version rule takes every kernel head dim, on Hopper and off it; v09 has no deterministic mode."""
+    from lab import registry
+    from lab.backward.op import backward_version
+
+    for capability in ((9, 0), (8, 0)):
+        got = {d: backward_version(d, capability=capability) for d in registry.FWD_HEAD_DIMS}
+        assert got[192] == got[256] == "v09", got
+        assert got[128] == ("v07" if capability == (9, 0) else "v01")
+    assert registry.BWD["v09"].head_dims == registry.WIDE_HEAD_DIMS and not registry.BWD["v09"].capabilities
+    assert "v09" not in registry.DETERMINISTIC_BWD
+    with pytest.raises(ValueError, match="no deterministic mode"):
+        backward_version(256, "v09", (9, 0), deterministic=True)
+    assert "v09" in registry.default_versions((9, 0))["bwd"] and "v09" in registry.default_versions((8, 0))["bwd"]
 
 
 def test_the_wide_forward_is_hopper_only_and_says_so():

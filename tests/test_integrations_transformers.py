@@ -38,8 +38,14 @@ def test_the_reasons_for_falling_back(monkeypatch):
             assert lab_hf.unsupported(wide, wide_kv, wide_kv, None) == \
                 "head dim 256 on compute capability 8.0 (the lab's kernels above 128 run on 9.0)"
             hopper[0] = (9, 0)
-        wide.requires_grad_()  # no backward kernel above 128
-        assert lab_hf.unsupported(wide, wide_kv, wide_kv, None).startswith("head dim 256 with gradients")
+        wide.requires_grad_()  # the wide backward (bwd v09) has no deterministic mode
+        assert lab_hf.unsupported(wide, wide_kv, wide_kv, None) is None
+        torch.use_deterministic_algorithms(True)
+        try:
+            assert lab_hf.unsupported(wide, wide_kv, wide_kv, None).startswith(
+                "head dim 256 with gradients in deterministic mode")
+        finally:
+            torch.use_deterministic_algorithms(False)
         with torch.no_grad():
             assert lab_hf.unsupported(cuda(1, 8, 5, 264), cuda(1, 2, 9, 264), cuda(1, 2, 9, 264), None) == \
                 "head dim 264 (the lab runs up to 256)"

@@ -31,15 +31,16 @@ def test_defaults_per_gpu_follow_the_hopper_preference():
     assert registry.default_attention_version(64, 8192, True, (9, 0)) == "v07"
     assert registry.default_attention_version(32, 100, False, (9, 0)) == "v01"  # only v01 has D=32
     assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07", "v10"}, "decode": {"v01", "v02", "v03", "v04"},
-                                                 "bwd": {"v07", "v01"}}  # v01: the deterministic mode
+                                                 "bwd": {"v07", "v01", "v09"}}  # v01: the deterministic mode
     assert registry.default_versions((8, 0))["fwd"] == {"v01", "v04"}
-    assert registry.default_versions((8, 0))["bwd"] == {"v01"}
+    assert registry.default_versions((8, 0))["bwd"] == {"v01", "v09"}  # v09: head dims 192, 256
 
 
 def test_driver_rows_name_existing_files_and_the_kernel_symbol():
     rows = registry.drivers()
-    wide = {f"fwd_{v}" for v, k in registry.FWD.items() if not set(k.head_dims) & set(registry.FAST_HEAD_DIMS)}
-    assert wide == {"fwd_v10"}  # its own sanitizer calls (tools/gpu/wide_sanitize.py): the drivers' cases are D 64/128
+    wide = {f"{family}_{v}" for family, table in (("fwd", registry.FWD), ("bwd", registry.BWD))
+            for v, k in table.items() if not set(k.head_dims) & set(registry.FAST_HEAD_DIMS)}
+    assert wide == {"fwd_v10", "bwd_v09"}  # own sanitizer calls (tools/gpu/wide_sanitize.py): the drivers' D is 64/128
     assert {r[0] for r in rows} == ({f"fwd_{v}" for v in registry.FWD} | {f"decode_{v}" for v in registry.DECODE} |
                                     {f"bwd_{v}" for v in registry.BWD}) - wide
     for name, main, source, define in rows:

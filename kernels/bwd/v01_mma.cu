@@ -49,6 +49,7 @@
 #include <stdint.h>
 
 #include "common/launch.h"
+#include "common/bwd_mma.cuh"
 #include "common/bwd_prepass.cuh"
 #include "common/mma.cuh"
 #include "common/params.h"
@@ -83,83 +84,13 @@ struct Cfg {
   static constexpr int LD = D + 8;  // smem row pitch in elements: +16 B keeps ldmatrix rows conflict-free
 };
 
-// ---------------------------------------------------------------- ldmatrix addressing
-// Four operand patterns, i = lane / 8 (which 8x8 matrix this lane addresses), r = lane % 8.
-// Tiles are row-major in shared memory with a padded pitch `ld` (elements).
-__device__ __forceinline__ uint32_t tile_addr(const void* tile, int ld, int row, int col) {
-  return smem_u32(tile) + (uint32_t)(row * ld + col) * 2u;
-}
-// A (16 x 16) from a tile stored [m][k]: regs a0..a3.
-__device__ __forceinline__ uint32_t addr_a(const void* t, int ld, int m0, int k0, int lane) {
-  return tile_addr(t, ld, m0 + ((lane >> 3) & 1) * 8 + (lane & 7), k0 + (lane >> 4) * 8);
-}
-// A (16 x 16) from a tile stored [k][m], with ldmatrix .trans.
-__device__ __forceinline__ uint32_t addr_a_trans(const void* t, int ld, int m0, int k0, int lane) {
-  return tile_addr(t, ld, k0 + (lane >> 4) * 8 + (lane & 7), m0 + ((lane >> 3) & 1) * 8);
-}
-// B for two n8 tiles (n0, n0 + 8) x k16 from a tile stored [n][k]: regs (b0, b1) of each tile.
-__device__ __forceinline__ uint32_t addr_b_nk(const void* t, int ld, int n0, int k0, int lane) {
-  return tile_addr(t, ld, n0 + (lane >> 4) * 8 + (lane & 7), k0 + ((lane >> 3) & 1) * 8);
-}
-// B for two n8 tiles from a tile stored [k][n], with ldmatrix .trans.
-__device__ __forceinline__ uint32_t addr_b_kn_trans(const void* t, int ld, int n0, int k0, int lane) {
-  return tile_addr(t, ld, k0 + ((lane >> 3) & 1) * 8 + (lane & 7), n0 + (lane >> 4) * 8);
-}
-
-// One pair of n8 tiles (n, n + 1) of two products at once: c1 += a1 B1 and c2 += a2 B2, B1 and B2 loaded
-// with ldmatrix.x4 (kTrans: .trans) from the smem addresses b1 and b2.
-template <class T, bool kTrans, int kN1, int kN2>
-__device__ __forceinline__ void mma_pair_x2(float (&c1)[kN1][4], float (&c2)[kN2][4], int n, const uint32_t (&a1)[4],
-                                            const uint32_t (&a2)[4], uint32_t b1, uint32_t b2) {
-  uint32_t f1[4], f2[4];
-  if constexpr (kTrans) {
-    ldmatrix_x4_trans(f1, b1);
-    ldmatrix_x4_trans(f2, b2);
-  } else {
-    ldmatrix_x4(f1, b1);
-    ldmatrix_x4(f2, b2);
-  }
-  mma_16816_x2<T>(c1, n, a1, f1);
-  mma_16816_x2<T>(c2, n, a2, f2);
-}
-
-// Both products a step recomputes, for one warp's 16 rows m0.. of its A tiles: s = A_s B_s^T and
-// dp = A_dp B_dp^T (kN n8 tiles: rows of the B tiles), over D; every tile row-major with pitch ld. The K/V
-// CTA: S^T = K_w Q^T and dP^T = V_w dO^T; the dQ CTA: S = Q_w K^T and dP = dO_w V^T.
-template <class T, int D, int kN>
-__device__ __forceinline__ void s_dp_tile(float (&s)[kN][4], float (&dp)[kN][4], const void* a_s, const void* a_dp,
-                                          int m0, const void* b_s, const void* b_dp, int ld, int lane) {
-#pragma unroll
-  for (int j = 0; j < kN; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t as[4], ad[4];
-    ldmatrix_x4(as, addr_a(a_s, ld, m0, kk * 16, lane));
-    ldmatrix_x4(ad, addr_a(a_dp, ld, m0, kk * 16, lane));
-#pragma unroll
-    for (int jn = 0; jn < kN / 2; ++jn)
-      mma_pair_x2<T, false>(s, dp, 2 * jn, as, ad, addr_b_nk(b_s, ld, jn * 16, kk * 16, lane),
-                            addr_b_nk(b_dp, ld, jn * 16, kk * 16, lane));
-  }
-}
+// The operand addressing, the two-product k-step, S / dP of a warp, the tile load and store2: common/bwd_mma.cuh.
+using namespace lab::bwd;
 
 // rows x D tile of a (B, H, S, D) tensor into smem (pitch LD), rows >= seqlen zero-filled.
 template <class T, int D, int ROWS>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t row_stride, int row0, int seqlen, int tid) {
-  constexpr int kChunks = D / 8;
-#pragma unroll
-  for (int c = tid; c < ROWS * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    const bool ok = row0 + r < seqlen;
-    cp_async_16(smem_u32(dst + r * Cfg<D>::LD + col), src + (ok ? (int64_t)(row0 + r) * row_stride : 0) + col, ok);
-  }
-}
-
-template <class T>
-__device__ __forceinline__ void store2(T* dst, float a, float b) {
-  *reinterpret_cast<uint32_t*>(dst) = pack2<T>(a, b);
+  bwd::load_tile<T, D, ROWS, Cfg<D>::LD, kThreads>(dst, src, row_stride, row0, seqlen, tid);
 }
 
 using bwd::padded_rows;
@@ -168,34 +99,7 @@ using bwd::padded_rows;
 using bwd::bwd_pre;
 
 // ---------------------------------------------------------------- 2. dK, dV (and dQ by atomics)
-// One m16n8 accumulator tile (rows r0, r0 + 8; columns col0 .. col0 + 7) added into the fp32 dQ rows.
-// LAB_BWD_RED 4 on sm_90: lanes t and t^1 swap halves so each holds 4 consecutive columns of one row, then
-// one 16-byte red.global.add.v4.f32 per lane: a quarter of the scalar atomics. Else scalar atomicAdd.
-__device__ __forceinline__ void add_dq(float* dqa, int r0, int col0, int t, int seqlen_q, int D, const float (&c)[4]) {
-#if LAB_BWD_RED == 4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const bool odd = t & 1;
-  const float x0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
-  const float x1 = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
-  const int row = odd ? r0 + 8 : r0;
-  const int col = col0 + 2 * (t & ~1);
-  const float v0 = odd ? x0 : c[0], v1 = odd ? x1 : c[1], v2 = odd ? c[2] : x0, v3 = odd ? c[3] : x1;
-  if (row < seqlen_q)
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dqa + (int64_t)row * D + col), "f"(v0),
-                 "f"(v1), "f"(v2), "f"(v3)
-                 : "memory");
-#else
-  const int col = col0 + 2 * t;
-  if (r0 < seqlen_q) {
-    atomicAdd(dqa + (int64_t)r0 * D + col, c[0]);
-    atomicAdd(dqa + (int64_t)r0 * D + col + 1, c[1]);
-  }
-  if (r0 + 8 < seqlen_q) {
-    atomicAdd(dqa + (int64_t)(r0 + 8) * D + col, c[2]);
-    atomicAdd(dqa + (int64_t)(r0 + 8) * D + col + 1, c[3]);
-  }
-#endif
-}
-
+// dQ partials go out through add_dq<LAB_BWD_RED> (common/bwd_mma.cuh).
 template <class T, int D, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
   constexpr int BR = Cfg<D>::BR, LD = Cfg<D>::LD, LDS = BR + 8;
@@ -327,7 +231,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
       float* dqa = p.dq_accum + ((int64_t)b * p.heads_q + hq) * p.seqlen_q * D;
       const int r0 = q0 + wm * 16 + g;
 #pragma unroll
-      for (int n = 0; n < DC / 8; ++n) add_dq(dqa, r0, wd * DC + n * 8, t, p.seqlen_q, D, acc[n]);
+      for (int n = 0; n < DC / 8; ++n) add_dq<LAB_BWD_RED>(dqa, r0, wd * DC + n * 8, t, p.seqlen_q, D, acc[n]);
     }
     __syncthreads();  // this buffer (and sdS) is refilled next iteration
     // [/lab:dkdv-tile]
@@ -352,22 +256,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
   }
 }
 
-// ---------------------------------------------------------------- 3a. dQ = scale * dq_accum (atomic mode)
-template <class T, int D>
-__global__ void __launch_bounds__(256) bwd_convert(const AttnBwdParams p) {
-  const int64_t pairs = (int64_t)p.batch * p.heads_q * p.seqlen_q * (D / 2);
-  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < pairs;
-       idx += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t row = idx / (D / 2);
-    const int col = (int)(idx % (D / 2)) * 2;
-    const int i = (int)(row % p.seqlen_q);
-    const int64_t bh = row / p.seqlen_q;
-    const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);
-    const float2 a = *reinterpret_cast<const float2*>(p.dq_accum + row * D + col);
-    store2<T>(static_cast<T*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[1] + i * p.dq_stride[2] + col,
-              a.x * p.scale, a.y * p.scale);
-  }
-}
+// ---------------------------------------------------------------- 3a. dQ = scale * dq_accum: bwd_convert (common/bwd_mma.cuh)
 
 // ---------------------------------------------------------------- 3b. dQ by its own pass (deterministic)
 // One CTA per (64 queries, query head, batch), 4 warps x 16 query rows, K/V blocks double-buffered.
@@ -467,18 +356,10 @@ __global__ void __launch_bounds__(kThreads) bwd_dq(const AttnBwdParams p) {
 
 // ---------------------------------------------------------------- host
 
-template <auto Kernel>
-cudaError_t launch_kernel(dim3 grid, int threads, int smem, cudaStream_t st, const AttnBwdParams& p) {
-  // the shared-memory opt-in once per device, not on every launch (common/launch.h)
-  if (const cudaError_t err = lab::allow_smem_once<Kernel>(smem, lab::current_device())) return err;
-  Kernel<<<grid, threads, smem, st>>>(p);
-  return cudaGetLastError();
-}
-
 template <class T, int D>
 int launch(const AttnBwdParams& p, cudaStream_t st) {
   constexpr int BR = Cfg<D>::BR, LD = Cfg<D>::LD;
-  const int64_t pre_threads = (int64_t)p.batch * p.heads_q * padded_rows(p.seqlen_q) * (D / 8);
+  const int64_t pre_threads = bwd::bwd_pre_threads(p, D);
   cudaError_t err = cudaSuccess;
   if (pre_threads > 0) {  // S_q == 0: no rows, dK = dV = 0 below
     err = launch_kernel<bwd_pre<T, D>>(dim3((unsigned)((pre_threads + 127) / 128)), 128, 0, st, p);
@@ -497,9 +378,7 @@ int launch(const AttnBwdParams& p, cudaStream_t st) {
   if (err != cudaSuccess) return err;
   err = launch_kernel<bwd_dkdv<T, D, true>>(grid_kv, kThreads, smem_kv + kBc * (BR + 8) * (int)sizeof(T), st, p);
   if (err != cudaSuccess || p.seqlen_q == 0) return err;
-  const int64_t pairs = (int64_t)p.batch * p.heads_q * p.seqlen_q * (D / 2);
-  const int64_t blocks = (pairs + 255) / 256;
-  return launch_kernel<bwd_convert<T, D>>(dim3((unsigned)(blocks < 65536 ? blocks : 65536)), 256, 0, st, p);
+  return launch_kernel<bwd_convert<T, D>>(dim3(convert_blocks(p, D)), 256, 0, st, p);
 }
 
 }  // namespace

@@ -17,10 +17,17 @@ __host__ __device__ __forceinline__ int padded_rows(int sq) {
   return (sq + LAB_BWD_ROW_PAD - 1) / LAB_BWD_ROW_PAD * LAB_BWD_ROW_PAD;
 }
 
-// D/8 threads per row, one 16-byte chunk of O and dO each, reduced with shuffles.
+// Threads per row: D/8 (one 16-byte chunk of O and dO each) rounded up to a power of two, since the shuffle
+// tree halves the lane count (D = 192: 24 chunks on 32 lanes, the last 8 add 0).
+__host__ __device__ constexpr int pre_lanes(int D) {
+  return D / 8 <= 8 ? 8 : D / 8 <= 16 ? 16 : 32;
+}
+
+// pre_lanes(D) threads per row, one 16-byte chunk of O and dO each, reduced with shuffles.
 template <class T, int D>
 __global__ void __launch_bounds__(128) bwd_pre(const AttnBwdParams p) {
-  constexpr int kLanes = D / 8;
+  constexpr int kLanes = pre_lanes(D);
+  static_assert(D % 8 == 0 && D / 8 <= 32, "one 16-byte chunk per lane, at most a warp per row");
   const int sq_pad = padded_rows(p.seqlen_q);
   const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t row = idx / kLanes;  // over B * Hq * sq_pad
@@ -30,7 +37,7 @@ __global__ void __launch_bounds__(128) bwd_pre(const AttnBwdParams p) {
   const int i = (int)(row % sq_pad);
   const bool live = row < rows && i < p.seqlen_q;
   float dot = 0.f;
-  if (live) {
+  if (live && chunk < D / 8) {
     const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);
     const T* o = static_cast<const T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2] + chunk * 8;
     const T* d = static_cast<const T*>(p.dout) + b * p.do_stride[0] + h * p.do_stride[1] + i * p.do_stride[2] +
@@ -60,7 +67,7 @@ __global__ void __launch_bounds__(128) bwd_pre(const AttnBwdParams p) {
 
 // Threads of the pre-pass for a call (0: no query rows).
 inline int64_t bwd_pre_threads(const AttnBwdParams& p, int D) {
-  return (int64_t)p.batch * p.heads_q * padded_rows(p.seqlen_q) * (D / 8);
+  return (int64_t)p.batch * p.heads_q * padded_rows(p.seqlen_q) * pre_lanes(D);
 }
 
 }  // namespace lab::bwd

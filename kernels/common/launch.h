@@ -40,6 +40,18 @@ inline int num_sms(int dev) {
   return sms[dev];
 }
 
+// The most dynamic shared memory a block of `dev` may opt in to, in bytes, read once (0 when unknown).
+inline int smem_optin(int dev) {
+  static int bytes[kMaxDevices] = {};
+  if (dev < 0 || dev >= kMaxDevices) return 0;
+  if (bytes[dev] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return 0;
+    bytes[dev] = n;
+  }
+  return bytes[dev];
+}
+
 // Compute capability of `dev` as 10 * major + minor (90 on Hopper), read once (0 when unknown).
 inline int capability(int dev) {
   static int cc[kMaxDevices] = {};
@@ -94,8 +106,13 @@ inline int check_fwd_call(const AttnFwdParams* p) {
 // LAB_E_* code, 1 when there is nothing to write (an empty batch or no key: dQ, dK, dV were zeroed by the
 // caller), 0 to go on. D in {64, 128}, fp16/bf16, H_q % H_kv == 0, the pre-pass workspaces (and dq_accum unless
 // deterministic), 16-byte aligned bases and strides of 8 elements for every tensor.
+// check_bwd_call: all of it but the head dim, for a launcher of other head dims (bwd v09: 192 and 256).
+inline int check_bwd_call(const AttnBwdParams* p);
 inline int check_bwd_params(const AttnBwdParams* p) {
   if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  return check_bwd_call(p);
+}
+inline int check_bwd_call(const AttnBwdParams* p) {
   if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
   if (p->batch < 0 || p->seqlen_q < 0 || p->seqlen_k < 0 || p->heads_q <= 0 || p->heads_kv <= 0 ||
       p->heads_q % p->heads_kv != 0)

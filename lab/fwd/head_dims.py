@@ -1,6 +1,7 @@
 """Head dims without a kernel of their own, and value head dims other than the query's, on the kernels that
-exist: zero columns appended to query, key and value. Kernels: 64 and 128 (forward and backward), 192 and 256
-(forward only, compute capability 9.0): every D_qk, D_v from 1 to 256 runs on the next of these.
+exist: zero columns appended to query, key and value. Kernels: 64 and 128 (forward and backward on every GPU),
+192 and 256 (forward fwd v10 on compute capability 9.0, backward bwd v09): every D_qk, D_v from 1 to 256 runs on
+the next of these, gradients included.
 
 Why it is exact: appended zero columns add 0 to every score q·k, and the output's extra columns (P times zero
 values) are cut off; the softmax scale is the caller's (1/sqrt of the true D_qk), never the padded width's.
@@ -27,23 +28,26 @@ def kernel_head_dim(d_qk: int, d_v: int) -> int | None:
             return d
     raise ValueError(f"head dims query/key {d_qk}, value {d_v}: lab.ops.attention runs D_qk and D_v up to "
                      f"{FWD_HEAD_DIMS[-1]} (kernels at {list(FWD_HEAD_DIMS)}, smaller dims padded to the next; "
-                     f"{list(WIDE_HEAD_DIMS)} forward only, on compute capability 9.0); "
+                     f"{list(WIDE_HEAD_DIMS)} on compute capability 9.0 only); "
                      f"use F.scaled_dot_product_attention for wider heads")
 
 
-def forward_only(d_qk: int, d_v: int) -> bool:
-    """True when the call runs on a forward-only kernel head dim (no backward kernel: gradients raise)."""
+def no_deterministic_backward(d_qk: int, d_v: int) -> bool:
+    """True when the call's kernel head dim has no deterministic backward (192, 256: bwd v09's dQ atomics)."""
     return (kernel_head_dim(d_qk, d_v) or d_qk) not in FAST_HEAD_DIMS
 
 
 def refuse_gradients(query, key, value) -> None:
-    """NotImplementedError when a gradient is wanted through a forward-only head dim (checked before the
-    forward runs, so the error names the cause rather than a missing kernel at backward time)."""
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value)):
+    """NotImplementedError when a gradient is wanted through a head dim above 128 under
+    torch.use_deterministic_algorithms(True) (checked before the forward runs, so the error names the cause
+    rather than a kernel refusing the mode at backward time)."""
+    if not torch.are_deterministic_algorithms_enabled() or not torch.is_grad_enabled():
+        return
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value)):
         raise NotImplementedError(
-            f"head dims query/key {query.shape[-1]}, value {value.shape[-1]}: lab.ops.attention has no backward "
-            f"kernel above D = {FAST_HEAD_DIMS[-1]} (the forward runs on D = {list(WIDE_HEAD_DIMS)}); call it "
-            f"under torch.no_grad() / on detached tensors, or use F.scaled_dot_product_attention for training")
+            f"head dims query/key {query.shape[-1]}, value {value.shape[-1]}: lab.ops.attention has no deterministic "
+            f"backward above D = {FAST_HEAD_DIMS[-1]} (bwd v09 adds dQ by atomics, in no fixed order); turn "
+            f"torch.use_deterministic_algorithms off for this call, or use F.scaled_dot_product_attention")
 
 
 def needs_padding(query, value) -> bool:

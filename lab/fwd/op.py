@@ -61,8 +61,8 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     version: None picks the fastest kernel for the head dim; or 1/"v01", 2/"v02".
     Head dims: D_qk and D_v (value's, which may differ from query's, as in SDPA) up to 256; with version=None
     a D without a kernel of its own runs on the next one's (64, 128, 192, 256), zero-padded (lab.fwd.head_dims
-    says why that is exact). Above 128: forward only (a gradient raises NotImplementedError), on compute
-    capability 9.0.
+    says why that is exact). Above 128: the forward on compute capability 9.0, the backward by bwd v09 (no
+    deterministic mode: under torch.use_deterministic_algorithms a gradient raises NotImplementedError).
     return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).
     window_size=(left, right) (-1: unbounded; combines with causal), softcap (0: off), sinks ((H_q,) float32
     logits that join the softmax and attend to nothing): FlashAttention's names, run by lab.masks.op (the rule
@@ -81,7 +81,7 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
             return answer
     if isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor) and query.dim() == 4 and \
             value.dim() == 4 and max(query.shape[-1], value.shape[-1]) > FAST_HEAD_DIMS[-1]:
-        head_dims.refuse_gradients(query, key, value)  # forward-only head dims: say so before any padding
+        head_dims.refuse_gradients(query, key, value)  # deterministic mode above 128: say so before any padding
     if version is None and head_dims.needs_padding(query, value):
         def attend(q, k, v, padded_scale):
             return attention(q, k, v, is_causal, padded_scale, enable_gqa, None, True, causal_variant)

@@ -8,10 +8,11 @@ register() adds `attention_forward` to transformers' AttentionInterface and SDPA
 name to its AttentionMaskInterface, so the model hands over the mask SDPA would get: None for a causal batch
 without padding, which the lab runs as its causal mask (bottom-right when the cached keys outnumber the new
 queries, as in decoding with a KV cache). A call the lab cannot run (an explicit mask, dropout, a logit softcap,
-a sliding window shorter than the keys, a head dim over 256, a head dim over 128 when a gradient is wanted (no
-backward kernel there) or off compute capability 9.0 (the wide forward is Hopper-only), CPU tensors, float32)
-runs PyTorch's SDPA instead, with a warning naming the reason once per reason: never silently. So Gemma-2's
-D = 256 prefill runs the lab's kernel under torch.no_grad() on an H100 / H200 (softcap and window off).
+a sliding window shorter than the keys, a head dim over 256, a head dim over 128 when a gradient is wanted under
+torch.use_deterministic_algorithms (no deterministic backward there) or off compute capability 9.0 (the wide forward
+is Hopper-only), CPU tensors, float32) runs PyTorch's SDPA instead, with a warning naming the reason once per
+reason: never silently. So Gemma-2's D = 256 runs the lab's kernels, forward and backward, on an H100 / H200
+(softcap and window off).
 
 transformers is imported only inside register(): the adapter itself needs torch alone.
 """
@@ -51,8 +52,10 @@ def unsupported(query, key, value, attention_mask, dropout: float = 0.0, softcap
     except ValueError:
         return f"head dim {wide} (the lab runs up to {FWD_HEAD_DIMS[-1]})"
     if wide > FAST_HEAD_DIMS[-1]:
-        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-            return f"head dim {wide} with gradients (the lab's backward runs up to {FAST_HEAD_DIMS[-1]})"
+        if torch.are_deterministic_algorithms_enabled() and torch.is_grad_enabled() and \
+                (query.requires_grad or key.requires_grad or value.requires_grad):
+            return (f"head dim {wide} with gradients in deterministic mode (the lab's deterministic backward runs up "
+                    f"to {FAST_HEAD_DIMS[-1]})")
         capability = _capability(query.device)
         if capability not in HOPPER_CAPABILITIES:
             return (f"head dim {wide} on compute capability {capability[0]}.{capability[1]} (the lab's kernels above "

@@ -2,8 +2,8 @@
 gradients (zero-padded to the next kernel head dim) checked through lab.check against float64, value head dims
 other than the query's checked the same way by hand, then forward and backward timed against SDPA's backends
 over lab.cases.head_dim_cases. Usage: python3 tools/gpu/head_dims.py [--quick] [--checks-only] [--wide].
---wide: the head dims above 128 instead (fwd v10 at 192 / 256, 160 and 200 padded; forward only, gradients must
-raise NotImplementedError), raced over lab.cases.wide_head_dim_cases. Records go to $LAB_OUTPUTS.
+--wide: the head dims above 128 instead (fwd v10 and bwd v09 at 192 / 256, 160 and 200 padded; deterministic
+gradients must raise NotImplementedError), raced over lab.cases.wide_head_dim_cases. Records go to $LAB_OUTPUTS.
 """
 import sys
 
@@ -83,7 +83,7 @@ def wide_alt() -> dict:
 
 def wide_checks(quick: bool) -> int:
     """D = 160, 192, 200, 256 forward (no gradients) through lab.check at uneven lengths, GQA, causal and not,
-    fp16 / bf16, scales default and negative; D_v != D_qk; LSE; a wrong scale must fail; gradients must raise."""
+    fp16 / bf16, scales default and negative; D_v != D_qk; LSE; a wrong scale must fail; then wide_grad_checks."""
     def forward(q, k, v, is_causal, scale, out):
         out.copy_(ops.attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]))
 
@@ -112,16 +112,58 @@ def wide_checks(quick: bool) -> int:
         for D in (192, 256):
             ok = lse_check(D)
             fails, total = fails + (not ok), total + 1
+    fails_g, total_g = wide_grad_checks(quick)
+    fails, total = fails + fails_g, total + total_g
+    print(f"wide head-dim checks: {total - fails}/{total} pass")
+    return fails
+
+
+def wide_grad_checks(quick: bool) -> tuple[int, int]:
+    """Gradients above 128 (bwd v09; 160 and 200 padded) through lab.check against float64, SDPA's error as the
+    yardstick: the public op's autograd over WIDE_SHAPES, bwd v09 itself at 192 / 256, strided (B, S, H, D) views,
+    a negative scale, D_v != D_qk; the build that forgets the D term must fail; deterministic mode must refuse."""
+    fails = total = 0
+
+    def tally(ok: bool, *label):
+        nonlocal fails, total
+        fails, total = fails + (not ok), total + 1
+        print("PASS" if ok else "FAIL", *label)
+
+    for D in (160, 192, 200, 256):
+        for i, (shape, dtype, causal) in enumerate(WIDE_SHAPES[: 3 if quick else None]):
+            case = Case(f"hdw-grad-{D}-{i}", *shape, D, dtype, causal)
+            runs = {"lab.ops.attention": harness.autograd_runner()}
+            if D in (192, 256):
+                runs["bwd v09"] = harness.bwd_runner("v09")
+            for impl, run in runs.items():
+                res = check.check_backward(run, case, impl, trials=1)
+                tally(check.backward_passed(res), impl, "grads", case.label,
+                      "" if check.backward_passed(res) else [repr(r) for r in res.values()])
+    for D in (192, 256):
+        case = Case(f"hdw-grad-bshd-{D}", 2, 4, 2, 65, 130, D, "float16", True)
+        res = check.check_backward(harness.autograd_runner(), case, "lab.ops.attention", trials=1, layout="bshd")
+        tally(check.backward_passed(res), "grads (B, S, H, D) views", case.label)
+        case = Case(f"hdw-grad-scale-{D}", 2, 4, 2, 130, 65, D, "bfloat16", False)
+        res = check.check_backward(harness.autograd_runner(), case, "lab.ops.attention", trials=1, scale=-0.3)
+        tally(check.backward_passed(res), "grads scale -0.3", case.label)
+    for d_qk, d_v in ((192, 128), (256, 64), (128, 256), (200, 160), (96, 256)):
+        tally(value_head_dim_check(d_qk, d_v, grads=True), "grads D_qk", d_qk, "D_v", d_v)
+    wrong = check.check_backward(harness.bwd_runner("v09", defines={"LAB_BWD_BUG_NO_DELTA": None}),
+                                 Case("hdw-grad-no-delta", 1, 4, 4, 130, 130, 256, "float16", False),
+                                 "bwd v09 (D term forgotten)", trials=1, save=False)
+    print("forgotten-D-term build", "FAILS (as it must)" if not check.backward_passed(wrong) else "PASSES: blind")
+    fails, total = fails + check.backward_passed(wrong), total + 1
     q = torch.randn(1, 2, 8, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.use_deterministic_algorithms(True)
     try:
         ops.attention(q, q, q)
         ok = False
     except NotImplementedError as err:
-        ok = "no backward" in str(err)
-    print("PASS" if ok else "FAIL", "a gradient through D = 256 raises NotImplementedError")
-    fails, total = fails + (not ok), total + 1
-    print(f"wide head-dim checks: {total - fails}/{total} pass")
-    return fails
+        ok = "no deterministic backward" in str(err)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    tally(ok, "a gradient through D = 256 in deterministic mode raises NotImplementedError")
+    return fails, total
 
 
 def lse_check(D: int) -> bool:
@@ -137,6 +179,16 @@ def lse_check(D: int) -> bool:
     ok = bool(torch.isfinite(lse).all()) and err <= 1e-4 * float(ref.abs().max())
     print("PASS" if ok else "FAIL", f"LSE D {D}: max abs err {err:.3g} (|lse| up to {float(ref.abs().max()):.3g})")
     return ok
+
+
+def wide_bwd_race(quick: bool, modes=("bwd",)):
+    """The public op's backward (bwd v09; 200 padded) against SDPA's backends over wide_head_dim_cases."""
+    grid = cases.wide_head_dim_cases()
+    if quick:
+        grid = [c for c in grid if "s2048" in c.name or "gqa" in c.name]
+    rows = race.race(grid, modes=modes, flex=False, progress=False)
+    for kind in modes:
+        print(kind, tables.race([r for r in rows if r["kind"] == kind], backends=("flash", "cudnn", "efficient")))
 
 
 def wide_race(quick: bool):
@@ -164,6 +216,7 @@ def main(argv):
         fails = wide_checks(quick)
         if "--checks-only" not in argv:
             wide_race(quick)
+            wide_bwd_race(quick)
         return 1 if fails else 0
     fails = checks(quick)
     if "--checks-only" in argv:

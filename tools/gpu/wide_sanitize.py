@@ -1,7 +1,10 @@
-"""A few small calls at head dims above 128 for compute-sanitizer (memcheck, racecheck): fwd v10 at D = 192 and
-256 (and 200, padded), odd lengths (a partial last tile on both sides, one query row, more keys than queries and
-fewer), causal and not, GQA, fp16 / bf16, LSE, a negative scale (the unfolded kernel)."""
+"""A few small calls at head dims above 128 for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): fwd
+v10 at D = 192 and 256 (and 200, padded), odd lengths (a partial last tile on both sides, one query row, more keys
+than queries and fewer), causal and not, GQA, fp16 / bf16, LSE, a negative scale (the unfolded kernel); then the
+same calls' gradients (bwd v09, the pre-pass and the dQ convert), D_v != D_qk among them.
+Usage: compute-sanitizer --tool memcheck python3 tools/gpu/wide_sanitize.py [--fwd-only]"""
 import os
+import sys
 
 import torch
 
@@ -9,10 +12,11 @@ from lab import ops
 
 # WIDE_ALT (NAME=VALUE ...): also run a second build of fwd v10 (tools/gpu/head_dims.py's wide_alt) at D 192/256
 alt = dict(item.split("=", 1) for item in os.environ.get("WIDE_ALT", "").split())
+SHAPES = ((130, 200, True), (1, 65, False), (257, 63, False), (65, 130, True))
 
 with torch.no_grad():
     for D, dtype in ((192, torch.bfloat16), (256, torch.float16), (200, torch.bfloat16)):
-        for sq, sk, causal in ((130, 200, True), (1, 65, False), (257, 63, False)):
+        for sq, sk, causal in SHAPES[:3]:
             q = torch.randn(1, 4, sq, D, device="cuda", dtype=dtype)
             k = torch.randn(1, 2, sk, D, device="cuda", dtype=dtype)
             ops.attention(q, k, k, is_causal=causal, enable_gqa=True, return_lse=True)
@@ -20,4 +24,15 @@ with torch.no_grad():
                 ops.fwd_writer("v10", alt)(q, k, k, causal, None, torch.empty_like(q))
         ops.attention(q, k, k, enable_gqa=True, scale=-0.2)
 torch.cuda.synchronize()
-print("sanitize calls done")
+print("sanitize forward calls done")
+if "--fwd-only" not in sys.argv:
+    for (d_qk, d_v), dtype in (((192, 192), torch.bfloat16), ((256, 256), torch.float16), ((192, 128), torch.bfloat16),
+                               ((200, 200), torch.float16)):
+        for sq, sk, causal in SHAPES:
+            q = torch.randn(1, 4, sq, d_qk, device="cuda", dtype=dtype, requires_grad=True)
+            k = torch.randn(1, 2, sk, d_qk, device="cuda", dtype=dtype, requires_grad=True)
+            v = torch.randn(1, 2, sk, d_v, device="cuda", dtype=dtype, requires_grad=True)
+            out = ops.attention(q, k, v, is_causal=causal, enable_gqa=True, scale=-0.2 if sq == 65 else None)
+            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    torch.cuda.synchronize()
+    print("sanitize backward calls done")
