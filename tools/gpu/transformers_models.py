@@ -1,7 +1,7 @@
 """lab.integrations.transformers on the GPU: three decoder configs with random weights (Llama, D = 128; Phi-3-mini,
 D = 96; Gemma-2, D = 256, softcapping off) in bf16, each built with attn_implementation "eager", "sdpa" and "lab".
 Per model: prefill logits of "sdpa" and "lab" against "eager" (max abs and relative L2), 24 greedy tokens of each
-against eager's, the lab's fallback warnings, and any implementation transformers refuses for the model. One JSON line per model to stdout and $OUT/transformers.jsonl.
+against eager's, a training step's gradients of layer 0's attention weights against eager's (relative L2), the lab's fallback warnings, and any implementation transformers refuses for the model. One JSON line per model to stdout and $OUT/transformers.jsonl.
 Usage: python3 tools/gpu/transformers_models.py (transformers importable; carry its wheels).
 """
 import json
@@ -41,7 +41,7 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, SMALL["vocab_size"], (2, 333), device="cuda", generator=gen)
     for label, make in CONFIGS.items():
-        logits, tokens, caught, refused = {}, {}, [], {}
+        logits, tokens, grads, caught, refused = {}, {}, {}, [], {}
         for impl in ("eager", "sdpa", name):
             try:
                 model = build(make(), impl)
@@ -56,12 +56,23 @@ def main():
                                               pad_token_id=0)[:, 64:]
             if impl == name:
                 caught = sorted({str(x.message) for x in w if "lab attention" in str(x.message)})
+            with warnings.catch_warnings(record=True) as w:  # a training step: the gradients of layer 0's attention
+                warnings.simplefilter("always")
+                loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).logits.float().flatten(0, 1),
+                                                         ids[:, 1:].flatten())
+                loss.backward()
+            grads[impl] = torch.cat([p.grad.float().flatten() for n, p in model.named_parameters()
+                                     if "layers.0.self_attn" in n])
+            if impl == name:
+                caught += sorted({"backward: " + str(x.message) for x in w if "lab attention" in str(x.message)})
             del model
         ref = logits["eager"]
         err = {impl: {"max_abs": float((logits[impl] - ref).abs().max()),
                       "rel_l2": float((logits[impl] - ref).norm() / ref.norm()),
                       "greedy_tokens_equal_eager": int((tokens[impl] == tokens["eager"]).sum()),
-                      "greedy_tokens": int(tokens["eager"].numel())} for impl in ("sdpa", name) if impl in logits}
+                      "greedy_tokens": int(tokens["eager"].numel()),
+                      "layer0_attn_grad_rel_l2": float((grads[impl] - grads["eager"]).norm() / grads["eager"].norm())}
+               for impl in ("sdpa", name) if impl in logits}
         row = {"kind": "transformers-model", "model": label, "prefill": list(ids.shape), "errors_vs_eager": err,
                "lab_fallback_warnings": caught, "refused_by_transformers": refused, "env": env}
         print(json.dumps(row))

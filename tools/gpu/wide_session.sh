@@ -1,15 +1,18 @@
 #!/bin/bash
 # Head dims above 128 on the GPU in one call (fwd v10, bwd v09): the binding and the kernels built (and bwd v09's
-# forgotten-D-term build), the wide checks, forward and gradients (tools/gpu/head_dims.py --wide --checks-only),
-# the backward race against SDPA's backends over lab.cases.wide_head_dim_cases (FWD_RACE=1: the forward race too),
-# then compute-sanitizer memcheck, racecheck, synccheck and initcheck over tools/gpu/wide_sanitize.py, all into
-# $OUT (records.jsonl, logs). Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1]
-# bash tools/gpu/wide_session.sh [quick]
+# forgotten-D-term build); the backward race against SDPA's backends over lab.cases.wide_head_dim_cases alone on
+# the GPU (FWD_RACE=1: the forward race too); then, side by side since none of them is timed: the wide checks,
+# forward and gradients (tools/gpu/head_dims.py --wide --checks-only), compute-sanitizer memcheck, racecheck,
+# synccheck and initcheck over tools/gpu/wide_sanitize.py, and (TRANSFORMERS=1, its wheels carried in .whl-tf)
+# tools/gpu/transformers_models.py; all into $OUT (records.jsonl, logs).
+# Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1] [TRANSFORMERS=1]
+#   bash tools/gpu/wide_session.sh [quick]
 set -u
 OUT=${OUT:-/tmp/wide_session}; W=$OUT; mkdir -p "$W"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 LAB_SESSION_DIR=$W
 Q=$([ "${1:-}" = quick ] && echo --quick)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$W/gpu.txt"
+[ -n "${TRANSFORMERS:-}" ] && (pip install -q --no-index --find-links .whl-tf transformers > "$W/pip.log" 2>&1 &)
 python3 -c "from lab import build; build.binding()" > "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('fwd/v10_wide.cu')" >> "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('bwd/v09_wide.cu')" >> "$W/build.log" 2>&1 &
@@ -19,15 +22,22 @@ if [ -n "${WIDE_ALT:-}" ]; then  # a second build (NAME=VALUE ...) checked, sani
 os.environ['WIDE_ALT'].split()))" >> "$W/build.log" 2>&1 &
 fi
 wait
-timeout ${CHECK_TIMEOUT:-240} python3 tools/gpu/head_dims.py --wide --checks-only $Q > "$W/checks.log" 2>&1
-echo "checks rc=$?" >> "$W/checks.log"
 RACE="head_dims.wide_bwd_race('$Q' == '--quick', ('bwd', 'fwd+bwd'))"
 [ -n "${FWD_RACE:-}" ] && RACE="head_dims.wide_race('$Q' == '--quick'); $RACE"
-timeout ${RACE_TIMEOUT:-200} python3 -c "import sys; sys.path.insert(0, 'tools/gpu'); import head_dims, torch
+timeout ${RACE_TIMEOUT:-240} python3 -c "import sys; sys.path.insert(0, 'tools/gpu'); import head_dims, torch
 torch.backends.cuda.matmul.allow_tf32 = False; $RACE" > "$W/race.log" 2>&1
 echo "race rc=$?" >> "$W/race.log"
+(timeout ${CHECK_TIMEOUT:-240} python3 tools/gpu/head_dims.py --wide --checks-only $Q > "$W/checks.log" 2>&1
+ echo "checks rc=$?" >> "$W/checks.log") &
 for tool in memcheck racecheck synccheck initcheck; do
-  timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool $tool python3 tools/gpu/wide_sanitize.py > "$W/$tool.log" 2>&1
-  echo "$tool rc=$?" >> "$W/$tool.log"
+  (timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $tool python3 tools/gpu/wide_sanitize.py > "$W/$tool.log" 2>&1
+   echo "$tool rc=$?" >> "$W/$tool.log") &
 done
+if [ -n "${TRANSFORMERS:-}" ]; then
+  (timeout 240 python3 tools/gpu/transformers_models.py > "$W/transformers.log" 2>&1
+   echo "transformers rc=$?" >> "$W/transformers.log") &
+fi
+wait
 tail -3 "$W/checks.log"; grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|rc=" "$W"/*check.log; tail -40 "$W/race.log"
+[ -n "${TRANSFORMERS:-}" ] && tail -5 "$W/transformers.log"
+true
