@@ -8,8 +8,9 @@
 # Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1] [TRANSFORMERS=1]
 #   bash tools/gpu/wide_session.sh [quick]
 set -u
-OUT=${OUT:-/tmp/wide_session}; W=$OUT; mkdir -p "$W"
-export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 LAB_SESSION_DIR=$W
+# The records' session is the folder's name ($SESSION_NAME), their chapter n14_head_dims (which shows them).
+OUT=${OUT:-/tmp/wide_session}; W=$OUT/${SESSION_NAME:-wide}; mkdir -p "$W"
+export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 LAB_SESSION_DIR=$W LAB_CHAPTER=n14_head_dims
 Q=$([ "${1:-}" = quick ] && echo --quick)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$W/gpu.txt"
 [ -n "${TRANSFORMERS:-}" ] && (pip install -q --no-index --find-links .whl-tf transformers > "$W/pip.log" 2>&1 &)
