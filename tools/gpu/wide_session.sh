@@ -25,7 +25,7 @@ fi
 wait
 RACE="head_dims.wide_bwd_race('$Q' == '--quick', ('bwd', 'fwd+bwd'))"
 [ -n "${FWD_RACE:-}" ] && RACE="head_dims.wide_race('$Q' == '--quick'); $RACE"
-timeout ${RACE_TIMEOUT:-240} python3 -c "import sys; sys.path.insert(0, 'tools/gpu'); import head_dims, torch
+timeout ${RACE_TIMEOUT:-240} python3 -c "from lab.fwd import head_dims_gpu as head_dims; import torch
 torch.backends.cuda.matmul.allow_tf32 = False; $RACE" > "$W/race.log" 2>&1
 echo "race rc=$?" >> "$W/race.log"
 (timeout ${CHECK_TIMEOUT:-240} python3 tools/gpu/head_dims.py --wide --checks-only $Q > "$W/checks.log" 2>&1
