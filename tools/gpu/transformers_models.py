@@ -12,6 +12,7 @@ import warnings
 import torch
 import transformers
 
+from lab import record
 from lab.integrations import transformers as lab_hf
 
 SMALL = dict(vocab_size=4096, num_hidden_layers=2, max_position_embeddings=2048, pad_token_id=0, bos_token_id=1,
@@ -76,6 +77,7 @@ def main():
         row = {"kind": "transformers-model", "model": label, "prefill": list(ids.shape), "errors_vs_eager": err,
                "lab_fallback_warnings": caught, "refused_by_transformers": refused, "env": env}
         print(json.dumps(row))
+        record.append({k: v for k, v in row.items() if k != "env"})  # the session's records (chapter n14 shows them)
         if os.environ.get("OUT"):
             with open(os.path.join(os.environ["OUT"], "transformers.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")
