@@ -13,7 +13,8 @@ OUT=${OUT:-/tmp/wide_session}; W=$OUT/${SESSION_NAME:-wide}; mkdir -p "$W"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 LAB_SESSION_DIR=$W LAB_CHAPTER=n14_head_dims
 Q=$([ "${1:-}" = quick ] && echo --quick)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$W/gpu.txt"
-[ -n "${TRANSFORMERS:-}" ] && (pip install -q --no-index --find-links .whl-tf transformers > "$W/pip.log" 2>&1 &)
+[ -n "${TRANSFORMERS:-}" ] && (python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tfsite .whl-tf/*.whl \
+  > "$W/pip.log" 2>&1 &)
 python3 -c "from lab import build; build.binding()" > "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('fwd/v10_wide.cu')" >> "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('bwd/v09_wide.cu')" >> "$W/build.log" 2>&1 &
@@ -35,7 +36,7 @@ for tool in memcheck racecheck synccheck initcheck; do
    echo "$tool rc=$?" >> "$W/$tool.log") &
 done
 if [ -n "${TRANSFORMERS:-}" ]; then
-  (timeout 240 python3 tools/gpu/transformers_models.py > "$W/transformers.log" 2>&1
+  (PYTHONPATH=/tmp/tfsite:$PWD timeout 240 python3 tools/gpu/transformers_models.py > "$W/transformers.log" 2>&1
    echo "transformers rc=$?" >> "$W/transformers.log") &
 fi
 wait
