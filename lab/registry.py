@@ -21,10 +21,13 @@ FWD = {
     "v07": Kernel("fwd/v07_overlap.cu", "attn_fwd_v07", (64, 128), ((9, 0),)),
     "v10": Kernel("fwd/v10_wide.cu", "attn_fwd_v10", (192, 256), ((9, 0),)),
 }
+# Decode head dims: v02 / v03 tile D in steps of 16 (kernels/common/decode_head_dim.cuh), v01's scalar tiles and v04's
+# 8-head tiles take 64 and 128 (lab.ops.decode falls back to v02 / v03 for the others).
+DECODE_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 DECODE = {
     "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
-    "v02": Kernel("decode/v02_mma.cu", "decode_splitk_v02", (64, 128)),
-    "v03": Kernel("decode/v03_paged.cu", "decode_paged_v03", (64, 128)),
+    "v02": Kernel("decode/v02_mma.cu", "decode_splitk_v02", DECODE_HEAD_DIMS),
+    "v03": Kernel("decode/v03_paged.cu", "decode_paged_v03", DECODE_HEAD_DIMS),
     "v04": Kernel("decode/v04_pagerow.cu", "decode_pagerow_v04", (64, 128)),
 }
 BWD = {
@@ -37,6 +40,7 @@ BWD = {
     "v07": Kernel("bwd/v07_dqcols.cu", "attn_bwd_v07", (64, 128), ((9, 0),)),
     "v09": Kernel("bwd/v09_wide.cu", "attn_bwd_v09", (192, 256)),
     "v10": Kernel("bwd/v10_regkv.cu", "attn_bwd_v10", (64, 128), ((9, 0),)),
+    "v11": Kernel("bwd/v11_persist.cu", "attn_bwd_v11", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;
@@ -110,10 +114,11 @@ HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 2048}
 HOPPER_CAPABILITIES = ((9, 0),)
 
 
-def default_decode_version(heads_q: int, heads_kv: int, q_len: int) -> str:
+def default_decode_version(heads_q: int, heads_kv: int, q_len: int, head_dim: int = 128) -> str:
     """v02 (tensor cores) when a KV head serves several query rows (GQA or q_len > 1), v01 (scalar, two
-    blocks per SM) for one row per KV head, where it measured up to 10% faster."""
-    return "v02" if heads_q // heads_kv * q_len >= 2 else "v01"
+    blocks per SM) for one row per KV head, where it measured up to 10% faster; v02 at the head dims v01 lacks."""
+    rows = heads_q // heads_kv * q_len
+    return "v02" if rows >= 2 or head_dim not in DECODE["v01"].head_dims else "v01"
 
 
 def paged_versions(heads_kv: int, batch: int | None = None, sms: int | None = None) -> tuple:
@@ -141,7 +146,7 @@ def default_for_row(row: dict) -> str | None:
             return default_paged_version(int(case["Hkv"]), int(case.get("B", 0)) or None,
                                          int(row.get("env", {}).get("sms") or 0) or None)
         if "q_len" in case:
-            return default_decode_version(int(case["Hq"]), int(case["Hkv"]), int(case["q_len"]))
+            return default_decode_version(int(case["Hq"]), int(case["Hkv"]), int(case["q_len"]), int(case.get("D", 128)))
         if "Sq" in case:
             capability = tuple(int(x) for x in str(row.get("env", {}).get("capability", "")).split("."))
             return default_attention_version(int(case["D"]), int(case["Sq"]), bool(case.get("causal")), capability)

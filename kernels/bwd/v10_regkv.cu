@@ -1,6 +1,6 @@
-// Backward attention v10: v07 with the per-step shared-memory reads cut and the softmax moved under a GEMM.
-// D = 64 holds K_w and V_w in registers as wgmma A fragments, so S^T and dP^T become RS GEMMs; every head dim
-// computes P^T while the dP^T GEMM still runs.
+// Backward attention v10: v07 with D = 64's per-step shared-memory reads cut: K_w and V_w held in registers as
+// wgmma A fragments, so S^T and dP^T become RS GEMMs. A second change, P^T computed while the dP^T GEMM still
+// runs, measured slower and is off (LAB_V10_P_UNDER_DP).
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
 // Measured: kernels/bwd/README.md (the version table).
 //
@@ -21,6 +21,13 @@
 //
 // Prediction (H100, GPU time): D = 64 +3-7 % (if shared memory is the bound, up to +11 %; the dQ reductions and
 // the barrier waits are unchanged); D = 128 +0-2 % from P under dP^T alone.
+// Outcome (H100, GPU time, in rounds with v07, 13 bench-bwd cells; kernels/bwd/README.md):
+// - K_w, V_w in registers alone: D = 64 +0.5 to +3 % (0.937-1.02x SDPA-cuDNN where v07 is 0.929-1.01x), the
+//   most at S >= 4096; short of the prediction, so shared memory is not the only bound left at D = 64.
+// - P^T under dP^T: 5-12 % *slower* at D = 128 (0.89-0.95x where v07 is 0.93-1.03x) and ~1 % at D = 64. The
+//   stagger already runs one warpgroup's softmax under the other's GEMMs; splitting the wait gives the
+//   warpgroup a second wgmma wait per step and moves its MUFU work into the window where the other warpgroup's
+//   S^T / dP^T would issue. Kept as a switch (LAB_V10_P_UNDER_DP=1), off by default.
 //
 // Limits: v07's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
 // mode).
@@ -33,7 +40,7 @@
 #define LAB_V10_KV_REGS 1
 #endif
 #ifndef LAB_V10_P_UNDER_DP
-#define LAB_V10_P_UNDER_DP 1
+#define LAB_V10_P_UNDER_DP 0
 #endif
 
 namespace {
@@ -41,9 +48,7 @@ using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
 template <int D>
-struct Cfg10 : Cfg<D, 2, true> {
-  static constexpr bool kKvInRegs = LAB_V10_KV_REGS && D == 64, kPUnderDp = LAB_V10_P_UNDER_DP;
-};
+using Cfg10 = Cfg<D, 2, true, LAB_V10_KV_REGS && D == 64, LAB_V10_P_UNDER_DP>;
 
 template <int D, class T>
 struct Launch {

@@ -30,7 +30,8 @@ namespace lab::sm90::bwd {
 //     slower at D = 128 and 38 % slower on long causal problems.
 //   kDqByColumns: D = 64 splits dQ by columns as D = 128 does (each warpgroup 32 columns over all 128 keys, an
 //     m64n32 GEMM) instead of by keys (64 columns over its own keys): half the dQ reductions per step (bwd/v07).
-template <int D_, int kDsBufs_ = 1, bool kDqByColumns = false>
+//   kKvInRegs: D = 64 only (D = 128 would need 64 more registers beside dK and dV's 128): bwd/v10.
+template <int D_, int kDsBufs_ = 1, bool kDqByColumns = false, bool kKvInRegs_ = false, bool kPUnderDp_ = false>
 struct Cfg {
   static constexpr int D = D_;
   static constexpr int BR = 64;
@@ -39,8 +40,8 @@ struct Cfg {
   static constexpr int kDsBufs = kDsBufs_;
   static constexpr bool kSplitDq = D == 128 || kDqByColumns;  // dQ split by columns (both halves of dS) or by keys
   // bwd/v10: K_w and V_w held as wgmma A fragments in registers (S^T and dP^T as RS GEMMs), and P^T computed
-  // while the dP^T GEMM still runs. A version's Cfg turns them on; the loop reads them with if constexpr.
-  static constexpr bool kKvInRegs = false, kPUnderDp = false;
+  // while the dP^T GEMM still runs (measured slower: off by default). The loop reads them with if constexpr.
+  static constexpr bool kKvInRegs = kKvInRegs_, kPUnderDp = kPUnderDp_;
   static constexpr int kDqCols = kSplitDq ? D / 2 : D;          // a warpgroup's dQ partial: 64 rows x kDqCols
   static constexpr int kDqRegs = kDqCols / 2;
   static constexpr int kThreads = 384;
@@ -125,6 +126,17 @@ __device__ __forceinline__ void load_kv(const CUtensorMap* tk, const CUtensorMap
   for (int cb = 0; cb < C::D / 64; ++cb) {
     tma_load_4d(base + C::kOffK + cb * C::BC * 128, tk, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
     tma_load_4d(base + C::kOffV + cb * C::BC * 128, tv, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
+  }
+}
+
+// The same into a K/V buffer of the caller's choice (bwd/v11's persistent CTAs alternate two).
+template <class C>
+__device__ __forceinline__ void load_kv_at(const CUtensorMap* tk, const CUtensorMap* tv, uint64_t& kv, uint32_t k_dst,
+                                           uint32_t v_dst, const Work& work) {
+  mbar_arrive_expect_tx(smem_u32(&kv), 2 * C::kKVBytes);
+  for (int cb = 0; cb < C::D / 64; ++cb) {
+    tma_load_4d(k_dst + cb * C::BC * 128, tk, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
+    tma_load_4d(v_dst + cb * C::BC * 128, tv, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
   }
 }
 

@@ -54,14 +54,15 @@ __device__ __forceinline__ void red_dq(const float (&dq)[C::kDqRegs], int hq, in
 // the GEMM over both halves, release the buffer to the other warpgroup (when it writes it again), hand the
 // partial to the sink. Every GEMM in flight (this step's dV / dK too) is complete on return.
 template <class C, class T, class Sink>
-__device__ __forceinline__ void dq_step(Sink& sink, uint8_t* smem, const Work& work, int j, const AttnBwdParams& p) {
+__device__ __forceinline__ void dq_step(Sink& sink, uint8_t* smem, const Work& work, int j, const AttnBwdParams& p,
+                                        uint32_t k_off = C::kOffK) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
   const uint32_t base = smem_u32(smem);
   if constexpr (C::kSplitDq) named_barrier_sync(ready_bar(buf, other), 256);
   float dq[C::kDqRegs];
   wgmma_fence();
-  issue_dq<C, kBf16>(dq, base + C::kOffDs + buf * C::kDsBytes, base + C::kOffK);
+  issue_dq<C, kBf16>(dq, base + C::kOffDs + buf * C::kDsBytes, base + k_off);
   wgmma_wait<0>();
   reg_fence(dq);
   if (C::kSplitDq && j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
@@ -104,53 +105,37 @@ struct DenseSteps {
   }
 };
 
-template <class C, class T, class Sink, class Steps = DenseSteps>
-__global__ void __launch_bounds__(C::kThreads, 1)
-    bwd_dkdv_stagger(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                 const typename Steps::Params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// One key-block tile of a consumer warpgroup: wait for its K and V (barrier `kv`, parity `kv_phase`, at k_off /
+// v_off), run its steps on the ring from the CTA's step count `step0`, and leave dK_w, dV_w in dk, dv with every
+// GEMM complete (so K and V are free on return). A one-tile CTA calls it once with step0 = 0 and buffer 0.
+template <class C, class T, class Sink, class Steps>
+__device__ __forceinline__ void stagger_tile(float (&dk)[C::D / 2], float (&dv)[C::D / 2], Sink& sink, uint8_t* smem,
+                                             Bars<C::kStages>& bars, uint64_t& kv, int kv_phase, uint32_t k_off,
+                                             uint32_t v_off, const Work& work, int step0, bool stagger,
+                                             const typename Steps::Params& p) {
   constexpr int D = C::D, BR = C::BR, kStages = C::kStages;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  static_assert(C::kDsBufs == 2, "v05 alternates two dS^T buffers");
-  extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) Bars<kStages> bars;
-  uint8_t* smem = align1024(smem_raw);
   const uint32_t base = smem_u32(smem);
-  const Work work = Steps::template work<C>(p);
-  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
-  const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
-
-  // Prologue
-  if (threadIdx.x == 0) init_bars(bars);
-  __syncthreads();
-  if (wg == 2) {
-    setmaxnreg_dec<C::kRegsProducer>();
-    if (wt == 0) produce<C>(&tq, &tk, &tv, &tdo, bars, base, work, p);
-    return;
-  }
-  setmaxnreg_inc<C::kRegsConsumer>();
+  const int wg = threadIdx.x / 128;
   const int kw0 = work.n0 + 64 * wg;
-  const uint32_t k_w = base + C::kOffK + wg * 64 * 128, v_w = base + C::kOffV + wg * 64 * 128;
+  const uint32_t k_w = base + k_off + wg * 64 * 128, v_w = base + v_off + wg * 64 * 128;
   const float c = p.scale * kLog2e;
-  float dk[D / 2], dv[D / 2];
   zero_acc(dk);
   zero_acc(dv);
-  mbar_wait(smem_u32(&bars.kv), 0);
-  Sink sink{};
+  mbar_wait(smem_u32(&kv), kv_phase);
   constexpr int kFrags = C::kKvInRegs ? D / 16 : 1;
   uint32_t kf[kFrags][4], vf[kFrags][4];  // K_w, V_w as A fragments (Cfg::kKvInRegs)
   if constexpr (C::kKvInRegs) {
-    load_a_frags<C>(kf, smem + C::kOffK);
-    load_a_frags<C>(vf, smem + C::kOffV);
+    load_a_frags<C>(kf, smem + k_off);
+    load_a_frags<C>(vf, smem + v_off);
   }
 
   // Main loop: step it's S^T, dP^T, P^T, dS^T, dV and dK, then step it - 1's dQ.
   for (int it = 0; it < work.n_iters; ++it) {
-    const int s = it % kStages, m0 = work.m0(it, BR), buf = it & 1;
+    const int step = step0 + it, s = step % kStages, m0 = work.m0(it, BR), buf = it & 1;
     const uint32_t q_s = base + C::kOffQ + s * C::kQBytes, do_s = base + C::kOffDo + s * C::kQBytes;
     const float* rows = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);
-    mbar_wait(smem_u32(&bars.full[s]), (it / kStages) & 1);
+    mbar_wait(smem_u32(&bars.full[s]), (step / kStages) & 1);
     if (stagger && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
 
     float sacc[32], dpacc[32];
@@ -184,7 +169,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     store_ds<C>(smem + C::kOffDs + buf * C::kDsBytes, dsa);
     if constexpr (C::kSplitDq) named_barrier_arrive(ready_bar(buf, wg), 256);
     if (it >= 1) {
-      dq_step<C, T, Sink>(sink, smem, work, it - 1, p);  // its bulk hand-off's barrier also orders this step's own stores
+      dq_step<C, T, Sink>(sink, smem, work, it - 1, p, k_off);  // its bulk hand-off's barrier also orders this step's own stores
       if constexpr (LAB_V05_DQ_RED) named_barrier_sync(kBarWg + wg, 128);  // (no hand-off barrier: order them)
     } else {
       wgmma_wait<0>();
@@ -194,12 +179,42 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     reg_fence(dv);
     mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of Q_i, dO_i and the rows are over
   }
-  if (work.n_iters > 0) dq_step<C, T, Sink>(sink, smem, work, work.n_iters - 1, p);
+  if (work.n_iters > 0) dq_step<C, T, Sink>(sink, smem, work, work.n_iters - 1, p, k_off);
+}
+
+template <class C, class T, class Sink, class Steps = DenseSteps>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    bwd_dkdv_stagger(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                 const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                 const typename Steps::Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = C::D;
+  static_assert(C::kDsBufs == 2, "v05 alternates two dS^T buffers");
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) Bars<C::kStages> bars;
+  uint8_t* smem = align1024(smem_raw);
+  const uint32_t base = smem_u32(smem);
+  const Work work = Steps::template work<C>(p);
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
+
+  // Prologue
+  if (threadIdx.x == 0) init_bars(bars);
+  __syncthreads();
+  if (wg == 2) {
+    setmaxnreg_dec<C::kRegsProducer>();
+    if (wt == 0) produce<C>(&tq, &tk, &tv, &tdo, bars, base, work, p);
+    return;
+  }
+  setmaxnreg_inc<C::kRegsConsumer>();
+  float dk[D / 2], dv[D / 2];
+  Sink sink{};
+  stagger_tile<C, T, Sink, Steps>(dk, dv, sink, smem, bars, bars.kv, 0, C::kOffK, C::kOffV, work, 0, stagger, p);
   sink.template finish<C>(work, p);
   if (wt == 0) bulk_wait<0>();
 
   // Epilogue
-  store_dk_dv<C, T>(dk, dv, kw0, work, p);
+  store_dk_dv<C, T>(dk, dv, work.n0 + 64 * wg, work, p);
 #endif
 }
 
