@@ -11,7 +11,8 @@
 // under it. cuDNN's backward kernel is persistent (grid = the SM count).
 //
 // What changes (common/hopper/attn_bwd_stagger.cuh's stagger_tile is v07's per-tile loop, shared):
-// - min(tiles, SMs) CTAs, CTA c taking tiles c, c + grid, ... in v07's order (key block fastest).
+// - min(tiles, SMs) CTAs; in round r CTA c takes tile r * grid + c (r even) or r * grid + grid - 1 - c (r odd),
+//   in v07's order (key block fastest): zigzag_tile below says why.
 // - Two K/V buffers. With the dQ partials reduced from registers (LAB_V05_DQ_RED), the 4 x kDqBytes of dQ
 //   staging in Cfg's layout are unused; they hold exactly a second K and V (D = 128: 64 KB; D = 64: 32 KB), so
 //   the shared-memory budget does not move. The producer loads tile t + 1's K and V into buffer (t + 1) & 1
@@ -59,6 +60,11 @@ __device__ __forceinline__ uint32_t k_off(int b) { return b ? C::kOffDq : C::kOf
 template <class C>
 __device__ __forceinline__ uint32_t v_off(int b) { return b ? C::kOffDq + C::kKVBytes : C::kOffV; }
 
+// The tile of round r for CTA c: rounds alternate direction (c, then grid - 1 - c), so when the grid is a
+// multiple of the key blocks per head (132 CTAs, 4 key blocks at S = 512), a CTA's causal key blocks pair long
+// with short (kb, then n_kb - 1 - kb) instead of one CTA always drawing key block 0, the longest.
+__device__ __forceinline__ int zigzag_tile(int r, int c, int grid) { return r * grid + ((r & 1) ? grid - 1 - c : c); }
+
 template <class C, class T>
 __global__ void __launch_bounds__(C::kThreads, 1)
     bwd_dkdv_persist(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -93,13 +99,16 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     tma_prefetch_maps(&tq, &tk, &tv);
     tma_prefetch_map(&tdo);
     int step = 0;
-    for (int tile = blockIdx.x, t = 0; tile < n_tiles; tile += gridDim.x, ++t) {
+    for (int r = 0, t = 0; r * gridDim.x < n_tiles; ++r) {
+      const int tile = zigzag_tile(r, blockIdx.x, gridDim.x);
+      if (tile >= n_tiles) continue;
       const Work work = tile_work<C>(p, tile);
       const int b = t & 1;
       mbar_wait(smem_u32(&kv_empty[b]), ((t >> 1) & 1) ^ 1);  // tile t - 2's K and V are no longer read
       load_kv_at<C>(&tk, &tv, kv_full[b], base + k_off<C>(b), base + v_off<C>(b), work);
       produce_steps<C>(&tq, &tdo, bars, base, work, p, step);
       step += work.n_iters;
+      ++t;
     }
     return;
   }
@@ -107,7 +116,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
   AddPartial sink{};
   int step = 0;
-  for (int tile = blockIdx.x, t = 0; tile < n_tiles; tile += gridDim.x, ++t) {
+  for (int r = 0, t = 0; r * gridDim.x < n_tiles; ++r) {
+    const int tile = zigzag_tile(r, blockIdx.x, gridDim.x);
+    if (tile >= n_tiles) continue;
     const Work work = tile_work<C>(p, tile);
     const int b = t & 1;
     if (t > 0) named_barrier_sync(kBarTile, 256);
@@ -117,6 +128,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     mbar_arrive(smem_u32(&kv_empty[b]));  // every GEMM of the tile is complete: its K and V are free
     store_dk_dv<C, T>(dk, dv, work.n0 + 64 * wg, work, p);
     step += work.n_iters;
+    ++t;
   }
 #endif
 }
