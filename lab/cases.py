@@ -233,6 +233,36 @@ def bench_paged_cases(dtype: str = "bfloat16", page_sizes=PAGE_SIZES, cells=PAGE
     return cases
 
 
+# The decode kernels' head dims (lab.registry.DECODE_HEAD_DIMS; kept here as data, lab.cases imports no registry)
+DECODE_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
+
+
+def paged_head_dim_tests_cases(head_dims=DECODE_HEAD_DIMS) -> list[PagedCase]:
+    """The paged decode at every head dim: pages 16 / 64 / 256 (shuffled), GQA 4 over H_kv 8, MHA 16/16 and GQA 3
+    with q_len 3 bottom-right causal, lengths 0-4097 in one batch, bf16 and fp16."""
+    lens = (0, 1, 5, 63, 65, 1025, 4097)
+    shapes = ((16, 32, 8, 1, False, "bfloat16"), (64, 6, 2, 3, True, "float16"), (256, 16, 16, 1, False, "bfloat16"))
+    return [PagedCase(f"hd-pt-d{D}-p{page}-{Hq}x{Hkv}-q{q_len}{'-c' if causal else ''}", len(lens), Hq, Hkv, q_len,
+                      max(lens), D, dtype, lens, page, causal)
+            for D in head_dims for page, Hq, Hkv, q_len, causal, dtype in shapes]
+
+
+def decode_head_dim_tests_cases(head_dims=DECODE_HEAD_DIMS) -> list[DecodeCase]:
+    """The contiguous decode at every head dim: lengths 1-4097, GQA 4, one row per KV head (8/8), q_len 3 over 6/2."""
+    lens = (1, 63, 65, 1025, 4097)
+    return [DecodeCase(f"hd-dt-d{D}-{Hq}x{Hkv}-q{q_len}-{dtype[:2]}", len(lens), Hq, Hkv, q_len, max(lens), D, dtype, lens)
+            for D in head_dims for (Hq, Hkv, q_len, dtype) in ((32, 8, 1, "bfloat16"), (8, 8, 1, "float16"),
+                                                                (6, 2, 3, "bfloat16"))]
+
+
+def bench_paged_head_dim_cases(dtype: str = "bfloat16", head_dims=DECODE_HEAD_DIMS, cells=((8, 16384), (128, 2048)),
+                               page_size: int = 64) -> list[PagedCase]:
+    """The head-dim race of chapter n11: Hq 32 over Hkv 8, one token, pages of 64, a split cell (8 x 16384) and a
+    one-wave cell (128 x 2048: 0.67-2.1 GB of K and V from D 80 to 256) at each head dim."""
+    return [PagedCase(f"hd-p{page_size}-d{D}-b{B}-kv{L}", B, 32, 8, 1, L, D, dtype, (), page_size)
+            for D in head_dims for B, L in cells]
+
+
 def decode_kv_bytes(case: DecodeCase) -> int:
     element = 2
     return 2 * sum(case.lengths()) * case.Hkv * case.D * element
@@ -240,11 +270,13 @@ def decode_kv_bytes(case: DecodeCase) -> int:
 
 def by_name(name: str, **kwargs) -> list:
     """Case sets by their published names: tests, seed, bench-fwd, bench-bwd, bench-decode, decode-long,
-    decode-tests, paged-tests, bench-paged."""
+    decode-tests, paged-tests, bench-paged, paged-head-dims-tests, decode-head-dims-tests, bench-paged-head-dims."""
     table = {"tests": tests_cases, "seed": seed_cases, "bench-fwd": bench_fwd_cases, "bench-fwd-fp16": bench_fwd_fp16_cases,
              "bench-bwd": bench_bwd_cases,
              "bench-decode": bench_decode_cases, "decode-long": decode_long_cases, "decode-tests": decode_tests_cases,
-             "paged-tests": paged_tests_cases, "bench-paged": bench_paged_cases}
+             "paged-tests": paged_tests_cases, "bench-paged": bench_paged_cases,
+             "paged-head-dims-tests": paged_head_dim_tests_cases, "decode-head-dims-tests": decode_head_dim_tests_cases,
+             "bench-paged-head-dims": bench_paged_head_dim_cases}
     if name not in table:
         raise ValueError(f"unknown case set {name!r}; choose one of {sorted(table)}")
     return table[name](**kwargs)

@@ -165,8 +165,8 @@ def test_decode_validation_on_fake_cuda_tensors(fake):
         (lambda: ops.decode(q, kc, kc, num_splits=True), ValueError, r"num_splits must be an int in \[1, 1024\]"),
         (lambda: ops.decode(q, kc, kc, num_splits=2.0), ValueError, r"num_splits must be an int in \[1, 1024\]"),
         (lambda: ops.decode(q, kc, kc, num_splits=1, version="vXX"), ValueError, r"version='vXX' is unknown"),
-        (lambda: ops.decode(fake(2, 8, 1, 96), fake(2, 2, 64, 96), fake(2, 2, 64, 96), num_splits=1), ValueError,
-         r"head dim 96 is not supported"),
+        (lambda: ops.decode(fake(2, 8, 1, 72), fake(2, 2, 64, 72), fake(2, 2, 64, 72), num_splits=1), ValueError,
+         r"head dim 72 is not supported by any kernel \(supported: \[64, 80, 96, 128, 192, 256\]\)"),
         (lambda: ops.decode(q, kc, kc, num_splits=1, scale=math.inf), (TypeError, ValueError), r"scale must be a finite"),
     ]
     for call, error, pattern in cases:

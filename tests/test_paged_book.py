@@ -39,16 +39,16 @@ def test_log_generates_with_no_session_for_the_chapter(tmp_path):
 def _row(**fields):
     base = {"kind": "paged", "chapter": NAME, "impl": "lab.ops.decode", "env": {"gpu": "NVIDIA H200"},
             "ratios": {"lab.ops.decode contiguous": 0.97, "sdpa-cudnn": 0.96}, "frac_ceiling": 0.93,
-            "page_size": 64, "cache_ge_1gb": True, "case": {"page_size": 64}}
+            "page_size": 64, "cache_ge_1gb": True, "case": {"page_size": 64, "name": "pg-p64"}}
     base.update(fields)
     return base
 
 
 def test_gates_read_no_data_without_rows_and_judge_the_race_rows():
     mine = [g for g in gates.load_gates() if g["chapter"] == NAME]
-    assert len(mine) == 7
+    assert len(mine) == 10
     assert {r["status"] for r in gates.evaluate_all([], mine)} == {"no data"}
-    results = {r["name"]: r for r in gates.evaluate_all([_row(), _row(page_size=16, case={"page_size": 16},
+    results = {r["name"]: r for r in gates.evaluate_all([_row(), _row(page_size=16, case={"page_size": 16, "name": "pg-p16"},
                                                                          ratios={"lab.ops.decode contiguous": 0.80,
                                                                                  "sdpa-cudnn": 0.99})], mine)}
     by = {name.split(" >= ", 1)[1] if " >= " in name else name: r for name, r in results.items()}
@@ -57,3 +57,11 @@ def test_gates_read_no_data_without_rows_and_judge_the_race_rows():
     assert by["0.95x SDPA-cuDNN on the same data made contiguous"]["status"] == "pass"
     assert by["90% of copy bandwidth wherever the cache is >= 1 GB"]["status"] == "pass"
     assert json.loads((paths.CHAPTERS / "gates.json").read_text())  # still valid JSON
+    # the head-dim race's rows (names hd-*) have gates of their own and stay out of the serving cells' gates
+    head_dims = [_row(case={"page_size": 64, "name": "hd-p64-d80-b8-kv16384"}, ratios={"sdpa-cudnn": 0.90},
+                      frac_ceiling=0.5),
+                 _row(impl="lab.ops.decode contiguous", case={"page_size": 64, "name": "hd-p64-d80-b8-kv16384"},
+                      ratios={"sdpa-cudnn": 0.97})]
+    results = {r["name"]: r["status"] for r in gates.evaluate_all([_row()] + head_dims, mine)}
+    assert results["paged lab.ops.decode >= 0.95x SDPA-cuDNN on the same data made contiguous"] == "pass"
+    assert [results[n] for n in results if "every head dim" in n] == ["fail", "pass", "fail"]

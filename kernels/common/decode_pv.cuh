@@ -51,6 +51,42 @@ __device__ __forceinline__ void warp_qk(float (&s)[2][4], const uint32_t (&qf)[k
   }
 }
 
+// Wide heads (D > 128, decode v02, v03): Q stays in shared memory, not in registers. O takes D / 2 fp32 registers
+// per thread and Q's A fragments D / 4 more: at D 256 that is 192 before any address, and v02 spilled 228 bytes.
+// stage_q_rows writes the block's 16 query rows (rows past `rows` zero) into sQ, rows kStride elements apart, by
+// 16-byte loads; the caller's next block barrier publishes them (the ring's first ring_step).
+template <class T, int D, int kThreads, int kStride>
+__device__ __forceinline__ void stage_q_rows(T* sQ, const DecodeParams& p, int b, int h_kv, int group, int row0,
+                                             int rows, int tid) {
+  constexpr int kVecs = D / 8;
+  for (int i = tid; i < 16 * kVecs; i += kThreads) {
+    const int r = i / kVecs, c = (i % kVecs) * 8;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows) {
+      const int rr = row0 + r;
+      v = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_stride[0] +
+                                               (h_kv * group + rr / p.q_len) * p.q_stride[1] +
+                                               (rr % p.q_len) * p.q_stride[2] + c));
+    }
+    *reinterpret_cast<uint4*>(sQ + r * kStride + c) = v;
+  }
+}
+
+// S = Q K^T as warp_qk, with Q's A fragment of each k-step read by ldmatrix from the staged rows: lanes 0-15 give
+// rows 0-15 at column 0, lanes 16-31 the same rows at column 8 (a0 rows 0-7, a1 rows 8-15, a2 / a3 the next 8
+// columns). q_lane = sQ + (lane % 16) * kStride + (lane / 16) * 8.
+template <class T, int kKSteps>
+__device__ __forceinline__ void warp_qk_smem(float (&s)[2][4], const T* q_lane, const T* k_lane) {
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    uint32_t qa[4], kb[4];
+    ldmatrix_x4(qa, smem_u32(q_lane + kk * 16));
+    ldmatrix_x4(kb, smem_u32(k_lane + kk * 16));
+    mma_16816<T>(s[0], qa, kb[0], kb[1]);
+    mma_16816<T>(s[1], qa, kb[2], kb[3]);
+  }
+}
+
 // O += P V for one warp's 16 keys. O is rescaled by alpha (per row half) first, but only when some row max
 // of the warp moved: alpha is exactly 1 otherwise (exp2f(0)), and the vote keeps the branch warp-uniform.
 // pa: P as the A fragment; v_lane: this lane's ldmatrix.trans row of V (v_ld_key row, v_ld_col column);

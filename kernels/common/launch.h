@@ -133,11 +133,13 @@ inline int check_bwd_call(const AttnBwdParams* p) {
 
 // The checks every decode launcher (decode v01-v03) makes before it launches: a negative LAB_E_* code for a
 // call it cannot take, 1 when there is nothing to compute (an empty batch, no query token or no query head;
-// a launcher returns 0 then), 0 to go on. D in {64, 128}, fp16/bf16, H_q % H_kv == 0, splits in
-// [1, LAB_MAX_NUM_SPLITS] with their workspaces, 16-byte aligned bases and strides of 8 elements.
+// a launcher returns 0 then), 0 to go on. D in {64, 80, 96, 128, 192, 256} (a launcher of fewer checks its own:
+// decode v01, v04 take 64 and 128), fp16/bf16, H_q % H_kv == 0, splits in [1, LAB_MAX_NUM_SPLITS] with their
+// workspaces, 16-byte aligned bases and strides of 8 elements.
 inline int check_decode_params(const DecodeParams* p) {
   if (p == nullptr) return LAB_E_SHAPE;
-  if (p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  const int d = p->head_dim;
+  if (d != 64 && d != 80 && d != 96 && d != 128 && d != 192 && d != 256) return LAB_E_HEAD_DIM;
   if (p->dtype != LAB_FP16 && p->dtype != LAB_BF16) return LAB_E_DTYPE;
   if (p->batch < 0 || p->q_len < 0 || p->heads_q < 0 || p->heads_kv <= 0 || p->seqlen_cache < 0 ||
       p->num_splits < 1 || p->num_splits > LAB_MAX_NUM_SPLITS || p->heads_q % p->heads_kv != 0)

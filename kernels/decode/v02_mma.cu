@@ -32,10 +32,14 @@
 //
 // Shared memory (D = 128): 3 stages x 64 keys x (K + V) x 272 bytes (rows padded by 16 bytes: ldmatrix
 // reads 8 rows at one 16-byte column, a 272-byte stride puts them in 8 different bank quads) = 102 KiB,
-// two can share an H100/H200 SM (the split heuristic plans one, see below). D = 64: 4 stages, 72 KiB.
+// two can share an H100/H200 SM (the split heuristic plans one, see below). D = 64: 4 stages, 72 KiB. The other
+// head dims (80, 96, 192, 256) take their ring depth from common/decode_head_dim.cuh; at D > 128 Q's 16 rows wait
+// in shared memory after the ring (ldmatrix per k-step) instead of registers: O alone is D / 2 registers a thread,
+// and with Q's D / 4 beside it D 256 spilled 228 bytes (now none on sm_90a; 12-16 bytes on sm_80).
 // The K/V cp.async carry an L2::128B prefetch-size hint (V02_L2_PREFETCH; +2-3 % on the large cells).
 //
-// Limits: D in {64, 128}; fp16 and bf16; any q_len >= 1 (row groups of 16); Hq multiple of Hkv; any
+// Limits: D in {64, 80, 96, 128, 192, 256} (any multiple of 16 tiles exactly: common/decode_head_dim.cuh, which
+// also picks the ring depth per D); fp16 and bf16; any q_len >= 1 (row groups of 16); Hq multiple of Hkv; any
 // cache length, per-sequence lengths clamped to [0, S_cache]. Strides multiples of 8 elements, 16-byte
 // aligned bases (LAB_E_SHAPE otherwise).
 //
@@ -52,6 +56,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/decode_head_dim.cuh"
 #include "common/decode_pv.cuh"
 #include "common/decode_util.cuh"
 #include "common/mma.cuh"
@@ -63,9 +68,7 @@ namespace {
 using lab::decode::Elem;
 using lab::decode::kLog2e;
 
-// Ring depth: 3 stages at D = 128 (2 tiles = 64 KB in flight, two blocks per SM), 4 at D = 64. A deeper
-// ring with one block per SM (6 stages, 204 KiB) measured no faster on the H200.
-constexpr int kStagesD128 = 3, kStagesD64 = 4;
+// Ring depth per head dim: lab::decode::HeadDimPlan (common/decode_head_dim.cuh), with the options it rejected.
 // Rescale the O accumulators only when a row max of the warp moved (~0.3 % on the H200).
 #ifndef V02_LAZY_RESCALE
 #define V02_LAZY_RESCALE 1
@@ -86,7 +89,9 @@ struct MmaConfig {
   static constexpr int kTileElems = kBlockN * kStride;
   static constexpr int kStageBytes = 2 * kTileElems * 2;
   static constexpr int kRingBytes = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kRingBytes;
+  // D > 128: Q's 16 rows in shared memory after the ring, not in registers (common/decode_pv.cuh stage_q_rows)
+  static constexpr bool kQInSmem = kHeadDim > 128;
+  static constexpr int kSmemBytes = kRingBytes + (kQInSmem ? kRows * kStride * 2 : 0);
   static constexpr int kLoadIters = kBlockN * kVecPerRow / kThreads;
   static constexpr int kKSteps = kHeadDim / 16;  // k-steps of Q K^T
   static constexpr int kDTiles = kHeadDim / 8;   // n-tiles of P V
@@ -94,6 +99,7 @@ struct MmaConfig {
   static constexpr int kMergeBytes = kWarps * kRows * kHeadDim * 4 + 2 * kWarps * kRows * 4;
   static_assert(kWarpKeys == 16, "one k16 step of P V per warp and tile");
   static_assert(kMergeBytes <= kRingBytes, "merge scratch reuses the ring");
+  static_assert(kSmemBytes <= 163 * 1024, "fits an A100 block (sm_80's opt-in limit)");
   static_assert((kBlockN * kVecPerRow) % kThreads == 0, "whole vectors per thread");
 };
 
@@ -159,8 +165,11 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
     lab::decode::cp_async_commit();
   }
 
-  uint32_t qf[Cfg::kKSteps][4];
-  {
+  uint32_t qf[Cfg::kQInSmem ? 1 : Cfg::kKSteps][4];
+  T* const sQ = reinterpret_cast<T*>(smem + Cfg::kRingBytes);  // D > 128 only
+  if constexpr (Cfg::kQInSmem) {
+    lab::decode::stage_q_rows<T, D, Cfg::kThreads, Cfg::kStride>(sQ, p, b, h_kv, group, row0, rows, tid);
+  } else {
     const T* qrow[2] = {nullptr, nullptr};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -200,7 +209,11 @@ __global__ void __launch_bounds__(MmaConfig<kHeadDim, kStages>::kThreads)
 
     // S = Q K^T for this warp's 16 keys: s[nt] covers keys 8 nt .. 8 nt + 7.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    lab::decode::warp_qk<T, Cfg::kKSteps>(s, qf, sK + kvl.k_key * Cfg::kStride + kvl.k_col);
+    if constexpr (Cfg::kQInSmem)
+      lab::decode::warp_qk_smem<T, Cfg::kKSteps>(s, sQ + (lane % 16) * Cfg::kStride + (lane / 16) * 8,
+                                                 sK + kvl.k_key * Cfg::kStride + kvl.k_col);
+    else
+      lab::decode::warp_qk<T, Cfg::kKSteps>(s, qf, sK + kvl.k_key * Cfg::kStride + kvl.k_col);
 
     // Online softmax over the warp's keys; keys past the chunk end are -inf.
     const int n_valid = n_keys - t * Bc;  // >= 1
@@ -292,18 +305,18 @@ constexpr int kKeyBlock = 64;  // must equal MmaConfig::kBlockN and lab/decode/s
 }  // namespace
 
 extern "C" int decode_splitk_v02(const DecodeParams* p, void* stream_ptr) {
-  static_assert(kKeyBlock == MmaConfig<128, kStagesD128>::kBlockN && kKeyBlock == MmaConfig<64, kStagesD64>::kBlockN,
-                "chunk rounding must match the kernel's key block");
+  static_assert(kKeyBlock == MmaConfig<128, 3>::kBlockN, "chunk rounding must match the kernel's key block");
   if (const int rc = lab::check_decode_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
   lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
   if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;
-  const auto [group, rows, row_groups, chunk, device, use_pdl, stream] = l;
-  if (p->dtype == LAB_FP16) {
-    return p->head_dim == 128
-               ? launch_typed<__half, 128, kStagesD128>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
-               : launch_typed<__half, 64, kStagesD64>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
-  }
-  return p->head_dim == 128
-             ? launch_typed<__nv_bfloat16, 128, kStagesD128>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
-             : launch_typed<__nv_bfloat16, 64, kStagesD64>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
+  // The head dim and its ring depth: common/decode_head_dim.cuh.
+  return lab::decode::with_head_dim(p->head_dim, [&](auto dim) {
+    constexpr int D = decltype(dim)::value;
+    constexpr int kStages = lab::decode::HeadDimPlan<D>::kStages;
+    return p->dtype == LAB_FP16
+               ? launch_typed<__half, D, kStages>(p, l.stream, l.chunk, l.group, l.rows, l.row_groups, l.device,
+                                                  l.use_pdl)
+               : launch_typed<__nv_bfloat16, D, kStages>(p, l.stream, l.chunk, l.group, l.rows, l.row_groups, l.device,
+                                                         l.use_pdl);
+  });
 }

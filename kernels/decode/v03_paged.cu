@@ -37,8 +37,10 @@
 //    a token that sees no key gets O = 0.
 //
 // Launch: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; smem 102 KiB (D 128, 3 stages),
-// 72 KiB (D 64, 4 stages), as v02. Limits: D in {64, 128}; fp16, bf16; q_len >= 1; Hq multiple of Hkv;
-// page_size a positive multiple of 16; strides multiples of 8 elements, 16-byte aligned bases
+// 72 KiB (D 64, 4 stages), as v02 (every head dim: common/decode_head_dim.cuh). Limits: D in {64, 80, 96, 128,
+// 192, 256} (at 80, 96, 192 a row's copies take a power of two of threads, the last ones idle; at D > 128 Q is
+// read from shared memory, as in v02); fp16, bf16;
+// q_len >= 1; Hq multiple of Hkv; page_size a positive multiple of 16; strides multiples of 8 elements, 16-byte aligned bases
 // (LAB_E_SHAPE otherwise); a paged call needs page_errors (LAB_E_WORKSPACE).
 //
 // Prediction (H200, bf16, D 128, Hkv 8): the same bytes as v02 plus ~1 % of table reads, so within 5 % of
@@ -57,6 +59,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/decode_head_dim.cuh"
 #include "common/decode_pv.cuh"
 #include "common/decode_util.cuh"
 #include "common/launch.h"
@@ -74,24 +77,34 @@ using lab::decode::kLog2e;
 template <int kHeadDim_, int kStages_>
 struct PagedConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kStages = kStages_;  // v02's ring: 3 at D 128, 4 at D 64
+  static constexpr int kStages = kStages_;  // v02's ring per head dim (common/decode_head_dim.cuh)
   static constexpr int kRows = 16;          // one m16 tile of query rows per block
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
   static constexpr int kBlockN = 64;  // keys per tile, 16 per warp; lab/decode/splits.py BLOCK_N
   static constexpr int kVecPerRow = kHeadDim / 8;
-  static constexpr int kRowStep = kThreads / kVecPerRow;  // rows between two of one thread's loads
+  // Threads per row: the power of two that holds a row's 16-byte vectors, so that a thread's rows are a fixed
+  // step apart and each stays in one 16-key page group; at D 80, 96 and 192 the threads past kVecPerRow copy
+  // nothing (a masked column tail: the cache is read as it is, never padded).
+  static constexpr int kVecSlots = kVecPerRow <= 8 ? 8 : (kVecPerRow <= 16 ? 16 : 32);
+  static constexpr bool kFullRows = kVecSlots == kVecPerRow;
+  static constexpr int kRowStep = kThreads / kVecSlots;  // rows between two of one thread's loads
   static constexpr int kLoadRows = kBlockN / kRowStep;    // rows a thread loads per tile
   static constexpr int kStride = kHeadDim + 8;            // padded smem row: ldmatrix rows in 8 bank quads
   static constexpr int kTileElems = kBlockN * kStride;
   static constexpr int kStageBytes = 2 * kTileElems * 2;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  // D > 128: Q's 16 rows in shared memory after the ring, not in registers (common/decode_pv.cuh stage_q_rows)
+  static constexpr bool kQInSmem = kHeadDim > 128;
+  static constexpr int kSmemBytes = kRingBytes + (kQInSmem ? kRows * kStride * 2 : 0);
   static constexpr int kKSteps = kHeadDim / 16;
   static constexpr int kDTiles = kHeadDim / 8;
   static constexpr int kMergeBytes = kWarps * kRows * (kHeadDim + 2) * 4;  // O, m, l of every warp, fp32
   static_assert(kBlockN / kWarps == 16, "one k16 step of P V per warp and tile");
-  static_assert(kThreads % kVecPerRow == 0 && kBlockN % kRowStep == 0, "fixed rows per thread");
-  static_assert(kMergeBytes <= kSmemBytes, "merge scratch reuses the ring");
+  static_assert(kVecPerRow <= kVecSlots && kThreads % kVecSlots == 0 && kBlockN % kRowStep == 0,
+                "fixed rows per thread");
+  static_assert(kMergeBytes <= kRingBytes, "merge scratch reuses the ring");
+  static_assert(kSmemBytes <= 163 * 1024, "fits an A100 block (sm_80's opt-in limit)");
 };
 
 // Per-row state of one warp's online softmax over its 16 keys of every tile (rows gid and gid + 8).
@@ -126,8 +139,9 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   const int key_begin = split * chunk;
   int n_keys = max(0, min(key_begin + chunk, len) - key_begin);
 
-  const int j0 = tid / Cfg::kVecPerRow;                // this thread's first row of every tile
-  const int col = (tid % Cfg::kVecPerRow) * 8;         // and its 16-byte column
+  const int j0 = tid / Cfg::kVecSlots;                 // this thread's first row of every tile
+  const int col = (tid % Cfg::kVecSlots) * 8;          // and its 16-byte column
+  const bool copies = Cfg::kFullRows || col < D;       // false: a thread of the masked column tail
   const T* k_base = static_cast<const T*>(p.k_cache) + col;
   const T* v_base = static_cast<const T*>(p.v_cache) + col;
   if (kPaged) {
@@ -176,8 +190,10 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
         ko = valid ? key * p.k_stride[2] : 0;
         vo = valid ? key * p.v_stride[2] : 0;
       }
-      lab::paged::cp_async_16_l2(sK + it * Cfg::kRowStep * Cfg::kStride, k_base + ko, valid);
-      lab::paged::cp_async_16_l2(sV + it * Cfg::kRowStep * Cfg::kStride, v_base + vo, valid);
+      if (copies) {
+        lab::paged::cp_async_16_l2(sK + it * Cfg::kRowStep * Cfg::kStride, k_base + ko, valid);
+        lab::paged::cp_async_16_l2(sV + it * Cfg::kRowStep * Cfg::kStride, v_base + vo, valid);
+      }
     }
     if (kPaged) {
       cursor.advance();
@@ -195,10 +211,19 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   }
 
   // Q fragments and each fragment row's causal key limit in the split (common/paged.cuh).
-  uint32_t qf[Cfg::kKSteps][4];
+  uint32_t qf[Cfg::kQInSmem ? 1 : Cfg::kKSteps][4];
   int row_keys[2];
-  lab::paged::load_q_frags<T, Cfg::kKSteps>(qf, row_keys, p, b, h_kv, group, row0, rows, len, key_begin, n_keys, gid,
-                                            tig);
+  T* const sQ = reinterpret_cast<T*>(smem + Cfg::kRingBytes);  // D > 128 only
+  if constexpr (Cfg::kQInSmem) {
+    lab::decode::stage_q_rows<T, D, Cfg::kThreads, Cfg::kStride>(sQ, p, b, h_kv, group, row0, rows, tid);
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      row_keys[half] = lab::paged::causal_keys(p.causal, len, p.q_len, (row0 + gid + 8 * half) % p.q_len, key_begin,
+                                               n_keys);
+  } else {
+    lab::paged::load_q_frags<T, Cfg::kKSteps>(qf, row_keys, p, b, h_kv, group, row0, rows, len, key_begin, n_keys,
+                                              gid, tig);
+  }
 
   const float qk_scale = p.scale * kLog2e;
   float acc[Cfg::kDTiles][4] = {};
@@ -213,7 +238,11 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
     const T* sV = ring.v(t % Cfg::kStages);
 
     float s[2][4] = {};
-    lab::decode::warp_qk<T, Cfg::kKSteps>(s, qf, sK + kvl.k_key * Cfg::kStride + kvl.k_col);
+    if constexpr (Cfg::kQInSmem)
+      lab::decode::warp_qk_smem<T, Cfg::kKSteps>(s, sQ + (lane % 16) * Cfg::kStride + (lane / 16) * 8,
+                                                 sK + kvl.k_key * Cfg::kStride + kvl.k_col);
+    else
+      lab::decode::warp_qk<T, Cfg::kKSteps>(s, qf, sK + kvl.k_key * Cfg::kStride + kvl.k_col);
     // Mask: key (in the tile) < the row's limit; the limit of a row is n_keys without causal.
     const int limit[2] = {row_keys[0] - t * Bc, row_keys[1] - t * Bc};
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -287,12 +316,15 @@ int launch_typed(const DecodeParams* p, cudaStream_t stream, int chunk, int grou
   return lab::decode::launch_splitk_combine<T, kHeadDim>(p, stream, use_pdl);
 }
 
+// The head dim and its ring depth (as v02's): common/decode_head_dim.cuh.
 template <typename T, bool kPaged>
 int dispatch_head_dim(const DecodeParams* p, cudaStream_t stream, int chunk, int group, int rows, int row_groups,
                       int device, bool use_pdl) {
-  return p->head_dim == 128
-             ? launch_typed<T, 128, 3, kPaged>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
-             : launch_typed<T, 64, 4, kPaged>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
+  return lab::decode::with_head_dim(p->head_dim, [&](auto dim) {
+    constexpr int D = decltype(dim)::value;
+    return launch_typed<T, D, lab::decode::HeadDimPlan<D>::kStages, kPaged>(p, stream, chunk, group, rows, row_groups,
+                                                                           device, use_pdl);
+  });
 }
 
 constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles

@@ -18,8 +18,9 @@ MAX_DECODE_Q_LEN = 16
 
 
 def _decode_version(version, query, key_cache) -> str:
-    if version is None:
-        version = default_decode_version(query.shape[1], key_cache.shape[1], query.shape[2])
+    if version is None:  # the default, or for a head dim no kernel takes: a ValueError naming those that exist
+        return _version(None, DECODE, query.shape[-1],
+                        (default_decode_version(query.shape[1], key_cache.shape[1], query.shape[2], query.shape[-1]),))
     return _version(version, DECODE, query.shape[-1], ())
 
 

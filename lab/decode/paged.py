@@ -179,7 +179,8 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
     """The race: per case, on one set of data, the public op on the paged cache (`lab.ops.decode`, with a
     page_errors buffer: the graph-safe call, no host sync), the same op with the default eager flag check
     (one sync per call), our contiguous decode and SDPA's cuDNN and flash backends on the contiguous cache.
-    Bandwidth on the bytes that must move; ratios t_other / t_paged (sdpa-*, and CONTIGUOUS). Rows are kind
+    Bandwidth on the bytes that must move; ratios t_other / t_paged (sdpa-*, and CONTIGUOUS), and on the CONTIGUOUS
+    row t_sdpa / t_contiguous. Rows are kind
     "paged"; their case carries `tokens` (batch x length), the x axis of the chapter's plots."""
     from tqdm.std import tqdm
 
@@ -201,7 +202,8 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
                 times[backend] = bench.try_time(bench.sdpa_runner("default", q, k, v, False, attn_mask=mask), **stop)
             rows.append(record.append(_row(f"sdpa-{backend}", case, times[backend], work, ceilings, size)))
         contiguous = bench.try_time(lambda: ops.decode(q, k, v, is_causal=case.causal), **stop)
-        rows.append(record.append(_row(CONTIGUOUS, case, contiguous, work, ceilings, size)))
+        mine = dict(size, ratios=bench.ratios(contiguous, times) if isinstance(contiguous, bench.Timing) else {})
+        rows.append(record.append(_row(CONTIGUOUS, case, contiguous, work, ceilings, mine)))
         calls = {PUBLIC_DECODE: lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal,
                                                    page_errors=flags),
                  EAGER_CHECK: lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal)}

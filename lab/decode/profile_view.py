@@ -58,3 +58,27 @@ def serving_ratio(rows: list[dict], impl: str, baseline: str, mode: str = "graph
     """t(baseline) / t(impl) in the serving rows of one mode (> 1: impl faster)."""
     t = {r["impl"]: r["median_us"] for r in rows if r["mode"] == mode}
     return t[baseline] / t[impl] if impl in t and baseline in t else None
+
+
+def head_dim_table(rows: list[dict]) -> Table:
+    """The head-dim race (lab.cases.bench_paged_head_dim_cases; paged_sweep's rows): per D and cell, microseconds of
+    the paged op, our contiguous decode and SDPA-cuDNN / flash on the contiguous cache, the ratios against cuDNN
+    (> 1: ours faster) and the paged op's share of the copy bandwidth."""
+    from .paged import CONTIGUOUS, PUBLIC_DECODE
+
+    by = {}
+    for r in rows:
+        if "timing" in r:
+            by.setdefault(r["case"]["name"], {})[r["impl"]] = r
+    out = []
+    for name, impls in by.items():
+        us = {impl: r["timing"]["median_ms"] * 1e3 for impl, r in impls.items()}
+        ours, mine, cudnn = us.get(PUBLIC_DECODE), us.get(CONTIGUOUS), us.get("sdpa-cudnn")
+        case = next(iter(impls.values()))["case"]
+        ratio = lambda a, b: f"{a / b:.3f}" if a and b else "-"
+        out.append([case["D"], f"{case['B']} x {case['kv_len']}", f"{ours:.1f}" if ours else "-",
+                    f"{mine:.1f}" if mine else "-", f"{cudnn:.1f}" if cudnn else "-",
+                    f"{us['sdpa-flash']:.1f}" if "sdpa-flash" in us else "-", ratio(cudnn, ours), ratio(cudnn, mine),
+                    ratio(mine, ours), f"{impls[PUBLIC_DECODE]['frac_ceiling']:.2f}" if PUBLIC_DECODE in impls else "-"])
+    return Table(["D", "B x L", "paged us", "contiguous us", "cuDNN us", "flash us", "paged x cuDNN",
+                  "contiguous x cuDNN", "paged x contiguous", "paged / copy bw"], sorted(out, key=lambda r: (r[0], r[1])))
