@@ -5,7 +5,8 @@
 # forward and gradients (tools/gpu/head_dims.py --wide --checks-only), compute-sanitizer memcheck, racecheck,
 # synccheck and initcheck over tools/gpu/wide_sanitize.py, and (TRANSFORMERS=1, its wheels carried in .whl-tf)
 # tools/gpu/transformers_models.py; all into $OUT (records.jsonl, logs).
-# Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1] [TRANSFORMERS=1]
+# BWD_ABLATION='v09:LAB_V09_RED=1 ...': those builds of bwd v09 timed beside the default (GPU time, a few cells).
+# Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1] [TRANSFORMERS=1] [BWD_ABLATION=...]
 #   bash tools/gpu/wide_session.sh [quick]
 set -u
 # The records' session is the folder's name ($SESSION_NAME), their chapter n14_head_dims (which shows them).
@@ -19,6 +20,10 @@ python3 -c "from lab import build; build.binding()" > "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('fwd/v10_wide.cu')" >> "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('bwd/v09_wide.cu')" >> "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('bwd/v09_wide.cu', {'LAB_BWD_BUG_NO_DELTA': None})" >> "$W/build.log" 2>&1 &
+for a in ${BWD_ABLATION:-}; do  # bwd v09 rebuilt with switches (v09:NAME=VALUE,...), timed beside the default
+  python3 -c "from lab import build; from lab.backward.race import ablation; build.build_kernel('bwd/v09_wide.cu',
+ablation('$a')[1])" >> "$W/build.log" 2>&1 &
+done
 if [ -n "${WIDE_ALT:-}" ]; then  # a second build (NAME=VALUE ...) checked, sanitized and raced beside the default
   python3 -c "import os; from lab import build; build.build_kernel('fwd/v10_wide.cu', dict(i.split('=', 1) for i in
 os.environ['WIDE_ALT'].split()))" >> "$W/build.log" 2>&1 &
@@ -29,6 +34,14 @@ RACE="head_dims.wide_bwd_race('$Q' == '--quick', ('bwd', 'fwd+bwd'))"
 timeout ${RACE_TIMEOUT:-240} python3 -c "from lab.fwd import head_dims_gpu as head_dims; import torch
 torch.backends.cuda.matmul.allow_tf32 = False; $RACE" > "$W/race.log" 2>&1
 echo "race rc=$?" >> "$W/race.log"
+if [ -n "${BWD_ABLATION:-}" ]; then  # GPU time of each build, kernel-level, at a few cells (lab.backward.race.versions)
+  timeout ${ABLATION_TIMEOUT:-120} python3 -c "from lab import cases; from lab.backward import race
+grid = [c for c in cases.wide_head_dim_cases() if c.name in ('hdw-d256-s8192', 'hdw-d192-s2048-c', 'hdw-d256-s512')]
+for r in race.versions(grid, ['v09'] + '${BWD_ABLATION}'.split(), progress=False):
+    print(r['case']['name'], r['impl'], round(r['timing']['median_ms'], 3) if 'timing' in r else r.get('unsupported'))
+" > "$W/ablation.log" 2>&1
+  echo "ablation rc=$?" >> "$W/ablation.log"
+fi
 (timeout ${CHECK_TIMEOUT:-240} python3 tools/gpu/head_dims.py --wide --checks-only $Q > "$W/checks.log" 2>&1
  echo "checks rc=$?" >> "$W/checks.log") &
 for tool in memcheck racecheck synccheck initcheck; do
@@ -40,6 +53,7 @@ if [ -n "${TRANSFORMERS:-}" ]; then
    echo "transformers rc=$?" >> "$W/transformers.log") &
 fi
 wait
+[ -n "${BWD_ABLATION:-}" ] && cat "$W/ablation.log"
 tail -3 "$W/checks.log"; grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|rc=" "$W"/*check.log; tail -40 "$W/race.log"
 [ -n "${TRANSFORMERS:-}" ] && tail -5 "$W/transformers.log"
 true
