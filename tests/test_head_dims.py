@@ -101,7 +101,7 @@ def test_every_head_dim_has_a_backward_kernel():
     for capability in ((9, 0), (8, 0)):
         got = {d: backward_version(d, capability=capability) for d in registry.FWD_HEAD_DIMS}
         assert got[192] == got[256] == "v09", got
-        assert got[128] == ("v07" if capability == (9, 0) else "v01")
+        assert got[128] == (registry.BEST_BWD_HOPPER[0] if capability == (9, 0) else "v01")  # the narrow defaults stay
     assert registry.BWD["v09"].head_dims == registry.WIDE_HEAD_DIMS and not registry.BWD["v09"].capabilities
     assert "v09" not in registry.DETERMINISTIC_BWD
     with pytest.raises(ValueError, match="no deterministic mode"):
