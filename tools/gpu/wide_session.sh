@@ -5,6 +5,7 @@
 # forward and gradients (tools/gpu/head_dims.py --wide --checks-only), compute-sanitizer memcheck, racecheck,
 # synccheck and initcheck over tools/gpu/wide_sanitize.py, and (TRANSFORMERS=1, its wheels carried in .whl-tf)
 # tools/gpu/transformers_models.py; all into $OUT (records.jsonl, logs).
+# PROFILE=1: ncu of bwd v09 and FA2's backward kernel at one cell (details CSV).
 # BWD_ABLATION='v09:LAB_V09_RED=1 ...': those builds of bwd v09 timed beside the default (GPU time, a few cells).
 # Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1] [TRANSFORMERS=1] [BWD_ABLATION=...]
 #   bash tools/gpu/wide_session.sh [quick]
@@ -41,6 +42,31 @@ for r in race.versions(grid, ['v09'] + '${BWD_ABLATION}'.split(), progress=False
     print(r['case']['name'], r['impl'], round(r['timing']['median_ms'], 3) if 'timing' in r else r.get('unsupported'))
 " > "$W/ablation.log" 2>&1
   echo "ablation rc=$?" >> "$W/ablation.log"
+fi
+if [ -n "${PROFILE:-}" ]; then  # ncu (a few sections, one launch) of bwd v09's main kernel and FA2's at hdw-d256-s2048
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  for impl in lab flash; do
+    regex=$([ $impl = lab ] && echo "bwd_dkdv_wide" || echo "flash_bwd_dq_dk_dv")
+    timeout 150 "$NCU" --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
+      --kernel-name "regex:$regex" --launch-skip 2 --launch-count 1 --csv --page details \
+      python3 - $impl > "$W/profile-$impl.csv" 2> "$W/profile-$impl.log" <<'PY'
+import sys, torch
+from lab import bench, cases, ops, sweep
+case = {c.name: c for c in cases.wide_head_dim_cases()}["hdw-d256-s2048"]
+q, k, v, causal = sweep.case_inputs(case)
+q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+for _ in range(4):
+    if sys.argv[1] == "lab":
+        out = ops.attention(q, k, v, is_causal=causal)
+    else:
+        with bench.sdpa_backend("flash"):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+torch.cuda.synchronize()
+PY
+    echo "ncu $impl rc=$?" >> "$W/profile-$impl.log"
+  done
 fi
 (timeout ${CHECK_TIMEOUT:-240} python3 tools/gpu/head_dims.py --wide --checks-only $Q > "$W/checks.log" 2>&1
  echo "checks rc=$?" >> "$W/checks.log") &
