@@ -18,18 +18,32 @@ class Module:
 def test_the_reasons_for_falling_back(monkeypatch):
     hopper = [(9, 0)]  # the capability unsupported() sees (no GPU here)
     monkeypatch.setattr(lab_hf, "_capability", lambda device: hopper[0])
+    monkeypatch.setattr(lab_hf.transformers_masks, "_capability", lambda device: hopper[0])
     with FakeTensorMode():
         cuda = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device="cuda")
         q, k = cuda(1, 8, 5, 128), cuda(1, 2, 9, 128)
         assert lab_hf.unsupported(q, k, k, None) is None
         assert lab_hf.unsupported(q, k, k, None, sliding_window=9) is None  # the window covers every key
         assert lab_hf.unsupported(cuda(1, 8, 5, 96), cuda(1, 2, 9, 96), cuda(1, 2, 9, 96), None) is None  # padded
+        assert lab_hf.unsupported(q, k, k, None, softcap=50.0, sliding_window=4) is None  # the masked kernels
         cases = {"an explicit attention mask": dict(attention_mask=cuda(1, 1, 5, 9, dtype=torch.bool)),
-                 "attention dropout 0.1": dict(dropout=0.1), "logit softcapping (50.0)": dict(softcap=50.0),
-                 "a sliding window of 4 keys over 9": dict(sliding_window=4)}
+                 "attention dropout 0.1": dict(dropout=0.1),
+                 "a sliding window of 4 keys over 9 on a non-causal layer": dict(sliding_window=4, causal=False)}
         for reason, extra in cases.items():
             args = {"attention_mask": None, **extra}
             assert lab_hf.unsupported(q, k, k, **args).startswith(reason), reason
+        with torch.no_grad():  # Gemma-2's D = 256 with its softcap and window: no masked kernel there, said so
+            g, g_kv = cuda(1, 8, 5, 256), cuda(1, 2, 9, 256)
+            assert lab_hf.unsupported(g, g_kv, g_kv, None, softcap=50.0, sliding_window=4) == \
+                "logit softcapping (50.0) at head dim 256 (the lab's masked kernels run head dims up to 128)"
+            assert lab_hf.unsupported(g, g_kv, g_kv, None, sliding_window=4).startswith(
+                "a sliding window of 4 keys over 9 at head dim 256")
+        assert lab_hf.unsupported(q.requires_grad_(), k, k, None, softcap=5.0) is None
+        hopper[0] = (8, 0)  # the masked backward is Hopper-only
+        assert lab_hf.unsupported(q, k, k, None, softcap=5.0).endswith(
+            "with gradients off compute capability 9.0 (the masked backward runs on Hopper)")
+        hopper[0] = (9, 0)
+        q.requires_grad_(False)
         wide, wide_kv = cuda(1, 8, 5, 256), cuda(1, 2, 9, 256)
         with torch.no_grad():  # Gemma-2's D = 256 prefill: the lab's wide forward on compute capability 9.0 only
             assert lab_hf.unsupported(wide, wide_kv, wide_kv, None) is None
@@ -92,3 +106,68 @@ def test_a_transformers_model_runs_through_the_registered_name():
         ours = [w for w in caught if "lab attention" in str(w.message)]
         assert bool(ours) == (impl == name), impl  # the lab's adapter ran (and fell back: CPU tensors)
     torch.testing.assert_close(logits[name], logits["sdpa"])
+
+
+def test_the_masked_fallback_applies_window_softcap_and_documents():
+    """Where the lab cannot run a masked call, the fallback still applies all of it: the window (transformers'
+    rule: i - W < j <= i), the documents of a packed row, the softcap (the eager formula)."""
+    from lab.integrations import transformers_masks as tm
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 4, 12, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+    cu, longest, doc = tm.documents(q, k, positions)
+    assert cu.tolist() == [0, 5, 8, 12] and longest == 5 and doc.tolist() == [1] * 5 + [2] * 3 + [3] * 4
+    assert tm.documents(q, k, torch.arange(12)[None]) is None  # one document: not packed
+    out = tm.fallback(q, k, v, None, 0.0, 0.25, True, 3.0, 3, (cu, longest, doc))
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    s = 3.0 * torch.tanh((q @ kk.transpose(-1, -2)) * 0.25 / 3.0)
+    i, j = torch.arange(12)[:, None], torch.arange(12)[None]
+    ok = (j <= i) & (j > i - 3) & (doc[:, None] == doc[None])
+    torch.testing.assert_close(out, torch.softmax(s.masked_fill(~ok, float("-inf")), -1) @ vv)
+    assert tm.window(3, 12) == 2 and tm.window(12, 12) == -1 and tm.window(None, 12) == -1
+
+
+def test_a_packed_row_reaches_the_varlen_op_with_its_documents(monkeypatch):
+    """The lab's call of a packed row (the op replaced by the float64 reference, no GPU here): cu_seqlens from the
+    restarting positions, the window and softcap handed on, and SDPA's 4-D mask accepted only when it is exactly
+    the documents' mask."""
+    from lab import ops
+    from lab.integrations import transformers_masks as tm
+    from lab.masks import reference, spec
+    seen = {}
+
+    def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, window_size, softcap):
+        seen.update(cu=cu_q.tolist(), max=max_q, window=window_size, softcap=softcap)
+        out, _ = reference.attend_varlen(q, k, v, cu_q, cu_k, spec.make_mask(is_causal, window_size, softcap), scale)
+        return out
+    monkeypatch.setattr(ops, "attention_varlen", fake_varlen)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 4, 9, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    packed = tm.documents(q, k, torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]]))
+    good = tm.allowed(packed[2], 9, 9, True, 1, "cpu")[None, None]
+    out = tm.run(q, k, v, good, 0.25, True, 2.0, 2, packed)
+    assert seen == dict(cu=[0, 4, 9], max=5, window=(1, 0), softcap=2.0)
+    torch.testing.assert_close(out.transpose(1, 2), tm.fallback(q, k, v, None, 0.0, 0.25, True, 2.0, 2, packed))
+    assert tm.run(q, k, v, torch.ones_like(good), 0.25, True, 2.0, 2, packed) is None  # another mask: not ours
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_window_and_softcap_models_agree_with_eager_on_the_fallback(family):
+    """On the CPU every call falls back; the lab's mask function hands over no mask, so the fallback must apply the
+    layer's window (Mistral) and softcap (Gemma-2) itself: the logits equal eager's."""
+    transformers = pytest.importorskip("transformers")
+    name = lab_hf.register()
+    small = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, sliding_window=5)
+    config = (transformers.MistralConfig(**small) if family == "mistral" else
+              transformers.Gemma2Config(head_dim=16, attn_logit_softcapping=2.0, **small))
+    ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(3))
+    logits = {}
+    for impl in ("eager", name):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl).eval()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logits[impl] = model(ids).logits
+    torch.testing.assert_close(logits[name], logits["eager"], atol=2e-5, rtol=2e-5)

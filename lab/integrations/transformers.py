@@ -4,15 +4,18 @@
     lab_hf.register()                      # once; then
     model = AutoModelForCausalLM.from_config(config, attn_implementation="lab")
 
-register() adds `attention_forward` to transformers' AttentionInterface and SDPA's mask function under the same
-name to its AttentionMaskInterface, so the model hands over the mask SDPA would get: None for a causal batch
-without padding, which the lab runs as its causal mask (bottom-right when the cached keys outnumber the new
-queries, as in decoding with a KV cache). A call the lab cannot run (an explicit mask, dropout, a logit softcap,
-a sliding window shorter than the keys, a head dim over 256, a head dim over 128 when a gradient is wanted under
-torch.use_deterministic_algorithms (no deterministic backward there) or off compute capability 9.0 (the wide forward
-is Hopper-only), CPU tensors, float32) runs PyTorch's SDPA instead, with a warning naming the reason once per
-reason: never silently. So Gemma-2's D = 256 runs the lab's kernels, forward and backward, on an H100 / H200
-(softcap and window off).
+register() adds `attention_forward` to transformers' AttentionInterface and a mask function under the same name
+to its AttentionMaskInterface (transformers_masks.lab_mask: FlashAttention-2's contract, no mask for a causal batch
+without padding), which the lab runs as its causal mask (bottom-right when the cached keys outnumber the new
+queries, as in decoding with a KV cache), with the layer's sliding window and logit softcap, and documents packed
+into one row (position ids that restart) through lab.ops.attention_varlen (transformers_masks). A call the lab
+cannot run (an explicit mask, dropout, a softcap or window at a head dim over 128 (the masked kernels' limit), a
+head dim over 256, a head dim over 128 when a gradient is wanted under torch.use_deterministic_algorithms (no
+deterministic backward there) or off compute capability 9.0 (the wide forward is Hopper-only), masked gradients off
+compute capability 9.0, CPU tensors, float32) runs PyTorch's SDPA instead (the eager formula with a softcap, which
+SDPA lacks), with the window and documents as an explicit mask and a warning naming the reason once per reason:
+never silently. So Gemma-2's D = 256 runs the lab's kernels, forward and backward, on an H100 / H200 with softcap
+and window off, and falls back, saying why, with them on.
 
 transformers is imported only inside register(): the adapter itself needs torch alone.
 """
@@ -26,26 +29,27 @@ import torch.nn.functional as F
 from ..fwd.head_dims import kernel_head_dim
 from ..op_common import _capability
 from ..registry import FAST_HEAD_DIMS, FWD_HEAD_DIMS, HOPPER_CAPABILITIES
+from . import transformers_masks
 
 NAME = "lab"
 _warned: set[str] = set()
 
 
 def unsupported(query, key, value, attention_mask, dropout: float = 0.0, softcap: float | None = None,
-                sliding_window: int | None = None) -> str | None:
-    """Why the lab cannot run this call (a reason for the warning), or None when it can."""
+                sliding_window: int | None = None, packed=None, causal: bool = True) -> str | None:
+    """Why the lab cannot run this call (a reason for the warning), or None when it can. packed: a row of
+    documents (transformers_masks.documents), whose 4-D mask transformers_masks.run checks itself."""
     if not (query.is_cuda and key.is_cuda and value.is_cuda):
         return "tensors not on a CUDA device"
     if query.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {query.dtype} (the kernels take float16 and bfloat16)"
-    if attention_mask is not None:
+    if attention_mask is not None and packed is None:
         return "an explicit attention mask (padding or a custom mask)"
     if dropout:
         return f"attention dropout {dropout}"
-    if softcap:
-        return f"logit softcapping ({softcap})"
-    if sliding_window is not None and 0 < sliding_window < key.shape[2]:
-        return f"a sliding window of {sliding_window} keys over {key.shape[2]}"
+    masks = transformers_masks.reason(query, key, value, attention_mask, softcap, sliding_window, packed, causal)
+    if masks is not None:
+        return masks
     wide = max(query.shape[-1], value.shape[-1])
     try:
         kernel_head_dim(query.shape[-1], value.shape[-1])
@@ -63,10 +67,15 @@ def unsupported(query, key, value, attention_mask, dropout: float = 0.0, softcap
     return None
 
 
-def _fallback(reason: str, query, key, value, attention_mask, dropout, scaling, is_causal):
+def _fallback(reason: str, query, key, value, attention_mask, dropout, scaling, is_causal, softcap=None,
+              sliding_window=None, packed=None):
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"lab attention: {reason}; this call runs PyTorch SDPA instead", stacklevel=3)
+        what = "the eager formula (SDPA has no softcap)" if softcap else "PyTorch SDPA"
+        warnings.warn(f"lab attention: {reason}; this call runs {what} instead", stacklevel=3)
+    if softcap or packed is not None or transformers_masks.window(sliding_window, key.shape[2]) >= 0:
+        return transformers_masks.fallback(query, key, value, attention_mask, dropout, scaling, bool(is_causal),
+                                           softcap, sliding_window, packed)
     gqa = query.shape[1] != key.shape[1]
     causal = is_causal and attention_mask is None and query.shape[2] > 1
     if causal and query.shape[2] != key.shape[2]:  # keys cached before these queries: bottom-right alignment
@@ -85,9 +94,19 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     from .. import ops
 
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    reason = unsupported(query, key, value, attention_mask, dropout, softcap, sliding_window)
+    packed = transformers_masks.documents(query, key, kwargs.get("position_ids")) if is_causal and query.is_cuda \
+        else None
+    reason = unsupported(query, key, value, attention_mask, dropout, softcap, sliding_window, packed, bool(is_causal))
+    masked = softcap or packed is not None or transformers_masks.window(sliding_window, key.shape[2]) >= 0
+    if reason is None and masked:
+        out = transformers_masks.run(query, key, value, attention_mask, scaling, bool(is_causal), softcap,
+                                     sliding_window, packed)
+        if out is not None:
+            return out.contiguous(), None
+        reason = "an explicit attention mask (padding or a custom mask)"
     if reason is not None:
-        out = _fallback(reason, query, key, value, attention_mask, dropout, scaling, is_causal)
+        out = _fallback(reason, query, key, value, attention_mask, dropout, scaling, is_causal, softcap,
+                        sliding_window, packed)
     else:
         causal = bool(is_causal) and query.shape[2] > 1  # one new token sees every cached key
         out = ops.attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
@@ -98,8 +117,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 def register(name: str = NAME) -> str:
     """Register the lab's attention (and SDPA's mask function) with transformers under `name`; returns it."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, transformers_masks.lab_mask)
     return name

@@ -120,22 +120,34 @@ def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, low
             exact = dsink(r_out.detach())
             yard = want[3] + (dsink(s_out.double()) - exact).abs() + (dsink(r_out.detach().to(dtype).double()) - exact).abs()
             metrics["dsinks"] = check.compare(got[3], want[3], yard)
-        passed = all(m["passed"] for m in metrics.values())
-        score = max(m["max_abs"] / max(m["tol_max_abs"], 1e-30) for m in metrics.values())
-        if worst is None or not passed or score > worst[1]:
-            worst = (metrics, score, passed)
-            if not passed:
-                break
-    metrics, score, passed = worst
+        worst, failed = keep_worst(worst, metrics)
+        if failed:
+            break
     case = dict(name=name, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, dtype=str(dtype).split(".")[-1], causal=causal,
                 window=[mask.left, mask.right], softcap=cap, sinks=sink, offset=offset, custom_op=custom_op)
+    return report("bwd", case, worst, expect_fail, defines, q.device)
+
+
+def keep_worst(worst, metrics):
+    """(the trial to report: the first that fails, else the nearest its tolerance; whether this one failed)."""
+    passed = all(m["passed"] for m in metrics.values())
+    score = max(m["max_abs"] / max(m["tol_max_abs"], 1e-30) for m in metrics.values())
+    if worst is None or not passed or score > worst[1]:
+        worst = (metrics, score, passed)
+    return worst, not passed
+
+
+def report(prefix: str, case: dict, worst, expect_fail: bool, defines, device) -> bool:
+    """One check_bwd record (impl prefix_<masked backward version>[-bug]) and its printed line; True when ok."""
+    metrics, score, passed = worst
     ok = passed != expect_fail
     bug = "-" + "-".join(k.lower().replace("lab_bwd_mask_bug_", "") for k in defines) if defines else ""
-    record.append({"kind": "check_bwd", "impl": "bwd_" + mbwd.masked_bwd_version(q.device) + bug, "case": case,
+    record.append({"kind": "check_bwd", "impl": f"{prefix}_{mbwd.masked_bwd_version(device)}{bug}", "case": case,
                    "expect_fail": expect_fail, "ok": ok, "passed": passed, "worst_ratio": score,
                    "check": {g: {k: m[k] for k in _FIELDS} for g, m in metrics.items()}}, chapter=CHAPTER)
-    print(("ok  " if ok else "BAD ") + f"bwd{bug} {name} {case} worst max_abs/tol {score:.3g} passed={passed} "
-          + " ".join(f"{g} {m['max_abs']:.3g}/{m['tol_max_abs']:.3g}" for g, m in metrics.items()), flush=True)
+    print(("ok  " if ok else "BAD ") + f"{prefix}{bug} {case['name']} {case} worst max_abs/tol {score:.3g} "
+          f"passed={passed} " + " ".join(f"{g} {m['max_abs']:.3g}/{m['tol_max_abs']:.3g}" for g, m in metrics.items()),
+          flush=True)
     return ok
 
 

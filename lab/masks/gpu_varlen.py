@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import check, ops, record
-from . import backward as mbwd, reference, spec, varlen_bwd
+from .. import check, ops
+from . import reference, spec, varlen_bwd
 from .gpu import CHAPTER, GEN, draw
-from .gpu_bwd import _FIELDS, _sdpa_grads, dlse_rounding
+from .gpu_bwd import _sdpa_grads, dlse_rounding, keep_worst, report
 
 
 def _per_sequence(fn, cu_q, cu_k, *packed):
@@ -95,25 +95,13 @@ def check_varlen_bwd(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, ca
             exact = dsink(r_out.detach())
             yard = want[3] + (dsink(s_out) - exact).abs() + (dsink(r_out.detach().to(dtype).double()) - exact).abs()
             metrics["dsinks"] = check.compare(got[3], want[3], yard)
-        passed = all(m["passed"] for m in metrics.values())
-        score = max(m["max_abs"] / max(m["tol_max_abs"], 1e-30) for m in metrics.values())
-        if worst is None or not passed or score > worst[1]:
-            worst = (metrics, score, passed)
-            if not passed:
-                break
-    metrics, score, passed = worst
+        worst, failed = keep_worst(worst, metrics)
+        if failed:
+            break
     case = dict(name=name, packed=True, lens_q=list(lens_q), lens_k=list(lens_k), stray_rows=stray, Hq=Hq, Hkv=Hkv,
                 D=D, dtype=str(dtype).split(".")[-1], causal=causal, window=[mask.left, mask.right], softcap=cap,
                 sinks=sink)
-    ok = passed != expect_fail
-    bug = "-" + "-".join(k.lower().replace("lab_bwd_mask_bug_", "") for k in defines) if defines else ""
-    record.append({"kind": "check_bwd", "impl": "bwd_varlen_" + mbwd.masked_bwd_version(q.device) + bug, "case": case,
-                   "expect_fail": expect_fail, "ok": ok, "passed": passed, "worst_ratio": score,
-                   "check": {g: {k: m[k] for k in _FIELDS} for g, m in metrics.items()}}, chapter=CHAPTER)
-    print(("ok  " if ok else "BAD ") + f"varlen-bwd{bug} {name} {case} worst max_abs/tol {score:.3g} passed={passed} "
-          + " ".join(f"{g} {m['max_abs']:.3g}/{m['tol_max_abs']:.3g}" for g, m in metrics.items()), flush=True)
-    return ok
-
+    return report("bwd_varlen", case, worst, expect_fail, defines, q.device)
 
 def checks() -> int:
     """The packed backward's grid: empty sequences (either side), uneven lengths across tile edges, one sequence
