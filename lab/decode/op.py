@@ -116,7 +116,9 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     of them); a length of 0 gives a zero output. Lengths are never read on the host (no synchronisation,
     so the call can be captured in a CUDA graph and replayed with new lengths): the kernels clamp each one
     to [0, S_cache], so a negative length gives zeros and one past the cache sees the whole cache.
-    H_q must be a multiple of H_kv (GQA/MQA is implied, as in serving).
+    H_q must be a multiple of H_kv (GQA/MQA is implied, as in serving). D is one of lab.registry.DECODE_HEAD_DIMS
+    (64, 80, 96, 128, 192, 256; decode v01 and v04 take 64 and 128, v02 and v03 all of them); any other raises
+    ValueError.
     num_splits: None uses the memoised split plan (lab.decode.splits.split_plan) for this GPU; an int in
     [1, MAX_NUM_SPLITS] overrides it.
 
