@@ -12,16 +12,7 @@ OUT=${OUT:-/tmp/paged_dims}; D=$OUT/dims; mkdir -p "$D/session"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 LAB_CACHE_DIR=${LAB_CACHE_DIR:-$PWD/.cache/dev}
 { date -u; echo "commit ${LAB_COMMIT:-unknown}"; nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm --format=csv
   compute-sanitizer --version | tail -1; python3 -c "import torch; print('torch', torch.__version__)"; } > "$D/gpu.txt" 2>&1
-t0=$(date +%s)
-python3 -c "from lab import build; build.binding()" > "$D/build.log" 2>&1 &
-for v in v01 v02 v03 v04; do
-  python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$v'].source)" >> "$D/build.log" 2>&1 &
-done
-for v in v03 v04; do python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$v'].source, {'LAB_PAGED_BUG_IDENTITY': None})" \
-  >> "$D/build.log" 2>&1 &
-done
-wait
-echo "builds $(( $(date +%s) - t0 )) s" >> "$D/steps.txt"
+source tools/gpu/paged_builds.sh; paged_builds "$D/build.log" "$D/steps.txt"
 if [ "${PROBE:-0}" != 0 ]; then  # timed, so alone on the GPU before anything else starts
   t0=$(date +%s); LAB_SESSION_DIR=$D/session timeout 120 python3 tools/gpu/decode_dims_probe.py > "$D/probe.log" 2>&1
   echo "probe rc=$? $(( $(date +%s) - t0 )) s" >> "$D/steps.txt"

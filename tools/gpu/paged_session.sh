@@ -11,16 +11,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
 export LAB_CACHE_DIR=${LAB_CACHE_DIR:-$PWD/.cache/dev}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$OUT/logs/gpu.txt"
-t0=$(date +%s)
-python3 -c "from lab import build; build.binding()" > "$OUT/logs/build.log" 2>&1 &
-for v in v01 v02 v03 v04; do
-  python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$v'].source)" >> "$OUT/logs/build.log" 2>&1 &
-done
-for v in v03 v04; do python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$v'].source, {'LAB_PAGED_BUG_IDENTITY': None})" \
-  >> "$OUT/logs/build.log" 2>&1 &
-done
-wait
-echo "builds $(( $(date +%s) - t0 )) s" >> "$OUT/logs/steps.txt"
+source tools/gpu/paged_builds.sh; paged_builds "$OUT/logs/build.log" "$OUT/logs/steps.txt"
 t0=$(date +%s)
 if [ "${SANITIZE:-1}" != 0 ]; then  # SANITIZE=0: sanitized elsewhere (tools/gpu/paged_dims_call.sh)
   timeout ${SANITIZE_TIMEOUT:-170} bash tools/gpu/sanitize_pagerow.sh "$OUT/logs" > "$OUT/logs/sanitize_summary.log" 2>&1
