@@ -171,19 +171,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
     const bool need_mask = q0 + BR > p.seqlen_q || k0 + kBc > p.seqlen_k || (p.causal && q0 < k0 + kBc - 1);
     const float* l2 = sL + buf * BR;
     const float* del = sDel + buf * BR;
-#pragma unroll
-    for (int j = 0; j < NQ; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = j * 8 + 2 * t + (e & 1);
-        float pv = fast_exp2(fmaf(s[j][e], c, -l2[col]));
-        if (need_mask) {
-          const int key = k0 + kw + g + (e >> 1) * 8, qi = q0 + col;
-          if (!(qi < p.seqlen_q && key < p.seqlen_k && (!p.causal || key <= qi))) pv = 0.f;
-        }
-        s[j][e] = pv;
-        dp[j][e] = pv * (dp[j][e] - del[col]);
-      }
+    p_ds_keys_as_rows<NQ>(s, dp, c, l2, del, 0, need_mask, k0 + kw, q0, g, t, p);
 
     // dV += P^T dO, dK += dS^T Q (queries are the k dimension; operands from registers).
 #pragma unroll
@@ -239,21 +227,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv(const AttnBwdParams p) {
   cp_async_wait<0>();
 
   // Epilogue: dK * scale and dV, rows >= Sk not written.
-  T* dkg = static_cast<T*>(p.dk) + b * p.dk_stride[0] + hkv * p.dk_stride[1];
-  T* dvg = static_cast<T*>(p.dv) + b * p.dv_stride[0] + hkv * p.dv_stride[1];
-  const int key = k0 + kw + g;
-#pragma unroll
-  for (int n = 0; n < ND; ++n) {
-    const int col = n * 8 + 2 * t;
-    if (key < p.seqlen_k) {
-      store2<T>(dkg + key * p.dk_stride[2] + col, dk[n][0] * p.scale, dk[n][1] * p.scale);
-      store2<T>(dvg + key * p.dv_stride[2] + col, dv[n][0], dv[n][1]);
-    }
-    if (key + 8 < p.seqlen_k) {
-      store2<T>(dkg + (key + 8) * p.dk_stride[2] + col, dk[n][2] * p.scale, dk[n][3] * p.scale);
-      store2<T>(dvg + (key + 8) * p.dv_stride[2] + col, dv[n][2], dv[n][3]);
-    }
-  }
+  store_dk_dv<T, ND>(p, b, hkv, k0 + kw + g, 0, t, dk, dv);
 }
 
 // ---------------------------------------------------------------- 3a. dQ = scale * dq_accum: bwd_convert (common/bwd_mma.cuh)

@@ -136,19 +136,9 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
       float s[NQ][4], dp[NQ][4];
       s_dp_tile<T, D, NQ>(s, dp, sK, sV, w16, tq + wq * LD, tdo + wq * LD, LD, lane);
       const bool need_mask = q0 + BR > p.seqlen_q || k0 + BC > p.seqlen_k || (p.causal && q0 < k0 + BC - 1);
+      p_ds_keys_as_rows<NQ>(s, dp, c, l2, del, wq, need_mask, k0 + w16, q0, g, t, p);
 #pragma unroll
       for (int j = 0; j < NQ; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = wq + j * 8 + 2 * t + (e & 1);
-          float pv = fast_exp2(fmaf(s[j][e], c, -l2[col]));
-          if (need_mask) {
-            const int key = k0 + w16 + g + (e >> 1) * 8, qi = q0 + col;
-            if (!(qi < p.seqlen_q && key < p.seqlen_k && (!p.causal || key <= qi))) pv = 0.f;
-          }
-          s[j][e] = pv;
-          dp[j][e] = pv * (dp[j][e] - del[col]);
-        }
         const int at = (w16 + g) * LDS + wq + j * 8 + 2 * t;  // rows w16 + g and + 8: 32 distinct banks
         *reinterpret_cast<uint32_t*>(sP + at) = pack2<T>(s[j][0], s[j][1]);
         *reinterpret_cast<uint32_t*>(sP + at + 8 * LDS) = pack2<T>(s[j][2], s[j][3]);
@@ -202,21 +192,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
   cp_async_wait<0>();
 
   // Epilogue: dK * scale and dV, rows >= S_k not written.
-  T* dkg = static_cast<T*>(p.dk) + b * p.dk_stride[0] + hkv * p.dk_stride[1];
-  T* dvg = static_cast<T*>(p.dv) + b * p.dv_stride[0] + hkv * p.dv_stride[1];
-  const int key = k0 + w16 + g;
-#pragma unroll
-  for (int n = 0; n < DH / 8; ++n) {
-    const int col = wd + n * 8 + 2 * t;
-    if (key < p.seqlen_k) {
-      store2<T>(dkg + key * p.dk_stride[2] + col, dk[n][0] * p.scale, dk[n][1] * p.scale);
-      store2<T>(dvg + key * p.dv_stride[2] + col, dv[n][0], dv[n][1]);
-    }
-    if (key + 8 < p.seqlen_k) {
-      store2<T>(dkg + (key + 8) * p.dk_stride[2] + col, dk[n][2] * p.scale, dk[n][3] * p.scale);
-      store2<T>(dvg + (key + 8) * p.dv_stride[2] + col, dv[n][2], dv[n][3]);
-    }
-  }
+  store_dk_dv<T, DH / 8>(p, b, hkv, k0 + w16 + g, wd, t, dk, dv);
 }
 
 // ---------------------------------------------------------------- host

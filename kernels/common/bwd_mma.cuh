@@ -90,6 +90,50 @@ __device__ __forceinline__ void store2(T* dst, float a, float b) {
   *reinterpret_cast<uint32_t*>(dst) = pack2<T>(a, b);
 }
 
+// P^T and dS^T of a warp's 16 keys (rows) x kN n8 tiles of queries, in place: s (S^T) becomes P^T = exp2(s * c -
+// LSE_log2[query]), dp (dP^T) becomes dS^T = P^T (dP^T - Delta[query]). l2 / del are this step's LSE * log2 e and
+// Delta rows from column col0; key0: the warp's first key (rows key0 + g, + 8), q0: the step's first query. Masked
+// elements (causal, queries >= S_q, keys >= S_k) are selected to 0, only where need_mask says the tile can hold one.
+template <int kN>
+__device__ __forceinline__ void p_ds_keys_as_rows(float (&s)[kN][4], float (&dp)[kN][4], float c, const float* l2,
+                                                  const float* del, int col0, bool need_mask, int key0, int q0, int g,
+                                                  int t, const AttnBwdParams& p) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = col0 + j * 8 + 2 * t + (e & 1);
+      float pv = fast_exp2(fmaf(s[j][e], c, -l2[col]));
+      if (need_mask) {
+        const int key = key0 + g + (e >> 1) * 8, qi = q0 + col;
+        if (!(qi < p.seqlen_q && key < p.seqlen_k && (!p.causal || key <= qi))) pv = 0.f;
+      }
+      s[j][e] = pv;
+      dp[j][e] = pv * (dp[j][e] - del[col]);
+    }
+}
+
+// The epilogue of a K/V CTA: a warp's dK (times the scale) and dV rows key, key + 8 (those < S_k), kN n8 tiles of
+// columns from col0, straight from the accumulators.
+template <class T, int kN>
+__device__ __forceinline__ void store_dk_dv(const AttnBwdParams& p, int b, int hkv, int key, int col0, int t,
+                                            const float (&dk)[kN][4], const float (&dv)[kN][4]) {
+  T* dkg = static_cast<T*>(p.dk) + b * p.dk_stride[0] + hkv * p.dk_stride[1];
+  T* dvg = static_cast<T*>(p.dv) + b * p.dv_stride[0] + hkv * p.dv_stride[1];
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    const int col = col0 + n * 8 + 2 * t;
+    if (key < p.seqlen_k) {
+      store2<T>(dkg + key * p.dk_stride[2] + col, dk[n][0] * p.scale, dk[n][1] * p.scale);
+      store2<T>(dvg + key * p.dv_stride[2] + col, dv[n][0], dv[n][1]);
+    }
+    if (key + 8 < p.seqlen_k) {
+      store2<T>(dkg + (key + 8) * p.dk_stride[2] + col, dk[n][2] * p.scale, dk[n][3] * p.scale);
+      store2<T>(dvg + (key + 8) * p.dv_stride[2] + col, dv[n][2], dv[n][3]);
+    }
+  }
+}
+
 // One m16n8 accumulator tile (rows r0, r0 + 8; columns col0 .. col0 + 7) added into the fp32 dQ rows (pitch D).
 // kRed 4 on sm_90: lanes t and t^1 swap halves so each holds 4 consecutive columns of one row, then one 16-byte
 // red.global.add.v4.f32 per lane: a quarter of the scalar atomics. Else (and on sm_80) scalar atomicAdd.
