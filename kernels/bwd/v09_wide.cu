@@ -12,8 +12,11 @@
 // differently, joined through shared memory:
 //   A. S^T = K Q^T and dP^T = V dO^T: warp w takes keys 16 (w % 4).. and queries 32 (w / 4).. (16 x 32 each);
 //      P^T and dS^T go to shared memory as T, [key][query].
-//   B. dV += P^T dO and dK += dS^T Q: warp w takes keys 16 (w % 4).. and columns D/2 (w / 4)..: D / 4 floats a
-//      thread for each of dK and dV (64 at D = 256), held for the whole CTA.
+//   B. dV += P^T dO and dK += dS^T Q: warp w takes keys 32 (w % 2).. and columns D/4 (w / 2)..: D / 4 floats a
+//      thread for each of dK and dV (64 at D = 256), held for the whole CTA. (Run 1 had 16 keys x D/2 columns a
+//      warp, LAB_V09_KEY_TILES=1: the same registers, but each P^T / dS^T fragment fed D/16 products instead of
+//      D/32 x 2, so 18 ldmatrix per 32 mma instead of 12. Prediction: a third fewer ldmatrix in B, 12 % fewer a
+//      step, +3-8 % where the steps dominate, S >= 2048.)
 //   C. dQ_i += dS K: warp w takes queries 16 (w % 4).. and columns D/2 (w / 4).., in chunks of 32 columns
 //      added into the fp32 dq_accum (16-byte red.global.add.v4 on sm_90, scalar atomics on sm_80); the convert
 //      pass scales and casts, as in v01.
@@ -26,7 +29,7 @@
 // Prediction (H100, bf16): FA2's own tiling and its dQ atomics, with a quarter of the atomic instructions
 // (v4 reductions): the same speed as SDPA-flash's backward at D = 256 (FA2's kernel), 0.9-1.1x.
 // Build flags: LAB_V09_STAGES (0: by the device, else 1 or 2), LAB_V09_RED (4: v4 reductions on sm_90; 1:
-// scalar atomics everywhere).
+// scalar atomics everywhere), LAB_V09_KEY_TILES (phase B's tiling: 1, 16 keys x D/2 a warp; 2, 32 keys x D/4).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,6 +47,9 @@
 #ifndef LAB_V09_RED
 #define LAB_V09_RED 4
 #endif
+#ifndef LAB_V09_KEY_TILES
+#define LAB_V09_KEY_TILES 2
+#endif
 
 namespace {
 
@@ -59,7 +65,10 @@ struct WideCfg {
   static constexpr int BR = 64;         // queries per step; BC == BR keeps the causal start a whole block
   static constexpr int LD = D + 8;      // Q, K, V, dO pitch: +16 B keeps ldmatrix rows conflict-free
   static constexpr int LDS = BR + 8;    // P^T, dS^T pitch
-  static constexpr int DH = D / 2;      // columns of dK, dV, dQ per warp
+  static constexpr int DH = D / 2;      // columns of dQ per warp (and of dK, dV with kKT = 1)
+  // B: m16 tiles of keys a warp in dK, dV: 1 (16 keys x D/2 columns) or 2 (32 keys x D/4: a third fewer
+  // ldmatrix in B for 8 more registers of A fragments)
+  static constexpr int kKT = LAB_V09_KEY_TILES;
   static constexpr int kSmem = (2 * BC * LD + 2 * kStages * BR * LD + 2 * BC * LDS) * 2 + 2 * kStages * BR * 4;
   static_assert(D % 64 == 0 && D <= 256, "D/2 columns per warp in dQ chunks of 32");
   static_assert(BC == BR && BR / 2 == 32, "phase A: 16 keys x 32 queries per warp");
@@ -109,11 +118,16 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
     }
   };
 
-  float dk[DH / 8][4], dv[DH / 8][4];
+  // B's tiling: kKT m16 tiles of keys a warp, KW warps along the keys, the columns split over the others.
+  constexpr int KT = C::kKT, KW = 4 / KT, DC = D * KW / 8;
+  const int wkB = (warp % KW) * 16 * KT, wdB = (warp / KW) * DC;
+  float dk[KT][DC / 8][4], dv[KT][DC / 8][4];
 #pragma unroll
-  for (int n = 0; n < DH / 8; ++n)
+  for (int m = 0; m < KT; ++m)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+    for (int n = 0; n < DC / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[m][n][e] = dv[m][n][e] = 0.f;
   if (n_iter > 0) load_q(0, 0);
   cp_async_commit();
 
@@ -148,16 +162,26 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
     }
     __syncthreads();
 
-    // B. dV += P^T dO and dK += dS^T Q for 16 keys x D/2 columns (queries are the k dimension).
+    // B. dV += P^T dO and dK += dS^T Q for 16 KT keys x DC columns (queries are the k dimension).
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
-      uint32_t ap[4], as[4];
-      ldmatrix_x4(ap, addr_a(sP, LDS, w16, kk * 16, lane));
-      ldmatrix_x4(as, addr_a(sdS, LDS, w16, kk * 16, lane));
+      uint32_t ap[KT][4], as[KT][4];
 #pragma unroll
-      for (int dn = 0; dn < DH / 16; ++dn)
-        mma_pair_x2<T, true>(dv, dk, 2 * dn, ap, as, addr_b_kn_trans(tdo, LD, wd + dn * 16, kk * 16, lane),
-                             addr_b_kn_trans(tq, LD, wd + dn * 16, kk * 16, lane));
+      for (int m = 0; m < KT; ++m) {
+        ldmatrix_x4(ap[m], addr_a(sP, LDS, wkB + 16 * m, kk * 16, lane));
+        ldmatrix_x4(as[m], addr_a(sdS, LDS, wkB + 16 * m, kk * 16, lane));
+      }
+#pragma unroll
+      for (int dn = 0; dn < DC / 16; ++dn) {
+        uint32_t fo[4], fq[4];
+        ldmatrix_x4_trans(fo, addr_b_kn_trans(tdo, LD, wdB + dn * 16, kk * 16, lane));
+        ldmatrix_x4_trans(fq, addr_b_kn_trans(tq, LD, wdB + dn * 16, kk * 16, lane));
+#pragma unroll
+        for (int m = 0; m < KT; ++m) {
+          mma_16816_x2<T>(dv[m], 2 * dn, ap[m], fo);
+          mma_16816_x2<T>(dk[m], 2 * dn, as[m], fq);
+        }
+      }
     }
 
     // C. dQ_i += dS K for 16 query rows x D/2 columns, 32 columns at a time (keys are the k dimension).
@@ -192,7 +216,8 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
   cp_async_wait<0>();
 
   // Epilogue: dK * scale and dV, rows >= S_k not written.
-  store_dk_dv<T, DH / 8>(p, b, hkv, k0 + w16 + g, wd, t, dk, dv);
+#pragma unroll
+  for (int m = 0; m < KT; ++m) store_dk_dv<T, DC / 8>(p, b, hkv, k0 + wkB + 16 * m + g, wdB, t, dk[m], dv[m]);
 }
 
 // ---------------------------------------------------------------- host

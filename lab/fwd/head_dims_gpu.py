@@ -80,6 +80,14 @@ def wide_alt() -> dict:
     return dict(item.split("=", 1) for item in os.environ.get("WIDE_ALT", "").split())
 
 
+def bwd_alt() -> dict:
+    """$BWD_ALT (e.g. LAB_V09_KEY_TILES=2, space-separated NAME=VALUE): a second build of bwd v09 that the gradient
+    checks run beside the default one."""
+    import os
+
+    return dict(item.split("=", 1) for item in os.environ.get("BWD_ALT", "").split())
+
+
 def wide_checks(quick: bool) -> int:
     """D = 160, 192, 200, 256 forward (no gradients) through lab.check at uneven lengths, GQA, causal and not,
     fp16 / bf16, scales default and negative; D_v != D_qk; LSE; a wrong scale must fail; then wide_grad_checks."""
@@ -134,6 +142,9 @@ def wide_grad_checks(quick: bool) -> tuple[int, int]:
             runs = {"lab.ops.attention": harness.autograd_runner()}
             if D in (192, 256):
                 runs["bwd v09"] = harness.bwd_runner("v09")
+                if bwd_alt():
+                    runs["bwd v09 " + " ".join(f"{k}={v}" for k, v in bwd_alt().items())] = \
+                        harness.bwd_runner("v09", defines=bwd_alt())
             for impl, run in runs.items():
                 res = check.check_backward(run, case, impl, trials=1)
                 tally(check.backward_passed(res), impl, "grads", case.label,

@@ -5,6 +5,7 @@
 # forward and gradients (tools/gpu/head_dims.py --wide --checks-only), compute-sanitizer memcheck, racecheck,
 # synccheck and initcheck over tools/gpu/wide_sanitize.py, and (TRANSFORMERS=1, its wheels carried in .whl-tf)
 # tools/gpu/transformers_models.py; all into $OUT (records.jsonl, logs).
+# BWD_ALT='NAME=VALUE ...': a second build of bwd v09 whose gradients are checked beside the default's.
 # PROFILE=1: ncu of bwd v09 and FA2's backward kernel at one cell (details CSV).
 # BWD_ABLATION='v09:LAB_V09_RED=1 ...': those builds of bwd v09 timed beside the default (GPU time, a few cells).
 # Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1] [TRANSFORMERS=1] [BWD_ABLATION=...]
@@ -21,6 +22,10 @@ python3 -c "from lab import build; build.binding()" > "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('fwd/v10_wide.cu')" >> "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('bwd/v09_wide.cu')" >> "$W/build.log" 2>&1 &
 python3 -c "from lab import build; build.build_kernel('bwd/v09_wide.cu', {'LAB_BWD_BUG_NO_DELTA': None})" >> "$W/build.log" 2>&1 &
+if [ -n "${BWD_ALT:-}" ]; then  # a second build of bwd v09 (NAME=VALUE ...) checked beside the default
+  python3 -c "import os; from lab import build; build.build_kernel('bwd/v09_wide.cu', dict(i.split('=', 1) for i in
+os.environ['BWD_ALT'].split()))" >> "$W/build.log" 2>&1 &
+fi
 for a in ${BWD_ABLATION:-}; do  # bwd v09 rebuilt with switches (v09:NAME=VALUE,...), timed beside the default
   python3 -c "from lab import build; from lab.backward.race import ablation; build.build_kernel('bwd/v09_wide.cu',
 ablation('$a')[1])" >> "$W/build.log" 2>&1 &
