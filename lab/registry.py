@@ -41,6 +41,7 @@ BWD = {
     "v09": Kernel("bwd/v09_wide.cu", "attn_bwd_v09", (192, 256)),
     "v10": Kernel("bwd/v10_regkv.cu", "attn_bwd_v10", (64, 128), ((9, 0),)),
     "v11": Kernel("bwd/v11_persist.cu", "attn_bwd_v11", (64, 128), ((9, 0),)),
+    "v12": Kernel("bwd/v12_stage.cu", "attn_bwd_v12", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;

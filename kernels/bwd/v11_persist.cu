@@ -22,10 +22,17 @@
 //   loads land while the consumers store tile t's dK and dV.
 // - Both consumer warpgroups meet once per tile (a 256-thread named barrier) before the dS^T buffers are
 //   reused: within a tile they hand them over by the ready/free pairs, which assume a fresh start.
-// - Only where S_k <= LAB_V11_PERSIST_MAX_SK: v04 (v02 made persistent) lost 38 % at D = 128, S = 16384
+// - Only where S_k <= LAB_V11_PERSIST_MAX_SK (and D = 64): v04 (v02 made persistent) lost 38 % at D = 128, S = 16384
 //   causal to the static round-robin's imbalance, and 2-4 % on long non-causal problems; short tiles are the
 //   ones a per-CTA prologue and epilogue weigh on.
 //
+// Outcome (H100, GPU time, in rounds with v10; kernels/bwd/README.md): the plain round-robin (CTA c: tiles c,
+// c + grid, ...) lost 13-33 % on causal calls: with 132 CTAs and 4 key blocks per head at S = 512 a CTA always
+// drew the same key block, so a quarter of them did every longest tile; the zigzag rounds removed that. Then:
+// D = 64 S = 512 +3-4 % (1.01-1.02x SDPA-cuDNN), S = 1024 +0.5-2 %, S = 2048 -1 to +1 %; D = 128 S = 512 -6 to
+// -10 %, S = 1024 -2 to -4 %, S = 2048 level. Hence the rule above: D = 64 and S_k <= 1024 only. Why D = 128
+// loses is not settled: ncu at S = 512 finds v10's kernel and cuDNN's both L2-bound (79-80 % L2 throughput),
+// and at D = 128 every tile's K and V (64 KB) loaded early into the second buffer adds to that L2 traffic.
 // Prediction (H100, GPU time, S <= 2048): the kernel's share of v07's gap to cuDNN at S = 512 (446 against 395
 // us, ~11 %) is mostly per-CTA cost: +5-9 % on the kernel at S = 512, +3-5 % at 1024, +1-3 % at 2048, and a
 // third to a half of that on the whole call (the pre-pass, memset and convert are unchanged).
@@ -36,9 +43,13 @@
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v11_persist.cu
 #include "common/hopper/attn_bwd_stagger.cuh"
 
-// Persistent CTAs where S_k is at most this; above it v10's one CTA per tile.
+// Persistent CTAs where S_k is at most this, at D = 64 (and at D = 128 with LAB_V11_PERSIST_D128=1); elsewhere
+// v10's one CTA per tile. Measured (below): persistence pays at D = 64 up to S = 1024 only.
 #ifndef LAB_V11_PERSIST_MAX_SK
-#define LAB_V11_PERSIST_MAX_SK 2048
+#define LAB_V11_PERSIST_MAX_SK 1024
+#endif
+#ifndef LAB_V11_PERSIST_D128
+#define LAB_V11_PERSIST_D128 0
 #endif
 // At most this many CTAs (and one per SM): the sanitizer and driver builds set a small cap so that their small
 // problems run several tiles per CTA through both K/V buffers and the ring's phases across tiles.
@@ -137,7 +148,7 @@ template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
     using C = Cfg11<D>;
-    if (p.seqlen_k <= LAB_V11_PERSIST_MAX_SK)
+    if ((D == 64 || LAB_V11_PERSIST_D128) && p.seqlen_k <= LAB_V11_PERSIST_MAX_SK)
       return launch<C, T, bwd_dkdv_persist<C, T>, LAB_V11_MAX_CTAS>(p, st, dev);
     return launch<C, T, bwd_dkdv_stagger<C, T, AddPartial>>(p, st, dev);
   }

@@ -31,7 +31,8 @@ namespace lab::sm90::bwd {
 //   kDqByColumns: D = 64 splits dQ by columns as D = 128 does (each warpgroup 32 columns over all 128 keys, an
 //     m64n32 GEMM) instead of by keys (64 columns over its own keys): half the dQ reductions per step (bwd/v07).
 //   kKvInRegs: D = 64 only (D = 128 would need 64 more registers beside dK and dV's 128): bwd/v10.
-template <int D_, int kDsBufs_ = 1, bool kDqByColumns = false, bool kKvInRegs_ = false, bool kPUnderDp_ = false>
+template <int D_, int kDsBufs_ = 1, bool kDqByColumns = false, bool kKvInRegs_ = false, bool kPUnderDp_ = false,
+          bool kStageDkDv_ = false>
 struct Cfg {
   static constexpr int D = D_;
   static constexpr int BR = 64;
@@ -42,6 +43,8 @@ struct Cfg {
   // bwd/v10: K_w and V_w held as wgmma A fragments in registers (S^T and dP^T as RS GEMMs), and P^T computed
   // while the dP^T GEMM still runs (measured slower: off by default). The loop reads them with if constexpr.
   static constexpr bool kKvInRegs = kKvInRegs_, kPUnderDp = kPUnderDp_;
+  // bwd/v12: dK and dV leave through shared memory (the dQ staging area) as 16-byte coalesced stores.
+  static constexpr bool kStageDkDv = kStageDkDv_;
   static constexpr int kDqCols = kSplitDq ? D / 2 : D;          // a warpgroup's dQ partial: 64 rows x kDqCols
   static constexpr int kDqRegs = kDqCols / 2;
   static constexpr int kThreads = 384;
@@ -426,6 +429,48 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[C::D / 2], const f
       *reinterpret_cast<uint32_t*>(dvg + (int64_t)key * p.dv_stride[2] + col) =
           lab::pack2<T>(dv[4 * i + 2 * hh], dv[4 * i + 2 * hh + 1]);
     }
+  }
+}
+
+// The same through shared memory (bwd/v12): this warpgroup's dK_w (times scale) and dV_w as 16-bit rows in its half
+// of `stage` (64 rows x D, 16-byte chunks XOR-swizzled by row: conflict-free 4-byte writes), then 16-byte stores
+// of whole chunks, consecutive threads on consecutive chunks of a row: 4x fewer store instructions than
+// store_dk_dv's 4-byte ones, each warp writing whole rows. `stage` must be free (the dQ staging area, unused with
+// dQ reduced from registers). Falls back to store_dk_dv where dK or dV rows are not 16-byte aligned.
+template <class C, class T>
+__device__ __forceinline__ void store_dk_dv_staged(const float (&dk)[C::D / 2], const float (&dv)[C::D / 2], int kw0,
+                                                   const Work& work, const AttnBwdParams& p, uint8_t* stage) {
+  constexpr int D = C::D, kRowBytes = D * 2, kChunks = D / 8;
+  static_assert(4 * C::kDqBytes >= 2 * 2 * 64 * D * 2, "dK and dV of both warpgroups fit in the dQ staging area");
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+  T* dkg = static_cast<T*>(p.dk) + (int64_t)work.b * p.dk_stride[0] + (int64_t)work.hkv * p.dk_stride[1];
+  T* dvg = static_cast<T*>(p.dv) + (int64_t)work.b * p.dv_stride[0] + (int64_t)work.hkv * p.dv_stride[1];
+  const bool aligned = ((reinterpret_cast<uintptr_t>(dkg) | reinterpret_cast<uintptr_t>(dvg)) % 16 == 0) &&
+                       (p.dk_stride[2] % 8 == 0) && (p.dv_stride[2] % 8 == 0);
+  if (!aligned) {
+    store_dk_dv<C, T>(dk, dv, kw0, work, p);
+    return;
+  }
+  uint8_t* sk = stage + wg * 2 * 64 * kRowBytes;
+  uint8_t* sv = sk + 64 * kRowBytes;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = warp * 16 + hh * 8 + g;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int off = r * kRowBytes + ((i ^ (r % 8)) << 4) + 4 * t;
+      *reinterpret_cast<uint32_t*>(sk + off) = lab::pack2<T>(dk[4 * i + 2 * hh] * p.scale, dk[4 * i + 2 * hh + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(sv + off) = lab::pack2<T>(dv[4 * i + 2 * hh], dv[4 * i + 2 * hh + 1]);
+    }
+  }
+  named_barrier_sync(kBarWg + wg, 128);
+#pragma unroll
+  for (int j = 0; j < 64 * kChunks / 128; ++j) {
+    const int q = j * 128 + wt, r = q / kChunks, c = q % kChunks, key = kw0 + r;
+    if (key >= p.seqlen_k) continue;
+    const int off = r * kRowBytes + ((c ^ (r % 8)) << 4);
+    *reinterpret_cast<uint4*>(dkg + (int64_t)key * p.dk_stride[2] + 8 * c) = *reinterpret_cast<const uint4*>(sk + off);
+    *reinterpret_cast<uint4*>(dvg + (int64_t)key * p.dv_stride[2] + 8 * c) = *reinterpret_cast<const uint4*>(sv + off);
   }
 }
 

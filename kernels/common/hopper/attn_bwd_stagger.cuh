@@ -214,7 +214,10 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   if (wt == 0) bulk_wait<0>();
 
   // Epilogue
-  store_dk_dv<C, T>(dk, dv, work.n0 + 64 * wg, work, p);
+  if constexpr (C::kStageDkDv)
+    store_dk_dv_staged<C, T>(dk, dv, work.n0 + 64 * wg, work, p, smem + C::kOffDq);
+  else
+    store_dk_dv<C, T>(dk, dv, work.n0 + 64 * wg, work, p);
 #endif
 }
 
