@@ -101,7 +101,7 @@ def test_prune_keeps_published_and_cited_sessions(tree):
     root, ids, head = tree
     sessions = root / "outputs" / "sessions"
     done = prune.prune(root)
-    assert set(done) == {ids["old"], ids["cpu"], ids["new"]}
+    assert set(done) == {ids["old"], ids["cpu"], ids["new"], ids["cited"]}
     # superseded on its GPU (old) or CPU-mode beside GPU evidence (cpu): every copy leaves, the records stay
     # gzipped
     for key in ("old", "cpu"):
@@ -125,9 +125,13 @@ def test_prune_keeps_published_and_cited_sessions(tree):
     for key in ("h200", "mixed", "cited"):
         assert (sessions / ids[key] / "n4_baseline.ipynb").is_file(), key
         assert not (sessions / ids[key] / prune.PRUNED).exists(), key
-    for key in ("new", "h200", "mixed", "cited"):  # published or cited: plain records, as the runner wrote them
+    for key in ("new", "h200", "mixed"):  # published: plain records, as the runner wrote them
         assert (sessions / ids[key] / record.RECORDS).is_file(), key
         assert not (sessions / ids[key] / record.RECORDS_GZ).exists(), key
+    # cited but not published: its copies stay, its records are gzipped (every row, read as before)
+    cited = sessions / ids["cited"]
+    assert (cited / record.RECORDS_GZ).is_file() and not (cited / record.RECORDS).exists()
+    assert done[ids["cited"]]["files"] == [] and done[ids["cited"]]["records"]["file"] == record.RECORDS_GZ
     assert prune.prune(root) == {}, "a second prune finds nothing"
 
 

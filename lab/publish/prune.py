@@ -16,7 +16,9 @@ them (the executed notebook has the charts, the records have the metrics), and o
 reports alone weigh 6 MB.
 
 A superseded session's records stay in the tree as records.jsonl.gz: every row, a tenth of the bytes
-(lab.record reads both forms); the sessions the book publishes or cites keep plain records.jsonl.
+(lab.record reads both forms). Only the sessions the book publishes keep plain records.jsonl: a session a document
+cites keeps its executed copies but gzips its records too (the plain records of the cited sessions outweighed
+every other part of the tree).
 
 Git history keeps everything pruned. Pruning writes <session>/pruned.json with the last commit whose
 tree has the files, and the sessions page names it with the command that restores them.
@@ -88,19 +90,19 @@ def published(sessions: list[dict], chapter_names: list[str], chapters_dir: Path
 def plan(root: Path | None = None, outputs: Path | None = None
          ) -> tuple[set[str], dict[str, list[Path]], set[str]]:
     """(sessions whose notebooks and figures stay, {session to prune: the files that leave the tree},
-    superseded sessions whose plain records.jsonl becomes records.jsonl.gz)."""
+    sessions the book does not publish whose plain records.jsonl becomes records.jsonl.gz)."""
     root = Path(root or paths.ROOT)
     outputs = Path(outputs or root / "outputs")
     sessions = pages.load_sessions(outputs)
-    keep = published(sessions, toc.chapters(root / "_toc.yml"), root / "chapters")
-    keep |= cited(root, [s["id"] for s in sessions])
+    shown = published(sessions, toc.chapters(root / "_toc.yml"), root / "chapters")
+    keep = shown | cited(root, [s["id"] for s in sessions])
     drop = {}
     for s in sessions:
         found = [p for p in copies(s["_dir"]) if s["id"] not in keep or p.name.endswith(NEVER_KEPT)]
         if found:
             drop[s["id"]] = found
     # a session still at work may append more rows: its records stay plain until it ends
-    squeeze = {s["id"] for s in sessions if s["id"] not in keep and s.get("status") != "running"
+    squeeze = {s["id"] for s in sessions if s["id"] not in shown and s.get("status") != "running"
                and (s["_dir"] / record.RECORDS).is_file()}
     return keep, drop, squeeze
 
