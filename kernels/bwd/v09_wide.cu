@@ -29,7 +29,8 @@
 // Prediction (H100, bf16): FA2's own tiling and its dQ atomics, with a quarter of the atomic instructions
 // (v4 reductions): the same speed as SDPA-flash's backward at D = 256 (FA2's kernel), 0.9-1.1x.
 // Build flags: LAB_V09_STAGES (0: by the device, else 1 or 2), LAB_V09_RED (4: v4 reductions on sm_90; 1:
-// scalar atomics everywhere), LAB_V09_KEY_TILES (phase B's tiling: 1, 16 keys x D/2 a warp; 2, 32 keys x D/4).
+// scalar atomics everywhere), LAB_V09_KEY_TILES (phase B's tiling: 1, 16 keys x D/2 a warp; 2, 32 keys x D/4),
+// LAB_V09_ROW_LOAD (1: tile loads at fixed row steps; 0: v01's strided loop).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -46,6 +47,9 @@
 #endif
 #ifndef LAB_V09_RED
 #define LAB_V09_RED 4
+#endif
+#ifndef LAB_V09_ROW_LOAD
+#define LAB_V09_ROW_LOAD 1
 #endif
 #ifndef LAB_V09_KEY_TILES
 #define LAB_V09_KEY_TILES 2
@@ -75,6 +79,15 @@ struct WideCfg {
   static_assert(kSmem <= 227 * 1024, "shared memory beyond sm_90's opt-in limit");
 };
 
+// A tile of ROWS rows into shared memory: at fixed row steps per thread (LAB_V09_ROW_LOAD=1, the default since run
+// 3), or v01's strided loop (0: a division per 16-byte copy; run 2's ncu counted 1.5x FA2's instructions, ~400 of
+// them a step in this loop). Prediction: 24 % fewer instructions a step, +5-10 % where steps dominate.
+template <class T, int D, int ROWS, int LD, int kThreads>
+__device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t row_stride, int row0, int seqlen, int tid) {
+  if constexpr (LAB_V09_ROW_LOAD) load_tile_rows<T, D, ROWS, LD, kThreads>(dst, src, row_stride, row0, seqlen, tid);
+  else load_tile<T, D, ROWS, LD, kThreads>(dst, src, row_stride, row0, seqlen, tid);
+}
+
 template <class T, int D, int kStages>
 __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
   using C = WideCfg<D, kStages>;
@@ -103,14 +116,14 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
   // Prologue: K, V of the block, the first (query head, query block)'s Q, dO, LSE, Delta.
   const T* kg = static_cast<const T*>(p.k) + b * p.k_stride[0] + hkv * p.k_stride[1];
   const T* vg = static_cast<const T*>(p.v) + b * p.v_stride[0] + hkv * p.v_stride[1];
-  load_tile<T, D, BC, LD, 256>(sK, kg, p.k_stride[2], k0, p.seqlen_k, tid);
-  load_tile<T, D, BC, LD, 256>(sV, vg, p.v_stride[2], k0, p.seqlen_k, tid);
+  load_rows<T, D, BC, LD, 256>(sK, kg, p.k_stride[2], k0, p.seqlen_k, tid);
+  load_rows<T, D, BC, LD, 256>(sV, vg, p.v_stride[2], k0, p.seqlen_k, tid);
   auto load_q = [&](int it, int buf) {
     const int hq = hkv * group + it / per_head, q0 = (qb_begin + it % per_head) * BR;
     const T* qg = static_cast<const T*>(p.q) + b * p.q_stride[0] + hq * p.q_stride[1];
     const T* dg = static_cast<const T*>(p.dout) + b * p.do_stride[0] + hq * p.do_stride[1];
-    load_tile<T, D, BR, LD, 256>(sQ + buf * BR * LD, qg, p.q_stride[2], q0, p.seqlen_q, tid);
-    load_tile<T, D, BR, LD, 256>(sdO + buf * BR * LD, dg, p.do_stride[2], q0, p.seqlen_q, tid);
+    load_rows<T, D, BR, LD, 256>(sQ + buf * BR * LD, qg, p.q_stride[2], q0, p.seqlen_q, tid);
+    load_rows<T, D, BR, LD, 256>(sdO + buf * BR * LD, dg, p.do_stride[2], q0, p.seqlen_q, tid);
     const int64_t r0 = ((int64_t)b * p.heads_q + hq) * sq_pad + q0;  // in bounds: rows padded to 64
     if (tid < BR / 4) {
       cp_async_16(smem_u32(sL + buf * BR + tid * 4), p.lse_log2 + r0 + tid * 4, true);
