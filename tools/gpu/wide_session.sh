@@ -6,6 +6,7 @@
 # synccheck and initcheck over tools/gpu/wide_sanitize.py, and (TRANSFORMERS=1, its wheels carried in .whl-tf)
 # tools/gpu/transformers_models.py; all into $OUT (records.jsonl, logs).
 # BWD_ALT='NAME=VALUE ...': a second build of bwd v09 whose gradients are checked beside the default's.
+# CHECKS_QUICK=1: the checks' quick grid (lengths up to 1025) with the full race.
 # PROFILE=1: ncu of bwd v09 and FA2's backward kernel at one cell (details CSV).
 # BWD_ABLATION='v09:LAB_V09_RED=1 ...': those builds of bwd v09 timed beside the default (GPU time, a few cells).
 # Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1] [TRANSFORMERS=1] [BWD_ABLATION=...]
@@ -73,7 +74,7 @@ PY
     echo "ncu $impl rc=$?" >> "$W/profile-$impl.log"
   done
 fi
-(timeout ${CHECK_TIMEOUT:-240} python3 tools/gpu/head_dims.py --wide --checks-only $Q > "$W/checks.log" 2>&1
+(timeout ${CHECK_TIMEOUT:-240} python3 tools/gpu/head_dims.py --wide --checks-only $Q ${CHECKS_QUICK:+--quick} > "$W/checks.log" 2>&1
  echo "checks rc=$?" >> "$W/checks.log") &
 for tool in memcheck racecheck synccheck initcheck; do
   (timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $tool python3 tools/gpu/wide_sanitize.py > "$W/$tool.log" 2>&1
