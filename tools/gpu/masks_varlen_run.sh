@@ -5,22 +5,15 @@
 # backward cell runs lab.masks.gpu_varlen's checks beside the dense ones). Carry .whl.
 #   LAB_COMMIT=<sha> bash tools/gpu/masks_varlen_run.sh   -> $OUT/sanitize.tgz, $OUT/n13.tgz, $OUT/session.log
 set -u
-OUT=${OUT:-/tmp/masks_varlen}; mkdir -p "$OUT/san"
+OUT=${OUT:-/tmp/masks_varlen}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
-build() { python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source${3:+, {'$3': '1'}})" >> "$OUT/san/build.log" 2>&1; }
-python3 -c "from lab import build; build.binding()" >> "$OUT/san/build.log" 2>&1 &
+build() { local d=""; [ -n "${3:-}" ] && d=", {'$3': '1'}"
+  python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source$d)" >> "$OUT/build.log" 2>&1; }
+python3 -c "from lab import build; build.binding()" >> "$OUT/build.log" 2>&1 &
 build MASKED_FWD v08 & build MASKED_FWD v09 & build MASKED_BWD v08 & build BWD v07 &
 build MASKED_FWD v08 LAB_V08_IGNORE_WINDOW & build MASKED_FWD v09 LAB_V08_IGNORE_WINDOW &
 build MASKED_BWD v08 LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD & build MASKED_BWD v08 LAB_BWD_MASK_BUG_NO_WINDOW &
-python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" >> "$OUT/san/build.log" 2>&1 &
+python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" >> "$OUT/build.log" 2>&1 &
 wait
-for tool in memcheck racecheck synccheck initcheck; do
-  extra=""; [ $tool = initcheck ] && extra="--track-unused-memory no"
-  ( timeout ${SAN_TIMEOUT:-180} compute-sanitizer --tool $tool $extra --print-limit 20 \
-      --kernel-name "regex:bwd|convert_dq|sink_grad" python3 tools/gpu/masks_bwd_sanitize.py > "$OUT/san/$tool.log" 2>&1
-    echo "rc=$?" >> "$OUT/san/$tool.log" ) &
-done
-wait
-tail -n 4 "$OUT"/san/*.log
-tar czf "$OUT/sanitize.tgz" -C "$OUT" san && rm -rf "$OUT/san"
+OUT=$OUT bash tools/gpu/masks_bwd_sanitize.sh
 SESSION_TIMEOUT=${SESSION_TIMEOUT:-400} OUT=$OUT bash tools/gpu/masks_session.sh

@@ -1,0 +1,18 @@
+#!/bin/bash
+# The four compute-sanitizer tools on bwd v08's dense and packed calls (tools/gpu/masks_bwd_sanitize.py), bwd v08's
+# kernels only (pre-pass, loop, dQ convert, sink gradient): -> $OUT/sanitize.tgz (san/<tool>.log).
+set -u
+OUT=${OUT:-/tmp/masks_san}; mkdir -p "$OUT/san"
+export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
+python3 -c "from lab import build, registry; build.binding(); build.build_kernel(registry.MASKED_BWD['v08'].source)
+build.build_kernel(registry.MASKED_FWD['v09'].source)" > "$OUT/san/build.log" 2>&1
+{ date -u; echo "commit ${LAB_COMMIT:-?}"; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv
+  compute-sanitizer --version | tail -2; } > "$OUT/san/env.log" 2>&1
+for tool in memcheck racecheck synccheck initcheck; do
+  ( timeout ${SAN_TIMEOUT:-180} compute-sanitizer --tool $tool --print-limit 20 \
+      --kernel-regex "kns=bwd|convert_dq|sink_grad" python3 tools/gpu/masks_bwd_sanitize.py > "$OUT/san/$tool.log" 2>&1
+    echo "rc=$?" >> "$OUT/san/$tool.log" ) &
+done
+wait
+tail -n 4 "$OUT"/san/*.log
+tar czf "$OUT/sanitize.tgz" -C "$OUT" san && rm -rf "$OUT/san"
