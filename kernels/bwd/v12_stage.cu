@@ -21,6 +21,16 @@
 // 1024, ~1 % at 2048, nothing measurable at S >= 4096; D = 64 (32 stores per thread, 8 steps of half the
 // reductions) about the same fractions.
 //
+// Outcome (H100, GPU time, in rounds with v10 and SDPA-cuDNN, 21 bench-bwd cells; outputs/driver_logs/
+// 20261126-h100-bwd-v12-run1/): far above the prediction and at every length. D = 128: S = 512 +13 % (1.06x
+// cuDNN), 1024 +9 %, 2048 +5 %, 4096 +2-3 %, 16384 +1 %; D = 64: S = 512 +8-9 %, 1024 +6-7 %, 2048 +3-5 %, 4096
+// +2-3 %, 16384 +0-1 %. 19 of 21 cells >= 1.0x cuDNN (v10: 5). What the prediction missed: the 4-byte stores
+// were not only many but partial: each warp instruction wrote 4 bytes into each of 8 rows, 16 bytes per
+// 32-byte sector per instruction, so every sector of dK and dV was written in pieces by several instructions
+// (L2 merges them, but each piece is a separate request through the L2-bound memory system the profile showed);
+// whole 16-byte chunks in whole rows write each sector once. Correct: driver 53/53 (the no-Δ build fails 52),
+// 14/14 gradient checks, memcheck (38 configs), racecheck, synccheck, initcheck (4 each) clean.
+//
 // Limits: v10's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
 // mode).
 //
