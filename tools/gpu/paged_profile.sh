@@ -12,17 +12,7 @@ export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 LAB_CACHE
 STEPS=${STEPS:-checks race ncu}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv > "$LOGS/gpu.txt"
-start=$(date +%s)
-python3 -c "from lab import build; build.binding()" > "$LOGS/build.log" 2>&1 &
-for v in v01 v02 v03 v04; do
-  python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$v'].source)" >> "$LOGS/build.log" 2>&1 &
-done
-for v in v03 v04; do
-  python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$v'].source, {'LAB_PAGED_BUG_IDENTITY': None})" \
-    >> "$LOGS/build.log" 2>&1 &
-done
-wait
-echo "builds: $(( $(date +%s) - start )) s" | tee -a "$LOGS/steps.txt"
+source tools/gpu/paged_builds.sh; paged_builds "$LOGS/build.log" "$LOGS/steps.txt"; tail -1 "$LOGS/steps.txt"
 step() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s)
