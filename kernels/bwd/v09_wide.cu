@@ -30,7 +30,7 @@
 // (v4 reductions): the same speed as SDPA-flash's backward at D = 256 (FA2's kernel), 0.9-1.1x.
 // Build flags: LAB_V09_STAGES (0: by the device, else 1 or 2), LAB_V09_RED (4: v4 reductions on sm_90; 1:
 // scalar atomics everywhere), LAB_V09_KEY_TILES (phase B's tiling: 1, 16 keys x D/2 a warp; 2, 32 keys x D/4),
-// LAB_V09_ROW_LOAD (1: tile loads at fixed row steps; 0: v01's strided loop).
+// LAB_V09_ROW_LOAD (0: v01's strided tile loop; 1: fixed row steps, not yet run on a GPU).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -49,7 +49,7 @@
 #define LAB_V09_RED 4
 #endif
 #ifndef LAB_V09_ROW_LOAD
-#define LAB_V09_ROW_LOAD 1
+#define LAB_V09_ROW_LOAD 0
 #endif
 #ifndef LAB_V09_KEY_TILES
 #define LAB_V09_KEY_TILES 2
@@ -79,9 +79,10 @@ struct WideCfg {
   static_assert(kSmem <= 227 * 1024, "shared memory beyond sm_90's opt-in limit");
 };
 
-// A tile of ROWS rows into shared memory: at fixed row steps per thread (LAB_V09_ROW_LOAD=1, the default since run
-// 3), or v01's strided loop (0: a division per 16-byte copy; run 2's ncu counted 1.5x FA2's instructions, ~400 of
-// them a step in this loop). Prediction: 24 % fewer instructions a step, +5-10 % where steps dominate.
+// A tile of ROWS rows into shared memory: v01's strided loop (LAB_V09_ROW_LOAD=0, the default: what ran on the GPUs;
+// a division per 16-byte copy, ~450 of the ~1880 instructions of a step at D = 256, where run 2's ncu counted 1.5x
+// FA2's instructions) or fixed row steps per thread (1: 1433 instructions a step; compiled for sm_80 and sm_90a
+// but not yet run on a GPU. Prediction: +5-10 % where steps dominate).
 template <class T, int D, int ROWS, int LD, int kThreads>
 __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t row_stride, int row0, int seqlen, int tid) {
   if constexpr (LAB_V09_ROW_LOAD) load_tile_rows<T, D, ROWS, LD, kThreads>(dst, src, row_stride, row0, seqlen, tid);
