@@ -201,6 +201,21 @@ def test_varlen_backward_matches_autograd_with_empty_sequences(window, causal, c
     assert max(_err(g, w) for g, w in zip(wrong[:3], want[:3])) > 1e-3
 
 
+def test_varlen_backward_without_keys_needs_no_kernel():
+    """Every key sequence empty (max_seqlen_k = 0): no kernel runs; dQ, dK, dV are zeros and d sink is the sum of
+    dLSE over the rows of sequences (O = 0, LSE = sink there), as float64 autograd of the reference says."""
+    from lab.masks import varlen_bwd
+    cu_q, cu_k = torch.tensor([0, 3, 3, 7], dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    q, k = _draw(9, 2, 16, seed=41).requires_grad_(), _draw(2, 2, 16, seed=42).requires_grad_()
+    sinks = _draw(2, seed=43).requires_grad_()
+    out, lse = reference.attend_varlen(q, k, k, cu_q, cu_k, spec.Mask(), 0.3, sinks)
+    dlse = torch.where(torch.isfinite(lse), _draw(*lse.shape, seed=44), 0.0)
+    want = torch.autograd.grad((torch.where(torch.isfinite(lse), lse, 0) * dlse).sum(), sinks)[0]
+    dq, dk, dv, ds = varlen_bwd.launch(torch.zeros_like(out), q.detach(), k.detach(), k.detach(), out.detach(),
+                                       lse.detach(), dlse, cu_q, cu_k, sinks.detach(), True, 4, 0, -1, -1, 0.0, 0.3)
+    assert float(dq.abs().max()) == float(dk.abs().max()) == float(dv.abs().max()) == 0.0
+    assert _err(ds, want) < 1e-6 and float(want.abs().max()) > 1e-3  # d sinks is float32, as the kernel's
+
 def test_pad_and_unpad_round_trip_without_host_lengths():
     """The copies into the padded buffers and back: each sequence's rows first, `fill` after; rows of no sequence
     come back as zeros; lengths past max_seqlen are clamped (unchecked cu_seqlens read nothing out of bounds)."""
