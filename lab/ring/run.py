@@ -31,6 +31,7 @@ import argparse
 import os
 import resource
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -158,8 +159,10 @@ def prepare(run: Run, build_arch: str | None = None) -> None:
                            for D in (64, 128) for causal in (False, True) for sq in (64, 8192)})
         for version in versions:
             lib = build.build_kernel(registry.FWD[version].source, arch=build.check_arch_flags(build_arch))
-            print(f"rank {run.rank}: {version} for {build_arch} {'from the cache' if lib.cached else 'built'}: "
-                  f"{lib.path.name}", flush=True)
+            line = (f"rank {run.rank}: {version} for {build_arch} {'from the cache' if lib.cached else 'built'}: "
+                    f"{lib.path.name}\n")
+            sys.stdout.flush()
+            os.write(sys.stdout.fileno(), line.encode())  # one write: the ranks share the stream, lines stay whole
     if not run.cuda:
         return
     from .. import ops
