@@ -1,6 +1,6 @@
 // Backward attention v10: v07 with D = 64's per-step shared-memory reads cut: K_w and V_w held in registers as
 // wgmma A fragments, so S^T and dP^T become RS GEMMs. A second change, P^T computed while the dP^T GEMM still
-// runs, measured slower and is off (LAB_V10_P_UNDER_DP).
+// runs, measured slower and was removed (below).
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
 // Measured: kernels/bwd/README.md (the version table).
 //
@@ -27,7 +27,8 @@
 // - P^T under dP^T: 5-12 % *slower* at D = 128 (0.89-0.95x where v07 is 0.93-1.03x) and ~1 % at D = 64. The
 //   stagger already runs one warpgroup's softmax under the other's GEMMs; splitting the wait gives the
 //   warpgroup a second wgmma wait per step and moves its MUFU work into the window where the other warpgroup's
-//   S^T / dP^T would issue. Kept as a switch (LAB_V10_P_UNDER_DP=1), off by default.
+//   S^T / dP^T would issue. Removed after the measurement; the switch is in the history (git show fa69363:
+//   kernels/common/hopper/attn_bwd_stagger.cuh, Cfg::kPUnderDp).
 //
 // Limits: v07's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
 // mode).
@@ -39,16 +40,13 @@
 #ifndef LAB_V10_KV_REGS
 #define LAB_V10_KV_REGS 1
 #endif
-#ifndef LAB_V10_P_UNDER_DP
-#define LAB_V10_P_UNDER_DP 0
-#endif
 
 namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
 template <int D>
-using Cfg10 = Cfg<D, 2, true, LAB_V10_KV_REGS && D == 64, LAB_V10_P_UNDER_DP>;
+using Cfg10 = Cfg<D, 2, true, LAB_V10_KV_REGS && D == 64>;
 
 template <int D, class T>
 struct Launch {

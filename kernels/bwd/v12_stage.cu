@@ -44,7 +44,7 @@ using namespace lab::sm90::bwd;
 static_assert(LAB_V05_DQ_RED, "the dQ staging area must be free (dQ reduced from registers)");
 
 template <int D>
-using Cfg12 = Cfg<D, 2, true, D == 64, false, true>;
+using Cfg12 = Cfg<D, 2, true, D == 64, true>;
 
 template <int D, class T>
 struct Launch {

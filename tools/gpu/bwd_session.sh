@@ -18,9 +18,7 @@ for src in $(python3 -c "from lab import registry; print(' '.join(k.source for k
                             >> "$OUT/build.log" 2>&1 & done ;;
                       bwd/v05*) for ab in LAB_V05_STAGGER=0 LAB_V05_STAGGER=1 LAB_V05_DQ_RED=0; do
                           python3 -c "from lab import build; build.build_kernel('$src', {'${ab%=*}': '${ab#*=}'})" \
-                            >> "$OUT/build.log" 2>&1 & done ;;
-                      bwd/v10*) python3 -c "from lab import build; build.build_kernel('$src', {'LAB_V10_P_UNDER_DP': '1'})" \
-                            >> "$OUT/build.log" 2>&1 & ;; esac
+                            >> "$OUT/build.log" 2>&1 & done ;; esac
   case $src in bwd/*) python3 -c "from lab import build; build.build_kernel('$src', {'LAB_BWD_BUG_NO_DELTA': None})" \
                         >> "$OUT/build.log" 2>&1 & ;; esac
 done

@@ -31,8 +31,7 @@ namespace lab::sm90::bwd {
 //   kDqByColumns: D = 64 splits dQ by columns as D = 128 does (each warpgroup 32 columns over all 128 keys, an
 //     m64n32 GEMM) instead of by keys (64 columns over its own keys): half the dQ reductions per step (bwd/v07).
 //   kKvInRegs: D = 64 only (D = 128 would need 64 more registers beside dK and dV's 128): bwd/v10.
-template <int D_, int kDsBufs_ = 1, bool kDqByColumns = false, bool kKvInRegs_ = false, bool kPUnderDp_ = false,
-          bool kStageDkDv_ = false>
+template <int D_, int kDsBufs_ = 1, bool kDqByColumns = false, bool kKvInRegs_ = false, bool kStageDkDv_ = false>
 struct Cfg {
   static constexpr int D = D_;
   static constexpr int BR = 64;
@@ -40,9 +39,9 @@ struct Cfg {
   static constexpr int kStages = 2;
   static constexpr int kDsBufs = kDsBufs_;
   static constexpr bool kSplitDq = D == 128 || kDqByColumns;  // dQ split by columns (both halves of dS) or by keys
-  // bwd/v10: K_w and V_w held as wgmma A fragments in registers (S^T and dP^T as RS GEMMs), and P^T computed
-  // while the dP^T GEMM still runs (measured slower: off by default). The loop reads them with if constexpr.
-  static constexpr bool kKvInRegs = kKvInRegs_, kPUnderDp = kPUnderDp_;
+  // bwd/v10: K_w and V_w held as wgmma A fragments in registers (S^T and dP^T as RS GEMMs); the loop reads it
+  // with if constexpr.
+  static constexpr bool kKvInRegs = kKvInRegs_;
   // bwd/v12: dK and dV leave through shared memory (the dQ staging area) as 16-byte coalesced stores.
   static constexpr bool kStageDkDv = kStageDkDv_;
   static constexpr int kDqCols = kSplitDq ? D / 2 : D;          // a warpgroup's dQ partial: 64 rows x kDqCols
@@ -121,18 +120,8 @@ __device__ __forceinline__ void init_bars(Bars<kStages>& bars) {
   fence_barrier_init();
 }
 
-// The producer's K and V of a tile (one thread), on the kv barrier.
-template <class C>
-__device__ __forceinline__ void load_kv(const CUtensorMap* tk, const CUtensorMap* tv, uint64_t& kv, uint32_t base,
-                                        const Work& work) {
-  mbar_arrive_expect_tx(smem_u32(&kv), 2 * C::kKVBytes);
-  for (int cb = 0; cb < C::D / 64; ++cb) {
-    tma_load_4d(base + C::kOffK + cb * C::BC * 128, tk, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
-    tma_load_4d(base + C::kOffV + cb * C::BC * 128, tv, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
-  }
-}
-
-// The same into a K/V buffer of the caller's choice (bwd/v11's persistent CTAs alternate two).
+// The producer's K and V of a tile (one thread), on the kv barrier, into K/V buffer k_dst / v_dst (bwd/v11's
+// persistent CTAs alternate two).
 template <class C>
 __device__ __forceinline__ void load_kv_at(const CUtensorMap* tk, const CUtensorMap* tv, uint64_t& kv, uint32_t k_dst,
                                            uint32_t v_dst, const Work& work) {
@@ -141,6 +130,12 @@ __device__ __forceinline__ void load_kv_at(const CUtensorMap* tk, const CUtensor
     tma_load_4d(k_dst + cb * C::BC * 128, tk, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
     tma_load_4d(v_dst + cb * C::BC * 128, tv, smem_u32(&kv), cb * 64, work.n0, work.hkv, work.b);
   }
+}
+// Into Cfg's one K/V buffer.
+template <class C>
+__device__ __forceinline__ void load_kv(const CUtensorMap* tk, const CUtensorMap* tv, uint64_t& kv, uint32_t base,
+                                        const Work& work) {
+  load_kv_at<C>(tk, tv, kv, base + C::kOffK, base + C::kOffV, work);
 }
 
 // The producer's steps of a tile (one thread): Q_i, dO_i (TMA) and LSE_i, Delta_i (1-D bulk copies) into the
@@ -223,41 +218,6 @@ __device__ __forceinline__ void p_ds_step(float (&s)[32], float (&dp)[32], const
     p_ds<true>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
   else
     p_ds<false>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p);
-}
-
-// p_ds in two halves, so P^T can be computed while the dP^T GEMM runs (bwd/v10): P^T in place of S^T (masked
-// where the tile needs it: a masked P is 0, so its dS is 0 with no second test), then dS^T in place of dP^T.
-template <bool kMask>
-__device__ __forceinline__ void p_only(float (&s)[32], const float* lse2, float c, int key0, int q0, int t,
-                                       const AttnBwdParams& p) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = 8 * i + 2 * t + (e & 1);
-      float pv = ex2(fmaf(s[4 * i + e], c, -lse2[col]));
-      if constexpr (kMask) {
-        const int key = key0 + 8 * (e >> 1), q = q0 + col;
-        if (q >= p.seqlen_q || key >= p.seqlen_k || (p.causal && key > q)) pv = 0.f;
-      }
-      s[4 * i + e] = pv;
-    }
-}
-__device__ __forceinline__ void ds_only(const float (&s)[32], float (&dp)[32], const float* delta, int t) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - delta[8 * i + 2 * t + (e & 1)]);
-}
-template <class C>
-__device__ __forceinline__ void p_step(float (&s)[32], const float* rows, float c, int kw0, int m0,
-                                       const AttnBwdParams& p) {
-  const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
-  const bool mask = (p.causal && kw0 + 63 > m0) || m0 + C::BR > p.seqlen_q || kw0 + 64 > p.seqlen_k;
-  if (mask)
-    p_only<true>(s, rows, c, kw0 + warp * 16 + g, m0, t, p);
-  else
-    p_only<false>(s, rows, c, kw0 + warp * 16 + g, m0, t, p);
 }
 
 // This warpgroup's 64 rows of a K-major tile (K or V, `rows` rows per 64-column block, 128B swizzle) as the

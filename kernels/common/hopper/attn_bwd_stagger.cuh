@@ -93,16 +93,6 @@ struct DenseSteps {
                                               int m0, const AttnBwdParams& p) {
     p_ds_step<C>(s, dp, rows, c, kw0, m0, p);
   }
-  // The same in two halves (Cfg::kPUnderDp): P^T while the dP^T GEMM runs, then dS^T.
-  template <class C>
-  __device__ __forceinline__ static void p(float (&s)[32], const float* rows, float c, int kw0, int m0,
-                                           const AttnBwdParams& p) {
-    p_step<C>(s, rows, c, kw0, m0, p);
-  }
-  template <class C>
-  __device__ __forceinline__ static void ds(const float (&s)[32], float (&dp)[32], const float* rows) {
-    ds_only(s, dp, rows + C::BR, threadIdx.x % 4);
-  }
 };
 
 // One key-block tile of a consumer warpgroup: wait for its K and V (barrier `kv`, parity `kv_phase`, at k_off /
@@ -144,19 +134,10 @@ __device__ __forceinline__ void stagger_tile(float (&dk)[C::D / 2], float (&dv)[
       issue_s_dp_rs<C, kBf16>(sacc, dpacc, kf, vf, q_s, do_s);
     else
       issue_s_dp<C, kBf16>(sacc, dpacc, k_w, v_w, q_s, do_s);
-    if constexpr (C::kPUnderDp) {
-      wgmma_wait<1>();  // S^T is in; dP^T's GEMM still runs under the ex2 of P^T
-      reg_fence(sacc);
-      Steps::template p<C>(sacc, rows, c, kw0, m0, p);
-      wgmma_wait<0>();
-      reg_fence(dpacc);
-      Steps::template ds<C>(sacc, dpacc, rows);
-    } else {
-      wgmma_wait<0>();
-      reg_fence(sacc);
-      reg_fence(dpacc);
-      Steps::template p_ds<C>(sacc, dpacc, rows, c, kw0, m0, p);
-    }
+    wgmma_wait<0>();
+    reg_fence(sacc);
+    reg_fence(dpacc);
+    Steps::template p_ds<C>(sacc, dpacc, rows, c, kw0, m0, p);
     if (stagger && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
 
     uint32_t pa[BR / 16][4], dsa[BR / 16][4];
