@@ -30,6 +30,17 @@ def sm_count(device) -> int:
     return _device(device)[1]
 
 
+_autograd: set[str] = set()
+
+
+def register_autograd_once(op: str, backward, setup_context) -> None:
+    """torch.library.register_autograd for the custom op `op`, once per process: each family's op module calls it
+    whenever it defines the op, and torch refuses a second registration."""
+    if op not in _autograd:
+        torch.library.register_autograd(op, backward, setup_context=setup_context)
+        _autograd.add(op)
+
+
 def _capability(device) -> tuple:
     return _device(device)[0]
 

@@ -18,7 +18,7 @@ import torch
 
 from .. import build
 from ..kernels import launcher, resolve_version
-from ..op_common import _capability
+from ..op_common import _capability, register_autograd_once
 from ..registry import BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD  # noqa: F401 (re-exported)
 
 # The table and preference lists live in lab.registry (no torch: the drivers and sanitizer scripts read them).
@@ -99,12 +99,6 @@ class EagerAttention(torch.autograd.Function):
         return _backward(ctx, grad_out, grad_lse) + (None,)
 
 
-_registered = False
-
-
 def register() -> None:
     """Make lab::attention differentiable; lab.ops calls this once it has defined the op (idempotent)."""
-    global _registered
-    if not _registered:
-        torch.library.register_autograd("lab::attention", _backward, setup_context=_setup_context)
-        _registered = True
+    register_autograd_once("lab::attention", _backward, _setup_context)

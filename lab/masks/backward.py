@@ -15,7 +15,7 @@ import struct
 import torch
 
 from ..kernels import launcher
-from ..op_common import _capability, _readable
+from ..op_common import _capability, _readable, register_autograd_once
 from ..registry import BEST_MASKED_BWD, MASKED_BWD
 
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
@@ -136,12 +136,6 @@ class EagerMasked(torch.autograd.Function):
         return dq, dk, dv, (dsinks if want_dsinks else None), None, None, None, None, None, None, None
 
 
-_registered = False
-
-
 def register() -> None:
     """Make lab::attention_masked differentiable (lab.masks.op calls this once it has defined the op)."""
-    global _registered
-    if not _registered:
-        torch.library.register_autograd("lab::attention_masked", _backward, setup_context=_setup_context)
-        _registered = True
+    register_autograd_once("lab::attention_masked", _backward, _setup_context)

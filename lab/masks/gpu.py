@@ -128,16 +128,21 @@ def check_varlen(version, name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, windo
     return ok
 
 
+# The correctness grid of the forward and backward checks: (name, causal, window_size or "S" / "S+" for the
+# length / beyond it, softcap, sinks), and (B, H_q, H_kv, S_q, S_k); the forward adds S = 4097 at D = 128.
+GRID_MASKS = [("w0", False, (0, 0), 0.0, False), ("w1c", True, (1, 0), 0.0, False), ("w64c", True, (64, 0), 0.0, False),
+              ("wS", False, "S", 0.0, False), ("beyond", True, "S+", 0.0, False), ("sym", False, (100, 50), 0.0, False),
+              ("cap", True, None, 30.0, False), ("sink", True, None, 0.0, True), ("all", True, (128, 0), 50.0, True),
+              ("capnc", False, None, 5.0, True)]
+GRID_SIZES = [(2, 4, 2, 1, 1), (1, 4, 4, 63, 63), (2, 4, 2, 65, 65), (1, 8, 2, 1025, 1025)]
+
+
 def checks(version: str) -> int:
     bad = 0
     bf16, fp16 = torch.bfloat16, torch.float16
-    masks = [("w0", False, (0, 0), 0.0, False), ("w1c", True, (1, 0), 0.0, False), ("w64c", True, (64, 0), 0.0, False),
-             ("wS", False, "S", 0.0, False), ("beyond", True, "S+", 0.0, False), ("sym", False, (100, 50), 0.0, False),
-             ("cap", True, None, 30.0, False), ("sink", True, None, 0.0, True), ("all", True, (128, 0), 50.0, True),
-             ("capnc", False, None, 5.0, True)]
-    sizes = [(2, 4, 2, 1, 1), (1, 4, 4, 63, 63), (2, 4, 2, 65, 65), (1, 8, 2, 1025, 1025), (1, 2, 1, 4097, 4097)]
+    sizes = [*GRID_SIZES, (1, 2, 1, 4097, 4097)]
     for D in (128, 64):
-        for name, causal, window, cap, sink in masks:
+        for name, causal, window, cap, sink in GRID_MASKS:
             for B, Hq, Hkv, Sq, Sk in (sizes if D == 128 else sizes[1:4]):
                 w = (Sk, Sk) if window == "S" else (Sk + 100, -1) if window == "S+" else window
                 bad += not check_dense(version, name, B, Hq, Hkv, Sq, Sk, D, bf16, causal, w, cap, sink)

@@ -16,7 +16,7 @@ import torch
 
 from .. import bench, check, ops, record
 from . import backward as mbwd, reference, spec
-from .gpu import CHAPTER, GEN, draw, sdpa_masked
+from .gpu import CHAPTER, GEN, GRID_MASKS, GRID_SIZES, draw, sdpa_masked
 
 _FIELDS = ("passed", "max_abs", "rel_l2", "nan", "mismatches", "sdpa_max_abs", "tol_max_abs")
 
@@ -154,14 +154,9 @@ def report(prefix: str, case: dict, worst, expect_fail: bool, defines, device) -
 def checks() -> int:
     bad = 0
     bf16, fp16 = torch.bfloat16, torch.float16
-    masks = [("w0", False, (0, 0), 0.0, False), ("w1c", True, (1, 0), 0.0, False), ("w64c", True, (64, 0), 0.0, False),
-             ("wS", False, "S", 0.0, False), ("beyond", True, "S+", 0.0, False), ("sym", False, (100, 50), 0.0, False),
-             ("cap", True, None, 30.0, False), ("sink", True, None, 0.0, True), ("all", True, (128, 0), 50.0, True),
-             ("capnc", False, None, 5.0, True)]
-    sizes = [(2, 4, 2, 1, 1), (1, 4, 4, 63, 63), (2, 4, 2, 65, 65), (1, 8, 2, 1025, 1025)]
     for D in (128, 64):
-        for name, causal, window, cap, sink in masks:
-            for B, Hq, Hkv, Sq, Sk in sizes:
+        for name, causal, window, cap, sink in GRID_MASKS:
+            for B, Hq, Hkv, Sq, Sk in GRID_SIZES:
                 w = (Sk, Sk) if window == "S" else (Sk + 100, -1) if window == "S+" else window
                 bad += not check_bwd(name, B, Hq, Hkv, Sq, Sk, D, bf16, causal, w, cap, sink)
     for lower_right in (False, True):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..op_common import register_autograd_once
 from . import backward
 
 
@@ -127,12 +128,6 @@ class EagerVarlen(torch.autograd.Function):
         return _grads(ctx, grad_out, grad_lse, launch) + (None,)
 
 
-_registered = False
-
-
 def register() -> None:
     """Make lab::attention_varlen differentiable (lab.masks.op calls this once it has defined the op)."""
-    global _registered
-    if not _registered:
-        torch.library.register_autograd("lab::attention_varlen", _backward, setup_context=_setup_context)
-        _registered = True
+    register_autograd_once("lab::attention_varlen", _backward, _setup_context)
