@@ -99,8 +99,9 @@ typedef struct DecodeParams {
 // needed only when deterministic == 0 (dQ by fp32 atomics or bulk reductions, then a convert pass), followed
 // by one more 4-byte word per padded row (B * Hq * padded Sq: the tile counters of a version that converts dQ
 // in its own kernel, bwd/v06). Each version orders dq_accum its own way: v01 (B, Hq, Sq, D) in its first rows,
-// v02 64-row blocks in wgmma accumulator order (bwd/v02_wgmma.cu).
-#define LAB_BWD_ROW_PAD 64
+// v02 64-row blocks in wgmma accumulator order (bwd/v02_wgmma.cu). 128: bwd/v13 reads and reduces 128 rows a
+// step, and the last step of a short S_q must stay inside the workspace.
+#define LAB_BWD_ROW_PAD 128
 typedef struct AttnBwdParams {
   const void* q;
   const void* k;

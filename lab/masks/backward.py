@@ -26,7 +26,7 @@ PARAMS = struct.Struct("<13Q24q6if3i3if3Q")
 assert PARAMS.size == 376
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _calls: dict = {}
-ROW_PAD = 64  # LAB_BWD_ROW_PAD (kernels/common/params.h)
+ROW_PAD = 128  # LAB_BWD_ROW_PAD (kernels/common/params.h)
 
 
 def masked_bwd_version(device, version=None) -> str:

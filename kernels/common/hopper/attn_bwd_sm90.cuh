@@ -31,20 +31,26 @@ namespace lab::sm90::bwd {
 //   kDqByColumns: D = 64 splits dQ by columns as D = 128 does (each warpgroup 32 columns over all 128 keys, an
 //     m64n32 GEMM) instead of by keys (64 columns over its own keys): half the dQ reductions per step (bwd/v07).
 //   kKvInRegs: D = 64 only (D = 128 would need 64 more registers beside dK and dV's 128): bwd/v10.
-template <int D_, int kDsBufs_ = 1, bool kDqByColumns = false, bool kKvInRegs_ = false, bool kStageDkDv_ = false>
+//   BR_ = 128 (D = 64 only, bwd/v13): 128 queries per step, S^T and dP^T as m64n128 (64 registers each beside
+//     dK and dV's 64), dQ split by rows (warpgroup w: queries 64w.., all 64 columns, over all 128 keys).
+template <int D_, int kDsBufs_ = 1, bool kDqByColumns = false, bool kKvInRegs_ = false, bool kStageDkDv_ = false,
+          int BR_ = 64>
 struct Cfg {
   static constexpr int D = D_;
-  static constexpr int BR = 64;
+  static constexpr int BR = BR_;
   static constexpr int BC = 128;
   static constexpr int kStages = 2;
   static constexpr int kDsBufs = kDsBufs_;
-  static constexpr bool kSplitDq = D == 128 || kDqByColumns;  // dQ split by columns (both halves of dS) or by keys
+  // bwd/v13: a warpgroup's dQ partial is its 64 queries of the step, all D columns (BR = 128).
+  static constexpr bool kDqByRows = BR == 128;
+  // dQ split over both warpgroups' halves of dS^T (by columns or by query rows), or by keys (own half).
+  static constexpr bool kSplitDq = D == 128 || kDqByColumns || kDqByRows;
   // bwd/v10: K_w and V_w held as wgmma A fragments in registers (S^T and dP^T as RS GEMMs); the loop reads it
   // with if constexpr.
   static constexpr bool kKvInRegs = kKvInRegs_;
   // bwd/v12: dK and dV leave through shared memory (the dQ staging area) as 16-byte coalesced stores.
   static constexpr bool kStageDkDv = kStageDkDv_;
-  static constexpr int kDqCols = kSplitDq ? D / 2 : D;          // a warpgroup's dQ partial: 64 rows x kDqCols
+  static constexpr int kDqCols = kSplitDq && !kDqByRows ? D / 2 : D;  // a warpgroup's dQ partial: 64 rows x kDqCols
   static constexpr int kDqRegs = kDqCols / 2;
   static constexpr int kThreads = 384;
   static constexpr int kRegsConsumer = 240, kRegsProducer = 24;
@@ -58,10 +64,16 @@ struct Cfg {
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
   static constexpr int kOffDq = kOffDs + kDsBufs * kDsBytes;  // [warpgroup][buffer]
-  static constexpr int kOffRows = kOffDq + 4 * kDqBytes;      // [stage] LSE then Delta
+  // The dQ staging area: 2 buffers per warpgroup for the copy engine's reduction (v02); with dQ reduced from
+  // registers it holds v12's staged dK and dV, all that BR = 128 keeps of it (227 KB would not hold all four).
+  static constexpr int kDqAreaBytes = kDqByRows ? 2 * 2 * 64 * D * 2 : 4 * kDqBytes;
+  static constexpr int kOffRows = kOffDq + kDqAreaBytes;      // [stage] LSE then Delta
   static constexpr int kSmem = kOffRows + kStages * 2 * kRowBytes + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
   static_assert(D == 64 || D == 128, "dQ is one m64n64 GEMM per warpgroup (D / 2 split, or D own keys), or m64n32");
+  static_assert(BR == 64 || (BR == 128 && D == 64 && kStageDkDv && kDsBufs == 2),
+                "128 queries per step: D = 64, two dS^T buffers, dK / dV staged (the copy engine's dQ buffers dropped)");
+  static_assert(LAB_BWD_ROW_PAD % BR == 0, "a step's LSE / Delta rows and dQ partials stay inside the padded rows");
 };
 
 constexpr int kBarDsFree = 1, kBarDsReady = 2, kBarWg = 3;  // named barriers (0 is __syncthreads)
@@ -171,18 +183,18 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
   produce_steps<C>(tq, tdo, bars, base, work, p, 0);
 }
 
-// S^T = K_w Q_i^T (SS, m64n64, k = D): one commit group.
+// S^T = K_w Q_i^T (SS, m64nB_r, k = D): one commit group.
 template <class C, bool kBf16>
-__device__ __forceinline__ void issue_s(float (&sacc)[32], uint32_t k_w, uint32_t q_s) {
+__device__ __forceinline__ void issue_s(float (&sacc)[C::BR / 2], uint32_t k_w, uint32_t q_s) {
 #pragma unroll
   for (int kk = 0; kk < C::D / 16; ++kk)
-    WgmmaOp<64>::ss<kBf16, 0>(sacc, desc_kmajor(k_w, C::BC, kk), desc_kmajor(q_s, C::BR, kk), kk > 0);
+    WgmmaOp<C::BR>::template ss<kBf16, 0>(sacc, desc_kmajor(k_w, C::BC, kk), desc_kmajor(q_s, C::BR, kk), kk > 0);
   wgmma_commit();
 }
 
 // S^T, then dP^T = V_w dO_i^T (the same GEMM shape): two commit groups.
 template <class C, bool kBf16>
-__device__ __forceinline__ void issue_s_dp(float (&sacc)[32], float (&dpacc)[32], uint32_t k_w, uint32_t v_w,
+__device__ __forceinline__ void issue_s_dp(float (&sacc)[C::BR / 2], float (&dpacc)[C::BR / 2], uint32_t k_w, uint32_t v_w,
                                            uint32_t q_s, uint32_t do_s) {
   issue_s<C, kBf16>(sacc, k_w, q_s);
   issue_s<C, kBf16>(dpacc, v_w, do_s);
@@ -190,11 +202,11 @@ __device__ __forceinline__ void issue_s_dp(float (&sacc)[32], float (&dpacc)[32]
 
 // P^T and dS^T of one step for one thread's accumulator share (keys: rows, queries: columns), masked where
 // the tile needs it: s holds S^T and becomes P^T, dp holds dP^T and becomes dS^T.
-template <bool kMask>
-__device__ __forceinline__ void p_ds(float (&s)[32], float (&dp)[32], const float* lse2, const float* delta,
+template <bool kMask, int N>
+__device__ __forceinline__ void p_ds(float (&s)[N], float (&dp)[N], const float* lse2, const float* delta,
                                      float c, int key0, int q0, int t, const AttnBwdParams& p) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < N / 4; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = 8 * i + 2 * t + (e & 1);
@@ -210,7 +222,7 @@ __device__ __forceinline__ void p_ds(float (&s)[32], float (&dp)[32], const floa
 
 // The same, masked only where the step's tile needs it: the causal diagonal and the ragged ends.
 template <class C>
-__device__ __forceinline__ void p_ds_step(float (&s)[32], float (&dp)[32], const float* rows, float c, int kw0,
+__device__ __forceinline__ void p_ds_step(float (&s)[C::BR / 2], float (&dp)[C::BR / 2], const float* rows, float c, int kw0,
                                           int m0, const AttnBwdParams& p) {
   const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
   const bool mask = (p.causal && kw0 + 63 > m0) || m0 + C::BR > p.seqlen_q || kw0 + 64 > p.seqlen_k;
@@ -234,16 +246,19 @@ __device__ __forceinline__ void load_a_frags(uint32_t (&a)[C::D / 16][4], const 
       a[kk][j] = *reinterpret_cast<const uint32_t*>(tile + swz_offset(C::BC, r + 8 * (j & 1), 16 * kk + 8 * (j >> 1) + 2 * t));
 }
 
-// S^T = K_w Q_i^T and dP^T = V_w dO_i^T with K_w, V_w from registers (RS, m64n64, k = D): two commit groups.
-// Each k-step reads 2 KB of shared memory (Q_i or dO_i) instead of the SS form's 4 KB.
+// S^T = K_w Q_i^T and dP^T = V_w dO_i^T with K_w, V_w from registers (RS, m64nB_r, k = D): two commit groups.
+// Each k-step reads 2 KB of shared memory (Q_i or dO_i at B_r = 64) instead of the SS form's 4 KB.
 template <class C, bool kBf16>
-__device__ __forceinline__ void issue_s_dp_rs(float (&sacc)[32], float (&dpacc)[32], const uint32_t (&kf)[C::D / 16][4],
-                                              const uint32_t (&vf)[C::D / 16][4], uint32_t q_s, uint32_t do_s) {
+__device__ __forceinline__ void issue_s_dp_rs(float (&sacc)[C::BR / 2], float (&dpacc)[C::BR / 2],
+                                              const uint32_t (&kf)[C::D / 16][4], const uint32_t (&vf)[C::D / 16][4],
+                                              uint32_t q_s, uint32_t do_s) {
 #pragma unroll
-  for (int kk = 0; kk < C::D / 16; ++kk) WgmmaOp<64>::rs<kBf16, 0>(sacc, kf[kk], desc_kmajor(q_s, C::BR, kk), kk > 0);
+  for (int kk = 0; kk < C::D / 16; ++kk)
+    WgmmaOp<C::BR>::template rs<kBf16, 0>(sacc, kf[kk], desc_kmajor(q_s, C::BR, kk), kk > 0);
   wgmma_commit();
 #pragma unroll
-  for (int kk = 0; kk < C::D / 16; ++kk) WgmmaOp<64>::rs<kBf16, 0>(dpacc, vf[kk], desc_kmajor(do_s, C::BR, kk), kk > 0);
+  for (int kk = 0; kk < C::D / 16; ++kk)
+    WgmmaOp<C::BR>::template rs<kBf16, 0>(dpacc, vf[kk], desc_kmajor(do_s, C::BR, kk), kk > 0);
   wgmma_commit();
 }
 
@@ -262,13 +277,13 @@ __device__ __forceinline__ void issue_dv_dk(float (&dv)[C::D / 2], float (&dk)[C
 }
 
 // This warpgroup's rows of dS^T (bf16 / fp16 A fragments, as packed for the dK GEMM) into the 128-key x
-// 64-query dS^T tile at `ds` (128B swizzle: conflict-free 4-byte stores), then the fence that lets the
-// tensor core read it.
+// B_r-query dS^T tile at `ds` (128B swizzle, B_r / 64 column blocks: conflict-free 4-byte stores), then the
+// fence that lets the tensor core read it.
 template <class C>
 __device__ __forceinline__ void store_ds(uint8_t* ds, const uint32_t (&dsa)[C::BR / 16][4]) {
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < C::BR / 8; ++i)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = 64 * wg + warp * 16 + hh * 8 + g;
@@ -282,7 +297,13 @@ __device__ __forceinline__ void store_ds(uint8_t* ds, const uint32_t (&dsa)[C::B
 template <class C, bool kBf16>
 __device__ __forceinline__ void issue_dq(float (&dq)[C::kDqRegs], uint32_t ds, uint32_t k_tile) {
   const int wg = threadIdx.x / 128;
-  if constexpr (C::kSplitDq) {
+  if constexpr (C::kDqByRows) {
+    // B_r = 128: the warpgroup's 64 queries are column block wg of the dS^T tile; all of K's columns.
+#pragma unroll
+    for (int kk = 0; kk < C::BC / 16; ++kk)
+      WgmmaOp<C::D>::template ss<kBf16, 1, 1>(dq, desc_v(ds + wg * C::BC * 128, C::BC, kk), desc_v(k_tile, C::BC, kk),
+                                              kk > 0);
+  } else if constexpr (C::kSplitDq) {
     // D = 128: the warpgroup's 64-column block of K; D = 64: its 32 columns, 64 bytes into each swizzled row.
     const uint32_t k_cols = k_tile + (C::D == 128 ? wg * C::BC * 128 : wg * C::kDqCols * 2);
 #pragma unroll
@@ -401,7 +422,7 @@ template <class C, class T>
 __device__ __forceinline__ void store_dk_dv_staged(const float (&dk)[C::D / 2], const float (&dv)[C::D / 2], int kw0,
                                                    const Work& work, const AttnBwdParams& p, uint8_t* stage) {
   constexpr int D = C::D, kRowBytes = D * 2, kChunks = D / 8;
-  static_assert(4 * C::kDqBytes >= 2 * 2 * 64 * D * 2, "dK and dV of both warpgroups fit in the dQ staging area");
+  static_assert(C::kDqAreaBytes >= 2 * 2 * 64 * D * 2, "dK and dV of both warpgroups fit in the dQ staging area");
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
   T* dkg = static_cast<T*>(p.dk) + (int64_t)work.b * p.dk_stride[0] + (int64_t)work.hkv * p.dk_stride[1];
   T* dvg = static_cast<T*>(p.dv) + (int64_t)work.b * p.dv_stride[0] + (int64_t)work.hkv * p.dv_stride[1];

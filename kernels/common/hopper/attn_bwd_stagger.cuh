@@ -89,8 +89,8 @@ struct DenseSteps {
   template <class C>
   __device__ __forceinline__ static Work work(const AttnBwdParams& p) { return cta_work<C>(p); }
   template <class C>
-  __device__ __forceinline__ static void p_ds(float (&s)[32], float (&dp)[32], const float* rows, float c, int kw0,
-                                              int m0, const AttnBwdParams& p) {
+  __device__ __forceinline__ static void p_ds(float (&s)[C::BR / 2], float (&dp)[C::BR / 2], const float* rows, float c,
+                                              int kw0, int m0, const AttnBwdParams& p) {
     p_ds_step<C>(s, dp, rows, c, kw0, m0, p);
   }
 };
@@ -128,7 +128,7 @@ __device__ __forceinline__ void stagger_tile(float (&dk)[C::D / 2], float (&dv)[
     mbar_wait(smem_u32(&bars.full[s]), (step / kStages) & 1);
     if (stagger && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
 
-    float sacc[32], dpacc[32];
+    float sacc[BR / 2], dpacc[BR / 2];
     wgmma_fence();
     if constexpr (C::kKvInRegs)
       issue_s_dp_rs<C, kBf16>(sacc, dpacc, kf, vf, q_s, do_s);
