@@ -70,3 +70,34 @@ def test_swapped_row_halves_in_the_convert_fail():
     writes, reads = kernel_writes(128), convert_reads(128, swap_halves=True)
     assert any(p != reads[i] for i, placed in writes.items() for p in placed)
 
+
+
+def row_split_writes(D: int = 64, row_offset: bool = True):
+    """{float index from the step's first row: [(row, col)]} as red_dq places v13's partials (Cfg's kDqByRows,
+    B_r = 128): warpgroup w holds queries 64 w.. of the step, all D columns (kDqCols = D), and its offset
+    wg * 64 * kDqCols is the next 64-row block of the accumulator order."""
+    out = {}
+    for wg in range(2):
+        for wt in range(128):
+            warp, lane = divmod(wt, 32)
+            g, t = divmod(lane, 4)
+            for i in range(D // 8):
+                for e in range(4):
+                    row = 64 * wg + 16 * warp + g + 8 * (e >> 1)
+                    col = 8 * i + 2 * t + (e & 1)
+                    index = (wg * 64 * D if row_offset else 0) + (i * 128 + wt) * 4 + e
+                    out.setdefault(index, []).append((row, col))
+    return out
+
+
+def test_row_split_lands_in_two_blocks_the_convert_reads_back():
+    writes = row_split_writes()
+    block = convert_reads(64)  # convert_dq of kDqCols = D: one part per 64-row block
+    reads = {b * 64 * 64 + i: (64 * b + r, c) for b in range(2) for i, (r, c) in block.items()}
+    assert sorted(writes) == list(range(128 * 64)) == sorted(reads)
+    assert all(len(placed) == 1 and placed[0] == reads[i] for i, placed in writes.items())
+
+
+def test_row_split_without_the_block_offset_fails():
+    writes = row_split_writes(row_offset=False)
+    assert max(writes) < 64 * 64 and any(len(placed) == 2 for placed in writes.values())
