@@ -80,6 +80,47 @@ def test_ignoring_the_window_fails():
     assert _err(good, ref) < 1e-5 and _err(wrong, ref) > 1e-2
 
 
+def _capped_rows(seed, scores):
+    """q, k, v (1, 1, S, 32) whose every score is about `scores` (k's rows one direction u, q's rows along u
+    times scores / (scale |u|^2)), plus a little noise: the rows the fixed offset of the softcap must survive."""
+    u = _draw(32, seed=seed)
+    k = u.expand(70, 32) + 0.01 * _draw(70, 32, seed=seed + 1)
+    q = (scores / (0.3 * float(u @ u))) * u.expand(40, 32) + 0.01 * _draw(40, 32, seed=seed + 2)
+    return q[None, None], k[None, None], _draw(1, 1, 70, 32, seed=seed + 3)
+
+
+@pytest.mark.parametrize("cap", [5.0, 30.0, 51.0])
+@pytest.mark.parametrize("scores", [-1e4, -3.0, 0.5, 1e4])  # saturated at -cap, mid-range, saturated at +cap
+def test_softcap_fixed_offset_matches_the_online_max(cap, scores):
+    # v09's softcap softmax without a running max (CAP_HEADROOM) agrees with float64 wherever the kernel takes it
+    assert cap * emulate.LOG2E <= emulate.CAP_MAX_LOG2
+    mask = spec.make_mask(True, (-1, -1), cap)
+    q, k, v = _capped_rows(17, scores)
+    ref_out, ref_lse = reference.attend(q, k, v, mask, 0.3, 30, None)
+    out, lse = emulate.forward(q.numpy(), k.numpy(), v.numpy(), mask, 0.3, 30, bounded=True)
+    assert _err(out, ref_out) < 2e-5 and _err(lse, ref_lse) < 2e-5
+
+
+def test_softcap_fixed_offset_fails_beyond_its_limit():
+    # past CAP_MAX_LOG2 a row at -cap flushes every P to zero (why the kernel keeps the online max there)
+    cap = 70.0
+    assert cap * emulate.LOG2E > emulate.CAP_MAX_LOG2
+    mask = spec.make_mask(False, (-1, -1), cap)
+    q, k, v = _capped_rows(19, -1e4)
+    ref_out, _ = reference.attend(q, k, v, mask, 0.3, 0, None)
+    online, _ = emulate.forward(q.numpy(), k.numpy(), v.numpy(), mask, 0.3, 0)
+    bounded, _ = emulate.forward(q.numpy(), k.numpy(), v.numpy(), mask, 0.3, 0, bounded=True)
+    assert _err(online, ref_out) < 2e-5 and _err(bounded, ref_out) > 0.1
+
+
+def test_softcap_bound_constants_match_the_kernel():
+    import re
+    from pathlib import Path
+    src = (Path(__file__).parents[1] / "kernels/common/hopper/attn_mask_sm90.cuh").read_text()
+    for name, value in (("kCapHeadroom", emulate.CAP_HEADROOM), ("kCapMaxLog2", emulate.CAP_MAX_LOG2)):
+        assert float(re.search(rf"constexpr float {name} = ([0-9.]+)f;", src).group(1)) == value
+
+
 def _packed(lens_q, lens_k, heads_q, heads_kv, d, seed):
     cu_q = torch.tensor([0] + list(np.cumsum(lens_q)), dtype=torch.int32)
     cu_k = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=torch.int32)

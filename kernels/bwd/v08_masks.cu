@@ -16,7 +16,12 @@
 //     and bottom-right offset), so tiles past a sequence's end are neither visited nor masked. The copies in and
 //     out are the cost of reusing the dense producer's TMA maps; addressing the packed tensors in the producer
 //     and the epilogue would remove them.
-// Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
+// Everything else is v07's (tile shapes, the deferred dQ split by columns, the red.global dQ partials), or, since
+// LAB_V08_STAGE (default 1), v12's: dK and dV staged through the free dQ staging area and stored as 16-byte rows,
+// and at D = 64 v10's K and V in registers. Prediction (H100, D = 128, bf16, GPU time against LAB_V08_STAGE=0):
+// v12's gain scaled by the steps per CTA: a window of 1024 visits ~19 query blocks per key block (dense S ~ 1200:
+// +3-6 %), W = 4096 at S = 16384 and long causal calls +1-3 %. LAB_BWD_MASK_TANH_HALF=1 (off: measured first) takes
+// the softcap's tanh on fp16 pairs: half of the MUFU work the softcap adds (+13-19 % first measured) -> +7-12 %.
 //
 // Prediction (H100, D = 128, bf16): the window's backward time scales with the visited (key block, query block)
 // pairs, (W + 128 + 64) / S of the dense non-causal loop's, with the diagonal-crossing blocks paying the
@@ -34,8 +39,15 @@ namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
+// 1 (default): v12's tile config, dK and dV staged through the free dQ staging area as 16-byte row stores, and
+// v10's K / V in registers at D = 64; 0: v07's, as this version was first measured.
+#ifndef LAB_V08_STAGE
+#define LAB_V08_STAGE 1
+#endif
+static_assert(LAB_V05_DQ_RED || !LAB_V08_STAGE, "the dQ staging area must be free (dQ reduced from registers)");
+
 template <int D>
-using Cfg8 = Cfg<D, 2, true>;
+using Cfg8 = Cfg<D, 2, true, LAB_V08_STAGE && D == 64, (bool)LAB_V08_STAGE>;
 
 template <int D, class T>
 struct Launch {

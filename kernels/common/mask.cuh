@@ -8,6 +8,8 @@
 // Causal here is SDPA's top-left alignment: row i sees keys 0..i. The Hopper kernels (common/hopper/
 // attn_fwd_sm90.cuh) use the same predicate on their wgmma fragment layout, as one bound per row.
 #pragma once
+#include <cuda_fp16.h>
+#include <stdint.h>
 #include <math.h>
 
 namespace lab {
@@ -82,6 +84,16 @@ __device__ __forceinline__ float tanh_fast(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+// tanh of two floats through one tanh.approx.f16x2 (sm_75+): inputs and results rounded to fp16 (relative
+// 2^-11 each) around an approximation of about tanh.approx.f32's error, for half its MUFU issues.
+__device__ __forceinline__ void tanh_pair(float a, float b, float& ta, float& tb) {
+  const __half2 x = __floats2half2_rn(a, b);
+  uint32_t y;
+  asm("tanh.approx.f16x2 %0, %1;" : "=r"(y) : "r"(*reinterpret_cast<const uint32_t*>(&x)));
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&y));
+  ta = f.x;
+  tb = f.y;
 }
 template <int kMT, int kNT>
 __device__ __forceinline__ void softcap_scores(float (&s)[kMT][kNT][4], float scale_over_cap) {

@@ -30,6 +30,16 @@ import numpy as np
 from .spec import Mask, query_block_range, tile_is_full, tile_range, visible as _visible_t
 
 LOG2E = 1.0 / math.log(2.0)
+# fwd v09's softcap softmax with a fixed offset (kernels/common/hopper/attn_mask_sm90.cuh kCapHeadroom,
+# kCapMaxLog2): the cap bounds every score, so P = exp2(t c - (c - CAP_HEADROOM)) needs no running max while
+# softcap log2 e <= CAP_MAX_LOG2.
+CAP_HEADROOM = 48.0
+CAP_MAX_LOG2 = 74.0
+
+
+def _ftz(p):
+    """ex2.approx.ftz: results below fp32's normal range flush to 0."""
+    return np.where(p < np.float32(2.0 ** -126), np.float32(0), p).astype(np.float32)
 
 
 def _visible(rows, cols, seqlen_k, offset, mask):
@@ -38,9 +48,12 @@ def _visible(rows, cols, seqlen_k, offset, mask):
 
 
 def forward_head(q, k, v, mask: Mask, scale: float, offset: int = 0, sink=None, block_m: int = 64,
-                 block_n: int = 64, ignore_window: bool = False, stats: dict | None = None):
+                 block_n: int = 64, ignore_window: bool = False, stats: dict | None = None, bounded: bool = False):
     """One head: q (S_q, D), k and v (S_k, D) float32 arrays -> (out (S_q, D_v), lse (S_q,)), natural log.
-    ignore_window: the deliberately wrong variant (every key tile read, no window mask)."""
+    ignore_window: the deliberately wrong variant (every key tile read, no window mask). bounded (softcap only):
+    the fixed offset c - CAP_HEADROOM instead of the running max, exp2 flushing to zero below 2^-126 as the
+    kernel's does (whatever the cap: the kernel takes this form only up to CAP_MAX_LOG2)."""
+    bounded = bounded and mask.softcap > 0
     seqlen_q, seqlen_k = q.shape[0], k.shape[0]
     out = np.zeros((seqlen_q, v.shape[1]), np.float32)
     lse = np.full(seqlen_q, -np.inf, np.float32)
@@ -68,6 +81,11 @@ def forward_head(q, k, v, mask: Mask, scale: float, offset: int = 0, sink=None, 
             else:
                 st["masked"] = st.get("masked", 0) + 1
                 s = np.where(_visible(np.arange(m0, m1), np.arange(n0, n1), seqlen_k, offset, use), s, -np.inf)
+            if bounded:  # no max, no alpha: every tile against the same offset
+                p = _ftz(np.exp2(s * c - np.float32(c - CAP_HEADROOM)).astype(np.float32))
+                l = l + p.sum(axis=1)
+                acc = acc + p @ v[n0:n1]
+                continue
             m_new = np.maximum(m, s.max(axis=1))
             off = np.where(np.isneginf(m_new), 0, m_new * c).astype(np.float32)
             alpha = np.exp2(np.where(np.isneginf(m), -np.inf, m * c) - off).astype(np.float32)
@@ -77,6 +95,8 @@ def forward_head(q, k, v, mask: Mask, scale: float, offset: int = 0, sink=None, 
             m = m_new
         # Epilogue: the sink joins the normaliser against max(m c, sink log2 e).
         mc = np.where(np.isneginf(m), -np.inf, m * c).astype(np.float32)
+        if bounded:
+            mc = np.full(m1 - m0, c - CAP_HEADROOM, np.float32)
         if sink is not None:
             sl = np.float32(sink * LOG2E)
             top = np.maximum(mc, sl)

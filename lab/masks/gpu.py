@@ -68,28 +68,56 @@ def check_dense(version, name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap
         k = draw(B, Hkv, Sk, D, dtype=dtype, magnitude=magnitude, layout=layout)
         v = draw(B, Hkv, Sk, D, dtype=dtype, layout=layout)
         sinks = (torch.randn(Hq, generator=GEN) * 2).cuda() if sink else None
-        scale = D ** -0.5
-        out = torch.full((B, Hq, Sq, D), float("nan"), dtype=dtype, device="cuda")
-        lse = torch.full((B, Hq, Sq), float("nan"), device="cuda")
-        mop.launch(mop._readable(q), mop._readable(k), mop._readable(v), out, lse, mask, scale, offset, sinks,
-                   version=version, defines=defines)
-        ref, ref_lse = reference.attend(q, k, v, mask, scale, offset, sinks)
-        metrics = check.compare(out, ref, ref + sdpa_error(q, k, v, mask, scale, offset, sinks))
-        finite = torch.isfinite(ref_lse)
-        metrics["lse_max_abs"] = float((lse.double() - ref_lse)[finite].abs().max()) if finite.any() else 0.0
-        metrics["lse_inf_agree"] = bool((torch.isneginf(lse) == torch.isneginf(ref_lse)).all())
-        metrics["passed"] = metrics["passed"] and metrics["lse_inf_agree"] and metrics["lse_max_abs"] < 1e-2
+        metrics = _dense_metrics(version, q, k, v, mask, D ** -0.5, offset, sinks, defines)
         if worst is None or not metrics["passed"] or metrics["max_abs"] > worst["max_abs"]:
             worst = metrics
     case = dict(name=name, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, dtype=str(dtype).split(".")[-1], causal=causal,
                 window=[mask.left, mask.right], softcap=cap, sinks=sink,
                 offset=offset, layout=layout)
+    return _report(version, case, worst, defines, expect_fail)
+
+
+def _dense_metrics(version, q, k, v, mask, scale, offset, sinks, defines):
+    B, Hq, Sq, D = q.shape
+    out = torch.full((B, Hq, Sq, D), float("nan"), dtype=q.dtype, device="cuda")
+    lse = torch.full((B, Hq, Sq), float("nan"), device="cuda")
+    mop.launch(mop._readable(q), mop._readable(k), mop._readable(v), out, lse, mask, scale, offset, sinks,
+               version=version, defines=defines)
+    ref, ref_lse = reference.attend(q, k, v, mask, scale, offset, sinks)
+    metrics = check.compare(out, ref, ref + sdpa_error(q, k, v, mask, scale, offset, sinks))
+    finite = torch.isfinite(ref_lse)
+    metrics["lse_max_abs"] = float((lse.double() - ref_lse)[finite].abs().max()) if finite.any() else 0.0
+    metrics["lse_inf_agree"] = bool((torch.isneginf(lse) == torch.isneginf(ref_lse)).all())
+    metrics["passed"] = metrics["passed"] and metrics["lse_inf_agree"] and metrics["lse_max_abs"] < 1e-2
+    return metrics
+
+
+def check_cap_floor(version, cap, dtype=torch.bfloat16, defines=None):
+    """Rows whose every score sits near -softcap (k's rows along one direction u, q's along -u, scores about
+    -4 softcap): the floor of v09's fixed-offset softcap softmax (kernels/common/hopper/attn_mask_sm90.cuh
+    kCapHeadroom), where P is smallest. No sink: the yardstick's problem (no cap) would give it the whole row."""
+    B, Hq, Sq, Sk, D = 1, 2, 130, 257, 128
+    GEN.manual_seed(int(cap * 10))
+    u = torch.randn(D, generator=GEN)
+    k = (u + 0.05 * torch.randn(B, Hq, Sk, D, generator=GEN)).to("cuda", dtype)
+    q = (-(4 * cap * D ** 0.5 / float(u @ u)) * u + 0.05 * torch.randn(B, Hq, Sq, D, generator=GEN)).to("cuda", dtype)
+    v = draw(B, Hq, Sk, D, dtype=dtype)
+    mask = spec.make_mask(False, None, cap)
+    metrics = _dense_metrics(version, q, k, v, mask, D ** -0.5, 0, None, defines)
+    case = dict(name="capfloor", B=B, Hq=Hq, Hkv=Hq, Sq=Sq, Sk=Sk, D=D, dtype=str(dtype).split(".")[-1],
+                causal=False, window=[-1, -1], softcap=cap, sinks=False, offset=0, layout="bhsd")
+    return _report(version, case, metrics, defines, False)
+
+
+def _report(version, case, worst, defines, expect_fail):
     ok = worst["passed"] != expect_fail
-    record.append({"kind": "check", "impl": version + ("-ignore-window" if defines else ""), "case": case,
+    wrong = defines and "LAB_V08_IGNORE_WINDOW" in defines
+    impl = version + ("-ignore-window" if wrong else "".join(f"-{k}={v}" for k, v in (defines or {}).items()))
+    record.append({"kind": "check", "impl": impl, "case": case,
                    "expect_fail": expect_fail, "ok": ok, "check": {k: worst[k] for k in (
                        "passed", "max_abs", "rel_l2", "nan", "mismatches", "sdpa_max_abs", "tol_max_abs",
                        "lse_max_abs", "lse_inf_agree")}}, chapter=CHAPTER)
-    print(("ok  " if ok else "BAD ") + f"{version} {name} {case} max_abs {worst['max_abs']:.3g} tol {worst['tol_max_abs']:.3g}"
+    print(("ok  " if ok else "BAD ") + f"{impl} {case} max_abs {worst['max_abs']:.3g} tol {worst['tol_max_abs']:.3g}"
           f" lse {worst['lse_max_abs']:.3g} passed={worst['passed']}", flush=True)
     return ok
 
@@ -152,6 +180,9 @@ def checks(version: str) -> int:
     bad += not check_dense(version, "fp16", 1, 4, 2, 1025, 1025, 128, fp16, True, (256, 0), 20.0, True)
     bad += not check_dense(version, "fp16", 1, 4, 2, 1025, 1025, 64, fp16, False, (30, 40), 0.0, False)
     bad += not check_dense(version, "bshd", 2, 4, 2, 1025, 1025, 128, bf16, True, (256, 0), 0.0, True, layout="bshd")
+    # rows at the softcap's floor (v09's fixed offset at Gemma-2's cap; the online max at fp16 and past the limit)
+    for cap, dtype in ((50.0, bf16), (5.0, bf16), (50.0, fp16), (60.0, bf16)):
+        bad += not check_cap_floor(version, cap, dtype)
     # the kernel that ignores the window must fail
     bad += not check_dense(version, "ignore-window", 1, 4, 2, 1025, 1025, 128, bf16, True, (64, 0), 0.0, False,
                            defines={"LAB_V08_IGNORE_WINDOW": 1}, expect_fail=True)

@@ -33,6 +33,12 @@ struct MaskBwdParams : AttnBwdParams {
 // (the base's 336 bytes, then 4 ints / floats and 3 pointers: no padding anywhere, so the sizes pin the offsets)
 static_assert(sizeof(AttnBwdParams) == 336 && sizeof(MaskBwdParams) == 376, "lab/masks/backward.py packs this layout");
 
+// The softcap's tanh on fp16 pairs (common/mask.cuh tanh_pair: half the MUFU issues, about twice the error of
+// tanh.approx.f32): 1 on, 0 off (the default: not measured yet against the gradient checks' yardstick).
+#ifndef LAB_BWD_MASK_TANH_HALF
+#define LAB_BWD_MASK_TANH_HALF 0
+#endif
+
 namespace lab::sm90::bwd {
 
 // The query rows [lo, hi] (inclusive; hi < lo: none) that see some key of [n0, n1): row i sees key j iff
@@ -90,6 +96,9 @@ struct WindowSteps {
                                                      const float* delta, float c, int key0, int q0, int t,
                                                      const MaskBwdParams& p, const SeqView& sv) {
     const float k_in = p.scale / p.softcap, k_out = p.softcap * kLog2e;
+    if constexpr (kSoftcap && LAB_BWD_MASK_TANH_HALF)  // s -> tanh(s k_in) in place, two at a time
+#pragma unroll
+      for (int i = 0; i < 32; i += 2) tanh_pair(s[i] * k_in, s[i + 1] * k_in, s[i], s[i + 1]);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -97,7 +106,7 @@ struct WindowSteps {
         const int col = 8 * i + 2 * t + (e & 1);
         float pv, dcap = 1.f;
         if constexpr (kSoftcap) {
-          const float th = tanh_fast(s[4 * i + e] * k_in);
+          const float th = LAB_BWD_MASK_TANH_HALF ? s[4 * i + e] : tanh_fast(s[4 * i + e] * k_in);
           pv = ex2(fmaf(th, k_out, -lse2[col]));
 #ifndef LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD
           dcap = fmaf(-th, th, 1.f);

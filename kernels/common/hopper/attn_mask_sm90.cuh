@@ -27,12 +27,30 @@ __device__ __forceinline__ void mask_window_wg(float (&s)[BC / 2], int row0, int
 }
 
 // s -> tanh(s * k) (softcap: k = scale / softcap, the softmax factor softcap log2 e) or s -> s * k (a scale <= 0,
-// which the folded softmax cannot take: k = scale, factor log2 e).
-template <int BC, bool kTanh>
+// which the folded softmax cannot take: k = scale, factor log2 e). kHalf: the tanh two scores at a time on
+// fp16 pairs (tanh_pair: half the MUFU issues of tanh.approx.f32, about twice its error).
+template <int BC, bool kTanh, bool kHalf = false>
 __device__ __forceinline__ void transform_scores(float (&s)[BC / 2], float k) {
+  if constexpr (kTanh && kHalf) {
 #pragma unroll
-  for (int i = 0; i < BC / 2; ++i) s[i] = kTanh ? tanh_fast(s[i] * k) : s[i] * k;
+    for (int i = 0; i < BC / 2; i += 2) tanh_pair(s[i] * k, s[i + 1] * k, s[i], s[i + 1]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < BC / 2; ++i) s[i] = kTanh ? tanh_fast(s[i] * k) : s[i] * k;
+  }
 }
+
+// The softcap bounds every score: s' = softcap tanh(.) lies in [-softcap, softcap], so the row max that the online
+// softmax tracks is known before any key is read. With a fixed offset m = softcap log2 e - kCapHeadroom (log2
+// units) the softmax needs no max, no alpha and no O rescale: P = exp2(t softcap log2 e - m) lies in
+// [2^(kCapHeadroom - 2 softcap log2 e), 2^kCapHeadroom]. Exact as the online form is (O and l carry the same
+// offset; the epilogue's O / l and LSE = m + log2 l take it out) while neither end leaves fp32 / bf16's normal
+// range: P <= 2^48 keeps l and O far from overflow (O <= 2^48 S_k max|V|), and a row whose every score sits at
+// -softcap still has P >= 2^(48 - 2 x 74) = 2^-100, with 24 bits of normal range below it, when softcap log2 e
+// <= kCapMaxLog2 (softcap <= 51.3, Gemma-2's 50 included). fp16 P (max 65504, normal from 2^-14) has no such
+// room: fp16 calls and larger caps keep the online max.
+constexpr float kCapHeadroom = 48.f;
+constexpr float kCapMaxLog2 = 74.f;
 
 // normalise_o with a sink: st.m is the running max already in exp2 units (the folded softmax), sink_log2 the
 // sink's logit times log2 e (-inf: none); top = max(m, sink) keeps exp2 from overflowing. LSE (natural log,
