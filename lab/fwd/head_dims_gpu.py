@@ -62,7 +62,7 @@ def value_head_dim_check(d_qk: int, d_v: int, grads: bool = True) -> bool:
         verdict = check.compare(results[0][i], results[2][i], results[1][i])
         ok &= bool(verdict["passed"])
         record.append({"kind": "check", "impl": "lab.ops.attention", "case": {"name": f"dv-{d_qk}-{d_v}", "D": d_qk,
-                       "D_v": d_v}, "tensor": label, **{key: verdict[key] for key in verdict if key != "worst"}})
+                       "D_v": d_v}, "tensor": label, "check": {key: verdict[key] for key in verdict if key != "worst"}})
     print("PASS" if ok else "FAIL", f"D_qk {d_qk} D_v {d_v} causal GQA 8/2, Sq 333, Sk 517")
     return ok
 
@@ -199,6 +199,19 @@ def wide_bwd_race(quick: bool, modes=("bwd",)):
     rows = race.race(grid, modes=modes, flex=False, progress=False)
     for kind in modes:
         print(kind, tables.race([r for r in rows if r["kind"] == kind], backends=("flash", "cudnn", "efficient")))
+
+
+# bwd v09 with one of its choices turned back, each a compile-time switch: the fixed-row-step tile load, phase B's
+# 32-key tiling, the 16-byte dQ reductions, the second Q / dO buffer (kernels/bwd/v09_wide.cu's header).
+V09_ABLATIONS = ("v09:LAB_V09_ROW_LOAD=0", "v09:LAB_V09_KEY_TILES=1", "v09:LAB_V09_RED=1", "v09:LAB_V09_STAGES=1")
+ABLATION_CELLS = ("hdw-d256-s8192", "hdw-d192-s2048-c", "hdw-d256-s512")
+
+
+def wide_bwd_ablation(names=V09_ABLATIONS) -> list[dict]:
+    """GPU time of bwd v09's builds at a few cells (lab.backward.race.versions: kernel-level, in rounds with the
+    public op's backward and SDPA-cuDNN's); rows of kind 'bwd-kernel'."""
+    grid = [c for c in cases.wide_head_dim_cases() if c.name in ABLATION_CELLS]
+    return race.versions(grid, ["v09", *names], progress=False)
 
 
 def wide_race(quick: bool):

@@ -2,6 +2,7 @@
 v10 at D = 192 and 256 (and 200, padded), odd lengths (a partial last tile on both sides, one query row, more keys
 than queries and fewer), causal and not, GQA, fp16 / bf16, LSE, a negative scale (the unfolded kernel); then the
 same calls' gradients (bwd v09, the pre-pass and the dQ convert), D_v != D_qk among them.
+BWD_ALT (NAME=VALUE ...): the D 192 / 256 gradients also through a second build of bwd v09 (kernel-level).
 Usage: compute-sanitizer --tool memcheck python3 tools/gpu/wide_sanitize.py [--fwd-only]"""
 import os
 import sys
@@ -9,9 +10,11 @@ import sys
 import torch
 
 from lab import ops
+from lab.backward import harness
 
 # WIDE_ALT (NAME=VALUE ...): also run a second build of fwd v10 (tools/gpu/head_dims.py's wide_alt) at D 192/256
 alt = dict(item.split("=", 1) for item in os.environ.get("WIDE_ALT", "").split())
+bwd_alt = dict(item.split("=", 1) for item in os.environ.get("BWD_ALT", "").split())
 SHAPES = ((130, 200, True), (1, 65, False), (257, 63, False), (65, 130, True))
 
 with torch.no_grad():
@@ -33,6 +36,10 @@ if "--fwd-only" not in sys.argv:
             k = torch.randn(1, 2, sk, d_qk, device="cuda", dtype=dtype, requires_grad=True)
             v = torch.randn(1, 2, sk, d_v, device="cuda", dtype=dtype, requires_grad=True)
             out = ops.attention(q, k, v, is_causal=causal, enable_gqa=True, scale=-0.2 if sq == 65 else None)
-            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+            dout = torch.randn_like(out)
+            torch.autograd.grad(out, (q, k, v), dout)
+            if bwd_alt and d_qk == d_v and d_qk in (192, 256):
+                harness.bwd_runner("v09", defines=bwd_alt)(q.detach(), k.detach(), v.detach(), causal,
+                                                           -0.2 if sq == 65 else None, dout)
     torch.cuda.synchronize()
     print("sanitize backward calls done")

@@ -7,7 +7,7 @@
 # tools/gpu/transformers_models.py; all into $OUT (records.jsonl, logs).
 # BWD_ALT='NAME=VALUE ...': a second build of bwd v09 whose gradients are checked beside the default's.
 # CHECKS_QUICK=1: the checks' quick grid (lengths up to 1025) with the full race.
-# PROFILE=1: ncu of bwd v09 and FA2's backward kernel at one cell (details CSV).
+# PROFILE=1: ncu of bwd v09 and FA2's backward kernel at one cell (tools/gpu/wide_profile.sh, raw CSV).
 # BWD_ABLATION='v09:LAB_V09_RED=1 ...': those builds of bwd v09 timed beside the default (GPU time, a few cells).
 # Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1] [TRANSFORMERS=1] [BWD_ABLATION=...]
 #   bash tools/gpu/wide_session.sh [quick]
@@ -42,38 +42,13 @@ timeout ${RACE_TIMEOUT:-240} python3 -c "from lab.fwd import head_dims_gpu as he
 torch.backends.cuda.matmul.allow_tf32 = False; $RACE" > "$W/race.log" 2>&1
 echo "race rc=$?" >> "$W/race.log"
 if [ -n "${BWD_ABLATION:-}" ]; then  # GPU time of each build, kernel-level, at a few cells (lab.backward.race.versions)
-  timeout ${ABLATION_TIMEOUT:-120} python3 -c "from lab import cases; from lab.backward import race
-grid = [c for c in cases.wide_head_dim_cases() if c.name in ('hdw-d256-s8192', 'hdw-d192-s2048-c', 'hdw-d256-s512')]
-for r in race.versions(grid, ['v09'] + '${BWD_ABLATION}'.split(), progress=False):
+  timeout ${ABLATION_TIMEOUT:-120} python3 -c "from lab.fwd import head_dims_gpu
+for r in head_dims_gpu.wide_bwd_ablation('${BWD_ABLATION}'.split()):
     print(r['case']['name'], r['impl'], round(r['timing']['median_ms'], 3) if 'timing' in r else r.get('unsupported'))
 " > "$W/ablation.log" 2>&1
   echo "ablation rc=$?" >> "$W/ablation.log"
 fi
-if [ -n "${PROFILE:-}" ]; then  # ncu (a few sections, one launch) of bwd v09's main kernel and FA2's at hdw-d256-s2048
-  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-  for impl in lab flash; do
-    regex=$([ $impl = lab ] && echo "bwd_dkdv_wide" || echo "flash_bwd_dq_dk_dv")
-    timeout 150 "$NCU" --clock-control none --section SpeedOfLight --section WarpStateStats --section Occupancy \
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
-      --kernel-name "regex:$regex" --launch-skip 2 --launch-count 1 --csv --page details \
-      python3 - $impl > "$W/profile-$impl.csv" 2> "$W/profile-$impl.log" <<'PY'
-import sys, torch
-from lab import bench, cases, ops, sweep
-case = {c.name: c for c in cases.wide_head_dim_cases()}["hdw-d256-s2048"]
-q, k, v, causal = sweep.case_inputs(case)
-q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-for _ in range(4):
-    if sys.argv[1] == "lab":
-        out = ops.attention(q, k, v, is_causal=causal)
-    else:
-        with bench.sdpa_backend("flash"):
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-torch.cuda.synchronize()
-PY
-    echo "ncu $impl rc=$?" >> "$W/profile-$impl.log"
-  done
-fi
+[ -n "${PROFILE:-}" ] && bash tools/gpu/wide_profile.sh "$W"  # ncu of bwd v09's main kernel and FA2's, one cell
 (timeout ${CHECK_TIMEOUT:-240} python3 tools/gpu/head_dims.py --wide --checks-only $Q ${CHECKS_QUICK:+--quick} > "$W/checks.log" 2>&1
  echo "checks rc=$?" >> "$W/checks.log") &
 for tool in memcheck racecheck synccheck initcheck; do
