@@ -28,6 +28,20 @@
 // mask (the diagonal tiles are twice as large, so more of each is masked work: +0-3 %). Short S gains least
 // (fewer steps per CTA to amortise the prologue over: S = 512 has 4 steps instead of 8).
 //
+// Outcome (H100, GPU time, in rounds with v12 and SDPA-cuDNN, 17 bench-bwd cells; outputs/driver_logs/
+// 20261126-h100-bwd-v13-run1/versions.log): far above the prediction, and causal as much as not. D = 64 over v12:
+// S = 512 +7 % (+1 % causal), 1024 +10 % (+5 %), 2048 +13 % (+8 %), 4096 +14 % (+11 %), 8192 +15 % (+14 %), 16384
+// +16 % (+15 %): 1.09-1.19x cuDNN's backward in every D = 64 cell, where v12 was 0.97-1.08x. D = 128 (v12's
+// kernel) unchanged. K_w, V_w in registers (LAB_V13_KV_REGS=1): ptxas spills 48 bytes a thread and the kernel
+// runs at 0.76-0.94x cuDNN, 20-30 % under the SS form: off. ncu (n10, D = 64, S = 4096, H100): 2566 us against
+// v10's 2969 and cuDNN's 2860; tensor pipe 57 % (v10 48 %, cuDNN 51 %), issue slots 39 % (v10 42 %): fewer
+// instructions per FLOP; shared-store bank conflicts 0.25 M against v10's 2.4 M (not explained yet: both store
+// dS^T through the same swizzle, which the CPU walk finds conflict-free). What the prediction missed: it counted shared-memory bytes and barrier waits
+// but not the instructions that issue them, and the gain grows with S (so it is per step, not the prologue):
+// at D = 64 the step was as much issue-bound (address math, barrier and fence instructions, MUFU, the packing)
+// as bandwidth-bound, and m64n128 halves those per FLOP. Correct: driver 53/53 (the no-D build fails 52), 14/14
+// gradient checks, memcheck (38 configs), racecheck, synccheck, initcheck (4 each) clean, with either K/V form.
+//
 // Limits: v12's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
 // mode).
 //

@@ -6,8 +6,8 @@ adapters of the backward (runners, timed steps, the sweep, the training example)
 saves q, k, v, out and the natural-log lse (never P) and calls `lab::attention_backward`, a custom op with
 a fake implementation, so torch.compile(fullgraph=True) traces forward plus backward without a graph break.
 
-Which kernel: on compute capability 9.0, v07 (wgmma, TMA, warp-specialised; each dQ GEMM deferred by a step, split
-by columns between the warpgroups and its partial added by 16-byte reductions from the accumulators); elsewhere v01 (mma.sync; dQ by fp32 atomics). Head dims 192 and 256 (and every D from 129 up,
+Which kernel: on compute capability 9.0, the first of lab.registry.BEST_BWD_HOPPER (wgmma, TMA, warp-specialised;
+kernels/bwd/README.md has the family and what each version buys); elsewhere v01 (mma.sync; dQ by fp32 atomics). Head dims 192 and 256 (and every D from 129 up,
 padded by lab.fwd.head_dims): v09 (mma.sync, FA2's wide-head tiling) on every GPU. When torch.are_deterministic_algorithms_enabled(),
 v01's separate dQ pass on every GPU (bit-identical across runs; kernels/bwd/v01_mma.cu says why it costs more):
 v02's reduction order is not fixed.
