@@ -20,16 +20,19 @@ def kernel_writes(D: int, by_columns: bool = False):
     cols = D // 2 if split else D  # Cfg::kDqCols
     out = {}
     for wg in range(2):
-        for wt in range(128):
-            warp, lane = divmod(wt, 32)
-            g, t = divmod(lane, 4)
-            for i in range(cols // 8):
-                for e in range(4):
-                    row = 16 * warp + g + 8 * (e >> 1)
-                    col = (cols * wg if split else 0) + 8 * i + 2 * t + (e & 1)
-                    index = (wg * 64 * cols if split else 0) + (i * 128 + wt) * 4 + e
-                    out.setdefault(index, []).append((row, col))
+        for slot, row, col in accumulator_slots(cols):
+            out.setdefault((wg * 64 * cols if split else 0) + slot, []).append((row, (cols * wg if split else 0) + col))
     return out
+
+
+def accumulator_slots(cols: int):
+    """(float index in accumulator order, row, column) of every element of one warpgroup's 64 x cols partial."""
+    for wt in range(128):
+        warp, lane = divmod(wt, 32)
+        g, t = divmod(lane, 4)
+        for i in range(cols // 8):
+            for e in range(4):
+                yield (i * 128 + wt) * 4 + e, 16 * warp + g + 8 * (e >> 1), 8 * i + 2 * t + (e & 1)
 
 
 def convert_reads(D: int, swap_halves: bool = False, by_columns: bool = False):
@@ -78,15 +81,8 @@ def row_split_writes(D: int = 64, row_offset: bool = True):
     wg * 64 * kDqCols is the next 64-row block of the accumulator order."""
     out = {}
     for wg in range(2):
-        for wt in range(128):
-            warp, lane = divmod(wt, 32)
-            g, t = divmod(lane, 4)
-            for i in range(D // 8):
-                for e in range(4):
-                    row = 64 * wg + 16 * warp + g + 8 * (e >> 1)
-                    col = 8 * i + 2 * t + (e & 1)
-                    index = (wg * 64 * D if row_offset else 0) + (i * 128 + wt) * 4 + e
-                    out.setdefault(index, []).append((row, col))
+        for slot, row, col in accumulator_slots(D):
+            out.setdefault((wg * 64 * D if row_offset else 0) + slot, []).append((64 * wg + row, col))
     return out
 
 
