@@ -572,6 +572,19 @@ std::tuple<std::string, at::Tensor> decode_call(int64_t launcher, at::Tensor q, 
   return {error, o};
 }
 
+// lab.ops.decode's eager contiguous call in one crossing, as attn_auto is lab.ops.attention's: lab.ops keys the plan
+// (kernel, splits) by the shapes its full path validated once, so only the rules that can change between two calls
+// of one shape are left: a gradient wanted or a last dim with stride != 1 answer "refused", decode_call's checks the
+// rest (dtypes, devices, lengths that are not a contiguous int32 (B,) tensor, which the full path converts). On any
+// answer lab.ops takes its full path, which raises the right error. scale None: 1/sqrt(D), as Python computes it.
+std::tuple<std::string, at::Tensor> decode_auto(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v,
+                                                c10::optional<at::Tensor> cache_seqlens, c10::optional<double> scale,
+                                                int64_t num_splits) {
+  if (!python_rules_hold(q, k, v, true)) return {"refused", at::Tensor()};
+  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  return decode_call(launcher, q, k, v, cache_seqlens, s, num_splits);
+}
+
 // Decode v03 as lab.ops calls it: paged when block_table is given (page_errors: the caller's (B,) int32 flags, or
 // allocated here), else the contiguous cache; causal is bottom-right. Returns (error, out, page_errors or None).
 std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_call(
@@ -614,6 +627,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attn_call", &attn_call, "forward attention, output allocated here: (error, out, lse)");
   m.def("attn_auto", &attn_auto, "lab.ops.attention's eager call: (error or \"refused\", out, lse)");
   m.def("decode_call", &decode_call, "split-K decoding, output and workspaces allocated here: (error, out)");
+  m.def("decode_auto", &decode_auto, "lab.ops.decode's eager contiguous call: (error or \"refused\", out)");
   m.def("decode_paged_call", &decode_paged_call,
         "decode v03 (paged or contiguous, bottom-right causal), allocated here: (error, out, page_errors)");
   m.def("attn_bwd_call", &attn_bwd_call, "backward attention, gradients allocated here: (error, dq, dk, dv)");

@@ -151,3 +151,53 @@ def test_ops_attention_hands_its_arguments_to_attn_auto_in_order(cpu_binding, mo
     with pytest.raises(ValueError, match="CUDA device"):  # refused by attn_auto; the full path raises (here: CPU)
         ops.attention(a["q"], a["k"], a["v"], is_causal=True)
     assert seen[-1] == (True, False, False, None)
+
+
+# ------------------------------------------------------------------ decode_auto: lab.ops.decode's eager call
+
+def _decode_auto(binding, a, scale=None):
+    return binding.module.decode_auto(0, a["q"], a["k"], a["v"], a["lens"], scale, a["splits"])
+
+
+def _dec_changed(change):
+    a = binding_cases.dec_args("cpu")
+    a.update(change(a))
+    return a
+
+
+# Per-call rules of lab.ops.decode's Python layer that decode_call would let through (a copy, an autograd call):
+# decode_auto answers "refused", so the full path raises the right error. (The shape rules, q_len and heads, are
+# the plan key's: a plan exists only for shapes the full path accepted.)
+DECODE_PYTHON_RULES = {
+    "last_dim_strided": lambda a: {"k": torch.randn(2, 2, 300, 256, dtype=torch.bfloat16)[..., ::2]},
+    "rank": lambda a: {"q": a["q"][0]},
+    "grad_wanted": lambda a: {"q": a["q"].clone().requires_grad_()},
+}
+
+
+@pytest.mark.parametrize("rule", sorted(DECODE_PYTHON_RULES))
+def test_decode_auto_refuses_what_the_python_layer_raises_on(cpu_binding, rule):
+    error, out = _decode_auto(cpu_binding, _dec_changed(DECODE_PYTHON_RULES[rule]))
+    assert error == "refused" and out is None
+
+
+def test_decode_auto_good_call_allocates_out(cpu_binding):
+    a = binding_cases.dec_args("cpu")
+    error, out = _decode_auto(cpu_binding, a)
+    assert error == "" and out.shape == a["q"].shape and out.dtype == a["q"].dtype
+    with torch.no_grad():  # no gradient wanted: a leaf that requires grad is fine
+        assert _decode_auto(cpu_binding, _dec_changed(DECODE_PYTHON_RULES["grad_wanted"]))[0] == ""
+    assert _decode_auto(cpu_binding, a, scale=0.5)[0] == ""
+    for bad in (math.nan, math.inf, 1e39):  # a given scale meets check_scale
+        assert "scale" in _decode_auto(cpu_binding, a, scale=bad)[0]
+    # lengths the full path converts (int64) are the binding's error here, so the full path runs
+    assert "cache_seqlens" in _decode_auto(cpu_binding, _dec_changed(lambda a: {"lens": a["lens"].long()}))[0]
+
+
+@pytest.mark.parametrize("what", [w for w in _cases(binding_cases.decode_bad)
+                                  if not w.startswith(("out", "lse", "partial", "po", "pl", "scale", "splits"))])
+def test_decode_auto_answers_every_bad_input_of_the_binding(cpu_binding, what):
+    """decode_call's own checks still run behind decode_auto: each bad q/k/v/lengths case answers an error."""
+    change, _ = binding_cases.decode_bad("cpu")[what]
+    error, _ = _decode_auto(cpu_binding, _dec_changed(change))
+    assert error, what

@@ -5,10 +5,12 @@ Skipped without CUDA; the GPU run is committed under outputs/driver_logs/.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from lab import cases, graphs, ops
+from lab import cases, graphs, kernels, ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16 = torch.bfloat16
@@ -43,6 +45,23 @@ def test_decode_call_makes_no_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(out).all()
+
+
+def test_decode_fast_path_equals_the_full_path_and_refusals_take_the_full_path():
+    """The eager contiguous call's one-crossing path (lab.decode.fast.contiguous, after one full call of the same
+    shapes) gives the full path's output bit for bit; int64 lengths still work (the full path converts them), and a
+    bad scale or a strided last dim still raise the full path's errors."""
+    q, k = _randn(3, 32, 1, 128), _randn(3, 8, 700, 128)
+    v, seqlens = torch.randn_like(k), torch.tensor([700, 1, 300], device="cuda", dtype=torch.int32)
+    first = ops.decode(q, k, v, seqlens)  # full path: checks, then the plan is kept
+    assert ("decode", q.shape, k.shape, q.get_device(), None, None) in kernels.plans
+    assert torch.equal(ops.decode(q, k, v, seqlens), first)  # one crossing
+    assert torch.equal(ops.decode(q, k, v, seqlens, scale=1 / math.sqrt(128)), first)
+    assert torch.equal(ops.decode(q, k, v, seqlens.long()), first)
+    with pytest.raises(ValueError, match="overflows float32"):
+        ops.decode(q, k, v, seqlens, scale=1e39)
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        ops.decode(q, k, torch.randn(3, 8, 700, 256, device="cuda", dtype=BF16)[..., ::2], seqlens)
 
 
 def test_out_of_range_lengths_are_clamped():

@@ -128,7 +128,7 @@ def test_direct_binding_checks():
 
 
 def test_fast_path_equals_the_full_path_and_refusals_take_the_full_path():
-    """The graph-safe call's one-crossing path (lab.decode.op._paged_fast, after one full call of the same shapes)
+    """The graph-safe call's one-crossing path (lab.decode.fast.paged, after one full call of the same shapes)
     gives the full path's output bit for bit; lengths that are not int32 still work (the full path converts
     them), and a bad flags buffer still raises the full path's TypeError."""
     case = PagedCase("pg-fast", 3, 32, 8, 1, 700, 128, "bfloat16", (700, 1, 300), 16)

@@ -23,15 +23,22 @@
 namespace lab {
 namespace decode {
 
+// LAB_DECODE_STAGES_D128: another ring depth at D 128 (a probe switch, tools/gpu/paged_loader_probe.py).
+#ifndef LAB_DECODE_STAGES_D128
+#define LAB_DECODE_STAGES_D128 3
+#endif
 template <int D>
 struct HeadDimPlan {
   static_assert(D % 16 == 0 && D >= 64 && D <= 256, "a decode head dim is a multiple of 16 in [64, 256]");
-  static constexpr int kStages = D <= 96 ? 4 : (D <= 128 ? 3 : (D <= 192 ? 3 : 2));
+  static constexpr int kStages = D <= 96 ? 4 : (D <= 128 ? LAB_DECODE_STAGES_D128 : (D <= 192 ? 3 : 2));
 };
 
 // Calls launch(std::integral_constant<int, D>) for the call's head dim, LAB_E_HEAD_DIM for any other.
 template <class Launch>
 int with_head_dim(int head_dim, Launch&& launch) {
+#ifdef LAB_DECODE_ONLY_D128  // probe builds (tools/gpu/paged_loader_probe.py): one head dim, a quarter of the build
+  return head_dim == 128 ? launch(std::integral_constant<int, 128>{}) : LAB_E_HEAD_DIM;
+#else
   switch (head_dim) {
     case 64: return launch(std::integral_constant<int, 64>{});
     case 80: return launch(std::integral_constant<int, 80>{});
@@ -41,6 +48,7 @@ int with_head_dim(int head_dim, Launch&& launch) {
     case 256: return launch(std::integral_constant<int, 256>{});
     default: return LAB_E_HEAD_DIM;
   }
+#endif
 }
 
 }  // namespace decode

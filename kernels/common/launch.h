@@ -7,6 +7,7 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "common/params.h"
 
@@ -179,8 +180,11 @@ inline int decode_launch(const DecodeParams* p, int key_block, int rows_per_bloc
       rows_per_block > 0 ? static_cast<int>((rows_total + rows_per_block - 1) / rows_per_block) : 1;
   if (static_cast<int64_t>(p->num_splits) * p->batch * p->heads_kv * row_groups > kMaxGridX) return LAB_E_SHAPE;
   const int device = current_device();
+  // LAB_DECODE_NO_PDL in the environment: the combine in plain stream order, a diagnostic (does a sanitizer's report
+  // on the combine depend on programmatic dependent launch?).
+  static const bool no_pdl = getenv("LAB_DECODE_NO_PDL") != nullptr;
   *out = {group,  static_cast<int>(rows_total), row_groups, split_chunk(p->seqlen_cache, p->num_splits, key_block),
-          device, capability(device) >= 90,      static_cast<cudaStream_t>(stream_ptr)};
+          device, capability(device) >= 90 && !no_pdl, static_cast<cudaStream_t>(stream_ptr)};
   return 0;
 }
 

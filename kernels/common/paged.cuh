@@ -19,13 +19,40 @@
 namespace lab {
 namespace paged {
 
+// Loader switches for tools/gpu/paged_loader_probe.py (the defaults are what lab.ops runs):
+//   LAB_PAGED_PREFETCH 128 | 0 | 256: the L2 prefetch-size hint of the K/V copies;
+//   LAB_PAGED_EVICT_FIRST: the copies also carry an L2 evict-first policy (every K/V byte is read once);
+//   LAB_PAGED_CHECK_UNROLL: page ids in flight per thread in the page-table check (bad_pages);
+//   LAB_PAGED_SKIP_CHECK: no page-table check at all (timing only: a bad id is then zero-filled, not flagged).
+#ifndef LAB_PAGED_PREFETCH
+#define LAB_PAGED_PREFETCH 128
+#endif
+#ifndef LAB_PAGED_CHECK_UNROLL
+#define LAB_PAGED_CHECK_UNROLL 8
+#endif
+
 // 16-byte cp.async, L1-bypassing, with the L2::128B prefetch-size hint (decode v02 measured +2-3 % from the
 // hint on the large bench-decode cells, H200). valid == false: nothing is read, the 16 bytes are zero-filled.
 __device__ __forceinline__ void cp_async_16_l2(void* smem_dst, const void* gmem_src, bool valid) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+#if defined(LAB_PAGED_EVICT_FIRST)
+  uint64_t policy;  // not volatile: the compiler may hoist it out of the loader
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(gmem_src), "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+#elif LAB_PAGED_PREFETCH == 0
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(valid ? 16 : 0)
+               : "memory");
+#elif LAB_PAGED_PREFETCH == 256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#else
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
                "r"(valid ? 16 : 0)
                : "memory");
+#endif
 }
 
 // Device code reads the table through the read-only cache; host code (tests/fixtures/paged_cursor_check.cu checks
@@ -164,7 +191,7 @@ struct PageWalk {
 // a 128-thread block) was 64 serial L2 round trips in every block's prologue, ~12 us of a ~200 us call (H100).
 template <int kThreads>
 __device__ __forceinline__ bool bad_pages(const int32_t* table_row, int n_pages, int num_pages) {
-  constexpr int kUnroll = 8;
+  constexpr int kUnroll = LAB_PAGED_CHECK_UNROLL;
   const unsigned limit = static_cast<unsigned>(num_pages);
   bool bad = false;
   int i = threadIdx.x;
@@ -207,9 +234,11 @@ __device__ __forceinline__ int causal_keys(bool causal, int len, int q_len, int 
 template <int kThreads>
 __device__ __forceinline__ void check_page_table(const DecodeParams& p, const int32_t* table_row, int len,
                                                  int& errors, int& n_keys, int& n_tiles) {
+#ifndef LAB_PAGED_SKIP_CHECK
   if (bad_pages<kThreads>(table_row, (len + p.page_size - 1) / p.page_size, p.num_pages))
     errors |= LAB_PAGE_E_INDEX;
   if (errors) n_keys = n_tiles = 0;
+#endif
 }
 
 // A warp's Q fragments in decode v03 / v04 (m16n8k16 A layout, unscaled, input dtype; rows row0 + r of

@@ -176,6 +176,10 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
         cursor.offset(g, p.v_stride[0], p.v_stride[1], &v_group[g]);
       }
     }
+#ifdef LAB_PAGED_KV_ORDER  // probe switch (tools/gpu/paged_loader_probe.py): the tile's V rows after all its K rows
+    int64_t v_off[Cfg::kLoadRows];
+    bool v_ok[Cfg::kLoadRows];
+#endif
 #pragma unroll
     for (int it = 0; it < Cfg::kLoadRows; ++it) {
       const int key = t * Bc + j0 + it * Cfg::kRowStep;  // in the split
@@ -192,9 +196,19 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
       }
       if (copies) {
         lab::paged::cp_async_16_l2(sK + it * Cfg::kRowStep * Cfg::kStride, k_base + ko, valid);
+#ifdef LAB_PAGED_KV_ORDER
+        v_off[it] = vo;
+        v_ok[it] = valid;
+#else
         lab::paged::cp_async_16_l2(sV + it * Cfg::kRowStep * Cfg::kStride, v_base + vo, valid);
+#endif
       }
     }
+#ifdef LAB_PAGED_KV_ORDER
+#pragma unroll
+    for (int it = 0; it < Cfg::kLoadRows; ++it)
+      if (copies) lab::paged::cp_async_16_l2(sV + it * Cfg::kRowStep * Cfg::kStride, v_base + v_off[it], v_ok[it]);
+#endif
     if (kPaged) {
       cursor.advance();
       cursor.fetch(n_keys - (t + 1) * Bc);

@@ -6,13 +6,16 @@ flags lab.decode.emulate_paged's. The checks shared with lab.ops.attention are l
 from __future__ import annotations
 
 import torch
+from torch import Tensor as _Tensor
+
+from . import fast
 
 from .. import build
 from ..kernels import launcher
-from ..kernels import plans as _fast_plans
 from ..kernels import resolve_version as _version
 from ..op_common import PAGED_LAYOUT, _check_heads, _check_qkv, _check_tensor, _direct, _scale, sm_count
 from ..registry import DECODE, PAGED_DECODE, PAGED_HEADS, SPLIT_RULE, default_decode_version, paged_versions
+from . import fast
 
 MAX_DECODE_Q_LEN = 16
 
@@ -137,9 +140,13 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     sees keys [0, len - q_len + i], so the last token sees the whole cache (lab.ops.attention's is_causal is
     SDPA's top-left); a token with no key left gets zeros. Causal calls run decode v03.
     """
+    if block_table is None and page_errors is None and is_causal is False and type(query) is _Tensor:
+        out = fast.contiguous(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version)
+        if out is not None:
+            return out
     if page_errors is not None and block_table is not None and (is_causal is False or is_causal is True):
-        out = _paged_fast(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, is_causal, scale,
-                          num_splits, version)
+        out = fast.paged(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, is_causal, scale,
+                         num_splits, version)
         if out is not None:
             return out
     if block_table is not None or page_errors is not None or is_causal is not False:
@@ -147,37 +154,15 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
                            is_causal, page_errors)
     seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens)
     name, splits = _decode_plan(query, key_cache, version, num_splits)
-    op = _decode_impl if _direct(query, key_cache, value_cache) else _decode_op
-    return op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
+    if not _direct(query, key_cache, value_cache):
+        return _decode_op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
+    out = _decode_impl(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
+    fast.keep(("decode", query.shape, key_cache.shape, query.get_device(), version, num_splits),
+              (launcher(DECODE, name), splits))  # checked: the next such call may go straight in
+    return out
 
 
 # ------------------------------------------------------------------ decode v03: paged cache, causal
-
-# (shapes, device, version, splits asked) of a paged call that passed _decode_v03's checks -> (launcher, splits); in
-# lab.kernels.plans, which lab.kernels.reload() forgets with the launcher addresses
-
-
-def _paged_fast(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, is_causal, scale, num_splits,
-                version):
-    """The graph-safe paged call (page_errors given) in one crossing into the binding, or None: then the full path
-    runs, raising the right error for whatever the binding refused.
-
-    Why: a paged call's Python checks (table, flags, lengths, caches) cost several microseconds more than the
-    contiguous call's, and an eager serving step of a small cache is tens of microseconds. Here the plan (kernel
-    and split count) is one dict lookup keyed by the shapes that the full path validated once (q_len, capacity,
-    H_kv against the version), and every per-call rule (devices, dtypes, strides, the flags buffer) is the
-    binding's check_paged in C++. Lengths that are not int32, a table whose rows need a copy, tracing, or
-    gradients take the full path."""
-    plan = _fast_plans.get(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version,
-                            num_splits))
-    if plan is None or not _direct(query, key_cache, value_cache):
-        return None
-    address, splits = plan
-    error, out, _ = build.binding().module.decode_paged_call(address, query, key_cache, value_cache, cache_seqlens,
-                                                             block_table, page_errors, _scale(scale, query.shape[-1]),
-                                                             splits, is_causal)
-    return None if error else out
-
 
 def _check_paged(query, key_cache, value_cache, block_table, page_errors):
     """The paged call's checks (the binding's check_paged, in Python's exception types); returns the block
@@ -305,10 +290,8 @@ def _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits,
         out, errors = _v03_impl(query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits,
                                 is_causal, name)
         if block_table is not None and page_errors is not None:  # checked: the next such call may go straight in
-            if len(_fast_plans) >= 4096:
-                _fast_plans.clear()
-            _fast_plans[("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version,
-                         num_splits)] = (launcher(DECODE, name), splits)
+            fast.keep(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version,
+                       num_splits), (launcher(DECODE, name), splits))
         if block_table is not None and page_errors is None and not torch.cuda.is_current_stream_capturing():
             raise_page_errors(errors)
         return out
