@@ -85,9 +85,12 @@ struct WideCfg {
   static_assert(kSmem <= 227 * 1024, "shared memory beyond sm_90's opt-in limit");
 };
 
-// A tile of ROWS rows into shared memory: fixed row steps per thread (LAB_V09_ROW_LOAD=1, the default: 1433
+// A tile of ROWS rows into shared memory: fixed row steps per thread (LAB_V09_ROW_LOAD=1, the default: 1417
 // instructions a step at D = 256) or v01's strided loop (0: a division per 16-byte copy, 1668 a step, where ncu
-// counted 1.5x FA2's instructions). Prediction: +5-10 % where steps dominate.
+// counted 1.5x FA2's instructions). Prediction: +5-10 % where steps dominate. Outcome (H100, GPU time, two rounds):
+// +2.1 % at D = 192 S = 2048 causal, +0.7 % at D = 256 S = 512, -0.8 to +0.1 % at D = 256 S = 8192; ncu: 1.24x
+// FA2's instructions (from 1.5x) but the time did not follow, the step waits on shared-memory loads (short
+// scoreboard 3.4 cycles an issue against FA2's 2.7). Kept: no slower on balance, fewer instructions.
 template <class T, int D, int ROWS, int LD, int kThreads>
 __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t row_stride, int row0, int seqlen, int tid) {
   if constexpr (LAB_V09_ROW_LOAD) load_tile_rows<T, D, ROWS, LD, kThreads>(dst, src, row_stride, row0, seqlen, tid);
@@ -109,7 +112,9 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
 // and write dS^T = P^T (dP^T - Delta): dS is formed from P rounded to T (the P phase B multiplies), one rounding
 // more than the default's, inside the checks' 3x-SDPA bound (the default's worst was 1.17x). Cost: a barrier more a
 // step and the S^T warps' exp2 on twice the elements (one S^T and one dP^T warp share each scheduler). Prediction:
-// a warp's ldmatrix 180 -> 148 a step (-18 % of shared-memory reads), +3-8 % at S >= 2048.
+// a warp's ldmatrix 180 -> 148 a step (-18 % of shared-memory reads), +3-8 % at S >= 2048. Outcome (H100, GPU time
+// against the default): +2.1 % at D = 256 S = 8192, +0.7 % at D = 256 S = 512, -1.4 % at D = 192 S = 2048 causal;
+// correct (66/66 quick wide checks) and sanitizer-clean, but not the predicted gain, so off.
 template <class T, int D, int LD, int LDS>
 __device__ __forceinline__ void phase_a_split(const T* sK, const T* sV, const T* tq, const T* tdo, T* sP, T* sdS,
                                               const float* l2, const float* del, float c, bool need_mask, int k0,
