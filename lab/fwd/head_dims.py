@@ -7,7 +7,8 @@ Why it is exact: appended zero columns add 0 to every score q·k, and the output
 values) are cut off; the softmax scale is the caller's (1/sqrt of the true D_qk), never the padded width's.
 The padding is plain torch (F.pad, a slice), so autograd carries the gradients back to the unpadded tensors
 and torch.compile traces it. The cost is the wider kernel's (D = 80 and 96 run the D = 128 kernel: 1.6x and
-1.33x its FLOPs) plus the copies; chapter n5's head-dim cells measure it against SDPA.
+1.33x its FLOPs) plus the copies, bytes per token that do not shrink with S; chapter n14 races the padded
+cells (lab.cases.head_dim_cases, and D = 200 among the wide ones) against SDPA.
 """
 from __future__ import annotations
 
