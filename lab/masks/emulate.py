@@ -42,17 +42,26 @@ def _ftz(p):
     return np.where(p < np.float32(2.0 ** -126), np.float32(0), p).astype(np.float32)
 
 
+def _bf16(x):
+    """Round float32 to bfloat16 (nearest even) and back, as the P fragments are."""
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16).float().numpy()
+
+
 def _visible(rows, cols, seqlen_k, offset, mask):
     import torch
     return _visible_t(torch.from_numpy(rows), torch.from_numpy(cols), seqlen_k, offset, mask).numpy()
 
 
 def forward_head(q, k, v, mask: Mask, scale: float, offset: int = 0, sink=None, block_m: int = 64,
-                 block_n: int = 64, ignore_window: bool = False, stats: dict | None = None, bounded: bool = False):
+                 block_n: int = 64, ignore_window: bool = False, stats: dict | None = None, bounded: bool = False,
+                 rounded_l: bool = True):
     """One head: q (S_q, D), k and v (S_k, D) float32 arrays -> (out (S_q, D_v), lse (S_q,)), natural log.
     ignore_window: the deliberately wrong variant (every key tile read, no window mask). bounded (softcap only):
     the fixed offset c - CAP_HEADROOM instead of the running max, exp2 flushing to zero below 2^-126 as the
-    kernel's does (whatever the cap: the kernel takes this form only up to CAP_MAX_LOG2)."""
+    kernel's does (whatever the cap: the kernel takes this form only up to CAP_MAX_LOG2), P rounded to bf16 for
+    P V and, with rounded_l, for l too (exp_rows_rounded); rounded_l=False: l from the unrounded P (the first
+    form, which leaves a row of one key off by up to 2^-9)."""
     bounded = bounded and mask.softcap > 0
     seqlen_q, seqlen_k = q.shape[0], k.shape[0]
     out = np.zeros((seqlen_q, v.shape[1]), np.float32)
@@ -83,8 +92,8 @@ def forward_head(q, k, v, mask: Mask, scale: float, offset: int = 0, sink=None, 
                 s = np.where(_visible(np.arange(m0, m1), np.arange(n0, n1), seqlen_k, offset, use), s, -np.inf)
             if bounded:  # no max, no alpha: every tile against the same offset
                 p = _ftz(np.exp2(s * c - np.float32(c - CAP_HEADROOM)).astype(np.float32))
-                l = l + p.sum(axis=1)
-                acc = acc + p @ v[n0:n1]
+                l = l + (_bf16(p) if rounded_l else p).sum(axis=1)
+                acc = acc + _bf16(p) @ v[n0:n1]
                 continue
             m_new = np.maximum(m, s.max(axis=1))
             off = np.where(np.isneginf(m_new), 0, m_new * c).astype(np.float32)

@@ -1,6 +1,9 @@
 #!/bin/bash
 # The four compute-sanitizer tools on bwd v08's dense and packed calls (tools/gpu/masks_bwd_sanitize.py), bwd v08's
-# kernels only (pre-pass, loop, dQ convert, sink gradient): -> $OUT/sanitize.tgz (san/<tool>.log).
+# kernels only (pre-pass, loop, dQ convert, sink gradient: every name holds "bwd", bwd_pre or lab::sm90::bwd; kns is a
+# substring, not a regex: the alternation this filter once was reads as one literal, which no kernel name holds).
+# Torch's caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1), as the decode runs have it for initcheck.
+# -> $OUT/sanitize.tgz (san/<tool>.log).
 set -u
 OUT=${OUT:-/tmp/masks_san}; mkdir -p "$OUT/san"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
@@ -9,8 +12,8 @@ build.build_kernel(registry.MASKED_FWD['v09'].source)" > "$OUT/san/build.log" 2>
 { date -u; echo "commit ${LAB_COMMIT:-?}"; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv
   compute-sanitizer --version | tail -2; } > "$OUT/san/env.log" 2>&1
 for tool in memcheck racecheck synccheck initcheck; do
-  ( timeout ${SAN_TIMEOUT:-180} compute-sanitizer --tool $tool --print-limit 20 \
-      --kernel-regex "kns=bwd|convert_dq|sink_grad" python3 tools/gpu/masks_bwd_sanitize.py > "$OUT/san/$tool.log" 2>&1
+  ( PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-180} compute-sanitizer --tool $tool --print-limit 20 \
+      --kernel-name kns=bwd python3 tools/gpu/masks_bwd_sanitize.py > "$OUT/san/$tool.log" 2>&1
     echo "rc=$?" >> "$OUT/san/$tool.log" ) &
 done
 wait

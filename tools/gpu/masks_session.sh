@@ -8,7 +8,8 @@ OUT=${OUT:-/tmp/masks_session}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$OUT/gpu.txt"
-build() { python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source${3:+, {'$3': '1'}})" >> "$OUT/build.log" 2>&1; }
+build() { local d=""; [ -n "${3:-}" ] && d=", {'$3': '1'}"  # (a brace inside ${3:+...} would end it early)
+  python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source$d)" >> "$OUT/build.log" 2>&1; }
 python3 -c "from lab import build; build.binding()" > "$OUT/build.log" 2>&1 &
 build MASKED_FWD v08 & build MASKED_FWD v09 & build MASKED_BWD v08 & build BWD v07 &
 build MASKED_FWD v08 LAB_V08_IGNORE_WINDOW & build MASKED_FWD v09 LAB_V08_IGNORE_WINDOW &

@@ -1,5 +1,6 @@
 #!/bin/bash
-# The softcap's fixed-offset softmax (fwd v09) and the staged dK / dV of the masked backward (bwd v08) in one call:
+# The softcap's fixed-offset softmax (fwd v09, LAB_V09_SOFTCAP) and the staged dK / dV of the masked backward (bwd v08,
+# LAB_V08_STAGE) in one call, for whichever defaults the tree has:
 # every build at once, the A/B and the checks of the builds that are not the default (tools/gpu/masks_softcap_ab.py),
 # compute-sanitizer on the changed kernels (fwd v09: memcheck, racecheck, synccheck, initcheck under
 # tools/gpu/masks_sanitize.py; bwd v08: tools/gpu/masks_bwd_sanitize.sh), then chapter n13 as a session
@@ -12,9 +13,10 @@ export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
 build() { python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source${3:+, $3})" \
   >> "$OUT/build.log" 2>&1; }
 python3 -c "from lab import build; build.binding()" >> "$OUT/build.log" 2>&1 &
-build MASKED_FWD v09 & build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 0}" & build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 2}" &
+build MASKED_FWD v09 & build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 0}" & build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 1}" &
 build MASKED_FWD v08 & build MASKED_FWD v09 "{'LAB_V08_IGNORE_WINDOW': '1'}" & build MASKED_FWD v08 "{'LAB_V08_IGNORE_WINDOW': '1'}" &
-build MASKED_BWD v08 & build MASKED_BWD v08 "{'LAB_V08_STAGE': 0}" & build MASKED_BWD v08 "{'LAB_BWD_MASK_TANH_HALF': 1}" &
+build MASKED_BWD v08 & build MASKED_BWD v08 "{'LAB_V08_STAGE': 0}" & build MASKED_BWD v08 "{'LAB_V08_STAGE': 1}" &
+build MASKED_BWD v08 "{'LAB_V08_STAGE': 1, 'LAB_BWD_MASK_TANH_HALF': 1}" &
 build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD': '1'}" & build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_WINDOW': '1'}" &
 python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" >> "$OUT/build.log" 2>&1 &
 wait
@@ -32,7 +34,8 @@ export PYTHONPATH=$PWD
 { date -u; echo "commit ${LAB_COMMIT:-?}"; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv
   compute-sanitizer --version | tail -2; } > "$OUT/sanf/env.log" 2>&1
 for tool in memcheck racecheck synccheck initcheck; do
-  ( timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --print-limit 20 --kernel-regex kns=attn_fwd_v09 \
+  ( PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool $tool --print-limit 20 \
+      --kernel-name kns=attn_fwd_v09 \
       python3 tools/gpu/masks_sanitize.py > "$OUT/sanf/$tool.log" 2>&1; echo "rc=$?" >> "$OUT/sanf/$tool.log" ) &
 done
 SAN_TIMEOUT=${SAN_TIMEOUT:-150} OUT=$OUT bash tools/gpu/masks_bwd_sanitize.sh &

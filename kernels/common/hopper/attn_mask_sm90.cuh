@@ -7,6 +7,7 @@
 #pragma once
 #include <math.h>
 #include <stdint.h>
+#include <type_traits>
 
 #include "common/hopper/attn_fwd_sm90.cuh"
 #include "common/mask.cuh"
@@ -27,17 +28,11 @@ __device__ __forceinline__ void mask_window_wg(float (&s)[BC / 2], int row0, int
 }
 
 // s -> tanh(s * k) (softcap: k = scale / softcap, the softmax factor softcap log2 e) or s -> s * k (a scale <= 0,
-// which the folded softmax cannot take: k = scale, factor log2 e). kHalf: the tanh two scores at a time on
-// fp16 pairs (tanh_pair: half the MUFU issues of tanh.approx.f32, about twice its error).
-template <int BC, bool kTanh, bool kHalf = false>
+// which the folded softmax cannot take: k = scale, factor log2 e).
+template <int BC, bool kTanh>
 __device__ __forceinline__ void transform_scores(float (&s)[BC / 2], float k) {
-  if constexpr (kTanh && kHalf) {
 #pragma unroll
-    for (int i = 0; i < BC / 2; i += 2) tanh_pair(s[i] * k, s[i + 1] * k, s[i], s[i + 1]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < BC / 2; ++i) s[i] = kTanh ? tanh_fast(s[i] * k) : s[i] * k;
-  }
+  for (int i = 0; i < BC / 2; ++i) s[i] = kTanh ? tanh_fast(s[i] * k) : s[i] * k;
 }
 
 // The softcap bounds every score: s' = softcap tanh(.) lies in [-softcap, softcap], so the row max that the online
@@ -51,6 +46,37 @@ __device__ __forceinline__ void transform_scores(float (&s)[BC / 2], float k) {
 // room: fp16 calls and larger caps keep the online max.
 constexpr float kCapHeadroom = 48.f;
 constexpr float kCapMaxLog2 = 74.f;
+
+// P = exp2(t c - off) against the fixed offset (exp_rows' FFMA and ex2), rounded to T where it is made, and l summed
+// from the rounded values (two chains per row), so O = sum P V / l weighs numerator and denominator alike. With a
+// running max the largest P of a row is exactly 1 and survives the rounding to 16 bits; against a fixed offset it
+// lies anywhere in [2^-100, 2^48], and an fp32 l over 16-bit P leaves a row of one key (O = V) off by up to 2^-9
+// (the S_q = S_k = 1 softcap checks failed so in the first run of the fixed offset). pack_p then packs the same bits.
+template <int BC, class T>
+__device__ __forceinline__ void exp_rows_rounded(float (&s)[BC / 2], RowState& st, float off, float c) {
+  float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+  for (int i = 0; i < BC / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const uint32_t pr = pack2<T>(fast_exp2(fmaf(s[4 * i + e], c, -off)), fast_exp2(fmaf(s[4 * i + e + 1], c, -off)));
+      float lo, hi;
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // bf16 -> fp32 is a shift
+        lo = __uint_as_float(pr << 16);
+        hi = __uint_as_float(pr & 0xffff0000u);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&pr));
+        lo = f.x;
+        hi = f.y;
+      }
+      s[4 * i + e] = lo;
+      s[4 * i + e + 1] = hi;
+      sum[e >> 1][0] += lo;
+      sum[e >> 1][1] += hi;
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) st.l[h] += sum[h][0] + sum[h][1];
+}
 
 // normalise_o with a sink: st.m is the running max already in exp2 units (the folded softmax), sink_log2 the
 // sink's logit times log2 e (-inf: none); top = max(m, sink) keeps exp2 from overflowing. LSE (natural log,
