@@ -6,6 +6,8 @@ fail). GPU checks of the kernels themselves: tests/test_backward_gpu.py.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from lab import backward, bench, check, ops
 from lab.backward import harness as backward_harness
 from lab.cases import Case
+from lab.masks import backward as masked
 from lab.backward.emulate import backward_reference, flash_backward_emulated, relative_error
 
 # (B, Hq, Hkv, Sq, Sk, D): uneven sizes, Sq != Sk both ways, GQA/MQA
@@ -292,3 +295,10 @@ def test_backward_binding_good_calls_return_gradients_of_the_inputs_shapes(cpu_b
     args["q"], args["o"], args["do"], args["lse"] = (t[:, :, :0] for t in (args["q"], args["o"], args["do"], args["lse"]))
     dq, dk, dv = _call_bwd(cpu_binding, args)  # no query rows: dK = dV = 0, nothing launched
     assert dq.numel() == 0 and not dk.any() and not dv.any()
+
+
+def test_the_masked_backwards_row_pad_is_the_headers():
+    # lab.masks.backward sizes the kernels' workspaces itself: a smaller pad than LAB_BWD_ROW_PAD would let the
+    # last step's 128-row loads and dQ reductions (bwd v13) run past them
+    header = (Path(__file__).resolve().parents[1] / "kernels/common/params.h").read_text()
+    assert masked.ROW_PAD == int(re.search(r"#define LAB_BWD_ROW_PAD (\d+)", header).group(1)) == 128
