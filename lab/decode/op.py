@@ -8,8 +8,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor as _Tensor
 
-from . import fast
-
 from .. import build
 from ..kernels import launcher
 from ..kernels import resolve_version as _version
