@@ -23,8 +23,10 @@ __host__ __device__ constexpr int pre_lanes(int D) {
   return D / 8 <= 8 ? 8 : D / 8 <= 16 ? 16 : 32;
 }
 
-// pre_lanes(D) threads per row, one 16-byte chunk of O and dO each, reduced with shuffles.
-template <class T, int D>
+// pre_lanes(D) threads per row, one 16-byte chunk of O and dO each, reduced with shuffles. kZeroAccum: each lane
+// also zeroes 8 floats of dq_accum (D floats per padded row, whatever order a version keeps them in), so the
+// Hopper launch needs no memset of it (LAB_BWD_ZERO_IN_PRE, common/hopper/attn_bwd_sm90.cuh).
+template <class T, int D, bool kZeroAccum = false>
 __global__ void __launch_bounds__(128) bwd_pre(const AttnBwdParams p) {
   constexpr int kLanes = pre_lanes(D);
   static_assert(D % 8 == 0 && D / 8 <= 32, "one 16-byte chunk per lane, at most a warp per row");
@@ -36,6 +38,13 @@ __global__ void __launch_bounds__(128) bwd_pre(const AttnBwdParams p) {
   const int64_t bh = row / sq_pad;
   const int i = (int)(row % sq_pad);
   const bool live = row < rows && i < p.seqlen_q;
+  if constexpr (kZeroAccum) {
+    if (row < rows && chunk < D / 8) {
+      float4* z = reinterpret_cast<float4*>(p.dq_accum + row * D + chunk * 8);
+      z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   float dot = 0.f;
   if (live && chunk < D / 8) {
     const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);

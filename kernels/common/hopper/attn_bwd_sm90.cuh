@@ -484,6 +484,20 @@ __global__ void __launch_bounds__(256) convert_dq(const AttnBwdParams p) {
 
 // ---------------------------------------------------------------- host
 
+// 1: the pre-pass zeroes dq_accum as it goes (bwd_pre's kZeroAccum), instead of a cudaMemsetAsync before the main
+// kernel; 0: the memset (every measured version). Why: torch.profiler of one D = 128, S = 512 call (H100) shows the
+// passes around the main kernel level with cuDNN's (pre-pass 52 + memset 41 us against cuDNN's dot(dO, O) 97;
+// convert 78 against 79), but ours are four launches with three boundaries between them where cuDNN's are three, and
+// on the H200 the main kernel alone is 3 % ahead of cuDNN's at D = 128, S = 512 (ncu: 363 against 374 us) while the
+// whole backward in GPU time is only level (1.004x). The same bytes move either way (the zeros are written once).
+// Prediction (GPU time): one launch and one boundary fewer, ~3-6 us a call: +0.5-1 % at S = 512-1024, nothing
+// measurable from S = 4096. Not run on a GPU yet; the driver (which poisons dq_accum with NaN), the sanitizers and the
+// timing in one call: BWD_NVCC_FLAGS=-DLAB_BWD_ZERO_IN_PRE=1 VERSIONS="v13,v13:LAB_BWD_ZERO_IN_PRE=1"
+//   bash tools/gpu/bwd_candidate.sh v13 v13 "d128-s512,d128-s1024,d128-s2048,d64-s512".
+#ifndef LAB_BWD_ZERO_IN_PRE
+#define LAB_BWD_ZERO_IN_PRE 0
+#endif
+
 using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, AttnBwdParams);
 
 // The four launches of a call: pre-pass, dq_accum zeroed, the dK/dV kernel kKernel, the dQ convert pass.
@@ -497,15 +511,18 @@ int launch(const P& p, cudaStream_t st, int dev) {
   constexpr int D = C::D;
   const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
   const int64_t pre_threads = lab::bwd::bwd_pre_threads(p, D);
+  // dq_accum zeroed by the pre-pass (LAB_BWD_ZERO_IN_PRE), except where a version keeps counters after it
+  constexpr bool kZeroInPre = LAB_BWD_ZERO_IN_PRE && !kInKernelConvert;
   cudaError_t err = cudaSuccess;
   if (pre_threads > 0) {
-    lab::bwd::bwd_pre<T, D><<<(unsigned)((pre_threads + 127) / 128), 128, 0, st>>>(p);
+    lab::bwd::bwd_pre<T, D, kZeroInPre><<<(unsigned)((pre_threads + 127) / 128), 128, 0, st>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
   const size_t accum = (size_t)p.batch * p.heads_q * sq_pad * D;
   const size_t cleared = accum + (kInKernelConvert ? (size_t)p.batch * p.heads_q * sq_pad : 0);
-  if (accum > 0 && (err = cudaMemsetAsync(p.dq_accum, 0, cleared * sizeof(float), st)) != cudaSuccess) return err;
+  if (!kZeroInPre && accum > 0 && (err = cudaMemsetAsync(p.dq_accum, 0, cleared * sizeof(float), st)) != cudaSuccess)
+    return err;
   CUtensorMap tq, tk, tv, tdo;
   const int Sq = p.seqlen_q > 0 ? p.seqlen_q : 1;  // S_q = 0: the maps are never read, but must be legal
   if (!make_bhsd_map(&tq, p.q, bf16, D, Sq, p.heads_q, p.batch, p.q_stride, C::BR) ||
