@@ -43,6 +43,7 @@ BWD = {
     "v11": Kernel("bwd/v11_persist.cu", "attn_bwd_v11", (64, 128), ((9, 0),)),
     "v12": Kernel("bwd/v12_stage.cu", "attn_bwd_v12", (64, 128), ((9, 0),)),
     "v13": Kernel("bwd/v13_q128.cu", "attn_bwd_v13", (64, 128), ((9, 0),)),
+    "v14": Kernel("bwd/v14_tail.cu", "attn_bwd_v14", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;

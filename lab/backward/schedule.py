@@ -1,0 +1,58 @@
+"""A CPU model of how the Hopper backward's CTAs fill the GPU, for predictions before a GPU run.
+
+The dense backward launches one CTA per (key block, KV head, batch) at one CTA per SM; the hardware hands the CTAs
+out in blockIdx order to whichever SM frees first. With equal CTAs the last wave runs part empty; with the causal
+mask a head's key blocks shrink from the first to the last (key block j starts at the query block of its first
+key), so whatever long blocks come last in the order set the end. ``makespan`` plays that dispatch with each CTA's
+cost in steps (its query blocks, over the GQA group, plus a fixed prologue and epilogue), and ``loss`` is its excess
+over the perfectly balanced time. The model knows nothing of memory: an order that moves work around changes
+which CTAs share Q and dO in L2, which only a GPU run measures.
+"""
+from __future__ import annotations
+
+import heapq
+
+
+def makespan(costs, sms: int = 132) -> float:
+    """When the last CTA ends, CTAs dispatched in order to the first free SM (one CTA per SM)."""
+    free = [0.0] * sms
+    end = 0.0
+    for cost in costs:
+        start = heapq.heappop(free)
+        end = max(end, start + cost)
+        heapq.heappush(free, start + cost)
+    return end
+
+
+def loss(costs, sms: int = 132) -> float:
+    """makespan over the balanced time (total work / SMs), minus 1."""
+    return makespan(costs, sms) / (sum(costs) / sms) - 1.0
+
+
+def tile_steps(tile: int, seqlen_q: int, seqlen_k: int, causal: bool, block_q: int, block_k: int = 128,
+               group: int = 1) -> int:
+    """Steps of tile `tile` in the kernels' numbering (key block fastest): query blocks from the one holding the
+    block's first key (causal, top-left) or from 0, times the query heads of the group (tile_work)."""
+    n_kb = -(-seqlen_k // block_k)
+    n_mb = -(-seqlen_q // block_q)
+    first = min(tile % n_kb * block_k // block_q, n_mb) if causal else 0
+    return group * (n_mb - first)
+
+
+def tail_lpt_tile(idx: int, n_kb: int, n_heads: int, causal: bool, sms: int = 132, waves: int = 2) -> int:
+    """bwd v14's blockIdx -> tile map (kernels/bwd/v14_tail.cu): causal calls keep the head-major order except
+    for the last heads that make up about `waves` waves of CTAs, whose tiles go key block by key block (every one
+    of those heads' longest block, then their next), so the grid ends on short blocks. Non-causal: unchanged."""
+    if not causal:
+        return idx
+    w = min(n_heads, -(-waves * sms // n_kb))
+    first = (n_heads - w) * n_kb
+    if idx < first:
+        return idx
+    r = idx - first
+    return (n_heads - w + r % w) * n_kb + r // w
+
+
+def order_costs(order, seqlen_q: int, seqlen_k: int, causal: bool, block_q: int, fixed: float = 1.5, group: int = 1):
+    """The cost of each CTA in dispatch order (tiles in `order`), a fixed prologue and epilogue included."""
+    return [fixed + tile_steps(t, seqlen_q, seqlen_k, causal, block_q, group=group) for t in order]
