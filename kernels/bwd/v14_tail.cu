@@ -45,8 +45,8 @@ using Cfg14 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, C
 template <class C>
 __device__ __forceinline__ int tail_tile(const AttnBwdParams& p, int idx) {
   constexpr int kTailCtas = 2 * 132;  // the reordered tail: about two waves of an H100 / H200
-  if (!p.causal) return idx;
   const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC, heads = p.batch * p.heads_kv;
+  if (!p.causal || n_kb == 0) return idx;
   const int w = min(heads, (kTailCtas + n_kb - 1) / n_kb);
   const int first = (heads - w) * n_kb;
   if (idx < first) return idx;
