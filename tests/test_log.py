@@ -313,3 +313,22 @@ def test_log_cli_reports_an_unwritable_log_folder(tmp_path, monkeypatch, capsys)
     err = capsys.readouterr().err
     assert f"log generation failed: cannot write {outputs / 'log' / 'sessions.md'}: the file system is read-only" in err
     assert not list((outputs / "log").glob("*.md")) if (outputs / "log").exists() else True
+
+
+def test_a_newer_head_dim_session_does_not_stand_for_the_family():
+    """Chapter n14 times lab.ops.attention on lab.cases' head-dim sets (hd-, hdw-): a session of those alone must
+    not replace the family's headline shapes on the front page and the baselines page."""
+    from lab.publish import pivot
+
+    def row(session, stamp, name, D):
+        case = {"name": name, "B": 8, "Hq": 16, "Hkv": 16, "Sq": 2048, "Sk": 2048, "D": D, "dtype": "bfloat16",
+                "causal": False}
+        return {"kind": "bwd", "session": session, "timestamp": stamp, "impl": "lab.ops.attention", "case": case,
+                "timing": {"median_ms": 1.0}, "ratios": {"sdpa-cudnn": 1.0}, "env": {"gpu": "NVIDIA H100"}}
+
+    rows = [row("headline", "2026-01-01T00:00:00", "bwd-d128-s2048", 128),
+            row("head-dims", "2026-01-02T00:00:00", "hdw-d256-s2048", 256),
+            row("head-dims", "2026-01-02T00:00:01", "hd-d80-s2048", 80)]
+    impl, session, chosen = pivot.ours(rows, "bwd")
+    assert (impl, session) == ("lab.ops.attention", "headline") and len(chosen) == 1
+    assert pivot.ours(rows[1:], "bwd") == (None, None, [])

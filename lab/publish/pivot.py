@@ -34,6 +34,9 @@ YARDSTICK = {"fwd": "SDPA's forward, same shape", "bwd": "SDPA's backward (dQ, d
              "decode": "SDPA on the same cache", "paged": "SDPA on the same cache, contiguous",
              "ring-scale": "SDPA on one GPU over the whole sequence"}
 LEGACY = {"decode": ("auto",)}  # n7 timed lab.ops.decode as "auto" before the public-op rows
+# lab.cases' head-dim sets (head_dim_cases, wide_head_dim_cases): chapter n14 races them itself; a session that timed
+# only those must not stand for a family's headline shapes (D 64 and 128) on the front page or the baselines page
+SIDE_CASE_SETS = ("hd-", "hdw-")
 _VERSION = re.compile(r"^v(\d+)$")
 _PAD = "padding:2px 8px;text-align:right"
 # sdpa-math materialises the scores (10-30x slower): on a shared log axis it flattens every other line;
@@ -47,11 +50,11 @@ def _plain(label: str) -> str:
 
 
 def timed(rows: list[dict], family: str) -> list[dict]:
-    """GPU rows of the family with a timing; ratios {} where a row has none (a ring session that timed no
-    SDPA yardstick still shows on the front page, with its yardstick cells empty)."""
+    """GPU rows of the family with a timing, outside the head-dim sets; ratios {} where a row has none (a ring
+    session that timed no SDPA yardstick still shows on the front page, with its yardstick cells empty)."""
     return [{**r, "ratios": r.get("ratios") if isinstance(r.get("ratios"), dict) else {}} for r in rows
             if r.get("kind") == family and pages.is_gpu(r) and isinstance(r.get("timing"), dict)
-            and isinstance(r.get("case"), dict)]
+            and isinstance(r.get("case"), dict) and not str(r["case"].get("name", "")).startswith(SIDE_CASE_SETS)]
 
 
 def _legacy_impl(family: str, impls: set) -> str | None:
