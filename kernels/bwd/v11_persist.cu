@@ -76,6 +76,21 @@ __device__ __forceinline__ uint32_t v_off(int b) { return b ? C::kOffDq + C::kKV
 // with short (kb, then n_kb - 1 - kb) instead of one CTA always drawing key block 0, the longest.
 __device__ __forceinline__ int zigzag_tile(int r, int c, int grid) { return r * grid + ((r & 1) ? grid - 1 - c : c); }
 
+// This CTA's tiles in zigzag order: f(work, t, step) with t its count of tiles before this one and step its count
+// of steps (the ring's stage and phase run on across tiles). The producer and the consumers walk the same list.
+template <class C, class F>
+__device__ __forceinline__ void for_each_tile(const AttnBwdParams& p, int n_tiles, F&& f) {
+  int step = 0;
+  for (int r = 0, t = 0; r * gridDim.x < n_tiles; ++r) {
+    const int tile = zigzag_tile(r, blockIdx.x, gridDim.x);
+    if (tile >= n_tiles) continue;
+    const Work work = tile_work<C>(p, tile);
+    f(work, t, step);
+    step += work.n_iters;
+    ++t;
+  }
+}
+
 template <class C, class T>
 __global__ void __launch_bounds__(C::kThreads, 1)
     bwd_dkdv_persist(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -109,28 +124,18 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     if (wt != 0) return;
     tma_prefetch_maps(&tq, &tk, &tv);
     tma_prefetch_map(&tdo);
-    int step = 0;
-    for (int r = 0, t = 0; r * gridDim.x < n_tiles; ++r) {
-      const int tile = zigzag_tile(r, blockIdx.x, gridDim.x);
-      if (tile >= n_tiles) continue;
-      const Work work = tile_work<C>(p, tile);
+    for_each_tile<C>(p, n_tiles, [&](const Work& work, int t, int step) {
       const int b = t & 1;
       mbar_wait(smem_u32(&kv_empty[b]), ((t >> 1) & 1) ^ 1);  // tile t - 2's K and V are no longer read
       load_kv_at<C>(&tk, &tv, kv_full[b], base + k_off<C>(b), base + v_off<C>(b), work);
       produce_steps<C>(&tq, &tdo, bars, base, work, p, step);
-      step += work.n_iters;
-      ++t;
-    }
+    });
     return;
   }
   setmaxnreg_inc<C::kRegsConsumer>();
   const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
   AddPartial sink{};
-  int step = 0;
-  for (int r = 0, t = 0; r * gridDim.x < n_tiles; ++r) {
-    const int tile = zigzag_tile(r, blockIdx.x, gridDim.x);
-    if (tile >= n_tiles) continue;
-    const Work work = tile_work<C>(p, tile);
+  for_each_tile<C>(p, n_tiles, [&](const Work& work, int t, int step) {
     const int b = t & 1;
     if (t > 0) named_barrier_sync(kBarTile, 256);
     float dk[D / 2], dv[D / 2];
@@ -138,9 +143,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                                                v_off<C>(b), work, step, stagger, p);
     mbar_arrive(smem_u32(&kv_empty[b]));  // every GEMM of the tile is complete: its K and V are free
     store_dk_dv<C, T>(dk, dv, work.n0 + 64 * wg, work, p);
-    step += work.n_iters;
-    ++t;
-  }
+  });
 #endif
 }
 

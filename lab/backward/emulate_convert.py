@@ -20,9 +20,9 @@ from .emulate import _resolve_scale, _shapes, reference_ds
 BR, BC = 64, 128  # the kernel's query rows per step and keys per CTA (kernels/common/hopper/attn_bwd_sm90.cuh)
 
 
-def first_block(n0: int, n_mb: int, causal: bool) -> int:
-    """tile_work's first query block of the CTA whose first key is n0."""
-    return min(n0 // BR, n_mb) if causal else 0
+def first_block(n0: int, n_mb: int, causal: bool, br: int = BR) -> int:
+    """tile_work's first query block (of br rows) of the CTA whose first key is n0."""
+    return min(n0 // br, n_mb) if causal else 0
 
 
 def contributors(mb: int, seqlen_k: int, causal: bool) -> int:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import heapq
 
+from .emulate_convert import first_block
+
 
 def makespan(costs, sms: int = 132) -> float:
     """When the last CTA ends, CTAs dispatched in order to the first free SM (one CTA per SM)."""
@@ -35,8 +37,7 @@ def tile_steps(tile: int, seqlen_q: int, seqlen_k: int, causal: bool, block_q: i
     block's first key (causal, top-left) or from 0, times the query heads of the group (tile_work)."""
     n_kb = -(-seqlen_k // block_k)
     n_mb = -(-seqlen_q // block_q)
-    first = min(tile % n_kb * block_k // block_q, n_mb) if causal else 0
-    return group * (n_mb - first)
+    return group * (n_mb - first_block(tile % n_kb * block_k, n_mb, causal, block_q))
 
 
 def tail_lpt_tile(idx: int, n_kb: int, n_heads: int, causal: bool, sms: int = 132, waves: int = 2) -> int:
