@@ -49,7 +49,7 @@ using namespace lab::sm90::bwd;
 // 1: v12's tile config (dK and dV staged through the free dQ staging area as 16-byte row stores; v10's K / V in
 // registers at D = 64), measured faster above; 0 (default): v07's, as this version was first measured and sanitized.
 #ifndef LAB_V08_STAGE
-#define LAB_V08_STAGE 0
+#define LAB_V08_STAGE 1
 #endif
 static_assert(LAB_V05_DQ_RED || !LAB_V08_STAGE, "the dQ staging area must be free (dQ reduced from registers)");
 

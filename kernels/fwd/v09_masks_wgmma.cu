@@ -49,7 +49,7 @@
 // The softcap's softmax in bf16 (softcap <= 51.3; see kCapHeadroom): 0 (default) the online max; 1 the fixed offset
 // that the cap's bound allows (no max, no O rescale), l from the rounded P (exp_rows_rounded). Measured: the header.
 #ifndef LAB_V09_SOFTCAP
-#define LAB_V09_SOFTCAP 0
+#define LAB_V09_SOFTCAP 1
 #endif
 
 namespace {
