@@ -146,7 +146,7 @@ def test_backward_op_fake_and_schema():
 def test_backward_version_selection():
     assert backward.backward_version(64) == "v01" and backward.backward_version(128) == "v01"
     hopper = (9, 0)
-    assert backward.backward_version(128, capability=hopper) == "v13" == backward.backward_version(64, capability=hopper)
+    assert backward.backward_version(128, capability=hopper) == "v14" == backward.backward_version(64, capability=hopper)
     assert backward.backward_version(128, capability=hopper, deterministic=True) == "v01"
     assert backward.backward_version(64, "v02", capability=hopper) == "v02"  # named: that one
     with pytest.raises(ValueError, match="head dim 32"):

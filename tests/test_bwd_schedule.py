@@ -48,7 +48,24 @@ def test_the_tail_order_ends_causal_grids_sooner():
     assert schedule.loss(in_order) > 0.05 and schedule.loss(tail) < 0.02
 
 
+def test_the_tail_keeps_its_heads_q_and_do_within_the_l2_share():
+    # bench-bwd's GQA cell (4 x 8 KV heads of 4 query heads, S = 4096, D = 128, 32 key blocks): two waves would
+    # take 9 heads of 8 MB of Q and dO each; the cap leaves 3 (24 MB)
+    head_bytes = 4 * 4 * 4096 * 128
+    assert schedule.tail_heads(32, 32) == 9
+    assert schedule.tail_heads(32, 32, head_bytes) == 3
+    # the dense causal cells keep their two waves: D = 128, S = 1024 (256 heads, 8 key blocks) and S = 16384
+    assert schedule.tail_heads(8, 256, 4 * 1024 * 128) == 33
+    assert schedule.tail_heads(128, 16, 4 * 16384 * 128) == 3
+    # a head larger than the whole share still reorders one head, and the map stays a bijection
+    order = [schedule.tail_lpt_tile(i, 32, 32, True, head_bytes=1 << 30) for i in range(32 * 32)]
+    assert sorted(order) == list(range(32 * 32)) and order[:31 * 32] == list(range(31 * 32))
+
+
 def test_the_kernel_uses_the_models_tail():
     source = (ROOT / "kernels/bwd/v14_tail.cu").read_text()
     assert "kTailCtas = 2 * 132" in source  # tail_lpt_tile's defaults: waves=2, sms=132
+    assert f"kTailBytes = {schedule.TAIL_BYTES >> 20}ll << 20" in source
+    assert "4ll * (p.heads_q / p.heads_kv) * p.seqlen_q * C::D" in source  # head_bytes: Q and dO, 2 bytes each
+    assert "min(min(heads, fit), (kTailCtas + n_kb - 1) / n_kb)" in source
     assert "return (heads - w + r % w) * n_kb + r / w;" in source

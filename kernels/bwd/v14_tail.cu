@@ -1,7 +1,11 @@
 // Backward attention v14: v13 with causal grids that end on short key blocks (the last two waves' heads taken key
-// block by key block).
+// block by key block), and the pre-pass zeroing dQ's accumulator in place of a memset launch.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: not yet (kernels/bwd/README.md says how to run it).
+// Measured (H100, GPU time beside v13 in one process, the tail uncapped and the memset kept;
+// outputs/driver_logs/20261126-h100-bwd-v14-run1/versions.log): causal D = 128 +1.1 % at S = 512, +2.4 % at 1024,
+// +3.5 % at 2048, +4.3 % at 4096, +4.2 % at 8192, 0.0 % at 16384, the odd length +3.6 %; causal D = 64 +0.0 to
+// +2.3 %; the GQA cell -1.7 %. The schedule model's shape held (S <= 8192 gains, 16384 none) at 1-2 points under
+// its size; the GQA cell is the miss the L2 cap below answers. The capped form is measured by chapter n10.
 //
 // Why. The dense kernels launch one CTA per (key block, KV head, batch), key block fastest, at one CTA per SM,
 // and the GPU hands CTAs out in that order. With the causal mask a head's key blocks shrink from the first to
@@ -24,12 +28,16 @@
 // the non-causal ones against SDPA-cuDNN by the 3-4 % the model's in-order loss implies (v13, H100: D = 128
 // S = 4096 1.03x causal, 1.02x not), so either cuDNN's persistent schedule is as unbalanced or the model
 // overstates the tail (CTAs do not all run at the same speed, the diagonal blocks' steps are cheaper). The GPU
-// run decides.
+// run decides. With the L2 cap (only the GQA cell changes in bench-bwd: 9 reordered heads become 3) the model
+// gives the GQA cell +5.7 %; whether those heads' Q and dO then stay in L2 only a GPU run says.
 //
 // Limits: v13's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
 // mode).
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v14_tail.cu
+// The pre-pass zeroes dq_accum in place of the memset launch (common/hopper/attn_bwd_sm90.cuh says why); measured
+// on v13 (H100, GPU time, D = 128 and D = 64 at S = 512-2048): +0.1 to +1.1 %, never behind, sanitizers clean.
+#define LAB_BWD_ZERO_IN_PRE 1
 #include "common/hopper/attn_bwd_stagger.cuh"
 
 namespace {
@@ -42,12 +50,18 @@ using Cfg14 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, C
 
 // The tile of CTA `idx`: head-major (tile = head * n_kb + key block) except, with the causal mask, for the last w
 // heads, whose tiles go key block by key block (lab.backward.schedule.tail_lpt_tile is the same map on the CPU).
+// w is also capped so that the reordered heads' Q and dO (the GQA group's, 16-bit) fit in half the L2: with w
+// heads in flight at once every one of them streams its Q and dO, and the GQA cell's nine heads of 8 MB each
+// (72 MB against an L2 of 50 MB) lost 1.7 % where the model, blind to memory, promised +10.6 %.
 template <class C>
 __device__ __forceinline__ int tail_tile(const AttnBwdParams& p, int idx) {
-  constexpr int kTailCtas = 2 * 132;  // the reordered tail: about two waves of an H100 / H200
+  constexpr int kTailCtas = 2 * 132;                 // the reordered tail: about two waves of an H100 / H200
+  constexpr long long kTailBytes = 24ll << 20;        // about half the 50 MB L2 of an H100 / H200
   const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC, heads = p.batch * p.heads_kv;
   if (!p.causal || n_kb == 0) return idx;
-  const int w = min(heads, (kTailCtas + n_kb - 1) / n_kb);
+  const long long head_bytes = 4ll * (p.heads_q / p.heads_kv) * p.seqlen_q * C::D;  // Q and dO, 2 bytes each
+  const int fit = (int)max(1ll, kTailBytes / max(1ll, head_bytes));
+  const int w = min(min(heads, fit), (kTailCtas + n_kb - 1) / n_kb);
   const int first = (heads - w) * n_kb;
   if (idx < first) return idx;
   const int r = idx - first;

@@ -40,13 +40,25 @@ def tile_steps(tile: int, seqlen_q: int, seqlen_k: int, causal: bool, block_q: i
     return group * (n_mb - first_block(tile % n_kb * block_k, n_mb, causal, block_q))
 
 
-def tail_lpt_tile(idx: int, n_kb: int, n_heads: int, causal: bool, sms: int = 132, waves: int = 2) -> int:
+TAIL_BYTES = 24 << 20  # v14's kTailBytes: the reordered heads' Q and dO stay within about half the L2
+
+
+def tail_heads(n_kb: int, n_heads: int, head_bytes: int = 0, sms: int = 132, waves: int = 2) -> int:
+    """How many heads v14 reorders: enough for `waves` waves of CTAs, no more than whose Q and dO (`head_bytes`
+    each, the GQA group's) fit in TAIL_BYTES."""
+    fit = max(1, TAIL_BYTES // max(1, head_bytes))
+    return min(n_heads, fit, -(-waves * sms // n_kb))
+
+
+def tail_lpt_tile(idx: int, n_kb: int, n_heads: int, causal: bool, sms: int = 132, waves: int = 2,
+                  head_bytes: int = 0) -> int:
     """bwd v14's blockIdx -> tile map (kernels/bwd/v14_tail.cu): causal calls keep the head-major order except
-    for the last heads that make up about `waves` waves of CTAs, whose tiles go key block by key block (every one
-    of those heads' longest block, then their next), so the grid ends on short blocks. Non-causal: unchanged."""
+    for the last heads that make up about `waves` waves of CTAs (tail_heads), whose tiles go key block by key
+    block (every one of those heads' longest block, then their next), so the grid ends on short blocks.
+    Non-causal: unchanged."""
     if not causal:
         return idx
-    w = min(n_heads, -(-waves * sms // n_kb))
+    w = tail_heads(n_kb, n_heads, head_bytes, sms, waves)
     first = (n_heads - w) * n_kb
     if idx < first:
         return idx
