@@ -44,6 +44,7 @@ BWD = {
     "v12": Kernel("bwd/v12_stage.cu", "attn_bwd_v12", (64, 128), ((9, 0),)),
     "v13": Kernel("bwd/v13_q128.cu", "attn_bwd_v13", (64, 128), ((9, 0),)),
     "v14": Kernel("bwd/v14_tail.cu", "attn_bwd_v14", (64, 128), ((9, 0),)),
+    "v15": Kernel("bwd/v15_lastconv.cu", "attn_bwd_v15", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;
@@ -81,6 +82,9 @@ FAST_HEAD_DIMS = (64, 128)
 # raises NotImplementedError).
 WIDE_HEAD_DIMS = (192, 256)
 FWD_HEAD_DIMS = FAST_HEAD_DIMS + WIDE_HEAD_DIMS
+# Forward versions that also take D_qk = D_v, a multiple of 8 below 128 other than 64, as it is: the next width's
+# kernel through tensor maps over the true D (TMA's out-of-bounds fill gives the zero columns; lab.fwd.head_dims).
+NARROW_FWD = ("v05", "v07")
 
 
 # ---------------------------------------------------------------- defaults

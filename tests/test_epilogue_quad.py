@@ -20,10 +20,14 @@ def shuffle_xor(values, mask):
     return {lane: values[lane ^ mask] for lane in values}
 
 
-def stores(mode: int, head_dim: int, reversed_select: bool = False):
+def stores(mode: int, head_dim: int, reversed_select: bool = False, narrow: int | None = None,
+           narrow_test=lambda c0, d: c0 < d):
     """[(row, first col, width in elements, elements)] as the kernel issues them for one warp (reversed_select:
-    the first exchange sends the word it should keep, a planted bug)."""
+    the first exchange sends the word it should keep, a planted bug). narrow: a Narrow<C> call's true head dim
+    (the kernel's width is head_dim); a store goes out when narrow_test(its block's first column, narrow) holds,
+    the kernel's narrow_stores."""
     out = []
+    keep = (lambda col: True) if narrow is None else (lambda col: narrow_test(col - col % 8, narrow))
     for hh in range(2):
         for a in range(head_dim // 32):
             c = {lane: [words(lane, 4 * a + j, hh) for j in range(4)] for lane in range(32)}
@@ -40,7 +44,8 @@ def stores(mode: int, head_dim: int, reversed_select: bool = False):
                     g, t = divmod(lane, 4)
                     for m in range(2):
                         col = 8 * (4 * a + 2 * m + (t & 1)) + 2 * (t & 2)
-                        out.append((g + 8 * hh, col, 4, c[lane][2 * m] + c[lane][2 * m + 1]))
+                        if keep(col):
+                            out.append((g + 8 * hh, col, 4, c[lane][2 * m] + c[lane][2 * m + 1]))
                 continue
             for n in range(2):  # lanes t and t ^ 2
                 x = shuffle_xor({lane: c[lane][n] if lane & 2 else c[lane][n + 2] for lane in c}, 2)
@@ -51,18 +56,21 @@ def stores(mode: int, head_dim: int, reversed_select: bool = False):
                         c[lane][n + 2] = x[lane]
             for lane in c:
                 g, t = divmod(lane, 4)
-                out.append((g + 8 * hh, 8 * (4 * a + t), 8, sum(c[lane], ())))
+                if keep(8 * (4 * a + t)):
+                    out.append((g + 8 * hh, 8 * (4 * a + t), 8, sum(c[lane], ())))
     return out
 
 
 def placed(mode: int, head_dim: int, **kwargs) -> bool:
-    """Every element stored exactly once, at its own row and columns, each store aligned to its width."""
+    """Every element of the stored width (narrow's, else head_dim) stored exactly once, at its own row and
+    columns, each store aligned to its width; no column beyond it (the next row of an unpadded O) written."""
     seen = set()
     for row, col, width, elements in stores(mode, head_dim, **kwargs):
         if col % width or list(elements) != [(row, col + k) for k in range(width)] or seen & set(elements):
             return False
         seen.update(elements)
-    return len(seen) == 16 * head_dim
+    wanted = kwargs.get("narrow") or head_dim
+    return seen == {(r, c) for r in range(16) for c in range(wanted)}
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -75,3 +83,20 @@ def test_every_element_is_stored_once_at_its_own_place(mode, head_dim):
 @pytest.mark.parametrize("mode", [1, 2])
 def test_a_reversed_select_is_caught(mode):
     assert not placed(mode, 128, reversed_select=True)
+
+
+NARROW = [(64, d) for d in (8, 16, 32, 48, 56)] + [(128, d) for d in (72, 80, 96, 112, 120)]
+
+
+@pytest.mark.parametrize("width,head_dim", NARROW)
+@pytest.mark.parametrize("mode", [1, 2])
+def test_a_narrow_call_stores_its_own_columns_only(mode, width, head_dim):
+    """Narrow<C> (fwd v05 / v07 at a head dim below the kernel's width): O's first head_dim columns, once each."""
+    assert placed(mode, width, narrow=head_dim)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_narrow_store_bugs_are_caught(mode):
+    # LAB_FWD_BUG_NARROW_SHORT's test (the last block unwritten), and one that tests the block's end, not its start
+    assert not placed(mode, 128, narrow=80, narrow_test=lambda c0, d: c0 + 8 < d)
+    assert not placed(mode, 128, narrow=80, narrow_test=lambda c0, d: c0 <= d)

@@ -77,6 +77,7 @@ using namespace lab::sm90;
 template <int D_, int BC_, int STAGES_>
 struct Cfg05 {
   static constexpr int D = D_;
+  static constexpr bool kNarrow = false;  // Narrow<Cfg05>: a head dim below D (common attn_fwd_sm90.cuh)
   static constexpr int BR = 64;  // one warpgroup, one m64 row block
   static constexpr int BC = BC_;
   static constexpr int kStages = STAGES_;
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant
   }
 
   // Epilogue
-  epilogue<D, T>(o, st, p, smem, b, h, m0, 1);
+  epilogue<D, T, Cfg::kNarrow>(o, st, p, smem, b, h, m0, 1);
 #endif
 }
 
@@ -185,7 +186,8 @@ template <class Cfg, class T>
 struct Launch {
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
     if constexpr (Cfg::D == 64)
-      if (!p.causal || p.seqlen_k > LAB_V05_D64_WIDE_MIN_SK_CAUSAL) return launch_cfg<Cfg64Wide, T>(p, stream, dev);
+      if (!p.causal || p.seqlen_k > LAB_V05_D64_WIDE_MIN_SK_CAUSAL)
+        return launch_cfg<NarrowLike<Cfg, Cfg64Wide>, T>(p, stream, dev);
     return launch_cfg<Cfg, T>(p, stream, dev);
   }
 };
@@ -193,5 +195,5 @@ struct Launch {
 }  // namespace
 
 extern "C" int attn_fwd_v05(const AttnFwdParams* p, void* stream) {
-  return fwd_sm90_entry<Cfg64, Cfg128, Launch>(p, stream);
+  return fwd_sm90_entry<Cfg64, Cfg128, Launch, /*kNarrowToo=*/true>(p, stream);
 }

@@ -383,6 +383,7 @@ struct Cfg07 {
   // Named barriers: 0 (__syncthreads), 1..kConsumers (epilogues), then one turn barrier per consumer.
   static_assert(1 + CONSUMERS_ + (kPingPong ? CONSUMERS_ : 0) <= 16, "hardware has 16 named barriers");
   static constexpr int D = D_;
+  static constexpr bool kNarrow = false;  // Narrow<Cfg07>: a head dim below D (common attn_fwd_sm90.cuh)
   static constexpr int kConsumers = CONSUMERS_;
   static constexpr int BR = 64 * kConsumers;
   static constexpr int BC = BC_;
@@ -690,7 +691,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           wgmma_wait<0>();
           reg_fence(o);
           if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[sv]));
-          epilogue_direct<D, T>(o, done, p, db, dh, dwm0);
+          epilogue_direct<D, T, Cfg::kNarrow>(o, done, p, db, dh, dwm0);
           break;
         }
         begin(work);
@@ -709,7 +710,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         wgmma_wait<0>();
         reg_fence(o);
         if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[sv]));
-        epilogue_direct<D, T>(o, done, p, db, dh, dwm0);
+        epilogue_direct<D, T, Cfg::kNarrow>(o, done, p, db, dh, dwm0);
         if constexpr (!LAB_V07_FUSE_NOZERO) zero_acc(o);
         pack_p<BC, T>(sacc, pa);
       }
@@ -774,9 +775,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       // Epilogue (PERSIST: straight from registers, so the Q tile is not needed for staging)
       if constexpr (kPersist) {
         if (n_tiles == 0) release_q();
-        epilogue_direct<D, T>(o, st, p, b, h, wm0);
+        epilogue_direct<D, T, Cfg::kNarrow>(o, st, p, b, h, wm0);
       } else {
-        epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
+        epilogue<D, T, Cfg::kNarrow>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
       }
       ring += n_tiles;
       ++t;
@@ -813,7 +814,7 @@ struct Launch {
       // and its fill and epilogue are not hidden; B_c = 128 with 3 stages and a persistent grid (run 8).
       const bool few_keys = p.causal ? p.seqlen_q <= LAB_V07_D128_SHORT_MAX_SQ_CAUSAL
                                      : p.seqlen_k <= LAB_V07_D128_SHORT_MAX_SK;
-      if (few_keys) return launch_cfg<Cfg128Short, T>(p, stream, dev);
+      if (few_keys) return launch_cfg<NarrowLike<Cfg, Cfg128Short>, T>(p, stream, dev);
     }
     return launch_cfg<Cfg, T>(p, stream, dev);
   }
@@ -822,5 +823,5 @@ struct Launch {
 }  // namespace
 
 extern "C" int attn_fwd_v07(const AttnFwdParams* p, void* stream) {
-  return fwd_sm90_entry<Cfg64, Cfg128, Launch>(p, stream);
+  return fwd_sm90_entry<Cfg64, Cfg128, Launch, /*kNarrowToo=*/true>(p, stream);
 }

@@ -8,7 +8,9 @@ values) are cut off; the softmax scale is the caller's (1/sqrt of the true D_qk)
 The padding is plain torch (F.pad, a slice), so autograd carries the gradients back to the unpadded tensors
 and torch.compile traces it. The cost is the wider kernel's (D = 80 and 96 run the D = 128 kernel: 1.6x and
 1.33x its FLOPs) plus the copies, bytes per token that do not shrink with S; chapter n14 races the padded
-cells (lab.cases.head_dim_cases, and D = 200 among the wide ones) against SDPA.
+cells (lab.cases.head_dim_cases, and D = 200 among the wide ones) against SDPA. On compute capability 9.0 a call
+with D_qk = D_v a multiple of 8 below 128 and no gradient wanted skips the copies (`narrow`): fwd v05 / v07 read
+the tensors through maps over the true D, whose out-of-bounds fill gives the same zero columns.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..op_common import _check_tensor, _scale
-from ..registry import FAST_HEAD_DIMS, FWD_HEAD_DIMS, WIDE_HEAD_DIMS
+from ..registry import FAST_HEAD_DIMS, FWD_HEAD_DIMS, NARROW_FWD, WIDE_HEAD_DIMS
 
 
 def kernel_head_dim(d_qk: int, d_v: int) -> int | None:
@@ -55,6 +57,24 @@ def needs_padding(query, value) -> bool:
     """True when this call runs through pad_and_attend: a head dim without a fast kernel, or D_v != D_qk."""
     return isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor) and query.dim() == 4 and \
         value.dim() == 4 and (query.shape[-1] != value.shape[-1] or query.shape[-1] not in FWD_HEAD_DIMS)
+
+
+def narrow_dim(d: int) -> bool:
+    """A head dim that a NARROW_FWD kernel reads unpadded: a multiple of 8 below 128 that is no kernel's own
+    (kernels/common/hopper/attn_fwd_sm90.cuh's narrow_head_dim, which the launcher checks again)."""
+    return 0 < d < FAST_HEAD_DIMS[-1] and d % 8 == 0 and d not in FWD_HEAD_DIMS
+
+
+def narrow(query, key, value, version: str) -> bool:
+    """True when `version` runs this call with no padded copies: a NARROW_FWD version, D_qk = D_v a narrow_dim,
+    and no gradient wanted (the backward kernels take 64 and 128 only, so a call that trains pads). Its tensor
+    maps run over the true D and TMA fills the missing columns with zeros: the padding without its copies, bytes
+    per token that chapter n14's padded cells pay at every S."""
+    d = query.shape[-1]
+    if version not in NARROW_FWD or d != value.shape[-1] or not narrow_dim(d):
+        return False
+    return not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                for t in (query, key, value)))
 
 
 def pad_and_attend(attend, query, key, value, scale):

@@ -15,7 +15,7 @@ from ..kernels import launcher
 from ..kernels import plans as _plans
 from ..kernels import resolve_version as _version
 from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
-from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, default_attention_version
+from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, NARROW_FWD, default_attention_version
 from . import causal, head_dims
 
 _Tensor = torch.Tensor  # the exact type the fast path takes (a subclass goes through the dispatcher)
@@ -61,8 +61,10 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     version: None picks the fastest kernel for the head dim; or 1/"v01", 2/"v02".
     Head dims: D_qk and D_v (value's, which may differ from query's, as in SDPA) up to 256; with version=None
     a D without a kernel of its own runs on the next one's (64, 128, 192, 256), zero-padded (lab.fwd.head_dims
-    says why that is exact). Above 128: the forward on compute capability 9.0, the backward by bwd v09 (no
-    deterministic mode: under torch.use_deterministic_algorithms a gradient raises NotImplementedError).
+    says why that is exact); on compute capability 9.0 a D_qk = D_v that is a multiple of 8 below 128 runs on the
+    next width's kernel unpadded when no gradient is wanted (lab.fwd.head_dims.narrow). Above 128: the forward on
+    compute capability 9.0, the backward by bwd v09 (no deterministic mode: under
+    torch.use_deterministic_algorithms a gradient raises NotImplementedError).
     return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).
     window_size=(left, right) (-1: unbounded; combines with causal), softcap (0: off), sinks ((H_q,) float32
     logits that join the softmax and attend to nothing): FlashAttention's names, run by lab.masks.op (the rule
@@ -82,7 +84,7 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     if isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor) and query.dim() == 4 and \
             value.dim() == 4 and max(query.shape[-1], value.shape[-1]) > FAST_HEAD_DIMS[-1]:
         head_dims.refuse_gradients(query, key, value)  # deterministic mode above 128: say so before any padding
-    if version is None and head_dims.needs_padding(query, value):
+    if version is None and head_dims.needs_padding(query, value) and not _narrow(query, key, value, is_causal):
         def attend(q, k, v, padded_scale):
             return attention(q, k, v, is_causal, padded_scale, enable_gqa, None, True, causal_variant)
         out, lse = head_dims.pad_and_attend(attend, query, key, value, scale)
@@ -111,6 +113,17 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     else:
         out, lse = _attention_op(query, key, value, is_causal, scale, name)
     return (out, lse) if return_lse else out
+
+
+def _narrow(query, key, value, is_causal) -> bool:
+    """The default kernel of a CUDA query reads its head dim unpadded (lab.fwd.head_dims.narrow). Called once
+    head_dims.needs_padding has seen four 4-D tensors."""
+    if query.device.type != "cuda" or not head_dims.narrow_dim(query.shape[-1]):
+        return False
+    try:
+        return head_dims.narrow(query, key, value, attention_version(query, None, is_causal))
+    except ValueError:
+        return False
 
 
 def _attention_fast(query, key, value, is_causal: bool, scale, enable_gqa: bool, return_lse: bool):
@@ -143,11 +156,14 @@ def _attention_fast(query, key, value, is_causal: bool, scale, enable_gqa: bool,
 def _fwd_plan(query, is_causal: bool):
     """attn_auto bound to the default kernel's launcher for this query, or None (not a CUDA tensor, or no
     kernel for its head dim: the full path says which)."""
-    if query.get_device() < 0 or query.shape[-1] not in FWD_HEAD_DIMS:  # other head dims run padded
+    d = query.shape[-1]
+    if query.get_device() < 0 or (d not in FWD_HEAD_DIMS and not head_dims.narrow_dim(d)):  # the rest run padded
         return None
     try:
         name = attention_version(query, None, is_causal)
     except ValueError:
+        return None
+    if d not in FWD_HEAD_DIMS and name not in NARROW_FWD:  # a narrow D whose default kernel pads (not Hopper)
         return None
     return functools.partial(build.binding().module.attn_auto, launcher(FWD, name))
 

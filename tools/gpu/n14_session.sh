@@ -14,21 +14,11 @@ OUT=${OUT:-/tmp/n14_session}; L=/tmp/n14_logs/logs; mkdir -p "$OUT" "$L"  # logs
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$L/gpu.txt"
-build() { python3 -c "from lab import build; build.build_kernel('$1'${2:+, $2})" >> "$L/build.log" 2>&1; }
+. tools/gpu/n14_builds.sh
 python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
-for src in fwd/v05_wgmma.cu fwd/v07_overlap.cu fwd/v10_wide.cu bwd/v09_wide.cu \
-           $(python3 -c "from lab import registry; print(registry.BWD[registry.BEST_BWD_HOPPER[0]].source)"); do
-  build $src &
-done
-build bwd/v09_wide.cu "{'LAB_BWD_BUG_NO_DELTA': None}" &
-for a in $(python3 -c "from lab.fwd.head_dims_gpu import V09_ABLATIONS; print(' '.join(V09_ABLATIONS))"); do
-  python3 -c "from lab import build; from lab.backward.race import ablation; build.build_kernel('bwd/v09_wide.cu',
-ablation('$a')[1])" >> "$L/build.log" 2>&1 &
-done
+n14_builds
 [ -n "${CANDIDATE:-}" ] && python3 -c "import os; from lab import build; build.build_kernel('bwd/v09_wide.cu',
 dict(i.split('=', 1) for i in os.environ['CANDIDATE'].split()))" >> "$L/build.log" 2>&1 &
-python3 -c "from lab import build, paths; from lab.registry import BWD
-build.compile_check(sources=[paths.KERNELS / BWD[v].source for v in ('v01', 'v09')])" >> "$L/build.log" 2>&1 &
 wait
 timeout ${SESSION_TIMEOUT:-360} python3 -m lab session --device cuda --chapters n14_head_dims --tarball "$OUT/n14.tgz" \
   --no-log > "$L/session.log" 2>&1

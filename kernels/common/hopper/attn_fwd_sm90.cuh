@@ -36,10 +36,16 @@ inline bool device_is_sm90(int* dev_out) {
   return capability(*dev_out) == 90;
 }
 
+// A head dim that a narrow call runs (fwd v05, v07): a multiple of 8 below 128 other than 64, read by the
+// next kernel width (64 or 128) through tensor maps over the true D (see Narrow below).
+inline bool narrow_head_dim(int d) { return d > 0 && d < 128 && d != 64 && d % 8 == 0; }
+
 // The launcher's argument checks (common/launch.h) and TMA's own limit: coordinates are int32 and a
-// dimension holds at most 2^32 elements. 0 = go, > 0 = nothing to do, < 0 = error code.
-inline int check_tma_fwd_params(const AttnFwdParams* p) {
-  if (const int rc = lab::check_fwd_params(p)) return rc;
+// dimension holds at most 2^32 elements. 0 = go, > 0 = nothing to do, < 0 = error code. narrow_ok: the
+// narrow head dims above pass too.
+inline int check_tma_fwd_params(const AttnFwdParams* p, bool narrow_ok = false) {
+  if (const int rc = narrow_ok && narrow_head_dim(p->head_dim) ? lab::check_fwd_call(p) : lab::check_fwd_params(p))
+    return rc;
   if (p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30)) return LAB_E_SHAPE;
   return 0;
 }
@@ -82,17 +88,50 @@ inline int launch_fwd_sm90_fold(const AttnFwdParams& p, cudaStream_t stream, int
   return launch_fwd_sm90<Cfg, kPlain, kPersistent>(p, stream, dev);
 }
 
+// Narrow<C>: config C run for a head dim below C::D (narrow_head_dim). The tensor maps are made over the true
+// D (make_fwd_maps reads p.head_dim), so TMA's out-of-bounds fill writes the zero columns that a padded copy
+// of Q, K and V would hold, without the copy's DRAM traffic; the epilogue stores O's first head_dim columns
+// (whole 8-column blocks, since D is a multiple of 8) into the caller's unpadded O. Exact for the reason
+// padding is (zero columns add 0 to every score; P V's extra columns are never stored). Its own kernel
+// instantiations: C's keep their SASS (kNarrow = false compiles the column test away). Prediction and outcome
+// against the padded call and SDPA: kernels/README.md, "The narrow head dims".
+template <class C>
+struct Narrow : C {
+  static constexpr bool kNarrow = true;
+};
+// Whether a narrow call stores the 8-column block that starts at column c0 of O. LAB_FWD_BUG_NARROW_SHORT (a
+// control for the GPU checks, wrong on purpose): the last block is left unwritten, which the checks must see.
+__device__ __forceinline__ bool narrow_stores(int c0, int head_dim) {
+#ifdef LAB_FWD_BUG_NARROW_SHORT
+  return c0 + 8 < head_dim;
+#else
+  return c0 < head_dim;
+#endif
+}
+// The config `C` of a version's per-call choice, narrow when the config it was reached from (`From`) is.
+template <class From, class C>
+using NarrowLike = std::conditional_t<From::kNarrow, Narrow<C>, C>;
+
 // The extern "C" entry of a TMA forward kernel: check the call, then pick the instantiation for
 // (D, dtype). Launch<Cfg, T>::run(p, stream, dev) launches one (a version file defines it in one line).
-template <class Cfg64, class Cfg128, template <class, class> class Launch>
+// kNarrowToo: narrow head dims run on Narrow<Cfg64> (below 64) or Narrow<Cfg128> (72-120).
+template <class Cfg64, class Cfg128, template <class, class> class Launch, bool kNarrowToo = false>
 inline int fwd_sm90_entry(const AttnFwdParams* p, void* stream) {
-  if (const int rc = check_tma_fwd_params(p)) return rc < 0 ? rc : 0;
+  if (const int rc = check_tma_fwd_params(p, kNarrowToo)) return rc < 0 ? rc : 0;
   int dev = 0;
   if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == LAB_BF16;
   if (p->head_dim == 64)
     return bf16 ? Launch<Cfg64, __nv_bfloat16>::run(*p, st, dev) : Launch<Cfg64, __half>::run(*p, st, dev);
+  if constexpr (kNarrowToo) {
+    if (p->head_dim < 64)
+      return bf16 ? Launch<Narrow<Cfg64>, __nv_bfloat16>::run(*p, st, dev)
+                  : Launch<Narrow<Cfg64>, __half>::run(*p, st, dev);
+    if (p->head_dim < 128)
+      return bf16 ? Launch<Narrow<Cfg128>, __nv_bfloat16>::run(*p, st, dev)
+                  : Launch<Narrow<Cfg128>, __half>::run(*p, st, dev);
+  }
   return bf16 ? Launch<Cfg128, __nv_bfloat16>::run(*p, st, dev) : Launch<Cfg128, __half>::run(*p, st, dev);
 }
 
@@ -462,7 +501,8 @@ __device__ __forceinline__ void normalise_o(float (&o)[D / 2], const RowState& s
 // Normalise O, write LSE, stage O through this warpgroup's (now unused) Q
 // tile `stage` (64 rows, swizzled) and store rows < S_q with 16-byte stores.
 // `bar_id`: a named barrier for this warpgroup's 128 threads.
-template <int D, class T>
+// kNarrow (Narrow<C>): only the 8-column chunks below p.head_dim are stored.
+template <int D, class T, bool kNarrow = false>
 __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const AttnFwdParams& p, uint8_t* stage,
                                          int b, int h, int m0, int bar_id) {
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
@@ -482,7 +522,7 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
 #pragma unroll
   for (int i = 0; i < 64 * kChunks / 128; ++i) {
     const int idx = wt + i * 128, r = idx / kChunks, c = idx % kChunks;
-    if (m0 + r < p.seqlen_q)
+    if (m0 + r < p.seqlen_q && (!kNarrow || narrow_stores(c * 8, p.head_dim)))
       *reinterpret_cast<uint4*>(out + (int64_t)(m0 + r) * p.o_stride[2] + c * 8) =
           *reinterpret_cast<const uint4*>(stage + swz_offset(64, r, c * 8));
   }
@@ -503,8 +543,9 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
 // lanes t and t ^ 1 of each quad swap words so that each stores 8 contiguous bytes (a warp's store covers 8
 // rows x 32 bytes); with 0 each thread stores its own 4-byte pairs (8 rows x 16 bytes, twice the stores). For
 // a persistent CTA: the Q tile stays free for the next work tile's load, issued once the last S GEMM has read Q.
-// tests/test_epilogue_quad.py walks the lane exchange on the CPU.
-template <int D, class T>
+// tests/test_epilogue_quad.py walks the lane exchange on the CPU. kNarrow (Narrow<C>): only the 8-column blocks
+// below p.head_dim are stored (every lane still shuffles).
+template <int D, class T, bool kNarrow = false>
 __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st, const AttnFwdParams& p, int b,
                                                 int h, int m0) {
   const int wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
@@ -534,7 +575,8 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
       if (row < p.seqlen_q)
 #pragma unroll
         for (int m = 0; m < 2; ++m)
-          *reinterpret_cast<uint2*>(dst + 8 * (4 * a + 2 * m + t0) + 2 * (t & 2)) = make_uint2(c[2 * m], c[2 * m + 1]);
+          if (!kNarrow || narrow_stores(8 * (4 * a + 2 * m + t0), p.head_dim))
+            *reinterpret_cast<uint2*>(dst + 8 * (4 * a + 2 * m + t0) + 2 * (t & 2)) = make_uint2(c[2 * m], c[2 * m + 1]);
 #else
       // Lanes t and t ^ 2 swap: afterwards lane t holds all eight columns of block 4a + t, c[k] from lane k.
       const int t1 = t >> 1;
@@ -544,7 +586,8 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
         c[n] = t1 ? x : c[n];
         c[n + 2] = t1 ? c[n + 2] : x;
       }
-      if (row < p.seqlen_q) *reinterpret_cast<uint4*>(dst + 8 * (4 * a + t)) = make_uint4(c[0], c[1], c[2], c[3]);
+      if (row < p.seqlen_q && (!kNarrow || narrow_stores(8 * (4 * a + t), p.head_dim)))
+        *reinterpret_cast<uint4*>(dst + 8 * (4 * a + t)) = make_uint4(c[0], c[1], c[2], c[3]);
 #endif
     }
   }
@@ -556,7 +599,8 @@ __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st,
     T* dst = out + (int64_t)row * p.o_stride[2] + 2 * t;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i)
-      *reinterpret_cast<uint32_t*>(dst + 8 * i) = pack2<T>(o[4 * i + 2 * hh], o[4 * i + 2 * hh + 1]);
+      if (!kNarrow || narrow_stores(8 * i, p.head_dim))
+        *reinterpret_cast<uint32_t*>(dst + 8 * i) = pack2<T>(o[4 * i + 2 * hh], o[4 * i + 2 * hh + 1]);
   }
 #endif
 }

@@ -1,0 +1,103 @@
+"""The narrow head dims on the GPU (lab.fwd.head_dims.narrow: fwd v05 / v07 read D_qk = D_v, a multiple of 8 below
+128, unpadded): lab.ops.attention's forward checked through lab.check against float64 with padding made impossible
+(a call that pads fails the check), LSE, the build that leaves O's last 8-column block unwritten (which must
+fail), and the forward race of the narrow call against the same call padded (head_dims.padded, the path it
+replaces) and SDPA's backends over lab.cases.head_dim_cases, in one process. tools/gpu/narrow_run.sh runs them.
+Needs CUDA.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .. import cases, check, ops, sweep
+from ..cases import Case
+from ..publish import tables
+from . import head_dims
+from .head_dims_gpu import lse_check
+
+# Each shape reaches another instantiation: at width 64 v05 (65 x 130 causal; 1 x 1025 causal and 63 x 4097, its
+# B_c = 128 config) and v07 (1025 x 63, 4097 causal); at width 128 v07's few-keys config (S_k <= 2048 or causal
+# S_q <= 2048) and its long one (4097 causal, 63 x 4097). fp16 and bf16, GQA, a partial tile on both sides.
+SHAPES = [((2, 4, 2, 65, 130), "bfloat16", True), ((1, 6, 2, 1025, 63), "float16", False),
+          ((2, 2, 2, 1, 1025), "bfloat16", True), ((1, 4, 4, 4097, 4097), "bfloat16", True),
+          ((1, 4, 1, 63, 4097), "float16", False)]
+DIMS = (8, 32, 56, 72, 80, 96, 120)
+BUG = {"LAB_FWD_BUG_NARROW_SHORT": None}  # common/hopper/attn_fwd_sm90.cuh's narrow_stores, wrong on purpose
+
+
+@contextlib.contextmanager
+def unpadded():
+    """Within it a call that takes the padded path raises, so a check passes only through the narrow kernels."""
+    saved = head_dims.padded
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("lab.fwd.head_dims.padded was called: the narrow path was not taken")
+
+    head_dims.padded = refuse
+    try:
+        yield
+    finally:
+        head_dims.padded = saved
+
+
+def narrow_checks(quick: bool = False) -> int:
+    """Forward checks at every shape of SHAPES and DIMS, the default scale in (B, H, S, D) and -0.3 in (B, S, H, D)
+    views (the unfolded kernels, strides that are not the shape's); LSE at 32 and 80; both versions' bug builds
+    must fail. Returns the number of failures."""
+    def forward(q, k, v, is_causal, scale, out):
+        out.copy_(ops.attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]))
+
+    fails = total = 0
+
+    def tally(ok: bool, *label):
+        nonlocal fails, total
+        fails, total = fails + (not ok), total + 1
+        print("PASS" if ok else "FAIL", *label)
+
+    with torch.no_grad(), unpadded():
+        for D in DIMS[::3] if quick else DIMS:
+            for i, (shape, dtype, causal) in enumerate(SHAPES):
+                case = Case(f"hdn-{D}-{i}", *shape, D, dtype, causal)
+                for scale, layout in ((None, "bhsd"), (-0.3, "bshd")):
+                    res = check.check_forward(forward, case, "lab.ops.attention", trials=2, scale=scale,
+                                              layout=layout)
+                    tally(res.passed, case.label, scale, layout, "" if res.passed else repr(res))
+        for D in (32, 80):
+            tally(lse_check(D), "LSE", D)
+    for version, D in (("v07", 80), ("v05", 32)):
+        case = Case(f"hdn-bug-{version}", 1, 4, 2, 65, 130, D, "bfloat16", True)
+        wrong = check.check_forward(ops.fwd_writer(version, BUG), case, f"{version} LAB_FWD_BUG_NARROW_SHORT",
+                                    trials=1, save=False)
+        print(f"{version} build without O's last column block", "FAILS (as it must)" if not wrong.passed
+              else "PASSES: the check is blind", repr(wrong))
+        fails, total = fails + wrong.passed, total + 1
+    print(f"narrow head-dim checks: {total - fails}/{total} pass")
+    return fails
+
+
+def padded_attention():
+    """make(q, k, v, is_causal) -> the call as lab.ops.attention made it before the narrow path: F.pad to the
+    kernel's width, the kernel, the slice (head_dims.padded with the op's own attend)."""
+    def make(q, k, v, is_causal):
+        gqa = q.shape[1] != k.shape[1]
+
+        def attend(qp, kp, vp, scale):
+            return ops.attention(qp, kp, vp, is_causal=is_causal, scale=scale, enable_gqa=gqa, return_lse=True)
+        return lambda: head_dims.padded(attend, q, k, v, q.shape[-1] ** -0.5)
+    return make
+
+
+def narrow_race(quick: bool = False) -> list[dict]:
+    """The public op (narrow) and the padded call against SDPA's backends over lab.cases.head_dim_cases."""
+    grid = cases.head_dim_cases()
+    if quick:
+        grid = [c for c in grid if "s2048" in c.name]
+    kernels = {"lab.ops.attention": sweep.public_attention(), "lab.ops.attention (padded)": padded_attention()}
+    backends = ("flash", "cudnn", "efficient")
+    with torch.no_grad():
+        rows = sweep.fwd_sweep(grid, kernels, backends=backends, progress=False)
+    for impl in kernels:
+        print("forward", impl, tables.race(rows, impl=impl, backends=backends))
+    return rows

@@ -1,0 +1,64 @@
+"""Narrow head dims on the CPU: which calls fwd v05 / v07 run unpadded (lab.fwd.head_dims.narrow, lab.fwd.op's
+routing) and that the Python rule is the launcher's own (narrow_head_dim in common/hopper/attn_fwd_sm90.cuh,
+compiled here with nvcc). What the kernels then compute is checked on the GPU (lab.fwd.head_dims_gpu.checks),
+their column stores in tests/test_epilogue_quad.py."""
+import shutil
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lab import paths
+from lab.fwd import head_dims
+from lab.fwd import op as fwd_op
+
+
+def test_narrow_dims():
+    assert [d for d in range(0, 300) if head_dims.narrow_dim(d)] == \
+        [8, 16, 24, 32, 40, 48, 56, 72, 80, 88, 96, 104, 112, 120]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_rule_is_the_launchers(tmp_path):
+    src = tmp_path / "narrow.cu"
+    src.write_text('#include <cstdio>\n#include "common/hopper/attn_fwd_sm90.cuh"\n'
+                   'int main() { for (int d = 0; d < 300; ++d) std::printf("%d", lab::sm90::narrow_head_dim(d)); }\n')
+    exe = tmp_path / "narrow"
+    subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-I", str(paths.KERNELS), str(src), "-o", str(exe)],
+                   check=True, capture_output=True)
+    launcher = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    assert launcher == "".join(str(int(head_dims.narrow_dim(d))) for d in range(300))
+
+
+def test_narrow_needs_a_narrow_version_one_head_dim_and_no_gradient():
+    q, v64 = torch.zeros(1, 2, 5, 80), torch.zeros(1, 2, 5, 64)
+    assert head_dims.narrow(q, q, q, "v07") and head_dims.narrow(q, q, q, "v05")
+    assert not head_dims.narrow(q, q, q, "v04")  # mma.sync: padded
+    assert not head_dims.narrow(q, q, v64, "v07")  # D_v != D_qk: padded
+    for d in (64, 100, 128, 136):
+        t = torch.zeros(1, 2, 5, d)
+        assert not head_dims.narrow(t, t, t, "v07")
+    wants_grad = q.clone().requires_grad_(True)
+    assert not head_dims.narrow(wants_grad, q, q, "v07")  # the backward kernels take 64 and 128: padded
+    with torch.no_grad():
+        assert head_dims.narrow(wants_grad, q, q, "v07")
+
+
+def _cuda(seqlen: int, head_dim: int):
+    return SimpleNamespace(shape=(1, 4, seqlen, head_dim), device=SimpleNamespace(type="cuda", index=0))
+
+
+@pytest.mark.parametrize("capability,head_dim,d_v,seqlen,causal,narrow", [
+    ((9, 0), 80, 80, 8192, False, True),   # v07 at width 128
+    ((9, 0), 96, 96, 512, True, True),
+    ((9, 0), 32, 32, 512, False, True),    # v05 at width 64
+    ((9, 0), 32, 32, 8192, True, True),    # v07 at width 64
+    ((9, 0), 80, 64, 8192, False, False),  # D_v != D_qk
+    ((9, 0), 100, 100, 8192, False, False),
+    ((8, 0), 80, 80, 8192, False, False),  # v04 pads
+    ((10, 0), 32, 32, 512, False, False)])
+def test_the_public_op_routes_narrow_calls_by_gpu(monkeypatch, capability, head_dim, d_v, seqlen, causal, narrow):
+    monkeypatch.setattr(fwd_op, "_capability", lambda device: capability)
+    q, v = _cuda(seqlen, head_dim), _cuda(seqlen, d_v)
+    assert fwd_op._narrow(q, q, v, causal) is narrow

@@ -1,0 +1,44 @@
+#!/bin/bash
+# The narrow head dims (fwd v05 / v07 reading D_qk = D_v below 128 unpadded, lab.fwd.head_dims.narrow) in one GPU
+# call: the builds at once (with the LAB_FWD_BUG_NARROW_SHORT builds); lab.fwd.narrow_gpu's checks (those builds
+# must fail) and lab.fwd.head_dims_gpu's quick padded-dims checks (the gradients still pad); the forward race of the
+# narrow call, the padded call and SDPA in one process (records in logs/records); N14=1 (carry .whl): chapter n14
+# as a session next if every check passed, its kernels built with the others, packed into $OUT/n14.tgz; last,
+# untimed, compute-sanitizer's memcheck, racecheck, synccheck and initcheck over tools/gpu/narrow_sanitize.py.
+# Logs: $OUT/narrow-logs.tgz.
+#   LAB_COMMIT=<sha> [N14=1] bash tools/gpu/narrow_run.sh
+set -u
+OUT=${OUT:-/tmp/narrow_run}; L=/tmp/narrow_logs/logs; mkdir -p "$OUT" "$L"
+if [ -n "${N14:-}" ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1; fi
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$L/gpu.txt"
+. tools/gpu/n14_builds.sh
+python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
+BUG="{'LAB_FWD_BUG_NARROW_SHORT': None}"
+for src in fwd/v05_wgmma.cu fwd/v07_overlap.cu; do build $src "$BUG" & done
+if [ -n "${N14:-}" ]; then n14_builds; else build fwd/v05_wgmma.cu & build fwd/v07_overlap.cu & fi
+wait
+export LAB_SESSION_DIR=$L/records
+timeout ${CHECK_TIMEOUT:-150} python3 -c "import sys; from lab.fwd import narrow_gpu, head_dims_gpu
+fails = narrow_gpu.narrow_checks()
+fails += head_dims_gpu.checks(quick=True)
+sys.exit(1 if fails else 0)" > "$L/checks.log" 2>&1; CHECKS=$?; echo "checks rc=$CHECKS" >> "$L/checks.log"
+timeout ${RACE_TIMEOUT:-120} python3 -c "from lab.fwd import narrow_gpu; narrow_gpu.narrow_race()" > "$L/race.log" 2>&1
+echo "race rc=$?" >> "$L/race.log"
+unset LAB_SESSION_DIR
+if [ -n "${N14:-}" ] && [ $CHECKS = 0 ]; then  # a session only over checked kernels
+  timeout ${SESSION_TIMEOUT:-300} python3 -m lab session --device cuda --chapters n14_head_dims --tarball "$OUT/n14.tgz" \
+    --no-log > "$L/session.log" 2>&1
+  echo "session rc=$?" >> "$L/session.log"
+fi
+for tool in memcheck racecheck synccheck initcheck; do
+  (timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool python3 tools/gpu/narrow_sanitize.py > "$L/$tool.log" 2>&1
+   echo "$tool rc=$?" >> "$L/$tool.log") &
+done
+wait
+gzip -9 -f "$L"/records/records.jsonl 2>/dev/null
+tar -czf "$OUT/narrow-logs.tgz" -C "${L%/logs}" logs
+grep -h "narrow head-dim checks\|head-dim checks:\|FAIL\|FAILS\|PASSES\|rc=" "$L/checks.log" | tail -20; tail -60 "$L/race.log"
+tail -25 "$L/session.log" 2>/dev/null
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|rc=" "$L"/*check.log
+true
