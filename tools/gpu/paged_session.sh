@@ -1,9 +1,8 @@
 #!/bin/bash
 # The paged decode's closing call: compute-sanitizer on decode v03 and v04 (tools/gpu/sanitize_pagerow.sh; SANITIZE=0
-# skips it), then the
-# chapters as GPU sessions: n11_paged_decode (full) and n7_split_k (N7_CASES: quick by default, none to skip it), each packed into
-# $OUT/<chapter>.tgz (unpack into outputs/sessions/). The wheels papermill needs come in .whl (carry it), the decode
-# kernels are built at once first (carry .cache/dev where they were prebuilt with LAB_CACHE_DIR=.cache/dev).
+# skips it), then the chapters as GPU sessions: n11_paged_decode (N11_CASES: full by default) and n7_split_k (N7_CASES:
+# quick by default), none skipping either, each packed into $OUT/<chapter>.tgz (unpack into outputs/sessions/). The
+# wheels papermill needs come in .whl (carry it), the decode kernels are built at once first (carry .cache/dev where they were prebuilt with LAB_CACHE_DIR=.cache/dev).
 #   LAB_COMMIT=<sha> bash tools/gpu/paged_session.sh
 set -u
 OUT=${OUT:-/tmp/paged_session}; mkdir -p "$OUT/logs"
@@ -18,7 +17,7 @@ if [ "${SANITIZE:-1}" != 0 ]; then  # SANITIZE=0: sanitized elsewhere (tools/gpu
   echo "sanitize rc=$? $(( $(date +%s) - t0 )) s" >> "$OUT/logs/steps.txt"
 fi
 : >> "$OUT/logs/sanitize_summary.log"
-for spec in "n11_paged_decode:full:${N11_TIMEOUT:-270}" "n7_split_k:${N7_CASES:-quick}:${N7_TIMEOUT:-150}"; do
+for spec in "n11_paged_decode:${N11_CASES:-full}:${N11_TIMEOUT:-270}" "n7_split_k:${N7_CASES:-quick}:${N7_TIMEOUT:-150}"; do
   IFS=: read -r chapter cases limit <<< "$spec"
   [ "$cases" = none ] && continue
   t0=$(date +%s)
