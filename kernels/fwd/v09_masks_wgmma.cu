@@ -40,10 +40,11 @@
 //   it took +18.1 / +18.2 / +21.9 %: 9-11 % less time than the online max; D = 64 +34.8 / +38.1 % (online max
 //   +36.5 / +39.6 %). Checks pass: 214/214 in chapter n13 with it the default, and its own grid 26/26 with the rows at
 //   the cap's floor, S_q = S_k = 1 included; memcheck, racecheck, synccheck clean. So it is the default (bf16,
-//   softcap <= 51.3). Why the rounded l costs 5-7 points over the first form: the SASS main loop packs each P pair
-//   twice (32 F2FP per thread and 64-key tile against the online max's 16: exp_rows_rounded's pack is not reused by
-//   pack_p) and unpacks it for l (411 integer instructions against 380). Next: hand exp_rows_rounded's packed pairs
-//   to P V directly (one F2FP a pair); predicted to take back about half of those points, not yet measured.
+//   softcap <= 51.3). Why the rounded l costs 5-7 points over the first form (tools/sass/sass_loops.py, sm_90a, bf16
+//   D = 128 main loop per thread and 64-key tile): 676 instructions against the first form's 628, the 48 being a
+//   second pack of each P pair (32 F2FP against 16: pack_p does not reuse exp_rows_rounded's pack) and the unpack for
+//   l (32 integer). Handing the packed pairs to P V directly was compiled and counted, not run: 666 (16 F2FP out, 6
+//   predicate moves in), so about a fifth of those points at best; the unpack stays while l sums the rounded P.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <type_traits>
