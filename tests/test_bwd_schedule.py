@@ -1,5 +1,5 @@
 """lab.backward.schedule: the CPU model of how the backward's CTAs fill the SMs, and bwd v14's tile order
-(kernels/bwd/v14_tail.cu's tail_tile, mirrored by schedule.tail_lpt_tile)."""
+(tail_tile in kernels/common/hopper/attn_bwd_tail.cuh, mirrored by schedule.tail_lpt_tile)."""
 from pathlib import Path
 
 import pytest
@@ -63,7 +63,7 @@ def test_the_tail_keeps_its_heads_q_and_do_within_the_l2_share():
 
 
 def test_the_kernel_uses_the_models_tail():
-    source = (ROOT / "kernels/bwd/v14_tail.cu").read_text()
+    source = (ROOT / "kernels/common/hopper/attn_bwd_tail.cuh").read_text()
     assert "kTailCtas = 2 * 132" in source  # tail_lpt_tile's defaults: waves=2, sms=132
     assert f"kTailBytes = {schedule.TAIL_BYTES >> 20}ll << 20" in source
     assert "4ll * (p.heads_q / p.heads_kv) * p.seqlen_q * C::D" in source  # head_bytes: Q and dO, 2 bytes each

@@ -15,7 +15,8 @@
 // grid ends 5.6-7.0 % after the balanced time at S = 512-8192 (non-causal: 3.1 %, the last wave's quantisation,
 // which no order changes), the GQA cell 13.9 % (1024 CTAs of four heads' work each).
 //
-// What changes (Steps::work only; the loop, the config and every store are v13's): causal calls keep the
+// What changes (Steps::work only, TailSteps in common/hopper/attn_bwd_tail.cuh; the loop, the config and every store
+// are v13's): causal calls keep the
 // head-major order except for the last heads whose tiles make up about two waves (264 CTAs, two per SM of an
 // H100 / H200); those go key block by key block, every one of those heads' longest block first, so the grid ends
 // on the shortest blocks. Only those heads leave head-major order, so the Q and dO that a head's CTAs share in L2
@@ -38,7 +39,7 @@
 // The pre-pass zeroes dq_accum in place of the memset launch (common/hopper/attn_bwd_sm90.cuh says why); measured
 // on v13 (H100, GPU time, D = 128 and D = 64 at S = 512-2048): +0.1 to +1.1 %, never behind, sanitizers clean.
 #define LAB_BWD_ZERO_IN_PRE 1
-#include "common/hopper/attn_bwd_stagger.cuh"
+#include "common/hopper/attn_bwd_tail.cuh"
 
 namespace {
 using namespace lab::sm90;
@@ -47,33 +48,6 @@ using namespace lab::sm90::bwd;
 // v13's configuration.
 template <int D>
 using Cfg14 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
-
-// The tile of CTA `idx`: head-major (tile = head * n_kb + key block) except, with the causal mask, for the last w
-// heads, whose tiles go key block by key block (lab.backward.schedule.tail_lpt_tile is the same map on the CPU).
-// w is also capped so that the reordered heads' Q and dO (the GQA group's, 16-bit) fit in half the L2: with w
-// heads in flight at once every one of them streams its Q and dO, and the GQA cell's nine heads of 8 MB each
-// (72 MB against an L2 of 50 MB) lost 1.7 % where the model, blind to memory, promised +10.6 %.
-template <class C>
-__device__ __forceinline__ int tail_tile(const AttnBwdParams& p, int idx) {
-  constexpr int kTailCtas = 2 * 132;                 // the reordered tail: about two waves of an H100 / H200
-  constexpr long long kTailBytes = 24ll << 20;        // about half the 50 MB L2 of an H100 / H200
-  const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC, heads = p.batch * p.heads_kv;
-  if (!p.causal || n_kb == 0) return idx;
-  const long long head_bytes = 4ll * (p.heads_q / p.heads_kv) * p.seqlen_q * C::D;  // Q and dO, 2 bytes each
-  const int fit = (int)max(1ll, kTailBytes / max(1ll, head_bytes));
-  const int w = min(min(heads, fit), (kTailCtas + n_kb - 1) / n_kb);
-  const int first = (heads - w) * n_kb;
-  if (idx < first) return idx;
-  const int r = idx - first;
-  return (heads - w + r % w) * n_kb + r / w;
-}
-
-struct TailSteps : DenseSteps {
-  template <class C>
-  __device__ __forceinline__ static Work work(const AttnBwdParams& p) {
-    return tile_work<C>(p, tail_tile<C>(p, blockIdx.x));
-  }
-};
 
 template <int D, class T>
 struct Launch {

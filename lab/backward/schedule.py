@@ -52,10 +52,10 @@ def tail_heads(n_kb: int, n_heads: int, head_bytes: int = 0, sms: int = 132, wav
 
 def tail_lpt_tile(idx: int, n_kb: int, n_heads: int, causal: bool, sms: int = 132, waves: int = 2,
                   head_bytes: int = 0) -> int:
-    """bwd v14's blockIdx -> tile map (kernels/bwd/v14_tail.cu): causal calls keep the head-major order except
-    for the last heads that make up about `waves` waves of CTAs (tail_heads), whose tiles go key block by key
-    block (every one of those heads' longest block, then their next), so the grid ends on short blocks.
-    Non-causal: unchanged."""
+    """bwd v14's blockIdx -> tile map (tail_tile, kernels/common/hopper/attn_bwd_tail.cuh): causal calls keep
+    the head-major order except for the last heads that make up about `waves` waves of CTAs (tail_heads), whose
+    tiles go key block by key block (every one of those heads' longest block, then their next), so the grid ends
+    on short blocks. Non-causal: unchanged."""
     if not causal:
         return idx
     w = tail_heads(n_kb, n_heads, head_bytes, sms, waves)

@@ -455,45 +455,50 @@ __device__ __forceinline__ void store_dk_dv_staged(const float (&dk)[C::D / 2], 
   }
 }
 
-// dQ = scale * dq_accum, from the accumulator order back to (B, H, S, D): one thread per float4 of a block
-// (index (r4 * 128 + wt) * 4 of part `part`), which holds rows g and g + 8 of warp wt / 32 at two columns.
+// dQ = scale * dq_accum, from the accumulator order back to (B, H, S, D): float4 `idx` of dq_accum (index
+// (r4 * 128 + wt) * 4 of part `part` of a 64-row block) holds rows g and g + 8 of warp wt / 32 at two columns.
+// load(idx) gives that float4 (the convert pass reads it here; bwd/v15 hands in what it loaded earlier).
+template <class C, class T, class Load>
+__device__ __forceinline__ void convert_quad(const AttnBwdParams& p, int64_t idx, int sq_pad, Load load) {
+  constexpr int D = C::D;
+  const int64_t block = idx / (64 * D / 4);  // (b, h, 64-row block)
+  const int in = (int)(idx % (64 * D / 4));
+  constexpr int kPartQuads = 16 * C::kDqCols;  // a warpgroup's 64 x kDqCols part
+  const int part = in / kPartQuads, r4 = (in % kPartQuads) / 128, wt = in % 128;
+  const int warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+  const int row = (int)(block % (sq_pad / 64)) * 64 + warp * 16 + g;
+  const int col = (C::kSplitDq ? part * C::kDqCols : 0) + 8 * r4 + 2 * t;
+  const int64_t bh = block / (sq_pad / 64);
+  const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);
+  const float4 a = load(idx);
+  T* dst = static_cast<T*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[1] + col;
+  if (row < p.seqlen_q)
+    *reinterpret_cast<uint32_t*>(dst + row * p.dq_stride[2]) = lab::pack2<T>(a.x * p.scale, a.y * p.scale);
+  if (row + 8 < p.seqlen_q)
+    *reinterpret_cast<uint32_t*>(dst + (row + 8) * p.dq_stride[2]) = lab::pack2<T>(a.z * p.scale, a.w * p.scale);
+}
+
+// The convert pass: one thread per float4 of dq_accum.
 template <class C, class T>
 __global__ void __launch_bounds__(256) convert_dq(const AttnBwdParams p) {
-  constexpr int D = C::D;
   const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
-  const int64_t quads = (int64_t)p.batch * p.heads_q * sq_pad * D / 4;
+  const int64_t quads = (int64_t)p.batch * p.heads_q * sq_pad * C::D / 4;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < quads;
-       idx += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t block = idx / (64 * D / 4);  // (b, h, 64-row block)
-    const int in = (int)(idx % (64 * D / 4));
-    constexpr int kPartQuads = 16 * C::kDqCols;  // a warpgroup's 64 x kDqCols part
-    const int part = in / kPartQuads, r4 = (in % kPartQuads) / 128, wt = in % 128;
-    const int warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
-    const int row = (int)(block % (sq_pad / 64)) * 64 + warp * 16 + g;
-    const int col = (C::kSplitDq ? part * C::kDqCols : 0) + 8 * r4 + 2 * t;
-    const int64_t bh = block / (sq_pad / 64);
-    const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);
-    const float4 a = reinterpret_cast<const float4*>(p.dq_accum)[idx];
-    T* dst = static_cast<T*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[1] + col;
-    if (row < p.seqlen_q)
-      *reinterpret_cast<uint32_t*>(dst + row * p.dq_stride[2]) = lab::pack2<T>(a.x * p.scale, a.y * p.scale);
-    if (row + 8 < p.seqlen_q)
-      *reinterpret_cast<uint32_t*>(dst + (row + 8) * p.dq_stride[2]) = lab::pack2<T>(a.z * p.scale, a.w * p.scale);
-  }
+       idx += (int64_t)gridDim.x * blockDim.x)
+    convert_quad<C, T>(p, idx, sq_pad, [&](int64_t i) { return reinterpret_cast<const float4*>(p.dq_accum)[i]; });
 }
 
 // ---------------------------------------------------------------- host
 
 // 1: the pre-pass zeroes dq_accum as it goes (bwd_pre's kZeroAccum), instead of a cudaMemsetAsync before the main
-// kernel; 0: the memset (every measured version). Why: torch.profiler of one D = 128, S = 512 call (H100) shows the
-// passes around the main kernel level with cuDNN's (pre-pass 52 + memset 41 us against cuDNN's dot(dO, O) 97;
-// convert 78 against 79), but ours are four launches with three boundaries between them where cuDNN's are three, and
-// on the H200 the main kernel alone is 3 % ahead of cuDNN's at D = 128, S = 512 (ncu: 363 against 374 us) while the
-// whole backward in GPU time is only level (1.004x). The same bytes move either way (the zeros are written once).
-// Prediction (GPU time): one launch and one boundary fewer, ~3-6 us a call: +0.5-1 % at S = 512-1024, nothing
-// measurable from S = 4096. Not run on a GPU yet; the driver (which poisons dq_accum with NaN), the sanitizers and the
-// timing in one call: BWD_NVCC_FLAGS=-DLAB_BWD_ZERO_IN_PRE=1 VERSIONS="v13,v13:LAB_BWD_ZERO_IN_PRE=1"
-//   bash tools/gpu/bwd_candidate.sh v13 v13 "d128-s512,d128-s1024,d128-s2048,d64-s512".
+// kernel; 0: the memset (v02-v13). Why: torch.profiler of one D = 128, S = 512 call (H100) shows the passes around
+// the main kernel level with cuDNN's (pre-pass 52 + memset 41 us against cuDNN's dot(dO, O) 97; convert 78 against
+// 79), but ours are four launches with three boundaries between them where cuDNN's are three. The same bytes move
+// either way (the zeros are written once). Predicted (GPU time): +0.5-1 % at S = 512-1024, nothing from S = 4096.
+// Measured on v13 (H100, GPU time, one process; outputs/driver_logs/20261126-h100-bwd-v14-run1/zero_in_pre/):
+// +1.1 % at D = 128 S = 512 causal, +0.3 % non-causal, +0.6-0.7 % at D = 64 S = 512, +0.0-0.3 % at D = 128
+// S = 1024-2048; never behind; driver 53/53 (dq_accum poisoned with NaN) and four sanitizers clean. A version
+// turns it on by defining it before this header (bwd/v14).
 #ifndef LAB_BWD_ZERO_IN_PRE
 #define LAB_BWD_ZERO_IN_PRE 0
 #endif
