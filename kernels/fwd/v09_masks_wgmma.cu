@@ -45,6 +45,14 @@
 //   second pack of each P pair (32 F2FP against 16: pack_p does not reuse exp_rows_rounded's pack) and the unpack for
 //   l (32 integer). Handing the packed pairs to P V directly was compiled and counted, not run: 666 (16 F2FP out, 6
 //   predicate moves in), so about a fifth of those points at best; the unpack stays while l sums the rounded P.
+// LAB_V09_SOFTCAP=2 (compiled, not yet run on a GPU): l = P 1 by the tensor core, an m64n8k16 wgmma per k16 step
+//   beside P V from the same P fragments, B a 1 KiB atom of bf16 ones (attn_mask_sm90.cuh issue_rowsum): the sum of
+//   the rounded P without unpacking it, so one key still gives O = V. Main loop (same count): 601 instructions at
+//   D = 128 (the rounded l 676, the first form 628, the online max 741; tensor clocks 528 against 512), 1065 at D = 64
+//   (the rounded l 1214). Prediction (H100, the A/B above): D = 128 +0-2 % over no softcap, about the first form's;
+//   D = 64 +30-34 %, still the MUFU's tanh and ex2 per score. Run it: tools/gpu/masks_softcap_run.sh times 0 / 1 / 2
+//   and checks 1 and 2 by their explicit switches; to make it the default, set 2 below and run the same script (the
+//   session and the sanitizers take the default).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <type_traits>
@@ -56,7 +64,8 @@
 #define LAB_V08_IGNORE_WINDOW 0  // the deliberately wrong build (drops the window), as v08's
 #endif
 // The softcap's softmax in bf16 (softcap <= 51.3; see kCapHeadroom): 1 (default) the fixed offset that the cap's
-// bound allows (no max, no O rescale), l from the rounded P (exp_rows_rounded); 0 the online max. Measured: the header.
+// bound allows (no max, no O rescale), l from the rounded P (exp_rows_rounded); 2 the same with l = P 1 on the tensor
+// core (issue_rowsum, not yet run on a GPU); 0 the online max. Measured: the header.
 #ifndef LAB_V09_SOFTCAP
 #define LAB_V09_SOFTCAP 1
 #endif
@@ -73,7 +82,8 @@ struct Cfg09 {
   static constexpr int kThreads = 128;
   static constexpr int kQBytes = BR * D * 2;
   static constexpr int kTileBytes = BC * D * 2;
-  static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
+  static constexpr int kOnesBytes = LAB_V09_SOFTCAP == 2 ? kRowSumOnesBytes : 0;  // after the ring, 1024-aligned
+  static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + kOnesBytes + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
 };
 using Cfg64 = Cfg09<64, 128, 2>;
@@ -89,6 +99,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kTensorL = kTransform == kTanhBounded && LAB_V09_SOFTCAP == 2;  // l = P 1 on the tensor core
   const AttnFwdParams& p = mp.base;
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages];
@@ -126,6 +137,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
     init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
     fence_barrier_init();
   }
+  if constexpr (kTensorL) fill_rowsum_ones(smem + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
   __syncthreads();
 
   auto issue = [&](int j) {  // thread 0: tile j of the window's K and V into stage j % kStages
@@ -154,6 +166,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
   float o[D / 2];
   zero_acc(o);
   RowState st;
+  float lsum[4] = {0.f, 0.f, 0.f, 0.f};  // kTensorL: the rows' sums of P, whole (issue_rowsum)
   if constexpr (kBounded) st.m[0] = st.m[1] = c - kCapHeadroom;  // the fixed offset (kCapHeadroom)
   mbar_wait(smem_u32(&bar_q), 0);
 
@@ -170,7 +183,9 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
     if constexpr (kTransform != kNone) transform_scores<BC, kCap>(sacc, tk_factor);
     if (lab::window_tile_needs_mask(j * BC, BC, m0, min(m0 + Cfg::BR, seqlen_q), k_end, k_off, left, right))
       mask_window_wg<BC>(sacc, row0, j * BC, k_end, k_off, left, right);
-    if constexpr (kBounded) {  // P = exp2(t c - m) against the fixed m, l from the rounded P
+    if constexpr (kTensorL) {  // P = exp2(t c - m) against the fixed m, l = P 1 with P V below
+      exp_rows_fixed<BC>(sacc, st.m[0], c);
+    } else if constexpr (kBounded) {  // P = exp2(t c - m) against the fixed m, l from the rounded P
       exp_rows_rounded<BC, T>(sacc, st, st.m[0], c);
     } else {
       float alpha[2];
@@ -181,6 +196,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
     pack_p<BC, T>(sacc, pa);
     mbar_wait(smem_u32(&bar_v[s]), phase);
     wgmma_fence();
+    if constexpr (kTensorL) issue_rowsum<BC, kBf16>(lsum, pa, ring.q + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
     issue_pv<D, BC, kBf16>(o, pa, ring.v(s));
     wgmma_wait<0>();
     if (j + kStages < n_tiles) {
@@ -189,6 +205,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
     }
   }
   // [/lab:inner-loop]
+  if constexpr (kTensorL) rowsum_to_state(lsum, st);
 
   // Epilogue: the sink joins the normaliser; O rows of this sequence only.
   const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;

@@ -6,7 +6,7 @@ registers (four 16-bit pairs per thread, the mma.sync m16n8k16 A layout per warp
 """
 from pathlib import Path
 
-NS = (32, 64, 80, 96, 112, 128, 176, 192, 256)
+NS = (8, 32, 64, 80, 96, 112, 128, 176, 192, 256)
 OUT = Path(__file__).resolve().parents[2] / "kernels/common/hopper/wgmma_ops.cuh"
 
 

@@ -1,11 +1,11 @@
 """The softcap's softmax and the masked backward's tile config, A/B in one process (GPU time, in rounds, the
 kernels called through lab.masks' launchers with their build switches):
-  fwd v09  LAB_V09_SOFTCAP 0 (the online max) and 1 (the fixed offset the cap's bound allows, l from the rounded
-           P), each beside the same kernel without softcap;
+  fwd v09  LAB_V09_SOFTCAP 0 (the online max), 1 (the fixed offset the cap's bound allows, l from the rounded
+           P) and 2 (the same, l = P 1 on the tensor core), each beside the same kernel without softcap;
   bwd v08  LAB_V08_STAGE 0 (v07's tile config) / 1 (v12's staged dK / dV), and with 1 LAB_BWD_MASK_TANH_HALF=1 (the
            tanh on fp16 pairs) on the softcap cells;
 every variant by its explicit switches, whatever the default; then the checks of the variants (fwd
-LAB_V09_SOFTCAP=1: the softcap grid and the rows at the cap's floor; bwd LAB_V08_STAGE=1: the whole gradient grid,
+LAB_V09_SOFTCAP=1 and 2: the softcap grid and the rows at the cap's floor; bwd LAB_V08_STAGE=1: the whole gradient grid,
 and with the fp16-pair tanh its softcap rows), recorded like the chapter's. H 16, D 128 (64 too for the forward), bf16, causal.
     LAB_SESSION_DIR=$OUT/ab python tools/gpu/masks_softcap_ab.py    -> one JSON line per cell, $OUT/softcap_ab.jsonl
 Predictions and outcomes: kernels/fwd/v09_masks_wgmma.cu and kernels/bwd/v08_masks.cu, headers.
@@ -45,7 +45,7 @@ def forward_cells():
             return lambda: mop.launch(q, k, v, out, lse, mask, D ** -0.5, version="v09", defines=defines), None
         for cap in (30.0, 50.0) if S == 4096 else (30.0,):
             emit("softcap_fwd_ab", {"D": D, "S": S, "softcap": cap},
-                 {"plain": call(0.0), **{f"softcap{m}": call(cap, {"LAB_V09_SOFTCAP": m}) for m in (0, 1)}})
+                 {"plain": call(0.0), **{f"softcap{m}": call(cap, {"LAB_V09_SOFTCAP": m}) for m in (0, 1, 2)}})
 
 
 def backward_cells():
@@ -68,15 +68,15 @@ def backward_cells():
 
 def variant_checks() -> int:
     bad = 0
-    bounded = {"LAB_V09_SOFTCAP": 1}
-    for D in (128, 64):
-        for name, causal, window, cap, sink in gpu.GRID_MASKS:
-            if cap > 0:
-                for B, Hq, Hkv, Sq, Sk in gpu.GRID_SIZES:
-                    bad += not gpu.check_dense("v09", name, B, Hq, Hkv, Sq, Sk, D, dt, causal, window, cap, sink,
-                                               defines=bounded)
-    for cap in (50.0, 5.0):
-        bad += not gpu.check_cap_floor("v09", cap, dt, defines=bounded)
+    for bounded in ({"LAB_V09_SOFTCAP": 1}, {"LAB_V09_SOFTCAP": 2}):
+        for D in (128, 64):
+            for name, causal, window, cap, sink in gpu.GRID_MASKS:
+                if cap > 0:
+                    for B, Hq, Hkv, Sq, Sk in gpu.GRID_SIZES:
+                        bad += not gpu.check_dense("v09", name, B, Hq, Hkv, Sq, Sk, D, dt, causal, window, cap,
+                                                   sink, defines=bounded)
+        for cap in (50.0, 5.0):
+            bad += not gpu.check_cap_floor("v09", cap, dt, defines=bounded)
     for D in (128, 64):
         for name, causal, window, cap, sink in gpu.GRID_MASKS:
             for B, Hq, Hkv, Sq, Sk in gpu.GRID_SIZES:

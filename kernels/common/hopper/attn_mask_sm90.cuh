@@ -78,6 +78,43 @@ __device__ __forceinline__ void exp_rows_rounded(float (&s)[BC / 2], RowState& s
   for (int h = 0; h < 2; ++h) st.l[h] += sum[h][0] + sum[h][1];
 }
 
+// P = exp2(t c - off) against the fixed offset, nothing summed (LAB_V09_SOFTCAP=2: l comes from issue_rowsum).
+template <int BC>
+__device__ __forceinline__ void exp_rows_fixed(float (&s)[BC / 2], float off, float c) {
+#pragma unroll
+  for (int i = 0; i < BC / 2; ++i) s[i] = fast_exp2(fmaf(s[i], c, -off));
+}
+
+// The same sum of the rounded P taken by the tensor core instead (LAB_V09_SOFTCAP=2 in fwd v09): l = P 1, an m64n8k16
+// wgmma per k16 step of P V with B a tile of bf16 ones, issued in P V's commit group from the same A fragments. Its
+// fp32 sum of the 16-bit P is what P V's own accumulation does, so O = sum P V / l keeps the rounded form's
+// exactness (one key: O = V), and the loop drops the unpack (one integer instruction per P) and l's FADDs for four
+// wgmma per 64 keys. The ones: one K-major 128B-swizzle atom (8 rows = n, 64 k = 128 B a row, 1024 B), whose bytes
+// are all ones, so every k16 step reads the same atom (its 32-byte slice kk % 4, as desc_kmajor addresses K).
+constexpr int kRowSumOnesBytes = 1024;
+
+// The ones atom at `ones` (1024-aligned), written by the warpgroup's 128 threads (8 bytes each), made visible to
+// wgmma; the caller's barrier follows.
+__device__ __forceinline__ void fill_rowsum_ones(uint8_t* ones) {
+  reinterpret_cast<uint2*>(ones)[threadIdx.x % 128] = make_uint2(0x3F803F80u, 0x3F803F80u);  // bf16 1.0 pairs
+  fence_proxy_async();
+}
+
+// l += P 1 for one tile (four fp32 per thread, the m64n8 accumulator: l[0] = l[1] the row sum of row g, l[2] = l[3]
+// of row g + 8, each whole, not a quad's share); the caller's issue_pv commits it with P V.
+template <int BC, bool kBf16>
+__device__ __forceinline__ void issue_rowsum(float (&l)[4], const uint32_t (&pa)[BC / 16][4], uint32_t ones) {
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) WgmmaOp<8>::template rs<kBf16, 0>(l, pa[kk], desc_kmajor(ones, 8, kk % 4), 1);
+}
+
+// The tensor core's row sums into RowState, whose l the epilogue sums over the quad: each lane holds the whole sum,
+// so a quarter each (exact: a power of two, and quad_sum's two steps add equal values).
+__device__ __forceinline__ void rowsum_to_state(const float (&l)[4], RowState& st) {
+  st.l[0] = l[0] * 0.25f;
+  st.l[1] = l[2] * 0.25f;
+}
+
 // normalise_o with a sink: st.m is the running max already in exp2 units (the folded softmax), sink_log2 the
 // sink's logit times log2 e (-inf: none); top = max(m, sink) keeps exp2 from overflowing. LSE (natural log,
 // including the sink) at lse_row0[row] for rows below seqlen_q, when lse_row0 is not null.

@@ -12,6 +12,40 @@ template <int N>
 struct WgmmaOp;
 
 template <>
+struct WgmmaOp<8> {
+  template <bool kBf16, int kTransB, int kTransA = 0>
+  __device__ static __forceinline__ void ss(float (&d)[4], uint64_t a, uint64_t b, int scale_d) {
+    if constexpr (kBf16)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
+        "%4, %5, p, 1, 1, %8, %7;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(a), "l"(b), "r"(scale_d), "n"(kTransB), "n"(kTransA));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, "
+        "%4, %5, p, 1, 1, %8, %7;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(a), "l"(b), "r"(scale_d), "n"(kTransB), "n"(kTransA));
+  }
+  template <bool kBf16, int kTransB>
+  __device__ static __forceinline__ void rs(float (&d)[4], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+    if constexpr (kBf16)
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, %8, p, 1, 1, %10;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(kTransB));
+    else
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, %8, p, 1, 1, %10;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(kTransB));
+  }
+};
+
+template <>
 struct WgmmaOp<32> {
   template <bool kBf16, int kTransB, int kTransA = 0>
   __device__ static __forceinline__ void ss(float (&d)[16], uint64_t a, uint64_t b, int scale_d) {
