@@ -82,9 +82,10 @@ FAST_HEAD_DIMS = (64, 128)
 # raises NotImplementedError).
 WIDE_HEAD_DIMS = (192, 256)
 FWD_HEAD_DIMS = FAST_HEAD_DIMS + WIDE_HEAD_DIMS
-# Forward versions that also take D_qk = D_v, a multiple of 8 below 128 other than 64, as it is: the next width's
-# kernel through tensor maps over the true D (TMA's out-of-bounds fill gives the zero columns; lab.fwd.head_dims).
-NARROW_FWD = ("v05", "v07")
+# Forward versions that also take D_qk = D_v, a multiple of 8 that is no kernel width, as it is: the next width's
+# kernel (v05 / v07 up to 128, v10 above) through tensor maps over the true D (TMA's out-of-bounds fill gives the
+# zero columns; lab.fwd.head_dims).
+NARROW_FWD = ("v05", "v07", "v10")
 
 
 # ---------------------------------------------------------------- defaults

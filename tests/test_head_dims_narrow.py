@@ -16,19 +16,20 @@ from lab.fwd import op as fwd_op
 
 def test_narrow_dims():
     assert [d for d in range(0, 300) if head_dims.narrow_dim(d)] == \
-        [8, 16, 24, 32, 40, 48, 56, 72, 80, 88, 96, 104, 112, 120]
+        [d for d in range(8, 256, 8) if d not in (64, 128, 192)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_the_rule_is_the_launchers(tmp_path):
+def test_the_rule_and_the_width_are_the_launchers(tmp_path):
     src = tmp_path / "narrow.cu"
     src.write_text('#include <cstdio>\n#include "common/hopper/attn_fwd_sm90.cuh"\n'
-                   'int main() { for (int d = 0; d < 300; ++d) std::printf("%d", lab::sm90::narrow_head_dim(d)); }\n')
+                   'int main() { for (int d = 0; d < 300; ++d) std::printf("%d ", lab::sm90::narrow_head_dim(d) ? '
+                   'lab::sm90::narrow_width(d) : 0); }\n')
     exe = tmp_path / "narrow"
     subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-I", str(paths.KERNELS), str(src), "-o", str(exe)],
                    check=True, capture_output=True)
-    launcher = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-    assert launcher == "".join(str(int(head_dims.narrow_dim(d))) for d in range(300))
+    launcher = [int(w) for w in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    assert launcher == [head_dims.kernel_head_dim(d, d) if head_dims.narrow_dim(d) else 0 for d in range(300)]
 
 
 def test_narrow_needs_a_narrow_version_one_head_dim_and_no_gradient():
@@ -36,9 +37,11 @@ def test_narrow_needs_a_narrow_version_one_head_dim_and_no_gradient():
     assert head_dims.narrow(q, q, q, "v07") and head_dims.narrow(q, q, q, "v05")
     assert not head_dims.narrow(q, q, q, "v04")  # mma.sync: padded
     assert not head_dims.narrow(q, q, v64, "v07")  # D_v != D_qk: padded
-    for d in (64, 100, 128, 136):
+    for d in (64, 100, 128, 192, 256, 264):
         t = torch.zeros(1, 2, 5, d)
         assert not head_dims.narrow(t, t, t, "v07")
+    wide = torch.zeros(1, 2, 5, 200)
+    assert head_dims.narrow(wide, wide, wide, "v10")
     wants_grad = q.clone().requires_grad_(True)
     assert not head_dims.narrow(wants_grad, q, q, "v07")  # the backward kernels take 64 and 128: padded
     with torch.no_grad():
@@ -56,7 +59,11 @@ def _cuda(seqlen: int, head_dim: int):
     ((9, 0), 32, 32, 8192, True, True),    # v07 at width 64
     ((9, 0), 80, 64, 8192, False, False),  # D_v != D_qk
     ((9, 0), 100, 100, 8192, False, False),
+    ((9, 0), 200, 200, 2048, False, True),   # v10 at width 256
+    ((9, 0), 160, 160, 512, True, True),     # v10 at width 192
+    ((9, 0), 200, 160, 2048, False, False),
     ((8, 0), 80, 80, 8192, False, False),  # v04 pads
+    ((8, 0), 200, 200, 2048, False, False),  # no wide forward off Hopper: the full path raises
     ((10, 0), 32, 32, 512, False, False)])
 def test_the_public_op_routes_narrow_calls_by_gpu(monkeypatch, capability, head_dim, d_v, seqlen, causal, narrow):
     monkeypatch.setattr(fwd_op, "_capability", lambda device: capability)

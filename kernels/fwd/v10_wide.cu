@@ -44,8 +44,12 @@
 //   6 and a 40 %-full one), -6 to -9 % from S = 2048; B_c = 96 at D = 192 -1 to -3 % except S = 512 causal (+3 %).
 //   A per-call B_c for short keys would gain about as much as the runs differ: not taken.
 //   Padding: D = 200 (padded to 256 by lab.fwd.head_dims) takes 1.47 ms where the D = 256 kernel takes 0.85 ms on
-//   the same shape: the copies of F.pad and the output slice, not the kernel. TMA's out-of-bounds zero fill could
-//   read the unpadded tensors (a map of the true width) and a column bound in the epilogue skip the copies.
+//   the same shape: the copies of F.pad and the output slice, not the kernel. Now narrow head dims (136-184 at
+//   width 192, 200-248 at 256, D_qk = D_v, no gradient wanted) run unpadded: Narrow<Cfg> (common attn_fwd_sm90.cuh),
+//   maps over the true D whose out-of-bounds fill gives the zero columns, O stored to its own D. Prediction
+//   (before a GPU run): D = 200 at the D = 256 kernel's time on that shape (0.87 ms in n14 session
+//   20261126-093330-h100-80gb-hbm3-b1ce206), 0.95-1.0x SDPA-cuDNN where the padded call was 0.57x; outcome in
+//   kernels/README.md, "The narrow head dims".
 //
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
 // and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.
@@ -81,6 +85,7 @@ using namespace lab::sm90;
 template <int D_, int BC_, int STAGES_>
 struct Cfg10 {
   static constexpr int D = D_;
+  static constexpr bool kNarrow = false;  // Narrow<Cfg10>: a head dim below D (common attn_fwd_sm90.cuh)
   static constexpr int kConsumers = 2;
   static constexpr int BR = 64 * kConsumers;
   static constexpr int BC = BC_;
@@ -216,7 +221,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
         release(empty_v, n_tiles - 1);
       }
     }
-    epilogue<D, T>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
+    epilogue<D, T, Cfg::kNarrow>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
   }
 #endif
 }
@@ -229,15 +234,23 @@ int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
 
 }  // namespace
 
+// Head dims 192 and 256, and the narrow ones between them (136-184 on Narrow<Cfg192>, 200-248 on Narrow<Cfg256>:
+// tensor maps over the true D, no padded copies).
 extern "C" int attn_fwd_v10(const AttnFwdParams* p, void* stream) {
-  if (p->head_dim != 192 && p->head_dim != 256) return LAB_E_HEAD_DIM;
+  const int d = p->head_dim;
+  const bool narrow = narrow_head_dim(d) && narrow_width(d) >= 192;
+  if (d != 192 && d != 256 && !narrow) return LAB_E_HEAD_DIM;
   if (const int rc = lab::check_fwd_call(p)) return rc < 0 ? rc : 0;
   if (p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30)) return LAB_E_SHAPE;  // TMA's int32 coordinates
   int dev = 0;
   if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == LAB_BF16;
-  if (p->head_dim == 192)
+  if (narrow && narrow_width(d) == 192)
+    return bf16 ? launch<Narrow<Cfg192>, __nv_bfloat16>(*p, st, dev) : launch<Narrow<Cfg192>, __half>(*p, st, dev);
+  if (narrow)
+    return bf16 ? launch<Narrow<Cfg256>, __nv_bfloat16>(*p, st, dev) : launch<Narrow<Cfg256>, __half>(*p, st, dev);
+  if (d == 192)
     return bf16 ? launch<Cfg192, __nv_bfloat16>(*p, st, dev) : launch<Cfg192, __half>(*p, st, dev);
   return bf16 ? launch<Cfg256, __nv_bfloat16>(*p, st, dev) : launch<Cfg256, __half>(*p, st, dev);
 }

@@ -9,8 +9,9 @@ The padding is plain torch (F.pad, a slice), so autograd carries the gradients b
 and torch.compile traces it. The cost is the wider kernel's (D = 80 and 96 run the D = 128 kernel: 1.6x and
 1.33x its FLOPs) plus the copies, bytes per token that do not shrink with S; chapter n14 races the padded
 cells (lab.cases.head_dim_cases, and D = 200 among the wide ones) against SDPA. On compute capability 9.0 a call
-with D_qk = D_v a multiple of 8 below 128 and no gradient wanted skips the copies (`narrow`): fwd v05 / v07 read
-the tensors through maps over the true D, whose out-of-bounds fill gives the same zero columns.
+with D_qk = D_v a multiple of 8 below 256 and no gradient wanted skips the copies (`narrow`): fwd v05 / v07 (up
+to 128) and v10 (above) read the tensors through maps over the true D, whose out-of-bounds fill gives the same
+zero columns.
 """
 from __future__ import annotations
 
@@ -60,14 +61,15 @@ def needs_padding(query, value) -> bool:
 
 
 def narrow_dim(d: int) -> bool:
-    """A head dim that a NARROW_FWD kernel reads unpadded: a multiple of 8 below 128 that is no kernel's own
-    (kernels/common/hopper/attn_fwd_sm90.cuh's narrow_head_dim, which the launcher checks again)."""
-    return 0 < d < FAST_HEAD_DIMS[-1] and d % 8 == 0 and d not in FWD_HEAD_DIMS
+    """A head dim that a NARROW_FWD kernel reads unpadded: a multiple of 8 below 256 that is no kernel's own
+    (kernels/common/hopper/attn_fwd_sm90.cuh's narrow_head_dim, which the launchers check again)."""
+    return 0 < d < FWD_HEAD_DIMS[-1] and d % 8 == 0 and d not in FWD_HEAD_DIMS
 
 
 def narrow(query, key, value, version: str) -> bool:
     """True when `version` runs this call with no padded copies: a NARROW_FWD version, D_qk = D_v a narrow_dim,
-    and no gradient wanted (the backward kernels take 64 and 128 only, so a call that trains pads). Its tensor
+    and no gradient wanted (the backward kernels take 64, 128, 192 and 256 only, so a call that trains pads). Its
+    tensor
     maps run over the true D and TMA fills the missing columns with zeros: the padding without its copies, bytes
     per token that chapter n14's padded cells pay at every S."""
     d = query.shape[-1]

@@ -24,6 +24,7 @@ SHAPES = [((2, 4, 2, 65, 130), "bfloat16", True), ((1, 6, 2, 1025, 63), "float16
           ((2, 2, 2, 1, 1025), "bfloat16", True), ((1, 4, 4, 4097, 4097), "bfloat16", True),
           ((1, 4, 1, 63, 4097), "float16", False)]
 DIMS = (8, 32, 56, 72, 80, 96, 120)
+WIDE_DIMS = (136, 160, 200, 248)  # fwd v10 at width 192 (136, 160) and 256
 BUG = {"LAB_FWD_BUG_NARROW_SHORT": None}  # common/hopper/attn_fwd_sm90.cuh's narrow_stores, wrong on purpose
 
 
@@ -42,10 +43,10 @@ def unpadded():
         head_dims.padded = saved
 
 
-def narrow_checks(quick: bool = False) -> int:
-    """Forward checks at every shape of SHAPES and DIMS, the default scale in (B, H, S, D) and -0.3 in (B, S, H, D)
-    views (the unfolded kernels, strides that are not the shape's); LSE at 32 and 80; both versions' bug builds
-    must fail. Returns the number of failures."""
+def narrow_checks(quick: bool = False, dims=DIMS, bugs=(("v07", 80), ("v05", 32))) -> int:
+    """Forward checks at every shape of SHAPES and `dims`, the default scale in (B, H, S, D) and -0.3 in (B, S, H, D)
+    views (the unfolded kernels, strides that are not the shape's); LSE at the first two dims; the bug builds of
+    `bugs` (version, D) must fail. Returns the number of failures. Wide: dims=WIDE_DIMS, bugs=(("v10", 200),)."""
     def forward(q, k, v, is_causal, scale, out):
         out.copy_(ops.attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]))
 
@@ -57,16 +58,16 @@ def narrow_checks(quick: bool = False) -> int:
         print("PASS" if ok else "FAIL", *label)
 
     with torch.no_grad(), unpadded():
-        for D in DIMS[::3] if quick else DIMS:
+        for D in dims[::3] if quick else dims:
             for i, (shape, dtype, causal) in enumerate(SHAPES):
                 case = Case(f"hdn-{D}-{i}", *shape, D, dtype, causal)
                 for scale, layout in ((None, "bhsd"), (-0.3, "bshd")):
                     res = check.check_forward(forward, case, "lab.ops.attention", trials=2, scale=scale,
                                               layout=layout)
                     tally(res.passed, case.label, scale, layout, "" if res.passed else repr(res))
-        for D in (32, 80):
+        for D in dims[1:3]:
             tally(lse_check(D), "LSE", D)
-    for version, D in (("v07", 80), ("v05", 32)):
+    for version, D in bugs:
         case = Case(f"hdn-bug-{version}", 1, 4, 2, 65, 130, D, "bfloat16", True)
         wrong = check.check_forward(ops.fwd_writer(version, BUG), case, f"{version} LAB_FWD_BUG_NARROW_SHORT",
                                     trials=1, save=False)
@@ -89,13 +90,18 @@ def padded_attention():
     return make
 
 
-def narrow_race(quick: bool = False) -> list[dict]:
-    """The public op (narrow) and the padded call against SDPA's backends over lab.cases.head_dim_cases."""
+def narrow_race(quick: bool = False, wide: bool = False) -> list[dict]:
+    """The public op (narrow) and the padded call against SDPA's backends over lab.cases.head_dim_cases; wide:
+    wide_head_dim_cases at D 160 and 200 instead (fwd v10 at widths 192 and 256), against flash and cuDNN."""
     grid = cases.head_dim_cases()
+    backends = ("flash", "cudnn", "efficient")
+    if wide:
+        grid = [c for c in {c.name: c for c in cases.wide_head_dim_cases(head_dims=(160, 200))}.values()
+                if c.D in (160, 200)]
+        backends = ("flash", "cudnn")  # SDPA-efficient takes 10-20x longer at these widths (chapter n14)
     if quick:
         grid = [c for c in grid if "s2048" in c.name]
     kernels = {"lab.ops.attention": sweep.public_attention(), "lab.ops.attention (padded)": padded_attention()}
-    backends = ("flash", "cudnn", "efficient")
     with torch.no_grad():
         rows = sweep.fwd_sweep(grid, kernels, backends=backends, progress=False)
     for impl in kernels:

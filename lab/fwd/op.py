@@ -61,8 +61,8 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     version: None picks the fastest kernel for the head dim; or 1/"v01", 2/"v02".
     Head dims: D_qk and D_v (value's, which may differ from query's, as in SDPA) up to 256; with version=None
     a D without a kernel of its own runs on the next one's (64, 128, 192, 256), zero-padded (lab.fwd.head_dims
-    says why that is exact); on compute capability 9.0 a D_qk = D_v that is a multiple of 8 below 128 runs on the
-    next width's kernel unpadded when no gradient is wanted (lab.fwd.head_dims.narrow). Above 128: the forward on
+    says why that is exact); on compute capability 9.0 a D_qk = D_v that is a multiple of 8 runs on the next
+    width's kernel unpadded when no gradient is wanted (lab.fwd.head_dims.narrow). Above 128: the forward on
     compute capability 9.0, the backward by bwd v09 (no deterministic mode: under
     torch.use_deterministic_algorithms a gradient raises NotImplementedError).
     return_lse: also return the natural-log log-sum-exp per row, float32 (B, H, S_q).

@@ -5,8 +5,9 @@
 # narrow call, the padded call and SDPA in one process (records in logs/records); N14=1 (carry .whl): chapter n14
 # as a session next if every check passed, its kernels built with the others, packed into $OUT/n14.tgz; last,
 # untimed, compute-sanitizer's memcheck, racecheck, synccheck and initcheck over tools/gpu/narrow_sanitize.py.
-# Logs: $OUT/narrow-logs.tgz.
-#   LAB_COMMIT=<sha> [N14=1] bash tools/gpu/narrow_run.sh
+# Logs: $OUT/narrow-logs.tgz. WIDE=1: fwd v10's narrow dims instead (136-248: its checks with the v10 bug build,
+# the race over wide_head_dim_cases at D 160 / 200, the sanitizers at 136 / 200).
+#   LAB_COMMIT=<sha> [N14=1 | WIDE=1] bash tools/gpu/narrow_run.sh
 set -u
 OUT=${OUT:-/tmp/narrow_run}; L=/tmp/narrow_logs/logs; mkdir -p "$OUT" "$L"
 if [ -n "${N14:-}" ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1; fi
@@ -15,15 +16,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 . tools/gpu/n14_builds.sh
 python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
 BUG="{'LAB_FWD_BUG_NARROW_SHORT': None}"
-for src in fwd/v05_wgmma.cu fwd/v07_overlap.cu; do build $src "$BUG" & done
-if [ -n "${N14:-}" ]; then n14_builds; else build fwd/v05_wgmma.cu & build fwd/v07_overlap.cu & fi
+if [ -n "${WIDE:-}" ]; then build fwd/v10_wide.cu & build fwd/v10_wide.cu "$BUG" &
+else
+  for src in fwd/v05_wgmma.cu fwd/v07_overlap.cu; do build $src "$BUG" & done
+  if [ -n "${N14:-}" ]; then n14_builds; else build fwd/v05_wgmma.cu & build fwd/v07_overlap.cu & fi
+fi
 wait
 export LAB_SESSION_DIR=$L/records
-timeout ${CHECK_TIMEOUT:-150} python3 -c "import sys; from lab.fwd import narrow_gpu, head_dims_gpu
+timeout ${CHECK_TIMEOUT:-150} python3 -c "import os, sys; from lab.fwd import narrow_gpu, head_dims_gpu
+if os.environ.get('WIDE'):
+    sys.exit(1 if narrow_gpu.narrow_checks(dims=narrow_gpu.WIDE_DIMS, bugs=(('v10', 200),)) else 0)
 fails = narrow_gpu.narrow_checks()
 fails += head_dims_gpu.checks(quick=True)
 sys.exit(1 if fails else 0)" > "$L/checks.log" 2>&1; CHECKS=$?; echo "checks rc=$CHECKS" >> "$L/checks.log"
-timeout ${RACE_TIMEOUT:-120} python3 -c "from lab.fwd import narrow_gpu; narrow_gpu.narrow_race()" > "$L/race.log" 2>&1
+timeout ${RACE_TIMEOUT:-120} python3 -c "import os; from lab.fwd import narrow_gpu; narrow_gpu.narrow_race(wide=bool(os.environ.get('WIDE')))" > "$L/race.log" 2>&1
 echo "race rc=$?" >> "$L/race.log"
 unset LAB_SESSION_DIR
 if [ -n "${N14:-}" ] && [ $CHECKS = 0 ]; then  # a session only over checked kernels
@@ -32,7 +38,7 @@ if [ -n "${N14:-}" ] && [ $CHECKS = 0 ]; then  # a session only over checked ker
   echo "session rc=$?" >> "$L/session.log"
 fi
 for tool in memcheck racecheck synccheck initcheck; do
-  (timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool python3 tools/gpu/narrow_sanitize.py > "$L/$tool.log" 2>&1
+  (timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool python3 tools/gpu/narrow_sanitize.py ${WIDE:+--wide} > "$L/$tool.log" 2>&1
    echo "$tool rc=$?" >> "$L/$tool.log") &
 done
 wait

@@ -1,10 +1,12 @@
 """Small calls at the narrow head dims for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): fwd v05 and
 v07 reading D_qk = D_v below 128 unpadded (lab.fwd.head_dims.narrow) in every instantiation the public op reaches
-(lab.fwd.narrow_gpu.SHAPES' comment says which shape reaches which), odd lengths, GQA, fp16 / bf16, causal and not,
+(lab.fwd.narrow_gpu.SHAPES' comment says which shape reaches which), fwd v10's at 136 and 200; odd lengths, GQA, fp16 / bf16, causal and not,
 LSE, a negative scale (the unfolded kernels), and (B, S, H, D) views. A store past D_v in any row but the last
 lands inside the next row, which memcheck cannot see and narrow_gpu.narrow_checks does (the LAB_FWD_BUG_NARROW_SHORT
 build must fail them); past the last row's D_v it leaves the tensor, which memcheck sees.
-Usage: compute-sanitizer --tool memcheck python3 tools/gpu/narrow_sanitize.py"""
+Usage: compute-sanitizer --tool memcheck python3 tools/gpu/narrow_sanitize.py [--wide]  (--wide: fwd v10's only)"""
+import sys
+
 import torch
 
 from lab import ops
@@ -13,8 +15,9 @@ from lab.fwd.narrow_gpu import unpadded
 SHAPES = ((65, 130, True), (1, 1025, True), (257, 63, False), (600, 65, False), (63, 2100, False))
 
 with torch.no_grad(), unpadded():
-    for D, dtype in ((32, torch.bfloat16), (80, torch.float16), (96, torch.bfloat16), (8, torch.float16),
-                     (120, torch.bfloat16)):
+    dims = ((32, torch.bfloat16), (80, torch.float16), (96, torch.bfloat16), (8, torch.float16), (120, torch.bfloat16),
+            (200, torch.bfloat16), (136, torch.float16))
+    for D, dtype in dims[5:] if "--wide" in sys.argv else dims:
         for sq, sk, causal in SHAPES if D in (32, 80) else SHAPES[:3]:
             q = torch.randn(1, 4, sq, D, device="cuda", dtype=dtype)
             k = torch.randn(1, 2, sk, D, device="cuda", dtype=dtype)

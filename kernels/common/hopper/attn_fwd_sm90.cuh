@@ -36,16 +36,18 @@ inline bool device_is_sm90(int* dev_out) {
   return capability(*dev_out) == 90;
 }
 
-// A head dim that a narrow call runs (fwd v05, v07): a multiple of 8 below 128 other than 64, read by the
-// next kernel width (64 or 128) through tensor maps over the true D (see Narrow below).
-inline bool narrow_head_dim(int d) { return d > 0 && d < 128 && d != 64 && d % 8 == 0; }
+// A head dim that a narrow call runs: a multiple of 8 below 256 that is no kernel width (64, 128, 192, 256), read
+// by the next width's kernel (narrow_width: fwd v05 / v07 at 64 and 128, fwd v10 at 192 and 256) through tensor
+// maps over the true D (see Narrow below).
+inline bool narrow_head_dim(int d) { return d > 0 && d < 256 && d % 64 != 0 && d != 192 && d % 8 == 0; }
+inline int narrow_width(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : 256; }
 
 // The launcher's argument checks (common/launch.h) and TMA's own limit: coordinates are int32 and a
 // dimension holds at most 2^32 elements. 0 = go, > 0 = nothing to do, < 0 = error code. narrow_ok: the
-// narrow head dims above pass too.
+// narrow head dims below 128 pass too.
 inline int check_tma_fwd_params(const AttnFwdParams* p, bool narrow_ok = false) {
-  if (const int rc = narrow_ok && narrow_head_dim(p->head_dim) ? lab::check_fwd_call(p) : lab::check_fwd_params(p))
-    return rc;
+  const bool narrow = narrow_ok && narrow_head_dim(p->head_dim) && narrow_width(p->head_dim) <= 128;
+  if (const int rc = narrow ? lab::check_fwd_call(p) : lab::check_fwd_params(p)) return rc;
   if (p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30)) return LAB_E_SHAPE;
   return 0;
 }
@@ -114,7 +116,7 @@ using NarrowLike = std::conditional_t<From::kNarrow, Narrow<C>, C>;
 
 // The extern "C" entry of a TMA forward kernel: check the call, then pick the instantiation for
 // (D, dtype). Launch<Cfg, T>::run(p, stream, dev) launches one (a version file defines it in one line).
-// kNarrowToo: narrow head dims run on Narrow<Cfg64> (below 64) or Narrow<Cfg128> (72-120).
+// kNarrowToo: narrow head dims run on Narrow<Cfg64> (8-56) or Narrow<Cfg128> (72-120).
 template <class Cfg64, class Cfg128, template <class, class> class Launch, bool kNarrowToo = false>
 inline int fwd_sm90_entry(const AttnFwdParams* p, void* stream) {
   if (const int rc = check_tma_fwd_params(p, kNarrowToo)) return rc < 0 ? rc : 0;
