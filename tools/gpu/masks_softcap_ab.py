@@ -22,7 +22,9 @@ H, dt = 16, torch.bfloat16
 timer = bench.GpuTimeTimer()
 env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("LAB_COMMIT", "")}
 STOP = dict(timer=timer, budget_s=0.4, max_reps=25, min_reps=5)
-STAGED, TANH_HALF = {"LAB_V08_STAGE": 1}, {"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 1}
+# every switch named, so that a variant is the same build whichever values the headers default to
+STAGE0, STAGED = {"LAB_V08_STAGE": 0, "LAB_BWD_MASK_TANH_HALF": 0}, {"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 0}
+TANH_HALF = {"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 1}
 
 
 def emit(kind, case, calls):
@@ -60,7 +62,7 @@ def backward_cells():
             def call(defines=None, mask=mask, cap=cap, out=out, lse=lse):
                 return lambda: mbwd.launch_backward(dout, q, k, v, out, lse, None, None, False, mask.left,
                                                     mask.right, 0, cap, D ** -0.5, defines=defines), None
-            calls = {"stage0": call({"LAB_V08_STAGE": 0}), "stage1": call(STAGED)}
+            calls = {"stage0": call(STAGE0), "stage1": call(STAGED)}
             if cap > 0:
                 calls["stage1_tanh_half"] = call(TANH_HALF)
             emit("masked_bwd_ab", {"D": D, "S": S, "window": window, "softcap": cap}, calls)

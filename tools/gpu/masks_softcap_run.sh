@@ -16,7 +16,8 @@ python3 -c "from lab import build; build.binding()" >> "$OUT/build.log" 2>&1 &
 build MASKED_FWD v09 & build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 0}" & build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 1}" &
 build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 2}" &
 build MASKED_FWD v08 & build MASKED_FWD v09 "{'LAB_V08_IGNORE_WINDOW': '1'}" & build MASKED_FWD v08 "{'LAB_V08_IGNORE_WINDOW': '1'}" &
-build MASKED_BWD v08 & build MASKED_BWD v08 "{'LAB_V08_STAGE': 0}" & build MASKED_BWD v08 "{'LAB_V08_STAGE': 1}" &
+build MASKED_BWD v08 & build MASKED_BWD v08 "{'LAB_V08_STAGE': 0, 'LAB_BWD_MASK_TANH_HALF': 0}" &
+build MASKED_BWD v08 "{'LAB_V08_STAGE': 1, 'LAB_BWD_MASK_TANH_HALF': 0}" &
 build MASKED_BWD v08 "{'LAB_V08_STAGE': 1, 'LAB_BWD_MASK_TANH_HALF': 1}" &
 build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD': '1'}" & build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_WINDOW': '1'}" &
 python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" >> "$OUT/build.log" 2>&1 &
