@@ -45,6 +45,7 @@ BWD = {
     "v13": Kernel("bwd/v13_q128.cu", "attn_bwd_v13", (64, 128), ((9, 0),)),
     "v14": Kernel("bwd/v14_tail.cu", "attn_bwd_v14", (64, 128), ((9, 0),)),
     "v15": Kernel("bwd/v15_lastconv.cu", "attn_bwd_v15", (64, 128), ((9, 0),)),
+    "v16": Kernel("bwd/v16_ringconv.cu", "attn_bwd_v16", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;

@@ -30,6 +30,7 @@
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v15_lastconv.cu
 #define LAB_BWD_ZERO_IN_PRE 1
+#include "common/hopper/attn_bwd_lastcta.cuh"
 #include "common/hopper/attn_bwd_tail.cuh"
 
 // The largest GQA group's dQ accumulator (bytes, fp32, S_q rows) that its KV head's last CTA converts itself.
@@ -46,8 +47,9 @@ template <int D>
 using Cfg15 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
 
 // v14's reductions, then the KV head's count; its last CTA converts the group's dQ.
-struct AddThenConvertLast : AddPartial {
-  template <class C, class T>
+template <class T>
+struct ConvertSink : AddPartial {
+  template <class C>
   __device__ __forceinline__ static void convert_group(const Work& work, const AttnBwdParams& p) {
     constexpr int kQuads = 64 * C::D / 4, kUnroll = 4;  // float4s of a 64-row block; loads in flight per thread
     const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
@@ -71,31 +73,9 @@ struct AddThenConvertLast : AddPartial {
     }
   }
 
-  template <class C, class T>
-  __device__ __forceinline__ void finish_convert(const Work& work, const AttnBwdParams& p) {
-    constexpr int kBarCount = 14;  // the consumers' barrier around the count (the headers use 1-13)
-    __shared__ int last;
-    __threadfence();  // this thread's reductions before the count (the CTA's barrier joins all 256)
-    named_barrier_sync(kBarCount, 256);
-    if (threadIdx.x == 0) {
-      const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC;
-      int* count = reinterpret_cast<int*>(p.dq_accum + (int64_t)p.batch * p.heads_q * lab::bwd::padded_rows(p.seqlen_q) * C::D) +
-                   (int64_t)work.b * p.heads_kv + work.hkv;
-      last = atomicAdd(count, 1) == n_kb - 1;
-    }
-    named_barrier_sync(kBarCount, 256);
-    if (!last) return;
-    __threadfence();  // every other CTA's reductions, counted before ours, are seen by the loads below
-    convert_group<C, T>(work, p);
-  }
-};
-
-// The Sink's finish knows no element type; the kernel's T reaches it through this binding.
-template <class T>
-struct ConvertSink : AddThenConvertLast {
   template <class C>
   __device__ __forceinline__ void finish(const Work& work, const AttnBwdParams& p) {
-    finish_convert<C, T>(work, p);
+    if (last_cta_of_head<C>(work, p)) convert_group<C>(work, p);
   }
 };
 
