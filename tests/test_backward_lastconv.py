@@ -76,3 +76,28 @@ def test_the_kernel_enumerates_as_the_emulation():
     assert "idx[u] = first + (int64_t)(i / per_head) * head_stride + i % per_head;" in source
     count = (ROOT / "kernels/common/hopper/attn_bwd_lastcta.cuh").read_text()
     assert "last = atomicAdd(count, 1) == n_kb - 1;" in count  # the emulation's last_count default
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_v16_gathers_each_rows_eight_columns_from_the_accumulator_order(D):
+    """A block in accumulator order (as quad_place reads it) comes out of v16's stores as the dense 64 x D rows,
+    every element once."""
+    dense = np.arange(64 * D, dtype=np.float64).reshape(64, D) + 1
+    block = np.zeros(64 * D)
+    for idx in range(64 * D // 4):
+        _, _, row, col = el.quad_place(idx, D, heads_q=1, sq_pad=64)
+        block[4 * idx: 4 * idx + 4] = dense[row, col], dense[row, col + 1], dense[row + 8, col], dense[row + 8, col + 1]
+    out, writes = np.zeros((64, D)), np.zeros((64, D), int)
+    for row, col, floats in el.block_stores(D):
+        out[row, col:col + 8] = block[floats]
+        writes[row, col:col + 8] += 1
+    assert (writes == 1).all()
+    np.testing.assert_array_equal(out, dense)
+
+
+def test_v16_stores_as_the_emulation():
+    source = (ROOT / "kernels/bwd/v16_ringconv.cu").read_text()
+    assert "__shfl_sync(0xffffffffu, lo, (lane & ~3) + k)" in source
+    assert "v[k] = t == 0 ? l : h;" in source
+    assert "const int row = m0 + warp * 16 + g + (t == 1 ? 8 : 0);" in source
+    assert "const int col = (C::kSplitDq ? part * C::kDqCols : 0) + 8 * r4;" in source

@@ -96,3 +96,23 @@ def emulate_lastconv(q, k, v, dout, is_causal=False, scale=None, seed=0, last_co
         if next(ctas[i], StopIteration) is StopIteration:
             ctas.pop(i)
     return dq, conversions
+
+
+def block_stores(head_dim: int, dq_cols: int = 64):
+    """bwd v16's convert_block on one 64-row block: [(row, col, the 8 float indices of the block it stores at
+    columns col..col + 7)] as its 256 threads write them, the shuffles played per warp. Lanes t = 0..3 of a g
+    hold float4 (r4 * 128 + wt) of their part; lane t = 0 gathers the four lanes' (x, y) (row g), t = 1 their
+    (z, w) (row g + 8)."""
+    quads, part_quads = 64 * head_dim // 4, 16 * dq_cols
+    stores = []
+    for j in range(quads // 256):
+        for tid in range(256):
+            lane, inn = tid % 32, j * 256 + tid
+            t, g, warp = lane % 4, lane // 4, (tid % 128) // 32
+            if t >= 2:
+                continue
+            sources = [j * 256 + (tid - lane) + (lane & ~3) + k for k in range(4)]  # the float4s of lanes 4g..4g+3
+            floats = [4 * s + 2 * t + e for s in sources for e in (0, 1)]  # t = 0: (x, y); t = 1: (z, w)
+            part, r4 = inn // part_quads, (inn % part_quads) // 128
+            stores.append((warp * 16 + g + 8 * t, part * dq_cols + 8 * r4, floats))
+    return stores
