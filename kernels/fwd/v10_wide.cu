@@ -48,8 +48,11 @@
 //   width 192, 200-248 at 256, D_qk = D_v, no gradient wanted) run unpadded: Narrow<Cfg> (common attn_fwd_sm90.cuh),
 //   maps over the true D whose out-of-bounds fill gives the zero columns, O stored to its own D. Prediction
 //   (before a GPU run): D = 200 at the D = 256 kernel's time on that shape (0.87 ms in n14 session
-//   20261126-093330-h100-80gb-hbm3-b1ce206), 0.95-1.0x SDPA-cuDNN where the padded call was 0.57x; outcome in
-//   kernels/README.md, "The narrow head dims".
+//   20261126-093330-h100-80gb-hbm3-b1ce206), 0.95-1.0x SDPA-cuDNN where the padded call was 0.57x. Outcome
+//   (H100, outputs/driver_logs/20261126-h100-narrow-wide-755343a/): 0.917x at S = 2048, 0.89-0.96x over six D = 200
+//   cells, 1.05-3.80x the padded call's speed; slower than the prediction: at S = 8192 3.39 ms where the D = 256
+//   kernel took 3.01 ms in that n14 session (D = 160 at width 192 shows no such gap). kernels/README.md, "The
+//   narrow head dims", has the candidates.
 //
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
 // and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.
