@@ -96,7 +96,9 @@ inline int launch_fwd_sm90_fold(const AttnFwdParams& p, cudaStream_t stream, int
 // (whole 8-column blocks, since D is a multiple of 8) into the caller's unpadded O. Exact for the reason
 // padding is (zero columns add 0 to every score; P V's extra columns are never stored). Its own kernel
 // instantiations: C's keep their SASS (kNarrow = false compiles the column test away). Prediction and outcome
-// against the padded call and SDPA: kernels/README.md, "The narrow head dims".
+// against the padded call and SDPA: kernels/README.md, "The narrow head dims". The S GEMM still runs every k16
+// step of the width; skipping the all-zero ones by a runtime bound on head_dim (tried, compiled only) makes ptxas
+// serialize the wgmmas (C7515 in v07 and v10), so that needs a step count fixed per narrow width at compile time.
 template <class C>
 struct Narrow : C {
   static constexpr bool kNarrow = true;
