@@ -69,3 +69,22 @@ def test_clear_error_off_hopper(version):
     address = build.build_kernel(ops.FWD[version].source).address(ops.FWD[version].symbol)
     with pytest.raises(Exception, match="no kernel image"):  # cudaErrorNoKernelImageForDevice, named
         build.binding().attn_fwd(address, q, q, q, torch.empty_like(q), None, 0.125, False, None)
+
+
+@pytest.mark.parametrize("D,Sq,Sk,causal", [(32, 65, 130, True), (32, 1025, 63, False), (80, 130, 2100, False),
+                                            (96, 4097, 4097, True), (200, 257, 63, True), (136, 65, 1025, False)])
+def test_a_narrow_call_is_the_padded_call_bit_for_bit(D, Sq, Sk, causal):
+    """lab.fwd.head_dims.narrow: the width's kernel reading the unpadded tensors (TMA's zero fill) computes what it
+    computes on the zero-padded copies, so output and LSE are equal bit for bit; unpadded() fails the call if it
+    pads."""
+    if not _hopper():
+        pytest.skip("the narrow path runs on compute capability 9.0 only")
+    from lab.fwd.narrow_gpu import padded_attention, unpadded
+
+    q = torch.randn(2, 4, Sq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, Sk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        with unpadded():
+            out, lse = ops.attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
+        want, want_lse = padded_attention()(q, k, v, causal)()
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
