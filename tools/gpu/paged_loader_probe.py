@@ -25,6 +25,7 @@ import sys
 ONE_DIM = {"LAB_DECODE_ONLY_D128": None}
 VARIANTS = {  # name: (version, defines); v03 runs on the pages, v02 on the contiguous cache
     "v03": ("v03", {}),
+    "v03 again": ("v03", {}),  # the same kernel timed twice in a round: the spread one run cannot resolve
     "v03 pf0": ("v03", {"LAB_PAGED_PREFETCH": 0}),
     "v03 pf256": ("v03", {"LAB_PAGED_PREFETCH": 256}),
     "v03 evict-first": ("v03", {"LAB_PAGED_EVICT_FIRST": None}),
@@ -34,6 +35,7 @@ VARIANTS = {  # name: (version, defines); v03 runs on the pages, v02 on the cont
     "v03 stages 4": ("v03", {"LAB_DECODE_STAGES_D128": 4}),
     "v03 stages 2": ("v03", {"LAB_DECODE_STAGES_D128": 2}),
     "v02": ("v02", {}),
+    "v02 again": ("v02", {}),
     "v02 pf0": ("v02", {"V02_L2_PREFETCH": 0}),
     "v02 stages 4": ("v02", {"LAB_DECODE_STAGES_D128": 4}),
     "v02 stages 2": ("v02", {"LAB_DECODE_STAGES_D128": 2}),
