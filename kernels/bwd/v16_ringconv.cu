@@ -1,7 +1,12 @@
 // Backward attention v16: v15's in-kernel dQ convert by each KV head's last CTA, fed by the copy engine and stored
 // in whole 16-byte pieces.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: not yet (kernels/bwd/README.md says how to run it).
+// Measured (H100, GPU time beside v14 in one process; outputs/driver_logs/20261126-h100-bwd-v16-run1/): correct
+// (driver 53/53, the no-D build failing; four sanitizers clean; 14/14) and level to 6 % slower than v14: D = 128
+// +0.6 % at S = 512 causal, -1.0 % non-causal, -0.7 to -3.8 % at S = 1024-4096; D = 64 -1.6 to -6.1 %; the GQA
+// cell -8 % with 8 MB groups allowed. Four times v15's speed, still not the pass's: the convert lands on the CTA
+// that ends each head, which with one CTA per SM is the grid's critical path, while the pass at full occupancy
+// overlapped nothing and hid its latency behind 2048 threads an SM. A measured negative result; v14 stays.
 //
 // Why. v15 moved the convert pass (78 us of every bench-bwd call on the H100, 14 % at D = 128 S = 512) into the
 // last CTA of each KV head and lost 6-14 % (outputs/driver_logs/20261126-h100-bwd-v15-run1/): the converting CTA,
