@@ -1,11 +1,13 @@
-"""The Hopper backward v06's in-kernel dQ conversion, emulated (lab.backward.emulate_convert): every slab is
-converted exactly once, after its last partial, in any interleaving of the CTAs; a wrong count must show."""
+"""The Hopper backward's in-kernel dQ conversions, emulated: v06's per slab (lab.backward.emulate_convert) and
+v15 / v16's per KV head (lab.backward.emulate_lastconv). Every element is converted exactly once, after its last
+partial, in any interleaving of the CTAs; a wrong count must show."""
 import math
 
 import numpy as np
 import pytest
 
 from lab.backward import emulate_convert as ec
+from lab.backward import emulate_lastconv as el
 from lab.backward.emulate import backward_reference
 
 SHAPES = [  # (B, Hq, Hkv, Sq, Sk)
@@ -17,14 +19,17 @@ def _inputs(B, Hq, Hkv, Sq, Sk, D, seed):
     return [rng.standard_normal(shape) for shape in ((B, Hq, Sq, D), (B, Hkv, Sk, D), (B, Hkv, Sk, D), (B, Hq, Sq, D))]
 
 
+@pytest.mark.parametrize("emulate", [ec.emulate_convert, el.emulate_lastconv], ids=["v06-slabs", "v15-heads"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_every_slab_converted_once_after_its_last_partial(shape, causal, D):
+def test_every_slab_converted_once_after_its_last_partial(shape, causal, D, emulate):
+    """v06 (a slab's last warp) and v15 / v16 (a KV head's last CTA; lab.backward.emulate_lastconv): every element
+    of dQ converted once, after its last partial."""
     q, k, v, do = _inputs(*shape, D, seed=sum(shape) + D)
     want = backward_reference(q, k, v, do, causal, 0.3)[0]
     for seed in range(2):  # two interleavings of the CTAs
-        dq, conversions = ec.emulate_convert(q, k, v, do, causal, 0.3, seed=seed)
+        dq, conversions = emulate(q, k, v, do, causal, 0.3, seed=seed)
         assert not np.isnan(dq).any(), "a slab was never converted"
         assert set(conversions.values()) == {1}
         np.testing.assert_allclose(dq, want, rtol=0, atol=1e-10)

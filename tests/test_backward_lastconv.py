@@ -1,6 +1,7 @@
-"""The Hopper backward v15's dQ conversion by each KV head's last CTA, emulated (lab.backward.emulate_lastconv):
-every element of dQ converted exactly once, after the head's last partial, in any interleaving of the CTAs; the
-kernel's enumeration and placement of float4s cover each head's rows; a wrong count or enumeration must show."""
+"""The Hopper backward v15 / v16's dQ conversion by each KV head's last CTA, emulated (lab.backward.emulate_lastconv;
+test_backward_convert checks every element converted once, after its last partial): the kernel's enumeration and
+placement of float4s cover each head's rows, v16's shuffle gather gives the dense rows, and a wrong count or
+enumeration must show."""
 from pathlib import Path
 
 import numpy as np
@@ -10,26 +11,11 @@ from lab.backward import emulate_lastconv as el
 from lab.backward.emulate import backward_reference
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = [  # (B, Hq, Hkv, Sq, Sk)
-    (1, 2, 2, 1, 1), (1, 2, 1, 63, 65), (2, 4, 2, 65, 130), (1, 1, 1, 200, 300), (1, 2, 2, 300, 129)]
 
 
 def _inputs(B, Hq, Hkv, Sq, Sk, D, seed):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(shape) for shape in ((B, Hq, Sq, D), (B, Hkv, Sk, D), (B, Hkv, Sk, D), (B, Hq, Sq, D))]
-
-
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", SHAPES)
-def test_every_element_converted_once_after_the_heads_last_partial(shape, causal, D):
-    q, k, v, do = _inputs(*shape, D, seed=sum(shape) + D)
-    want = backward_reference(q, k, v, do, causal, 0.3)[0]
-    for seed in range(2):  # two interleavings of the CTAs
-        dq, conversions = el.emulate_lastconv(q, k, v, do, causal, 0.3, seed=seed)
-        assert not np.isnan(dq).any(), "a head was never converted"
-        assert set(conversions.values()) == {1}
-        np.testing.assert_allclose(dq, want, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("D", [64, 128])
