@@ -570,7 +570,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     // the wgmma makes ptxas inject fences of its own.
     auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
     auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
-    auto issue_s = [&](int j) { issue_qk<D, BC, kBf16>(sacc, sQw, ring_.k((ring + j) % kStages)); };
+    auto issue_s = [&](int j) {
+      issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring_.k((ring + j) % kStages));
+    };
     auto issue_o = [&](int j, bool overwrite = false) {
       issue_pv<D, BC, kBf16>(o, pa, ring_.v((ring + j) % kStages), overwrite);
     };

@@ -107,3 +107,30 @@ def narrow_race(quick: bool = False, wide: bool = False) -> list[dict]:
     for impl in kernels:
         print("forward", impl, tables.race(rows, impl=impl, backends=backends))
     return rows
+
+
+def candidate(defines: dict, version: str = "v07", dims=(80, 96)) -> int:
+    """A build of `version` not yet the default (e.g. LAB_FWD_NARROW_QK_STEPS=1) at narrow head dims: its forward
+    checked at every SHAPES shape (the default scale and -0.3), then its kernel-level call timed in rounds beside
+    the default build's and SDPA's over head_dim_cases at `dims`. Returns the number of failed checks."""
+    label = f"{version} " + " ".join(f"{k}={v}" for k, v in defines.items())
+    run, fails = ops.fwd_writer(version, defines), 0
+    with torch.no_grad():
+        for D in dims:
+            for i, (shape, dtype, causal) in enumerate(SHAPES):
+                for scale in (None, -0.3):
+                    res = check.check_forward(run, Case(f"hdn-cand-{D}-{i}", *shape, D, dtype, causal), label,
+                                              trials=1, scale=scale)
+                    fails += not res.passed
+                    print("PASS" if res.passed else "FAIL", label, D, i, scale, "" if res.passed else repr(res))
+        grid = [c for c in cases.head_dim_cases(head_dims=dims)]
+        kernels = {version: ops.fwd_call_factory(version), label: ops.fwd_call_factory(version, defines)}
+        rows = sweep.fwd_sweep(grid, kernels, backends=("cudnn",), progress=False)
+    for impl in kernels:
+        print("forward, kernel-level", impl, tables.race(rows, impl=impl, backends=("cudnn",)))
+    base = {r["case"]["name"]: r["timing"]["median_ms"] for r in rows if r["impl"] == version and "timing" in r}
+    for r in rows:
+        if r["impl"] == label and "timing" in r:
+            print(f"{r['case']['name']:18s} {label} / {version} time {r['timing']['median_ms'] / base[r['case']['name']]:.3f}")
+    print(f"candidate checks: {2 * len(dims) * len(SHAPES) - fails}/{2 * len(dims) * len(SHAPES)} pass")
+    return fails

@@ -6,8 +6,10 @@
 # as a session next if every check passed, its kernels built with the others, packed into $OUT/n14.tgz; last,
 # untimed, compute-sanitizer's memcheck, racecheck, synccheck and initcheck over tools/gpu/narrow_sanitize.py.
 # Logs: $OUT/narrow-logs.tgz. WIDE=1: fwd v10's narrow dims instead (136-248: its checks with the v10 bug build,
-# the race over wide_head_dim_cases at D 160 / 200, the sanitizers at 136 / 200).
-#   LAB_COMMIT=<sha> [N14=1 | WIDE=1] bash tools/gpu/narrow_run.sh
+# the race over wide_head_dim_cases at D 160 / 200, the sanitizers at 136 / 200). CANDIDATE='NAME=VALUE ...': only
+# a fwd v07 build not yet the default, checked and timed kernel-level beside the default at D 80 / 96
+# (lab.fwd.narrow_gpu.candidate); no sanitizers (owed before such a build becomes the default).
+#   LAB_COMMIT=<sha> [N14=1 | WIDE=1 | CANDIDATE=...] bash tools/gpu/narrow_run.sh
 set -u
 OUT=${OUT:-/tmp/narrow_run}; L=/tmp/narrow_logs/logs; mkdir -p "$OUT" "$L"
 if [ -n "${N14:-}" ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1; fi
@@ -16,7 +18,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 . tools/gpu/n14_builds.sh
 python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
 BUG="{'LAB_FWD_BUG_NARROW_SHORT': None}"
-if [ -n "${WIDE:-}" ]; then build fwd/v10_wide.cu & build fwd/v10_wide.cu "$BUG" &
+if [ -n "${CANDIDATE:-}" ]; then
+  build fwd/v07_overlap.cu &
+  python3 -c "import os; from lab import build; build.build_kernel('fwd/v07_overlap.cu',
+dict(i.split('=', 1) for i in os.environ['CANDIDATE'].split()))" >> "$L/build.log" 2>&1 &
+  wait
+  LAB_SESSION_DIR=$L/records timeout ${CHECK_TIMEOUT:-150} python3 -c "import os, sys; from lab.fwd import narrow_gpu
+sys.exit(1 if narrow_gpu.candidate(dict(i.split('=', 1) for i in os.environ['CANDIDATE'].split())) else 0)" \
+    > "$L/candidate.log" 2>&1; echo "candidate rc=$?" >> "$L/candidate.log"
+  gzip -9 -f "$L"/records/records.jsonl 2>/dev/null
+  tar -czf "$OUT/narrow-logs.tgz" -C "${L%/logs}" logs
+  tail -45 "$L/candidate.log"
+  exit 0
+elif [ -n "${WIDE:-}" ]; then build fwd/v10_wide.cu & build fwd/v10_wide.cu "$BUG" &
 else
   for src in fwd/v05_wgmma.cu fwd/v07_overlap.cu; do build $src "$BUG" & done
   if [ -n "${N14:-}" ]; then n14_builds; else build fwd/v05_wgmma.cu & build fwd/v07_overlap.cu & fi

@@ -96,13 +96,29 @@ inline int launch_fwd_sm90_fold(const AttnFwdParams& p, cudaStream_t stream, int
 // (whole 8-column blocks, since D is a multiple of 8) into the caller's unpadded O. Exact for the reason
 // padding is (zero columns add 0 to every score; P V's extra columns are never stored). Its own kernel
 // instantiations: C's keep their SASS (kNarrow = false compiles the column test away). Prediction and outcome
-// against the padded call and SDPA: kernels/README.md, "The narrow head dims". The S GEMM still runs every k16
-// step of the width; skipping the all-zero ones by a runtime bound on head_dim (tried, compiled only) makes ptxas
-// serialize the wgmmas (C7515 in v07 and v10), so that needs a step count fixed per narrow width at compile time.
-template <class C>
+// against the padded call and SDPA: kernels/README.md, "The narrow head dims". The S GEMM runs every k16 step
+// of the width unless a step count is fixed per instantiation (LAB_FWD_NARROW_QK_STEPS below).
+// kSteps > 0 (LAB_FWD_NARROW_QK_STEPS below): the config issues only that many k16 steps of S = Q K^T, those that
+// hold columns below the head dim; the rest would multiply TMA's zero fill. 0: every step of the width.
+template <class C, int kSteps = 0>
 struct Narrow : C {
   static constexpr bool kNarrow = true;
+  static constexpr int kQkSteps = kSteps > 0 ? kSteps : C::D / 16;
 };
+// The k16 steps of S a config issues: C::D / 16, or a Narrow<C, n>'s n.
+template <class C, class = void>
+struct qk_steps : std::integral_constant<int, C::D / 16> {};
+template <class C>
+struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<int, C::kQkSteps> {};
+// LAB_FWD_NARROW_QK_STEPS (a candidate, off; compiled, not yet run on a GPU): head dims 80 and 96 run
+// Narrow<Cfg128, 5> and Narrow<Cfg128, 6>. A bound read at run time instead (head_dim) makes ptxas serialize the
+// wgmmas (C7515), hence a step count per instantiation. Prediction: the S GEMM loses 3/8 (D = 80) and 1/4 (D = 96)
+// of its work, about 19 % and 12 % of the tensor work; v07's D = 128 loop is as much softmax- as GEMM-bound
+// (kernels/README.md, its ablations), so +5-9 % at D = 80 and +3-6 % at D = 96 where S >= 2048, less at 512.
+// Measure: CANDIDATE=LAB_FWD_NARROW_QK_STEPS=1 tools/gpu/narrow_run.sh (kernel-level, in rounds with the default).
+#ifndef LAB_FWD_NARROW_QK_STEPS
+#define LAB_FWD_NARROW_QK_STEPS 0
+#endif
 // Whether a narrow call stores the 8-column block that starts at column c0 of O. LAB_FWD_BUG_NARROW_SHORT (a
 // control for the GPU checks, wrong on purpose): the last block is left unwritten, which the checks must see.
 __device__ __forceinline__ bool narrow_stores(int c0, int head_dim) {
@@ -114,7 +130,8 @@ __device__ __forceinline__ bool narrow_stores(int c0, int head_dim) {
 }
 // The config `C` of a version's per-call choice, narrow when the config it was reached from (`From`) is.
 template <class From, class C>
-using NarrowLike = std::conditional_t<From::kNarrow, Narrow<C>, C>;
+using NarrowLike =
+    std::conditional_t<From::kNarrow, Narrow<C, qk_steps<From>::value == C::D / 16 ? 0 : qk_steps<From>::value>, C>;
 
 // The extern "C" entry of a TMA forward kernel: check the call, then pick the instantiation for
 // (D, dtype). Launch<Cfg, T>::run(p, stream, dev) launches one (a version file defines it in one line).
@@ -132,6 +149,14 @@ inline int fwd_sm90_entry(const AttnFwdParams* p, void* stream) {
     if (p->head_dim < 64)
       return bf16 ? Launch<Narrow<Cfg64>, __nv_bfloat16>::run(*p, st, dev)
                   : Launch<Narrow<Cfg64>, __half>::run(*p, st, dev);
+#if LAB_FWD_NARROW_QK_STEPS
+    if (p->head_dim == 80)
+      return bf16 ? Launch<Narrow<Cfg128, 5>, __nv_bfloat16>::run(*p, st, dev)
+                  : Launch<Narrow<Cfg128, 5>, __half>::run(*p, st, dev);
+    if (p->head_dim == 96)
+      return bf16 ? Launch<Narrow<Cfg128, 6>, __nv_bfloat16>::run(*p, st, dev)
+                  : Launch<Narrow<Cfg128, 6>, __half>::run(*p, st, dev);
+#endif
     if (p->head_dim < 128)
       return bf16 ? Launch<Narrow<Cfg128>, __nv_bfloat16>::run(*p, st, dev)
                   : Launch<Narrow<Cfg128>, __half>::run(*p, st, dev);
@@ -216,11 +241,13 @@ __device__ __forceinline__ void zero_acc(float (&d)[kN]) {
   for (int i = 0; i < kN; ++i) d[i] = 0.f;
 }
 
-// S = Q_w K^T for one K tile of BC keys (SS form: both from shared memory), one commit group.
-template <int D, int BC, bool kBf16>
+// S = Q_w K^T for one K tile of BC keys (SS form: both from shared memory), one commit group; the first kSteps
+// k16 steps (qk_steps: all D / 16 but in a Narrow<C, n>).
+template <int D, int BC, bool kBf16, int kSteps = D / 16>
 __device__ __forceinline__ void issue_qk(float (&s)[BC / 2], uint32_t q, uint32_t k) {
+  static_assert(kSteps >= 1 && kSteps <= D / 16, "k16 steps of S within the width");
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
+  for (int kk = 0; kk < kSteps; ++kk)
     WgmmaOp<BC>::template ss<kBf16, 0>(s, desc_kmajor(q, 64, kk), desc_kmajor(k, BC, kk), kk > 0);
   wgmma_commit();
 }
@@ -459,7 +486,7 @@ __device__ __forceinline__ void serial_tile(float (&o)[Cfg::D / 2], RowState& st
   float sacc[BC / 2];
   mbar_wait(smem_u32(&bar_k[s]), phase);
   wgmma_fence();
-  issue_qk<D, BC, kBf16>(sacc, q, ring.k(s));
+  issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, q, ring.k(s));
   wgmma_wait<0>();
 
   uint32_t pa[BC / 16][4];
