@@ -135,6 +135,25 @@ def test_prune_keeps_published_and_cited_sessions(tree):
     assert prune.prune(root) == {}, "a second prune finds nothing"
 
 
+def test_published_records_over_the_plain_limit_are_gzipped(tree, monkeypatch):
+    """A published session whose records outgrow PLAIN_MAX_BYTES gzips them (every row, read as before) and keeps
+    its notebook; one under the limit keeps them plain."""
+    root, ids, _ = tree
+    sessions = root / "outputs" / "sessions"
+    with open(sessions / ids["new"] / record.RECORDS, "a") as f:  # the latest H100 session outgrows the H200's
+        f.write("".join(json.dumps({"kind": "check", "n": i, "pad": "y" * 40}) + "\n" for i in range(50)))
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", "commit", "-qam",
+                    "more rows"], cwd=root, check=True)
+    rows = record.read(sessions / ids["new"] / record.RECORDS)
+    monkeypatch.setattr(prune, "PLAIN_MAX_BYTES", (sessions / ids["h200"] / record.RECORDS).stat().st_size)
+    done = prune.prune(root)
+    new = sessions / ids["new"]
+    assert done[ids["new"]]["records"]["file"] == record.RECORDS_GZ
+    assert (new / record.RECORDS_GZ).is_file() and not (new / record.RECORDS).exists()
+    assert record.read(new / record.RECORDS_GZ) == rows and (new / "n4_baseline.ipynb").is_file()
+    assert (sessions / ids["h200"] / record.RECORDS).is_file()  # published and within the limit: plain
+
+
 def test_sessions_page_names_the_commit_that_has_the_copies(tree):
     root, ids, head = tree
     before = log.generate(root / "outputs", chapters_list=["n4_baseline", "n5_correctness"],

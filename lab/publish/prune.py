@@ -16,9 +16,9 @@ them (the executed notebook has the charts, the records have the metrics), and o
 reports alone weigh 6 MB.
 
 A superseded session's records stay in the tree as records.jsonl.gz: every row, a tenth of the bytes
-(lab.record reads both forms). Only the sessions the book publishes keep plain records.jsonl: a session a document
-cites keeps its executed copies but gzips its records too (the plain records of the cited sessions outweighed
-every other part of the tree).
+(lab.record reads both forms). Only the sessions the book publishes keep plain records.jsonl, and only up to
+PLAIN_MAX_BYTES: a session a document cites keeps its executed copies but gzips its records too (the plain records
+of the cited sessions outweighed every other part of the tree).
 
 Git history keeps everything pruned. Pruning writes <session>/pruned.json with the last commit whose
 tree has the files, and the sessions page names it with the command that restores them.
@@ -40,6 +40,9 @@ EVIDENCE = frozenset({record.RECORDS, record.RECORDS_GZ, "session.json", "ceilin
 PRUNED = "pruned.json"
 DOCUMENTS = ("*.md", "chapters/*.ipynb", "kernels/**/README.md", "outputs/bugs.json", "outputs/patterns.json")
 NEVER_KEPT = (".ncu-rep",)  # suffixes that leave the tree even in a published session
+# A published session keeps plain records up to this size; above it (the backward chapter's 1800 gradient checks
+# write 2 MB) they are gzipped too, as every reader takes both forms.
+PLAIN_MAX_BYTES = 1_000_000
 _STAMP = re.compile(r"(?<![0-9])(\d{8}-\d{6})(?![0-9])")
 _SHORT = re.compile(r"…(\d{6})(?:…|-)")  # README's `…211951…` / `…220156-h100-…` forms
 
@@ -102,8 +105,8 @@ def plan(root: Path | None = None, outputs: Path | None = None
         if found:
             drop[s["id"]] = found
     # a session still at work may append more rows: its records stay plain until it ends
-    squeeze = {s["id"] for s in sessions if s["id"] not in shown and s.get("status") != "running"
-               and (s["_dir"] / record.RECORDS).is_file()}
+    squeeze = {s["id"] for s in sessions if s.get("status") != "running" and (s["_dir"] / record.RECORDS).is_file()
+               and (s["id"] not in shown or (s["_dir"] / record.RECORDS).stat().st_size > PLAIN_MAX_BYTES)}
     return keep, drop, squeeze
 
 
