@@ -116,6 +116,10 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // of its work, about 19 % and 12 % of the tensor work; v07's D = 128 loop is as much softmax- as GEMM-bound
 // (kernels/README.md, its ablations), so +5-9 % at D = 80 and +3-6 % at D = 96 where S >= 2048, less at 512.
 // Measure: CANDIDATE=LAB_FWD_NARROW_QK_STEPS=1 tools/gpu/narrow_run.sh (kernel-level, in rounds with the default).
+// Outcome (H100, outputs/driver_logs/20261126-h100-narrow-qk-steps-c99efe7/): 20/20 checks; time 0.886-0.950x the
+// default's in all 12 cells, D = 80 0.886-0.950 and D = 96 0.895-0.941, as much at S = 512 as at 8192 (kernel-level
+// 1.10-1.35x SDPA-cuDNN): more than predicted, whose discount for the softmax's share was too large (not yet
+// profiled). Off until its compute-sanitizer run (memcheck, racecheck, synccheck, initcheck) is clean.
 #ifndef LAB_FWD_NARROW_QK_STEPS
 #define LAB_FWD_NARROW_QK_STEPS 0
 #endif
