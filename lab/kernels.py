@@ -24,6 +24,15 @@ _addresses: dict = {}
 plans: dict = {}
 
 
+def keep_plan(key, plan, table: dict = plans):
+    """Memoise a checked call's plan in `table` (lab.ops' plans by default) and return it; the table is cleared
+    at 4096 entries, so the shapes a long-lived server sees keep it bounded."""
+    if len(table) >= 4096:
+        table.clear()
+    table[key] = plan
+    return plan
+
+
 def launcher(table: dict, version: str, defines=None) -> int:
     """Build (or load from cache) a kernel and return its launcher address; memoised per process."""
     key = (id(table), version, tuple(sorted(defines.items())) if defines else ())

@@ -15,11 +15,9 @@ import math
 
 import numpy as np
 
+from ..masks.backward import ROW_PAD  # LAB_BWD_ROW_PAD's mirror, pinned to the header by a test
 from .emulate import _resolve_scale, _shapes, reference_ds
-from .emulate_convert import first_block
-
-BC = 128  # keys per CTA
-ROW_PAD = 128  # LAB_BWD_ROW_PAD (kernels/common/bwd_prepass.cuh; tests pin the mirror in lab.masks.backward)
+from .emulate_convert import BC, first_block
 
 
 def step_rows(head_dim: int) -> int:

@@ -11,13 +11,6 @@ from ..kernels import plans
 from ..op_common import _direct, _eager, _scale
 
 
-def keep(key, plan) -> None:
-    """Keep the (launcher, splits) of a call that passed the full path's checks for its one-crossing path."""
-    if len(plans) >= 4096:  # shapes seen by a long-lived server: keep the table bounded
-        plans.clear()
-    plans[key] = plan
-
-
 def contiguous(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version):
     """The eager contiguous call in one crossing into the binding (decode_auto), or None: then the full path runs,
     raising the right error for whatever the binding refused.

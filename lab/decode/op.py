@@ -9,7 +9,7 @@ import torch
 from torch import Tensor as _Tensor
 
 from .. import build
-from ..kernels import launcher
+from ..kernels import keep_plan, launcher
 from ..kernels import resolve_version as _version
 from ..op_common import PAGED_LAYOUT, _check_heads, _check_qkv, _check_tensor, _direct, _scale, sm_count
 from ..registry import DECODE, PAGED_DECODE, PAGED_HEADS, SPLIT_RULE, default_decode_version, paged_versions
@@ -97,15 +97,8 @@ def _decode_plan(query, key_cache, version, num_splits) -> tuple[str, int]:
     plan = _decode_plans.get(key)
     if plan is None:
         name = _decode_version(version, query, key_cache)
-        plan = _remember(key, name, _num_splits(num_splits, query.shape[0], key_cache.shape[1], key_cache.shape[2],
-                                                query.device, SPLIT_RULE.get(name, name)))
-    return plan
-
-
-def _remember(key, name: str, splits: int) -> tuple[str, int]:
-    if len(_decode_plans) >= 4096:  # shapes seen by a long-lived server: keep the table bounded
-        _decode_plans.clear()
-    plan = _decode_plans[key] = (name, splits)
+        plan = keep_plan(key, (name, _num_splits(num_splits, query.shape[0], key_cache.shape[1], key_cache.shape[2],
+                                                 query.device, SPLIT_RULE.get(name, name))), _decode_plans)
     return plan
 
 
@@ -155,7 +148,7 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     if not _direct(query, key_cache, value_cache):
         return _decode_op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
     out = _decode_impl(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)
-    fast.keep(("decode", query.shape, key_cache.shape, query.get_device(), version, num_splits),
+    keep_plan(("decode", query.shape, key_cache.shape, query.get_device(), version, num_splits),
               (launcher(DECODE, name), splits))  # checked: the next such call may go straight in
     return out
 
@@ -229,7 +222,7 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits, paged: b
             from .splits import ragged_splits
 
             splits = ragged_splits(splits, capacity)
-        plan = _remember(key, name, splits)
+        plan = keep_plan(key, (name, splits), _decode_plans)
     return plan
 
 
@@ -288,7 +281,7 @@ def _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits,
         out, errors = _v03_impl(query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits,
                                 is_causal, name)
         if block_table is not None and page_errors is not None:  # checked: the next such call may go straight in
-            fast.keep(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version,
+            keep_plan(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version,
                        num_splits), (launcher(DECODE, name), splits))
         if block_table is not None and page_errors is None and not torch.cuda.is_current_stream_capturing():
             raise_page_errors(errors)

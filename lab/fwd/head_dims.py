@@ -69,9 +69,8 @@ def narrow_dim(d: int) -> bool:
 def narrow(query, key, value, version: str) -> bool:
     """True when `version` runs this call with no padded copies: a NARROW_FWD version, D_qk = D_v a narrow_dim,
     and no gradient wanted (the backward kernels take 64, 128, 192 and 256 only, so a call that trains pads). Its
-    tensor
-    maps run over the true D and TMA fills the missing columns with zeros: the padding without its copies, bytes
-    per token that chapter n14's padded cells pay at every S."""
+    tensor maps run over the true D and TMA fills the missing columns with zeros: the padding without its copies,
+    bytes per token that chapter n14's padded cells pay at every S."""
     d = query.shape[-1]
     if version not in NARROW_FWD or d != value.shape[-1] or not narrow_dim(d):
         return False

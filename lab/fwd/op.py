@@ -11,7 +11,7 @@ import functools
 import torch
 
 from .. import build
-from ..kernels import launcher
+from ..kernels import keep_plan, launcher
 from ..kernels import plans as _plans
 from ..kernels import resolve_version as _version
 from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
@@ -144,9 +144,7 @@ def _attention_fast(query, key, value, is_causal: bool, scale, enable_gqa: bool,
         plan = _fwd_plan(query, is_causal)
         if plan is None:
             return None
-        if len(_plans) >= 4096:  # sequence lengths seen by a long-lived server: keep the table bounded
-            _plans.clear()
-        _plans[plan_key] = plan
+        keep_plan(plan_key, plan)
     error, out, lse = plan(query, key, value, is_causal, enable_gqa, return_lse, scale)
     if error:
         return None
