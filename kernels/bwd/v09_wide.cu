@@ -30,14 +30,11 @@
 // (v4 reductions): the same speed as SDPA-flash's backward at D = 256 (FA2's kernel), 0.9-1.1x.
 // Build flags: LAB_V09_STAGES (0: by the device, else 1 or 2), LAB_V09_RED (4: v4 reductions on sm_90; 1:
 // scalar atomics everywhere), LAB_V09_KEY_TILES (phase B's tiling: 1, 16 keys x D/2 a warp; 2, 32 keys x D/4),
-// LAB_V09_ROW_LOAD (1: fixed row steps per thread; 0: v01's strided tile loop), LAB_V09_SPLIT_A (phase A's tiling:
-// 0, both products a warp, 16 keys x 32 queries; 1, one product a warp, 32 x 32, P^T handed over in shared memory).
+// LAB_V09_ROW_LOAD (1: fixed row steps per thread; 0: v01's strided tile loop).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-
-#include <type_traits>
 
 #include "common/bwd_mma.cuh"
 #include "common/bwd_prepass.cuh"
@@ -56,9 +53,6 @@
 #endif
 #ifndef LAB_V09_KEY_TILES
 #define LAB_V09_KEY_TILES 2
-#endif
-#ifndef LAB_V09_SPLIT_A
-#define LAB_V09_SPLIT_A 0
 #endif
 
 namespace {
@@ -97,14 +91,7 @@ __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t row_stri
   else load_tile<T, D, ROWS, LD, kThreads>(dst, src, row_stride, row0, seqlen, tid);
 }
 
-// Two elements of T in one 32-bit word, as floats.
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t v) {
-  if constexpr (std::is_same_v<T, __half>) return __half22float2(*reinterpret_cast<__half2*>(&v));
-  else return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
-}
-
-// Phase A with one product a warp (LAB_V09_SPLIT_A=1): warps 0-3 form S^T = K Q^T, warps 4-7 dP^T = V dO^T, each on
+// Tried and removed: phase A with one product a warp: warps 0-3 form S^T = K Q^T, warps 4-7 dP^T = V dO^T, each on
 // 32 keys (wk) x 32 queries (wq). A k-step loads 2 A and 2 B fragments for 8 mma, where the default's 16 x 32 tile
 // of both products loads 6: a third fewer ldmatrix in the phase that issues the most of them (96 of a warp's 180 a
 // step at D = 256; at 4 clocks of shared memory per ldmatrix.x4, ~5.8k of the ~12k clocks a step took on the H200).
@@ -114,74 +101,8 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
 // step and the S^T warps' exp2 on twice the elements (one S^T and one dP^T warp share each scheduler). Prediction:
 // a warp's ldmatrix 180 -> 148 a step (-18 % of shared-memory reads), +3-8 % at S >= 2048. Outcome (H100, GPU time
 // against the default): +2.1 % at D = 256 S = 8192, +0.7 % at D = 256 S = 512, -1.4 % at D = 192 S = 2048 causal;
-// correct (66/66 quick wide checks) and sanitizer-clean, but not the predicted gain, so off.
-template <class T, int D, int LD, int LDS>
-__device__ __forceinline__ void phase_a_split(const T* sK, const T* sV, const T* tq, const T* tdo, T* sP, T* sdS,
-                                              const float* l2, const float* del, float c, bool need_mask, int k0,
-                                              int q0, int warp, int lane, const AttnBwdParams& p) {
-  const bool dp_warp = warp >= 4;
-  const int wk = (warp & 1) * 32, wq = ((warp >> 1) & 1) * 32, g = lane >> 2, t = lane & 3;
-  const T* a = dp_warp ? sV : sK;
-  const T* b = dp_warp ? tdo : tq;
-  float acc[2][4][4];
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t fa[2][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m) ldmatrix_x4(fa[m], addr_a(a, LD, wk + 16 * m, kk * 16, lane));
-#pragma unroll
-    for (int jn = 0; jn < 2; ++jn) {
-      uint32_t fb[4];
-      ldmatrix_x4(fb, addr_b_nk(b, LD, wq + 16 * jn, kk * 16, lane));
-#pragma unroll
-      for (int m = 0; m < 2; ++m) mma_16816_x2<T>(acc[m], 2 * jn, fa[m], fb);
-    }
-  }
-  // Element (m, j, e): key wk + 16 m + g + 8 (e / 2), query wq + 8 j + 2 t + e % 2; rows g and g + 8 of a pitch of
-  // LDS = 72 halves (36 words) fall in banks 4 g + t: the 32 lanes' words are distinct.
-  if (!dp_warp) {
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = wq + j * 8 + 2 * t + (e & 1), key = k0 + wk + 16 * m + g + (e >> 1) * 8, qi = q0 + col;
-          const float pv = fast_exp2(fmaf(acc[m][j][e], c, -l2[col]));
-          acc[m][j][e] = need_mask && !(qi < p.seqlen_q && key < p.seqlen_k && (!p.causal || key <= qi)) ? 0.f : pv;
-        }
-        const int at = (wk + 16 * m + g) * LDS + wq + j * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(sP + at) = pack2<T>(acc[m][j][0], acc[m][j][1]);
-        *reinterpret_cast<uint32_t*>(sP + at + 8 * LDS) = pack2<T>(acc[m][j][2], acc[m][j][3]);
-      }
-  } else {
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[m][j][e] -= del[wq + j * 8 + 2 * t + (e & 1)];
-  }
-  __syncthreads();  // P^T written
-  if (dp_warp) {
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // rows g, g + 8
-          const int at = (wk + 16 * m + g + 8 * h) * LDS + wq + j * 8 + 2 * t;
-          const float2 pv = unpack2<T>(*reinterpret_cast<const uint32_t*>(sP + at));
-          *reinterpret_cast<uint32_t*>(sdS + at) = pack2<T>(pv.x * acc[m][j][2 * h], pv.y * acc[m][j][2 * h + 1]);
-        }
-  }
-}
+// correct (66/66 quick wide checks) and sanitizer-clean, but not the predicted gain, so removed (its code:
+// `git log -S phase_a_split`).
 
 template <class T, int D, int kStages>
 __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
@@ -255,9 +176,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
 
     // A. S^T and dP^T of 16 keys x 32 queries; P^T and dS^T into shared memory (masked only where a tile can be).
     const bool need_mask = q0 + BR > p.seqlen_q || k0 + BC > p.seqlen_k || (p.causal && q0 < k0 + BC - 1);
-    if constexpr (LAB_V09_SPLIT_A) {
-      phase_a_split<T, D, LD, LDS>(sK, sV, tq, tdo, sP, sdS, l2, del, c, need_mask, k0, q0, warp, lane, p);
-    } else {
+    {
       float s[NQ][4], dp[NQ][4];
       s_dp_tile<T, D, NQ>(s, dp, sK, sV, w16, tq + wq * LD, tdo + wq * LD, LD, lane);
       p_ds_keys_as_rows<NQ>(s, dp, c, l2, del, wq, need_mask, k0 + w16, q0, g, t, p);
