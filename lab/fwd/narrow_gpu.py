@@ -90,10 +90,10 @@ def padded_attention():
     return make
 
 
-def narrow_race(quick: bool = False, wide: bool = False) -> list[dict]:
-    """The public op (narrow) and the padded call against SDPA's backends over lab.cases.head_dim_cases; wide:
-    wide_head_dim_cases at D 160 and 200 instead (fwd v10 at widths 192 and 256), against flash and cuDNN."""
-    grid = cases.head_dim_cases()
+def narrow_race(quick: bool = False, wide: bool = False, dims=(32, 80, 96)) -> list[dict]:
+    """The public op (narrow) and the padded call against SDPA's backends over lab.cases.head_dim_cases at `dims`;
+    wide: wide_head_dim_cases at D 160 and 200 instead (fwd v10 at widths 192 and 256), against flash and cuDNN."""
+    grid = cases.head_dim_cases(head_dims=dims)
     backends = ("flash", "cudnn", "efficient")
     if wide:
         grid = [c for c in {c.name: c for c in cases.wide_head_dim_cases(head_dims=(160, 200))}.values()

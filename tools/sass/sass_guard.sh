@@ -5,6 +5,7 @@
 #   identical SASS        - the refactor cannot change speed or results (the strongest guard, no GPU needed);
 #                           also per kernel when only the kernels' order in the cubin moved
 #   same opcode sequence  - only register numbers differ
+#   every base kernel has an identical kernel in the tree - instantiations were added, none changed
 #   DIFFERENT             - the opcode histogram diff follows; the change needs the GPU guard (±2 %, tools/gpu/guard_ab.sh)
 # Usage: tools/sass/sass_guard.sh BASE_REV kernels/fwd/v04_lazy.cu [more.cu ...]
 # Needs nvcc and cuobjdump + nvdisasm (CUDA toolkit, or the nvidia-cuda-cuobjdump / -nvdisasm wheels:
@@ -32,8 +33,11 @@ for f in "$@"; do
     if cmp -s <(norm "$b") <(norm "$a"); then echo "$f $arch: identical SASS ($(ops "$a" | grep -vc Function) instructions)"
     elif cmp -s <(blocks "$b") <(blocks "$a"); then echo "$f $arch: identical SASS per kernel, kernels in another order in the cubin"
     elif cmp -s <(ops "$b") <(ops "$a"); then echo "$f $arch: same opcode sequence, registers renamed"
+    elif [ -z "$(comm -23 <(blocks "$b") <(blocks "$a"))" ]; then  # instantiations added, none changed
+      echo "$f $arch: every base kernel has an identical kernel in the tree ($(blocks "$b" | wc -l) base, $(blocks "$a" | wc -l) tree kernels)"
     else
-      echo "$f $arch: DIFFERENT, $(ops "$b" | grep -vc Function) -> $(ops "$a" | grep -vc Function) instructions; opcode counts before | after:"
+      echo "$f $arch: DIFFERENT, $(ops "$b" | grep -vc Function) -> $(ops "$a" | grep -vc Function) instructions;" \
+        "$(comm -23 <(blocks "$b") <(blocks "$a") | wc -l) of $(blocks "$b" | wc -l) base kernels without an identical tree kernel; opcode counts before | after:"
       diff <(ops "$b" | sort | uniq -c) <(ops "$a" | sort | uniq -c) | grep '^[<>]' | sed 's/^/    /' || true
     fi
   done

@@ -110,7 +110,7 @@ template <class C, class = void>
 struct qk_steps : std::integral_constant<int, C::D / 16> {};
 template <class C>
 struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<int, C::kQkSteps> {};
-// LAB_FWD_NARROW_QK_STEPS (a candidate, off; compiled, not yet run on a GPU): head dims 80 and 96 run
+// LAB_FWD_NARROW_QK_STEPS (on; 0 turns it off): head dims 80 and 96 run
 // Narrow<Cfg128, 5> and Narrow<Cfg128, 6>. A bound read at run time instead (head_dim) makes ptxas serialize the
 // wgmmas (C7515), hence a step count per instantiation. Prediction: the S GEMM loses 3/8 (D = 80) and 1/4 (D = 96)
 // of its work, about 19 % and 12 % of the tensor work; v07's D = 128 loop is as much softmax- as GEMM-bound
@@ -119,9 +119,10 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // Outcome (H100, outputs/driver_logs/20261126-h100-narrow-qk-steps-c99efe7/): 20/20 checks; time 0.886-0.950x the
 // default's in all 12 cells, D = 80 0.886-0.950 and D = 96 0.895-0.941, as much at S = 512 as at 8192 (kernel-level
 // 1.10-1.35x SDPA-cuDNN): more than predicted, whose discount for the softmax's share was too large (not yet
-// profiled). Off until its compute-sanitizer run (memcheck, racecheck, synccheck, initcheck) is clean.
+// profiled). The default since its compute-sanitizer run (memcheck, racecheck, synccheck, initcheck) and the
+// narrow checks with it on: kernels/README.md, "The narrow head dims".
 #ifndef LAB_FWD_NARROW_QK_STEPS
-#define LAB_FWD_NARROW_QK_STEPS 0
+#define LAB_FWD_NARROW_QK_STEPS 1
 #endif
 // Whether a narrow call stores the 8-column block that starts at column c0 of O. LAB_FWD_BUG_NARROW_SHORT (a
 // control for the GPU checks, wrong on purpose): the last block is left unwritten, which the checks must see.
