@@ -459,6 +459,43 @@ def test_backward_autograd_plumbing(monkeypatch, path):
         assert len(got) == len(want) and all(_err(g, w) < 1e-9 for g, w in zip(got, want))
 
 
+def test_varlen_fills_only_the_rows_of_no_sequence(monkeypatch):
+    """The packed forward's allocation: the kernel writes every row of every sequence, so the op fills only the rows
+    past cu_seqlens_q[-1] (zeros, LSE -inf), and only when the host checked cu_seqlens; never a pass over the whole
+    output. The kernel is replaced by one that writes its sequences' rows (CPU); aten ops before it are logged."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen, launched = [], []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not launched:
+                seen.append((func.__name__, tuple(args[0].shape) if args and isinstance(args[0], torch.Tensor) else ()))
+            return func(*args, **(kwargs or {}))
+
+    def kernel(q, k, v, out, lse, mask, scale, offset, sinks, cu_q, cu_k, max_q, max_k, version):
+        launched.append(True)
+        for a, b in zip(cu_q.tolist(), cu_q.tolist()[1:]):
+            out[a:b] = 1.0
+            lse[:, a:b] = 0.5
+    monkeypatch.setattr(mask_op, "launch", kernel)
+    q = _draw(12, 2, 16, seed=3)
+    cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
+    assert mask_op._check_cu(cu, "cu_seqlens_q", 12, q.device, None, True, 5) == 8
+    assert mask_op._check_cu(cu, "cu_seqlens_q", 12, q.device, None, False, 5) is None
+    for rows_q in (8, 12, None):
+        seen.clear(), launched.clear()
+        with Log():
+            out, lse = mask_op._varlen_impl(q, q, q, cu, cu, None, 5, 5, -1, -1, 0.0, 0.3, "v09", rows_q=rows_q)
+        fills = [shape for name, shape in seen if name.startswith(("zero_", "fill_", "zeros", "full"))]
+        assert bool((out[:8] == 1).all()) and bool((lse[:, :8] == 0.5).all())
+        if rows_q == 8:  # the 4 rows of no sequence, O and LSE, and nothing else
+            assert fills == [(4, 2, 16), (2, 4)]
+            assert float(out[8:].abs().max()) == 0.0 and bool(torch.isneginf(lse[:, 8:]).all())
+        else:
+            assert fills == []
+
+
 @pytest.mark.parametrize("path", ["eager", "custom_op"])
 def test_varlen_backward_autograd_plumbing(monkeypatch, path):
     """lab::attention_varlen's autograd (the eager Function and the custom op's registered autograd) on the CPU,

@@ -50,9 +50,10 @@
 //   the rounded P without unpacking it, so one key still gives O = V. Main loop (same count): 601 instructions at
 //   D = 128 (the rounded l 676, the first form 628, the online max 741; tensor clocks 528 against 512), 1065 at D = 64
 //   (the rounded l 1214). Prediction (H100, the A/B above): D = 128 +0-2 % over no softcap, about the first form's;
-//   D = 64 +30-34 %, still the MUFU's tanh and ex2 per score. Run it: tools/gpu/masks_softcap_run.sh times 0 / 1 / 2
-//   and checks 1 and 2 by their explicit switches; to make it the default, set 2 below and run the same script (the
-//   session and the sanitizers take the default).
+//   D = 64 +30-34 %, still the MUFU's tanh and ex2 per score. Checks: the softcap grid and the rows at the cap's floor
+//   pass (S_q = S_k = 1 gives O = V exactly: the tensor core sums the same rounded P that P V uses). Run it:
+//   tools/gpu/masks_candidates_run.sh times 0 / 1 / 2 by their explicit switches, checks 2, and runs the four
+//   sanitizers over the public calls with it (tools/gpu/masks_sanitize_with.py).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <type_traits>

@@ -10,6 +10,7 @@ rule cannot reach. Nothing falls back to a slow path.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 
 import torch
@@ -111,12 +112,19 @@ def _(query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_se
 
 
 def _varlen_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, version,
-                 want_lse=True):
+                 want_lse=True, rows_q=None):
+    """rows_q: cu_seqlens_q[-1] when the host has checked it, else None. The kernel writes every row of every
+    sequence (a row that sees no key too: O = 0, LSE = -inf or the sink) and no other, so only rows_q: (rows of no
+    sequence) need a fill: zeros and -inf. Unknown (None: no host copy of cu_seqlens), they stay unwritten, as
+    FlashAttention leaves them: filling the whole output first cost a pass over it on every call (one 64 MiB
+    memset at 16384 tokens, H 16, D 128)."""
     q, k, v = (_readable(t) for t in (query, key, value))
-    # Rows of no sequence (past cu_seqlens_q[-1]) are never written: zeros, not garbage.
-    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
-    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device) \
-        if want_lse else None
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if want_lse else None
+    if rows_q is not None and rows_q < q.shape[0]:
+        out[rows_q:].zero_()
+        if lse is not None:
+            lse[:, rows_q:].fill_(float("-inf"))
     launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, 0, sinks, cu_q, cu_k, max_q, max_k, version)
     return out, lse
 
@@ -170,6 +178,7 @@ def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values
         raise ValueError(f"{name} has {cu.shape[0]} entries but cu_seqlens_q has {batch + 1}")
     if cu.device != device:
         raise ValueError(f"{name} is on {cu.device} but query is on {device}")
+    """-> cu[-1] when check_values (a host copy of cu was checked), else None."""
     if check_values and not isinstance(cu, torch._subclasses.fake_tensor.FakeTensor):
         host = cu.tolist()  # one device-to-host copy: check_cu_seqlens=False skips it
         if host[0] != 0:
@@ -181,6 +190,8 @@ def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values
             raise ValueError(f"{name}[-1] = {host[-1]} exceeds the {total} packed rows")
         if lengths and max(lengths) > max_len:
             raise ValueError(f"a sequence of {max(lengths)} rows exceeds max_seqlen ({max_len}) for {name}")
+        return host[-1]
+    return None
 
 
 def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -194,7 +205,9 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     sequence (FlashAttention's rule, lab.masks.spec). GQA when H_q is a multiple of H_kv. return_lse: also
     (H_q, total_q) float32 natural-log LSE. check_cu_seqlens: check cu_seqlens' values (starts at 0,
     non-decreasing, within the packed rows and max_seqlen) at the cost of one device-to-host copy; False skips
-    it, and the kernel then clamps every length so no value reads or writes out of bounds. Differentiable in
+    it, and the kernel then clamps every length so no value reads or writes out of bounds. Rows of no sequence
+    (past cu_seqlens_q[-1]) hold zeros (LSE -inf) when cu_seqlens was checked on the host (eager calls with
+    check_cu_seqlens=True); otherwise they are left unwritten, as FlashAttention leaves them. Differentiable in
     query, key, value and sinks on compute capability 9.0 (lab.masks.varlen_bwd).
     """
     mask = spec.make_mask(is_causal, window_size, softcap)
@@ -214,7 +227,8 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise TypeError(f"{name} must be a non-negative host int, got {n!r}")
-    _check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], query.device, None, check_cu_seqlens, max_seqlen_q)
+    rows_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], query.device, None, check_cu_seqlens,
+                       max_seqlen_q)
     _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], query.device, cu_seqlens_q.shape[0] - 1,
               check_cu_seqlens, max_seqlen_k)
     spec.check_sinks(sinks, query.shape[1], query.device)
@@ -226,10 +240,10 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
             mask.right, mask.softcap, scale, masked_version(query.device, version))
     plain = all(type(t) is torch.Tensor for t in (query, key, value, *(() if sinks is None else (sinks,))))
     if _direct(query, key, value, *(() if sinks is None else (sinks,))) and _eager():
-        out, lse = _varlen_impl(*args, want_lse=return_lse)
-    elif grads and _eager() and plain:
-        out, lse = varlen_bwd.EagerVarlen.apply(*args, _varlen_impl)  # gradients wanted, plain eager tensors
-    else:
+        out, lse = _varlen_impl(*args, want_lse=return_lse, rows_q=rows_q)
+    elif grads and _eager() and plain:  # gradients wanted, plain eager tensors
+        out, lse = varlen_bwd.EagerVarlen.apply(*args, functools.partial(_varlen_impl, rows_q=rows_q))
+    else:  # torch.compile, fake or subclassed tensors: the op's schema carries no host copy of cu_seqlens
         out, lse = _varlen_op(*args)
     return (out, lse) if return_lse else out
 

@@ -1,12 +1,13 @@
-"""The softcap's softmax and the masked backward's tile config, A/B in one process (GPU time, in rounds, the
-kernels called through lab.masks' launchers with their build switches):
-  fwd v09  LAB_V09_SOFTCAP 0 (the online max), 1 (the fixed offset the cap's bound allows, l from the rounded
-           P) and 2 (the same, l = P 1 on the tensor core), each beside the same kernel without softcap;
-  bwd v08  LAB_V08_STAGE 0 (v07's tile config) / 1 (v12's staged dK / dV), and with 1 LAB_BWD_MASK_TANH_HALF=1 (the
-           tanh on fp16 pairs) on the softcap cells;
-every variant by its explicit switches, whatever the default; then the checks of the variants (fwd
-LAB_V09_SOFTCAP=1 and 2: the softcap grid and the rows at the cap's floor; bwd LAB_V08_STAGE=1: the whole gradient grid,
-and with the fp16-pair tanh its softcap rows), recorded like the chapter's. H 16, D 128 (64 too for the forward), bf16, causal.
+"""The softcap's softmax and the masked backward's softcap, A/B in one process (GPU time, in rounds, the kernels
+called through lab.masks' launchers with their build switches):
+  fwd v09  LAB_V09_SOFTCAP 0 (the online max), 1 (the default: the fixed offset the cap's bound allows, l from the
+           rounded P) and 2 (the candidate: the same, l = P 1 on the tensor core), beside the kernel without softcap;
+  bwd v08  the staged build (the default) without softcap, with it, and with LAB_BWD_MASK_TANH_HALF=1 (the
+           candidate: the tanh on fp16 pairs);
+every variant by its explicit switches, whatever the default; then the checks of the candidates (fwd
+LAB_V09_SOFTCAP=2: the softcap grid and the rows at the cap's floor; bwd LAB_BWD_MASK_TANH_HALF=1: the gradient
+grid's softcap rows), recorded like the chapter's (the defaults' checks are chapter n13's). H 16, D 128 (64 too for
+the forward), bf16, causal.
     LAB_SESSION_DIR=$OUT/ab python tools/gpu/masks_softcap_ab.py    -> one JSON line per cell, $OUT/softcap_ab.jsonl
 Predictions and outcomes: kernels/fwd/v09_masks_wgmma.cu and kernels/bwd/v08_masks.cu, headers.
 """
@@ -25,6 +26,7 @@ STOP = dict(timer=timer, budget_s=0.4, max_reps=25, min_reps=5)
 # every switch named, so that a variant is the same build whichever values the headers default to
 STAGE0, STAGED = {"LAB_V08_STAGE": 0, "LAB_BWD_MASK_TANH_HALF": 0}, {"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 0}
 TANH_HALF = {"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 1}
+TENSOR_L = {"LAB_V09_SOFTCAP": 2}
 
 
 def emit(kind, case, calls):
@@ -51,47 +53,54 @@ def forward_cells():
 
 
 def backward_cells():
+    """The staged build (the default) with and without softcap, and with the tanh on fp16 pairs, in one set of rounds
+    per length: the candidate against the default, and both against no softcap."""
     D = 128
-    for S, cells in ((4096, [(None, 30.0), (None, 0.0), (1024, 0.0)]), (16384, [(None, 30.0), (None, 0.0),
-                                                                              (4096, 0.0)])):
+    for S in (4096, 16384):
         q, k, v, dout = (torch.randn(1, H, S, D, device="cuda", dtype=dt) for _ in range(4))
-        for window, cap in cells:
-            mask = spec.make_mask(True, None if window is None else (window, 0), cap)
+        calls = {}
+        for name, cap, defines in (("plain", 0.0, STAGED), ("softcap_staged", 30.0, STAGED),
+                                   ("softcap_tanh_half", 30.0, TANH_HALF)):
+            mask = spec.make_mask(True, None, cap)
             out, lse = mop._masked_impl(q, k, v, None, mask.left, mask.right, 0, cap, D ** -0.5, "v09")
 
-            def call(defines=None, mask=mask, cap=cap, out=out, lse=lse):
+            def call(defines=defines, mask=mask, cap=cap, out=out, lse=lse):
                 return lambda: mbwd.launch_backward(dout, q, k, v, out, lse, None, None, False, mask.left,
                                                     mask.right, 0, cap, D ** -0.5, defines=defines), None
-            calls = {"stage0": call(STAGE0), "stage1": call(STAGED)}
-            if cap > 0:
-                calls["stage1_tanh_half"] = call(TANH_HALF)
-            emit("masked_bwd_ab", {"D": D, "S": S, "window": window, "softcap": cap}, calls)
+            calls[name] = call()
+        emit("masked_bwd_ab", {"D": D, "S": S, "window": None, "softcap": 30.0}, calls)
 
 
 def variant_checks() -> int:
+    """The candidates only (the defaults are checked by chapter n13): fwd LAB_V09_SOFTCAP=2 on the softcap grid and
+    the rows at the cap's floor; bwd LAB_BWD_MASK_TANH_HALF=1 (staged) on the gradient grid's softcap rows."""
     bad = 0
-    for bounded in ({"LAB_V09_SOFTCAP": 1}, {"LAB_V09_SOFTCAP": 2}):
-        for D in (128, 64):
-            for name, causal, window, cap, sink in gpu.GRID_MASKS:
-                if cap > 0:
-                    for B, Hq, Hkv, Sq, Sk in gpu.GRID_SIZES:
-                        bad += not gpu.check_dense("v09", name, B, Hq, Hkv, Sq, Sk, D, dt, causal, window, cap,
-                                                   sink, defines=bounded)
-        for cap in (50.0, 5.0):
-            bad += not gpu.check_cap_floor("v09", cap, dt, defines=bounded)
     for D in (128, 64):
         for name, causal, window, cap, sink in gpu.GRID_MASKS:
-            for B, Hq, Hkv, Sq, Sk in gpu.GRID_SIZES:
-                w = (Sk, Sk) if window == "S" else (Sk + 100, -1) if window == "S+" else window
-                for defines in (STAGED, TANH_HALF) if cap > 0 else (STAGED,):
+            if cap > 0:
+                for B, Hq, Hkv, Sq, Sk in gpu.GRID_SIZES:
+                    bad += not gpu.check_dense("v09", name, B, Hq, Hkv, Sq, Sk, D, dt, causal, window, cap, sink,
+                                               defines=TENSOR_L)
+    for cap in (50.0, 5.0):
+        bad += not gpu.check_cap_floor("v09", cap, dt, defines=TENSOR_L)
+    for D in (128, 64):
+        for name, causal, window, cap, sink in gpu.GRID_MASKS:
+            if cap > 0:
+                for B, Hq, Hkv, Sq, Sk in gpu.GRID_SIZES:
+                    w = (Sk, Sk) if window == "S" else (Sk + 100, -1) if window == "S+" else window
                     bad += not gpu_bwd.check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dt, causal, w, cap, sink,
-                                                 defines=defines)
+                                                 defines=TANH_HALF)
     print(f"variant checks: {bad} bad", flush=True)
     return bad
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # argument: "time" (the A/B alone, on a quiet GPU), "check", or both (none)
+    import sys
+
+    stage = sys.argv[1] if len(sys.argv) > 1 else "all"
     print(env, flush=True)
-    forward_cells()
-    backward_cells()
-    variant_checks()
+    if stage in ("time", "all"):
+        forward_cells()
+        backward_cells()
+    if stage in ("check", "all"):
+        variant_checks()
