@@ -29,6 +29,7 @@ DECODE = {
     "v02": Kernel("decode/v02_mma.cu", "decode_splitk_v02", DECODE_HEAD_DIMS),
     "v03": Kernel("decode/v03_paged.cu", "decode_paged_v03", DECODE_HEAD_DIMS),
     "v04": Kernel("decode/v04_pagerow.cu", "decode_pagerow_v04", (64, 128)),
+    "v05": Kernel("decode/v05_bulkrow.cu", "decode_bulkrow_v05", DECODE_HEAD_DIMS, ((9, 0),)),
 }
 BWD = {
     "v01": Kernel("bwd/v01_mma.cu", "attn_bwd_v01", (64, 128)),
@@ -64,16 +65,17 @@ BEST_MASKED_BWD = ("v08",)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
 BEST_BWD_HOPPER = ("v14", "v13", "v12", "v10", "v07", "v05", "v02", "v01", "v09")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
 DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
-PAGED_DECODE = ("v03", "v04")  # decode versions with a block table (paged cache) and the bottom-right causal mask
+PAGED_DECODE = ("v03", "v04", "v05")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
 PAGED_HEADS = {"v04": 8}
 # The paged versions in lab.ops.decode's order of preference, where H_kv allows (PAGED_HEADS) and, for v04, where
 # its blocks of 8 heads fill a wave with no split (PAGEROW_FULL_WAVE of the SMs): measured on an H100 (kernels/decode/
 # README.md), v04 was 1.5-2.5 % faster than v03 at 128 x 2048 (one split) and 1-12 % slower with 2-127 splits
 # (the combine of many splits, and 16-key tiles over short splits).
-BEST_PAGED = ("v04", "v03")
+# v05 (v03 with whole-row bulk copies, sm_90) comes after v03, which takes every H_kv: only a call that names it runs it.
+BEST_PAGED = ("v04", "v03", "v05")
 PAGEROW_FULL_WAVE = 0.8
-SPLIT_RULE = {"v03": "v02"}  # v03's pass 1 is v02's with another address: v02's one-block-per-SM split plan
+SPLIT_RULE = {"v03": "v02", "v05": "v02"}  # v03's (and v05's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
 # next of these (lab.fwd.head_dims), and runs them when the caller names no version.
@@ -141,6 +143,12 @@ def paged_versions(heads_kv: int, batch: int | None = None, sms: int | None = No
     return tuple(takes)
 
 
+def _default_paged() -> set:
+    """The paged versions some call gets by default: BEST_PAGED up to the first that takes every H_kv."""
+    upto = next(i for i, v in enumerate(BEST_PAGED) if v not in PAGED_HEADS)
+    return set(BEST_PAGED[:upto + 1])
+
+
 def default_paged_version(heads_kv: int, batch: int | None = None, sms: int | None = None) -> str:
     """What lab.ops.decode runs for a block table (or a causal call) with H_kv KV heads, a batch, on `sms` SMs."""
     return paged_versions(heads_kv, batch, sms)[0]
@@ -180,7 +188,7 @@ def default_versions(capability: tuple) -> dict[str, set]:
     head_dims = [d for d in head_dims if d not in WIDE_HEAD_DIMS or tuple(capability) in HOPPER_CAPABILITIES]
     fwd = {default_attention_version(d, s, c, tuple(capability)) for d in head_dims for c in (False, True)
            for s in (1, *HOPPER_SMALL_MAX_SQ.values(), *(v + 1 for v in HOPPER_SMALL_MAX_SQ.values()))}
-    decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | set(PAGED_DECODE)
+    decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | _default_paged()
     hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
     bwd = {_version(None, BWD, d, BEST_BWD_HOPPER if hopper else BEST_BWD) for d in FWD_HEAD_DIMS} | \
         set(DETERMINISTIC_BWD)

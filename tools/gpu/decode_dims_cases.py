@@ -16,13 +16,14 @@ from lab.cases import PagedCase
 from lab.decode import paged
 
 DIMS = [int(d) for d in os.environ.get("DIMS", "64 80 96 128 192 256").split()]
+VERSIONS = os.environ.get("DIMS_VERSIONS", "").split()  # these versions at every D instead (e.g. "v05": paged and causal)
 
 
 def main() -> int:
     failed = 0
     gen = torch.Generator().manual_seed(0)
     for D in DIMS:
-        versions = ("v03", "v04") if D in (64, 128) else ("v02", "v03")
+        versions = VERSIONS or (("v03", "v04") if D in (64, 128) else ("v02", "v03"))
         for q_len, causal, dtype in ((1, False, "bfloat16"), (3, True, "float16")):
             case = PagedCase(f"san-d{D}-q{q_len}", 3, 32, 8, q_len, 300, D, dtype, (0, 65, 300), 16 if q_len == 1 else 48,
                              causal)
