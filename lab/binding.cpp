@@ -538,8 +538,10 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_call(int64_t
 // row of n9's race (an L2-flushed call does not hide it), and each Python attribute read of the checks costs about what the C++ check does.
 // scale None: 1/sqrt(D), computed as Python's 1.0 / math.sqrt(D) is (both correctly rounded), so the two paths
 // pass the same float.
-bool python_rules_hold(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa) {
-  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return false;
+bool python_rules_hold(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa,
+                       bool gradients = false) {
+  if (!gradients && at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    return false;
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (t->dim() != 4) return false;  // (the rules below index dims 1-3)
     if (t->stride(3) != 1 && t->numel() != 0) return false;
@@ -621,6 +623,80 @@ std::tuple<std::string, at::Tensor, at::Tensor, at::Tensor> attn_bwd_call(
   return {error, dq, dk, dv};
 }
 
+// lab.ops.attention's eager call when a gradient is wanted: forward and backward as a C++ autograd node.
+// Why: a cold training step's host work before its first launch is not hidden, and a Python autograd.Function
+// costs ~40 us more per forward and ~10 us more per backward than a C++ node, the Python path's checks ~15 us more
+// (CPU box; tools/gpu/grad_node_gap.py times both paths on a GPU). The node saves q, k, v, out and lse (never P).
+// Its backward reads torch.are_deterministic_algorithms_enabled() when it runs, as lab.backward.op does: the
+// plan's kernel, or in deterministic mode the kernel Python's resolver names (set_deterministic_resolver). An
+// error there is thrown as std::runtime_error, the exception that crosses this module's boundary safely (see
+// the top of this file); the autograd engine raises it as RuntimeError.
+PyObject* deterministic_resolver = nullptr;  // owned for the process's life: never released at exit
+
+int64_t deterministic_launcher(int64_t head_dim) {
+  pybind11::gil_scoped_acquire gil;  // the engine runs CUDA backwards on its own thread, without the GIL
+  if (deterministic_resolver == nullptr)
+    throw std::runtime_error("lab binding: no deterministic backward resolver is set (lab.backward.op sets it)");
+  try {
+    return pybind11::reinterpret_borrow<pybind11::object>(deterministic_resolver)(head_dim).cast<int64_t>();
+  } catch (const pybind11::error_already_set& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
+struct AttentionNode : public torch::autograd::Function<AttentionNode> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor q, at::Tensor k,
+                                                at::Tensor v, int64_t fwd_launcher, int64_t bwd_launcher,
+                                                double scale, bool causal) {
+    at::Tensor o = at::empty(q.sizes(), q.options());
+    at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+    std::string error = attn_fwd_impl(fwd_launcher, q, k, v, o, lse, scale, causal, c10::nullopt);
+    if (!error.empty()) throw std::runtime_error(error);  // caught by attn_auto_grad: no node is recorded
+    ctx->save_for_backward({q, k, v, o, lse});
+    ctx->saved_data["launcher"] = bwd_launcher;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->set_materialize_grads(false);  // an unused lse gets no zero gradient tensor
+    return {o, lse};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
+    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(o);  // only lse was used
+    c10::optional<at::Tensor> dlse;
+    if (grads[1].defined()) dlse = grads[1].contiguous();
+    const bool deterministic = at::globalContext().deterministicAlgorithms();
+    const int64_t launcher = deterministic ? deterministic_launcher(q.size(3)) : ctx->saved_data["launcher"].toInt();
+    at::Tensor dq, dk, dv;
+    std::string error = attn_bwd_impl(launcher, q, k, v, o, lse, dlse, dout, ctx->saved_data["scale"].toDouble(),
+                                      ctx->saved_data["causal"].toBool(), deterministic, &dq, &dk, &dv);
+    if (!error.empty()) throw std::runtime_error(error);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// attn_auto's twin for calls that want gradients: the same rules but the gradient one, then the node above.
+// Returns (error or "refused", out, lse); on any answer lab.ops takes its full path, which raises the right error.
+std::tuple<std::string, at::Tensor, at::Tensor> attn_auto_grad(int64_t fwd_launcher, int64_t bwd_launcher,
+                                                               at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
+                                                               bool enable_gqa, c10::optional<double> scale) {
+  if (!python_rules_hold(q, k, v, enable_gqa, true)) return {"refused", at::Tensor(), at::Tensor()};
+  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  try {
+    torch::autograd::variable_list out = AttentionNode::apply(q, k, v, fwd_launcher, bwd_launcher, s, causal);
+    return {"", out[0], out[1]};
+  } catch (const std::exception& e) {
+    return {e.what(), at::Tensor(), at::Tensor()};
+  }
+}
+
+void set_deterministic_resolver(pybind11::object resolver) {
+  Py_XDECREF(deterministic_resolver);
+  deterministic_resolver = resolver.release().ptr();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attn_fwd", &attn_fwd, "forward attention through a launcher address");
   m.def("decode_fwd", &decode_fwd, "split-K decoding through a launcher address");
@@ -631,4 +707,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_paged_call", &decode_paged_call,
         "decode v03 (paged or contiguous, bottom-right causal), allocated here: (error, out, page_errors)");
   m.def("attn_bwd_call", &attn_bwd_call, "backward attention, gradients allocated here: (error, dq, dk, dv)");
+  m.def("attn_auto_grad", &attn_auto_grad,
+        "lab.ops.attention's eager call with gradients, a C++ autograd node: (error or \"refused\", out, lse)");
+  m.def("set_deterministic_resolver", &set_deterministic_resolver,
+        "the Python function head_dim -> launcher of the deterministic backward, for the node's backward");
 }

@@ -144,13 +144,37 @@ def test_ops_attention_hands_its_arguments_to_attn_auto_in_order(cpu_binding, mo
         seen.append(args[3:])
         return cpu_binding.module.attn_auto(0, *args)
 
-    monkeypatch.setitem(kernels.plans, (65, 64, True, a["q"].get_device()), plan)
+    monkeypatch.setitem(kernels.plans, (65, 64, True, a["q"].get_device(), False), plan)
     out, lse = ops.attention(a["q"], a["k"], a["v"], is_causal=True, enable_gqa=True, return_lse=True, scale=0.25)
     assert seen == [(True, True, True, 0.25)] and out.shape == a["q"].shape and lse.shape == a["q"].shape[:3]
     assert ops.attention(a["q"], a["k"], a["v"], is_causal=True, enable_gqa=True).shape == a["q"].shape
     with pytest.raises(ValueError, match="CUDA device"):  # refused by attn_auto; the full path raises (here: CPU)
         ops.attention(a["q"], a["k"], a["v"], is_causal=True)
     assert seen[-1] == (True, False, False, None)
+
+
+def test_ops_attention_hands_a_gradient_call_to_the_node_in_order(cpu_binding, monkeypatch):
+    """The same for a call that wants gradients: its own plan (the key's last element), attn_auto_grad's order,
+    and an output whose gradient runs the node's backward (lab.backward.node)."""
+    from lab import ops
+
+    a = binding_cases.fwd_args("cpu", Hkv=4)
+    q, k, v = (a[name].detach().requires_grad_() for name in ("q", "k", "v"))
+    seen = []
+
+    def plan(*args):
+        seen.append(args[3:])
+        return cpu_binding.module.attn_auto_grad(0, 0, *args)
+
+    monkeypatch.setitem(kernels.plans, (65, 64, False, q.get_device(), True), plan)
+    out = ops.attention(q, k, v, scale=0.25)
+    assert seen == [(False, False, 0.25)] and "AttentionNode" in out.grad_fn.name()
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert dq.shape == q.shape and dk.shape == k.shape
+    with torch.no_grad():  # no gradient wanted: the inference plan's key, not this one
+        with pytest.raises(ValueError, match="CUDA device"):
+            ops.attention(q, k, v)
+    assert len(seen) == 1
 
 
 # ------------------------------------------------------------------ decode_auto: lab.ops.decode's eager call

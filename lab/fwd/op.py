@@ -15,6 +15,7 @@ from ..kernels import keep_plan, launcher
 from ..kernels import plans as _plans
 from ..kernels import resolve_version as _version
 from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
+from ..backward.node import grad_plan
 from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, NARROW_FWD, default_attention_version
 from . import causal, head_dims
 
@@ -138,14 +139,18 @@ def _attention_fast(query, key, value, is_causal: bool, scale, enable_gqa: bool,
     shape = query.shape
     if len(shape) != 4:
         return None
-    plan_key = (shape[2], shape[3], is_causal, query.get_device())
+    grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    plan_key = (shape[2], shape[3], is_causal, query.get_device(), grad)
     plan = _plans.get(plan_key)
     if plan is None:
-        plan = _fwd_plan(query, is_causal)
+        plan = grad_plan(query, is_causal, attention_version) if grad else _fwd_plan(query, is_causal)
         if plan is None:
             return None
         keep_plan(plan_key, plan)
-    error, out, lse = plan(query, key, value, is_causal, enable_gqa, return_lse, scale)
+    if grad:  # a C++ autograd node (lab.backward.node): always returns lse, which it saves
+        error, out, lse = plan(query, key, value, is_causal, enable_gqa, scale)
+    else:
+        error, out, lse = plan(query, key, value, is_causal, enable_gqa, return_lse, scale)
     if error:
         return None
     return (out, lse) if return_lse else out
