@@ -69,3 +69,22 @@ def test_the_public_op_routes_narrow_calls_by_gpu(monkeypatch, capability, head_
     monkeypatch.setattr(fwd_op, "_capability", lambda device: capability)
     q, v = _cuda(seqlen, head_dim), _cuda(seqlen, d_v)
     assert fwd_op._narrow(q, q, v, causal) is narrow
+
+
+@pytest.mark.parametrize("shape,dtype,pitch", [((2, 3, 5, 200), torch.bfloat16, 256), ((1, 2, 7, 80), torch.float16, 128),
+                                               ((1, 2, 9, 136), torch.bfloat16, 192), ((1, 2, 7, 96), torch.float16, 128)])
+def test_aligned_rows_copies_to_rows_on_128_byte_lines(shape, dtype, pitch):
+    t = torch.randn(*shape).to(dtype)
+    a = head_dims.aligned_rows(t)
+    assert a.shape == t.shape and torch.equal(a, t) and a.stride(-2) == pitch and a.stride(-1) == 1
+    assert (a.stride(-2) * a.element_size()) % 128 == 0 and a.data_ptr() != t.data_ptr()
+    bshd = torch.randn(shape[0], shape[2], shape[1], shape[3]).to(dtype).transpose(1, 2)  # head offsets off lines too
+    assert torch.equal(head_dims.aligned_rows(bshd), bshd) and head_dims.aligned_rows(bshd).stride(-2) == pitch
+
+
+def test_aligned_rows_leaves_aligned_tensors_alone():
+    for d in (64, 128, 256):
+        t = torch.randn(1, 2, 5, d).to(torch.bfloat16)
+        assert head_dims.aligned_rows(t) is t
+    off = torch.randn(1, 2, 5, 136).to(torch.bfloat16)[..., :128]  # 272-byte rows: not aligned, though D = 128
+    assert head_dims.aligned_rows(off) is not off and head_dims.aligned_rows(off).stride(-2) == 128

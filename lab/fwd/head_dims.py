@@ -78,6 +78,21 @@ def narrow(query, key, value, version: str) -> bool:
                                                 for t in (query, key, value)))
 
 
+def aligned_rows(t: torch.Tensor, line: int = 128) -> torch.Tensor:
+    """t itself when each of its rows (the last dim, at every batch, head and position) starts on a `line`-byte
+    boundary, else a copy whose rows do: a view of the first D columns of a buffer whose row pitch is D rounded up
+    to the line. Why: a narrow
+    call's tensor maps read rows of D elements, and at D = 200 (400-byte rows) TMA's 128-byte boxes start off the
+    128-byte lines of L2 in 7 rows of 8 (kernels/README.md, "The narrow head dims", has the profile)."""
+    e = t.element_size()
+    if all(n == 1 or (st * e) % line == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1])) and \
+            (t.storage_offset() * e) % line == 0:
+        return t
+    pitch = -(-t.shape[-1] * e // line) * line // e
+    out = t.new_empty(*t.shape[:-1], pitch)[..., :t.shape[-1]]
+    return out.copy_(t)
+
+
 def pad_and_attend(attend, query, key, value, scale):
     """Check the shapes (value may have its own head dim), pad to the kernel's head dim, call
     attend(q, k, v, scale) -> (out, lse) on the padded tensors and cut the output back to D_v."""

@@ -134,3 +134,36 @@ def candidate(defines: dict, version: str = "v07", dims=(80, 96)) -> int:
             print(f"{r['case']['name']:18s} {label} / {version} time {r['timing']['median_ms'] / base[r['case']['name']]:.3f}")
     print(f"candidate checks: {2 * len(dims) * len(SHAPES) - fails}/{2 * len(dims) * len(SHAPES)} pass")
     return fails
+
+
+def aligned_race(dims=(80, 96), wide_dims=(160, 200)) -> list[dict]:
+    """Whether the narrow kernels lose to rows that start off 128-byte lines (head_dims.aligned_rows): the public op
+    on the caller's contiguous K and V, on K and V copied to aligned rows inside the timed call, and on aligned
+    copies made before it (the kernel's own gain), against SDPA-cuDNN, over head_dim_cases at `dims` and
+    wide_head_dim_cases at `wide_dims`. Each case first checks that the aligned calls equal the plain one bit for
+    bit (the same kernel on the same values)."""
+    grid = cases.head_dim_cases(head_dims=dims) + [c for c in {c.name: c for c in cases.wide_head_dim_cases(
+        head_dims=wide_dims)}.values() if c.D in wide_dims]
+
+    def copied(q, k, v, is_causal):
+        gqa = q.shape[1] != k.shape[1]
+        return lambda: ops.attention(q, head_dims.aligned_rows(k), head_dims.aligned_rows(v), is_causal=is_causal,
+                                     enable_gqa=gqa)
+
+    def prepared(q, k, v, is_causal):
+        gqa, ka, va = q.shape[1] != k.shape[1], head_dims.aligned_rows(k), head_dims.aligned_rows(v)
+        with torch.no_grad():
+            same = torch.equal(ops.attention(q, ka, va, is_causal=is_causal, enable_gqa=gqa),
+                               ops.attention(q, k, v, is_causal=is_causal, enable_gqa=gqa))
+        print("aligned rows, the same output bit for bit:", same, tuple(q.shape), is_causal)
+        if not same:
+            raise AssertionError("the aligned-rows call differs from the plain one")
+        return lambda: ops.attention(q, ka, va, is_causal=is_causal, enable_gqa=gqa)
+
+    kernels = {"lab.ops.attention": sweep.public_attention(), "K/V aligned in the call": copied,
+               "K/V aligned before": prepared}
+    with torch.no_grad():
+        rows = sweep.fwd_sweep(grid, kernels, backends=("cudnn",), progress=False)
+    for impl in kernels:
+        print("forward", impl, tables.race(rows, impl=impl, backends=("cudnn",)))
+    return rows
