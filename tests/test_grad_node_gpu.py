@@ -1,6 +1,6 @@
 """GPU tests of the eager gradient call's C++ autograd node (lab.backward.node, lab/binding.cpp's AttentionNode):
 the default call that wants gradients takes the node, and its output, lse and gradients are bit-identical to
-the Python route's (an explicit version= takes lab.backward.op.EagerAttention, with the same kernels), on
+the Python route's (dQ outside deterministic mode within the rounding of its atomic race) (an explicit version= takes lab.backward.op.EagerAttention, with the same kernels), on
 uneven lengths, GQA, causal and not, non-contiguous views, any finite scale, the lse's own gradient, both
 dtypes and deterministic mode (read when the backward runs). Gradients are also judged against the float64
 reference (lab.check.check_backward) on one case, so a node that ran the wrong kernel consistently would fail.
@@ -44,8 +44,15 @@ def _both(q, k, v, causal, scale=None, lse_weight=0.0):
     return answers
 
 
-def _same(a, b):
+def _same(a, b, deterministic=False):
+    """out, lse, dK and dV bit for bit; dQ too in deterministic mode. Otherwise dQ's float32 partial sums land in
+    whatever order the CTAs reach them (lab.backward.emulate's race), so two runs of one route differ by the
+    rounding of that order: at most 2 ulps of the dtype, far inside any real error."""
     for x, y, what in zip(a[:5], b[:5], ("out", "lse", "dq", "dk", "dv")):
+        if what == "dq" and not deterministic:
+            bound = 2.0 ** -6 * y.float().abs() + 1e-5 * y.float().abs().max()
+            assert ((x.float() - y.float()).abs() <= bound).all(), "dq differs beyond the atomic race's rounding"
+            continue
         assert torch.equal(x, y), f"{what} differs between the node and the Python route"
 
 
@@ -79,7 +86,7 @@ def test_deterministic_mode_is_read_when_the_backward_runs():
         route = torch.autograd.grad(route_out, (q, k, v), dout)
     finally:
         torch.use_deterministic_algorithms(previous)
-    for a, b, c in zip(first, second, route):
+    for a, b, c in zip(first, second, route):  # every gradient, dQ included, bit for bit
         assert torch.equal(a, b) and torch.equal(a, c)
 
 
@@ -106,4 +113,4 @@ def test_gradients_only_for_the_inputs_that_want_them():
     (dq,) = torch.autograd.grad(out, (q,), torch.ones_like(out))
     route = ops.attention(q, k, v, False, version=attention_version(q, None, False))
     (dq_route,) = torch.autograd.grad(route, (q,), torch.ones_like(route))
-    assert torch.equal(dq, dq_route)
+    assert torch.equal(dq, dq_route)  # one key block: no race in dQ

@@ -47,6 +47,16 @@ def ours_step(mode: str, q, k, v, is_causal: bool, dout=None):
                  mode, q, k, v, dout)
 
 
+def route_step(mode: str, q, k, v, is_causal: bool, dout=None):
+    """ours_step through the Python route: an explicit version= (lab.backward.op.EagerAttention) with the kernels the
+    default call's C++ autograd node runs (lab.backward.node), so the two differ in host work alone."""
+    from ..fwd.op import attention_version
+
+    explicit = attention_version(q, None, is_causal)
+    return _step(lambda a, b, c: ops.attention(a, b, c, is_causal=is_causal, enable_gqa=a.shape[1] != b.shape[1],
+                                               version=explicit), mode, q, k, v, dout)
+
+
 def sdpa_step(backend: str, mode: str, q, k, v, is_causal: bool, dout=None):
     """The same for SDPA forced to `backend` (the backward runs the backend its forward chose)."""
     import torch.nn.functional as F

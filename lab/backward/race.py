@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 
 from .. import bench, record
-from .harness import flops, make_step, ours_step, sdpa_step
+from .harness import flops, make_step, ours_step, route_step, sdpa_step
+
+ROUTE = "lab.ops.attention (Python route)"
 
 _flex_compiled = None
 
@@ -32,10 +34,11 @@ def flex_step(mode: str, q, k, v, is_causal: bool, dout=None):
     return _step(lambda a, b, c: _flex_compiled(a, b, c, block_mask=mask, enable_gqa=gqa), mode, q, k, v, dout)
 
 
-def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient"), flex=True,
+def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient"), flex=True, route=False,
          progress: bool = True, **stop) -> list[dict]:
     """Time every case in every mode, all candidates interleaved in rounds; returns the recorded rows.
-    flex: True, False, or a predicate on the case (FlexAttention compiles once per shape: tens of seconds)."""
+    flex: True, False, or a predicate on the case (FlexAttention compiles once per shape: tens of seconds).
+    route: the same for the public op's Python route (ROUTE: the default call's kernels without its C++ node)."""
     from tqdm.std import tqdm
 
     from ..sweep import _inputs_fwd, _row
@@ -51,6 +54,8 @@ def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient
             makers[f"sdpa-{backend}"] = lambda b=backend: sdpa_step(b, mode, q, k, v, case.causal, dout)
         if flex(case) if callable(flex) else flex:
             makers["flex"] = lambda: flex_step(mode, q, k, v, case.causal, dout)
+        if route(case) if callable(route) else route:
+            makers[ROUTE] = lambda: route_step(mode, q, k, v, case.causal, dout)
         steps, refused = {}, {}
         for name, make in makers.items():
             made = make_step(make)

@@ -14,8 +14,7 @@ import sys
 import torch
 
 from lab import bench, cases, env, ops, record
-from lab.backward.harness import _step, sdpa_step
-from lab.fwd.op import attention_version
+from lab.backward.harness import ours_step, route_step, sdpa_step
 from lab.sweep import _inputs_fwd
 
 SHORT = ("bwd-d128-s512", "bwd-d128-s512-c", "bwd-d128-s1024", "bwd-d128-s1024-c", "bwd-d128-s2048",
@@ -23,17 +22,8 @@ SHORT = ("bwd-d128-s512", "bwd-d128-s512-c", "bwd-d128-s1024", "bwd-d128-s1024-c
 
 
 def paths(case, mode, q, k, v, dout):
-    gqa = case.Hq != case.Hkv
-    explicit = attention_version(q, None, case.causal)
-
-    def node(a, b, c):
-        return ops.attention(a, b, c, is_causal=case.causal, enable_gqa=gqa)
-
-    def route(a, b, c):
-        return ops.attention(a, b, c, is_causal=case.causal, enable_gqa=gqa, version=explicit)
-
-    return {"node": (_step(node, mode, q, k, v, dout), None),
-            "python route": (_step(route, mode, q, k, v, dout), None),
+    return {"node": (ours_step(mode, q, k, v, case.causal, dout), None),
+            "python route": (route_step(mode, q, k, v, case.causal, dout), None),
             "sdpa-cudnn": (sdpa_step("cudnn", mode, q, k, v, case.causal, dout), None)}
 
 
