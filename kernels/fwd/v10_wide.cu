@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
       if (n_tiles > 0) {
         wait_full(bar_k, 0);
         wgmma_fence();
-        issue_qk<D, BC, kBf16>(sacc, sQw, ring.k(0));
+        issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring.k(0));
         wgmma_wait<0>();
         reg_fence(sacc);
         release(empty_k, 0);
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
         wait_full(bar_k, j);
         wait_full(bar_v, j - 1);
         wgmma_fence();  // the P fragments and the rescaled O written before the wgmmas read them
-        issue_qk<D, BC, kBf16>(sacc, sQw, ring.k(j % kStages));
+        issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring.k(j % kStages));
         issue_pv<D, BC, kBf16>(o, pa, ring.v((j - 1) % kStages));
         wgmma_wait<1>();  // S_j (committed first)
         reg_fence(sacc);
@@ -249,6 +249,11 @@ extern "C" int attn_fwd_v10(const AttnFwdParams* p, void* stream) {
   if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == LAB_BF16;
+#if LAB_FWD_NARROW_QK_STEPS >= 3
+  if (d == 160)  // S over the 10 k16 steps that hold data, not the width's 12 (common attn_fwd_sm90.cuh's Narrow)
+    return bf16 ? launch<Narrow<Cfg192, 10>, __nv_bfloat16>(*p, st, dev)
+                : launch<Narrow<Cfg192, 10>, __half>(*p, st, dev);
+#endif
   if (narrow && narrow_width(d) == 192)
     return bf16 ? launch<Narrow<Cfg192>, __nv_bfloat16>(*p, st, dev) : launch<Narrow<Cfg192>, __half>(*p, st, dev);
   if (narrow)

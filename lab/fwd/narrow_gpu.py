@@ -110,9 +110,10 @@ def narrow_race(quick: bool = False, wide: bool = False, dims=(32, 80, 96)) -> l
 
 
 def candidate(defines: dict, version: str = "v07", dims=(80, 96)) -> int:
-    """A build of `version` not yet the default (e.g. LAB_FWD_NARROW_QK_STEPS=1) at narrow head dims: its forward
+    """A build of `version` other than the default (e.g. LAB_FWD_NARROW_QK_STEPS=1) at narrow head dims: its forward
     checked at every SHAPES shape (the default scale and -0.3), then its kernel-level call timed in rounds beside
-    the default build's and SDPA's over head_dim_cases at `dims`. Returns the number of failed checks."""
+    the default build's, the public op's and SDPA-cuDNN's over head_dim_cases at `dims`. Returns the number of
+    failed checks."""
     label = f"{version} " + " ".join(f"{k}={v}" for k, v in defines.items())
     run, fails = ops.fwd_writer(version, defines), 0
     with torch.no_grad():
@@ -124,7 +125,8 @@ def candidate(defines: dict, version: str = "v07", dims=(80, 96)) -> int:
                     fails += not res.passed
                     print("PASS" if res.passed else "FAIL", label, D, i, scale, "" if res.passed else repr(res))
         grid = [c for c in cases.head_dim_cases(head_dims=dims)]
-        kernels = {version: ops.fwd_call_factory(version), label: ops.fwd_call_factory(version, defines)}
+        kernels = {version: ops.fwd_call_factory(version), label: ops.fwd_call_factory(version, defines),
+                   "lab.ops.attention": sweep.public_attention()}
         rows = sweep.fwd_sweep(grid, kernels, backends=("cudnn",), progress=False)
     for impl in kernels:
         print("forward, kernel-level", impl, tables.race(rows, impl=impl, backends=("cudnn",)))

@@ -110,8 +110,9 @@ template <class C, class = void>
 struct qk_steps : std::integral_constant<int, C::D / 16> {};
 template <class C>
 struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<int, C::kQkSteps> {};
-// LAB_FWD_NARROW_QK_STEPS (on; 0 turns it off): head dims 80 and 96 run
-// Narrow<Cfg128, 5> and Narrow<Cfg128, 6>. A bound read at run time instead (head_dim) makes ptxas serialize the
+// LAB_FWD_NARROW_QK_STEPS (2; 1: D 80 / 96 only; 0: off): head dims 80 and 96 run
+// Narrow<Cfg128, 5> and Narrow<Cfg128, 6>; from 2 also D = 32 on Narrow<Cfg64, 2>; 3 (a candidate, not the
+// default) also D = 160 on fwd v10's Narrow<Cfg192, 10>. A bound read at run time instead (head_dim) makes ptxas serialize the
 // wgmmas (C7515), hence a step count per instantiation. Prediction: the S GEMM loses 3/8 (D = 80) and 1/4 (D = 96)
 // of its work, about 19 % and 12 % of the tensor work; v07's D = 128 loop is as much softmax- as GEMM-bound
 // (kernels/README.md, its ablations), so +5-9 % at D = 80 and +3-6 % at D = 96 where S >= 2048, less at 512.
@@ -121,8 +122,11 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // 1.10-1.35x SDPA-cuDNN): more than predicted, whose discount for the softmax's share was too large (not yet
 // profiled). The default since its compute-sanitizer run (memcheck, racecheck, synccheck, initcheck) and the
 // narrow checks with it on: kernels/README.md, "The narrow head dims".
+// Levels 2 and 3, D = 32 and 160 (the model head dims among the narrow ones): prediction, S loses half its steps
+// at D = 32 (a quarter of the tensor work; the width-64 loop is more softmax-bound than the width-128 one, so
+// +4-9 %) and 2 of 12 at D = 160 (a twelfth of the tensor work, +2-5 %). Outcome: kernels/README.md.
 #ifndef LAB_FWD_NARROW_QK_STEPS
-#define LAB_FWD_NARROW_QK_STEPS 1
+#define LAB_FWD_NARROW_QK_STEPS 2
 #endif
 // Whether a narrow call stores the 8-column block that starts at column c0 of O. LAB_FWD_BUG_NARROW_SHORT (a
 // control for the GPU checks, wrong on purpose): the last block is left unwritten, which the checks must see.
@@ -151,6 +155,11 @@ inline int fwd_sm90_entry(const AttnFwdParams* p, void* stream) {
   if (p->head_dim == 64)
     return bf16 ? Launch<Cfg64, __nv_bfloat16>::run(*p, st, dev) : Launch<Cfg64, __half>::run(*p, st, dev);
   if constexpr (kNarrowToo) {
+#if LAB_FWD_NARROW_QK_STEPS >= 2
+    if (p->head_dim == 32)
+      return bf16 ? Launch<Narrow<Cfg64, 2>, __nv_bfloat16>::run(*p, st, dev)
+                  : Launch<Narrow<Cfg64, 2>, __half>::run(*p, st, dev);
+#endif
     if (p->head_dim < 64)
       return bf16 ? Launch<Narrow<Cfg64>, __nv_bfloat16>::run(*p, st, dev)
                   : Launch<Narrow<Cfg64>, __half>::run(*p, st, dev);

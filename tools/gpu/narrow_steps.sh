@@ -1,0 +1,43 @@
+#!/bin/bash
+# LAB_FWD_NARROW_QK_STEPS' level 2 (the default: D = 32 on Narrow<Cfg64, 2>, S over the k16 steps that hold data)
+# and level 3 (a candidate: D = 160 on fwd v10's Narrow<Cfg192, 10>) in one GPU call: the builds at once (with the
+# D = 32 LAB_FWD_BUG_NARROW_SHORT builds and level 1, the default before); lab.fwd.narrow_gpu's checks at D = 32
+# (the bug builds must fail); level 1 against the default at D = 32 (v07, kernel-level in rounds, with the public op
+# and SDPA-cuDNN); level 3 against the default at D = 160 (v10, the same), each build checked first; memcheck,
+# racecheck, synccheck, initcheck over tools/gpu/narrow_sanitize.py --dims 32; the narrow-vs-padded GPU test.
+# Logs under $OUT (records gzipped).
+#   LAB_COMMIT=<sha> bash tools/gpu/narrow_steps.sh
+set -u
+OUT=${OUT:-/tmp/narrow_steps}; L=$OUT; mkdir -p "$OUT"
+export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$L/gpu.txt"
+. tools/gpu/n14_builds.sh
+python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
+for src in fwd/v05_wgmma.cu fwd/v07_overlap.cu; do
+  build $src & build $src "{'LAB_FWD_BUG_NARROW_SHORT': None}" &
+done
+build fwd/v07_overlap.cu "{'LAB_FWD_NARROW_QK_STEPS': '1'}" &
+build fwd/v10_wide.cu & build fwd/v10_wide.cu "{'LAB_FWD_NARROW_QK_STEPS': '3'}" &
+wait
+export LAB_SESSION_DIR=/tmp/narrow_steps_records
+timeout ${CHECK_TIMEOUT:-90} python3 -c "import sys; from lab.fwd import narrow_gpu
+sys.exit(1 if narrow_gpu.narrow_checks(dims=(32,), bugs=(('v07', 32), ('v05', 32))) else 0)" > "$L/checks.log" 2>&1
+echo "checks rc=$?" >> "$L/checks.log"
+for spec in "v07 32 1" "v10 160 3"; do
+  set -- $spec
+  timeout ${AB_TIMEOUT:-90} python3 -c "import sys; from lab.fwd import narrow_gpu
+sys.exit(1 if narrow_gpu.candidate({'LAB_FWD_NARROW_QK_STEPS': '$3'}, '$1', dims=($2,)) else 0)" > "$L/ab-$1-d$2.log" 2>&1
+  echo "candidate rc=$?" >> "$L/ab-$1-d$2.log"
+done
+unset LAB_SESSION_DIR
+for tool in memcheck racecheck synccheck initcheck; do
+  (timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool $tool python3 tools/gpu/narrow_sanitize.py --dims 32 > "$L/$tool.log" 2>&1
+   echo "$tool rc=$?" >> "$L/$tool.log") &
+done
+wait
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_hopper_gpu.py -k narrow > "$L/pytest.log" 2>&1
+echo "pytest rc=$?" >> "$L/pytest.log"
+gzip -9 -c /tmp/narrow_steps_records/records.jsonl > "$L/records.jsonl.gz" 2>/dev/null
+grep -h "narrow head-dim checks\|FAILS\|PASSES\|rc=" "$L/checks.log"; tail -22 "$L"/ab-*.log
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|rc=" "$L"/*check.log; tail -2 "$L/pytest.log"
+true
