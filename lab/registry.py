@@ -72,8 +72,9 @@ PAGED_HEADS = {"v04": 8}
 # its blocks of 8 heads fill a wave with no split (PAGEROW_FULL_WAVE of the SMs): measured on an H100 (kernels/decode/
 # README.md), v04 was 1.5-2.5 % faster than v03 at 128 x 2048 (one split) and 1-12 % slower with 2-127 splits
 # (the combine of many splits, and 16-key tiles over short splits).
-# v05 (v03 with whole-row bulk copies, sm_90) comes after v03, which takes every H_kv: only a call that names it runs it.
-BEST_PAGED = ("v04", "v03", "v05")
+# v05 (v03 with whole-row bulk copies, sm_90) is on no default list: 0.984-0.999x v03's GPU time on the serving cells
+# (kernels/decode/README.md, "decode v05"); a call that names it runs it.
+BEST_PAGED = ("v04", "v03")
 PAGEROW_FULL_WAVE = 0.8
 SPLIT_RULE = {"v03": "v02", "v05": "v02"}  # v03's (and v05's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None

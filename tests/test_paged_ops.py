@@ -191,7 +191,8 @@ def test_paged_routing_by_kv_heads(fake, monkeypatch):
     ops.decode(q, kc, vc, block_table=table)  # 240 blocks of 8 heads: one wave with no split, v04 runs
     q2, kc2, vc2, table2 = _paged(fake)
     ops.decode(q2, kc2, vc2, block_table=table2)
-    assert calls == ["v03", "v04", "v03"]
+    ops.decode(q2, kc2, vc2, block_table=table2, version="v05")  # on no default list, but a call may name it
+    assert calls == ["v03", "v04", "v03", "v05"] and "v05" not in registry.paged_versions(2)
     with pytest.raises(ValueError, match=r"'v04' needs H_kv to be a multiple of 8, got 2"):
         ops.decode(q2, kc2, vc2, block_table=table2, version="v04")
     decode_op._decode_plans.clear()

@@ -213,8 +213,9 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits, paged: b
             raise ValueError(f"decode version {version!r} has no block table or causal mask; use one of "
                              f"{list(PAGED_DECODE)} or version=None")
         takes = paged_versions(heads_kv, query.shape[0], sm_count(query.device))
-        if version is not None and _version(version, DECODE, query.shape[-1], ()) not in takes:
-            raise ValueError(f"decode version {version!r} needs H_kv to be a multiple of {PAGED_HEADS[version]}, got "
+        named = version is not None and _version(version, DECODE, query.shape[-1], ())
+        if named and heads_kv % PAGED_HEADS.get(named, 1):  # a version off the default list (v05) may be named too
+            raise ValueError(f"decode version {version!r} needs H_kv to be a multiple of {PAGED_HEADS[named]}, got "
                              f"{heads_kv}; use one of {list(takes)} or version=None")
         name = _version(version, DECODE, query.shape[-1], takes)
         splits = _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device, SPLIT_RULE.get(name, name))
