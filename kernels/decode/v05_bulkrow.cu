@@ -31,7 +31,13 @@
 // serving cells; 1 x 131072 page 16 keeps the page-table check's ~2.7 %. The risk: 128 copies of 256 bytes per
 // 32 KiB tile are small for the copy engine (one per ~20 cycles per SM at two blocks an SM); if it cannot issue
 // them that fast, v05 is slower than v03 where two blocks share an SM.
-// Outcome: kernels/decode/README.md, "decode v05".
+// Outcome (H100 80GB HBM3, 2026-11-26, outputs/driver_logs/20261126-h100-paged-bulkrow-475b5f8/): the prediction was
+// wrong. Correct at every head dim and clean under memcheck, racecheck, synccheck and initcheck, but 0.984-1.000x
+// v03's speed on the serving cells (median 0.989 over 30 rows; v03 timed twice in a round: 0.996-1.002), slowest at
+// 64 x 1024 (0.984-0.987), level at 128 x 2048 and 1 x 131072 page 16. ncu at 32 x 4096 and 1 x 131072: L2 sector
+// hits fell from 48 % to 19-20 %, the DRAM bytes stayed the same, and DRAM throughput did not rise (82-83 % of peak
+// against v03's 83-85 %; 80.6 against 80.0 at 1 x 131072 page 16). The 48 % was a symptom of 16-byte requests, not
+// the bound. Off lab.ops.decode's default list (lab.registry.BEST_PAGED); a call may name it (kernels/decode/README.md).
 //
 // Launch: as v03: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; shared memory v03's ring (+ Q at
 // D > 128) + kStages mbarriers. Limits: as v03 (D 64-256, fp16 / bf16, page_size a multiple of 16, strides of 8
