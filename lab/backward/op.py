@@ -77,7 +77,8 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 class EagerAttention(torch.autograd.Function):
-    """lab::attention's forward and backward for plain eager calls that want gradients.
+    """lab::attention's forward and backward for the eager calls that want gradients and leave the default call
+    (an explicit version=, padded or lower-right calls); the default call runs as a C++ node (lab.backward.node).
 
     Why: in a cold timing (an L2 flush, then one backward) the host time is not hidden, and the torch.library
     path (register_autograd's wrapper, then the backward custom op's dispatch) costs several times what a
