@@ -124,7 +124,10 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // narrow checks with it on: kernels/README.md, "The narrow head dims".
 // Levels 2 and 3, D = 32 and 160 (the model head dims among the narrow ones): prediction, S loses half its steps
 // at D = 32 (a quarter of the tensor work; the width-64 loop is more softmax-bound than the width-128 one, so
-// +4-9 %) and 2 of 12 at D = 160 (a twelfth of the tensor work, +2-5 %). Outcome: kernels/README.md.
+// +4-9 %) and 2 of 12 at D = 160 (a twelfth of the tensor work, +2-5 %). Outcome (H100,
+// outputs/driver_logs/20261126-h100-narrow-qk-d32-0acd4a4/): D = 32 +3.2-6.7 % (level 1 takes 1.032-1.067x level 2's
+// kernel time, least at S = 512), 12/12 checks, the four sanitizers clean: level 2 is the default. D = 160 is not
+// yet measured: V10=1 tools/gpu/narrow_steps.sh.
 #ifndef LAB_FWD_NARROW_QK_STEPS
 #define LAB_FWD_NARROW_QK_STEPS 2
 #endif
