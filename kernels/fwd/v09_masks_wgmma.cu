@@ -45,7 +45,7 @@
 //   second pack of each P pair (32 F2FP against 16: pack_p does not reuse exp_rows_rounded's pack) and the unpack for
 //   l (32 integer). Handing the packed pairs to P V directly was compiled and counted, not run: 666 (16 F2FP out, 6
 //   predicate moves in), so about a fifth of those points at best; the unpack stays while l sums the rounded P.
-// LAB_V09_SOFTCAP=2 (compiled, not yet run on a GPU): l = P 1 by the tensor core, an m64n8k16 wgmma per k16 step
+// LAB_V09_SOFTCAP=2 (the default since the run below): l = P 1 by the tensor core, an m64n8k16 wgmma per k16 step
 //   beside P V from the same P fragments, B a 1 KiB atom of bf16 ones (attn_mask_sm90.cuh issue_rowsum): the sum of
 //   the rounded P without unpacking it, so one key still gives O = V. Main loop (same count): 601 instructions at
 //   D = 128 (the rounded l 676, the first form 628, the online max 741; tensor clocks 528 against 512), 1065 at D = 64
@@ -54,6 +54,14 @@
 //   pass (S_q = S_k = 1 gives O = V exactly: the tensor core sums the same rounded P that P V uses). Run it:
 //   tools/gpu/masks_candidates_run.sh times 0 / 1 / 2 by their explicit switches, checks 2, and runs the four
 //   sanitizers over the public calls with it (tools/gpu/masks_sanitize_with.py).
+//   Outcome (H100, 9cd0dd9, kernel-only GPU time in rounds beside 0 and 1; outputs/driver_logs/20261126-h100-masks-
+//   candidates-9cd0dd9/): over no softcap, D = 128 +6.3 / +4.4 % (S 4096, softcap 30 / 50) and +6.6 % (S 16384), where
+//   the rounded l beside it took +6.8 / +5.7 / +8.5 % (the online max +17-22 %); D = 64 +26.6 / +27.5 %, against
+//   +33.1 / +30.0 %. So 0.5-1.9 % less time than the rounded l at D = 128 and 2-5 % at D = 64: faster in every cell,
+//   but at D = 128 well short of the predicted +0-2 % (the first form's +0.3-1.2 %): the 75 loop instructions it
+//   saves are not what remains; the tanh and the exp2 per score on the MUFU are. Checks 26/26 (the softcap grid at
+//   D 128 and 64, the rows at the cap's floor); memcheck, racecheck, synccheck and initcheck (every kernel, no
+//   filter) clean over the public calls. So it is the default for bf16 with softcap <= 51.3.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <type_traits>
@@ -64,11 +72,11 @@
 #ifndef LAB_V08_IGNORE_WINDOW
 #define LAB_V08_IGNORE_WINDOW 0  // the deliberately wrong build (drops the window), as v08's
 #endif
-// The softcap's softmax in bf16 (softcap <= 51.3; see kCapHeadroom): 1 (default) the fixed offset that the cap's
-// bound allows (no max, no O rescale), l from the rounded P (exp_rows_rounded); 2 the same with l = P 1 on the tensor
-// core (issue_rowsum, not yet run on a GPU); 0 the online max. Measured: the header.
+// The softcap's softmax in bf16 (softcap <= 51.3; see kCapHeadroom): 2 (default) the fixed offset that the cap's
+// bound allows (no max, no O rescale) with l = P 1 on the tensor core (issue_rowsum); 1 the same with l summed from
+// the rounded P (exp_rows_rounded); 0 the online max. Measured: the header (2 took 0.5-5 % less time than 1).
 #ifndef LAB_V09_SOFTCAP
-#define LAB_V09_SOFTCAP 1
+#define LAB_V09_SOFTCAP 2
 #endif
 
 namespace {

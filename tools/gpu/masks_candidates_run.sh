@@ -9,8 +9,8 @@
 #      memcheck, racecheck and synccheck under the kernel filters of masks_softcap_run.sh / masks_bwd_sanitize.sh).
 # Carry nothing.   LAB_COMMIT=<sha> bash tools/gpu/masks_candidates_run.sh   -> $OUT/masks.tgz
 set -u
-OUT=${OUT:-/tmp/masks_candidates}; R=$OUT/masks; mkdir -p "$R/san"
-export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 OUT=$R
+TOP=${OUT:-/tmp/masks_candidates}; R=$TOP/masks; mkdir -p "$R/san"
+export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 OUT=$R  # the scripts' JSON lines land in $R
 FWD2='{"LAB_V09_SOFTCAP": 2}' BWDH='{"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 1}'
 { date -u; echo "commit ${LAB_COMMIT:-?}"; nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
   compute-sanitizer --version | tail -2; } > "$R/env.log" 2>&1
@@ -45,4 +45,4 @@ echo "rc(checks)=done $(date -u +%T)" >> "$R/ab_check.log"
 for f in "$R"/san/*.log; do echo "== $(basename $f): $(grep -h -E 'ERROR SUMMARY|RACECHECK SUMMARY' $f | head -1) $(tail -n 1 $f)"; done
 tail -n 2 "$R/varlen_host.log" "$R/ab_time.log" "$R/ab_check.log"
 gzip -9 "$R"/san/*initcheck.log "$R/ab_check.log" 2>/dev/null
-tar czf "$OUT/masks.tgz" -C "$OUT" masks
+tar czf "$TOP/masks.tgz" -C "$TOP" masks && rm -rf "$R"  # one file back (at most 8 come back)
