@@ -251,8 +251,8 @@ extern "C" int attn_fwd_v10(const AttnFwdParams* p, void* stream) {
   const bool bf16 = p->dtype == LAB_BF16;
 #if LAB_FWD_NARROW_QK_STEPS >= 3
   if (d == 160)  // S over the 10 k16 steps that hold data, not the width's 12 (common attn_fwd_sm90.cuh's Narrow)
-    return bf16 ? launch<Narrow<Cfg192, 10>, __nv_bfloat16>(*p, st, dev)
-                : launch<Narrow<Cfg192, 10>, __half>(*p, st, dev);
+    return bf16 ? launch<NarrowSteps<Cfg192, 160>, __nv_bfloat16>(*p, st, dev)
+                : launch<NarrowSteps<Cfg192, 160>, __half>(*p, st, dev);
 #endif
   if (narrow && narrow_width(d) == 192)
     return bf16 ? launch<Narrow<Cfg192>, __nv_bfloat16>(*p, st, dev) : launch<Narrow<Cfg192>, __half>(*p, st, dev);

@@ -105,6 +105,10 @@ struct Narrow : C {
   static constexpr bool kNarrow = true;
   static constexpr int kQkSteps = kSteps > 0 ? kSteps : C::D / 16;
 };
+// Narrow<C> for head dim kD with S over the k16 steps that hold its columns, ceil(kD / 16): NarrowSteps<Cfg128, 80> is
+// Narrow<Cfg128, 5>.
+template <class C, int kD>
+using NarrowSteps = Narrow<C, (kD + 15) / 16>;
 // The k16 steps of S a config issues: C::D / 16, or a Narrow<C, n>'s n.
 template <class C, class = void>
 struct qk_steps : std::integral_constant<int, C::D / 16> {};
@@ -160,19 +164,19 @@ inline int fwd_sm90_entry(const AttnFwdParams* p, void* stream) {
   if constexpr (kNarrowToo) {
 #if LAB_FWD_NARROW_QK_STEPS >= 2
     if (p->head_dim == 32)
-      return bf16 ? Launch<Narrow<Cfg64, 2>, __nv_bfloat16>::run(*p, st, dev)
-                  : Launch<Narrow<Cfg64, 2>, __half>::run(*p, st, dev);
+      return bf16 ? Launch<NarrowSteps<Cfg64, 32>, __nv_bfloat16>::run(*p, st, dev)
+                  : Launch<NarrowSteps<Cfg64, 32>, __half>::run(*p, st, dev);
 #endif
     if (p->head_dim < 64)
       return bf16 ? Launch<Narrow<Cfg64>, __nv_bfloat16>::run(*p, st, dev)
                   : Launch<Narrow<Cfg64>, __half>::run(*p, st, dev);
 #if LAB_FWD_NARROW_QK_STEPS
     if (p->head_dim == 80)
-      return bf16 ? Launch<Narrow<Cfg128, 5>, __nv_bfloat16>::run(*p, st, dev)
-                  : Launch<Narrow<Cfg128, 5>, __half>::run(*p, st, dev);
+      return bf16 ? Launch<NarrowSteps<Cfg128, 80>, __nv_bfloat16>::run(*p, st, dev)
+                  : Launch<NarrowSteps<Cfg128, 80>, __half>::run(*p, st, dev);
     if (p->head_dim == 96)
-      return bf16 ? Launch<Narrow<Cfg128, 6>, __nv_bfloat16>::run(*p, st, dev)
-                  : Launch<Narrow<Cfg128, 6>, __half>::run(*p, st, dev);
+      return bf16 ? Launch<NarrowSteps<Cfg128, 96>, __nv_bfloat16>::run(*p, st, dev)
+                  : Launch<NarrowSteps<Cfg128, 96>, __half>::run(*p, st, dev);
 #endif
     if (p->head_dim < 128)
       return bf16 ? Launch<Narrow<Cfg128>, __nv_bfloat16>::run(*p, st, dev)
