@@ -88,3 +88,14 @@ def test_aligned_rows_leaves_aligned_tensors_alone():
         assert head_dims.aligned_rows(t) is t
     off = torch.randn(1, 2, 5, 136).to(torch.bfloat16)[..., :128]  # 272-byte rows: not aligned, though D = 128
     assert head_dims.aligned_rows(off) is not off and head_dims.aligned_rows(off).stride(-2) == 128
+
+
+def test_the_line_model_gives_the_profiled_ratio_and_aligned_rows_remove_it():
+    native = {w: head_dims.lines_per_row(w, w) for w in (64, 128, 192, 256)}
+    assert native == {64: 1, 128: 2, 192: 3, 256: 4}  # 128-byte rows of a box each start a line
+    ratio = {d: head_dims.lines_per_row(d, w) / native[w] for d, w in ((32, 64), (80, 128), (96, 128), (160, 192),
+                                                                        (200, 256))}
+    assert ratio == {32: 1.0, 80: 1.375, 96: 1.25, 160: 4 / 3, 200: 6.625 / 4}
+    for d, w in ((80, 128), (96, 128), (160, 192), (200, 256)):  # the pitch aligned_rows gives: no extra line
+        pitch = head_dims.aligned_rows(torch.zeros(1, 1, 2, d, dtype=torch.bfloat16)).stride(-2) * 2
+        assert head_dims.lines_per_row(d, w, pitch=pitch) == -(-d // 64)

@@ -15,6 +15,8 @@ zero columns.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -92,6 +94,24 @@ def aligned_rows(t: torch.Tensor, line: int = 128) -> torch.Tensor:
     pitch = -(-t.shape[-1] * e // line) * line // e
     out = t.new_empty(*t.shape[:-1], pitch)[..., :t.shape[-1]]
     return out.copy_(t)
+
+
+def lines_per_row(d: int, width: int, elem: int = 2, pitch: int | None = None, line: int = 128, box: int = 64) -> float:
+    """The model behind aligned_rows: L2 lines (128 bytes) that a narrow call's tensor map touches per K or V row,
+    averaged over the rows, if each box (64 columns, 128 bytes with 128-byte swizzle) fetches every line its
+    in-bounds bytes touch; boxes wholly past d read nothing. pitch: the row pitch in bytes (default d * elem). Against
+    the width's own kernel (width / 64 lines): D = 200 at width 256 touches 6.625 lines for 4 (1.66x, the ncu
+    profile's 1.68x L2 sectors), D = 160 at 192 4 for 3, D = 80 at 128 2.75 for 2."""
+    pitch = pitch or d * elem
+    period = line // math.gcd(pitch, line)  # rows after which the offsets within a line repeat
+    total = 0
+    for r in range(period):
+        for c in range(width // box):
+            n = min(box, max(0, d - c * box)) * elem
+            if n:
+                start = (r * pitch + c * box * elem) % line
+                total += (start + n + line - 1) // line
+    return total / period
 
 
 def pad_and_attend(attend, query, key, value, scale):
