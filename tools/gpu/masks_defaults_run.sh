@@ -13,7 +13,12 @@ export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
 python3 -c "from lab import build, registry; build.binding(); build.build_kernel(registry.MASKED_FWD['v09'].source)" \
   > "$R/build.log" 2>&1 &
 python3 -c "from lab import build, registry; build.build_kernel(registry.MASKED_BWD['v08'].source)" >> "$R/build.log" 2>&1 &
-python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu')" >> "$R/build.log" 2>&1 &
+python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" \
+  >> "$R/build.log" 2>&1 &
+b() { python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source${3:+, {'$3': '1'\}})" \
+  >> "$R/build.log" 2>&1; }  # the session's other builds too, at once (masks_session.sh finds them cached)
+b MASKED_FWD v08 & b BWD v07 & b MASKED_FWD v08 LAB_V08_IGNORE_WINDOW & b MASKED_FWD v09 LAB_V08_IGNORE_WINDOW &
+b MASKED_BWD v08 LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD & b MASKED_BWD v08 LAB_BWD_MASK_BUG_NO_WINDOW &
 wait
 for tool in memcheck racecheck synccheck initcheck; do
   f="--kernel-name kns=attn_fwd_v09" b="--kernel-name kns=bwd"
