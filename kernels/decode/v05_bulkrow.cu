@@ -47,6 +47,7 @@
 #include <stdint.h>
 
 #include "common/decode_head_dim.cuh"
+#include "common/decode_paged_launch.cuh"
 #include "common/decode_pv.cuh"
 #include "common/decode_tile_step.cuh"
 #include "common/decode_util.cuh"
@@ -218,29 +219,13 @@ __global__ void __launch_bounds__(BulkRowConfig<kHeadDim, kStages>::kThreads)
 #endif
 }
 
+// Its launch traits for common/decode_paged_launch.cuh (the grid, the combine and the dispatch the family shares).
 template <typename T, int kHeadDim, int kStages, bool kPaged>
-int launch_typed(const DecodeParams* p, cudaStream_t stream, int chunk, int group, int rows, int row_groups,
-                 int device, bool use_pdl) {
+struct Partial {
+  static constexpr auto kernel = bulkrow_partial_kernel<T, kHeadDim, kStages, kPaged>;
   using Cfg = BulkRowConfig<kHeadDim, kStages>;
-  constexpr auto kernel = bulkrow_partial_kernel<T, kHeadDim, kStages, kPaged>;
-  cudaError_t err = lab::allow_smem_once<kernel>(Cfg::kSmemBytes, device);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(p->num_splits) * p->batch * p->heads_kv * row_groups);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(*p, chunk, group, rows, row_groups);
-  err = cudaGetLastError();
-  if (err != cudaSuccess || p->num_splits == 1) return err;
-  return lab::decode::launch_splitk_combine<T, kHeadDim>(p, stream, use_pdl);
-}
-
-template <typename T, bool kPaged>
-int dispatch_head_dim(const DecodeParams* p, cudaStream_t stream, int chunk, int group, int rows, int row_groups,
-                      int device, bool use_pdl) {
-  return lab::decode::with_head_dim(p->head_dim, [&](auto dim) {
-    constexpr int D = decltype(dim)::value;
-    return launch_typed<T, D, lab::decode::HeadDimPlan<D>::kStages, kPaged>(p, stream, chunk, group, rows, row_groups,
-                                                                           device, use_pdl);
-  });
-}
+  static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
+};
 
 constexpr int kKeyBlock = 64;  // BulkRowConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 
@@ -254,12 +239,6 @@ extern "C" int decode_bulkrow_v05(const DecodeParams* p, void* stream_ptr) {
   if (rc > 0) return 0;  // nothing to compute
   lab::DecodeLaunch l;
   if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;
-  const auto [group, rows, row_groups, chunk, device, use_pdl, stream] = l;
-  if (lab::capability(device) != 90) return LAB_E_MODE;  // bulk copies and their mbarriers: sm_90
-  const bool paged = p->block_table != nullptr;
-  if (p->dtype == LAB_FP16)
-    return paged ? dispatch_head_dim<__half, true>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
-                 : dispatch_head_dim<__half, false>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
-  return paged ? dispatch_head_dim<__nv_bfloat16, true>(p, stream, chunk, group, rows, row_groups, device, use_pdl)
-               : dispatch_head_dim<__nv_bfloat16, false>(p, stream, chunk, group, rows, row_groups, device, use_pdl);
+  if (lab::capability(l.device) != 90) return LAB_E_MODE;  // bulk copies and their mbarriers: sm_90
+  return lab::decode::launch_paged_family<Partial>(p, l);
 }
