@@ -530,14 +530,18 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_call(int64_t
   return {error, o, lse};
 }
 
+// The eager calls' scale: None is 1/sqrt(D), computed as Python's 1.0 / math.sqrt(D) is (both correctly rounded),
+// so the one-crossing calls and lab.ops' full path pass the same float.
+double scale_or_default(const c10::optional<double>& scale, const at::Tensor& q) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+}
+
 // lab.ops.attention's eager call in one crossing. Here only the Python layer's rules that attn_call's checks
 // (check_call: device, rank, dtype, shapes, scale) do not make: an autograd call, a last dim with stride != 1
 // (attn_call would copy it, ops._check_tensor raises), query heads != key heads without enable_gqa, an empty
 // key. A refusal answers "refused", attn_call's checks answer their message; on any answer lab.ops takes its
 // full path, which raises the right TypeError/ValueError. Why: the public op's host time shows in every short
 // row of n9's race (an L2-flushed call does not hide it), and each Python attribute read of the checks costs about what the C++ check does.
-// scale None: 1/sqrt(D), computed as Python's 1.0 / math.sqrt(D) is (both correctly rounded), so the two paths
-// pass the same float.
 bool python_rules_hold(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa,
                        bool gradients = false) {
   if (!gradients && at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
@@ -553,7 +557,7 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_auto(int64_t
                                                                       at::Tensor v, bool causal, bool enable_gqa,
                                                                       bool want_lse, c10::optional<double> scale) {
   if (!python_rules_hold(q, k, v, enable_gqa)) return {"refused", at::Tensor(), c10::nullopt};
-  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const double s = scale_or_default(scale, q);
   return attn_call(launcher, q, k, v, s, causal, want_lse);
 }
 
@@ -578,12 +582,12 @@ std::tuple<std::string, at::Tensor> decode_call(int64_t launcher, at::Tensor q, 
 // (kernel, splits) by the shapes its full path validated once, so only the rules that can change between two calls
 // of one shape are left: a gradient wanted or a last dim with stride != 1 answer "refused", decode_call's checks the
 // rest (dtypes, devices, lengths that are not a contiguous int32 (B,) tensor, which the full path converts). On any
-// answer lab.ops takes its full path, which raises the right error. scale None: 1/sqrt(D), as Python computes it.
+// answer lab.ops takes its full path, which raises the right error.
 std::tuple<std::string, at::Tensor> decode_auto(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v,
                                                 c10::optional<at::Tensor> cache_seqlens, c10::optional<double> scale,
                                                 int64_t num_splits) {
   if (!python_rules_hold(q, k, v, true)) return {"refused", at::Tensor()};
-  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const double s = scale_or_default(scale, q);
   return decode_call(launcher, q, k, v, cache_seqlens, s, num_splits);
 }
 
@@ -648,16 +652,14 @@ struct AttentionNode : public torch::autograd::Function<AttentionNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor q, at::Tensor k,
                                                 at::Tensor v, int64_t fwd_launcher, int64_t bwd_launcher,
                                                 double scale, bool causal) {
-    at::Tensor o = at::empty(q.sizes(), q.options());
-    at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-    std::string error = attn_fwd_impl(fwd_launcher, q, k, v, o, lse, scale, causal, c10::nullopt);
+    auto [error, o, lse] = attn_call(fwd_launcher, q, k, v, scale, causal, true);
     if (!error.empty()) throw std::runtime_error(error);  // caught by attn_auto_grad: no node is recorded
-    ctx->save_for_backward({q, k, v, o, lse});
+    ctx->save_for_backward({q, k, v, o, *lse});
     ctx->saved_data["launcher"] = bwd_launcher;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
     ctx->set_materialize_grads(false);  // an unused lse gets no zero gradient tensor
-    return {o, lse};
+    return {o, *lse};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -683,7 +685,7 @@ std::tuple<std::string, at::Tensor, at::Tensor> attn_auto_grad(int64_t fwd_launc
                                                                at::Tensor q, at::Tensor k, at::Tensor v, bool causal,
                                                                bool enable_gqa, c10::optional<double> scale) {
   if (!python_rules_hold(q, k, v, enable_gqa, true)) return {"refused", at::Tensor(), at::Tensor()};
-  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const double s = scale_or_default(scale, q);
   try {
     torch::autograd::variable_list out = AttentionNode::apply(q, k, v, fwd_launcher, bwd_launcher, s, causal);
     return {"", out[0], out[1]};

@@ -22,7 +22,7 @@
 //  * Every issued tile is waited for before the ring is reused for the merge (a bad table empties the loop
 //    after the first tiles were issued).
 //
-// Prediction (written before the first GPU run, from the profile of v03 and cuDNN on the H100 one-token serving
+// Prediction (from the profile of v03 and cuDNN on the H100 one-token serving
 // cells: ncu DRAM throughput v03 80-86 % of peak against cuDNN's 85-90 % on the same grid shape, L2 sector hits
 // 48 % against 1-2 %, the 16-byte copies' half sectors hitting the line their first request prefetched; 13
 // cp.async switches of v03 moved nothing by more than ~1.5 %): whole-row copies read DRAM like cuDNN's

@@ -38,13 +38,13 @@ def autograd_runner():
     return run
 
 
-def ours_step(mode: str, q, k, v, is_causal: bool, dout=None):
+def ours_step(mode: str, q, k, v, is_causal: bool, dout=None, version=None):
     """For lab.bench: a zero-argument call of the public op in `mode` ('bwd' or 'fwd+bwd').
 
     'bwd' runs torch.autograd.grad on a graph recorded once (retain_graph), so only the backward is timed.
     """
-    return _step(lambda a, b, c: ops.attention(a, b, c, is_causal=is_causal, enable_gqa=a.shape[1] != b.shape[1]),
-                 mode, q, k, v, dout)
+    return _step(lambda a, b, c: ops.attention(a, b, c, is_causal=is_causal, enable_gqa=a.shape[1] != b.shape[1],
+                                               version=version), mode, q, k, v, dout)
 
 
 def route_step(mode: str, q, k, v, is_causal: bool, dout=None):
@@ -52,9 +52,7 @@ def route_step(mode: str, q, k, v, is_causal: bool, dout=None):
     default call's C++ autograd node runs (lab.backward.node), so the two differ in host work alone."""
     from ..fwd.op import attention_version
 
-    explicit = attention_version(q, None, is_causal)
-    return _step(lambda a, b, c: ops.attention(a, b, c, is_causal=is_causal, enable_gqa=a.shape[1] != b.shape[1],
-                                               version=explicit), mode, q, k, v, dout)
+    return ours_step(mode, q, k, v, is_causal, dout, version=attention_version(q, None, is_causal))
 
 
 def sdpa_step(backend: str, mode: str, q, k, v, is_causal: bool, dout=None):

@@ -18,11 +18,11 @@ import functools
 from .. import build
 from ..kernels import launcher
 from ..op_common import _capability
-from ..registry import BWD, FWD
+from ..registry import BWD, DETERMINISTIC_BWD, FWD
 from .op import backward_version
 
-# Head dims the node takes: those every backward preference, deterministic included, has a kernel for.
-NODE_HEAD_DIMS = tuple(d for d in BWD[backward_version(64, deterministic=True)].head_dims)
+# Head dims the node takes: those the deterministic backward has a kernel for, so its backward never refuses a mode.
+NODE_HEAD_DIMS = BWD[DETERMINISTIC_BWD[0]].head_dims
 
 
 def deterministic_launcher(head_dim: int) -> int:
