@@ -168,6 +168,7 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
 
 
 def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values: bool, max_len: int):
+    """Raise on a bad cu_seqlens; return cu[-1] when check_values (a host copy of cu was checked), else None."""
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -178,7 +179,6 @@ def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values
         raise ValueError(f"{name} has {cu.shape[0]} entries but cu_seqlens_q has {batch + 1}")
     if cu.device != device:
         raise ValueError(f"{name} is on {cu.device} but query is on {device}")
-    """-> cu[-1] when check_values (a host copy of cu was checked), else None."""
     if check_values and not isinstance(cu, torch._subclasses.fake_tensor.FakeTensor):
         host = cu.tolist()  # one device-to-host copy: check_cu_seqlens=False skips it
         if host[0] != 0:
