@@ -140,6 +140,8 @@ def test_backward_targets_profile_the_backward():
     case = profile.find_case("bwd-d128-s4096")
     assert profile.kernel_source("bwd:v02", case) == "bwd/v02_wgmma.cu"
     assert profile.kernel_regex("bwd:v02", case) == "bwd_dkdv_v02"  # its own kernel, not the shared convert pass
+    # v14 includes a header that includes the one defining its kernel template: the nearest definition is found
+    assert profile.kernel_regex("bwd:v14", case) == "bwd_dkdv_stagger"
     assert profile.kernel_regex("sdpa-bwd:cudnn", case) == profile.SDPA_BWD_KERNELS["cudnn"]
     assert profile.work_flops(case, "bwd:v02") == 2.5 * profile.work_flops(case)
     assert profile.byte_floor(case, "sdpa-bwd:cudnn") == 2 * profile.byte_floor(case)

@@ -77,10 +77,12 @@ def kernel_regex(target: str, case) -> str:
         family, name = parse_target(target)
         return (SDPA_BWD_KERNELS if family == "sdpa-bwd" else SDPA_KERNELS)[name]
     text = (paths.KERNELS / source).read_text()
-    names = _GLOBAL.findall(text)
-    if not names:  # a version that instantiates a shared kernel template: the headers it includes itself
-        names = [n for header in _INCLUDE.findall(text) if (paths.KERNELS / header).is_file()
-                 for n in _GLOBAL.findall((paths.KERNELS / header).read_text())]
+    names, level, seen = _GLOBAL.findall(text), [text], set()
+    while not names and level:  # a version that instantiates a shared kernel template: the nearest headers that define one
+        headers = [h for t in level for h in _INCLUDE.findall(t) if h not in seen and (paths.KERNELS / h).is_file()]
+        seen.update(headers)
+        level = [(paths.KERNELS / h).read_text() for h in dict.fromkeys(headers)]
+        names = [n for t in level for n in _GLOBAL.findall(t)]
     if not names:
         raise ValueError(f"{source} defines no __global__ function to profile")
     return "|".join(sorted(set(names)))
