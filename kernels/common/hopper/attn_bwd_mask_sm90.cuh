@@ -15,6 +15,8 @@
 #pragma once
 #include <math.h>
 
+#include <type_traits>
+
 #include "common/hopper/attn_bwd_stagger.cuh"
 #include "common/mask.cuh"
 
@@ -34,12 +36,18 @@ struct MaskBwdParams : AttnBwdParams {
 static_assert(sizeof(AttnBwdParams) == 336 && sizeof(MaskBwdParams) == 376, "lab/masks/backward.py packs this layout");
 
 // The softcap's tanh on fp16 pairs (common/mask.cuh tanh_pair: half the MUFU issues, about twice the error of
-// tanh.approx.f32): 1 on, 0 off (the default; measured in bwd/v08_masks.cu's header).
+// tanh.approx.f32) for bf16 calls: 1 on (the default), 0 off; measured in bwd/v08_masks.cu's header.
 #ifndef LAB_BWD_MASK_TANH_HALF
-#define LAB_BWD_MASK_TANH_HALF 0
+#define LAB_BWD_MASK_TANH_HALF 1
 #endif
 
 namespace lab::sm90::bwd {
+
+// Where the fp16-pair tanh may stand in for the f32 one: bf16 calls only. dS is rounded to the call's dtype before
+// the dK / dQ GEMMs; bf16's 8 bits of mantissa hide the pair's error, fp16's 11 do not (an fp16 gradient check
+// failed by 1.8-2.9x its tolerance with the pair), so fp16 keeps tanh.approx.f32.
+template <class T>
+inline constexpr bool kTanhHalfFor = LAB_BWD_MASK_TANH_HALF && std::is_same_v<T, __nv_bfloat16>;
 
 // The query rows [lo, hi] (inclusive; hi < lo: none) that see some key of [n0, n1): row i sees key j iff
 // j >= i + off - left and j <= i + off + right, so i <= n1 - 1 - off + left and i >= n0 - off - right.
@@ -69,8 +77,9 @@ __device__ __forceinline__ SeqView seq_view(const MaskBwdParams& p, int b) {
 
 // Steps for the masks: only the query blocks of a key block's window are visited (a window of W costs O(S W)).
 // kVarlen: every rule per packed sequence, so a key block past its sequence's S_k visits nothing and a query block
-// past its S_q is never visited: the padding of the dense buffers costs copies, not tiles.
-template <bool kSoftcap, bool kVarlen = false>
+// past its S_q is never visited: the padding of the dense buffers costs copies, not tiles. kTanhHalf: the softcap's
+// tanh on fp16 pairs (kTanhHalfFor<T> says for which dtype).
+template <bool kSoftcap, bool kVarlen = false, bool kTanhHalf = false>
 struct WindowSteps {
   using Params = MaskBwdParams;
 
@@ -96,7 +105,7 @@ struct WindowSteps {
                                                      const float* delta, float c, int key0, int q0, int t,
                                                      const MaskBwdParams& p, const SeqView& sv) {
     const float k_in = p.scale / p.softcap, k_out = p.softcap * kLog2e;
-    if constexpr (kSoftcap && LAB_BWD_MASK_TANH_HALF)  // s -> tanh(s k_in) in place, two at a time
+    if constexpr (kSoftcap && kTanhHalf)  // s -> tanh(s k_in) in place, two at a time
 #pragma unroll
       for (int i = 0; i < 32; i += 2) tanh_pair(s[i] * k_in, s[i + 1] * k_in, s[i], s[i + 1]);
 #pragma unroll
@@ -106,7 +115,7 @@ struct WindowSteps {
         const int col = 8 * i + 2 * t + (e & 1);
         float pv, dcap = 1.f;
         if constexpr (kSoftcap) {
-          const float th = LAB_BWD_MASK_TANH_HALF ? s[4 * i + e] : tanh_fast(s[4 * i + e] * k_in);
+          const float th = kTanhHalf ? s[4 * i + e] : tanh_fast(s[4 * i + e] * k_in);
           pv = ex2(fmaf(th, k_out, -lse2[col]));
 #ifndef LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD
           dcap = fmaf(-th, th, 1.f);
