@@ -53,6 +53,17 @@
 //   cells, 1.05-3.80x the padded call's speed; slower than the prediction: at S = 8192 3.39 ms where the D = 256
 //   kernel took 3.01 ms in that n14 session (D = 160 at width 192 shows no such gap). kernels/README.md, "The
 //   narrow head dims", has the candidates.
+// - Causal, each consumer's own tile count (LAB_V10_WG_TILES, on; consumer_tiles below): a 128-row CTA on the
+//   diagonal loads the key tiles its lower 64 rows see, and the upper consumer stopped only there, running S and
+//   P V on a last tile its rows mask whole. It now stops at its own last tile: the same sums bit for bit, less
+//   tensor work. Prediction: it removes 14 % (D = 192) / 11 % (D = 256) of the consumer tiles at S = 512 causal,
+//   3 % at 2048, under 1 % at 8192 (lab.fwd.work_order.consumer_tile_saving); with the Q load, fill and epilogue
+//   unchanged, +6-10 % / +5-8 % at S = 512 causal, +1-2.5 % at 2048, within noise at 8192 and non-causal.
+//   Measure: tools/gpu/wide_tiles.sh (LAB_V10_WG_TILES=0 against the default, kernel-level in rounds).
+// - A candidate, off (LAB_V10_EPILOGUE_DIRECT=1): O stored from the accumulators with 8-byte stores (v07's
+//   epilogue_direct) in place of the staging through the consumer's Q tile (two named barriers, a shared-memory
+//   round trip, 16-byte stores). At S = 512 a CTA runs 5-7 key tiles, so its fixed cost shows: prediction +0-3 %
+//   there, level from S = 2048.
 //
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
 // and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.
@@ -81,6 +92,12 @@
 #ifndef LAB_V10_OVERLAP
 #define LAB_V10_OVERLAP 1  // v07's intra-warpgroup overlap (S_j with P_{j-1} V_{j-1}, softmax under the P V); 0: serial
 #endif
+#ifndef LAB_V10_EPILOGUE_DIRECT
+#define LAB_V10_EPILOGUE_DIRECT 0  // 1: O stored from registers (common epilogue_direct), no shared-memory staging
+#endif
+#ifndef LAB_V10_WG_TILES
+#define LAB_V10_WG_TILES 1  // causal: each consumer stops at the last key tile its own 64 rows see; 0: the CTA's count
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -103,7 +120,23 @@ struct Cfg10 {
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
   static_assert((BC * 128) % 1024 == 0, "each 64-column block of a K/V tile starts 1024-byte aligned");
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
+  // consumer_tiles: the upper consumer skips at most ceil(64 / B_c) tail tiles, which it never releases; that is
+  // safe only while no later load waits on their stage (one skipped tile, kStages >= 1).
+  static_assert(BC >= 64, "a causal consumer skips at most one tail tile");
 };
+
+// Causal: consumer warpgroup rows wm0 .. wm0 + 63 see keys below wm0 + 64 only, so the upper one (wm0 = m0) stops a
+// tile before the CTA's last whenever that tile starts at or past wm0 + 64 (every 128-row CTA on the diagonal at
+// B_c = 80 / 112): S and P V of a tile whose scores its rows would all mask to zero probability. Skipping it leaves
+// every sum as it was (exact: zero terms dropped, bit for bit) and frees the tensor core for the other consumer. The skipped
+// tile is the CTA's last, so no later load waits for its release: the consumer never arrives on its `empty`
+// barriers (arriving early could complete an earlier phase of the same stage before the other consumer's reads).
+template <class Cfg>
+__device__ __forceinline__ int consumer_tiles(const AttnFwdParams& p, int wm0, int n_tiles) {
+  if (!LAB_V10_WG_TILES || !p.causal) return n_tiles;
+  const int kv_end = min(p.seqlen_k, min(p.seqlen_q, wm0 + 64));
+  return min(n_tiles, (kv_end + Cfg::BC - 1) / Cfg::BC);
+}
 using Cfg192 = Cfg10<192, LAB_V10_D192_BC, LAB_V10_STAGES>;
 using Cfg256 = Cfg10<256, LAB_V10_D256_BC, LAB_V10_STAGES>;
 
@@ -162,6 +195,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
     const uint32_t sQw = ring.q + (wg - 1) * Cfg::kQBytesWG;
     const float c = p.scale * kLog2e;
     const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+    const int n_wg = consumer_tiles<Cfg>(p, wm0, n_tiles);  // this consumer's key tiles (the CTA loads n_tiles)
     float o[D / 2];
     zero_acc(o);
     RowState st;
@@ -170,7 +204,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
       if (ct % 32 == 0) mbar_arrive(smem_u32(&empty[j % kStages]));
     };
     if constexpr (!LAB_V10_OVERLAP) {
-      for (int j = 0; j < n_tiles; ++j) {
+      for (int j = 0; j < n_wg; ++j) {
         serial_tile<Cfg, T, LAB_V10_CHAINS, kFold>(o, st, ring, sQw, bar_k, bar_v, j, wm0, row0, c, p);
         release(empty_k, j);
         release(empty_v, j);
@@ -189,7 +223,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
         else
           softmax_scores<BC, false, 0, CH, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
       };
-      if (n_tiles > 0) {
+      if (n_wg > 0) {
         wait_full(bar_k, 0);
         wgmma_fence();
         issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring.k(0));
@@ -199,7 +233,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
         softmax(0);  // O is still 0: no rescale
         pack_p<BC, T>(sacc, pa);
       }
-      for (int j = 1; j < n_tiles; ++j) {
+      for (int j = 1; j < n_wg; ++j) {
         wait_full(bar_k, j);
         wait_full(bar_v, j - 1);
         wgmma_fence();  // the P fragments and the rescaled O written before the wgmmas read them
@@ -215,16 +249,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
         rescale_o<D>(o, alpha);
         pack_p<BC, T>(sacc, pa);
       }
-      if (n_tiles > 0) {
-        wait_full(bar_v, n_tiles - 1);
+      if (n_wg > 0) {
+        wait_full(bar_v, n_wg - 1);
         wgmma_fence();
-        issue_pv<D, BC, kBf16>(o, pa, ring.v((n_tiles - 1) % kStages));
+        issue_pv<D, BC, kBf16>(o, pa, ring.v((n_wg - 1) % kStages));
         wgmma_wait<0>();
         reg_fence(o);
-        release(empty_v, n_tiles - 1);
+        release(empty_v, n_wg - 1);
       }
     }
+#if LAB_V10_EPILOGUE_DIRECT
+    epilogue_direct<D, T, Cfg::kNarrow>(o, st, p, b, h, wm0);
+#else
     epilogue<D, T, Cfg::kNarrow>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
+#endif
   }
 #endif
 }

@@ -109,22 +109,28 @@ def narrow_race(quick: bool = False, wide: bool = False, dims=(32, 80, 96)) -> l
     return rows
 
 
-def candidate(defines: dict, version: str = "v07", dims=(80, 96)) -> int:
+def candidate(defines: dict, version: str = "v07", dims=(80, 96), grid=None, exact: bool = False,
+              shapes=SHAPES) -> int:
     """A build of `version` other than the default (e.g. LAB_FWD_NARROW_QK_STEPS=1) at narrow head dims: its forward
-    checked at every SHAPES shape (the default scale and -0.3), then its kernel-level call timed in rounds beside
-    the default build's, the public op's and SDPA-cuDNN's over head_dim_cases at `dims`. Returns the number of
-    failed checks."""
+    checked at every shape of `shapes` (the default scale and -0.3), then its kernel-level call timed in rounds beside
+    the default build's, the public op's and SDPA-cuDNN's over `grid` (default: head_dim_cases at `dims`). exact:
+    also its output against the default build's on the same inputs, which must be equal bit for bit (a build
+    that only drops work on zero terms). Returns the number of failed checks."""
     label = f"{version} " + " ".join(f"{k}={v}" for k, v in defines.items())
-    run, fails = ops.fwd_writer(version, defines), 0
+    run, fails, total = ops.fwd_writer(version, defines), 0, 0
     with torch.no_grad():
         for D in dims:
-            for i, (shape, dtype, causal) in enumerate(SHAPES):
+            for i, (shape, dtype, causal) in enumerate(shapes):
                 for scale in (None, -0.3):
                     res = check.check_forward(run, Case(f"hdn-cand-{D}-{i}", *shape, D, dtype, causal), label,
                                               trials=1, scale=scale)
-                    fails += not res.passed
+                    fails, total = fails + (not res.passed), total + 1
                     print("PASS" if res.passed else "FAIL", label, D, i, scale, "" if res.passed else repr(res))
-        grid = [c for c in cases.head_dim_cases(head_dims=dims)]
+                    if exact:
+                        same = same_as_default(run, version, shape, D, dtype, causal, scale)
+                        fails, total = fails + (not same), total + 1
+                        print("EQUAL" if same else "DIFFERENT", label, "and the default", D, i, scale)
+        grid = grid or cases.head_dim_cases(head_dims=dims)
         kernels = {version: ops.fwd_call_factory(version), label: ops.fwd_call_factory(version, defines),
                    "lab.ops.attention": sweep.public_attention()}
         rows = sweep.fwd_sweep(grid, kernels, backends=("cudnn",), progress=False)
@@ -134,8 +140,20 @@ def candidate(defines: dict, version: str = "v07", dims=(80, 96)) -> int:
     for r in rows:
         if r["impl"] == label and "timing" in r:
             print(f"{r['case']['name']:18s} {label} / {version} time {r['timing']['median_ms'] / base[r['case']['name']]:.3f}")
-    print(f"candidate checks: {2 * len(dims) * len(SHAPES) - fails}/{2 * len(dims) * len(SHAPES)} pass")
+    print(f"candidate checks: {total - fails}/{total} pass")
     return fails
+
+
+def same_as_default(run, version: str, shape, D: int, dtype: str, causal: bool, scale) -> bool:
+    """run (a writer) and the default build of `version` on one set of fresh inputs: equal bit for bit, no NaN."""
+    B, Hq, Hkv, Sq, Sk = shape
+    dt = getattr(torch, dtype)
+    q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dt)
+    k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt) for _ in range(2))
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    run(q, k, v, causal, scale, out)
+    ops.fwd_writer(version)(q, k, v, causal, scale, ref)
+    return bool(torch.equal(out, ref)) and not bool(out.isnan().any())
 
 
 def aligned_race(dims=(80, 96), wide_dims=(160, 200)) -> list[dict]:

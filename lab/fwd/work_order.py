@@ -67,3 +67,22 @@ def imbalance(order: list[list[tuple[int, int]]]) -> float:
     """The busiest CTA's key tiles over the mean: what a static schedule's tail costs at most."""
     costs = key_tiles_per_cta(order)
     return max(costs) / (sum(costs) / len(costs))
+
+
+def consumer_tiles(seqlen_q: int, seqlen_k: int, m0: int, block_k: int, rows: int = 64, causal: bool = True) -> int:
+    """fwd v10's consumer_tiles: the key tiles a consumer warpgroup of `rows` query rows from m0 runs. Causal: those
+    before the first tile that starts at or past min(S_k, S_q, m0 + rows), the keys its rows see (top-left)."""
+    kv_end = min(seqlen_k, min(seqlen_q, m0 + rows)) if causal else seqlen_k
+    return -(-kv_end // block_k)
+
+
+def consumer_tile_saving(seqlen: int, block_k: int, block_q: int = 128, rows: int = 64) -> float:
+    """The share of consumer key tiles (S and P V of 64 rows against B_c keys) that fwd v10's causal grid no longer
+    runs on a square causal call: each 128-row CTA loads the tiles its lower consumer needs, the upper one stops at
+    its own (the tensor work the change removes; D = 192 at S = 512: 4 of 28)."""
+    before = after = 0
+    for m0 in range(0, seqlen, block_q):
+        n = consumer_tiles(seqlen, seqlen, m0, block_k, block_q)
+        before += 2 * n
+        after += n + min(n, consumer_tiles(seqlen, seqlen, m0, block_k, rows))
+    return 1 - after / before
