@@ -117,6 +117,14 @@ struct PageCursor {
     return ok;
   }
 
+  // Every group of the next tile on a page of the pool (a group past the end, page -1, is not).
+  __host__ __device__ __forceinline__ bool all_pages_ok() const {
+    bool ok = true;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) ok &= static_cast<unsigned>(page[g]) < num_pages;
+    return ok;
+  }
+
   __host__ __device__ __forceinline__ void advance() {
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {

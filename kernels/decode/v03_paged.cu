@@ -161,6 +161,48 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
     cursor.fetch(n_keys);
   }
 
+#ifdef LAB_PAGED_LEAN_LOADER  // probe switch (tools/gpu/paged_loader_probe.py): fewer integer instructions a copy
+  // A full tile (every row below n_keys, every page id good) needs no per-row bound test and no zero-fill operand,
+  // and where the page and row strides fit 32 bits (page_size x H_kv x D elements: every real cache) a group's
+  // offset is one 32 x 32 -> 64-bit multiply-add. Its copies go out from one pointer per 16-key group, a thread's
+  // next row a fixed step further. Any other tile takes the general path of load_tile.
+  const bool lean = kPaged ? p.k_stride[0] <= INT32_MAX && p.v_stride[0] <= INT32_MAX &&
+                                 static_cast<int64_t>(p.page_size) * p.k_stride[1] <= INT32_MAX &&
+                                 static_cast<int64_t>(p.page_size) * p.v_stride[1] <= INT32_MAX
+                          : 16 * p.k_stride[2] <= INT32_MAX && 16 * p.v_stride[2] <= INT32_MAX;
+  const int k_page = static_cast<int>(p.k_stride[0]), v_page = static_cast<int>(p.v_stride[0]);
+  const int k_row = static_cast<int>(kPaged ? p.k_stride[1] : p.k_stride[2]);
+  const int v_row = static_cast<int>(kPaged ? p.v_stride[1] : p.v_stride[2]);
+  auto lean_tile = [&](int t, T* sK, T* sV) {
+    if (!copies) return;
+    constexpr int kPerGroup = 16 / Cfg::kRowStep;  // a thread's rows in one 16-key group
+#pragma unroll
+    for (int g = 0; g < Cfg::kLoadRows / kPerGroup; ++g) {
+      const T *kg, *vg;
+      if (kPaged) {
+        const unsigned page = cursor.page[g], row = cursor.row[g];  // both >= 0 here: 32 x 32 -> 64-bit products
+        kg = k_base + (static_cast<uint64_t>(page) * static_cast<unsigned>(k_page) + row * static_cast<unsigned>(k_row));
+        vg = v_base + (static_cast<uint64_t>(page) * static_cast<unsigned>(v_page) + row * static_cast<unsigned>(v_row));
+      } else {
+        const int64_t key = t * Bc + 16 * g + j0;
+        kg = k_base + key * p.k_stride[2];
+        vg = v_base + key * p.v_stride[2];
+      }
+#pragma unroll
+      for (int r = 0; r < kPerGroup; ++r) {
+        const int it = g * kPerGroup + r;
+#ifdef LAB_PAGED_LEAN_BUG  // the switch's wrong build: V's later rows of a group read its first row again
+        const int v_off = 0;
+#else
+        const int v_off = r * Cfg::kRowStep * v_row;
+#endif
+        lab::paged::cp_async_16_l2(sK + it * Cfg::kRowStep * Cfg::kStride, kg + r * Cfg::kRowStep * k_row, true);
+        lab::paged::cp_async_16_l2(sV + it * Cfg::kRowStep * Cfg::kStride, vg + v_off, true);
+      }
+    }
+  };
+#endif
+
   // Issue tile t's cp.async (paged: the cursor holds tile t's page ids; fetches tile t + 1's).
   // Paged: row it of the thread is in 16-key group it * kRowStep / 16 (j0 < kRowStep <= 16), at row
   // j0 + (it * kRowStep) % 16 of the group: both compile-time but j0, which k_base already holds.
@@ -168,6 +210,16 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   auto load_tile = [&](int t, int stage) {
     T* sK = ring.k(stage) + j0 * Cfg::kStride + col;
     T* sV = ring.v(stage) + j0 * Cfg::kStride + col;
+#ifdef LAB_PAGED_LEAN_LOADER
+    if (lean && (t + 1) * Bc <= n_keys && (!kPaged || cursor.all_pages_ok())) {
+      lean_tile(t, sK, sV);
+      if (kPaged) {
+        cursor.advance();
+        cursor.fetch(n_keys - (t + 1) * Bc);
+      }
+      return;
+    }
+#endif
     int64_t k_group[lab::paged::PageCursor<Bc>::kGroups], v_group[lab::paged::PageCursor<Bc>::kGroups];
     bool group_ok[lab::paged::PageCursor<Bc>::kGroups];
     if (kPaged) {
