@@ -445,8 +445,8 @@ std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::
 }
 
 // Backward (kernels/bwd/*): the checks, the gradients and one float32 workspace allocated here, the launch.
-// dq, dk, dv come back contiguous; the workspace holds delta and lse*log2(e) per padded query row and, for the
-// atomic (non-deterministic) dQ, a float32 dQ accumulator.
+// dq, dk, dv come back contiguous; the workspace holds delta and lse*log2(e) per padded query row and a float32
+// dQ accumulator.
 std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& o, const at::Tensor& lse, const c10::optional<at::Tensor>& dlse,
                           const at::Tensor& dout, double scale, bool causal, bool deterministic, at::Tensor* dq,
@@ -479,12 +479,12 @@ std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tenso
 #endif
   const int64_t padded = q.size(0) * q.size(1) *
                          ((q.size(2) + LAB_BWD_ROW_PAD - 1) / LAB_BWD_ROW_PAD * LAB_BWD_ROW_PAD);
-  // dq_accum and, after it, a word per padded row for the tile counters (kernels/common/params.h)
-  at::Tensor work = at::empty({2 * padded + (deterministic ? 0 : padded * (q.size(3) + 1))},
-                              q.options().dtype(at::kFloat));
+  // dq_accum and, after it, a word per padded row for the tile counters (kernels/common/params.h); in the
+  // deterministic mode too, where bwd v17 adds dQ there in a fixed order (v01's dQ pass leaves it unread)
+  at::Tensor work = at::empty({2 * padded + padded * (q.size(3) + 1)}, q.options().dtype(at::kFloat));
   p.delta = work.data_ptr<float>();
   p.lse_log2 = p.delta + padded;
-  p.dq_accum = deterministic ? nullptr : p.delta + 2 * padded;
+  p.dq_accum = p.delta + 2 * padded;
   at::Tensor qr = readable(q), kr = readable(k), vr = readable(v), orr = readable(o), dr = readable(dout);
   fill_attention(p, qr, kr, vr, orr, scale, causal, dtype);
   p.dout = dr.data_ptr();
@@ -559,6 +559,115 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_auto(int64_t
   if (!python_rules_hold(q, k, v, enable_gqa)) return {"refused", at::Tensor(), c10::nullopt};
   const double s = scale_or_default(scale, q);
   return attn_call(launcher, q, k, v, s, causal, want_lse);
+}
+
+// lab.ops.attention's eager masked calls (window_size / softcap / sinks, and attention_varlen) in one crossing, as
+// attn_auto is the dense call's. lab.masks.fast keys a plan by what its full path checked once (the mask from
+// lab.masks.spec, the diagonal offset, the kernel), so only the rules that can change between two calls of one
+// plan are left: a gradient wanted (sinks' too), a last dim with stride != 1, GQA without enable_gqa, an empty key
+// answer "refused"; the checks here the rest (sinks and cu_seqlens as the kernel reads them: contiguous, on query's
+// device, of the right dtype and length). On any answer lab.ops takes its full path, which raises the right error.
+// Why: the masked calls' Python path cost 87-126 us of host time against the dense call's 17 us (H100's host), and a
+// cold call's window holds what a flush does not hide.
+typedef int (*AttnMaskLauncher)(const AttnMaskParams*, void*);
+
+std::string mask_fields(AttnMaskParams& p, int64_t left, int64_t right, int64_t offset, double softcap,
+                        const c10::optional<at::Tensor>& sinks, const at::Tensor& q) {
+  for (int64_t x : {left, right, offset})
+    LAB_REQUIRE(x >= -kIntMax && x <= kIntMax, "window_size / offset ", x, " does not fit the kernels' int");
+  LAB_REQUIRE(std::isfinite(softcap) && softcap >= 0 && softcap <= 3.4028234663852886e38,
+              "softcap must be a finite float32 value >= 0, got ", softcap);
+  float* sink = nullptr;
+  if (sinks.has_value()) LAB_TRY(float_buffer(*sinks, "sinks", q, q.size(1), true, &sink));
+  p.window_left = static_cast<int>(left);
+  p.window_right = static_cast<int>(right);
+  p.diag_offset = static_cast<int>(offset);
+  p.softcap = static_cast<float>(softcap);
+  p.sinks = sink;
+  return "";
+}
+
+bool wants_grad(const c10::optional<at::Tensor>& t) {
+  return t.has_value() && at::GradMode::is_enabled() && t->requires_grad();
+}
+
+// The dense masked call: (B, H, S, D) tensors, out (and lse) allocated here. causal arrives as right = 0.
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_mask_auto(
+    int64_t launcher, int64_t left, int64_t right, int64_t offset, double softcap, at::Tensor q, at::Tensor k,
+    at::Tensor v, c10::optional<at::Tensor> sinks, bool enable_gqa, bool want_lse, c10::optional<double> scale) {
+  if (!python_rules_hold(q, k, v, enable_gqa) || wants_grad(sinks)) return {"refused", at::Tensor(), c10::nullopt};
+  const double s = scale_or_default(scale, q);
+  at::Tensor o = at::empty(q.sizes(), q.options());
+  c10::optional<at::Tensor> lse;
+  if (want_lse) lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  auto run = [&]() -> std::string {
+    int dtype = 0;
+    LAB_TRY(check_call(q, k, v, o, "key", "value", s, &dtype));
+    AttnMaskParams p{};
+    if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, lse->numel(), true, &p.base.lse));
+    LAB_TRY(mask_fields(p, left, right, offset, softcap, sinks, q));
+    auto launch = [&](const at::Tensor& qr, const at::Tensor& kr, const at::Tensor& vr, const at::Tensor& ow) {
+      fill_attention(p.base, qr, kr, vr, ow, s, false, dtype);
+      return run_launcher<AttnMaskLauncher>(launcher, p, "masked attention kernel");
+    };
+    return launch_on_copies(o, q, k, v, "key", "value", launch, nothing);
+  };
+  return {run(), o, lse};
+}
+
+// cu_seqlens as the kernel reads it: int32, contiguous, (batch + 1,) on query's device.
+std::string check_cu_seqlens(const at::Tensor& cu, const char* name, const at::Tensor& q, int64_t entries) {
+  LAB_REQUIRE(on_gpu(cu) && cu.device() == q.device(), name, " must be on query's device ", q.device(), ", got ",
+              cu.device());
+  LAB_REQUIRE(cu.scalar_type() == at::kInt, name, " must be int32, got ", cu.scalar_type());
+  LAB_REQUIRE(cu.dim() == 1 && cu.size(0) >= 1 && (entries < 0 || cu.size(0) == entries), name,
+              " must be 1-D (batch + 1,) and match cu_seqlens_q, got shape ", cu.sizes());
+  LAB_REQUIRE(cu.is_contiguous(), name, " must be contiguous");
+  return "";
+}
+
+// The packed call (attention_varlen without the host check of cu_seqlens: its values are clamped by the kernel):
+// (total, H, D) tensors, checked as the (1, H, total, D) views lab.masks.op checks; out (and the (H_q, total_q) lse)
+// allocated here; rows of no sequence left unwritten, as the full path leaves them without a host copy.
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_auto(
+    int64_t launcher, int64_t left, int64_t right, double softcap, at::Tensor q, at::Tensor k, at::Tensor v,
+    at::Tensor cu_q, at::Tensor cu_k, int64_t max_q, int64_t max_k, c10::optional<at::Tensor> sinks, bool want_lse,
+    c10::optional<double> scale) {
+  for (const at::Tensor* t : {&q, &k, &v})
+    if (t->dim() != 3) return {"refused", at::Tensor(), c10::nullopt};
+  const at::Tensor q4 = q.unsqueeze(0).transpose(1, 2), k4 = k.unsqueeze(0).transpose(1, 2),
+                   v4 = v.unsqueeze(0).transpose(1, 2);
+  if (!python_rules_hold(q4, k4, v4, true) || wants_grad(sinks)) return {"refused", at::Tensor(), c10::nullopt};
+  const double s = scale_or_default(scale, q4);
+  at::Tensor o = at::empty(q.sizes(), q.options());
+  c10::optional<at::Tensor> lse;
+  if (want_lse) lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+  auto run = [&]() -> std::string {
+    int dtype = 0;
+    at::Tensor o4 = o.unsqueeze(0).transpose(1, 2);
+    LAB_TRY(check_call(q4, k4, v4, o4, "key", "value", s, &dtype));
+    LAB_TRY(check_cu_seqlens(cu_q, "cu_seqlens_q", q, -1));
+    LAB_TRY(check_cu_seqlens(cu_k, "cu_seqlens_k", q, cu_q.size(0)));
+    LAB_REQUIRE(max_q >= 0 && max_q <= kIntMax && max_k >= 0 && max_k <= kIntMax,
+                "max_seqlen_q / max_seqlen_k must be in [0, 2^31), got ", max_q, " / ", max_k);
+    AttnMaskParams p{};
+    if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, lse->numel(), true, &p.base.lse));
+    LAB_TRY(mask_fields(p, left, right, 0, softcap, sinks, q4));
+    auto launch = [&](const at::Tensor& qr, const at::Tensor& kr, const at::Tensor& vr, const at::Tensor& ow) {
+      fill_attention(p.base, qr, kr, vr, ow, s, false, dtype);
+      for (int64_t* st : {p.base.q_stride, p.base.k_stride, p.base.v_stride, p.base.o_stride}) st[0] = 0;
+      p.base.batch = static_cast<int>(cu_q.size(0) - 1);  // (the views' B, S are 1 and total: packed sizes instead)
+      p.base.seqlen_q = static_cast<int>(max_q);
+      p.base.seqlen_k = static_cast<int>(max_k);
+      p.cu_seqlens_q = cu_q.data_ptr<int32_t>();
+      p.cu_seqlens_k = cu_k.data_ptr<int32_t>();
+      p.total_q = static_cast<int>(qr.size(2));
+      p.total_k = static_cast<int>(kr.size(2));
+      return run_launcher<AttnMaskLauncher>(launcher, p, "packed attention kernel");
+    };
+    return launch_on_copies(o4, q4, k4, v4, "key", "value", launch, nothing);
+  };
+  return {run(), o, lse};
 }
 
 std::tuple<std::string, at::Tensor> decode_call(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v,
@@ -704,6 +813,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_fwd", &decode_fwd, "split-K decoding through a launcher address");
   m.def("attn_call", &attn_call, "forward attention, output allocated here: (error, out, lse)");
   m.def("attn_auto", &attn_auto, "lab.ops.attention's eager call: (error or \"refused\", out, lse)");
+  m.def("attn_mask_auto", &attn_mask_auto,
+        "lab.ops.attention's eager masked call (window, softcap, sinks): (error or \"refused\", out, lse)");
+  m.def("attn_varlen_auto", &attn_varlen_auto,
+        "lab.ops.attention_varlen's eager call, cu_seqlens unchecked on the host: (error or \"refused\", out, lse)");
   m.def("decode_call", &decode_call, "split-K decoding, output and workspaces allocated here: (error, out)");
   m.def("decode_auto", &decode_auto, "lab.ops.decode's eager contiguous call: (error or \"refused\", out)");
   m.def("decode_paged_call", &decode_paged_call,

@@ -18,7 +18,7 @@ import torch
 from ..kernels import launcher
 from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _readable, _scale
 from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
-from . import backward, spec, varlen_bwd
+from . import backward, fast, spec, varlen_bwd
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnMaskParams (kernels/common/params.h) packed in one struct.pack call: AttnFwdParams (q, k, v, o, lse; four
 # strides of 3; batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype; 4 bytes of padding;
@@ -134,6 +134,11 @@ def _varlen_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right
 def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, return_lse, causal_variant,
                      window_size, softcap, sinks):
     """lab.ops.attention with window_size, softcap or sinks (lab.fwd.op.attention hands such calls here)."""
+    if version is None:  # the eager call in one crossing (lab.masks.fast), or None: the full path below
+        answer = fast.attention(query, key, value, is_causal, scale, enable_gqa, return_lse, causal_variant,
+                                window_size, softcap, sinks)
+        if answer is not None:
+            return answer
     mask = spec.make_mask(is_causal, window_size, softcap)
     if causal_variant not in ("upper_left", "lower_right"):
         raise ValueError(f"causal_variant must be 'upper_left' or 'lower_right', got {causal_variant!r}")
@@ -146,6 +151,8 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
     if key.shape[2] == 0:
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
     spec.check_sinks(sinks, query.shape[1], query.device)
+    if sinks is not None and not sinks.is_contiguous():  # the kernels read sinks[h] at sinks.data_ptr() + 4 h
+        sinks = sinks.contiguous()
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, sinks)):
         backward.masked_bwd_version(query.device)  # NotImplementedError where no masked backward runs
     scale = _scale(scale, query.shape[-1])
@@ -210,6 +217,10 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     check_cu_seqlens=True); otherwise they are left unwritten, as FlashAttention leaves them. Differentiable in
     query, key, value and sinks on compute capability 9.0 (lab.masks.varlen_bwd).
     """
+    answer = fast.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                         window_size, softcap, sinks, return_lse, check_cu_seqlens, version)
+    if answer is not None:  # the eager call in one crossing (lab.masks.fast); else the full path below
+        return answer
     mask = spec.make_mask(is_causal, window_size, softcap)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
@@ -232,6 +243,9 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], query.device, cu_seqlens_q.shape[0] - 1,
               check_cu_seqlens, max_seqlen_k)
     spec.check_sinks(sinks, query.shape[1], query.device)
+    # the kernels read sinks and cu_seqlens as contiguous arrays
+    sinks = sinks.contiguous() if sinks is not None and not sinks.is_contiguous() else sinks
+    cu_seqlens_q, cu_seqlens_k = (cu if cu.is_contiguous() else cu.contiguous() for cu in (cu_seqlens_q, cu_seqlens_k))
     if query.shape[-1] not in FAST_HEAD_DIMS:
         raise NotImplementedError(f"lab.ops.attention_varlen: head dim {query.shape[-1]} has no kernel "
                                   f"(kernels at {list(FAST_HEAD_DIMS)}; the dense op pads other head dims)")
