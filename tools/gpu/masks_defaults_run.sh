@@ -2,8 +2,8 @@
 # After a masks candidate became the default (tools/gpu/masks_candidates_run.sh judged it): the defaults' evidence in one
 # call. compute-sanitizer's four tools over the public calls (fwd: masks_sanitize.py, bwd: masks_bwd_sanitize.py;
 # memcheck, racecheck, synccheck under the kernel filters of masks_softcap_run.sh / masks_bwd_sanitize.sh, initcheck on
-# every kernel), the host profile of the masked calls (masks_host_profile.py), then chapter n13 as a session on a
-# quiet GPU (masks_session.sh). Carry .whl.
+# every kernel), the host profile of the masked calls (masks_host_profile.py), the masks' GPU tests
+# (tests/test_masks_gpu.py), then chapter n13 as a session on a quiet GPU (masks_session.sh). Carry .whl.
 #   LAB_COMMIT=<sha> bash tools/gpu/masks_defaults_run.sh   -> $OUT/san.tgz, $OUT/n13.tgz, $OUT/session.log, ...
 set -u
 TOP=${OUT:-/tmp/masks_defaults}; R=$TOP/san; mkdir -p "$R"
@@ -35,4 +35,6 @@ gzip -9 "$R"/*initcheck.log
 tar czf "$TOP/san.tgz" -C "$TOP" san && rm -rf "$R"
 timeout ${PROFILE_TIMEOUT:-60} python3 tools/gpu/masks_host_profile.py > "$TOP/host_profile.log" 2>&1
 echo "rc=$?" >> "$TOP/host_profile.log"
+timeout ${PYTEST_TIMEOUT:-90} python3 -m pytest -q -p no:cacheprovider -rf tests/test_masks_gpu.py > "$TOP/pytest_gpu.log" 2>&1
+echo "pytest rc=$?" >> "$TOP/pytest_gpu.log"; tail -n 3 "$TOP/pytest_gpu.log"
 SESSION_TIMEOUT=${SESSION_TIMEOUT:-220} OUT=$TOP bash tools/gpu/masks_session.sh
