@@ -47,6 +47,7 @@ BWD = {
     "v14": Kernel("bwd/v14_tail.cu", "attn_bwd_v14", (64, 128), ((9, 0),)),
     "v15": Kernel("bwd/v15_lastconv.cu", "attn_bwd_v15", (64, 128), ((9, 0),)),
     "v16": Kernel("bwd/v16_ringconv.cu", "attn_bwd_v16", (64, 128), ((9, 0),)),
+    "v17": Kernel("bwd/v17_ordered.cu", "attn_bwd_v17", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;
@@ -64,7 +65,10 @@ MASKED_BWD = {
 BEST_MASKED_BWD = ("v08",)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
 BEST_BWD_HOPPER = ("v14", "v13", "v12", "v10", "v07", "v05", "v02", "v01", "v09")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
-DETERMINISTIC_BWD = ("v01",)  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
+DETERMINISTIC_BWD = ("v01", "v17")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
+# The deterministic mode's preference on compute capability 9.0, before BEST_BWD: v17 (v14 with dQ added in a fixed
+# order).
+DETERMINISTIC_BWD_HOPPER = ("v17",)
 PAGED_DECODE = ("v03", "v04", "v05")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
 PAGED_HEADS = {"v04": 8}
@@ -192,7 +196,7 @@ def default_versions(capability: tuple) -> dict[str, set]:
     decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | _default_paged()
     hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
     bwd = {_version(None, BWD, d, BEST_BWD_HOPPER if hopper else BEST_BWD) for d in FWD_HEAD_DIMS} | \
-        set(DETERMINISTIC_BWD)
+        set(DETERMINISTIC_BWD_HOPPER if hopper else DETERMINISTIC_BWD[:1])
     return {"fwd": fwd, "decode": decode, "bwd": bwd}
 
 

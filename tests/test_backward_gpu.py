@@ -88,17 +88,23 @@ def _inputs(B=2, Hq=4, Hkv=2, Sq=300, Sk=257, D=128, dtype=torch.bfloat16, seed=
     return q, k, v, do
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("D", [64, 128])
-def test_deterministic_mode_is_bit_identical_across_runs(D):
+@pytest.mark.parametrize("version", backward.DETERMINISTIC_BWD)
+def test_deterministic_mode_is_bit_identical_across_runs(version, D, causal):
+    _runs_here(version, head_dim=D)
     q, k, v, do = _inputs(Sq=1025, Sk=2049, D=D)
-    run = backward_harness.bwd_runner("v01", deterministic=True)
-    first = run(q, k, v, True, None, do)
+    run = backward_harness.bwd_runner(version, deterministic=True)
+    first = run(q, k, v, causal, None, do)
     for _ in range(3):
-        again = run(q, k, v, True, None, do)
+        again = run(q, k, v, causal, None, do)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-def test_torch_deterministic_algorithms_selects_the_separate_dq_pass():
+def test_torch_deterministic_algorithms_gives_bit_identical_gradients():
+    capability = tuple(torch.cuda.get_device_capability())
+    assert backward.backward_version(128, capability=capability, deterministic=True) == \
+        ("v17" if capability == (9, 0) else "v01")  # v14's kernel with ordered dQ adds on Hopper, v01's dQ pass elsewhere
     q, k, v, do = _inputs(Sq=1025, Sk=2049)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     torch.use_deterministic_algorithms(True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from .. import build
 from ..kernels import launcher
 from ..op_common import _capability
@@ -26,8 +28,10 @@ NODE_HEAD_DIMS = BWD[DETERMINISTIC_BWD[0]].head_dims
 
 
 def deterministic_launcher(head_dim: int) -> int:
-    """The deterministic backward's launcher for this head dim (built on first use): the node's resolver."""
-    return launcher(BWD, backward_version(head_dim, deterministic=True))
+    """The deterministic backward's launcher for this head dim on the current device (the autograd engine runs a
+    node's backward with its device current), built on first use: the node's resolver."""
+    capability = _capability(torch.device("cuda")) if torch.cuda.is_available() else ()
+    return launcher(BWD, backward_version(head_dim, capability=capability, deterministic=True))
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,8 +9,9 @@ a fake implementation, so torch.compile(fullgraph=True) traces forward plus back
 Which kernel: on compute capability 9.0, the first of lab.registry.BEST_BWD_HOPPER (wgmma, TMA, warp-specialised;
 kernels/bwd/README.md has the family and what each version buys); elsewhere v01 (mma.sync; dQ by fp32 atomics). Head dims 192 and 256 (and every D from 129 up,
 padded by lab.fwd.head_dims): v09 (mma.sync, FA2's wide-head tiling) on every GPU. When torch.are_deterministic_algorithms_enabled(),
-v01's separate dQ pass on every GPU (bit-identical across runs; kernels/bwd/v01_mma.cu says why it costs more):
-v02's reduction order is not fixed.
+v17 on compute capability 9.0 (v14 with dQ added in a fixed order: kernels/bwd/v17_ordered.cu) and v01's separate
+dQ pass elsewhere (kernels/bwd/v01_mma.cu says why it costs more); both are bit-identical across runs, where the
+other versions' reduction order is not fixed.
 """
 from __future__ import annotations
 
@@ -19,17 +20,20 @@ import torch
 from .. import build
 from ..kernels import launcher, resolve_version
 from ..op_common import _capability, register_autograd_once
-from ..registry import BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD  # noqa: F401 (re-exported)
+from ..registry import (BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD,  # noqa: F401 (re-exported)
+                        DETERMINISTIC_BWD_HOPPER)
 
 # The table and preference lists live in lab.registry (no torch: the drivers and sanitizer scripts read them).
 
 
 def backward_version(head_dim: int, version=None, capability: tuple = (), deterministic: bool = False) -> str:
     """The backward kernel for this head dim on a GPU of `capability`: `version` checked, or the first of the
-    preference (BEST_BWD_HOPPER on 9.0 unless deterministic, else BEST_BWD) that takes it."""
+    preference (on 9.0 BEST_BWD_HOPPER, or DETERMINISTIC_BWD_HOPPER when deterministic; else BEST_BWD) that takes it."""
     if version is not None and deterministic and resolve_version(version, BWD, head_dim, ()) not in DETERMINISTIC_BWD:
         raise ValueError(f"backward {version} has no deterministic mode; deterministic versions: {DETERMINISTIC_BWD}")
-    hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities and not deterministic
+    hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
+    if deterministic:  # BEST_BWD after v17: v01, and v09 for the wide head dims (which refuses the mode)
+        return resolve_version(version, BWD, head_dim, (DETERMINISTIC_BWD_HOPPER if hopper else ()) + BEST_BWD)
     return resolve_version(version, BWD, head_dim, BEST_BWD_HOPPER if hopper else BEST_BWD)
 
 

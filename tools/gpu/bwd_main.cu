@@ -135,7 +135,7 @@ static bool run_one(const Cfg& c, int deterministic, std::mt19937& rng, bool ver
   AttnBwdParams prm{};
   prm.q = gq; prm.k = gk; prm.v = gv; prm.o = go; prm.dout = gdo; prm.lse = glse;
   prm.dq = gdq; prm.dk = gdk; prm.dv = gdv;
-  prm.delta = gwork; prm.lse_log2 = gwork + padded; prm.dq_accum = deterministic ? nullptr : gwork + 2 * padded;
+  prm.delta = gwork; prm.lse_log2 = gwork + padded; prm.dq_accum = gwork + 2 * padded;  // bwd v17 orders its adds there in the deterministic mode too
   const int64_t qs[3] = {(int64_t)c.Hq * c.Sq * c.D, (int64_t)c.Sq * c.D, c.D};
   const int64_t ks[3] = {(int64_t)c.Hkv * c.Sk * c.D, (int64_t)c.Sk * c.D, c.D};
   for (int i = 0; i < 3; ++i) {

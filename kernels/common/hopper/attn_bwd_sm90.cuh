@@ -554,12 +554,13 @@ int launch(const P& p, cudaStream_t st, int dev) {
   return cudaGetLastError();
 }
 
-// The extern "C" entry of a Hopper backward: check the call, then Launch<D, T>::run(p, stream, dev).
-template <template <int, class> class Launch>
+// The extern "C" entry of a Hopper backward: check the call, then Launch<D, T>::run(p, stream, dev). kOrderedDq: the
+// version adds dQ in a fixed order (bwd/v17), so it takes the deterministic mode too.
+template <template <int, class> class Launch, bool kOrderedDq = false>
 int entry(const AttnBwdParams* p, void* stream) {
   if (const int rc = lab::check_bwd_params(p)) return rc < 0 ? rc : 0;
   if (p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30)) return LAB_E_SHAPE;  // TMA coordinates are int32
-  if (p->deterministic) return LAB_E_MODE;  // the copy engine's reduction order is not fixed: v01's dQ pass
+  if (p->deterministic && !kOrderedDq) return LAB_E_MODE;  // reductions land in any order: v01's dQ pass or v17
   int dev = 0;
   if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
   cudaStream_t st = static_cast<cudaStream_t>(stream);

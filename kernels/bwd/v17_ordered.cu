@@ -1,0 +1,109 @@
+// Backward attention v17: v14's kernel with dQ added in a fixed order, so that torch.use_deterministic_algorithms
+// gets bit-identical gradients from a Hopper kernel instead of v01's mma.sync passes.
+// Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd under
+// torch.use_deterministic_algorithms(True).
+//
+// Why. dQ is a sum over key blocks: every CTA (one key block of one KV head) adds its partial of each query row
+// block into dq_accum with float32 reductions. Float addition is not associative, and v14's CTAs add in whatever
+// order they reach the rows, so two runs differ in dQ's last bits. v01's deterministic mode avoids the sum with a
+// separate dQ pass that recomputes S and dP per query block (about 40 % more tensor work, on mma.sync): 0.23-0.27x
+// SDPA-cuDNN's backward in GPU time at D = 128, S = 4096 (kernels/bwd/README.md).
+//
+// What changes (OrderedSink and OrderedSteps below; the loop, the config, the GEMMs and the stores are v14's):
+// - a counter word per (batch, query head, 64-row block, consumer warpgroup), after dq_accum (the workspace's
+//   word per padded row), zeroed by a memset before the kernel;
+// - before adding its partial of a row block, a warpgroup's first thread waits until the counter says that every
+//   key block after its own that adds into those rows has added (the rows of key blocks kb+1 .. last, last being
+//   n_kb - 1, or with the causal mask the last key block that reaches the block's first row); the warpgroup then
+//   adds, each thread fences its reductions, and the first thread counts the warpgroup's add with a release;
+// - the grid runs each head's key blocks last to first, so every block a CTA waits on was dispatched before it
+//   (no CTA can wait on one that is not resident), and with the causal mask block kb + 1 starts on the query block
+//   after kb's first, one step ahead of kb at every row block they share: the order costs the causal grid no wait
+//   once both run. Without the mask every CTA of a head starts on the same row block, so CTA kb waits for all
+//   blocks after it once, at its first add (a ramp of the signal latency times the blocks ahead of it).
+// - each warpgroup's adds touch its own columns (D = 128) or its own rows (D = 64, v13's row split), so ordering
+//   per warpgroup orders every element's sum; the GQA group's heads have words of their own.
+// v17 orders dQ in either mode: lab.ops takes it for the deterministic mode on compute capability 9.0 and keeps
+// v14 otherwise.
+//
+// Prediction (H100, GPU time, against v14 in one process): the release fence waits for the warpgroup's reductions
+// to reach L2 on every step (v06's per-step fences cost 28-35 %), partly hidden by the other warpgroup's GEMMs;
+// causal 0.75-0.85x v14, non-causal 0.65-0.8x (the start ramp on top); against v01's deterministic mode 2.5-3.5x.
+//
+// Limits: v14's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale). The order assumes the
+// GPU dispatches CTAs in grid order (as it does; FlashAttention-3's deterministic backward relies on the same): a
+// CTA then waits only on CTAs that started before it.
+//
+// Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v17_ordered.cu
+#define LAB_BWD_ZERO_IN_PRE 1
+#include "common/hopper/attn_bwd_stagger.cuh"
+
+namespace {
+using namespace lab::sm90;
+using namespace lab::sm90::bwd;
+
+// v14's configuration.
+template <int D>
+using Cfg17 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
+
+// The counter words: one per padded query row after dq_accum; word m0 + wg of a head's rows counts the adds into
+// row block m0 by warpgroup wg (row blocks are at least 64 rows, so the words never meet).
+template <class C>
+__device__ __forceinline__ int* order_word(const AttnBwdParams& p, int b, int hq, int m0, int wg) {
+  const int64_t sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  int* words = reinterpret_cast<int*>(p.dq_accum + (int64_t)p.batch * p.heads_q * sq_pad * C::D);
+  return words + ((int64_t)b * p.heads_q + hq) * sq_pad + m0 + wg;
+}
+
+// v14's reductions, each after the key blocks before it in the order (kb + 1 .. last) have added theirs.
+struct OrderedSink {
+  template <class C>
+  __device__ __forceinline__ void add(const float (&dq)[C::kDqRegs], uint8_t*, const Work& work, int j,
+                                      const AttnBwdParams& p) {
+    static_assert(C::kSplitDq, "each warpgroup adds into elements of its own, so a count per warpgroup orders them");
+    const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+    const int hq = work.head(j), m0 = work.m0(j, C::BR);
+    const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC, kb = work.n0 / C::BC;
+    const int last = p.causal ? min(n_kb - 1, m0 / C::BC) : n_kb - 1;  // block kb' reaches row m0 iff kb' * BC <= m0
+    int* word = order_word<C>(p, work.b, hq, m0, wg);
+    if (wt == 0) {  // no bound on the polls: a __trap() after a count of them makes ptxas spill about 2 KB a thread
+      for (int seen;;) {  // around the loop (the accumulators stay live across it) and serialise the wgmma instructions
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(word) : "memory");
+        if (seen == last - kb) break;
+        __nanosleep(32);
+      }
+    }
+    named_barrier_sync(kBarWg + wg, 128);  // the acquire above, before any thread's reductions
+    red_dq<C>(dq, hq, m0, work.b, p);
+    __threadfence();                       // this thread's reductions before the count
+    named_barrier_sync(kBarWg + wg, 128);
+    if (wt == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(word) : "memory");
+  }
+  template <class C>
+  __device__ __forceinline__ void finish(const Work&, const AttnBwdParams&) {}
+};
+
+// Head-major tiles, each head's key blocks last to first: a CTA waits only on CTAs dispatched before it.
+struct OrderedSteps : DenseSteps {
+  template <class C>
+  __device__ __forceinline__ static Work work(const AttnBwdParams& p) {
+    const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC, idx = blockIdx.x, nb = idx % n_kb;
+    return tile_work<C>(p, idx - nb + (n_kb - 1 - nb));
+  }
+};
+
+template <int D, class T>
+struct Launch {
+  static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
+    using C = Cfg17<D>;
+    if (p.dq_accum == nullptr) return LAB_E_WORKSPACE;  // the deterministic mode needs it here too
+    const int64_t rows = (int64_t)p.batch * p.heads_q * lab::bwd::padded_rows(p.seqlen_q);
+    const cudaError_t err = cudaMemsetAsync(p.dq_accum + rows * D, 0, rows * sizeof(int), st);
+    if (err != cudaSuccess) return err;
+    return launch<C, T, bwd_dkdv_stagger<C, T, OrderedSink, OrderedSteps>>(p, st, dev);
+  }
+};
+
+}  // namespace
+
+extern "C" int attn_bwd_v17(const AttnBwdParams* p, void* stream) { return entry<Launch, true>(p, stream); }
