@@ -60,10 +60,16 @@
 //   3 % at 2048, under 1 % at 8192 (lab.fwd.work_order.consumer_tile_saving); with the Q load, fill and epilogue
 //   unchanged, +6-10 % / +5-8 % at S = 512 causal, +1-2.5 % at 2048, within noise at 8192 and non-causal.
 //   Measure: tools/gpu/wide_tiles.sh (LAB_V10_WG_TILES=0 against the default, kernel-level in rounds).
+//   Outcome (H100, outputs/driver_logs/20261126-h100-wide-tiles-258abfc/): equal to the old count bit for bit (42
+//   outputs), +5.1 % / +3.3 % at S = 512 causal (D 192 / 256), +2.4 / +2.1 % at 2048 causal, within 1 % elsewhere.
+//   Below the prediction at S = 512: the lower consumer still runs the last tile, now alone, with no second
+//   warpgroup's GEMM to hide its softmax under. There the kernel is 0.87 / 0.93x SDPA-cuDNN, the old count 0.83 /
+//   0.90, in the same process.
 // - A candidate, off (LAB_V10_EPILOGUE_DIRECT=1): O stored from the accumulators with 8-byte stores (v07's
 //   epilogue_direct) in place of the staging through the consumer's Q tile (two named barriers, a shared-memory
 //   round trip, 16-byte stores). At S = 512 a CTA runs 5-7 key tiles, so its fixed cost shows: prediction +0-3 %
-//   there, level from S = 2048.
+//   there, level from S = 2048. Outcome (H100, same folder): +1.2-2.0 % at S = 512, +0.2-0.7 % at 2048, 42/42
+//   checks, memcheck / racecheck / synccheck clean; to be the default with the next n14 session.
 //
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
 // and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.
@@ -288,7 +294,10 @@ extern "C" int attn_fwd_v10(const AttnFwdParams* p, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == LAB_BF16;
 #if LAB_FWD_NARROW_QK_STEPS >= 3
-  if (d == 160)  // S over the 10 k16 steps that hold data, not the width's 12 (common attn_fwd_sm90.cuh's Narrow)
+  // S over the 10 k16 steps that hold data, not the width's 12 (common attn_fwd_sm90.cuh's Narrow). H100
+  // (outputs/driver_logs/20261126-h100-wide-tiles-258abfc/): equal to level 2 bit for bit, +2.8-5.0 % (predicted
+  // +2-5 %); not yet sanitized at D = 160, so level 2 stays the default.
+  if (d == 160)
     return bf16 ? launch<NarrowSteps<Cfg192, 160>, __nv_bfloat16>(*p, st, dev)
                 : launch<NarrowSteps<Cfg192, 160>, __half>(*p, st, dev);
 #endif

@@ -1,6 +1,6 @@
 """Small calls at the narrow head dims for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): fwd v05 and
 v07 reading D_qk = D_v below 128 unpadded (lab.fwd.head_dims.narrow) in every instantiation the public op reaches
-(lab.fwd.narrow_gpu.SHAPES' comment says which shape reaches which), fwd v10's at 136 and 200; odd lengths, GQA, fp16 / bf16, causal and not,
+(lab.fwd.narrow_gpu.SHAPES' comment says which shape reaches which), fwd v10's at 136, 160 (level 3's NarrowSteps when LAB_FWD_NARROW_QK_STEPS >= 3) and 200; odd lengths, GQA, fp16 / bf16, causal and not,
 LSE, a negative scale (the unfolded kernels), and (B, S, H, D) views. A store past D_v in any row but the last
 lands inside the next row, which memcheck cannot see and narrow_gpu.narrow_checks does (the LAB_FWD_BUG_NARROW_SHORT
 build must fail them); past the last row's D_v it leaves the tensor, which memcheck sees.
@@ -17,7 +17,7 @@ SHAPES = ((65, 130, True), (1, 1025, True), (257, 63, False), (600, 65, False), 
 
 with torch.no_grad(), unpadded():
     dims = ((32, torch.bfloat16), (80, torch.float16), (96, torch.bfloat16), (8, torch.float16), (120, torch.bfloat16),
-            (200, torch.bfloat16), (136, torch.float16))
+            (200, torch.bfloat16), (136, torch.float16), (160, torch.bfloat16))
     if "--dims" in sys.argv:
         chosen = {int(d) for d in sys.argv[sys.argv.index("--dims") + 1].split(",")}
         dims = tuple((D, dtype) for D, dtype in dims if D in chosen)
