@@ -1,9 +1,10 @@
 """Small calls at the narrow head dims for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): fwd v05 and
 v07 reading D_qk = D_v below 128 unpadded (lab.fwd.head_dims.narrow) in every instantiation the public op reaches
 (lab.fwd.narrow_gpu.SHAPES' comment says which shape reaches which), fwd v10's at 136, 160 (NarrowSteps when
-LAB_FWD_NARROW_QK_STEPS >= 3) and 200; odd lengths, GQA, fp16 / bf16, causal and not, LSE, a negative scale (the unfolded kernels), and (B, S, H, D) views. A store past D_v in any row but the last
-lands inside the next row, which memcheck cannot see and narrow_gpu.narrow_checks does (the LAB_FWD_BUG_NARROW_SHORT
-build must fail them); past the last row's D_v it leaves the tensor, which memcheck sees.
+LAB_FWD_NARROW_QK_STEPS >= 3) and 200; odd lengths, GQA, fp16 / bf16, causal and not, LSE, a negative scale (the
+unfolded kernels), and (B, S, H, D) views. A store past D_v in any row but the last lands inside the next row,
+which memcheck cannot see and narrow_gpu.narrow_checks does (the LAB_FWD_BUG_NARROW_SHORT build must fail them);
+past the last row's D_v it leaves the tensor, which memcheck sees.
 Usage: compute-sanitizer --tool memcheck python3 tools/gpu/narrow_sanitize.py [--wide | --dims 80,96]  (--wide: fwd
 v10's only; --dims: those of the dims below only)"""
 import sys
