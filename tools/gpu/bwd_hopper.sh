@@ -3,7 +3,8 @@
 # float64 gradients, and the D-term self-test build that must fail), compute-sanitizer (memcheck, racecheck,
 # synccheck, initcheck) on the driver, then tools/gpu/bwd_race.py (checks through lab.check, the race).
 # Usage inside `run`: bash tools/gpu/bwd_hopper.sh VERSION CASE_FILTER [race flags]; logs and records to $OUT.
-# BWD_NVCC_FLAGS adds compile switches to the driver builds (e.g. -DLAB_V04_MAX_CTAS=2: several tiles per CTA).
+# BWD_NVCC_FLAGS adds compile switches to the driver builds (e.g. -DLAB_V04_MAX_CTAS=2: several tiles per CTA);
+# BWD_MODES=2 runs the deterministic mode too (bwd v17).
 set -u
 OUT=${OUT:-/tmp/bwd_out}; mkdir -p "$OUT"
 V=${1:-v02}; FILTER=${2:-}; shift 2 || true
@@ -14,7 +15,7 @@ TAG=$V${BWD_TAG:+_$BWD_TAG}; LOG=$OUT/bwd_$TAG.log
   nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm --format=csv
   nvcc --version | tail -1; python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } > "$LOG" 2>&1
 B=$(mktemp -d); DRV=tools/gpu/bwd_main.cu
-NV="nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_90a,code=sm_90a -DBWD_FN=$SYM -DBWD_MODES=1 ${BWD_NVCC_FLAGS:-}"
+NV="nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_90a,code=sm_90a -DBWD_FN=$SYM -DBWD_MODES=${BWD_MODES:-1} ${BWD_NVCC_FLAGS:-}"
 $NV $DRV $SRC -o $B/bwd > $B/build.log 2>&1 &
 $NV -DLAB_BWD_BUG_NO_DELTA $DRV $SRC -o $B/bwd_bug > /dev/null 2>&1 &
 python3 -c "from lab import build; build.binding(); print('binding ok')" > $B/binding.log 2>&1 &
