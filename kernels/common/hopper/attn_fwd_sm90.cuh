@@ -130,8 +130,9 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // at D = 32 (a quarter of the tensor work; the width-64 loop is more softmax-bound than the width-128 one, so
 // +4-9 %) and 2 of 12 at D = 160 (a twelfth of the tensor work, +2-5 %). Outcome (H100,
 // outputs/driver_logs/20261126-h100-narrow-qk-d32-0acd4a4/): D = 32 +3.2-6.7 % (level 1 takes 1.032-1.067x level 2's
-// kernel time, least at S = 512), 12/12 checks, the four sanitizers clean: level 2 is the default. D = 160 is not
-// yet measured: V10=1 tools/gpu/narrow_steps.sh.
+// kernel time, least at S = 512), 12/12 checks, the four sanitizers clean: level 2 is the default. D = 160 (H100,
+// outputs/driver_logs/20261126-h100-wide-tiles-258abfc/): +2.8-5.0 %, equal to level 2 bit for bit; a candidate
+// until compute-sanitizer has run it.
 #ifndef LAB_FWD_NARROW_QK_STEPS
 #define LAB_FWD_NARROW_QK_STEPS 2
 #endif
