@@ -8,6 +8,7 @@
 #      fail), ab (GPU time against v03's default loader beside SDPA-cuDNN), then sanitize under memcheck, racecheck and
 #      initcheck (no kernel filter: pass 1 and the combine both seen; inputs made on the CPU).
 # Logs and the A/B's JSON lines in $OUT/lean.tgz.   LAB_COMMIT=<sha> bash tools/gpu/paged_lean_call.sh   (carry .whl)
+# CHAPTERS=0 skips step 2, AB=0 the A/B.
 set -u
 start=$(date +%s); END=$(( start + ${BUDGET:-520} ))
 OUT=${OUT:-/tmp/paged_lean}; D=$OUT/lean; mkdir -p "$D"
@@ -38,13 +39,13 @@ with ThreadPoolExecutor(2) as pool:
 EOF
 wait
 echo "builds done $(( $(date +%s) - start )) s" >> "$D/steps.txt"
-for spec in "n11_paged_decode:full:${N11_LIMIT:-300}" "n7_split_k:quick:${N7_LIMIT:-150}"; do
+[ "${CHAPTERS:-1}" = 0 ] || for spec in "n11_paged_decode:full:${N11_LIMIT:-300}" "n7_split_k:quick:${N7_LIMIT:-150}"; do
   IFS=: read -r chapter cases limit <<< "$spec"
   step "$chapter" "$limit" python3 -m lab session --device cuda --cases "$cases" --chapters "$chapter" \
     --tarball "$OUT/$chapter.tgz" --no-log
 done
 step lean_check 90 python3 tools/gpu/paged_lean.py check
-step lean_ab 90 python3 tools/gpu/paged_lean.py ab "$D/ab.jsonl"
+[ "${AB:-1}" = 0 ] || step lean_ab 90 python3 tools/gpu/paged_lean.py ab "$D/ab.jsonl"
 for tool in memcheck racecheck initcheck; do
   step "sanitize_$tool" 90 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool \
     python3 tools/gpu/paged_lean.py sanitize
