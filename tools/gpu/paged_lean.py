@@ -65,7 +65,9 @@ def run_checks() -> int:
                 print("FAIL", case.name, "splits", splits, "paged" if paged_cache else "contiguous", flush=True)
     print(f"lean checks: {total - failed}/{total} passed", flush=True)
     wrong = []
-    for case in (cases.paged_tests_cases()[2], cases.paged_head_dim_tests_cases()[0]):
+    # D 128: a thread copies two rows of each 16-key group, so the wrong build reads a wrong V row. At D 64 a thread
+    # has one row a group and the wrong build computes the right answer (its first run here passed there, 2 calls).
+    for case in (cases.paged_tests_cases()[2],):
         a = paged.paged_inputs(case, paged.gen_on("cuda", 7), "cuda")
         wrong += [judge(*call(WRONG, a, case, 1, pc), a, case) for pc in (True, False)]
     print(f"wrong build (LAB_PAGED_LEAN_BUG): {sum(not w for w in wrong)}/{len(wrong)} calls fail, as they must", flush=True)
