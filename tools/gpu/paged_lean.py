@@ -65,8 +65,8 @@ def run_checks() -> int:
                 print("FAIL", case.name, "splits", splits, "paged" if paged_cache else "contiguous", flush=True)
     print(f"lean checks: {total - failed}/{total} passed", flush=True)
     wrong = []
-    # D 128: a thread copies two rows of each 16-key group, so the wrong build reads a wrong V row. At D 64 a thread
-    # has one row a group and the wrong build computes the right answer (its first run here passed there, 2 calls).
+    # D 128: a thread copies two rows of each 16-key group, so the wrong build reads a wrong V row. Not D 64: there a
+    # thread has one row a group, and the wrong build computes the right answer.
     for case in (cases.paged_tests_cases()[2],):
         a = paged.paged_inputs(case, paged.gen_on("cuda", 7), "cuda")
         wrong += [judge(*call(WRONG, a, case, 1, pc), a, case) for pc in (True, False)]
