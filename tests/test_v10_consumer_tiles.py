@@ -6,7 +6,7 @@ import re
 import pytest
 
 from lab import paths
-from lab.fwd.work_order import consumer_tile_saving, consumer_tiles
+from lab.fwd.work_order import consumer_tile_saving, consumer_tiles, v10_snake
 
 SOURCE = (paths.KERNELS / "fwd" / "v10_wide.cu").read_text()
 
@@ -51,3 +51,28 @@ def test_the_kernel_keeps_the_rule_the_model_mirrors():
     assert "min(p.seqlen_k, min(p.seqlen_q, wm0 + 64))" in body
     assert re.search(r"static_assert\(BC >= 64", SOURCE)  # the one-tile bound the release rule needs
     assert "#define LAB_V10_WG_TILES 1" in SOURCE
+
+
+@pytest.mark.parametrize("n_work,grid", [(1, 132), (131, 132), (132, 132), (2048, 132), (2049, 132), (300, 7)])
+def test_the_persistent_snake_takes_every_tile_once(n_work, grid):
+    order = v10_snake(n_work, grid)
+    assert sorted(w for tiles in order for w in tiles) == list(range(n_work))
+
+
+def test_the_snake_pairs_long_causal_blocks_with_short_ones():
+    """S = 512, B_r = 128: 4 query blocks a head, longest first (work_tile_at); 2048 tiles on 132 CTAs. Round robin
+    gives a CTA the same block every round; the snake evens the key tiles per CTA out."""
+    num_m, grid, n_work = 4, 132, 2048
+    cost = lambda w: num_m - w % num_m  # key tiles of block mb = num_m - 1 - w % num_m, in units of B_r keys
+    snake = [sum(map(cost, tiles)) for tiles in v10_snake(n_work, grid)]
+    robin = [sum(cost(w) for w in range(x, n_work, grid)) for x in range(grid)]
+    assert max(robin) / min(robin) >= 3.5
+    assert max(snake) / (sum(snake) / grid) < 1.1
+
+
+def test_the_kernel_walks_the_order_the_model_mirrors():
+    body = SOURCE[SOURCE.index("__device__ __forceinline__ int snake_tile"):]
+    body = body[:body.index("\n}\n")]
+    assert "i * g + ((i & 1) ? g - 1 - x : x)" in body
+    assert SOURCE.count("w = snake_tile(++i, n_work)") == 2  # the producer and the consumers walk the same tiles
+    assert "#define LAB_V10_PERSIST 0" in SOURCE

@@ -70,6 +70,14 @@
 //   round trip, 16-byte stores). At S = 512 a CTA runs 5-7 key tiles, so its fixed cost shows: prediction +0-3 %
 //   there, level from S = 2048. Outcome (H100, same folder): +1.2-2.0 % at S = 512, +0.2-0.7 % at 2048, 42/42
 //   checks, memcheck / racecheck / synccheck clean; to be the default with the next n14 session.
+// - A candidate, off (LAB_V10_PERSIST=1): one CTA per SM walking work tiles in snake order (snake_tile), the ring's
+//   stages counted across them, the next work tile's Q loaded as soon as both consumers' last S GEMM has read the
+//   buffer (`empty_q`), under the last P V and the epilogue (from registers, so Q's buffer stays free); a consumer
+//   that skipped a causal tail tile releases it once it has landed, since the next work tile's loads reuse the
+//   stage. What it targets: at S = 512 a CTA runs 5-7 key tiles in about 18 us (16 waves), and the Q load, the
+//   pipeline fill and the epilogue (a few us) run with nothing beside them; the cells behind cuDNN are those.
+//   Prediction: +5-10 % at S = 512 (with the direct epilogue's +1-2 %), +1-3 % at 2048, level at 8192; causal
+//   cells gain less (a static order where the hardware balanced CTAs before). Measure: tools/gpu/wide_persist.sh.
 //
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
 // and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.
@@ -100,6 +108,9 @@
 #endif
 #ifndef LAB_V10_EPILOGUE_DIRECT
 #define LAB_V10_EPILOGUE_DIRECT 0  // 1: O stored from registers (common epilogue_direct), no shared-memory staging
+#endif
+#ifndef LAB_V10_PERSIST
+#define LAB_V10_PERSIST 0  // 1: one CTA per SM looping over work tiles, the next Q loaded under the last P V (a candidate)
 #endif
 #ifndef LAB_V10_WG_TILES
 #define LAB_V10_WG_TILES 1  // causal: each consumer stops at the last key tile its own 64 rows see; 0: the CTA's count
@@ -143,26 +154,39 @@ __device__ __forceinline__ int consumer_tiles(const AttnFwdParams& p, int wm0, i
   const int kv_end = min(p.seqlen_k, min(p.seqlen_q, wm0 + 64));
   return min(n_tiles, (kv_end + Cfg::BC - 1) / Cfg::BC);
 }
+// A persistent CTA's i-th work tile (LAB_V10_PERSIST): round i of gridDim.x tiles, CTA x taking tile x of it in
+// even rounds and gridDim.x - 1 - x in odd ones. A head's causal query blocks run longest first (work_tile_at), so
+// where gridDim.x is a multiple of the blocks per head a plain round robin would hand a CTA the same block in
+// every round (at S = 512: 132 CTAs, 4 blocks, one CTA four times another's keys); the snake pairs long with short.
+// n_work (or more) once this CTA has none left. lab.fwd.work_order.v10_snake mirrors it.
+[[maybe_unused]] __device__ __forceinline__ int snake_tile(int i, int n_work) {
+  const int g = gridDim.x, x = blockIdx.x, w = i * g + ((i & 1) ? g - 1 - x : x);
+  return w < n_work ? w : n_work;
+}
 using Cfg192 = Cfg10<192, LAB_V10_D192_BC, LAB_V10_STAGES>;
 using Cfg256 = Cfg10<256, LAB_V10_D256_BC, LAB_V10_STAGES>;
 
-template <class Cfg, class T, bool kFold>
+template <class Cfg, class T, bool kFold, bool kPersist>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __grid_constant__ CUtensorMap tq,
                                                                         const __grid_constant__ CUtensorMap tk,
                                                                         const __grid_constant__ CUtensorMap tv,
                                                                         const AttnFwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  static_assert(!kPersist || LAB_V10_OVERLAP, "the persistent loop counts ring tiles in the overlapped loop only");
   extern __shared__ uint8_t smem_raw[];
   // K and V stages are released apart (v07's split barriers): with OVERLAP, K_j is free once S_j is done, a
   // whole P V earlier than V_j, so the next K load is not held behind it (one arrival per consumer warp).
-  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages], empty_q;
   uint8_t* smem = align1024(smem_raw);
   const SmemRing<Cfg> ring = smem_ring<Cfg>(smem);
 
-  const WorkTile work = cta_work_tile<Cfg>(p);
-  const int b = work.b, h = work.h, hkv = work.hkv, m0 = work.m0, n_tiles = work.n_tiles;
+  const WorkTile work0 = cta_work_tile<Cfg>(p);  // (kPersist: unused)
   const int wg = threadIdx.x / 128;
+  // kPersist: one CTA per SM, its work tiles in snake_tile's order, the ring's stage and phase counted over every
+  // K / V tile this CTA loads (`it`); Q's buffer is refilled once both consumers' last S GEMM of a work tile has
+  // read it (`empty_q`), under the P V and epilogue that end the tile. Else one work tile, blockIdx.x's, `it` 0.
+  const int n_work = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR * p.batch * p.heads_q;  // (kPersist only)
 
   if (threadIdx.x == 0) {
     init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
@@ -170,113 +194,149 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
     }
+    if constexpr (kPersist) mbar_init(smem_u32(&empty_q), 4 * Cfg::kConsumers);
     fence_barrier_init();
   }
   __syncthreads();
 
   if (wg == 0) {
-    // Producer: Q once, then K_j, V_j into the ring, each stage reused once every consumer warp released it.
+    // Producer: Q, then K_j, V_j into the ring, each stage reused once every consumer warp released it.
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
-      load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), m0, h, b);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % kStages;
-        const uint32_t free_phase = ((j / kStages) & 1) ^ 1;
-        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_phase);
-        mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
-        for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(ring.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, hkv, b);
-        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_phase);
-        mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
-        for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(ring.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
+      auto produce = [&](const WorkTile& work, int it, int i) {
+        if (kPersist && i > 0) mbar_wait(smem_u32(&empty_q), (i - 1) & 1);
+        load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), work.m0, work.h, work.b);
+        for (int j = 0; j < work.n_tiles; ++j) {
+          const int t = it + j, s = t % kStages;
+          const uint32_t free_phase = ((t / kStages) & 1) ^ 1;
+          if (t >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_phase);
+          mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+          for (int cb = 0; cb < D / 64; ++cb)
+            tma_load_4d(ring.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, j * BC, work.hkv, work.b);
+          if (t >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_phase);
+          mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+          for (int cb = 0; cb < D / 64; ++cb)
+            tma_load_4d(ring.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, work.hkv, work.b);
+        }
+      };
+      if constexpr (kPersist) {
+        for (int w = snake_tile(0, n_work), i = 0, it = 0; w < n_work; w = snake_tile(++i, n_work)) {
+          const WorkTile work = work_tile_at<Cfg>(p, w);
+          produce(work, it, i);
+          it += work.n_tiles;
+        }
+      } else {
+        produce(work0, 0, 0);
       }
     }
   } else {
     // Consumers: 64 rows each, v05's serial tile with the folded scale and two chains.
     setmaxnreg_inc<Cfg::kRegsConsumer>();
     const int ct = threadIdx.x - 128 * wg;
-    const int wm0 = m0 + 64 * (wg - 1);
-    const uint32_t sQw = ring.q + (wg - 1) * Cfg::kQBytesWG;
-    const float c = p.scale * kLog2e;
-    const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
-    const int n_wg = consumer_tiles<Cfg>(p, wm0, n_tiles);  // this consumer's key tiles (the CTA loads n_tiles)
-    float o[D / 2];
-    zero_acc(o);
-    RowState st;
-    mbar_wait(smem_u32(&bar_q), 0);
-    auto release = [&](uint64_t* empty, int j) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty[j % kStages]));
+    auto consume = [&](const WorkTile& work, int it, int i) {
+      const int b = work.b, h = work.h, n_tiles = work.n_tiles;
+      const int wm0 = work.m0 + 64 * (wg - 1);
+      const uint32_t sQw = ring.q + (wg - 1) * Cfg::kQBytesWG;
+      const float c = p.scale * kLog2e;
+      const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+      const int n_wg = consumer_tiles<Cfg>(p, wm0, n_tiles);  // this consumer's key tiles (the CTA loads n_tiles)
+      float o[D / 2];
+      zero_acc(o);
+      RowState st;
+      mbar_wait(smem_u32(&bar_q), i & 1);
+      auto release = [&](uint64_t* empty, int t) {
+        if (ct % 32 == 0) mbar_arrive(smem_u32(&empty[t % kStages]));
+      };
+      if constexpr (!LAB_V10_OVERLAP) {
+        for (int j = 0; j < n_wg; ++j) {
+          serial_tile<Cfg, T, LAB_V10_CHAINS, kFold>(o, st, ring, sQw, bar_k, bar_v, j, wm0, row0, c, p);
+          release(empty_k, j);
+          release(empty_v, j);
+        }
+      } else {
+        // v07's loop: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j under the P V. Key tile j of
+        // this work tile is the ring's tile it + j.
+        constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+        constexpr int CH = LAB_V10_CHAINS;
+        float sacc[BC / 2];
+        uint32_t pa[BC / 16][4];
+        float alpha[2];
+        auto wait_full = [&](uint64_t* full, int t) { mbar_wait(smem_u32(&full[t % kStages]), (t / kStages) & 1); };
+        auto softmax = [&](int j) {
+          if (lab::tile_needs_mask(j * BC, BC, wm0, p.seqlen_k, p.causal))
+            softmax_scores<BC, true, 0, CH, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+          else
+            softmax_scores<BC, false, 0, CH, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
+        };
+        if (n_wg > 0) {
+          wait_full(bar_k, it);
+          wgmma_fence();
+          issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring.k(it % kStages));
+          wgmma_wait<0>();
+          reg_fence(sacc);
+          release(empty_k, it);
+          softmax(0);  // O is still 0: no rescale
+          pack_p<BC, T>(sacc, pa);
+        }
+        for (int j = 1; j < n_wg; ++j) {
+          const int t = it + j;
+          wait_full(bar_k, t);
+          wait_full(bar_v, t - 1);
+          wgmma_fence();  // the P fragments and the rescaled O written before the wgmmas read them
+          issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring.k(t % kStages));
+          issue_pv<D, BC, kBf16>(o, pa, ring.v((t - 1) % kStages));
+          wgmma_wait<1>();  // S_j (committed first)
+          reg_fence(sacc);
+          release(empty_k, t);
+          softmax(j);  // touches neither O nor the P fragments the P V still reads
+          wgmma_wait<0>();
+          reg_fence(o);
+          release(empty_v, t - 1);
+          rescale_o<D>(o, alpha);
+          pack_p<BC, T>(sacc, pa);
+        }
+        if (kPersist) release(&empty_q, 0);  // every S GEMM of this work tile has read Q (waited above)
+        if (n_wg > 0) {
+          const int t = it + n_wg - 1;
+          wait_full(bar_v, t);
+          wgmma_fence();
+          issue_pv<D, BC, kBf16>(o, pa, ring.v(t % kStages));
+          wgmma_wait<0>();
+          reg_fence(o);
+          release(empty_v, t);
+        }
+        if (kPersist)  // the tile this consumer skipped: later loads reuse its stage. Waiting for it to land first
+          for (int t = it + n_wg; t < it + n_tiles; ++t) {  // keeps the arrivals out of the stage's previous phase
+            wait_full(bar_k, t);
+            release(empty_k, t);
+            wait_full(bar_v, t);
+            release(empty_v, t);
+          }
+      }
+      if constexpr (kPersist || LAB_V10_EPILOGUE_DIRECT)  // Q's buffer is the next work tile's: no staging there
+        epilogue_direct<D, T, Cfg::kNarrow>(o, st, p, b, h, wm0);
+      else
+        epilogue<D, T, Cfg::kNarrow>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
     };
-    if constexpr (!LAB_V10_OVERLAP) {
-      for (int j = 0; j < n_wg; ++j) {
-        serial_tile<Cfg, T, LAB_V10_CHAINS, kFold>(o, st, ring, sQw, bar_k, bar_v, j, wm0, row0, c, p);
-        release(empty_k, j);
-        release(empty_v, j);
+    if constexpr (kPersist) {
+      for (int w = snake_tile(0, n_work), i = 0, it = 0; w < n_work; w = snake_tile(++i, n_work)) {
+        const WorkTile work = work_tile_at<Cfg>(p, w);
+        consume(work, it, i);
+        it += work.n_tiles;
       }
     } else {
-      // v07's loop: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j under the P V.
-      constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-      constexpr int CH = LAB_V10_CHAINS;
-      float sacc[BC / 2];
-      uint32_t pa[BC / 16][4];
-      float alpha[2];
-      auto wait_full = [&](uint64_t* full, int j) { mbar_wait(smem_u32(&full[j % kStages]), (j / kStages) & 1); };
-      auto softmax = [&](int j) {
-        if (lab::tile_needs_mask(j * BC, BC, wm0, p.seqlen_k, p.causal))
-          softmax_scores<BC, true, 0, CH, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
-        else
-          softmax_scores<BC, false, 0, CH, kFold>(sacc, st, alpha, c, row0, j * BC, p.seqlen_k, p.causal);
-      };
-      if (n_wg > 0) {
-        wait_full(bar_k, 0);
-        wgmma_fence();
-        issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring.k(0));
-        wgmma_wait<0>();
-        reg_fence(sacc);
-        release(empty_k, 0);
-        softmax(0);  // O is still 0: no rescale
-        pack_p<BC, T>(sacc, pa);
-      }
-      for (int j = 1; j < n_wg; ++j) {
-        wait_full(bar_k, j);
-        wait_full(bar_v, j - 1);
-        wgmma_fence();  // the P fragments and the rescaled O written before the wgmmas read them
-        issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring.k(j % kStages));
-        issue_pv<D, BC, kBf16>(o, pa, ring.v((j - 1) % kStages));
-        wgmma_wait<1>();  // S_j (committed first)
-        reg_fence(sacc);
-        release(empty_k, j);
-        softmax(j);  // touches neither O nor the P fragments the P V still reads
-        wgmma_wait<0>();
-        reg_fence(o);
-        release(empty_v, j - 1);
-        rescale_o<D>(o, alpha);
-        pack_p<BC, T>(sacc, pa);
-      }
-      if (n_wg > 0) {
-        wait_full(bar_v, n_wg - 1);
-        wgmma_fence();
-        issue_pv<D, BC, kBf16>(o, pa, ring.v((n_wg - 1) % kStages));
-        wgmma_wait<0>();
-        reg_fence(o);
-        release(empty_v, n_wg - 1);
-      }
+      consume(work0, 0, 0);
     }
-#if LAB_V10_EPILOGUE_DIRECT
-    epilogue_direct<D, T, Cfg::kNarrow>(o, st, p, b, h, wm0);
-#else
-    epilogue<D, T, Cfg::kNarrow>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
-#endif
   }
 #endif
 }
 
 template <class Cfg, class T>
 int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-  return launch_fwd_sm90_fold<Cfg, attn_fwd_v10_kernel<Cfg, T, true>, attn_fwd_v10_kernel<Cfg, T, false>,
-                              LAB_V10_FOLD != 0>(p, stream, dev);
+  constexpr bool kPersist = LAB_V10_PERSIST != 0;
+  return launch_fwd_sm90_fold<Cfg, attn_fwd_v10_kernel<Cfg, T, true, kPersist>,
+                              attn_fwd_v10_kernel<Cfg, T, false, kPersist>, LAB_V10_FOLD != 0, kPersist>(p, stream, dev);
 }
 
 }  // namespace

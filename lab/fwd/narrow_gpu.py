@@ -109,13 +109,14 @@ def narrow_race(quick: bool = False, wide: bool = False, dims=(32, 80, 96)) -> l
     return rows
 
 
-def candidate(defines: dict, version: str = "v07", dims=(80, 96), grid=None, exact: bool = False,
+def candidate(defines: dict, version: str = "v07", dims=(80, 96), grid=None, exact: bool | dict = False,
               shapes=SHAPES) -> int:
     """A build of `version` other than the default (e.g. LAB_FWD_NARROW_QK_STEPS=1) at narrow head dims: its forward
     checked at every shape of `shapes` (the default scale and -0.3), then its kernel-level call timed in rounds beside
     the default build's, the public op's and SDPA-cuDNN's over `grid` (default: head_dim_cases at `dims`). exact:
-    also its output against the default build's on the same inputs, which must be equal bit for bit (a build
-    that only drops work on zero terms). Returns the number of failed checks."""
+    also its output against the default build's (a dict: the build with those defines) on the same inputs, which
+    must be equal bit for bit (a build that only drops work on zero terms, or only reorders work). Returns the
+    number of failed checks."""
     label = f"{version} " + " ".join(f"{k}={v}" for k, v in defines.items())
     run, fails, total = ops.fwd_writer(version, defines), 0, 0
     with torch.no_grad():
@@ -127,9 +128,11 @@ def candidate(defines: dict, version: str = "v07", dims=(80, 96), grid=None, exa
                     fails, total = fails + (not res.passed), total + 1
                     print("PASS" if res.passed else "FAIL", label, D, i, scale, "" if res.passed else repr(res))
                     if exact:
-                        same = same_as_default(run, version, shape, D, dtype, causal, scale)
+                        same = same_as_default(run, version, shape, D, dtype, causal, scale,
+                                               exact if isinstance(exact, dict) else None)
                         fails, total = fails + (not same), total + 1
-                        print("EQUAL" if same else "DIFFERENT", label, "and the default", D, i, scale)
+                        print("EQUAL" if same else "DIFFERENT", label, "and", exact if isinstance(exact, dict)
+                              else "the default", D, i, scale)
         grid = grid or cases.head_dim_cases(head_dims=dims)
         kernels = {version: ops.fwd_call_factory(version), label: ops.fwd_call_factory(version, defines),
                    "lab.ops.attention": sweep.public_attention()}
@@ -144,15 +147,16 @@ def candidate(defines: dict, version: str = "v07", dims=(80, 96), grid=None, exa
     return fails
 
 
-def same_as_default(run, version: str, shape, D: int, dtype: str, causal: bool, scale) -> bool:
-    """run (a writer) and the default build of `version` on one set of fresh inputs: equal bit for bit, no NaN."""
+def same_as_default(run, version: str, shape, D: int, dtype: str, causal: bool, scale, defines=None) -> bool:
+    """run (a writer) and the default build of `version` (or the build with `defines`) on one set of fresh inputs:
+    equal bit for bit, no NaN."""
     B, Hq, Hkv, Sq, Sk = shape
     dt = getattr(torch, dtype)
     q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dt)
     k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt) for _ in range(2))
     out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     run(q, k, v, causal, scale, out)
-    ops.fwd_writer(version)(q, k, v, causal, scale, ref)
+    ops.fwd_writer(version, defines)(q, k, v, causal, scale, ref)
     return bool(torch.equal(out, ref)) and not bool(out.isnan().any())
 
 

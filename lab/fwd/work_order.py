@@ -86,3 +86,16 @@ def consumer_tile_saving(seqlen: int, block_k: int, block_q: int = 128, rows: in
         before += 2 * n
         after += n + min(n, consumer_tiles(seqlen, seqlen, m0, block_k, rows))
     return 1 - after / before
+
+
+def v10_snake(n_work: int, grid: int) -> list[list[int]]:
+    """fwd v10's persistent order (snake_tile, LAB_V10_PERSIST): per CTA x, its work tiles; round i hands CTA x
+    tile i * grid + x, or i * grid + grid - 1 - x in odd rounds, until the tiles run out."""
+    order = []
+    for x in range(grid):
+        tiles, i = [], 0
+        while (w := i * grid + (grid - 1 - x if i & 1 else x)) < n_work:
+            tiles.append(w)
+            i += 1
+        order.append(tiles)
+    return order

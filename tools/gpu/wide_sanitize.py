@@ -12,7 +12,8 @@ import torch
 from lab import ops
 from lab.backward import harness
 
-# WIDE_ALT (NAME=VALUE ...): also run a second build of fwd v10 (tools/gpu/head_dims.py's wide_alt) at D 192/256
+# WIDE_ALT (NAME=VALUE ...): also run a second build of fwd v10 (tools/gpu/head_dims.py's wide_alt) at D 192/256,
+# there also on two calls of more work tiles than an H100 or H200 has SMs (17 or 9 query blocks x 32 heads)
 alt = dict(item.split("=", 1) for item in os.environ.get("WIDE_ALT", "").split())
 bwd_alt = dict(item.split("=", 1) for item in os.environ.get("BWD_ALT", "").split())
 SHAPES = ((130, 200, True), (1, 65, False), (257, 63, False), (65, 130, True))
@@ -26,6 +27,11 @@ with torch.no_grad():
             if alt and D in (192, 256):
                 ops.fwd_writer("v10", alt)(q, k, k, causal, None, torch.empty_like(q))
         ops.attention(q, k, k, enable_gqa=True, scale=-0.2)
+        if alt and D in (192, 256):  # more work tiles than SMs: a persistent build's CTAs take two or three
+            for sq, sk, causal in ((2100, 300, True), (1100, 700, False)):
+                q = torch.randn(1, 32, sq, D, device="cuda", dtype=dtype)
+                k = torch.randn(1, 8, sk, D, device="cuda", dtype=dtype)
+                ops.fwd_writer("v10", alt)(q, k, k, causal, None, torch.empty_like(q))
 torch.cuda.synchronize()
 print("sanitize forward calls done")
 if "--fwd-only" not in sys.argv:

@@ -220,19 +220,24 @@ __device__ __forceinline__ SmemRing<Cfg> smem_ring(uint8_t* smem) {
 
 // The work of one CTA of v05 / v06: (b, h, query block) from blockIdx.x, heads slowest; causal blocks of a
 // head heaviest first. n_tiles: the key tiles of BC keys the block reads (causal: up to its last row).
+// work_tile_at: the same for work tile w (a persistent CTA's w-th in that order).
 struct WorkTile {
   int b, h, hkv, m0, n_tiles;
 };
 template <class Cfg>
-__device__ __forceinline__ WorkTile cta_work_tile(const AttnFwdParams& p) {
+__device__ __forceinline__ WorkTile work_tile_at(const AttnFwdParams& p, unsigned w) {
   const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
-  const int bh = blockIdx.x / num_m;
-  const int mb = p.causal ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
+  const int bh = w / num_m;
+  const int mb = p.causal ? num_m - 1 - (int)(w % num_m) : (int)(w % num_m);
   const int b = bh / p.heads_q, h = bh % p.heads_q;
   const int hkv = h / (p.heads_q / p.heads_kv);
   const int m0 = mb * Cfg::BR;
   const int kv_end = p.causal ? min(p.seqlen_k, min(p.seqlen_q, m0 + Cfg::BR)) : p.seqlen_k;
   return WorkTile{b, h, hkv, m0, (kv_end + Cfg::BC - 1) / Cfg::BC};
+}
+template <class Cfg>
+__device__ __forceinline__ WorkTile cta_work_tile(const AttnFwdParams& p) {
+  return work_tile_at<Cfg>(p, blockIdx.x);
 }
 
 // The `full` barriers of Q and of each K and V stage: one arrival (the TMA-issuing thread's expect_tx).
