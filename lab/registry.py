@@ -48,6 +48,7 @@ BWD = {
     "v15": Kernel("bwd/v15_lastconv.cu", "attn_bwd_v15", (64, 128), ((9, 0),)),
     "v16": Kernel("bwd/v16_ringconv.cu", "attn_bwd_v16", (64, 128), ((9, 0),)),
     "v17": Kernel("bwd/v17_ordered.cu", "attn_bwd_v17", (64, 128), ((9, 0),)),
+    "v18": Kernel("bwd/v18_signal.cu", "attn_bwd_v18", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;
@@ -65,7 +66,7 @@ MASKED_BWD = {
 BEST_MASKED_BWD = ("v08",)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
 BEST_BWD_HOPPER = ("v14", "v13", "v12", "v10", "v07", "v05", "v02", "v01", "v09")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
-DETERMINISTIC_BWD = ("v01", "v17")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
+DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 # The deterministic mode's preference on compute capability 9.0, before BEST_BWD: v17 (v14 with dQ added in a fixed
 # order).
 DETERMINISTIC_BWD_HOPPER = ("v17",)

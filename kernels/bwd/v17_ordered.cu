@@ -9,7 +9,8 @@
 // separate dQ pass that recomputes S and dP per query block (about 40 % more tensor work, on mma.sync): 0.23-0.27x
 // SDPA-cuDNN's backward in GPU time at D = 128, S = 4096 (kernels/bwd/README.md).
 //
-// What changes (OrderedSink and OrderedSteps below; the loop, the config, the GEMMs and the stores are v14's):
+// What changes (OrderedSink below; the counters, OrderedSteps and the launch in common/hopper/attn_bwd_ordered.cuh;
+// the loop, the config, the GEMMs and the stores are v14's):
 // - a counter word per (batch, query head, 64-row block, consumer warpgroup), after dq_accum (the workspace's
 //   word per padded row), zeroed by a memset before the kernel;
 // - before adding its partial of a row block, a warpgroup's first thread waits until the counter says that every
@@ -36,7 +37,7 @@
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v17_ordered.cu
 #define LAB_BWD_ZERO_IN_PRE 1
-#include "common/hopper/attn_bwd_stagger.cuh"
+#include "common/hopper/attn_bwd_ordered.cuh"
 
 namespace {
 using namespace lab::sm90;
@@ -46,49 +47,23 @@ using namespace lab::sm90::bwd;
 template <int D>
 using Cfg17 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
 
-// The counter words: one per padded query row after dq_accum; word m0 + wg of a head's rows counts the adds into
-// row block m0 by warpgroup wg (row blocks are at least 64 rows, so the words never meet).
-template <class C>
-__device__ __forceinline__ int* order_word(const AttnBwdParams& p, int b, int hq, int m0, int wg) {
-  const int64_t sq_pad = lab::bwd::padded_rows(p.seqlen_q);
-  int* words = reinterpret_cast<int*>(p.dq_accum + (int64_t)p.batch * p.heads_q * sq_pad * C::D);
-  return words + ((int64_t)b * p.heads_q + hq) * sq_pad + m0 + wg;
-}
-
-// v14's reductions, each after the key blocks before it in the order (kb + 1 .. last) have added theirs.
-struct OrderedSink {
+// v14's reductions, each after the key blocks before it in the order have added theirs (common/hopper/
+// attn_bwd_ordered.cuh): the warpgroup's first thread waits for the count, every thread adds and fences its
+// reductions, and the first thread counts the warpgroup's add.
+struct OrderedSink : AddPartial {
   template <class C>
   __device__ __forceinline__ void add(const float (&dq)[C::kDqRegs], uint8_t*, const Work& work, int j,
                                       const AttnBwdParams& p) {
     static_assert(C::kSplitDq, "each warpgroup adds into elements of its own, so a count per warpgroup orders them");
     const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
     const int hq = work.head(j), m0 = work.m0(j, C::BR);
-    const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC, kb = work.n0 / C::BC;
-    const int last = p.causal ? min(n_kb - 1, m0 / C::BC) : n_kb - 1;  // block kb' reaches row m0 iff kb' * BC <= m0
     int* word = order_word<C>(p, work.b, hq, m0, wg);
-    if (wt == 0) {  // no bound on the polls: a __trap() after a count of them makes ptxas spill about 2 KB a thread
-      for (int seen;;) {  // around the loop (the accumulators stay live across it) and serialise the wgmma instructions
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(word) : "memory");
-        if (seen == last - kb) break;
-        __nanosleep(32);
-      }
-    }
+    if (wt == 0) wait_for_count(word, adds_before<C>(work, m0, p));
     named_barrier_sync(kBarWg + wg, 128);  // the acquire above, before any thread's reductions
     red_dq<C>(dq, hq, m0, work.b, p);
     __threadfence();                       // this thread's reductions before the count
     named_barrier_sync(kBarWg + wg, 128);
-    if (wt == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(word) : "memory");
-  }
-  template <class C>
-  __device__ __forceinline__ void finish(const Work&, const AttnBwdParams&) {}
-};
-
-// Head-major tiles, each head's key blocks last to first: a CTA waits only on CTAs dispatched before it.
-struct OrderedSteps : DenseSteps {
-  template <class C>
-  __device__ __forceinline__ static Work work(const AttnBwdParams& p) {
-    const int n_kb = (p.seqlen_k + C::BC - 1) / C::BC, idx = blockIdx.x, nb = idx % n_kb;
-    return tile_work<C>(p, idx - nb + (n_kb - 1 - nb));
+    if (wt == 0) count_add(word);
   }
 };
 
@@ -96,11 +71,7 @@ template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
     using C = Cfg17<D>;
-    if (p.dq_accum == nullptr) return LAB_E_WORKSPACE;  // the deterministic mode needs it here too
-    const int64_t rows = (int64_t)p.batch * p.heads_q * lab::bwd::padded_rows(p.seqlen_q);
-    const cudaError_t err = cudaMemsetAsync(p.dq_accum + rows * D, 0, rows * sizeof(int), st);
-    if (err != cudaSuccess) return err;
-    return launch<C, T, bwd_dkdv_stagger<C, T, OrderedSink, OrderedSteps>>(p, st, dev);
+    return launch_ordered<C, T, bwd_dkdv_stagger<C, T, OrderedSink, OrderedSteps>>(p, st, dev);
   }
 };
 

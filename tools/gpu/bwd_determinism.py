@@ -1,7 +1,7 @@
 """The deterministic mode's cost on Hopper, per bench-bwd cell whose name contains a filter: in GPU time
 (lab.bench.GpuTimeTimer, the host hidden behind a GPU sleep) and in rounds, SDPA-cuDNN's backward, the public op's
-backward in the default mode and under torch.use_deterministic_algorithms (bwd v17 on compute capability 9.0), and
-kernel-level v14, v17 and v01's deterministic mode. Then each deterministic kernel's gradients three times on the
+backward in the default mode and under torch.use_deterministic_algorithms, and kernel-level v14 and every version
+with a deterministic mode that runs here (lab.registry.DETERMINISTIC_BWD) in that mode. Then each deterministic kernel's gradients three times on the
 cell's inputs, which must be bit-identical (v14's, which need not be, are compared too). Records (kind
 'bwd-kernel', with 'identical') go to $LAB_OUTPUTS. Usage: python3 tools/gpu/bwd_determinism.py "d128-s1024,d64-s4096-c"
 """
@@ -14,6 +14,7 @@ from lab import bench, cases, ops, record
 from lab.backward.harness import flops, ours_step, sdpa_step
 from lab.backward.op import _bwd_impl
 from lab.op_common import _scale
+from lab.registry import BWD, DETERMINISTIC_BWD
 from lab.sweep import _inputs_fwd, _row
 
 
@@ -30,6 +31,8 @@ def main(argv):
     filters = argv[0].split(",") if argv and argv[0] else [""]
     chosen = [c for c in cases.bench_bwd_cases() if any(f in c.name for f in filters)]
     timer, ceilings = bench.GpuTimeTimer(), bench.ceilings()
+    capability = tuple(torch.cuda.get_device_capability())
+    versions = [name for name in DETERMINISTIC_BWD if not BWD[name].capabilities or capability in BWD[name].capabilities]
     for i, case in enumerate(chosen):
         q, k, v = _inputs_fwd(case, seed=i)
         dout = _inputs_fwd(case, seed=10_000 + i)[0]
@@ -45,13 +48,12 @@ def main(argv):
                  "lab.ops.attention (GPU time)": (ours_step("bwd", q, k, v, case.causal, dout), None),
                  "lab.ops.attention, deterministic (GPU time)": (ours_step("bwd", q, k, v, case.causal, dout),
                                                                  deterministic),
-                 "bwd-v14 (kernel-level)": (kernel("v14", False), None),
-                 "bwd-v17 deterministic (kernel-level)": (kernel("v17", True), None),
-                 "bwd-v01 deterministic (kernel-level)": (kernel("v01", True), None)}
+                 "bwd-v14 (kernel-level)": (kernel("v14", False), None)}
+        calls.update({f"bwd-{name} deterministic (kernel-level)": (kernel(name, True), None) for name in versions})
         times = bench.time_interleaved(calls, timer=timer)
         work = flops(case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal, "bwd")
         identical = {}
-        for name, version, det in (("v17", "v17", True), ("v01", "v01", True), ("v14", "v14", False)):
+        for name, version, det in [(name, name, True) for name in versions] + [("v14", "v14", False)]:
             first = kernel(version, det)()
             identical[name] = all(all(torch.equal(a, b) for a, b in zip(first, kernel(version, det)()))
                                   for _ in range(2))

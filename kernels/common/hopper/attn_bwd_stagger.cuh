@@ -4,7 +4,10 @@
 // through a Sink, one per consumer thread (it may carry state from step to step):
 //   sink.add<C>(dq, smem, work, j, p)  step j's partial in accumulator order, its GEMM complete (every consumer
 //                                      thread, after the dS^T buffer is released);
-//   sink.finish<C>(work, p)            once, after the last step's add.
+//   sink.finish<C>(work, p)            once, after the last step's add;
+//   Sink::prologue<C>()                thread 0, before the CTA's first barrier (its own mbarriers' init);
+//   Sink::producer_warp<C>(w, work, p) lane 0 of warps w = 1..3 of the producer warpgroup (24 registers)
+//                                      (bwd/v18 counts the consumers' dQ adds there).
 // and what a CTA does through Steps (DenseSteps by default: the dense kernels' parameters, tile range and masks):
 //   Steps::Params                      the kernel's parameter block (AttnBwdParams or a struct derived from it);
 //   Steps::work<C>(p)                  the CTA's key block and query-block range;
@@ -81,6 +84,10 @@ struct AddPartial {
   }
   template <class C>
   __device__ __forceinline__ void finish(const Work&, const AttnBwdParams&) {}
+  template <class C>
+  __device__ __forceinline__ static void prologue() {}
+  template <class C>
+  __device__ __forceinline__ static void producer_warp(int, const Work&, const AttnBwdParams&) {}
 };
 
 // The dense kernels' steps: causal (top-left) or none, cta_work's tile range, p_ds_step's masks.
@@ -180,11 +187,17 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
 
   // Prologue
-  if (threadIdx.x == 0) init_bars(bars);
+  if (threadIdx.x == 0) {
+    init_bars(bars);
+    Sink::template prologue<C>();
+  }
   __syncthreads();
   if (wg == 2) {
     setmaxnreg_dec<C::kRegsProducer>();
-    if (wt == 0) produce<C>(&tq, &tk, &tv, &tdo, bars, base, work, p);
+    if (wt == 0)
+      produce<C>(&tq, &tk, &tv, &tdo, bars, base, work, p);
+    else if (wt % 32 == 0)
+      Sink::template producer_warp<C>(wt / 32, work, p);
     return;
   }
   setmaxnreg_inc<C::kRegsConsumer>();
