@@ -147,10 +147,11 @@ def test_backward_version_selection():
     assert backward.backward_version(64) == "v01" and backward.backward_version(128) == "v01"
     hopper = (9, 0)
     assert backward.backward_version(128, capability=hopper) == "v14" == backward.backward_version(64, capability=hopper)
-    # deterministic: v17 (v14 with dQ added in a fixed order) on Hopper, v01's dQ pass elsewhere, v09 (which refuses
+    # deterministic: v18 (v14 with dQ added in a fixed order) on Hopper, v01's dQ pass elsewhere, v09 (which refuses
     # the mode) for the wide head dims; a named version without the mode is refused up front
-    assert backward.backward_version(128, capability=hopper, deterministic=True) == "v17"
-    assert backward.backward_version(64, capability=hopper, deterministic=True) == "v17"
+    assert backward.backward_version(128, capability=hopper, deterministic=True) == "v18"
+    assert backward.backward_version(64, capability=hopper, deterministic=True) == "v18"
+    assert backward.backward_version(64, "v17", capability=hopper, deterministic=True) == "v17"
     assert backward.backward_version(128, capability=(8, 0), deterministic=True) == "v01"
     assert backward.backward_version(256, capability=hopper, deterministic=True) == "v09"
     assert backward.backward_version(64, "v01", capability=hopper, deterministic=True) == "v01"

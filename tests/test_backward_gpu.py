@@ -104,7 +104,7 @@ def test_deterministic_mode_is_bit_identical_across_runs(version, D, causal):
 def test_torch_deterministic_algorithms_gives_bit_identical_gradients():
     capability = tuple(torch.cuda.get_device_capability())
     assert backward.backward_version(128, capability=capability, deterministic=True) == \
-        ("v17" if capability == (9, 0) else "v01")  # v14's kernel with ordered dQ adds on Hopper, v01's dQ pass elsewhere
+        ("v18" if capability == (9, 0) else "v01")  # v14's kernel with ordered dQ adds on Hopper, v01's dQ pass elsewhere
     q, k, v, do = _inputs(Sq=1025, Sk=2049)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     torch.use_deterministic_algorithms(True)
