@@ -1,4 +1,5 @@
-"""The eager masked calls in one crossing of the binding, as lab.fwd.op's _attention_fast is the dense call's.
+"""The eager masked calls in one crossing of the binding, as lab.fwd.op's _attention_fast is the dense call's, and
+the masked kernel a device runs (masked_version), which the plans memoise.
 
 lab.ops.attention with window_size / softcap / sinks, and lab.ops.attention_varlen with check_cu_seqlens=False,
 reach the kernel through binding.cpp's attn_mask_auto / attn_varlen_auto: a plan memoised per (shape, device, mask)
@@ -23,11 +24,27 @@ import torch
 
 from .. import build
 from ..kernels import keep_plan, launcher, plans
-from ..op_common import _eager
-from ..registry import FAST_HEAD_DIMS, MASKED_FWD
+from ..op_common import _capability, _eager
+from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
 from . import spec
 
 _Tensor = torch.Tensor  # exact types only: a subclass goes through the full path and the dispatcher
+
+
+def masked_version(device, version=None) -> str:
+    """The masked kernel for a device: `version` checked, or the first of BEST_MASKED_FWD that runs there."""
+    capability = _capability(device)
+    if version is None:
+        for name in BEST_MASKED_FWD:
+            if not MASKED_FWD[name].capabilities or capability in MASKED_FWD[name].capabilities:
+                return name
+    if version not in MASKED_FWD:
+        raise ValueError(f"window_size / softcap / sinks / varlen run on the masked kernels {sorted(MASKED_FWD)}, "
+                         f"got version={version!r}")
+    if MASKED_FWD[version].capabilities and capability not in MASKED_FWD[version].capabilities:
+        raise ValueError(f"version={version!r} runs on compute capability {MASKED_FWD[version].capabilities}, "
+                         f"this device has {capability}")
+    return version
 
 
 def _plain(window_size, softcap) -> bool:
@@ -82,8 +99,6 @@ def _dense_plan(query, key, value, is_causal, window_size, softcap, causal_varia
 def _mask_and_kernel(query, is_causal, window_size, softcap):
     """(the mask lab.masks.spec folds, the default masked kernel's launcher address), or (None, None) where the full
     path refuses an argument."""
-    from .op import masked_version
-
     try:
         mask = spec.make_mask(is_causal, window_size, softcap)
         return mask, launcher(MASKED_FWD, masked_version(query.device))

@@ -16,9 +16,10 @@ import struct
 import torch
 
 from ..kernels import launcher
-from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _readable, _scale
-from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
+from ..op_common import _check_heads, _check_qkv, _direct, _eager, _readable, _scale
+from ..registry import FAST_HEAD_DIMS, MASKED_FWD
 from . import backward, fast, spec, varlen_bwd
+from .fast import masked_version  # (the kernel choice lives with the plans that memoise it)
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnMaskParams (kernels/common/params.h) packed in one struct.pack call: AttnFwdParams (q, k, v, o, lse; four
 # strides of 3; batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype; 4 bytes of padding;
@@ -29,22 +30,6 @@ PARAMS = struct.Struct("<5Q12q6if2i4xQ3ifQQQ2i")
 assert PARAMS.size == 232
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _calls: dict = {}
-
-
-def masked_version(device, version=None) -> str:
-    """The masked kernel for a device: `version` checked, or the first of BEST_MASKED_FWD that runs there."""
-    capability = _capability(device)
-    if version is None:
-        for name in BEST_MASKED_FWD:
-            if not MASKED_FWD[name].capabilities or capability in MASKED_FWD[name].capabilities:
-                return name
-    if version not in MASKED_FWD:
-        raise ValueError(f"window_size / softcap / sinks / varlen run on the masked kernels {sorted(MASKED_FWD)}, "
-                         f"got version={version!r}")
-    if MASKED_FWD[version].capabilities and capability not in MASKED_FWD[version].capabilities:
-        raise ValueError(f"version={version!r} runs on compute capability {MASKED_FWD[version].capabilities}, "
-                         f"this device has {capability}")
-    return version
 
 
 def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, sinks=None, cu_q=None, cu_k=None,
