@@ -68,8 +68,8 @@ BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-he
 BEST_BWD_HOPPER = ("v14", "v13", "v12", "v10", "v07", "v05", "v02", "v01", "v09")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
 DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 # The deterministic mode's preference on compute capability 9.0, before BEST_BWD: v18 (v14 with dQ added in a fixed
-# order, signalled by two producer warps: 0.64-0.99x SDPA-cuDNN's backward in GPU time on an H100, 2.2-2.8x v01's
-# deterministic mode; kernels/bwd/README.md), then v17 (the same order signalled by the consumers: 0.45-0.71x).
+# order, signalled by two producer warps: 0.64-0.99x SDPA-cuDNN's backward in GPU time on an H100, 1.7-2.8x v01's
+# deterministic mode; kernels/bwd/README.md), then v17 (the same order signalled by the consumers: 0.46-0.72x).
 DETERMINISTIC_BWD_HOPPER = ("v18", "v17")
 PAGED_DECODE = ("v03", "v04", "v05")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)

@@ -31,6 +31,11 @@
 // to reach L2 on every step (v06's per-step fences cost 28-35 %), partly hidden by the other warpgroup's GEMMs;
 // causal 0.75-0.85x v14, non-causal 0.65-0.8x (the start ramp on top); against v01's deterministic mode 2.5-3.5x.
 //
+// Measured (H100, GPU time, in rounds; outputs/driver_logs/20261126-h100-bwd-v17-e2b6095/): 0.44-0.65x v14 (D = 128
+// causal 0.50-0.65x, full 0.51-0.57x), 1.3-1.8x v01's deterministic mode, 0.46-0.72x SDPA-cuDNN; bit-identical over
+// reruns. The causal grid lost nearly as much as the full one, so the cost is per step (the poll and the fence),
+// not the start ramp: bwd/v18 takes both off the consumers.
+//
 // Limits: v14's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale). The order assumes the
 // GPU dispatches CTAs in grid order (as it does; FlashAttention-3's deterministic backward relies on the same): a
 // CTA then waits only on CTAs that started before it.
