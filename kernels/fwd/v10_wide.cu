@@ -78,6 +78,11 @@
 //   pipeline fill and the epilogue (a few us) run with nothing beside them; the cells behind cuDNN are those.
 //   Prediction: +5-10 % at S = 512 (with the direct epilogue's +1-2 %), +1-3 % at 2048, level at 8192; causal
 //   cells gain less (a static order where the hardware balanced CTAs before). Measure: tools/gpu/wide_persist.sh.
+//   Outcome (H100, outputs/driver_logs/20261126-h100-wide-persist-f556db2/): 48/48 checks (CTAs walking 2-5 work
+//   tiles among them), equal bit for bit to the direct-epilogue build, memcheck / racecheck / synccheck clean;
+//   +4.5-11.9 % at S = 512 and +2.9-7.6 % at 2048, causal as much as not (the snake balances the diagonal better
+//   than the hardware's dispatch did): kernel-level 0.95-1.06x SDPA-cuDNN where the default is 0.89-1.03x. Off
+//   until chapter n14 has run with it.
 //
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
 // and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.

@@ -4,8 +4,9 @@
 # (what the persistent one must equal bit for bit: the same math, other scheduling) and the persistent one at once;
 # lab.fwd.narrow_gpu.candidate (forward checks at D 192 / 256 / 200 over SHAPES plus calls of more work tiles than
 # SMs, each output equal to the direct-epilogue build's, then kernel-level timing in rounds beside the default, the
-# public op and SDPA-cuDNN over the wide cells at S 512 / 2048, where the prediction puts the gain); memcheck, racecheck and synccheck over
-# tools/gpu/wide_sanitize.py --fwd-only with WIDE_ALT=LAB_V10_PERSIST=1. Logs in $OUT/logs.tgz.
+# public op and SDPA-cuDNN over the wide cells at S 512 / 2048, where the prediction puts the gain); memcheck,
+# racecheck and synccheck over tools/gpu/wide_sanitize.py --fwd-only with WIDE_ALT=LAB_V10_PERSIST=1. Logs in
+# $OUT/logs.tgz.
 #   LAB_COMMIT=<sha> bash tools/gpu/wide_persist.sh
 set -u
 OUT=${OUT:-/tmp/wide_persist}; L=/tmp/wide_persist_logs/logs; mkdir -p "$OUT" "$L"
