@@ -1,5 +1,6 @@
 #!/bin/bash
-# Sourced by n14_session.sh and narrow_run.sh (after they set L, PYTHONPATH and TORCH_EXTENSIONS_DIR): `build SRC
+# Sourced by n14_session.sh, narrow_run.sh, narrow_steps.sh, wide_tiles.sh and wide_persist.sh (after they set L,
+# PYTHONPATH and TORCH_EXTENSIONS_DIR): `build SRC
 # [DEFINES]` compiles one kernel into the kernel cache; `n14_builds` starts in the background every build chapter
 # n14 runs (fwd v05 / v07 / v10, the Hopper backward default, bwd v09 with its forgotten-D-term and ablation builds,
 # the register table's compile check; concurrent builders share a cache key), logging to $L/build.log. The caller
@@ -18,4 +19,15 @@ ablation('$a')[1])" >> "$L/build.log" 2>&1 &
   done
   python3 -c "from lab import build, paths; from lab.registry import BWD
 build.compile_check(sources=[paths.KERNELS / BWD[v].source for v in ('v01', 'v09')])" >> "$L/build.log" 2>&1 &
+}
+# `sanitize_fwd ALT`: memcheck, racecheck and synccheck at once over wide_sanitize.py --fwd-only (fwd v10's default,
+# and with ALT, NAME=VALUE ..., that build beside it), logs $L/<tool>.log; waits for them (and any other background
+# job of the caller).
+sanitize_fwd() {
+  local tool
+  for tool in memcheck racecheck synccheck; do
+    (WIDE_ALT=$1 timeout ${SAN_TIMEOUT:-100} compute-sanitizer --tool $tool python3 tools/gpu/wide_sanitize.py \
+       --fwd-only > "$L/$tool.log" 2>&1; echo "$tool rc=$?" >> "$L/$tool.log") &
+  done
+  wait
 }

@@ -26,11 +26,7 @@ grid = [c for c in cases.wide_head_dim_cases() if c.Sq in (512, 2048) and c.D !=
 sys.exit(1 if narrow_gpu.candidate({'LAB_V10_PERSIST': '1'}, 'v10', dims=(192, 256, 200), grid=grid,
                                    exact={'LAB_V10_EPILOGUE_DIRECT': '1'}, shapes=narrow_gpu.SHAPES + extra) else 0)" > "$L/ab-persist.log" 2>&1
 echo "candidate rc=$?" >> "$L/ab-persist.log"
-for tool in memcheck racecheck synccheck; do
-  (WIDE_ALT=LAB_V10_PERSIST=1 timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool python3 \
-     tools/gpu/wide_sanitize.py --fwd-only > "$L/$tool.log" 2>&1; echo "$tool rc=$?" >> "$L/$tool.log") &
-done
-wait
+sanitize_fwd LAB_V10_PERSIST=1
 gzip -9 -f "$L"/records/*.jsonl 2>/dev/null
 tar -czf "$OUT/logs.tgz" -C "${L%/logs}" logs
 grep -h "candidate checks\|DIFFERENT\|FAIL\|rc=\| time " "$L/ab-persist.log"

@@ -35,11 +35,7 @@ sys.exit(1 if narrow_gpu.candidate($2, 'v10', dims=$3, grid=$4, exact=$5, shapes
 timeout ${SESSION_TIMEOUT:-300} python3 -m lab session --device cuda --chapters n14_head_dims --tarball "$OUT/n14.tgz" \
   --no-log > "$L/session.log" 2>&1
 echo "session rc=$? at $((SECONDS - START)) s" >> "$L/session.log"
-for tool in memcheck racecheck synccheck; do
-  (WIDE_ALT=LAB_V10_EPILOGUE_DIRECT=1 timeout ${SAN_TIMEOUT:-100} compute-sanitizer --tool $tool python3 \
-     tools/gpu/wide_sanitize.py --fwd-only > "$L/$tool.log" 2>&1; echo "$tool rc=$?" >> "$L/$tool.log") &
-done
-wait
+sanitize_fwd LAB_V10_EPILOGUE_DIRECT=1
 left() { echo $((BUDGET - (SECONDS - START))); }
 [ $(left) -gt 60 ] && AB_TIMEOUT=$(( $(left) < 120 ? $(left) - 5 : 115 )) ab ab-wg-tiles.log "{'LAB_V10_WG_TILES': '0'}" \
   "(192, 256, 200)" "[c for c in cases.wide_head_dim_cases() if c.causal or c.Sq == 512]" True
