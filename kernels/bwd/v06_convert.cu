@@ -80,7 +80,7 @@ struct Slab {
 };
 
 template <class T>
-struct ConvertLast {
+struct ConvertLast : AddPartial {  // (its add and finish replace AddPartial's; the hooks stay empty)
   int pending = -1, old = 0;  // the step whose counter add is in flight, and lane 0's result of it
 
   // Lane 0 publishes the warp's reductions of step j; the old count comes back in `old`.
