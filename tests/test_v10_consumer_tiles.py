@@ -75,4 +75,4 @@ def test_the_kernel_walks_the_order_the_model_mirrors():
     body = body[:body.index("\n}\n")]
     assert "i * g + ((i & 1) ? g - 1 - x : x)" in body
     assert SOURCE.count("w = snake_tile(++i, n_work)") == 2  # the producer and the consumers walk the same tiles
-    assert "#define LAB_V10_PERSIST 0" in SOURCE
+    assert "#define LAB_V10_PERSIST 1" in SOURCE  # the default since its n14 session

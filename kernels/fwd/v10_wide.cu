@@ -70,7 +70,7 @@
 //   round trip, 16-byte stores). At S = 512 a CTA runs 5-7 key tiles, so its fixed cost shows: prediction +0-3 %
 //   there, level from S = 2048. Outcome (H100, same folder): +1.2-2.0 % at S = 512, +0.2-0.7 % at 2048, 42/42
 //   checks, memcheck / racecheck / synccheck clean; to be the default with the next n14 session.
-// - A candidate, off (LAB_V10_PERSIST=1): one CTA per SM walking work tiles in snake order (snake_tile), the ring's
+// - The default (LAB_V10_PERSIST=1; 0 builds the per-tile grid): one CTA per SM walking work tiles in snake order (snake_tile), the ring's
 //   stages counted across them, the next work tile's Q loaded as soon as both consumers' last S GEMM has read the
 //   buffer (`empty_q`), under the last P V and the epilogue (from registers, so Q's buffer stays free); a consumer
 //   that skipped a causal tail tile releases it once it has landed, since the next work tile's loads reuse the
@@ -81,8 +81,8 @@
 //   Outcome (H100, outputs/driver_logs/20261126-h100-wide-persist-f556db2/): 48/48 checks (CTAs walking 2-5 work
 //   tiles among them), equal bit for bit to the direct-epilogue build, memcheck / racecheck / synccheck clean;
 //   +4.5-11.9 % at S = 512 and +2.9-7.6 % at 2048, causal as much as not (the snake balances the diagonal better
-//   than the hardware's dispatch did): kernel-level 0.95-1.06x SDPA-cuDNN where the default is 0.89-1.03x. Off
-//   until chapter n14 has run with it.
+//   than the hardware's dispatch did): kernel-level 0.95-1.06x SDPA-cuDNN where the default is 0.89-1.03x. The
+//   default since (chapter n14 measures it as users call it).
 //
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D 192
 // and 256; fp16 and bf16; any S_q, S_k >= 0; GQA; 16-byte-aligned bases, strides multiples of 8 elements.
@@ -115,7 +115,7 @@
 #define LAB_V10_EPILOGUE_DIRECT 0  // 1: O stored from registers (common epilogue_direct), no shared-memory staging
 #endif
 #ifndef LAB_V10_PERSIST
-#define LAB_V10_PERSIST 0  // 1: one CTA per SM looping over work tiles, the next Q loaded under the last P V (a candidate)
+#define LAB_V10_PERSIST 1  // 1: one CTA per SM looping over work tiles, the next Q loaded under the last P V; 0: a CTA per tile
 #endif
 #ifndef LAB_V10_WG_TILES
 #define LAB_V10_WG_TILES 1  // causal: each consumer stops at the last key tile its own 64 rows see; 0: the CTA's count
