@@ -132,6 +132,14 @@ HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 2048}
 HOPPER_CAPABILITIES = ((9, 0),)
 
 
+def backward_preference(capability: tuple, deterministic: bool = False) -> tuple:
+    """The backward's order of preference on a GPU of this capability: the first that takes a head dim runs."""
+    hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
+    if deterministic:  # BEST_BWD after the Hopper ones: v01, and v09 for the wide head dims (which refuses the mode)
+        return (DETERMINISTIC_BWD_HOPPER if hopper else ()) + BEST_BWD
+    return BEST_BWD_HOPPER if hopper else BEST_BWD
+
+
 def default_decode_version(heads_q: int, heads_kv: int, q_len: int, head_dim: int = 128) -> str:
     """v02 (tensor cores) when a KV head serves several query rows (GQA or q_len > 1), v01 (scalar, two
     blocks per SM) for one row per KV head, where it measured up to 10% faster; v02 at the head dims v01 lacks."""
@@ -196,9 +204,7 @@ def default_versions(capability: tuple) -> dict[str, set]:
     fwd = {default_attention_version(d, s, c, tuple(capability)) for d in head_dims for c in (False, True)
            for s in (1, *HOPPER_SMALL_MAX_SQ.values(), *(v + 1 for v in HOPPER_SMALL_MAX_SQ.values()))}
     decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | _default_paged()
-    hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
-    bwd = {_version(None, BWD, d, BEST_BWD_HOPPER if hopper else BEST_BWD) for d in FWD_HEAD_DIMS} | \
-        set(DETERMINISTIC_BWD_HOPPER[:1] if hopper else DETERMINISTIC_BWD[:1])
+    bwd = {_version(None, BWD, d, backward_preference(capability, det)) for d in FWD_HEAD_DIMS for det in (False, True)}
     return {"fwd": fwd, "decode": decode, "bwd": bwd}
 
 

@@ -48,10 +48,6 @@ namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
-// v14's configuration.
-template <int D>
-using Cfg17 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
-
 // v14's reductions, each after the key blocks before it in the order have added theirs (common/hopper/
 // attn_bwd_ordered.cuh): the warpgroup's first thread waits for the count, every thread adds and fences its
 // reductions, and the first thread counts the warpgroup's add.
@@ -59,7 +55,6 @@ struct OrderedSink : AddPartial {
   template <class C>
   __device__ __forceinline__ void add(const float (&dq)[C::kDqRegs], uint8_t*, const Work& work, int j,
                                       const AttnBwdParams& p) {
-    static_assert(C::kSplitDq, "each warpgroup adds into elements of its own, so a count per warpgroup orders them");
     const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
     const int hq = work.head(j), m0 = work.m0(j, C::BR);
     int* word = order_word<C>(p, work.b, hq, m0, wg);
@@ -72,14 +67,6 @@ struct OrderedSink : AddPartial {
   }
 };
 
-template <int D, class T>
-struct Launch {
-  static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    using C = Cfg17<D>;
-    return launch_ordered<C, T, bwd_dkdv_stagger<C, T, OrderedSink, OrderedSteps>>(p, st, dev);
-  }
-};
-
 }  // namespace
 
-extern "C" int attn_bwd_v17(const AttnBwdParams* p, void* stream) { return entry<Launch, true>(p, stream); }
+extern "C" int attn_bwd_v17(const AttnBwdParams* p, void* stream) { return ordered_entry<OrderedSink>(p, stream); }

@@ -39,10 +39,6 @@ namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
-// v14's configuration.
-template <int D>
-using Cfg18 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
-
 // Per consumer warpgroup w: may_add[w] (one arrival: its signalling lane's) and added[w] (128: every consumer
 // thread's), one phase per step.
 struct SignalBars {
@@ -67,7 +63,6 @@ struct SignalSink : AddPartial {
   template <class C>
   __device__ __forceinline__ void add(const float (&dq)[C::kDqRegs], uint8_t*, const Work& work, int j,
                                       const AttnBwdParams& p) {
-    static_assert(C::kSplitDq, "each warpgroup adds into elements of its own, so a count per warpgroup orders them");
     const int wg = threadIdx.x / 128;
     SignalBars& s = signal_bars();
     mbar_wait(smem_u32(&s.may_add[wg]), j & 1);  // acquire: the adds before ours, which the lane acquired
@@ -92,14 +87,6 @@ struct SignalSink : AddPartial {
   }
 };
 
-template <int D, class T>
-struct Launch {
-  static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    using C = Cfg18<D>;
-    return launch_ordered<C, T, bwd_dkdv_stagger<C, T, SignalSink, OrderedSteps>>(p, st, dev);
-  }
-};
-
 }  // namespace
 
-extern "C" int attn_bwd_v18(const AttnBwdParams* p, void* stream) { return entry<Launch, true>(p, stream); }
+extern "C" int attn_bwd_v18(const AttnBwdParams* p, void* stream) { return ordered_entry<SignalSink>(p, stream); }

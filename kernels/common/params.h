@@ -96,10 +96,10 @@ typedef struct DecodeParams {
 // over the query heads of a GQA group). Causal, GQA and scale as in AttnFwdParams.
 // Workspaces (float32, allocated by the caller): delta and lse_log2 hold LAB_BWD_ROW_PAD-padded rows
 // [B, Hq, round_up(Sq, LAB_BWD_ROW_PAD)]; dq_accum holds as many rows times D ([B, Hq, padded Sq, D]) and is
-// needed when deterministic == 0 (dQ by fp32 atomics or bulk reductions, then a convert pass) and by bwd/v17 in
-// either mode (its reductions in a fixed order), followed
-// by one more 4-byte word per padded row (B * Hq * padded Sq: the tile counters of a version that converts dQ
-// in its own kernel, bwd/v06, or the order counters of bwd/v17). Each version orders dq_accum its own way: v01 (B, Hq, Sq, D) in its first rows,
+// needed when deterministic == 0 (dQ by fp32 atomics or bulk reductions, then a convert pass) and by bwd/v17-v18
+// in either mode (their reductions in a fixed order), followed by one more 4-byte word per padded row
+// (B * Hq * padded Sq: the tile counters of a version that converts dQ in its own kernel, bwd/v06, or the order
+// counters of bwd/v17-v18). Each version orders dq_accum its own way: v01 (B, Hq, Sq, D) in its first rows,
 // v02 64-row blocks in wgmma accumulator order (bwd/v02_wgmma.cu). 128: bwd/v13 reads and reduces 128 rows a
 // step, and the last step of a short S_q must stay inside the workspace.
 #define LAB_BWD_ROW_PAD 128
@@ -129,7 +129,7 @@ typedef struct AttnBwdParams {
   float scale;           // the forward's softmax scale, any finite value
   int causal;
   int dtype;             // LabDtype
-  int deterministic;     // 1: bit-identical across runs (v01: dQ in a separate pass; v17: dQ added in a fixed order)
+  int deterministic;     // 1: bit-identical across runs (v01: dQ in a separate pass; v17, v18: dQ added in a fixed order)
 } AttnBwdParams;
 
 // Forward attention with the masks real models use (fwd v08, kernels/fwd/v08_masks.cu; lab/masks/spec.py

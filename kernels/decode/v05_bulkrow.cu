@@ -22,16 +22,15 @@
 //  * Every issued tile is waited for before the ring is reused for the merge (a bad table empties the loop
 //    after the first tiles were issued).
 //
-// Prediction (from the profile of v03 and cuDNN on the H100 one-token serving
-// cells: ncu DRAM throughput v03 80-86 % of peak against cuDNN's 85-90 % on the same grid shape, L2 sector hits
-// 48 % against 1-2 %, the 16-byte copies' half sectors hitting the line their first request prefetched; 13
-// cp.async switches of v03 moved nothing by more than ~1.5 %): whole-row copies read DRAM like cuDNN's
-// whole-line loads, so pass 1's GPU time goes to v03 x (v03's DRAM % / cuDNN's): 0.95-0.98x v03's at every page
-// size (a row copy does not see the page size), bringing the paged public op to 0.97-1.0x SDPA-cuDNN on the
-// serving cells; 1 x 131072 page 16 keeps the page-table check's ~2.7 %. The risk: 128 copies of 256 bytes per
-// 32 KiB tile are small for the copy engine (one per ~20 cycles per SM at two blocks an SM); if it cannot issue
-// them that fast, v05 is slower than v03 where two blocks share an SM.
-// Outcome (H100 80GB HBM3, 2026-11-26, outputs/driver_logs/20261126-h100-paged-bulkrow-475b5f8/): the prediction was
+// Prediction (from the profile of v03 and cuDNN on the H100 one-token serving cells: ncu DRAM throughput v03 80-86 %
+// of peak against cuDNN's 85-90 % on the same grid shape, L2 sector hits 48 % against 1-2 %, the 16-byte copies'
+// half sectors hitting the line their first request prefetched; 13 cp.async switches of v03 moved nothing by more
+// than ~1.5 %): whole-row copies read DRAM like cuDNN's whole-line loads, so pass 1's GPU time goes to v03 x (v03's
+// DRAM % / cuDNN's): 0.95-0.98x v03's at every page size (a row copy does not see the page size), bringing the paged
+// public op to 0.97-1.0x SDPA-cuDNN on the serving cells; 1 x 131072 page 16 keeps the page-table check's ~2.7 %.
+// The risk: 128 copies of 256 bytes per 32 KiB tile are small for the copy engine (one per ~20 cycles per SM at two
+// blocks an SM); if it cannot issue them that fast, v05 is slower than v03 where two blocks share an SM.
+// Outcome (H100 80GB HBM3, outputs/driver_logs/20261126-h100-paged-bulkrow-475b5f8/): the prediction was
 // wrong. Correct at every head dim and clean under memcheck, racecheck, synccheck and initcheck, but 0.984-1.000x
 // v03's speed on the serving cells (median 0.989 over 30 rows; v03 timed twice in a round: 0.996-1.002), slowest at
 // 64 x 1024 (0.984-0.987), level at 128 x 2048 and 1 x 131072 page 16. ncu at 32 x 4096 and 1 x 131072: L2 sector

@@ -20,21 +20,17 @@ import torch
 from .. import build
 from ..kernels import launcher, resolve_version
 from ..op_common import _capability, register_autograd_once
-from ..registry import (BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD,  # noqa: F401 (re-exported)
-                        DETERMINISTIC_BWD_HOPPER)
+from ..registry import BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD, backward_preference  # noqa: F401 (re-exported)
 
 # The table and preference lists live in lab.registry (no torch: the drivers and sanitizer scripts read them).
 
 
 def backward_version(head_dim: int, version=None, capability: tuple = (), deterministic: bool = False) -> str:
-    """The backward kernel for this head dim on a GPU of `capability`: `version` checked, or the first of the
-    preference (on 9.0 BEST_BWD_HOPPER, or DETERMINISTIC_BWD_HOPPER when deterministic; else BEST_BWD) that takes it."""
+    """The backward kernel for this head dim on a GPU of `capability`: `version` checked, or the first of
+    lab.registry.backward_preference that takes it."""
     if version is not None and deterministic and resolve_version(version, BWD, head_dim, ()) not in DETERMINISTIC_BWD:
         raise ValueError(f"backward {version} has no deterministic mode; deterministic versions: {DETERMINISTIC_BWD}")
-    hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
-    if deterministic:  # BEST_BWD after v17: v01, and v09 for the wide head dims (which refuses the mode)
-        return resolve_version(version, BWD, head_dim, (DETERMINISTIC_BWD_HOPPER if hopper else ()) + BEST_BWD)
-    return resolve_version(version, BWD, head_dim, BEST_BWD_HOPPER if hopper else BEST_BWD)
+    return resolve_version(version, BWD, head_dim, backward_preference(capability, deterministic))
 
 
 def _bwd_impl(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version, defines=None):

@@ -11,7 +11,8 @@ OUT=${OUT:-/tmp/bwd_ordered}; R=$OUT/ordered; mkdir -p "$R"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 LAB_OUTPUTS=$R/outputs
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$R/gpu.txt"
 python3 -c "from lab import build; build.binding()" > "$R/build.log" 2>&1 &
-for src in $(ls kernels/bwd/v1[78]_*.cu | sed "s|kernels/||") bwd/v14_tail.cu bwd/v01_mma.cu fwd/v05_wgmma.cu fwd/v07_overlap.cu; do
+for src in $(python3 -c "from lab import registry as r; print(' '.join(r.BWD[v].source for v in {*r.DETERMINISTIC_BWD, 'v14'}))") \
+           fwd/v05_wgmma.cu fwd/v07_overlap.cu; do  # every kernel bwd_determinism.py times
   python3 -c "from lab import build; build.build_kernel('$src')" >> "$R/build.log" 2>&1 &
 done
 ( OUT=$R BWD_MODES=2 bash tools/gpu/bwd_hopper.sh $V none > /dev/null 2>&1 ) &

@@ -1,10 +1,18 @@
 #!/bin/bash
-# Sourced by n14_session.sh, narrow_run.sh, narrow_steps.sh, wide_tiles.sh and wide_persist.sh (after they set L,
-# PYTHONPATH and TORCH_EXTENSIONS_DIR): `build SRC
-# [DEFINES]` compiles one kernel into the kernel cache; `n14_builds` starts in the background every build chapter
-# n14 runs (fwd v05 / v07 / v10, the Hopper backward default, bwd v09 with its forgotten-D-term and ablation builds,
-# the register table's compile check; concurrent builders share a cache key), logging to $L/build.log. The caller
-# waits.
+# Sourced by n14_session.sh, narrow_run.sh, narrow_steps.sh, wide_tiles.sh and wide_persist.sh (after they set L):
+# `n14_env [--wheels]` is the set-up they share (with --wheels the carried papermill wheels into /tmp/site; the
+# environment; the GPU's name and clocks in $L/gpu.txt; the binding built in the background); `build SRC [DEFINES]`
+# compiles one kernel into the kernel cache; `n14_builds` starts in the background every build chapter n14 runs
+# (fwd v05 / v07 / v10, the Hopper backward default, bwd v09 with its forgotten-D-term and ablation builds, the
+# register table's compile check; concurrent builders share a cache key), logging to $L/build.log. The caller waits.
+n14_env() {
+  if [ "${1:-}" = --wheels ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
+  fi
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$L/gpu.txt"
+  python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
+}
 build() { python3 -c "from lab import build; build.build_kernel('$1'${2:+, $2})" >> "$L/build.log" 2>&1; }
 n14_builds() {
   local src a

@@ -11,11 +11,8 @@
 #   LAB_COMMIT=<sha> [PROFILE=1] [CANDIDATE=...] bash tools/gpu/n14_session.sh
 set -u
 OUT=${OUT:-/tmp/n14_session}; L=/tmp/n14_logs/logs; mkdir -p "$OUT" "$L"  # logs packed: $OUT takes 8 files
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$L/gpu.txt"
 . tools/gpu/n14_builds.sh
-python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
+n14_env --wheels || exit 1
 n14_builds
 [ -n "${CANDIDATE:-}" ] && python3 -c "import os; from lab import build; build.build_kernel('bwd/v09_wide.cu',
 dict(i.split('=', 1) for i in os.environ['CANDIDATE'].split()))" >> "$L/build.log" 2>&1 &

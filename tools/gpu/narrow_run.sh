@@ -14,11 +14,8 @@
 #   LAB_COMMIT=<sha> [N14=1 | WIDE=1 | CANDIDATE=... | DIMS='80 96'] [PROFILE=1] bash tools/gpu/narrow_run.sh
 set -u
 OUT=${OUT:-/tmp/narrow_run}; L=/tmp/narrow_logs/logs; mkdir -p "$OUT" "$L"
-if [ -n "${N14:-}" ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1; fi
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$L/gpu.txt"
 . tools/gpu/n14_builds.sh
-python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
+n14_env ${N14:+--wheels} || exit 1
 BUG="{'LAB_FWD_BUG_NARROW_SHORT': None}"
 if [ -n "${CANDIDATE:-}" ]; then
   build fwd/v07_overlap.cu &

@@ -9,10 +9,8 @@
 #   LAB_COMMIT=<sha> [V10=1] bash tools/gpu/narrow_steps.sh
 set -u
 OUT=${OUT:-/tmp/narrow_steps}; L=$OUT; mkdir -p "$OUT"
-export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$L/gpu.txt"
 . tools/gpu/n14_builds.sh
-python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
+n14_env
 for src in fwd/v05_wgmma.cu fwd/v07_overlap.cu; do
   build $src & build $src "{'LAB_FWD_BUG_NARROW_SHORT': None}" &
 done

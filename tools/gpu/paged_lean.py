@@ -10,11 +10,11 @@ Every call goes through the binding with the variant's launcher and the public o
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import torch
+from paged_rows import write_rows  # tools/gpu/paged_rows.py (this script's folder is on sys.path)
 
 from lab import bench, build, cases, check, op_common, ops
 from lab.cases import PagedCase
@@ -122,17 +122,7 @@ def run_ab(out_path: str) -> int:
                                                 bind.decode_paged_call(address, q, kp, vp, seqlens, table, flags, scale,
                                                                        s, False)[0], None)
             times = bench.time_interleaved(calls, timer=timer, min_reps=15, max_reps=40, budget_s=1.0)
-            base = times["sdpa-cudnn"]
-            for name, t in times.items():
-                if not isinstance(t, bench.Timing):
-                    print(f"{B}x{L} {name}: {t}", flush=True)
-                    continue
-                row = {"cell": f"{B}x{L}", "impl": name, "gpu_us": round(t.median_ms * 1e3, 2),
-                       "iqr_us": round(t.iqr_ms * 1e3, 2), "n": t.n, "x_cudnn": round(base.median_ms / t.median_ms, 4),
-                       **env}
-                out.write(json.dumps(row) + "\n")
-                print(f"{row['cell']:>9} {name:<28} {row['gpu_us']:8.2f} us  iqr {row['iqr_us']:5.2f}  "
-                      f"x cuDNN {row['x_cudnn']}", flush=True)
+            write_rows(out, f"{B}x{L}", times, **env)
             del a, q, k, v, calls
             torch.cuda.empty_cache()
     return 0

@@ -56,6 +56,7 @@ def main(out_path: str) -> None:
     from lab.cases import PagedCase
     from lab.decode import paged
     from lab.decode.op import _decode_plan, _v03_plan
+    from paged_rows import write_rows  # tools/gpu/paged_rows.py (this script's folder is on sys.path)
 
     env = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("LAB_COMMIT"), "torch": torch.__version__}
     bind, timer = build.binding(), bench.GpuTimeTimer()  # bind's calls raise on a refusal and return (out, ...)
@@ -93,18 +94,7 @@ def main(out_path: str) -> None:
                             bind.decode_paged_call(address, q, kp, vp, seqlens, table, flags, scale, count, False)[0],
                             None)
             times = bench.time_interleaved(calls, timer=timer, min_reps=15, max_reps=40, budget_s=1.5)
-            base = times["sdpa-cudnn"]
-            for name, t in times.items():
-                if not isinstance(t, bench.Timing):
-                    print(f"{B}x{L} {name}: {t}", flush=True)
-                    continue
-                row = {"cell": f"{B}x{L}", "impl": name, "gpu_us": round(t.median_ms * 1e3, 2),
-                       "iqr_us": round(t.iqr_ms * 1e3, 2), "n": t.n,
-                       "x_cudnn": round(base.median_ms / t.median_ms, 4) if isinstance(base, bench.Timing) else None,
-                       "contiguous_splits": contiguous_splits, **env}
-                out.write(json.dumps(row) + "\n")
-                print(f"{row['cell']:>9} {name:<28} {row['gpu_us']:8.2f} us  iqr {row['iqr_us']:5.2f}  "
-                      f"x cuDNN {row['x_cudnn']}", flush=True)
+            write_rows(out, f"{B}x{L}", times, contiguous_splits=contiguous_splits, **env)
             del a, q, k, v, pages, calls
             torch.cuda.empty_cache()
 

@@ -10,10 +10,8 @@
 #   LAB_COMMIT=<sha> bash tools/gpu/wide_persist.sh
 set -u
 OUT=${OUT:-/tmp/wide_persist}; L=/tmp/wide_persist_logs/logs; mkdir -p "$OUT" "$L"
-export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$L/gpu.txt"
 . tools/gpu/n14_builds.sh
-python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
+n14_env
 build fwd/v10_wide.cu &
 build fwd/v10_wide.cu "{'LAB_V10_EPILOGUE_DIRECT': '1'}" &
 build fwd/v10_wide.cu "{'LAB_V10_PERSIST': '1'}" &

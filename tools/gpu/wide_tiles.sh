@@ -13,11 +13,8 @@
 set -u
 START=$SECONDS; BUDGET=${BUDGET:-500}  # seconds for everything; the A/Bs shrink to what is left
 OUT=${OUT:-/tmp/wide_tiles}; L=/tmp/wide_tiles_logs/logs; mkdir -p "$OUT" "$L"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$L/gpu.txt"
 . tools/gpu/n14_builds.sh
-python3 -c "from lab import build; build.binding()" > "$L/build.log" 2>&1 &
+n14_env --wheels || exit 1
 n14_builds
 build fwd/v10_wide.cu "{'LAB_V10_WG_TILES': '0'}" &
 build fwd/v10_wide.cu "{'LAB_FWD_NARROW_QK_STEPS': '3'}" &

@@ -1,16 +1,21 @@
 // The fixed dQ order of bwd/v17 and the versions after it: a counter word per (batch, query head, row block,
-// consumer warpgroup) after dq_accum, each head's key blocks run last to first, and the count a key block waits
-// for before adding into a row block. bwd/v17_ordered.cu has the design and its measurements; lab.backward.dq_order
-// plays the same rules on the CPU.
+// consumer warpgroup) after dq_accum, each head's key blocks run last to first, the count a key block waits for
+// before adding into a row block, and the entry that launches a version's sink with them. bwd/v17_ordered.cu has
+// the design and its measurements; lab.backward.dq_order plays the same rules on the CPU.
 #pragma once
 #include "common/hopper/attn_bwd_stagger.cuh"
 
 namespace lab::sm90::bwd {
 
+// bwd/v14's configuration, which the ordered versions keep.
+template <int D>
+using OrderedCfg = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
+
 // The counter words: one per padded query row after dq_accum; word m0 + wg of a head's rows counts the adds into
 // row block m0 by warpgroup wg (row blocks are at least 64 rows, so the words never meet).
 template <class C>
 __device__ __forceinline__ int* order_word(const AttnBwdParams& p, int b, int hq, int m0, int wg) {
+  static_assert(C::kSplitDq, "each warpgroup adds into elements of its own, so a count per warpgroup orders them");
   const int64_t sq_pad = lab::bwd::padded_rows(p.seqlen_q);
   int* words = reinterpret_cast<int*>(p.dq_accum + (int64_t)p.batch * p.heads_q * sq_pad * C::D);
   return words + ((int64_t)b * p.heads_q + hq) * sq_pad + m0 + wg;
@@ -48,14 +53,25 @@ struct OrderedSteps : DenseSteps {
   }
 };
 
-// The counters zeroed, then the launch (the pre-pass zeroes dq_accum).
-template <class C, class T, auto kKernel>
-int launch_ordered(const AttnBwdParams& p, cudaStream_t st, int dev) {
-  if (p.dq_accum == nullptr) return LAB_E_WORKSPACE;  // the deterministic mode needs it here too
-  const int64_t rows = (int64_t)p.batch * p.heads_q * lab::bwd::padded_rows(p.seqlen_q);
-  const cudaError_t err = cudaMemsetAsync(p.dq_accum + rows * C::D, 0, rows * sizeof(int), st);
-  if (err != cudaSuccess) return err;
-  return launch<C, T, kKernel>(p, st, dev);
+// The extern "C" entry of an ordered version (either dQ mode): the counters zeroed, then v14's loop with the
+// version's dQ sink over OrderedSteps' grid (the pre-pass zeroes dq_accum).
+template <class Sink>
+struct OrderedLaunch {
+  template <int D, class T>
+  struct Run {
+    static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
+      using C = OrderedCfg<D>;
+      if (p.dq_accum == nullptr) return LAB_E_WORKSPACE;  // the deterministic mode needs it here too
+      const int64_t rows = (int64_t)p.batch * p.heads_q * lab::bwd::padded_rows(p.seqlen_q);
+      const cudaError_t err = cudaMemsetAsync(p.dq_accum + rows * C::D, 0, rows * sizeof(int), st);
+      if (err != cudaSuccess) return err;
+      return launch<C, T, bwd_dkdv_stagger<C, T, Sink, OrderedSteps>>(p, st, dev);
+    }
+  };
+};
+template <class Sink>
+int ordered_entry(const AttnBwdParams* p, void* stream) {
+  return entry<OrderedLaunch<Sink>::template Run, true>(p, stream);
 }
 
 }  // namespace lab::sm90::bwd
