@@ -74,5 +74,6 @@ def test_the_kernel_walks_the_order_the_model_mirrors():
     body = SOURCE[SOURCE.index("__device__ __forceinline__ int snake_tile"):]
     body = body[:body.index("\n}\n")]
     assert "i * g + ((i & 1) ? g - 1 - x : x)" in body
-    assert SOURCE.count("w = snake_tile(++i, n_work)") == 2  # the producer and the consumers walk the same tiles
+    assert SOURCE.count("w = snake_tile(++i, n_work)") == 1  # one walk (walk_work_tiles) ...
+    assert SOURCE.count("walk_work_tiles<Cfg, kPersist>(p, n_work, work0,") == 2  # ... for the producer and the consumers
     assert "#define LAB_V10_PERSIST 1" in SOURCE  # the default since its n14 session

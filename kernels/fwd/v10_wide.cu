@@ -168,6 +168,20 @@ __device__ __forceinline__ int consumer_tiles(const AttnFwdParams& p, int wm0, i
   const int g = gridDim.x, x = blockIdx.x, w = i * g + ((i & 1) ? g - 1 - x : x);
   return w < n_work ? w : n_work;
 }
+// The work tiles a CTA runs, each as fn(work tile, its first K / V tile's count on the ring, its index): snake_tile's
+// order when persistent, else work0 alone. The producer and the consumers walk it alike, so their ring counts agree.
+template <class Cfg, bool kPersist, class Fn>
+__device__ __forceinline__ void walk_work_tiles(const AttnFwdParams& p, int n_work, const WorkTile& work0, Fn&& fn) {
+  if constexpr (kPersist) {
+    for (int w = snake_tile(0, n_work), i = 0, it = 0; w < n_work; w = snake_tile(++i, n_work)) {
+      const WorkTile work = work_tile_at<Cfg>(p, w);
+      fn(work, it, i);
+      it += work.n_tiles;
+    }
+  } else {
+    fn(work0, 0, 0);
+  }
+}
 using Cfg192 = Cfg10<192, LAB_V10_D192_BC, LAB_V10_STAGES>;
 using Cfg256 = Cfg10<256, LAB_V10_D256_BC, LAB_V10_STAGES>;
 
@@ -225,15 +239,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
             tma_load_4d(ring.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, work.hkv, work.b);
         }
       };
-      if constexpr (kPersist) {
-        for (int w = snake_tile(0, n_work), i = 0, it = 0; w < n_work; w = snake_tile(++i, n_work)) {
-          const WorkTile work = work_tile_at<Cfg>(p, w);
-          produce(work, it, i);
-          it += work.n_tiles;
-        }
-      } else {
-        produce(work0, 0, 0);
-      }
+      walk_work_tiles<Cfg, kPersist>(p, n_work, work0, produce);
     }
   } else {
     // Consumers: 64 rows each, v05's serial tile with the folded scale and two chains.
@@ -324,15 +330,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
       else
         epilogue<D, T, Cfg::kNarrow>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
     };
-    if constexpr (kPersist) {
-      for (int w = snake_tile(0, n_work), i = 0, it = 0; w < n_work; w = snake_tile(++i, n_work)) {
-        const WorkTile work = work_tile_at<Cfg>(p, w);
-        consume(work, it, i);
-        it += work.n_tiles;
-      }
-    } else {
-      consume(work0, 0, 0);
-    }
+    walk_work_tiles<Cfg, kPersist>(p, n_work, work0, consume);
   }
 #endif
 }
