@@ -1,0 +1,304 @@
+// Changes: vs v09 (the masks on v05's serial loop: one warpgroup that waits for each GEMM) and v07 (the default
+// dense kernel): v09's mask steps in v07's loop, so that a masked or packed call runs at the default's speed.
+//   - From v07: a producer warpgroup (TMA, separate `empty` barriers for K and V) and two consumer warpgroups of 64
+//     query rows (B_r = 128); in each consumer S_{j+1} = Q K_{j+1}^T and P_j V_j in flight together, the softmax of
+//     S_{j+1} under P_j V_j; at D = 128 the consumers take turns issuing (ping-pong); FA4's lazy rescale on tiles
+//     that need no mask; causal-like grids (a right edge) longest first within groups of heads whose keys fit L2.
+//   - From v09, unchanged as steps (common/mask.cuh, common/hopper/attn_mask_sm90.cuh): the CTA's key tiles are the
+//     window's key range of its 128 rows (window_key_range): the producer's TMA coordinates start at the range's
+//     first tile and tiles outside are never loaded or computed; a tile crossing an edge of a warpgroup's 64 rows
+//     gets mask_window_wg before the softmax; softcap / scale <= 0 by transform_scores; the bf16 softcap with a
+//     fixed offset (kCapHeadroom, l from the rounded P: exp_rows_rounded), which needs no max and no O rescale;
+//     the sinks in the final normaliser (epilogue_sink); packed sequences through cu_seqlens (B = 1 tensor maps
+//     over the packed rows, the sequence's first rows read by the CTA), a CTA past its sequence returns at once.
+// Tiles: B_c = 128 at both head dims (the window sizes people use are multiples of 128, so the edge tiles are
+// fewer than with v07's 176; v07 measured B_c 128 within 2-3 % of 176 on long unmasked rows), 2 stages at D = 128
+// (Q 32 + 2 x (K 32 + V 32) = 160 KiB), 3 at D = 64 (Q 16 + 3 x 32 = 112 KiB). Grid: ceil(max S_q / 128) x B x H_q
+// CTAs of 384 threads. Any S_q, S_k (the last tile masked by window_masked's col >= S_k).
+// Compile check: python -m lab compile. Checks and race: tools/gpu/masks_run.py checks-v11 (lab.masks.gpu.checks).
+// Prediction (H100, bf16, D = 128, H = 16, the n13 race cells): v09's loop cost 1.43-1.77x v07's time on the same
+//   unmasked work, and its causal-window rows are those cells' whole time; in v07's loop the masked kernel's plain
+//   causal call within ~5 % of the default's (the non-persistent long config: 2k causal rows lose what v07's
+//   persistent PAIR order gains at S <= 2048), so: window vs FlexAttention 1.41-2.49 -> 2.0-3.5 (every cell >= 1.5);
+//   packed sequences of one length vs the dense default 1.44 -> 1.05-1.15; softcap overhead over the masked plain
+//   call about as now (the tanh per score still on the MUFU beside exp2, which v07's overlap does not remove).
+// Measured: kernels/README.md, row "fwd v11".
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <type_traits>
+
+#include "common/hopper/attn_fwd_sm90.cuh"
+#include "common/hopper/attn_mask_sm90.cuh"
+
+#ifndef LAB_V08_IGNORE_WINDOW
+#define LAB_V08_IGNORE_WINDOW 0  // the deliberately wrong build (drops the window), as v08's and v09's
+#endif
+
+namespace {
+using namespace lab::sm90;
+
+template <int D_, int STAGES_, bool PINGPONG_, int L2_GROUP_MB_>
+struct Cfg11 {
+  static constexpr int D = D_;
+  static constexpr int kConsumers = 2;
+  static constexpr int BR = 64 * kConsumers;
+  static constexpr int BC = 128;
+  static constexpr int kStages = STAGES_;
+  static constexpr bool kPingPong = PINGPONG_;
+  static constexpr int kL2GroupMB = L2_GROUP_MB_;  // 0: longest first over the whole grid
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kRegsProducer = 24, kRegsConsumer = 240;
+  static constexpr int kQBytesWG = 64 * D * 2;
+  static constexpr int kQBytes = kConsumers * kQBytesWG;
+  static constexpr int kTileBytes = BC * D * 2;
+  static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
+  static_assert(kSmem + 128 <= 227 * 1024, "shared memory budget exceeded");
+  static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
+  // Named barriers: 1..2 the consumers' epilogues, 4..5 their turns (ping-pong).
+};
+// D = 64: no ping-pong (v07: -1 to +2 %) and no L2 groups (v07: -7 to 0 % at D = 64).
+using Cfg64 = Cfg11<64, 3, false, 0>;
+using Cfg128 = Cfg11<128, 2, true, 16>;
+
+enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
+
+template <class Cfg, class T, int kTransform>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __grid_constant__ CUtensorMap tq,
+                                                                        const __grid_constant__ CUtensorMap tk,
+                                                                        const __grid_constant__ CUtensorMap tv,
+                                                                        const AttnMaskParams mp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kBounded = kTransform == kTanhBounded, kCap = kTransform == kTanh || kBounded;
+  const AttnFwdParams& p = mp.base;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
+  uint8_t* smem = align1024(smem_raw);
+  const SmemRing<Cfg> ring = smem_ring<Cfg>(smem);
+  const bool packed = mp.cu_seqlens_q != nullptr;
+
+  // Prologue: the work tile. Query blocks longest first (a right edge makes later blocks heavier) within groups
+  // of heads whose window of K and V fits kL2GroupMB (v07's causal order, with the window's keys per head).
+  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR, num_bh = p.batch * p.heads_q;
+  const int span = mp.window_left >= 0 ? min(p.seqlen_k, mp.window_left + Cfg::BR + BC) : p.seqlen_k;
+  const int64_t kv_head = (int64_t)max(span, 1) * D * 4;
+  const int group = Cfg::kL2GroupMB > 0
+                        ? (int)max((int64_t)1, min((int64_t)num_bh, (int64_t)Cfg::kL2GroupMB * (1 << 20) / kv_head))
+                        : num_bh;
+  const int work = blockIdx.x, g = work / (group * num_m), r = work % (group * num_m);
+  const int heads = min(group, num_bh - g * group);
+  const int mb = mp.window_right >= 0 ? num_m - 1 - r / heads : r / heads;
+  const int bh = g * group + r % heads;
+  const int b = bh / p.heads_q, h = bh % p.heads_q, hkv = h / (p.heads_q / p.heads_kv);
+  int q0 = 0, k0 = 0, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, off = mp.diag_offset;
+  if (packed) {  // clamped: no cu_seqlens value reads or writes outside the packed tensors
+    const int qa = min(max(mp.cu_seqlens_q[b], 0), mp.total_q), qb = min(max(mp.cu_seqlens_q[b + 1], qa), mp.total_q);
+    const int ka = min(max(mp.cu_seqlens_k[b], 0), mp.total_k), kb = min(max(mp.cu_seqlens_k[b + 1], ka), mp.total_k);
+    q0 = qa;
+    k0 = ka;
+    seqlen_q = min(qb - qa, p.seqlen_q);
+    seqlen_k = min(kb - ka, p.seqlen_k);
+    off = seqlen_k - seqlen_q;
+  }
+  const int m0 = mb * Cfg::BR;
+  if (m0 >= seqlen_q) return;  // the whole CTA, before any barrier or load
+  const int left = LAB_V08_IGNORE_WINDOW ? -1 : mp.window_left;
+  const int right = LAB_V08_IGNORE_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
+  const int2 range = lab::window_key_range(m0, min(m0 + Cfg::BR, seqlen_q), seqlen_k, off, left, right);
+  const int first = range.y > range.x ? range.x / BC : 0;
+  const int n_tiles = range.y > range.x ? (range.y + BC - 1) / BC - first : 0;
+  const int shift = first * BC;
+  const int bq = packed ? 0 : b;  // the maps' batch coordinate
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
+      mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer (v07's, over the window's tiles only)
+    setmaxnreg_dec<Cfg::kRegsProducer>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_maps(&tq, &tk, &tv);
+      load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, bq);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages, row = k0 + shift + j * BC;
+        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
+        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+        mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(ring.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, row, hkv, bq);
+        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+        mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+        for (int cb = 0; cb < D / 64; ++cb)
+          tma_load_4d(ring.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, row, hkv, bq);
+      }
+    }
+    return;
+  }
+
+  // Consumers
+  setmaxnreg_inc<Cfg::kRegsConsumer>();
+  const int ct = threadIdx.x - 128 * wg;
+  const uint32_t sQw = ring.q + (wg - 1) * Cfg::kQBytesWG;
+  const int wm0 = m0 + 64 * (wg - 1), wm1 = max(min(wm0 + 64, seqlen_q), wm0 + 1);
+  const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
+  const int k_end = seqlen_k - shift, k_off = off - shift;  // the window's keys, from its first tile
+  // The softmax's exp2 factor (> 0, so the max may be taken on the transformed scores: folded form) and the
+  // transform before it: softcap tanh(s scale / softcap) with factor softcap log2 e; a scale <= 0 multiplied first.
+  const float c = kCap ? mp.softcap * kLog2e : kTransform == kScale ? kLog2e : p.scale * kLog2e;
+  const float tk_factor = kCap ? p.scale / mp.softcap : p.scale;
+  float o[D / 2];
+  zero_acc(o);
+  RowState st;
+  if constexpr (kBounded) st.m[0] = st.m[1] = c - kCapHeadroom;  // the fixed offset (kCapHeadroom)
+  float sacc[BC / 2], alpha[2];
+  uint32_t pa[BC / 16][4];
+  auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1); };
+  auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1); };
+  auto release_k = [&](int j) {
+    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[j % kStages]));
+  };
+  auto release_v = [&](int j) {
+    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[j % kStages]));
+  };
+  // The softmax step of tile j (touches neither O nor the P fragments); returns whether O needs rescale_o.
+  auto softmax = [&](int j) -> bool {
+    if constexpr (kTransform != kNone) transform_scores<BC, kCap>(sacc, tk_factor);
+    const bool mask = lab::window_tile_needs_mask(j * BC, BC, wm0, wm1, k_end, k_off, left, right);
+    if (mask) mask_window_wg<BC>(sacc, row0, j * BC, k_end, k_off, left, right);
+    if constexpr (kBounded) {
+      exp_rows_rounded<BC, T>(sacc, st, st.m[0], c);
+      return false;
+    } else {
+      if (!mask && j > 0) return softmax_scores_lazy<BC, 2>(sacc, st, alpha, c);
+      softmax_scores<BC, false, 0, 2, true>(sacc, st, alpha, c, 0, 0, 0, false);  // masked: -inf already there
+      return true;
+    }
+  };
+  // Ping-pong (D = 128): each consumer takes n_tiles + 1 turns; the last one hands out the first.
+  constexpr bool kPing = Cfg::kPingPong;
+  const int next_wg = wg % Cfg::kConsumers + 1;
+  auto turn = [&]() {
+    if constexpr (kPing) named_barrier_sync(3 + wg, 256);
+  };
+  auto pass = [&]() {
+    if constexpr (kPing) named_barrier_arrive(3 + next_wg, 256);
+  };
+  if (kPing && wg == Cfg::kConsumers && n_tiles > 0) named_barrier_arrive(3 + 1, 256);
+  mbar_wait(smem_u32(&bar_q), 0);
+
+  if (n_tiles > 0) {
+    wait_k(0);
+    turn();
+    wgmma_fence();
+    issue_qk<D, BC, kBf16>(sacc, sQw, ring.k(0));
+    pass();
+    wgmma_wait<0>();
+    reg_fence(sacc);
+    release_k(0);
+    softmax(0);  // O is still 0: no rescale
+    pack_p<BC, T>(sacc, pa);
+  }
+  // Main loop: S_j and P_{j-1} V_{j-1} in flight together, the softmax of S_j (transform, mask, exp) under P V.
+  // [lab:inner-loop] v07's overlapped key tile with v09's mask steps
+  for (int j = 1; j < n_tiles; ++j) {
+    wait_k(j);
+    wait_v(j - 1);
+    turn();
+    wgmma_fence();
+    issue_qk<D, BC, kBf16>(sacc, sQw, ring.k(j % kStages));
+    issue_pv<D, BC, kBf16>(o, pa, ring.v((j - 1) % kStages));
+    pass();
+    wgmma_wait<1>();
+    reg_fence(sacc);
+    release_k(j);
+    const bool rescale = softmax(j);
+    wgmma_wait<0>();
+    reg_fence(o);
+    release_v(j - 1);
+    if (rescale) rescale_o<D>(o, alpha);
+    pack_p<BC, T>(sacc, pa);
+  }
+  // [/lab:inner-loop]
+  if (n_tiles > 0) {
+    wait_v(n_tiles - 1);
+    turn();
+    wgmma_fence();
+    issue_pv<D, BC, kBf16>(o, pa, ring.v((n_tiles - 1) % kStages));
+    pass();
+    wgmma_wait<0>();
+    reg_fence(o);
+    release_v(n_tiles - 1);
+  }
+  if (kPing && wg == 1 && n_tiles > 0) turn();  // consumes the last warpgroup's last pass
+
+  // Epilogue: the sink joins the normaliser; O rows of this sequence only, staged in this warpgroup's Q tile.
+  const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
+  float* lse_row0 = p.lse == nullptr ? nullptr
+                    : packed         ? p.lse + (int64_t)h * mp.total_q + q0
+                                     : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
+  T* out = static_cast<T*>(p.o) + (int64_t)bq * p.o_stride[0] + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2];
+  epilogue_sink<D, T>(o, st, sink_log2, lse_row0, out, p.o_stride[2], seqlen_q, smem + (wg - 1) * Cfg::kQBytesWG, wm0,
+                      wg);
+#endif
+}
+
+template <class Cfg, class T, int kTransform>
+int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
+  constexpr auto kernel = attn_fwd_v11_kernel<Cfg, T, kTransform>;
+  if (const cudaError_t err = lab::allow_smem_once<kernel>(Cfg::kSmem, dev)) return (int)err;
+  const AttnFwdParams& p = mp.base;
+  CUtensorMap tq, tk, tv;
+  const bool bf16 = p.dtype == LAB_BF16;
+  if (mp.cu_seqlens_q != nullptr) {  // the packed tensors as one sequence of total rows (B = 1)
+    const int tk_rows = mp.total_k > 0 ? mp.total_k : 1;
+    if (!make_bhsd_map(&tq, p.q, bf16, p.head_dim, mp.total_q, p.heads_q, 1, p.q_stride, 64) ||
+        !make_bhsd_map(&tk, p.k, bf16, p.head_dim, tk_rows, p.heads_kv, 1, p.k_stride, Cfg::BC) ||
+        !make_bhsd_map(&tv, p.v, bf16, p.head_dim, tk_rows, p.heads_kv, 1, p.v_stride, Cfg::BC))
+      return LAB_E_SHAPE;
+  } else if (const int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) {
+    return rc;
+  }
+  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, mp);
+  return (int)cudaGetLastError();
+}
+
+// v09's transform choice: the fixed-offset softcap for bf16 within the cap's limit, the online max otherwise.
+template <class Cfg, class T>
+int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
+  if (mp.softcap > 0.f) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      if (mp.softcap * kLog2e <= kCapMaxLog2) return launch<Cfg, T, kTanhBounded>(mp, stream, dev);
+    return launch<Cfg, T, kTanh>(mp, stream, dev);
+  }
+  if (mp.base.scale > 0.f) return launch<Cfg, T, kNone>(mp, stream, dev);
+  return launch<Cfg, T, kScale>(mp, stream, dev);
+}
+
+}  // namespace
+
+// v09's checks, then the tile by head dim and the kernel by dtype and transform.
+extern "C" int attn_fwd_v11(const AttnMaskParams* p, void* stream) {
+  if (p->softcap < 0.f || p->window_left < -1 || p->window_right < -1) return LAB_E_SHAPE;
+  if ((p->cu_seqlens_q == nullptr) != (p->cu_seqlens_k == nullptr)) return LAB_E_SHAPE;
+  if (p->cu_seqlens_q != nullptr && (p->total_q <= 0 || p->total_q > (1 << 30) || p->total_k > (1 << 30)))
+    return p->total_q == 0 ? 0 : LAB_E_SHAPE;
+  if (const int rc = check_tma_fwd_params(&p->base)) return rc < 0 ? rc : 0;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = p->base.dtype == LAB_BF16;
+  if (p->base.head_dim == 64)
+    return bf16 ? launch_by_transform<Cfg64, __nv_bfloat16>(*p, st, dev) : launch_by_transform<Cfg64, __half>(*p, st, dev);
+  return bf16 ? launch_by_transform<Cfg128, __nv_bfloat16>(*p, st, dev) : launch_by_transform<Cfg128, __half>(*p, st, dev);
+}
