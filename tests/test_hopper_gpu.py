@@ -72,7 +72,8 @@ def test_clear_error_off_hopper(version):
 
 
 @pytest.mark.parametrize("D,Sq,Sk,causal", [(32, 65, 130, True), (32, 1025, 63, False), (80, 130, 2100, False),
-                                            (96, 4097, 4097, True), (200, 257, 63, True), (136, 65, 1025, False)])
+                                            (96, 4097, 4097, True), (200, 257, 63, True), (136, 65, 1025, False),
+                                            (160, 65, 2100, True)])
 def test_a_narrow_call_is_the_padded_call_bit_for_bit(D, Sq, Sk, causal):
     """lab.fwd.head_dims.narrow: the width's kernel reading the unpadded tensors (TMA's zero fill) computes what it
     computes on the zero-padded copies, so output and LSE are equal bit for bit; unpadded() fails the call if it

@@ -1,0 +1,90 @@
+"""What bounds the backward's TFLOP/s at the stretch cells (D = 128, S 8192 / 16384, non-causal) as users call it:
+the public op's backward and SDPA-cuDNN's, timed cold in rounds (lab.bench.time_interleaved, the chapter's
+timer), with the SM clock and the power sampled by nvidia-smi while they run; then torch.profiler's kernel list
+of a few back-to-back calls of each, so the main kernel's own time under that load is read beside the passes
+around it (the D pre-pass, dQ's zeroing and its conversion). TFLOP/s: 2.5x the forward's FLOPs over each time.
+
+Prediction (from the profile of one launch, 4419 us = 622 TFLOP/s, beside the call's 5054 us): the main kernel
+under sustained load takes 8-12 % longer than its lone profiled launch (the SM clock below its boost), and the
+passes around it about 0.13 ms; cuDNN's kernel the same ratio.
+Usage: python3 tools/gpu/bwd_stretch_bound.py OUT_JSONL
+"""
+import json
+import statistics
+import subprocess
+import sys
+
+import torch
+
+from lab import bench, cases, env
+from lab.backward.harness import ours_step, sdpa_step
+from lab.sweep import _inputs_fwd
+
+CELLS = ("bwd-d128-s8192", "bwd-d128-s16384")
+
+
+def clocks_while(fn):
+    """fn() with nvidia-smi sampling the SM clock (MHz) and power (W) every 50 ms; returns (result, samples)."""
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    try:
+        result = fn()
+    finally:
+        smi.terminate()
+    samples = []
+    for line in smi.communicate()[0].splitlines():
+        try:
+            mhz, watts = (float(x) for x in line.split(","))
+            samples.append((mhz, watts))
+        except ValueError:
+            pass
+    return result, samples
+
+
+def kernel_times(fn, calls: int = 5) -> dict:
+    """{kernel name: mean us per call} over `calls` back-to-back calls (after one untimed)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us > 0:
+            out[e.key[:90]] = round(us / calls, 1)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def main(path):
+    fingerprint = env.fingerprint()
+    with open(path, "a") as f:
+        for name in CELLS:
+            case = next(c for c in cases.bench_bwd_cases() if c.name == name)
+            q, k, v = _inputs_fwd(case, seed=0)
+            dout = _inputs_fwd(case, seed=1)[0]
+            calls = {"lab.ops.attention (backward)": (ours_step("bwd", q, k, v, False, dout), None),
+                     "sdpa-cudnn (backward)": (sdpa_step("cudnn", "bwd", q, k, v, False, dout), None)}
+            times, samples = clocks_while(lambda: bench.time_interleaved(calls))
+            flops = 2.5 * bench.attention_flops(case.B, case.Hq, case.Sq, case.Sk, case.D, False)
+            row = {"kind": "stretch-bound", "case": name, "env": fingerprint,
+                   "median_ms": {n: round(t.median_ms, 4) for n, t in times.items()},
+                   "tflops": {n: round(flops / t.median_ms / 1e9, 1) for n, t in times.items()},
+                   "sm_mhz": {"median": statistics.median(s[0] for s in samples), "min": min(s[0] for s in samples),
+                              "max": max(s[0] for s in samples)} if samples else None,
+                   "power_w": {"median": statistics.median(s[1] for s in samples),
+                               "max": max(s[1] for s in samples)} if samples else None,
+                   "kernels_us": {}}
+            for label, (fn, _) in calls.items():
+                (kt, ks) = clocks_while(lambda: kernel_times(fn))
+                row["kernels_us"][label] = kt
+                top = next(iter(kt.values()))
+                row.setdefault("main_kernel_tflops", {})[label] = round(flops / top / 1e6, 1)
+                row.setdefault("profiled_sm_mhz", {})[label] = statistics.median(s[0] for s in ks) if ks else None
+            print(json.dumps({k: v for k, v in row.items() if k != "env"}, indent=1))
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
