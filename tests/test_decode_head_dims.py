@@ -74,10 +74,10 @@ def test_decode_kernels_compile_at_every_head_dim():
     """Every head dim is instantiated for sm_80 and sm_90a (the launchers dispatch on it); on sm_90a, where the
     lab runs them, no decode pass-1 kernel spills (D 256 keeps Q in shared memory for that; on sm_80 v02's D 256
     spills 12-16 bytes, which no GPU here measures)."""
-    sources = [paths.KERNELS / "decode" / f for f in ("v02_mma.cu", "v03_paged.cu", "v05_bulkrow.cu")]
+    sources = [paths.KERNELS / "decode" / f for f in ("v02_mma.cu", "v03_paged.cu", "v05_bulkrow.cu", "v06_warpring.cu")]
     rows = build.compile_check(sources=sources)
     for arch in ("sm_80", "sm_90a"):
-        for source in ("v02_mma", "v03_paged", "v05_bulkrow"):  # v05's sm_80 kernels are empty (sm_90 copies)
+        for source in ("v02_mma", "v03_paged", "v05_bulkrow", "v06_warpring"):  # v05's sm_80 kernels are empty (sm_90 copies)
             dims = {int(re.search(r"<[^,]+, (\d+)", r["kernel"]).group(1)) for r in rows
                     if r["arch"] == arch and source in r["source"] and "partial_kernel" in r["kernel"]}
             assert dims == set(registry.DECODE_HEAD_DIMS), (arch, source, dims)

@@ -5,10 +5,10 @@
 paged_builds() {
   local t0; t0=$(date +%s)
   python3 -c "from lab import build; build.binding()" > "$1" 2>&1 &
-  for v in v01 v02 v03 v04 v05; do
+  for v in v01 v02 v03 v04 v05 v06; do
     python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$v'].source)" >> "$1" 2>&1 &
   done
-  for v in v03 v04 v05; do
+  for v in v03 v04 v05 v06; do
     python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$v'].source, {'LAB_PAGED_BUG_IDENTITY': None})" \
       >> "$1" 2>&1 &
   done

@@ -113,14 +113,17 @@ def race(path: str) -> None:
                 torch.cuda.empty_cache()
 
 
-PROFILE_PAGES = (16, 256)
+PROFILE_PAGES = tuple(int(p) for p in os.environ.get("PAGED_PROFILE_PAGES", "16 256").split())
+# B x L cells to profile (PAGED_PROFILE_CELLS="64x1024 1x131072"; all of PAGED_CELLS by default)
+PROFILE_CELLS = tuple(tuple(int(x) for x in c.split("x")) for c in os.environ.get("PAGED_PROFILE_CELLS", "").split()) \
+    or PAGED_CELLS
 
 
 def child() -> None:
     """Warm every target up, then one launch each inside an NVTX range (ncu --nvtx-include lab.profile/); the
     targets' order is printed so the report's kernels can be matched (one pass-1 kernel per target)."""
     order = []
-    for B, L in PAGED_CELLS:
+    for B, L in PROFILE_CELLS:
         for i, page in enumerate(PROFILE_PAGES):
             _, a = cell_inputs(B, L, page)
             fns = {k: fn for k, fn in calls(a, f"p{page}", i == 0).items() if "eager-check" not in k}

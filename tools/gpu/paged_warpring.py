@@ -1,0 +1,142 @@
+"""Decode v06 (the warp-private ring, kernels/decode/v06_warpring.cu) on the GPU: its checks through the public op, the
+wrong build, small calls for compute-sanitizer, and its race against v03 beside SDPA-cuDNN.
+
+    python tools/gpu/paged_warpring.py check           # every paged-tests and paged head-dim case through lab.ops.decode
+                                                       # (version="v06"), paged and contiguous, split plan and 3 splits,
+                                                       # against float64 (lab.check's rule); the wrong build must fail
+    python tools/gpu/paged_warpring.py sanitize        # small calls, inputs made on the CPU, each output checked
+    python tools/gpu/paged_warpring.py ab OUT.jsonl    # the public op, version named: GPU time (eager, interleaved
+                                                       # rounds) and CUDA-graph replays, beside SDPA-cuDNN, one JSON line a row
+
+Exits 1 on a FAIL.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from paged_rows import write_rows  # tools/gpu/paged_rows.py (this script's folder is on sys.path)
+
+from lab import bench, cases, check, graphs, ops
+from lab.cases import PagedCase
+from lab.decode import paged
+
+NEW = "v06"
+WRONG = {"LAB_WARPRING_BUG_SLICE": None}  # a warp copies the next warp's slice into its rows: must fail
+
+
+def contiguous_check(case: PagedCase, seed: int, splits) -> bool:
+    """lab.ops.decode on the contiguous cache with version="v06" (causal as the case), two fresh trials."""
+    ok = True
+    for trial in range(2):
+        a = paged.paged_inputs(case, paged.gen_on("cuda", seed + trial), "cuda")
+        check._poison_allocator(a["q"])
+        out = ops.decode(a["q"], a["k"], a["v"], a["seqlens"], num_splits=splits, version=NEW, is_causal=case.causal)
+        ref = paged.reference(a["q"], a["k"], a["v"], case.lengths(), case.causal)
+        yard = paged.yardstick(a["q"], a["k"], a["v"], case.lengths(), case.causal)
+        ok &= check.compare(out.to(ref.device), ref, yard)["passed"]
+    return ok
+
+
+def run_checks() -> int:
+    rows = [(c, s) for c in cases.paged_tests_cases() for s in (None,)] + \
+           [(c, s) for c in cases.paged_head_dim_tests_cases() for s in (None, 3)]
+    failed = total = 0
+    for i, (case, splits) in enumerate(rows):
+        ok_paged = paged.check_paged(case, num_splits=splits, trials=2, seed=1000 * i, save=False, version=NEW).passed
+        ok_contiguous = contiguous_check(case, 1000 * i + 500, splits)
+        for where, ok in (("paged", ok_paged), ("contiguous", ok_contiguous)):
+            total += 1
+            failed += not ok
+            if not ok:
+                print("FAIL", case.name, "splits", splits, where, flush=True)
+    print(f"{NEW} checks: {total - failed}/{total} passed", flush=True)
+    wrong = [paged.check_paged(case, num_splits=s, trials=1, save=False, defines=WRONG, version=NEW).passed
+             for case in cases.paged_tests_cases()[:4] for s in (1, 3)]
+    print(f"wrong build (LAB_WARPRING_BUG_SLICE): {sum(not w for w in wrong)}/{len(wrong)} calls fail, as they must",
+          flush=True)
+    return 1 if failed or any(wrong) else 0
+
+
+def run_sanitize() -> int:
+    """Small calls of v06 (D 64, 128, 256; q_len 1 and 3 causal; bf16 / fp16; pages 16 / 48; one split and three;
+    paged and contiguous; a table with an out-of-range id), each output judged on the host."""
+    failed = 0
+    gen = torch.Generator().manual_seed(0)
+    for D in (64, 128, 256):
+        for q_len, causal, dtype, page in ((1, False, "bfloat16", 16), (3, True, "float16", 48)):
+            case = PagedCase(f"san-d{D}-q{q_len}", 3, 32, 8, q_len, 300, D, dtype, (0, 65, 300), page, causal)
+            host = paged.paged_inputs(case, gen, "cpu")  # made on the CPU: initcheck then tracks our kernels only
+            a = {name: t.to("cuda") for name, t in host.items()}
+            ref = paged.reference(host["q"], host["k"], host["v"], case.lengths(), case.causal)
+            yard = paged.yardstick(host["q"], host["k"], host["v"], case.lengths(), case.causal)
+            for splits in (1, 3):
+                flags = torch.full((case.B,), -1, dtype=torch.int32, device="cuda")
+                outs = {"paged": ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], num_splits=splits,
+                                            block_table=a["table"], page_errors=flags, is_causal=causal, version=NEW),
+                        "contiguous": ops.decode(a["q"], a["k"], a["v"], a["seqlens"], num_splits=splits,
+                                                 is_causal=causal, version=NEW)}
+                for where, out in outs.items():
+                    ok = check.compare(out.cpu(), ref, yard)["passed"] and not (where == "paged" and bool(flags.any()))
+                    failed += not ok
+                    print("PASS" if ok else "FAIL", case.name, "splits", splits, where, flush=True)
+            bad = a["table"].clone()
+            bad[1, 0] = a["k_pages"].shape[0] + 3  # an id past the pool: rows zeroed, flag set, nothing read
+            flags = torch.full((case.B,), -1, dtype=torch.int32, device="cuda")
+            out = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], block_table=bad, page_errors=flags,
+                             is_causal=causal, version=NEW)
+            ok = flags.cpu().tolist()[1] != 0 and bool((out[1].cpu() == 0).all())
+            failed += not ok
+            print("PASS" if ok else "FAIL", case.name, "bad page id flagged and zeroed", flush=True)
+    torch.cuda.synchronize()
+    print("all passed" if not failed else f"FAILED {failed}")
+    return 1 if failed else 0
+
+
+def run_ab(out_path: str) -> int:
+    """The public op as called (version named; paged with page_errors), GPU time in interleaved rounds (a GPU sleep
+    first: the call's GPU work alone) and one CUDA graph per call replayed (CudaTimer), beside SDPA-cuDNN on the
+    contiguous cache. "v03 again": the spread between two identical calls in one round."""
+    env = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("LAB_COMMIT"), "torch": torch.__version__}
+    gpu_timer, replay_timer = bench.GpuTimeTimer(), bench.CudaTimer()
+    pages = tuple(int(p) for p in os.environ.get("AB_PAGES", "16 64 256").split())
+    with open(out_path, "a") as out:
+        for B, L in cases.PAGED_CELLS:
+            case = PagedCase("ab", B, 32, 8, 1, L, 128, "bfloat16", (), 16)
+            a = paged.paged_inputs(case, torch.Generator(device="cuda").manual_seed(0), "cuda")
+            q, k, v, seqlens = a["q"], a["k"], a["v"], a["seqlens"]
+            runner = bench.sdpa_runner("default", q, k, v)
+            calls = {"sdpa-cudnn": (runner, lambda: bench.sdpa_backend("cudnn")),
+                     "contiguous default": (lambda: ops.decode(q, k, v), None)}
+            for name, version in (("v03", "v03"), ("v06", NEW)):
+                calls[f"contiguous {name}"] = (lambda version=version: ops.decode(q, k, v, version=version), None)
+            for page in pages:
+                table, num_pages = paged.block_table(B, L, page, torch.Generator(device="cuda").manual_seed(page), "cuda")
+                kp, vp = paged.to_pages(k, table, num_pages, page), paged.to_pages(v, table, num_pages, page)
+                flags = torch.zeros(B, dtype=torch.int32, device="cuda")
+                for name, version in (("v03", "v03"), ("v03 again", "v03"), ("v06", NEW)):
+                    calls[f"p{page} {name}"] = (lambda version=version, kp=kp, vp=vp, table=table, flags=flags:
+                                                ops.decode(q, kp, vp, seqlens, block_table=table, page_errors=flags,
+                                                           version=version), None)
+            times = bench.time_interleaved(calls, timer=gpu_timer, min_reps=15, max_reps=40, budget_s=1.0)
+            write_rows(out, f"{B}x{L}", times, timer="gpu", **env)
+            replays = {}
+            for name, (fn, ctx) in calls.items():
+                if ctx is not None:
+                    with ctx():
+                        g, _ = graphs.capture(fn)
+                else:
+                    g, _ = graphs.capture(fn)
+                replays[name] = bench.time_fn(g.replay, timer=replay_timer, min_reps=15)
+            write_rows(out, f"{B}x{L} graph", replays, timer="graph", **env)
+            del a, q, k, v, calls, replays
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "check"
+    sys.exit({"check": run_checks, "sanitize": run_sanitize}[mode]() if mode != "ab" else
+             run_ab(sys.argv[2] if len(sys.argv) > 2 else "/tmp/paged_warpring_ab.jsonl"))
