@@ -50,6 +50,7 @@ BWD = {
     "v16": Kernel("bwd/v16_ringconv.cu", "attn_bwd_v16", (64, 128), ((9, 0),)),
     "v17": Kernel("bwd/v17_ordered.cu", "attn_bwd_v17", (64, 128), ((9, 0),)),
     "v18": Kernel("bwd/v18_signal.cu", "attn_bwd_v18", (64, 128), ((9, 0),)),
+    "v19": Kernel("bwd/v19_wide.cu", "attn_bwd_v19", (192, 256), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;

@@ -125,10 +125,21 @@ def wide_checks(quick: bool) -> int:
     return fails
 
 
+def wide_bwd_versions() -> list[str]:
+    """The registered backward versions for the head dims above 128 that run on this GPU (bwd v09 everywhere, bwd
+    v19 on compute capability 9.0): the gradient checks run each of them by name besides the public op."""
+    from ..registry import BWD, WIDE_HEAD_DIMS
+
+    capability = torch.cuda.get_device_capability()
+    return [v for v, kernel in sorted(BWD.items()) if set(kernel.head_dims) == set(WIDE_HEAD_DIMS) and
+            (not kernel.capabilities or tuple(capability) in kernel.capabilities)]
+
+
 def wide_grad_checks(quick: bool) -> tuple[int, int]:
-    """Gradients above 128 (bwd v09; 160 and 200 padded) through lab.check against float64, SDPA's error as the
-    yardstick: the public op's autograd over WIDE_SHAPES, bwd v09 itself at 192 / 256, strided (B, S, H, D) views,
-    a negative scale, D_v != D_qk; the build that forgets the D term must fail; deterministic mode must refuse."""
+    """Gradients above 128 (160 and 200 padded) through lab.check against float64, SDPA's error as the
+    yardstick: the public op's autograd over WIDE_SHAPES, each of wide_bwd_versions by name at 192 / 256, strided
+    (B, S, H, D) views, a negative scale, D_v != D_qk; each version's build that forgets the D term must fail;
+    deterministic mode must refuse."""
     fails = total = 0
 
     def tally(ok: bool, *label):
@@ -141,7 +152,8 @@ def wide_grad_checks(quick: bool) -> tuple[int, int]:
             case = Case(f"hdw-grad-{D}-{i}", *shape, D, dtype, causal)
             runs = {"lab.ops.attention": harness.autograd_runner()}
             if D in (192, 256):
-                runs["bwd v09"] = harness.bwd_runner("v09")
+                for version in wide_bwd_versions():
+                    runs[f"bwd {version}"] = harness.bwd_runner(version)
                 if bwd_alt():
                     runs["bwd v09 " + " ".join(f"{k}={v}" for k, v in bwd_alt().items())] = \
                         harness.bwd_runner("v09", defines=bwd_alt())
@@ -158,11 +170,13 @@ def wide_grad_checks(quick: bool) -> tuple[int, int]:
         tally(check.backward_passed(res), "grads scale -0.3", case.label)
     for d_qk, d_v in ((192, 128), (256, 64), (128, 256), (200, 160), (96, 256)):
         tally(value_head_dim_check(d_qk, d_v, grads=True), "grads D_qk", d_qk, "D_v", d_v)
-    wrong = check.check_backward(harness.bwd_runner("v09", defines={"LAB_BWD_BUG_NO_DELTA": None}),
-                                 Case("hdw-grad-no-delta", 1, 4, 4, 130, 130, 256, "float16", False),
-                                 "bwd v09 (D term forgotten)", trials=1, save=False)
-    print("forgotten-D-term build", "FAILS (as it must)" if not check.backward_passed(wrong) else "PASSES: blind")
-    fails, total = fails + check.backward_passed(wrong), total + 1
+    for version in wide_bwd_versions():
+        wrong = check.check_backward(harness.bwd_runner(version, defines={"LAB_BWD_BUG_NO_DELTA": None}),
+                                     Case("hdw-grad-no-delta", 1, 4, 4, 130, 130, 256, "float16", False),
+                                     f"bwd {version} (D term forgotten)", trials=1, save=False)
+        print(f"bwd {version} forgotten-D-term build",
+              "FAILS (as it must)" if not check.backward_passed(wrong) else "PASSES: blind")
+        fails, total = fails + check.backward_passed(wrong), total + 1
     q = torch.randn(1, 2, 8, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     torch.use_deterministic_algorithms(True)
     try:
