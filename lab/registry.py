@@ -60,7 +60,7 @@ MASKED_FWD = {
     "v09": Kernel("fwd/v09_masks_wgmma.cu", "attn_fwd_v09", (64, 128), ((9, 0),)),
     "v11": Kernel("fwd/v11_masks_overlap.cu", "attn_fwd_v11", (64, 128), ((9, 0),)),
 }
-BEST_MASKED_FWD = ("v09", "v08")  # preference: the first that runs on the device's capability
+BEST_MASKED_FWD = ("v11", "v09", "v08")  # preference: the first that runs on the device's capability
 # The masked backward (window, softcap, sinks; dense calls): its launcher takes MaskBwdParams (kernels/common/hopper/
 # attn_bwd_mask_sm90.cuh); lab.masks.backward calls it. v08 is bwd v07's staggered loop with the masks' steps.
 MASKED_BWD = {

@@ -22,6 +22,18 @@
 //   persistent PAIR order gains at S <= 2048), so: window vs FlexAttention 1.41-2.49 -> 2.0-3.5 (every cell >= 1.5);
 //   packed sequences of one length vs the dense default 1.44 -> 1.05-1.15; softcap overhead over the masked plain
 //   call about as now (the tanh per score still on the MUFU beside exp2, which v07's overlap does not remove).
+// Outcome (H100, b0e2c88, outputs/driver_logs/20261126-h100-masks-v11-b0e2c88/): 108/108 checks of the chapter's grid (the
+//   wrong-window build fails as it must), memcheck, racecheck, synccheck, initcheck clean over the public calls. ncu at
+//   S 16384, window 4096 (clocks as they run): 785 us against v09's 1040 (-25 %), SM throughput 67 % against 48 %,
+//   memory 58 % against 83 %. Public op, version named (so both pay the Python path's host time, which the default's
+//   one-crossing path does not), cold, ms v11 / v09 / Flex: window S 4k W 1k 0.208 / 0.191 / 0.308, W 4k 0.268 /
+//   0.300 / 0.437; S 16k W 1k 0.405 / 0.412 / 0.571, W 4k 0.865 / 1.106 / 1.351; packed 8 x 2048 0.354 / 0.418 (dense
+//   default 0.246), uneven 0.646 / 0.867; the plain causal call at S 16k 1.758 / 2.520 (dense default 1.686); softcap
+//   30 at S 16k 2.444 / 2.707. So the long cells gained what v07's loop predicted, the plain masked call is within
+//   4 % of the default at S 16k; the packed call of one length did not reach the dense default (0.354 against 0.246:
+//   the default's causal S = 2048 runs v07's persistent PAIR order with FUSE, which v11 does not have), and the
+//   softcap now costs +39 % over v11's own plain call (v09: +7 %): the plain call got faster and the tanh beside each
+//   exp2 on the MUFU unit did not (a candidate below). Default for the masked calls on compute capability 9.0 since.
 // Measured: kernels/README.md, row "fwd v11".
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,6 +44,17 @@
 
 #ifndef LAB_V08_IGNORE_WINDOW
 #define LAB_V08_IGNORE_WINDOW 0  // the deliberately wrong build (drops the window), as v08's and v09's
+#endif
+
+// Candidates (timed and checked by tools/gpu/masks_v11_session.sh before they can be the default):
+// STAGES at D = 128: 3 is fwd v07's few-keys config (B_c 128, 3 stages: Q 32 + 3 x 64 = 224 KiB).
+#ifndef LAB_V11_D128_STAGES
+#define LAB_V11_D128_STAGES 2
+#endif
+// CAP_POLY: the bf16 softcap's fixed-offset softmax takes exp2 on the FMA pipe for every N-th n8 block (0: none):
+// the tanh and the exp2 of each score otherwise both issue on the MUFU unit, about the tensor core's time at D = 128.
+#ifndef LAB_V11_CAP_POLY
+#define LAB_V11_CAP_POLY 0
 #endif
 
 namespace {
@@ -58,7 +81,7 @@ struct Cfg11 {
 };
 // D = 64: no ping-pong (v07: -1 to +2 %) and no L2 groups (v07: -7 to 0 % at D = 64).
 using Cfg64 = Cfg11<64, 3, false, 0>;
-using Cfg128 = Cfg11<128, 2, true, 16>;
+using Cfg128 = Cfg11<128, LAB_V11_D128_STAGES, true, 16>;
 
 enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
 
@@ -175,7 +198,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     const bool mask = lab::window_tile_needs_mask(j * BC, BC, wm0, wm1, k_end, k_off, left, right);
     if (mask) mask_window_wg<BC>(sacc, row0, j * BC, k_end, k_off, left, right);
     if constexpr (kBounded) {
-      exp_rows_rounded<BC, T>(sacc, st, st.m[0], c);
+      exp_rows_rounded<BC, T, LAB_V11_CAP_POLY>(sacc, st, st.m[0], c);
       return false;
     } else {
       if (!mask && j > 0) return softmax_scores_lazy<BC, 2>(sacc, st, alpha, c);

@@ -52,14 +52,20 @@ constexpr float kCapMaxLog2 = 74.f;
 // running max the largest P of a row is exactly 1 and survives the rounding to 16 bits; against a fixed offset it
 // lies anywhere in [2^-100, 2^48], and an fp32 l over 16-bit P leaves a row of one key (O = V) off by up to 2^-9
 // (the S_q = S_k = 1 softcap checks failed so in the first run of the fixed offset). pack_p then packs the same bits.
-template <int BC, class T>
+// kPolyEvery > 0: every kPolyEvery-th n8 column block takes exp2 on the FMA pipe (exp2_poly: its arguments here lie in
+// [kCapHeadroom - 2 kCapMaxLog2, kCapHeadroom], inside its range), for a loop where the tanh and the exp2 per score
+// share the MUFU unit (fwd v11's LAB_V11_CAP_POLY).
+template <int BC, class T, int kPolyEvery = 0>
 __device__ __forceinline__ void exp_rows_rounded(float (&s)[BC / 2], RowState& st, float off, float c) {
   float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
-      const uint32_t pr = pack2<T>(fast_exp2(fmaf(s[4 * i + e], c, -off)), fast_exp2(fmaf(s[4 * i + e + 1], c, -off)));
+      constexpr int kEvery = kPolyEvery > 0 ? kPolyEvery : 1;  // (no % by zero when off)
+      const bool poly = kPolyEvery > 0 && i % kEvery == 0;
+      const float a0 = fmaf(s[4 * i + e], c, -off), a1 = fmaf(s[4 * i + e + 1], c, -off);
+      const uint32_t pr = pack2<T>(poly ? exp2_poly(a0) : fast_exp2(a0), poly ? exp2_poly(a1) : fast_exp2(a1));
       float lo, hi;
       if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // bf16 -> fp32 is a shift
         lo = __uint_as_float(pr << 16);
