@@ -276,27 +276,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
 
 template <class Cfg, class T, int kTransform>
 int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
-  constexpr auto kernel = attn_fwd_v11_kernel<Cfg, T, kTransform>;
-  if (const cudaError_t err = lab::allow_smem_once<kernel>(Cfg::kSmem, dev)) return (int)err;
-  const AttnFwdParams& p = mp.base;
-  CUtensorMap tq, tk, tv;
-  const bool bf16 = p.dtype == LAB_BF16;
-  if (mp.cu_seqlens_q != nullptr) {  // the packed tensors as one sequence of total rows (B = 1)
-    const int tk_rows = mp.total_k > 0 ? mp.total_k : 1;
-    if (!make_bhsd_map(&tq, p.q, bf16, p.head_dim, mp.total_q, p.heads_q, 1, p.q_stride, 64) ||
-        !make_bhsd_map(&tk, p.k, bf16, p.head_dim, tk_rows, p.heads_kv, 1, p.k_stride, Cfg::BC) ||
-        !make_bhsd_map(&tv, p.v, bf16, p.head_dim, tk_rows, p.heads_kv, 1, p.v_stride, Cfg::BC))
-      return LAB_E_SHAPE;
-  } else if (const int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) {
-    return rc;
-  }
-  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
-  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
-  kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, mp);
-  return (int)cudaGetLastError();
+  return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform>>(mp, stream, dev);
 }
 
-// v09's transform choice: the fixed-offset softcap for bf16 within the cap's limit, the online max otherwise.
 template <class Cfg, class T>
 int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
   if (mp.softcap > 0.f) {
@@ -310,15 +292,10 @@ int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) 
 
 }  // namespace
 
-// v09's checks, then the tile by head dim and the kernel by dtype and transform.
+// v09's checks (mask_fwd_go), then the tile by head dim and the kernel by dtype and transform.
 extern "C" int attn_fwd_v11(const AttnMaskParams* p, void* stream) {
-  if (p->softcap < 0.f || p->window_left < -1 || p->window_right < -1) return LAB_E_SHAPE;
-  if ((p->cu_seqlens_q == nullptr) != (p->cu_seqlens_k == nullptr)) return LAB_E_SHAPE;
-  if (p->cu_seqlens_q != nullptr && (p->total_q <= 0 || p->total_q > (1 << 30) || p->total_k > (1 << 30)))
-    return p->total_q == 0 ? 0 : LAB_E_SHAPE;
-  if (const int rc = check_tma_fwd_params(&p->base)) return rc < 0 ? rc : 0;
-  int dev = 0;
-  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  int dev = 0, rc = 0;
+  if (!mask_fwd_go(p, &dev, &rc)) return rc;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->base.dtype == LAB_BF16;
   if (p->base.head_dim == 64)

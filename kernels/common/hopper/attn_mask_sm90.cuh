@@ -14,6 +14,46 @@
 
 namespace lab::sm90 {
 
+// ---------------------------------------------------------------- host (fwd v09, v11)
+
+// The masked launchers' argument checks, then the device: true to go on; false ends the call with *rc (0: nothing to
+// do, e.g. no packed rows or an empty shape; else LAB_E_* < 0 or a cudaError_t).
+inline bool mask_fwd_go(const AttnMaskParams* p, int* dev, int* rc) {
+  *rc = 0;
+  if (p->softcap < 0.f || p->window_left < -1 || p->window_right < -1) *rc = LAB_E_SHAPE;
+  else if ((p->cu_seqlens_q == nullptr) != (p->cu_seqlens_k == nullptr)) *rc = LAB_E_SHAPE;
+  else if (p->cu_seqlens_q != nullptr && (p->total_q <= 0 || p->total_q > (1 << 30) || p->total_k > (1 << 30)))
+    *rc = p->total_q == 0 ? 0 : LAB_E_SHAPE;
+  else if (const int c = check_tma_fwd_params(&p->base)) *rc = c < 0 ? c : 0;
+  else if (!device_is_sm90(dev)) *rc = (int)cudaErrorNoKernelImageForDevice;
+  else return true;
+  return false;
+}
+
+// One launch of a masked kernel: its shared-memory opt-in, the tensor maps (Q boxes of 64 rows, K and V of Cfg::BC;
+// packed calls: the packed (total, H, D) tensors as one sequence of total rows, B = 1), one CTA per Cfg::BR query rows
+// of the longest sequence, head and batch entry.
+template <class Cfg, auto kKernel>
+inline int launch_masked_fwd(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
+  if (const cudaError_t err = allow_smem_once<kKernel>(Cfg::kSmem, dev)) return (int)err;
+  const AttnFwdParams& p = mp.base;
+  CUtensorMap tq, tk, tv;
+  const bool bf16 = p.dtype == LAB_BF16;
+  if (mp.cu_seqlens_q != nullptr) {
+    const int tk_rows = mp.total_k > 0 ? mp.total_k : 1;
+    if (!make_bhsd_map(&tq, p.q, bf16, p.head_dim, mp.total_q, p.heads_q, 1, p.q_stride, 64) ||
+        !make_bhsd_map(&tk, p.k, bf16, p.head_dim, tk_rows, p.heads_kv, 1, p.k_stride, Cfg::BC) ||
+        !make_bhsd_map(&tv, p.v, bf16, p.head_dim, tk_rows, p.heads_kv, 1, p.v_stride, Cfg::BC))
+      return LAB_E_SHAPE;
+  } else if (const int rc = make_fwd_maps(&p, 64, Cfg::BC, &tq, &tk, &tv)) {
+    return rc;
+  }
+  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, mp);
+  return (int)cudaGetLastError();
+}
+
 // Hidden scores -> -inf (after any scale or softcap: the caller's softmax then runs with a positive factor).
 template <int BC>
 __device__ __forceinline__ void mask_window_wg(float (&s)[BC / 2], int row0, int col0, int seqlen_k, int off, int left,
