@@ -36,13 +36,20 @@
 #define LAB_BWD_ZERO_IN_PRE 1
 #include "common/hopper/attn_bwd_wide.cuh"
 
+// 1: warpgroup 1's dQ chunks issued behind dP^T at D = 192 (Cfg's kDqUnderDp, a candidate; at D = 256 ptxas spills
+// 284 bytes a thread with it); 0: after dK.
+#ifndef LAB_V19_DQ_UNDER_DP
+#define LAB_V19_DQ_UNDER_DP 0
+#endif
+
 namespace {
 using namespace lab::sm90::bwd;
 
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    return launch<wide::Cfg<D>, T, wide::bwd_wide<wide::Cfg<D>, T>>(p, st, dev);
+    using C = wide::Cfg<D, LAB_V19_DQ_UNDER_DP && D == 192>;
+    return launch<C, T, wide::bwd_wide<C, T>>(p, st, dev);
   }
 };
 

@@ -8,8 +8,9 @@ gradients at D 192 / 256 (and 160 / 200, padded) run it; then
             op's backward and forward + backward raced against SDPA's backends (race.race), over
             lab.cases.wide_head_dim_cases (--quick: the S = 2048 and GQA cells);
   --calls   tools/gpu/wide_sanitize.py's calls (run this under compute-sanitizer).
+--also NAME (e.g. v19:LAB_V19_DQ_UNDER_DP=1): another build timed beside them in race.versions.
 Records go to $LAB_SESSION_DIR / $LAB_OUTPUTS. Usage: python3 tools/gpu/wide_bwd_candidate.py VERSION [--checks]
-[--race] [--calls] [--quick]"""
+[--race] [--calls] [--quick] [--also NAME]"""
 import runpy
 import sys
 from pathlib import Path
@@ -44,7 +45,8 @@ def main(argv):
         grid = cases.wide_head_dim_cases()
         if quick:
             grid = [c for c in grid if "s2048" in c.name or "gqa" in c.name]
-        print(tables.versions(race.versions(grid, ["v09", version], progress=False)))
+        also = [argv[i + 1] for i, a in enumerate(argv) if a == "--also"]
+        print(tables.versions(race.versions(grid, ["v09", version, *also], progress=False)))
         rows = race.race(grid, modes=("bwd", "fwd+bwd"), flex=False, progress=False)
         for kind in ("bwd", "fwd+bwd"):
             print(kind, tables.race([r for r in rows if r["kind"] == kind], backends=("flash", "cudnn", "efficient")))

@@ -4,7 +4,8 @@
 # short timeout first (a hang ends the call there), then the gradient checks beside compute-sanitizer memcheck,
 # racecheck, synccheck and initcheck over tools/gpu/wide_sanitize.py's calls (VERSION preferred), then the race
 # alone on the GPU. Logs and records packed as $OUT/logs.tgz.
-#   LAB_COMMIT=<sha> bash tools/gpu/wide_bwd_candidate.sh VERSION [quick]
+# ALSO=NAME: a build timed beside them (wide_bwd_candidate.py --also).
+#   LAB_COMMIT=<sha> [ALSO=v19:LAB_V19_DQ_UNDER_DP=1] bash tools/gpu/wide_bwd_candidate.sh VERSION [quick]
 set -u
 V=$1; Q=$([ "${2:-}" = quick ] && echo --quick)
 OUT=${OUT:-/tmp/wide_bwd}; L=/tmp/wide_bwd_logs/logs; mkdir -p "$OUT" "$L"
@@ -15,6 +16,8 @@ for src in fwd/v10_wide.cu $(python3 -c "from lab import registry; print(registr
   python3 -c "from lab import build; build.build_kernel('$src')" >> "$L/build.log" 2>&1 &
   python3 -c "from lab import build; build.build_kernel('$src', {'LAB_BWD_BUG_NO_DELTA': None})" >> "$L/build.log" 2>&1 &
 done
+[ -n "${ALSO:-}" ] && python3 -c "from lab import build, registry; from lab.backward.race import ablation
+v, d = ablation('$ALSO'); build.build_kernel(registry.BWD[v].source, d)" >> "$L/build.log" 2>&1 &
 wait
 python3 - "$V" >> "$L/canary.log" 2>&1 <<'PY' &
 import sys, torch
@@ -38,7 +41,8 @@ if [ $rc = 0 ]; then
        > "$L/$tool.log" 2>&1; echo "$tool rc=$?" >> "$L/$tool.log") &
   done
   wait
-  timeout ${RACE_TIMEOUT:-200} python3 tools/gpu/wide_bwd_candidate.py "$V" --race $Q > "$L/race.log" 2>&1
+  timeout ${RACE_TIMEOUT:-200} python3 tools/gpu/wide_bwd_candidate.py "$V" --race $Q \
+    ${ALSO:+--also $ALSO} > "$L/race.log" 2>&1
   echo "race rc=$?" >> "$L/race.log"
 fi
 gzip -9 -f "$L"/*check.log

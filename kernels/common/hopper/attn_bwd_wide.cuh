@@ -37,9 +37,13 @@ namespace lab::sm90::bwd::wide {
 //     of 64 KB per step uncovered).
 //   P^T in fp32, one buffer: dS^T = P^T * (dP^T - Delta) from the unrounded P as the other versions compute it;
 //     a second buffer (16 KB) does not fit at D = 256, and warpgroup 1 reads P^T as soon as it is written.
-template <int D_>
+//   kDqUnderDp (a candidate, off): warpgroup 1 issues the last step's dQ chunks right behind dP^T and computes dS^T
+//     while they run, so the tensor core has work during warpgroup 0's exp2; it holds dQ's registers beside dP^T's
+//     and dK's (224 at D = 256, where ptxas spills; D = 192 has 192).
+template <int D_, bool kDqUnderDp_ = false>
 struct Cfg {
   static constexpr int D = D_;
+  static constexpr bool kDqUnderDp = kDqUnderDp_;
   static constexpr int BR = 64;
   static constexpr int BC = 64;
   static constexpr int kStages = 2;
@@ -87,10 +91,9 @@ __device__ __forceinline__ void p_of_s(float (&s)[32], const float* lse2, float 
     }
 }
 
-// dQ_i's chunks of this warpgroup (c = wg, wg + 2 < D / 64) from dS^T tile `ds` and K: one commit group, waited.
+// dQ_i's chunks of this warpgroup (c = wg, wg + 2 < D / 64) from dS^T tile `ds` and K: one commit group.
 template <class C, bool kBf16>
-__device__ __forceinline__ void dq_chunks(float (&dq)[C::kChunksPerWg][32], uint32_t ds, uint32_t k_tile, int wg) {
-  wgmma_fence();
+__device__ __forceinline__ void dq_issue(float (&dq)[C::kChunksPerWg][32], uint32_t ds, uint32_t k_tile, int wg) {
 #pragma unroll
   for (int j = 0; j < C::kChunksPerWg; ++j) {
     const int chunk = 2 * j + wg;
@@ -102,6 +105,13 @@ __device__ __forceinline__ void dq_chunks(float (&dq)[C::kChunksPerWg][32], uint
     }
   }
   wgmma_commit();
+}
+
+// The same, waited for (with every GEMM issued before it).
+template <class C, bool kBf16>
+__device__ __forceinline__ void dq_chunks(float (&dq)[C::kChunksPerWg][32], uint32_t ds, uint32_t k_tile, int wg) {
+  wgmma_fence();
+  dq_issue<C, kBf16>(dq, ds, k_tile, wg);
   wgmma_wait<0>();
 #pragma unroll
   for (int j = 0; j < C::kChunksPerWg; ++j) reg_fence(dq[j]);
@@ -205,7 +215,13 @@ __device__ __forceinline__ void role_ds_dk(float (&dk)[C::D / 2], uint8_t* smem,
     float dpacc[32];
     wgmma_fence();
     issue_s<C, kBf16>(dpacc, base + C::kOffV, do_s);
-    wgmma_wait<0>();
+    const bool dq_early = C::kDqUnderDp && it >= 1;
+    if (dq_early) {  // dQ_{it-1} behind dP^T: one more commit group, waited for after dS^T
+      dq_issue<C, kBf16>(dq, base + C::kOffDs + ((it - 1) & 1) * C::kDsBytes, base + C::kOffK, 1);
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+    }
     reg_fence(dpacc);
     named_barrier_sync(kBarPReady, 256);
 #pragma unroll
@@ -231,11 +247,17 @@ __device__ __forceinline__ void role_ds_dk(float (&dk)[C::D / 2], uint8_t* smem,
     fence_proxy_async();
     named_barrier_arrive(kBarDsReady + buf, 256);
     named_barrier_sync(kBarOwn, 128);  // every warp's dS^T_it stores, before this warpgroup's dQ GEMM reads them
+    if (dq_early) {
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < C::kChunksPerWg; ++j) reg_fence(dq[j]);
+      red_chunks<C>(dq, 1, work, it - 1, p);
+    }
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) WgmmaOp<C::D>::template rs<kBf16, 1>(dk, dsa[kk], desc_v(q_s, C::BR, kk), 1);
     wgmma_commit();
-    if (it >= 1)
+    if (it >= 1 && !dq_early)
       dq_step(it - 1);
     else
       wgmma_wait<0>();
