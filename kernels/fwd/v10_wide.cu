@@ -357,14 +357,11 @@ extern "C" int attn_fwd_v10(const AttnFwdParams* p, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == LAB_BF16;
 #if LAB_FWD_NARROW_QK_STEPS >= 3
-  // S over the k16 steps that hold data (common attn_fwd_sm90.cuh's Narrow): 10 of the width's 12 at D = 160, 13 of
-  // 16 at D = 200, the two model head dims among the wide narrow ones. Outcome: attn_fwd_sm90.cuh, level 3.
+  // S over the 10 k16 steps that hold data at D = 160, not the width's 12 (common attn_fwd_sm90.cuh's Narrow; its
+  // level 3 has the outcome, and why D = 200 is not among them).
   if (d == 160)
     return bf16 ? launch<NarrowSteps<Cfg192, 160>, __nv_bfloat16>(*p, st, dev)
                 : launch<NarrowSteps<Cfg192, 160>, __half>(*p, st, dev);
-  if (d == 200)
-    return bf16 ? launch<NarrowSteps<Cfg256, 200>, __nv_bfloat16>(*p, st, dev)
-                : launch<NarrowSteps<Cfg256, 200>, __half>(*p, st, dev);
 #endif
   if (narrow && narrow_width(d) == 192)
     return bf16 ? launch<Narrow<Cfg192>, __nv_bfloat16>(*p, st, dev) : launch<Narrow<Cfg192>, __half>(*p, st, dev);

@@ -1,8 +1,9 @@
 """What bounds the backward's TFLOP/s at the stretch cells (D = 128, S 8192 / 16384, non-causal) as users call it:
 the public op's backward and SDPA-cuDNN's, timed cold in rounds (lab.bench.time_interleaved, the chapter's
 timer), with the SM clock and the power sampled by nvidia-smi while they run; then torch.profiler's kernel list
-of a few back-to-back calls of each, so the main kernel's own time under that load is read beside the passes
-around it (the D pre-pass, dQ's zeroing and its conversion). TFLOP/s: 2.5x the forward's FLOPs over each time.
+of a few calls of each, back to back and again with an L2 flush and a synchronize before each call (as the timed
+calls run), so the main kernel's own time is read beside the passes around it (the D pre-pass, dQ's conversion)
+and beside the cold call's window. TFLOP/s: 2.5x the forward's FLOPs over each time.
 
 Prediction (from the profile of one launch, 4419 us = 622 TFLOP/s, beside the call's 5054 us): the main kernel
 under sustained load takes 8-12 % longer than its lone profiled launch (the SM clock below its boost), and the
@@ -41,24 +42,30 @@ def clocks_while(fn):
     return result, samples
 
 
-def kernel_times(fn, calls: int = 5) -> dict:
-    """{kernel name: mean us per call} over `calls` back-to-back calls (after one untimed)."""
+def kernel_times(fn, calls: int = 5, flush=None) -> dict:
+    """{kernel name: mean us per call} over `calls` calls (after one untimed): back to back, or with `flush` zeroed
+    and the device synchronized before each (the flush's own fill kernel is left out)."""
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
+            if flush is not None:
+                flush.zero_()
+                torch.cuda.synchronize()
             fn()
         torch.cuda.synchronize()
     out = {}
     for e in prof.key_averages():
         us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if us > 0:
+        if us > 0 and not (flush is not None and "FillFunctor" in e.key):
             out[e.key[:90]] = round(us / calls, 1)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def main(path):
     fingerprint = env.fingerprint()
+    props = torch.cuda.get_device_properties(0)
+    flush = torch.empty(max(2 * getattr(props, "L2_cache_size", 64 * 2**20), 64 * 2**20) // 4, device="cuda")
     with open(path, "a") as f:
         for name in CELLS:
             case = next(c for c in cases.bench_bwd_cases() if c.name == name)
@@ -77,11 +84,13 @@ def main(path):
                                "max": max(s[1] for s in samples)} if samples else None,
                    "kernels_us": {}}
             for label, (fn, _) in calls.items():
-                (kt, ks) = clocks_while(lambda: kernel_times(fn))
-                row["kernels_us"][label] = kt
-                top = next(iter(kt.values()))
-                row.setdefault("main_kernel_tflops", {})[label] = round(flops / top / 1e6, 1)
-                row.setdefault("profiled_sm_mhz", {})[label] = statistics.median(s[0] for s in ks) if ks else None
+                for how, f_ in (("back to back", None), ("cold", flush)):
+                    (kt, ks) = clocks_while(lambda: kernel_times(fn, flush=f_))
+                    row["kernels_us"].setdefault(how, {})[label] = kt
+                    top = next(iter(kt.values()))
+                    row.setdefault("main_kernel_tflops", {}).setdefault(how, {})[label] = round(flops / top / 1e6, 1)
+                    row.setdefault("profiled_sm_mhz", {}).setdefault(how, {})[label] = \
+                        statistics.median(s[0] for s in ks) if ks else None
             print(json.dumps({k: v for k, v in row.items() if k != "env"}, indent=1))
             f.write(json.dumps(row) + "\n")
 

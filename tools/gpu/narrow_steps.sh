@@ -3,9 +3,9 @@
 # - plain: level 2's D = 32 (Narrow<Cfg64, 2> in fwd v05 / v07): checks at D = 32 with the LAB_FWD_BUG_NARROW_SHORT
 #   builds (they must fail), level 1 against the default at D = 32 (v07, kernel-level in rounds, with the public op
 #   and SDPA-cuDNN), compute-sanitizer at D = 32;
-# - V10=1: level 3's D = 160 and 200 (fwd v10's Narrow<Cfg192, 10> and Narrow<Cfg256, 13>): the wide narrow checks
-#   with the v10 bug build, level 2 against the default at D 160 / 200 (kernel-level in rounds, outputs compared
-#   bit for bit), the public op against SDPA at D 160 / 200 (lab.fwd.narrow_gpu.narrow_race), compute-sanitizer
+# - V10=1: level 3's D = 160 (fwd v10's Narrow<Cfg192, 10>): the wide narrow checks at D 160 / 200 with the v10
+#   bug build, level 2 against the default at D 160 (kernel-level in rounds, outputs compared bit for bit; AB_DIMS
+#   overrides), the public op against SDPA at D 160 / 200 (lab.fwd.narrow_gpu.narrow_race), compute-sanitizer
 #   (memcheck, racecheck, synccheck, initcheck) at D 160 / 200.
 # Both end with the narrow-vs-padded GPU test at the dims they cover. Logs under $OUT (records gzipped).
 #   LAB_COMMIT=<sha> [V10=1] bash tools/gpu/narrow_steps.sh
@@ -17,7 +17,7 @@ BUG="{'LAB_FWD_BUG_NARROW_SHORT': None}"
 T=tests/test_hopper_gpu.py::test_a_narrow_call_is_the_padded_call_bit_for_bit  # the cases the builds below serve
 if [ -n "${V10:-}" ]; then
   build fwd/v10_wide.cu & build fwd/v10_wide.cu "$BUG" & build fwd/v10_wide.cu "{'LAB_FWD_NARROW_QK_STEPS': '2'}" &
-  DIMS=160,200; CHECK="dims=(160, 200), bugs=(('v10', 200),)"; AB="v10 160,200 2"
+  DIMS=160,200; CHECK="dims=(160, 200), bugs=(('v10', 200),)"; AB="v10 ${AB_DIMS:-160} 2"
   TESTS="$T[200-257-63-True] $T[160-65-2100-True]"
 else
   for src in fwd/v05_wgmma.cu fwd/v07_overlap.cu; do build $src & build $src "$BUG" & done

@@ -115,8 +115,8 @@ struct qk_steps : std::integral_constant<int, C::D / 16> {};
 template <class C>
 struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<int, C::kQkSteps> {};
 // LAB_FWD_NARROW_QK_STEPS (3; 2: D 80 / 96 / 32 only; 1: D 80 / 96 only; 0: off): head dims 80 and 96 run
-// Narrow<Cfg128, 5> and Narrow<Cfg128, 6>; from 2 also D = 32 on Narrow<Cfg64, 2>; from 3 also D = 160 and 200 on
-// fwd v10's Narrow<Cfg192, 10> and Narrow<Cfg256, 13>. A bound read at run time instead (head_dim) makes ptxas serialize the
+// Narrow<Cfg128, 5> and Narrow<Cfg128, 6>; from 2 also D = 32 on Narrow<Cfg64, 2>; from 3 also D = 160 on fwd v10's
+// Narrow<Cfg192, 10>. A bound read at run time instead (head_dim) makes ptxas serialize the
 // wgmmas (C7515), hence a step count per instantiation. Prediction: the S GEMM loses 3/8 (D = 80) and 1/4 (D = 96)
 // of its work, about 19 % and 12 % of the tensor work; v07's D = 128 loop is as much softmax- as GEMM-bound
 // (kernels/README.md, its ablations), so +5-9 % at D = 80 and +3-6 % at D = 96 where S >= 2048, less at 512.
@@ -132,10 +132,14 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // outputs/driver_logs/20261126-h100-narrow-qk-d32-0acd4a4/): D = 32 +3.2-6.7 % (level 1 takes 1.032-1.067x level 2's
 // kernel time, least at S = 512), 12/12 checks, the four sanitizers clean: level 2 is the default. D = 160 (H100,
 // outputs/driver_logs/20261126-h100-wide-tiles-258abfc/): +2.8-5.0 %, equal to level 2 bit for bit.
-// Level 3 with D = 200 (Narrow<Cfg256, 13>): S loses 3 of 16 steps, 9 % of the tensor work, but D = 200 waits on
-// its K and V loads (400-byte rows off 128-byte lines: kernels/README.md, "The narrow head dims"), so less of the
-// cut shows than at D = 160: prediction +1-4 % at D = 200, +2.8-5.0 % again at D = 160. Measure:
-// V10=1 tools/gpu/narrow_steps.sh (level 2 against this default, kernel-level in rounds; checks, sanitizers).
+// Level 3 tried with D = 200 too (Narrow<Cfg256, 13>): S loses 3 of 16 steps, 9 % of the tensor work, but D = 200
+// waits on its K and V loads (400-byte rows off 128-byte lines: kernels/README.md, "The narrow head dims"), so less
+// of the cut would show than at D = 160: prediction +1-4 % at D = 200, +2.8-5.0 % again at D = 160. Outcome (H100,
+// V10=1 tools/gpu/narrow_steps.sh, outputs/driver_logs/20261126-h100-narrow-level3-1c70220/; level 2 against level 3,
+// kernel-level in rounds, 40/40 checks, equal bit for bit): D = 160 +1.9-4.8 % again; D = 200 -3.2 to +1.2 %, as
+// much as two runs of one cell differ (0.968 and 1.007 on d200-s2048): the loads bind it, so its instantiation was
+// dropped and D = 200 runs every step. Level 3 is the default since that run (22/22 narrow checks with the
+// v10 build that skips O's last column block failing; memcheck, racecheck, synccheck and initcheck clean at D 160).
 #ifndef LAB_FWD_NARROW_QK_STEPS
 #define LAB_FWD_NARROW_QK_STEPS 3
 #endif
