@@ -34,6 +34,18 @@
 //   the default's causal S = 2048 runs v07's persistent PAIR order with FUSE, which v11 does not have), and the
 //   softcap now costs +39 % over v11's own plain call (v09: +7 %): the plain call got faster and the tanh beside each
 //   exp2 on the MUFU unit did not (a candidate below). Default for the masked calls on compute capability 9.0 since.
+//   As the default (n13 session 20261126-180645-h100-80gb-hbm3-ae71cb7, H100, public op, one crossing, cold): window
+//   2.62 / 2.68 / 2.00 / 1.84x FlexAttention (S 4k W 1k / 4k, S 16k W 1k / 4k; predicted 2.0-3.5: met, every cell >= 1.5);
+//   packed of one length 1.19x the dense default's time (predicted 1.05-1.15: missed; 1.03x this kernel's own dense
+//   call, so the rest is the loop against the default's persistent PAIR order); softcap +33 / +35 % (predicted about
+//   v09's +9 %: missed, see above); sinks +0.1 / +0.3 %. 214/214 checks (v11 and v08), 95/95 gradient checks through
+//   bwd v08 with this forward's LSE.
+// Candidates (H100, ae71cb7, GPU time in rounds; outputs/driver_logs/20261126-h100-masks-v11-session-ae71cb7/):
+//   CAP_POLY = 2: softcap 30 at S 4k / 16k 0.160 / 2.022 ms against 0.165 / 2.146 (-3.4 / -5.8 %; no softcap 0.129 /
+//   1.582), its checks 26/26 (the softcap grid at D 128 and 64, the rows at the cap's floor); not yet sanitized, so
+//   off. Predicted from the MUFU count (1.5 issues per score instead of 2): -10-15 %; the FMA pipe's cubic and the
+//   tanh's own latency keep most of it. STAGES = 3: window S 16k 0.323 / 0.791 ms against 0.324 / 0.789, packed 8 x
+//   2048 0.301 against 0.298 (dense default 0.252): no gain, off.
 // Measured: kernels/README.md, row "fwd v11".
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,4 +1,4 @@
-"""The masks on the GPU (fwd v08, v09): the correctness grid against the float64 reference (with the wrong-window
+"""The masks on the GPU (fwd v08, v09, v11): the correctness grid against the float64 reference (with the wrong-window
 kernel that must fail), then the race against FlexAttention and SDPA with an explicit mask. Chapter n13_masks
 calls checks() and race() (and lab.masks.gpu_bwd's for the backward); tools/gpu/masks_run.py runs them standalone:
 
