@@ -46,6 +46,9 @@
 //   off. Predicted from the MUFU count (1.5 issues per score instead of 2): -10-15 %; the FMA pipe's cubic and the
 //   tanh's own latency keep most of it. STAGES = 3: window S 16k 0.323 / 0.791 ms against 0.324 / 0.789, packed 8 x
 //   2048 0.301 against 0.298 (dense default 0.252): no gain, off.
+// The prologue (the sequence's rows from cu_seqlens, the window's tiles) is v09's written out: as shared device functions
+// (masked_seq, window_tiles) it changed both kernels' integer code (tools/sass/sass_guard.sh), which no GPU run has
+// covered, so it stays as is until a run checks the shared form.
 // Measured: kernels/README.md, row "fwd v11".
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
