@@ -25,6 +25,13 @@
 // pass 1 0.96-0.99x v03's GPU time on the serving cells (pages 16/64/256 and the contiguous cache), the gain largest
 // where a block has the most tiles to stream (32 x 4096, 8 x 16384, 1 x 131072), ncu DRAM throughput up by 2-4
 // points, "barrier" stalls gone from the stall mix; 64 x 1024 (16 tiles a block, 1.94 waves) moves least.
+// Outcome (H100 80GB HBM3, outputs/driver_logs/20261126-h100-paged-warpring-5be331d/): the prediction was wrong.
+// Correct (216/216 checks through lab.ops.decode, the wrong build failing 8/8) and clean under memcheck, racecheck,
+// synccheck and initcheck, but v03's GPU time over v06's is 1.005-1.011 at 64 x 1024, 0.999-1.008 at 32 x 4096,
+// 8 x 16384 and 128 x 2048, 0.992-1.005 at 1 x 131072 (two identical v03 calls: up to 0.6 % apart); ncu DRAM throughput
+// within a point of v03's (84.4 % at 32 x 4096 page 16, cuDNN 89.7 %). The barrier stall left the mix and the long and
+// short scoreboard took its place: the warps wait for the same bytes. Off lab.ops.decode's default list
+// (lab.registry.BEST_PAGED); a call may name it (kernels/decode/README.md, "decode v06").
 //
 // Launch: as v03: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; shared memory v03's ring (+ Q at
 // D > 128). Limits: as v03 (D 64-256, fp16 / bf16, q_len >= 1, page_size a multiple of 16, strides of 8 elements,
