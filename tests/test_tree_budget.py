@@ -135,6 +135,21 @@ def test_prune_keeps_published_and_cited_sessions(tree):
     assert prune.prune(root) == {}, "a second prune finds nothing"
 
 
+def test_a_session_cited_only_by_a_kernels_readme_keeps_its_records_not_its_copies(tree):
+    root, ids, _ = tree
+    (root / "README.md").write_text("No session named here.\n")
+    (root / "kernels" / "bwd").mkdir(parents=True)
+    (root / "kernels" / "bwd" / "README.md").write_text(f"Measured in session `{ids['cited']}`.\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run([*git, "commit", "-qm", "cite from a kernels README"], cwd=root, check=True)
+    done = prune.prune(root)
+    folder = root / "outputs" / "sessions" / ids["cited"]
+    assert "n4_baseline.ipynb" in done[ids["cited"]]["files"]
+    assert prune.copies(folder) == [] and (folder / record.RECORDS_GZ).is_file()
+    assert len(record.read(folder / record.RECORDS_GZ)) == 50  # every row still there
+
+
 def test_published_records_over_the_plain_limit_are_gzipped(tree, monkeypatch):
     """A published session whose records outgrow PLAIN_MAX_BYTES gzips them (every row, read as before) and keeps
     its notebook; one under the limit keeps them plain."""

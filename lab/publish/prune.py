@@ -7,9 +7,13 @@ of the checkout to a GPU machine carries them. Notebooks and figures stay only f
 
 - per chapter and GPU, the session whose copy the book shows or would show (`chapters.choose` over that
   GPU's sessions), and the overall choice when no GPU ever ran the chapter;
-- any session that a chapter, a README (README.md, kernels/**/README.md), the front page or the curated
-  log data (outputs/bugs.json, outputs/patterns.json) cites by its folder name, by its `YYYYmmdd-HHMMSS`
-  stamp, or by the `…HHMMSS…` short form the README uses.
+- any session that a chapter, the front page (README.md and the other top-level *.md) or the curated log data
+  (outputs/bugs.json, outputs/patterns.json) cites by its folder name, by its `YYYYmmdd-HHMMSS` stamp, or by the
+  `…HHMMSS…` short form the README uses.
+
+The kernels' write-ups (kernels/**/README.md) cite sessions too, for the numbers of each step; those numbers are
+in the records, which stay, so such a citation keeps no executed copy. With it kept, 37 sessions cited only
+there held 14.6 MB of notebooks and figures, more than a third of the budget.
 
 Nsight Compute reports (.ncu-rep, 0.3-2.5 MB each) leave the tree in every session: the book never shows
 them (the executed notebook has the charts, the records have the metrics), and one n8 session's four
@@ -38,7 +42,7 @@ from . import chapters, pages
 BUDGET_BYTES = 40_000_000  # the tracked tree; a checkout travels to a GPU machine on every call
 EVIDENCE = frozenset({record.RECORDS, record.RECORDS_GZ, "session.json", "ceilings.json", "pruned.json"})
 PRUNED = "pruned.json"
-DOCUMENTS = ("*.md", "chapters/*.ipynb", "kernels/**/README.md", "outputs/bugs.json", "outputs/patterns.json")
+DOCUMENTS = ("*.md", "chapters/*.ipynb", "outputs/bugs.json", "outputs/patterns.json")  # citations that keep copies
 NEVER_KEPT = (".ncu-rep",)  # suffixes that leave the tree even in a published session
 # A published session keeps plain records up to this size; above it (the backward chapter's 1800 gradient checks
 # write 2 MB; the head-dim and paged chapters 0.3-0.5 MB each) they are gzipped too, as every reader takes both
