@@ -68,7 +68,8 @@ MASKED_BWD = {
 }
 BEST_MASKED_BWD = ("v08",)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
-BEST_BWD_HOPPER = ("v14", "v13", "v12", "v10", "v07", "v05", "v02", "v01", "v09")  # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md)
+# compute capability 9.0, non-deterministic mode (kernels/bwd/README.md); v19: D 192 / 256 on wgmma, about twice v09
+BEST_BWD_HOPPER = ("v14", "v13", "v12", "v10", "v07", "v05", "v02", "v01", "v19", "v09")
 DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 # The deterministic mode's preference on compute capability 9.0, before BEST_BWD: v18 (v14 with dQ added in a fixed
 # order, signalled by two producer warps: 0.64-0.99x SDPA-cuDNN's backward in GPU time on an H100, 1.7-2.8x v01's
@@ -93,8 +94,8 @@ BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # next of these (lab.fwd.head_dims), and runs them when the caller names no version.
 FAST_HEAD_DIMS = (64, 128)
 # Head dims whose forward runs on compute capability 9.0 only (fwd v10): D_qk, D_v from 129 to 256 pad up to these;
-# their backward is bwd v09, which has no deterministic mode (a gradient under torch.use_deterministic_algorithms
-# raises NotImplementedError).
+# their backward is bwd v19 (bwd v09 off compute capability 9.0), neither with a deterministic mode (a gradient under
+# torch.use_deterministic_algorithms raises NotImplementedError).
 WIDE_HEAD_DIMS = (192, 256)
 FWD_HEAD_DIMS = FAST_HEAD_DIMS + WIDE_HEAD_DIMS
 # Forward versions that also take D_qk = D_v, a multiple of 8 that is no kernel width, as it is: the next width's

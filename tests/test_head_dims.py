@@ -94,16 +94,18 @@ def test_gradients_above_128_raise_only_in_deterministic_mode(d_qk, d_v):
 
 
 def test_every_head_dim_has_a_backward_kernel():
-    """The backward's version rule takes every kernel head dim, on Hopper and off it; v09 has no deterministic mode."""
+    """The backward's version rule takes every kernel head dim, on Hopper and off it; v09 and v19 have no
+    deterministic mode."""
     from lab import registry
     from lab.backward.op import backward_version
 
     for capability in ((9, 0), (8, 0)):
         got = {d: backward_version(d, capability=capability) for d in registry.FWD_HEAD_DIMS}
-        assert got[192] == got[256] == "v09", got
+        assert got[192] == got[256] == ("v19" if capability == (9, 0) else "v09"), got
         assert got[128] == (registry.BEST_BWD_HOPPER[0] if capability == (9, 0) else "v01")  # the narrow defaults stay
     assert registry.BWD["v09"].head_dims == registry.WIDE_HEAD_DIMS and not registry.BWD["v09"].capabilities
-    assert "v09" not in registry.DETERMINISTIC_BWD
+    assert "v09" not in registry.DETERMINISTIC_BWD and "v19" not in registry.DETERMINISTIC_BWD
+    assert registry.BWD["v19"].head_dims == registry.WIDE_HEAD_DIMS and registry.BWD["v19"].capabilities == ((9, 0),)
     with pytest.raises(ValueError, match="no deterministic mode"):
         backward_version(256, "v09", (9, 0), deterministic=True)
     assert "v09" in registry.default_versions((9, 0))["bwd"] and "v09" in registry.default_versions((8, 0))["bwd"]

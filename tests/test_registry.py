@@ -31,7 +31,7 @@ def test_defaults_per_gpu_follow_the_hopper_preference():
     assert registry.default_attention_version(64, 8192, True, (9, 0)) == "v07"
     assert registry.default_attention_version(32, 100, False, (9, 0)) == "v01"  # only v01 has D=32
     assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07", "v10"}, "decode": {"v01", "v02", "v03", "v04"},
-                                                 "bwd": {"v14", "v18", "v09"}}  # v18: the deterministic mode
+                                                 "bwd": {"v14", "v18", "v19", "v09"}}  # v18: the deterministic mode
     assert registry.default_versions((8, 0))["fwd"] == {"v01", "v04"}
     assert registry.default_versions((8, 0))["bwd"] == {"v01", "v09"}  # v09: head dims 192, 256
 

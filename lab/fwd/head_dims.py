@@ -1,7 +1,7 @@
 """Head dims without a kernel of their own, and value head dims other than the query's, on the kernels that
 exist: zero columns appended to query, key and value. Kernels: 64 and 128 (forward and backward on every GPU),
-192 and 256 (forward fwd v10 on compute capability 9.0, backward bwd v09): every D_qk, D_v from 1 to 256 runs on
-the next of these, gradients included.
+192 and 256 (forward fwd v10 on compute capability 9.0, backward bwd v19 there, bwd v09 elsewhere): every D_qk, D_v
+from 1 to 256 runs on the next of these, gradients included.
 
 Why it is exact: appended zero columns add 0 to every score q·k, and the output's extra columns (P times zero
 values) are cut off; the softmax scale is the caller's (1/sqrt of the true D_qk), never the padded width's.
@@ -39,7 +39,7 @@ def kernel_head_dim(d_qk: int, d_v: int) -> int | None:
 
 
 def no_deterministic_backward(d_qk: int, d_v: int) -> bool:
-    """True when the call's kernel head dim has no deterministic backward (192, 256: bwd v09's dQ atomics)."""
+    """True when the call's kernel head dim has no deterministic backward (192, 256: bwd v19's and v09's dQ atomics)."""
     return (kernel_head_dim(d_qk, d_v) or d_qk) not in FAST_HEAD_DIMS
 
 
@@ -52,7 +52,7 @@ def refuse_gradients(query, key, value) -> None:
     if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value)):
         raise NotImplementedError(
             f"head dims query/key {query.shape[-1]}, value {value.shape[-1]}: lab.ops.attention has no deterministic "
-            f"backward above D = {FAST_HEAD_DIMS[-1]} (bwd v09 adds dQ by atomics, in no fixed order); turn "
+            f"backward above D = {FAST_HEAD_DIMS[-1]} (bwd v19 and v09 add dQ by atomics, in no fixed order); turn "
             f"torch.use_deterministic_algorithms off for this call, or use F.scaled_dot_product_attention")
 
 

@@ -1,6 +1,6 @@
 """The head-dim checks and races on the GPU (tools/gpu/head_dims.py's command line, wide_session.sh and chapter
 n14 call them): lab.ops.attention's forward and gradients at head dims without a kernel of their own (zero-padded
-to the next kernel head dim) and above 128 (fwd v10, bwd v09; 160 and 200 padded), checked through lab.check
+to the next kernel head dim) and above 128 (fwd v10, bwd v19 / v09; 160 and 200 padded), checked through lab.check
 against float64 with SDPA's error as the yardstick, value head dims other than the query's checked the same way,
 and the races against SDPA's backends over lab.cases.head_dim_cases and wide_head_dim_cases. Needs CUDA.
 """
@@ -206,7 +206,7 @@ def lse_check(D: int) -> bool:
 
 
 def wide_bwd_race(quick: bool, modes=("bwd",)):
-    """The public op's backward (bwd v09; 200 padded) against SDPA's backends over wide_head_dim_cases."""
+    """The public op's backward (bwd v19 on Hopper; 200 padded) against SDPA's backends over wide_head_dim_cases."""
     grid = cases.wide_head_dim_cases()
     if quick:
         grid = [c for c in grid if "s2048" in c.name or "gqa" in c.name]
@@ -222,10 +222,11 @@ ABLATION_CELLS = ("hdw-d256-s8192", "hdw-d192-s2048-c", "hdw-d256-s512")
 
 
 def wide_bwd_ablation(names=V09_ABLATIONS) -> list[dict]:
-    """GPU time of bwd v09's builds at a few cells (lab.backward.race.versions: kernel-level, in rounds with the
-    public op's backward and SDPA-cuDNN's); rows of kind 'bwd-kernel'."""
+    """GPU time of bwd v09's builds and of the other wide versions (wide_bwd_versions: bwd v19 on Hopper) at a few
+    cells (lab.backward.race.versions: kernel-level, in rounds with the public op's backward and SDPA-cuDNN's);
+    rows of kind 'bwd-kernel'."""
     grid = [c for c in cases.wide_head_dim_cases() if c.name in ABLATION_CELLS]
-    return race.versions(grid, ["v09", *names], progress=False)
+    return race.versions(grid, [*wide_bwd_versions(), *names], progress=False)
 
 
 def wide_race(quick: bool):

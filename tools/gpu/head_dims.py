@@ -2,7 +2,7 @@
 gradients (zero-padded to the next kernel head dim) checked through lab.check against float64, value head dims
 other than the query's checked the same way by hand, then forward and backward timed against SDPA's backends
 over lab.cases.head_dim_cases. Usage: python3 tools/gpu/head_dims.py [--quick] [--checks-only] [--wide].
---wide: the head dims above 128 instead (fwd v10 and bwd v09 at 192 / 256, 160 and 200 padded; deterministic
+--wide: the head dims above 128 instead (fwd v10 and bwd v19 / v09 at 192 / 256, 160 and 200 padded; deterministic
 gradients must raise NotImplementedError), raced over lab.cases.wide_head_dim_cases. Records go to $LAB_OUTPUTS.
 The checks and races themselves are lab.fwd.head_dims_gpu's (chapter n14 runs them too).
 """

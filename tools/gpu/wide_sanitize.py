@@ -1,7 +1,7 @@
 """A few small calls at head dims above 128 for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): fwd
 v10 at D = 192 and 256 (and 200, padded), odd lengths (a partial last tile on both sides, one query row, more keys
 than queries and fewer), causal and not, GQA, fp16 / bf16, LSE, a negative scale (the unfolded kernel); then the
-same calls' gradients (bwd v09, the pre-pass and the dQ convert), D_v != D_qk among them.
+same calls' gradients (the Hopper default bwd v19, the pre-pass and the dQ convert), D_v != D_qk among them.
 BWD_ALT (NAME=VALUE ...): the D 192 / 256 gradients also through a second build of bwd v09 (kernel-level).
 Usage: compute-sanitizer --tool memcheck python3 tools/gpu/wide_sanitize.py [--fwd-only]"""
 import os

@@ -32,14 +32,21 @@ namespace lab::sm90::bwd::wide {
 //     B = K's columns inside one 128-byte swizzled column block; a 96-column half at D = 192 would start inside one.
 //     Each chunk's partial is added from registers (red.global.add.v4.f32) in the accumulator order v14's convert
 //     pass reads (kDqCols = 64, part = chunk); deferred by one step as in bwd/v05, so the dS^T tile is long written.
-//   kStages = 2 Q_i / dO_i stages: at D = 256 K, V and two stages are 192 KB, with the fp32 P^T (16 KB), two dS^T
+//   kStages = 2 Q_i / dO_i stages: at D = 256 K, V and two stages are 192 KB, with two P^T buffers (16 KB), two dS^T
 //     buffers (16 KB) and the rows 226 KB of the 227 (a third stage does not fit; one stage leaves the TMA latency
 //     of 64 KB per step uncovered).
-//   P^T in fp32, one buffer: dS^T = P^T * (dP^T - Delta) from the unrounded P as the other versions compute it;
-//     a second buffer (16 KB) does not fit at D = 256, and warpgroup 1 reads P^T as soon as it is written.
-//   kDqUnderDp (a candidate, off): warpgroup 1 issues the last step's dQ chunks right behind dP^T and computes dS^T
-//     while they run, so the tensor core has work during warpgroup 0's exp2; it holds dQ's registers beside dP^T's
-//     and dK's (224 at D = 256, where ptxas spills; D = 192 has 192).
+//   P^T handed over in fp16, two buffers, one full barrier of both warpgroups per step (written / read): a buffer is
+//     written again two steps later, after the next step's barrier, which every read of it precedes. fp16 (whatever
+//     the inputs' type) rounds P^T to 2^-11, a quarter of the bf16 rounding that dS^T then gets for its GEMMs.
+//     Rejected: one fp32 buffer (dS^T from the unrounded P^T) with a barrier arrived at by warpgroup 1 after its
+//     reads and waited on by warpgroup 0 before its next write: correct by the PTX memory model (an arrive
+//     synchronizes with the barrier's completion), but compute-sanitizer's racecheck does not model bar.arrive and
+//     flags every such hand-off; two fp32 buffers do not fit at D = 256.
+//   kDqUnderDp (off; bwd/v19's LAB_V19_DQ_UNDER_DP): warpgroup 1 issues the last step's dQ chunks right behind dP^T
+//     and computes dS^T while they run, so the tensor core has work during warpgroup 0's exp2; it holds dQ's
+//     registers beside dP^T's and dK's (224 at D = 256, where ptxas spills; D = 192 has 192). Measured at D = 192
+//     (H100, kernel-level GPU time, S = 2048, the fp32 P^T hand-off): 348 / 303 TFLOP/s against 380 / 328 without
+//     (non-causal / causal), -8 %: the early dQ GEMMs delay warpgroup 1's dS^T, which warpgroup 0's dQ waits for.
 template <int D_, bool kDqUnderDp_ = false>
 struct Cfg {
   static constexpr int D = D_;
@@ -54,13 +61,13 @@ struct Cfg {
   static constexpr int kChunks = D / 64, kChunksPerWg = (kChunks + 1) / 2;
   static constexpr int kKVBytes = BC * D * 2;
   static constexpr int kQBytes = BR * D * 2;
-  static constexpr int kPBytes = BC * BR * 4;  // P^T, fp32, in the accumulator order
+  static constexpr int kPBytes = BC * BR * 2;  // one P^T buffer, fp16, in the accumulator order
   static constexpr int kDsBytes = BC * BR * 2;
   static constexpr int kRowBytes = BR * 4;
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffQ = 2 * kKVBytes;
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffP = kOffDo + kStages * kQBytes;
-  static constexpr int kOffDs = kOffP + kPBytes;
+  static constexpr int kOffDs = kOffP + 2 * kPBytes;
   static constexpr int kOffRows = kOffDs + 2 * kDsBytes;
   static constexpr int kSmem = kOffRows + kStages * 2 * kRowBytes + 1024;
   static_assert(kSmem <= 227 * 1024 - 64, "shared memory budget exceeded (the mbarriers take the last bytes)");
@@ -69,9 +76,9 @@ struct Cfg {
   static_assert(LAB_BWD_ROW_PAD % BR == 0, "a step's rows and dQ partials stay inside the padded rows");
 };
 
-// Named barriers (0 is __syncthreads): P^T written / read, dS^T buffer b written / free, warpgroup 1's own dS^T
-// stores, the end of both loops, each warpgroup's epilogue staging.
-constexpr int kBarPReady = 1, kBarPFree = 2, kBarDsReady = 3, kBarDsFree = 5, kBarOwn = 7, kBarEnd = 8, kBarStage = 9;
+// Named barriers (0 is __syncthreads): P^T written (both warpgroups wait), dS^T buffer b written / free, warpgroup
+// 1's own dS^T stores, the end of both loops, each warpgroup's epilogue staging.
+constexpr int kBarP = 1, kBarDsReady = 3, kBarDsFree = 5, kBarOwn = 7, kBarEnd = 8, kBarStage = 9;
 
 // P^T of one step in warpgroup 0's S^T accumulators (keys: rows, queries: columns), masked where the tile needs it.
 template <bool kMask>
@@ -146,7 +153,6 @@ __device__ __forceinline__ void role_p_dv(float (&dv)[C::D / 2], uint8_t* smem, 
   const uint32_t base = smem_u32(smem);
   const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
   const float c = p.scale * kLog2e;
-  float4* pbuf = reinterpret_cast<float4*>(smem + C::kOffP);
   float dq[C::kChunksPerWg][32];
   auto dq_step = [&](int j) {  // dQ_j: dS^T_j written by warpgroup 1, the GEMM, the buffer back, the adds
     const int buf = j & 1;
@@ -171,11 +177,14 @@ __device__ __forceinline__ void role_p_dv(float (&dv)[C::D / 2], uint8_t* smem, 
       p_of_s<true>(sacc, lse2, c, work.n0 + warp * 16 + g, m0, t, p);
     else
       p_of_s<false>(sacc, lse2, c, work.n0 + warp * 16 + g, m0, t, p);
-    if (it >= 1) named_barrier_sync(kBarPFree, 256);  // warpgroup 1 has read P^T_{it-1}
+    uint4* pbuf = reinterpret_cast<uint4*>(smem + C::kOffP + (it & 1) * C::kPBytes);
 #pragma unroll
-    for (int r4 = 0; r4 < 8; ++r4)
-      pbuf[r4 * 128 + wt] = make_float4(sacc[4 * r4], sacc[4 * r4 + 1], sacc[4 * r4 + 2], sacc[4 * r4 + 3]);
-    named_barrier_arrive(kBarPReady, 256);
+    for (int r8 = 0; r8 < 4; ++r8) {
+      const float* v = sacc + 8 * r8;
+      pbuf[r8 * 128 + wt] = make_uint4(lab::pack2<__half>(v[0], v[1]), lab::pack2<__half>(v[2], v[3]),
+                                       lab::pack2<__half>(v[4], v[5]), lab::pack2<__half>(v[6], v[7]));
+    }
+    named_barrier_sync(kBarP, 256);  // P^T_it written; warpgroup 1's reads of P^T_{it-1} are over
     uint32_t pa[4][4];
     pack_p<64, T>(sacc, pa);
     wgmma_fence();
@@ -200,7 +209,6 @@ __device__ __forceinline__ void role_ds_dk(float (&dk)[C::D / 2], uint8_t* smem,
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const uint32_t base = smem_u32(smem);
   const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
-  const float4* pbuf = reinterpret_cast<const float4*>(smem + C::kOffP);
   float dq[C::kChunksPerWg][32];
   auto dq_step = [&](int j) {  // dQ_j: its own dS^T_j, ordered by kBarOwn in step j
     dq_chunks<C, kBf16>(dq, base + C::kOffDs + (j & 1) * C::kDsBytes, base + C::kOffK, 1);
@@ -223,17 +231,20 @@ __device__ __forceinline__ void role_ds_dk(float (&dk)[C::D / 2], uint8_t* smem,
       wgmma_wait<0>();
     }
     reg_fence(dpacc);
-    named_barrier_sync(kBarPReady, 256);
+    named_barrier_sync(kBarP, 256);
+    const uint4* pbuf = reinterpret_cast<const uint4*>(smem + C::kOffP + (it & 1) * C::kPBytes);
 #pragma unroll
-    for (int r4 = 0; r4 < 8; ++r4) {
-      const float4 pv = pbuf[r4 * 128 + wt];
-      const float d0 = delta[8 * r4 + 2 * t], d1 = delta[8 * r4 + 2 * t + 1];
-      dpacc[4 * r4] = pv.x * (dpacc[4 * r4] - d0);
-      dpacc[4 * r4 + 1] = pv.y * (dpacc[4 * r4 + 1] - d1);
-      dpacc[4 * r4 + 2] = pv.z * (dpacc[4 * r4 + 2] - d0);
-      dpacc[4 * r4 + 3] = pv.w * (dpacc[4 * r4 + 3] - d1);
+    for (int r8 = 0; r8 < 4; ++r8) {
+      const uint4 pw = pbuf[r8 * 128 + wt];
+      const uint32_t w[4] = {pw.x, pw.y, pw.z, pw.w};
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {  // accumulator elements 8 r8 + 2 h, + 1: columns 8 (2 r8 + h / 2) + 2 t, + 1
+        const float2 pv = __half22float2(*reinterpret_cast<const __half2*>(&w[h]));
+        const int i = 8 * r8 + 2 * h, col = 8 * (2 * r8 + h / 2) + 2 * t;
+        dpacc[i] = pv.x * (dpacc[i] - delta[col]);
+        dpacc[i + 1] = pv.y * (dpacc[i + 1] - delta[col + 1]);
+      }
     }
-    if (it + 1 < work.n_iters) named_barrier_arrive(kBarPFree, 256);
     uint32_t dsa[4][4];
     pack_p<64, T>(dpacc, dsa);
     if (it >= 2) named_barrier_sync(kBarDsFree + buf, 256);  // warpgroup 0 has read dS^T_{it-2}
