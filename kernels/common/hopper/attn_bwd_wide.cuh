@@ -144,136 +144,119 @@ __device__ __forceinline__ void red_chunks(const float (&dq)[C::kChunksPerWg][32
   }
 }
 
-// Warpgroup 0: per step S^T, P^T (handed to warpgroup 1), dV += P^T dO_i, then the last step's dQ chunks. dv holds
-// dV with every GEMM complete on return.
+// Both consumer warpgroups' steps, one loop: warpgroup 0 (wg) computes S^T, P^T (handed to warpgroup 1 in fp16),
+// dV += P^T dO_i; warpgroup 1 dP^T, dS^T (to shared memory for both), dK += dS^T Q_i; each then the last step's dQ
+// chunks. acc holds dV (0) or dK (1, unscaled) with every GEMM complete on return. The P^T barrier is one bar.sync that
+// both warpgroups execute at the same instruction, after their branches have joined (compute-sanitizer's synccheck
+// reports a named barrier synced from two places in the code as divergent threads).
 template <class C, class T>
-__device__ __forceinline__ void role_p_dv(float (&dv)[C::D / 2], uint8_t* smem, Bars<C::kStages>& bars,
-                                          const Work& work, const AttnBwdParams& p) {
+__device__ __forceinline__ void consume(float (&acc)[C::D / 2], uint8_t* smem, Bars<C::kStages>& bars,
+                                        const Work& work, const AttnBwdParams& p, int wg) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const uint32_t base = smem_u32(smem);
   const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
   const float c = p.scale * kLog2e;
   float dq[C::kChunksPerWg][32];
-  auto dq_step = [&](int j) {  // dQ_j: dS^T_j written by warpgroup 1, the GEMM, the buffer back, the adds
+  auto dq_step = [&](int j) {  // dQ_j: dS^T_j (warpgroup 1's, its own ordered by kBarOwn in step j), the adds
     const int buf = j & 1;
-    named_barrier_sync(kBarDsReady + buf, 256);
-    dq_chunks<C, kBf16>(dq, base + C::kOffDs + buf * C::kDsBytes, base + C::kOffK, 0);
-    if (j + 2 < work.n_iters) named_barrier_arrive(kBarDsFree + buf, 256);
-    red_chunks<C>(dq, 0, work, j, p);
-  };
-  // Main loop
-  for (int it = 0; it < work.n_iters; ++it) {
-    const int s = it % C::kStages, m0 = work.m0(it, C::BR);
-    const uint32_t q_s = base + C::kOffQ + s * C::kQBytes, do_s = base + C::kOffDo + s * C::kQBytes;
-    const float* lse2 = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);
-    mbar_wait(smem_u32(&bars.full[s]), (it / C::kStages) & 1);
-    float sacc[32];
-    wgmma_fence();
-    issue_s<C, kBf16>(sacc, base + C::kOffK, q_s);
-    wgmma_wait<0>();
-    reg_fence(sacc);
-    const bool mask = (p.causal && work.n0 + 63 > m0) || m0 + C::BR > p.seqlen_q || work.n0 + 64 > p.seqlen_k;
-    if (mask)
-      p_of_s<true>(sacc, lse2, c, work.n0 + warp * 16 + g, m0, t, p);
-    else
-      p_of_s<false>(sacc, lse2, c, work.n0 + warp * 16 + g, m0, t, p);
-    uint4* pbuf = reinterpret_cast<uint4*>(smem + C::kOffP + (it & 1) * C::kPBytes);
-#pragma unroll
-    for (int r8 = 0; r8 < 4; ++r8) {
-      const float* v = sacc + 8 * r8;
-      pbuf[r8 * 128 + wt] = make_uint4(lab::pack2<__half>(v[0], v[1]), lab::pack2<__half>(v[2], v[3]),
-                                       lab::pack2<__half>(v[4], v[5]), lab::pack2<__half>(v[6], v[7]));
+    if (wg == 0) {
+      named_barrier_sync(kBarDsReady + buf, 256);
+      dq_chunks<C, kBf16>(dq, base + C::kOffDs + buf * C::kDsBytes, base + C::kOffK, 0);
+      if (j + 2 < work.n_iters) named_barrier_arrive(kBarDsFree + buf, 256);
+      red_chunks<C>(dq, 0, work, j, p);
+    } else {
+      dq_chunks<C, kBf16>(dq, base + C::kOffDs + buf * C::kDsBytes, base + C::kOffK, 1);
+      red_chunks<C>(dq, 1, work, j, p);
     }
-    named_barrier_sync(kBarP, 256);  // P^T_it written; warpgroup 1's reads of P^T_{it-1} are over
-    uint32_t pa[4][4];
-    pack_p<64, T>(sacc, pa);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) WgmmaOp<C::D>::template rs<kBf16, 1>(dv, pa[kk], desc_v(do_s, C::BR, kk), 1);
-    wgmma_commit();
-    if (it >= 1)
-      dq_step(it - 1);  // its wait covers this step's dV too
-    else
-      wgmma_wait<0>();
-    reg_fence(dv);
-    mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of Q_i, dO_i and LSE_i are over
-  }
-  if (work.n_iters > 0) dq_step(work.n_iters - 1);
-}
-
-// Warpgroup 1: per step dP^T, dS^T from warpgroup 0's P^T (to shared memory for both warpgroups' dQ), dK += dS^T Q_i,
-// then the last step's dQ chunks. dk holds dK (unscaled) with every GEMM complete on return.
-template <class C, class T>
-__device__ __forceinline__ void role_ds_dk(float (&dk)[C::D / 2], uint8_t* smem, Bars<C::kStages>& bars,
-                                           const Work& work, const AttnBwdParams& p) {
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const uint32_t base = smem_u32(smem);
-  const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
-  float dq[C::kChunksPerWg][32];
-  auto dq_step = [&](int j) {  // dQ_j: its own dS^T_j, ordered by kBarOwn in step j
-    dq_chunks<C, kBf16>(dq, base + C::kOffDs + (j & 1) * C::kDsBytes, base + C::kOffK, 1);
-    red_chunks<C>(dq, 1, work, j, p);
   };
   // Main loop
   for (int it = 0; it < work.n_iters; ++it) {
-    const int s = it % C::kStages, buf = it & 1;
+    const int s = it % C::kStages, m0 = work.m0(it, C::BR), buf = it & 1;
     const uint32_t q_s = base + C::kOffQ + s * C::kQBytes, do_s = base + C::kOffDo + s * C::kQBytes;
-    const float* delta = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes) + C::BR;
+    const float* rows = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);  // LSE, Delta
     mbar_wait(smem_u32(&bars.full[s]), (it / C::kStages) & 1);
-    float dpacc[32];
+    float sp[32];  // S^T (warpgroup 0) or dP^T (1): K Q_i^T or V dO_i^T
     wgmma_fence();
-    issue_s<C, kBf16>(dpacc, base + C::kOffV, do_s);
-    const bool dq_early = C::kDqUnderDp && it >= 1;
+    issue_s<C, kBf16>(sp, base + (wg == 0 ? C::kOffK : C::kOffV), wg == 0 ? q_s : do_s);
+    const bool dq_early = C::kDqUnderDp && wg == 1 && it >= 1;
     if (dq_early) {  // dQ_{it-1} behind dP^T: one more commit group, waited for after dS^T
       dq_issue<C, kBf16>(dq, base + C::kOffDs + ((it - 1) & 1) * C::kDsBytes, base + C::kOffK, 1);
       wgmma_wait<1>();
     } else {
       wgmma_wait<0>();
     }
-    reg_fence(dpacc);
-    named_barrier_sync(kBarP, 256);
-    const uint4* pbuf = reinterpret_cast<const uint4*>(smem + C::kOffP + (it & 1) * C::kPBytes);
+    reg_fence(sp);
+    if (wg == 0) {
+      const bool mask = (p.causal && work.n0 + 63 > m0) || m0 + C::BR > p.seqlen_q || work.n0 + 64 > p.seqlen_k;
+      if (mask)
+        p_of_s<true>(sp, rows, c, work.n0 + warp * 16 + g, m0, t, p);
+      else
+        p_of_s<false>(sp, rows, c, work.n0 + warp * 16 + g, m0, t, p);
+      uint4* pbuf = reinterpret_cast<uint4*>(smem + C::kOffP + buf * C::kPBytes);
 #pragma unroll
-    for (int r8 = 0; r8 < 4; ++r8) {
-      const uint4 pw = pbuf[r8 * 128 + wt];
-      const uint32_t w[4] = {pw.x, pw.y, pw.z, pw.w};
-#pragma unroll
-      for (int h = 0; h < 4; ++h) {  // accumulator elements 8 r8 + 2 h, + 1: columns 8 (2 r8 + h / 2) + 2 t, + 1
-        const float2 pv = __half22float2(*reinterpret_cast<const __half2*>(&w[h]));
-        const int i = 8 * r8 + 2 * h, col = 8 * (2 * r8 + h / 2) + 2 * t;
-        dpacc[i] = pv.x * (dpacc[i] - delta[col]);
-        dpacc[i + 1] = pv.y * (dpacc[i + 1] - delta[col + 1]);
+      for (int r8 = 0; r8 < 4; ++r8) {
+        const float* v = sp + 8 * r8;
+        pbuf[r8 * 128 + wt] = make_uint4(lab::pack2<__half>(v[0], v[1]), lab::pack2<__half>(v[2], v[3]),
+                                         lab::pack2<__half>(v[4], v[5]), lab::pack2<__half>(v[6], v[7]));
       }
     }
-    uint32_t dsa[4][4];
-    pack_p<64, T>(dpacc, dsa);
-    if (it >= 2) named_barrier_sync(kBarDsFree + buf, 256);  // warpgroup 0 has read dS^T_{it-2}
-    uint8_t* ds = smem + C::kOffDs + buf * C::kDsBytes;
+    named_barrier_sync(kBarP, 256);  // P^T_it written; warpgroup 1's reads of P^T_{it-1} are over
+    if (wg == 0) {
+      uint32_t pa[4][4];
+      pack_p<64, T>(sp, pa);
+      wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+      for (int kk = 0; kk < 4; ++kk) WgmmaOp<C::D>::template rs<kBf16, 1>(acc, pa[kk], desc_v(do_s, C::BR, kk), 1);
+      wgmma_commit();
+      if (it >= 1)
+        dq_step(it - 1);  // its wait covers this step's dV too
+      else
+        wgmma_wait<0>();
+    } else {
+      const float* delta = rows + C::BR;
+      const uint4* pbuf = reinterpret_cast<const uint4*>(smem + C::kOffP + buf * C::kPBytes);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        *reinterpret_cast<uint32_t*>(ds + swz_offset(C::BC, warp * 16 + hh * 8 + g, 8 * i + 2 * t)) =
-            dsa[i / 2][2 * (i % 2) + hh];
-    fence_proxy_async();
-    named_barrier_arrive(kBarDsReady + buf, 256);
-    named_barrier_sync(kBarOwn, 128);  // every warp's dS^T_it stores, before this warpgroup's dQ GEMM reads them
-    if (dq_early) {
-      wgmma_wait<0>();
+      for (int r8 = 0; r8 < 4; ++r8) {
+        const uint4 pw = pbuf[r8 * 128 + wt];
+        const uint32_t w[4] = {pw.x, pw.y, pw.z, pw.w};
 #pragma unroll
-      for (int j = 0; j < C::kChunksPerWg; ++j) reg_fence(dq[j]);
-      red_chunks<C>(dq, 1, work, it - 1, p);
+        for (int h = 0; h < 4; ++h) {  // accumulator elements 8 r8 + 2 h, + 1: columns 8 (2 r8 + h / 2) + 2 t, + 1
+          const float2 pv = __half22float2(*reinterpret_cast<const __half2*>(&w[h]));
+          const int i = 8 * r8 + 2 * h, col = 8 * (2 * r8 + h / 2) + 2 * t;
+          sp[i] = pv.x * (sp[i] - delta[col]);
+          sp[i + 1] = pv.y * (sp[i + 1] - delta[col + 1]);
+        }
+      }
+      uint32_t dsa[4][4];
+      pack_p<64, T>(sp, dsa);
+      if (it >= 2) named_barrier_sync(kBarDsFree + buf, 256);  // warpgroup 0 has read dS^T_{it-2}
+      uint8_t* ds = smem + C::kOffDs + buf * C::kDsBytes;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          *reinterpret_cast<uint32_t*>(ds + swz_offset(C::BC, warp * 16 + hh * 8 + g, 8 * i + 2 * t)) =
+              dsa[i / 2][2 * (i % 2) + hh];
+      fence_proxy_async();
+      named_barrier_arrive(kBarDsReady + buf, 256);
+      named_barrier_sync(kBarOwn, 128);  // every warp's dS^T_it stores, before this warpgroup's dQ GEMM reads them
+      if (dq_early) {
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < C::kChunksPerWg; ++j) reg_fence(dq[j]);
+        red_chunks<C>(dq, 1, work, it - 1, p);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) WgmmaOp<C::D>::template rs<kBf16, 1>(acc, dsa[kk], desc_v(q_s, C::BR, kk), 1);
+      wgmma_commit();
+      if (it >= 1 && !dq_early)
+        dq_step(it - 1);
+      else
+        wgmma_wait<0>();
     }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) WgmmaOp<C::D>::template rs<kBf16, 1>(dk, dsa[kk], desc_v(q_s, C::BR, kk), 1);
-    wgmma_commit();
-    if (it >= 1 && !dq_early)
-      dq_step(it - 1);
-    else
-      wgmma_wait<0>();
-    reg_fence(dk);
-    mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of Q_i, dO_i and Delta_i are over
+    reg_fence(acc);
+    mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of Q_i, dO_i and the rows are over
   }
   if (work.n_iters > 0) dq_step(work.n_iters - 1);
 }
@@ -343,10 +326,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   mbar_wait(smem_u32(&bars.kv), 0);
 
   // Main loop
-  if (wg == 0)
-    role_p_dv<C, T>(acc, smem, bars, work, p);
-  else
-    role_ds_dk<C, T>(acc, smem, bars, work, p);
+  consume<C, T>(acc, smem, bars, work, p, wg);
 
   // Epilogue: both loops over, so no GEMM reads the Q / dO stages any more.
   named_barrier_sync(kBarEnd, 256);
