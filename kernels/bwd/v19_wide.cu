@@ -29,6 +29,10 @@
 // TFLOP/s, 1.3-1.7x SDPA-flash and 1.7-2.2x v09 at S >= 2048, less at S = 512 (8 steps a CTA to amortise K, V and
 // the epilogue over).
 //
+// Outcome (H100, n14 session 20261126-184004-h100-80gb-hbm3-242dae3, public op, 14 wide cells): backward 1.31 / 1.55 /
+// 1.82x SDPA-flash (min / geomean / max), 0.92 / 1.09 / 1.30x SDPA-cuDNN; 274-433 TFLOP/s at S >= 2048; kernel-level
+// GPU time 1.67-2.21x v09's. kernels/bwd/README.md ("v19") has the rest, the sanitizer runs and what was rejected.
+//
 // Limits: sm_90 only; D_qk = D_v in {192, 256} (lab.ops pads the others); fp16, bf16; any lengths (partial tiles
 // masked); GQA; any finite scale; top-left causal; strided views; no deterministic mode (LAB_E_MODE).
 //

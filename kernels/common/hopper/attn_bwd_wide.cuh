@@ -46,7 +46,8 @@ namespace lab::sm90::bwd::wide {
 //     and computes dS^T while they run, so the tensor core has work during warpgroup 0's exp2; it holds dQ's
 //     registers beside dP^T's and dK's (224 at D = 256, where ptxas spills; D = 192 has 192). Measured at D = 192
 //     (H100, kernel-level GPU time, S = 2048, the fp32 P^T hand-off): 348 / 303 TFLOP/s against 380 / 328 without
-//     (non-causal / causal), -8 %: the early dQ GEMMs delay warpgroup 1's dS^T, which warpgroup 0's dQ waits for.
+//     (non-causal / causal), -8 % (not profiled; likely the early dQ GEMMs delay warpgroup 1's dS^T, which
+//     warpgroup 0's dQ waits for).
 template <int D_, bool kDqUnderDp_ = false>
 struct Cfg {
   static constexpr int D = D_;
