@@ -52,7 +52,7 @@ def test_the_reasons_for_falling_back(monkeypatch):
             assert lab_hf.unsupported(wide, wide_kv, wide_kv, None) == \
                 "head dim 256 on compute capability 8.0 (the lab's kernels above 128 run on 9.0)"
             hopper[0] = (9, 0)
-        wide.requires_grad_()  # the wide backward (bwd v09) has no deterministic mode
+        wide.requires_grad_()  # the wide backward (bwd v19, or v09 by name) has no deterministic mode
         assert lab_hf.unsupported(wide, wide_kv, wide_kv, None) is None
         torch.use_deterministic_algorithms(True)
         try:
