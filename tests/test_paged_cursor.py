@@ -4,7 +4,7 @@ shuffled tables with a bad id), built with AddressSanitizer so that a table read
 length fails.
 - tests/fixtures/paged_cursor_check.cu: lab::paged::PageCursor (kernels/common/paged.cuh), decode v03's walk, for
   both row patterns of its loader;
-- tests/fixtures/paged_rowwalk_check.cu: lab::paged::RowWalk (kernels/common/paged_bulk.cuh), decode v05's
+- tests/fixtures/paged_rowwalk_check.cu: lab::paged::RowWalk (kernels/common/paged.cuh), decode v05's
   per-thread walk, for every row of a 64-key tile; its LAB_PAGED_BUG_IDENTITY build (slot i read as page i)
   must fail the same check.
 """

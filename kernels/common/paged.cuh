@@ -190,6 +190,61 @@ struct PageWalk {
     }
   }
 };
+
+// One row of every kTileKeys-key tile (decode v05: a thread's key; v06: a warp's 16-key slice, which lies in one page
+// since page_size is a multiple of 16): key first_key + t * kTileKeys for tile t. The walk holds that
+// key's table slot and row in its page, moves by kTileKeys per tile with no division, and holds the page id of
+// the tile to issue next, read one tile ahead (the table load's latency hides under the tile in between).
+// Host code runs it too (tests/fixtures/paged_rowwalk_check.cu checks it against plain division).
+template <int kTileKeys>
+struct RowWalk {
+  const int32_t* table;  // this sequence's row of block_table
+  int page_size;
+  unsigned num_pages;
+  int step_slots, step_rows;  // kTileKeys = step_slots * page_size + step_rows
+  int slot, row;              // the next tile's key: table slot, row in its page
+  int page;                   // its page id, -1 past the split's keys
+
+  // first_key: the thread's key in the split's first tile; live: that key exists. The thread's only divisions.
+  __host__ __device__ __forceinline__ void start(const int32_t* table_row, int ps, int np, int first_key, bool live) {
+    table = table_row;
+    page_size = ps;
+    num_pages = static_cast<unsigned>(np);
+    step_slots = kTileKeys / ps;
+    step_rows = kTileKeys - step_slots * ps;
+    slot = first_key / ps;
+    row = first_key - slot * ps;
+    fetch(live);
+  }
+
+  __host__ __device__ __forceinline__ void fetch(bool live) {
+#ifdef LAB_PAGED_BUG_IDENTITY  // the self-test's wrong kernel: slot i read as page i, the table ignored
+    page = live ? slot : -1;
+#else
+    page = live ? table_entry(table + slot) : -1;
+#endif
+  }
+
+  // Element offset of the row in a cache with (page, row) strides; false: a bad page id or past the end
+  // (the caller zero-fills; the offset is then 0 and never read).
+  __host__ __device__ __forceinline__ bool offset(int64_t page_stride, int64_t row_stride, int64_t* off) const {
+    const bool ok = static_cast<unsigned>(page) < num_pages;
+    *off = ok ? static_cast<int64_t>(page) * page_stride + static_cast<int64_t>(row) * row_stride : 0;
+    return ok;
+  }
+
+  // To the next tile; live: its key exists.
+  __host__ __device__ __forceinline__ void advance(bool live) {
+    slot += step_slots;
+    row += step_rows;
+    if (row >= page_size) {  // step_rows < page_size: at most one carry
+      row -= page_size;
+      ++slot;
+    }
+    fetch(live);
+  }
+};
+
 // [/lab:page-walk]
 
 // The page-table check of one sequence, by the whole block: true when a page id among its first

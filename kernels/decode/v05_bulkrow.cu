@@ -12,7 +12,7 @@
 // tiles K_j, V_j in a kStages ring; warp w owns keys 16w..16w+15 of each tile with its own (m_i, l_i, O_i); the
 // 4 warps merged through the freed ring; pass 2 the shared LSE combine. What is new is how a tile lands:
 //  * Thread i copies row i % 64 of K (i < 64) or of V (i >= 64): key j = t * 64 + i % 64 of the split, through
-//    its own RowWalk (common/paged_bulk.cuh: the key's table slot and row in page, moved by 64 keys a tile, the
+//    its own RowWalk (common/paged.cuh: the key's table slot and row in page, moved by 64 keys a tile, the
 //    page id read one tile ahead), as one bulk copy of D x 2 bytes into the padded ring row.
 //  * A row past the split's keys, or on a bad page id, is never read: its thread writes zeros with st.shared (V
 //    must be finite: P = 0 times a stale NaN is NaN) and fences them from the next bulk copy into that row.
@@ -29,7 +29,7 @@
 // DRAM % / cuDNN's): 0.95-0.98x v03's at every page size (a row copy does not see the page size), bringing the paged
 // public op to 0.97-1.0x SDPA-cuDNN on the serving cells; 1 x 131072 page 16 keeps the page-table check's ~2.7 %.
 // The risk: 128 copies of 256 bytes per 32 KiB tile are small for the copy engine (one per ~20 cycles per SM at two
-// blocks an SM); if it cannot issue them that fast, v05 is slower than v03 where two blocks share an SM.
+// blocks an SM); if it cannot start them that fast, v05 is slower than v03 where two blocks share an SM.
 // Outcome (H100 80GB HBM3, outputs/driver_logs/20261126-h100-paged-bulkrow-475b5f8/): the prediction was
 // wrong. Correct at every head dim and clean under memcheck, racecheck, synccheck and initcheck, but 0.984-1.000x
 // v03's speed on the serving cells (median 0.989 over 30 rows; v03 timed twice in a round: 0.996-1.002), slowest at

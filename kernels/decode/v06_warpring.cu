@@ -1,6 +1,6 @@
 // Changes: vs decode v03: the ring is warp-private. Warp w copies only the 16 keys of each 64-key tile it reads (its
-// rows 16 w .. 16 w + 15 of K and V, in v03's ring layout), one page id per slice (common/decode_warp_ring.cuh
-// SliceWalk), and waits for and refills its own rows with __syncwarp (warp_ring_step): the main loop has no block
+// rows 16 w .. 16 w + 15 of K and V, in v03's ring layout), one page id per slice (common/paged.cuh's
+// RowWalk, v05's walk), and waits for and refills its own rows with __syncwarp (warp_ring_step): the main loop has no block
 // barrier. The split plan, the ring's layout and depth, the page-table check, the tile's math
 // (common/decode_tile_step.cuh) and the merge of the 4 warps are v03's.
 // Compile check: python -m lab compile (sm_80 and sm_90a); GPU: tools/gpu/paged_warpring_call.sh (checks, the wrong
@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages>::kThreads)
     v_base += b * p.v_stride[0] + h_kv * p.v_stride[1] + static_cast<int64_t>(key_begin + slice0) * v_row;
   }
   const int32_t* table_row = kPaged ? p.block_table + b * p.block_table_stride : nullptr;
-  lab::decode::SliceWalk<Bc> walk;
-  if (kPaged) walk.start(table_row, p.page_size, p.num_pages, key_begin + slice0, n_keys - slice0);
+  lab::paged::RowWalk<Bc> walk;  // the warp's slice: one page id per tile
+  if (kPaged) walk.start(table_row, p.page_size, p.num_pages, key_begin + slice0, n_keys - slice0 > 0);
 
   // Issue tile t's slice of this warp into `stage` (paged: the walk holds its page id and reads the next one).
   auto load_tile = [&](int t, int stage) {
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages>::kThreads)
     if (kPaged) {
       ok = walk.offset(p.k_stride[0], k_row, &ko);
       walk.offset(p.v_stride[0], v_row, &vo);
-      walk.advance(n_keys - first - Bc);
+      walk.advance(n_keys - first - Bc > 0);
     } else {
       ko = static_cast<int64_t>(t) * Bc * k_row;
       vo = static_cast<int64_t>(t) * Bc * v_row;
