@@ -44,8 +44,14 @@ def _isolated_records(session_dir):
     return session_dir
 
 
-def _require(table: dict, version: str, head_dim: int | None = None) -> None:
-    """Skip a version this GPU cannot run (its registry `capabilities`) or a head dim it does not have."""
+def _require(table: dict, version: str, head_dim: int | None = None, heads_kv: int | None = None) -> None:
+    """Skip a version this GPU cannot run (its registry `capabilities`), a head dim it does not have, or an H_kv
+    its blocks cannot split (registry.PAGED_HEADS: decode v04 reads 8 KV heads a block; tests/test_paged_gpu.py
+    runs it at H_kv 8)."""
+    from lab.registry import PAGED_HEADS
+
+    if heads_kv is not None and table is ops.DECODE and heads_kv % PAGED_HEADS.get(version, 1):
+        pytest.skip(f"{version} takes H_kv in multiples of {PAGED_HEADS[version]}, this case has {heads_kv}")
     kernel = table[version]
     capability = tuple(torch.cuda.get_device_capability())
     if kernel.capabilities and capability not in tuple(map(tuple, kernel.capabilities)):
@@ -152,7 +158,7 @@ def test_check_forward_bshd_layout(version):
 @pytest.mark.parametrize("version", DECODE_VERSIONS)
 @pytest.mark.parametrize("case", cases.decode_tests_cases(), ids=lambda c: c.name)
 def test_decode_version_on_tests_case(version, case):
-    _require(ops.DECODE, version, case.D)
+    _require(ops.DECODE, version, case.D, case.Hkv)
     result = check.check_decode(ops.decode_writer(version), case, f"decode-{version}", device="cuda", save=False)
     assert result.passed, repr(result)
 
@@ -160,7 +166,7 @@ def test_decode_version_on_tests_case(version, case):
 @pytest.mark.parametrize("version", DECODE_VERSIONS)
 @pytest.mark.parametrize("num_splits", [1, 3, ops.MAX_NUM_SPLITS])
 def test_decode_version_split_counts(version, num_splits):
-    _require(ops.DECODE, version, 128)
+    _require(ops.DECODE, version, 128, heads_kv=2)
     case = DecodeCase("dec-splits", 4, 8, 2, 1, 4097, 128, "bfloat16", (0, 1, 63, 4097))
     result = check.check_decode(ops.decode_writer(version, num_splits), case, f"decode-{version}-s{num_splits}",
                                 device="cuda", save=False)
@@ -170,7 +176,7 @@ def test_decode_version_split_counts(version, num_splits):
 @pytest.mark.parametrize("version", DECODE_VERSIONS)
 @pytest.mark.parametrize("scale", SCALES, ids=lambda s: f"scale{s}")
 def test_decode_version_any_scale(version, scale):
-    _require(ops.DECODE, version)
+    _require(ops.DECODE, version, heads_kv=2)
     for case in (DecodeCase("dec-scale-gqa", 3, 8, 2, 4, 300, 128, "bfloat16", (1, 130, 300)),
                  DecodeCase("dec-scale-mha", 2, 4, 4, 1, 200, 64, "float16", (63, 200))):
         for num_splits in (1, 3):
@@ -293,7 +299,7 @@ def test_torch_ops_decode_direct_call_checks():
 @pytest.mark.parametrize("version", DECODE_VERSIONS)
 def test_decode_binding_normalises_and_writes_lse(version):
     """Expanded caches (stride 0) are copied, a size-1 q_len dim with an odd stride is fine, lse is written."""
-    _require(ops.DECODE, version)
+    _require(ops.DECODE, version, heads_kv=2)
     a = _dec_args(B=3, splits=2)
     k1, v1 = a["k"][:1], a["v"][:1]
     a["k"], a["v"] = k1.expand(3, 2, 300, 128), v1.expand(3, 2, 300, 128)

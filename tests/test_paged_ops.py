@@ -198,6 +198,17 @@ def test_paged_routing_by_kv_heads(fake, monkeypatch):
     decode_op._decode_plans.clear()
 
 
+def test_contiguous_cache_names_heads_a_version_needs(fake):
+    """v04 reads 8 KV heads a block: named on a contiguous cache of H_kv 2 it is a ValueError naming the versions
+    that take H_kv 2, not the kernel's bare refusal at launch; H_kv 8 plans."""
+    decode_op._decode_plans.clear()
+    q = fake(3, 8, 1, 128)
+    with pytest.raises(ValueError, match=r"'v04' needs H_kv to be a multiple of 8, got 2; use one of \['v01', 'v02'"):
+        decode_op._decode_plan(q, fake(3, 2, 300, 128), "v04", 1)
+    assert decode_op._decode_plan(fake(3, 16, 1, 128), fake(3, 8, 300, 128), "v04", 1) == ("v04", 1)
+    decode_op._decode_plans.clear()
+
+
 def test_serving_lengths_are_long_tailed_and_bounded():
     from lab.decode import paged
 

@@ -22,7 +22,17 @@ def _decode_version(version, query, key_cache) -> str:
     if version is None:  # the default, or for a head dim no kernel takes: a ValueError naming those that exist
         return _version(None, DECODE, query.shape[-1],
                         (default_decode_version(query.shape[1], key_cache.shape[1], query.shape[2], query.shape[-1]),))
-    return _version(version, DECODE, query.shape[-1], ())
+    name, heads_kv = _version(version, DECODE, query.shape[-1], ()), key_cache.shape[1]
+    _require_heads(version, name, heads_kv, [v for v in DECODE if not heads_kv % PAGED_HEADS.get(v, 1)])
+    return name
+
+
+def _require_heads(version, name: str, heads_kv: int, instead) -> None:
+    """A version whose block reads PAGED_HEADS[name] KV heads together (v04) takes H_kv only in multiples of that:
+    the kernel would refuse the launch with a bare status code, so the call says why first."""
+    if heads_kv % PAGED_HEADS.get(name, 1):
+        raise ValueError(f"decode version {version!r} needs H_kv to be a multiple of {PAGED_HEADS[name]}, got "
+                         f"{heads_kv}; use one of {list(instead)} or version=None")
 
 
 MAX_NUM_SPLITS = 1024  # the combine kernel and the int offsets of the workspaces are sized for this many
@@ -214,9 +224,8 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits, paged: b
                              f"{list(PAGED_DECODE)} or version=None")
         takes = paged_versions(heads_kv, query.shape[0], sm_count(query.device))
         named = version is not None and _version(version, DECODE, query.shape[-1], ())
-        if named and heads_kv % PAGED_HEADS.get(named, 1):  # a version off the default list (v05) may be named too
-            raise ValueError(f"decode version {version!r} needs H_kv to be a multiple of {PAGED_HEADS[named]}, got "
-                             f"{heads_kv}; use one of {list(takes)} or version=None")
+        if named:  # a version off the default list (v05) may be named too
+            _require_heads(version, named, heads_kv, takes)
         name = _version(version, DECODE, query.shape[-1], takes)
         splits = _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device, SPLIT_RULE.get(name, name))
         if paged and num_splits is None:
