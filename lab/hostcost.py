@@ -7,7 +7,7 @@ is part of the product. This module measures it two ways, at the real shapes (no
 may grow with the cache length):
 
 - idle: the GPU has nothing queued; each call is timed alone after a synchronize. This is a serving
-  loop that waits for its token before the next step.
+  loop that waits for its token before the next step. Ours and SDPA's are called in turn (host_us_paired).
 - busy: a long sleep kernel is queued first, so every call only enqueues. This is the host cost a
   pipelined caller pays, with no GPU wait mixed in.
 
@@ -28,22 +28,33 @@ SLEEP_CYCLES_PER_CALL = 2_000_000  # ~1 ms of GPU sleep per timed call: the queu
 
 def host_us(fn, calls: int = 100, busy: bool = False, warmup: int = 5) -> float:
     """Median CPU microseconds of one call of fn, from call to return (the GPU idle or kept busy)."""
+    return host_us_paired({"fn": fn}, calls, busy, warmup)["fn"]
+
+
+def host_us_paired(fns: dict, calls: int = 100, busy: bool = False, warmup: int = 5) -> dict:
+    """{name: median CPU microseconds of one call}, the calls of every fn taken in turn, the order reversed each
+    round (a b, b a, ...). Idle, a call's time includes the host's return from the synchronize before it, which
+    is slower the longer the GPU work it waited for: taken in turn, each op's samples follow the others' GPU work
+    as often as its own, so the comparison between them holds the ops' host paths and not their kernels' lengths."""
     import torch
 
     for _ in range(warmup):
-        fn()
+        for fn in fns.values():
+            fn()
     torch.cuda.synchronize()
-    samples = []
+    samples = {name: [] for name in fns}
+    names = list(fns)
     if busy:
-        torch.cuda._sleep(SLEEP_CYCLES_PER_CALL * calls)
-    for _ in range(calls):
-        if not busy:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
+        torch.cuda._sleep(SLEEP_CYCLES_PER_CALL * calls * len(fns))
+    for i in range(calls):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            if not busy:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fns[name]()
+            samples[name].append((time.perf_counter() - start) * 1e6)
     torch.cuda.synchronize()
-    return statistics.median(samples)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def _sdpa_call(q, k, v, is_causal: bool):
@@ -69,9 +80,9 @@ def host_sweep(cases: list, public_make, impl: str, calls: int = 100, progress: 
         # few calls where one call is long: the busy sleep must cover them, and the queue must not fill
         n = calls if (getattr(case, "Sq", 1) or 1) <= 4096 else max(20, calls // 5)
         us = {"ours": {}, "sdpa": {}}
-        for mode in ("idle", "busy"):  # interleaved, so drift hits both alike
-            us["sdpa"][mode] = host_us(sdpa, n, busy=mode == "busy")
-            us["ours"][mode] = host_us(ours, n, busy=mode == "busy")
+        for mode in ("idle", "busy"):  # call by call in turn, so drift and the GPU work waited for hit both alike
+            paired = host_us_paired({"sdpa": sdpa, "ours": ours}, n, busy=mode == "busy")
+            us["sdpa"][mode], us["ours"][mode] = paired["sdpa"], paired["ours"]
         excess = {m: us["ours"][m] - us["sdpa"][m] for m in ("idle", "busy")}
         row = {"kind": "host", "impl": impl, "case": case.as_dict(), "host_us": us["ours"],
                "sdpa_host_us": us["sdpa"], "excess_us": excess, "max_excess_us": max(excess.values()),
