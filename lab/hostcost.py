@@ -34,7 +34,7 @@ def host_us(fn, calls: int = 100, busy: bool = False, warmup: int = 5) -> float:
 def host_us_paired(fns: dict, calls: int = 100, busy: bool = False, warmup: int = 5) -> dict:
     """{name: median CPU microseconds of one call}, the calls of every fn taken in turn, the order reversed each
     round (a b, b a, ...). Idle, a call's time includes the host's return from the synchronize before it, which
-    is slower the longer the GPU work it waited for: taken in turn, each op's samples follow the others' GPU work
+    n7's idle rows show growing with the GPU work waited for, for SDPA's calls as for ours: taken in turn, each op's samples follow the others' GPU work
     as often as its own, so the comparison between them holds the ops' host paths and not their kernels' lengths."""
     import torch
 
