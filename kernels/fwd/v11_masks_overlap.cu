@@ -46,6 +46,15 @@
 //   off. Predicted from the MUFU count (1.5 issues per score instead of 2): -10-15 %; the FMA pipe's cubic and the
 //   tanh's own latency keep most of it. STAGES = 3: window S 16k 0.323 / 0.791 ms against 0.324 / 0.789, packed 8 x
 //   2048 0.301 against 0.298 (dense default 0.252): no gain, off.
+// Softcap's cost (H100, D = 128, per SM and 64 x 128 tile of each consumer): the two GEMMs take 2 x 64 x 128 x 128 x 2 /
+//   4096 FLOP per clock = 1024 clocks of the tensor core; the exp2 per score alone 8192 / 16 MUFU issues per clock =
+//   512 clocks, the tanh beside it another 512, so with the softcap the MUFU unit's time matches the tensor core's
+//   and the overlap has no slack left: the +33-39 % is the MUFU, not the FMAs (a multiply per score) nor registers.
+// Prediction (CAP_POLY 2 default, CAP_TANH_HALF candidate; H100, bf16, D 128, H 16, causal, softcap 30, GPU time):
+//   CAP_POLY 2 as measured before, -3-6 % against CAP_POLY 0; CAP_TANH_HALF 1 with CAP_POLY 2 (MUFU 1.0 per score, the
+//   plain kernel's count, the exp2 poly's FMAs and the pair's conversions added) -10-15 % against CAP_POLY 0 alone,
+//   softcap overhead over the plain call +33 % -> +15-20 %; the fp16-rounded tanh costs c x 2^-12 in the exponent at
+//   the cap (c = softcap log2 e: 1.2 % per P at softcap 50), so the rows at the cap's floor may fail: the checks decide.
 // The prologue (the sequence's rows from cu_seqlens, the window's tiles) is v09's written out: as shared device functions
 // (masked_seq, window_tiles) it changed both kernels' integer code (tools/sass/sass_guard.sh), which no GPU run has
 // covered, so it stays as is until a run checks the shared form.
@@ -68,8 +77,14 @@
 #endif
 // CAP_POLY: the bf16 softcap's fixed-offset softmax takes exp2 on the FMA pipe for every N-th n8 block (0: none):
 // the tanh and the exp2 of each score otherwise both issue on the MUFU unit, about the tensor core's time at D = 128.
+// 2 is the default: -3.4 / -5.8 % on the softcap rows with the checks passing (see the header's candidates).
 #ifndef LAB_V11_CAP_POLY
-#define LAB_V11_CAP_POLY 0
+#define LAB_V11_CAP_POLY 2
+#endif
+// CAP_TANH_HALF: the bf16 softcap's tanh on fp16 pairs (common/mask.cuh tanh_pair, as bwd v08's default): one MUFU
+// issue per two scores. With CAP_POLY = 2 the MUFU issues per score fall from 1.5 to 1.0, the plain kernel's count.
+#ifndef LAB_V11_CAP_TANH_HALF
+#define LAB_V11_CAP_TANH_HALF 0
 #endif
 
 namespace {
@@ -209,7 +224,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   };
   // The softmax step of tile j (touches neither O nor the P fragments); returns whether O needs rescale_o.
   auto softmax = [&](int j) -> bool {
-    if constexpr (kTransform != kNone) transform_scores<BC, kCap>(sacc, tk_factor);
+    if constexpr (kBounded && LAB_V11_CAP_TANH_HALF) {
+#pragma unroll
+      for (int i = 0; i < BC / 2; i += 2) tanh_pair(sacc[i] * tk_factor, sacc[i + 1] * tk_factor, sacc[i], sacc[i + 1]);
+    } else if constexpr (kTransform != kNone) {
+      transform_scores<BC, kCap>(sacc, tk_factor);
+    }
     const bool mask = lab::window_tile_needs_mask(j * BC, BC, wm0, wm1, k_end, k_off, left, right);
     if (mask) mask_window_wg<BC>(sacc, row0, j * BC, k_end, k_off, left, right);
     if constexpr (kBounded) {
