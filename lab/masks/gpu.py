@@ -165,6 +165,18 @@ GRID_MASKS = [("w0", False, (0, 0), 0.0, False), ("w1c", True, (1, 0), 0.0, Fals
 GRID_SIZES = [(2, 4, 2, 1, 1), (1, 4, 4, 63, 63), (2, 4, 2, 65, 65), (1, 8, 2, 1025, 1025)]
 
 
+def softcap_checks(version: str, dtype=torch.bfloat16, defines=None) -> int:
+    """A softcap build's checks before it can be the default: the grid's softcap rows at D 128 and 64 and the rows at
+    the cap's floor (softcap 50 and 5). Returns how many failed."""
+    bad = 0
+    for D in (128, 64):
+        for name, causal, window, cap, sink in GRID_MASKS:
+            for B, Hq, Hkv, Sq, Sk in GRID_SIZES if cap > 0 else ():
+                bad += not check_dense(version, name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink,
+                                       defines=defines)
+    return bad + sum(not check_cap_floor(version, cap, dtype, defines=defines) for cap in (50.0, 5.0))
+
+
 def checks(version: str) -> int:
     bad = 0
     bf16, fp16 = torch.bfloat16, torch.float16

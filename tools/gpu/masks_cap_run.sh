@@ -3,24 +3,32 @@
 # builds), the builds' A/B and the checks of those that are not the default (tools/gpu/masks_cap_ab.py), chapter n13
 # as a session (tools/gpu/masks_session.sh), then compute-sanitizer's four tools over the public calls
 # (tools/gpu/masks_sanitize.py) for the default and, through masks_sanitize_with.py, the fp16-pair tanh build, and ncu's
-# pipe counters of the default with and without softcap (S 16384, D 128; before the sanitizers, on a quiet GPU).
+# pipe counters of v11 (named: the plain call would take v07) with and without softcap (S 16384, D 128; before the
+# sanitizers, on a quiet GPU).
 # Carry .whl.
 #   LAB_COMMIT=<sha> bash tools/gpu/masks_cap_run.sh  -> $OUT/cap.tgz, $OUT/n13.tgz, $OUT/session.log
 set -u
 OUT=${OUT:-/tmp/masks_cap}; C=$OUT/cap; mkdir -p "$C/san"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
-build() { python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source${3:+, $3})" \
-  >> "$C/build.log" 2>&1; }
-python3 -c "from lab import build; build.binding()" >> "$C/build.log" 2>&1 &
-build MASKED_FWD v11 & build MASKED_FWD v11 "{'LAB_V08_IGNORE_WINDOW': '1'}" &
-build MASKED_FWD v08 & build MASKED_FWD v08 "{'LAB_V08_IGNORE_WINDOW': '1'}" &
-for pt in "0, 0" "2, 0" "0, 1" "2, 1" "4, 1"; do
-  build MASKED_FWD v11 "{'LAB_V11_CAP_POLY': ${pt%,*}, 'LAB_V11_CAP_TANH_HALF': ${pt#*, }}" & done
-build MASKED_BWD v08 & build BWD v07 & build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD': '1'}" &
-build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_WINDOW': '1'}" &
-python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" \
-  >> "$C/build.log" 2>&1 &
-wait
+# every build as data, nvcc runs side by side (the kernel cache lets concurrent builders share a key)
+python3 - >> "$C/build.log" 2>&1 <<'PY'
+from concurrent.futures import ThreadPoolExecutor
+from lab import build, registry
+cap = [{"LAB_V11_CAP_POLY": p, "LAB_V11_CAP_TANH_HALF": t} for p, t in ((0, 0), (2, 0), (0, 1), (2, 1), (4, 1))]
+wrong = [{"LAB_V08_IGNORE_WINDOW": "1"}]
+jobs = [(registry.MASKED_FWD[v].source, d) for v, ds in (("v11", [None, *wrong, *cap]), ("v08", [None, *wrong]))
+        for d in ds]
+jobs += [(registry.MASKED_BWD["v08"].source, d) for d in (None, {"LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD": "1"},
+                                                          {"LAB_BWD_MASK_BUG_NO_WINDOW": "1"})]
+jobs += [(registry.BWD["v07"].source, None), ("fwd/v07_overlap.cu", None), ("fwd/v05_wgmma.cu", None)]
+with ThreadPoolExecutor(16) as pool:
+    futures = [pool.submit(build.binding)] + [pool.submit(build.build_kernel, src, d) for src, d in jobs]
+    for f in futures:
+        try:
+            f.result()
+        except Exception as e:  # a build that fails is reported by the calls that need it
+            print(type(e).__name__, str(e)[:2000], flush=True)
+PY
 echo "builds done $(date -u +%T)" >> "$C/build.log"
 LAB_SESSION_DIR=$C/checks OUT=$C timeout ${AB_TIMEOUT:-100} python3 tools/gpu/masks_cap_ab.py > "$C/ab.log" 2>&1
 echo "rc=$?" >> "$C/ab.log"; grep -v '^ok ' "$C/ab.log" | tail -8
@@ -31,7 +39,7 @@ for cap in 0 30; do
     --section ComputeWorkloadAnalysis --section SpeedOfLight --page raw --csv python3 -c "
 import torch; from lab import ops
 q = torch.randn(1, 16, 16384, 128, device='cuda', dtype=torch.bfloat16)
-for _ in range(2): ops.attention(q, q, q, is_causal=True, softcap=$cap.0)
+for _ in range(2): ops.attention(q, q, q, is_causal=True, softcap=$cap.0, version='v11')
 torch.cuda.synchronize()" > "$C/ncu-cap$cap.csv" 2> "$C/ncu-cap$cap.err"
 done
 export PYTHONPATH=$PWD
