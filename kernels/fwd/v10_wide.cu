@@ -43,6 +43,10 @@
 //   The rejected tiles, measured (same process): B_c = 64 at D = 256 +2 / +3 % at S = 512 (8 full tiles instead of
 //   6 and a 40 %-full one), -6 to -9 % from S = 2048; B_c = 96 at D = 192 -1 to -3 % except S = 512 causal (+3 %).
 //   A per-call B_c for short keys would gain about as much as the runs differ: not taken.
+//   Again on the persistent grid (tools/gpu/wide_short_bc.sh; prediction +1-4 % at D = 256 S = 512, -5 to -9 % at
+//   2048): B_c = 64 +1.5 / +2.0 % at S = 512 (0.989 -> 1.00x SDPA-cuDNN non-causal), -4.1 / -2.9 % at 2048, D = 200
+//   level; 20/20 checks (H100, outputs/driver_logs/20261126-h100-wide-short-bc-18ca9d7/). Still within what two runs
+//   of one S = 512 cell differ (0.957 and 0.989x cuDNN): no per-call B_c.
 //   Padding: D = 200 (padded to 256 by lab.fwd.head_dims) takes 1.47 ms where the D = 256 kernel takes 0.85 ms on
 //   the same shape: the copies of F.pad and the output slice, not the kernel. Now narrow head dims (136-184 at
 //   width 192, 200-248 at 256, D_qk = D_v, no gradient wanted) run unpadded: Narrow<Cfg> (common attn_fwd_sm90.cuh),
