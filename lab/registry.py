@@ -31,6 +31,7 @@ DECODE = {
     "v04": Kernel("decode/v04_pagerow.cu", "decode_pagerow_v04", (64, 128)),
     "v05": Kernel("decode/v05_bulkrow.cu", "decode_bulkrow_v05", DECODE_HEAD_DIMS, ((9, 0),)),
     "v06": Kernel("decode/v06_warpring.cu", "decode_warpring_v06", DECODE_HEAD_DIMS),
+    "v07": Kernel("decode/v07_swizzle.cu", "decode_swizzle_v07", (64, 128)),
 }
 BWD = {
     "v01": Kernel("bwd/v01_mma.cu", "attn_bwd_v01", (64, 128)),
@@ -75,7 +76,7 @@ DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mo
 # order, signalled by two producer warps: 0.64-0.99x SDPA-cuDNN's backward in GPU time on an H100, 1.7-2.8x v01's
 # deterministic mode; kernels/bwd/README.md), then v17 (the same order signalled by the consumers: 0.46-0.72x).
 DETERMINISTIC_BWD_HOPPER = ("v18", "v17")
-PAGED_DECODE = ("v03", "v04", "v05", "v06")  # decode versions with a block table (paged cache) and the bottom-right causal mask
+PAGED_DECODE = ("v03", "v04", "v05", "v06", "v07")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
 PAGED_HEADS = {"v04": 8}
 # The paged versions in lab.ops.decode's order of preference, where H_kv allows (PAGED_HEADS) and, for v04, where
@@ -88,7 +89,7 @@ PAGED_HEADS = {"v04": 8}
 # 0.992-1.011 on the paged serving cells, DRAM throughput unchanged (kernels/decode/README.md, "decode v06").
 BEST_PAGED = ("v04", "v03")
 PAGEROW_FULL_WAVE = 0.8
-SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02"}  # v03's (and v05's, v06's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
+SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02"}  # v03's (and v05's, v06's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
 # next of these (lab.fwd.head_dims), and runs them when the caller names no version.

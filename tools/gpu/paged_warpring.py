@@ -1,4 +1,5 @@
-"""Decode v06 (the warp-private ring, kernels/decode/v06_warpring.cu) on the GPU: its checks through the public op, the
+"""Decode v06 (the warp-private ring, kernels/decode/v06_warpring.cu), or the version LAB_PAGED_NEW names (v07: v06
+with the swizzled ring), on the GPU: its checks through the public op, the
 wrong build, small calls for compute-sanitizer, and its race against v03 beside SDPA-cuDNN.
 
     python tools/gpu/paged_warpring.py check           # every paged-tests and paged head-dim case through lab.ops.decode
@@ -19,11 +20,11 @@ import sys
 import torch
 from paged_rows import write_rows  # tools/gpu/paged_rows.py (this script's folder is on sys.path)
 
-from lab import bench, cases, check, graphs, ops
+from lab import bench, cases, check, graphs, ops, registry
 from lab.cases import PagedCase
 from lab.decode import paged
 
-NEW = "v06"
+NEW = os.environ.get("LAB_PAGED_NEW", "v06")  # a v06-family version; its rows are labelled by its name
 WRONG = {"LAB_WARPRING_BUG_SLICE": None}  # a warp copies the next warp's slice into its rows: must fail
 
 
@@ -43,6 +44,7 @@ def contiguous_check(case: PagedCase, seed: int, splits) -> bool:
 def run_checks() -> int:
     rows = [(c, s) for c in cases.paged_tests_cases() for s in (None,)] + \
            [(c, s) for c in cases.paged_head_dim_tests_cases() for s in (None, 3)]
+    rows = [(c, s) for c, s in rows if c.D in registry.DECODE[NEW].head_dims]
     failed = total = 0
     for i, (case, splits) in enumerate(rows):
         ok_paged = paged.check_paged(case, num_splits=splits, trials=2, seed=1000 * i, save=False, version=NEW).passed
@@ -65,7 +67,7 @@ def run_sanitize() -> int:
     paged and contiguous; a table with an out-of-range id), each output judged on the host."""
     failed = 0
     gen = torch.Generator().manual_seed(0)
-    for D in (64, 128, 256):
+    for D in (d for d in (64, 128, 256) if d in registry.DECODE[NEW].head_dims):
         for q_len, causal, dtype, page in ((1, False, "bfloat16", 16), (3, True, "float16", 48)):
             case = PagedCase(f"san-d{D}-q{q_len}", 3, 32, 8, q_len, 300, D, dtype, (0, 65, 300), page, causal)
             host = paged.paged_inputs(case, gen, "cpu")  # made on the CPU: initcheck then tracks our kernels only
@@ -95,6 +97,9 @@ def run_sanitize() -> int:
     return 1 if failed else 0
 
 
+NAMED = (("v03", "v03"), ("v06", "v06")) + (((NEW, NEW),) if NEW != "v06" else ())
+
+
 def run_ab(out_path: str) -> int:
     """The public op as called (version named; paged with page_errors), GPU time in interleaved rounds (a GPU sleep
     first: the call's GPU work alone) and one CUDA graph per call replayed (CudaTimer), beside SDPA-cuDNN on the
@@ -110,13 +115,13 @@ def run_ab(out_path: str) -> int:
             runner = bench.sdpa_runner("default", q, k, v)
             calls = {"sdpa-cudnn": (runner, lambda: bench.sdpa_backend("cudnn")),
                      "contiguous default": (lambda: ops.decode(q, k, v), None)}
-            for name, version in (("v03", "v03"), ("v06", NEW)):
+            for name, version in NAMED:
                 calls[f"contiguous {name}"] = (lambda version=version: ops.decode(q, k, v, version=version), None)
             for page in pages:
                 table, num_pages = paged.block_table(B, L, page, torch.Generator(device="cuda").manual_seed(page), "cuda")
                 kp, vp = paged.to_pages(k, table, num_pages, page), paged.to_pages(v, table, num_pages, page)
                 flags = torch.zeros(B, dtype=torch.int32, device="cuda")
-                for name, version in (("v03", "v03"), ("v03 again", "v03"), ("v06", NEW)):
+                for name, version in (("v03", "v03"), ("v03 again", "v03")) + NAMED[1:]:
                     calls[f"p{page} {name}"] = (lambda version=version, kp=kp, vp=vp, table=table, flags=flags:
                                                 ops.decode(q, kp, vp, seqlens, block_table=table, page_errors=flags,
                                                            version=version), None)

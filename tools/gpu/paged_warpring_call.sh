@@ -10,8 +10,11 @@
 #   5. compute-sanitizer memcheck, racecheck, synccheck and initcheck on paged_warpring.py sanitize (no kernel filter:
 #      pass 1 and the combine both seen; inputs made on the CPU).
 # Everything in $OUT/warpring.tgz.   LAB_COMMIT=<sha> bash tools/gpu/paged_warpring_call.sh
+# LAB_PAGED_NEW=v07: the same steps for v07 (v06 with the swizzled ring; v06 stays in the race and the profile);
+# STEPS: the steps to run, in this order (default all: "check pytest ab ncu sanitize").
 # With .cache/tree.tar carried (git archive of the commit), the committed tree replaces the shared checkout's files first.
 set -u
+NEW=${LAB_PAGED_NEW:-v06}; STEPS=${STEPS:-"check pytest ab ncu sanitize"}
 start=$(date +%s); END=$(( start + ${BUDGET:-420} ))
 [ -f .cache/tree.tar ] && tar xf .cache/tree.tar
 OUT=${OUT:-/tmp/paged_warpring}; D=$OUT/warpring; mkdir -p "$D"
@@ -28,26 +31,28 @@ step() {  # name, limit, command...: runs if at least 20 s are left, limited to 
 }
 t0=$(date +%s)
 python3 -c "from lab import build; build.binding()" > "$D/build.log" 2>&1 &
-for v in v02 v03 v06; do
+for v in v02 v03 v06 $NEW; do
   python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$v'].source)" >> "$D/build.log" 2>&1 &
 done
 for define in LAB_WARPRING_BUG_SLICE LAB_PAGED_BUG_IDENTITY; do
-  python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['v06'].source, {'$define': None})" \
+  python3 -c "from lab import build, registry; build.build_kernel(registry.DECODE['$NEW'].source, {'$define': None})" \
     >> "$D/build.log" 2>&1 &
 done
 wait
 echo "builds $(( $(date +%s) - t0 )) s" >> "$D/steps.txt"
-step check 100 python3 tools/gpu/paged_warpring.py check
-step pytest 80 python3 -m pytest -q -p no:cacheprovider -x tests/test_paged_gpu.py -k v06
-step ab 120 python3 tools/gpu/paged_warpring.py ab "$D/ab.jsonl"
-export PAGED_PROFILE_VERSIONS="v03 v06" PAGED_PROFILE_CONTIGUOUS="v02 v06"
+export PAGED_PROFILE_VERSIONS=${PAGED_PROFILE_VERSIONS:-"v03 v06 ${NEW/v06/}"} PAGED_PROFILE_CONTIGUOUS="v02 v06"
 export PAGED_PROFILE_CELLS=${PAGED_PROFILE_CELLS:-"64x1024 32x4096 1x131072"} PAGED_PROFILE_PAGES=${PAGED_PROFILE_PAGES:-"16 64"}
-step ncu 150 python3 tools/gpu/paged_profile.py ncu "$D/ncu"
-rm -f "$D"/ncu/*.ncu-rep; gzip -9 -f "$D"/ncu/raw.csv 2>/dev/null
-for tool in memcheck racecheck synccheck initcheck; do
-  step "sanitize_$tool" 90 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool \
-    python3 tools/gpu/paged_warpring.py sanitize
-done
+for s in $STEPS; do case $s in
+  check) step check 100 python3 tools/gpu/paged_warpring.py check ;;
+  pytest) step pytest 80 python3 -m pytest -q -p no:cacheprovider -x tests/test_paged_gpu.py -k $NEW ;;
+  ab) step ab 120 python3 tools/gpu/paged_warpring.py ab "$D/ab.jsonl" ;;
+  ncu) step ncu 150 python3 tools/gpu/paged_profile.py ncu "$D/ncu"
+       rm -f "$D"/ncu/*.ncu-rep; gzip -9 -f "$D"/ncu/raw.csv 2>/dev/null ;;
+  sanitize) for tool in memcheck racecheck synccheck initcheck; do
+      step "sanitize_$tool" 90 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool \
+        python3 tools/gpu/paged_warpring.py sanitize
+    done ;;
+esac; done
 for f in "$D"/sanitize_*.log; do gzip -9 -f "$f"; done
 (cd "$OUT" && tar czf warpring.tgz warpring && rm -rf warpring)
 tar xzOf "$OUT/warpring.tgz" warpring/steps.txt warpring/gpu.txt
