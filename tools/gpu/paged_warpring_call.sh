@@ -44,7 +44,7 @@ export PAGED_PROFILE_VERSIONS=${PAGED_PROFILE_VERSIONS:-"v03 v06 ${NEW/v06/}"} P
 export PAGED_PROFILE_CELLS=${PAGED_PROFILE_CELLS:-"64x1024 32x4096 1x131072"} PAGED_PROFILE_PAGES=${PAGED_PROFILE_PAGES:-"16 64"}
 for s in $STEPS; do case $s in
   check) step check 100 python3 tools/gpu/paged_warpring.py check ;;
-  pytest) step pytest 80 python3 -m pytest -q -p no:cacheprovider -x tests/test_paged_gpu.py -k $NEW ;;
+  pytest) step pytest 80 python3 -m pytest -q -p no:cacheprovider -x tests/test_paged_gpu.py tests/test_gpu.py -k "$NEW and (paged or decode)" ;;
   ab) step ab 120 python3 tools/gpu/paged_warpring.py ab "$D/ab.jsonl" ;;
   ncu) step ncu 150 python3 tools/gpu/paged_profile.py ncu "$D/ncu"
        rm -f "$D"/ncu/*.ncu-rep; gzip -9 -f "$D"/ncu/raw.csv 2>/dev/null ;;
