@@ -87,6 +87,8 @@ PAGED_HEADS = {"v04": 8}
 # (kernels/decode/README.md, "decode v05"); a call that names it runs it.
 # v06 (v03 with warp-private rings: no block barrier in the main loop) is on none either: v03's GPU time over v06's
 # 0.992-1.011 on the paged serving cells, DRAM throughput unchanged (kernels/decode/README.md, "decode v06").
+# v07 (v06 with an unpadded, swizzled ring) is on none: not yet measured on a GPU
+# (kernels/decode/README.md, "decode v07").
 BEST_PAGED = ("v04", "v03")
 PAGEROW_FULL_WAVE = 0.8
 SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02"}  # v03's (and v05's, v06's) pass 1 is v02's with another address: v02's one-block-per-SM split plan

@@ -1,200 +1,51 @@
 // Changes: vs decode v06 (warp-private ring): the ring is unpadded and swizzled (common/decode_swizzle.cuh): a smem row
 // is D elements, not D + 8, and 16-byte chunk c of key row r sits at chunk c ^ (r & 7). The copies, the walk, the
 // page-table check, the softmax and the merge are v06's. D 64 and 128 only (whole 8-chunk groups a row).
+// Pass 1 is v06's kernel (common/decode_warp_ring_pass1.cuh) with kSwizzle.
 // Compile check: python -m lab compile (sm_80 and sm_90a); GPU: LAB_PAGED_NEW=v07 tools/gpu/paged_warpring_call.sh.
 // Measured: kernels/decode/README.md, "decode v07".
 //
 // decode_swizzle_v07: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.
 // Algorithm: v03's pass 1 with v06's warp-private ring (read their headers); pass 2 the shared LSE combine.
 //
-// Prediction (profiles of v03 / v06 and cuDNN on the H100 serving cells): the crossbar (L1 / shared) sector count
-// of pass 1 is 1.5x cuDNN's (25.2 M against 16.8 M at 32 x 4096 page 16) and the L2 prefetch hint is not its cause.
-// Counting by hand, v03's pad already makes every access minimal: ldmatrix.x4 reads 4 x 8 rows x 16 bytes, the 8
-// rows of each matrix 272 bytes apart (D 128) fall in 8 different bank quads, 4 wavefronts; a warp's 32 16-byte
-// cp.async stores (2 rows of 256 bytes) are 4 wavefronts with or without the pad. The swizzle keeps the same
-// counts with 6 % less shared memory a block (96 against 102 KiB at D 128: still 2 blocks an SM, no more bytes in
-// flight). So the prediction is no change: GPU time 0.99-1.01x v06's and v03's, ncu shared wavefronts per request
-// and the crossbar sectors equal to v06's; the 1.5x lies in how the bytes arrive (16-byte LDGSTS through L1 against
-// cuDNN's whole-line copies), not in the ring's layout. If it is the layout, sectors drop by up to a third.
-// Outcome: kernels/decode/README.md, "decode v07".
+// Prediction (profiles of v03 / v06 and cuDNN on the H100 serving cells, kernels/decode/README.md, "What cuDNN's
+// loads do differently"): for the same 16.79 M DRAM sectors at 32 x 4096 page 16, v06's copies move 25.2 M sectors
+// over the crossbar, 24 a copy instruction where its addresses need 16; cuDNN's move 16.8 M, and the L2 prefetch hint
+// is not the cause. Counted lane by lane (tools/gpu/paged_swizzle_model.py): shared-memory bank conflicts are not it
+// (padded and swizzled are both 1 wavefront per quarter-warp copy and per ldmatrix matrix); what the pad changes is
+// where a 256-byte row lands: at 272 r bytes, 14 of a slice's 16 rows straddle three aligned 128-byte chunks, so a
+// copy instruction writes 20 chunks (23 counted row by row: 1.25-1.44x the 16 sectors it reads) where the swizzled
+// ring writes 16 (1.00x: each 128-byte line of the cache lands in one aligned chunk, permuted inside it). If the copy
+// is charged by destination chunk, v07 moves 16.8 M crossbar sectors (cuDNN's count) and ~4.2 M L2 requests, pass 1's
+// DRAM throughput rises from 84 % toward cuDNN's 89-90 %, and its GPU time falls 3-6 % below v06's on the cells of
+// 32 x 4096 and larger (v06 0.930-0.945x cuDNN there); 64 x 1024 (under 2 waves) less. If the sectors stay at
+// 25.2 M, the destination is not the cause either and GPU time is v06's within 1 % (the swizzle adds an XOR
+// to each ldmatrix address; 6 % less shared memory a block, 96 against 102 KiB at D 128, changes no occupancy).
+// Outcome: not yet measured on a GPU (compile-checked, sm_80 and sm_90a; the layout model passes). The run that
+// decides it: LAB_PAGED_NEW=v07 tools/gpu/paged_warpring_call.sh (kernels/decode/README.md, "decode v07").
 //
 // Launch: as v03: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; shared memory kStages x 2 x 64 x D
 // x 2 bytes (D 128: 3 stages, 96 KiB; D 64: 4 stages, 64 KiB). Limits: D 64 / 128 (LAB_E_HEAD_DIM otherwise), as v03
 // else (fp16 / bf16, q_len >= 1, page_size a multiple of 16, strides of 8 elements, 16-byte aligned bases,
 // page_errors for a paged call); sm_80 and sm_90a.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <math.h>
-#include <stdint.h>
 
 #include "common/decode_head_dim.cuh"
 #include "common/decode_paged_launch.cuh"
-#include "common/decode_pv.cuh"
-#include "common/decode_swizzle.cuh"
-#include "common/decode_tile_step.cuh"
-#include "common/decode_util.cuh"
-#include "common/decode_warp_ring.cuh"
+#include "common/decode_warp_ring_pass1.cuh"
 #include "common/launch.h"
 #include "common/paged.cuh"
 #include "common/params.h"
-#include "common/splitk_combine.cuh"
 
 namespace {
 
-using lab::decode::kLog2e;
-
-template <int kHeadDim_, int kStages_>
-struct SwizzleConfig {
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kStages = kStages_;  // v03's ring per head dim (common/decode_head_dim.cuh)
-  static constexpr int kRows = 16;          // one m16 tile of query rows per block
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBlockN = 64;       // keys per tile; lab/decode/splits.py BLOCK_N
-  static constexpr int kSliceKeys = 16;    // a warp's keys of a tile: one k16 step of P V
-  static constexpr int kVecPerRow = kHeadDim / 8;
-  // Lanes per row: a power of two, so a lane's rows are a fixed step apart (v03's rule; at D 80, 96, 192 the lanes
-  // past kVecPerRow copy nothing: a masked column tail, the cache is read as it is).
-  static constexpr int kVecSlots = kVecPerRow <= 8 ? 8 : (kVecPerRow <= 16 ? 16 : 32);
-  static constexpr bool kFullRows = kVecSlots == kVecPerRow;
-  static constexpr int kRowStep = 32 / kVecSlots;             // rows between two of a lane's copies
-  static constexpr int kLoadRows = kSliceKeys / kRowStep;     // rows a lane copies per tile (K and V each)
-  static constexpr int kStride = kHeadDim;  // unpadded: the swizzle keeps ldmatrix rows in 8 bank quads
-  static constexpr int kTileElems = kBlockN * kStride;
-  static constexpr int kStageBytes = 2 * kTileElems * 2;
-  static constexpr int kRingBytes = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kRingBytes;
-  static constexpr int kKSteps = kHeadDim / 16;
-  static constexpr int kDTiles = kHeadDim / 8;
-  static constexpr int kMergeBytes = kWarps * kRows * (kHeadDim + 2) * 4;  // O, m, l of every warp, fp32
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "whole 8-chunk swizzle groups a row, Q in registers");
-  static_assert(kBlockN == kWarps * kSliceKeys, "a tile is one 16-key slice per warp");
-  static_assert(kVecPerRow <= kVecSlots && kSliceKeys % kRowStep == 0, "fixed rows per lane");
-  static_assert(kMergeBytes <= kRingBytes, "merge scratch reuses the ring");
-  static_assert(kSmemBytes <= 163 * 1024, "fits an A100 block (sm_80's opt-in limit)");
-};
-
-// Pass 1. See the header comment.
-template <typename T, int kHeadDim, int kStages, bool kPaged>
-__global__ void __launch_bounds__(SwizzleConfig<kHeadDim, kStages>::kThreads)
-    swizzle_partial_kernel(const DecodeParams p, const int chunk, const int group, const int rows_total,
-                            const int row_groups) {
-  using Cfg = SwizzleConfig<kHeadDim, kStages>;
-  constexpr int D = kHeadDim;
-  constexpr int Bc = Cfg::kBlockN;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const lab::decode::KVRing<T, Cfg::kStageBytes, Cfg::kTileElems> ring{smem};  // common/decode_util.cuh
-
-  lab::decode::pdl_launch_dependents();
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int gid = lane / 4, tig = lane % 4;  // mma fragment row and column pair
-  const lab::decode::RowBlock blk = lab::decode::row_block<Cfg::kRows>(p, rows_total, row_groups);  // as v02
-  const int split = blk.split, b = blk.b, h_kv = blk.h_kv, row0 = blk.row0, rows = blk.rows, rg = blk.rg;
-
-  // Prologue: the sequence's length (clamped to the keys that exist), the split's keys, the warp's slice walk.
-  const int cap = p.seqlen_cache;  // paged: max_pages * page_size
-  const int asked = p.cache_seqlens ? p.cache_seqlens[b] : cap;
-  int errors = kPaged && asked > cap ? LAB_PAGE_E_SHORT : 0;
-  const int len = max(0, min(asked, cap));
-  const int key_begin = split * chunk;
-  int n_keys = max(0, min(key_begin + chunk, len) - key_begin);
-
-#ifdef LAB_WARPRING_BUG_SLICE  // the wrong build: a warp copies the next warp's slice into its own rows (must fail)
-  const int slice0 = ((warp + 1) % Cfg::kWarps) * Cfg::kSliceKeys;
-#else
-  const int slice0 = warp * Cfg::kSliceKeys;  // the warp's first key of every tile
-#endif
-  const int r0 = lane / Cfg::kVecSlots;             // the lane's first row of the slice
-  const int col = (lane % Cfg::kVecSlots) * 8;      // and its 16-byte column
-  const bool copies = Cfg::kFullRows || col < D;    // false: a lane of the masked column tail
-  const int64_t k_row = kPaged ? p.k_stride[1] : p.k_stride[2], v_row = kPaged ? p.v_stride[1] : p.v_stride[2];
-  const T* k_base = static_cast<const T*>(p.k_cache) + col + r0 * k_row;
-  const T* v_base = static_cast<const T*>(p.v_cache) + col + r0 * v_row;
-  if (kPaged) {
-    k_base += h_kv * p.k_stride[2];
-    v_base += h_kv * p.v_stride[2];
-  } else {
-    k_base += b * p.k_stride[0] + h_kv * p.k_stride[1] + static_cast<int64_t>(key_begin + slice0) * k_row;
-    v_base += b * p.v_stride[0] + h_kv * p.v_stride[1] + static_cast<int64_t>(key_begin + slice0) * v_row;
-  }
-  const int32_t* table_row = kPaged ? p.block_table + b * p.block_table_stride : nullptr;
-  lab::paged::RowWalk<Bc> walk;  // the warp's slice: one page id per tile
-  if (kPaged) walk.start(table_row, p.page_size, p.num_pages, key_begin + slice0, n_keys - slice0 > 0);
-
-  // Issue tile t's slice of this warp into `stage` (paged: the walk holds its page id and reads the next one).
-  auto load_tile = [&](int t, int stage) {
-    const int first = t * Bc + slice0;  // the slice's first key in the split
-    T* sK = ring.k(stage) + (warp * Cfg::kSliceKeys + r0) * D;
-    T* sV = ring.v(stage) + (warp * Cfg::kSliceKeys + r0) * D;
-    int64_t ko = 0, vo = 0;
-    bool ok = true;
-    if (kPaged) {
-      ok = walk.offset(p.k_stride[0], k_row, &ko);
-      walk.offset(p.v_stride[0], v_row, &vo);
-      walk.advance(n_keys - first - Bc > 0);
-    } else {
-      ko = static_cast<int64_t>(t) * Bc * k_row;
-      vo = static_cast<int64_t>(t) * Bc * v_row;
-    }
-#pragma unroll
-    for (int i = 0; i < Cfg::kLoadRows; ++i) {
-      const int r = i * Cfg::kRowStep;  // the lane's row r0 + r of the slice
-      const bool valid = ok && first + r0 + r < n_keys;
-      // the slice starts on a multiple of 16 rows, so the row's swizzle term is (r0 + r) & 7
-      const int at = r * D + lab::decode::swizzle_chunk(r0 + r, col >> 3) * 8;
-      if (copies) {
-        lab::paged::cp_async_16_l2(sK + at, k_base + (valid ? ko + r * k_row : 0), valid);
-        lab::paged::cp_async_16_l2(sV + at, v_base + (valid ? vo + r * v_row : 0), valid);
-      }
-    }
-  };
-
-  int n_tiles = (n_keys + Bc - 1) / Bc;
-  lab::decode::ring_prologue<Cfg::kStages>(n_tiles, load_tile);  // common/decode_util.cuh
-
-  // The page-table check, while the first tiles are in flight (common/paged.cuh), as v03.
-  if (kPaged) {
-    lab::paged::check_page_table<Cfg::kThreads>(p, table_row, len, errors, n_keys, n_tiles);
-    if (split == 0 && h_kv == 0 && rg == 0 && tid == 0) p.page_errors[b] = errors;
-  }
-
-  // Q fragments and each fragment row's causal key limit in the split (common/paged.cuh).
-  uint32_t qf[Cfg::kKSteps][4];
-  int row_keys[2];
-  lab::paged::load_q_frags<T, Cfg::kKSteps>(qf, row_keys, p, b, h_kv, group, row0, rows, len, key_begin, n_keys, gid,
-                                            tig);
-
-  const float qk_scale = p.scale * kLog2e;
-  float acc[Cfg::kDTiles][4] = {};
-  lab::decode::TileRowState st;
-  const lab::decode::WarpKVLanes kvl = lab::decode::warp_kv_lanes(warp, lane);  // as v02: the warp's own rows
-
-  // Main loop
-  for (int t = 0; t < n_tiles; ++t) {
-    lab::decode::warp_ring_step<Cfg::kStages>(t, n_tiles, load_tile);  // common/decode_warp_ring.cuh
-    const int stage = t % Cfg::kStages;
-    const int limit[2] = {row_keys[0] - t * Bc, row_keys[1] - t * Bc};
-    lab::decode::tile_softmax_pv_swizzled<T, Cfg::kKSteps, Cfg::kDTiles>(
-        acc, st, qf, lab::decode::swizzle_lane<T, D>(ring.k(stage), kvl.k_key, kvl.k_col),
-        lab::decode::swizzle_lane<T, D>(ring.v(stage), kvl.v_key, kvl.v_col), limit, warp, tig, qk_scale);
-  }
-
-  // Epilogue: every copy landed (a bad table emptied the loop after the first tiles were issued), then the 4 warps'
-  // (m, l, O) through the freed ring, then O (one split) or the fp32 partials.
-  lab::decode::cp_async_wait<0>();
-  __syncthreads();
-  float *sO, *sM, *sL;
-  lab::decode::stash_warp_state<Cfg::kWarps, Cfg::kRows, D>(smem, acc, st, warp, gid, tig, sO, sM, sL);
-  __syncthreads();
-  lab::decode::merge_warps_store<T, Cfg::kWarps, Cfg::kRows, D, Cfg::kThreads>(sO, sM, sL, p, rows, row0, b, h_kv,
-                                                                                group, split, tid);  // as v02
-}
-
-// Its launch traits for common/decode_paged_launch.cuh (the grid, the combine and the dispatch the family shares).
+// Pass 1 is common/decode_warp_ring_pass1.cuh's kernel with the swizzled ring (kSwizzle true).
 template <typename T, int kHeadDim, int kStages, bool kPaged>
 struct Partial {
-  static constexpr auto kernel = swizzle_partial_kernel<T, kHeadDim, kStages, kPaged>;
-  using Cfg = SwizzleConfig<kHeadDim, kStages>;
+  static constexpr auto kernel = lab::decode::warpring_partial_kernel<T, kHeadDim, kStages, kPaged, true>;
+  using Cfg = lab::decode::WarpRingConfig<kHeadDim, kStages, true>;
   static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
 };
 
@@ -210,12 +61,12 @@ int launch_dim(const DecodeParams* p, const lab::DecodeLaunch& l) {
                : lab::decode::launch_partial<Partial, __nv_bfloat16, D, S, false>(p, l);
 }
 
-constexpr int kKeyBlock = 64;  // SwizzleConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
+constexpr int kKeyBlock = 64;  // WarpRingConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 
 }  // namespace
 
 extern "C" int decode_swizzle_v07(const DecodeParams* p, void* stream_ptr) {
-  static_assert(kKeyBlock == SwizzleConfig<128, 3>::kBlockN && kKeyBlock == SwizzleConfig<64, 4>::kBlockN,
+  static_assert(kKeyBlock == lab::decode::WarpRingConfig<128, 3, true>::kBlockN,
                 "chunk rounding must match the kernel's key block");
   if (p != nullptr && p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
   const int rc = lab::check_decode_params(p);  // common/launch.h

@@ -1,0 +1,41 @@
+"""Two PTX files of one decode source compared kernel by kernel, names normalised (anonymous namespace, the smem
+symbol, branch labels, .loc lines, comments): checks that moving decode v06's pass 1 into
+kernels/common/decode_warp_ring_pass1.cuh (a fifth template argument, kSwizzle false) left its code as it was.
+
+    nvcc -std=c++17 -O3 -I kernels -gencode=arch=compute_90a,code=compute_90a -ptx -o A.ptx kernels/decode/v06_warpring.cu
+    python3 tools/gpu/paged_ptx_same.py BEFORE.ptx AFTER.ptx   # "same N diff 0", exit 0, when only names moved
+"""
+from __future__ import annotations
+
+import re
+import sys
+
+
+def kernels(path: str) -> dict:
+    text = open(path).read()
+    text = re.sub(r"_ZN\d+_GLOBAL__N__[0-9a-f_]+?_cu_[0-9a-f]+", "ANON", text)
+    text = re.sub(r"\.loc\s+.*\n", "", text)
+    text = re.sub(r"//.*\n", "\n", text)
+    out = {}
+    for part in re.split(r"\n(?=(?:\.(?:visible|weak) )?\.entry |\.func )", text)[1:]:
+        name = re.match(r"(?:\.\w+ )?\.entry (\S+?)\(", part).group(1)
+        key = re.sub(r".*warpring_partial_kernel", "K", name)
+        key = key.replace("Lb1ELb0EE", "Lb1EE").replace("Lb0ELb0EE", "Lb0EE")  # kSwizzle false
+        body = re.sub(r"\$L__BB\d+_", "LBB_", part.replace(name, "NAME"))
+        body = re.sub(r"\w*?4smemE", "SMEM", body).replace(".visible .entry", ".entry")
+        out[key] = body.strip()
+    return out
+
+
+def main() -> int:
+    before, after = kernels(sys.argv[1]), kernels(sys.argv[2])
+    same = sum(1 for k, v in before.items() if after.get(k) == v)
+    for k in before:
+        if after.get(k) != before[k]:
+            print("DIFF" if k in after else "MISSING", k)
+    print("same", same, "diff", len(before) - same)
+    return 0 if same == len(before) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
