@@ -38,14 +38,20 @@ __device__ __forceinline__ WarpKVLanes warp_kv_lanes(int warp, int lane) {
           warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), (lane >> 4) * 8};
 }
 
+// A lane's ldmatrix row in the ring, and where its k-step kk (16 elements: two 16-byte chunks) starts. On a padded
+// ring the lane is a pointer and the step an offset; a ring of another layout (common/decode_swizzle.cuh) passes its
+// own lane type with a lane_at of its own, found by argument-dependent lookup.
+template <class T>
+__device__ __forceinline__ const T* lane_at(const T* lane, int kk) { return lane + kk * 16; }
+
 // S = Q K^T for one warp's 16 keys (decode v02, v03): s[nt] covers keys 8 nt .. 8 nt + 7; k_lane is this
 // lane's ldmatrix row of K (k_key row, k_col column).
-template <class T, int kKSteps>
-__device__ __forceinline__ void warp_qk(float (&s)[2][4], const uint32_t (&qf)[kKSteps][4], const T* k_lane) {
+template <class T, int kKSteps, class Lane>
+__device__ __forceinline__ void warp_qk(float (&s)[2][4], const uint32_t (&qf)[kKSteps][4], Lane k_lane) {
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
     uint32_t kb[4];
-    ldmatrix_x4(kb, smem_u32(k_lane + kk * 16));
+    ldmatrix_x4(kb, smem_u32(lane_at(k_lane, kk)));
     mma_16816<T>(s[0], qf[kk], kb[0], kb[1]);
     mma_16816<T>(s[1], qf[kk], kb[2], kb[3]);
   }
@@ -91,9 +97,9 @@ __device__ __forceinline__ void warp_qk_smem(float (&s)[2][4], const T* q_lane, 
 // of the warp moved: alpha is exactly 1 otherwise (exp2f(0)), and the vote keeps the branch warp-uniform.
 // pa: P as the A fragment; v_lane: this lane's ldmatrix.trans row of V (v_ld_key row, v_ld_col column);
 // two n-tiles of 8 dims per ldmatrix.x4.trans.
-template <class T, int kDTiles, bool kLazy = true>
+template <class T, int kDTiles, bool kLazy = true, class Lane>
 __device__ __forceinline__ void rescale_pv(float (&acc)[kDTiles][4], const float (&alpha)[2], const uint32_t (&pa)[4],
-                                           const T* v_lane) {
+                                           Lane v_lane) {
   if (!kLazy || __any_sync(kFullMask, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
     for (int i = 0; i < kDTiles; ++i) {
@@ -106,7 +112,7 @@ __device__ __forceinline__ void rescale_pv(float (&acc)[kDTiles][4], const float
 #pragma unroll
   for (int dp = 0; dp < kDTiles / 2; ++dp) {
     uint32_t vb[4];
-    ldmatrix_x4_trans(vb, smem_u32(v_lane + dp * 16));
+    ldmatrix_x4_trans(vb, smem_u32(lane_at(v_lane, dp)));
     mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
     mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
   }

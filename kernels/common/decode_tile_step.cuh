@@ -24,10 +24,11 @@ struct TileRowState {
 // memory (kQInSmem true, D > 128); k_lane / v_lane: this lane's ldmatrix rows of the stage's K and V
 // (warp_kv_lanes); limit[h]: keys of the tile that fragment row half h may see (its key limit minus the
 // tile's first key; <= 0 sees none).
-template <class T, int kKSteps, int kDTiles, bool kQInSmem, int kQFrags>
+// (k_lane and v_lane: pointers into a padded ring, or common/decode_swizzle.cuh's lanes, where Q is in registers.)
+template <class T, int kKSteps, int kDTiles, bool kQInSmem, int kQFrags, class Lane>
 __device__ __forceinline__ void tile_softmax_pv(float (&acc)[kDTiles][4], TileRowState& st,
-                                                const uint32_t (&qf)[kQFrags][4], const T* q_lane, const T* k_lane,
-                                                const T* v_lane, const int (&limit)[2], int warp, int tig,
+                                                const uint32_t (&qf)[kQFrags][4], const T* q_lane, Lane k_lane,
+                                                Lane v_lane, const int (&limit)[2], int warp, int tig,
                                                 float qk_scale) {
   float s[2][4] = {};
   if constexpr (kQInSmem)

@@ -165,9 +165,9 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages, kSwizzle>::k
     lab::decode::warp_ring_step<Cfg::kStages>(t, n_tiles, load_tile);  // common/decode_warp_ring.cuh
     const int stage = t % Cfg::kStages;
     const int limit[2] = {row_keys[0] - t * Bc, row_keys[1] - t * Bc};
-    if constexpr (kSwizzle)
-      lab::decode::tile_softmax_pv_swizzled<T, Cfg::kKSteps, Cfg::kDTiles>(
-          acc, st, qf, lab::decode::swizzle_lane<T, D>(ring.k(stage), kvl.k_key, kvl.k_col),
+    if constexpr (kSwizzle)  // the same tile step on the swizzled ring's lanes (common/decode_swizzle.cuh)
+      lab::decode::tile_softmax_pv<T, Cfg::kKSteps, Cfg::kDTiles, Cfg::kQInSmem>(
+          acc, st, qf, q_lane, lab::decode::swizzle_lane<T, D>(ring.k(stage), kvl.k_key, kvl.k_col),
           lab::decode::swizzle_lane<T, D>(ring.v(stage), kvl.v_key, kvl.v_col), limit, warp, tig, qk_scale);
     else
       lab::decode::tile_softmax_pv<T, Cfg::kKSteps, Cfg::kDTiles, Cfg::kQInSmem>(
@@ -185,6 +185,18 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages, kSwizzle>::k
   lab::decode::merge_warps_store<T, Cfg::kWarps, Cfg::kRows, D, Cfg::kThreads>(sO, sM, sL, p, rows, row0, b, h_kv,
                                                                                 group, split, tid);  // as v02
 }
+
+// The kernel's launch traits for common/decode_paged_launch.cuh (the grid, the combine and the dispatch the family
+// shares): decode v06 takes WarpRingPartial<false>::Launch, v07 WarpRingPartial<true>::Launch.
+template <bool kSwizzle>
+struct WarpRingPartial {
+  template <typename T, int kHeadDim, int kStages, bool kPaged>
+  struct Launch {
+    static constexpr auto kernel = warpring_partial_kernel<T, kHeadDim, kStages, kPaged, kSwizzle>;
+    using Cfg = WarpRingConfig<kHeadDim, kStages, kSwizzle>;
+    static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
+  };
+};
 
 }  // namespace decode
 }  // namespace lab

@@ -49,14 +49,8 @@
 namespace {
 
 // Pass 1 is common/decode_warp_ring_pass1.cuh's kernel with the padded ring (kSwizzle false).
-
-// Its launch traits for common/decode_paged_launch.cuh (the grid, the combine and the dispatch the family shares).
 template <typename T, int kHeadDim, int kStages, bool kPaged>
-struct Partial {
-  static constexpr auto kernel = lab::decode::warpring_partial_kernel<T, kHeadDim, kStages, kPaged, false>;
-  using Cfg = lab::decode::WarpRingConfig<kHeadDim, kStages, false>;
-  static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
-};
+using Partial = lab::decode::WarpRingPartial<false>::Launch<T, kHeadDim, kStages, kPaged>;
 
 constexpr int kKeyBlock = 64;  // WarpRingConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 

@@ -43,11 +43,7 @@ namespace {
 
 // Pass 1 is common/decode_warp_ring_pass1.cuh's kernel with the swizzled ring (kSwizzle true).
 template <typename T, int kHeadDim, int kStages, bool kPaged>
-struct Partial {
-  static constexpr auto kernel = lab::decode::warpring_partial_kernel<T, kHeadDim, kStages, kPaged, true>;
-  using Cfg = lab::decode::WarpRingConfig<kHeadDim, kStages, true>;
-  static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
-};
+using Partial = lab::decode::WarpRingPartial<true>::Launch<T, kHeadDim, kStages, kPaged>;
 
 // common/decode_paged_launch.cuh's dispatch, at the two head dims this layout takes.
 template <int D>

@@ -1,6 +1,8 @@
 """Two PTX files of one decode source compared kernel by kernel, names normalised (anonymous namespace, the smem
 symbol, branch labels, .loc lines, comments): checks that moving decode v06's pass 1 into
-kernels/common/decode_warp_ring_pass1.cuh (a fifth template argument, kSwizzle false) left its code as it was.
+kernels/common/decode_warp_ring_pass1.cuh (a fifth template argument, kSwizzle false) left its code as it was, and
+that the shared tile step's lane type (common/decode_pv.cuh's lane_at) left v02-v06's as they were; BEFORE may be
+compiled from another checkout.
 
     nvcc -std=c++17 -O3 -I kernels -gencode=arch=compute_90a,code=compute_90a -ptx -o A.ptx kernels/decode/v06_warpring.cu
     python3 tools/gpu/paged_ptx_same.py BEFORE.ptx AFTER.ptx   # "same N diff 0", exit 0, when only names moved
@@ -13,7 +15,7 @@ import sys
 
 def kernels(path: str) -> dict:
     text = open(path).read()
-    text = re.sub(r"_ZN\d+_GLOBAL__N__[0-9a-f_]+?_cu_[0-9a-f]+", "ANON", text)
+    text = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__ANON_", text)  # the hash of the file's path and contents
     text = re.sub(r"\.loc\s+.*\n", "", text)
     text = re.sub(r"//.*\n", "\n", text)
     out = {}
