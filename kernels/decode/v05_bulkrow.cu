@@ -1,6 +1,6 @@
 // Changes: vs decode v03: the loader. Each K or V row of a 64-key tile comes in as one bulk copy (cp.async.bulk,
 // D x 2 bytes, one row per thread: 128 threads, 64 K rows and 64 V rows) completing on the stage's mbarrier by
-// its byte count, where v03's threads issue 16-byte cp.async (16 per thread and tile at D 128). The ring, the
+// its byte count, where v03's threads copy 16 bytes a cp.async (16 per thread and tile at D 128). The ring, the
 // split plan, the tile's softmax and P V (common/decode_tile_step.cuh: v03's loop body), the page-table check
 // and the merge are v03's. sm_90 only (the copy engine's bulk copies); elsewhere the launcher refuses (LAB_E_MODE).
 // Compile check: python -m lab compile (sm_90a; sm_80 builds an empty kernel); GPU: tools/gpu/paged_bulk_call.sh
@@ -19,8 +19,8 @@
 //  * Stage s has an mbarrier (4 arrivals: one lane per warp, with the warp's copy bytes as expected
 //    transactions, after the warp's zero fills). A consumer waits on it with the parity of the stage's round.
 //    The refill of a stage stays behind v03's block barrier at the top of each tile (every warp done with it).
-//  * Every issued tile is waited for before the ring is reused for the merge (a bad table empties the loop
-//    after the first tiles were issued).
+//  * Every started tile is waited for before the ring is reused for the merge (a bad table empties the loop
+//    after the first tiles were started).
 //
 // Prediction (from the profile of v03 and cuDNN on the H100 one-token serving cells: ncu DRAM throughput v03 80-86 %
 // of peak against cuDNN's 85-90 % on the same grid shape, L2 sector hits 48 % against 1-2 %, the 16-byte copies'
@@ -137,8 +137,8 @@ __global__ void __launch_bounds__(BulkRowConfig<kHeadDim, kStages>::kThreads)
     base += b * page_stride + h_kv * row_stride + static_cast<int64_t>(key_begin) * key_stride;  // (b, head, key)
   }
 
-  // Issue tile t into `stage`: a bulk copy of this thread's row, or zeros where the row must not be read.
-  int issued = 0;
+  // Start tile t's copy into `stage`: a bulk copy of this thread's row, or zeros where the row must not be read.
+  int started = 0;
   auto load_tile = [&](int t, int stage) {
     T* dst = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(row_dst0) + stage * Cfg::kStageBytes);
     const int key = t * Bc + r;  // in the split
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(BulkRowConfig<kHeadDim, kStages>::kThreads)
     const uint32_t bar = bars + 8 * stage;
     if (lane == 0) lab::sm90::mbar_arrive_expect_tx(bar, __popc(copying) * Cfg::kRowBytes);
     if (valid) lab::paged::bulk_row_g2s(smem_u32(dst), base + off, Cfg::kRowBytes, bar);
-    ++issued;
+    ++started;
   };
 
   int n_tiles = (n_keys + Bc - 1) / Bc;
@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(BulkRowConfig<kHeadDim, kStages>::kThreads)
         ring.v(stage) + kvl.v_key * Cfg::kStride + kvl.v_col, limit, warp, tig, qk_scale);
   }
 
-  // Epilogue: tiles issued but not consumed (a bad table emptied the loop) land before the ring is reused.
-  for (int t = n_tiles; t < issued; ++t) lab::sm90::mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
+  // Epilogue: tiles started but not consumed (a bad table emptied the loop) land before the ring is reused.
+  for (int t = n_tiles; t < started; ++t) lab::sm90::mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
   __syncthreads();
   float *sO, *sM, *sL;
   lab::decode::stash_warp_state<Cfg::kWarps, Cfg::kRows, D>(smem, acc, st, warp, gid, tig, sO, sM, sL);

@@ -60,15 +60,16 @@ def parse(trace_path, labels, rounds):
         if label not in out:
             continue
         t0, t1 = m["ts"], m["ts"] + m["dur"]
-        flushes = [k for k in kernels if k["ts"] + k["dur"] <= t1 + 1e6 and "FillFunctor" in k["name"]
-                   and k["ts"] < t1]
         # the call's kernels: launched by runtime calls inside the call's host span
         mine = [k for k in kernels if (r := runtime.get(k["args"].get("correlation"))) is not None
                 and t0 <= r["ts"] <= t1 and "FillFunctor" not in k["name"]]
-        if not mine or not flushes:
+        if not mine:
             continue
-        flush_end = max(k["ts"] + k["dur"] for k in flushes if k["ts"] < mine[0]["ts"])
         first = min(mine, key=lambda k: k["ts"])
+        flushes = [k for k in kernels if "FillFunctor" in k["name"] and k["ts"] < first["ts"]]
+        if not flushes:
+            continue
+        flush_end = flushes[-1]["ts"] + flushes[-1]["dur"]  # the flush just before the call (kernels sorted by start)
         launch = runtime[first["args"]["correlation"]]
         o = out[label]
         o["host_lag"].append(launch["ts"] - flush_end)
