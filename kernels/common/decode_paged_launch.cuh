@@ -1,4 +1,4 @@
-// The host side every paged-family pass-1 kernel shares (decode v03, v05): dispatch on head dim (HeadDimPlan's
+// The host side every paged-family pass-1 kernel shares (decode v03, v05, v06, v07): the entry's checks, dispatch on head dim (HeadDimPlan's
 // ring depth), dtype and paged-or-contiguous, one launch on the split x batch x KV-head x row-group grid, then the
 // split-K combine when the call has several splits.
 //
@@ -12,6 +12,7 @@
 
 #include "common/decode_head_dim.cuh"
 #include "common/launch.h"
+#include "common/paged.cuh"
 #include "common/params.h"
 #include "common/splitk_combine.cuh"
 
@@ -28,6 +29,19 @@ int launch_partial(const DecodeParams* p, const DecodeLaunch& l) {
   err = cudaGetLastError();
   if (err != cudaSuccess || p->num_splits == 1) return err;
   return launch_splitk_combine<T, D>(p, l.stream, l.use_pdl);
+}
+
+// What a paged-family entry checks before it launches, in this order: the parameters (common/launch.h), the block
+// table (common/paged.cuh: also on an empty call, so a bad table is never silent), then the launch plan of 16-row
+// groups and key_block-rounded chunks. Returns a LAB_E_* code (< 0), kNothingToCompute (the entry returns 0), or 0
+// with *l planned.
+constexpr int kNothingToCompute = 1;
+inline int paged_entry(const DecodeParams* p, int key_block, void* stream_ptr, DecodeLaunch* l) {
+  const int rc = check_decode_params(p);
+  if (rc < 0) return rc;
+  if (const int bad = paged::check_paged_params(p)) return bad;
+  if (rc > 0) return kNothingToCompute;
+  return decode_launch(p, key_block, 16, stream_ptr, l);
 }
 
 template <template <class, int, int, bool> class Partial>

@@ -384,11 +384,7 @@ constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/decode/splits.py BLO
 extern "C" int decode_paged_v03(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == PagedConfig<128, 3>::kBlockN && kKeyBlock == PagedConfig<64, 4>::kBlockN,
                 "chunk rounding must match the kernel's key block");
-  const int rc = lab::check_decode_params(p);  // common/launch.h
-  if (rc < 0) return rc;
-  if (const int bad = lab::paged::check_paged_params(p)) return bad;  // common/paged.cuh
-  if (rc > 0) return 0;  // nothing to compute
   lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
-  if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;
+  if (const int rc = lab::decode::paged_entry(p, kKeyBlock, stream_ptr, &l)) return rc < 0 ? rc : 0;
   return lab::decode::launch_paged_family<Partial>(p, l);
 }

@@ -232,12 +232,8 @@ constexpr int kKeyBlock = 64;  // BulkRowConfig::kBlockN, lab/decode/splits.py B
 
 extern "C" int decode_bulkrow_v05(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == BulkRowConfig<128, 3>::kBlockN, "chunk rounding must match the kernel's key block");
-  const int rc = lab::check_decode_params(p);  // common/launch.h
-  if (rc < 0) return rc;
-  if (const int bad = lab::paged::check_paged_params(p)) return bad;  // common/paged.cuh
-  if (rc > 0) return 0;  // nothing to compute
   lab::DecodeLaunch l;
-  if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;
+  if (const int rc = lab::decode::paged_entry(p, kKeyBlock, stream_ptr, &l)) return rc < 0 ? rc : 0;
   if (lab::capability(l.device) != 90) return LAB_E_MODE;  // bulk copies and their mbarriers: sm_90
   return lab::decode::launch_paged_family<Partial>(p, l);
 }

@@ -59,11 +59,7 @@ constexpr int kKeyBlock = 64;  // WarpRingConfig::kBlockN, lab/decode/splits.py 
 extern "C" int decode_warpring_v06(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == lab::decode::WarpRingConfig<128, 3, false>::kBlockN,
                 "chunk rounding must match the kernel's key block");
-  const int rc = lab::check_decode_params(p);  // common/launch.h
-  if (rc < 0) return rc;
-  if (const int bad = lab::paged::check_paged_params(p)) return bad;  // common/paged.cuh
-  if (rc > 0) return 0;  // nothing to compute
   lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
-  if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;
+  if (const int rc = lab::decode::paged_entry(p, kKeyBlock, stream_ptr, &l)) return rc < 0 ? rc : 0;
   return lab::decode::launch_paged_family<Partial>(p, l);
 }

@@ -65,11 +65,7 @@ extern "C" int decode_swizzle_v07(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == lab::decode::WarpRingConfig<128, 3, true>::kBlockN,
                 "chunk rounding must match the kernel's key block");
   if (p != nullptr && p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
-  const int rc = lab::check_decode_params(p);  // common/launch.h
-  if (rc < 0) return rc;
-  if (const int bad = lab::paged::check_paged_params(p)) return bad;  // common/paged.cuh
-  if (rc > 0) return 0;  // nothing to compute
   lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
-  if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;
+  if (const int rc = lab::decode::paged_entry(p, kKeyBlock, stream_ptr, &l)) return rc < 0 ? rc : 0;
   return p->head_dim == 64 ? launch_dim<64>(p, l) : launch_dim<128>(p, l);
 }
