@@ -7,6 +7,7 @@
 # sanitizers, on a quiet GPU).
 # Carry .whl.
 #   LAB_COMMIT=<sha> bash tools/gpu/masks_cap_run.sh  -> $OUT/cap.tgz, $OUT/n13.tgz, $OUT/session.log
+#   AB_ONLY=1 stops after the A/B and checks (cap.tgz only).
 set -u
 OUT=${OUT:-/tmp/masks_cap}; C=$OUT/cap; mkdir -p "$C/san"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
@@ -32,6 +33,8 @@ PY
 echo "builds done $(date -u +%T)" >> "$C/build.log"
 LAB_SESSION_DIR=$C/checks OUT=$C timeout ${AB_TIMEOUT:-100} python3 tools/gpu/masks_cap_ab.py > "$C/ab.log" 2>&1
 echo "rc=$?" >> "$C/ab.log"; grep -v '^ok ' "$C/ab.log" | tail -8
+# AB_ONLY=1: the builds' A/B and checks alone (no session, ncu or sanitizers)
+[ "${AB_ONLY:-0}" = 1 ] && { tar czf "$OUT/cap.tgz" -C "$OUT" cap && rm -rf "$C"; exit 0; }
 SESSION_TIMEOUT=${SESSION_TIMEOUT:-240} OUT=$OUT bash tools/gpu/masks_session.sh
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 for cap in 0 30; do
