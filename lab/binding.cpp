@@ -481,7 +481,9 @@ std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tenso
                          ((q.size(2) + LAB_BWD_ROW_PAD - 1) / LAB_BWD_ROW_PAD * LAB_BWD_ROW_PAD);
   // dq_accum and, after it, a word per padded row for the tile counters (kernels/common/params.h); in the
   // deterministic mode too, where bwd v17 adds dQ there in a fixed order (v01's dQ pass leaves it unread)
-  at::Tensor work = at::empty({2 * padded + padded * (q.size(3) + 1)}, q.options().dtype(at::kFloat));
+  // dq_accum's width is the kernel's: a narrow head dim (bwd v20) runs on the next multiple of 64
+  const int64_t width = (q.size(3) + 63) / 64 * 64;
+  at::Tensor work = at::empty({2 * padded + padded * (width + 1)}, q.options().dtype(at::kFloat));
   p.delta = work.data_ptr<float>();
   p.lse_log2 = p.delta + padded;
   p.dq_accum = p.delta + 2 * padded;

@@ -21,8 +21,8 @@ FWD = {
     "v07": Kernel("fwd/v07_overlap.cu", "attn_fwd_v07", (64, 128), ((9, 0),)),
     "v10": Kernel("fwd/v10_wide.cu", "attn_fwd_v10", (192, 256), ((9, 0),)),
 }
-# Decode head dims: v02 / v03 tile D in steps of 16 (kernels/common/decode_head_dim.cuh), v01's scalar tiles and v04's
-# 8-head tiles take 64 and 128 (lab.ops.decode falls back to v02 / v03 for the others).
+# Decode head dims: v02 / v03 tile D in steps of 16 (kernels/common/decode_head_dim.cuh), v01's scalar tiles, v04's
+# 8-head tiles and v07's swizzled ring take 64 and 128 (lab.ops.decode falls back to v02 / v03 for the others).
 DECODE_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 DECODE = {
     "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
@@ -52,6 +52,7 @@ BWD = {
     "v17": Kernel("bwd/v17_ordered.cu", "attn_bwd_v17", (64, 128), ((9, 0),)),
     "v18": Kernel("bwd/v18_signal.cu", "attn_bwd_v18", (64, 128), ((9, 0),)),
     "v19": Kernel("bwd/v19_wide.cu", "attn_bwd_v19", (192, 256), ((9, 0),)),
+    "v20": Kernel("bwd/v20_narrow.cu", "attn_bwd_v20", (64, 128), ((9, 0),)),
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;
@@ -87,11 +88,17 @@ PAGED_HEADS = {"v04": 8}
 # (kernels/decode/README.md, "decode v05"); a call that names it runs it.
 # v06 (v03 with warp-private rings: no block barrier in the main loop) is on none either: v03's GPU time over v06's
 # 0.992-1.011 on the paged serving cells, DRAM throughput unchanged (kernels/decode/README.md, "decode v06").
-# v07 (v06 with an unpadded, swizzled ring) is on none: not yet measured on a GPU
-# (kernels/decode/README.md, "decode v07").
-BEST_PAGED = ("v04", "v03")
+# v07 (v06 with an unpadded, swizzled ring; D 64 / 128) comes before v03: on an H200 its copies move cuDNN's crossbar
+# sectors (v03 / v06 1.5x), pass 1 reads DRAM at 88 % (v03 82.5 %), and the public op takes 2.5-6.2 % less GPU time
+# than v03 on the 15 paged serving cells (outputs/driver_logs/20261127-h200-decode-v07-555d8ce/). v04 keeps the cells
+# where its blocks fill a wave: v07 and v04 have not been timed side by side.
+BEST_PAGED = ("v04", "v07", "v03")
 PAGEROW_FULL_WAVE = 0.8
-SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02"}  # v03's (and v05's, v06's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
+SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02"}  # v03's (and v05-v07's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
+# The contiguous decode where a KV head serves several query rows, in order of preference by head dim: v07 at D 64 /
+# 128 (on the contiguous cache 0.989-1.018x SDPA-cuDNN against v02's 0.942-0.966 on the serving cells, H200, same
+# evidence as BEST_PAGED), v02 at the others.
+BEST_DECODE = ("v07", "v02")
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
 # next of these (lab.fwd.head_dims), and runs them when the caller names no version.
@@ -105,6 +112,10 @@ FWD_HEAD_DIMS = FAST_HEAD_DIMS + WIDE_HEAD_DIMS
 # kernel (v05 / v07 up to 128, v10 above) through tensor maps over the true D (TMA's out-of-bounds fill gives the
 # zero columns; lab.fwd.head_dims).
 NARROW_FWD = ("v05", "v07", "v10")
+# Backward versions that take a narrow head dim below 128 (D_qk = D_v, a multiple of 8, no kernel width) as it is:
+# v20, v14 over tensor maps of the true D. The gradient of a narrow forward runs there, so a call that trains at
+# D 32 / 80 / 96 makes no padded copies (kernels/bwd/v20_narrow.cu); at 64 and 128 v20 is v14.
+NARROW_BWD = ("v20",)
 
 
 # ---------------------------------------------------------------- defaults
@@ -150,10 +161,11 @@ def backward_preference(capability: tuple, deterministic: bool = False) -> tuple
 
 
 def default_decode_version(heads_q: int, heads_kv: int, q_len: int, head_dim: int = 128) -> str:
-    """v02 (tensor cores) when a KV head serves several query rows (GQA or q_len > 1), v01 (scalar, two
-    blocks per SM) for one row per KV head, where it measured up to 10% faster; v02 at the head dims v01 lacks."""
-    rows = heads_q // heads_kv * q_len
-    return "v02" if rows >= 2 or head_dim not in DECODE["v01"].head_dims else "v01"
+    """v01 (scalar, two blocks per SM) for one query row per KV head, where it measured up to 10% faster than v02;
+    otherwise (GQA or q_len > 1, and at the head dims v01 lacks) the first of BEST_DECODE with the head dim."""
+    if heads_q // heads_kv * q_len < 2 and head_dim in DECODE["v01"].head_dims:
+        return "v01"
+    return next((v for v in BEST_DECODE if head_dim in DECODE[v].head_dims), BEST_DECODE[-1])
 
 
 def paged_versions(heads_kv: int, batch: int | None = None, sms: int | None = None) -> tuple:
@@ -168,14 +180,14 @@ def paged_versions(heads_kv: int, batch: int | None = None, sms: int | None = No
 
 
 def _default_paged() -> set:
-    """The paged versions some call gets by default: BEST_PAGED up to the first that takes every H_kv."""
-    upto = next(i for i, v in enumerate(BEST_PAGED) if v not in PAGED_HEADS)
+    """The paged versions some call gets by default: BEST_PAGED up to the first that takes every H_kv and head dim."""
+    upto = next(i for i, v in enumerate(BEST_PAGED) if v not in PAGED_HEADS and DECODE[v].head_dims == DECODE_HEAD_DIMS)
     return set(BEST_PAGED[:upto + 1])
 
 
-def default_paged_version(heads_kv: int, batch: int | None = None, sms: int | None = None) -> str:
+def default_paged_version(heads_kv: int, batch: int | None = None, sms: int | None = None, head_dim: int = 128) -> str:
     """What lab.ops.decode runs for a block table (or a causal call) with H_kv KV heads, a batch, on `sms` SMs."""
-    return paged_versions(heads_kv, batch, sms)[0]
+    return _version(None, DECODE, head_dim, paged_versions(heads_kv, batch, sms))
 
 
 def default_for_row(row: dict) -> str | None:
@@ -185,7 +197,7 @@ def default_for_row(row: dict) -> str | None:
     try:
         if "page_size" in case:
             return default_paged_version(int(case["Hkv"]), int(case.get("B", 0)) or None,
-                                         int(row.get("env", {}).get("sms") or 0) or None)
+                                         int(row.get("env", {}).get("sms") or 0) or None, int(case.get("D", 128)))
         if "q_len" in case:
             return default_decode_version(int(case["Hq"]), int(case["Hkv"]), int(case["q_len"]), int(case.get("D", 128)))
         if "Sq" in case:
@@ -212,7 +224,7 @@ def default_versions(capability: tuple) -> dict[str, set]:
     head_dims = [d for d in head_dims if d not in WIDE_HEAD_DIMS or tuple(capability) in HOPPER_CAPABILITIES]
     fwd = {default_attention_version(d, s, c, tuple(capability)) for d in head_dims for c in (False, True)
            for s in (1, *HOPPER_SMALL_MAX_SQ.values(), *(v + 1 for v in HOPPER_SMALL_MAX_SQ.values()))}
-    decode = {default_decode_version(hq, 1, 1) for hq in (1, 2)} | _default_paged()
+    decode = {default_decode_version(hq, 1, 1, d) for hq in (1, 2) for d in DECODE_HEAD_DIMS} | _default_paged()
     bwd = {_version(None, BWD, d, backward_preference(capability, det)) for d in FWD_HEAD_DIMS for det in (False, True)}
     return {"fwd": fwd, "decode": decode, "bwd": bwd}
 

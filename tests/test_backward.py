@@ -160,6 +160,14 @@ def test_backward_version_selection():
     assert backward.backward_version(64, "v02", capability=hopper) == "v02"  # named: that one
     with pytest.raises(ValueError, match="head dim 32"):
         backward.backward_version(32)
+    # a narrow head dim (the forward ran unpadded) runs v20, on Hopper, outside deterministic mode, named or not
+    assert backward.backward_version(80, capability=hopper) == "v20" == backward.backward_version(32, "v20", hopper)
+    with pytest.raises(NotImplementedError, match="unpadded"):
+        backward.backward_version(96, capability=hopper, deterministic=True)
+    with pytest.raises(ValueError, match="narrow head dims run on"):
+        backward.backward_version(96, "v14", capability=hopper)
+    with pytest.raises(ValueError, match="9.0 only"):
+        backward.backward_version(96, capability=(8, 0))
     with pytest.raises(ValueError, match="unknown"):
         backward.backward_version(64, "v99")
     assert backward.backward_version(256) == "v09"  # no capability named: the mma.sync wide kernel

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lab import paths
+from lab.backward.op import narrow_backward_dim
 from lab.fwd import head_dims
 from lab.fwd import op as fwd_op
 
@@ -30,6 +31,8 @@ def test_the_rule_and_the_width_are_the_launchers(tmp_path):
                    check=True, capture_output=True)
     launcher = [int(w) for w in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
     assert launcher == [head_dims.kernel_head_dim(d, d) if head_dims.narrow_dim(d) else 0 for d in range(300)]
+    # bwd v20's entry takes the narrow dims whose width is at most 128: lab.backward.op's narrow_backward_dim
+    assert [d for d in range(300) if 0 < launcher[d] <= 128] == [d for d in range(300) if narrow_backward_dim(d)]
 
 
 def test_narrow_needs_a_narrow_version_one_head_dim_and_no_gradient():
@@ -43,9 +46,24 @@ def test_narrow_needs_a_narrow_version_one_head_dim_and_no_gradient():
     wide = torch.zeros(1, 2, 5, 200)
     assert head_dims.narrow(wide, wide, wide, "v10")
     wants_grad = q.clone().requires_grad_(True)
-    assert not head_dims.narrow(wants_grad, q, q, "v07")  # the backward kernels take 64 and 128: padded
+    assert head_dims.narrow(wants_grad, q, q, "v07")  # bwd v20 reads and writes D = 80 unpadded
+    wide_grad = wide.clone().requires_grad_(True)
+    assert not head_dims.narrow(wide_grad, wide, wide, "v10")  # no narrow backward above 128: padded
     with torch.no_grad():
-        assert head_dims.narrow(wants_grad, q, q, "v07")
+        assert head_dims.narrow(wide_grad, wide, wide, "v10")
+    with _deterministic():
+        assert not head_dims.narrow(wants_grad, q, q, "v07")  # v20 has no fixed dQ order: the padded call's v18
+        with torch.no_grad():
+            assert head_dims.narrow(wants_grad, q, q, "v07")
+
+
+class _deterministic:
+    def __enter__(self):
+        self.was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+
+    def __exit__(self, *exc):
+        torch.use_deterministic_algorithms(self.was)
 
 
 def _cuda(seqlen: int, head_dim: int):

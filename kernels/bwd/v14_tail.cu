@@ -45,14 +45,10 @@ namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
-// v13's configuration.
-template <int D>
-using Cfg14 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
-
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    return launch<Cfg14<D>, T, bwd_dkdv_stagger<Cfg14<D>, T, AddPartial, TailSteps>>(p, st, dev);
+    return launch<TailCfg<D>, T, bwd_dkdv_stagger<TailCfg<D>, T, AddPartial, TailSteps>>(p, st, dev);
   }
 };
 

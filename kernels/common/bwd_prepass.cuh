@@ -25,8 +25,9 @@ __host__ __device__ constexpr int pre_lanes(int D) {
 
 // pre_lanes(D) threads per row, one 16-byte chunk of O and dO each, reduced with shuffles. kZeroAccum: each lane
 // also zeroes 8 floats of dq_accum (D floats per padded row, whatever order a version keeps them in), so the
-// Hopper launch needs no memset of it (LAB_BWD_ZERO_IN_PRE, common/hopper/attn_bwd_sm90.cuh).
-template <class T, int D, bool kZeroAccum = false>
+// Hopper launch needs no memset of it (LAB_BWD_ZERO_IN_PRE, common/hopper/attn_bwd_sm90.cuh). kNarrow: O and dO
+// end at p.head_dim (a multiple of 8 below D, read unpadded); the lanes past it add 0.
+template <class T, int D, bool kZeroAccum = false, bool kNarrow = false>
 __global__ void __launch_bounds__(128) bwd_pre(const AttnBwdParams p) {
   constexpr int kLanes = pre_lanes(D);
   static_assert(D % 8 == 0 && D / 8 <= 32, "one 16-byte chunk per lane, at most a warp per row");
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(128) bwd_pre(const AttnBwdParams p) {
     }
   }
   float dot = 0.f;
-  if (live && chunk < D / 8) {
+  if (live && chunk < (kNarrow ? p.head_dim : D) / 8) {
     const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);
     const T* o = static_cast<const T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2] + chunk * 8;
     const T* d = static_cast<const T*>(p.dout) + b * p.do_stride[0] + h * p.do_stride[1] + i * p.do_stride[2] +

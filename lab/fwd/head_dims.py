@@ -70,14 +70,17 @@ def narrow_dim(d: int) -> bool:
 
 def narrow(query, key, value, version: str) -> bool:
     """True when `version` runs this call with no padded copies: a NARROW_FWD version, D_qk = D_v a narrow_dim,
-    and no gradient wanted (the backward kernels take 64, 128, 192 and 256 only, so a call that trains pads). Its
-    tensor maps run over the true D and TMA fills the missing columns with zeros: the padding without its copies,
-    bytes per token that chapter n14's padded cells pay at every S."""
+    and, when a gradient is wanted, a D below 128 outside deterministic mode (its backward, NARROW_BWD's bwd v20,
+    reads and writes the true D too; above 128 and in deterministic mode a call that trains pads). Its tensor maps
+    run over the true D and TMA fills the missing columns with zeros: the padding without its copies, bytes per
+    token that chapter n14's padded cells pay at every S."""
     d = query.shape[-1]
     if version not in NARROW_FWD or d != value.shape[-1] or not narrow_dim(d):
         return False
-    return not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                                for t in (query, key, value)))
+    if not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                            for t in (query, key, value))):
+        return True
+    return d < FAST_HEAD_DIMS[-1] and not torch.are_deterministic_algorithms_enabled()
 
 
 def aligned_rows(t: torch.Tensor, line: int = 128) -> torch.Tensor:

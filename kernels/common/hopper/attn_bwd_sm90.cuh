@@ -405,6 +405,7 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[C::D / 2], const f
 #pragma unroll
     for (int i = 0; i < C::D / 8; ++i) {
       const int col = 8 * i + 2 * t;
+      if (narrow_cfg<C>::value && !narrow_stores(8 * i, p.head_dim)) continue;  // the caller's tensors end at head_dim
       *reinterpret_cast<uint32_t*>(dkg + (int64_t)key * p.dk_stride[2] + col) =
           lab::pack2<T>(dk[4 * i + 2 * hh] * p.scale, dk[4 * i + 2 * hh + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(dvg + (int64_t)key * p.dv_stride[2] + col) =
@@ -448,7 +449,7 @@ __device__ __forceinline__ void store_dk_dv_staged(const float (&dk)[C::D / 2], 
 #pragma unroll
   for (int j = 0; j < 64 * kChunks / 128; ++j) {
     const int q = j * 128 + wt, r = q / kChunks, c = q % kChunks, key = kw0 + r;
-    if (key >= p.seqlen_k) continue;
+    if (key >= p.seqlen_k || (narrow_cfg<C>::value && !narrow_stores(8 * c, p.head_dim))) continue;
     const int off = r * kRowBytes + ((c ^ (r % 8)) << 4);
     *reinterpret_cast<uint4*>(dkg + (int64_t)key * p.dk_stride[2] + 8 * c) = *reinterpret_cast<const uint4*>(sk + off);
     *reinterpret_cast<uint4*>(dvg + (int64_t)key * p.dv_stride[2] + 8 * c) = *reinterpret_cast<const uint4*>(sv + off);
@@ -471,6 +472,7 @@ __device__ __forceinline__ void convert_quad(const AttnBwdParams& p, int64_t idx
   const int64_t bh = block / (sq_pad / 64);
   const int b = (int)(bh / p.heads_q), h = (int)(bh % p.heads_q);
   const float4 a = load(idx);
+  if (narrow_cfg<C>::value && !narrow_stores(col & ~7, p.head_dim)) return;  // the zero columns past a narrow head dim
   T* dst = static_cast<T*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[1] + col;
   if (row < p.seqlen_q)
     *reinterpret_cast<uint32_t*>(dst + row * p.dq_stride[2]) = lab::pack2<T>(a.x * p.scale, a.y * p.scale);
@@ -520,7 +522,7 @@ int launch(const P& p, cudaStream_t st, int dev) {
   constexpr bool kZeroInPre = LAB_BWD_ZERO_IN_PRE && !kInKernelConvert;
   cudaError_t err = cudaSuccess;
   if (pre_threads > 0) {
-    lab::bwd::bwd_pre<T, D, kZeroInPre><<<(unsigned)((pre_threads + 127) / 128), 128, 0, st>>>(p);
+    lab::bwd::bwd_pre<T, D, kZeroInPre, narrow_cfg<C>::value><<<(unsigned)((pre_threads + 127) / 128), 128, 0, st>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
@@ -530,10 +532,13 @@ int launch(const P& p, cudaStream_t st, int dev) {
     return err;
   CUtensorMap tq, tk, tv, tdo;
   const int Sq = p.seqlen_q > 0 ? p.seqlen_q : 1;  // S_q = 0: the maps are never read, but must be legal
-  if (!make_bhsd_map(&tq, p.q, bf16, D, Sq, p.heads_q, p.batch, p.q_stride, C::BR) ||
-      !make_bhsd_map(&tdo, p.dout, bf16, D, Sq, p.heads_q, p.batch, p.do_stride, C::BR) ||
-      !make_bhsd_map(&tk, p.k, bf16, D, p.seqlen_k, p.heads_kv, p.batch, p.k_stride, C::BC) ||
-      !make_bhsd_map(&tv, p.v, bf16, D, p.seqlen_k, p.heads_kv, p.batch, p.v_stride, C::BC))
+  // A narrow config's maps run over the true head dim: TMA fills the columns past it with the zeros a padded
+  // copy would hold (common/hopper/attn_fwd_sm90.cuh, Narrow).
+  const int Dm = narrow_cfg<C>::value ? p.head_dim : D;
+  if (!make_bhsd_map(&tq, p.q, bf16, Dm, Sq, p.heads_q, p.batch, p.q_stride, C::BR) ||
+      !make_bhsd_map(&tdo, p.dout, bf16, Dm, Sq, p.heads_q, p.batch, p.do_stride, C::BR) ||
+      !make_bhsd_map(&tk, p.k, bf16, Dm, p.seqlen_k, p.heads_kv, p.batch, p.k_stride, C::BC) ||
+      !make_bhsd_map(&tv, p.v, bf16, Dm, p.seqlen_k, p.heads_kv, p.batch, p.v_stride, C::BC))
     return LAB_E_SHAPE;
   if ((err = lab::allow_smem_once<kKernel>(C::kSmem, dev)) != cudaSuccess) return err;
   const int64_t blocks = (int64_t)((p.seqlen_k + C::BC - 1) / C::BC) * p.heads_kv * p.batch;
@@ -555,17 +560,20 @@ int launch(const P& p, cudaStream_t st, int dev) {
 }
 
 // The extern "C" entry of a Hopper backward: check the call, then Launch<D, T>::run(p, stream, dev). kOrderedDq: the
-// version adds dQ in a fixed order (bwd/v17), so it takes the deterministic mode too.
-template <template <int, class> class Launch, bool kOrderedDq = false>
+// version adds dQ in a fixed order (bwd/v17), so it takes the deterministic mode too. kNarrowToo: the version also
+// takes the narrow head dims below 128 (narrow_head_dim), on Launch of the next width (bwd/v20), which tells them
+// apart by p.head_dim.
+template <template <int, class> class Launch, bool kOrderedDq = false, bool kNarrowToo = false>
 int entry(const AttnBwdParams* p, void* stream) {
-  if (const int rc = lab::check_bwd_params(p)) return rc < 0 ? rc : 0;
+  const bool narrow = kNarrowToo && p != nullptr && narrow_head_dim(p->head_dim) && narrow_width(p->head_dim) <= 128;
+  if (const int rc = narrow ? lab::check_bwd_call(p) : lab::check_bwd_params(p)) return rc < 0 ? rc : 0;
   if (p->seqlen_q > (1 << 30) || p->seqlen_k > (1 << 30)) return LAB_E_SHAPE;  // TMA coordinates are int32
   if (p->deterministic && !kOrderedDq) return LAB_E_MODE;  // reductions land in any order: v01's dQ pass or v17
   int dev = 0;
   if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->dtype == LAB_BF16;
-  if (p->head_dim == 64)
+  if (p->head_dim <= 64)
     return bf16 ? Launch<64, __nv_bfloat16>::run(*p, st, dev) : Launch<64, __half>::run(*p, st, dev);
   return bf16 ? Launch<128, __nv_bfloat16>::run(*p, st, dev) : Launch<128, __half>::run(*p, st, dev);
 }

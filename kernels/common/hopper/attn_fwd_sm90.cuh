@@ -109,6 +109,11 @@ struct Narrow : C {
 // Narrow<Cfg128, 5>.
 template <class C, int kD>
 using NarrowSteps = Narrow<C, (kD + 15) / 16>;
+// Whether a config is a Narrow<C> (false for a config without kNarrow, as the backward's are).
+template <class C, class = void>
+struct narrow_cfg : std::false_type {};
+template <class C>
+struct narrow_cfg<C, std::void_t<decltype(C::kNarrow)>> : std::bool_constant<C::kNarrow> {};
 // The k16 steps of S a config issues: C::D / 16, or a Narrow<C, n>'s n.
 template <class C, class = void>
 struct qk_steps : std::integral_constant<int, C::D / 16> {};
@@ -143,10 +148,11 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 #ifndef LAB_FWD_NARROW_QK_STEPS
 #define LAB_FWD_NARROW_QK_STEPS 3
 #endif
-// Whether a narrow call stores the 8-column block that starts at column c0 of O. LAB_FWD_BUG_NARROW_SHORT (a
-// control for the GPU checks, wrong on purpose): the last block is left unwritten, which the checks must see.
+// Whether a narrow call stores the 8-column block that starts at column c0 of O (of dQ, dK and dV in the backward).
+// LAB_FWD_BUG_NARROW_SHORT, LAB_BWD_BUG_NARROW_SHORT (controls for the GPU checks, wrong on purpose): the last block
+// is left unwritten, which the checks must see.
 __device__ __forceinline__ bool narrow_stores(int c0, int head_dim) {
-#ifdef LAB_FWD_BUG_NARROW_SHORT
+#if defined(LAB_FWD_BUG_NARROW_SHORT) || defined(LAB_BWD_BUG_NARROW_SHORT)
   return c0 + 8 < head_dim;
 #else
   return c0 < head_dim;
