@@ -256,7 +256,7 @@ def test_decode_plan_is_memoised(fake, monkeypatch):
     q, kc = fake(2, 8, 1, 128, dtype=BF16), fake(2, 2, 4096, 128, dtype=BF16)
     for _ in range(5):
         ops.decode(q, kc, kc, num_splits=4)
-    assert len(calls) == 1 and decode_op._decode_plans[(q.shape, kc.shape, q.device, None, 4)] == ("v02", 4)
+    assert len(calls) == 1 and decode_op._decode_plans[(q.shape, kc.shape, q.device, None, 4)] == ("v07", 4)
     ops.decode(fake(2, 8, 1, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16),
                num_splits=4)
     assert len(calls) == 2  # a new cache length is a new plan

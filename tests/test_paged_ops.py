@@ -116,15 +116,19 @@ def test_split_plan_from_the_table_capacity(fake, monkeypatch):
 
 
 def test_contiguous_causal_routing(fake, monkeypatch):
-    """q_len > 1 causal -> v03; q_len 1 causal is the unmasked call (v01/v02); no block table, no flags."""
+    """q_len > 1 causal -> the paged default (v07 at D 128, v03 at D 80); q_len 1 causal is the unmasked call (v01 /
+    v02 / v07); no block table, no flags."""
     calls = []
     real = decode_op._v03_op
     monkeypatch.setattr(decode_op, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
     k = fake(3, 2, 300, 128)
     ops.decode(fake(3, 8, 4, 128), k, k, is_causal=True)
-    assert calls == ["v03"]
+    assert calls == ["v07"]
     ops.decode(fake(3, 8, 1, 128), k, k, is_causal=True)
-    assert calls == ["v03"]  # unchanged: the plain path
+    assert calls == ["v07"]  # unchanged: the plain path
+    k80 = fake(3, 2, 300, 80)
+    ops.decode(fake(3, 8, 4, 80), k80, k80, is_causal=True)
+    assert calls == ["v07", "v03"]  # v07 takes D 64 / 128 only
 
 
 def test_page_error_message_names_sequences_and_reasons():
@@ -176,8 +180,8 @@ def test_expanded_or_transposed_tables_are_copied():
 
 
 def test_paged_routing_by_kv_heads(fake, monkeypatch):
-    """H_kv a multiple of 8 runs v04 where its blocks of 8 heads fill the SMs (no split), else v03; H_kv 2 runs v03;
-    naming v04 for H_kv 2 is a ValueError that says why."""
+    """H_kv a multiple of 8 runs v04 where its blocks of 8 heads fill the SMs (no split), else v07 (D 64 / 128); H_kv 2
+    runs v07; naming v04 for H_kv 2 is a ValueError that says why."""
     from lab import registry
 
     calls = []
@@ -186,13 +190,13 @@ def test_paged_routing_by_kv_heads(fake, monkeypatch):
     decode_op._decode_plans.clear()
     monkeypatch.setattr(decode_op, "sm_count", lambda device: 132)
     q, kc, vc, table = _paged(fake, B=3, Hq=32, Hkv=8)
-    ops.decode(q, kc, vc, block_table=table)  # 3 blocks of 8 heads: v04 would need splits, v03 runs
+    ops.decode(q, kc, vc, block_table=table)  # 3 blocks of 8 heads: v04 would need splits, v07 runs
     q, kc, vc, table = _paged(fake, B=120, Hq=32, Hkv=16)
     ops.decode(q, kc, vc, block_table=table)  # 240 blocks of 8 heads: one wave with no split, v04 runs
     q2, kc2, vc2, table2 = _paged(fake)
     ops.decode(q2, kc2, vc2, block_table=table2)
     ops.decode(q2, kc2, vc2, block_table=table2, version="v05")  # on no default list, but a call may name it
-    assert calls == ["v03", "v04", "v03", "v05"] and "v05" not in registry.paged_versions(2)
+    assert calls == ["v07", "v04", "v07", "v05"] and "v05" not in registry.paged_versions(2)
     with pytest.raises(ValueError, match=r"'v04' needs H_kv to be a multiple of 8, got 2"):
         ops.decode(q2, kc2, vc2, block_table=table2, version="v04")
     decode_op._decode_plans.clear()

@@ -121,12 +121,14 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     so the call can be captured in a CUDA graph and replayed with new lengths): the kernels clamp each one
     to [0, S_cache], so a negative length gives zeros and one past the cache sees the whole cache.
     H_q must be a multiple of H_kv (GQA/MQA is implied, as in serving). D is one of lab.registry.DECODE_HEAD_DIMS
-    (64, 80, 96, 128, 192, 256; decode v01 and v04 take 64 and 128, v02 and v03 all of them); any other raises
-    ValueError.
+    (64, 80, 96, 128, 192, 256; decode v01, v04 and v07 take 64 and 128, v02 and v03 all of them); any other raises
+    ValueError. The default kernel: lab.registry.default_decode_version (v07 at D 64 / 128 where a KV head serves
+    several query rows), and for a block table or a causal call the first of lab.registry.paged_versions that
+    takes D (v04 where its blocks of 8 heads fill a wave, else v07 at D 64 / 128, else v03).
     num_splits: None uses the memoised split plan (lab.decode.splits.split_plan) for this GPU; an int in
     [1, MAX_NUM_SPLITS] overrides it.
 
-    Paged cache (decode v03): with block_table (B, max_pages) int32, key_cache and value_cache are
+    Paged cache (decode v03-v07): with block_table (B, max_pages) int32, key_cache and value_cache are
     (num_pages, page_size, H_kv, D), the layout of vLLM and flash_attn_with_kvcache, page_size a multiple of
     16; key j of sequence b is row j % page_size of page block_table[b, j // page_size]. Lengths are clamped
     to [0, max_pages * page_size] (None: every sequence that long). The split plan is chosen from shapes
@@ -139,7 +141,7 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     or torch.compile they are not read.
     is_causal (q_len > 1, contiguous or paged): bottom-right, as FlashAttention's decode: token i of q_len
     sees keys [0, len - q_len + i], so the last token sees the whole cache (lab.ops.attention's is_causal is
-    SDPA's top-left); a token with no key left gets zeros. Causal calls run decode v03.
+    SDPA's top-left); a token with no key left gets zeros. Causal calls run the paged versions' kernels.
     """
     if block_table is None and page_errors is None and is_causal is False and type(query) is _Tensor:
         out = fast.contiguous(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version)
