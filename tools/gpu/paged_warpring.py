@@ -7,7 +7,8 @@ wrong build, small calls for compute-sanitizer, and its race against v03 beside 
                                                        # against float64 (lab.check's rule); the wrong build must fail
     python tools/gpu/paged_warpring.py sanitize        # small calls, inputs made on the CPU, each output checked
     python tools/gpu/paged_warpring.py ab OUT.jsonl    # the public op, version named: GPU time (eager, interleaved
-                                                       # rounds) and CUDA-graph replays, beside SDPA-cuDNN, one JSON line a row
+                                                       # rounds) and CUDA-graph replays, beside SDPA-cuDNN, one JSON line a row;
+                                                       # AB_VERSIONS="v07 v04": the versions beside v03 (default v06, LAB_PAGED_NEW)
 
 Exits 1 on a FAIL.
 """
@@ -97,7 +98,8 @@ def run_sanitize() -> int:
     return 1 if failed else 0
 
 
-NAMED = (("v03", "v03"), ("v06", "v06")) + (((NEW, NEW),) if NEW != "v06" else ())
+# The versions raced beside v03, each named in its rows: AB_VERSIONS (default v06 and NEW).
+NAMED = (("v03", "v03"),) + tuple((v, v) for v in dict.fromkeys(os.environ.get("AB_VERSIONS", f"v06 {NEW}").split()))
 
 
 def run_ab(out_path: str) -> int:
