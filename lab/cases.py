@@ -124,8 +124,8 @@ def bench_bwd_cases(dtype: str = "bfloat16", head_dims=(64, 128), seqlens=(512, 
 
 
 def head_dim_cases(dtype: str = "bfloat16", head_dims=(32, 80, 96), seqlens=(512, 2048, 8192)) -> list[Case]:
-    """Head dims without a kernel of their own (run zero-padded to the next one): B*S = 16k tokens,
-    H = 2048 // D, causal and not."""
+    """Head dims without a kernel of their own (on Hopper read unpadded by the next width's kernels, forward and
+    backward; zero-padded to it elsewhere): B*S = 16k tokens, H = 2048 // D, causal and not."""
     return _token_grid("hd", 16384, dtype, head_dims, seqlens)
 
 

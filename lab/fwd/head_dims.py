@@ -9,9 +9,9 @@ The padding is plain torch (F.pad, a slice), so autograd carries the gradients b
 and torch.compile traces it. The cost is the wider kernel's (D = 80 and 96 run the D = 128 kernel: 1.6x and
 1.33x its FLOPs) plus the copies, bytes per token that do not shrink with S; chapter n14 races the padded
 cells (lab.cases.head_dim_cases, and D = 200 among the wide ones) against SDPA. On compute capability 9.0 a call
-with D_qk = D_v a multiple of 8 below 256 and no gradient wanted skips the copies (`narrow`): fwd v05 / v07 (up
-to 128) and v10 (above) read the tensors through maps over the true D, whose out-of-bounds fill gives the same
-zero columns.
+with D_qk = D_v a multiple of 8 below 256 skips the copies (`narrow`): fwd v05 / v07 (up to 128) and v10 (above)
+read the tensors through maps over the true D, whose out-of-bounds fill gives the same zero columns, and below
+128 its gradients run the same way on bwd v20 (outside deterministic mode); a call that trains above 128 pads.
 """
 from __future__ import annotations
 
