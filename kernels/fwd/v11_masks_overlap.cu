@@ -68,7 +68,11 @@
 //   dQ tolerance, where fourteen earlier records of that row read 0.26-0.92. Whether the cubic's ~7e-5 relative error
 //   in P (through the O and LSE the backward takes) or the draw put it over is not settled, so CAP_POLY stays 0 (then
 //   the PTX is byte for byte the measured default's). CAP_TANH_HALF did not build there (the pair tanh is
-//   lab::tanh_pair) and is neither timed nor checked.
+//   lab::tanh_pair); since fixed, it was timed and checked on an H200 (555d8ce,
+//   outputs/driver_logs/20261127-h200-masks-cap-tanh-half-555d8ce/): alone -7.2 / -7.8 % at D 128 S 4k / 16k, +1.0 % at
+//   D 64; with CAP_POLY 2 only -2.4 / -2.8 % (+7.6 % at D 64), short of the -10-15 % predicted; and every pair-tanh
+//   build fails 14 check rows (bf16, softcap 30 and 50) on the LSE (errors 0.010-0.028, the fp16 tanh's rounding at
+//   the cap), so it stays off. The softcap's overhead over the plain call on the H200: +31 / +38 % (S 4k / 16k).
 // The prologue (the sequence's rows from cu_seqlens, the window's tiles) is v09's written out: as shared device functions
 // (masked_seq, window_tiles) it changed both kernels' integer code (tools/sass/sass_guard.sh), which no GPU run has
 // covered, so it stays as is until a run checks the shared form.
