@@ -31,6 +31,17 @@ namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
+// LAB_BWD_NARROW_QK_STEPS (1; 0: off): D = 32, 80 and 96, the model head dims among the narrow ones, run Sᵀ = K Qᵀ
+// and dPᵀ = V dOᵀ over the k16 steps that hold their columns (NarrowSteps: 2 of 4, 5 and 6 of 8), the rest being
+// products of TMA's zero columns, so the gradients stay bit for bit the padded call's. A step count per instantiation,
+// as the forward's (a bound read at run time makes ptxas serialize the wgmmas). Prediction: those two of the step's
+// five GEMMs lose 3/8 (D 80), 1/4 (96), 1/2 (32) of their work, 15 / 10 / 20 % of the tensor work; the loop is not
+// tensor-bound alone (the exp2 and the dQ reductions), so +5-10 % at D = 80, +3-6 % at 96, +6-12 % at 32 where
+// S >= 2048, less at 512. Measured with tools/gpu/narrow_bwd.sh (lab.backward.narrow_gpu.steps_ab).
+#ifndef LAB_BWD_NARROW_QK_STEPS
+#define LAB_BWD_NARROW_QK_STEPS 1
+#endif
+
 // Width W's kernel: v14's at D = W, Narrow below it (entry sends D < 64 to W = 64, 64 < D < 128 to W = 128).
 template <int W, class T>
 struct Launch {
@@ -39,7 +50,14 @@ struct Launch {
     return launch<C, T, bwd_dkdv_stagger<C, T, AddPartial, TailSteps>>(p, st, dev);
   }
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    return p.head_dim == W ? go<TailCfg<W>>(p, st, dev) : go<Narrow<TailCfg<W>>>(p, st, dev);
+    if (p.head_dim == W) return go<TailCfg<W>>(p, st, dev);
+    if constexpr (LAB_BWD_NARROW_QK_STEPS != 0 && W == 128) {
+      if (p.head_dim == 80) return go<NarrowSteps<TailCfg<W>, 80>>(p, st, dev);
+      if (p.head_dim == 96) return go<NarrowSteps<TailCfg<W>, 96>>(p, st, dev);
+    }
+    if constexpr (LAB_BWD_NARROW_QK_STEPS != 0 && W == 64)
+      if (p.head_dim == 32) return go<NarrowSteps<TailCfg<W>, 32>>(p, st, dev);
+    return go<Narrow<TailCfg<W>>>(p, st, dev);
   }
 };
 

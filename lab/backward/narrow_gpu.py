@@ -132,3 +132,41 @@ def narrow_bwd_race(quick: bool = False, dims=(32, 80, 96), modes=("bwd", "fwd+b
             print(mode, impl, tables.race([r for r in rows if r["kind"] == mode], impl=impl,
                                           backends=("flash", "cudnn", "efficient")), flush=True)
     return rows
+
+
+STEPS_OFF = {"LAB_BWD_NARROW_QK_STEPS": "0"}  # bwd/v20_narrow.cu: Sᵀ and dPᵀ over every k16 step of the width
+
+
+def steps_ab(dims=(32, 80, 96), seqlens=(512, 2048, 8192)) -> list[dict]:
+    """bwd v20 kernel-level (the pre-pass, the kernel and the convert pass on the forward's out and LSE) with its
+    k16 steps cut to the head dim (the default) against the build that runs every step of the width, GPU time in
+    rounds over lab.cases.head_dim_cases at `dims` and `seqlens`; each pair's gradients must agree bit for bit.
+    Rows recorded with kind 'bwd_steps_ab'; returns them."""
+    from ..op_common import _scale
+    from .op import _bwd_impl
+
+    rows = []
+    grid = [c for c in cases.head_dim_cases(head_dims=dims, seqlens=seqlens)]
+    for i, case in enumerate(grid):
+        q, k, v = sweep._inputs_fwd(case, seed=i)
+        dout = sweep._inputs_fwd(case, seed=10_000 + i)[0]
+        gqa = case.Hq != case.Hkv
+        with torch.no_grad():
+            out, lse = ops.attention(q, k, v, is_causal=case.causal, enable_gqa=gqa, return_lse=True)
+        scale = _scale(None, case.D)
+
+        def call(defines):
+            return lambda: _bwd_impl(dout, q, k, v, out, lse, None, case.causal, scale, False, "v20", defines)
+        same = all(torch.equal(a, b) for a, b in zip(call(None)(), call(STEPS_OFF)()))
+        times = bench.time_interleaved({"steps": (call(None), None), "all steps": (call(STEPS_OFF), None)},
+                                       timer=bench.GpuTimeTimer(), budget_s=0.5, max_reps=40, min_reps=5)
+        t, full = times["steps"], times["all steps"]
+        row = {"kind": "bwd_steps_ab", "case": case.as_dict(), "timer": "gpu_time", "same_bits": same,
+               "median_ms": {n: x.median_ms for n, x in times.items() if isinstance(x, bench.Timing)}}
+        if isinstance(t, bench.Timing) and isinstance(full, bench.Timing):
+            row["speedup"] = full.median_ms / t.median_ms
+        rows.append(record.append(row))
+        print(case.name, row["median_ms"], f"x {row.get('speedup', float('nan')):.3f}", "same bits" if same
+              else "BITS DIFFER", flush=True)
+        del q, k, v, dout, out, lse
+    return rows

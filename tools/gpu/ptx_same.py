@@ -1,6 +1,6 @@
-"""Two PTX files of one source compared as multisets of kernel bodies, every kernel's own name normalised away (and
-the anonymous namespace's hash, the smem symbol, branch labels, .loc lines, comments): checks that a change to a
-shared header (a template argument added, code a narrow config compiles in) left the kernels a source already had
+"""Two PTX files of one source compared as multisets of kernel bodies, every kernel's own name normalised away
+(and the anonymous namespace's and internal names' hashes, the smem symbol, branch labels, .loc lines, comments):
+checks that a change to a shared header (a template argument added, code a narrow config compiles in) left the kernels a source already had
 as they were, whatever their mangled names became. BEFORE may be compiled from another checkout.
 
     nvcc -std=c++17 -O3 -I kernels -arch=compute_90a -ptx -o A.ptx kernels/bwd/v14_tail.cu
@@ -16,6 +16,7 @@ import sys
 def bodies(path: str) -> collections.Counter:
     text = open(path).read()
     text = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__ANON_", text)  # the hash of the file's path and contents
+    text = re.sub(r"_INTERNAL_[0-9a-f]+_", "_INTERNAL_HASH_", text)  # static locals' internal names carry it too
     text = re.sub(r"\.loc\s+.*\n", "", text)
     text = re.sub(r"//.*\n", "\n", text)
     out = collections.Counter()

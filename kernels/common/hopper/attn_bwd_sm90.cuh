@@ -183,11 +183,12 @@ __device__ __forceinline__ void produce(const CUtensorMap* tq, const CUtensorMap
   produce_steps<C>(tq, tdo, bars, base, work, p, 0);
 }
 
-// S^T = K_w Q_i^T (SS, m64nB_r, k = D): one commit group.
+// S^T = K_w Q_i^T (SS, m64nB_r, k = D): one commit group. A Narrow<C, n> issues its first n k16 steps only (qk_steps,
+// common/hopper/attn_fwd_sm90.cuh): the rest would multiply TMA's zero columns.
 template <class C, bool kBf16>
 __device__ __forceinline__ void issue_s(float (&sacc)[C::BR / 2], uint32_t k_w, uint32_t q_s) {
 #pragma unroll
-  for (int kk = 0; kk < C::D / 16; ++kk)
+  for (int kk = 0; kk < qk_steps<C>::value; ++kk)
     WgmmaOp<C::BR>::template ss<kBf16, 0>(sacc, desc_kmajor(k_w, C::BC, kk), desc_kmajor(q_s, C::BR, kk), kk > 0);
   wgmma_commit();
 }
@@ -253,11 +254,11 @@ __device__ __forceinline__ void issue_s_dp_rs(float (&sacc)[C::BR / 2], float (&
                                               const uint32_t (&kf)[C::D / 16][4], const uint32_t (&vf)[C::D / 16][4],
                                               uint32_t q_s, uint32_t do_s) {
 #pragma unroll
-  for (int kk = 0; kk < C::D / 16; ++kk)
+  for (int kk = 0; kk < qk_steps<C>::value; ++kk)
     WgmmaOp<C::BR>::template rs<kBf16, 0>(sacc, kf[kk], desc_kmajor(q_s, C::BR, kk), kk > 0);
   wgmma_commit();
 #pragma unroll
-  for (int kk = 0; kk < C::D / 16; ++kk)
+  for (int kk = 0; kk < qk_steps<C>::value; ++kk)
     WgmmaOp<C::BR>::template rs<kBf16, 0>(dpacc, vf[kk], desc_kmajor(do_s, C::BR, kk), kk > 0);
   wgmma_commit();
 }
