@@ -91,7 +91,8 @@ PAGED_HEADS = {"v04": 8}
 # v07 (v06 with an unpadded, swizzled ring; D 64 / 128) comes before v03: on an H200 its copies move cuDNN's crossbar
 # sectors (v03 / v06 1.5x), pass 1 reads DRAM at 88 % (v03 82.5 %), and the public op takes 2.5-6.2 % less GPU time
 # than v03 on the 15 paged serving cells (outputs/driver_logs/20261127-h200-decode-v07-555d8ce/). v04 keeps the cells
-# where its blocks fill a wave: v07 and v04 have not been timed side by side.
+# where its blocks fill a wave, though there (128 x 2048, H100) v07 took 1.1-2.2 % less GPU time than v04 and 1.3 %
+# more in one graph replay (outputs/driver_logs/20261127-h100-decode-v07-sessions-6299973/).
 BEST_PAGED = ("v04", "v07", "v03")
 PAGEROW_FULL_WAVE = 0.8
 SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02"}  # v03's (and v05-v07's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
