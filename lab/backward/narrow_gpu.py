@@ -31,7 +31,9 @@ def _padded_call(q, k, v, is_causal, scale=None, return_lse=False):
 
 def same_as_padded(shape, D: int, dtype: str, causal: bool, scale=None, through_lse: bool = False) -> bool:
     """The narrow call's output and gradients (with through_lse, a gradient through the returned LSE as well) equal
-    the padded call's bit for bit: the same kernels' arithmetic with the zero columns fetched by TMA, not copied."""
+    the padded call's bit for bit: the same kernels' arithmetic with the zero columns fetched by TMA, not copied.
+    Holds for dQ only where each of its elements sums at most two key blocks' atomics (S_k <= 256: a + b = b + a);
+    beyond, their order varies from run to run, as v14's does."""
     B, Hq, Hkv, Sq, Sk = shape
     gen = torch.Generator(device="cuda").manual_seed(D * 7 + Sq)
     dt = getattr(torch, dtype)
@@ -140,7 +142,8 @@ STEPS_OFF = {"LAB_BWD_NARROW_QK_STEPS": "0"}  # bwd/v20_narrow.cu: Sáµ€ and dPáµ
 def steps_ab(dims=(32, 80, 96), seqlens=(512, 2048, 8192)) -> list[dict]:
     """bwd v20 kernel-level (the pre-pass, the kernel and the convert pass on the forward's out and LSE) with its
     k16 steps cut to the head dim (the default) against the build that runs every step of the width, GPU time in
-    rounds over lab.cases.head_dim_cases at `dims` and `seqlens`; each pair's gradients must agree bit for bit.
+    rounds over lab.cases.head_dim_cases at `dims` and `seqlens`; dK and dV must agree bit for bit, dQ (atomics) as
+    closely as two runs of one build do.
     Rows recorded with kind 'bwd_steps_ab'; returns them."""
     from ..op_common import _scale
     from .op import _bwd_impl
@@ -157,16 +160,22 @@ def steps_ab(dims=(32, 80, 96), seqlens=(512, 2048, 8192)) -> list[dict]:
 
         def call(defines):
             return lambda: _bwd_impl(dout, q, k, v, out, lse, None, case.causal, scale, False, "v20", defines)
-        same = all(torch.equal(a, b) for a, b in zip(call(None)(), call(STEPS_OFF)()))
+        # dK and dV come from one CTA's registers: the same bits or not. dQ is added by atomics in whatever order the
+        # key blocks finish, so it is set beside the default build's own second run.
+        first, full, again = call(None)(), call(STEPS_OFF)(), call(None)()
+        same = torch.equal(first[1], full[1]) and torch.equal(first[2], full[2])
+        dq_diff = {"vs_all_steps": float((first[0].float() - full[0].float()).abs().max()),
+                   "rerun": float((first[0].float() - again[0].float()).abs().max())}
         times = bench.time_interleaved({"steps": (call(None), None), "all steps": (call(STEPS_OFF), None)},
                                        timer=bench.GpuTimeTimer(), budget_s=0.5, max_reps=40, min_reps=5)
         t, full = times["steps"], times["all steps"]
-        row = {"kind": "bwd_steps_ab", "case": case.as_dict(), "timer": "gpu_time", "same_bits": same,
+        row = {"kind": "bwd_steps_ab", "case": case.as_dict(), "timer": "gpu_time", "dk_dv_same_bits": same,
+               "dq_max_abs_diff": dq_diff,
                "median_ms": {n: x.median_ms for n, x in times.items() if isinstance(x, bench.Timing)}}
         if isinstance(t, bench.Timing) and isinstance(full, bench.Timing):
             row["speedup"] = full.median_ms / t.median_ms
         rows.append(record.append(row))
-        print(case.name, row["median_ms"], f"x {row.get('speedup', float('nan')):.3f}", "same bits" if same
-              else "BITS DIFFER", flush=True)
+        print(case.name, row["median_ms"], f"x {row.get('speedup', float('nan')):.3f}",
+              "dK, dV same bits" if same else "dK, dV BITS DIFFER", "dQ max diff", dq_diff, flush=True)
         del q, k, v, dout, out, lse
     return rows
