@@ -89,3 +89,26 @@ def test_a_narrow_call_is_the_padded_call_bit_for_bit(D, Sq, Sk, causal):
             out, lse = ops.attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
         want, want_lse = padded_attention()(q, k, v, causal)()
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("D,dtype,shape,causal,through_lse", [
+    (32, "bfloat16", (2, 4, 2, 65, 130), True, False), (80, "float16", (1, 6, 2, 1025, 63), False, False),
+    (96, "bfloat16", (2, 4, 2, 130, 130), True, True), (56, "float16", (2, 4, 2, 65, 130), False, True)])
+def test_a_narrow_gradient_is_the_padded_call_bit_for_bit(D, dtype, shape, causal, through_lse):
+    """bwd v20 (lab.registry.NARROW_BWD): the gradients of a narrow call, read and written unpadded, equal the padded
+    call's (S_k <= 256 here: dQ's atomics sum at most two key blocks, so their order cannot show)."""
+    if not _hopper():
+        pytest.skip("the narrow backward runs on compute capability 9.0 only")
+    from lab.backward.narrow_gpu import same_as_padded
+
+    assert same_as_padded(shape, D, dtype, causal, scale=-0.3 if through_lse else None, through_lse=through_lse)
+
+
+def test_narrow_gradients_pass_the_checks_and_the_short_build_fails():
+    """lab.backward.narrow_gpu's quick grid (float64 yardstick, padded path refused, the short-store build must fail,
+    deterministic mode pads)."""
+    if not _hopper():
+        pytest.skip("the narrow backward runs on compute capability 9.0 only")
+    from lab.backward.narrow_gpu import narrow_bwd_checks
+
+    assert narrow_bwd_checks(quick=True) == 0
