@@ -198,16 +198,16 @@ class PagedCase(DecodeCase):
 PAGE_SIZES = (16, 64, 256)
 
 
-def paged_tests_cases() -> list[PagedCase]:
+def paged_tests_cases(head_dims=(128, 64)) -> list[PagedCase]:
     """The paged decode's checks: page sizes 16/64/256, GQA 1/4/8 (H_kv 8 and 2: decode v04 and v03), q_len
-    1/3/8, causal and not, ragged lengths including 0 and 1 (and fewer keys than new tokens), fp16 and bf16, D 64
-    and 128."""
+    1/3/8, causal and not, ragged lengths including 0 and 1 (and fewer keys than new tokens), fp16 and bf16, D 128
+    and 64 (bf16 at head_dims[0], fp16 at head_dims[-1]: a version of other head dims gets the same grid)."""
     lens = (0, 1, 5, 63, 65, 1025, 4097)
     cases = []
     for i, (page, (Hq, Hkv), q_len, causal) in enumerate(
             (p, g, t, c) for p in PAGE_SIZES for g in ((8, 8), (8, 2), (16, 2), (32, 8)) for t in (1, 3, 8)
             for c in (False, True)):
-        dtype, D = ("bfloat16", 128) if i % 2 == 0 else ("float16", 64)
+        dtype, D = ("bfloat16", head_dims[0]) if i % 2 == 0 else ("float16", head_dims[-1])
         name = f"pt-p{page}-{Hq}x{Hkv}-q{q_len}{'-c' if causal else ''}-d{D}-{dtype[:2]}"
         cases.append(PagedCase(name, len(lens), Hq, Hkv, q_len, max(lens), D, dtype, lens, page, causal))
     return cases

@@ -22,7 +22,8 @@ FWD = {
     "v10": Kernel("fwd/v10_wide.cu", "attn_fwd_v10", (192, 256), ((9, 0),)),
 }
 # Decode head dims: v02 / v03 tile D in steps of 16 (kernels/common/decode_head_dim.cuh), v01's scalar tiles, v04's
-# 8-head tiles and v07's swizzled ring take 64 and 128 (lab.ops.decode falls back to v02 / v03 for the others).
+# 8-head tiles and v07's swizzled ring take 64 and 128 (lab.ops.decode falls back to v02 / v03 for the others); v08 is
+# v07's ring at 80 and 96.
 DECODE_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 DECODE = {
     "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
@@ -32,6 +33,7 @@ DECODE = {
     "v05": Kernel("decode/v05_bulkrow.cu", "decode_bulkrow_v05", DECODE_HEAD_DIMS, ((9, 0),)),
     "v06": Kernel("decode/v06_warpring.cu", "decode_warpring_v06", DECODE_HEAD_DIMS),
     "v07": Kernel("decode/v07_swizzle.cu", "decode_swizzle_v07", (64, 128)),
+    "v08": Kernel("decode/v08_swizzle_narrow.cu", "decode_swizzle_narrow_v08", (80, 96)),
 }
 BWD = {
     "v01": Kernel("bwd/v01_mma.cu", "attn_bwd_v01", (64, 128)),
@@ -77,7 +79,7 @@ DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mo
 # order, signalled by two producer warps: 0.64-0.99x SDPA-cuDNN's backward in GPU time on an H100, 1.7-2.8x v01's
 # deterministic mode; kernels/bwd/README.md), then v17 (the same order signalled by the consumers: 0.46-0.72x).
 DETERMINISTIC_BWD_HOPPER = ("v18", "v17")
-PAGED_DECODE = ("v03", "v04", "v05", "v06", "v07")  # decode versions with a block table (paged cache) and the bottom-right causal mask
+PAGED_DECODE = ("v03", "v04", "v05", "v06", "v07", "v08")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
 PAGED_HEADS = {"v04": 8}
 # The paged versions in lab.ops.decode's order of preference, where H_kv allows (PAGED_HEADS) and, for v04, where
@@ -95,7 +97,7 @@ PAGED_HEADS = {"v04": 8}
 # more in one graph replay (outputs/driver_logs/20261127-h100-decode-v07-sessions-6299973/).
 BEST_PAGED = ("v04", "v07", "v03")
 PAGEROW_FULL_WAVE = 0.8
-SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02"}  # v03's (and v05-v07's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
+SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02", "v08": "v02"}  # v03's (and v05-v08's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
 # The contiguous decode where a KV head serves several query rows, in order of preference by head dim: v07 at D 64 /
 # 128 (on the contiguous cache 0.989-1.018x SDPA-cuDNN against v02's 0.942-0.966 on the serving cells, H200, same
 # evidence as BEST_PAGED), v02 at the others.

@@ -176,7 +176,7 @@ def test_decode_version_split_counts(version, num_splits):
 @pytest.mark.parametrize("version", DECODE_VERSIONS)
 @pytest.mark.parametrize("scale", SCALES, ids=lambda s: f"scale{s}")
 def test_decode_version_any_scale(version, scale):
-    _require(ops.DECODE, version, heads_kv=2)
+    _require(ops.DECODE, version, 128, heads_kv=2)  # and D 64: every version with 128 has it
     for case in (DecodeCase("dec-scale-gqa", 3, 8, 2, 4, 300, 128, "bfloat16", (1, 130, 300)),
                  DecodeCase("dec-scale-mha", 2, 4, 4, 1, 200, 64, "float16", (63, 200))):
         for num_splits in (1, 3):
@@ -280,7 +280,7 @@ def _bf(*shape):
 @pytest.mark.parametrize("version", DECODE_VERSIONS)
 @pytest.mark.parametrize("what", sorted(binding_cases.decode_bad("cpu")))
 def test_binding_rejects_bad_decode_input(version, what):
-    _require(ops.DECODE, version)
+    _require(ops.DECODE, version, 128)
     change, pattern = binding_cases.decode_bad("cuda")[what]
     args = binding_cases.dec_args("cuda")
     args.update(change(args))
@@ -299,7 +299,7 @@ def test_torch_ops_decode_direct_call_checks():
 @pytest.mark.parametrize("version", DECODE_VERSIONS)
 def test_decode_binding_normalises_and_writes_lse(version):
     """Expanded caches (stride 0) are copied, a size-1 q_len dim with an odd stride is fine, lse is written."""
-    _require(ops.DECODE, version, heads_kv=2)
+    _require(ops.DECODE, version, 128, heads_kv=2)
     a = _dec_args(B=3, splits=2)
     k1, v1 = a["k"][:1], a["v"][:1]
     a["k"], a["v"] = k1.expand(3, 2, 300, 128), v1.expand(3, 2, 300, 128)

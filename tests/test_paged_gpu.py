@@ -27,6 +27,12 @@ def _isolated_records(session_dir):
 VERSIONED = [(v, c) for c in cases.paged_tests_cases() for v in registry.paged_versions(c.Hkv)]
 
 
+def _dim(version: str) -> int:
+    """D of the cases below: 128, or the first head dim of a version without it (v08: 80)."""
+    dims = registry.DECODE[version].head_dims
+    return 128 if 128 in dims else dims[0]
+
+
 @pytest.mark.parametrize("version,case", VERSIONED, ids=lambda x: x if isinstance(x, str) else x.name)
 def test_paged_case(version, case):
     result = paged.check_paged(case, save=False, version=version)
@@ -38,8 +44,8 @@ def test_paged_case(version, case):
 @pytest.mark.parametrize("version", registry.PAGED_DECODE)
 def test_paged_split_counts(num_splits, page_size, version):
     heads_kv = registry.PAGED_HEADS.get(version, 2)
-    case = PagedCase(f"pg-splits-p{page_size}", 4, 4 * heads_kv, heads_kv, 4, 4097, 128, "bfloat16", (0, 1, 63, 4097),
-                     page_size, True)
+    case = PagedCase(f"pg-splits-p{page_size}", 4, 4 * heads_kv, heads_kv, 4, 4097, _dim(version), "bfloat16",
+                     (0, 1, 63, 4097), page_size, True)
     result = paged.check_paged(case, num_splits=num_splits, save=False, version=version)
     assert result.passed, (num_splits, repr(result))
 
@@ -55,8 +61,8 @@ def test_contiguous_causal(q_len):
     assert metrics["passed"], metrics
 
 
-def _bad_table_inputs(seed=0, heads_kv=2):
-    case = PagedCase("pg-bad", 6, 4 * heads_kv, heads_kv, 3, 512, 128, "bfloat16", (512, 512, 100, 40, 513, 512), 16,
+def _bad_table_inputs(seed=0, heads_kv=2, D=128):
+    case = PagedCase("pg-bad", 6, 4 * heads_kv, heads_kv, 3, 512, D, "bfloat16", (512, 512, 100, 40, 513, 512), 16,
                      True)
     a = paged.paged_inputs(case, torch.Generator().manual_seed(seed), "cuda")
     table = a["table"].clone()
@@ -71,7 +77,7 @@ def _bad_table_inputs(seed=0, heads_kv=2):
 @pytest.mark.parametrize("num_splits", [1, 4])
 @pytest.mark.parametrize("version", registry.PAGED_DECODE)
 def test_out_of_range_tables_zero_the_rows_and_flag_them(num_splits, version):
-    case, a, table = _bad_table_inputs(heads_kv=registry.PAGED_HEADS.get(version, 2))
+    case, a, table = _bad_table_inputs(heads_kv=registry.PAGED_HEADS.get(version, 2), D=_dim(version))
     flags = torch.full((case.B,), -1, dtype=torch.int32, device="cuda")
     out = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], None, num_splits, block_table=table,
                      is_causal=True, page_errors=flags, version=version)
@@ -106,7 +112,7 @@ def test_cuda_graph_replays_with_new_lengths_and_tables(case):
 @pytest.mark.parametrize("version", registry.PAGED_DECODE)
 def test_a_kernel_that_ignores_the_table_fails(version):
     """The self-test: LAB_PAGED_BUG_IDENTITY reads slot i as page i; on a shuffled table it must fail."""
-    case = cases.paged_tests_cases()[2]  # H_kv 8: every paged version takes it
+    case = cases.paged_tests_cases((_dim(version),))[2]  # H_kv 8: every paged version takes it
     assert not paged.check_paged(case, defines={"LAB_PAGED_BUG_IDENTITY": None}, save=False, version=version).passed
     assert paged.check_paged(case, save=False, version=version).passed
 

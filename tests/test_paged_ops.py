@@ -31,7 +31,8 @@ def _paged(fake, B=3, Hq=8, Hkv=2, q_len=4, num_pages=40, page_size=64, max_page
 
 
 def test_registry_and_op():
-    assert ops.DECODE["v03"].source == "decode/v03_paged.cu" and ops.PAGED_DECODE == ("v03", "v04", "v05", "v06", "v07")
+    assert ops.DECODE["v03"].source == "decode/v03_paged.cu" and ops.PAGED_DECODE == ("v03", "v04", "v05", "v06", "v07",
+                                                                                       "v08")
     assert "lab::decode_paged" in str(torch.ops.lab.decode_paged.default._schema)
 
 

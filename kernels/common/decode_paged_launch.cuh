@@ -1,4 +1,4 @@
-// The host side every paged-family pass-1 kernel shares (decode v03, v05, v06, v07): the entry's checks, dispatch on head dim (HeadDimPlan's
+// The host side every paged-family pass-1 kernel shares (decode v03, v05-v08): the entry's checks, dispatch on head dim (HeadDimPlan's
 // ring depth), dtype and paged-or-contiguous, one launch on the split x batch x KV-head x row-group grid, then the
 // split-K combine when the call has several splits.
 //
@@ -44,17 +44,29 @@ inline int paged_entry(const DecodeParams* p, int key_block, void* stream_ptr, D
   return decode_launch(p, key_block, 16, stream_ptr, l);
 }
 
+// One head dim: dtype and paged-or-contiguous, at HeadDimPlan's ring depth.
+template <template <class, int, int, bool> class Partial, int D>
+int launch_at_dim(const DecodeParams* p, const DecodeLaunch& l) {
+  constexpr int S = HeadDimPlan<D>::kStages;
+  const bool paged = p->block_table != nullptr;
+  if (p->dtype == LAB_FP16)
+    return paged ? launch_partial<Partial, __half, D, S, true>(p, l) : launch_partial<Partial, __half, D, S, false>(p, l);
+  return paged ? launch_partial<Partial, __nv_bfloat16, D, S, true>(p, l)
+               : launch_partial<Partial, __nv_bfloat16, D, S, false>(p, l);
+}
+
+// Every head dim of with_head_dim.
 template <template <class, int, int, bool> class Partial>
 int launch_paged_family(const DecodeParams* p, const DecodeLaunch& l) {
-  const bool paged = p->block_table != nullptr;
-  return with_head_dim(p->head_dim, [&](auto dim) {
-    constexpr int D = decltype(dim)::value, S = HeadDimPlan<D>::kStages;
-    if (p->dtype == LAB_FP16)
-      return paged ? launch_partial<Partial, __half, D, S, true>(p, l)
-                   : launch_partial<Partial, __half, D, S, false>(p, l);
-    return paged ? launch_partial<Partial, __nv_bfloat16, D, S, true>(p, l)
-                 : launch_partial<Partial, __nv_bfloat16, D, S, false>(p, l);
-  });
+  return with_head_dim(p->head_dim, [&](auto dim) { return launch_at_dim<Partial, decltype(dim)::value>(p, l); });
+}
+
+// Only the head dims Ds (a ring layout that takes some): LAB_E_HEAD_DIM for the others.
+template <template <class, int, int, bool> class Partial, int... Ds>
+int launch_paged_dims(const DecodeParams* p, const DecodeLaunch& l) {
+  int rc = LAB_E_HEAD_DIM;
+  (void)((p->head_dim == Ds && ((rc = launch_at_dim<Partial, Ds>(p, l)), true)) || ...);
+  return rc;
 }
 
 }  // namespace decode

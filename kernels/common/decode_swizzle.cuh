@@ -1,7 +1,12 @@
-// The unpadded, swizzled K/V ring of decode v07: a tile's rows are D elements apart (no pad), and the 16-byte chunk
-// c of row r sits at chunk c ^ (r & 7) of its row. ldmatrix reads one 16-byte chunk of 8 consecutive rows per 8x8
-// matrix: the XOR puts those 8 chunks in 8 different bank quads, as v03's pad of 8 elements did, and a row's 16-byte
-// copies stay a permutation of its own 128-byte groups. Needs D a multiple of 64 (whole groups of 8 chunks).
+// The unpadded, swizzled K/V ring of decode v07 and v08: a tile's rows are D elements apart (no pad), and the 16-byte
+// chunk c of row r sits at chunk c ^ ((r & 7) >> SwizzleRows<D>::kShift) of its row. ldmatrix reads one 16-byte chunk
+// of 8 consecutive rows (the first a multiple of 8) per 8x8 matrix: row r starts n r chunks into the tile (n = D / 8),
+// so the 8 rows' bank quads repeat every 8 / gcd(n, 8) rows (1 at D 64 / 128, 2 at D 96, 4 at D 80), and the XOR term
+// (r & 7) >> kShift (kShift 0, 1, 2) tells the repeats apart: 8 different bank quads, as v03's pad of 8 elements
+// gave. The term stays under gcd(n, 8), so a row's chunks are permuted only inside its own aligned pairs (D 80),
+// quads (D 96) or octets (D 64 / 128) of chunks: each 32-byte sector of the cache lands whole in one aligned 32-byte
+// sector of the ring (and at D 64 / 128 each 128-byte line in one aligned 128-byte chunk).
+//   SwizzleRows     - kShift per head dim
 //   swizzle_chunk   - where chunk c of row r lives
 //   SwizzleLane     - a lane's ldmatrix row and the XOR term of its chunk (the ldmatrix column is 2 k + t)
 //   lane_at         - its k-step's address, so the shared tile step (common/decode_tile_step.cuh's
@@ -10,7 +15,15 @@
 
 namespace lab::decode {
 
-__device__ __forceinline__ int swizzle_chunk(int r, int c) { return c ^ (r & 7); }
+template <int D>
+struct SwizzleRows {
+  static_assert(D % 16 == 0, "rows of whole 32-byte sectors");
+  static constexpr int kChunks = D / 8;
+  static constexpr int kShift = kChunks % 8 == 0 ? 0 : (kChunks % 4 == 0 ? 1 : 2);
+};
+
+template <int D>
+__device__ __forceinline__ int swizzle_chunk(int r, int c) { return c ^ ((r & 7) >> SwizzleRows<D>::kShift); }
 
 // row: the lane's ldmatrix row (its first element); t: its chunk's XOR term (base chunk 0 / 1 ^ (row & 7)).
 template <class T>
@@ -22,7 +35,7 @@ struct SwizzleLane {
 
 template <class T, int D>
 __device__ __forceinline__ SwizzleLane<T> swizzle_lane(const T* tile, int key, int col) {
-  return {tile + key * D, (col >> 3) ^ (key & 7)};
+  return {tile + key * D, (col >> 3) ^ ((key & 7) >> SwizzleRows<D>::kShift)};
 }
 
 // k-step (or d-pair) kk of a lane: common/decode_pv.cuh's warp_qk and rescale_pv (and so

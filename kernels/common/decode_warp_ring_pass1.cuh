@@ -1,7 +1,7 @@
-// Pass 1 of the warp-private-ring decode kernels, once: decode v06 (the ring padded to D + 8 elements a row) and v07
-// (kSwizzle: rows D apart, 16-byte chunk c of row r at c ^ (r & 7), common/decode_swizzle.cuh). The algorithm, the
-// launch shape and the limits are in kernels/decode/v06_warpring.cu's header; v07_swizzle.cu's says what the
-// swizzle changes. Each version file holds its launch traits and its extern "C" launcher.
+// Pass 1 of the warp-private-ring decode kernels, once: decode v06 (the ring padded to D + 8 elements a row), v07
+// and v08 (kSwizzle: rows D apart, 16-byte chunks XORed by row, common/decode_swizzle.cuh; v07 at D 64 / 128, v08 at
+// D 80 / 96). The algorithm, the launch shape and the limits are in kernels/decode/v06_warpring.cu's header;
+// v07_swizzle.cu's says what the swizzle changes. Each version file holds its launch traits and its extern "C" launcher.
 #pragma once
 #include <cuda_runtime.h>
 #include <math.h>
@@ -23,7 +23,7 @@ template <int kHeadDim_, int kStages_, bool kSwizzle_>
 struct WarpRingConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kStages = kStages_;  // v03's ring per head dim (common/decode_head_dim.cuh)
-  static constexpr bool kSwizzle = kSwizzle_;  // v07: rows D apart, chunks XORed (common/decode_swizzle.cuh)
+  static constexpr bool kSwizzle = kSwizzle_;  // v07 / v08: rows D apart, chunks XORed (common/decode_swizzle.cuh)
   static constexpr int kRows = 16;          // one m16 tile of query rows per block
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
@@ -36,7 +36,7 @@ struct WarpRingConfig {
   static constexpr bool kFullRows = kVecSlots == kVecPerRow;
   static constexpr int kRowStep = 32 / kVecSlots;             // rows between two of a lane's copies
   static constexpr int kLoadRows = kSliceKeys / kRowStep;     // rows a lane copies per tile (K and V each)
-  // v06: a padded smem row keeps ldmatrix rows in 8 bank quads; v07: the swizzle does, rows unpadded
+  // v06: a padded smem row keeps ldmatrix rows in 8 bank quads; v07 / v08: the swizzle does, rows unpadded
   static constexpr int kStride = kSwizzle ? kHeadDim : kHeadDim + 8;
   static constexpr int kTileElems = kBlockN * kStride;
   static constexpr int kStageBytes = 2 * kTileElems * 2;
@@ -49,7 +49,7 @@ struct WarpRingConfig {
   static_assert(kBlockN == kWarps * kSliceKeys, "a tile is one 16-key slice per warp");
   static_assert(kVecPerRow <= kVecSlots && kSliceKeys % kRowStep == 0, "fixed rows per lane");
   static_assert(kMergeBytes <= kRingBytes, "merge scratch reuses the ring");
-  static_assert(!kSwizzle || kHeadDim == 64 || kHeadDim == 128, "whole 8-chunk swizzle groups, Q in registers");
+  static_assert(!kSwizzle || kHeadDim <= 128, "the swizzled ring keeps Q in registers");
   static_assert(kSmemBytes <= 163 * 1024, "fits an A100 block (sm_80's opt-in limit)");
 };
 
@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages, kSwizzle>::k
     for (int i = 0; i < Cfg::kLoadRows; ++i) {
       const int r = i * Cfg::kRowStep;  // the lane's row r0 + r of the slice
       const bool valid = ok && first + r0 + r < n_keys;
-      // v07: a slice starts on a multiple of 16 rows, so the row's swizzle term is (r0 + r) & 7
-      const int at = r * Cfg::kStride + (kSwizzle ? lab::decode::swizzle_chunk(r0 + r, col >> 3) * 8 : 0);
+      // v07 / v08: a slice starts on a multiple of 16 rows, so the row's swizzle term is that of row r0 + r
+      const int at = r * Cfg::kStride + (kSwizzle ? lab::decode::swizzle_chunk<D>(r0 + r, col >> 3) * 8 : 0);
       if (copies) {
         lab::paged::cp_async_16_l2(sK + at, k_base + (valid ? ko + r * k_row : 0), valid);
         lab::paged::cp_async_16_l2(sV + at, v_base + (valid ? vo + r * v_row : 0), valid);

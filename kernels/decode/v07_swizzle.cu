@@ -1,6 +1,6 @@
 // Changes: vs decode v06 (warp-private ring): the ring is unpadded and swizzled (common/decode_swizzle.cuh): a smem row
 // is D elements, not D + 8, and 16-byte chunk c of key row r sits at chunk c ^ (r & 7). The copies, the walk, the
-// page-table check, the softmax and the merge are v06's. D 64 and 128 only (whole 8-chunk groups a row).
+// page-table check, the softmax and the merge are v06's. D 64 and 128 (the same ring at D 80 / 96: decode v08).
 // Pass 1 is v06's kernel (common/decode_warp_ring_pass1.cuh) with kSwizzle.
 // Compile check: python -m lab compile (sm_80 and sm_90a); GPU: LAB_PAGED_NEW=v07 tools/gpu/paged_warpring_call.sh.
 // Measured: kernels/decode/README.md, "decode v07".
@@ -28,11 +28,8 @@
 // x 2 bytes (D 128: 3 stages, 96 KiB; D 64: 4 stages, 64 KiB). Limits: D 64 / 128 (LAB_E_HEAD_DIM otherwise), as v03
 // else (fp16 / bf16, q_len >= 1, page_size a multiple of 16, strides of 8 elements, 16-byte aligned bases,
 // page_errors for a paged call); sm_80 and sm_90a.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "common/decode_head_dim.cuh"
 #include "common/decode_paged_launch.cuh"
 #include "common/decode_warp_ring_pass1.cuh"
 #include "common/launch.h"
@@ -45,18 +42,6 @@ namespace {
 template <typename T, int kHeadDim, int kStages, bool kPaged>
 using Partial = lab::decode::WarpRingPartial<true>::Launch<T, kHeadDim, kStages, kPaged>;
 
-// common/decode_paged_launch.cuh's dispatch, at the two head dims this layout takes.
-template <int D>
-int launch_dim(const DecodeParams* p, const lab::DecodeLaunch& l) {
-  constexpr int S = lab::decode::HeadDimPlan<D>::kStages;
-  const bool paged = p->block_table != nullptr;
-  if (p->dtype == LAB_FP16)
-    return paged ? lab::decode::launch_partial<Partial, __half, D, S, true>(p, l)
-                 : lab::decode::launch_partial<Partial, __half, D, S, false>(p, l);
-  return paged ? lab::decode::launch_partial<Partial, __nv_bfloat16, D, S, true>(p, l)
-               : lab::decode::launch_partial<Partial, __nv_bfloat16, D, S, false>(p, l);
-}
-
 constexpr int kKeyBlock = 64;  // WarpRingConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 
 }  // namespace
@@ -67,5 +52,5 @@ extern "C" int decode_swizzle_v07(const DecodeParams* p, void* stream_ptr) {
   if (p != nullptr && p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
   lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
   if (const int rc = lab::decode::paged_entry(p, kKeyBlock, stream_ptr, &l)) return rc < 0 ? rc : 0;
-  return p->head_dim == 64 ? launch_dim<64>(p, l) : launch_dim<128>(p, l);
+  return lab::decode::launch_paged_dims<Partial, 64, 128>(p, l);  // common/decode_paged_launch.cuh
 }

@@ -40,8 +40,11 @@ def env() -> dict:
             "sms": torch.cuda.get_device_properties(0).multi_processor_count}
 
 
-def cell_inputs(B: int, L: int, page: int, seed: int = 0):
-    case = PagedCase(f"pg-p{page}-b{B}-kv{L}", B, 32, 8, 1, L, 128, "bfloat16", (), page)
+HEAD_DIM = int(os.environ.get("PAGED_PROFILE_D", "128"))  # the cells' D (ncu and child; the race keeps 128)
+
+
+def cell_inputs(B: int, L: int, page: int, seed: int = 0, D: int = 128):
+    case = PagedCase(f"pg-p{page}-b{B}-kv{L}", B, 32, 8, 1, L, D, "bfloat16", (), page)
     return case, paged.paged_inputs(case, torch.Generator(device="cuda").manual_seed(seed), "cuda")
 
 
@@ -125,7 +128,7 @@ def child() -> None:
     order = []
     for B, L in PROFILE_CELLS:
         for i, page in enumerate(PROFILE_PAGES):
-            _, a = cell_inputs(B, L, page)
+            _, a = cell_inputs(B, L, page, D=HEAD_DIM)
             fns = {k: fn for k, fn in calls(a, f"p{page}", i == 0).items() if "eager-check" not in k}
             for k, fn in fns.items():
                 for _ in range(3):
@@ -168,8 +171,8 @@ def ncu(out_dir: str) -> None:
             cell, page, impl = target.split("|")
             m = counters.summarize(kraw)
             m["warp_inst"] = counters._get(kraw, "smsp__inst_executed.sum")
-            f.write(json.dumps({"kind": "paged-profile-ncu", "cell": cell, "page": page, "impl": impl, "metrics": m,
-                                **e}) + "\n")
+            f.write(json.dumps({"kind": "paged-profile-ncu", "cell": cell, "page": page, "impl": impl, "D": HEAD_DIM,
+                                "metrics": m, **e}) + "\n")
             stalls = ", ".join(f"{s['reason']} {s['share']:.0%}" for s in m["stalls"][:3])
             print(f"{cell:10s} {page:5s} {impl:22s} {str(m['kernel'])[:28]:28s} {m['duration_us']:8.1f} us dram "
                   f"{m['dram_pct']:5.1f}% issue {m['issue_pct'] or 0:5.1f}% occ {m['occupancy_pct'] or 0:4.1f}% "

@@ -1,5 +1,6 @@
-"""The ring layouts of decode v06 (rows padded to D + 8 elements) and v07 (unpadded, chunk c of row r at c ^ (r & 7))
-counted on the CPU, lane by lane, as the kernels address them (kernels/decode/v06_warpring.cu, v07_swizzle.cu):
+"""The ring layouts of decode v06 (rows padded to D + 8 elements) and v07 / v08 (unpadded, chunk c of row r at
+c ^ ((r & 7) >> shift), shift 0 at D 64 / 128, 1 at D 96, 2 at D 80: common/decode_swizzle.cuh) counted on the CPU,
+lane by lane, as the kernels address them (kernels/decode/v06_warpring.cu, v07_swizzle.cu, v08_swizzle_narrow.cu):
 
   - the layout is right: every 16-byte chunk of a 64-key tile is written by exactly one copy, and every ldmatrix
     lane address of S = Q K^T and O += P V reads the chunk that holds the logical (key, column) it must;
@@ -7,7 +8,9 @@ counted on the CPU, lane by lane, as the kernels address them (kernels/decode/v0
     most accesses that fall in one bank quad (1 = conflict-free);
   - destination chunks: the aligned 128-byte shared-memory chunks each copy instruction writes, x 4 sectors (over
     the instruction, and row by row), against the global sectors its addresses need: a hypothesis for the 1.5x
-    crossbar sectors of v03 / v06 against cuDNN (kernels/decode/README.md, "What cuDNN's loads do differently").
+    crossbar sectors of v03 / v06 against cuDNN (kernels/decode/README.md, "What cuDNN's loads do differently");
+  - split sectors: each 32-byte global sector counted once per aligned 32-byte shared sector its two chunks land in
+    (the other hypothesis: 1.50x for the padded ring at D 128, the measured ratio, 1.00x swizzled).
 
     python tools/gpu/paged_swizzle_model.py        # prints one table per head dim; exits 1 if a layout check fails
 """
@@ -18,13 +21,20 @@ import sys
 BLOCK_N, SLICE, WARPS, ELEM = 64, 16, 4, 2  # keys a tile, keys a warp, warps, bytes of bf16 / fp16
 
 
+def shift(D: int) -> int:
+    """common/decode_swizzle.cuh's SwizzleRows<D>::kShift: 8 consecutive rows start n r chunks in (n = D / 8), whose
+    bank quads (n r mod 8) repeat every 8 / gcd(n, 8) rows; the XOR term (r & 7) >> shift tells those repeats apart."""
+    n = D // 8
+    return 0 if n % 8 == 0 else (1 if n % 4 == 0 else 2)
+
+
 def offset(layout: str, D: int, row: int, chunk: int) -> int:
     """Byte offset of 16-byte chunk `chunk` of key row `row` in a K (or V) tile."""
     if layout == "padded":
         return row * (D + 8) * ELEM + chunk * 16
     if layout == "unpadded":  # rows D apart with no swizzle: only the wrong reader below uses it
         return row * D * ELEM + chunk * 16
-    return row * D * ELEM + (chunk ^ (row & 7)) * 16
+    return row * D * ELEM + (chunk ^ ((row & 7) >> shift(D))) * 16
 
 
 def copies(D: int):
@@ -60,7 +70,7 @@ def worst_quad(addresses) -> int:
 
 def model(layout: str, D: int, read_layout: str | None = None) -> dict:
     written = {}
-    copy_wave = dest_sectors = row_sectors = need_sectors = 0
+    copy_wave = dest_sectors = row_sectors = need_sectors = split_sectors = 0
     for lanes in copies(D):
         for q in range(4):
             quarter = [offset(layout, D, *rc) for rc in lanes[8 * q:8 * q + 8] if rc]
@@ -70,6 +80,10 @@ def model(layout: str, D: int, read_layout: str | None = None) -> dict:
         rows = {rc[0] for rc in lanes if rc}
         row_sectors += 4 * sum(len({offset(layout, D, *rc) // 128 for rc in lanes if rc and rc[0] == r}) for r in rows)
         need_sectors += len({(row, chunk // 2) for row, chunk in (rc for rc in lanes if rc)})  # 32-byte sectors
+        landing = {}  # global sector (row, chunk // 2) -> the shared 32-byte sectors its chunks land in
+        for row, chunk in (rc for rc in lanes if rc):
+            landing.setdefault((row, chunk // 2), set()).add(offset(layout, D, row, chunk) // 32)
+        split_sectors += sum(len(v) for v in landing.values())
         for rc in lanes:
             if rc:
                 a = offset(layout, D, *rc)
@@ -84,23 +98,25 @@ def model(layout: str, D: int, read_layout: str | None = None) -> dict:
     n_copies = len(list(copies(D)))
     return {"ok": layout_ok and reads_ok, "copy_wavefronts": copy_wave / (4 * n_copies),
             "ldmatrix_wavefronts": ld_wave / ld_count, "dest_sectors": dest_sectors / n_copies,
-            "row_sectors": row_sectors / n_copies,
+            "row_sectors": row_sectors / n_copies, "split_sectors": split_sectors / n_copies,
             "need_sectors": need_sectors / n_copies}
 
 
 def main() -> int:
     failed = False
-    for D in (64, 128):
+    for D in (64, 80, 96, 128):
         print(f"D {D}: per copy instruction (a warp's 32 lanes), per quarter-warp / 8-lane matrix")
         print(f"  {'layout':8} {'ok':>3} {'copy wf':>8} {'ldsm wf':>8} {'dst chunks x4':>14} {'per row':>8} "
-              f"{'needed':>7} {'ratios':>12}")
-        for layout in ("padded", "swizzled"):
+              f"{'split':>6} {'needed':>7} {'ratios':>18}")
+        for layout in ("padded", "unpadded", "swizzled"):
             m = model(layout, D)
-            failed |= layout == "swizzled" and not m["ok"]
+            failed |= layout == "swizzled" and not (m["ok"] and m["ldmatrix_wavefronts"] == 1 == m["copy_wavefronts"]
+                                                    and m["split_sectors"] == m["need_sectors"])
             print(f"  {layout:8} {'yes' if m['ok'] else 'NO':>3} {m['copy_wavefronts']:8.2f} "
                   f"{m['ldmatrix_wavefronts']:8.2f} "
-                  f"{m['dest_sectors']:14.2f} {m['row_sectors']:8.2f} {m['need_sectors']:7.2f} "
-                  f"{m['dest_sectors'] / m['need_sectors']:6.3f} {m['row_sectors'] / m['need_sectors']:5.3f}")
+                  f"{m['dest_sectors']:14.2f} {m['row_sectors']:8.2f} {m['split_sectors']:6.2f} {m['need_sectors']:7.2f} "
+                  f"{m['dest_sectors'] / m['need_sectors']:6.3f} {m['row_sectors'] / m['need_sectors']:5.3f} "
+                  f"{m['split_sectors'] / m['need_sectors']:5.3f}")
         wrong = model("swizzled", D, read_layout="unpadded")["ok"]  # a reader that forgets the XOR must fail
         print(f"  swizzled copies read without the XOR: {'passes (WRONG)' if wrong else 'fails, as it must'}")
         failed |= wrong

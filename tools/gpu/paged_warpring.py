@@ -8,7 +8,13 @@ wrong build, small calls for compute-sanitizer, and its race against v03 beside 
     python tools/gpu/paged_warpring.py sanitize        # small calls, inputs made on the CPU, each output checked
     python tools/gpu/paged_warpring.py ab OUT.jsonl    # the public op, version named: GPU time (eager, interleaved
                                                        # rounds) and CUDA-graph replays, beside SDPA-cuDNN, one JSON line a row;
-                                                       # AB_VERSIONS="v07 v04": the versions beside v03 (default v06, LAB_PAGED_NEW)
+                                                       # AB_VERSIONS="v07 v04": the versions beside v03 (default v06, LAB_PAGED_NEW);
+                                                       # AB_DIMS="80 96": the head dims (default 128; a cell's label
+                                                       # gains " dD" off 128); AB_CELLS="8x16384 128x2048" (default
+                                                       # lab.cases.PAGED_CELLS); AB_PAGES (default "16 64 256")
+
+A version without D 128 (v08: 80 / 96) is checked on the same case grids at its own head dims
+(lab.cases.paged_tests_cases(head_dims)) and sanitized at them.
 
 Exits 1 on a FAIL.
 """
@@ -27,6 +33,8 @@ from lab.decode import paged
 
 NEW = os.environ.get("LAB_PAGED_NEW", "v06")  # a v06-family version; its rows are labelled by its name
 WRONG = {"LAB_WARPRING_BUG_SLICE": None}  # a warp copies the next warp's slice into its rows: must fail
+DIMS = registry.DECODE[NEW].head_dims
+TESTS = cases.paged_tests_cases() if 128 in DIMS else cases.paged_tests_cases(DIMS)  # the grid at NEW's head dims
 
 
 def contiguous_check(case: PagedCase, seed: int, splits) -> bool:
@@ -43,9 +51,9 @@ def contiguous_check(case: PagedCase, seed: int, splits) -> bool:
 
 
 def run_checks() -> int:
-    rows = [(c, s) for c in cases.paged_tests_cases() for s in (None,)] + \
+    rows = [(c, s) for c in TESTS for s in (None,)] + \
            [(c, s) for c in cases.paged_head_dim_tests_cases() for s in (None, 3)]
-    rows = [(c, s) for c, s in rows if c.D in registry.DECODE[NEW].head_dims]
+    rows = [(c, s) for c, s in rows if c.D in DIMS]
     failed = total = 0
     for i, (case, splits) in enumerate(rows):
         ok_paged = paged.check_paged(case, num_splits=splits, trials=2, seed=1000 * i, save=False, version=NEW).passed
@@ -57,18 +65,19 @@ def run_checks() -> int:
                 print("FAIL", case.name, "splits", splits, where, flush=True)
     print(f"{NEW} checks: {total - failed}/{total} passed", flush=True)
     wrong = [paged.check_paged(case, num_splits=s, trials=1, save=False, defines=WRONG, version=NEW).passed
-             for case in cases.paged_tests_cases()[:4] for s in (1, 3)]
+             for case in TESTS[:4] for s in (1, 3)]
     print(f"wrong build (LAB_WARPRING_BUG_SLICE): {sum(not w for w in wrong)}/{len(wrong)} calls fail, as they must",
           flush=True)
     return 1 if failed or any(wrong) else 0
 
 
 def run_sanitize() -> int:
-    """Small calls of v06 (D 64, 128, 256; q_len 1 and 3 causal; bf16 / fp16; pages 16 / 48; one split and three;
-    paged and contiguous; a table with an out-of-range id), each output judged on the host."""
+    """Small calls of v06 (D 64, 128, 256, or NEW's head dims where it has none of them; q_len 1 and 3 causal;
+    bf16 / fp16; pages 16 / 48; one split and three; paged and contiguous; a table with an out-of-range id), each
+    output judged on the host."""
     failed = 0
     gen = torch.Generator().manual_seed(0)
-    for D in (d for d in (64, 128, 256) if d in registry.DECODE[NEW].head_dims):
+    for D in tuple(d for d in (64, 128, 256) if d in DIMS) or DIMS:
         for q_len, causal, dtype, page in ((1, False, "bfloat16", 16), (3, True, "float16", 48)):
             case = PagedCase(f"san-d{D}-q{q_len}", 3, 32, 8, q_len, 300, D, dtype, (0, 65, 300), page, causal)
             host = paged.paged_inputs(case, gen, "cpu")  # made on the CPU: initcheck then tracks our kernels only
@@ -109,9 +118,12 @@ def run_ab(out_path: str) -> int:
     env = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("LAB_COMMIT"), "torch": torch.__version__}
     gpu_timer, replay_timer = bench.GpuTimeTimer(), bench.CudaTimer()
     pages = tuple(int(p) for p in os.environ.get("AB_PAGES", "16 64 256").split())
+    dims = tuple(int(d) for d in os.environ.get("AB_DIMS", "128").split())
+    cells = tuple(tuple(int(x) for x in c.split("x")) for c in os.environ.get("AB_CELLS", "").split()) or cases.PAGED_CELLS
     with open(out_path, "a") as out:
-        for B, L in cases.PAGED_CELLS:
-            case = PagedCase("ab", B, 32, 8, 1, L, 128, "bfloat16", (), 16)
+        for D, (B, L) in ((D, cell) for D in dims for cell in cells):
+            label = f"{B}x{L}" + ("" if D == 128 else f" d{D}")
+            case = PagedCase("ab", B, 32, 8, 1, L, D, "bfloat16", (), 16)
             a = paged.paged_inputs(case, torch.Generator(device="cuda").manual_seed(0), "cuda")
             q, k, v, seqlens = a["q"], a["k"], a["v"], a["seqlens"]
             runner = bench.sdpa_runner("default", q, k, v)
@@ -128,7 +140,7 @@ def run_ab(out_path: str) -> int:
                                                 ops.decode(q, kp, vp, seqlens, block_table=table, page_errors=flags,
                                                            version=version), None)
             times = bench.time_interleaved(calls, timer=gpu_timer, min_reps=15, max_reps=40, budget_s=1.0)
-            write_rows(out, f"{B}x{L}", times, timer="gpu", **env)
+            write_rows(out, label, times, timer="gpu", D=D, **env)
             replays = {}
             for name, (fn, ctx) in calls.items():
                 if ctx is not None:
@@ -137,7 +149,7 @@ def run_ab(out_path: str) -> int:
                 else:
                     g, _ = graphs.capture(fn)
                 replays[name] = bench.time_fn(g.replay, timer=replay_timer, min_reps=15)
-            write_rows(out, f"{B}x{L} graph", replays, timer="graph", **env)
+            write_rows(out, f"{label} graph", replays, timer="graph", D=D, **env)
             del a, q, k, v, calls, replays
             torch.cuda.empty_cache()
     return 0

@@ -11,6 +11,7 @@
 #      pass 1 and the combine both seen; inputs made on the CPU).
 # Everything in $OUT/warpring.tgz.   LAB_COMMIT=<sha> bash tools/gpu/paged_warpring_call.sh
 # LAB_PAGED_NEW=v07: the same steps for v07 (v06 with the swizzled ring; v06 stays in the race and the profile);
+# LAB_PAGED_NEW=v08 AB_DIMS="80 96" PAGED_PROFILE_D=80: v08 (v07's ring at D 80 / 96) at its head dims;
 # STEPS: the steps to run, in this order (default all: "check pytest ab ncu sanitize").
 # With .cache/tree.tar carried (git archive of the commit), the committed tree replaces the shared checkout's files first.
 set -u
@@ -40,7 +41,8 @@ for define in LAB_WARPRING_BUG_SLICE LAB_PAGED_BUG_IDENTITY; do
 done
 wait
 echo "builds $(( $(date +%s) - t0 )) s" >> "$D/steps.txt"
-export PAGED_PROFILE_VERSIONS=${PAGED_PROFILE_VERSIONS:-"v03 v06 ${NEW/v06/}"} PAGED_PROFILE_CONTIGUOUS="v02 v06"
+export PAGED_PROFILE_VERSIONS=${PAGED_PROFILE_VERSIONS:-"v03 v06 ${NEW/v06/}"}
+export PAGED_PROFILE_CONTIGUOUS=${PAGED_PROFILE_CONTIGUOUS:-"v02 v06"}
 export PAGED_PROFILE_CELLS=${PAGED_PROFILE_CELLS:-"64x1024 32x4096 1x131072"} PAGED_PROFILE_PAGES=${PAGED_PROFILE_PAGES:-"16 64"}
 for s in $STEPS; do case $s in
   check) step check 100 python3 tools/gpu/paged_warpring.py check ;;

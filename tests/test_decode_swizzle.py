@@ -1,0 +1,42 @@
+"""The swizzled K/V ring of decode v07 (D 64 / 128) and v08 (D 80 / 96), counted lane by lane on the CPU
+(tools/gpu/paged_swizzle_model.py, which addresses the ring as common/decode_swizzle.cuh does): every chunk written
+once and read back by the ldmatrix lane that needs it, copies and ldmatrix free of bank conflicts, and every 32-byte
+sector of the cache landing whole in one 32-byte sector of the ring, where the padded ring splits half of them."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from lab import registry
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools", "gpu"))
+import paged_swizzle_model as model  # noqa: E402
+
+
+@pytest.mark.parametrize("D", (64, 80, 96, 128))
+def test_swizzled_ring_is_exact_conflict_free_and_keeps_sectors_whole(D):
+    m = model.model("swizzled", D)
+    assert m["ok"] and m["copy_wavefronts"] == 1 == m["ldmatrix_wavefronts"]
+    assert m["split_sectors"] == m["need_sectors"]
+    assert not model.model("swizzled", D, read_layout="unpadded")["ok"]  # a reader without the XOR is wrong
+
+
+@pytest.mark.parametrize("D", (64, 80, 96, 128))
+def test_padded_ring_splits_half_the_sectors(D):
+    m = model.model("padded", D)
+    assert m["ok"] and m["split_sectors"] == 1.5 * m["need_sectors"]
+
+
+def test_the_shift_per_head_dim_and_why():
+    assert [model.shift(D) for D in (64, 80, 96, 128)] == [0, 2, 1, 0]
+    assert model.model("unpadded", 80)["ldmatrix_wavefronts"] == 2  # 10 r mod 8 repeats every 4 rows
+    assert model.model("unpadded", 96)["ldmatrix_wavefronts"] == 4  # 12 r mod 8 every 2
+
+
+def test_v08_takes_the_narrow_dims_and_is_no_default_yet():
+    assert registry.DECODE["v08"].head_dims == (80, 96) and "v08" in registry.PAGED_DECODE
+    assert registry.SPLIT_RULE["v08"] == "v02"
+    assert registry.default_paged_version(8, 8, 132, head_dim=80) == "v03"
+    assert registry.default_decode_version(32, 8, 1, 96) == "v02"
