@@ -29,12 +29,12 @@ def test_registry_head_dims():
     assert registry.DECODE_HEAD_DIMS == (64, 80, 96, 128, 192, 256)
     assert registry.DECODE["v02"].head_dims == registry.DECODE["v03"].head_dims == registry.DECODE_HEAD_DIMS
     assert registry.DECODE["v01"].head_dims == registry.DECODE["v04"].head_dims == (64, 128)
-    # one query row per KV head: v01 where it has the head dim, v02 (tensor cores, rows padded to 16) elsewhere
-    assert registry.default_decode_version(32, 32, 1, 128) == "v01"
+    # one query row per KV head as every other row count: v07 at 64 / 128, v02 (rows padded to 16) elsewhere
+    assert registry.default_decode_version(32, 32, 1, 128) == "v07" == registry.default_decode_version(32, 32, 1, 64)
     assert [registry.default_decode_version(32, 32, 1, d) for d in NEW_DIMS] == ["v02"] * 4
     assert registry.default_decode_version(32, 8, 1, 80) == "v02"
     assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1, "D": 96}}) == "v02"
-    assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1}}) == "v01"  # rows before D was read
+    assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1}}) == "v07"  # rows before D was read
 
 
 @pytest.mark.parametrize("D", NEW_DIMS)

@@ -66,9 +66,9 @@ def test_a_gate_naming_default_follows_the_registry_per_shape_and_gpu():
     assert result["status"] == "pass" and result["rows"] == 3
     rows.append(check("v05", 256, "9.0", passed=False))  # the default failing fails the gate
     assert gates.evaluate(gate, rows)["status"] == "fail"
-    decode = {"kind": "check", "impl": "v01", "env": {"gpu": "G"}, "check": {"passed": True},
+    decode = {"kind": "check", "impl": "v07", "env": {"gpu": "G"}, "check": {"passed": True},
               "case": {"Hq": 32, "Hkv": 32, "q_len": 1, "kv_len": 64, "D": 128}}
-    assert gates.matches(decode, {"impl": "default"}) and not gates.matches({**decode, "impl": "v02"}, {"impl": "default"})
+    assert gates.matches(decode, {"impl": "default"}) and not gates.matches({**decode, "impl": "v01"}, {"impl": "default"})
     assert not gates.matches({"kind": "check", "impl": "v04"}, {"impl": "default"})  # no shape: no default
 
 

@@ -30,7 +30,7 @@ def test_defaults_per_gpu_follow_the_hopper_preference():
     assert registry.default_attention_version(64, 2048, True, (9, 0)) == "v05"
     assert registry.default_attention_version(64, 8192, True, (9, 0)) == "v07"
     assert registry.default_attention_version(32, 100, False, (9, 0)) == "v01"  # only v01 has D=32
-    assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07", "v10"}, "decode": {"v01", "v02", "v03", "v04", "v07"},
+    assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07", "v10"}, "decode": {"v02", "v03", "v04", "v07"},
                                                  "bwd": {"v14", "v18", "v19", "v09"}}  # v18: the deterministic mode
     assert registry.default_versions((8, 0))["fwd"] == {"v01", "v04"}
     assert registry.default_versions((8, 0))["bwd"] == {"v01", "v09"}  # v09: head dims 192, 256
@@ -59,7 +59,7 @@ def test_the_command_line_prints_tab_separated_rows_for_scripts():
     out = subprocess.run([sys.executable, "-m", "lab.registry", "drivers", "9.0", "--defaults"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout.splitlines()
     names = [line.split("\t")[0] for line in out]
-    assert names == ["fwd_v01", "fwd_v05", "fwd_v07", "decode_v01", "decode_v02", "decode_v03", "decode_v04", "decode_v07",
+    assert names == ["fwd_v01", "fwd_v05", "fwd_v07", "decode_v02", "decode_v03", "decode_v04", "decode_v07",
                      "bwd_v14", "bwd_v18"]
     assert all(len(line.split("\t")) == 4 for line in out)
     bad = subprocess.run([sys.executable, "-m", "lab.registry"], cwd=ROOT, capture_output=True, text=True)
