@@ -126,7 +126,8 @@ def test_kernel_filters_come_from_the_sources():
     fwd, dec = profile.find_case("fwd-d128-s2048"), profile.find_case("dec-h8-b8-kv16384")
     assert profile.kernel_regex("fwd:v01", fwd) == "attn_fwd_v01_kernel"
     assert profile.kernel_regex("decode:v02", dec) == "mma_partial_kernel"  # not the shared combine kernel
-    assert profile.kernel_source("op:decode", dec) == "decode/v02_mma.cu"  # GQA rows: lab.ops.decode picks v02
+    assert profile.kernel_source("op:decode", dec) == "decode/v07_swizzle.cu"  # GQA rows at D 128: lab.ops.decode picks v07
+    assert profile.kernel_regex("decode:v07", dec) == "warpring_partial_kernel"  # not the shared combine kernel
     assert profile.kernel_source("sdpa:flash", fwd) is None
     with pytest.raises(ValueError, match="target"):
         profile.parse_target("fwd")
