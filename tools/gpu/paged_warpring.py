@@ -72,14 +72,16 @@ def run_checks() -> int:
 
 
 def run_sanitize() -> int:
-    """Small calls of v06 (D 64, 128, 256, or NEW's head dims where it has none of them; q_len 1 and 3 causal;
+    """Small calls of v06 (D 64, 128, 256, or NEW's head dims where it has none of them; q_len 1 and 3 causal, and
+    q_len 1 with one query row a KV head;
     bf16 / fp16; pages 16 / 48; one split and three; paged and contiguous; a table with an out-of-range id), each
     output judged on the host."""
     failed = 0
     gen = torch.Generator().manual_seed(0)
     for D in tuple(d for d in (64, 128, 256) if d in DIMS) or DIMS:
-        for q_len, causal, dtype, page in ((1, False, "bfloat16", 16), (3, True, "float16", 48)):
-            case = PagedCase(f"san-d{D}-q{q_len}", 3, 32, 8, q_len, 300, D, dtype, (0, 65, 300), page, causal)
+        for q_len, causal, dtype, page, hq in ((1, False, "bfloat16", 16, 32), (3, True, "float16", 48, 32),
+                                               (1, False, "bfloat16", 16, 8)):  # the last: one row a KV head (MHA)
+            case = PagedCase(f"san-d{D}-q{q_len}-h{hq}", 3, hq, 8, q_len, 300, D, dtype, (0, 65, 300), page, causal)
             host = paged.paged_inputs(case, gen, "cpu")  # made on the CPU: initcheck then tracks our kernels only
             a = {name: t.to("cuda") for name, t in host.items()}
             ref = paged.reference(host["q"], host["k"], host["v"], case.lengths(), case.causal)
