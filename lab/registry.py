@@ -22,8 +22,8 @@ FWD = {
     "v10": Kernel("fwd/v10_wide.cu", "attn_fwd_v10", (192, 256), ((9, 0),)),
 }
 # Decode head dims: v02 / v03 tile D in steps of 16 (kernels/common/decode_head_dim.cuh), v01's scalar tiles, v04's
-# 8-head tiles and v07's swizzled ring take 64 and 128 (lab.ops.decode falls back to v02 / v03 for the others); v08 is
-# v07's ring at 80 and 96.
+# 8-head tiles and v07's swizzled ring take 64 and 128, v08 (v07's ring) 80 and 96 (lab.ops.decode falls back to v02 /
+# v03 for 192 and 256).
 DECODE_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 DECODE = {
     "v01": Kernel("decode/v01_splitk.cu", "decode_splitk_v01", (64, 128)),
@@ -95,13 +95,17 @@ PAGED_HEADS = {"v04": 8}
 # than v03 on the 15 paged serving cells (outputs/driver_logs/20261127-h200-decode-v07-555d8ce/). v04 keeps the cells
 # where its blocks fill a wave, though there (128 x 2048, H100) v07 took 1.1-2.2 % less GPU time than v04 and 1.3 %
 # more in one graph replay (outputs/driver_logs/20261127-h100-decode-v07-sessions-6299973/).
-BEST_PAGED = ("v04", "v07", "v03")
+# v08 (v07's ring at D 80 / 96) before v03 there: on an H100 0.955-0.984x v03's GPU time at D 80 on all 15 paged
+# serving cells, 0.917-1.006x at D 96 (level at 8 x 16384, up to 0.6 % slower at 32 x 4096, 1.4 % in graph replays),
+# its copies at cuDNN's crossbar sectors where v03's move 1.46-1.52x (outputs/driver_logs/20261127-h100-decode-v08-cee9b7f/).
+BEST_PAGED = ("v04", "v07", "v08", "v03")
 PAGEROW_FULL_WAVE = 0.8
 SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02", "v08": "v02"}  # v03's (and v05-v08's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
 # The contiguous decode where a KV head serves several query rows, in order of preference by head dim: v07 at D 64 /
 # 128 (on the contiguous cache 0.989-1.018x SDPA-cuDNN against v02's 0.942-0.966 on the serving cells, H200, same
-# evidence as BEST_PAGED), v02 at the others.
-BEST_DECODE = ("v07", "v02")
+# evidence as BEST_PAGED), v08 at 80 / 96 (0.916-0.986x v02's GPU time on the 10 serving cells at those dims, H100,
+# 0.914-1.067x SDPA-cuDNN against v02's 0.890-1.038; same evidence as v08 in BEST_PAGED), v02 at the others.
+BEST_DECODE = ("v07", "v08", "v02")
 BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
 # next of these (lab.fwd.head_dims), and runs them when the caller names no version.

@@ -29,11 +29,12 @@ def test_registry_head_dims():
     assert registry.DECODE_HEAD_DIMS == (64, 80, 96, 128, 192, 256)
     assert registry.DECODE["v02"].head_dims == registry.DECODE["v03"].head_dims == registry.DECODE_HEAD_DIMS
     assert registry.DECODE["v01"].head_dims == registry.DECODE["v04"].head_dims == (64, 128)
-    # one query row per KV head as every other row count: v07 at 64 / 128, v02 (rows padded to 16) elsewhere
+    # one query row per KV head as every other row count: v07 at 64 / 128, v08 at 80 / 96, v02 (rows padded to 16)
+    # at 192 / 256
     assert registry.default_decode_version(32, 32, 1, 128) == "v07" == registry.default_decode_version(32, 32, 1, 64)
-    assert [registry.default_decode_version(32, 32, 1, d) for d in NEW_DIMS] == ["v02"] * 4
-    assert registry.default_decode_version(32, 8, 1, 80) == "v02"
-    assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1, "D": 96}}) == "v02"
+    assert [registry.default_decode_version(32, 32, 1, d) for d in NEW_DIMS] == ["v08", "v08", "v02", "v02"]
+    assert registry.default_decode_version(32, 8, 1, 80) == "v08"
+    assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1, "D": 96}}) == "v08"
     assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1}}) == "v07"  # rows before D was read
 
 
@@ -42,7 +43,7 @@ def test_contiguous_decode_takes_the_head_dim(fake, D):
     for Hq, Hkv in ((32, 32), (32, 8)):  # one row per KV head (v01's case) and GQA
         q, k = fake(2, Hq, 1, D), fake(2, Hkv, 300, D)
         assert ops.decode(q, k, k, num_splits=2).shape == q.shape
-        assert decode_op._decode_plan(q, k, None, 2) == ("v02", 2)
+        assert decode_op._decode_plan(q, k, None, 2) == ("v08" if D in (80, 96) else "v02", 2)
     with pytest.raises(ValueError, match=rf"head dim {D} is not supported by v01 \(supported: \[64, 128\]\)"):
         ops.decode(fake(2, 8, 1, D), fake(2, 8, 300, D), fake(2, 8, 300, D), num_splits=1, version="v01")
 
@@ -52,10 +53,11 @@ def test_paged_decode_takes_the_head_dim(fake, D):
     q, kc = fake(3, 32, 1, D), fake(40, 16, 8, D)
     table, errors = fake(3, 10, dtype=torch.int32), fake(3, dtype=torch.int32)
     assert ops.decode(q, kc, kc, None, None, 1, block_table=table, page_errors=errors).shape == q.shape
-    assert decode_op._v03_plan(q, 8, 160, None, 1, True)[0] == "v03"  # v04 (8-head tiles) has no such D
+    # v04 (8-head tiles) has no such D; v08 (v07's ring) takes 80 / 96
+    assert decode_op._v03_plan(q, 8, 160, None, 1, True)[0] == ("v08" if D in (80, 96) else "v03")
     with pytest.raises(ValueError, match=rf"head dim {D} is not supported by v04"):
         ops.decode(q, kc, kc, None, None, 1, block_table=table, page_errors=errors, version="v04")
-    q4 = fake(3, 32, 4, D)  # causal speculative tokens on a contiguous cache: v03 as well
+    q4 = fake(3, 32, 4, D)  # causal speculative tokens on a contiguous cache: the paged default as well
     assert ops.decode(q4, fake(3, 8, 200, D), fake(3, 8, 200, D), is_causal=True, num_splits=1).shape == q4.shape
 
 

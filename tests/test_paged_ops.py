@@ -117,7 +117,7 @@ def test_split_plan_from_the_table_capacity(fake, monkeypatch):
 
 
 def test_contiguous_causal_routing(fake, monkeypatch):
-    """q_len > 1 causal -> the paged default (v07 at D 128, v03 at D 80); q_len 1 causal is the unmasked call (v01 /
+    """q_len > 1 causal -> the paged default (v07 at D 128, v08 at D 80, v03 at D 192); q_len 1 causal is the unmasked call (v01 /
     v02 / v07); no block table, no flags."""
     calls = []
     real = decode_op._v03_op
@@ -129,7 +129,10 @@ def test_contiguous_causal_routing(fake, monkeypatch):
     assert calls == ["v07"]  # unchanged: the plain path
     k80 = fake(3, 2, 300, 80)
     ops.decode(fake(3, 8, 4, 80), k80, k80, is_causal=True)
-    assert calls == ["v07", "v03"]  # v07 takes D 64 / 128 only
+    assert calls == ["v07", "v08"]  # v07 takes D 64 / 128 only, v08 80 / 96
+    k192 = fake(3, 2, 300, 192)
+    ops.decode(fake(3, 8, 4, 192), k192, k192, is_causal=True)
+    assert calls == ["v07", "v08", "v03"]
 
 
 def test_page_error_message_names_sequences_and_reasons():

@@ -24,7 +24,13 @@
 // >= 0.95x at 128 x 2048; at 8 x 16384 paged, where the eager n11 rows had v03 at 0.83-0.94x (H100) and 0.88-0.89x
 // (H200), the 0.95 gate is met only if v03's GPU-time ratio there is above ~0.90. What v08 keeps from v03 at these
 // dims: 6 (D 80) or 4 (D 96) of a row's 16 copy lanes idle, and the same per-tile softmax over fewer bytes.
-// Outcome: not yet measured (kernels/decode/README.md, "decode v08").
+// Outcome (H100, outputs/driver_logs/20261127-h100-decode-v08-cee9b7f/): the layout prediction was right. 168/168
+// checks, the wrong build failing, four sanitizers clean; ncu at D 80: v02 / v03 / v06 move 1.45-1.53x cuDNN's
+// crossbar sectors, v08 0.96-1.00x (the sector count; the whole-line count's 1.20 refuted). GPU time v08 / v03 on
+// the paged serving cells 0.955-0.984 at D 80, 0.917-1.006 at D 96 (level at 8 x 16384, up to +0.6 % at 32 x 4096);
+// v08 / v02 contiguous 0.916-0.986. The paged cells at 8 x 16384 stay under 0.95x cuDNN (D 80 0.844, D 96 0.877): the
+// page-major cache at D 80 is read 1.16-1.19x from DRAM there (rows share lines with the neighbouring heads'), not a
+// ring matter. lab.ops.decode's default at D 80 / 96 (kernels/decode/README.md, "decode v08").
 //
 // Launch: as v03: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; shared memory 4 stages x 2 x 64 x D
 // x 2 bytes (D 80: 80 KiB; D 96: 96 KiB). Limits: D 80 / 96 (LAB_E_HEAD_DIM otherwise), as v03 else (fp16 / bf16,

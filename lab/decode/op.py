@@ -121,14 +121,14 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     so the call can be captured in a CUDA graph and replayed with new lengths): the kernels clamp each one
     to [0, S_cache], so a negative length gives zeros and one past the cache sees the whole cache.
     H_q must be a multiple of H_kv (GQA/MQA is implied, as in serving). D is one of lab.registry.DECODE_HEAD_DIMS
-    (64, 80, 96, 128, 192, 256; decode v01, v04 and v07 take 64 and 128, v02 and v03 all of them); any other raises
-    ValueError. The default kernel: lab.registry.default_decode_version (v07 at D 64 / 128 where a KV head serves
-    several query rows), and for a block table or a causal call the first of lab.registry.paged_versions that
-    takes D (v04 where its blocks of 8 heads fill a wave, else v07 at D 64 / 128, else v03).
+    (64, 80, 96, 128, 192, 256; decode v01, v04 and v07 take 64 and 128, v08 80 and 96, v02 and v03 all of them);
+    any other raises ValueError. The default kernel: lab.registry.default_decode_version (v07 at D 64 / 128, v08 at
+    80 / 96, else v02), and for a block table or a causal call the first of lab.registry.paged_versions that takes D
+    (v04 where its blocks of 8 heads fill a wave, else v07 at D 64 / 128, v08 at 80 / 96, else v03).
     num_splits: None uses the memoised split plan (lab.decode.splits.split_plan) for this GPU; an int in
     [1, MAX_NUM_SPLITS] overrides it.
 
-    Paged cache (decode v03-v07): with block_table (B, max_pages) int32, key_cache and value_cache are
+    Paged cache (decode v03-v08): with block_table (B, max_pages) int32, key_cache and value_cache are
     (num_pages, page_size, H_kv, D), the layout of vLLM and flash_attn_with_kvcache, page_size a multiple of
     16; key j of sequence b is row j % page_size of page block_table[b, j // page_size]. Lengths are clamped
     to [0, max_pages * page_size] (None: every sequence that long). The split plan is chosen from shapes
