@@ -82,24 +82,24 @@ DETERMINISTIC_BWD_HOPPER = ("v18", "v17")
 PAGED_DECODE = ("v03", "v04", "v05", "v06", "v07", "v08")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
 PAGED_HEADS = {"v04": 8}
-# The paged versions in lab.ops.decode's order of preference, where H_kv allows (PAGED_HEADS) and, for v04, where
-# its blocks of 8 heads fill a wave with no split (PAGEROW_FULL_WAVE of the SMs): measured on an H100 (kernels/decode/
-# README.md), v04 was 1.5-2.5 % faster than v03 at 128 x 2048 (one split) and 1-12 % slower with 2-127 splits
-# (the combine of many splits, and 16-key tiles over short splits).
+# The paged versions in lab.ops.decode's order of preference, where H_kv allows (PAGED_HEADS). v04 (8 heads a block)
+# ran first where its blocks filled a wave with no split: on an H100 (kernels/decode/README.md) it was 1.5-2.5 %
+# faster than v03 at 128 x 2048 (one split) and 1-12 % slower with 2-127 splits. It is last now (see v07 below),
+# which keeps it in the checks of every paged version while no call reaches it by default.
 # v05 (v03 with whole-row bulk copies, sm_90) is on no default list: 0.984-0.999x v03's GPU time on the serving cells
 # (kernels/decode/README.md, "decode v05"); a call that names it runs it.
 # v06 (v03 with warp-private rings: no block barrier in the main loop) is on none either: v03's GPU time over v06's
 # 0.992-1.011 on the paged serving cells, DRAM throughput unchanged (kernels/decode/README.md, "decode v06").
 # v07 (v06 with an unpadded, swizzled ring; D 64 / 128) comes before v03: on an H200 its copies move cuDNN's crossbar
 # sectors (v03 / v06 1.5x), pass 1 reads DRAM at 88 % (v03 82.5 %), and the public op takes 2.5-6.2 % less GPU time
-# than v03 on the 15 paged serving cells (outputs/driver_logs/20261127-h200-decode-v07-555d8ce/). v04 keeps the cells
-# where its blocks fill a wave, though there (128 x 2048, H100) v07 took 1.1-2.2 % less GPU time than v04 and 1.3 %
-# more in one graph replay (outputs/driver_logs/20261127-h100-decode-v07-sessions-6299973/).
+# than v03 on the 15 paged serving cells (outputs/driver_logs/20261127-h200-decode-v07-555d8ce/). It also takes v04's
+# cells (128 x 2048, where v04's blocks fill a wave): in two H100 runs v07 / v04 GPU time 0.978-0.991 at pages 16 /
+# 64 / 256 (6 of 6), graph replays 0.977-0.990 in 5 of 6 and 1.013 in one (outputs/driver_logs/
+# 20261127-h100-decode-v07-sessions-6299973/, 20261127-h100-decode-v08-cee9b7f/ab_v04.log).
 # v08 (v07's ring at D 80 / 96) before v03 there: on an H100 0.955-0.984x v03's GPU time at D 80 on all 15 paged
 # serving cells, 0.917-1.006x at D 96 (level at 8 x 16384, up to 0.6 % slower at 32 x 4096, 1.4 % in graph replays),
 # its copies at cuDNN's crossbar sectors where v03's move 1.46-1.52x (outputs/driver_logs/20261127-h100-decode-v08-cee9b7f/).
-BEST_PAGED = ("v04", "v07", "v08", "v03")
-PAGEROW_FULL_WAVE = 0.8
+BEST_PAGED = ("v07", "v08", "v03", "v04")
 SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02", "v08": "v02"}  # v03's (and v05-v08's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
 # The contiguous decode where a KV head serves several query rows, in order of preference by head dim: v07 at D 64 /
 # 128 (on the contiguous cache 0.989-1.018x SDPA-cuDNN against v02's 0.942-0.966 on the serving cells, H200, same
@@ -176,14 +176,9 @@ def default_decode_version(heads_q: int, heads_kv: int, q_len: int, head_dim: in
 
 
 def paged_versions(heads_kv: int, batch: int | None = None, sms: int | None = None) -> tuple:
-    """The paged decode versions that take H_kv KV heads, in lab.ops.decode's order of preference for a batch on a
-    GPU of `sms` SMs: v04 first only where batch x H_kv / 8 blocks fill PAGEROW_FULL_WAVE of the SMs (unknown
-    batch or SMs: last)."""
-    takes = [v for v in BEST_PAGED if heads_kv % PAGED_HEADS.get(v, 1) == 0]
-    full = batch is not None and sms and batch * (heads_kv // PAGED_HEADS["v04"]) >= PAGEROW_FULL_WAVE * sms
-    if "v04" in takes and not full:
-        takes = [v for v in takes if v != "v04"] + ["v04"]
-    return tuple(takes)
+    """The paged decode versions that take H_kv KV heads, in lab.ops.decode's order of preference. batch and sms
+    chose v04 first where its blocks filled a wave with no split; no version depends on them since v04 went last."""
+    return tuple(v for v in BEST_PAGED if heads_kv % PAGED_HEADS.get(v, 1) == 0)
 
 
 def _default_paged() -> set:

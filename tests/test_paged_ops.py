@@ -184,8 +184,8 @@ def test_expanded_or_transposed_tables_are_copied():
 
 
 def test_paged_routing_by_kv_heads(fake, monkeypatch):
-    """H_kv a multiple of 8 runs v04 where its blocks of 8 heads fill the SMs (no split), else v07 (D 64 / 128); H_kv 2
-    runs v07; naming v04 for H_kv 2 is a ValueError that says why."""
+    """v07 at D 64 / 128 whatever H_kv, v04's full-wave cells included (v04 runs when named); naming v04 for H_kv 2
+    is a ValueError that says why."""
     from lab import registry
 
     calls = []
@@ -194,13 +194,14 @@ def test_paged_routing_by_kv_heads(fake, monkeypatch):
     decode_op._decode_plans.clear()
     monkeypatch.setattr(decode_op, "sm_count", lambda device: 132)
     q, kc, vc, table = _paged(fake, B=3, Hq=32, Hkv=8)
-    ops.decode(q, kc, vc, block_table=table)  # 3 blocks of 8 heads: v04 would need splits, v07 runs
+    ops.decode(q, kc, vc, block_table=table)  # 3 blocks of 8 heads: v04 would need splits
     q, kc, vc, table = _paged(fake, B=120, Hq=32, Hkv=16)
-    ops.decode(q, kc, vc, block_table=table)  # 240 blocks of 8 heads: one wave with no split, v04 runs
+    ops.decode(q, kc, vc, block_table=table)  # 240 blocks of 8 heads: one wave with no split, v07 as well
     q2, kc2, vc2, table2 = _paged(fake)
     ops.decode(q2, kc2, vc2, block_table=table2)
     ops.decode(q2, kc2, vc2, block_table=table2, version="v05")  # on no default list, but a call may name it
-    assert calls == ["v07", "v04", "v07", "v05"] and "v05" not in registry.paged_versions(2)
+    ops.decode(q, kc, vc, block_table=table, version="v04")
+    assert calls == ["v07", "v07", "v07", "v05", "v04"] and "v05" not in registry.paged_versions(2)
     with pytest.raises(ValueError, match=r"'v04' needs H_kv to be a multiple of 8, got 2"):
         ops.decode(q2, kc2, vc2, block_table=table2, version="v04")
     decode_op._decode_plans.clear()

@@ -30,7 +30,7 @@ def test_defaults_per_gpu_follow_the_hopper_preference():
     assert registry.default_attention_version(64, 2048, True, (9, 0)) == "v05"
     assert registry.default_attention_version(64, 8192, True, (9, 0)) == "v07"
     assert registry.default_attention_version(32, 100, False, (9, 0)) == "v01"  # only v01 has D=32
-    assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07", "v10"}, "decode": {"v02", "v03", "v04", "v07", "v08"},
+    assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07", "v10"}, "decode": {"v02", "v03", "v07", "v08"},
                                                  "bwd": {"v14", "v18", "v19", "v09"}}  # v18: the deterministic mode
     assert registry.default_versions((8, 0))["fwd"] == {"v01", "v04"}
     assert registry.default_versions((8, 0))["bwd"] == {"v01", "v09"}  # v09: head dims 192, 256
@@ -59,7 +59,7 @@ def test_the_command_line_prints_tab_separated_rows_for_scripts():
     out = subprocess.run([sys.executable, "-m", "lab.registry", "drivers", "9.0", "--defaults"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout.splitlines()
     names = [line.split("\t")[0] for line in out]
-    assert names == ["fwd_v01", "fwd_v05", "fwd_v07", "decode_v02", "decode_v03", "decode_v04", "decode_v07",
+    assert names == ["fwd_v01", "fwd_v05", "fwd_v07", "decode_v02", "decode_v03", "decode_v07",
                      "bwd_v14", "bwd_v18"]
     assert all(len(line.split("\t")) == 4 for line in out)
     bad = subprocess.run([sys.executable, "-m", "lab.registry"], cwd=ROOT, capture_output=True, text=True)
@@ -75,8 +75,8 @@ def test_default_for_row_reads_shape_and_gpu_from_a_record():
     assert registry.default_for_row({"case": {"Hq": 8, "Hkv": 8, "q_len": 1, "page_size": 16}}) == "v07"  # no batch
     assert registry.default_for_row({"case": {"Hq": 8, "Hkv": 8, "q_len": 1, "page_size": 16, "D": 96}}) == "v08"
     paged = {"case": {"Hq": 32, "Hkv": 8, "q_len": 1, "page_size": 16, "B": 128}, "env": {"sms": 132}}
-    assert registry.default_for_row(paged) == "v04"  # 128 blocks of 8 heads fill the wave: v04
-    assert registry.default_for_row({**paged, "case": {**paged["case"], "B": 64}}) == "v07"  # v04 would split
+    assert registry.default_for_row(paged) == "v07"  # 128 blocks of 8 heads fill the wave: v07 all the same
+    assert registry.default_for_row({**paged, "case": {**paged["case"], "B": 64}}) == "v07"
     assert registry.default_for_row({**paged, "case": {**paged["case"], "D": 192}}) == "v03"  # v04, v07, v08: D 64-128
     assert registry.default_for_row({"case": {"Hq": 8, "Hkv": 2, "q_len": 1, "page_size": 16}}) == "v07"
     assert registry.default_for_row({"case": {"D": 64, "Sq": 4}}) is None  # no GPU: no default

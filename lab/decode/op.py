@@ -124,7 +124,7 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     (64, 80, 96, 128, 192, 256; decode v01, v04 and v07 take 64 and 128, v08 80 and 96, v02 and v03 all of them);
     any other raises ValueError. The default kernel: lab.registry.default_decode_version (v07 at D 64 / 128, v08 at
     80 / 96, else v02), and for a block table or a causal call the first of lab.registry.paged_versions that takes D
-    (v04 where its blocks of 8 heads fill a wave, else v07 at D 64 / 128, v08 at 80 / 96, else v03).
+    (v07 at D 64 / 128, v08 at 80 / 96, else v03; v04, 8 heads a block, runs when named).
     num_splits: None uses the memoised split plan (lab.decode.splits.split_plan) for this GPU; an int in
     [1, MAX_NUM_SPLITS] overrides it.
 
@@ -224,7 +224,7 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits, paged: b
         if version is not None and _version(version, DECODE, query.shape[-1], ()) not in PAGED_DECODE:
             raise ValueError(f"decode version {version!r} has no block table or causal mask; use one of "
                              f"{list(PAGED_DECODE)} or version=None")
-        takes = paged_versions(heads_kv, query.shape[0], sm_count(query.device))
+        takes = paged_versions(heads_kv)
         named = version is not None and _version(version, DECODE, query.shape[-1], ())
         if named:  # a version off the default list (v05) may be named too
             _require_heads(version, named, heads_kv, takes)
