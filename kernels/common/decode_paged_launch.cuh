@@ -69,5 +69,19 @@ int launch_paged_dims(const DecodeParams* p, const DecodeLaunch& l) {
   return rc;
 }
 
+// The whole entry of a version that takes only the head dims Ds (decode v07, v08; traits with a Cfg::kBlockN):
+// another head dim is LAB_E_HEAD_DIM before any other check, then paged_entry's checks and plan (chunks of whole
+// key tiles: lab/decode/splits.py BLOCK_N), then the launch.
+template <template <class, int, int, bool> class Partial, int D0, int... Ds>
+int paged_entry_at_dims(const DecodeParams* p, void* stream_ptr) {
+  constexpr int kKeyBlock = Partial<__half, D0, HeadDimPlan<D0>::kStages, true>::Cfg::kBlockN;
+  static_assert(((kKeyBlock == Partial<__half, Ds, HeadDimPlan<Ds>::kStages, true>::Cfg::kBlockN) && ...),
+                "one key tile at every head dim");
+  if (p != nullptr && p->head_dim != D0 && ((p->head_dim != Ds) && ...)) return LAB_E_HEAD_DIM;
+  DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
+  if (const int rc = paged_entry(p, kKeyBlock, stream_ptr, &l)) return rc < 0 ? rc : 0;
+  return launch_paged_dims<Partial, D0, Ds...>(p, l);
+}
+
 }  // namespace decode
 }  // namespace lab

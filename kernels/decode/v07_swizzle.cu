@@ -42,15 +42,8 @@ namespace {
 template <typename T, int kHeadDim, int kStages, bool kPaged>
 using Partial = lab::decode::WarpRingPartial<true>::Launch<T, kHeadDim, kStages, kPaged>;
 
-constexpr int kKeyBlock = 64;  // WarpRingConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
-
 }  // namespace
 
 extern "C" int decode_swizzle_v07(const DecodeParams* p, void* stream_ptr) {
-  static_assert(kKeyBlock == lab::decode::WarpRingConfig<128, 3, true>::kBlockN,
-                "chunk rounding must match the kernel's key block");
-  if (p != nullptr && p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
-  lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
-  if (const int rc = lab::decode::paged_entry(p, kKeyBlock, stream_ptr, &l)) return rc < 0 ? rc : 0;
-  return lab::decode::launch_paged_dims<Partial, 64, 128>(p, l);  // common/decode_paged_launch.cuh
+  return lab::decode::paged_entry_at_dims<Partial, 64, 128>(p, stream_ptr);  // common/decode_paged_launch.cuh
 }
