@@ -125,6 +125,13 @@ NARROW_FWD = ("v05", "v07", "v10")
 NARROW_BWD = ("v20",)
 
 
+def narrow_backward_dim(head_dim: int) -> bool:
+    """A head dim that NARROW_BWD reads unpadded: a multiple of 8 below 128 that is no kernel width (common/hopper/
+    attn_fwd_sm90.cuh's narrow_head_dim with narrow_width <= 128, which bwd v20's entry checks again). The forward's
+    narrow path keeps a call that wants gradients unpadded at these dims only (lab.fwd.head_dims.narrow)."""
+    return 0 < head_dim < FAST_HEAD_DIMS[-1] and head_dim % 8 == 0 and head_dim not in FAST_HEAD_DIMS
+
+
 # ---------------------------------------------------------------- defaults
 
 def default_attention_version(head_dim: int, seqlen_q: int, is_causal: bool, capability: tuple) -> str:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lab import paths
-from lab.backward.op import narrow_backward_dim
 from lab.fwd import head_dims
 from lab.fwd import op as fwd_op
+from lab.registry import narrow_backward_dim
 
 
 def test_narrow_dims():
@@ -31,7 +31,7 @@ def test_the_rule_and_the_width_are_the_launchers(tmp_path):
                    check=True, capture_output=True)
     launcher = [int(w) for w in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
     assert launcher == [head_dims.kernel_head_dim(d, d) if head_dims.narrow_dim(d) else 0 for d in range(300)]
-    # bwd v20's entry takes the narrow dims whose width is at most 128: lab.backward.op's narrow_backward_dim
+    # bwd v20's entry takes the narrow dims whose width is at most 128: lab.registry's narrow_backward_dim
     assert [d for d in range(300) if 0 < launcher[d] <= 128] == [d for d in range(300) if narrow_backward_dim(d)]
 
 

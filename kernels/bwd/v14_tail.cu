@@ -48,7 +48,7 @@ using namespace lab::sm90::bwd;
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    return launch<TailCfg<D>, T, bwd_dkdv_stagger<TailCfg<D>, T, AddPartial, TailSteps>>(p, st, dev);
+    return launch<StagedCfg<D>, T, bwd_dkdv_stagger<StagedCfg<D>, T, AddPartial, TailSteps>>(p, st, dev);
   }
 };
 

@@ -45,10 +45,6 @@ namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
-// v14's configuration.
-template <int D>
-using Cfg15 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
-
 // v14's reductions, then the KV head's count; its last CTA converts the group's dQ.
 template <class T>
 struct ConvertSink : AddPartial {
@@ -85,7 +81,7 @@ struct ConvertSink : AddPartial {
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    using C = Cfg15<D>;
+    using C = StagedCfg<D>;  // v14's configuration
     const int64_t group_bytes = (int64_t)(p.heads_q / p.heads_kv) * p.seqlen_q * D * 4;
     if (group_bytes <= LAB_V15_CONVERT_BYTES)
       return launch<C, T, bwd_dkdv_stagger<C, T, ConvertSink<T>, TailSteps>, 0, true>(p, st, dev);

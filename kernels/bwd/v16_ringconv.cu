@@ -42,10 +42,6 @@ namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
-// v14's configuration.
-template <int D>
-using Cfg16 = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
-
 template <class T>
 struct RingConvertSink : AddPartial {
   static constexpr int kBufs = 4;
@@ -115,7 +111,7 @@ struct RingConvertSink : AddPartial {
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    using C = Cfg16<D>;
+    using C = StagedCfg<D>;  // v14's configuration
     const int64_t group_bytes = (int64_t)(p.heads_q / p.heads_kv) * p.seqlen_q * D * 4;
     const bool rows16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_stride[0] % 8 == 0 &&
                         p.dq_stride[1] % 8 == 0 && p.dq_stride[2] % 8 == 0;

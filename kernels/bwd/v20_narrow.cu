@@ -8,7 +8,7 @@
 // committed n14 records, those copies are 11-24 % of the padded backward's time (kernels/README.md, "The narrow head
 // dims"); they are bytes per token, so they weigh most at S = 512, where the padded call was 0.79x SDPA-flash.
 //
-// What it does: v14's kernel, loop and config (TailCfg, common/hopper/attn_bwd_tail.cuh) as Narrow<TailCfg<W>>, W the
+// What it does: v14's kernel, loop and config (StagedCfg, common/hopper/attn_bwd_stagger.cuh) as Narrow<StagedCfg<W>>, W the
 // next width (64 for D < 64, 128 for 64 < D < 128). The forward's narrow path reads the same way (fwd v05 / v07):
 //   - the tensor maps of Q, K, V and dO run over the true D, so TMA's out-of-bounds fill writes the zero columns a
 //     padded copy would hold (exact as the padding is: zero columns add 0 to every score and every dP, and make
@@ -50,14 +50,14 @@ struct Launch {
     return launch<C, T, bwd_dkdv_stagger<C, T, AddPartial, TailSteps>>(p, st, dev);
   }
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    if (p.head_dim == W) return go<TailCfg<W>>(p, st, dev);
+    if (p.head_dim == W) return go<StagedCfg<W>>(p, st, dev);
     if constexpr (LAB_BWD_NARROW_QK_STEPS != 0 && W == 128) {
-      if (p.head_dim == 80) return go<NarrowSteps<TailCfg<W>, 80>>(p, st, dev);
-      if (p.head_dim == 96) return go<NarrowSteps<TailCfg<W>, 96>>(p, st, dev);
+      if (p.head_dim == 80) return go<NarrowSteps<StagedCfg<W>, 80>>(p, st, dev);
+      if (p.head_dim == 96) return go<NarrowSteps<StagedCfg<W>, 96>>(p, st, dev);
     }
     if constexpr (LAB_BWD_NARROW_QK_STEPS != 0 && W == 64)
-      if (p.head_dim == 32) return go<NarrowSteps<TailCfg<W>, 32>>(p, st, dev);
-    return go<Narrow<TailCfg<W>>>(p, st, dev);
+      if (p.head_dim == 32) return go<NarrowSteps<StagedCfg<W>, 32>>(p, st, dev);
+    return go<Narrow<StagedCfg<W>>>(p, st, dev);
   }
 };
 

@@ -11,22 +11,12 @@ import torch
 
 from .. import bench, cases, check, ops, record, sweep
 from ..cases import Case
-from ..fwd import head_dims
-from ..fwd.narrow_gpu import SHAPES, unpadded
+from ..fwd.narrow_gpu import SHAPES, padded_attention, unpadded
 from ..publish import tables
 from . import harness
 
 DIMS = (8, 32, 56, 72, 80, 96, 120)
 BUG = {"LAB_BWD_BUG_NARROW_SHORT": None}  # common/hopper/attn_fwd_sm90.cuh's narrow_stores, wrong on purpose
-
-
-def _padded_call(q, k, v, is_causal, scale=None, return_lse=False):
-    """The call as lab.ops.attention made it before the narrow backward: F.pad to the width, the kernels, the slice."""
-    def attend(qp, kp, vp, s):
-        return ops.attention(qp, kp, vp, is_causal=is_causal, scale=s, enable_gqa=qp.shape[1] != kp.shape[1],
-                             return_lse=True)
-    out, lse = head_dims.padded(attend, q, k, v, scale if scale is not None else q.shape[-1] ** -0.5)
-    return (out, lse) if return_lse else out
 
 
 def same_as_padded(shape, D: int, dtype: str, causal: bool, scale=None, through_lse: bool = False) -> bool:
@@ -43,7 +33,7 @@ def same_as_padded(shape, D: int, dtype: str, causal: bool, scale=None, through_
     got = []
     for call in (lambda a, b, c: ops.attention(a, b, c, is_causal=causal, scale=scale, enable_gqa=Hq != Hkv,
                                                return_lse=True),
-                 lambda a, b, c: _padded_call(a, b, c, causal, scale, return_lse=True)):
+                 lambda a, b, c: padded_attention(scale)(a, b, c, causal)()):
         a, b, c = (t.detach().requires_grad_() for t in (q, k, v))
         out, lse = call(a, b, c)
         outs, grads = ((out, lse), (dout, dlse)) if through_lse else ((out,), (dout,))
@@ -102,13 +92,13 @@ def narrow_bwd_race(quick: bool = False, dims=(32, 80, 96), modes=("bwd", "fwd+b
     grid = cases.head_dim_cases(head_dims=dims)
     if quick:
         grid = [c for c in grid if "s2048" in c.name]
-    ceilings, rows = bench.ceilings(), []
+    ceilings, rows, padded_call = bench.ceilings(), [], padded_attention()
     for i, case in enumerate(grid):
         q, k, v = sweep._inputs_fwd(case, seed=i)
         dout = sweep._inputs_fwd(case, seed=10_000 + i)[0]
         for mode in modes:
             makers = {"lab.ops.attention": lambda: harness.ours_step(mode, q, k, v, case.causal, dout),
-                      "lab.ops.attention (padded)": lambda: _step(lambda a, b, c: _padded_call(a, b, c, case.causal),
+                      "lab.ops.attention (padded)": lambda: _step(lambda a, b, c: padded_call(a, b, c, case.causal)()[0],
                                                                   mode, q, k, v, dout)}
             for backend in ("flash", "cudnn", "efficient"):
                 makers[f"sdpa-{backend}"] = lambda b=backend: sdpa_step(b, mode, q, k, v, case.causal, dout)
@@ -149,7 +139,7 @@ def steps_ab(dims=(32, 80, 96), seqlens=(512, 2048, 8192)) -> list[dict]:
     from .op import _bwd_impl
 
     rows = []
-    grid = [c for c in cases.head_dim_cases(head_dims=dims, seqlens=seqlens)]
+    grid = cases.head_dim_cases(head_dims=dims, seqlens=seqlens)
     for i, case in enumerate(grid):
         q, k, v = sweep._inputs_fwd(case, seed=i)
         dout = sweep._inputs_fwd(case, seed=10_000 + i)[0]

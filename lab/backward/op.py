@@ -21,15 +21,9 @@ from .. import build
 from ..kernels import launcher, resolve_version
 from ..op_common import _capability, register_autograd_once
 from ..registry import (BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD, FAST_HEAD_DIMS,  # noqa: F401 (re-exported)
-                        HOPPER_CAPABILITIES, NARROW_BWD, backward_preference)
+                        HOPPER_CAPABILITIES, NARROW_BWD, backward_preference, narrow_backward_dim)
 
 # The table and preference lists live in lab.registry (no torch: the drivers and sanitizer scripts read them).
-
-
-def narrow_backward_dim(head_dim: int) -> bool:
-    """A head dim that NARROW_BWD reads unpadded: a multiple of 8 below 128 that is no kernel width
-    (kernels/common/hopper/attn_fwd_sm90.cuh's narrow_head_dim with narrow_width <= 128)."""
-    return 0 < head_dim < FAST_HEAD_DIMS[-1] and head_dim % 8 == 0 and head_dim not in FAST_HEAD_DIMS
 
 
 def backward_version(head_dim: int, version=None, capability: tuple = (), deterministic: bool = False) -> str:
@@ -37,17 +31,15 @@ def backward_version(head_dim: int, version=None, capability: tuple = (), determ
     lab.registry.backward_preference that takes it. A narrow head dim (a forward that ran unpadded) gets
     NARROW_BWD's kernel, which has no deterministic mode."""
     if narrow_backward_dim(head_dim):
-        name = version if version is not None else NARROW_BWD[0]
-        name = f"v{int(name):02d}" if isinstance(name, int) else str(name)
+        width = 64 if head_dim < 64 else FAST_HEAD_DIMS[-1]  # the kernel width the narrow dim runs at
+        name = resolve_version(version, BWD, width, NARROW_BWD)
         if name not in NARROW_BWD:
-            raise ValueError(f"head dim {head_dim} unpadded: backward {version!r} takes head dims "
-                             f"{list(BWD[name].head_dims) if name in BWD else '?'}; narrow head dims run on {NARROW_BWD}")
+            raise ValueError(f"head dim {head_dim} runs unpadded on {NARROW_BWD} only, not on backward {name}")
         if deterministic:
             raise NotImplementedError(
                 f"head dim {head_dim}: this forward ran unpadded with torch.use_deterministic_algorithms off, and the "
                 f"unpadded backward ({name}) adds dQ by atomics, in no fixed order; enable the mode before the "
-                f"forward (the call then pads to {FAST_HEAD_DIMS[-1] if head_dim > 64 else 64} and runs a "
-                f"deterministic kernel)")
+                f"forward (the call then pads to {width} and runs a deterministic kernel)")
         if tuple(capability) not in HOPPER_CAPABILITIES:
             raise ValueError(f"head dim {head_dim} unpadded: {name} runs on compute capability 9.0 only")
         return name

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..op_common import _check_tensor, _scale
-from ..registry import FAST_HEAD_DIMS, FWD_HEAD_DIMS, NARROW_FWD, WIDE_HEAD_DIMS
+from ..registry import FAST_HEAD_DIMS, FWD_HEAD_DIMS, NARROW_FWD, WIDE_HEAD_DIMS, narrow_backward_dim
 
 
 def kernel_head_dim(d_qk: int, d_v: int) -> int | None:
@@ -80,7 +80,7 @@ def narrow(query, key, value, version: str) -> bool:
     if not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                             for t in (query, key, value))):
         return True
-    return d < FAST_HEAD_DIMS[-1] and not torch.are_deterministic_algorithms_enabled()
+    return narrow_backward_dim(d) and not torch.are_deterministic_algorithms_enabled()
 
 
 def aligned_rows(t: torch.Tensor, line: int = 128) -> torch.Tensor:

@@ -78,15 +78,16 @@ def narrow_checks(quick: bool = False, dims=DIMS, bugs=(("v07", 80), ("v05", 32)
     return fails
 
 
-def padded_attention():
+def padded_attention(scale=None):
     """make(q, k, v, is_causal) -> the call as lab.ops.attention made it before the narrow path: F.pad to the
-    kernel's width, the kernel, the slice (head_dims.padded with the op's own attend)."""
+    kernel's width, the kernel, the slice (head_dims.padded with the op's own attend); the call returns (out, lse)
+    and carries gradients as autograd does through F.pad. scale: the caller's (None: 1/sqrt(D_qk))."""
     def make(q, k, v, is_causal):
         gqa = q.shape[1] != k.shape[1]
 
-        def attend(qp, kp, vp, scale):
-            return ops.attention(qp, kp, vp, is_causal=is_causal, scale=scale, enable_gqa=gqa, return_lse=True)
-        return lambda: head_dims.padded(attend, q, k, v, q.shape[-1] ** -0.5)
+        def attend(qp, kp, vp, padded_scale):
+            return ops.attention(qp, kp, vp, is_causal=is_causal, scale=padded_scale, enable_gqa=gqa, return_lse=True)
+        return lambda: head_dims.padded(attend, q, k, v, q.shape[-1] ** -0.5 if scale is None else scale)
     return make
 
 

@@ -12,20 +12,17 @@ from __future__ import annotations
 import re
 import sys
 
+from ptx_same import entries
+
 
 def kernels(path: str) -> dict:
-    text = open(path).read()
-    text = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__ANON_", text)  # the hash of the file's path and contents
-    text = re.sub(r"\.loc\s+.*\n", "", text)
-    text = re.sub(r"//.*\n", "\n", text)
+    """Each kernel's normalised body (ptx_same.entries) keyed by its name with pass 1's kernel and the kSwizzle
+    argument's default folded away, so v06's kernels before and after the shared header pair up by name."""
     out = {}
-    for part in re.split(r"\n(?=(?:\.(?:visible|weak) )?\.entry |\.func )", text)[1:]:
-        name = re.match(r"(?:\.\w+ )?\.entry (\S+?)\(", part).group(1)
+    for name, body in entries(path):
         key = re.sub(r".*warpring_partial_kernel", "K", name)
         key = key.replace("Lb1ELb0EE", "Lb1EE").replace("Lb0ELb0EE", "Lb0EE")  # kSwizzle false
-        body = re.sub(r"\$L__BB\d+_", "LBB_", part.replace(name, "NAME"))
-        body = re.sub(r"\w*?4smemE", "SMEM", body).replace(".visible .entry", ".entry")
-        out[key] = body.strip()
+        out[key] = body.replace(".visible .entry", ".entry")
     return out
 
 

@@ -13,18 +13,24 @@ import re
 import sys
 
 
-def bodies(path: str) -> collections.Counter:
+def entries(path: str) -> list[tuple[str, str]]:
+    """(mangled name, normalised body) of every kernel and function in a PTX file, in file order; the body has its
+    own name replaced by NAME (tools/gpu/paged_ptx_same.py keys them by a name of its own)."""
     text = open(path).read()
     text = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__ANON_", text)  # the hash of the file's path and contents
     text = re.sub(r"_INTERNAL_[0-9a-f]+_", "_INTERNAL_HASH_", text)  # static locals' internal names carry it too
     text = re.sub(r"\.loc\s+.*\n", "", text)
     text = re.sub(r"//.*\n", "\n", text)
-    out = collections.Counter()
+    out = []
     for part in re.split(r"\n(?=(?:\.(?:visible|weak) )?\.entry |\.func )", text)[1:]:
         name = re.match(r"(?:\.\w+ )?\.(?:entry|func) (?:\([^)]*\) )?(\S+?)\(", part).group(1)
         body = re.sub(r"\$L__BB\d+_", "LBB_", part.replace(name, "NAME"))
-        out[re.sub(r"\w*?4smemE", "SMEM", body).strip()] += 1
+        out.append((name, re.sub(r"\w*?4smemE", "SMEM", body).strip()))
     return out
+
+
+def bodies(path: str) -> collections.Counter:
+    return collections.Counter(body for _, body in entries(path))
 
 
 def main() -> int:

@@ -7,10 +7,6 @@
 
 namespace lab::sm90::bwd {
 
-// bwd/v14's configuration, which the ordered versions keep.
-template <int D>
-using OrderedCfg = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
-
 // The counter words: one per padded query row after dq_accum; word m0 + wg of a head's rows counts the adds into
 // row block m0 by warpgroup wg (row blocks are at least 64 rows, so the words never meet).
 template <class C>
@@ -60,7 +56,7 @@ struct OrderedLaunch {
   template <int D, class T>
   struct Run {
     static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-      using C = OrderedCfg<D>;
+      using C = StagedCfg<D>;
       if (p.dq_accum == nullptr) return LAB_E_WORKSPACE;  // the deterministic mode needs it here too
       const int64_t rows = (int64_t)p.batch * p.heads_q * lab::bwd::padded_rows(p.seqlen_q);
       const cudaError_t err = cudaMemsetAsync(p.dq_accum + rows * C::D, 0, rows * sizeof(int), st);

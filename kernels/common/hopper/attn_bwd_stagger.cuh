@@ -40,6 +40,11 @@ constexpr int kBarReady = 5, kBarFree = 9, kBarStagger = 13;
 __device__ __forceinline__ int ready_bar(int buf, int writer) { return kBarReady + 2 * buf + writer; }
 __device__ __forceinline__ int free_bar(int buf, int writer) { return kBarFree + 2 * buf + writer; }
 
+// bwd/v13's tile configuration, which v14 and the versions built on it keep (v15-v18, v20): D = 64 with 128 queries a
+// step, D = 128 with two dS^T buffers; both stage dK and dV through shared memory.
+template <int D>
+using StagedCfg = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
+
 // The dQ partial of step j added into dq_accum by this thread's 16-byte reductions, in reduce_dq's order.
 template <class C>
 __device__ __forceinline__ void red_dq(const float (&dq)[C::kDqRegs], int hq, int m0, int b, const AttnBwdParams& p) {

@@ -26,11 +26,6 @@ __device__ __forceinline__ int tail_tile(const AttnBwdParams& p, int idx) {
   return (heads - w + r % w) * n_kb + r / w;
 }
 
-// bwd/v14's configuration (bwd/v13's): D = 64 with 128 queries a step, D = 128 with two dS^T buffers; both stage dK
-// and dV through shared memory.
-template <int D>
-using TailCfg = std::conditional_t<D == 64, Cfg<64, 2, false, false, true, 128>, Cfg<128, 2, true, false, true>>;
-
 struct TailSteps : DenseSteps {
   template <class C>
   __device__ __forceinline__ static Work work(const AttnBwdParams& p) {
