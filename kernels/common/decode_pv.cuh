@@ -4,6 +4,7 @@
 
 #include "common/decode_util.cuh"
 #include "common/mma.cuh"
+#include "common/paged.cuh"
 #include "common/params.h"
 
 namespace lab::decode {
@@ -75,6 +76,27 @@ __device__ __forceinline__ void stage_q_rows(T* sQ, const DecodeParams& p, int b
                                                (rr % p.q_len) * p.q_stride[2] + c));
     }
     *reinterpret_cast<uint4*>(sQ + r * kStride + c) = v;
+  }
+}
+
+// The Q of a block's 16 rows for the tile step (decode v03, v05 and the warp ring): Cfg::kQInSmem (D > 128) stages
+// the rows in sQ (stage_q_rows; kPublish: a barrier here publishes them, where no ring step's barrier follows), else
+// each warp loads its A fragments into qf (lab::paged::load_q_frags); and each fragment row's bottom-right causal key
+// limit in the split (lab::paged::causal_keys).
+template <typename T, int D, class Cfg, bool kPublish>
+__device__ __forceinline__ void load_q_rows(uint32_t (&qf)[Cfg::kQInSmem ? 1 : Cfg::kKSteps][4], int (&row_keys)[2],
+                                            T* sQ, const DecodeParams& p, int b, int h_kv, int group, int row0,
+                                            int rows, int len, int key_begin, int n_keys, int tid, int gid, int tig) {
+  if constexpr (Cfg::kQInSmem) {
+    stage_q_rows<T, D, Cfg::kThreads, Cfg::kStride>(sQ, p, b, h_kv, group, row0, rows, tid);
+    if constexpr (kPublish) __syncthreads();
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      row_keys[half] = lab::paged::causal_keys(p.causal, len, p.q_len, (row0 + gid + 8 * half) % p.q_len, key_begin,
+                                               n_keys);
+  } else {
+    lab::paged::load_q_frags<T, Cfg::kKSteps>(qf, row_keys, p, b, h_kv, group, row0, rows, len, key_begin, n_keys,
+                                              gid, tig);
   }
 }
 

@@ -290,6 +290,22 @@ __device__ __forceinline__ int causal_keys(bool causal, int len, int q_len, int 
   return causal ? min(n_keys, len - q_len + tok + 1 - key_begin) : n_keys;
 }
 
+// The keys split `split` of sequence b holds (the prologue of decode v03-v08's pass 1): the sequence's length clamped
+// to the keys that exist (paged: max_pages * page_size), the split's first key and its count; errors starts with
+// LAB_PAGE_E_SHORT where a paged length asks for more keys than the table holds.
+struct SplitKeys {
+  int errors, len, key_begin, n_keys;
+};
+template <bool kPaged>
+__device__ __forceinline__ SplitKeys split_keys(const DecodeParams& p, int b, int split, int chunk) {
+  const int cap = p.seqlen_cache;  // paged: max_pages * page_size
+  const int asked = p.cache_seqlens ? p.cache_seqlens[b] : cap;
+  const int errors = kPaged && asked > cap ? LAB_PAGE_E_SHORT : 0;
+  const int len = max(0, min(asked, cap));
+  const int key_begin = split * chunk;
+  return {errors, len, key_begin, max(0, min(key_begin + chunk, len) - key_begin)};
+}
+
 // The page-table check of a sequence in decode v03 / v04, run while the first tiles are in flight (their bad
 // ids were zero-filled, not read): a bad id adds LAB_PAGE_E_INDEX; with any error every block of the sequence
 // drops its keys (n_keys = n_tiles = 0: its rows become O = 0). The caller's one reporting thread writes

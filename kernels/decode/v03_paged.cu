@@ -133,12 +133,9 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   const int split = blk.split, b = blk.b, h_kv = blk.h_kv, row0 = blk.row0, rows = blk.rows, rg = blk.rg;
 
   // Prologue: the sequence's length (clamped to the keys that exist), the split's keys, the cursor.
-  const int cap = p.seqlen_cache;  // paged: max_pages * page_size
-  const int asked = p.cache_seqlens ? p.cache_seqlens[b] : cap;
-  int errors = kPaged && asked > cap ? LAB_PAGE_E_SHORT : 0;
-  const int len = max(0, min(asked, cap));
-  const int key_begin = split * chunk;
-  int n_keys = max(0, min(key_begin + chunk, len) - key_begin);
+  const lab::paged::SplitKeys keys = lab::paged::split_keys<kPaged>(p, b, split, chunk);  // common/paged.cuh
+  int errors = keys.errors, n_keys = keys.n_keys;
+  const int len = keys.len, key_begin = keys.key_begin;
 
   const int j0 = tid / Cfg::kVecSlots;                 // this thread's first row of every tile
   const int col = (tid % Cfg::kVecSlots) * 8;          // and its 16-byte column
@@ -281,16 +278,8 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   uint32_t qf[Cfg::kQInSmem ? 1 : Cfg::kKSteps][4];
   int row_keys[2];
   T* const sQ = reinterpret_cast<T*>(smem + Cfg::kRingBytes);  // D > 128 only
-  if constexpr (Cfg::kQInSmem) {
-    lab::decode::stage_q_rows<T, D, Cfg::kThreads, Cfg::kStride>(sQ, p, b, h_kv, group, row0, rows, tid);
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-      row_keys[half] = lab::paged::causal_keys(p.causal, len, p.q_len, (row0 + gid + 8 * half) % p.q_len, key_begin,
-                                               n_keys);
-  } else {
-    lab::paged::load_q_frags<T, Cfg::kKSteps>(qf, row_keys, p, b, h_kv, group, row0, rows, len, key_begin, n_keys,
-                                              gid, tig);
-  }
+  lab::decode::load_q_rows<T, D, Cfg, false>(qf, row_keys, sQ, p, b, h_kv, group, row0, rows, len, key_begin,
+                                             n_keys, tid, gid, tig);
 
   const float qk_scale = p.scale * kLog2e;
   float acc[Cfg::kDTiles][4] = {};

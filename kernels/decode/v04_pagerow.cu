@@ -102,12 +102,9 @@ __global__ void __launch_bounds__(RowTileConfig<kHeadDim, kStages>::kThreads, 1)
   const int row0 = rg * 16, rows = min(16, rows_total - row0);
 
   // Prologue: the sequence's length (clamped to the keys that exist), the split's keys, the walk.
-  const int cap = p.seqlen_cache;  // paged: max_pages * page_size
-  const int asked = p.cache_seqlens ? p.cache_seqlens[b] : cap;
-  int errors = kPaged && asked > cap ? LAB_PAGE_E_SHORT : 0;
-  const int len = max(0, min(asked, cap));
-  const int key_begin = split * chunk;
-  int n_keys = max(0, min(key_begin + chunk, len) - key_begin);
+  const lab::paged::SplitKeys keys = lab::paged::split_keys<kPaged>(p, b, split, chunk);  // common/paged.cuh
+  int errors = keys.errors, n_keys = keys.n_keys;
+  const int len = keys.len, key_begin = keys.key_begin;
 
   // The thread's copies: head hc of the block, vector col of the row, keys key0 + it * kKeyStep of a tile.
   const int col = (tid % Cfg::kVecPerRow) * 8;
