@@ -187,10 +187,13 @@ def graph_check(case: PagedCase, seed: int = 0, save: bool = True) -> dict:
 def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[dict]:
     """The race: per case, on one set of data, the public op on the paged cache (`lab.ops.decode`, with a
     page_errors buffer: the graph-safe call, no host sync), the same op with the default eager flag check
-    (one sync per call), our contiguous decode and SDPA's cuDNN and flash backends on the contiguous cache.
-    Bandwidth on the bytes that must move; ratios t_other / t_paged (sdpa-*, and CONTIGUOUS), and on the CONTIGUOUS
-    row t_sdpa / t_contiguous. Rows are kind
-    "paged"; their case carries `tokens` (batch x length), the x axis of the chapter's plots."""
+    (one sync per call), our contiguous decode and SDPA's cuDNN and flash backends on the contiguous cache, timed
+    in rounds (lab.bench.time_interleaved: each round times every call once, so a drift of the clocks between two
+    rows reaches both and cancels in their ratio, as in the other races). Bandwidth on the bytes that must move; ratios t_other / t_paged (sdpa-*, and
+    CONTIGUOUS), and on the CONTIGUOUS row t_sdpa / t_contiguous. Rows are kind "paged"; their case carries
+    `tokens` (batch x length), the x axis of the chapter's plots."""
+    from functools import partial
+
     from tqdm.std import tqdm
 
     from .. import ops
@@ -205,19 +208,21 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
         cache = 2 * sum(case.lengths()) * case.Hkv * case.D * 2
         size = {"cache_bytes": cache, "cache_ge_1gb": cache >= 2**30, "page_size": case.page_size}
         mask = visible(case.kv_len, case.q_len, True, "cuda") if case.causal else None
-        times = {}
+        calls = {f"sdpa-{backend}": (bench.sdpa_runner("default", q, k, v, False, attn_mask=mask),
+                                     partial(bench.sdpa_backend, backend)) for backend in ("cudnn", "flash")}
+        calls[CONTIGUOUS] = (lambda: ops.decode(q, k, v, is_causal=case.causal), None)
+        calls[PUBLIC_DECODE] = (lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal,
+                                                   page_errors=flags), None)
+        calls[EAGER_CHECK] = (lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal), None)
+        timed = bench.time_interleaved(calls, **stop)
+        times = {backend: timed[f"sdpa-{backend}"] for backend in ("cudnn", "flash")}
         for backend in ("cudnn", "flash"):
-            with bench.sdpa_backend(backend):
-                times[backend] = bench.try_time(bench.sdpa_runner("default", q, k, v, False, attn_mask=mask), **stop)
             rows.append(record.append(_row(f"sdpa-{backend}", case, times[backend], work, ceilings, size)))
-        contiguous = bench.try_time(lambda: ops.decode(q, k, v, is_causal=case.causal), **stop)
+        contiguous = timed[CONTIGUOUS]
         mine = dict(size, ratios=bench.ratios(contiguous, times) if isinstance(contiguous, bench.Timing) else {})
         rows.append(record.append(_row(CONTIGUOUS, case, contiguous, work, ceilings, mine)))
-        calls = {PUBLIC_DECODE: lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal,
-                                                   page_errors=flags),
-                 EAGER_CHECK: lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal)}
-        for impl, fn in calls.items():
-            t = bench.try_time(fn, **stop)
+        for impl in (PUBLIC_DECODE, EAGER_CHECK):
+            t = timed[impl]
             extra = dict(size, ratios=bench.ratios(t, times) if isinstance(t, bench.Timing) else {})
             if isinstance(t, bench.Timing) and isinstance(contiguous, bench.Timing):
                 extra["ratios"][CONTIGUOUS] = contiguous.median_ms / t.median_ms
