@@ -182,9 +182,8 @@ def default_decode_version(heads_q: int, heads_kv: int, q_len: int, head_dim: in
     return next((v for v in BEST_DECODE if head_dim in DECODE[v].head_dims), BEST_DECODE[-1])
 
 
-def paged_versions(heads_kv: int, batch: int | None = None, sms: int | None = None) -> tuple:
-    """The paged decode versions that take H_kv KV heads, in lab.ops.decode's order of preference. batch and sms
-    chose v04 first where its blocks filled a wave with no split; no version depends on them since v04 went last."""
+def paged_versions(heads_kv: int) -> tuple:
+    """The paged decode versions that take H_kv KV heads, in lab.ops.decode's order of preference."""
     return tuple(v for v in BEST_PAGED if heads_kv % PAGED_HEADS.get(v, 1) == 0)
 
 
@@ -194,9 +193,9 @@ def _default_paged() -> set:
     return set(BEST_PAGED[:upto + 1])
 
 
-def default_paged_version(heads_kv: int, batch: int | None = None, sms: int | None = None, head_dim: int = 128) -> str:
-    """What lab.ops.decode runs for a block table (or a causal call) with H_kv KV heads, a batch, on `sms` SMs."""
-    return _version(None, DECODE, head_dim, paged_versions(heads_kv, batch, sms))
+def default_paged_version(heads_kv: int, head_dim: int = 128) -> str:
+    """What lab.ops.decode runs for a block table (or a causal call) with H_kv KV heads at a head dim."""
+    return _version(None, DECODE, head_dim, paged_versions(heads_kv))
 
 
 def default_for_row(row: dict) -> str | None:
@@ -205,8 +204,7 @@ def default_for_row(row: dict) -> str | None:
     case = row.get("case") or {}
     try:
         if "page_size" in case:
-            return default_paged_version(int(case["Hkv"]), int(case.get("B", 0)) or None,
-                                         int(row.get("env", {}).get("sms") or 0) or None, int(case.get("D", 128)))
+            return default_paged_version(int(case["Hkv"]), int(case.get("D", 128)))
         if "q_len" in case:
             return default_decode_version(int(case["Hq"]), int(case["Hkv"]), int(case["q_len"]), int(case.get("D", 128)))
         if "Sq" in case:

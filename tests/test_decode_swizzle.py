@@ -38,8 +38,7 @@ def test_the_shift_per_head_dim_and_why():
 def test_v08_is_the_default_at_the_narrow_dims():
     assert registry.DECODE["v08"].head_dims == (80, 96) and "v08" in registry.PAGED_DECODE
     assert registry.SPLIT_RULE["v08"] == "v02"
-    assert [registry.default_paged_version(8, 8, 132, head_dim=d) for d in (64, 80, 96, 128, 192)] == \
+    assert [registry.default_paged_version(8, head_dim=d) for d in (64, 80, 96, 128, 192)] == \
         ["v07", "v08", "v08", "v07", "v03"]
-    assert registry.default_paged_version(8, 128, 132, head_dim=80) == "v08"  # v04 (full wave) has no D 80
     assert [registry.default_decode_version(32, 8, 1, d) for d in (64, 80, 96, 128, 256)] == \
         ["v07", "v08", "v08", "v07", "v02"]

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages, kSwizzle>::k
 }
 
 // The kernel's launch traits for common/decode_paged_launch.cuh (the grid, the combine and the dispatch the family
-// shares): decode v06 takes WarpRingPartial<false>::Launch, v07 WarpRingPartial<true>::Launch.
+// shares), as the Partial<T, D, kStages, kPaged> it takes: decode v06 the padded ring, v07 and v08 the swizzled one.
 template <bool kSwizzle>
 struct WarpRingPartial {
   template <typename T, int kHeadDim, int kStages, bool kPaged>
@@ -186,6 +186,10 @@ struct WarpRingPartial {
     static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
   };
 };
+template <typename T, int kHeadDim, int kStages, bool kPaged>
+using PaddedRingPartial = WarpRingPartial<false>::Launch<T, kHeadDim, kStages, kPaged>;
+template <typename T, int kHeadDim, int kStages, bool kPaged>
+using SwizzledRingPartial = WarpRingPartial<true>::Launch<T, kHeadDim, kStages, kPaged>;
 
 }  // namespace decode
 }  // namespace lab

@@ -48,10 +48,6 @@
 
 namespace {
 
-// Pass 1 is common/decode_warp_ring_pass1.cuh's kernel with the padded ring (kSwizzle false).
-template <typename T, int kHeadDim, int kStages, bool kPaged>
-using Partial = lab::decode::WarpRingPartial<false>::Launch<T, kHeadDim, kStages, kPaged>;
-
 constexpr int kKeyBlock = 64;  // WarpRingConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 
 }  // namespace
@@ -61,5 +57,5 @@ extern "C" int decode_warpring_v06(const DecodeParams* p, void* stream_ptr) {
                 "chunk rounding must match the kernel's key block");
   lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
   if (const int rc = lab::decode::paged_entry(p, kKeyBlock, stream_ptr, &l)) return rc < 0 ? rc : 0;
-  return lab::decode::launch_paged_family<Partial>(p, l);
+  return lab::decode::launch_paged_family<lab::decode::PaddedRingPartial>(p, l);  // the padded ring
 }

@@ -36,14 +36,7 @@
 #include "common/paged.cuh"
 #include "common/params.h"
 
-namespace {
-
-// Pass 1 is common/decode_warp_ring_pass1.cuh's kernel with the swizzled ring (kSwizzle true).
-template <typename T, int kHeadDim, int kStages, bool kPaged>
-using Partial = lab::decode::WarpRingPartial<true>::Launch<T, kHeadDim, kStages, kPaged>;
-
-}  // namespace
-
 extern "C" int decode_swizzle_v07(const DecodeParams* p, void* stream_ptr) {
-  return lab::decode::paged_entry_at_dims<Partial, 64, 128>(p, stream_ptr);  // common/decode_paged_launch.cuh
+  // pass 1: common/decode_warp_ring_pass1.cuh's kernel with the swizzled ring; the entry: common/decode_paged_launch.cuh
+  return lab::decode::paged_entry_at_dims<lab::decode::SwizzledRingPartial, 64, 128>(p, stream_ptr);
 }

@@ -184,37 +184,44 @@ def graph_check(case: PagedCase, seed: int = 0, save: bool = True) -> dict:
     return record.append(row) if save else row
 
 
-def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[dict]:
-    """The race: per case, on one set of data, the public op on the paged cache (`lab.ops.decode`, with a
-    page_errors buffer: the graph-safe call, no host sync), the same op with the default eager flag check
-    (one sync per call), our contiguous decode and SDPA's cuDNN and flash backends on the contiguous cache, timed
-    in rounds (lab.bench.time_interleaved: each round times every call once, so a drift of the clocks between two
-    rows reaches both and cancels in their ratio, as in the other races). Bandwidth on the bytes that must move; ratios t_other / t_paged (sdpa-*, and
-    CONTIGUOUS), and on the CONTIGUOUS row t_sdpa / t_contiguous. Rows are kind "paged"; their case carries
-    `tokens` (batch x length), the x axis of the chapter's plots."""
+def race_calls(case: PagedCase, a: dict, flags: torch.Tensor) -> dict:
+    """The race's five calls on one case's data (paged_inputs' dict `a`, a page_errors buffer `flags`), as
+    lab.bench.time_interleaved takes them ({name: (fn, context or None)}): SDPA's cuDNN and flash backends on the
+    contiguous cache, our contiguous decode (CONTIGUOUS), the public op on the paged cache with page_errors
+    (PUBLIC_DECODE: the graph-safe call, no host sync) and without it (EAGER_CHECK: one host sync a call)."""
     from functools import partial
 
-    from tqdm.std import tqdm
-
     from .. import ops
+
+    q, k, v, kp, vp, table, seqlens = (a[n] for n in ("q", "k", "v", "k_pages", "v_pages", "table", "seqlens"))
+    mask = visible(case.kv_len, case.q_len, True, q.device) if case.causal else None
+    calls = {f"sdpa-{backend}": (bench.sdpa_runner("default", q, k, v, False, attn_mask=mask),
+                                 partial(bench.sdpa_backend, backend)) for backend in ("cudnn", "flash")}
+    calls[CONTIGUOUS] = (lambda: ops.decode(q, k, v, is_causal=case.causal), None)
+    calls[PUBLIC_DECODE] = (lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal,
+                                               page_errors=flags), None)
+    calls[EAGER_CHECK] = (lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal), None)
+    return calls
+
+
+def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[dict]:
+    """The race: per case, on one set of data, race_calls' five calls timed in rounds (lab.bench.time_interleaved,
+    as the other chapters' races: each round times every call once, so every call's host path runs after the
+    others', as inside a model step; tools/gpu/paged_rounds_probe.py measured what the order moves). Bandwidth on the
+    bytes that must move; ratios t_other / t_paged (sdpa-*, and CONTIGUOUS), and on the CONTIGUOUS row
+    t_sdpa / t_contiguous. Rows are kind "paged"; their case carries `tokens` (batch x length), the x axis of the
+    chapter's plots."""
+    from tqdm.std import tqdm
 
     ceilings = bench.ceilings()
     rows = []
     for i, case in enumerate(tqdm(cases, desc="paged sweep", disable=not progress, mininterval=5)):
         a = paged_inputs(case, torch.Generator(device="cuda").manual_seed(i), "cuda")
-        q, k, v, kp, vp, table, seqlens = (a[n] for n in ("q", "k", "v", "k_pages", "v_pages", "table", "seqlens"))
         flags = torch.zeros(case.B, dtype=torch.int32, device="cuda")
         work = bench.decode_bytes(case.lengths(), case.Hq, case.Hkv, case.q_len, case.D)
         cache = 2 * sum(case.lengths()) * case.Hkv * case.D * 2
         size = {"cache_bytes": cache, "cache_ge_1gb": cache >= 2**30, "page_size": case.page_size}
-        mask = visible(case.kv_len, case.q_len, True, "cuda") if case.causal else None
-        calls = {f"sdpa-{backend}": (bench.sdpa_runner("default", q, k, v, False, attn_mask=mask),
-                                     partial(bench.sdpa_backend, backend)) for backend in ("cudnn", "flash")}
-        calls[CONTIGUOUS] = (lambda: ops.decode(q, k, v, is_causal=case.causal), None)
-        calls[PUBLIC_DECODE] = (lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal,
-                                                   page_errors=flags), None)
-        calls[EAGER_CHECK] = (lambda: ops.decode(q, kp, vp, seqlens, block_table=table, is_causal=case.causal), None)
-        timed = bench.time_interleaved(calls, **stop)
+        timed = bench.time_interleaved(race_calls(case, a, flags), **stop)
         times = {backend: timed[f"sdpa-{backend}"] for backend in ("cudnn", "flash")}
         for backend in ("cudnn", "flash"):
             rows.append(record.append(_row(f"sdpa-{backend}", case, times[backend], work, ceilings, size)))
@@ -228,7 +235,7 @@ def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[d
                 extra["ratios"][CONTIGUOUS] = contiguous.median_ms / t.median_ms
             extra["flags"] = bench.flagged(extra["ratios"])
             rows.append(record.append(_row(impl, case, t, work, ceilings, extra)))
-        del a, q, k, v, kp, vp
+        del a
     return rows
 
 

@@ -24,7 +24,7 @@ from lab.op_common import sm_count
 def default_splits(layout: str, B: int, L: int) -> int:
     """The split count lab.ops.decode picks by default for this call (the same rule and capacity)."""
     sms = sm_count(torch.device("cuda"))
-    version = registry.default_paged_version(8, B, sms) if layout == "paged" else registry.default_decode_version(32, 8, 1)
+    version = registry.default_paged_version(8) if layout == "paged" else registry.default_decode_version(32, 8, 1)
     return plans.split_plan(B, 8, L, sms, registry.SPLIT_RULE.get(version, version))
 
 
