@@ -1,18 +1,13 @@
 """The swizzled K/V ring of decode v07 (D 64 / 128) and v08 (D 80 / 96), counted lane by lane on the CPU
-(tools/gpu/paged_swizzle_model.py, which addresses the ring as common/decode_swizzle.cuh does): every chunk written
+(lab.decode.swizzle_model, which addresses the ring as common/decode_swizzle.cuh does): every chunk written
 once and read back by the ldmatrix lane that needs it, copies and ldmatrix free of bank conflicts, and every 32-byte
 sector of the cache landing whole in one 32-byte sector of the ring, where the padded ring splits half of them."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 from lab import registry
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools", "gpu"))
-import paged_swizzle_model as model  # noqa: E402
+from lab.decode import swizzle_model as model
 
 
 @pytest.mark.parametrize("D", (64, 80, 96, 128))

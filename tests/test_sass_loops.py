@@ -1,11 +1,6 @@
-"""tools/sass/sass_loops.py on a synthetic cuobjdump listing: loops are found by their backward branch, counted
+"""lab.profile.sass_loops on a synthetic cuobjdump listing: loops are found by their backward branch, counted
 by pipe, and turned into floors with the wgmma shapes."""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "sass"))
-
-import sass_loops
+from lab.profile import sass_loops
 
 LISTING = """
         Function : kernel_a

@@ -1,13 +1,13 @@
 """The loops of a kernel's SASS and what each one issues: the floor count before an optimisation.
 
-    python tools/sass/sass_loops.py KERNEL.cubin|.sass NAME_SUBSTRING [--min-mma 1]
+    python -m lab.profile.sass_loops KERNEL.cubin|.sass NAME_SUBSTRING [--min-mma 1]
 
 Reads `cuobjdump -sass` output (or runs cuobjdump on a .cubin; CUOBJDUMP names it), picks the function whose
 name contains NAME_SUBSTRING, finds every loop (a backward branch and its target) that holds at least
 --min-mma tensor-core instructions (HMMA/HGMMA), and prints per loop the instruction count by class: the
 tensor instructions, the MUFU (exp2, rcp), the FP32 pipe (FFMA/FMUL/FADD/FMNMX), conversions and packing,
 shuffles, shared-memory and barrier traffic, the rest. Dividing by the pipes' rates (kernels/README.md,
-"v07 floors") gives the issue and pipe floors of one iteration.
+"v07 floors") gives the issue and pipe floors of one iteration. Tested by tests/test_sass_loops.py.
 """
 from __future__ import annotations
 

@@ -12,7 +12,9 @@ lane by lane, as the kernels address them (kernels/decode/v06_warpring.cu, v07_s
   - split sectors: each 32-byte global sector counted once per aligned 32-byte shared sector its two chunks land in
     (the other hypothesis: 1.50x for the padded ring at D 128, the measured ratio, 1.00x swizzled).
 
-    python tools/gpu/paged_swizzle_model.py        # prints one table per head dim; exits 1 if a layout check fails
+    python -m lab.decode.swizzle_model        # prints one table per head dim; exits 1 if a layout check fails
+
+tests/test_decode_swizzle.py asserts the same checks.
 """
 from __future__ import annotations
 
