@@ -399,7 +399,7 @@ def test_every_kernel_compiles_for_sm80_and_sm90a():
 
 
 def test_parse_ptxas_names_kernels_whose_wgmma_ptxas_serialized():
-    """Real ptxas output (v07 at 93774e8 built with LAB_V07_D128_FUSE=1: a wgmma issued under a condition after
+    """Real ptxas output (v07 at 93774e8 built with LAB_FWD_OVERLAP_D128_FUSE=1: a wgmma issued under a condition after
     its fence): the four persistent few-keys instantiations, the ones FUSE changes, carry C7520; the long-config
     ones built beside them do not."""
     rows = build.parse_ptxas((FIXTURES / "ptxas_wgmma_serialized.log").read_text())
@@ -426,12 +426,12 @@ def test_parse_ptxas_gives_a_serialized_wgmma_to_its_own_arch():
 
 @requires_nvcc
 def test_v04_sweep_switch_builds_one_tile_and_rejects_a_bad_one():
-    """v04's one sweep switch (LAB_V04_TILE, commas escaped for nvcc) builds the tile it names through the
+    """v04's one sweep switch (LAB_FWD_LAZY_TILE, commas escaped for nvcc) builds the tile it names through the
     same define path sweeps use; a tile that breaks FwdConfig's static checks fails to compile, loudly."""
     v04 = paths.KERNELS / "fwd" / "v04_lazy.cu"
     rows = build.compile_check(archs=("sm_80",), sources=[v04],
-                               defines={"LAB_V04_TILE": r"FwdConfig<128\,8\,1\,64\,2\,1\,true\,false\,false\,1\,false>"})
+                               defines={"LAB_FWD_LAZY_TILE": r"FwdConfig<128\,8\,1\,64\,2\,1\,true\,false\,false\,1\,false>"})
     assert len(rows) == 2 and all(r["registers"] > 0 for r in rows)  # the one tile, fp16 and bf16
     assert all("FwdConfig<128, 8, 1, 64, 2, 1, true, false, false, 1, false," in r["kernel"] for r in rows)
     with pytest.raises(build.BuildError, match="v04_lazy.cu"):  # 3 warps: the Q tile load does not split evenly
-        build.compile_check(archs=("sm_80",), sources=[v04], defines={"LAB_V04_TILE": r"FwdConfig<128\,3\,2\,64\,2\,2>"})
+        build.compile_check(archs=("sm_80",), sources=[v04], defines={"LAB_FWD_LAZY_TILE": r"FwdConfig<128\,3\,2\,64\,2\,2>"})

@@ -38,10 +38,10 @@ def test_public_op_default_on_hopper_is_right(D, Sq, causal):
     assert check.check_forward(run, case, "lab.ops.attention", trials=1).passed
 
 
-@pytest.mark.parametrize("defines", [{"LAB_V07_PINGPONG": 1, "LAB_V07_D128_STAGES": 3, "LAB_V07_D128_BC": 128},
-                                     {"LAB_V07_D128_BC": 128},
-                                     {"LAB_V07_D64_POLY": 8},
-                                     {"LAB_V07_D128_PERSIST": 1, "LAB_V07_D64_PERSIST": 1}])
+@pytest.mark.parametrize("defines", [{"LAB_FWD_OVERLAP_PINGPONG": 1, "LAB_FWD_OVERLAP_D128_STAGES": 3, "LAB_FWD_OVERLAP_D128_BC": 128},
+                                     {"LAB_FWD_OVERLAP_D128_BC": 128},
+                                     {"LAB_FWD_OVERLAP_D64_POLY": 8},
+                                     {"LAB_FWD_OVERLAP_D128_PERSIST": 1, "LAB_FWD_OVERLAP_D64_PERSIST": 1}])
 def test_v07_variants_are_right(defines):
     if not _hopper():
         pytest.skip("sm_90a kernel")

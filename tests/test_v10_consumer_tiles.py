@@ -50,7 +50,7 @@ def test_the_kernel_keeps_the_rule_the_model_mirrors():
     body = body[:body.index("\n}\n")]
     assert "min(p.seqlen_k, min(p.seqlen_q, wm0 + 64))" in body
     assert re.search(r"static_assert\(BC >= 64", SOURCE)  # the one-tile bound the release rule needs
-    assert "#define LAB_V10_WG_TILES 1" in SOURCE
+    assert "#define LAB_FWD_WIDE_WG_TILES 1" in SOURCE
 
 
 @pytest.mark.parametrize("n_work,grid", [(1, 132), (131, 132), (132, 132), (2048, 132), (2049, 132), (300, 7)])
@@ -76,4 +76,4 @@ def test_the_kernel_walks_the_order_the_model_mirrors():
     assert "i * g + ((i & 1) ? g - 1 - x : x)" in body
     assert SOURCE.count("w = snake_tile(++i, n_work)") == 1  # one walk (walk_work_tiles) ...
     assert SOURCE.count("walk_work_tiles<Cfg, kPersist>(p, n_work, work0,") == 2  # ... for the producer and the consumers
-    assert "#define LAB_V10_PERSIST 1" in SOURCE  # the default since its n14 session
+    assert "#define LAB_FWD_WIDE_PERSIST 1" in SOURCE  # the default since its n14 session

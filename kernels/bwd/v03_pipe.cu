@@ -8,9 +8,9 @@
 //   dQ) before it stores the dQ partial, releases the stage and only then issues step i + 1's S^T and dP^T:
 //   the tensor core idles for that warpgroup through the dQ store, its barrier and the bulk-reduce issue.
 //   v03 waits for dV / dK only (their P^T and dS^T fragments are then free), issues S^T_{i+1} (and at D = 64
-//   dP^T_{i+1}; at D = 128 the registers allow only S^T, see LAB_V03_D128_EARLY) and does the dQ hand-off of
+//   dP^T_{i+1}; at D = 128 the registers allow only S^T, see LAB_BWD_PIPE_D128_EARLY) and does the dQ hand-off of
 //   step i while they run.
-// - kDsBufs = 2 (LAB_V03_DS_BUFS): with a dS^T buffer per step parity a warpgroup writes step i + 1's dS^T while
+// - kDsBufs = 2 (LAB_BWD_PIPE_DS_BUFS): with a dS^T buffer per step parity a warpgroup writes step i + 1's dS^T while
 //   the other may still read step i's, so the "dS^T free" barrier of v02's split-dQ path goes: one
 //   256-thread barrier per step instead of two. Fits at D = 128: 226 KB of the 227.
 // Prediction (H100, bench-bwd at S = 4096, where v02 measured 0.80-0.90x SDPA-cuDNN): the dQ hand-off is
@@ -27,16 +27,16 @@
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v03_pipe.cu
 #include "common/hopper/attn_bwd_sm90.cuh"
 
-#ifndef LAB_V03_DS_BUFS
-#define LAB_V03_DS_BUFS 2
+#ifndef LAB_BWD_PIPE_DS_BUFS
+#define LAB_BWD_PIPE_DS_BUFS 2
 #endif
 // How many of the next step's GEMMs go early: 2 (S^T and dP^T) or 1 (S^T; dP^T at the top of the step). D = 128
 // takes 1: with both, dK 64 + dV 64 + dQ 32 + S^T 32 + dP^T 32 accumulators spill (512 bytes of stack).
-#ifndef LAB_V03_D128_EARLY
-#define LAB_V03_D128_EARLY 1
+#ifndef LAB_BWD_PIPE_D128_EARLY
+#define LAB_BWD_PIPE_D128_EARLY 1
 #endif
-#ifndef LAB_V03_D64_EARLY
-#define LAB_V03_D64_EARLY 2
+#ifndef LAB_BWD_PIPE_D64_EARLY
+#define LAB_BWD_PIPE_D64_EARLY 2
 #endif
 
 namespace {
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   zero_acc(dk);
   zero_acc(dv);
   mbar_wait(smem_u32(&bars.kv), 0);
-  constexpr int kEarly = D == 128 ? LAB_V03_D128_EARLY : LAB_V03_D64_EARLY;
+  constexpr int kEarly = D == 128 ? LAB_BWD_PIPE_D128_EARLY : LAB_BWD_PIPE_D64_EARLY;
   auto issue_early = [&](int it) {
     wgmma_fence();
     if constexpr (kEarly == 2)
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
 template <int D, class T>
 struct Launch {
-  using C = Cfg<D, LAB_V03_DS_BUFS>;
+  using C = Cfg<D, LAB_BWD_PIPE_DS_BUFS>;
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
     return launch<C, T, bwd_dkdv_v03<C, T>>(p, st, dev);
   }

@@ -12,14 +12,14 @@
 //   key block 0 first). The producer loads the next tile's K and V as soon as both warpgroups release the
 //   last one (a kv_empty barrier of 256 arrivals) and runs the Q/dO ring on across tiles, so the next tile's
 //   first loads land while the consumers store dK and dV.
-// - kDsBufs = 2 (LAB_V04_DS_BUFS): a dS^T buffer per step parity removes v02's "dS^T free" barrier from the
+// - kDsBufs = 2 (LAB_BWD_PERSIST_DS_BUFS): a dS^T buffer per step parity removes v02's "dS^T free" barrier from the
 //   split-dQ path (D = 128): one 256-thread barrier per step instead of two. 226 KB of shared memory at D = 128.
 // Prediction (H200 profile of v02 at D = 128, S = 4096: 2506 us against cuDNN's 2266, barrier the first stall
 // reason at 2.0 cycles per issued instruction): the half-empty last wave is ~3 % and the per-CTA prologue and
 // epilogue ~2 %; the second barrier ~1-2 %. +5-7 % over v02: still short of cuDNN by ~3-5 %.
 // Outcome (H200, GPU time, in rounds; kernels/bwd/README.md): D = 128 non-causal 2-4 % slower than v02, D = 128
 // S = 16384 causal 38 % slower (the static round-robin's imbalance), D = 64 non-causal +5 %; without persistence
-// (LAB_V04_PERSISTENT=0) the second buffer alone is 2-4 % slower than v02. A measured negative result: v02 stays
+// (LAB_BWD_PERSIST_PERSISTENT=0) the second buffer alone is 2-4 % slower than v02. A measured negative result: v02 stays
 // the default.
 //
 // Limits: v02's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
@@ -28,18 +28,18 @@
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v04_persist.cu
 #include "common/hopper/attn_bwd_sm90.cuh"
 
-#ifndef LAB_V04_DS_BUFS
-#define LAB_V04_DS_BUFS 2
+#ifndef LAB_BWD_PERSIST_DS_BUFS
+#define LAB_BWD_PERSIST_DS_BUFS 2
 #endif
 // At most this many CTAs (and one per SM): the sanitizer and driver builds set a small cap so that their small
 // problems run several tiles per CTA through the kv_empty hand-off and the ring's phases across tiles.
-#ifndef LAB_V04_MAX_CTAS
-#define LAB_V04_MAX_CTAS (1 << 30)
+#ifndef LAB_BWD_PERSIST_MAX_CTAS
+#define LAB_BWD_PERSIST_MAX_CTAS (1 << 30)
 #endif
 // 1: persistent (the grid capped as above); 0: one CTA per tile as v02 (the tile loop then runs once), which
 // leaves the second dS^T buffer as the only change.
-#ifndef LAB_V04_PERSISTENT
-#define LAB_V04_PERSISTENT 1
+#ifndef LAB_BWD_PERSIST_PERSISTENT
+#define LAB_BWD_PERSIST_PERSISTENT 1
 #endif
 
 namespace {
@@ -47,7 +47,7 @@ using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
 template <int D>
-using Cfg4 = Cfg<D, LAB_V04_DS_BUFS>;
+using Cfg4 = Cfg<D, LAB_BWD_PERSIST_DS_BUFS>;
 
 template <class C, class T>
 __global__ void __launch_bounds__(C::kThreads, 1)
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    return launch<Cfg4<D>, T, bwd_dkdv_v04<Cfg4<D>, T>, LAB_V04_PERSISTENT ? LAB_V04_MAX_CTAS : 0>(p, st, dev);
+    return launch<Cfg4<D>, T, bwd_dkdv_v04<Cfg4<D>, T>, LAB_BWD_PERSIST_PERSISTENT ? LAB_BWD_PERSIST_MAX_CTAS : 0>(p, st, dev);
   }
 };
 

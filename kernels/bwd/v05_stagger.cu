@@ -14,7 +14,7 @@
 //   pair of named barriers per buffer and writer (ready: arrive after the store, sync before the dQ GEMM;
 //   free: arrive after the dQ GEMM, sync before the buffer is written again two steps later) instead of a
 //   full barrier, and nothing pulls the warpgroups back into step. Two dS^T buffers (Cfg kDsBufs = 2).
-// - LAB_V05_STAGGER (2, common/hopper/attn_bwd_stagger.cuh): warpgroup 1 starts its first step once warpgroup 0 has finished its first
+// - LAB_BWD_STAGGER (2, common/hopper/attn_bwd_stagger.cuh): warpgroup 1 starts its first step once warpgroup 0 has finished its first
 //   softmax, so the two start half a step apart: one's softmax runs under the other's GEMMs.
 // - Registers: the deferred dQ accumulator (32) is live only with dK, dV and the P^T / dS^T fragments (192 in
 //   all), never beside the S^T / dP^T accumulators: no more than v02 holds (v03's early S^T spilled).
@@ -25,7 +25,7 @@
 // waiting on their own GEMMs (warpgroup.depbar, 25 % of the samples) rather than on named barriers (2 %), and
 // counting the bytes explained it: the m64n64 SS GEMMs read ~4 KB of shared memory per 32-clock instruction,
 // about the full shared-memory bandwidth, and the dQ hand-off added 64 KB of a step's ~370 KB. With the dQ
-// partials added straight from the registers (LAB_V05_DQ_RED, common/hopper/attn_bwd_stagger.cuh) the kernel takes 2323-2349 us against
+// partials added straight from the registers (LAB_BWD_STAGGER_DQ_RED, common/hopper/attn_bwd_stagger.cuh) the kernel takes 2323-2349 us against
 // cuDNN's 2310-2339 at D = 128, S = 4096 (ncu, H100 and H200), from v02's 2496-2519.
 //
 // - D = 64: each warpgroup's dQ reads only its own half of dS^T, so there is no barrier between the two to

@@ -37,12 +37,12 @@
 // dQ reductions (16 KB per warpgroup and step) queue at L2. Kept as the measured negative result; not the default.
 //
 // Limits: v05's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
-// mode), with the dQ partials always reduced from the registers (LAB_V05_DQ_RED = 1).
+// mode), with the dQ partials always reduced from the registers (LAB_BWD_STAGGER_DQ_RED = 1).
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v06_convert.cu
 #include "common/hopper/attn_bwd_stagger.cuh"
 
-static_assert(LAB_V05_DQ_RED == 1, "v06 counts the reductions each warp issues from its registers");
+static_assert(LAB_BWD_STAGGER_DQ_RED == 1, "v06 counts the reductions each warp issues from its registers");
 
 namespace {
 using namespace lab::sm90;

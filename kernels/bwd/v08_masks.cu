@@ -17,7 +17,7 @@
 //     out are the cost of reusing the dense producer's TMA maps; addressing the packed tensors in the producer
 //     and the epilogue would remove them.
 // Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
-// LAB_V08_STAGE=1 (the default): v12's tile config, dK and dV staged through the free dQ staging area and stored as
+// LAB_BWD_MASK_STAGE=1 (the default): v12's tile config, dK and dV staged through the free dQ staging area and stored as
 // 16-byte rows, and at D = 64 v10's K and V in registers. Prediction (H100, D = 128, bf16, GPU time against v07's
 // config): v12's gain scaled by the steps per CTA: a window of 1024 visits ~19 query blocks per key block (dense
 // S ~ 1200: +3-6 %), W = 4096 at S = 16384 and long causal calls +1-3 %. Outcome (H100, GPU time in rounds, two runs:
@@ -28,7 +28,7 @@
 // without the softcap's derivative or the window fail;
 // memcheck, racecheck, synccheck clean on the dense and packed calls. initcheck under a kernel filter reported reads of
 // memory that kernels outside it had written (the forward's O and LSE, torch's dO); on every kernel it reports none
-// (outputs/driver_logs/20261126-h100-masks-defaults-52d68b6/san/). LAB_V08_STAGE=0 gives v07's config, as this
+// (outputs/driver_logs/20261126-h100-masks-defaults-52d68b6/san/). LAB_BWD_MASK_STAGE=0 gives v07's config, as this
 // version was first measured.
 // LAB_BWD_MASK_TANH_HALF=1 (the default, for bf16 calls only: on fp16 it failed a gradient check, below) takes the
 // softcap's tanh on fp16 pairs
@@ -73,13 +73,13 @@ using namespace lab::sm90::bwd;
 
 // 1 (default): v12's tile config (dK and dV staged through the free dQ staging area as 16-byte row stores; v10's K / V
 // in registers at D = 64), measured faster above; 0: v07's, as this version was first measured.
-#ifndef LAB_V08_STAGE
-#define LAB_V08_STAGE 1
+#ifndef LAB_BWD_MASK_STAGE
+#define LAB_BWD_MASK_STAGE 1
 #endif
-static_assert(LAB_V05_DQ_RED || !LAB_V08_STAGE, "the dQ staging area must be free (dQ reduced from registers)");
+static_assert(LAB_BWD_STAGGER_DQ_RED || !LAB_BWD_MASK_STAGE, "the dQ staging area must be free (dQ reduced from registers)");
 
 template <int D>
-using Cfg8 = Cfg<D, 2, true, LAB_V08_STAGE && D == 64, (bool)LAB_V08_STAGE>;
+using Cfg8 = Cfg<D, 2, true, LAB_BWD_MASK_STAGE && D == 64, (bool)LAB_BWD_MASK_STAGE>;
 
 template <int D, class T>
 struct Launch {

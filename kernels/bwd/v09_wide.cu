@@ -14,7 +14,7 @@
 //      P^T and dS^T go to shared memory as T, [key][query].
 //   B. dV += P^T dO and dK += dS^T Q: warp w takes keys 32 (w % 2).. and columns D/4 (w / 2)..: D / 4 floats a
 //      thread for each of dK and dV (64 at D = 256), held for the whole CTA. (Run 1 had 16 keys x D/2 columns a
-//      warp, LAB_V09_KEY_TILES=1: the same registers, but each P^T / dS^T fragment fed D/16 products instead of
+//      warp, LAB_BWD_WIDE_SM80_KEY_TILES=1: the same registers, but each P^T / dS^T fragment fed D/16 products instead of
 //      D/32 x 2, so 18 ldmatrix per 32 mma instead of 12. Prediction: a third fewer ldmatrix in B, 12 % fewer a
 //      step, +3-8 % where the steps dominate, S >= 2048.)
 //   C. dQ_i += dS K: warp w takes queries 16 (w % 4).. and columns D/2 (w / 4).., in chunks of 32 columns
@@ -28,9 +28,9 @@
 //
 // Prediction (H100, bf16): FA2's own tiling and its dQ atomics, with a quarter of the atomic instructions
 // (v4 reductions): the same speed as SDPA-flash's backward at D = 256 (FA2's kernel), 0.9-1.1x.
-// Build flags: LAB_V09_STAGES (0: by the device, else 1 or 2), LAB_V09_RED (4: v4 reductions on sm_90; 1:
-// scalar atomics everywhere), LAB_V09_KEY_TILES (phase B's tiling: 1, 16 keys x D/2 a warp; 2, 32 keys x D/4),
-// LAB_V09_ROW_LOAD (1: fixed row steps per thread; 0: v01's strided tile loop).
+// Build flags: LAB_BWD_WIDE_SM80_STAGES (0: by the device, else 1 or 2), LAB_BWD_WIDE_SM80_RED (4: v4 reductions on sm_90; 1:
+// scalar atomics everywhere), LAB_BWD_WIDE_SM80_KEY_TILES (phase B's tiling: 1, 16 keys x D/2 a warp; 2, 32 keys x D/4),
+// LAB_BWD_WIDE_SM80_ROW_LOAD (1: fixed row steps per thread; 0: v01's strided tile loop).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -42,17 +42,17 @@
 #include "common/mma.cuh"
 #include "common/params.h"
 
-#ifndef LAB_V09_STAGES
-#define LAB_V09_STAGES 0
+#ifndef LAB_BWD_WIDE_SM80_STAGES
+#define LAB_BWD_WIDE_SM80_STAGES 0
 #endif
-#ifndef LAB_V09_RED
-#define LAB_V09_RED 4
+#ifndef LAB_BWD_WIDE_SM80_RED
+#define LAB_BWD_WIDE_SM80_RED 4
 #endif
-#ifndef LAB_V09_ROW_LOAD
-#define LAB_V09_ROW_LOAD 1
+#ifndef LAB_BWD_WIDE_SM80_ROW_LOAD
+#define LAB_BWD_WIDE_SM80_ROW_LOAD 1
 #endif
-#ifndef LAB_V09_KEY_TILES
-#define LAB_V09_KEY_TILES 2
+#ifndef LAB_BWD_WIDE_SM80_KEY_TILES
+#define LAB_BWD_WIDE_SM80_KEY_TILES 2
 #endif
 
 namespace {
@@ -72,14 +72,14 @@ struct WideCfg {
   static constexpr int DH = D / 2;      // columns of dQ per warp (and of dK, dV with kKT = 1)
   // B: m16 tiles of keys a warp in dK, dV: 1 (16 keys x D/2 columns) or 2 (32 keys x D/4: a third fewer
   // ldmatrix in B for 8 more registers of A fragments)
-  static constexpr int kKT = LAB_V09_KEY_TILES;
+  static constexpr int kKT = LAB_BWD_WIDE_SM80_KEY_TILES;
   static constexpr int kSmem = (2 * BC * LD + 2 * kStages * BR * LD + 2 * BC * LDS) * 2 + 2 * kStages * BR * 4;
   static_assert(D % 64 == 0 && D <= 256, "D/2 columns per warp in dQ chunks of 32");
   static_assert(BC == BR && BR / 2 == 32, "phase A: 16 keys x 32 queries per warp");
   static_assert(kSmem <= 227 * 1024, "shared memory beyond sm_90's opt-in limit");
 };
 
-// A tile of ROWS rows into shared memory: fixed row steps per thread (LAB_V09_ROW_LOAD=1, the default: 1417
+// A tile of ROWS rows into shared memory: fixed row steps per thread (LAB_BWD_WIDE_SM80_ROW_LOAD=1, the default: 1417
 // instructions a step at D = 256) or v01's strided loop (0: a division per 16-byte copy, 1668 a step, where ncu
 // counted 1.5x FA2's instructions). Prediction: +5-10 % where steps dominate. Outcome (H100, GPU time, two rounds):
 // +2.1 % at D = 192 S = 2048 causal, +0.7 % at D = 256 S = 512, -0.8 to +0.1 % at D = 256 S = 8192; ncu: 1.24x
@@ -87,7 +87,7 @@ struct WideCfg {
 // scoreboard 3.4 cycles an issue against FA2's 2.7). Kept: no slower on balance, fewer instructions.
 template <class T, int D, int ROWS, int LD, int kThreads>
 __device__ __forceinline__ void load_rows(T* dst, const T* src, int64_t row_stride, int row0, int seqlen, int tid) {
-  if constexpr (LAB_V09_ROW_LOAD) load_tile_rows<T, D, ROWS, LD, kThreads>(dst, src, row_stride, row0, seqlen, tid);
+  if constexpr (LAB_BWD_WIDE_SM80_ROW_LOAD) load_tile_rows<T, D, ROWS, LD, kThreads>(dst, src, row_stride, row0, seqlen, tid);
   else load_tile<T, D, ROWS, LD, kThreads>(dst, src, row_stride, row0, seqlen, tid);
 }
 
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(256, 1) bwd_dkdv_wide(const AttnBwdParams p) {
           }
 #pragma unroll
         for (int n = 0; n < 4; ++n)
-          add_dq<LAB_V09_RED>(dqa, q0 + w16 + g, wd + ch * 32 + n * 8, t, p.seqlen_q, D, acc[n]);
+          add_dq<LAB_BWD_WIDE_SM80_RED>(dqa, q0 + w16 + g, wd + ch * 32 + n * 8, t, p.seqlen_q, D, acc[n]);
       }
     }
     __syncthreads();  // P^T, dS^T and this Q / dO buffer are rewritten next step
@@ -268,11 +268,11 @@ int launch(const AttnBwdParams& p, cudaStream_t st) {
   return launch_kernel<bwd_convert<T, D>>(dim3(convert_blocks(p, D)), 256, 0, st, p);
 }
 
-// Two stages where the device lets a block opt in to their shared memory, else one (LAB_V09_STAGES forces).
+// Two stages where the device lets a block opt in to their shared memory, else one (LAB_BWD_WIDE_SM80_STAGES forces).
 template <class T, int D>
 int launch_staged(const AttnBwdParams& p, cudaStream_t st) {
   const int optin = smem_optin(current_device());
-  const int stages = LAB_V09_STAGES ? LAB_V09_STAGES : optin >= WideCfg<D, 2>::kSmem ? 2 : 1;
+  const int stages = LAB_BWD_WIDE_SM80_STAGES ? LAB_BWD_WIDE_SM80_STAGES : optin >= WideCfg<D, 2>::kSmem ? 2 : 1;
   if (optin < WideCfg<D, 1>::kSmem) return LAB_E_SHAPE;  // sm_86 / sm_89 (99 KiB): no tile fits
   return stages == 2 ? launch<T, D, 2>(p, st) : launch<T, D, 1>(p, st);
 }

@@ -37,8 +37,8 @@
 #include "common/hopper/attn_bwd_stagger.cuh"
 
 // Switches for the ablation (n10's version table): 0 turns each change off.
-#ifndef LAB_V10_KV_REGS
-#define LAB_V10_KV_REGS 1
+#ifndef LAB_BWD_REGKV_KV_REGS
+#define LAB_BWD_REGKV_KV_REGS 1
 #endif
 
 namespace {
@@ -46,7 +46,7 @@ using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
 template <int D>
-using Cfg10 = Cfg<D, 2, true, LAB_V10_KV_REGS && D == 64>;
+using Cfg10 = Cfg<D, 2, true, LAB_BWD_REGKV_KV_REGS && D == 64>;
 
 template <int D, class T>
 struct Launch {

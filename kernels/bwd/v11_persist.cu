@@ -13,7 +13,7 @@
 // What changes (common/hopper/attn_bwd_stagger.cuh's stagger_tile is v07's per-tile loop, shared):
 // - min(tiles, SMs) CTAs; in round r CTA c takes tile r * grid + c (r even) or r * grid + grid - 1 - c (r odd),
 //   in v07's order (key block fastest): zigzag_tile below says why.
-// - Two K/V buffers. With the dQ partials reduced from registers (LAB_V05_DQ_RED), the 4 x kDqBytes of dQ
+// - Two K/V buffers. With the dQ partials reduced from registers (LAB_BWD_STAGGER_DQ_RED), the 4 x kDqBytes of dQ
 //   staging in Cfg's layout are unused; they hold exactly a second K and V (D = 128: 64 KB; D = 64: 32 KB), so
 //   the shared-memory budget does not move. The producer loads tile t + 1's K and V into buffer (t + 1) & 1
 //   as soon as it has issued tile t's last step (two steps before the consumers finish it), once both
@@ -22,7 +22,7 @@
 //   loads land while the consumers store tile t's dK and dV.
 // - Both consumer warpgroups meet once per tile (a 256-thread named barrier) before the dS^T buffers are
 //   reused: within a tile they hand them over by the ready/free pairs, which assume a fresh start.
-// - Only where S_k <= LAB_V11_PERSIST_MAX_SK (and D = 64): v04 (v02 made persistent) lost 38 % at D = 128, S = 16384
+// - Only where S_k <= LAB_BWD_STAGGER_PERSIST_MAX_SK (and D = 64): v04 (v02 made persistent) lost 38 % at D = 128, S = 16384
 //   causal to the static round-robin's imbalance, and 2-4 % on long non-causal problems; short tiles are the
 //   ones a per-CTA prologue and epilogue weigh on.
 //
@@ -43,18 +43,18 @@
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v11_persist.cu
 #include "common/hopper/attn_bwd_stagger.cuh"
 
-// Persistent CTAs where S_k is at most this, at D = 64 (and at D = 128 with LAB_V11_PERSIST_D128=1); elsewhere
+// Persistent CTAs where S_k is at most this, at D = 64 (and at D = 128 with LAB_BWD_STAGGER_PERSIST_D128=1); elsewhere
 // v10's one CTA per tile. Measured (below): persistence pays at D = 64 up to S = 1024 only.
-#ifndef LAB_V11_PERSIST_MAX_SK
-#define LAB_V11_PERSIST_MAX_SK 1024
+#ifndef LAB_BWD_STAGGER_PERSIST_MAX_SK
+#define LAB_BWD_STAGGER_PERSIST_MAX_SK 1024
 #endif
-#ifndef LAB_V11_PERSIST_D128
-#define LAB_V11_PERSIST_D128 0
+#ifndef LAB_BWD_STAGGER_PERSIST_D128
+#define LAB_BWD_STAGGER_PERSIST_D128 0
 #endif
 // At most this many CTAs (and one per SM): the sanitizer and driver builds set a small cap so that their small
 // problems run several tiles per CTA through both K/V buffers and the ring's phases across tiles.
-#ifndef LAB_V11_MAX_CTAS
-#define LAB_V11_MAX_CTAS (1 << 30)
+#ifndef LAB_BWD_STAGGER_PERSIST_MAX_CTAS
+#define LAB_BWD_STAGGER_PERSIST_MAX_CTAS (1 << 30)
 #endif
 
 namespace {
@@ -65,7 +65,7 @@ template <int D>
 using Cfg11 = Cfg<D, 2, true, D == 64>;
 
 // K/V buffer b: buffer 0 is Cfg's K and V, buffer 1 the dQ staging area (4 x kDqBytes), unused with
-// LAB_V05_DQ_RED.
+// LAB_BWD_STAGGER_DQ_RED.
 template <class C>
 __device__ __forceinline__ uint32_t k_off(int b) { return b ? C::kOffDq : C::kOffK; }
 template <class C>
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   constexpr int kBarTile = 14;  // both consumer warpgroups are past the last tile's dS^T buffers
   static_assert(4 * C::kDqBytes >= 2 * C::kKVBytes, "a second K and V fit in the dQ staging area");
   static_assert(C::kOffDq % 1024 == 0 && C::kKVBytes % 1024 == 0, "128B-swizzle atoms are 1024-aligned");
-  static_assert(LAB_V05_DQ_RED, "the dQ staging area must be free (dQ reduced from registers)");
+  static_assert(LAB_BWD_STAGGER_DQ_RED, "the dQ staging area must be free (dQ reduced from registers)");
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) Bars<C::kStages> bars;  // its kv barrier is unused: kv_full per buffer instead
   __shared__ __align__(8) uint64_t kv_full[2], kv_empty[2];
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     return;
   }
   setmaxnreg_inc<C::kRegsConsumer>();
-  const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
+  const bool stagger = LAB_BWD_STAGGER == 1 || (LAB_BWD_STAGGER == 2 && !p.causal);
   AddPartial sink{};
   for_each_tile<C>(p, n_tiles, [&](const Work& work, int t, int step) {
     const int b = t & 1;
@@ -151,8 +151,8 @@ template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
     using C = Cfg11<D>;
-    if ((D == 64 || LAB_V11_PERSIST_D128) && p.seqlen_k <= LAB_V11_PERSIST_MAX_SK)
-      return launch<C, T, bwd_dkdv_persist<C, T>, LAB_V11_MAX_CTAS>(p, st, dev);
+    if ((D == 64 || LAB_BWD_STAGGER_PERSIST_D128) && p.seqlen_k <= LAB_BWD_STAGGER_PERSIST_MAX_SK)
+      return launch<C, T, bwd_dkdv_persist<C, T>, LAB_BWD_STAGGER_PERSIST_MAX_CTAS>(p, st, dev);
     return launch<C, T, bwd_dkdv_stagger<C, T, AddPartial>>(p, st, dev);
   }
 };

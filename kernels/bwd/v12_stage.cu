@@ -41,7 +41,7 @@ namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
-static_assert(LAB_V05_DQ_RED, "the dQ staging area must be free (dQ reduced from registers)");
+static_assert(LAB_BWD_STAGGER_DQ_RED, "the dQ staging area must be free (dQ reduced from registers)");
 
 template <int D>
 using Cfg12 = Cfg<D, 2, true, D == 64, true>;

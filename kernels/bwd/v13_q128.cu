@@ -11,7 +11,7 @@
 //
 // What changes (Cfg's BR = 128):
 // - 128 queries a step: S^T and dP^T become m64n128 (64 registers each; v12 keeps K_w and V_w in registers at
-//   D = 64, which with dK and dV makes 224 at the GEMM issue: LAB_V13_KV_REGS picks, ptxas decides), half as many
+//   D = 64, which with dK and dV makes 224 at the GEMM issue: LAB_BWD_Q128_KV_REGS picks, ptxas decides), half as many
 //   steps, so half the fixed costs per query.
 // - dQ split by rows instead of columns: warpgroup w multiplies its 64 queries of dS (column block w of the
 //   dS^T tile) by all of K (m64n64, k = 128 keys). Per 64 queries the dQ GEMMs read 32 KB of shared memory
@@ -32,7 +32,7 @@
 // 20261126-h100-bwd-v13-run1/versions.log): far above the prediction, and causal as much as not. D = 64 over v12:
 // S = 512 +7 % (+1 % causal), 1024 +10 % (+5 %), 2048 +13 % (+8 %), 4096 +14 % (+11 %), 8192 +15 % (+14 %), 16384
 // +16 % (+15 %): 1.09-1.19x cuDNN's backward in every D = 64 cell, where v12 was 0.97-1.08x. D = 128 (v12's
-// kernel) unchanged. K_w, V_w in registers (LAB_V13_KV_REGS=1): ptxas spills 48 bytes a thread and the kernel
+// kernel) unchanged. K_w, V_w in registers (LAB_BWD_Q128_KV_REGS=1): ptxas spills 48 bytes a thread and the kernel
 // runs at 0.76-0.94x cuDNN, 20-30 % under the SS form: off. ncu (n10, D = 64, S = 4096, H100): 2566 us against
 // v10's 2969 and cuDNN's 2860; tensor pipe 57 % (v10 48 %, cuDNN 51 %), issue slots 39 % (v10 42 %): fewer
 // instructions per FLOP; shared-store bank conflicts 0.25 M against v10's 2.4 M (not explained yet: both store
@@ -49,18 +49,18 @@
 #include "common/hopper/attn_bwd_stagger.cuh"
 
 // 1: K_w and V_w as register A fragments at D = 64 (v10's RS GEMMs); 0: SS GEMMs from shared memory.
-#ifndef LAB_V13_KV_REGS
-#define LAB_V13_KV_REGS 0
+#ifndef LAB_BWD_Q128_KV_REGS
+#define LAB_BWD_Q128_KV_REGS 0
 #endif
 
 namespace {
 using namespace lab::sm90;
 using namespace lab::sm90::bwd;
 
-static_assert(LAB_V05_DQ_RED, "dQ is reduced from registers: the copy engine's staging buffers are gone");
+static_assert(LAB_BWD_STAGGER_DQ_RED, "dQ is reduced from registers: the copy engine's staging buffers are gone");
 
 template <int D>
-using Cfg13 = std::conditional_t<D == 64, Cfg<64, 2, false, LAB_V13_KV_REGS, true, 128>, Cfg<128, 2, true, false, true>>;
+using Cfg13 = std::conditional_t<D == 64, Cfg<64, 2, false, LAB_BWD_Q128_KV_REGS, true, 128>, Cfg<128, 2, true, false, true>>;
 
 template <int D, class T>
 struct Launch {

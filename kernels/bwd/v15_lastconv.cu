@@ -19,13 +19,13 @@
 // that brings the count to the number of key blocks converts the GQA group's whole dQ (rows < S_q) from L2
 // (ld.global.cg) before its dK / dV epilogue. v06 converted per 16-row slab behind a fence every step and lost
 // 28-35 % to those fences; here there is one fence and one atomic per CTA. Only where the group's accumulator is
-// at most LAB_V15_CONVERT_BYTES: one CTA converts it at a few hundred GB/s at best, so at S = 16384 (8 MB a head)
+// at most LAB_BWD_LASTCONV_CONVERT_BYTES: one CTA converts it at a few hundred GB/s at best, so at S = 16384 (8 MB a head)
 // the last CTA of the grid would convert alone for longer than the whole pass takes.
 //
 // Prediction (GPU time, against v14): the pass's 78 us gone, paid back by the converting CTAs (the total 134 MB
 // read from L2 at ~60 GB/s per SM is ~17 us of the whole GPU's time, plus whatever the last wave's converts add
 // to the end): +8-10 % at D = 128 S = 512, +4-6 % at 1024, +2-4 % at 2048 (the 1 MB default; S = 4096, 2 MB,
-// is tried as LAB_V15_CONVERT_BYTES=2097152); D = 64 the same by S (its accumulator rows are half as wide, so the
+// is tried as LAB_BWD_LASTCONV_CONVERT_BYTES=2097152); D = 64 the same by S (its accumulator rows are half as wide, so the
 // default reaches S = 4096); nothing where the pass remains.
 //
 // Limits: v14's (sm_90 only; D 64 and 128; fp16, bf16; any lengths; GQA; any finite scale; no deterministic
@@ -37,8 +37,8 @@
 #include "common/hopper/attn_bwd_tail.cuh"
 
 // The largest GQA group's dQ accumulator (bytes, fp32, S_q rows) that its KV head's last CTA converts itself.
-#ifndef LAB_V15_CONVERT_BYTES
-#define LAB_V15_CONVERT_BYTES (1 << 20)
+#ifndef LAB_BWD_LASTCONV_CONVERT_BYTES
+#define LAB_BWD_LASTCONV_CONVERT_BYTES (1 << 20)
 #endif
 
 namespace {
@@ -83,7 +83,7 @@ struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
     using C = StagedCfg<D>;  // v14's configuration
     const int64_t group_bytes = (int64_t)(p.heads_q / p.heads_kv) * p.seqlen_q * D * 4;
-    if (group_bytes <= LAB_V15_CONVERT_BYTES)
+    if (group_bytes <= LAB_BWD_LASTCONV_CONVERT_BYTES)
       return launch<C, T, bwd_dkdv_stagger<C, T, ConvertSink<T>, TailSteps>, 0, true>(p, st, dev);
     return launch<C, T, bwd_dkdv_stagger<C, T, AddPartial, TailSteps>>(p, st, dev);
   }

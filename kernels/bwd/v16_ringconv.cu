@@ -18,7 +18,7 @@
 // group's 64-row blocks of dq_accum to the copy engine (cp.async.bulk, 32 KB at D = 128) in a ring of four
 // buffers over the main loop's free K/V/Q/dO area, so up to 128 KB are in flight from L2; each block is read
 // from shared memory in accumulator order (conflict-free float4s), the four threads that share a row's 8 columns
-// gather them by shuffles, and one of them stores 16 bytes. The threshold LAB_V16_CONVERT_BYTES bounds the
+// gather them by shuffles, and one of them stores 16 bytes. The threshold LAB_BWD_RINGCONV_CONVERT_BYTES bounds the
 // group's accumulator one CTA converts; larger heads keep the pass.
 //
 // Prediction (GPU time, against v14): a 32 KB block in well under a microsecond from L2, so a head at S = 512
@@ -34,8 +34,8 @@
 #include "common/hopper/attn_bwd_tail.cuh"
 
 // The largest GQA group's dQ accumulator (bytes, fp32, S_q rows) that its KV head's last CTA converts itself.
-#ifndef LAB_V16_CONVERT_BYTES
-#define LAB_V16_CONVERT_BYTES (2 << 20)
+#ifndef LAB_BWD_RINGCONV_CONVERT_BYTES
+#define LAB_BWD_RINGCONV_CONVERT_BYTES (2 << 20)
 #endif
 
 namespace {
@@ -115,7 +115,7 @@ struct Launch {
     const int64_t group_bytes = (int64_t)(p.heads_q / p.heads_kv) * p.seqlen_q * D * 4;
     const bool rows16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_stride[0] % 8 == 0 &&
                         p.dq_stride[1] % 8 == 0 && p.dq_stride[2] % 8 == 0;
-    if (group_bytes <= LAB_V16_CONVERT_BYTES && rows16)
+    if (group_bytes <= LAB_BWD_RINGCONV_CONVERT_BYTES && rows16)
       return launch<C, T, bwd_dkdv_stagger<C, T, RingConvertSink<T>, TailSteps>, 0, true>(p, st, dev);
     return launch<C, T, bwd_dkdv_stagger<C, T, AddPartial, TailSteps>>(p, st, dev);
   }

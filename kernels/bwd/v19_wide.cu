@@ -42,8 +42,8 @@
 
 // 1: warpgroup 1's dQ chunks issued behind dP^T at D = 192 (Cfg's kDqUnderDp, a candidate; at D = 256 ptxas spills
 // 284 bytes a thread with it); 0: after dK.
-#ifndef LAB_V19_DQ_UNDER_DP
-#define LAB_V19_DQ_UNDER_DP 0
+#ifndef LAB_BWD_WIDE_SM90_DQ_UNDER_DP
+#define LAB_BWD_WIDE_SM90_DQ_UNDER_DP 0
 #endif
 
 namespace {
@@ -52,7 +52,7 @@ using namespace lab::sm90::bwd;
 template <int D, class T>
 struct Launch {
   static int run(const AttnBwdParams& p, cudaStream_t st, int dev) {
-    using C = wide::Cfg<D, LAB_V19_DQ_UNDER_DP && D == 192>;
+    using C = wide::Cfg<D, LAB_BWD_WIDE_SM90_DQ_UNDER_DP && D == 192>;
     return launch<C, T, wide::bwd_wide<C, T>>(p, st, dev);
   }
 };

@@ -98,7 +98,7 @@ using FwdConfig = lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kStag
 // Tile configs: <D, warps, m16 tiles per warp, B_c, stages, min CTAs per SM>.
 // Override any field at build time to sweep (nvcc splits -D values at
 // commas, hence one macro per field), e.g.
-//   -DLAB_V02_D64_WARPS=8 -DLAB_V02_D64_MTILES=1 -DLAB_V02_D64_BC=64
+//   -DLAB_FWD_MMA_D64_WARPS=8 -DLAB_FWD_MMA_D64_MTILES=1 -DLAB_FWD_MMA_D64_BC=64
 //
 // D = 64: 32 rows per warp (two m16 tiles), so each K/V fragment read from
 // shared memory feeds two mma: 128 B of ldmatrix traffic per mma instead of
@@ -108,44 +108,44 @@ using FwdConfig = lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kStag
 // fits in 229 registers without spills but measured 5-9 % slower non-causal
 // on an H100 (2026-11-21, kernels/README.md), the per-tile barrier, max/sum
 // shuffles and rescale being paid every 32 keys instead of 64.
-#ifndef LAB_V02_D64_WARPS
-#define LAB_V02_D64_WARPS 4
+#ifndef LAB_FWD_MMA_D64_WARPS
+#define LAB_FWD_MMA_D64_WARPS 4
 #endif
-#ifndef LAB_V02_D64_MTILES
-#define LAB_V02_D64_MTILES 2
+#ifndef LAB_FWD_MMA_D64_MTILES
+#define LAB_FWD_MMA_D64_MTILES 2
 #endif
-#ifndef LAB_V02_D64_BC
-#define LAB_V02_D64_BC 64
+#ifndef LAB_FWD_MMA_D64_BC
+#define LAB_FWD_MMA_D64_BC 64
 #endif
-#ifndef LAB_V02_D64_STAGES
-#define LAB_V02_D64_STAGES 3
+#ifndef LAB_FWD_MMA_D64_STAGES
+#define LAB_FWD_MMA_D64_STAGES 3
 #endif
-#ifndef LAB_V02_D64_MINB
-#define LAB_V02_D64_MINB 2
+#ifndef LAB_FWD_MMA_D64_MINB
+#define LAB_FWD_MMA_D64_MINB 2
 #endif
 // D = 128: 16 rows per warp keeps O (64 regs), Q (32) and S (32) in registers
 // without spills (241 regs, 1 CTA of 8 warps per SM); 8 warps share each
 // 16 KiB K/V tile. 32 rows per warp would need 128 regs for O alone and
 // spills with Q in registers.
-#ifndef LAB_V02_D128_WARPS
-#define LAB_V02_D128_WARPS 8
+#ifndef LAB_FWD_MMA_D128_WARPS
+#define LAB_FWD_MMA_D128_WARPS 8
 #endif
-#ifndef LAB_V02_D128_MTILES
-#define LAB_V02_D128_MTILES 1
+#ifndef LAB_FWD_MMA_D128_MTILES
+#define LAB_FWD_MMA_D128_MTILES 1
 #endif
-#ifndef LAB_V02_D128_BC
-#define LAB_V02_D128_BC 64
+#ifndef LAB_FWD_MMA_D128_BC
+#define LAB_FWD_MMA_D128_BC 64
 #endif
-#ifndef LAB_V02_D128_STAGES
-#define LAB_V02_D128_STAGES 3
+#ifndef LAB_FWD_MMA_D128_STAGES
+#define LAB_FWD_MMA_D128_STAGES 3
 #endif
-#ifndef LAB_V02_D128_MINB
-#define LAB_V02_D128_MINB 1
+#ifndef LAB_FWD_MMA_D128_MINB
+#define LAB_FWD_MMA_D128_MINB 1
 #endif
-using Cfg64 = FwdConfig<64, LAB_V02_D64_WARPS, LAB_V02_D64_MTILES, LAB_V02_D64_BC,
-                        LAB_V02_D64_STAGES, LAB_V02_D64_MINB>;
-using Cfg128 = FwdConfig<128, LAB_V02_D128_WARPS, LAB_V02_D128_MTILES, LAB_V02_D128_BC,
-                         LAB_V02_D128_STAGES, LAB_V02_D128_MINB>;
+using Cfg64 = FwdConfig<64, LAB_FWD_MMA_D64_WARPS, LAB_FWD_MMA_D64_MTILES, LAB_FWD_MMA_D64_BC,
+                        LAB_FWD_MMA_D64_STAGES, LAB_FWD_MMA_D64_MINB>;
+using Cfg128 = FwdConfig<128, LAB_FWD_MMA_D128_WARPS, LAB_FWD_MMA_D128_MTILES, LAB_FWD_MMA_D128_BC,
+                         LAB_FWD_MMA_D128_STAGES, LAB_FWD_MMA_D128_MINB>;
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)

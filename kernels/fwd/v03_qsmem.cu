@@ -31,7 +31,7 @@
 //    other warp already fills the tensor pipe during a softmax.
 // 4. kPackEarly (option, off): pack all of P to 16 bits before P V. Same
 //    spills and registers as without (ptxas already does it); timed equal.
-// 5. kLaunder (LAB_V03_LAUNDER, on): the K/V base pointers pass through an
+// 5. kLaunder (LAB_FWD_QSMEM_LAUNDER, on): the K/V base pointers pass through an
 //    empty asm each tile, so the compiler cannot hoist one 64-bit source
 //    pointer per cp.async out of the tile loop. D = 128 spills drop from
 //    168 B to 68 B (255 registers either way); measured +1-2 % at D = 128,
@@ -122,9 +122,9 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// 5. (see kLaunder) on by default; -DLAB_V03_LAUNDER=0 turns it off.
-#ifndef LAB_V03_LAUNDER
-#define LAB_V03_LAUNDER 1
+// 5. (see kLaunder) on by default; -DLAB_FWD_QSMEM_LAUNDER=0 turns it off.
+#ifndef LAB_FWD_QSMEM_LAUNDER
+#define LAB_FWD_QSMEM_LAUNDER 1
 #endif
 
 // v02's tile arithmetic (common/mma_fwd_tiles.cuh) plus the switches v03 adds.
@@ -134,13 +134,13 @@ struct FwdConfig : lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kSta
   static constexpr bool kQInSmem = kQInSmem_;    // Q fragments re-read from smem every k-step
   static constexpr bool kPingPong = kPingPong_;  // S_{j+1} issued before the softmax of S_j
   static constexpr bool kPackEarly = kPackEarly_;  // all of P packed to 16 bits before P V
-  static constexpr bool kLaunder = LAB_V03_LAUNDER != 0;  // K/V source pointers recomputed per tile
+  static constexpr bool kLaunder = LAB_FWD_QSMEM_LAUNDER != 0;  // K/V source pointers recomputed per tile
 };
 
 // Tile configs: <D, warps, m16 tiles per warp, B_c, stages, min CTAs per SM,
 // Q in smem, ping-pong, pack P early>. Override any field at build time to
 // sweep (nvcc splits -D values at commas, hence one macro per field), e.g.
-//   -DLAB_V03_D128_WARPS=8 -DLAB_V03_D128_MTILES=1 -DLAB_V03_D128_QSMEM=0
+//   -DLAB_FWD_QSMEM_D128_WARPS=8 -DLAB_FWD_QSMEM_D128_MTILES=1 -DLAB_FWD_QSMEM_D128_QSMEM=0
 // Fields: WARPS MTILES BC STAGES MINB QSMEM PP PACK, for D64 and D128.
 // Defaults chosen by the H100 sweep of 2026-11-21 (kernels/README.md):
 //
@@ -148,23 +148,23 @@ struct FwdConfig : lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kSta
 // smem: 251 regs, no spills, 2 CTAs (8 warps) per SM. Against v02's
 // B_c = 32 with Q in registers: +8-11 % non-causal, +6-11 % causal, and at
 // or above SDPA-flash in every D = 64 cell.
-#ifndef LAB_V03_D64_WARPS
-#define LAB_V03_D64_WARPS 4
+#ifndef LAB_FWD_QSMEM_D64_WARPS
+#define LAB_FWD_QSMEM_D64_WARPS 4
 #endif
-#ifndef LAB_V03_D64_MTILES
-#define LAB_V03_D64_MTILES 2
+#ifndef LAB_FWD_QSMEM_D64_MTILES
+#define LAB_FWD_QSMEM_D64_MTILES 2
 #endif
-#ifndef LAB_V03_D64_BC
-#define LAB_V03_D64_BC 64
+#ifndef LAB_FWD_QSMEM_D64_BC
+#define LAB_FWD_QSMEM_D64_BC 64
 #endif
-#ifndef LAB_V03_D64_STAGES
-#define LAB_V03_D64_STAGES 4
+#ifndef LAB_FWD_QSMEM_D64_STAGES
+#define LAB_FWD_QSMEM_D64_STAGES 4
 #endif
-#ifndef LAB_V03_D64_MINB
-#define LAB_V03_D64_MINB 2
+#ifndef LAB_FWD_QSMEM_D64_MINB
+#define LAB_FWD_QSMEM_D64_MINB 2
 #endif
-#ifndef LAB_V03_D64_QSMEM
-#define LAB_V03_D64_QSMEM 1
+#ifndef LAB_FWD_QSMEM_D64_QSMEM
+#define LAB_FWD_QSMEM_D64_QSMEM 1
 #endif
 // D = 128: FA2's own tile, 4 warps x 32 rows, B_c = 64, 2 stages (96 KiB),
 // Q re-read from smem, 2 CTAs per SM: 255 regs with 68 B of spills (168 B
@@ -172,43 +172,43 @@ struct FwdConfig : lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kSta
 // non-causal, causal within noise; still 7-12 % under SDPA-flash
 // non-causal (kernels/README.md). B_c = 48 (60-80 B spills) and B_c = 32
 // (no spills, 3-4 stages) measured 2-7 % slower.
-#ifndef LAB_V03_D128_WARPS
-#define LAB_V03_D128_WARPS 4
+#ifndef LAB_FWD_QSMEM_D128_WARPS
+#define LAB_FWD_QSMEM_D128_WARPS 4
 #endif
-#ifndef LAB_V03_D128_MTILES
-#define LAB_V03_D128_MTILES 2
+#ifndef LAB_FWD_QSMEM_D128_MTILES
+#define LAB_FWD_QSMEM_D128_MTILES 2
 #endif
-#ifndef LAB_V03_D128_BC
-#define LAB_V03_D128_BC 64
+#ifndef LAB_FWD_QSMEM_D128_BC
+#define LAB_FWD_QSMEM_D128_BC 64
 #endif
-#ifndef LAB_V03_D128_STAGES
-#define LAB_V03_D128_STAGES 2
+#ifndef LAB_FWD_QSMEM_D128_STAGES
+#define LAB_FWD_QSMEM_D128_STAGES 2
 #endif
-#ifndef LAB_V03_D128_MINB
-#define LAB_V03_D128_MINB 2
+#ifndef LAB_FWD_QSMEM_D128_MINB
+#define LAB_FWD_QSMEM_D128_MINB 2
 #endif
-#ifndef LAB_V03_D128_QSMEM
-#define LAB_V03_D128_QSMEM 1
+#ifndef LAB_FWD_QSMEM_D128_QSMEM
+#define LAB_FWD_QSMEM_D128_QSMEM 1
 #endif
 // Ping-pong and early packing: options, off (measured no gain, see README).
-#ifndef LAB_V03_D64_PACK
-#define LAB_V03_D64_PACK 0
+#ifndef LAB_FWD_QSMEM_D64_PACK
+#define LAB_FWD_QSMEM_D64_PACK 0
 #endif
-#ifndef LAB_V03_D128_PACK
-#define LAB_V03_D128_PACK 0
+#ifndef LAB_FWD_QSMEM_D128_PACK
+#define LAB_FWD_QSMEM_D128_PACK 0
 #endif
-#ifndef LAB_V03_D64_PP
-#define LAB_V03_D64_PP 0
+#ifndef LAB_FWD_QSMEM_D64_PP
+#define LAB_FWD_QSMEM_D64_PP 0
 #endif
-#ifndef LAB_V03_D128_PP
-#define LAB_V03_D128_PP 0
+#ifndef LAB_FWD_QSMEM_D128_PP
+#define LAB_FWD_QSMEM_D128_PP 0
 #endif
-using Cfg64 = FwdConfig<64, LAB_V03_D64_WARPS, LAB_V03_D64_MTILES, LAB_V03_D64_BC,
-                        LAB_V03_D64_STAGES, LAB_V03_D64_MINB, LAB_V03_D64_QSMEM != 0,
-                        LAB_V03_D64_PP != 0, LAB_V03_D64_PACK != 0>;
-using Cfg128 = FwdConfig<128, LAB_V03_D128_WARPS, LAB_V03_D128_MTILES, LAB_V03_D128_BC,
-                         LAB_V03_D128_STAGES, LAB_V03_D128_MINB, LAB_V03_D128_QSMEM != 0,
-                         LAB_V03_D128_PP != 0, LAB_V03_D128_PACK != 0>;
+using Cfg64 = FwdConfig<64, LAB_FWD_QSMEM_D64_WARPS, LAB_FWD_QSMEM_D64_MTILES, LAB_FWD_QSMEM_D64_BC,
+                        LAB_FWD_QSMEM_D64_STAGES, LAB_FWD_QSMEM_D64_MINB, LAB_FWD_QSMEM_D64_QSMEM != 0,
+                        LAB_FWD_QSMEM_D64_PP != 0, LAB_FWD_QSMEM_D64_PACK != 0>;
+using Cfg128 = FwdConfig<128, LAB_FWD_QSMEM_D128_WARPS, LAB_FWD_QSMEM_D128_MTILES, LAB_FWD_QSMEM_D128_BC,
+                         LAB_FWD_QSMEM_D128_STAGES, LAB_FWD_QSMEM_D128_MINB, LAB_FWD_QSMEM_D128_QSMEM != 0,
+                         LAB_FWD_QSMEM_D128_PP != 0, LAB_FWD_QSMEM_D128_PACK != 0>;
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)

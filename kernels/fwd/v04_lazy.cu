@@ -10,7 +10,7 @@
 // Tiles, pipeline, swizzle, masking, limits and error codes are v03's.
 //
 // v04 changes (each a FwdConfig switch below; a sweep builds other values with
-// the one switch -DLAB_V04_TILE, see "tile configs"):
+// the one switch -DLAB_FWD_LAZY_TILE, see "tile configs"):
 // A. LAZY (on): the running max that a row uses as its exp2 offset moves
 //    only when some row of the warp grew by more than 2^8 (a warp vote, so
 //    the branch is uniform). Otherwise P = exp2(s*c - m_old*c) <= 256, which
@@ -50,11 +50,11 @@
 //    twice the CTAs, all resident, half of each warp's serial chain per
 //    tile. The bench grid never takes it. H200, fp16 B=4 H=8 (seed shapes),
 //    D = 64: -1.1 to -2.1 us (S = 32..512, 7-19 %); D = 128: -4 to -7 us.
-//    The choice is pick_tile (host); LAB_V04_SMALL = 0 never, 2 always (tests).
+//    The choice is pick_tile (host); LAB_FWD_LAZY_SMALL = 0 never, 2 always (tests).
 // G. The opt-in shared-memory attribute is set once per device and kernel
 //    instantiation instead of on every launch (host time, which the event
 //    timing of small calls sees only when it is not hidden; measured 0).
-// H. KVSPLIT (option, off; LAB_V04_TILE='FwdConfig<64\,8\,1\,64\,4\,2\,true\,false\,false\,2>'):
+// H. KVSPLIT (option, off; LAB_FWD_LAZY_TILE='FwdConfig<64\,8\,1\,64\,4\,2\,true\,false\,false\,2>'):
 //    small config with two warp groups on the same 64 rows, each taking one
 //    half of every 2*B_c-key tile, merged through shared memory at the end
 //    (128 regs at 2 CTAs of 256 threads, no spills at D = 64). Predicted:
@@ -230,12 +230,12 @@ using Cfg128 = FwdConfig<128, 4, 2, 64, 2, 2>;
 using Cfg64s = FwdConfig<64, 4, 1, 64, 4, 2>;
 using Cfg128s = FwdConfig<128, 4, 1, 64, 2, 2>;
 
-// The one sweep switch: -DLAB_V04_TILE='FwdConfig<128\,8\,1\,64\,2\,1>' (nvcc takes commas in -D
+// The one sweep switch: -DLAB_FWD_LAZY_TILE='FwdConfig<128\,8\,1\,64\,2\,1>' (nvcc takes commas in -D
 // values only escaped) makes every launch of that head dim use the tile given, in place of the pick
-// below; tools/gpu/v04_checks.sh builds its variants this way. LAB_V04_SMALL forces the pick's small-grid
+// below; tools/gpu/v04_checks.sh builds its variants this way. LAB_FWD_LAZY_SMALL forces the pick's small-grid
 // rule for tests: 1 (default) by the rule, 0 never, 2 always.
-#ifndef LAB_V04_SMALL
-#define LAB_V04_SMALL 1
+#ifndef LAB_FWD_LAZY_SMALL
+#define LAB_FWD_LAZY_SMALL 1
 #endif
 
 using lab::swizzle;
@@ -631,7 +631,7 @@ enum class Tile { k64, k64Small, k128, k128Small };
 // The tile for a call: by head dim, then the small-grid rule (F): the 64-row tile when the 128-row grid
 // (ctas_128 CTAs) would leave at most one CTA per SM.
 Tile pick_tile(int head_dim, int64_t ctas_128, int dev) {
-  const bool small = LAB_V04_SMALL == 2 || (LAB_V04_SMALL == 1 && ctas_128 <= num_sms(dev));
+  const bool small = LAB_FWD_LAZY_SMALL == 2 || (LAB_FWD_LAZY_SMALL == 1 && ctas_128 <= num_sms(dev));
   if (head_dim == 64) return small ? Tile::k64Small : Tile::k64;
   return small ? Tile::k128Small : Tile::k128;
 }
@@ -643,9 +643,9 @@ Tile pick_tile(int head_dim, int64_t ctas_128, int dev) {
 extern "C" int attn_fwd_v04(const AttnFwdParams* p, void* stream) {
   return lab::fwd_entry(p, stream, [](const AttnFwdParams& kp, cudaStream_t st, bool bf16) -> int {
     const int dev = current_device();
-#ifdef LAB_V04_TILE
-    if (kp.head_dim != LAB_V04_TILE::kHeadDim) return LAB_E_HEAD_DIM;
-    return bf16 ? launch<LAB_V04_TILE, __nv_bfloat16>(kp, st, dev) : launch<LAB_V04_TILE, __half>(kp, st, dev);
+#ifdef LAB_FWD_LAZY_TILE
+    if (kp.head_dim != LAB_FWD_LAZY_TILE::kHeadDim) return LAB_E_HEAD_DIM;
+    return bf16 ? launch<LAB_FWD_LAZY_TILE, __nv_bfloat16>(kp, st, dev) : launch<LAB_FWD_LAZY_TILE, __half>(kp, st, dev);
 #else
     switch (pick_tile(kp.head_dim, (int64_t)((kp.seqlen_q + 127) / 128) * kp.batch * kp.heads_q, dev)) {
       case Tile::k64Small:

@@ -67,8 +67,8 @@
 
 #include "common/hopper/attn_fwd_sm90.cuh"
 
-#ifndef LAB_V05_FOLD
-#define LAB_V05_FOLD 1  // a scale > 0 runs the kernel with the scale folded into exp2's FFMA (v07's FOLD)
+#ifndef LAB_FWD_WGMMA_FOLD
+#define LAB_FWD_WGMMA_FOLD 1  // a scale > 0 runs the kernel with the scale folded into exp2's FFMA (v07's FOLD)
 #endif
 
 namespace {
@@ -88,32 +88,32 @@ struct Cfg05 {
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
 };
 // Tile knobs (compile-time, for sweeps): B_c and the ring depth per head dim.
-#ifndef LAB_V05_D64_BC
-#define LAB_V05_D64_BC 64
+#ifndef LAB_FWD_WGMMA_D64_BC
+#define LAB_FWD_WGMMA_D64_BC 64
 #endif
-#ifndef LAB_V05_D64_STAGES
-#define LAB_V05_D64_STAGES 2
+#ifndef LAB_FWD_WGMMA_D64_STAGES
+#define LAB_FWD_WGMMA_D64_STAGES 2
 #endif
-#ifndef LAB_V05_D128_BC
-#define LAB_V05_D128_BC 64
+#ifndef LAB_FWD_WGMMA_D128_BC
+#define LAB_FWD_WGMMA_D128_BC 64
 #endif
-#ifndef LAB_V05_D128_STAGES
-#define LAB_V05_D128_STAGES 2
+#ifndef LAB_FWD_WGMMA_D128_STAGES
+#define LAB_FWD_WGMMA_D128_STAGES 2
 #endif
 // D = 64, a second config per call (Launch below): B_c = 128 for non-causal calls and for causal calls with
 // more than WIDE_MIN_SK_CAUSAL keys (H200 run 15, kernel-only rows in rounds: 512 378 vs 358, causal 2048 376
 // vs 363, causal 512 255 vs 268 TFLOP/s). Half the barrier round trips and row max / sum shuffles per key;
 // at causal 512 the diagonal tiles' masked half costs more than that saves. 72 KiB and 129 registers: three
 // CTAs per SM instead of four. (3 stages at D = 64, or at D = 128, lose 10-40 %: fewer CTAs per SM.)
-#ifndef LAB_V05_D64_WIDE_BC
-#define LAB_V05_D64_WIDE_BC 128
+#ifndef LAB_FWD_WGMMA_D64_WIDE_BC
+#define LAB_FWD_WGMMA_D64_WIDE_BC 128
 #endif
-#ifndef LAB_V05_D64_WIDE_MIN_SK_CAUSAL
-#define LAB_V05_D64_WIDE_MIN_SK_CAUSAL 1024  // between 512 (narrow wins) and 2048 (wide wins): not measured
+#ifndef LAB_FWD_WGMMA_D64_WIDE_MIN_SK_CAUSAL
+#define LAB_FWD_WGMMA_D64_WIDE_MIN_SK_CAUSAL 1024  // between 512 (narrow wins) and 2048 (wide wins): not measured
 #endif
-using Cfg64 = Cfg05<64, LAB_V05_D64_BC, LAB_V05_D64_STAGES>;
-using Cfg64Wide = Cfg05<64, LAB_V05_D64_WIDE_BC, LAB_V05_D64_STAGES>;
-using Cfg128 = Cfg05<128, LAB_V05_D128_BC, LAB_V05_D128_STAGES>;
+using Cfg64 = Cfg05<64, LAB_FWD_WGMMA_D64_BC, LAB_FWD_WGMMA_D64_STAGES>;
+using Cfg64Wide = Cfg05<64, LAB_FWD_WGMMA_D64_WIDE_BC, LAB_FWD_WGMMA_D64_STAGES>;
+using Cfg128 = Cfg05<128, LAB_FWD_WGMMA_D128_BC, LAB_FWD_WGMMA_D128_STAGES>;
 
 template <class Cfg, class T, bool kFold>
 __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant__ CUtensorMap tq,
@@ -179,14 +179,14 @@ __global__ void __launch_bounds__(128) attn_fwd_v05_kernel(const __grid_constant
 template <class C, class T>
 int launch_cfg(const AttnFwdParams& p, cudaStream_t stream, int dev) {
   return launch_fwd_sm90_fold<C, attn_fwd_v05_kernel<C, T, true>, attn_fwd_v05_kernel<C, T, false>,
-                              LAB_V05_FOLD != 0>(p, stream, dev);
+                              LAB_FWD_WGMMA_FOLD != 0>(p, stream, dev);
 }
 
 template <class Cfg, class T>
 struct Launch {
   static int run(const AttnFwdParams& p, cudaStream_t stream, int dev) {
     if constexpr (Cfg::D == 64)
-      if (!p.causal || p.seqlen_k > LAB_V05_D64_WIDE_MIN_SK_CAUSAL)
+      if (!p.causal || p.seqlen_k > LAB_FWD_WGMMA_D64_WIDE_MIN_SK_CAUSAL)
         return launch_cfg<NarrowLike<Cfg, Cfg64Wide>, T>(p, stream, dev);
     return launch_cfg<Cfg, T>(p, stream, dev);
   }

@@ -30,7 +30,7 @@
 //   the softmax overhead per GEMM issue). D = 128 with 3 consumers was first
 //   rejected on paper (O, S and P in 160 registers); it compiles without
 //   spills (P reuses S's registers) and was measured on 2026-11-23
-//   (LAB_V06_D128_CONSUMERS=3, outputs/driver_logs/20261123-h200-v07-ablate-
+//   (LAB_FWD_WARPSPEC_D128_CONSUMERS=3, outputs/driver_logs/20261123-h200-v07-ablate-
 //   run1-*): 395/485/540/488 TFLOP/s at S = 512/2048/8192/8192 causal, +4 to
 //   +25 % over 2 consumers, still below v07 (392/582/564/501): left off.
 //
@@ -57,14 +57,14 @@
 
 #include "common/hopper/attn_fwd_sm90.cuh"
 
-#ifndef LAB_V06_D64_STAGES
-#define LAB_V06_D64_STAGES 3
+#ifndef LAB_FWD_WARPSPEC_D64_STAGES
+#define LAB_FWD_WARPSPEC_D64_STAGES 3
 #endif
-#ifndef LAB_V06_D128_STAGES
-#define LAB_V06_D128_STAGES 2
+#ifndef LAB_FWD_WARPSPEC_D128_STAGES
+#define LAB_FWD_WARPSPEC_D128_STAGES 2
 #endif
-#ifndef LAB_V06_D128_CONSUMERS
-#define LAB_V06_D128_CONSUMERS 2  // 3: 160 registers each (a sweep switch)
+#ifndef LAB_FWD_WARPSPEC_D128_CONSUMERS
+#define LAB_FWD_WARPSPEC_D128_CONSUMERS 2  // 3: 160 registers each (a sweep switch)
 #endif
 
 namespace {
@@ -87,9 +87,9 @@ struct Cfg06 {
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
 };
-using Cfg64 = Cfg06<64, 128, 3, LAB_V06_D64_STAGES, 24, 160>;
-using Cfg128 = Cfg06<128, 128, LAB_V06_D128_CONSUMERS, LAB_V06_D128_STAGES, 24,
-                     LAB_V06_D128_CONSUMERS >= 3 ? 160 : 240>;
+using Cfg64 = Cfg06<64, 128, 3, LAB_FWD_WARPSPEC_D64_STAGES, 24, 160>;
+using Cfg128 = Cfg06<128, 128, LAB_FWD_WARPSPEC_D128_CONSUMERS, LAB_FWD_WARPSPEC_D128_STAGES, 24,
+                     LAB_FWD_WARPSPEC_D128_CONSUMERS >= 3 ? 160 : 240>;
 
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v06_kernel(const __grid_constant__ CUtensorMap tq,

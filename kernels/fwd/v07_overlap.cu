@@ -24,7 +24,7 @@
 //   the tail is short (LPT scheduling). Non-causal keeps v06's order.
 //   Since H200 runs 11-12 of 2026-11-23 (l2order) the order is longest-first within
 //   groups of heads whose K/V fit 16 MiB of L2 (D = 128; see below).
-// - Tile config knobs (compile-time, for sweeps): LAB_V07_D{64,128}_
+// - Tile config knobs (compile-time, for sweeps): LAB_FWD_OVERLAP_D{64,128}_
 //   {CONSUMERS,BC,STAGES}.
 // - PINGPONG (on at D = 128): the consumer warpgroups take turns issuing
 //   their GEMMs (named barriers 4.., a token passed round-robin), so one
@@ -83,7 +83,7 @@
 //     (the switch is gone; the run is outputs/driver_logs/20261123-h200-v07-lazy-run1-*).
 // Runs of 2026-11-23, ablations and source counters (H200; outputs/driver_logs/20261123-h200-{v07-ablate,v07-lazy-run2,
 // desc-run1}-*, ncu source counters in 20261123-h200-ncu-source-96b748d6d0/): what bounds the loop.
-//   Ablations (diagnostic switches, wrong results: LAB_V07_ABLATE, LAB_SOFTMAX_ABLATE), D = 128, TFLOP/s at
+//   Ablations (diagnostic switches, wrong results: LAB_FWD_OVERLAP_ABLATE, LAB_SOFTMAX_ABLATE), D = 128, TFLOP/s at
 //   S = 2048 / 8192 against the default's 552 / 569 (SDPA-cuDNN 609 / 601 in that process): no softmax
 //   758 / 746 (+37 / +31 %); no row max (no FMNMX, shuffles or alpha) 687 / 678 (+24 / +19 %); exp2 by an
 //   FMUL instead of MUFU 632 / 618 (+14 / +9 %); no K/V loads once the ring is full 497 / 579 (no gain).
@@ -225,143 +225,143 @@
 
 #include "common/hopper/attn_fwd_sm90.cuh"
 
-#ifndef LAB_V07_PINGPONG
-#define LAB_V07_PINGPONG 0  // both head dims (a sweep switch); per head dim below
+#ifndef LAB_FWD_OVERLAP_PINGPONG
+#define LAB_FWD_OVERLAP_PINGPONG 0  // both head dims (a sweep switch); per head dim below
 #endif
-#ifndef LAB_V07_D64_PINGPONG
-#define LAB_V07_D64_PINGPONG LAB_V07_PINGPONG  // D = 64: -1 to +2 % (run 3), off
+#ifndef LAB_FWD_OVERLAP_D64_PINGPONG
+#define LAB_FWD_OVERLAP_D64_PINGPONG LAB_FWD_OVERLAP_PINGPONG  // D = 64: -1 to +2 % (run 3), off
 #endif
-#ifndef LAB_V07_D128_PINGPONG
-#define LAB_V07_D128_PINGPONG 1  // D = 128: +5-14 % non-causal (run 3), on
+#ifndef LAB_FWD_OVERLAP_D128_PINGPONG
+#define LAB_FWD_OVERLAP_D128_PINGPONG 1  // D = 128: +5-14 % non-causal (run 3), on
 #endif
-#ifndef LAB_V07_D64_POLY
-#define LAB_V07_D64_POLY 0  // every N-th n8 block of S takes exp2 on the FMA pipe (0: none); run 5: -0..-10 %
+#ifndef LAB_FWD_OVERLAP_D64_POLY
+#define LAB_FWD_OVERLAP_D64_POLY 0  // every N-th n8 block of S takes exp2 on the FMA pipe (0: none); run 5: -0..-10 %
 #endif
-#ifndef LAB_V07_D128_POLY
-#define LAB_V07_D128_POLY 0
+#ifndef LAB_FWD_OVERLAP_D128_POLY
+#define LAB_FWD_OVERLAP_D128_POLY 0
 #endif
-#ifndef LAB_V07_D64_CONSUMERS
-#define LAB_V07_D64_CONSUMERS 3
+#ifndef LAB_FWD_OVERLAP_D64_CONSUMERS
+#define LAB_FWD_OVERLAP_D64_CONSUMERS 3
 #endif
-#ifndef LAB_V07_D64_BC
-#define LAB_V07_D64_BC 128
+#ifndef LAB_FWD_OVERLAP_D64_BC
+#define LAB_FWD_OVERLAP_D64_BC 128
 #endif
-#ifndef LAB_V07_D64_STAGES
-#define LAB_V07_D64_STAGES 3
+#ifndef LAB_FWD_OVERLAP_D64_STAGES
+#define LAB_FWD_OVERLAP_D64_STAGES 3
 #endif
-#ifndef LAB_V07_D128_CONSUMERS
-#define LAB_V07_D128_CONSUMERS 2
+#ifndef LAB_FWD_OVERLAP_D128_CONSUMERS
+#define LAB_FWD_OVERLAP_D128_CONSUMERS 2
 #endif
-#ifndef LAB_V07_D128_BC
-#define LAB_V07_D128_BC 176  // run 5: +4-8 % over 128 on 6 of 7 cells lab.ops sends here (2048 causal -8 %)
+#ifndef LAB_FWD_OVERLAP_D128_BC
+#define LAB_FWD_OVERLAP_D128_BC 176  // run 5: +4-8 % over 128 on 6 of 7 cells lab.ops sends here (2048 causal -8 %)
 #endif
-#ifndef LAB_V07_D128_STAGES
-#define LAB_V07_D128_STAGES 2
+#ifndef LAB_FWD_OVERLAP_D128_STAGES
+#define LAB_FWD_OVERLAP_D128_STAGES 2
 #endif
-#ifndef LAB_V07_D64_CHAINS
-#define LAB_V07_D64_CHAINS 2  // independent row max / row sum chains in the softmax (see CHAINS)
+#ifndef LAB_FWD_OVERLAP_D64_CHAINS
+#define LAB_FWD_OVERLAP_D64_CHAINS 2  // independent row max / row sum chains in the softmax (see CHAINS)
 #endif
-#ifndef LAB_V07_D128_CHAINS
-#define LAB_V07_D128_CHAINS 2
+#ifndef LAB_FWD_OVERLAP_D128_CHAINS
+#define LAB_FWD_OVERLAP_D128_CHAINS 2
 #endif
-#ifndef LAB_V07_FOLD
-#define LAB_V07_FOLD 1  // a scale > 0 runs the kernel with the scale folded into exp2's FFMA (see FOLD)
+#ifndef LAB_FWD_OVERLAP_FOLD
+#define LAB_FWD_OVERLAP_FOLD 1  // a scale > 0 runs the kernel with the scale folded into exp2's FFMA (see FOLD)
 #endif
-#ifndef LAB_V07_D64_LAZY
-#define LAB_V07_D64_LAZY 1  // FA4's conditional rescaling on unmasked tiles (softmax_scores_lazy; see LAZY)
+#ifndef LAB_FWD_OVERLAP_D64_LAZY
+#define LAB_FWD_OVERLAP_D64_LAZY 1  // FA4's conditional rescaling on unmasked tiles (softmax_scores_lazy; see LAZY)
 #endif
-#ifndef LAB_V07_D128_LAZY
-#define LAB_V07_D128_LAZY 1
+#ifndef LAB_FWD_OVERLAP_D128_LAZY
+#define LAB_FWD_OVERLAP_D128_LAZY 1
 #endif
 // Causal order: heads grouped so a group's K and V fit this much L2 (0: one group, the grid-wide order).
 // Runs 11-12: D = 128 causal 2k +46 % (H100) / +5 % (H200) at 16 MiB; D = 64 -7 to 0 %: its B_r = 192 needs
 // less bandwidth per FLOP and the grouping costs longest-first balance.
-#ifndef LAB_V07_D64_L2_GROUP_MB
-#define LAB_V07_D64_L2_GROUP_MB 0
+#ifndef LAB_FWD_OVERLAP_D64_L2_GROUP_MB
+#define LAB_FWD_OVERLAP_D64_L2_GROUP_MB 0
 #endif
-#ifndef LAB_V07_D128_L2_GROUP_MB
-#define LAB_V07_D128_L2_GROUP_MB 16
+#ifndef LAB_FWD_OVERLAP_D128_L2_GROUP_MB
+#define LAB_FWD_OVERLAP_D128_L2_GROUP_MB 16
 #endif
 // FUSE: persistent configs run one stream of key tiles across their work tiles (see [lab:fuse] below).
 // D = 64: its three consumers' 160 registers spill with it (200 / 64 bytes of stack).
-#ifndef LAB_V07_D64_FUSE
-#define LAB_V07_D64_FUSE 0
+#ifndef LAB_FWD_OVERLAP_D64_FUSE
+#define LAB_FWD_OVERLAP_D64_FUSE 0
 #endif
-#ifndef LAB_V07_D128_FUSE
-#define LAB_V07_D128_FUSE 1  // run 18: +6.1 % at D = 128 S = 512 (the few-keys config), 58/58 checks, sanitizers clean
+#ifndef LAB_FWD_OVERLAP_D128_FUSE
+#define LAB_FWD_OVERLAP_D128_FUSE 1  // run 18: +6.1 % at D = 128 S = 512 (the few-keys config), 58/58 checks, sanitizers clean
 #endif
 // How masked tiles apply the mask (common softmax_scores' kRowBound): one bound per row, or the per-element
 // predicate. H200 sixth-run 1: D = 64 +4.4 to +5.9 % per element in all five cells timed, none of
 // them with a masked tile in most of its work; D = 128 +1 to +3.4 % with the row bound (d128-cells run 6).
-#ifndef LAB_V07_D64_MASK_ROW_BOUND
-#define LAB_V07_D64_MASK_ROW_BOUND 0
+#ifndef LAB_FWD_OVERLAP_D64_MASK_ROW_BOUND
+#define LAB_FWD_OVERLAP_D64_MASK_ROW_BOUND 0
 #endif
-#ifndef LAB_V07_D128_MASK_ROW_BOUND
-#define LAB_V07_D128_MASK_ROW_BOUND 1
+#ifndef LAB_FWD_OVERLAP_D128_MASK_ROW_BOUND
+#define LAB_FWD_OVERLAP_D128_MASK_ROW_BOUND 1
 #endif
 // NOZERO: a work tile's first P V overwrites O (wgmma scale_d = 0) instead of O being zeroed after the last
 // tile's epilogue: the zeroing waited for the epilogue's stores to release O's registers (long scoreboard).
 // FUSE (the D = 128 few-keys config): H200 sixth-run 2, +1.4 to +5.6 % in its four cells. The
 // same in the persistent path without FUSE (D = 64; run 3): 0 to -1.4 % in five cells, not kept.
-#ifndef LAB_V07_FUSE_NOZERO
-#define LAB_V07_FUSE_NOZERO 1
+#ifndef LAB_FWD_OVERLAP_FUSE_NOZERO
+#define LAB_FWD_OVERLAP_FUSE_NOZERO 1
 #endif
 // FAST_DIV: the persistent kernels' work-tile arithmetic (work_at, locate) divides by num_m, the heads and
 // PAIR's half through common/fast_div.cuh (a wide multiply and a shift) instead of signed divisions, which sat
 // on the path between two work tiles. H200 sixth-run 9: D = 128 +4.4 / +5.4 / +0.1 / +2.1 % at
 // 512 / 512 causal / 2048 / 2048 causal, D = 64 +0.8 / +1.0 % at 2048 / 8192 causal; 62/62 checks.
-#ifndef LAB_V07_FAST_DIV
-#define LAB_V07_FAST_DIV 1
+#ifndef LAB_FWD_OVERLAP_FAST_DIV
+#define LAB_FWD_OVERLAP_FAST_DIV 1
 #endif
 // FIRST_FULL: a work tile's first key tile takes the full softmax step at once. With LAZY it first took the
 // lazy step's row max and vote, which always votes for the full step there (the running max is -inf), so the
 // row max was computed twice, on the path between two work tiles. H200 sixth-run 12: D = 128
 // +2.0 / +4.1 / +1.8 / +2.2 % at 512 / 512 causal / 2048 / 2048 causal, D = 64 -1.4 % at 2048; 62/62 checks.
-#ifndef LAB_V07_D64_FIRST_FULL
-#define LAB_V07_D64_FIRST_FULL 0
+#ifndef LAB_FWD_OVERLAP_D64_FIRST_FULL
+#define LAB_FWD_OVERLAP_D64_FIRST_FULL 0
 #endif
-#ifndef LAB_V07_D128_FIRST_FULL
-#define LAB_V07_D128_FIRST_FULL 1
+#ifndef LAB_FWD_OVERLAP_D128_FIRST_FULL
+#define LAB_FWD_OVERLAP_D128_FIRST_FULL 1
 #endif
-#ifndef LAB_V07_ABLATE
-#define LAB_V07_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
+#ifndef LAB_FWD_OVERLAP_ABLATE
+#define LAB_FWD_OVERLAP_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
 // PERSIST: one CTA per SM looping over the work tiles, non-causal calls; PERSIST_CAUSAL: causal calls too
 // (a snake over the longest-first list). Measured in run 8 (see PERSIST, persistent grids, above).
-#ifndef LAB_V07_D64_PERSIST
-#define LAB_V07_D64_PERSIST 1
+#ifndef LAB_FWD_OVERLAP_D64_PERSIST
+#define LAB_FWD_OVERLAP_D64_PERSIST 1
 #endif
-#ifndef LAB_V07_D64_PERSIST_CAUSAL
-#define LAB_V07_D64_PERSIST_CAUSAL 1
+#ifndef LAB_FWD_OVERLAP_D64_PERSIST_CAUSAL
+#define LAB_FWD_OVERLAP_D64_PERSIST_CAUSAL 1
 #endif
-#ifndef LAB_V07_D128_PERSIST
-#define LAB_V07_D128_PERSIST 0
+#ifndef LAB_FWD_OVERLAP_D128_PERSIST
+#define LAB_FWD_OVERLAP_D128_PERSIST 0
 #endif
-#ifndef LAB_V07_D128_PERSIST_CAUSAL
-#define LAB_V07_D128_PERSIST_CAUSAL 0
+#ifndef LAB_FWD_OVERLAP_D128_PERSIST_CAUSAL
+#define LAB_FWD_OVERLAP_D128_PERSIST_CAUSAL 0
 #endif
 // D = 128, few keys per query tile: a second config (B_c 128, 3 stages, persistent; causal in PAIR order) for
 // non-causal calls with S_k <= SHORT_MAX_SK and causal calls with S_q <= SHORT_MAX_SQ_CAUSAL (0: never).
-#ifndef LAB_V07_D128_SHORT_BC
-#define LAB_V07_D128_SHORT_BC 128
+#ifndef LAB_FWD_OVERLAP_D128_SHORT_BC
+#define LAB_FWD_OVERLAP_D128_SHORT_BC 128
 #endif
-#ifndef LAB_V07_D128_SHORT_STAGES
-#define LAB_V07_D128_SHORT_STAGES 3
+#ifndef LAB_FWD_OVERLAP_D128_SHORT_STAGES
+#define LAB_FWD_OVERLAP_D128_SHORT_STAGES 3
 #endif
-#ifndef LAB_V07_D128_SHORT_PERSIST
-#define LAB_V07_D128_SHORT_PERSIST 1
+#ifndef LAB_FWD_OVERLAP_D128_SHORT_PERSIST
+#define LAB_FWD_OVERLAP_D128_SHORT_PERSIST 1
 #endif
-#ifndef LAB_V07_D128_SHORT_PERSIST_CAUSAL
-#define LAB_V07_D128_SHORT_PERSIST_CAUSAL 1  // causal calls too, in PAIR order with FUSE (run 4: +7 % / +5 %)
+#ifndef LAB_FWD_OVERLAP_D128_SHORT_PERSIST_CAUSAL
+#define LAB_FWD_OVERLAP_D128_SHORT_PERSIST_CAUSAL 1  // causal calls too, in PAIR order with FUSE (run 4: +7 % / +5 %)
 #endif
-#ifndef LAB_V07_D128_PAIR_CAUSAL
-#define LAB_V07_D128_PAIR_CAUSAL 1  // persistent causal calls at D = 128 take query tiles in pairs (see PAIR)
+#ifndef LAB_FWD_OVERLAP_D128_PAIR_CAUSAL
+#define LAB_FWD_OVERLAP_D128_PAIR_CAUSAL 1  // persistent causal calls at D = 128 take query tiles in pairs (see PAIR)
 #endif
-#ifndef LAB_V07_D128_SHORT_MAX_SK
-#define LAB_V07_D128_SHORT_MAX_SK 2048  // d128-cells runs 1, 2, 5: +1.9 / +1.4 / +2.7 % at S_k = 2048
+#ifndef LAB_FWD_OVERLAP_D128_SHORT_MAX_SK
+#define LAB_FWD_OVERLAP_D128_SHORT_MAX_SK 2048  // d128-cells runs 1, 2, 5: +1.9 / +1.4 / +2.7 % at S_k = 2048
 #endif
-#ifndef LAB_V07_D128_SHORT_MAX_SQ_CAUSAL
-#define LAB_V07_D128_SHORT_MAX_SQ_CAUSAL 2048
+#ifndef LAB_FWD_OVERLAP_D128_SHORT_MAX_SQ_CAUSAL
+#define LAB_FWD_OVERLAP_D128_SHORT_MAX_SQ_CAUSAL 2048
 #endif
 
 namespace {
@@ -371,8 +371,8 @@ template <int D_, int BC_, int CONSUMERS_, int STAGES_, bool PINGPONG_, int POLY
           int CHAINS_ = 1, bool LAZY_ = false, bool PERSIST_CAUSAL_ = false, int L2_GROUP_MB_ = 0>
 struct Cfg07 {
   static constexpr int kL2GroupMB = L2_GROUP_MB_;
-  static constexpr bool kMaskRowBound = (D_ == 64 ? LAB_V07_D64_MASK_ROW_BOUND : LAB_V07_D128_MASK_ROW_BOUND) != 0;
-  static constexpr bool kFirstFull = (D_ == 64 ? LAB_V07_D64_FIRST_FULL : LAB_V07_D128_FIRST_FULL) != 0;
+  static constexpr bool kMaskRowBound = (D_ == 64 ? LAB_FWD_OVERLAP_D64_MASK_ROW_BOUND : LAB_FWD_OVERLAP_D128_MASK_ROW_BOUND) != 0;
+  static constexpr bool kFirstFull = (D_ == 64 ? LAB_FWD_OVERLAP_D64_FIRST_FULL : LAB_FWD_OVERLAP_D128_FIRST_FULL) != 0;
   static constexpr bool kPersistentCausal = PERSIST_CAUSAL_;
   static constexpr bool kLazy = LAZY_;
   static constexpr int kChains = CHAINS_;
@@ -399,17 +399,17 @@ struct Cfg07 {
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
   static_assert(BC % 16 == 0 && BC <= 256, "B_c: a wgmma N and a TMA box");
 };
-using Cfg64 = Cfg07<64, LAB_V07_D64_BC, LAB_V07_D64_CONSUMERS, LAB_V07_D64_STAGES, LAB_V07_D64_PINGPONG != 0,
-                    LAB_V07_D64_POLY, LAB_V07_D64_PERSIST != 0, LAB_V07_D64_CHAINS, LAB_V07_D64_LAZY != 0,
-                    LAB_V07_D64_PERSIST_CAUSAL != 0, LAB_V07_D64_L2_GROUP_MB>;
-using Cfg128 = Cfg07<128, LAB_V07_D128_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_STAGES,
-                     LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_PERSIST != 0,
-                     LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, LAB_V07_D128_PERSIST_CAUSAL != 0,
-                     LAB_V07_D128_L2_GROUP_MB>;
-using Cfg128Short = Cfg07<128, LAB_V07_D128_SHORT_BC, LAB_V07_D128_CONSUMERS, LAB_V07_D128_SHORT_STAGES,
-                          LAB_V07_D128_PINGPONG != 0, LAB_V07_D128_POLY, LAB_V07_D128_SHORT_PERSIST != 0,
-                          LAB_V07_D128_CHAINS, LAB_V07_D128_LAZY != 0, LAB_V07_D128_SHORT_PERSIST_CAUSAL != 0,
-                          LAB_V07_D128_L2_GROUP_MB>;
+using Cfg64 = Cfg07<64, LAB_FWD_OVERLAP_D64_BC, LAB_FWD_OVERLAP_D64_CONSUMERS, LAB_FWD_OVERLAP_D64_STAGES, LAB_FWD_OVERLAP_D64_PINGPONG != 0,
+                    LAB_FWD_OVERLAP_D64_POLY, LAB_FWD_OVERLAP_D64_PERSIST != 0, LAB_FWD_OVERLAP_D64_CHAINS, LAB_FWD_OVERLAP_D64_LAZY != 0,
+                    LAB_FWD_OVERLAP_D64_PERSIST_CAUSAL != 0, LAB_FWD_OVERLAP_D64_L2_GROUP_MB>;
+using Cfg128 = Cfg07<128, LAB_FWD_OVERLAP_D128_BC, LAB_FWD_OVERLAP_D128_CONSUMERS, LAB_FWD_OVERLAP_D128_STAGES,
+                     LAB_FWD_OVERLAP_D128_PINGPONG != 0, LAB_FWD_OVERLAP_D128_POLY, LAB_FWD_OVERLAP_D128_PERSIST != 0,
+                     LAB_FWD_OVERLAP_D128_CHAINS, LAB_FWD_OVERLAP_D128_LAZY != 0, LAB_FWD_OVERLAP_D128_PERSIST_CAUSAL != 0,
+                     LAB_FWD_OVERLAP_D128_L2_GROUP_MB>;
+using Cfg128Short = Cfg07<128, LAB_FWD_OVERLAP_D128_SHORT_BC, LAB_FWD_OVERLAP_D128_CONSUMERS, LAB_FWD_OVERLAP_D128_SHORT_STAGES,
+                          LAB_FWD_OVERLAP_D128_PINGPONG != 0, LAB_FWD_OVERLAP_D128_POLY, LAB_FWD_OVERLAP_D128_SHORT_PERSIST != 0,
+                          LAB_FWD_OVERLAP_D128_CHAINS, LAB_FWD_OVERLAP_D128_LAZY != 0, LAB_FWD_OVERLAP_D128_SHORT_PERSIST_CAUSAL != 0,
+                          LAB_FWD_OVERLAP_D128_L2_GROUP_MB>;
 
 template <class Cfg, class T, bool kFold, bool kPersist>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __grid_constant__ CUtensorMap tq,
@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  constexpr bool kFuse = kPersist && (D == 64 ? LAB_V07_D64_FUSE : LAB_V07_D128_FUSE) != 0;
+  constexpr bool kFuse = kPersist && (D == 64 ? LAB_FWD_OVERLAP_D64_FUSE : LAB_FWD_OVERLAP_D128_FUSE) != 0;
   extern __shared__ uint8_t smem_raw[];
   // K and V have their own `empty` barriers: K_j is free once S_j is done, a whole softmax before
   // P_j V_j frees V_j, so the next K load is not held up by the overlapped P V (see the header).
@@ -444,14 +444,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   // unit's head neighbours its other units in the same round (L2). The snake over L2 head groups left CTAs
   // with 4 + 4 key tiles beside CTAs with 2 + 2 (run 1: -5 % at S = 512, -24 % at 2048 causal). lab/fwd/work_order.py
   // mirrors both orders (tests/test_work_order.py counts the key tiles per CTA): change them together.
-  constexpr bool kPair = kPersist && D == 128 && LAB_V07_D128_PAIR_CAUSAL != 0;
+  constexpr bool kPair = kPersist && D == 128 && LAB_FWD_OVERLAP_D128_PAIR_CAUSAL != 0;
   const bool pair = kPair && p.causal;
   const int half = (num_m + 1) / 2, num_units = num_bh * half;
   const int num_rounds = !kPersist ? 1
                          : pair    ? 2 * ((num_units + gridDim.x - 1) / gridDim.x)
                                    : (num_m * num_bh + gridDim.x - 1) / gridDim.x;
   // FAST_DIV (persistent kernels: a non-persistent CTA locates one tile, cheaper than building the divisors)
-  constexpr bool kFastDiv = kPersist && LAB_V07_FAST_DIV != 0;
+  constexpr bool kFastDiv = kPersist && LAB_FWD_OVERLAP_FAST_DIV != 0;
   const lab::FastDiv div_m(num_m), div_heads(p.heads_q), div_half(half), div_group(p.heads_q / p.heads_kv);
   auto quot = [&](int n, const lab::FastDiv& f, int d) { return kFastDiv ? f.div(n) : n / d; };
   auto rem = [&](int n, const lab::FastDiv& f, int d) { return kFastDiv ? f.mod(n) : n % d; };
@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           const int s = ring % kStages;
           const uint32_t free_parity = ((ring / kStages) & 1) ^ 1;
           if (ring >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
-          if ((LAB_V07_ABLATE & 2) && ring >= kStages) {  // diagnostic: the math on stale tiles, no loads
+          if ((LAB_FWD_OVERLAP_ABLATE & 2) && ring >= kStages) {  // diagnostic: the math on stale tiles, no loads
             mbar_wait(smem_u32(&empty_v[s]), free_parity);
             mbar_arrive(smem_u32(&bar_k[s]));
             mbar_arrive(smem_u32(&bar_v[s]));
@@ -578,7 +578,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     };
     // Returns whether O needs rescale_o (LAZY: an unmasked tile that kept the max does not).
     auto softmax = [&](int j) -> bool {
-      if constexpr ((LAB_V07_ABLATE & 1) != 0) {  // diagnostic: P = raw scores, no max, exp or sum
+      if constexpr ((LAB_FWD_OVERLAP_ABLATE & 1) != 0) {  // diagnostic: P = raw scores, no max, exp or sum
         alpha[0] = alpha[1] = 1.f;
         return true;
       }
@@ -659,7 +659,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           turn();
           wgmma_fence();
           issue_s(j);
-          issue_o(j - 1, LAB_V07_FUSE_NOZERO && j == 1);
+          issue_o(j - 1, LAB_FWD_OVERLAP_FUSE_NOZERO && j == 1);
           pass();
           wgmma_wait<1>();
           reg_fence(sacc);
@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         // two ends below issues its wgmmas unconditionally after its fence: a wgmma issued under a condition
         // between fence and commit made ptxas serialize every wgmma of the kernel (C7520, runs 14 and 17).
         const int sv = (ring + n_tiles - 1) % kStages, pv = ((ring + n_tiles - 1) / kStages) & 1;
-        const bool pv_first = LAB_V07_FUSE_NOZERO && n_tiles == 1;  // this P V is the tile's only one
+        const bool pv_first = LAB_FWD_OVERLAP_FUSE_NOZERO && n_tiles == 1;  // this P V is the tile's only one
         RowState done = st;
         const int db = b, dh = h, dwm0 = wm0;
         ring += n_tiles;
@@ -713,7 +713,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         reg_fence(o);
         if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[sv]));
         epilogue_direct<D, T, Cfg::kNarrow>(o, done, p, db, dh, dwm0);
-        if constexpr (!LAB_V07_FUSE_NOZERO) zero_acc(o);
+        if constexpr (!LAB_FWD_OVERLAP_FUSE_NOZERO) zero_acc(o);
         pack_p<BC, T>(sacc, pa);
       }
       // [/lab:fuse]
@@ -796,7 +796,7 @@ int launch_cfg(const AttnFwdParams& p, cudaStream_t stream, int dev) {
   auto go = [&](auto persist) {
     constexpr bool kPersist = decltype(persist)::value;
     return launch_fwd_sm90_fold<C, attn_fwd_v07_kernel<C, T, true, kPersist>,
-                                attn_fwd_v07_kernel<C, T, false, kPersist>, LAB_V07_FOLD != 0, kPersist>(p, stream,
+                                attn_fwd_v07_kernel<C, T, false, kPersist>, LAB_FWD_OVERLAP_FOLD != 0, kPersist>(p, stream,
                                                                                                         dev);
   };
   if constexpr (C::kPersistent && C::kPersistentCausal) {
@@ -814,8 +814,8 @@ struct Launch {
     if constexpr (Cfg::D == 128) {
       // Few keys per query tile: the long config's B_c = 176 leaves 3 tiles at S_k = 512 (the last one masked)
       // and its fill and epilogue are not hidden; B_c = 128 with 3 stages and a persistent grid (run 8).
-      const bool few_keys = p.causal ? p.seqlen_q <= LAB_V07_D128_SHORT_MAX_SQ_CAUSAL
-                                     : p.seqlen_k <= LAB_V07_D128_SHORT_MAX_SK;
+      const bool few_keys = p.causal ? p.seqlen_q <= LAB_FWD_OVERLAP_D128_SHORT_MAX_SQ_CAUSAL
+                                     : p.seqlen_k <= LAB_FWD_OVERLAP_D128_SHORT_MAX_SK;
       if (few_keys) return launch_cfg<NarrowLike<Cfg, Cfg128Short>, T>(p, stream, dev);
     }
     return launch_cfg<Cfg, T>(p, stream, dev);

@@ -20,7 +20,7 @@
 //
 // Launch: 1-D grid of ceil(S_q / 128) * B * H_q CTAs (S_q = max_seqlen_q when packed), 128 threads, v04's shared
 // memory (80 KiB at D = 64, 96 KiB at D = 128). Limits: v04's (D in {64, 128}, fp16/bf16, any finite scale).
-// LAB_V08_IGNORE_WINDOW=1 builds the deliberately wrong kernel the checks must catch: it drops the window.
+// LAB_FWD_MASK_BUG_NO_WINDOW=1 builds the deliberately wrong kernel the checks must catch: it drops the window.
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -34,8 +34,8 @@
 #include "common/smem_tile.cuh"
 #include "common/softmax.cuh"
 
-#ifndef LAB_V08_IGNORE_WINDOW
-#define LAB_V08_IGNORE_WINDOW 0
+#ifndef LAB_FWD_MASK_BUG_NO_WINDOW
+#define LAB_FWD_MASK_BUG_NO_WINDOW 0
 #endif
 
 namespace {
@@ -137,8 +137,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) attn_fwd_v08_kerne
   const int m0 = m_block * Br;
   if (m0 >= sv.seqlen_q) return;  // packed: this block starts past its sequence (no barrier has run yet)
   const int m1 = min(m0 + Br, sv.seqlen_q);
-  const int left = LAB_V08_IGNORE_WINDOW ? -1 : mp.window_left;
-  const int right = LAB_V08_IGNORE_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
+  const int left = LAB_FWD_MASK_BUG_NO_WINDOW ? -1 : mp.window_left;
+  const int right = LAB_FWD_MASK_BUG_NO_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
 
   // ---- the window's tiles: [first, last) of B_c keys; the K/V pointers, S_k and the diagonal move to `first`
   const int2 range = lab::window_key_range(m0, m1, sv.seqlen_k, sv.off, left, right);

@@ -20,7 +20,7 @@
 //   with the boolean mask; packed documents 1.26-1.27x Flex's document mask; sinks +1-3 %; softcap +22-24 % (a MUFU
 //   tanh beside each exp2 in a softmax-bound serial loop); the kernel without a mask at 1.43-1.77x v07's time,
 //   which is what keeps it short of the 1.5x-over-Flex target: the masks belong in v07's loop next.
-// The softcap's softmax (LAB_V09_SOFTCAP, common/hopper/attn_mask_sm90.cuh kCapHeadroom): the cap bounds every score
+// The softcap's softmax (LAB_FWD_MASK_SOFTCAP, common/hopper/attn_mask_sm90.cuh kCapHeadroom): the cap bounds every score
 //   by +-softcap, so in bf16 (softcap <= 51.3) the running max can be one fixed offset: no FMNMX chain, quad
 //   shuffles, alpha exp2 or O rescale per tile (per thread and 64-key tile at D = 128: 66 of 172 FMUL, 39 of 40 FMNMX
 //   and 2 of 38 ex2 gone in the PTX).
@@ -45,7 +45,7 @@
 //   second pack of each P pair (32 F2FP against 16: pack_p does not reuse exp_rows_rounded's pack) and the unpack for
 //   l (32 integer). Handing the packed pairs to P V directly was compiled and counted, not run: 666 (16 F2FP out, 6
 //   predicate moves in), so about a fifth of those points at best; the unpack stays while l sums the rounded P.
-// LAB_V09_SOFTCAP=2 (the default since the run below): l = P 1 by the tensor core, an m64n8k16 wgmma per k16 step
+// LAB_FWD_MASK_SOFTCAP=2 (the default since the run below): l = P 1 by the tensor core, an m64n8k16 wgmma per k16 step
 //   beside P V from the same P fragments, B a 1 KiB atom of bf16 ones (attn_mask_sm90.cuh issue_rowsum): the sum of
 //   the rounded P without unpacking it, so one key still gives O = V. Main loop (same count): 601 instructions at
 //   D = 128 (the rounded l 676, the first form 628, the online max 741; tensor clocks 528 against 512), 1065 at D = 64
@@ -72,14 +72,14 @@
 #include "common/hopper/attn_fwd_sm90.cuh"
 #include "common/hopper/attn_mask_sm90.cuh"
 
-#ifndef LAB_V08_IGNORE_WINDOW
-#define LAB_V08_IGNORE_WINDOW 0  // the deliberately wrong build (drops the window), as v08's
+#ifndef LAB_FWD_MASK_BUG_NO_WINDOW
+#define LAB_FWD_MASK_BUG_NO_WINDOW 0  // the deliberately wrong build (drops the window), as v08's
 #endif
 // The softcap's softmax in bf16 (softcap <= 51.3; see kCapHeadroom): 2 (default) the fixed offset that the cap's
 // bound allows (no max, no O rescale) with l = P 1 on the tensor core (issue_rowsum); 1 the same with l summed from
 // the rounded P (exp_rows_rounded); 0 the online max. Measured: the header (2 took 0.5-5 % less time than 1).
-#ifndef LAB_V09_SOFTCAP
-#define LAB_V09_SOFTCAP 2
+#ifndef LAB_FWD_MASK_SOFTCAP
+#define LAB_FWD_MASK_SOFTCAP 2
 #endif
 
 namespace {
@@ -94,7 +94,7 @@ struct Cfg09 {
   static constexpr int kThreads = 128;
   static constexpr int kQBytes = BR * D * 2;
   static constexpr int kTileBytes = BC * D * 2;
-  static constexpr int kOnesBytes = LAB_V09_SOFTCAP == 2 ? kRowSumOnesBytes : 0;  // after the ring, 1024-aligned
+  static constexpr int kOnesBytes = LAB_FWD_MASK_SOFTCAP == 2 ? kRowSumOnesBytes : 0;  // after the ring, 1024-aligned
   static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + kOnesBytes + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
 };
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  constexpr bool kTensorL = kTransform == kTanhBounded && LAB_V09_SOFTCAP == 2;  // l = P 1 on the tensor core
+  constexpr bool kTensorL = kTransform == kTanhBounded && LAB_FWD_MASK_SOFTCAP == 2;  // l = P 1 on the tensor core
   const AttnFwdParams& p = mp.base;
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages];
@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
   }
   const int m0 = mb * Cfg::BR;
   if (m0 >= seqlen_q) return;  // the whole CTA, before any barrier or load
-  const int left = LAB_V08_IGNORE_WINDOW ? -1 : mp.window_left;
-  const int right = LAB_V08_IGNORE_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
+  const int left = LAB_FWD_MASK_BUG_NO_WINDOW ? -1 : mp.window_left;
+  const int right = LAB_FWD_MASK_BUG_NO_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
   const int2 range = lab::window_key_range(m0, min(m0 + Cfg::BR, seqlen_q), seqlen_k, off, left, right);
   const int first = range.y > range.x ? range.x / BC : 0;
   const int n_tiles = range.y > range.x ? (range.y + BC - 1) / BC - first : 0;
@@ -237,7 +237,7 @@ int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
 template <class Cfg, class T>
 int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
   if (mp.softcap > 0.f) {
-    if constexpr (LAB_V09_SOFTCAP > 0 && std::is_same_v<T, __nv_bfloat16>)
+    if constexpr (LAB_FWD_MASK_SOFTCAP > 0 && std::is_same_v<T, __nv_bfloat16>)
       if (mp.softcap * kLog2e <= kCapMaxLog2) return launch<Cfg, T, kTanhBounded>(mp, stream, dev);
     return launch<Cfg, T, kTanh>(mp, stream, dev);
   }

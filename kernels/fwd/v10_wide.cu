@@ -11,12 +11,12 @@
 //   Rejected on paper: B_c = 96 at D = 256 (2 stages: 64 + 4 x 48 = 256 KiB, over the limit); B_c = 128 at
 //   D = 192 (240 KiB); 3 stages at either D (a third of B_c, 2x the per-key barrier and shuffle cost);
 //   B_r = 192 (3 consumers at 160 registers cannot hold a 128-register O). B_c = 64 at D = 256 (192 KiB) and
-//   96 at D = 192 are the knobs' alternatives (LAB_V10_D{192,256}_BC). m64n80k16 and m64n112k16 are
+//   96 at D = 192 are the knobs' alternatives (LAB_FWD_WIDE_D{192,256}_BC). m64n80k16 and m64n112k16 are
 //   generated beside the other widths (tools/codegen/hopper_gen_wgmma.py).
 // - v07's FOLD (scale > 0: the max on raw scores, exp2(s c - m) by one FFMA) and CHAINS = 2 (two row max /
 //   row sum chains) in the serial tile (common/hopper/attn_fwd_sm90.cuh's serial_tile).
 // - Its own entry: head dims 192 and 256 (common/launch.h's check_fwd_call for the rest of the checks).
-// - K and V released apart (v07's split `empty` barriers), and OVERLAP (on; LAB_V10_OVERLAP=0 gives v06's serial
+// - K and V released apart (v07's split `empty` barriers), and OVERLAP (on; LAB_FWD_WIDE_OVERLAP=0 gives v06's serial
 //   tile): v07's intra-warpgroup overlap, S_j issued with P_{j-1} V_{j-1} and the softmax of S_j under that P V
 //   (+B_c/4 live registers for the previous P: 128 + 40 + 20 at D = 256; no spills either way).
 // Not taken from v07: the ping-pong token, the persistent and L2-ordered grids.
@@ -57,24 +57,24 @@
 //   cells, 1.05-3.80x the padded call's speed; slower than the prediction: at S = 8192 3.39 ms where the D = 256
 //   kernel took 3.01 ms in that n14 session (D = 160 at width 192 shows no such gap). kernels/README.md, "The
 //   narrow head dims", has the candidates.
-// - Causal, each consumer's own tile count (LAB_V10_WG_TILES, on; consumer_tiles below): a 128-row CTA on the
+// - Causal, each consumer's own tile count (LAB_FWD_WIDE_WG_TILES, on; consumer_tiles below): a 128-row CTA on the
 //   diagonal loads the key tiles its lower 64 rows see, and the upper consumer stopped only there, running S and
 //   P V on a last tile its rows mask whole. It now stops at its own last tile: the same sums bit for bit, less
 //   tensor work. Prediction: it removes 14 % (D = 192) / 11 % (D = 256) of the consumer tiles at S = 512 causal,
 //   3 % at 2048, under 1 % at 8192 (lab.fwd.work_order.consumer_tile_saving); with the Q load, fill and epilogue
 //   unchanged, +6-10 % / +5-8 % at S = 512 causal, +1-2.5 % at 2048, within noise at 8192 and non-causal.
-//   Measure: tools/gpu/wide_tiles.sh (LAB_V10_WG_TILES=0 against the default, kernel-level in rounds).
+//   Measure: tools/gpu/wide_tiles.sh (LAB_FWD_WIDE_WG_TILES=0 against the default, kernel-level in rounds).
 //   Outcome (H100, outputs/driver_logs/20261126-h100-wide-tiles-258abfc/): equal to the old count bit for bit (42
 //   outputs), +5.1 % / +3.3 % at S = 512 causal (D 192 / 256), +2.4 / +2.1 % at 2048 causal, within 1 % elsewhere.
 //   Below the prediction at S = 512: the lower consumer still runs the last tile, now alone, with no second
 //   warpgroup's GEMM to hide its softmax under. There the kernel is 0.87 / 0.93x SDPA-cuDNN, the old count 0.83 /
 //   0.90, in the same process.
-// - A candidate, off (LAB_V10_EPILOGUE_DIRECT=1): O stored from the accumulators with 8-byte stores (v07's
+// - A candidate, off (LAB_FWD_WIDE_EPILOGUE_DIRECT=1): O stored from the accumulators with 8-byte stores (v07's
 //   epilogue_direct) in place of the staging through the consumer's Q tile (two named barriers, a shared-memory
 //   round trip, 16-byte stores). At S = 512 a CTA runs 5-7 key tiles, so its fixed cost shows: prediction +0-3 %
 //   there, level from S = 2048. Outcome (H100, same folder): +1.2-2.0 % at S = 512, +0.2-0.7 % at 2048, 42/42
 //   checks, memcheck / racecheck / synccheck clean; to be the default with the next n14 session.
-// - The default (LAB_V10_PERSIST=1; 0 builds the per-tile grid): one CTA per SM walking work tiles in snake order (snake_tile), the ring's
+// - The default (LAB_FWD_WIDE_PERSIST=1; 0 builds the per-tile grid): one CTA per SM walking work tiles in snake order (snake_tile), the ring's
 //   stages counted across them, the next work tile's Q loaded as soon as both consumers' last S GEMM has read the
 //   buffer (`empty_q`), under the last P V and the epilogue (from registers, so Q's buffer stays free); a consumer
 //   that skipped a causal tail tile releases it once it has landed, since the next work tile's loads reuse the
@@ -97,32 +97,32 @@
 
 #include "common/hopper/attn_fwd_sm90.cuh"
 
-#ifndef LAB_V10_D192_BC
-#define LAB_V10_D192_BC 112
+#ifndef LAB_FWD_WIDE_D192_BC
+#define LAB_FWD_WIDE_D192_BC 112
 #endif
-#ifndef LAB_V10_D256_BC
-#define LAB_V10_D256_BC 80
+#ifndef LAB_FWD_WIDE_D256_BC
+#define LAB_FWD_WIDE_D256_BC 80
 #endif
-#ifndef LAB_V10_STAGES
-#define LAB_V10_STAGES 2
+#ifndef LAB_FWD_WIDE_STAGES
+#define LAB_FWD_WIDE_STAGES 2
 #endif
-#ifndef LAB_V10_FOLD
-#define LAB_V10_FOLD 1
+#ifndef LAB_FWD_WIDE_FOLD
+#define LAB_FWD_WIDE_FOLD 1
 #endif
-#ifndef LAB_V10_CHAINS
-#define LAB_V10_CHAINS 2
+#ifndef LAB_FWD_WIDE_CHAINS
+#define LAB_FWD_WIDE_CHAINS 2
 #endif
-#ifndef LAB_V10_OVERLAP
-#define LAB_V10_OVERLAP 1  // v07's intra-warpgroup overlap (S_j with P_{j-1} V_{j-1}, softmax under the P V); 0: serial
+#ifndef LAB_FWD_WIDE_OVERLAP
+#define LAB_FWD_WIDE_OVERLAP 1  // v07's intra-warpgroup overlap (S_j with P_{j-1} V_{j-1}, softmax under the P V); 0: serial
 #endif
-#ifndef LAB_V10_EPILOGUE_DIRECT
-#define LAB_V10_EPILOGUE_DIRECT 0  // 1: O stored from registers (common epilogue_direct), no shared-memory staging
+#ifndef LAB_FWD_WIDE_EPILOGUE_DIRECT
+#define LAB_FWD_WIDE_EPILOGUE_DIRECT 0  // 1: O stored from registers (common epilogue_direct), no shared-memory staging
 #endif
-#ifndef LAB_V10_PERSIST
-#define LAB_V10_PERSIST 1  // 1: one CTA per SM looping over work tiles, the next Q loaded under the last P V; 0: a CTA per tile
+#ifndef LAB_FWD_WIDE_PERSIST
+#define LAB_FWD_WIDE_PERSIST 1  // 1: one CTA per SM looping over work tiles, the next Q loaded under the last P V; 0: a CTA per tile
 #endif
-#ifndef LAB_V10_WG_TILES
-#define LAB_V10_WG_TILES 1  // causal: each consumer stops at the last key tile its own 64 rows see; 0: the CTA's count
+#ifndef LAB_FWD_WIDE_WG_TILES
+#define LAB_FWD_WIDE_WG_TILES 1  // causal: each consumer stops at the last key tile its own 64 rows see; 0: the CTA's count
 #endif
 
 namespace {
@@ -159,11 +159,11 @@ struct Cfg10 {
 // barriers (arriving early could complete an earlier phase of the same stage before the other consumer's reads).
 template <class Cfg>
 __device__ __forceinline__ int consumer_tiles(const AttnFwdParams& p, int wm0, int n_tiles) {
-  if (!LAB_V10_WG_TILES || !p.causal) return n_tiles;
+  if (!LAB_FWD_WIDE_WG_TILES || !p.causal) return n_tiles;
   const int kv_end = min(p.seqlen_k, min(p.seqlen_q, wm0 + 64));
   return min(n_tiles, (kv_end + Cfg::BC - 1) / Cfg::BC);
 }
-// A persistent CTA's i-th work tile (LAB_V10_PERSIST): round i of gridDim.x tiles, CTA x taking tile x of it in
+// A persistent CTA's i-th work tile (LAB_FWD_WIDE_PERSIST): round i of gridDim.x tiles, CTA x taking tile x of it in
 // even rounds and gridDim.x - 1 - x in odd ones. A head's causal query blocks run longest first (work_tile_at), so
 // where gridDim.x is a multiple of the blocks per head a plain round robin would hand a CTA the same block in
 // every round (at S = 512: 132 CTAs, 4 blocks, one CTA four times another's keys); the snake pairs long with short.
@@ -186,8 +186,8 @@ __device__ __forceinline__ void walk_work_tiles(const AttnFwdParams& p, int n_wo
     fn(work0, 0, 0);
   }
 }
-using Cfg192 = Cfg10<192, LAB_V10_D192_BC, LAB_V10_STAGES>;
-using Cfg256 = Cfg10<256, LAB_V10_D256_BC, LAB_V10_STAGES>;
+using Cfg192 = Cfg10<192, LAB_FWD_WIDE_D192_BC, LAB_FWD_WIDE_STAGES>;
+using Cfg256 = Cfg10<256, LAB_FWD_WIDE_D256_BC, LAB_FWD_WIDE_STAGES>;
 
 template <class Cfg, class T, bool kFold, bool kPersist>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __grid_constant__ CUtensorMap tq,
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
                                                                         const AttnFwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
-  static_assert(!kPersist || LAB_V10_OVERLAP, "the persistent loop counts ring tiles in the overlapped loop only");
+  static_assert(!kPersist || LAB_FWD_WIDE_OVERLAP, "the persistent loop counts ring tiles in the overlapped loop only");
   extern __shared__ uint8_t smem_raw[];
   // K and V stages are released apart (v07's split barriers): with OVERLAP, K_j is free once S_j is done, a
   // whole P V earlier than V_j, so the next K load is not held behind it (one arrival per consumer warp).
@@ -263,9 +263,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
       auto release = [&](uint64_t* empty, int t) {
         if (ct % 32 == 0) mbar_arrive(smem_u32(&empty[t % kStages]));
       };
-      if constexpr (!LAB_V10_OVERLAP) {
+      if constexpr (!LAB_FWD_WIDE_OVERLAP) {
         for (int j = 0; j < n_wg; ++j) {
-          serial_tile<Cfg, T, LAB_V10_CHAINS, kFold>(o, st, ring, sQw, bar_k, bar_v, j, wm0, row0, c, p);
+          serial_tile<Cfg, T, LAB_FWD_WIDE_CHAINS, kFold>(o, st, ring, sQw, bar_k, bar_v, j, wm0, row0, c, p);
           release(empty_k, j);
           release(empty_v, j);
         }
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
         // v07's loop: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j under the P V. Key tile j of
         // this work tile is the ring's tile it + j.
         constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-        constexpr int CH = LAB_V10_CHAINS;
+        constexpr int CH = LAB_FWD_WIDE_CHAINS;
         float sacc[BC / 2];
         uint32_t pa[BC / 16][4];
         float alpha[2];
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
             release(empty_v, t);
           }
       }
-      if constexpr (kPersist || LAB_V10_EPILOGUE_DIRECT)  // Q's buffer is the next work tile's: no staging there
+      if constexpr (kPersist || LAB_FWD_WIDE_EPILOGUE_DIRECT)  // Q's buffer is the next work tile's: no staging there
         epilogue_direct<D, T, Cfg::kNarrow>(o, st, p, b, h, wm0);
       else
         epilogue<D, T, Cfg::kNarrow>(o, st, p, smem + (wg - 1) * Cfg::kQBytesWG, b, h, wm0, wg);
@@ -341,9 +341,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v10_kernel(const __
 
 template <class Cfg, class T>
 int launch(const AttnFwdParams& p, cudaStream_t stream, int dev) {
-  constexpr bool kPersist = LAB_V10_PERSIST != 0;
+  constexpr bool kPersist = LAB_FWD_WIDE_PERSIST != 0;
   return launch_fwd_sm90_fold<Cfg, attn_fwd_v10_kernel<Cfg, T, true, kPersist>,
-                              attn_fwd_v10_kernel<Cfg, T, false, kPersist>, LAB_V10_FOLD != 0, kPersist>(p, stream, dev);
+                              attn_fwd_v10_kernel<Cfg, T, false, kPersist>, LAB_FWD_WIDE_FOLD != 0, kPersist>(p, stream, dev);
 }
 
 }  // namespace

@@ -84,26 +84,26 @@
 #include "common/hopper/attn_fwd_sm90.cuh"
 #include "common/hopper/attn_mask_sm90.cuh"
 
-#ifndef LAB_V08_IGNORE_WINDOW
-#define LAB_V08_IGNORE_WINDOW 0  // the deliberately wrong build (drops the window), as v08's and v09's
+#ifndef LAB_FWD_MASK_BUG_NO_WINDOW
+#define LAB_FWD_MASK_BUG_NO_WINDOW 0  // the deliberately wrong build (drops the window), as v08's and v09's
 #endif
 
 // Candidates (timed and checked by tools/gpu/masks_v11_session.sh before they can be the default):
 // STAGES at D = 128: 3 is fwd v07's few-keys config (B_c 128, 3 stages: Q 32 + 3 x 64 = 224 KiB).
-#ifndef LAB_V11_D128_STAGES
-#define LAB_V11_D128_STAGES 2
+#ifndef LAB_FWD_MASK_OVERLAP_D128_STAGES
+#define LAB_FWD_MASK_OVERLAP_D128_STAGES 2
 #endif
 // CAP_POLY: the bf16 softcap's fixed-offset softmax takes exp2 on the FMA pipe for every N-th n8 block (0: none):
 // the tanh and the exp2 of each score otherwise both issue on the MUFU unit, about the tensor core's time at D = 128.
 // Off: 2 gains 3-6 % at D = 128 and loses 3 % at D = 64, and as the default it left one gradient check over its
 // tolerance (the header's softcap paragraph).
-#ifndef LAB_V11_CAP_POLY
-#define LAB_V11_CAP_POLY 0
+#ifndef LAB_FWD_MASK_CAP_POLY
+#define LAB_FWD_MASK_CAP_POLY 0
 #endif
 // CAP_TANH_HALF: the bf16 softcap's tanh on fp16 pairs (common/mask.cuh tanh_pair, as bwd v08's default): one MUFU
 // issue per two scores. With CAP_POLY = 2 the MUFU issues per score fall from 1.5 to 1.0, the plain kernel's count.
-#ifndef LAB_V11_CAP_TANH_HALF
-#define LAB_V11_CAP_TANH_HALF 0
+#ifndef LAB_FWD_MASK_CAP_TANH_HALF
+#define LAB_FWD_MASK_CAP_TANH_HALF 0
 #endif
 
 namespace {
@@ -130,7 +130,7 @@ struct Cfg11 {
 };
 // D = 64: no ping-pong (v07: -1 to +2 %) and no L2 groups (v07: -7 to 0 % at D = 64).
 using Cfg64 = Cfg11<64, 3, false, 0>;
-using Cfg128 = Cfg11<128, LAB_V11_D128_STAGES, true, 16>;
+using Cfg128 = Cfg11<128, LAB_FWD_MASK_OVERLAP_D128_STAGES, true, 16>;
 
 enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
 
@@ -175,8 +175,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   }
   const int m0 = mb * Cfg::BR;
   if (m0 >= seqlen_q) return;  // the whole CTA, before any barrier or load
-  const int left = LAB_V08_IGNORE_WINDOW ? -1 : mp.window_left;
-  const int right = LAB_V08_IGNORE_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
+  const int left = LAB_FWD_MASK_BUG_NO_WINDOW ? -1 : mp.window_left;
+  const int right = LAB_FWD_MASK_BUG_NO_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
   const int2 range = lab::window_key_range(m0, min(m0 + Cfg::BR, seqlen_q), seqlen_k, off, left, right);
   const int first = range.y > range.x ? range.x / BC : 0;
   const int n_tiles = range.y > range.x ? (range.y + BC - 1) / BC - first : 0;
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   };
   // The softmax step of tile j (touches neither O nor the P fragments); returns whether O needs rescale_o.
   auto softmax = [&](int j) -> bool {
-    if constexpr (kBounded && LAB_V11_CAP_TANH_HALF) {
+    if constexpr (kBounded && LAB_FWD_MASK_CAP_TANH_HALF) {
 #pragma unroll
       for (int i = 0; i < BC / 2; i += 2)
         lab::tanh_pair(sacc[i] * tk_factor, sacc[i + 1] * tk_factor, sacc[i], sacc[i + 1]);
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     const bool mask = lab::window_tile_needs_mask(j * BC, BC, wm0, wm1, k_end, k_off, left, right);
     if (mask) mask_window_wg<BC>(sacc, row0, j * BC, k_end, k_off, left, right);
     if constexpr (kBounded) {
-      exp_rows_rounded<BC, T, LAB_V11_CAP_POLY>(sacc, st, st.m[0], c);
+      exp_rows_rounded<BC, T, LAB_FWD_MASK_CAP_POLY>(sacc, st, st.m[0], c);
       return false;
     } else {
       if (!mask && j > 0) return softmax_scores_lazy<BC, 2>(sacc, st, alpha, c);

@@ -76,7 +76,7 @@ def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient
 
 
 def ablation(name: str) -> tuple[str, dict | None]:
-    """'v04:LAB_V04_DS_BUFS=1,OTHER=2' -> ('v04', {'LAB_V04_DS_BUFS': '1', 'OTHER': '2'}); 'v02' -> ('v02', None)."""
+    """'v04:LAB_BWD_PERSIST_DS_BUFS=1,OTHER=2' -> ('v04', {'LAB_BWD_PERSIST_DS_BUFS': '1', 'OTHER': '2'}); 'v02' -> ('v02', None)."""
     version, _, switches = name.partition(":")
     if not switches:
         return version, None
@@ -93,7 +93,7 @@ def versions(cases, names=None, progress: bool = True, **stop) -> list[dict]:
     torch.autograd.grad), in rounds. Rows: kind 'bwd-kernel', ratios against 'sdpa-cudnn (GPU time)'.
 
     names: versions (default: every one in the registry), each optionally with compile-time switches as
-    'v04:LAB_V04_DS_BUFS=1' (an ablation: the version rebuilt with that macro)."""
+    'v04:LAB_BWD_PERSIST_DS_BUFS=1' (an ablation: the version rebuilt with that macro)."""
     from tqdm.std import tqdm
 
     from .. import ops

@@ -73,7 +73,7 @@ WIDE_SHAPES = [((2, 4, 2, 65, 130), "bfloat16", True), ((1, 6, 2, 1025, 63), "fl
 
 
 def wide_alt() -> dict:
-    """$WIDE_ALT (e.g. LAB_V10_OVERLAP=1, space-separated NAME=VALUE): a second build of fwd v10 that the wide
+    """$WIDE_ALT (e.g. LAB_FWD_WIDE_OVERLAP=1, space-separated NAME=VALUE): a second build of fwd v10 that the wide
     checks and the race run beside the default one."""
     import os
 
@@ -81,7 +81,7 @@ def wide_alt() -> dict:
 
 
 def bwd_alt() -> dict:
-    """$BWD_ALT (e.g. LAB_V09_KEY_TILES=2, space-separated NAME=VALUE): a second build of bwd v09 that the gradient
+    """$BWD_ALT (e.g. LAB_BWD_WIDE_SM80_KEY_TILES=2, space-separated NAME=VALUE): a second build of bwd v09 that the gradient
     checks run beside the default one."""
     import os
 
@@ -217,7 +217,7 @@ def wide_bwd_race(quick: bool, modes=("bwd",)):
 
 # bwd v09 with one of its choices turned back, each a compile-time switch: the fixed-row-step tile load, phase B's
 # 32-key tiling, the 16-byte dQ reductions, the second Q / dO buffer (kernels/bwd/v09_wide.cu's header).
-V09_ABLATIONS = ("v09:LAB_V09_ROW_LOAD=0", "v09:LAB_V09_KEY_TILES=1", "v09:LAB_V09_RED=1", "v09:LAB_V09_STAGES=1")
+V09_ABLATIONS = ("v09:LAB_BWD_WIDE_SM80_ROW_LOAD=0", "v09:LAB_BWD_WIDE_SM80_KEY_TILES=1", "v09:LAB_BWD_WIDE_SM80_RED=1", "v09:LAB_BWD_WIDE_SM80_STAGES=1")
 ABLATION_CELLS = ("hdw-d256-s8192", "hdw-d192-s2048-c", "hdw-d256-s512")
 
 

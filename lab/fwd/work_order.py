@@ -17,7 +17,7 @@ every tile is taken exactly once and how even the key tiles per CTA come out.
 """
 from __future__ import annotations
 
-L2_GROUP_MB = 16  # v07's LAB_V07_D128_L2_GROUP_MB: the snake's head groups at D = 128
+L2_GROUP_MB = 16  # v07's LAB_FWD_OVERLAP_D128_L2_GROUP_MB: the snake's head groups at D = 128
 
 
 def pair_order(num_m: int, num_bh: int, grid: int) -> list[list[tuple[int, int]]]:
@@ -89,7 +89,7 @@ def consumer_tile_saving(seqlen: int, block_k: int, block_q: int = 128, rows: in
 
 
 def v10_snake(n_work: int, grid: int) -> list[list[int]]:
-    """fwd v10's persistent order (snake_tile, LAB_V10_PERSIST): per CTA x, its work tiles; round i hands CTA x
+    """fwd v10's persistent order (snake_tile, LAB_FWD_WIDE_PERSIST): per CTA x, its work tiles; round i hands CTA x
     tile i * grid + x, or i * grid + grid - 1 - x in odd rounds, until the tiles run out."""
     order = []
     for x in range(grid):

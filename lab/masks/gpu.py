@@ -111,7 +111,7 @@ def check_cap_floor(version, cap, dtype=torch.bfloat16, defines=None):
 
 def _report(version, case, worst, defines, expect_fail):
     ok = worst["passed"] != expect_fail
-    wrong = defines and "LAB_V08_IGNORE_WINDOW" in defines
+    wrong = defines and "LAB_FWD_MASK_BUG_NO_WINDOW" in defines
     impl = version + ("-ignore-window" if wrong else "".join(f"-{k}={v}" for k, v in (defines or {}).items()))
     record.append({"kind": "check", "impl": impl, "case": case,
                    "expect_fail": expect_fail, "ok": ok, "check": {k: worst[k] for k in (
@@ -197,7 +197,7 @@ def checks(version: str) -> int:
         bad += not check_cap_floor(version, cap, dtype)
     # the kernel that ignores the window must fail
     bad += not check_dense(version, "ignore-window", 1, 4, 2, 1025, 1025, 128, bf16, True, (64, 0), 0.0, False,
-                           defines={"LAB_V08_IGNORE_WINDOW": 1}, expect_fail=True)
+                           defines={"LAB_FWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
     for D in (128, 64):
         for causal, window, cap, sink in ((True, None, 0.0, False), (True, (100, 0), 0.0, True),
                                           (False, (20, 20), 30.0, False), (False, None, 0.0, True)):

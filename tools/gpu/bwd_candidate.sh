@@ -2,7 +2,7 @@
 # A backward candidate against the default in one call: tools/gpu/bwd_hopper.sh's driver checks and four
 # sanitizers, bwd_race.py's gradient checks through lab.check, then bwd_versions.py in GPU time beside the
 # default and SDPA-cuDNN. Usage inside `run`: bash tools/gpu/bwd_candidate.sh VERSION BASELINE "CELL_FILTERS"
-# (VERSIONS="v12,v13,v13:LAB_V13_KV_REGS=1" times those instead of BASELINE,VERSION).
+# (VERSIONS="v12,v13,v13:LAB_BWD_Q128_KV_REGS=1" times those instead of BASELINE,VERSION).
 set -u
 OUT=${OUT:-/tmp/bwd_candidate}; mkdir -p "$OUT"
 V=$1; BASE=$2; CELLS=$3

@@ -3,7 +3,7 @@
 # float64 gradients, and the D-term self-test build that must fail), compute-sanitizer (memcheck, racecheck,
 # synccheck, initcheck) on the driver, then tools/gpu/bwd_race.py (checks through lab.check, the race).
 # Usage inside `run`: bash tools/gpu/bwd_hopper.sh VERSION CASE_FILTER [race flags]; logs and records to $OUT.
-# BWD_NVCC_FLAGS adds compile switches to the driver builds (e.g. -DLAB_V04_MAX_CTAS=2: several tiles per CTA);
+# BWD_NVCC_FLAGS adds compile switches to the driver builds (e.g. -DLAB_BWD_PERSIST_MAX_CTAS=2: several tiles per CTA);
 # BWD_MODES=2 runs the deterministic mode too (bwd v17).
 set -u
 OUT=${OUT:-/tmp/bwd_out}; mkdir -p "$OUT"

@@ -13,10 +13,10 @@ python3 -c "from lab import build; build.binding()" > "$OUT/build.log" 2>&1 &
 for src in $(python3 -c "from lab import registry; print(' '.join(k.source for k in registry.BWD.values()))") \
            fwd/v05_wgmma.cu fwd/v07_overlap.cu; do
   python3 -c "from lab import build; build.build_kernel('$src')" >> "$OUT/build.log" 2>&1 &
-  case $src in bwd/v04*) for ab in LAB_V04_DS_BUFS=1 LAB_V04_PERSISTENT=0; do
+  case $src in bwd/v04*) for ab in LAB_BWD_PERSIST_DS_BUFS=1 LAB_BWD_PERSIST_PERSISTENT=0; do
                           python3 -c "from lab import build; build.build_kernel('$src', {'${ab%=*}': '${ab#*=}'})" \
                             >> "$OUT/build.log" 2>&1 & done ;;
-                      bwd/v05*) for ab in LAB_V05_STAGGER=0 LAB_V05_STAGGER=1 LAB_V05_DQ_RED=0; do
+                      bwd/v05*) for ab in LAB_BWD_STAGGER=0 LAB_BWD_STAGGER=1 LAB_BWD_STAGGER_DQ_RED=0; do
                           python3 -c "from lab import build; build.build_kernel('$src', {'${ab%=*}': '${ab#*=}'})" \
                             >> "$OUT/build.log" 2>&1 & done ;; esac
   case $src in bwd/*) python3 -c "from lab import build; build.build_kernel('$src', {'LAB_BWD_BUG_NO_DELTA': None})" \

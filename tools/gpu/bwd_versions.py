@@ -1,6 +1,6 @@
 """Backward versions in GPU time beside SDPA-cuDNN's backward and the public op's (lab.backward.race.versions),
 on the bench-bwd cells whose name contains a filter, then the table. Records go to $LAB_OUTPUTS.
-Usage: python3 tools/gpu/bwd_versions.py v05,v06 "d128-s1024,d64-s4096" (names may carry switches: v05:LAB_V05_STAGGER=0)
+Usage: python3 tools/gpu/bwd_versions.py v05,v06 "d128-s1024,d64-s4096" (names may carry switches: v05:LAB_BWD_STAGGER=0)
 """
 import sys
 

@@ -2,7 +2,7 @@
 # The masks' candidates against their defaults in one call, no session (chapter n13 is tools/gpu/masks_session.sh):
 #   1. every build at once (the defaults, and each variant by its explicit switches);
 #   2. on a quiet GPU: tools/gpu/masks_varlen_host.py (the packed call's host / fill / kernel split, the softcap's
-#      public gap), then tools/gpu/masks_softcap_ab.py time (fwd v09 LAB_V09_SOFTCAP 0 / 1 / 2, bwd v08 with and
+#      public gap), then tools/gpu/masks_softcap_ab.py time (fwd v09 LAB_FWD_MASK_SOFTCAP 0 / 1 / 2, bwd v08 with and
 #      without LAB_BWD_MASK_TANH_HALF);
 #   3. together: the candidates' checks (masks_softcap_ab.py check) and compute-sanitizer: initcheck on every kernel
 #      (no filter) over the defaults' calls, and the four tools over the candidates' calls (masks_sanitize_with.py;
@@ -11,14 +11,14 @@
 set -u
 TOP=${OUT:-/tmp/masks_candidates}; R=$TOP/masks; mkdir -p "$R/san"
 export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1 OUT=$R  # the scripts' JSON lines land in $R
-FWD2='{"LAB_V09_SOFTCAP": 2}' BWDH='{"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 1}'
+FWD2='{"LAB_FWD_MASK_SOFTCAP": 2}' BWDH='{"LAB_BWD_MASK_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 1}'
 { date -u; echo "commit ${LAB_COMMIT:-?}"; nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
   compute-sanitizer --version | tail -2; } > "$R/env.log" 2>&1
 build() { python3 -c "import json; from lab import build, registry
 build.build_kernel(registry.$1['$2'].source, json.loads('''${3:-null}'''))" >> "$R/build.log" 2>&1; }
 python3 -c "from lab import build; build.binding()" >> "$R/build.log" 2>&1 &
-build MASKED_FWD v09 & build MASKED_FWD v09 '{"LAB_V09_SOFTCAP": 0}' & build MASKED_FWD v09 '{"LAB_V09_SOFTCAP": 1}' &
-build MASKED_FWD v09 "$FWD2" & build MASKED_BWD v08 & build MASKED_BWD v08 '{"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 0}' &
+build MASKED_FWD v09 & build MASKED_FWD v09 '{"LAB_FWD_MASK_SOFTCAP": 0}' & build MASKED_FWD v09 '{"LAB_FWD_MASK_SOFTCAP": 1}' &
+build MASKED_FWD v09 "$FWD2" & build MASKED_BWD v08 & build MASKED_BWD v08 '{"LAB_BWD_MASK_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 0}' &
 build MASKED_BWD v08 "$BWDH" & build MASKED_FWD v08 &
 python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" >> "$R/build.log" 2>&1 &
 wait

@@ -1,8 +1,8 @@
 """fwd v11's softcap builds against each other in one process (GPU time in rounds, the kernels called through
 lab.masks.op.launch with every switch named, whatever the header defaults to):
-  poly0       LAB_V11_CAP_POLY 0, tanh.approx.f32: both MUFU issues per score (the default)
-  poly2       LAB_V11_CAP_POLY 2: the exp2 of every 2nd n8 block on the FMA pipe
-  half        LAB_V11_CAP_TANH_HALF 1, CAP_POLY 0: the tanh on fp16 pairs
+  poly0       LAB_FWD_MASK_CAP_POLY 0, tanh.approx.f32: both MUFU issues per score (the default)
+  poly2       LAB_FWD_MASK_CAP_POLY 2: the exp2 of every 2nd n8 block on the FMA pipe
+  half        LAB_FWD_MASK_CAP_TANH_HALF 1, CAP_POLY 0: the tanh on fp16 pairs
   half_poly2  both; half_poly4  the pairs with the exp2 of every 4th block on the FMA pipe
 beside the call without softcap (H 16, causal, bf16, D 128 at S 4096 and 16384, D 64 at 4096, softcap 30); then the
 checks of the builds that are not the default (the softcap rows of the grid at D 128 and 64, the rows at the cap's
@@ -24,7 +24,7 @@ timer = bench.GpuTimeTimer()
 env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("LAB_COMMIT", "")}
 STOP = dict(timer=timer, budget_s=0.4, max_reps=25, min_reps=5)
 BUILDS = {"poly0": (0, 0), "poly2": (2, 0), "half": (0, 1), "half_poly2": (2, 1), "half_poly4": (4, 1)}
-DEFINES = {n: {"LAB_V11_CAP_POLY": p, "LAB_V11_CAP_TANH_HALF": t} for n, (p, t) in BUILDS.items()}
+DEFINES = {n: {"LAB_FWD_MASK_CAP_POLY": p, "LAB_FWD_MASK_CAP_TANH_HALF": t} for n, (p, t) in BUILDS.items()}
 DEFAULT = "poly0"
 
 for D, S in ((128, 4096), (128, 16384), (64, 4096)):

@@ -15,8 +15,8 @@ export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
 python3 - >> "$C/build.log" 2>&1 <<'PY'
 from concurrent.futures import ThreadPoolExecutor
 from lab import build, registry
-cap = [{"LAB_V11_CAP_POLY": p, "LAB_V11_CAP_TANH_HALF": t} for p, t in ((0, 0), (2, 0), (0, 1), (2, 1), (4, 1))]
-wrong = [{"LAB_V08_IGNORE_WINDOW": "1"}]
+cap = [{"LAB_FWD_MASK_CAP_POLY": p, "LAB_FWD_MASK_CAP_TANH_HALF": t} for p, t in ((0, 0), (2, 0), (0, 1), (2, 1), (4, 1))]
+wrong = [{"LAB_FWD_MASK_BUG_NO_WINDOW": "1"}]
 jobs = [(registry.MASKED_FWD[v].source, d) for v, ds in (("v11", [None, *wrong, *cap]), ("v08", [None, *wrong]))
         for d in ds]
 jobs += [(registry.MASKED_BWD["v08"].source, d) for d in (None, {"LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD": "1"},
@@ -48,7 +48,7 @@ done
 export PYTHONPATH=$PWD
 { date -u; echo "commit ${LAB_COMMIT:-?}"; nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv
   compute-sanitizer --version | tail -2; } > "$C/san/env.log" 2>&1
-half='{"LAB_V11_CAP_POLY": 2, "LAB_V11_CAP_TANH_HALF": 1}'
+half='{"LAB_FWD_MASK_CAP_POLY": 2, "LAB_FWD_MASK_CAP_TANH_HALF": 1}'
 for tool in memcheck racecheck synccheck initcheck; do  # initcheck unfiltered: tools/gpu/masks_bwd_sanitize.sh says why
   filter="--kernel-name kns=attn_fwd_v11"; [ $tool = initcheck ] && filter="--check-api-memory-access no"
   for b in default half_poly2; do

@@ -17,7 +17,7 @@ python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); bui
   >> "$R/build.log" 2>&1 &
 b() { python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source${3:+, {'$3': '1'\}})" \
   >> "$R/build.log" 2>&1; }  # the session's other builds too, at once (masks_session.sh finds them cached)
-b MASKED_FWD v08 & b BWD v07 & b MASKED_FWD v08 LAB_V08_IGNORE_WINDOW & b MASKED_FWD v09 LAB_V08_IGNORE_WINDOW &
+b MASKED_FWD v08 & b BWD v07 & b MASKED_FWD v08 LAB_FWD_MASK_BUG_NO_WINDOW & b MASKED_FWD v09 LAB_FWD_MASK_BUG_NO_WINDOW &
 b MASKED_BWD v08 LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD & b MASKED_BWD v08 LAB_BWD_MASK_BUG_NO_WINDOW &
 wait
 for tool in memcheck racecheck synccheck initcheck; do

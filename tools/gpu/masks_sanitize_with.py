@@ -2,7 +2,7 @@
 kernels that the public ops launch: a candidate is sanitized through the same public calls before it is the default.
 LAB_FWD_DEFINES / LAB_BWD_DEFINES (JSON) are added to every lab.masks.op.launch / lab.masks.backward.launch_backward
 call; name every switch as tools/gpu/masks_softcap_ab.py does, so that the build is the one its A/B timed and checked.
-    LAB_FWD_DEFINES='{"LAB_V09_SOFTCAP": 2}' compute-sanitizer ... python3 tools/gpu/masks_sanitize_with.py \
+    LAB_FWD_DEFINES='{"LAB_FWD_MASK_SOFTCAP": 2}' compute-sanitizer ... python3 tools/gpu/masks_sanitize_with.py \
         tools/gpu/masks_sanitize.py
 """
 import inspect

@@ -12,8 +12,8 @@ build() { local d=""; [ -n "${3:-}" ] && d=", {'$3': '1'}"  # (a brace inside ${
   python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source$d)" >> "$OUT/build.log" 2>&1; }
 python3 -c "from lab import build; build.binding()" > "$OUT/build.log" 2>&1 &
 build MASKED_FWD v08 & build MASKED_FWD v11 & build MASKED_BWD v08 & build BWD v07 &
-build MASKED_FWD v08 LAB_V08_IGNORE_WINDOW &
-build MASKED_FWD v11 LAB_V08_IGNORE_WINDOW &
+build MASKED_FWD v08 LAB_FWD_MASK_BUG_NO_WINDOW &
+build MASKED_FWD v11 LAB_FWD_MASK_BUG_NO_WINDOW &
 build MASKED_BWD v08 LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD & build MASKED_BWD v08 LAB_BWD_MASK_BUG_NO_WINDOW &
 python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" >> "$OUT/build.log" 2>&1 &
 wait

@@ -1,11 +1,11 @@
 """The softcap's softmax and the masked backward's softcap, A/B in one process (GPU time, in rounds, the kernels
 called through lab.masks' launchers with their build switches):
-  fwd v09  LAB_V09_SOFTCAP 0 (the online max), 1 (the default: the fixed offset the cap's bound allows, l from the
+  fwd v09  LAB_FWD_MASK_SOFTCAP 0 (the online max), 1 (the default: the fixed offset the cap's bound allows, l from the
            rounded P) and 2 (the candidate: the same, l = P 1 on the tensor core), beside the kernel without softcap;
   bwd v08  the staged build (the default) without softcap, with it, and with LAB_BWD_MASK_TANH_HALF=1 (the
            candidate: the tanh on fp16 pairs);
 every variant by its explicit switches, whatever the default; then the checks of the candidates (fwd
-LAB_V09_SOFTCAP=2: the softcap grid and the rows at the cap's floor; bwd LAB_BWD_MASK_TANH_HALF=1: the gradient
+LAB_FWD_MASK_SOFTCAP=2: the softcap grid and the rows at the cap's floor; bwd LAB_BWD_MASK_TANH_HALF=1: the gradient
 grid's softcap rows), recorded like the chapter's (the defaults' checks are chapter n13's). H 16, D 128 (64 too for
 the forward), bf16, causal.
     LAB_SESSION_DIR=$OUT/ab python tools/gpu/masks_softcap_ab.py    -> one JSON line per cell, $OUT/softcap_ab.jsonl
@@ -24,9 +24,9 @@ timer = bench.GpuTimeTimer()
 env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("LAB_COMMIT", "")}
 STOP = dict(timer=timer, budget_s=0.4, max_reps=25, min_reps=5)
 # every switch named, so that a variant is the same build whichever values the headers default to
-STAGE0, STAGED = {"LAB_V08_STAGE": 0, "LAB_BWD_MASK_TANH_HALF": 0}, {"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 0}
-TANH_HALF = {"LAB_V08_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 1}
-TENSOR_L = {"LAB_V09_SOFTCAP": 2}
+STAGE0, STAGED = {"LAB_BWD_MASK_STAGE": 0, "LAB_BWD_MASK_TANH_HALF": 0}, {"LAB_BWD_MASK_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 0}
+TANH_HALF = {"LAB_BWD_MASK_STAGE": 1, "LAB_BWD_MASK_TANH_HALF": 1}
+TENSOR_L = {"LAB_FWD_MASK_SOFTCAP": 2}
 
 
 def emit(kind, case, calls):
@@ -49,7 +49,7 @@ def forward_cells():
             return lambda: mop.launch(q, k, v, out, lse, mask, D ** -0.5, version="v09", defines=defines), None
         for cap in (30.0, 50.0) if S == 4096 else (30.0,):
             emit("softcap_fwd_ab", {"D": D, "S": S, "softcap": cap},
-                 {"plain": call(0.0), **{f"softcap{m}": call(cap, {"LAB_V09_SOFTCAP": m}) for m in (0, 1, 2)}})
+                 {"plain": call(0.0), **{f"softcap{m}": call(cap, {"LAB_FWD_MASK_SOFTCAP": m}) for m in (0, 1, 2)}})
 
 
 def backward_cells():
@@ -72,7 +72,7 @@ def backward_cells():
 
 
 def variant_checks() -> int:
-    """The candidates only (the defaults are checked by chapter n13): fwd LAB_V09_SOFTCAP=2 on the softcap grid and
+    """The candidates only (the defaults are checked by chapter n13): fwd LAB_FWD_MASK_SOFTCAP=2 on the softcap grid and
     the rows at the cap's floor; bwd LAB_BWD_MASK_TANH_HALF=1 (staged) on the gradient grid's softcap rows."""
     bad = 0
     for D in (128, 64):

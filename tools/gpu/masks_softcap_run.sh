@@ -1,6 +1,6 @@
 #!/bin/bash
-# The softcap's fixed-offset softmax (fwd v09, LAB_V09_SOFTCAP) and the staged dK / dV of the masked backward (bwd v08,
-# LAB_V08_STAGE) in one call, for whichever defaults the tree has:
+# The softcap's fixed-offset softmax (fwd v09, LAB_FWD_MASK_SOFTCAP) and the staged dK / dV of the masked backward (bwd v08,
+# LAB_BWD_MASK_STAGE) in one call, for whichever defaults the tree has:
 # every build at once, the A/B and the checks of the builds that are not the default (tools/gpu/masks_softcap_ab.py),
 # compute-sanitizer on the changed kernels (fwd v09: memcheck, racecheck, synccheck, initcheck under
 # tools/gpu/masks_sanitize.py; bwd v08: tools/gpu/masks_bwd_sanitize.sh), then chapter n13 as a session
@@ -13,12 +13,12 @@ export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
 build() { python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source${3:+, $3})" \
   >> "$OUT/build.log" 2>&1; }
 python3 -c "from lab import build; build.binding()" >> "$OUT/build.log" 2>&1 &
-build MASKED_FWD v09 & build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 0}" & build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 1}" &
-build MASKED_FWD v09 "{'LAB_V09_SOFTCAP': 2}" &
-build MASKED_FWD v08 & build MASKED_FWD v09 "{'LAB_V08_IGNORE_WINDOW': '1'}" & build MASKED_FWD v08 "{'LAB_V08_IGNORE_WINDOW': '1'}" &
-build MASKED_BWD v08 & build MASKED_BWD v08 "{'LAB_V08_STAGE': 0, 'LAB_BWD_MASK_TANH_HALF': 0}" &
-build MASKED_BWD v08 "{'LAB_V08_STAGE': 1, 'LAB_BWD_MASK_TANH_HALF': 0}" &
-build MASKED_BWD v08 "{'LAB_V08_STAGE': 1, 'LAB_BWD_MASK_TANH_HALF': 1}" &
+build MASKED_FWD v09 & build MASKED_FWD v09 "{'LAB_FWD_MASK_SOFTCAP': 0}" & build MASKED_FWD v09 "{'LAB_FWD_MASK_SOFTCAP': 1}" &
+build MASKED_FWD v09 "{'LAB_FWD_MASK_SOFTCAP': 2}" &
+build MASKED_FWD v08 & build MASKED_FWD v09 "{'LAB_FWD_MASK_BUG_NO_WINDOW': '1'}" & build MASKED_FWD v08 "{'LAB_FWD_MASK_BUG_NO_WINDOW': '1'}" &
+build MASKED_BWD v08 & build MASKED_BWD v08 "{'LAB_BWD_MASK_STAGE': 0, 'LAB_BWD_MASK_TANH_HALF': 0}" &
+build MASKED_BWD v08 "{'LAB_BWD_MASK_STAGE': 1, 'LAB_BWD_MASK_TANH_HALF': 0}" &
+build MASKED_BWD v08 "{'LAB_BWD_MASK_STAGE': 1, 'LAB_BWD_MASK_TANH_HALF': 1}" &
 build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD': '1'}" & build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_WINDOW': '1'}" &
 python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" >> "$OUT/build.log" 2>&1 &
 wait

@@ -1,8 +1,8 @@
 """fwd v11's candidates against its default build in one process (GPU time in rounds, the kernels called through
 lab.masks.op.launch with their build switches named):
-  LAB_V11_CAP_POLY 2      the bf16 softcap's exp2 on the FMA pipe for every 2nd n8 block, beside the default
+  LAB_FWD_MASK_CAP_POLY 2      the bf16 softcap's exp2 on the FMA pipe for every 2nd n8 block, beside the default
                           (0) and the call without softcap (H 16, D 128, causal, S 4096 and 16384);
-  LAB_V11_D128_STAGES 3   fwd v07's few-keys ring (B_c 128, 3 stages) on the packed batch of eight 2048-token
+  LAB_FWD_MASK_OVERLAP_D128_STAGES 3   fwd v07's few-keys ring (B_c 128, 3 stages) on the packed batch of eight 2048-token
                           sequences (beside the dense default op on the same tokens) and the two 16k window cells;
 then the candidates' checks (lab.masks.gpu: the softcap rows of the grid and the rows at the cap's floor for CAP_POLY,
 the diagonal and window rows of the grid at D 128 for STAGES), recorded like the chapter's.
@@ -22,8 +22,8 @@ H, D, dt = 16, 128, torch.bfloat16
 timer = bench.GpuTimeTimer()
 env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("LAB_COMMIT", "")}
 STOP = dict(timer=timer, budget_s=0.4, max_reps=25, min_reps=5)
-POLY = {n: {"LAB_V11_CAP_POLY": n} for n in (2,)}
-STAGES3 = {"LAB_V11_D128_STAGES": 3}
+POLY = {n: {"LAB_FWD_MASK_CAP_POLY": n} for n in (2,)}
+STAGES3 = {"LAB_FWD_MASK_OVERLAP_D128_STAGES": 3}
 
 
 def emit(case, calls):

@@ -13,7 +13,7 @@ export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
 build() { python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source${3:+, $3})" \
   >> "$R/build.log" 2>&1; }
 python3 -c "from lab import build; build.binding()" >> "$R/build.log" 2>&1 &
-build MASKED_FWD v11 & build MASKED_FWD v11 "{'LAB_V08_IGNORE_WINDOW': '1'}" & build MASKED_FWD v09 &
+build MASKED_FWD v11 & build MASKED_FWD v11 "{'LAB_FWD_MASK_BUG_NO_WINDOW': '1'}" & build MASKED_FWD v09 &
 python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" \
   >> "$R/build.log" 2>&1 &
 wait

@@ -9,10 +9,10 @@ export PYTHONPATH=$PWD TORCH_EXTENSIONS_DIR=/tmp/tx PYTHONUNBUFFERED=1
 build() { python3 -c "from lab import build, registry; build.build_kernel(registry.$1['$2'].source${3:+, $3})" \
   >> "$OUT/cand/build.log" 2>&1; }
 python3 -c "from lab import build; build.binding()" >> "$OUT/cand/build.log" 2>&1 &
-build MASKED_FWD v11 & build MASKED_FWD v11 "{'LAB_V08_IGNORE_WINDOW': '1'}" &
-build MASKED_FWD v08 & build MASKED_FWD v08 "{'LAB_V08_IGNORE_WINDOW': '1'}" &
-build MASKED_FWD v11 "{'LAB_V11_CAP_POLY': 2}" &
-build MASKED_FWD v11 "{'LAB_V11_D128_STAGES': 3}" &
+build MASKED_FWD v11 & build MASKED_FWD v11 "{'LAB_FWD_MASK_BUG_NO_WINDOW': '1'}" &
+build MASKED_FWD v08 & build MASKED_FWD v08 "{'LAB_FWD_MASK_BUG_NO_WINDOW': '1'}" &
+build MASKED_FWD v11 "{'LAB_FWD_MASK_CAP_POLY': 2}" &
+build MASKED_FWD v11 "{'LAB_FWD_MASK_OVERLAP_D128_STAGES': 3}" &
 build MASKED_BWD v08 & build BWD v07 & build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD': '1'}" &
 build MASKED_BWD v08 "{'LAB_BWD_MASK_BUG_NO_WINDOW': '1'}" &
 python3 -c "from lab import build; build.build_kernel('fwd/v07_overlap.cu'); build.build_kernel('fwd/v05_wgmma.cu')" \

@@ -23,7 +23,7 @@ echo "session rc=$?" >> "$L/session.log"
 if [ -n "${CANDIDATE:-}" ]; then  # timed alone first, then checked beside the sanitizers
   LAB_SESSION_DIR=$L/candidate timeout 90 python3 -c "import os; from lab.fwd import head_dims_gpu
 name = 'v09:' + ','.join(os.environ['CANDIDATE'].split())
-for r in head_dims_gpu.wide_bwd_ablation((name, 'v09:LAB_V09_ROW_LOAD=0')):
+for r in head_dims_gpu.wide_bwd_ablation((name, 'v09:LAB_BWD_WIDE_SM80_ROW_LOAD=0')):
     print(r['case']['name'], r['impl'], round(r['timing']['median_ms'], 3) if 'timing' in r else r.get('unsupported'))
 " > "$L/ablation.log" 2>&1; echo "ablation rc=$?" >> "$L/ablation.log"
   (BWD_ALT=$CANDIDATE LAB_SESSION_DIR=$L/candidate timeout 150 python3 tools/gpu/head_dims.py --wide --checks-only \

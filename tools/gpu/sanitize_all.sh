@@ -7,7 +7,7 @@
 # (tools/gpu/*_main.cu) linked with the kernel, with the driver's --sanitize list:
 #   fwd (fwd_mma_main.cu): B = 2, S_q/S_k in {1025, 63, 65, 130} both ways, D 64/128, causal and not, MHA
 #            and GQA, fp16/bf16, strided, scale default/-/0; v04 twice, its 128-row tile forced
-#            (-DLAB_V04_SMALL=0, fwd_v04_128) and its 64-row small-grid tile (=2, fwd_v04_64)
+#            (-DLAB_FWD_LAZY_SMALL=0, fwd_v04_128) and its 64-row small-grid tile (=2, fwd_v04_64)
 #   decode (decode_main.cu): cache lengths 0, 1, 63, 4097 in one batch, num_splits 1..1024
 #            (LAB_MAX_NUM_SPLITS), GQA/MHA/MQA, q_len 1/4/16: every num_splits > 1 also runs the shared
 #            split-K combine kernel (common/splitk_combine.cuh)
@@ -28,8 +28,8 @@ CAPDOT=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
 NAMES=()
 while IFS=$'\t' read -r name main src def; do
   if [ "$name" = fwd_v04 ]; then
-    $NV $def -DLAB_V04_SMALL=0 $main $src -o $BIN/fwd_v04_128 & NAMES+=(fwd_v04_128)
-    $NV $def -DLAB_V04_SMALL=2 $main $src -o $BIN/fwd_v04_64 & NAMES+=(fwd_v04_64)
+    $NV $def -DLAB_FWD_LAZY_SMALL=0 $main $src -o $BIN/fwd_v04_128 & NAMES+=(fwd_v04_128)
+    $NV $def -DLAB_FWD_LAZY_SMALL=2 $main $src -o $BIN/fwd_v04_64 & NAMES+=(fwd_v04_64)
   else
     $NV $def $main $src -o $BIN/$name & NAMES+=("$name")
   fi

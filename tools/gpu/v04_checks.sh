@@ -4,9 +4,9 @@
 #   bash tools/gpu/v04_checks.sh [variant ...]     # logs to $OUT
 # Each .bin/<name> is tools/gpu/fwd_mma_main.cu linked with one kernel build:
 #   nvcc -std=c++17 -O3 -lineinfo -I kernels -gencode arch=compute_90a,code=sm_90a \
-#        -DFWD_FN=attn_fwd_v04 [-DLAB_V04_TILE='FwdConfig<128\,4\,2\,64\,2\,2\,true\,false\,false\,1\,false>'] \
+#        -DFWD_FN=attn_fwd_v04 [-DLAB_FWD_LAZY_TILE='FwdConfig<128\,4\,2\,64\,2\,2\,true\,false\,false\,1\,false>'] \
 #        tools/gpu/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o .bin/<name>
-# (a variant is one tile config of one head dim, through v04's one sweep switch LAB_V04_TILE; the example
+# (a variant is one tile config of one head dim, through v04's one sweep switch LAB_FWD_LAZY_TILE; the example
 # is D = 128 with LAZY off; the fields are FwdConfig's, in kernels/fwd/v04_lazy.cu)
 # (.bin/v03 the same with attn_fwd_v03 / v03_qsmem.cu). Steps: SASS counts of
 # the D=128 bf16 kernel (cuobjdump), the full driver test list for every

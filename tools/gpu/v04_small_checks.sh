@@ -2,7 +2,7 @@
 # v04 small-S checks in one GPU run (binaries built on the workstation into
 # .bin/, carried): seed-shape latency of v04 builds against every SDPA backend
 # (tools/gpu/fwd_seed_bench.py), the full driver test list of the default build
-# and of a build that takes the small config always (LAB_V04_SMALL=2),
+# and of a build that takes the small config always (LAB_FWD_LAZY_SMALL=2),
 # compute-sanitizer memcheck on --quick for both, and the bf16 bench grid for
 # v04 before/after with SDPA-flash. Binary lists: env TESTS, MEMCHECK, BIGRID.
 # Builds (sm_90a, -O3):

@@ -8,7 +8,7 @@ gradients at D 192 / 256 (and 160 / 200, padded) run it; then
             op's backward and forward + backward raced against SDPA's backends (race.race), over
             lab.cases.wide_head_dim_cases (--quick: the S = 2048 and GQA cells);
   --calls   tools/gpu/wide_sanitize.py's calls (run this under compute-sanitizer).
---also NAME (e.g. v19:LAB_V19_DQ_UNDER_DP=1): another build timed beside them in race.versions.
+--also NAME (e.g. v19:LAB_BWD_WIDE_SM90_DQ_UNDER_DP=1): another build timed beside them in race.versions.
 Records go to $LAB_SESSION_DIR / $LAB_OUTPUTS. Usage: python3 tools/gpu/wide_bwd_candidate.py VERSION [--checks]
 [--race] [--calls] [--quick] [--also NAME]"""
 import runpy

@@ -5,7 +5,7 @@
 # racecheck, synccheck and initcheck over tools/gpu/wide_sanitize.py's calls (VERSION preferred), then the race
 # alone on the GPU. Logs and records packed as $OUT/logs.tgz.
 # ALSO=NAME: a build timed beside them (wide_bwd_candidate.py --also).
-#   LAB_COMMIT=<sha> [ALSO=v19:LAB_V19_DQ_UNDER_DP=1] bash tools/gpu/wide_bwd_candidate.sh VERSION [quick]
+#   LAB_COMMIT=<sha> [ALSO=v19:LAB_BWD_WIDE_SM90_DQ_UNDER_DP=1] bash tools/gpu/wide_bwd_candidate.sh VERSION [quick]
 set -u
 V=$1; Q=$([ "${2:-}" = quick ] && echo --quick)
 OUT=${OUT:-/tmp/wide_bwd}; L=/tmp/wide_bwd_logs/logs; mkdir -p "$OUT" "$L"

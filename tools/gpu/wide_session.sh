@@ -8,7 +8,7 @@
 # BWD_ALT='NAME=VALUE ...': a second build of bwd v09 whose gradients are checked beside the default's.
 # CHECKS_QUICK=1: the checks' quick grid (lengths up to 1025) with the full race.
 # PROFILE=1: ncu of bwd v09 and FA2's backward kernel at one cell (tools/gpu/wide_profile.sh, raw CSV).
-# BWD_ABLATION='v09:LAB_V09_RED=1 ...': those builds of bwd v09 timed beside the default (GPU time, a few cells).
+# BWD_ABLATION='v09:LAB_BWD_WIDE_SM80_RED=1 ...': those builds of bwd v09 timed beside the default (GPU time, a few cells).
 # Usage inside `run`: LAB_COMMIT=<sha> [WIDE_ALT='NAME=VALUE ...'] [FWD_RACE=1] [TRANSFORMERS=1] [BWD_ABLATION=...]
 #   bash tools/gpu/wide_session.sh [quick]
 set -u

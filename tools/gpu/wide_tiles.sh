@@ -1,6 +1,6 @@
 #!/bin/bash
-# fwd v10's causal consumer tile count (LAB_V10_WG_TILES, the default: the upper consumer of a diagonal CTA stops at
-# its own last key tile), its direct epilogue (LAB_V10_EPILOGUE_DIRECT=1, a candidate) and level 3 of
+# fwd v10's causal consumer tile count (LAB_FWD_WIDE_WG_TILES, the default: the upper consumer of a diagonal CTA stops at
+# its own last key tile), its direct epilogue (LAB_FWD_WIDE_EPILOGUE_DIRECT=1, a candidate) and level 3 of
 # LAB_FWD_NARROW_QK_STEPS (D = 160), then chapter n14 as a session, in one GPU call: the wheels papermill needs
 # (carry .whl); every n14 build and the three other v10 builds at once; through lab.fwd.narrow_gpu.candidate (forward
 # checks, kernel-level timing in rounds beside the default build, the public op and SDPA-cuDNN): the old tile count
@@ -16,9 +16,9 @@ OUT=${OUT:-/tmp/wide_tiles}; L=/tmp/wide_tiles_logs/logs; mkdir -p "$OUT" "$L"
 . tools/gpu/n14_builds.sh
 n14_env --wheels || exit 1
 n14_builds
-build fwd/v10_wide.cu "{'LAB_V10_WG_TILES': '0'}" &
+build fwd/v10_wide.cu "{'LAB_FWD_WIDE_WG_TILES': '0'}" &
 build fwd/v10_wide.cu "{'LAB_FWD_NARROW_QK_STEPS': '3'}" &
-build fwd/v10_wide.cu "{'LAB_V10_EPILOGUE_DIRECT': '1'}" &
+build fwd/v10_wide.cu "{'LAB_FWD_WIDE_EPILOGUE_DIRECT': '1'}" &
 wait
 echo "builds done at $((SECONDS - START)) s" >> "$L/build.log"
 ab() {  # ab LOG DEFINES DIMS GRID EXACT
@@ -32,12 +32,12 @@ sys.exit(1 if narrow_gpu.candidate($2, 'v10', dims=$3, grid=$4, exact=$5, shapes
 timeout ${SESSION_TIMEOUT:-300} python3 -m lab session --device cuda --chapters n14_head_dims --tarball "$OUT/n14.tgz" \
   --no-log > "$L/session.log" 2>&1
 echo "session rc=$? at $((SECONDS - START)) s" >> "$L/session.log"
-sanitize_fwd LAB_V10_EPILOGUE_DIRECT=1
+sanitize_fwd LAB_FWD_WIDE_EPILOGUE_DIRECT=1
 left() { echo $((BUDGET - (SECONDS - START))); }
-[ $(left) -gt 60 ] && AB_TIMEOUT=$(( $(left) < 120 ? $(left) - 5 : 115 )) ab ab-wg-tiles.log "{'LAB_V10_WG_TILES': '0'}" \
+[ $(left) -gt 60 ] && AB_TIMEOUT=$(( $(left) < 120 ? $(left) - 5 : 115 )) ab ab-wg-tiles.log "{'LAB_FWD_WIDE_WG_TILES': '0'}" \
   "(192, 256, 200)" "[c for c in cases.wide_head_dim_cases() if c.causal or c.Sq == 512]" True
 [ $(left) -gt 60 ] && AB_TIMEOUT=$(( $(left) < 100 ? $(left) - 5 : 95 )) ab ab-epilogue.log \
-  "{'LAB_V10_EPILOGUE_DIRECT': '1'}" "(192, 256, 200)" \
+  "{'LAB_FWD_WIDE_EPILOGUE_DIRECT': '1'}" "(192, 256, 200)" \
   "[c for c in cases.wide_head_dim_cases() if c.Sq in (512, 2048) and c.D != 200]" False
 if [ $(left) -gt 60 ]; then
   AB_TIMEOUT=$(( $(left) - 5 )) ab ab-d160.log "{'LAB_FWD_NARROW_QK_STEPS': '3'}" "(160,)" None True

@@ -17,8 +17,8 @@
 
 // 0: no stagger; 1: always; 2: non-causal calls only (first H100 run, D = 128: the stagger gained 2-3 % without a
 // mask and lost 1-1.5 % with the causal one).
-#ifndef LAB_V05_STAGGER
-#define LAB_V05_STAGGER 2
+#ifndef LAB_BWD_STAGGER
+#define LAB_BWD_STAGGER 2
 #endif
 
 // 1: dQ partials added by each thread's red.global.add.v4.f32 straight from the accumulators, in the same
@@ -28,8 +28,8 @@
 // is the bound: the m64n64 SS GEMMs alone need about the full shared-memory bandwidth while they run.
 // Measured (H100, GPU time, in rounds with v02 and the 0 build): +3 to +9 % at D = 128 (0.93-1.02x SDPA-cuDNN's
 // backward), +1 to +6 % at D = 64; the default.
-#ifndef LAB_V05_DQ_RED
-#define LAB_V05_DQ_RED 1
+#ifndef LAB_BWD_STAGGER_DQ_RED
+#define LAB_BWD_STAGGER_DQ_RED 1
 #endif
 
 namespace lab::sm90::bwd {
@@ -77,12 +77,12 @@ __device__ __forceinline__ void dq_step(Sink& sink, uint8_t* smem, const Work& w
   sink.template add<C>(dq, smem, work, j, p);
 }
 
-// v05's sink: each thread's reductions straight from the accumulators (LAB_V05_DQ_RED), or the copy engine's.
+// v05's sink: each thread's reductions straight from the accumulators (LAB_BWD_STAGGER_DQ_RED), or the copy engine's.
 struct AddPartial {
   template <class C>
   __device__ __forceinline__ void add(const float (&dq)[C::kDqRegs], uint8_t* smem, const Work& work, int j,
                                              const AttnBwdParams& p) {
-    if constexpr (LAB_V05_DQ_RED)
+    if constexpr (LAB_BWD_STAGGER_DQ_RED)
       red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
     else
       reduce_dq<C>(dq, smem, j, work.head(j), work.m0(j, C::BR), work.b, p);
@@ -163,7 +163,7 @@ __device__ __forceinline__ void stagger_tile(float (&dk)[C::D / 2], float (&dv)[
     if constexpr (C::kSplitDq) named_barrier_arrive(ready_bar(buf, wg), 256);
     if (it >= 1) {
       dq_step<C, T, Sink>(sink, smem, work, it - 1, p, k_off);  // its bulk hand-off's barrier also orders this step's own stores
-      if constexpr (LAB_V05_DQ_RED) named_barrier_sync(kBarWg + wg, 128);  // (no hand-off barrier: order them)
+      if constexpr (LAB_BWD_STAGGER_DQ_RED) named_barrier_sync(kBarWg + wg, 128);  // (no hand-off barrier: order them)
     } else {
       wgmma_wait<0>();
       named_barrier_sync(kBarWg + wg, 128);  // this warpgroup's half of dS^T_0, before its dQ GEMM reads it
@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const uint32_t base = smem_u32(smem);
   const Work work = Steps::template work<C>(p);
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
-  const bool stagger = LAB_V05_STAGGER == 1 || (LAB_V05_STAGGER == 2 && !p.causal);
+  const bool stagger = LAB_BWD_STAGGER == 1 || (LAB_BWD_STAGGER == 2 && !p.causal);
 
   // Prologue
   if (threadIdx.x == 0) {

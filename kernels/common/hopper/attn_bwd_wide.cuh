@@ -42,7 +42,7 @@ namespace lab::sm90::bwd::wide {
 //     reads and waited on by warpgroup 0 before its next write: correct by the PTX memory model (an arrive
 //     synchronizes with the barrier's completion), but compute-sanitizer's racecheck does not model bar.arrive and
 //     flags every such hand-off; two fp32 buffers do not fit at D = 256.
-//   kDqUnderDp (off; bwd/v19's LAB_V19_DQ_UNDER_DP): warpgroup 1 issues the last step's dQ chunks right behind dP^T
+//   kDqUnderDp (off; bwd/v19's LAB_BWD_WIDE_SM90_DQ_UNDER_DP): warpgroup 1 issues the last step's dQ chunks right behind dP^T
 //     and computes dS^T while they run, so the tensor core has work during warpgroup 0's exp2; it holds dQ's
 //     registers beside dP^T's and dK's (224 at D = 256, where ptxas spills; D = 192 has 192). Measured at D = 192
 //     (H100, kernel-level GPU time, S = 2048, the fp32 P^T hand-off): 348 / 303 TFLOP/s against 380 / 328 without

@@ -94,7 +94,7 @@ constexpr float kCapMaxLog2 = 74.f;
 // (the S_q = S_k = 1 softcap checks failed so in the first run of the fixed offset). pack_p then packs the same bits.
 // kPolyEvery > 0: every kPolyEvery-th n8 column block takes exp2 on the FMA pipe (exp2_poly: its arguments here lie in
 // [kCapHeadroom - 2 kCapMaxLog2, kCapHeadroom], inside its range), for a loop where the tanh and the exp2 per score
-// share the MUFU unit (fwd v11's LAB_V11_CAP_POLY).
+// share the MUFU unit (fwd v11's LAB_FWD_MASK_CAP_POLY).
 template <int BC, class T, int kPolyEvery = 0>
 __device__ __forceinline__ void exp_rows_rounded(float (&s)[BC / 2], RowState& st, float off, float c) {
   float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
@@ -124,14 +124,14 @@ __device__ __forceinline__ void exp_rows_rounded(float (&s)[BC / 2], RowState& s
   for (int h = 0; h < 2; ++h) st.l[h] += sum[h][0] + sum[h][1];
 }
 
-// P = exp2(t c - off) against the fixed offset, nothing summed (LAB_V09_SOFTCAP=2: l comes from issue_rowsum).
+// P = exp2(t c - off) against the fixed offset, nothing summed (LAB_FWD_MASK_SOFTCAP=2: l comes from issue_rowsum).
 template <int BC>
 __device__ __forceinline__ void exp_rows_fixed(float (&s)[BC / 2], float off, float c) {
 #pragma unroll
   for (int i = 0; i < BC / 2; ++i) s[i] = fast_exp2(fmaf(s[i], c, -off));
 }
 
-// The same sum of the rounded P taken by the tensor core instead (LAB_V09_SOFTCAP=2 in fwd v09): l = P 1, an m64n8k16
+// The same sum of the rounded P taken by the tensor core instead (LAB_FWD_MASK_SOFTCAP=2 in fwd v09): l = P 1, an m64n8k16
 // wgmma per k16 step of P V with B a tile of bf16 ones, issued in P V's commit group from the same A fragments. Its
 // fp32 sum of the 16-bit P is what P V's own accumulation does, so O = sum P V / l keeps the rounded form's
 // exactness (one key: O = V), and the loop drops the unpack (one integer instruction per P) and l's FADDs for four
