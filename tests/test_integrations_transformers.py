@@ -137,9 +137,10 @@ def test_a_packed_row_reaches_the_varlen_op_with_its_documents(monkeypatch):
     from lab.masks import reference, spec
     seen = {}
 
-    def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, window_size, softcap):
-        seen.update(cu=cu_q.tolist(), max=max_q, window=window_size, softcap=softcap)
-        out, _ = reference.attend_varlen(q, k, v, cu_q, cu_k, spec.make_mask(is_causal, window_size, softcap), scale)
+    def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, window_size, softcap, sinks=None):
+        seen.update(cu=cu_q.tolist(), max=max_q, window=window_size, softcap=softcap, sinks=sinks)
+        out, _ = reference.attend_varlen(q, k, v, cu_q, cu_k, spec.make_mask(is_causal, window_size, softcap), scale,
+                                         sinks)
         return out
     monkeypatch.setattr(ops, "attention_varlen", fake_varlen)
     gen = torch.Generator().manual_seed(2)
@@ -147,8 +148,13 @@ def test_a_packed_row_reaches_the_varlen_op_with_its_documents(monkeypatch):
     packed = tm.documents(q, k, torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]]))
     good = tm.allowed(packed[2], 9, 9, True, 1, "cpu")[None, None]
     out = tm.run(q, k, v, good, 0.25, True, 2.0, 2, packed)
-    assert seen == dict(cu=[0, 4, 9], max=5, window=(1, 0), softcap=2.0)
+    assert seen == dict(cu=[0, 4, 9], max=5, window=(1, 0), softcap=2.0, sinks=None)
     torch.testing.assert_close(out.transpose(1, 2), tm.fallback(q, k, v, None, 0.0, 0.25, True, 2.0, 2, packed))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])  # and a packed row's sinks, through the same call
+    out = tm.run(q, k, v, None, 0.25, True, 2.0, 2, packed, sinks)
+    assert seen["sinks"] is sinks
+    torch.testing.assert_close(out.transpose(1, 2),
+                               tm.fallback(q, k, v, None, 0.0, 0.25, True, 2.0, 2, packed, sinks.double()))
     assert tm.run(q, k, v, torch.ones_like(good), 0.25, True, 2.0, 2, packed) is None  # another mask: not ours
 
 
@@ -171,3 +177,99 @@ def test_window_and_softcap_models_agree_with_eager_on_the_fallback(family):
             warnings.simplefilter("ignore")
             logits[impl] = model(ids).logits
     torch.testing.assert_close(logits[name], logits["eager"], atol=2e-5, rtol=2e-5)
+
+
+def _sink_call(monkeypatch, seen, **kwargs):
+    """One attention_forward call with GPT-OSS's s_aux, as if on a GPU the lab runs: lab.ops.attention replaced by
+    the float64 reference that records what reached it (no GPU here)."""
+    from lab import ops
+    from lab.masks import reference, spec
+
+    def fake_attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, causal_variant="upper_left",
+                       window_size=None, softcap=0.0, sinks=None):
+        seen.update(sinks=sinks, window=window_size, causal_variant=causal_variant)
+        group = q.shape[1] // k.shape[1]
+        mask = spec.make_mask(is_causal, window_size, softcap)
+        out, _ = reference.attend(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), mask, scale,
+                                  k.shape[2] - q.shape[2], sinks)
+        return out.to(q.dtype)
+    monkeypatch.setattr(ops, "attention", fake_attention)
+    monkeypatch.setattr(lab_hf, "unsupported", lambda *args, **kw: None)  # as if on a Hopper GPU
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 4, s, 16, generator=gen, dtype=torch.float64) for s in (6, 6, 6))
+    k, v = k[:, :2], v[:, :2]
+    s_aux = (2 * torch.randn(4, generator=gen, dtype=torch.float64)).requires_grad_()
+    out, _ = lab_hf.attention_forward(Module(), q, k, v, None, scaling=0.25, sliding_window=3, s_aux=s_aux, **kwargs)
+    return q, k, v, s_aux, out
+
+
+def test_gpt_oss_sinks_reach_the_lab_call_with_their_gradient(monkeypatch):
+    """s_aux (GPT-OSS's sinks) is handed to the kernels as float32 `sinks`, differentiably: the output equals the
+    fallback's eager formula with the same sinks, differs from the call without them, and s_aux gets a gradient."""
+    from lab.integrations import transformers_masks as tm
+    seen = {}
+    q, k, v, s_aux, out = _sink_call(monkeypatch, seen)
+    assert seen["sinks"] is not None and seen["sinks"].dtype == torch.float32, "the sinks did not reach the call"
+    torch.testing.assert_close(seen["sinks"].double(), s_aux.detach(), atol=1e-6, rtol=1e-6)
+    assert seen["window"] == (2, 0) and seen["causal_variant"] == "lower_right"
+    want = tm.fallback(q, k, v, None, 0.0, 0.25, True, None, 3, None, s_aux.float())
+    torch.testing.assert_close(out.transpose(1, 2), want, atol=1e-6, rtol=1e-6)
+    without = tm.fallback(q, k, v, None, 0.0, 0.25, True, None, 3, None)
+    assert (without - want).abs().max() > 1e-2  # a dropped sink would be seen
+    out.sum().backward()
+    assert s_aux.grad is not None and s_aux.grad.abs().max() > 0
+
+
+def test_every_keyword_is_honoured_or_bookkeeping_or_refused(monkeypatch):
+    seen = {}
+    _sink_call(monkeypatch, seen, position_ids=torch.arange(6)[None], use_cache=True, past_key_values=object(),
+               output_hidden_states=False, cache_position=torch.arange(6), foo=None)  # None asks for nothing
+    with pytest.raises(TypeError, match="'attention_bias', 'position_bias'.*does not understand"):
+        _sink_call(monkeypatch, seen, position_bias=torch.zeros(1), attention_bias=torch.zeros(1))
+    lab_hf._warned.discard("output_attentions")
+    with pytest.warns(UserWarning, match="output_attentions=True.*returns None"):
+        _sink_call(monkeypatch, seen, output_attentions=True)
+
+
+def test_cu_seq_lens_are_honoured_as_packed_documents():
+    from lab.integrations import transformers_masks as tm
+    q = torch.zeros(1, 4, 9, 16)
+    cu = torch.tensor([0, 4, 9])
+    packed = tm.packed_documents(q, q, True, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 5})
+    assert packed[0].tolist() == [0, 4, 9] and packed[1] == 5 and packed[2].tolist() == [1] * 4 + [2] * 5
+    assert tm.packed_documents(q, q, True, {"cu_seq_lens_q": torch.tensor([0, 9]),
+                                            "cu_seq_lens_k": torch.tensor([0, 9])}) is None  # one document
+    with pytest.raises(ValueError, match="must be given together and be equal"):
+        tm.packed_documents(q, q, True, {"cu_seq_lens_q": cu, "cu_seq_lens_k": torch.tensor([0, 3, 9])})
+    with pytest.raises(ValueError, match="does not describe one packed row"):
+        tm.packed_documents(q, q, True, {"cu_seq_lens_q": torch.tensor([0, 4, 8]),
+                                         "cu_seq_lens_k": torch.tensor([0, 4, 8])})
+
+
+def test_gpt_oss_through_the_lab_equals_eager_with_its_sinks_and_their_gradient():
+    """A GPT-OSS model (sinks, a sliding window, random weights) on the CPU: every call falls back, and the fallback
+    applies the sinks, so the logits and the sinks' gradients equal eager's; with the sinks zeroed they would not."""
+    transformers = pytest.importorskip("transformers")
+    name = lab_hf.register()
+    config = transformers.GptOssConfig(vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                       num_experts_per_tok=2, sliding_window=5, max_position_embeddings=64)
+    ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(3))
+    logits, grads = {}, {}
+    for impl in ("eager", name, "eager-no-sinks"):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl.split("-")[0])
+        with torch.no_grad():
+            for layer in model.model.layers:  # sinks large enough to matter
+                layer.self_attn.sinks.copy_(2 * torch.randn(layer.self_attn.sinks.shape))
+                if impl == "eager-no-sinks":
+                    layer.self_attn.sinks.fill_(-1e4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logits[impl] = model(ids).logits
+        logits[impl].square().mean().backward()
+        grads[impl] = torch.cat([layer.self_attn.sinks.grad for layer in model.model.layers])
+    torch.testing.assert_close(logits[name], logits["eager"], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(grads[name], grads["eager"], atol=1e-6, rtol=1e-4)
+    assert grads[name].abs().max() > 0
+    assert (logits["eager-no-sinks"] - logits["eager"]).abs().max() > 1e-3

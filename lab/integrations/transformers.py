@@ -8,13 +8,17 @@ register() adds `attention_forward` to transformers' AttentionInterface and a ma
 to its AttentionMaskInterface (transformers_masks.lab_mask: FlashAttention-2's contract, no mask for a causal batch
 without padding), which the lab runs as its causal mask (bottom-right when the cached keys outnumber the new
 queries, as in decoding with a KV cache), with the layer's sliding window and logit softcap, and documents packed
-into one row (position ids that restart) through lab.ops.attention_varlen (transformers_masks). A call the lab
+into one row (position ids that restart, or FlashAttention's cu_seq_lens_q / cu_seq_lens_k) through
+lab.ops.attention_varlen (transformers_masks), and GPT-OSS's attention sinks (`s_aux`, one logit per query head
+that joins the softmax and attends to nothing) as the kernels' `sinks`. Every keyword transformers passes is either
+honoured, or known to describe the model's call rather than the attention (the cache, the outputs: BOOKKEEPING),
+or refused with a TypeError naming it: an argument the lab does not understand is never dropped. A call the lab
 cannot run (an explicit mask, dropout, a softcap or window at a head dim over 128 (the masked kernels' limit), a
 head dim over 256, a head dim over 128 when a gradient is wanted under torch.use_deterministic_algorithms (no
 deterministic backward there) or off compute capability 9.0 (the wide forward is Hopper-only), masked gradients off
-compute capability 9.0, CPU tensors, float32) runs PyTorch's SDPA instead (the eager formula with a softcap, which
-SDPA lacks), with the window and documents as an explicit mask and a warning naming the reason once per reason:
-never silently. So Gemma-2's D = 256 runs the lab's kernels, forward and backward, on an H100 / H200 with softcap
+compute capability 9.0, CPU tensors, float32) runs PyTorch's SDPA instead (the eager formula with a softcap or
+sinks, which SDPA lacks), with the window and documents as an explicit mask and a warning naming the reason once
+per reason: never silently. So Gemma-2's D = 256 runs the lab's kernels, forward and backward, on an H100 / H200 with softcap
 and window off, and falls back, saying why, with them on.
 
 transformers is imported only inside register(): the adapter itself needs torch alone.
@@ -34,9 +38,30 @@ from . import transformers_masks
 NAME = "lab"
 _warned: set[str] = set()
 
+# Keywords the adapter acts on beyond its named parameters.
+HONOURED = frozenset({"s_aux", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+                      "output_attentions"})
+# Keywords that describe the model's call, not the attention: the KV cache (already applied to key and value when
+# the call arrives), what the model returns, the loss's normaliser. Nothing in them changes the attention's output.
+BOOKKEEPING = frozenset({"use_cache", "past_key_values", "past_key_value", "cache_position", "position_embeddings",
+                         "layer_idx", "output_hidden_states", "output_router_logits", "num_items_in_batch",
+                         "return_dict"})
+
+
+def check_keywords(kwargs: dict) -> None:
+    """TypeError naming every keyword that is neither honoured nor bookkeeping and carries a value (None and False
+    ask for nothing). A new transformers argument must be taught to the adapter, never ignored."""
+    unknown = sorted(k for k, v in kwargs.items() if k not in HONOURED and k not in BOOKKEEPING
+                     and v is not None and v is not False)
+    if unknown:
+        raise TypeError(f"lab attention: transformers passed {', '.join(map(repr, unknown))}, which the lab's "
+                        f"adapter does not understand; it refuses the call rather than drop an argument that may "
+                        f"change the attention (run attn_implementation='eager' for this model, or teach "
+                        f"lab.integrations.transformers the argument)")
+
 
 def unsupported(query, key, value, attention_mask, dropout: float = 0.0, softcap: float | None = None,
-                sliding_window: int | None = None, packed=None, causal: bool = True) -> str | None:
+                sliding_window: int | None = None, packed=None, causal: bool = True, sinks=None) -> str | None:
     """Why the lab cannot run this call (a reason for the warning), or None when it can. packed: a row of
     documents (transformers_masks.documents), whose 4-D mask transformers_masks.run checks itself."""
     if not (query.is_cuda and key.is_cuda and value.is_cuda):
@@ -47,7 +72,8 @@ def unsupported(query, key, value, attention_mask, dropout: float = 0.0, softcap
         return "an explicit attention mask (padding or a custom mask)"
     if dropout:
         return f"attention dropout {dropout}"
-    masks = transformers_masks.reason(query, key, value, attention_mask, softcap, sliding_window, packed, causal)
+    masks = transformers_masks.reason(query, key, value, attention_mask, softcap, sliding_window, packed, causal,
+                                      sinks)
     if masks is not None:
         return masks
     wide = max(query.shape[-1], value.shape[-1])
@@ -68,14 +94,16 @@ def unsupported(query, key, value, attention_mask, dropout: float = 0.0, softcap
 
 
 def _fallback(reason: str, query, key, value, attention_mask, dropout, scaling, is_causal, softcap=None,
-              sliding_window=None, packed=None):
+              sliding_window=None, packed=None, sinks=None):
     if reason not in _warned:
         _warned.add(reason)
-        what = "the eager formula (SDPA has no softcap)" if softcap else "PyTorch SDPA"
+        what = ("the eager formula (SDPA has no softcap)" if softcap else
+                "the eager formula (SDPA has no sinks)" if sinks is not None else "PyTorch SDPA")
         warnings.warn(f"lab attention: {reason}; this call runs {what} instead", stacklevel=3)
-    if softcap or packed is not None or transformers_masks.window(sliding_window, key.shape[2]) >= 0:
+    if softcap or sinks is not None or packed is not None or \
+            transformers_masks.window(sliding_window, key.shape[2]) >= 0:
         return transformers_masks.fallback(query, key, value, attention_mask, dropout, scaling, bool(is_causal),
-                                           softcap, sliding_window, packed)
+                                           softcap, sliding_window, packed, sinks)
     gqa = query.shape[1] != key.shape[1]
     causal = is_causal and attention_mask is None and query.shape[2] > 1
     if causal and query.shape[2] != key.shape[2]:  # keys cached before these queries: bottom-right alignment
@@ -88,25 +116,33 @@ def _fallback(reason: str, query, key, value, attention_mask, dropout, scaling, 
 
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
                       is_causal: bool | None = None, sliding_window: int | None = None, softcap: float | None = None,
-                      **kwargs):
+                      s_aux: torch.Tensor | None = None, **kwargs):
     """transformers' attention signature: query (B, H_q, S_q, D), key and value (B, H_kv, S_k, D) -> (output
-    (B, S_q, H_q, D_v), None). is_causal defaults to the module's flag, as SDPA's adapter does."""
+    (B, S_q, H_q, D_v), None). is_causal defaults to the module's flag, as SDPA's adapter does. s_aux: GPT-OSS's
+    sinks, (H_q,) logits in any float dtype (the kernels take them in float32; the cast keeps their gradient)."""
     from .. import ops
 
+    check_keywords(kwargs)
+    if kwargs.get("output_attentions") and "output_attentions" not in _warned:
+        _warned.add("output_attentions")  # as SDPA and FlashAttention: no weights are formed, so none return
+        warnings.warn("lab attention: output_attentions=True, but the lab's attention forms no weights and "
+                      "returns None for them (use attn_implementation='eager' to get them)", stacklevel=2)
+    sinks = None if s_aux is None else s_aux.float()
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    packed = transformers_masks.documents(query, key, kwargs.get("position_ids")) if is_causal and query.is_cuda \
-        else None
-    reason = unsupported(query, key, value, attention_mask, dropout, softcap, sliding_window, packed, bool(is_causal))
-    masked = softcap or packed is not None or transformers_masks.window(sliding_window, key.shape[2]) >= 0
+    packed = transformers_masks.packed_documents(query, key, bool(is_causal), kwargs)
+    reason = unsupported(query, key, value, attention_mask, dropout, softcap, sliding_window, packed, bool(is_causal),
+                         sinks)
+    masked = softcap or sinks is not None or packed is not None or \
+        transformers_masks.window(sliding_window, key.shape[2]) >= 0
     if reason is None and masked:
         out = transformers_masks.run(query, key, value, attention_mask, scaling, bool(is_causal), softcap,
-                                     sliding_window, packed)
+                                     sliding_window, packed, sinks)
         if out is not None:
             return out.contiguous(), None
         reason = "an explicit attention mask (padding or a custom mask)"
     if reason is not None:
         out = _fallback(reason, query, key, value, attention_mask, dropout, scaling, is_causal, softcap,
-                        sliding_window, packed)
+                        sliding_window, packed, sinks)
     else:
         causal = bool(is_causal) and query.shape[2] > 1  # one new token sees every cached key
         out = ops.attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
