@@ -1,4 +1,5 @@
 """lab.registry: the kernel tables and default rules, readable without torch, driving scripts and gates."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,20 +21,47 @@ def test_ops_reexports_the_registry_tables():
     assert ops.default_attention_version is registry.default_attention_version
 
 
-def test_defaults_per_gpu_follow_the_hopper_preference():
-    assert registry.default_attention_version(128, 8192, False, (8, 0)) == "v04"
-    assert registry.default_attention_version(128, 8192, False, (9, 0)) == "v07"
-    assert registry.default_attention_version(128, 512, True, (9, 0)) == "v07"  # few-keys config in PAIR order
-    assert registry.default_attention_version(128, 512, False, (9, 0)) == "v07"
-    assert registry.default_attention_version(64, 512, False, (9, 0)) == "v05"
-    assert registry.default_attention_version(64, 2048, False, (9, 0)) == "v07"
-    assert registry.default_attention_version(64, 2048, True, (9, 0)) == "v05"
-    assert registry.default_attention_version(64, 8192, True, (9, 0)) == "v07"
-    assert registry.default_attention_version(32, 100, False, (9, 0)) == "v01"  # only v01 has D=32
-    assert registry.default_versions((9, 0)) == {"fwd": {"v01", "v05", "v07", "v10"}, "decode": {"v02", "v03", "v07", "v08"},
-                                                 "bwd": {"v14", "v18", "v19", "v09"}}  # v18: the deterministic mode
-    assert registry.default_versions((8, 0))["fwd"] == {"v01", "v04"}
-    assert registry.default_versions((8, 0))["bwd"] == {"v01", "v09"}  # v09: head dims 192, 256
+def test_choose_matches_the_defaults_snapshot():
+    """Every default is pinned once, in tests/fixtures/defaults.json; a deliberate change of a default regenerates it:
+    .venv/bin/python -m lab.registry defaults > tests/fixtures/defaults.json (and the diff is the review)."""
+    snapshot = json.loads((ROOT / "tests/fixtures/defaults.json").read_text())
+    assert snapshot == registry.defaults_snapshot()
+    assert len(snapshot) > 300 and {row["family"] for row in snapshot} == set(registry.TABLES)
+    # the wrappers that callers use agree with choose on every cell
+    for row in snapshot:
+        shape, capability = row["shape"], tuple(row["capability"])
+        if row["family"] == "fwd" and "version" in row:
+            assert registry.default_attention_version(shape["head_dim"], shape["seqlen_q"], shape["causal"],
+                                                      capability) == row["version"]
+        if row["family"] == "decode" and shape.get("paged"):
+            assert registry.default_paged_version(shape["heads_kv"], shape["head_dim"]) == row["version"]
+        elif row["family"] == "decode":
+            assert registry.default_decode_version(8, shape["heads_kv"], 1, shape["head_dim"]) == row["version"]
+
+
+def test_default_versions_are_the_snapshot_variants():
+    """default_versions (the sanitizer's list) is the set of versions the snapshot's cells reach, per GPU."""
+    snapshot = json.loads((ROOT / "tests/fixtures/defaults.json").read_text())
+    for capability in ((8, 0), (9, 0)):
+        reached = {f: {r["version"] for r in snapshot if r["family"] == f and tuple(r["capability"]) == capability
+                       and "version" in r} for f in ("fwd", "bwd", "decode")}
+        assert registry.default_versions(capability)["fwd"] == reached["fwd"]
+        assert registry.default_versions(capability)["bwd"] <= reached["bwd"]  # the narrow one (v20) has no driver
+
+
+def test_every_version_is_a_variant_or_history():
+    """A family's table is its product variants plus its history, never both, and every variant's file exists."""
+    for family, table in registry.TABLES.items():
+        product = {v.version for v in registry.VARIANTS.values() if v.family == family}
+        history = set(registry.HISTORY[family])
+        assert product | history == set(table) and not product & history, family
+    for name, variant in registry.VARIANTS.items():
+        assert name == variant.name and name.split("_")[0] == variant.family.split("_")[0]
+        assert (ROOT / "kernels" / variant.kernel.source).exists()
+        assert variant.arch == ("sm_90a" if variant.kernel.capabilities else "sm_80"), name
+        assert registry.variant_of(variant.family, variant.version) is variant
+    reached = {row["variant"] for row in registry.defaults_snapshot()}
+    assert set(registry.VARIANTS) <= reached  # no variant in the table that no call reaches
 
 
 def test_driver_rows_name_existing_files_and_the_kernel_symbol():
@@ -67,17 +95,19 @@ def test_the_command_line_prints_tab_separated_rows_for_scripts():
 
 
 def test_default_for_row_reads_shape_and_gpu_from_a_record():
+    def chosen(family, capability=(9, 0), **shape):
+        return registry.choose(family, shape, capability).version
+
     fwd = {"case": {"D": 64, "Sq": 512, "causal": False}, "env": {"capability": "9.0"}}
-    assert registry.default_for_row(fwd) == "v05"
-    assert registry.default_for_row({**fwd, "env": {"capability": "8.9"}}) == "v04"
-    assert registry.default_for_row({"case": {"Hq": 32, "Hkv": 8, "q_len": 1}}) == "v07"
-    assert registry.default_for_row({"case": {"Hq": 32, "Hkv": 8, "q_len": 1, "D": 80}}) == "v08"  # v07: D 64 / 128
-    assert registry.default_for_row({"case": {"Hq": 8, "Hkv": 8, "q_len": 1, "page_size": 16}}) == "v07"  # no batch
-    assert registry.default_for_row({"case": {"Hq": 8, "Hkv": 8, "q_len": 1, "page_size": 16, "D": 96}}) == "v08"
+    assert registry.default_for_row(fwd) == chosen("fwd", head_dim=64, seqlen_q=512, causal=False)
+    assert registry.default_for_row({**fwd, "env": {"capability": "8.9"}}) == chosen("fwd", (8, 9), head_dim=64,
+                                                                                        seqlen_q=512)
+    assert registry.default_for_row({"case": {"Hq": 32, "Hkv": 8, "q_len": 1}}) == chosen("decode", heads_kv=8)
+    assert registry.default_for_row({"case": {"Hq": 32, "Hkv": 8, "q_len": 1, "D": 80}}) == chosen("decode", head_dim=80)
     paged = {"case": {"Hq": 32, "Hkv": 8, "q_len": 1, "page_size": 16, "B": 128}, "env": {"sms": 132}}
-    assert registry.default_for_row(paged) == "v07"  # 128 blocks of 8 heads fill the wave: v07 all the same
-    assert registry.default_for_row({**paged, "case": {**paged["case"], "B": 64}}) == "v07"
-    assert registry.default_for_row({**paged, "case": {**paged["case"], "D": 192}}) == "v03"  # v04, v07, v08: D 64-128
-    assert registry.default_for_row({"case": {"Hq": 8, "Hkv": 2, "q_len": 1, "page_size": 16}}) == "v07"
+    for case in ({**paged["case"], "D": 96}, {**paged["case"], "D": 192}, {**paged["case"], "Hkv": 2}):
+        assert registry.default_for_row({"case": case}) == chosen("decode", head_dim=case.get("D", 128), heads_kv=case["Hkv"],
+                                                                  paged=True)  # batch and SM count read by none
+    assert registry.default_for_row(paged) == registry.default_for_row({**paged, "case": {**paged["case"], "B": 64}})
     assert registry.default_for_row({"case": {"D": 64, "Sq": 4}}) is None  # no GPU: no default
     assert registry.default_for_row({}) is None

@@ -21,7 +21,7 @@ from .. import build
 from ..kernels import launcher, resolve_version
 from ..op_common import _capability, register_autograd_once
 from ..registry import (BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD, FAST_HEAD_DIMS,  # noqa: F401 (re-exported)
-                        HOPPER_CAPABILITIES, NARROW_BWD, backward_preference, narrow_backward_dim)
+                        HOPPER_CAPABILITIES, NARROW_BWD, backward_preference, choose, narrow_backward_dim)
 
 # The table and preference lists live in lab.registry (no torch: the drivers and sanitizer scripts read them).
 
@@ -45,6 +45,8 @@ def backward_version(head_dim: int, version=None, capability: tuple = (), determ
         return name
     if version is not None and deterministic and resolve_version(version, BWD, head_dim, ()) not in DETERMINISTIC_BWD:
         raise ValueError(f"backward {version} has no deterministic mode; deterministic versions: {DETERMINISTIC_BWD}")
+    if version is None:
+        return choose("bwd", {"head_dim": head_dim}, capability, deterministic).version
     return resolve_version(version, BWD, head_dim, backward_preference(capability, deterministic))
 
 
