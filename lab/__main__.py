@@ -1,5 +1,5 @@
-"""python -m lab {env,compile,session,log,prune}: env, compile and session need the lab's toolchain; log and
-prune need no torch."""
+"""python -m lab {env,compile,session,experiment,log,prune}: env, compile, session and experiment need the lab's
+toolchain; log and prune need no torch."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,8 @@ def main(argv: list[str] | None = None) -> int:
     comp = sub.add_parser("compile", help="compile-check every kernel with nvcc (no GPU needed)")
     comp.add_argument("--arch", action="append", help="targets (default: sm_80 and sm_90a)")
     sub.add_parser("session", help="execute every chapter with papermill and record a session", add_help=False)
+    sub.add_parser("experiment", help="run one experiment notebook with papermill; it writes an experiment record",
+                   add_help=False)
     sub.add_parser("log", help="generate the log pages and the book's chapter copies from outputs/", add_help=False)
     sub.add_parser("prune", help="remove the executed copies of superseded sessions (git history keeps them)",
                    add_help=False)
@@ -42,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import session
 
         return session.main(rest)
+    if args.command == "experiment":
+        from . import launch
+
+        return launch.main(rest)
     if args.command == "log":
         from .publish import log
 
