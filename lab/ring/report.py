@@ -19,7 +19,21 @@ from . import attention as ring
 
 CHAPTER = "n12_ring"
 TARGETS = {"efficiency": 0.85, "efficiency_fwd_bwd": 0.9, "comm_ratio": 1.1, "torch_cp": 1.0, "tokens": 1 << 20}
-# The command that runs this chapter as a session on a lent two-GPU machine (tools/gpu/README.md, "n12 on two GPUs").
+# The command that runs this chapter as a session on a two-GPU machine. It installs the wheels copied into .whl/ (the
+# machine has no network), and the caller exports LAB_COMMIT=$(git rev-parse --short HEAD) first when the copy has no
+# usable .git. It writes $OUT/topology.txt (nvidia-smi topo -m), $OUT/n12_session.log and $OUT/n12_session.tgz, and
+# stops the session after N12_TIMEOUT seconds (default 480; on SIGTERM the session still writes session.json and the
+# tarball). Back at the repository root: tar xzf n12_session.tgz, python -m lab log, commit outputs/sessions/<id>/.
+# The `gpu` preset's stages, in order: kernel builds, output checks, gradient checks, scaling at S = 256k causal
+# D = 128 GQA 32/8, communication (forward ring, then the backward ring alone), torch's context parallel against the
+# lab's ring, the largest sequence (doubling from 256k while the next call is predicted under 30 s; one layer's
+# forward plus backward while the next is predicted under 40 s), and 200 training steps at S = 16k; 3 timing
+# repetitions after a warm-up. The records alone, without papermill:
+#   LAB_SESSION_DIR=$OUT/ring python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m lab.ring.run --device cuda
+# (--stages picks some). The CPU rehearsal of the same path (gloo, tiny sizes, about 40 s):
+#   python -m lab session --chapters n12_ring --device cpu --outputs /tmp/n12
+# NVLink multicast stays off (lab.ring.comm.init_process_group sets NCCL_NVLS_ENABLE=0 before NCCL starts). First
+# run: session 20261126-021134-h200-cc4abeb on two H200s (NV18), 4 min 14 s, every n12 gate passing.
 SESSION_COMMAND = ("python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && "
                    "export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH TORCH_EXTENSIONS_DIR=/tmp/tx || exit; "
                    "nvidia-smi topo -m > $OUT/topology.txt 2>&1; "

@@ -1,7 +1,7 @@
 #!/bin/bash
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck on the default kernel paths, in one
 # GPU run (builds there with nvcc; about 5-8 minutes on an H200):
-#   PYTHONPATH=$PWD bash tools/gpu/sanitize_all.sh   # inside `run` (python3 reads lab.registry); logs to $OUT
+#   PYTHONPATH=$PWD bash tools/gpu/sanitize_all.sh   # on a GPU machine (python3 reads lab.registry); logs to $OUT
 # Binaries: one per kernel the registry lists for this GPU (python -m lab.registry drivers <cap> --defaults:
 # the versions some call gets by default here; SANITIZE_ALL=1: every registered version), each its driver
 # (tools/gpu/*_main.cu) linked with the kernel, with the driver's --sanitize list:
@@ -11,7 +11,7 @@
 #   decode (decode_main.cu): cache lengths 0, 1, 63, 4097 in one batch, num_splits 1..1024
 #            (LAB_MAX_NUM_SPLITS), GQA/MHA/MQA, q_len 1/4/16: every num_splits > 1 also runs the shared
 #            split-K combine kernel (common/splitk_combine.cuh)
-# fwd v01 (the default only at D = 16/32; its own driver has no --sanitize list) stays in gpu_checks.sh.
+# fwd v01 (the default only at D = 16/32; its own driver has no --sanitize list) is left out.
 # Each binary first runs its list without a tool (correctness), then under every tool; the forward lists
 # are cut into 4 parts (--part i/4) that run in parallel. Summary: one line per (tool, binary) with the
 # sanitizer's own summary counts.

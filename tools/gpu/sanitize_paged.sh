@@ -1,6 +1,6 @@
 #!/bin/bash
 # compute-sanitizer on decode v03 (kernels/decode/v03_paged.cu); first run on an H200 on 2026-11-23:
-#   bash tools/gpu/sanitize_paged.sh        # inside `run`; logs to $OUT (about 5-10 minutes)
+#   bash tools/gpu/sanitize_paged.sh        # on a GPU machine; logs to $OUT (about 5-10 minutes)
 # 1. The contiguous path: tools/gpu/decode_main.cu linked with v03 (its --sanitize list: lengths 0, 1, 63,
 #    4097, num_splits 1..1024, GQA/MHA/MQA, q_len 1/4/16) under memcheck, racecheck, initcheck, synccheck.
 # 2. The paged path through torch: shuffled tables (page 16/48/256, forced splits) and out-of-range tables

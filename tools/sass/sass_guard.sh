@@ -6,7 +6,7 @@
 #                           also per kernel when only the kernels' order in the cubin moved
 #   same opcode sequence  - only register numbers differ
 #   every base kernel has an identical kernel in the tree - instantiations were added, none changed
-#   DIFFERENT             - the opcode histogram diff follows; the change needs the GPU guard (±2 %, tools/gpu/guard_ab.sh)
+#   DIFFERENT             - the opcode histogram diff follows; the change needs a GPU guard (the n6/n7 sessions on both revisions, within ±2 %)
 # Usage: tools/sass/sass_guard.sh BASE_REV kernels/fwd/v04_lazy.cu [more.cu ...]
 # Needs nvcc and cuobjdump + nvdisasm (CUDA toolkit, or the nvidia-cuda-cuobjdump / -nvdisasm wheels:
 # CUOBJDUMP=/path/to/cuobjdump NVDISASM_PATH=/path/to/nvdisasm).
