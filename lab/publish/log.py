@@ -1,6 +1,6 @@
 """`python -m lab log`: the published log and the book's chapter copies, generated from outputs/.
 
-Writes outputs/log/{sessions,baselines,bugs,patterns}.md (+ figures/), outputs/log/standings.md (included
+Writes outputs/log/{sessions,baselines,bugs,patterns,experiments}.md (+ figures/), outputs/log/standings.md (included
 by the front page) and outputs/book/<chapter>.ipynb. Run by the session at its end and by `make book`; it
 reads session folders and never writes into them, so it can be rerun at any time with the same result.
 A torn or crafted session is skipped with a warning; the pages are built from the sessions that are whole.
@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from .. import paths, toc
-from . import baselines, chapters, ledger, pages, prune, standings
+from . import baselines, chapters, experiments, ledger, pages, prune, standings
 from .pages import Markdown
 
 
@@ -107,6 +107,7 @@ def generate(outputs: Path | None = None, chapters_list: list[str] | None = None
         "baselines": pages.write_page(log_dir / "baselines.md", baselines.page(outputs, sessions, rows, log_dir)),
         "bugs": pages.write_page(log_dir / "bugs.md", ledger.bugs_page(outputs, sessions, rows, log_dir)),
         "patterns": pages.write_page(log_dir / "patterns.md", ledger.patterns_page(outputs, sessions, rows, log_dir)),
+        "experiments": pages.write_page(log_dir / "experiments.md", experiments.page(outputs)),
         "standings": pages.write_page(log_dir / "standings.md", standings.include(rows)),
     }
     known = list(chapters_list or toc.chapters())
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for warning in caught:
                 print(f"warning: {warning.message}", file=sys.stderr)
-    for name in ("sessions", "baselines", "bugs", "patterns", "standings"):
+    for name in ("sessions", "baselines", "bugs", "patterns", "experiments", "standings"):
         print(f"wrote {paths.relative(written[name])}")
     for chapter, session in written["chapters"].items():
         print(f"book/{chapter}.ipynb <- {session or 'placeholder (never run)'}")
