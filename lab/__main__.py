@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("log", help="generate the log pages and the book's chapter copies from outputs/", add_help=False)
     sub.add_parser("prune", help="remove the executed copies of superseded sessions (git history keeps them)",
                    add_help=False)
+    sub.add_parser("readme", help="regenerate the kernel READMEs' version tables from lab/registry.py")
     args, rest = parser.parse_known_args(argv)
 
     if args.command == "env":
@@ -56,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         from .publish import prune
 
         return prune.main(rest)
+    if args.command == "readme":
+        from .publish import readme_tables
+
+        return readme_tables.main(rest)
     return 2
 
 
