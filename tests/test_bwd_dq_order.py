@@ -7,8 +7,8 @@ of the block (D = 128: part = warpgroup, its 64 columns; D = 64: one part that b
 convert_dq reads the block back quad by quad. These tests run both index maps over every thread and register
 and check that each element of the 64 x D block is written once per warpgroup and read back at its own row
 and column; with Cfg's kDqByColumns (v07) D = 64 splits by columns too, each warpgroup a 64 x 32 part (m64n32:
-16 registers, quads i < 4; its two parts, one after the other, land where D = 64's single 64-column part does); a planted bug (the two row halves of a quad swapped in the convert) must fail. The GPU runs
-(tools/gpu/bwd_hopper.sh, n10) check the kernel itself.
+16 registers, quads i < 4; its two parts, one after the other, land where D = 64's single 64-column part does); a planted bug (the two row halves of a quad swapped in the convert) must fail. The GPU tests
+(tests/test_backward_gpu.py) and chapter n10 check the kernel itself.
 """
 import pytest
 

@@ -12,7 +12,7 @@ XOR (a planted bug) puts elements in the wrong columns.
 zigzag_tile (bwd/v11_persist.cu): in round r CTA c takes tile r * grid + (c or grid - 1 - c, by r's parity).
 Every tile is taken once, and with the grid a multiple of the key blocks per head, a CTA's causal work (key
 block kb of n_kb has n_kb - kb query blocks) is balanced where the plain round-robin gives one CTA all the
-longest tiles. The GPU runs (tools/gpu/bwd_candidate.sh, n10) check the kernels themselves.
+longest tiles. The GPU tests (tests/test_backward_gpu.py) and chapter n10 check the kernels themselves.
 """
 import pytest
 

@@ -5,7 +5,7 @@ for each 8-column block i and row half hh, the pair of columns 8 i + 2 t, + 1 of
 once packed). The kernel swaps words between lanes t and t ^ 1 (QUAD = 1, 8-byte stores) and then t ^ 2
 (QUAD = 2, 16-byte stores) with the selects written below; these tests run the same selects over a simulated
 warp and check that every element lands exactly once, at its own row and column, inside an aligned store.
-The GPU checks (tools/gpu/hopper_run.py check) run the kernel itself.
+The GPU tests (tests/test_hopper_gpu.py) run the kernel itself.
 """
 import pytest
 

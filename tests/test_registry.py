@@ -68,7 +68,7 @@ def test_driver_rows_name_existing_files_and_the_kernel_symbol():
     rows = registry.drivers()
     wide = {f"{family}_{v}" for family, table in (("fwd", registry.FWD), ("decode", registry.DECODE), ("bwd", registry.BWD))
             for v, k in table.items() if not set(k.head_dims) & set(registry.FAST_HEAD_DIMS)}
-    # own sanitizer calls (tools/gpu/wide_sanitize.py; decode v08: tools/gpu/paged_warpring.py): the drivers' D is 64/128
+    # sanitized through the public calls, not the drivers, whose D is 64/128
     assert wide == {"fwd_v10", "decode_v08", "bwd_v09", "bwd_v19"}
     assert {r[0] for r in rows} == ({f"fwd_{v}" for v in registry.FWD} | {f"decode_{v}" for v in registry.DECODE} |
                                     {f"bwd_{v}" for v in registry.BWD}) - wide

@@ -104,8 +104,8 @@ def test_sanitize_paged_builds_decode_v03_and_runs_the_paged_tests_under_memchec
     log = (Path(env["OUT"]) / "sanitize_paged.log").read_text()
     for tool in ("memcheck", "racecheck", "initcheck", "synccheck"):
         assert f"== compute-sanitizer --tool {tool} dec_v03 --sanitize" in log
-    assert re.search(r"compute-sanitizer --tool memcheck --target-processes all \S+ -m pytest .*tests/test_paged_gpu.py",
-                     calls.read_text())
+    pytest_line = r"compute-sanitizer --tool memcheck --target-processes all \S+ -m pytest .*tests/test_paged_gpu.py"
+    assert re.search(pytest_line, calls.read_text())
     assert log.count("ERROR SUMMARY: 0 errors") == 4 and log.count("rc=0") == 6
 
 

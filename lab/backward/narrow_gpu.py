@@ -3,7 +3,8 @@ kernel width, read and written unpadded): lab.ops.attention's gradients through 
 padded path made impossible, the gradients equal bit for bit to the padded call's (same kernel code, zero columns;
 with a gradient through the LSE too), the build that leaves the last 8-column block of dQ, dK and dV unwritten
 (which must fail), deterministic mode (which pads and runs v18), and the race of the narrow call, the padded call
-and SDPA's backends over lab.cases.head_dim_cases in one process. tools/gpu/narrow_bwd.sh runs them. Needs CUDA.
+and SDPA's backends over lab.cases.head_dim_cases in one process (evidence:
+outputs/driver_logs/20261127-h100-narrow-bwd-371e4b7/). Needs CUDA.
 """
 from __future__ import annotations
 

@@ -207,9 +207,9 @@ def race_calls(case: PagedCase, a: dict, flags: torch.Tensor) -> dict:
 def paged_sweep(cases: list[PagedCase], progress: bool = True, **stop) -> list[dict]:
     """The race: per case, on one set of data, race_calls' five calls timed in rounds (lab.bench.time_interleaved,
     as the other chapters' races: each round times every call once, so every call's host path runs after the
-    others', as inside a model step; tools/gpu/paged_rounds_probe.py measured what the order moves). Bandwidth on the
-    bytes that must move; ratios t_other / t_paged (sdpa-*, and CONTIGUOUS), and on the CONTIGUOUS row
-    t_sdpa / t_contiguous. Rows are kind "paged"; their case carries `tokens` (batch x length), the x axis of the
+    others', as inside a model step; outputs/driver_logs/20261127-h100-paged-rounds-d878422/ measured what the order
+    moves). Bandwidth on the bytes that must move; ratios t_other / t_paged (sdpa-*, and CONTIGUOUS), and on the
+    CONTIGUOUS row t_sdpa / t_contiguous. Rows are kind "paged"; their case carries `tokens` (batch x length), the x axis of the
     chapter's plots."""
     from tqdm.std import tqdm
 

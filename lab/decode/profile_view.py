@@ -1,6 +1,7 @@
-"""Chapter n11's view of a paged-decode profile run (tools/gpu/paged_profile.sh): where the time goes per cell and
-kernel (ncu), the host's share of an eager call, and the serving view's rows. Pure Python: reads the JSON lines a
-run left under outputs/driver_logs/, so a machine without a GPU shows the recorded numbers with their GPU and commit.
+"""Chapter n11's view of a paged-decode profile run (outputs/driver_logs/20261126-h100-paged-profile-d1dfb67/): where
+the time goes per cell and kernel (ncu), the host's share of an eager call, and the serving view's rows. Pure
+Python: reads the JSON lines a run left under outputs/driver_logs/, so a machine without a GPU shows the recorded
+numbers with their GPU and commit.
 """
 from __future__ import annotations
 

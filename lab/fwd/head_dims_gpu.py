@@ -1,8 +1,8 @@
-"""The head-dim checks and races on the GPU (tools/gpu/head_dims.py's command line, wide_session.sh and chapter
-n14 call them): lab.ops.attention's forward and gradients at head dims without a kernel of their own (zero-padded
-to the next kernel head dim) and above 128 (fwd v10, bwd v19 / v09; 160 and 200 padded), checked through lab.check
-against float64 with SDPA's error as the yardstick, value head dims other than the query's checked the same way,
-and the races against SDPA's backends over lab.cases.head_dim_cases and wide_head_dim_cases. Needs CUDA.
+"""The head-dim checks and races on the GPU (chapter n14 calls them): lab.ops.attention's forward and gradients at head
+dims without a kernel of their own (zero-padded to the next kernel head dim) and above 128 (fwd v10, bwd v19 / v09;
+160 and 200 padded), checked through lab.check against float64 with SDPA's error as the yardstick, value head dims
+other than the query's checked the same way, and the races against SDPA's backends over lab.cases.head_dim_cases and
+wide_head_dim_cases. Needs CUDA.
 """
 from __future__ import annotations
 

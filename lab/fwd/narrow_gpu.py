@@ -2,8 +2,8 @@
 128, unpadded): lab.ops.attention's forward checked through lab.check against float64 with padding made impossible
 (a call that pads fails the check), LSE, the build that leaves O's last 8-column block unwritten (which must
 fail), and the forward race of the narrow call against the same call padded (head_dims.padded, the path it
-replaces) and SDPA's backends over lab.cases.head_dim_cases, in one process. tools/gpu/narrow_run.sh runs them.
-Needs CUDA.
+replaces) and SDPA's backends over lab.cases.head_dim_cases, in one process (evidence:
+outputs/driver_logs/20261126-h100-narrow-*). Needs CUDA.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The masks on the GPU (fwd v08, v09, v11): the correctness grid against the float64 reference (with the wrong-window
 kernel that must fail), then the race against FlexAttention and SDPA with an explicit mask. Chapter n13_masks
-calls checks() and race() (and lab.masks.gpu_bwd's for the backward); tools/gpu/masks_run.py runs them standalone:
-
-    LAB_SESSION_DIR=$OUT/<session> python tools/gpu/masks_run.py [checks-v09] [checks-v08] [race] [checks-bwd] [race-bwd]
+calls checks() and race() (and lab.masks.gpu_bwd's for the backward).
 
 Every row goes through lab.record (GPU, versions, commit). Yardstick of a check: SDPA's own error (default dispatch,
 the window as an explicit boolean mask) on the same inputs without softcap and sinks, which SDPA cannot express;

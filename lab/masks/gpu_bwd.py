@@ -1,7 +1,7 @@
 """The masks' backward on the GPU (bwd v08 through lab.ops.attention's autograd): gradient checks against float64
 autograd of lab.masks.reference (with the builds that drop the softcap's derivative or the window, which must
 fail), and the race of the backward against FlexAttention's compiled backward and SDPA with an explicit mask.
-tools/gpu/masks_run.py runs them as the stages checks-bwd and race-bwd; chapter n13_masks reads the records.
+Chapter n13_masks runs them.
 
 Yardstick of a gradient check: SDPA's own gradient error (the window as an explicit boolean mask, a sink as one
 more key of zeros whose mask entry is its logit) on the same inputs without the softcap, which SDPA cannot

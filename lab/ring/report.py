@@ -29,7 +29,8 @@ TARGETS = {"efficiency": 0.85, "efficiency_fwd_bwd": 0.9, "comm_ratio": 1.1, "to
 # lab's ring, the largest sequence (doubling from 256k while the next call is predicted under 30 s; one layer's
 # forward plus backward while the next is predicted under 40 s), and 200 training steps at S = 16k; 3 timing
 # repetitions after a warm-up. The records alone, without papermill:
-#   LAB_SESSION_DIR=$OUT/ring python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m lab.ring.run --device cuda
+#   LAB_SESSION_DIR=$OUT/ring python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+#     -m lab.ring.run --device cuda
 # (--stages picks some). The CPU rehearsal of the same path (gloo, tiny sizes, about 40 s):
 #   python -m lab session --chapters n12_ring --device cpu --outputs /tmp/n12
 # NVLink multicast stays off (lab.ring.comm.init_process_group sets NCCL_NVLS_ENABLE=0 before NCCL starts). First
