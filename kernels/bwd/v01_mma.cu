@@ -1,7 +1,7 @@
 // Backward attention v01: FlashAttention-2's backward on mma.sync (m16n8k16, fp32 accumulate).
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...).backward(),
 //   tests: .venv/bin/python -m pytest -q tests/test_backward.py tests/test_backward_gpu.py
-// Measured: kernels/bwd/README.md (correctness, sanitizer, timings vs SDPA backward).
+// Measured: outputs/experiments/20261122-bwd-v01-mma.json.
 //
 // Given Q, K, V, the forward's O and natural-log LSE, and dO (all (B, H, S, D) through strides):
 //   P   = exp(scale * Q K^T - LSE)            recomputed tile by tile, never stored
@@ -40,7 +40,7 @@
 // LAB_BWD_D128_BR / LAB_BWD_D64_BR (query rows per dkdv tile, default 32 / 64);
 // LAB_BWD_WARPS (default 4: 64-key K/V blocks, 64-row dq blocks; 8: 128 / 128, FA2's block and half the dQ
 // atomics); LAB_BWD_RED (default 1: scalar atomicAdd; 4: red.global.add.v4.f32, a quarter of the atomic
-// instructions, sm_90 only). The defaults are what ran on the H200 (run 1, kernels/bwd/README.md: 0.51-0.68x
+// instructions, sm_90 only). The defaults are what ran on the H200 (run 1, outputs/experiments/20261122-bwd-v01-mma.json: 0.51-0.68x
 // SDPA-flash); WARPS=8 and RED=4 compile without spills but have not run on a GPU yet (run 1 was the only
 // GPU run): tools/gpu/bwd_variants.py sweeps all four and tools/gpu/bwd_main.cu checks each build.
 #include <cuda_bf16.h>

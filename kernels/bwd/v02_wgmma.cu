@@ -1,7 +1,7 @@
 // Backward attention v02: the first Hopper backward (sm_90a): wgmma for all five GEMMs, TMA loads on an
 // mbarrier ring, a producer warp and two consumer warpgroups (setmaxnreg), dQ reduced by the copy engine.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (correctness, sanitizers, the race against SDPA's backward).
+// Measured: outputs/experiments/20261125-bwd-v02-wgmma.json.
 //
 // The algorithm is v01's (FA2's backward; the header of bwd/v01_mma.cu has the equations), with keys as the
 // wgmma M dimension so that P^T and dS^T come out of the accumulators already in the A-operand layout:

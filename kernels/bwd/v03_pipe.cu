@@ -1,7 +1,7 @@
 // Backward attention v03: v02 with the next step's S^T and dP^T GEMMs issued before this step's dQ hand-off,
 // and two dS^T buffers instead of one.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (the version table).
+// Measured: outputs/experiments/20261125-bwd-v03-pipe.json.
 //
 // What changes against v02 (bwd/v02_wgmma.cu has the design; common/hopper/attn_bwd_sm90.cuh the parts):
 // - Software pipelining across steps inside a consumer warpgroup. v02 waits for every GEMM of step i (dV, dK,
@@ -16,7 +16,7 @@
 // Prediction (H100, bench-bwd at S = 4096, where v02 measured 0.80-0.90x SDPA-cuDNN): the dQ hand-off is
 // ~5 % of a step and the second barrier ~2 %; +4-7 % over v02, not yet cuDNN's level. The elementwise phase
 // (one ex2 per score, both warpgroups in step through the dQ barrier) stays exposed.
-// Outcome (H100, in rounds with v02; kernels/bwd/README.md): D = 128 11-13 % slower than v02 in GPU time
+// Outcome (H100, in rounds with v02; outputs/experiments/20261125-bwd-v03-pipe.json): D = 128 11-13 % slower than v02 in GPU time
 // (S = 4096: 447 vs 511 TFLOP/s, causal 384 vs 436), D = 64 within 2 %. ptxas says why: at D = 128 it serializes
 // the wgmma instructions for want of registers (C7512) and injects warpgroup waits (C7517), so the early GEMM
 // never overlaps anything. v02 stays the default.

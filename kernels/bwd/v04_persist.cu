@@ -1,7 +1,7 @@
 // Backward attention v04: v02 as a persistent kernel (one CTA per SM looping over the key-block tiles), with
 // two dS^T buffers instead of one.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (the version table).
+// Measured: outputs/experiments/20261125-bwd-v04-persist.json.
 //
 // What changes against v02 (bwd/v02_wgmma.cu has the design; common/hopper/attn_bwd_sm90.cuh the parts):
 // - Persistent tiles. v02 launches one CTA per key block (D = 128, S = 4096, 16 heads, batch 4: 2048 CTAs,
@@ -17,7 +17,7 @@
 // Prediction (H200 profile of v02 at D = 128, S = 4096: 2506 us against cuDNN's 2266, barrier the first stall
 // reason at 2.0 cycles per issued instruction): the half-empty last wave is ~3 % and the per-CTA prologue and
 // epilogue ~2 %; the second barrier ~1-2 %. +5-7 % over v02: still short of cuDNN by ~3-5 %.
-// Outcome (H200, GPU time, in rounds; kernels/bwd/README.md): D = 128 non-causal 2-4 % slower than v02, D = 128
+// Outcome (H200, GPU time, in rounds; outputs/experiments/20261125-bwd-v04-persist.json): D = 128 non-causal 2-4 % slower than v02, D = 128
 // S = 16384 causal 38 % slower (the static round-robin's imbalance), D = 64 non-causal +5 %; without persistence
 // (LAB_BWD_PERSIST_PERSISTENT=0) the second buffer alone is 2-4 % slower than v02. A measured negative result: v02 stays
 // the default.

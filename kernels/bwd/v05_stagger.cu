@@ -1,7 +1,7 @@
 // Backward attention v05: v02 with each step's dQ GEMM deferred by one step, so the two consumer warpgroups no
 // longer meet at a full barrier every step and can run half a step apart.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (the version table).
+// Measured: outputs/experiments/20261126-bwd-v05-stagger.json.
 //
 // What changes against v02 (bwd/v02_wgmma.cu has the design; common/hopper/attn_bwd_sm90.cuh the parts):
 // - The lockstep. At D = 128 a warpgroup's dQ_i reads both halves of dS^T_i, so v02 puts a 256-thread barrier
@@ -20,7 +20,7 @@
 //   all), never beside the S^T / dP^T accumulators: no more than v02 holds (v03's early S^T spilled).
 // Prediction (H200, D = 128, S = 4096: v02 0.91x cuDNN in GPU time): if the stagger holds, up to the ~20 %
 // softmax share comes off the critical path; the barrier and issue overheads stay: +5-10 % over v02.
-// Outcome (H100, GPU time, in rounds; kernels/bwd/README.md): the deferral and the stagger bought +2 to +4 % at
+// Outcome (H100, GPU time, in rounds; outputs/experiments/20261126-bwd-v05-stagger.json): the deferral and the stagger bought +2 to +4 % at
 // D = 128 and nothing at D = 64, short of the prediction. The per-instruction profile then showed the consumers
 // waiting on their own GEMMs (warpgroup.depbar, 25 % of the samples) rather than on named barriers (2 %), and
 // counting the bytes explained it: the m64n64 SS GEMMs read ~4 KB of shared memory per 32-clock instruction,

@@ -1,11 +1,11 @@
 // Backward attention v06: v05 with dQ written by the dK/dV kernel itself. The last warp to add its partial into
 // a 16-row slab of dq_accum reads the slab back from L2, scales it and stores dQ, so the convert pass goes.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (the version table).
+// Measured: outputs/experiments/20261126-bwd-v06-convert.json.
 //
 // Why. The public op's backward is four launches: the Delta pre-pass, dq_accum zeroed, the dK/dV kernel and
 // the convert pass. At D = 128, S = 4096 (B S = 16k, H D = 2048, H100) torch.profiler put them at 0.05, 0.04,
-// 2.53 and 0.08 ms (kernels/bwd/README.md). The side passes move the same bytes at every S while the kernel's
+// 2.53 and 0.08 ms (outputs/experiments/20261126-bwd-v06-convert.json). The side passes move the same bytes at every S while the kernel's
 // work grows with S, so at S = 1024 they are about a fifth of the call, which is where the backward trails
 // cuDNN's most at D = 128. The convert pass alone reads dq_accum from DRAM (fp32: twice dQ's bytes) and
 // writes dQ; here each slab is read back from L2, where its last reduction landed a step earlier, and only dQ
@@ -29,7 +29,7 @@
 // off the shorter calls (+5-8 % at S = 1024, both head dims, B S fixed); the loop itself unchanged (the publish
 // costs a warp barrier and one atomic per warp and step).
 //
-// Outcome (H100, GPU time, in rounds with v05 and SDPA-cuDNN's backward, 15 bench-bwd cells; kernels/bwd/README.md):
+// Outcome (H100, GPU time, in rounds with v05 and SDPA-cuDNN's backward, 15 bench-bwd cells; outputs/experiments/20261126-bwd-v06-convert.json):
 // correct (53/53 driver configs, 14/14 lab.check gradient checks, four sanitizers clean) and 28-35 % slower than
 // v05 in every cell (D = 128, S = 4096: 399 against 553 TFLOP/s). The loss is far beyond the convert pass it
 // removes (~3 %), so it is the publish: a fence per warp and step (MEMBAR.GPU) stalls the warp until its

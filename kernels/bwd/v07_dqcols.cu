@@ -1,7 +1,7 @@
 // Backward attention v07: v05 with D = 64's dQ split by columns, as D = 128's already is, so each dQ element
 // gets one reduction per CTA step instead of two. D = 128 is v05 unchanged.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (the version table).
+// Measured: outputs/experiments/20261126-bwd-v07-dqcols.json.
 //
 // Why. In v05 at D = 64 each consumer warpgroup computes dQ_i over its own 64 keys for all 64 columns (an m64n64
 // GEMM), and both add their 64 x 64 fp32 partial into the same dq_accum rows: 32 KB of global reductions per

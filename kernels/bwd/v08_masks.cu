@@ -2,7 +2,7 @@
 // so lab.ops.attention(..., window_size=, softcap=, sinks=) and lab.ops.attention_varlen are differentiable.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(..., window_size=...) then
 // autograd (lab/masks/backward.py).
-// Measured: kernels/bwd/README.md (the masks' section).
+// Measured: outputs/experiments/20261126-masks-bwd-v08.json.
 //
 // What is new (common/hopper/attn_bwd_mask_sm90.cuh, a Steps policy of common/hopper/attn_bwd_stagger.cuh):
 //   - the window: key block [n0, n1) is seen only by query rows [n0 - off - right, n1 - 1 - off + left], so a

@@ -2,7 +2,7 @@
 // wide-head backward. lab.ops runs it for every D_qk, D_v from 129 to 256 (zero-padded to 192 or 256 by
 // lab.fwd.head_dims, whose autograd carries the gradients back to the unpadded tensors).
 // Compile check: python -m lab compile; GPU checks, sanitizer calls and the race: tools/gpu/head_dims.py --wide,
-//   tools/gpu/wide_sanitize.py --bwd; measured rows: kernels/bwd/README.md ("v09").
+//   tools/gpu/wide_sanitize.py --bwd; measured rows: outputs/experiments/20261126-bwd-v09-wide.json.
 //
 // Same algorithm as v01 (P = exp2(s * scale * log2 e - LSE * log2 e), dV = P^T dO, dP = dO V^T,
 // dS = P * (dP - Delta), dQ = scale * dS K, dK = scale * dS^T Q; Delta and LSE * log2 e from the shared pre-pass),

@@ -2,7 +2,7 @@
 // wgmma A fragments, so S^T and dP^T become RS GEMMs. A second change, P^T computed while the dP^T GEMM still
 // runs, measured slower and was removed (below).
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (the version table).
+// Measured: outputs/experiments/20261126-bwd-v10-regkv.json.
 //
 // Why. Counting a CTA step's shared-memory bytes at D = 64 (B_r = 64, two warpgroups of 64 keys): S^T and dP^T
 // as SS GEMMs read 2 x 16 KB per warpgroup (A and B, 4 KB per k16 instruction, which is the whole 128 B/clock
@@ -21,7 +21,7 @@
 //
 // Prediction (H100, GPU time): D = 64 +3-7 % (if shared memory is the bound, up to +11 %; the dQ reductions and
 // the barrier waits are unchanged); D = 128 +0-2 % from P under dP^T alone.
-// Outcome (H100, GPU time, in rounds with v07, 13 bench-bwd cells; kernels/bwd/README.md):
+// Outcome (H100, GPU time, in rounds with v07, 13 bench-bwd cells; outputs/experiments/20261126-bwd-v10-regkv.json):
 // - K_w, V_w in registers alone: D = 64 +0.5 to +3 % (0.937-1.02x SDPA-cuDNN where v07 is 0.929-1.01x), the
 //   most at S >= 4096; short of the prediction, so shared memory is not the only bound left at D = 64.
 // - P^T under dP^T: 5-12 % *slower* at D = 128 (0.89-0.95x where v07 is 0.93-1.03x) and ~1 % at D = 64. The

@@ -1,7 +1,7 @@
 // Backward attention v11: v10 (D = 64's K_w, V_w in registers) with persistent CTAs on short sequences, each
 // loading the next tile's K and V into a second buffer while it works on the current one.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (the version table).
+// Measured: outputs/experiments/20261126-bwd-v11-persist.json.
 //
 // Why. torch.profiler of one call at D = 128, S = 512 (B = 32, H = 16, H100): our dK/dV kernel 446 us against
 // cuDNN's 395, while the other passes cost the same (pre-pass + memset 92 us, cuDNN's dot(dO, O) 97; convert
@@ -26,7 +26,7 @@
 //   causal to the static round-robin's imbalance, and 2-4 % on long non-causal problems; short tiles are the
 //   ones a per-CTA prologue and epilogue weigh on.
 //
-// Outcome (H100, GPU time, in rounds with v10; kernels/bwd/README.md): the plain round-robin (CTA c: tiles c,
+// Outcome (H100, GPU time, in rounds with v10; outputs/experiments/20261126-bwd-v11-persist.json): the plain round-robin (CTA c: tiles c,
 // c + grid, ...) lost 13-33 % on causal calls: with 132 CTAs and 4 key blocks per head at S = 512 a CTA always
 // drew the same key block, so a quarter of them did every longest tile; the zigzag rounds removed that. Then:
 // D = 64 S = 512 +3-4 % (1.01-1.02x SDPA-cuDNN), S = 1024 +0.5-2 %, S = 2048 -1 to +1 %; D = 128 S = 512 -6 to

@@ -1,6 +1,6 @@
 // Backward attention v12: v10 with dK and dV stored through shared memory as 16-byte coalesced rows.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (the version table).
+// Measured: outputs/experiments/20261126-bwd-v12-stage.json.
 //
 // Why. ncu of one launch at D = 128, S = 512 (H100, 2048 CTAs of 8 steps): v10's kernel 436 us against cuDNN's
 // 399, both L2-bound (79-80 % L2 throughput), and ours alone stalls on lg_throttle (1.27 cycles per issued

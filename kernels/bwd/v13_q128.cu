@@ -1,6 +1,6 @@
 // Backward attention v13: v12 with D = 64 stepping over 128 queries at a time (B_r = 128), dQ split by rows.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...) then autograd.
-// Measured: kernels/bwd/README.md (the version table).
+// Measured: outputs/experiments/20261126-bwd-v13-q128.json.
 //
 // Why. After v12, D = 64 without a mask is the one family of cells still under SDPA-cuDNN's backward (0.97x in
 // GPU time at S = 2048..16384, H100), where D = 128 and causal D = 64 are at or above it. At D = 64 a CTA step

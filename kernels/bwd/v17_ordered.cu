@@ -7,7 +7,7 @@
 // block into dq_accum with float32 reductions. Float addition is not associative, and v14's CTAs add in whatever
 // order they reach the rows, so two runs differ in dQ's last bits. v01's deterministic mode avoids the sum with a
 // separate dQ pass that recomputes S and dP per query block (about 40 % more tensor work, on mma.sync): 0.23-0.27x
-// SDPA-cuDNN's backward in GPU time at D = 128, S = 4096 (kernels/bwd/README.md).
+// SDPA-cuDNN's backward in GPU time at D = 128, S = 4096 (outputs/experiments/20261126-bwd-v17-ordered.json).
 //
 // What changes (OrderedSink below; the counters, OrderedSteps and the launch in common/hopper/attn_bwd_ordered.cuh;
 // the loop, the config, the GEMMs and the stores are v14's):

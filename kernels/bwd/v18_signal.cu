@@ -27,7 +27,7 @@
 // Measured (H100, GPU time, in rounds; outputs/driver_logs/20261126-h100-bwd-v18-7e55aee/): causal 0.77-0.85x v14,
 // full 0.73-0.80x, the GQA cell 0.61x; 1.22-1.63x v17, 1.7-2.8x v01's deterministic mode, 0.64-0.99x SDPA-cuDNN;
 // bit-identical over reruns. Under the prediction: each key block still adds only after the block ahead has added,
-// fenced and counted, so one CTA's delay passes down its head's chain (kernels/bwd/README.md, "v17 and v18").
+// fenced and counted, so one CTA's delay passes down its head's chain (outputs/experiments/20261126-bwd-v18-signal.json).
 //
 // Limits: v17's.
 //

@@ -1,7 +1,7 @@
 // Backward attention v19: head dims 192 and 256 on Hopper (sm_90a): wgmma, TMA and a producer warpgroup, as v14 at D
 // 64 / 128, in place of v09's mma.sync kernel.
 // Compile check: python -m lab compile; GPU checks and the race: tools/gpu/head_dims.py --wide (the public op and
-//   "bwd v19"), tools/gpu/wide_sanitize.py --bwd; measured rows: kernels/bwd/README.md ("v19").
+//   "bwd v19"), tools/gpu/wide_sanitize.py --bwd; measured rows: outputs/experiments/20261126-bwd-v19-wide.json.
 //
 // Why. v09 (FA2's wide-head tiling on mma.sync) runs the public op's backward at 0.74x SDPA-flash's at D 192 / 256
 // (H100, chapter n14), and v14's layout does not take these head dims: each of its consumer warpgroups holds dK and
@@ -31,7 +31,7 @@
 //
 // Outcome (H100, n14 session 20261126-184004-h100-80gb-hbm3-242dae3, public op, 14 wide cells): backward 1.31 / 1.55 /
 // 1.82x SDPA-flash (min / geomean / max), 0.92 / 1.09 / 1.30x SDPA-cuDNN; 274-433 TFLOP/s at S >= 2048; kernel-level
-// GPU time 1.67-2.21x v09's. kernels/bwd/README.md ("v19") has the rest, the sanitizer runs and what was rejected.
+// GPU time 1.67-2.21x v09's. outputs/experiments/20261126-bwd-v19-wide.json has the rest, the sanitizer runs and what was rejected.
 //
 // Limits: sm_90 only; D_qk = D_v in {192, 256} (lab.ops pads the others); fp16, bf16; any lengths (partial tiles
 // masked); GQA; any finite scale; top-left causal; strided views; no deterministic mode (LAB_E_MODE).

@@ -1,12 +1,12 @@
 // Backward attention v20: v14 for the narrow head dims below 128 (32, 80, 96 and every multiple of 8 that is no
 // kernel width), read and written unpadded, so a call that trains at those head dims makes no padded copies.
 // Compile check: python -m lab compile; GPU checks, race and sanitizers: tools/gpu/narrow_bwd.sh; measured rows:
-//   kernels/bwd/README.md ("v20").
+//   outputs/experiments/20261127-bwd-v20-narrow.json.
 //
 // Why. lab.ops.attention ran a gradient call at D = 80 as F.pad of Q, K and V to 128, the forward and v14's
 // backward at 128, and autograd's slices and pads around them (dO padded, dQ, dK and dV cut back). Split with the
-// committed n14 records, those copies are 11-24 % of the padded backward's time (kernels/README.md, "The narrow head
-// dims"); they are bytes per token, so they weigh most at S = 512, where the padded call was 0.79x SDPA-flash.
+// committed n14 records, those copies are 11-24 % of the padded backward's time (outputs/experiments/
+// 20261127-bwd-v20-narrow.json); they are bytes per token, so they weigh most at S = 512, where the padded call was 0.79x SDPA-flash.
 //
 // What it does: v14's kernel, loop and config (StagedCfg, common/hopper/attn_bwd_stagger.cuh) as Narrow<StagedCfg<W>>, W the
 // next width (64 for D < 64, 128 for 64 < D < 128). The forward's narrow path reads the same way (fwd v05 / v07):

@@ -9,7 +9,7 @@
 //
 // The ring depth: bytes in flight per SM are (stages - 1) x 64 keys x 2 (K, V) x D x 2 bytes, and one 4-warp
 // block per SM is what the split plan counts on (lab/decode/splits.py, BLOCKS_PER_SM_V02).
-//   D 64: 4 stages, 72 KiB smem, 48 KiB in flight     (measured: kernels/README.md, decode v02)
+//   D 64: 4 stages, 72 KiB smem, 48 KiB in flight     (measured: outputs/experiments/20261121-decode-v02-mma.json)
 //   D 80: 4 stages, 88 KiB, 60 KiB in flight          (as D 64/128; 3 stages would leave 40 KiB: not tried)
 //   D 96: 4 stages, 104 KiB, 72 KiB in flight
 //   D 128: 3 stages, 102 KiB, 64 KiB in flight        (measured; 6 stages at one block per SM: no gain, H200)

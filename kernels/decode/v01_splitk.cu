@@ -1,7 +1,7 @@
 // Changes: first decode version (split-K, scalar fp32, LSE combine).
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tools/gpu/decode_main.cu kernels/decode/v01_splitk.cu -o /tmp/dec && /tmp/dec
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
-// Measured: kernels/README.md, version table row "decode v01" and the "Decode kernels" table.
+// Measured: outputs/experiments/20261121-decode-v01-splitk.json.
 //
 // decode_splitk_v01: split-K (flash-decoding) attention over a KV cache.
 //
@@ -67,7 +67,7 @@
 // [0, S_cache]. Strides must be multiples of 8 elements and base pointers
 // 16-byte aligned (Python guarantees it; checked, LAB_E_SHAPE otherwise).
 //
-// Measured effect: kernels/README.md, "Decode kernels" table (H100 and H200).
+// Measured effect: outputs/experiments/20261121-decode-v01-splitk.json (H100; H200 in 20261121-decode-v02-mma.json).
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>

@@ -5,7 +5,7 @@
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DDECODE_FN=decode_paged_v03 tools/gpu/decode_main.cu kernels/decode/v03_paged.cu -o /tmp/dec3 && /tmp/dec3
 //   (contiguous driver list); paged: .venv/bin/python -m pytest -q tests/test_paged_gpu.py; compile check:
 //   python -m lab compile; sanitizers: bash tools/gpu/sanitize_paged.sh
-// Measured: kernels/README.md, version table row "decode v03" (chapter n11_paged_decode, H200 and H100).
+// Measured: outputs/experiments/20261123-paged-v03-first-race.json.
 //
 // decode_paged_v03: split-K decoding over a paged KV cache, tensor cores for Q K^T and P V.
 //

@@ -5,7 +5,7 @@
 // one tile ahead; each thread's K/V addresses are one per-tile offset plus constants; no cross-warp merge
 // (a warp owns its head's rows over the whole split); the split plan counts blocks of 8 heads.
 // Compile check: python -m lab compile (sm_80 and sm_90a); GPU: tools/gpu/paged_profile.sh (checks, race,
-// profile, sanitizers in one call). Measured: kernels/decode/README.md, "decode v04".
+// profile, sanitizers in one call). Measured: outputs/experiments/20261126-paged-v04-pagerow.json.
 //
 // decode_pagerow_v04: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.
 //
@@ -26,7 +26,7 @@
 // cache's (a page-16 tile is 32 KiB in one piece): expected within 3 % of the contiguous decode, and >= 90 %
 // of copy bandwidth on >= 1 GB caches. Fewer loader instructions (no per-group cursor) matter less: at
 // ~13 bytes/clock/SM a tile has ~5000 cycles of budget and issues ~1/5 of them.
-// Outcome (H100, 2026-11-26, kernels/decode/README.md): the prediction was wrong, v03 already read DRAM like the
+// Outcome (H100, 2026-11-26, outputs/experiments/20261126-paged-v04-pagerow.json): the prediction was wrong, v03 already read DRAM like the
 // contiguous decode (ncu 80-86 % of peak against v02's 81-87 %), so v04 gained nothing there: 1.5-2.5 % faster
 // than v03 at 128 x 2048 (one split), 1 % faster to 5 % slower at 2-16 splits, 10 % slower at 127 splits (the
 // combine walks 127 partials a row). lab.ops.decode runs it only where its blocks fill a wave unsplit.

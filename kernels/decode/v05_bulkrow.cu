@@ -4,7 +4,7 @@
 // split plan, the tile's softmax and P V (common/decode_tile_step.cuh: v03's loop body), the page-table check
 // and the merge are v03's. sm_90 only (the copy engine's bulk copies); elsewhere the launcher refuses (LAB_E_MODE).
 // Compile check: python -m lab compile (sm_90a; sm_80 builds an empty kernel); GPU: tools/gpu/paged_bulk_call.sh
-// (checks, sanitizers, the race against v03 and cuDNN). Measured: kernels/decode/README.md, "decode v05".
+// (checks, sanitizers, the race against v03 and cuDNN). Measured: outputs/experiments/20261126-paged-v05-bulkrow.json.
 //
 // decode_bulkrow_v05: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.
 //
@@ -36,7 +36,7 @@
 // 64 x 1024 (0.984-0.987), level at 128 x 2048 and 1 x 131072 page 16. ncu at 32 x 4096 and 1 x 131072: L2 sector
 // hits fell from 48 % to 19-20 %, the DRAM bytes stayed the same, and DRAM throughput did not rise (82-83 % of peak
 // against v03's 83-85 %; 80.6 against 80.0 at 1 x 131072 page 16). The 48 % was a symptom of 16-byte requests, not
-// the bound. Off lab.ops.decode's default list (lab.registry.BEST_PAGED); a call may name it (kernels/decode/README.md).
+// the bound. Off lab.ops.decode's default list (lab.registry.BEST_PAGED); a call may name it (outputs/experiments/20261126-paged-v05-bulkrow.json).
 //
 // Launch: as v03: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; shared memory v03's ring (+ Q at
 // D > 128) + kStages mbarriers. Limits: as v03 (D 64-256, fp16 / bf16, page_size a multiple of 16, strides of 8

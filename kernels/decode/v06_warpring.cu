@@ -6,7 +6,7 @@
 // Pass 1 lives in common/decode_warp_ring_pass1.cuh (shared with v07; moving it left every kernel's PTX as it was:
 // tools/gpu/paged_ptx_same.py).
 // Compile check: python -m lab compile (sm_80 and sm_90a); GPU: tools/gpu/paged_warpring_call.sh (checks, the wrong
-// builds, sanitizers, the race against v03 and cuDNN, Nsight Compute). Measured: kernels/decode/README.md, "decode v06".
+// builds, sanitizers, the race against v03 and cuDNN, Nsight Compute). Measured: outputs/experiments/20261126-paged-v06-warpring.json.
 //
 // decode_warpring_v06: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.
 //
@@ -17,7 +17,7 @@
 // l / kVecSlots + kRowStep i of its slice (kVecSlots: the power of two that holds a row's vectors, as in v03), so a
 // lane's copies are the rows its own warp reads, and no other warp waits for them.
 //
-// Prediction (from the profiles of v03 and cuDNN on the H100 one-token serving cells, kernels/decode/README.md):
+// Prediction (from the profiles of v03 and cuDNN on the H100 one-token serving cells, outputs/experiments/20261126-paged-v06-warpring.json):
 // every switch of v03's loader (hint, L2 policy, ring depth, request order, whole-row copies, a fifth fewer
 // instructions) left its DRAM throughput at 80-86 % of peak against cuDNN's 85-90 %, so neither the bytes a block
 // has asked for nor the requests' shape is the bound. What every one of them kept is the block barrier at the top of
@@ -33,7 +33,7 @@
 // 8 x 16384 and 128 x 2048, 0.992-1.005 at 1 x 131072 (two identical v03 calls: up to 0.6 % apart); ncu DRAM throughput
 // within a point of v03's (84.4 % at 32 x 4096 page 16, cuDNN 89.7 %). The barrier stall left the mix and the long and
 // short scoreboard took its place: the warps wait for the same bytes. Off lab.ops.decode's default list
-// (lab.registry.BEST_PAGED); a call may name it (kernels/decode/README.md, "decode v06").
+// (lab.registry.BEST_PAGED); a call may name it (outputs/experiments/20261126-paged-v06-warpring.json).
 //
 // Launch: as v03: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; shared memory v03's ring (+ Q at
 // D > 128). Limits: as v03 (D 64-256, fp16 / bf16, q_len >= 1, page_size a multiple of 16, strides of 8 elements,

@@ -3,13 +3,13 @@
 // page-table check, the softmax and the merge are v06's. D 64 and 128 (the same ring at D 80 / 96: decode v08).
 // Pass 1 is v06's kernel (common/decode_warp_ring_pass1.cuh) with kSwizzle.
 // Compile check: python -m lab compile (sm_80 and sm_90a); GPU: LAB_PAGED_NEW=v07 tools/gpu/paged_warpring_call.sh.
-// Measured: kernels/decode/README.md, "decode v07".
+// Measured: outputs/experiments/20261127-decode-v07-swizzle.json.
 //
 // decode_swizzle_v07: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.
 // Algorithm: v03's pass 1 with v06's warp-private ring (read their headers); pass 2 the shared LSE combine.
 //
-// Prediction (profiles of v03 / v06 and cuDNN on the H100 serving cells, kernels/decode/README.md, "What cuDNN's
-// loads do differently"): for the same 16.79 M DRAM sectors at 32 x 4096 page 16, v06's copies move 25.2 M sectors
+// Prediction (profiles of v03 / v06 and cuDNN on the H100 serving cells, outputs/experiments/
+// 20261126-paged-hint-probe.json): for the same 16.79 M DRAM sectors at 32 x 4096 page 16, v06's copies move 25.2 M sectors
 // over the crossbar, 24 a copy instruction where its addresses need 16; cuDNN's move 16.8 M, and the L2 prefetch hint
 // is not the cause. Counted lane by lane (tools/gpu/paged_swizzle_model.py): shared-memory bank conflicts are not it
 // (padded and swizzled are both 1 wavefront per quarter-warp copy and per ldmatrix matrix); what the pad changes is
@@ -21,8 +21,12 @@
 // 32 x 4096 and larger (v06 0.930-0.945x cuDNN there); 64 x 1024 (under 2 waves) less. If the sectors stay at
 // 25.2 M, the destination is not the cause either and GPU time is v06's within 1 % (the swizzle adds an XOR
 // to each ldmatrix address; 6 % less shared memory a block, 96 against 102 KiB at D 128, changes no occupancy).
-// Outcome: not yet measured on a GPU (compile-checked, sm_80 and sm_90a; the layout model passes). The run that
-// decides it: LAB_PAGED_NEW=v07 tools/gpu/paged_warpring_call.sh (kernels/decode/README.md, "decode v07").
+// Outcome (H200, 555d8ce, outputs/driver_logs/20261127-h200-decode-v07-555d8ce/): right. The crossbar carries 1.00x
+// cuDNN's sectors (v06 1.51x), pass 1 reads DRAM at 88.0 % of peak (v06 84.0, cuDNN 90.4), GPU time 0.945-0.977x
+// v06's at 32 x 4096 and larger, 0.938-0.975x v03's on all 20 serving cells; against SDPA-cuDNN contiguous
+// 0.989-1.018, paged 0.939-0.994. 168/168 checks, the four sanitizers clean. lab.ops.decode's default at D 64 / 128
+// (contiguous, paged and causal calls; one row a KV head since 72ec60c). Record:
+// outputs/experiments/20261127-decode-v07-swizzle.json.
 //
 // Launch: as v03: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; shared memory kStages x 2 x 64 x D
 // x 2 bytes (D 128: 3 stages, 96 KiB; D 64: 4 stages, 64 KiB). Limits: D 64 / 128 (LAB_E_HEAD_DIM otherwise), as v03

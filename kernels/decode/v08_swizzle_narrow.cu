@@ -5,7 +5,7 @@
 // inside its aligned pairs (D 80) or quads (D 96): every 32-byte sector of the cache lands whole in one aligned 32-byte
 // sector of the ring. Pass 1 is v06's kernel (common/decode_warp_ring_pass1.cuh) with kSwizzle, as v07.
 // Compile check: python -m lab compile (sm_80 and sm_90a); the layout: tools/gpu/paged_swizzle_model.py (lane by lane);
-// GPU: LAB_PAGED_NEW=v08 AB_DIMS="80 96" tools/gpu/paged_warpring_call.sh. Measured: kernels/decode/README.md, "decode v08".
+// GPU: LAB_PAGED_NEW=v08 AB_DIMS="80 96" tools/gpu/paged_warpring_call.sh. Measured: outputs/experiments/20261127-decode-v08-narrow-swizzle.json.
 //
 // decode_swizzle_narrow_v08: split-K decoding over a paged (or contiguous) KV cache at D 80 / 96, tensor cores for
 // Q K^T and P V. Algorithm: v03's pass 1 with v06's warp-private ring (read their headers); pass 2 the LSE combine.
@@ -30,7 +30,7 @@
 // the paged serving cells 0.955-0.984 at D 80, 0.917-1.006 at D 96 (level at 8 x 16384, up to +0.6 % at 32 x 4096);
 // v08 / v02 contiguous 0.916-0.986. The paged cells at 8 x 16384 stay under 0.95x cuDNN (D 80 0.844, D 96 0.877): the
 // page-major cache at D 80 is read 1.16-1.19x from DRAM there (rows share lines with the neighbouring heads'), not a
-// ring matter. lab.ops.decode's default at D 80 / 96 (kernels/decode/README.md, "decode v08").
+// ring matter. lab.ops.decode's default at D 80 / 96 (outputs/experiments/20261127-decode-v08-narrow-swizzle.json).
 //
 // Launch: as v03: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; shared memory 4 stages x 2 x 64 x D
 // x 2 bytes (D 80: 80 KiB; D 96: 96 KiB). Limits: D 80 / 96 (LAB_E_HEAD_DIM otherwise), as v03 else (fp16 / bf16,

@@ -1,7 +1,7 @@
 // Changes: first version (FA1 order, scalar fp32).
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tools/gpu/fwd_v01_main.cu kernels/fwd/v01_scalar.cu -o /tmp/v01 && /tmp/v01
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
-// Measured: kernels/README.md, version table row "fwd v01" and section "v01 - the baseline".
+// Measured: outputs/experiments/20261121-fwd-v01-baseline.json.
 //
 // v01_scalar: the "before" kernel. FlashAttention-1-style forward pass with
 // scalar fp32 arithmetic on CUDA cores: no tensor cores, no async copies, no
@@ -51,7 +51,7 @@
 //   sequences.
 //
 // What changed from the previous version: nothing, this is the first.
-//   Measured: kernels/README.md, "v01 - the baseline" (H100, 2026-11-21).
+//   Measured: outputs/experiments/20261121-fwd-v01-baseline.json (H100, 2026-11-21).
 //
 // Compile-time switches (each -D gives a distinct cached binary):
 //   LAB_BUG_LAYOUT     the origin's class of bug: strides are ignored and every

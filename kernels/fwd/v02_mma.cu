@@ -1,7 +1,7 @@
 // Changes: vs v01: tensor cores (mma.sync, ldmatrix), cp.async pipeline, FA2 loop order, P in registers.
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tools/gpu/fwd_mma_main.cu kernels/fwd/v02_mma.cu -o /tmp/v02 && /tmp/v02
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
-// Measured: kernels/README.md, version table row "fwd v02" and the "Forward kernels" table.
+// Measured: outputs/experiments/20261121-fwd-v02-mma.json.
 //
 // v02_mma: FlashAttention-2 forward on tensor cores (mma.sync m16n8k16).
 //
@@ -73,7 +73,7 @@
 // registers (S accumulators reused as the A operand), a cp.async
 // pipeline. Measured (H100, 2026-11-21, bf16 bench grid): 245-330 TFLOP/s
 // non-causal, 165-315 causal, 20-27x v01; per cell vs SDPA-flash in
-// kernels/README.md.
+// outputs/experiments/20261121-fwd-v02-mma.json.
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -106,7 +106,7 @@ using FwdConfig = lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kStag
 // 2 CTAs (8 warps) per SM. B_c = 64 costs 48 B of spills at the 255-register
 // cap (ptxas hoists the V fragments above the softmax); B_c = 32 (4 stages)
 // fits in 229 registers without spills but measured 5-9 % slower non-causal
-// on an H100 (2026-11-21, kernels/README.md), the per-tile barrier, max/sum
+// on an H100 (2026-11-21, outputs/experiments/20261121-fwd-v02-mma.json), the per-tile barrier, max/sum
 // shuffles and rescale being paid every 32 keys instead of 64.
 #ifndef LAB_FWD_MMA_D64_WARPS
 #define LAB_FWD_MMA_D64_WARPS 4

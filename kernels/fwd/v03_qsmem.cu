@@ -1,12 +1,12 @@
 // Changes: vs v02: Q re-read from smem each k-step (4 warps x 32 rows at both D), head-major causal order.
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DFWD_FN=attn_fwd_v03 tools/gpu/fwd_mma_main.cu kernels/fwd/v03_qsmem.cu -o /tmp/v03 && /tmp/v03
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
-// Measured: kernels/README.md, version table row "fwd v03".
+// Measured: outputs/experiments/20261121-fwd-v03-qsmem.json.
 //
 // v03_qsmem: v02 with Q re-read from shared memory, which buys FA2's tile
 // shapes, plus a head-major causal CTA order and two optional loop variants.
 // Measured on an H100 against v02 and PyTorch SDPA's flash backend
-// (2026-11-21; kernels/README.md has the per-cell numbers).
+// (2026-11-21; outputs/experiments/20261121-fwd-v03-qsmem.json).
 //
 // 1. Q fragments re-read from shared memory every k-step (kQInSmem, FA2's
 //    own choice) instead of held in registers for the whole CTA. That frees
@@ -104,7 +104,7 @@
 // Changes from v01_scalar (fp32 CUDA cores, FA1 order, P through smem):
 // tensor cores, exp2 with the scale folded in, O normalised once, P kept in
 // registers (S accumulators reused as the A operand), a cp.async
-// pipeline. Measured effect: kernels/README.md, "Forward kernels" (v02 row).
+// pipeline. Measured effect: outputs/experiments/20261121-fwd-v03-qsmem.json.
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -142,7 +142,7 @@ struct FwdConfig : lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kSta
 // sweep (nvcc splits -D values at commas, hence one macro per field), e.g.
 //   -DLAB_FWD_QSMEM_D128_WARPS=8 -DLAB_FWD_QSMEM_D128_MTILES=1 -DLAB_FWD_QSMEM_D128_QSMEM=0
 // Fields: WARPS MTILES BC STAGES MINB QSMEM PP PACK, for D64 and D128.
-// Defaults chosen by the H100 sweep of 2026-11-21 (kernels/README.md):
+// Defaults chosen by the H100 sweep of 2026-11-21 (outputs/experiments/20261121-fwd-v03-qsmem.json):
 //
 // D = 64: 4 warps x 32 rows, B_c = 64, 4 stages (80 KiB), Q re-read from
 // smem: 251 regs, no spills, 2 CTAs (8 warps) per SM. Against v02's
@@ -170,7 +170,7 @@ struct FwdConfig : lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kSta
 // Q re-read from smem, 2 CTAs per SM: 255 regs with 68 B of spills (168 B
 // without kLaunder). Against v02 (8 warps x 16 rows, Q in registers): +1-5 %
 // non-causal, causal within noise; still 7-12 % under SDPA-flash
-// non-causal (kernels/README.md). B_c = 48 (60-80 B spills) and B_c = 32
+// non-causal (outputs/experiments/20261121-fwd-v03-qsmem.json). B_c = 48 (60-80 B spills) and B_c = 32
 // (no spills, 3-4 stages) measured 2-7 % slower.
 #ifndef LAB_FWD_QSMEM_D128_WARPS
 #define LAB_FWD_QSMEM_D128_WARPS 4
@@ -190,7 +190,7 @@ struct FwdConfig : lab::MmaFwdTiles<kHeadDim_, kWarps_, kMTiles_, kBlockN_, kSta
 #ifndef LAB_FWD_QSMEM_D128_QSMEM
 #define LAB_FWD_QSMEM_D128_QSMEM 1
 #endif
-// Ping-pong and early packing: options, off (measured no gain, see README).
+// Ping-pong and early packing: options, off (measured no gain, outputs/experiments/20261121-fwd-v03-qsmem.json).
 #ifndef LAB_FWD_QSMEM_D64_PACK
 #define LAB_FWD_QSMEM_D64_PACK 0
 #endif

@@ -1,12 +1,12 @@
 // Changes: vs v03: lazy O rescale, XOR ldmatrix addressing, one K/V row pointer (no spills), small-grid config.
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DFWD_FN=attn_fwd_v04 tools/gpu/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o /tmp/v04 && /tmp/v04
 //   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
-// Measured: kernels/README.md, version table row "fwd v04" (the default) and "v04 at small S".
+// Measured: outputs/experiments/20261121-fwd-v04-lazy.json and 20261121-fwd-v04-small-grid.json.
 //
 // v04_lazy: v03 with a lazily rescaled online softmax and the D = 128
 // spills removed; >= PyTorch SDPA-flash (FlashAttention-2) in every cell of
 // the bf16 bench grid, at both head dims (H200, 2026-11-21; per-cell numbers
-// in kernels/README.md, logs outputs/driver_logs/20261121-h200-v04-*.log).
+// in outputs/experiments/20261121-fwd-v04-lazy.json, logs outputs/driver_logs/20261121-h200-v04-*.log).
 // Tiles, pipeline, swizzle, masking, limits and error codes are v03's.
 //
 // v04 changes (each a FwdConfig switch below; a sweep builds other values with
@@ -159,7 +159,7 @@
 // Changes from v01_scalar (fp32 CUDA cores, FA1 order, P through smem):
 // tensor cores, exp2 with the scale folded in, O normalised once, P kept in
 // registers (S accumulators reused as the A operand), a cp.async
-// pipeline. Measured effect: kernels/README.md, "Forward kernels" (v02 row).
+// pipeline. Measured effect: outputs/experiments/20261121-fwd-v04-lazy.json.
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -211,7 +211,7 @@ struct FwdConfig
 
 // ---------------------------------------------------------------- tile configs (chosen in one place)
 // <D, warps, m16 tiles per warp, B_c, stages, min CTAs per SM, then the switches above>. Chosen by the
-// H100 sweep of 2026-11-21 and the H200 runs since (kernels/README.md); beside each, what lost and why.
+// H100 sweep of 2026-11-21 and the H200 runs since (outputs/experiments/20261121-fwd-v04-lazy.json); beside each, what lost and why.
 //
 // D = 64: 4 warps x 32 rows, B_c = 64, 4 stages (80 KiB), Q re-read from smem: 251 regs, no spills,
 // 2 CTAs (8 warps) per SM. Rejected: v02's B_c = 32 with Q in registers (8-11 % slower non-causal,

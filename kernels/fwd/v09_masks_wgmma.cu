@@ -14,7 +14,7 @@
 // Tiles: v05's, B_r = 64 (one warpgroup), B_c = 64 at D = 128 and 128 at D = 64, 2 stages (80 / 65 KiB, 2-3 CTAs
 // per SM). Causal and windowed dense grids take the heaviest query block of each head first (v05's order).
 // Compile check: python -m lab compile. Checks and race: tools/gpu/masks_run.py (version "v09").
-// Measured: kernels/README.md, row "fwd v09". Prediction: about v05's speed on the unmasked work that remains,
+// Measured: outputs/experiments/20261126-masks-fwd-v09.json. Prediction: about v05's speed on the unmasked work that remains,
 //   so a window well ahead of FlexAttention (which pays Triton's masked-block overhead) and of SDPA's dense mask.
 //   Outcome (H100, bf16 D=128 H=16; outputs/driver_logs/20261126-h100-masks/, chapter n13): window 1.23-1.39x Flex, 2.0-14.3x SDPA-cuDNN
 //   with the boolean mask; packed documents 1.26-1.27x Flex's document mask; sinks +1-3 %; softcap +22-24 % (a MUFU

@@ -55,8 +55,8 @@
 //   20261126-093330-h100-80gb-hbm3-b1ce206), 0.95-1.0x SDPA-cuDNN where the padded call was 0.57x. Outcome
 //   (H100, outputs/driver_logs/20261126-h100-narrow-wide-755343a/): 0.917x at S = 2048, 0.89-0.96x over six D = 200
 //   cells, 1.05-3.80x the padded call's speed; slower than the prediction: at S = 8192 3.39 ms where the D = 256
-//   kernel took 3.01 ms in that n14 session (D = 160 at width 192 shows no such gap). kernels/README.md, "The
-//   narrow head dims", has the candidates.
+//   kernel took 3.01 ms in that n14 session (D = 160 at width 192 shows no such gap). outputs/experiments/
+//   20261126-head-dims-d200-aligned.json has the candidates.
 // - Causal, each consumer's own tile count (LAB_FWD_WIDE_WG_TILES, on; consumer_tiles below): a 128-row CTA on the
 //   diagonal loads the key tiles its lower 64 rows see, and the upper consumer stopped only there, running S and
 //   P V on a last tile its rows mask whole. It now stops at its own last tile: the same sums bit for bit, less

@@ -76,7 +76,7 @@
 // The prologue (the sequence's rows from cu_seqlens, the window's tiles) is v09's written out: as shared device functions
 // (masked_seq, window_tiles) it changed both kernels' integer code (tools/sass/sass_guard.sh), which no GPU run has
 // covered, so it stays as is until a run checks the shared form.
-// Measured: kernels/README.md, row "fwd v11".
+// Measured: outputs/experiments/20261126-masks-fwd-v11.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <type_traits>

@@ -96,7 +96,7 @@ inline int launch_fwd_sm90_fold(const AttnFwdParams& p, cudaStream_t stream, int
 // (whole 8-column blocks, since D is a multiple of 8) into the caller's unpadded O. Exact for the reason
 // padding is (zero columns add 0 to every score; P V's extra columns are never stored). Its own kernel
 // instantiations: C's keep their SASS (kNarrow = false compiles the column test away). Prediction and outcome
-// against the padded call and SDPA: kernels/README.md, "The narrow head dims". The S GEMM runs every k16 step
+// against the padded call and SDPA: outputs/experiments/20261126-head-dims-narrow-fwd.json. The S GEMM runs every k16 step
 // of the width unless a step count is fixed per instantiation (LAB_FWD_NARROW_QK_STEPS below).
 // kSteps > 0 (LAB_FWD_NARROW_QK_STEPS below): the config issues only that many k16 steps of S = Q K^T, those that
 // hold columns below the head dim; the rest would multiply TMA's zero fill. 0: every step of the width.
@@ -124,13 +124,13 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // Narrow<Cfg192, 10>. A bound read at run time instead (head_dim) makes ptxas serialize the
 // wgmmas (C7515), hence a step count per instantiation. Prediction: the S GEMM loses 3/8 (D = 80) and 1/4 (D = 96)
 // of its work, about 19 % and 12 % of the tensor work; v07's D = 128 loop is as much softmax- as GEMM-bound
-// (kernels/README.md, its ablations), so +5-9 % at D = 80 and +3-6 % at D = 96 where S >= 2048, less at 512.
+// (outputs/experiments/20261126-head-dims-narrow-fwd.json), so +5-9 % at D = 80 and +3-6 % at D = 96 where S >= 2048, less at 512.
 // Measure: CANDIDATE=LAB_FWD_NARROW_QK_STEPS=1 tools/gpu/narrow_run.sh (kernel-level, in rounds with the default).
 // Outcome (H100, outputs/driver_logs/20261126-h100-narrow-qk-steps-c99efe7/): 20/20 checks; time 0.886-0.950x the
 // default's in all 12 cells, D = 80 0.886-0.950 and D = 96 0.895-0.941, as much at S = 512 as at 8192 (kernel-level
 // 1.10-1.35x SDPA-cuDNN): more than predicted, whose discount for the softmax's share was too large (not yet
 // profiled). The default since its compute-sanitizer run (memcheck, racecheck, synccheck, initcheck) and the
-// narrow checks with it on: kernels/README.md, "The narrow head dims".
+// narrow checks with it on: outputs/experiments/20261126-head-dims-narrow-fwd.json.
 // Levels 2 and 3, D = 32 and 160 (the model head dims among the narrow ones): prediction, S loses half its steps
 // at D = 32 (a quarter of the tensor work; the width-64 loop is more softmax-bound than the width-128 one, so
 // +4-9 %) and 2 of 12 at D = 160 (a twelfth of the tensor work, +2-5 %). Outcome (H100,
@@ -138,7 +138,7 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // kernel time, least at S = 512), 12/12 checks, the four sanitizers clean: level 2 is the default. D = 160 (H100,
 // outputs/driver_logs/20261126-h100-wide-tiles-258abfc/): +2.8-5.0 %, equal to level 2 bit for bit.
 // Level 3 tried with D = 200 too (Narrow<Cfg256, 13>): S loses 3 of 16 steps, 9 % of the tensor work, but D = 200
-// waits on its K and V loads (400-byte rows off 128-byte lines: kernels/README.md, "The narrow head dims"), so less
+// waits on its K and V loads (400-byte rows off 128-byte lines: outputs/experiments/20261126-head-dims-narrow-fwd.json), so less
 // of the cut would show than at D = 160: prediction +1-4 % at D = 200, +2.8-5.0 % again at D = 160. Outcome (H100,
 // V10=1 tools/gpu/narrow_steps.sh, outputs/driver_logs/20261126-h100-narrow-level3-1c70220/; level 2 against level 3,
 // kernel-level in rounds, 40/40 checks, equal bit for bit): D = 160 +1.9-4.8 % again; D = 200 -3.2 to +1.2 %, as
