@@ -1,7 +1,7 @@
 """Decode head dims 64, 80, 96, 128, 192, 256 on CPU: the registry's tuples, which version a call gets at each head
 dim (contiguous and paged), the ValueError for any other, and the kernels compiled for sm_80 and sm_90a with every
 head dim instantiated and no spills where the launcher runs them on Hopper. Correctness on the GPU:
-tools/gpu/decode_head_dims.py (lab.check against float64 and SDPA's error).
+chapters n7 and n11 (lab.check against float64 and SDPA's error).
 """
 from __future__ import annotations
 

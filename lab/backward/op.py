@@ -100,8 +100,8 @@ class EagerAttention(torch.autograd.Function):
     Why: in a cold timing (an L2 flush, then one backward) the host time is not hidden, and the torch.library
     path (register_autograd's wrapper, then the backward custom op's dispatch) costs several times what a
     torch.autograd.Function does (CPU box: ~210 us against ~85 us per torch.autograd.grad;
-    outputs/driver_logs/20261125-h100-bwd-hopper/ shows the GPU work of the two paths is the same). torch.compile, export and fake
-    tensors still see the custom ops, whose autograd is _backward too.
+    outputs/driver_logs/20261125-h100-bwd-hopper/ shows the GPU work of the two paths is the same). torch.compile,
+    export and fake tensors still see the custom ops, whose autograd is _backward too.
     """
 
     @staticmethod

@@ -11,7 +11,7 @@ full path, which raises the right error: the fast path never decides what a call
 Why: a cold call's window (an L2 flush, then one call) holds the host time the flush does not hide, and the masked
 calls' Python path cost 86.9 us (dense) and 125.9 us (packed) per call against the default dense call's 16.9 us on
 the H100's host (outputs/driver_logs/20261126-h100-masks-defaults-52d68b6/host_profile.log: the ctypes launch, the
-Python checks, the device context and stream lookups). Prediction (tools/gpu/masks_host_profile.py, same host):
+Python checks, the device context and stream lookups). Prediction (outputs/driver_logs/20261126-h100-masks-fast-c53111c/, same host):
 both masked calls within a few us of the dense call's host time, about 18-25 us, the launcher's tensor-map encoding
 being the part the dense default has too; chapter n13's cold masked rows at S 4096 then lose up to the 40-60 us the
 flush did not hide, and the rows at S 16384 (1-3 ms of GPU work) change by under 3 %.
