@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lab import backward, bench, check, ops
+from lab import backward, bench, check, ops, registry
 from lab.backward import harness as backward_harness
 from lab.cases import Case
 from lab.masks import backward as masked
@@ -144,24 +144,29 @@ def test_backward_op_fake_and_schema():
 
 
 def test_backward_version_selection():
-    assert backward.backward_version(64) == "v01" and backward.backward_version(128) == "v01"
+    """With no version named, backward_version is registry.choose's (the defaults: tests/fixtures/defaults.json);
+    a named version, the narrow dims' rules and the refusals are checked here."""
     hopper = (9, 0)
-    assert backward.backward_version(128, capability=hopper) == "v14" == backward.backward_version(64, capability=hopper)
-    # deterministic: v18 (v14 with dQ added in a fixed order) on Hopper, v01's dQ pass elsewhere, v09 (which refuses
-    # the mode) for the wide head dims; a named version without the mode is refused up front
-    assert backward.backward_version(128, capability=hopper, deterministic=True) == "v18"
-    assert backward.backward_version(64, capability=hopper, deterministic=True) == "v18"
+    for d in (64, 128, 192, 256):
+        for capability in ((), (8, 0), hopper):
+            for deterministic in (False, True):
+                chosen = registry.choose("bwd", {"head_dim": d}, capability, deterministic)
+                assert backward.backward_version(d, capability=capability, deterministic=deterministic) == chosen.version
+                assert chosen.kernel.head_dims.count(d) == 1
+                if deterministic and d in registry.FAST_HEAD_DIMS:  # a kernel with the mode, never one that refuses it
+                    assert chosen.version in registry.DETERMINISTIC_BWD
     assert backward.backward_version(64, "v17", capability=hopper, deterministic=True) == "v17"
     assert backward.backward_version(128, capability=(8, 0), deterministic=True) == "v01"
     assert backward.backward_version(256, capability=hopper, deterministic=True) == "v09"
     assert backward.backward_version(64, "v01", capability=hopper, deterministic=True) == "v01"
     with pytest.raises(ValueError, match="no deterministic mode"):
         backward.backward_version(64, "v14", capability=hopper, deterministic=True)
-    assert backward.backward_version(64, "v02", capability=hopper) == "v02"  # named: that one
+    assert backward.backward_version(64, "v02", capability=hopper) == "v02"  # named: that one (history included)
     with pytest.raises(ValueError, match="head dim 32"):
         backward.backward_version(32)
     # a narrow head dim (the forward ran unpadded) runs v20, on Hopper, outside deterministic mode, named or not
-    assert backward.backward_version(80, capability=hopper) == "v20" == backward.backward_version(32, "v20", hopper)
+    assert backward.backward_version(80, capability=hopper) in registry.NARROW_BWD
+    assert backward.backward_version(32, "v20", hopper) == "v20"
     with pytest.raises(NotImplementedError, match="unpadded"):
         backward.backward_version(96, capability=hopper, deterministic=True)
     with pytest.raises(ValueError, match="unpadded on"):
@@ -170,8 +175,6 @@ def test_backward_version_selection():
         backward.backward_version(96, capability=(8, 0))
     with pytest.raises(ValueError, match="unknown"):
         backward.backward_version(64, "v99")
-    assert backward.backward_version(256) == "v09"  # no capability named: the mma.sync wide kernel
-    assert backward.backward_version(192, capability=hopper) == "v19" == backward.backward_version(256, capability=hopper)
 
 
 def test_ops_imports_the_registration():

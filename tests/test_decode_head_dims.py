@@ -31,11 +31,17 @@ def test_registry_head_dims():
     assert registry.DECODE["v01"].head_dims == registry.DECODE["v04"].head_dims == (64, 128)
     # one query row per KV head as every other row count: v07 at 64 / 128, v08 at 80 / 96, v02 (rows padded to 16)
     # at 192 / 256
-    assert registry.default_decode_version(32, 32, 1, 128) == "v07" == registry.default_decode_version(32, 32, 1, 64)
-    assert [registry.default_decode_version(32, 32, 1, d) for d in NEW_DIMS] == ["v08", "v08", "v02", "v02"]
-    assert registry.default_decode_version(32, 8, 1, 80) == "v08"
-    assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1, "D": 96}}) == "v08"
-    assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1}}) == "v07"  # rows before D was read
+    # (the defaults themselves: tests/fixtures/defaults.json) each head dim gets a kernel that takes it, whatever H_kv
+    for d in registry.DECODE_HEAD_DIMS:
+        for heads_kv in (32, 8):
+            version = registry.default_decode_version(32, heads_kv, 1, d)
+            assert d in registry.DECODE[version].head_dims and version == _chosen(d)
+    assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1, "D": 96}}) == _chosen(96)
+    assert registry.default_for_row({"case": {"Hq": 16, "Hkv": 16, "q_len": 1}}) == _chosen(128)  # rows before D was read
+
+
+def _chosen(head_dim: int, **shape) -> str:
+    return registry.choose("decode", {"head_dim": head_dim, **shape}).version
 
 
 @pytest.mark.parametrize("D", NEW_DIMS)
@@ -43,7 +49,7 @@ def test_contiguous_decode_takes_the_head_dim(fake, D):
     for Hq, Hkv in ((32, 32), (32, 8)):  # one row per KV head (v01's case) and GQA
         q, k = fake(2, Hq, 1, D), fake(2, Hkv, 300, D)
         assert ops.decode(q, k, k, num_splits=2).shape == q.shape
-        assert decode_op._decode_plan(q, k, None, 2) == ("v08" if D in (80, 96) else "v02", 2)
+        assert decode_op._decode_plan(q, k, None, 2) == (_chosen(D), 2)
     with pytest.raises(ValueError, match=rf"head dim {D} is not supported by v01 \(supported: \[64, 128\]\)"):
         ops.decode(fake(2, 8, 1, D), fake(2, 8, 300, D), fake(2, 8, 300, D), num_splits=1, version="v01")
 
@@ -54,7 +60,7 @@ def test_paged_decode_takes_the_head_dim(fake, D):
     table, errors = fake(3, 10, dtype=torch.int32), fake(3, dtype=torch.int32)
     assert ops.decode(q, kc, kc, None, None, 1, block_table=table, page_errors=errors).shape == q.shape
     # v04 (8-head tiles) has no such D; v08 (v07's ring) takes 80 / 96
-    assert decode_op._v03_plan(q, 8, 160, None, 1, True)[0] == ("v08" if D in (80, 96) else "v03")
+    assert decode_op._v03_plan(q, 8, 160, None, 1, True)[0] == _chosen(D, heads_kv=8, paged=True)
     with pytest.raises(ValueError, match=rf"head dim {D} is not supported by v04"):
         ops.decode(q, kc, kc, None, None, 1, block_table=table, page_errors=errors, version="v04")
     q4 = fake(3, 32, 4, D)  # causal speculative tokens on a contiguous cache: the paged default as well

@@ -101,8 +101,8 @@ def test_every_head_dim_has_a_backward_kernel():
 
     for capability in ((9, 0), (8, 0)):
         got = {d: backward_version(d, capability=capability) for d in registry.FWD_HEAD_DIMS}
-        assert got[192] == got[256] == ("v19" if capability == (9, 0) else "v09"), got
-        assert got[128] == (registry.BEST_BWD_HOPPER[0] if capability == (9, 0) else "v01")  # the narrow defaults stay
+        assert got == {d: registry.choose("bwd", {"head_dim": d}, capability).version for d in got}
+        assert registry.BWD[got[192]].head_dims == registry.WIDE_HEAD_DIMS and got[192] == got[256], got
     assert registry.BWD["v09"].head_dims == registry.WIDE_HEAD_DIMS and not registry.BWD["v09"].capabilities
     assert "v09" not in registry.DETERMINISTIC_BWD and "v19" not in registry.DETERMINISTIC_BWD
     assert registry.BWD["v19"].head_dims == registry.WIDE_HEAD_DIMS and registry.BWD["v19"].capabilities == ((9, 0),)
@@ -114,9 +114,9 @@ def test_every_head_dim_has_a_backward_kernel():
 def test_the_wide_forward_is_hopper_only_and_says_so():
     from lab import registry
 
-    assert registry.default_attention_version(256, 4096, True, (9, 0)) == "v10"
-    assert registry.default_attention_version(192, 1, False, (9, 0)) == "v10"
-    assert registry.default_attention_version(128, 4096, False, (9, 0)) == "v07"  # the narrow defaults stay
+    for d, s, causal in ((256, 4096, True), (192, 1, False)):
+        assert registry.FWD[registry.default_attention_version(d, s, causal, (9, 0))].head_dims == registry.WIDE_HEAD_DIMS
+    assert 128 in registry.FWD[registry.default_attention_version(128, 4096, False, (9, 0))].head_dims
     with pytest.raises(ValueError, match="head dim 256: .* compute capability 9.0 only, this GPU is 8.0"):
         registry.default_attention_version(256, 4096, False, (8, 0))
     assert "v10" in registry.default_versions((9, 0))["fwd"] and "v10" not in registry.default_versions((8, 0))["fwd"]
