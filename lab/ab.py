@@ -18,9 +18,10 @@ from .publish.tables import Table
 
 TABLES = {"fwd": registry.FWD, "decode": registry.DECODE, "bwd": registry.BWD}  # families with an A/B adapter
 OPTIONS = {"fwd": (), "decode": ("num_splits",), "bwd": ("deterministic",)}  # options that keep the result
-CASE_SETS = {"fwd": ("tests", "seed", "bench-fwd", "bench-fwd-fp16", "bench-bwd"),
-             "bwd": ("tests", "bench-bwd", "bench-fwd"),
+CASE_SETS = {"fwd": ("tests", "seed", "bench-fwd", "bench-fwd-fp16", "bench-bwd", "head-dims", "wide-head-dims"),
+             "bwd": ("tests", "bench-bwd", "bench-fwd", "head-dims"),
              "decode": ("decode-tests", "bench-decode", "decode-long", "decode-head-dims-tests")}
+HEAD_DIM_SETS = {"head-dims": case_sets.head_dim_cases, "wide-head-dims": case_sets.wide_head_dim_cases}  # not in by_name
 METRIC = "median time of one call (CUDA events, L2 flushed, A and B timed in alternating rounds)"
 
 
@@ -59,17 +60,21 @@ def candidate(family: str, version, options: dict | None = None) -> Candidate:
     return Candidate(family, name, tuple(sorted((options or {}).items())))
 
 
+def _case_set(name: str) -> list:
+    return HEAD_DIM_SETS[name]() if name in HEAD_DIM_SETS else case_sets.by_name(name)
+
+
 def cases(family: str, names) -> list:
     """Cases by name from the family's case sets (lab.cases); a case set's name stands for all its cases."""
     names = [names] if isinstance(names, str) else list(names)
     known = {}
     for set_name in CASE_SETS[family]:
-        for case in case_sets.by_name(set_name):
+        for case in _case_set(set_name):
             known.setdefault(case.name, case)
     found = []
     for name in names:
         if name in CASE_SETS[family]:
-            found += case_sets.by_name(name)
+            found += _case_set(name)
         elif name in known:
             found.append(known[name])
         else:
@@ -179,9 +184,10 @@ def table(a: Candidate, b: Candidate, rows: list[dict]) -> Table:
     out = []
     for row in rows:
         ratio = _ratio(row, a, b)
-        check = [("PASS" if c[0] else "FAIL") if isinstance(c, tuple) else c for c in map(row["checks"].get, (a.name, b.name))]
+        verdicts = [("PASS" if c[0] else "FAIL") if isinstance(c, tuple) else c
+                    for c in map(row["checks"].get, (a.name, b.name))]
         times = [t.median_ms if hasattr(t, "median_ms") else t for t in map(row["times"].get, (a.name, b.name))]
-        out.append([row["case"].name, *check, *times, ratio[0] if ratio else None])
+        out.append([row["case"].name, *verdicts, *times, ratio[0] if ratio else None])
     return Table(["case", f"A {a.name}", f"B {b.name}", "A ms", "B ms", "B / A time"], out,
                  "B / A below 1: B is faster")
 
@@ -204,7 +210,8 @@ def measurement(a: Candidate, b: Candidate, rows: list[dict]) -> dict:
     cells = [experiments.cell(f"{r['case'].name} · {name}", t) for r in rows for name, t in r["times"].items()
              if hasattr(t, "median_ms")]
     ratios = [(r["case"].name, x[0]) for r in rows if (x := _ratio(r, a, b))]
-    failed = [f"{n} on {r['case'].name}" for r in rows for n, c in r["checks"].items() if isinstance(c, tuple) and not c[0]]
+    failed = [f"{n} on {r['case'].name}" for r in rows for n, c in r["checks"].items()
+              if isinstance(c, tuple) and not c[0]]
     summary = ("B / A time (below 1: B faster): " + ", ".join(f"{n} {x:.3f}" for n, x in ratios) if ratios
                else "no case was timed with both") + (f"; failed the check: {', '.join(failed)}" if failed else "")
     return {"metric": METRIC, "unit": "ms", "cells": cells, "summary": summary}

@@ -205,6 +205,30 @@ def test_the_ab_outcome_rule_and_its_record():
     assert [c["cell"] for c in entry["measurement"]["cells"]] == [f"{case.name} · v02", f"{case.name} · v02 num_splits=4"]
 
 
+def test_ab_checks_before_it_times_and_its_record_is_written(tmp_path, monkeypatch):
+    """ab.run's flow with the kernels and the GPU faked: a candidate that fails its check is not timed, a case
+    a version cannot run is named, and the record that follows validates and is written once."""
+    import torch
+
+    a, b = ab.candidate("fwd", "v03"), ab.candidate("fwd", "v10")  # v10: head dims 192 and 256 only, sm_90
+    chosen = ab.cases("fwd", ["hdw-d256-s2048", "fwd-d128-s2048"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
+    calls = []
+    monkeypatch.setattr(ab, "_call", lambda cand, case, seed=0: ((lambda: calls.append(cand.name)), None))
+    monkeypatch.setattr(ab, "_check", lambda cand, case, run, trials: (cand.name == "v10", 1e-3))
+    clock = iter(range(1, 10_000))
+    rows = ab.run(a, b, chosen, timer=lambda fn: (fn(), float(next(clock)))[1], first_run=lambda fn: None,
+                  min_reps=3, max_reps=5)
+    assert rows[0]["checks"]["v03"] == "v03 takes head dims [64, 128], not 256"
+    assert rows[1]["checks"]["v10"] == "v10 takes head dims [192, 256], not 128"
+    assert rows[1]["checks"]["v03"] == (False, 1e-3) and rows[1]["times"] == {}, "a failed check is never timed"
+    assert set(calls) == {"v10"} and rows[0]["times"]["v10"].n == 5
+    entry = ab.new_record("20261129-ab-fwd-v03-v10", a, b, rows, hypothesis="h", prediction="p")
+    assert entry["outcome"] == "inconclusive" and "failed the check: v03 on fwd-d128-s2048" in \
+        entry["measurement"]["summary"]
+    assert experiments.write(entry, tmp_path / "outputs").name == "20261129-ab-fwd-v03-v10.json"
+
+
 def test_ab_names_what_does_not_exist():
     with pytest.raises(ValueError, match="no version 'v99'"):
         ab.candidate("fwd", "v99")

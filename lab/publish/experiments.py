@@ -28,13 +28,17 @@ def label(record_id: str) -> str:
 
 
 def _link(outputs: Path, path: str) -> Markdown:
-    """An evidence path as a download link (relative to outputs/log/), or plain text when it is not a file here."""
+    """An evidence path as a link: a session folder to its section on the Sessions page, a file as a download
+    (relative to outputs/log/); anything else (a folder, a missing path) as plain text."""
     rest = path.split("/", 1)[-1]
     target = (outputs / rest).resolve()
     try:
         target.relative_to(outputs.resolve())
     except ValueError:
         return Markdown(pages.text(path) + " (outside outputs/)")
+    session = re.fullmatch(r"sessions/([^/]+)/?", rest)
+    if session and pages.SESSION_ID.match(session.group(1)) and (target / "session.json").is_file():
+        return pages.session_ref(session.group(1))  # its section on the Sessions page
     if not target.is_file():
         if not target.exists():
             pages.warn(f"experiment evidence {path} not found")
@@ -73,7 +77,8 @@ def section(outputs: Path, record: dict) -> str:
              f"{badge(record['outcome'])} · " + " · ".join(facts) + "\n",
              f"**Hypothesis.** {pages.text(record['hypothesis'])}\n",
              f"**Prediction.** {pages.text(record['prediction'])}\n",
-             f"**Measurement:** {pages.text(m['metric'])}" + (f" ({pages.text(m['unit'])})" if m["unit"] else "") + ".\n"]
+             f"**Measurement:** {pages.text(m['metric'])}" + (f" ({pages.text(m['unit'])})" if m["unit"] else "")
+             + ".\n"]
     if m["cells"]:
         unit = f" ({m['unit']})" if m["unit"] else ""
         parts.append(pages.table(["Cell", f"Value{unit}", f"Spread{unit}", "n"],
