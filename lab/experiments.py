@@ -3,8 +3,9 @@
 outputs/experiments/<YYYYMMDD>-<slug>.json holds one experiment: what was expected (hypothesis, prediction), what
 was measured (cells with their spread), what was decided and why (decision, outcome), and the files under outputs/
 that show it (evidence). The folder is append-only: a new experiment is a new file, and `write` refuses a name
-that exists. `python -m lab experiment NOTEBOOK -p key value ...` runs an experiment notebook with papermill; the
-notebook writes the record with `write`, and its executed copy stays beside the records as evidence.
+that exists. `python -m lab experiment NOTEBOOK -p key value ...` (lab.launch) runs an experiment notebook with
+papermill; the notebook writes the record with `write`, and its executed copy stays in notebooks/ as evidence.
+The log's Experiments page (lab.publish.experiments) publishes every record.
 """
 from __future__ import annotations
 
