@@ -78,10 +78,12 @@ _DTYPES = (torch.float16, torch.bfloat16)
 PAGED_LAYOUT = "(num_pages, page_size, H_kv, D) with a block_table"
 
 
-def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)", same_head_dim: bool = True):
+def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)", same_head_dim: bool = True,
+                  cuda: bool = True):
     # Every attribute is read once: this runs three times per call, on the host path lab.hostcost bounds.
     # layout=PAGED_LAYOUT: a paged cache, whose first dimension is pages, not the batch. same_head_dim=False: a
-    # value whose head dim may differ from the query's (SDPA allows it).
+    # value whose head dim may differ from the query's (SDPA allows it). cuda=False: the caller checks the device
+    # itself (_check_cuda) after every shape check, so a bad shape on a CPU tensor names the shape first.
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     dtype, shape, device = t.dtype, t.shape, t.device
@@ -89,8 +91,8 @@ def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)", same_he
         raise TypeError(f"{name}.dtype must be torch.float16 or torch.bfloat16, got {dtype}")
     if len(shape) != 4:
         raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(shape)}")
-    if device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {device} (CPU mode: use lab.emulate)")
+    if cuda and device.type != "cuda":
+        _check_cuda(t, name)
     if like is not None:
         if dtype != like.dtype:
             raise TypeError(f"{name}.dtype ({dtype}) must match query.dtype ({like.dtype})")
@@ -106,11 +108,19 @@ def _check_tensor(t, name: str, like=None, layout: str = "(B, H, S, D)", same_he
                          f"call {name}.contiguous()")
 
 
+def _check_cuda(t, name: str = "query"):
+    """The device check, made after the argument checks: key and value were compared with query's device
+    already, so one call on query covers all three."""
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device} (CPU mode: use lab.emulate)")
+
+
 def _check_qkv(query, key, value, kname: str, vname: str):
-    """The checks every op makes first (the binding's check_call, in Python's exception types)."""
-    _check_tensor(query, "query")
-    _check_tensor(key, kname, query)
-    _check_tensor(value, vname, query)
+    """The checks every op makes first (the binding's check_call, in Python's exception types), except the
+    device: each op calls _check_cuda(query) after its own shape checks."""
+    _check_tensor(query, "query", cuda=False)
+    _check_tensor(key, kname, query, cuda=False)
+    _check_tensor(value, vname, query, cuda=False)
     if key.shape != value.shape:
         raise ValueError(f"{kname} and {vname} shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
 

@@ -260,3 +260,30 @@ def test_decode_plan_is_memoised(fake, monkeypatch):
     ops.decode(fake(2, 8, 1, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16),
                num_splits=4)
     assert len(calls) == 2  # a new cache length is a new plan
+
+
+def test_a_bad_shape_on_cpu_names_the_shape_before_the_device():
+    """On a machine without a GPU a wrong call is first told what is wrong with its arguments; the device comes
+    last, once every argument is right."""
+    def t(*shape):
+        return torch.zeros(*shape, dtype=F16)
+    q = t(2, 4, 8, 64)
+    cases = [
+        (lambda: ops.attention(q, t(3, 4, 8, 64), t(3, 4, 8, 64)), r"key has batch 3 but query has batch 2"),
+        (lambda: ops.attention(q, t(2, 4, 8, 32), t(2, 4, 8, 32)), r"key has head dim 32 but query has 64"),
+        (lambda: ops.attention(q, t(2, 4, 8, 64), t(2, 4, 9, 64)), r"key and value shapes differ"),
+        (lambda: ops.attention(q, t(2, 2, 8, 64), t(2, 2, 8, 64)), r"query has 4 heads but key has 2"),
+        (lambda: ops.attention(q, t(2, 4, 0, 64), t(2, 4, 0, 64)), r"key has sequence length 0"),
+        (lambda: ops.attention(q, t(3, 4, 8, 64), t(3, 4, 8, 64), window_size=(4, 0)), r"key has batch 3"),
+        (lambda: ops.decode(t(2, 4, 1, 64), t(2, 3, 16, 64), t(2, 3, 16, 64)), r"multiple of key_cache heads \(3\)"),
+        (lambda: ops.decode(t(2, 4, 1, 64), t(2, 4, 16, 64), t(2, 4, 15, 64)), r"key_cache and value_cache shapes"),
+        (lambda: ops.decode(t(3, 8, 1, 128), t(4, 16, 2, 128), t(4, 16, 2, 128),
+                            block_table=torch.zeros(2, 1, dtype=torch.int32)), r"block_table must have shape \(3,"),
+    ]
+    for call, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+    with pytest.raises(ValueError, match=r"query must be on a CUDA device, got cpu \(CPU mode: use lab.emulate\)"):
+        ops.attention(q, q, q)  # a good call: now the device
+    with pytest.raises(ValueError, match=r"query must be on a CUDA device"):
+        ops.decode(q[:, :, :1], q, q)

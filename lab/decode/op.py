@@ -1,7 +1,7 @@
 """lab.ops.decode: split-K decoding over a contiguous or paged KV cache, as a torch.library custom op.
 
-The split plan is lab.decode.splits' (memoised per shape, no host sync), the paged layout and its error
-flags lab.decode.emulate_paged's. The checks shared with lab.ops.attention are lab.op_common's.
+The split plan and the paged error flags are lab.decode.plan's (memoised per shape, no host sync); the paged
+layout is written out in NumPy in lab.decode.emulate_paged. The checks shared with lab.ops.attention are lab.op_common's.
 """
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from torch import Tensor as _Tensor
 from .. import build
 from ..kernels import keep_plan, launcher
 from ..kernels import resolve_version as _version
-from ..op_common import PAGED_LAYOUT, _check_heads, _check_qkv, _check_tensor, _direct, _scale, sm_count
+from ..op_common import PAGED_LAYOUT, _check_cuda, _check_heads, _check_qkv, _check_tensor, _direct, _scale, sm_count
 from ..registry import DECODE, PAGED_DECODE, PAGED_HEADS, SPLIT_RULE, default_decode_version, paged_versions
 from . import fast
+from .plan import ERROR_NAMES, ragged_splits, split_plan  # split_plan: memoised, O(1) per decode step
 
 MAX_DECODE_Q_LEN = 16
 
@@ -43,8 +44,6 @@ def _num_splits(num_splits, batch, heads_kv, seqlen, device, version: str = "v01
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_NUM_SPLITS:
             raise ValueError(f"num_splits must be an int in [1, {MAX_NUM_SPLITS}] or None, got {num_splits!r}")
         return num_splits
-    from .splits import split_plan  # memoised: O(1) per decode step, nothing grows with the cache length
-
     return split_plan(batch, heads_kv, seqlen, sm_count(device), version)
 
 
@@ -70,6 +69,7 @@ def _check_decode(query, key_cache, value_cache, cache_seqlens):
     _check_qkv(query, key_cache, value_cache, "key_cache", "value_cache")
     _check_q_len(query)
     _check_heads(query, key_cache, True, "key_cache")
+    _check_cuda(query)
     return _check_seqlens(query, cache_seqlens)
 
 
@@ -125,7 +125,7 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     any other raises ValueError. The default kernel: lab.registry.default_decode_version (v07 at D 64 / 128, v08 at
     80 / 96, else v02), and for a block table or a causal call the first of lab.registry.paged_versions that takes D
     (v07 at D 64 / 128, v08 at 80 / 96, else v03; v04, 8 heads a block, runs when named).
-    num_splits: None uses the memoised split plan (lab.decode.splits.split_plan) for this GPU; an int in
+    num_splits: None uses the memoised split plan (lab.decode.plan.split_plan) for this GPU; an int in
     [1, MAX_NUM_SPLITS] overrides it.
 
     Paged cache (decode v03-v08): with block_table (B, max_pages) int32, key_cache and value_cache are
@@ -135,7 +135,7 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     only (max_pages * page_size), so the call can be captured in a CUDA graph and replayed with new
     cache_seqlens and block_table contents. Bad tables are found on the device and never read out of
     bounds: a sequence with a page index outside [0, num_pages) among its keys, or with cache_seqlens[b] >
-    max_pages * page_size, gets a zero output and a flag (lab.decode.emulate_paged.PAGE_E_*). page_errors, an int32
+    max_pages * page_size, gets a zero output and a flag (lab.decode.plan.PAGE_E_*). page_errors, an int32
     (B,) CUDA tensor, receives the flags with no host sync (serving loops, graphs); without it an eager call
     reads them after the kernel (one sync) and raises ValueError naming the sequences; under graph capture
     or torch.compile they are not read.
@@ -170,10 +170,10 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
 def _check_paged(query, key_cache, value_cache, block_table, page_errors):
     """The paged call's checks (the binding's check_paged, in Python's exception types); returns the block
     table as the kernel reads it (rows contiguous)."""
-    _check_tensor(query, "query")
+    _check_tensor(query, "query", cuda=False)
     _check_q_len(query)
-    _check_tensor(key_cache, "key_cache", query, PAGED_LAYOUT)
-    _check_tensor(value_cache, "value_cache", query, PAGED_LAYOUT)
+    _check_tensor(key_cache, "key_cache", query, PAGED_LAYOUT, cuda=False)
+    _check_tensor(value_cache, "value_cache", query, PAGED_LAYOUT, cuda=False)
     num_pages, page_size, heads_kv, head_dim = key_cache.shape
     if value_cache.shape != key_cache.shape:
         raise ValueError(f"key_cache and value_cache shapes differ: {tuple(key_cache.shape)} vs {tuple(value_cache.shape)}")
@@ -202,6 +202,7 @@ def _check_paged(query, key_cache, value_cache, block_table, page_errors):
                 not page_errors.is_contiguous():
             raise ValueError(f"page_errors must be a contiguous ({query.shape[0]},) tensor on {query.device}, got "
                              f"{tuple(page_errors.shape)} on {page_errors.device}")
+    _check_cuda(query)
     return _kernel_table(block_table)
 
 
@@ -217,7 +218,7 @@ def _kernel_table(block_table):
 def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits, paged: bool = False) -> tuple[str, int]:
     """(version, splits) of a paged or causal call, memoised like _decode_plan; the plan is the version's rule
     over the cache capacity (for a paged cache max_pages * page_size, known without a host sync) and, paged, at
-    least one split per RAGGED_CHUNK keys of the capacity (lab.decode.splits.ragged_splits)."""
+    least one split per RAGGED_CHUNK keys of the capacity (lab.decode.plan.ragged_splits)."""
     key = ("v03", query.shape, heads_kv, capacity, query.device, version, num_splits, paged)
     plan = _decode_plans.get(key)
     if plan is None:
@@ -231,8 +232,6 @@ def _v03_plan(query, heads_kv: int, capacity: int, version, num_splits, paged: b
         name = _version(version, DECODE, query.shape[-1], takes)
         splits = _num_splits(num_splits, query.shape[0], heads_kv, capacity, query.device, SPLIT_RULE.get(name, name))
         if paged and num_splits is None:
-            from .splits import ragged_splits
-
             splits = ragged_splits(splits, capacity)
         plan = keep_plan(key, (name, splits), _decode_plans)
     return plan
@@ -263,8 +262,6 @@ def raise_page_errors(errors) -> None:
     """ValueError naming every sequence whose page_errors flag is set (reads the flags: one host sync)."""
     if errors is None or not bool(errors.any()):
         return
-    from .emulate_paged import ERROR_NAMES
-
     rows = errors.nonzero().flatten().tolist()
     bits = errors[rows].tolist()
     named = [f"{b} ({' and '.join(text for bit, text in ERROR_NAMES.items() if value & bit)})" for b, value in zip(rows, bits)]

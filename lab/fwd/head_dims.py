@@ -20,7 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..op_common import _check_tensor, _scale
+from ..op_common import _check_cuda, _check_tensor, _scale
 from ..registry import FAST_HEAD_DIMS, FWD_HEAD_DIMS, NARROW_FWD, WIDE_HEAD_DIMS, narrow_backward_dim
 
 
@@ -119,13 +119,14 @@ def lines_per_row(d: int, width: int, elem: int = 2, pitch: int | None = None, l
 def pad_and_attend(attend, query, key, value, scale):
     """Check the shapes (value may have its own head dim), pad to the kernel's head dim, call
     attend(q, k, v, scale) -> (out, lse) on the padded tensors and cut the output back to D_v."""
-    _check_tensor(query, "query")
-    _check_tensor(key, "key", query)
-    _check_tensor(value, "value", query, same_head_dim=False)
+    _check_tensor(query, "query", cuda=False)
+    _check_tensor(key, "key", query, cuda=False)
+    _check_tensor(value, "value", query, same_head_dim=False, cuda=False)
     if value.shape[:3] != key.shape[:3]:
         raise ValueError(f"key and value must agree in (B, H, S): {tuple(key.shape[:3])} vs {tuple(value.shape[:3])}")
     if query.shape[-1] == 0 or value.shape[-1] == 0:
         raise ValueError(f"head dims must be >= 1, got query/key {query.shape[-1]}, value {value.shape[-1]}")
+    _check_cuda(query)
     return padded(attend, query, key, value, _scale(scale, query.shape[-1]))
 
 

@@ -14,8 +14,10 @@ from .. import build
 from ..kernels import keep_plan, launcher
 from ..kernels import plans as _plans
 from ..kernels import resolve_version as _version
-from ..op_common import _capability, _check_heads, _check_qkv, _direct, _eager, _scale
+from ..op_common import _capability, _check_cuda, _check_heads, _check_qkv, _direct, _eager, _scale
 from ..backward.node import grad_plan
+from ..backward.op import EagerAttention
+from ..masks.op import attention_masked
 from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, NARROW_FWD, default_attention_version
 from . import causal, head_dims
 
@@ -72,8 +74,6 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     is written out in lab.masks.spec; the window is aligned with the causal diagonal of causal_variant).
     """
     if window_size is not None or softcap or sinks is not None:
-        from ..masks.op import attention_masked
-
         return attention_masked(query, key, value, is_causal, scale, enable_gqa, version, return_lse, causal_variant,
                                 window_size, softcap, sinks)
     if _eager() and version is None and causal_variant == "upper_left" and type(is_causal) is bool and \
@@ -98,6 +98,7 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if causal_variant not in causal.VARIANTS:
         raise ValueError(f"causal_variant must be one of {causal.VARIANTS}, got {causal_variant!r}")
+    _check_cuda(query)
     if is_causal and causal_variant == "lower_right" and key.shape[2] != query.shape[2]:
         def attend(q, k, v, top_left_causal):
             return attention(q, k, v, top_left_causal, scale, enable_gqa, version, return_lse=True)
@@ -108,8 +109,6 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     if _direct(query, key, value):  # eager: no dispatcher, and no LSE buffer unless asked for
         out, lse = _attention_impl(query, key, value, is_causal, scale, name, return_lse)
     elif _eager() and all(type(t) is _Tensor for t in (query, key, value)):  # eager with gradients
-        from ..backward.op import EagerAttention  # lab.backward imports nothing of the forward: no cycle
-
         out, lse = EagerAttention.apply(query, key, value, is_causal, scale, name, _attention_impl)
     else:
         out, lse = _attention_op(query, key, value, is_causal, scale, name)

@@ -16,7 +16,8 @@ import struct
 import torch
 
 from ..kernels import launcher
-from ..op_common import _check_heads, _check_qkv, _direct, _eager, _readable, _scale
+from ..op_common import _check_cuda, _check_heads, _check_qkv, _direct, _eager, _readable, _scale
+from ..fwd import head_dims
 from ..registry import FAST_HEAD_DIMS, MASKED_FWD
 from . import backward, fast, spec, varlen_bwd
 from .fast import masked_version  # (the kernel choice lives with the plans that memoise it)
@@ -127,8 +128,6 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
     mask = spec.make_mask(is_causal, window_size, softcap)
     if causal_variant not in ("upper_left", "lower_right"):
         raise ValueError(f"causal_variant must be 'upper_left' or 'lower_right', got {causal_variant!r}")
-    from ..fwd import head_dims
-
     padded = head_dims.needs_padding(query, value)
     if not padded:  # the padded path checks its own (value may have its own head dim)
         _check_qkv(query, key, value, "key", "value")
@@ -136,6 +135,8 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
     if key.shape[2] == 0:
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
     spec.check_sinks(sinks, query.shape[1], query.device)
+    if not padded:  # after every argument check (the padded path checks the device after its own shape checks)
+        _check_cuda(query)
     if sinks is not None and not sinks.is_contiguous():  # the kernels read sinks[h] at sinks.data_ptr() + 4 h
         sinks = sinks.contiguous()
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, sinks)):
@@ -228,6 +229,7 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], query.device, cu_seqlens_q.shape[0] - 1,
               check_cu_seqlens, max_seqlen_k)
     spec.check_sinks(sinks, query.shape[1], query.device)
+    _check_cuda(query)
     # the kernels read sinks and cu_seqlens as contiguous arrays
     sinks = sinks.contiguous() if sinks is not None and not sinks.is_contiguous() else sinks
     cu_seqlens_q, cu_seqlens_k = (cu if cu.is_contiguous() else cu.contiguous() for cu in (cu_seqlens_q, cu_seqlens_k))
