@@ -65,6 +65,12 @@ def _kernel_path(outputs: Path):
 def launch(source: Path, parameters: dict, outputs: Path | None = None, slug: str | None = None,
            timeout: float | None = None, printer=print) -> dict:
     """Execute the notebook; {id, status, error, record (path or None), notebook (path)}."""
+    import papermill
+
+    declared = papermill.inspect_notebook(str(source))
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:  # papermill would only warn, and the experiment would run with the default instead
+        raise ValueError(f"{paths.relative(source)} has no parameter {', '.join(unknown)}; it takes {', '.join(declared)}")
     outputs = Path(outputs or paths.OUTPUTS)
     paths.setup_cache_env()
     experiment_id = experiments.new_id(slug or default_slug(source, parameters), outputs)
@@ -101,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = launch(source, parameters, args.outputs, args.slug, args.cell_timeout,
                         printer=lambda line: print(line, flush=True))
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
     except OSError as err:
         print(f"experiment failed: {err}", file=sys.stderr)
         return 1

@@ -278,6 +278,11 @@ def test_x_ab_runs_in_cpu_mode_and_writes_no_record(tmp_path, monkeypatch):
     assert not [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
+def test_the_experiment_command_refuses_a_parameter_the_notebook_does_not_take(tmp_path, capsys):
+    assert launch.main(["x_ab", "-p", "candidate_c", "v07", "--outputs", str(tmp_path)]) == 2
+    assert "has no parameter candidate_c" in capsys.readouterr().err and not list(tmp_path.rglob("*.ipynb"))
+
+
 def test_the_experiment_command_reads_parameters_as_json():
     assert launch.value('["fwd-d64-s2048"]') == ["fwd-d64-s2048"] and launch.value("2") == 2
     assert launch.value("v04") == "v04" and launch.value('{"num_splits": 4}') == {"num_splits": 4}
