@@ -200,6 +200,29 @@ def sdpa_runner(backend: str, q, k, v, is_causal=False, scale=None, attn_mask=No
     return forced
 
 
+def why(err: BaseException) -> str:
+    """One line naming why a candidate cannot run: the error's first sentence or two, never a compiler log.
+    "CUDA out of memory. Tried to allocate 16.00 GiB. GPU 0 has ..." -> "CUDA out of memory. Tried to allocate
+    16.00 GiB."; torch.compile's recompile limit gets its own words."""
+    if type(err).__name__ == "FailOnRecompileLimitHit":
+        return "torch.compile hit its recompile limit (one compiled graph per shape and mask)"
+    line = next((l.strip() for l in str(err).splitlines() if l.strip()), type(err).__name__)
+    sentences = line.split(". ")
+    short = ". ".join(sentences[:2]) + ("." if len(sentences) > 2 else "")
+    return short if len(short) <= 120 else short[:117].rstrip() + "..."
+
+
+def _refusals() -> tuple:
+    """What a candidate that cannot run raises: a backend rejecting the shape, out of memory, and torch.compile
+    refusing to compile once more (the races make that an error instead of an eager fallback: flex_scope)."""
+    refusals = (RuntimeError, ValueError)
+    try:
+        from torch._dynamo.exc import FailOnRecompileLimitHit
+    except ImportError:  # an older torch: the limit falls back to eager, with no exception
+        return refusals
+    return (*refusals, FailOnRecompileLimitHit)
+
+
 def try_run(fn) -> str | None:
     """Run fn once: None if it ran, else why it cannot run (a backend that rejects the shape, out of memory)."""
     import torch
@@ -207,10 +230,49 @@ def try_run(fn) -> str | None:
     try:
         fn()
         torch.cuda.synchronize()
-    except (RuntimeError, ValueError) as err:
+    except _refusals() as err:
         torch.cuda.synchronize()
-        return f"unsupported: {str(err).splitlines()[0][:120]}"
+        return f"unsupported: {why(err)}"
     return None
+
+
+# FlexAttention is compiled with dynamic=False: one graph per shape, block mask and score function. A race walks
+# more of them than torch.compile's default recompile limit (8); past it dynamo ran flex_attention eagerly, which
+# materialises the scores (16 GiB at S = 16384: the H100's backward race recorded FlexAttention as "out of
+# memory"). The races run inside flex_scope: a limit that fits every graph a race compiles, and a limit hit that
+# raises (try_run names it in one line) instead of falling back to eager.
+FLEX_RECOMPILE_LIMIT = 256
+
+
+def flex_scope():
+    """torch._dynamo's config for one race (a context manager): FLEX_RECOMPILE_LIMIT graphs per function, and
+    an error, not an eager fallback, past it. Options a torch version lacks are left out."""
+    import torch._dynamo.config as config
+
+    wanted = {"recompile_limit": FLEX_RECOMPILE_LIMIT, "cache_size_limit": FLEX_RECOMPILE_LIMIT,
+              "accumulated_recompile_limit": 4 * FLEX_RECOMPILE_LIMIT,
+              "accumulated_cache_size_limit": 4 * FLEX_RECOMPILE_LIMIT,
+              "fail_on_recompile_limit_hit": True, "fail_on_cache_limit_hit": True}
+    known = getattr(config, "_config", None) or {}
+    present = {k: v for k, v in wanted.items() if k in known or hasattr(config, k)}
+    if "recompile_limit" in present:  # newer torch: the cache_size_* names are aliases of these
+        for alias in ("cache_size_limit", "accumulated_cache_size_limit", "fail_on_cache_limit_hit"):
+            present.pop(alias, None)
+    if "accumulated_recompile_limit" in present:
+        present["accumulated_recompile_limit"] = max(present["accumulated_recompile_limit"],
+                                                     config.accumulated_recompile_limit)
+    return config.patch(**present)
+
+
+def flex_race(race):
+    """Decorator: the race runs inside flex_scope."""
+    import functools
+
+    @functools.wraps(race)
+    def scoped(*args, **kwargs):
+        with flex_scope():
+            return race(*args, **kwargs)
+    return scoped
 
 
 def try_time(fn, **stop) -> Timing | str:

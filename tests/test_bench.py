@@ -258,3 +258,69 @@ def test_fwd_sweep_times_the_math_backend_in_rounds_of_its_own(monkeypatch):
     rows = sweep.fwd_sweep([case], {"ours": lambda q, k, v, c: (lambda: None)}, progress=False)
     assert groups == [{"flash", "cudnn", "efficient", "default", ("ours", "ours")}, {"math"}]
     assert sorted(r["impl"] for r in rows) == sorted([f"sdpa-{b}" for b in bench.BACKENDS] + ["ours"])
+
+
+# ------------------------------------------------------------------ a peer that cannot run: one line, and flex's scope
+
+def test_why_is_one_line_naming_the_reason():
+    oom = RuntimeError("CUDA out of memory. Tried to allocate 16.00 GiB. GPU 0 has a total capacity of 79.18 GiB of "
+                       "which 11.35 GiB is free. Including non-PyTorch memory, this process has 67 GiB in use.\n"
+                       "W1127 03:00:05 torch/_dynamo/convert_frame.py:1743] [0/8] a compiler log line")
+    assert bench.why(oom) == "CUDA out of memory. Tried to allocate 16.00 GiB."
+    long = ValueError("x" * 300)
+    assert len(bench.why(long)) == 120 and bench.why(long).endswith("...")
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    assert "recompile limit" in bench.why(FailOnRecompileLimitHit("Hard failure due to fail_on_recompile_limit_hit"))
+
+
+def test_try_run_names_a_recompile_limit_in_one_line(monkeypatch):
+    import torch
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def refused():
+        raise FailOnRecompileLimitHit("Hard failure due to fail_on_recompile_limit_hit")
+    reason = bench.try_run(refused)
+    assert reason.startswith("unsupported: torch.compile hit its recompile limit") and "\n" not in reason
+
+
+def test_flex_races_compile_every_graph_and_never_fall_back_to_eager():
+    """Inside a race, torch.compile keeps a graph per shape and mask well past the default 8, and hitting the limit
+    raises (no eager flex_attention, which materialises the scores); outside, torch's own settings are back."""
+    import torch._dynamo.config as config
+
+    before = (config.recompile_limit, config.fail_on_recompile_limit_hit)
+    seen = []
+
+    @bench.flex_race
+    def race():
+        seen.append((config.recompile_limit, config.fail_on_recompile_limit_hit))
+    race()
+    assert seen == [(bench.FLEX_RECOMPILE_LIMIT, True)] and bench.FLEX_RECOMPILE_LIMIT >= 64
+    assert (config.recompile_limit, config.fail_on_recompile_limit_hit) == before
+    from lab.backward import race as bwd_race
+    from lab.masks import gpu, gpu_bwd
+
+    assert all(getattr(f, "__wrapped__", None) for f in (bwd_race.race, gpu.race, gpu_bwd.race))
+
+
+def test_a_compiled_function_past_the_default_limit_keeps_compiling_in_the_scope():
+    """Twelve shapes through one torch.compile(dynamic=False) function: past 8 outside the scope dynamo runs it
+    eagerly (uncompiled); inside, every shape gets its graph."""
+    import torch
+
+    torch._dynamo.reset()
+    frames = []
+
+    def backend(gm, example_inputs):
+        frames.append(tuple(example_inputs[0].shape))
+        return gm.forward
+
+    fn = torch.compile(lambda x: x * 2 + 1, backend=backend, dynamic=False)
+    with bench.flex_scope():
+        for n in range(1, 13):
+            fn(torch.ones(n))
+    assert len(frames) == 12
+    torch._dynamo.reset()

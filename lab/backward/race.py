@@ -34,6 +34,7 @@ def flex_step(mode: str, q, k, v, is_causal: bool, dout=None):
     return _step(lambda a, b, c: _flex_compiled(a, b, c, block_mask=mask, enable_gqa=gqa), mode, q, k, v, dout)
 
 
+@bench.flex_race
 def race(cases, modes=("bwd", "fwd+bwd"), backends=("flash", "cudnn", "efficient"), flex=True, route=False,
          progress: bool = True, **stop) -> list[dict]:
     """Time every case in every mode, all candidates interleaved in rounds; returns the recorded rows.

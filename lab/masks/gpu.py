@@ -222,6 +222,7 @@ def checks(version: str) -> int:
 
 # ------------------------------------------------------------------ race
 
+@bench.flex_race
 def race(budget_s: float) -> None:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 

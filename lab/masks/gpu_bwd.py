@@ -177,6 +177,7 @@ def checks() -> int:
 
 # ------------------------------------------------------------------ race
 
+@bench.flex_race
 def race(budget_s: float) -> None:
     """Backward alone (torch.autograd.grad with retain_graph over one forward) and forward + backward, public op, in
     GPU time (bench.GpuTimeTimer: the host issues each call while the GPU sleeps, so a row holds its GPU work, as
