@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -326,9 +329,6 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
     The nvcc runs go in parallel (one per core); results are cached by key. Raises BuildError naming
     the first kernel, in file order, that does not compile.
     """
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
     out_dir = paths.CACHE / "compile_check"
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -406,10 +406,7 @@ def binding():
     global _binding
     if _binding is not None:
         return _binding
-    import importlib.util
-    import os
-
-    import torch
+    import torch  # here, not above: lab.build (the compile check, the CLI) loads without torch
 
     if torch.version.cuda is None:
         raise BuildError("this torch is a CPU-only build: torch.utils.cpp_extension cannot build CUDA code "

@@ -26,12 +26,8 @@ import math
 
 import numpy as np
 
+from .plan import ERROR_NAMES, PAGE_E_INDEX, PAGE_E_SHORT  # noqa: F401 (the flags lab.ops.decode raises on)
 from .splits import BLOCK_N, chunk_partial, merge_partials, split_bounds, split_partials
-
-PAGE_E_INDEX = 1  # kernels/common/params.h LAB_PAGE_E_INDEX
-PAGE_E_SHORT = 2  # LAB_PAGE_E_SHORT
-ERROR_NAMES = {PAGE_E_INDEX: "a page index outside [0, num_pages)",
-               PAGE_E_SHORT: "cache_seqlens longer than the block table (max_pages * page_size)"}
 
 
 def block_table(batch: int, seqlen: int, page_size: int, rng=None, spare_pages: int = 0):

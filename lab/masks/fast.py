@@ -23,6 +23,7 @@ import functools
 import torch
 
 from .. import build
+from ..fwd import head_dims
 from ..kernels import keep_plan, launcher, plans
 from ..op_common import _capability, _eager
 from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
@@ -83,8 +84,6 @@ def attention(query, key, value, is_causal, scale, enable_gqa, return_lse, causa
 def _dense_plan(query, key, value, is_causal, window_size, softcap, causal_variant):
     """attn_mask_auto bound to the default masked kernel, the mask and the offset; None where the full path must
     decide (not a CUDA tensor, a padded head dim, an argument it refuses)."""
-    from ..fwd import head_dims
-
     if query.get_device() < 0 or head_dims.needs_padding(query, value) or \
             causal_variant not in ("upper_left", "lower_right"):
         return None

@@ -32,6 +32,7 @@ import torch
 
 from ..merge import lse_merge  # noqa: F401 (lab.ring.attention.lse_merge: the ring's merge)
 
+from .backward import ring_attention_backward
 from .blocks import (_visible, chunk_bounds, lab_attend, reference_attend, ring_place, shard,  # noqa: F401
                      shard_chunks, unshard)  # (re-exported: lab.ring.attention.shard and the rest, as before)
 from .comm import MULTICAST_OFF, StepClock, comm_stream, init_process_group, multicast_off, transfer  # noqa: F401
@@ -100,8 +101,6 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        from .backward import ring_attention_backward
-
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_attention_backward(q, k, v, out, lse, dout.contiguous(), ctx.is_causal, ctx.group,
                                              ctx.seqlen)

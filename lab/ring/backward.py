@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from ..backward.op import _bwd_impl, backward_version
+from ..op_common import _capability, _scale
 from .blocks import _visible, reference_attend, ring_place, shard, shard_chunks, unshard
 from .comm import StepClock, comm_stream, transfer
 
@@ -49,9 +51,6 @@ def reference_attend_backward(q, k, v, out, dout, lse, is_causal: bool):
 
 def lab_attend_backward(q, k, v, out, dout, lse, is_causal: bool):
     """The lab's backward kernel on one block (the version lab.ops picks), fed the global lse and output."""
-    from ..backward.op import _bwd_impl, backward_version
-    from ..op_common import _capability, _scale
-
     version = backward_version(q.shape[-1], capability=_capability(q.device),
                                deterministic=torch.are_deterministic_algorithms_enabled())
     # the kernel reads lse as one dense, 16-byte aligned float32 row per query; a query chunk's rows of a shard's

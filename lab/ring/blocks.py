@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import ops
+from ..reference import attention_reference
+
 
 # ------------------------------------------------------------------ layout
 
@@ -47,17 +50,13 @@ def unshard(shards: list[torch.Tensor], seqlen: int, is_causal: bool) -> torch.T
 # ------------------------------------------------------------------ local attention and the merge
 
 def reference_attend(q, k, v, is_causal: bool):
-    """lab.emulate's float64 attention (out, lse) on torch tensors: the CPU runs and the tests."""
-    from ..emulate import attention_reference
-
+    """lab.reference's float64 attention (out, lse) on torch tensors: the CPU runs and the tests."""
     out, lse = attention_reference(*(t.detach().cpu().numpy() for t in (q, k, v)), is_causal=is_causal)
     return torch.from_numpy(out).to(q.device), torch.from_numpy(lse).to(q.device)
 
 
 def lab_attend(q, k, v, is_causal: bool):
     """lab.ops.attention with its LSE: the forward kernel each ring step runs on a GPU."""
-    from .. import ops
-
     out, lse = ops.attention(q, k, v, is_causal=is_causal, enable_gqa=q.shape[1] != k.shape[1], return_lse=True)
     return out.float(), lse
 
