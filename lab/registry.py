@@ -77,24 +77,27 @@ MASKED_BWD = {
 }
 BEST_MASKED_BWD = ("v08",)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
-# compute capability 9.0, non-deterministic mode (kernels/bwd/README.md); v19: D 192 / 256 on wgmma, about twice v09
+# compute capability 9.0, non-deterministic mode (kernels/bwd/README.md, "Defaults"); v19: D 192 / 256 on wgmma, about
+# twice v09 (outputs/experiments/20261126-bwd-v19-wide.json)
 BEST_BWD_HOPPER = ("v14", "v13", "v12", "v10", "v07", "v05", "v02", "v01", "v19", "v09")
 DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 # The deterministic mode's preference on compute capability 9.0, before BEST_BWD: v18 (v14 with dQ added in a fixed
 # order, signalled by two producer warps: 0.64-0.99x SDPA-cuDNN's backward in GPU time on an H100, 1.7-2.8x v01's
-# deterministic mode; kernels/bwd/README.md), then v17 (the same order signalled by the consumers: 0.46-0.72x).
+# deterministic mode; outputs/experiments/20261126-bwd-v18-signal.json), then v17 (the same order signalled by the
+# consumers: 0.46-0.72x; outputs/experiments/20261126-bwd-v17-ordered.json).
 DETERMINISTIC_BWD_HOPPER = ("v18", "v17")
 PAGED_DECODE = ("v03", "v04", "v05", "v06", "v07", "v08")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
 PAGED_HEADS = {"v04": 8}
 # The paged versions in lab.ops.decode's order of preference, where H_kv allows (PAGED_HEADS). v04 (8 heads a block)
-# ran first where its blocks filled a wave with no split: on an H100 (kernels/decode/README.md) it was 1.5-2.5 %
-# faster than v03 at 128 x 2048 (one split) and 1-12 % slower with 2-127 splits. It is last now (see v07 below),
-# which keeps it in the checks of every paged version while no call reaches it by default.
+# ran first where its blocks filled a wave with no split: on an H100 it was 1.5-2.5 % faster than v03 at 128 x 2048
+# (one split) and 1-12 % slower with 2-127 splits (outputs/experiments/20261126-paged-v04-pagerow.json). It is last
+# now (see v07 below), which keeps it in the checks of every paged version while no call reaches it by default.
 # v05 (v03 with whole-row bulk copies, sm_90) is on no default list: 0.984-0.999x v03's GPU time on the serving cells
-# (kernels/decode/README.md, "decode v05"); a call that names it runs it.
+# (outputs/experiments/20261126-paged-v05-bulkrow.json); a call that names it runs it.
 # v06 (v03 with warp-private rings: no block barrier in the main loop) is on none either: v03's GPU time over v06's
-# 0.992-1.011 on the paged serving cells, DRAM throughput unchanged (kernels/decode/README.md, "decode v06").
+# 0.992-1.011 on the paged serving cells, DRAM throughput unchanged
+# (outputs/experiments/20261126-paged-v06-warpring.json).
 # v07 (v06 with an unpadded, swizzled ring; D 64 / 128) comes before v03: on an H200 its copies move cuDNN's crossbar
 # sectors (v03 / v06 1.5x), pass 1 reads DRAM at 88 % (v03 82.5 %), and the public op takes 2.5-6.2 % less GPU time
 # than v03 on the 15 paged serving cells (outputs/driver_logs/20261127-h200-decode-v07-555d8ce/). It also takes v04's
@@ -397,7 +400,8 @@ def drivers(capability: tuple | None = None, defaults_only: bool = False) -> lis
                 continue
             own = OWN_DRIVER.get((family, version))
             if not own and not set(kernel.head_dims) & set(FAST_HEAD_DIMS):
-                continue  # the shared drivers' cases are D 64 / 128; fwd v10's, bwd v09's: tools/gpu/wide_sanitize.py
+                continue  # the shared drivers' cases are D 64 / 128; fwd v10 and bwd v09 / v19 run under the sanitizers
+                # through lab.ops (their records: 20261126-head-dims-fwd-v10-wide, 20261126-bwd-v09-wide)
 
             flags = "" if own else f"-D{macro}={kernel.symbol}"
             if family == "bwd" and version not in DETERMINISTIC_BWD:

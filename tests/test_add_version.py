@@ -1,4 +1,5 @@
-"""Adding a kernel version takes two edits: add the file, add the registry line (kernels/README.md).
+"""Adding a kernel version takes two edits: add the file, add the registry line (kernels/README.md,
+"Adding a version").
 
 In a temporary clone of the repository, a scratch v99 (a copy of v01 under its own symbol: which kernel is
 copied does not matter to the two edits, and v01 compiles in seconds where v04 takes half a minute) is added with

@@ -332,7 +332,7 @@ def test_wrong_decode_fails_on_gpu():
 
 
 def test_v01_bug_builds_are_caught():
-    """kernels/README.md: LAB_BUG_NO_CAUSAL leaks future keys on diagonal tiles; LAB_BUG_LAYOUT ignores strides
+    """kernels/README.md ("Limits and layouts"): LAB_BUG_NO_CAUSAL leaks future keys on diagonal tiles; LAB_BUG_LAYOUT ignores strides
     (visible with the harness's (B, S, H, D) layout)."""
     causal = Case("bug-causal", 1, 2, 2, 130, 130, 64, "float16", True)
     assert not check.check_forward(ops.fwd_writer("v01", {"LAB_BUG_NO_CAUSAL": None}), causal, "v01-nocausal",

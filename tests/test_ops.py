@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lab import op_common, ops
+from lab import op_common, ops, registry
 from lab.decode import op as decode_op
 from lab.kernels import resolve_version
 
@@ -256,7 +256,8 @@ def test_decode_plan_is_memoised(fake, monkeypatch):
     q, kc = fake(2, 8, 1, 128, dtype=BF16), fake(2, 2, 4096, 128, dtype=BF16)
     for _ in range(5):
         ops.decode(q, kc, kc, num_splits=4)
-    assert len(calls) == 1 and decode_op._decode_plans[(q.shape, kc.shape, q.device, None, 4)] == ("v07", 4)
+    default = registry.choose("decode", {"head_dim": 128, "heads_q": 8, "heads_kv": 2, "q_len": 1}).version
+    assert len(calls) == 1 and decode_op._decode_plans[(q.shape, kc.shape, q.device, None, 4)] == (default, 4)
     ops.decode(fake(2, 8, 1, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16), fake(2, 2, 8192, 128, dtype=BF16),
                num_splits=4)
     assert len(calls) == 2  # a new cache length is a new plan

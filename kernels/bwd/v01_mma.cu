@@ -29,8 +29,9 @@
 //      fixed order: bit-identical across runs, 7 matmuls per tile pair instead of 5 (+40 % FLOPs).
 //    Why atomics by default: they keep the FLOPs at FA2's 2.5x the forward; the separate pass trades
 //    ~40 % more tensor work for determinism, which torch.use_deterministic_algorithms(True) asks for.
-//    Outcome (H200 run 1): on one shape (B2 Hq8/2 S2048 D128 causal) the separate pass was the faster one
-//    (0.69 vs 0.84 ms with the forward): the atomics cost more than the extra matmuls there.
+//    Outcome (H200, outputs/driver_logs/20261122-h200-bwd-run1-f42cefddfa.log): on one shape (B2 Hq8/2 S2048
+//    D128 causal) the separate pass was the faster one (0.69 vs 0.84 ms with the forward): the atomics cost more
+//    than the extra matmuls there.
 //
 // Any finite scale: the backward has LSE, so it never tracks a running max; P = exp2(s * scale *
 // log2(e) - LSE * log2(e)) is right for scale < 0 and scale == 0 as written (the forward's FLT_MIN for
@@ -40,9 +41,9 @@
 // LAB_BWD_D128_BR / LAB_BWD_D64_BR (query rows per dkdv tile, default 32 / 64);
 // LAB_BWD_WARPS (default 4: 64-key K/V blocks, 64-row dq blocks; 8: 128 / 128, FA2's block and half the dQ
 // atomics); LAB_BWD_RED (default 1: scalar atomicAdd; 4: red.global.add.v4.f32, a quarter of the atomic
-// instructions, sm_90 only). The defaults are what ran on the H200 (run 1, outputs/experiments/20261122-bwd-v01-mma.json: 0.51-0.68x
-// SDPA-flash); WARPS=8 and RED=4 compile without spills but have not run on a GPU yet (run 1 was the only
-// GPU run): tools/gpu/bwd_variants.py sweeps all four and tools/gpu/bwd_main.cu checks each build.
+// instructions, sm_90 only). The defaults are what ran on the H200 (outputs/experiments/20261122-bwd-v01-mma.json:
+// 0.51-0.68x SDPA-flash); WARPS=8 and RED=4 compile without spills but no GPU has timed them (the record keeps
+// their predictions open); tools/gpu/bwd_main.cu checks any of the four builds (-DBWD_FN=bwd_v01 plus the switches).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -36,7 +36,7 @@
 // (e6394bf), -2.7 % / -5.2 % (50795d4) time at S 4096 / 16384 over the staged build; checks 22/24 at e6394bf (the two
 // rows that that run's forward broke), 24/24 at 50795d4.
 //   Prediction for the run that would make it the default (H100, the staged build with and without it in one set of
-//   rounds, softcap 30, causal; tools/gpu/masks_candidates_run.sh): -2 to -4 % at S 4096 and -4 to -6 % at S 16384, the
+//   rounds, softcap 30, causal): -2 to -4 % at S 4096 and -4 to -6 % at S 16384, the
 //   two runs above; so the softcap's backward cost over no softcap drops from +14 / +20 % (chapter n13's public op)
 //   by that much, still short of 5 %: the tanh's MUFU op is halved, not the 1 - tanh^2 multiply or the recomputed
 //   P's ex2. Checks 24/24 on the grid's softcap rows; the four sanitizers clean (initcheck on every kernel).

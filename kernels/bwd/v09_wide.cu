@@ -1,8 +1,8 @@
 // Backward attention v09: head dims 192 and 256 on mma.sync (m16n8k16, fp32 accumulate), FlashAttention-2's
 // wide-head backward. lab.ops runs it for every D_qk, D_v from 129 to 256 (zero-padded to 192 or 256 by
 // lab.fwd.head_dims, whose autograd carries the gradients back to the unpadded tensors).
-// Compile check: python -m lab compile; GPU checks, sanitizer calls and the race: tools/gpu/head_dims.py --wide,
-//   tools/gpu/wide_sanitize.py --bwd; measured rows: outputs/experiments/20261126-bwd-v09-wide.json.
+// Compile check: python -m lab compile; GPU checks and the race: lab.fwd.head_dims_gpu (wide_checks, wide_bwd_race);
+//   measured rows and the four sanitizers' logs: outputs/experiments/20261126-bwd-v09-wide.json (its evidence).
 //
 // Same algorithm as v01 (P = exp2(s * scale * log2 e - LSE * log2 e), dV = P^T dO, dP = dO V^T,
 // dS = P * (dP - Delta), dQ = scale * dS K, dK = scale * dS^T Q; Delta and LSE * log2 e from the shared pre-pass),
@@ -13,8 +13,8 @@
 //   A. S^T = K Q^T and dP^T = V dO^T: warp w takes keys 16 (w % 4).. and queries 32 (w / 4).. (16 x 32 each);
 //      P^T and dS^T go to shared memory as T, [key][query].
 //   B. dV += P^T dO and dK += dS^T Q: warp w takes keys 32 (w % 2).. and columns D/4 (w / 2)..: D / 4 floats a
-//      thread for each of dK and dV (64 at D = 256), held for the whole CTA. (Run 1 had 16 keys x D/2 columns a
-//      warp, LAB_BWD_WIDE_SM80_KEY_TILES=1: the same registers, but each P^T / dS^T fragment fed D/16 products instead of
+//      thread for each of dK and dV (64 at D = 256), held for the whole CTA. (The first build had 16 keys x D/2 columns
+//      a warp, LAB_BWD_WIDE_SM80_KEY_TILES=1: the same registers, but each P^T / dS^T fragment fed D/16 products instead of
 //      D/32 x 2, so 18 ldmatrix per 32 mma instead of 12. Prediction: a third fewer ldmatrix in B, 12 % fewer a
 //      step, +3-8 % where the steps dominate, S >= 2048.)
 //   C. dQ_i += dS K: warp w takes queries 16 (w % 4).. and columns D/2 (w / 4).., in chunks of 32 columns

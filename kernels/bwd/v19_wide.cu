@@ -1,7 +1,7 @@
 // Backward attention v19: head dims 192 and 256 on Hopper (sm_90a): wgmma, TMA and a producer warpgroup, as v14 at D
 // 64 / 128, in place of v09's mma.sync kernel.
-// Compile check: python -m lab compile; GPU checks and the race: tools/gpu/head_dims.py --wide (the public op and
-//   "bwd v19"), tools/gpu/wide_sanitize.py --bwd; measured rows: outputs/experiments/20261126-bwd-v19-wide.json.
+// Compile check: python -m lab compile; GPU checks and the race: lab.fwd.head_dims_gpu (wide_checks, wide_bwd_race:
+//   the public op and "bwd v19"); measured rows and the sanitizers' logs: outputs/experiments/20261126-bwd-v19-wide.json.
 //
 // Why. v09 (FA2's wide-head tiling on mma.sync) runs the public op's backward at 0.74x SDPA-flash's at D 192 / 256
 // (H100, chapter n14), and v14's layout does not take these head dims: each of its consumer warpgroups holds dK and

@@ -1,7 +1,7 @@
 // Backward attention v20: v14 for the narrow head dims below 128 (32, 80, 96 and every multiple of 8 that is no
 // kernel width), read and written unpadded, so a call that trains at those head dims makes no padded copies.
-// Compile check: python -m lab compile; GPU checks, race and sanitizers: tools/gpu/narrow_bwd.sh; measured rows:
-//   outputs/experiments/20261127-bwd-v20-narrow.json.
+// Compile check: python -m lab compile; GPU checks and race: lab.backward.narrow_gpu (narrow_bwd_checks,
+//   narrow_bwd_race); measured rows and the sanitizers' logs: outputs/experiments/20261127-bwd-v20-narrow.json.
 //
 // Why. lab.ops.attention ran a gradient call at D = 80 as F.pad of Q, K and V to 128, the forward and v14's
 // backward at 128, and autograd's slices and pads around them (dO padded, dQ, dK and dV cut back). Split with the
@@ -37,7 +37,8 @@ using namespace lab::sm90::bwd;
 // as the forward's (a bound read at run time makes ptxas serialize the wgmmas). Prediction: those two of the step's
 // five GEMMs lose 3/8 (D 80), 1/4 (96), 1/2 (32) of their work, 15 / 10 / 20 % of the tensor work; the loop is not
 // tensor-bound alone (the exp2 and the dQ reductions), so +5-10 % at D = 80, +3-6 % at 96, +6-12 % at 32 where
-// S >= 2048, less at 512. Measured with tools/gpu/narrow_bwd.sh (lab.backward.narrow_gpu.steps_ab).
+// S >= 2048, less at 512. Measured by lab.backward.narrow_gpu.steps_ab
+// (outputs/experiments/20261127-bwd-v20-qk-steps.json).
 #ifndef LAB_BWD_NARROW_QK_STEPS
 #define LAB_BWD_NARROW_QK_STEPS 1
 #endif

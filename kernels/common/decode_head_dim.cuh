@@ -23,7 +23,8 @@
 namespace lab {
 namespace decode {
 
-// LAB_DECODE_STAGES_D128: another ring depth at D 128 (a probe switch, tools/gpu/paged_loader_probe.py).
+// LAB_DECODE_STAGES_D128: another ring depth at D 128 (a probe switch:
+// outputs/experiments/20261126-paged-loader-switches.json).
 #ifndef LAB_DECODE_STAGES_D128
 #define LAB_DECODE_STAGES_D128 3
 #endif
@@ -36,7 +37,7 @@ struct HeadDimPlan {
 // Calls launch(std::integral_constant<int, D>) for the call's head dim, LAB_E_HEAD_DIM for any other.
 template <class Launch>
 int with_head_dim(int head_dim, Launch&& launch) {
-#ifdef LAB_DECODE_ONLY_D128  // probe builds (tools/gpu/paged_loader_probe.py): one head dim, a quarter of the build
+#ifdef LAB_DECODE_ONLY_D128  // probe builds (20261126-paged-loader-switches): one head dim, a quarter of the build
   return head_dim == 128 ? launch(std::integral_constant<int, 128>{}) : LAB_E_HEAD_DIM;
 #else
   switch (head_dim) {

@@ -19,7 +19,8 @@
 namespace lab {
 namespace paged {
 
-// Loader switches for tools/gpu/paged_loader_probe.py (the defaults are what lab.ops runs):
+// Loader switches of the probe in outputs/experiments/20261126-paged-loader-switches.json (the defaults are what
+// lab.ops runs):
 //   LAB_PAGED_PREFETCH 128 | 0 | 256: the L2 prefetch-size hint of the K/V copies;
 //   LAB_PAGED_EVICT_FIRST: the copies also carry an L2 evict-first policy (every K/V byte is read once);
 //   LAB_PAGED_CHECK_UNROLL: page ids in flight per thread in the page-table check (bad_pages);

@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
     cursor.fetch(n_keys);
   }
 
-#ifdef LAB_PAGED_LEAN_LOADER  // probe switch (tools/gpu/paged_loader_probe.py): fewer integer instructions a copy
+#ifdef LAB_PAGED_LEAN_LOADER  // probe switch (20261126-paged-lean-loader): fewer integer instructions a copy
   // A full tile (every row below n_keys, every page id good) needs no per-row bound test and no zero-fill operand,
   // and where the page and row strides fit 32 bits (page_size x H_kv x D elements: every real cache) a group's
   // offset is one 32 x 32 -> 64-bit multiply-add. Its copies go out from one pointer per 16-key group, a thread's
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
         cursor.offset(g, p.v_stride[0], p.v_stride[1], &v_group[g]);
       }
     }
-#ifdef LAB_PAGED_KV_ORDER  // probe switch (tools/gpu/paged_loader_probe.py): the tile's V rows after all its K rows
+#ifdef LAB_PAGED_KV_ORDER  // probe switch (20261126-paged-loader-switches): the tile's V rows after all its K rows
     int64_t v_off[Cfg::kLoadRows];
     bool v_ok[Cfg::kLoadRows];
 #endif

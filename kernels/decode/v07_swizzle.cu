@@ -2,7 +2,7 @@
 // is D elements, not D + 8, and 16-byte chunk c of key row r sits at chunk c ^ (r & 7). The copies, the walk, the
 // page-table check, the softmax and the merge are v06's. D 64 and 128 (the same ring at D 80 / 96: decode v08).
 // Pass 1 is v06's kernel (common/decode_warp_ring_pass1.cuh) with kSwizzle.
-// Compile check: python -m lab compile (sm_80 and sm_90a); GPU: LAB_PAGED_NEW=v07 tools/gpu/paged_warpring_call.sh.
+// Compile check: python -m lab compile (sm_80 and sm_90a); GPU checks: tests/test_paged_gpu.py.
 // Measured: outputs/experiments/20261127-decode-v07-swizzle.json.
 //
 // decode_swizzle_v07: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.
@@ -11,7 +11,7 @@
 // Prediction (profiles of v03 / v06 and cuDNN on the H100 serving cells, outputs/experiments/
 // 20261126-paged-hint-probe.json): for the same 16.79 M DRAM sectors at 32 x 4096 page 16, v06's copies move 25.2 M sectors
 // over the crossbar, 24 a copy instruction where its addresses need 16; cuDNN's move 16.8 M, and the L2 prefetch hint
-// is not the cause. Counted lane by lane (tools/gpu/paged_swizzle_model.py): shared-memory bank conflicts are not it
+// is not the cause. Counted lane by lane (lab.decode.swizzle_model): shared-memory bank conflicts are not it
 // (padded and swizzled are both 1 wavefront per quarter-warp copy and per ldmatrix matrix); what the pad changes is
 // where a 256-byte row lands: at 272 r bytes, 14 of a slice's 16 rows straddle three aligned 128-byte chunks, so a
 // copy instruction writes 20 chunks (23 counted row by row: 1.25-1.44x the 16 sectors it reads) where the swizzled

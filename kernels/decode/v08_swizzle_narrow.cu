@@ -4,8 +4,9 @@
 // quads repeat every 4 or 2 rows, and the smaller XOR term separates the repeats while permuting a row's chunks only
 // inside its aligned pairs (D 80) or quads (D 96): every 32-byte sector of the cache lands whole in one aligned 32-byte
 // sector of the ring. Pass 1 is v06's kernel (common/decode_warp_ring_pass1.cuh) with kSwizzle, as v07.
-// Compile check: python -m lab compile (sm_80 and sm_90a); the layout: tools/gpu/paged_swizzle_model.py (lane by lane);
-// GPU: LAB_PAGED_NEW=v08 AB_DIMS="80 96" tools/gpu/paged_warpring_call.sh. Measured: outputs/experiments/20261127-decode-v08-narrow-swizzle.json.
+// Compile check: python -m lab compile (sm_80 and sm_90a); the layout: lab.decode.swizzle_model (lane by lane);
+// GPU checks: tests/test_paged_gpu.py (at D 80 / 96). Measured:
+// outputs/experiments/20261127-decode-v08-narrow-swizzle.json.
 //
 // decode_swizzle_narrow_v08: split-K decoding over a paged (or contiguous) KV cache at D 80 / 96, tensor cores for
 // Q K^T and P V. Algorithm: v03's pass 1 with v06's warp-private ring (read their headers); pass 2 the LSE combine.
@@ -13,7 +14,7 @@
 // Prediction (written before it ran on a GPU). At D 80 / 96 lab.ops.decode runs v03 (paged) and v02 (contiguous),
 // whose rings pad a row to D + 8 elements (176 / 208 bytes): every odd row starts 16 bytes off a 32-byte boundary, so
 // half the 32-byte sectors a copy instruction reads land in two shared sectors. Counted lane by lane
-// (tools/gpu/paged_swizzle_model.py) that is 1.50x the sectors the addresses need at D 80 and 96, as at D 128, where
+// (lab.decode.swizzle_model) that is 1.50x the sectors the addresses need at D 80 and 96, as at D 128, where
 // ncu measured 1.51x cuDNN's crossbar sectors for v02 / v03 / v06 and 1.00x for v07 (v07's whole-line count, the
 // other model, gives the padded ring 1.25-1.44x; at D 80 it gives v08 1.20x, the sector count 1.00x, so a profile of
 // v08 at D 80 tells the two models apart). v08's ring moves 1.00x by the sector count, with conflict-free copies and

@@ -232,7 +232,7 @@ using Cfg128s = FwdConfig<128, 4, 1, 64, 2, 2>;
 
 // The one sweep switch: -DLAB_FWD_LAZY_TILE='FwdConfig<128\,8\,1\,64\,2\,1>' (nvcc takes commas in -D
 // values only escaped) makes every launch of that head dim use the tile given, in place of the pick
-// below; tools/gpu/v04_checks.sh builds its variants this way. LAB_FWD_LAZY_SMALL forces the pick's small-grid
+// below; the tile sweep of outputs/experiments/20261121-fwd-v04-lazy.json built its variants this way. LAB_FWD_LAZY_SMALL forces the pick's small-grid
 // rule for tests: 1 (default) by the rule, 0 never, 2 always.
 #ifndef LAB_FWD_LAZY_SMALL
 #define LAB_FWD_LAZY_SMALL 1

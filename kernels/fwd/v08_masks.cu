@@ -13,7 +13,7 @@
 //   Everything else (tiles, swizzle, lazy rescale, cp.async pipeline) is v04's at its default configs (no small-
 //   grid tile, no split loop: one loop with the mask test per tile).
 // Compile check: python -m lab compile (sm_80, sm_90a). Through torch: lab.ops.attention(..., window_size=...,
-//   softcap=..., sinks=...) and lab.ops.attention_varlen; checks and race: tools/gpu/masks_run.py.
+//   softcap=..., sinks=...) and lab.ops.attention_varlen; checks and race: lab.masks.gpu (checks("v08"), race).
 // Measured: outputs/experiments/20261126-masks-fwd-v08.json. On the H100 (no sm_80 GPU was run) 1.05-1.43x v09's time; 104/104
 //   masked checks, memcheck and racecheck clean (outputs/driver_logs/20261126-h100-masks/). D = 128 spills 44 B
 //   (v04's split loop, which this file does not keep, is what took v04 to 0).

@@ -13,7 +13,7 @@
 //     starts past its sequence returns before any barrier.
 // Tiles: v05's, B_r = 64 (one warpgroup), B_c = 64 at D = 128 and 128 at D = 64, 2 stages (80 / 65 KiB, 2-3 CTAs
 // per SM). Causal and windowed dense grids take the heaviest query block of each head first (v05's order).
-// Compile check: python -m lab compile. Checks and race: tools/gpu/masks_run.py (version "v09").
+// Compile check: python -m lab compile. Checks and race: lab.masks.gpu (checks("v09"), race).
 // Measured: outputs/experiments/20261126-masks-fwd-v09.json. Prediction: about v05's speed on the unmasked work that remains,
 //   so a window well ahead of FlexAttention (which pays Triton's masked-block overhead) and of SDPA's dense mask.
 //   Outcome (H100, bf16 D=128 H=16; outputs/driver_logs/20261126-h100-masks/, chapter n13): window 1.23-1.39x Flex, 2.0-14.3x SDPA-cuDNN
@@ -51,9 +51,9 @@
 //   D = 128 (the rounded l 676, the first form 628, the online max 741; tensor clocks 528 against 512), 1065 at D = 64
 //   (the rounded l 1214). Prediction (H100, the A/B above): D = 128 +0-2 % over no softcap, about the first form's;
 //   D = 64 +30-34 %, still the MUFU's tanh and ex2 per score. Checks: the softcap grid and the rows at the cap's floor
-//   pass (S_q = S_k = 1 gives O = V exactly: the tensor core sums the same rounded P that P V uses). Run it:
-//   tools/gpu/masks_candidates_run.sh times 0 / 1 / 2 by their explicit switches, checks 2, and runs the four
-//   sanitizers over the public calls with it (tools/gpu/masks_sanitize_with.py).
+//   pass (S_q = S_k = 1 gives O = V exactly: the tensor core sums the same rounded P that P V uses). The run
+//   below times 0 / 1 / 2 by their explicit switches, checks 2 (lab.masks.gpu.softcap_checks), and runs the four
+//   sanitizers over the public calls built with it.
 //   Outcome (H100, 9cd0dd9, kernel-only GPU time in rounds beside 0 and 1; outputs/driver_logs/20261126-h100-masks-
 //   candidates-9cd0dd9/): over no softcap, D = 128 +6.3 / +4.4 % (S 4096, softcap 30 / 50) and +6.6 % (S 16384), where
 //   the rounded l beside it took +6.8 / +5.7 / +8.5 % (the online max +17-22 %); D = 64 +26.6 / +27.5 %, against

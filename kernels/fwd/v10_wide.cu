@@ -43,7 +43,7 @@
 //   The rejected tiles, measured (same process): B_c = 64 at D = 256 +2 / +3 % at S = 512 (8 full tiles instead of
 //   6 and a 40 %-full one), -6 to -9 % from S = 2048; B_c = 96 at D = 192 -1 to -3 % except S = 512 causal (+3 %).
 //   A per-call B_c for short keys would gain about as much as the runs differ: not taken.
-//   Again on the persistent grid (tools/gpu/wide_short_bc.sh; prediction +1-4 % at D = 256 S = 512, -5 to -9 % at
+//   Again on the persistent grid (lab.fwd.narrow_gpu.candidate; prediction +1-4 % at D = 256 S = 512, -5 to -9 % at
 //   2048): B_c = 64 +1.5 / +2.0 % at S = 512 (0.989 -> 1.00x SDPA-cuDNN non-causal), -4.1 / -2.9 % at 2048, D = 200
 //   level; 20/20 checks (H100, outputs/driver_logs/20261126-h100-wide-short-bc-18ca9d7/). Still within what two runs
 //   of one S = 512 cell differ (0.957 and 0.989x cuDNN): no per-call B_c.
@@ -63,7 +63,7 @@
 //   tensor work. Prediction: it removes 14 % (D = 192) / 11 % (D = 256) of the consumer tiles at S = 512 causal,
 //   3 % at 2048, under 1 % at 8192 (lab.fwd.work_order.consumer_tile_saving); with the Q load, fill and epilogue
 //   unchanged, +6-10 % / +5-8 % at S = 512 causal, +1-2.5 % at 2048, within noise at 8192 and non-causal.
-//   Measure: tools/gpu/wide_tiles.sh (LAB_FWD_WIDE_WG_TILES=0 against the default, kernel-level in rounds).
+//   Measure: lab.fwd.narrow_gpu.candidate (LAB_FWD_WIDE_WG_TILES=0 against the default, kernel-level in rounds).
 //   Outcome (H100, outputs/driver_logs/20261126-h100-wide-tiles-258abfc/): equal to the old count bit for bit (42
 //   outputs), +5.1 % / +3.3 % at S = 512 causal (D 192 / 256), +2.4 / +2.1 % at 2048 causal, within 1 % elsewhere.
 //   Below the prediction at S = 512: the lower consumer still runs the last tile, now alone, with no second
@@ -81,7 +81,7 @@
 //   stage. What it targets: at S = 512 a CTA runs 5-7 key tiles in about 18 us (16 waves), and the Q load, the
 //   pipeline fill and the epilogue (a few us) run with nothing beside them; the cells behind cuDNN are those.
 //   Prediction: +5-10 % at S = 512 (with the direct epilogue's +1-2 %), +1-3 % at 2048, level at 8192; causal
-//   cells gain less (a static order where the hardware balanced CTAs before). Measure: tools/gpu/wide_persist.sh.
+//   cells gain less (a static order where the hardware balanced CTAs before). Measure: lab.fwd.narrow_gpu.candidate.
 //   Outcome (H100, outputs/driver_logs/20261126-h100-wide-persist-f556db2/): 48/48 checks (CTAs walking 2-5 work
 //   tiles among them), equal bit for bit to the direct-epilogue build, memcheck / racecheck / synccheck clean;
 //   +4.5-11.9 % at S = 512 and +2.9-7.6 % at 2048, causal as much as not (the snake balances the diagonal better

@@ -15,7 +15,7 @@
 // fewer than with v07's 176; v07 measured B_c 128 within 2-3 % of 176 on long unmasked rows), 2 stages at D = 128
 // (Q 32 + 2 x (K 32 + V 32) = 160 KiB), 3 at D = 64 (Q 16 + 3 x 32 = 112 KiB). Grid: ceil(max S_q / 128) x B x H_q
 // CTAs of 384 threads. Any S_q, S_k (the last tile masked by window_masked's col >= S_k).
-// Compile check: python -m lab compile. Checks and race: tools/gpu/masks_run.py checks-v11 (lab.masks.gpu.checks).
+// Compile check: python -m lab compile. Checks and race: lab.masks.gpu (checks("v11"), race).
 // Prediction (H100, bf16, D = 128, H = 16, the n13 race cells): v09's loop cost 1.43-1.77x v07's time on the same
 //   unmasked work, and its causal-window rows are those cells' whole time; in v07's loop the masked kernel's plain
 //   causal call within ~5 % of the default's (the non-persistent long config: 2k causal rows lose what v07's
@@ -88,7 +88,7 @@
 #define LAB_FWD_MASK_BUG_NO_WINDOW 0  // the deliberately wrong build (drops the window), as v08's and v09's
 #endif
 
-// Candidates (timed and checked by tools/gpu/masks_v11_session.sh before they can be the default):
+// Candidates (timed and checked before they can be the default: outputs/experiments/20261126-masks-v11-candidates.json):
 // STAGES at D = 128: 3 is fwd v07's few-keys config (B_c 128, 3 stages: Q 32 + 3 x 64 = 224 KiB).
 #ifndef LAB_FWD_MASK_OVERLAP_D128_STAGES
 #define LAB_FWD_MASK_OVERLAP_D128_STAGES 2

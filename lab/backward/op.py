@@ -7,7 +7,7 @@ saves q, k, v, out and the natural-log lse (never P) and calls `lab::attention_b
 a fake implementation, so torch.compile(fullgraph=True) traces forward plus backward without a graph break.
 
 Which kernel: on compute capability 9.0, the first of lab.registry.BEST_BWD_HOPPER (wgmma, TMA, warp-specialised;
-kernels/bwd/README.md has the family and what each version buys); elsewhere v01 (mma.sync; dQ by fp32 atomics). Head dims 192 and 256 (and every D from 129 up,
+kernels/bwd/README.md has the family, outputs/experiments/ what each version buys); elsewhere v01 (mma.sync; dQ by fp32 atomics). Head dims 192 and 256 (and every D from 129 up,
 padded by lab.fwd.head_dims): v09 (mma.sync, FA2's wide-head tiling) on every GPU. When torch.are_deterministic_algorithms_enabled(),
 v18 on compute capability 9.0 (v14 with dQ added in a fixed order: kernels/bwd/v17_ordered.cu, v18_signal.cu) and
 v01's separate dQ pass elsewhere (kernels/bwd/v01_mma.cu says why it costs more); both are bit-identical across runs, where the

@@ -8,7 +8,7 @@ lane by lane, as the kernels address them (kernels/decode/v06_warpring.cu, v07_s
     most accesses that fall in one bank quad (1 = conflict-free);
   - destination chunks: the aligned 128-byte shared-memory chunks each copy instruction writes, x 4 sectors (over
     the instruction, and row by row), against the global sectors its addresses need: a hypothesis for the 1.5x
-    crossbar sectors of v03 / v06 against cuDNN (kernels/decode/README.md, "What cuDNN's loads do differently");
+    crossbar sectors of v03 / v06 against cuDNN (outputs/experiments/20261126-paged-hint-probe.json);
   - split sectors: each 32-byte global sector counted once per aligned 32-byte shared sector its two chunks land in
     (the other hypothesis: 1.50x for the padded ring at D 128, the measured ratio, 1.00x swizzled).
 

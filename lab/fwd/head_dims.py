@@ -87,7 +87,8 @@ def aligned_rows(t: torch.Tensor, line: int = 128) -> torch.Tensor:
     """t itself when each of its rows (the last dim, at every batch, head and position) starts on a `line`-byte
     boundary, else a copy whose rows do: a view of the first D columns of a buffer whose row pitch is D rounded up
     to the line. Why: a narrow call's tensor maps read rows of D elements, and at D = 200 (400-byte rows) TMA's
-    128-byte boxes start off the 128-byte lines of L2 in 7 rows of 8 (kernels/README.md, "The narrow head dims", has the profile). Measured
+    128-byte boxes start off the 128-byte lines of L2 in 7 rows of 8 (outputs/experiments/20261126-head-dims-d200-aligned.json
+    has the profile). Measured
     with lab.fwd.narrow_gpu.aligned_race; the op does not call it: the copy costs more than the aligned rows save."""
     e = t.element_size()
     if all(n == 1 or (st * e) % line == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1])) and \

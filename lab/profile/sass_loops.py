@@ -6,8 +6,9 @@ Reads `cuobjdump -sass` output (or runs cuobjdump on a .cubin; CUOBJDUMP names i
 name contains NAME_SUBSTRING, finds every loop (a backward branch and its target) that holds at least
 --min-mma tensor-core instructions (HMMA/HGMMA), and prints per loop the instruction count by class: the
 tensor instructions, the MUFU (exp2, rcp), the FP32 pipe (FFMA/FMUL/FADD/FMNMX), conversions and packing,
-shuffles, shared-memory and barrier traffic, the rest. Dividing by the pipes' rates (kernels/README.md,
-"v07 floors") gives the issue and pipe floors of one iteration. Tested by tests/test_sass_loops.py.
+shuffles, shared-memory and barrier traffic, the rest. Dividing by the pipes' rates
+(outputs/experiments/20261123-fwd-hopper-pipe-floors.json) gives the issue and pipe floors of one iteration.
+Tested by tests/test_sass_loops.py.
 """
 from __future__ import annotations
 

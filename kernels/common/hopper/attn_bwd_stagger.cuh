@@ -24,7 +24,7 @@
 // 1: dQ partials added by each thread's red.global.add.v4.f32 straight from the accumulators, in the same
 // accumulator order; 0: through shared memory and the copy engine's bulk reduction (v02's reduce_dq). The red
 // path moves no dQ bytes through shared memory (32 KB stored and 32 KB read per CTA step), which the
-// per-instruction profile (tools/gpu/bwd_source_profile.sh) and the count of shared-memory bytes per step suggest
+// per-instruction profile (ncu's SourceCounters, lab.profile) and the count of shared-memory bytes per step suggest
 // is the bound: the m64n64 SS GEMMs alone need about the full shared-memory bandwidth while they run.
 // Measured (H100, GPU time, in rounds with v02 and the 0 build): +3 to +9 % at D = 128 (0.93-1.02x SDPA-cuDNN's
 // backward), +1 to +6 % at D = 64; the default.

@@ -125,7 +125,7 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // wgmmas (C7515), hence a step count per instantiation. Prediction: the S GEMM loses 3/8 (D = 80) and 1/4 (D = 96)
 // of its work, about 19 % and 12 % of the tensor work; v07's D = 128 loop is as much softmax- as GEMM-bound
 // (outputs/experiments/20261126-head-dims-narrow-fwd.json), so +5-9 % at D = 80 and +3-6 % at D = 96 where S >= 2048, less at 512.
-// Measure: CANDIDATE=LAB_FWD_NARROW_QK_STEPS=1 tools/gpu/narrow_run.sh (kernel-level, in rounds with the default).
+// Measure: lab.fwd.narrow_gpu.candidate({"LAB_FWD_NARROW_QK_STEPS": 1}) (kernel-level, in rounds with the default).
 // Outcome (H100, outputs/driver_logs/20261126-h100-narrow-qk-steps-c99efe7/): 20/20 checks; time 0.886-0.950x the
 // default's in all 12 cells, D = 80 0.886-0.950 and D = 96 0.895-0.941, as much at S = 512 as at 8192 (kernel-level
 // 1.10-1.35x SDPA-cuDNN): more than predicted, whose discount for the softmax's share was too large (not yet
@@ -140,7 +140,7 @@ struct qk_steps<C, std::void_t<decltype(C::kQkSteps)>> : std::integral_constant<
 // Level 3 tried with D = 200 too (Narrow<Cfg256, 13>): S loses 3 of 16 steps, 9 % of the tensor work, but D = 200
 // waits on its K and V loads (400-byte rows off 128-byte lines: outputs/experiments/20261126-head-dims-narrow-fwd.json), so less
 // of the cut would show than at D = 160: prediction +1-4 % at D = 200, +2.8-5.0 % again at D = 160. Outcome (H100,
-// V10=1 tools/gpu/narrow_steps.sh, outputs/driver_logs/20261126-h100-narrow-level3-1c70220/; level 2 against level 3,
+// lab.fwd.narrow_gpu.candidate, outputs/driver_logs/20261126-h100-narrow-level3-1c70220/; level 2 against level 3,
 // kernel-level in rounds, 40/40 checks, equal bit for bit): D = 160 +1.9-4.8 % again; D = 200 -3.2 to +1.2 %, as
 // much as two runs of one cell differ (0.968 and 1.007 on d200-s2048): the loads bind it, so its instantiation was
 // dropped and D = 200 runs every step. Level 3 is the default since that run (22/22 narrow checks with the
