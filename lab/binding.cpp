@@ -17,6 +17,8 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
+#include <deque>
+#include <vector>
 #include <cmath>
 #include <tuple>
 #include <cstdio>
@@ -385,8 +387,10 @@ std::string check_paged_cache(const at::Tensor& t, const char* name, const at::T
   return "";
 }
 
+// errors: the caller's page_errors (or one allocated for the call), checked here; nullptr for the lab-owned flags of
+// the deferred call (decode_paged_deferred).
 std::string check_paged(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
-                        const at::Tensor& table, const at::Tensor& errors) {
+                        const at::Tensor& table, const at::Tensor* errors) {
   LAB_TRY(check_bhsd(q, "query", q));
   LAB_TRY(check_bhsd(o, "out", q));
   LAB_TRY(check_paged_cache(k, "key_cache", q));
@@ -411,17 +415,21 @@ std::string check_paged(const at::Tensor& q, const at::Tensor& k, const at::Tens
               "block_table rows must be contiguous and must not overlap (stride(1) == 1, stride(0) >= max_pages)");
   LAB_REQUIRE(table.size(1) * k.size(1) <= kIntMax, "block_table capacity max_pages * page_size = ",
               table.size(1) * k.size(1), " does not fit the kernels' int key offsets");
-  LAB_REQUIRE(on_gpu(errors) && errors.device() == q.device() && errors.scalar_type() == at::kInt &&
-                  errors.is_contiguous() && errors.numel() == q.size(0),
+  if (errors == nullptr) return "";
+  LAB_REQUIRE(on_gpu(*errors) && errors->device() == q.device() && errors->scalar_type() == at::kInt &&
+                  errors->is_contiguous() && errors->numel() == q.size(0),
               "page_errors must be a contiguous int32 CUDA tensor of ", q.size(0), " elements on query's device, got ",
-              errors.scalar_type(), " of shape ", errors.sizes(), " on ", errors.device());
+              errors->scalar_type(), " of shape ", errors->sizes(), " on ", errors->device());
   return "";
 }
 
+// The kernel writes its flags into errors (the caller's page_errors, or one allocated for the call) or, with errors
+// nullptr, into `flags` (a slot of the deferred call's queue); zero_flags() clears them when nothing is launched.
+template <class ZeroFlags>
 std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
-                              c10::optional<at::Tensor> cache_seqlens, at::Tensor table, at::Tensor errors,
-                              at::Tensor partial_o, at::Tensor partial_lse, double scale, int64_t num_splits,
-                              bool causal) {
+                              c10::optional<at::Tensor> cache_seqlens, at::Tensor table, const at::Tensor* errors,
+                              int32_t* flags, at::Tensor partial_o, at::Tensor partial_lse, double scale,
+                              int64_t num_splits, bool causal, ZeroFlags&& zero_flags) {
   int dtype = 0;
   LAB_TRY(check_paged(q, k, v, o, table, errors));
   LAB_TRY(dtype_code(q, &dtype));
@@ -434,14 +442,165 @@ std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::
     fill_decode(p, qr, kr, vr, ow, k.size(2), capacity, num_splits, scale, dtype, causal);
     p.block_table = table.data_ptr<int32_t>();
     p.block_table_stride = table.size(0) > 1 ? table.stride(0) : table.size(1);
-    p.page_errors = errors.data_ptr<int32_t>();
+    p.page_errors = errors != nullptr ? errors->data_ptr<int32_t>() : flags;
     p.num_pages = static_cast<int>(k.size(0));
     p.page_size = static_cast<int>(k.size(1));
     p.max_pages = static_cast<int>(table.size(1));
     return run_launcher<DecodeLauncher>(launcher, p, "paged decode kernel");
   };
   // no query rows: no launch, and no sequence is flagged
-  return launch_on_copies(o, q, k, v, "key_cache", "value_cache", launch, [&] { errors.zero_(); });
+  return launch_on_copies(o, q, k, v, "key_cache", "value_cache", launch, zero_flags);
+}
+
+// ------------------------------------------------------------------ the deferred call's page flags
+// lab.ops.decode's default paged call (no page_errors; lab/decode/deferred.py) reads no flags after its kernel, so it
+// never waits for the GPU. The kernel writes page_errors into a slot of pinned host memory through the slot's device
+// alias (no copy on the stream: a device-to-host copy after the kernel would add a node of a few microseconds to a
+// step of tens), and an event is recorded after it on the current stream. The slot waits in its device's queue;
+// each later deferred call on that device, and page_flags_check, retires the slots whose event has completed,
+// oldest first, without waiting (page_flags_check(true) waits), and hands back those with a flag set: (device,
+// call number, the flags as a CPU tensor). Retired slots are reused, so a decoding loop allocates nothing once
+// warm; with kMaxPendingFlags slots queued a call first waits for the oldest (the host is then that many calls
+// ahead of the GPU, which hides every host cost). The CPU check build stands in for the device (host memory, and
+// events that complete when page_flags_cpu_complete says), so tests/test_paged_deferred.py runs the queue itself.
+constexpr size_t kMaxPendingFlags = 64;
+constexpr int64_t kFlagSlotInts = 256;  // a slot holds at least this many flags: one slot fits every usual batch
+
+#ifdef LAB_BINDING_CPU_CHECKS
+typedef int64_t FlagEvent;  // a ticket, done once page_flags_cpu_complete has passed it
+int64_t cpu_tickets = 0, cpu_done = 0;
+bool cpu_capturing = false;
+#else
+typedef cudaEvent_t FlagEvent;
+#endif
+
+struct FlagSlot {
+  int32_t* host = nullptr;    // pinned and mapped (cudaHostAllocMapped): read here once `done` has completed
+  int32_t* device = nullptr;  // the same memory as the kernel addresses it
+  int64_t capacity = 0, batch = 0, call = 0;
+  FlagEvent done{};
+};
+
+struct FlagQueue {
+  std::deque<FlagSlot> pending;  // oldest first
+  std::vector<FlagSlot> spare;
+  int64_t calls = 0, waits = 0;  // deferred calls queued; times a full queue waited for its oldest slot
+};
+
+typedef std::vector<std::tuple<int64_t, int64_t, at::Tensor>> BadFlags;  // (device, call, flags (B,) int32 CPU)
+
+std::vector<FlagQueue>& flag_queues() {
+  static auto* queues = new std::vector<FlagQueue>();  // never destroyed: no CUDA call during process exit
+  return *queues;
+}
+
+FlagQueue& flag_queue(int64_t device) {
+  auto& queues = flag_queues();
+  if (static_cast<int64_t>(queues.size()) <= device) queues.resize(device + 1);
+  return queues[device];
+}
+
+int64_t flag_device(const at::Tensor& q) { return std::max<int64_t>(q.get_device(), 0); }  // CPU build: "device" 0
+
+std::string flag_cuda_error(int status, const char* what) {
+#ifdef LAB_BINDING_CPU_CHECKS
+  return msg("page flags: ", what, ": CUDA error ", status);
+#else
+  (void)cudaGetLastError();
+  return msg("page flags: ", what, ": CUDA error ", status, ": ", cudaGetErrorString(static_cast<cudaError_t>(status)));
+#endif
+}
+
+// Whether the current stream of `device` is being captured into a CUDA graph: then no event is queried or recorded
+// (a query during capture invalidates it) and the call keeps its flags on the device, unread.
+bool capturing(int64_t device) {
+#ifdef LAB_BINDING_CPU_CHECKS
+  (void)device;
+  return cpu_capturing;
+#else
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device).stream(), &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // the legacy stream while another stream captures: treat it as capturing
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+#endif
+}
+
+std::string event_done(FlagEvent event, bool wait, bool* done) {
+#ifdef LAB_BINDING_CPU_CHECKS
+  if (wait) cpu_done = std::max(cpu_done, event);
+  *done = event <= cpu_done;
+  return "";
+#else
+  const cudaError_t status = wait ? cudaEventSynchronize(event) : cudaEventQuery(event);
+  *done = status == cudaSuccess;
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: cleared so that the next launch's check does not see it
+    return "";
+  }
+  return *done ? "" : flag_cuda_error(status, "waiting for a decode call's flags");
+#endif
+}
+
+// The oldest slot, its event completed: its flags copied out if any is set, the slot spare again.
+void retire_oldest(FlagQueue& queue, int64_t device, BadFlags& bad) {
+  const FlagSlot slot = queue.pending.front();
+  queue.pending.pop_front();
+  if (std::any_of(slot.host, slot.host + slot.batch, [](int32_t f) { return f != 0; })) {
+    at::Tensor flags = at::empty({slot.batch}, at::TensorOptions().dtype(at::kInt));
+    std::copy(slot.host, slot.host + slot.batch, flags.data_ptr<int32_t>());
+    bad.emplace_back(device, slot.call, flags);
+  }
+  queue.spare.push_back(slot);
+}
+
+// Retires the device's completed slots, oldest first, up to the first one still running (wait: all of them).
+std::string drain(int64_t device, bool wait, BadFlags& bad) {
+  FlagQueue& queue = flag_queue(device);
+  while (!queue.pending.empty()) {
+    bool done = false;
+    LAB_TRY(event_done(queue.pending.front().done, wait, &done));
+    if (!done) return "";
+    retire_oldest(queue, device, bad);
+  }
+  return "";
+}
+
+// A spare slot that holds `batch` flags, or a new one (pinned memory and an event: the only allocations).
+std::string take_slot(FlagQueue& queue, int64_t batch, FlagSlot* slot) {
+  for (size_t i = 0; i < queue.spare.size(); ++i) {
+    if (queue.spare[i].capacity < batch) continue;
+    *slot = queue.spare[i];
+    queue.spare[i] = queue.spare.back();
+    queue.spare.pop_back();
+    return "";
+  }
+  slot->capacity = std::max(batch, kFlagSlotInts);
+#ifdef LAB_BINDING_CPU_CHECKS
+  slot->host = slot->device = new int32_t[slot->capacity]();  // kept for the process's life, as on the GPU
+#else
+  // Portable: any device may write it; with unified addressing the device alias is the host pointer itself.
+  cudaError_t status = cudaHostAlloc(reinterpret_cast<void**>(&slot->host), slot->capacity * sizeof(int32_t),
+                                     cudaHostAllocMapped | cudaHostAllocPortable);
+  if (status != cudaSuccess) return flag_cuda_error(status, "pinned flags buffer");
+  status = cudaHostGetDevicePointer(reinterpret_cast<void**>(&slot->device), slot->host, 0);
+  if (status != cudaSuccess) return flag_cuda_error(status, "device alias of the pinned flags buffer");
+  status = cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming);
+  if (status != cudaSuccess) return flag_cuda_error(status, "flags event");
+#endif
+  return "";
+}
+
+std::string record_slot(FlagSlot& slot, int64_t device) {
+#ifdef LAB_BINDING_CPU_CHECKS
+  (void)device;
+  slot.done = ++cpu_tickets;
+#else
+  const cudaError_t status = cudaEventRecord(slot.done, c10::cuda::getCurrentCUDAStream(device).stream());
+  if (status != cudaSuccess) return flag_cuda_error(status, "recording the flags event");
+#endif
+  return "";
 }
 
 // Backward (kernels/bwd/*): the checks, the gradients and one float32 workspace allocated here, the launch.
@@ -702,6 +861,16 @@ std::tuple<std::string, at::Tensor> decode_auto(int64_t launcher, at::Tensor q, 
   return decode_call(launcher, q, k, v, cache_seqlens, s, num_splits);
 }
 
+// The output and the split workspaces (partial O and LSE, float32) a decode call allocates.
+void decode_buffers(const at::Tensor& q, int64_t num_splits, at::Tensor* o, at::Tensor* partial_o,
+                    at::Tensor* partial_lse) {
+  *o = at::empty(q.sizes(), q.options());
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2) * num_splits;
+  at::Tensor work = at::empty({rows * (q.size(3) + 1)}, q.options().dtype(at::kFloat));
+  *partial_o = work.narrow(0, 0, rows * q.size(3));
+  *partial_lse = work.narrow(0, rows * q.size(3), rows);
+}
+
 // Decode v03 as lab.ops calls it: paged when block_table is given (page_errors: the caller's (B,) int32 flags, or
 // allocated here), else the contiguous cache; causal is bottom-right. Returns (error, out, page_errors or None).
 std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_call(
@@ -711,11 +880,8 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_call
   if (q.dim() != 4) return {msg("query must be 4-D (B, H, S, D), got ", q.sizes()), at::Tensor(), c10::nullopt};
   if (num_splits < 1 || num_splits > LAB_MAX_NUM_SPLITS)
     return {msg("num_splits must be in [1, ", LAB_MAX_NUM_SPLITS, "], got ", num_splits), at::Tensor(), c10::nullopt};
-  at::Tensor o = at::empty(q.sizes(), q.options());
-  const int64_t rows = q.size(0) * q.size(1) * q.size(2) * num_splits;
-  at::Tensor work = at::empty({rows * (q.size(3) + 1)}, q.options().dtype(at::kFloat));
-  at::Tensor partial_o = work.narrow(0, 0, rows * q.size(3));
-  at::Tensor partial_lse = work.narrow(0, rows * q.size(3), rows);
+  at::Tensor o, partial_o, partial_lse;
+  decode_buffers(q, num_splits, &o, &partial_o, &partial_lse);
   if (!block_table.has_value()) {
     if (page_errors.has_value()) return {"page_errors needs a block_table (a paged cache)", at::Tensor(), c10::nullopt};
     std::string error = decode_fwd_impl(launcher, q, k, v, o, cache_seqlens, partial_o, partial_lse, c10::nullopt,
@@ -723,10 +889,106 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_call
     return {error, o, c10::nullopt};
   }
   at::Tensor errors = page_errors.has_value() ? *page_errors : at::empty({q.size(0)}, q.options().dtype(at::kInt));
-  std::string error = decode_paged_impl(launcher, q, k, v, o, cache_seqlens, *block_table, errors, partial_o,
-                                        partial_lse, scale, num_splits, causal);
+  std::string error = decode_paged_impl(launcher, q, k, v, o, cache_seqlens, *block_table, &errors, nullptr,
+                                        partial_o, partial_lse, scale, num_splits, causal, [&] { errors.zero_(); });
   return {error, o, errors};
 }
+
+// lab.ops.decode's default paged call (no page_errors), eager: decode_paged_call's checks and launch, the flags
+// written into a slot of the device's queue (above: the deferred call's page flags) and read at a later call,
+// never now. First the queue's completed slots are retired; if one has a flag set, nothing is launched and the
+// answer is ("", undefined, bad) for lab.decode.deferred to raise. Under CUDA-graph capture the flags stay on the
+// device, unread (decode_paged_call's behaviour). Returns (error, out, bad).
+std::tuple<std::string, at::Tensor, BadFlags> decode_paged_deferred(
+    int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> cache_seqlens,
+    at::Tensor block_table, double scale, int64_t num_splits, bool causal) {
+  BadFlags bad;
+  if (q.dim() != 4 || !on_gpu(q) || num_splits < 1 || num_splits > LAB_MAX_NUM_SPLITS || capturing(flag_device(q))) {
+    auto [error, o, errors] = decode_paged_call(launcher, q, k, v, cache_seqlens, block_table, c10::nullopt, scale,
+                                                num_splits, causal);  // its message, or the graph's unread flags
+    return {error, o, bad};
+  }
+  const int64_t device = flag_device(q);
+#ifndef LAB_BINDING_CPU_CHECKS
+  c10::cuda::CUDAGuard guard(q.device());
+#endif
+  std::string error = drain(device, false, bad);
+  FlagQueue& queue = flag_queue(device);
+  if (error.empty() && bad.empty() && queue.pending.size() >= kMaxPendingFlags) {
+    bool done = false;
+    error = event_done(queue.pending.front().done, true, &done);
+    if (error.empty()) {
+      ++queue.waits;
+      retire_oldest(queue, device, bad);
+    }
+  }
+  FlagSlot slot;
+  if (error.empty() && bad.empty()) error = take_slot(queue, q.size(0), &slot);
+  if (!error.empty() || !bad.empty()) return {error, at::Tensor(), bad};
+  at::Tensor o, partial_o, partial_lse;
+  decode_buffers(q, num_splits, &o, &partial_o, &partial_lse);
+  error = decode_paged_impl(launcher, q, k, v, o, cache_seqlens, block_table, nullptr, slot.device, partial_o,
+                            partial_lse, scale, num_splits, causal,
+                            [&] { std::fill(slot.host, slot.host + q.size(0), 0); });  // no rows: host-side zeros
+#ifdef LAB_BINDING_CPU_CHECKS
+  std::fill(slot.host, slot.host + q.size(0), 0);  // the kernel's writes, every sequence fine (page_flags_cpu_write)
+#endif
+  if (error.empty()) error = record_slot(slot, device);
+  if (!error.empty()) {
+    queue.spare.push_back(slot);
+    return {error, at::Tensor(), bad};
+  }
+  slot.batch = q.size(0);
+  slot.call = ++queue.calls;
+  queue.pending.push_back(slot);
+  return {"", o, bad};
+}
+
+// The deferred calls' queues on every device retired: without wait, the slots whose event has completed (oldest
+// first, up to the first still running); with wait, all of them (lab.ops.check_page_errors). A device whose
+// current stream is capturing a graph is left alone. Returns (error, bad, slots still queued).
+std::tuple<std::string, BadFlags, int64_t> page_flags_check(bool wait) {
+  BadFlags bad;
+  int64_t left = 0;
+  const int64_t devices = static_cast<int64_t>(flag_queues().size());
+  for (int64_t device = 0; device < devices; ++device) {
+    if (flag_queue(device).pending.empty()) continue;
+#ifndef LAB_BINDING_CPU_CHECKS
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+#endif
+    if (!capturing(device)) {
+      std::string error = drain(device, wait, bad);
+      if (!error.empty()) return {error, bad, left};
+    }
+    left += static_cast<int64_t>(flag_queue(device).pending.size());
+  }
+  return {"", bad, left};
+}
+
+// The queues' sizes, summed over devices: (slots queued, spare slots, deferred calls, waits on a full queue).
+std::tuple<int64_t, int64_t, int64_t, int64_t> page_flags_state() {
+  int64_t pending = 0, spare = 0, calls = 0, waits = 0;
+  for (const FlagQueue& queue : flag_queues()) {
+    pending += static_cast<int64_t>(queue.pending.size());
+    spare += static_cast<int64_t>(queue.spare.size());
+    calls += queue.calls;
+    waits += queue.waits;
+  }
+  return {pending, spare, calls, waits};
+}
+
+#ifdef LAB_BINDING_CPU_CHECKS
+// The CPU check build's stand-ins for the device (tests/test_paged_deferred.py): the kernel's flags written into
+// the newest queued slot of device 0, the events completed up to a call's ticket (-1: all recorded so far), the
+// current stream capturing or not.
+void page_flags_cpu_write(at::Tensor flags) {
+  if (flag_queue(0).pending.empty()) return;
+  FlagSlot& slot = flag_queue(0).pending.back();
+  std::copy(flags.data_ptr<int32_t>(), flags.data_ptr<int32_t>() + std::min(flags.numel(), slot.batch), slot.host);
+}
+void page_flags_cpu_complete(int64_t ticket) { cpu_done = ticket < 0 ? cpu_tickets : ticket; }
+void page_flags_cpu_capture(bool on) { cpu_capturing = on; }
+#endif
 
 // Backward: returns (error, dq, dk, dv); the tensors are undefined (None) when error is not empty.
 std::tuple<std::string, at::Tensor, at::Tensor, at::Tensor> attn_bwd_call(
@@ -823,6 +1085,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_auto", &decode_auto, "lab.ops.decode's eager contiguous call: (error or \"refused\", out)");
   m.def("decode_paged_call", &decode_paged_call,
         "decode v03 (paged or contiguous, bottom-right causal), allocated here: (error, out, page_errors)");
+  m.def("decode_paged_deferred", &decode_paged_deferred,
+        "lab.ops.decode's default paged call, its flags read at a later call: (error, out, earlier calls' bad flags)");
+  m.def("page_flags_check", &page_flags_check,
+        "retire the deferred calls' completed flags (wait: all of them): (error, bad flags, slots still queued)");
+  m.def("page_flags_state", &page_flags_state, "the flags queues: (queued, spare, deferred calls, waits when full)");
+#ifdef LAB_BINDING_CPU_CHECKS
+  m.def("page_flags_cpu_write", &page_flags_cpu_write, "CPU check build: flags into the newest queued slot");
+  m.def("page_flags_cpu_complete", &page_flags_cpu_complete, "CPU check build: events done up to a ticket (-1: all)");
+  m.def("page_flags_cpu_capture", &page_flags_cpu_capture, "CPU check build: the current stream capturing or not");
+#endif
   m.def("attn_bwd_call", &attn_bwd_call, "backward attention, gradients allocated here: (error, dq, dk, dv)");
   m.def("attn_auto_grad", &attn_auto_grad,
         "lab.ops.attention's eager call with gradients, a C++ autograd node: (error or \"refused\", out, lse)");

@@ -20,6 +20,7 @@ from .fwd.op import attention, attention_version, fwd_call_factory, fwd_writer  
 from .masks.op import attention_varlen  # noqa: F401 (window/softcap/sinks go through attention's arguments)
 from .decode.op import (MAX_DECODE_Q_LEN, MAX_NUM_SPLITS, decode, decode_call_factory, decode_writer,  # noqa: F401
                         raise_page_errors)
+from .decode.deferred import check_page_errors  # noqa: F401 (the default paged call's flags, waited for)
 
 # Autograd for lab::attention (and the lab::attention_backward op) is registered by lab/backward/op.py, imported
 # here so that `import lab.ops` is enough for lab.ops.attention to be differentiable.

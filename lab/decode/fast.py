@@ -9,6 +9,7 @@ from torch import Tensor as _Tensor
 from .. import build
 from ..kernels import plans
 from ..op_common import _direct, _eager, _scale
+from . import deferred
 
 
 def contiguous(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version):
@@ -43,6 +44,8 @@ def paged(query, key_cache, value_cache, cache_seqlens, block_table, page_errors
     H_kv against the version), and every per-call rule (devices, dtypes, strides, the flags buffer) is the
     binding's check_paged in C++. Lengths that are not int32, a table whose rows need a copy, tracing, or
     gradients take the full path."""
+    if type(block_table) is not _Tensor or type(query) is not _Tensor:
+        return None
     plan = plans.get(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version, num_splits))
     if plan is None or not _direct(query, key_cache, value_cache):
         return None
@@ -50,4 +53,20 @@ def paged(query, key_cache, value_cache, cache_seqlens, block_table, page_errors
     error, out, _ = build.binding().module.decode_paged_call(address, query, key_cache, value_cache, cache_seqlens,
                                                              block_table, page_errors, _scale(scale, query.shape[-1]),
                                                              splits, is_causal)
+    return None if error else out
+
+
+def paged_deferred(query, key_cache, value_cache, cache_seqlens, block_table, is_causal, scale, num_splits, version):
+    """The default paged call (no page_errors) in one crossing, as paged() is the page_errors call: the binding first
+    retires the earlier such calls' completed flags (ValueError from lab.decode.deferred if one was bad; nothing
+    runs then), then launches with the flags going to its queue (read later, never waited for here). None: the
+    full path runs (no plan yet, tracing, gradients, or a refusal, which the full path raises as the right error)."""
+    if type(block_table) is not _Tensor or type(query) is not _Tensor:
+        return None
+    plan = plans.get(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version, num_splits))
+    if plan is None or not _direct(query, key_cache, value_cache):
+        return None
+    address, splits = plan
+    error, out = deferred.call(address, query, key_cache, value_cache, cache_seqlens, block_table,
+                               _scale(scale, query.shape[-1]), splits, is_causal)
     return None if error else out

@@ -13,8 +13,8 @@ from ..kernels import keep_plan, launcher
 from ..kernels import resolve_version as _version
 from ..op_common import PAGED_LAYOUT, _check_cuda, _check_heads, _check_qkv, _check_tensor, _direct, _scale, sm_count
 from ..registry import DECODE, PAGED_DECODE, PAGED_HEADS, SPLIT_RULE, default_decode_version, paged_versions
-from . import fast
-from .plan import ERROR_NAMES, ragged_splits, split_plan  # split_plan: memoised, O(1) per decode step
+from . import deferred, fast
+from .plan import ragged_splits, split_plan  # split_plan: memoised, O(1) per decode step
 
 MAX_DECODE_Q_LEN = 16
 
@@ -136,13 +136,23 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     cache_seqlens and block_table contents. Bad tables are found on the device and never read out of
     bounds: a sequence with a page index outside [0, num_pages) among its keys, or with cache_seqlens[b] >
     max_pages * page_size, gets a zero output and a flag (lab.decode.plan.PAGE_E_*). page_errors, an int32
-    (B,) CUDA tensor, receives the flags with no host sync (serving loops, graphs); without it an eager call
-    reads them after the kernel (one sync) and raises ValueError naming the sequences; under graph capture
-    or torch.compile they are not read.
+    (B,) CUDA tensor, receives the flags with no host sync (serving loops, graphs); nothing reads them for you.
+    Without it an eager call never waits for the GPU either: its flags are read later (lab.decode.deferred), and
+    a later lab.ops.decode call, once the GPU has run this one, raises ValueError naming this call, its bad
+    sequences and why (their outputs were zeros), instead of running. lab.ops.check_page_errors() waits for
+    every such call and raises the same error: call it where you want the error at a known point. Under CUDA-graph
+    capture or torch.compile the flags of a call without page_errors are not read.
     is_causal (q_len > 1, contiguous or paged): bottom-right, as FlashAttention's decode: token i of q_len
     sees keys [0, len - q_len + i], so the last token sees the whole cache (lab.ops.attention's is_causal is
     SDPA's top-left); a token with no key left gets zeros. Causal calls run the paged versions' kernels.
     """
+    if block_table is not None and page_errors is None and (is_causal is False or is_causal is True):
+        out = fast.paged_deferred(query, key_cache, value_cache, cache_seqlens, block_table, is_causal, scale,
+                                  num_splits, version)  # retires the earlier such calls' flags in the same crossing
+        if out is not None:
+            return out
+    elif not torch.compiler.is_compiling() and deferred.queued:  # (asked first: dynamo never reads `queued`)
+        deferred.poll()  # another decode call while flags are queued: one crossing, no wait
     if block_table is None and page_errors is None and is_causal is False and type(query) is _Tensor:
         out = fast.contiguous(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version)
         if out is not None:
@@ -259,14 +269,14 @@ def _(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, sc
 
 
 def raise_page_errors(errors) -> None:
-    """ValueError naming every sequence whose page_errors flag is set (reads the flags: one host sync)."""
+    """ValueError naming every sequence whose page_errors flag is set (reads the flags: one host sync), for a caller
+    that passed page_errors and wants them checked now."""
     if errors is None or not bool(errors.any()):
         return
     rows = errors.nonzero().flatten().tolist()
-    bits = errors[rows].tolist()
-    named = [f"{b} ({' and '.join(text for bit, text in ERROR_NAMES.items() if value & bit)})" for b, value in zip(rows, bits)]
-    raise ValueError(f"block_table is bad for sequence(s) {', '.join(named)}: their outputs are zero. (Pass "
-                     f"page_errors=<int32 (B,) tensor> to receive these flags without a host sync.)")
+    raise ValueError(f"block_table is bad for sequence(s) {deferred.named_flags(zip(rows, errors[rows].tolist()))}: "
+                     f"their outputs are zero. (lab.ops.decode writes these flags into page_errors with no host "
+                     f"sync; reading them here waited for the GPU.)")
 
 
 def _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version, block_table, is_causal,
@@ -287,13 +297,17 @@ def _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits,
     name, splits = _v03_plan(query, heads_kv, capacity, version, num_splits, block_table is not None)
     scale = _scale(scale, query.shape[-1])
     if _direct(query, key_cache, value_cache):
-        out, errors = _v03_impl(query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits,
-                                is_causal, name)
-        if block_table is not None and page_errors is not None:  # checked: the next such call may go straight in
+        if block_table is not None and page_errors is None:  # flags read at a later call (lab.decode.deferred)
+            error, out = deferred.call(launcher(DECODE, name), query, key_cache, value_cache, seqlens, block_table,
+                                       scale, splits, is_causal)
+            if error:
+                raise RuntimeError(error)
+        else:
+            out = _v03_impl(query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits,
+                            is_causal, name)[0]
+        if block_table is not None:  # checked: the next such call may go straight in (fast.paged / paged_deferred)
             keep_plan(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version,
                        num_splits), (launcher(DECODE, name), splits))
-        if block_table is not None and page_errors is None and not torch.cuda.is_current_stream_capturing():
-            raise_page_errors(errors)
         return out
     # traced (torch.compile, fake tensors): the flags go to page_errors when given, else nowhere (no host read)
     return _v03_op(query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits, is_causal, name)
