@@ -1,5 +1,6 @@
 """Build the book from fixture outputs with no warnings, then look at it in a real headless browser."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -104,7 +105,8 @@ def test_pages_render_tables_and_figures_in_a_browser(built, browser, page):
     if page == "index":  # the front page's standings, included from outputs/log/standings.md
         assert "Attention kernels: a lab notebook" in dom and "Sessions" in dom and "Latest standings" in dom
         assert all(f"<td><p>{family}</p></td>" in dom for family in ("forward", "backward", "decode", "paged decode", "ring"))
-        assert "lab.ops.attention" in dom and "lab.ops.decode" in dom and "1.00x (0.80-1.25, 3)" in dom
+        assert "lab.ops.attention" in dom and "lab.ops.decode" in dom and "lab.ring.ring_attention" in dom
+        assert "<td><p>1.00x</p></td>" in dom and "flash 0.80-1.25 (3)" in dom
     if page == "baselines":  # the pivot per GPU and family, coloured, and a figure per family
         assert dom.count('class="pivot"') == 5 and "background:rgba(46,160,67" in dom  # the five families
         assert all(f"pivot-{family}-h100-80gb-hbm3.png" in dom for family in ("fwd", "bwd", "decode", "paged"))
@@ -120,6 +122,36 @@ def test_pages_render_tables_and_figures_in_a_browser(built, browser, page):
     kept = REPO / "_build" / "screenshots"  # ignored folder: the latest screenshots stay for a human to look at
     kept.mkdir(parents=True, exist_ok=True)
     shutil.copy(shots / f"{page}.png", kept / f"{page}.png")
+
+
+FIT_SCRIPT = """<script>
+window.addEventListener("load", function () {
+  var found = [];
+  document.querySelectorAll("article table").forEach(function (table, i) {
+    var box = table.parentElement, article = table.closest("article");
+    found.push(i + ":" + table.getBoundingClientRect().width.toFixed(0) + "/" + box.clientWidth + "/" +
+               box.scrollWidth + "/" + article.clientWidth);
+  });
+  document.body.setAttribute("data-tables", found.join(" "));
+});
+</script>"""
+
+
+def test_front_page_tables_fit_a_1400px_window(built, browser):
+    """At a 1400 px wide window every table of the front page (the standings) fits its text column: nothing
+    sits behind a horizontal scrollbar."""
+    root, _ = built
+    build = root / "_build"
+    page = build / "html" / "intro.html"
+    probe = page.with_name("intro-fit-probe.html")  # beside intro.html, so its stylesheets load the same
+    probe.write_text(page.read_text().replace("</body>", FIT_SCRIPT + "</body>"))
+    dom = run_chromium(browser, build, ["--window-size=1400,2000", "--dump-dom"], probe.as_uri())
+    match = re.search(r'data-tables="([^"]*)"', dom)
+    assert match and match.group(1), "the probe found no table on the front page"
+    for entry in match.group(1).split():
+        index, sizes = entry.split(":")
+        table, box, scroll, article = (float(x) for x in sizes.split("/"))
+        assert scroll <= box + 1 and table <= article + 1, f"front page table {index} overflows: {entry}"
 
 
 def test_make_book_builds_the_book_and_names_failed_chapters_when_the_session_fails(tmp_path):

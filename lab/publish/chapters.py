@@ -6,7 +6,8 @@ placeholder that says it never ran. A CPU run therefore never replaces GPU evide
 that needs several GPUs (its notebook's metadata `lab.min_gpus`, e.g. n12_ring's ring over 2 GPUs) counts a
 GPU session with fewer (session.json `gpus`; absent: 1) as a CPU run: there it runs its CPU version, which
 must never replace a multi-GPU run.
-Every copy gets a provenance cell after its title: which session, GPU and commit executed it.
+Every copy gets a provenance cell after its title: which session, GPU and commit executed it, and its outputs
+are cleaned for a reader (lab.publish.clean: no progress bars, warnings or machine paths; long tables folded).
 
 Only chapters of the known list (_toc.yml) are published, and a notebook is read only from inside its
 session folder: a crafted session.json cannot make the log read or write anywhere else. A notebook that
@@ -20,7 +21,7 @@ from pathlib import Path
 import nbformat
 
 from .. import files, paths, toc
-from . import pages
+from . import clean, pages
 
 _TIERS = [("gpu", "ok"), ("gpu", "failed"), ("cpu", "ok"), ("cpu", "failed")]
 
@@ -169,7 +170,7 @@ def publish(outputs: Path, sessions: list[dict], chapters: list[str], chapters_d
             nb = _read(path)
             if nb is not None:
                 pick = (session, entry)
-                nb = annotate(nb, session, entry, need)
+                nb = clean.clean(annotate(nb, session, entry, need))
                 break
         if nb is None:
             nb = placeholder(chapter, chapters_dir)

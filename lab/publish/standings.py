@@ -1,9 +1,10 @@
-"""The front page's standings: every family's default kernel against its SDPA yardstick, per GPU.
+"""The front page's standings: every family's default kernel against its SDPA yardstick, one table per GPU.
 
-One row per GPU and family (forward, backward, decode, paged decode, ring; `pivot.FAMILIES`): the geometric
-mean of SDPA's time / ours over the newest GPU session that timed the family, per SDPA backend, with the
-range and the number of cells. A family whose session timed no SDPA yardstick still gets its row, with
-empty cells and a note on what it did measure.
+Per GPU, one row per family (forward, backward, decode, paged decode, ring; `pivot.FAMILIES`) and one column
+per SDPA backend: the geometric mean of SDPA's time / ours over the newest GPU session that timed the family.
+The table stays narrow enough for the book's text column (no scrollbar: family, kernel and five ratios); the
+range, the cell counts, the yardstick and the session of each row follow it as a list. A family whose session
+timed no SDPA yardstick still gets its row, with empty cells and a note on what it did measure.
 """
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from .. import backends
 from . import pages
 from .pages import Markdown
 from .pivot import FAMILIES, YARDSTICK, by_gpu, geomean, ours
+
+# The records keep the impl name their first session wrote (lab.ring.run.IMPL); the page names the module
+# users import.
+PUBLIC_NAME = {"lab.dist.ring_attention": "lab.ring.ring_attention"}
+
+
+def public_name(impl: str | None) -> str | None:
+    return PUBLIC_NAME.get(impl, impl)
 
 
 def _ring_note(chosen: list[dict]) -> str:
@@ -24,42 +33,68 @@ def _ring_note(chosen: list[dict]) -> str:
     return "; ".join(notes)
 
 
-def standings(rows: list[dict]) -> tuple[list[str], list[list]]:
-    """Per GPU and family: the default kernel's geometric-mean ratio (min-max) against each SDPA backend."""
-    table, seen = [], set()
+def standings(rows: list[dict]) -> dict[str, list[dict]]:
+    """{GPU: [one line per family]}; a line holds family, kernel, yardstick, cells, session, note and, per SDPA
+    backend, (geometric mean, min, max, number of cells) of SDPA's time / ours."""
+    table = {}
     for gpu, gpu_rows in by_gpu(rows).items():
         for family, (_, title) in FAMILIES.items():
             impl, session, chosen = ours(gpu_rows, family)
             if not chosen:
                 continue
-            line = {"gpu": gpu, "family": title, "kernel": impl, "yardstick": YARDSTICK[family],
-                    "cells": len(chosen), "session": session, "note": ""}
+            line = {"family": title, "kernel": public_name(impl), "yardstick": YARDSTICK[family],
+                    "cells": len(chosen), "session": session, "note": "", "ratios": {}}
             for b in {k for r in chosen for k in r["ratios"]} & set(backends.SDPA):
                 values = [r["ratios"][b] for r in chosen if isinstance(r["ratios"].get(b), (int, float))]
                 mean = geomean(values)
                 if mean is not None:
-                    seen.add(b)
-                    line[b] = Markdown(f"{mean:.2f}x ({min(values):.2f}-{max(values):.2f}, {len(values)})")
+                    line["ratios"][b] = (mean, min(values), max(values), len(values))
             if family == "ring-scale":
                 line["note"] = _ring_note(chosen)
-            if not any(line.get(b) for b in backends.SDPA):
+            if not line["ratios"]:
                 line["note"] = "; ".join(filter(None, ["no SDPA yardstick timed in this session", line["note"]]))
-            table.append(line)
-    present = backends.ordered(seen)
-    header = ["GPU", "Family", "Kernel", "Yardstick", *[f"vs {b}" for b in present], "Cells", "Session", "Note"]
-    body = [[t["gpu"], t["family"], t["kernel"], t["yardstick"], *[t.get(b) for b in present], t["cells"],
-             pages.session_ref(t["session"]), t["note"]] for t in table]
+            table.setdefault(gpu, []).append(line)
+    return table
+
+
+def _short(backend: str) -> str:
+    return backend.removeprefix("sdpa-")
+
+
+def gpu_table(lines: list[dict]) -> tuple[list[str], list[list]]:
+    """One GPU's table: Family, Kernel and one column per SDPA backend that any of its families timed."""
+    present = backends.ordered({b for line in lines for b in line["ratios"]})
+    header = ["Family", "Kernel", *[_short(b) for b in present]]
+    body = [[line["family"], line["kernel"],
+             *[f"{line['ratios'][b][0]:.2f}x" if b in line["ratios"] else None for b in present]] for line in lines]
     return header, body
+
+
+def _details(line: dict) -> str:
+    spread = ", ".join(f"{_short(b)} {lo:.2f}-{hi:.2f} ({n})" for b, (_, lo, hi, n) in
+                       ((b, line["ratios"][b]) for b in backends.ordered(set(line["ratios"]))))
+    parts = [f"**{pages.text(line['family'])}**: against {pages.text(line['yardstick'])}; "
+             f"{line['cells']} cell{'s' if line['cells'] != 1 else ''} in session {pages.session_ref(line['session'])}"]
+    if spread:
+        parts.append(f"range (cells) {spread}")
+    if line["note"]:
+        parts.append(pages.text(line["note"]))
+    return "- " + "; ".join(parts) + "."
 
 
 def include(rows: list[dict]) -> str:
     """The front page's standings (intro.md includes this file)."""
-    header, body = standings(rows)
-    if not body:
+    table = standings(rows)
+    if not table:
         return ("*No GPU session has timed a default kernel yet: the standings appear here after the first "
                 "one (`python -m lab session` on a GPU, then `python -m lab log`).*\n")
-    return ("*Generated by `python -m lab log`.* Every family's default kernel (the public op as users call it: "
-            "forward, backward, decode, paged decode, ring) against its SDPA yardstick, forced to each backend, "
-            "in the newest GPU session that timed it: the geometric mean of SDPA's time / ours over that "
-            "session's cells (>1: ours faster), with the range and the number of cells. The "
-            "{doc}`baselines </outputs/log/baselines>` page has every cell.\n\n" + pages.table(header, body))
+    text = ("*Generated by `python -m lab log`.* Every family's default kernel (the public op as users call it) "
+            "against its SDPA yardstick, forced to each backend (a column per backend), in the newest GPU session "
+            "that timed it: the geometric mean of SDPA's time / ours over that session's cells (>1: ours faster). "
+            "Below each table: the range and the number of cells per backend, and the session. The "
+            "{doc}`baselines </outputs/log/baselines>` page has every cell.\n")
+    for gpu, lines in table.items():
+        header, body = gpu_table(lines)
+        text += f"\n### {pages.text(gpu)}\n\n" + pages.table(header, body) + "\n"
+        text += "\n".join(_details(line) for line in lines) + "\n"
+    return text

@@ -1,0 +1,178 @@
+"""What a reader sees of an executed chapter: the published copy's outputs, cleaned (the session's own notebook
+keeps every byte).
+
+- progress bars (tqdm's carriage-return fragments on stderr), Python warnings and torch's log lines are dropped;
+  any other stderr text stays;
+- consecutive stream outputs of one cell are merged, so a cell that printed line by line reads as one block;
+- absolute machine paths become paths a reader can use: inside the checkout, relative to it
+  (`/work/main/lab/bench.py` -> `lab/bench.py`); inside an environment, from `site-packages/`; a temporary
+  folder as `${TMPDIR:-/tmp}/...` (a shell command stays runnable); a home folder as `~/...`;
+- a long or wide text output, and a long Markdown table, shows its first rows; the whole of it follows in a
+  collapsed `<details>` block.
+"""
+from __future__ import annotations
+
+import re
+
+HEAD_LINES = 15  # rows shown before the collapsed block
+MAX_LINES = 40  # a text output or Markdown table longer than this is collapsed
+MAX_COLUMNS = 10  # a Markdown table with more columns shows its first ten
+MAX_WIDTH = 160  # characters; a text output with a wider line is collapsed, its first rows cut at this width
+
+# the checkout's top-level folders: a path through one of them is shown from there
+_CHECKOUT = ("lab", "kernels", "chapters", "outputs", "tests", "tools", ".venv", ".cache")
+_PATH = re.compile(r"(?<![\w.~$}/-])/(?:root|home|tmp|work|opt|usr/local|mnt|scratch|data)(?=/)"
+                   r"[^\s'\"`,;:()\[\]{}<>|*]*")
+_TQDM = re.compile(r"^\s*[^|\n]*:?\s*\d{1,3}%\|")  # 'fwd sweep:  56%|█████▋    | 9/16 [...]'
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")  # path:line: UserWarning: message (its source line follows)
+_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")  # torch's C++ / dynamo log lines
+_BINARY = ("image/", "application/pdf")
+
+
+def machine_path(match: re.Match) -> str:
+    path = match.group(0)
+    parts = path.split("/")
+    if "site-packages" in parts:
+        return "/".join(parts[parts.index("site-packages"):])
+    for i, part in enumerate(parts[:-1] if not path.endswith("/") else parts):
+        if part in _CHECKOUT and i > 1:
+            return "/".join(parts[i:])
+    if path.startswith("/tmp/"):
+        return "${TMPDIR:-/tmp}" + path[len("/tmp"):]
+    if path.startswith(("/root/", "/home/")):
+        rest = parts[2:] if path.startswith("/root/") else parts[3:]
+        return "~/" + "/".join(rest)
+    return "…/" + (parts[-1] or parts[-2])
+
+
+def scrub(text: str) -> str:
+    """Absolute machine paths in text replaced (machine_path)."""
+    return _PATH.sub(machine_path, text)
+
+
+def _terminal(line: str) -> str:
+    """What a terminal shows of a line with carriage returns: its last segment."""
+    return line.rsplit("\r", 1)[-1] if "\r" in line else line
+
+
+def quiet_stderr(text: str) -> str:
+    """stderr without progress bars, Python warnings (with their source line) or torch log lines."""
+    kept, in_warning = [], False
+    for raw in text.split("\n"):
+        line = _terminal(raw)
+        if in_warning and line.startswith((" ", "\t")):
+            continue
+        in_warning = bool(_WARNING.match(line))
+        if in_warning or _GLOG.match(line) or _TQDM.match(line) or not line.strip():
+            continue
+        kept.append(line)
+    return "\n".join(kept) + ("\n" if kept else "")
+
+
+def _source(value) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+def _fence(body: str) -> str:
+    longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}text\n{body.rstrip()}\n{ticks}"
+
+
+def _details(summary: str, body: str) -> dict:
+    """A display output (Markdown, rendered as MyST) holding `body` in a collapsed block."""
+    text = f"<details>\n<summary>{summary}</summary>\n\n{body.rstrip()}\n\n</details>\n"
+    return {"output_type": "display_data", "metadata": {}, "data": {"text/markdown": text}}
+
+
+def fold_text(text: str) -> list[dict] | None:
+    """A long or wide stream text: [its first rows, cut to MAX_WIDTH; the whole, collapsed], or None if it fits."""
+    lines = text.rstrip("\n").split("\n")
+    width = max(len(line) for line in lines)
+    if len(lines) <= MAX_LINES and width <= MAX_WIDTH:
+        return None
+    head = [line if len(line) <= MAX_WIDTH else line[:MAX_WIDTH - 2] + " …" for line in lines[:HEAD_LINES]]
+    more = f"… {len(lines) - HEAD_LINES} more lines below\n" if len(lines) > HEAD_LINES else ""
+    shown = {"output_type": "stream", "name": "stdout", "text": "\n".join(head) + "\n" + more}
+    summary = f"The whole output: {len(lines)} lines, up to {width} characters wide"
+    return [shown, _details(summary, _fence(text))]
+
+
+_CELL_BREAK = re.compile(r"(?<!\\)\|")
+
+
+def _first_columns(line: str, n: int) -> str:
+    cells = _CELL_BREAK.split(line.strip())[1:-1]
+    return "|" + "|".join(cells[:n]) + "|" + (" … |" if len(cells) > n else "")
+
+
+def fold_markdown(text: str) -> list[dict] | None:
+    """A Markdown output whose table has more than MAX_LINES rows or MAX_COLUMNS columns: [the text with the
+    table's first rows and columns; the whole table, collapsed], or None."""
+    lines = text.rstrip("\n").split("\n")
+    rows = [i for i, line in enumerate(lines) if line.startswith("|")]
+    if not rows:
+        return None
+    first, last = rows[0], rows[-1]
+    columns = len(_CELL_BREAK.split(lines[first].strip())) - 2
+    if len(rows) <= MAX_LINES + 2 and columns <= MAX_COLUMNS:  # + header and rule
+        return None
+    table = lines[first:last + 1]
+    head = [_first_columns(line, MAX_COLUMNS) for line in table[:2 + HEAD_LINES]]
+    if len(head) > 2:
+        head[1] = "|" + "---|" * (head[0].count("|") - 1)
+    hidden = [f"{len(rows) - 2 - HEAD_LINES} more rows"] if len(rows) - 2 > HEAD_LINES else []
+    hidden += [f"{columns - MAX_COLUMNS} more columns"] if columns > MAX_COLUMNS else []
+    shown = lines[:first] + head + [f"\n*… {' and '.join(hidden)} below.*"] + lines[last + 1:]
+    summary = f"The whole table: {len(rows) - 2} rows, {columns} columns"
+    return [{"output_type": "display_data", "metadata": {}, "data": {"text/markdown": "\n".join(shown) + "\n"}},
+            _details(summary, "\n".join(table))]
+
+
+def _scrub_tree(value, key: str = ""):
+    if isinstance(value, str):
+        return value if key.startswith(_BINARY) else scrub(value)
+    if isinstance(value, list):
+        if key in ("source", "text") or key.startswith("text/"):  # multiline text stored as a list of lines
+            return scrub("".join(value))
+        return [_scrub_tree(v, key) for v in value]
+    if isinstance(value, dict):
+        return type(value)((k, _scrub_tree(v, k)) for k, v in value.items())
+    return value
+
+
+def _cell_outputs(outputs: list) -> list:
+    merged = []
+    for out in outputs:
+        if out.get("output_type") == "stream":
+            text = _source(out.get("text", ""))
+            if out.get("name") == "stderr":
+                text = quiet_stderr(text)
+            if not text:
+                continue
+            if merged and merged[-1].get("output_type") == "stream" and merged[-1].get("name") == out.get("name"):
+                merged[-1]["text"] += text
+                continue
+            merged.append({"output_type": "stream", "name": out.get("name"), "text": text})
+        else:
+            merged.append(out)
+    cleaned = []
+    for out in merged:
+        folded = None
+        if out.get("output_type") == "stream":
+            folded = fold_text(out["text"])
+        elif "text/markdown" in out.get("data", {}):
+            folded = fold_markdown(_source(out["data"]["text/markdown"]))
+            if folded and out.get("output_type") == "execute_result":
+                folded[0].update(output_type="execute_result", execution_count=out.get("execution_count"))
+        cleaned.extend(folded or [out])
+    return cleaned
+
+
+def clean(nb):
+    """The notebook (nbformat node or dict) as the book shows it: a new notebook node."""
+    import nbformat
+
+    cells = [{**cell, "outputs": _cell_outputs(cell.get("outputs", []))} if cell.get("cell_type") == "code"
+             else cell for cell in nb["cells"]]
+    return nbformat.from_dict(_scrub_tree({**nb, "cells": cells}))
