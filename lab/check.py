@@ -268,9 +268,10 @@ def reference_grads(q, k, v, dout, is_causal=False, scale=None):
 def sdpa_grads(q, k, v, dout, is_causal=False, scale=None, backend: str = "default"):
     """SDPA's (out, dq, dk, dv) in the inputs' dtype, forced to `backend`: the backward error yardstick.
 
-    The math backend's bf16 backward is more accurate than any fused kernel's (H200 run 1 of n10: a fused
-    backward at ~3.5x math's relative L2 error), so it is no yardstick for one. A scale <= 0 runs as sdpa()
-    rewrites it, exactly: autograd through the rewritten query (-q) gives dq back with its sign.
+    The math backend's bf16 backward is more accurate than any fused kernel's (n10's first H200 session,
+    20261122-215723-h200-74ca9702a2: a fused backward at ~3.5x math's relative L2 error), so it is no yardstick
+    for one. A scale <= 0 runs as sdpa() rewrites it, exactly: autograd through the rewritten query (-q) gives dq
+    back with its sign.
     """
     from .bench import sdpa_backend
 

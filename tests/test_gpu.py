@@ -249,8 +249,9 @@ def test_binding_normalises_layouts_it_can_copy(version):
     buf = torch.full((3, 4, 1, 65), float("nan"), device="cuda", dtype=torch.float16)
     out = buf[..., :64]
     _attn(qo, ke, ve, out, version=version)
-    # the yardstick gets plain copies: SDPA itself is not under test with odd strides (run 3 on the H200 hit
-    # a "misaligned address" in this test, not isolated between SDPA and the kernel)
+    # the yardstick gets plain copies: SDPA itself is not under test with odd strides (on the H200 this test hit
+    # a "misaligned address", not isolated between SDPA and the kernel: outputs/driver_logs/
+    # 20261122-h200-test_gpu-run3-b39524931e.log)
     _assert_passes(out, *(_dense(t) for t in (qo, ke, ve)))
     # a view at an odd element offset (data pointer not 16-byte aligned)
     flat = torch.randn(1 + q.numel(), device="cuda", dtype=torch.float16)
