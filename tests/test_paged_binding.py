@@ -4,6 +4,8 @@ folder), called directly with every bad argument; nothing is launched. The GPU b
 tests/test_paged_gpu.py."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -73,3 +75,34 @@ def test_no_query_rows_clear_the_flags(cpu_binding):  # noqa: F811
     a["errors"] = torch.full((3,), 7, dtype=torch.int32)
     _call(cpu_binding, a)
     assert a["errors"].tolist() == [0, 0, 0]
+
+
+# ------------------------------------------------------------------ the default call's entry (decode_paged_deferred)
+
+def _deferred(binding, a):
+    return binding.module.decode_paged_deferred(0, a["q"], a["k"], a["v"], a["lens"], a["table"], a["scale"],
+                                                a["splits"], a["causal"])
+
+
+@pytest.mark.parametrize("what", sorted(w for w in BAD if not w.startswith("errors")))
+def test_bad_deferred_call_is_named_and_queues_nothing(cpu_binding, what):  # noqa: F811
+    """lab.ops.decode's default paged call has decode_paged_call's checks and messages (its flags are a slot of
+    the binding's queue, not an argument); a refused call leaves no slot queued."""
+    change, pattern = BAD[what]
+    a = _args()
+    a.update(change(a))
+    before = cpu_binding.module.page_flags_state()
+    error, out, bad = _deferred(cpu_binding, a)
+    assert re.search(pattern, error) and bad == []
+    assert cpu_binding.module.page_flags_state()[0] == before[0]
+
+
+def test_good_deferred_call_queues_one_slot(cpu_binding):  # noqa: F811
+    module = cpu_binding.module
+    module.page_flags_cpu_complete(-1)
+    module.page_flags_check(True)
+    error, out, bad = _deferred(cpu_binding, _args())
+    assert error == "" and out.shape == _args()["q"].shape and bad == []
+    assert module.page_flags_state()[0] == 1
+    module.page_flags_cpu_complete(-1)
+    assert module.page_flags_check(False) == ("", [], 0)

@@ -128,11 +128,15 @@ def _inputs(B=3, num_pages=12, page=16, max_pages=4, lengths=(64, 10, 33)):
     return q, kc, vc, table, torch.tensor(lengths, dtype=torch.int32)
 
 
-def test_default_call_queues_its_flags_and_reads_nothing(gpu):
+def test_default_call_queues_its_flags_and_reads_nothing(gpu, monkeypatch):
     q, kc, vc, table, seqlens = _inputs()
+    full = []
+    real = decode_op._check_paged
+    monkeypatch.setattr(decode_op, "_check_paged", lambda *a: full.append(1) or real(*a))
     for _ in range(5):
         out = ops.decode(q, kc, vc, seqlens, block_table=table)
-    assert out.shape == q.shape and gpu.log == ["deferred"] * 5  # the first by the full path, then one crossing
+    assert out.shape == q.shape and gpu.log == ["deferred"] * 5
+    assert len(full) == 1  # the first call by the full path, then one crossing each
     assert gpu.reads.count == 0 and len(gpu.pending) == 5 and deferred.queued
 
 

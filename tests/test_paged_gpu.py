@@ -1,6 +1,6 @@
 """GPU tests of decode v03 through lab.ops.decode: paged caches (shuffled tables, page sizes 16/64/256, GQA
 1/4/8, q_len 1-8, causal and not, ragged lengths with 0 and 1) against the float64 reference (lab.decode.paged,
-lab.check's rule), the contiguous causal path, bad tables (zeroed rows and flags; eager ValueError), and CUDA
+lab.check's rule), the contiguous causal path, bad tables (zeroed rows and flags; ValueError at a later call), and CUDA
 graph replays with new lengths and tables. Marked `gpu`: skipped without CUDA (tests/conftest.py).
 
 Not yet run on a GPU (written without GPU time, 2026-11-22). Run: .venv/bin/python -m pytest -q tests/test_paged_gpu.py
@@ -92,11 +92,31 @@ def test_out_of_range_tables_zero_the_rows_and_flag_them(num_splits, version):
 
 
 def test_eager_call_without_page_errors_raises_naming_the_sequences():
+    """Without page_errors the call returns at once (its flags read later, lab.decode.deferred): the flagged rows are
+    zero, lab.ops.check_page_errors() raises naming them, and so does the next call once the GPU has run it; the
+    flags equal those of the call with page_errors, and a long run of good calls keeps the queue bounded."""
+    from lab import build
+
     case, a, table = _bad_table_inputs(1)
-    with pytest.raises(ValueError, match=r"sequence\(s\) 1 \(a page index outside .*2 \(.*4 \(cache_seqlens longer"):
-        ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], block_table=table, is_causal=True)
-    good = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"].clamp(max=512), block_table=a["table"])
-    assert torch.isfinite(good).all()
+    pattern = r"sequence\(s\) 1 \(a page index outside .*2 \(.*4 \(cache_seqlens longer"
+    ops.check_page_errors()
+    out = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], block_table=table, is_causal=True)
+    with pytest.raises(ValueError, match=pattern):
+        ops.check_page_errors()
+    flags = torch.full((case.B,), -1, dtype=torch.int32, device="cuda")
+    same = ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], block_table=table, is_causal=True,
+                      page_errors=flags)
+    assert torch.equal(out, same) and flags.tolist() == [0, 1, 1, 0, 2, 0] and (out[[1, 2, 4]] == 0).all()
+    ops.decode(a["q"], a["k_pages"], a["v_pages"], a["seqlens"], block_table=table, is_causal=True)  # one crossing
+    torch.cuda.synchronize()
+    good = (a["q"], a["k_pages"], a["v_pages"], a["seqlens"].clamp(max=512))
+    with pytest.raises(ValueError, match=pattern):
+        ops.decode(*good, block_table=a["table"])
+    for _ in range(300):  # the host far ahead of the GPU: at most 64 calls' flags queued
+        out = ops.decode(*good, block_table=a["table"])
+    assert build.binding().module.page_flags_state()[0] <= 64
+    ops.check_page_errors()
+    assert torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("case", [PagedCase("pg-graph", 4, 8, 2, 4, 1000, 128, "bfloat16", (1000, 1, 0, 999), 64, True),

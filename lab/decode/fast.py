@@ -67,6 +67,10 @@ def paged_deferred(query, key_cache, value_cache, cache_seqlens, block_table, is
     if plan is None or not _direct(query, key_cache, value_cache):
         return None
     address, splits = plan
-    error, out = deferred.call(address, query, key_cache, value_cache, cache_seqlens, block_table,
-                               _scale(scale, query.shape[-1]), splits, is_causal)
+    error, out, bad = build.binding().module.decode_paged_deferred(address, query, key_cache, value_cache,
+                                                                   cache_seqlens, block_table,
+                                                                   _scale(scale, query.shape[-1]), splits, is_causal)
+    if bad:
+        raise deferred.error(bad)
+    deferred.queued = True  # (lab.decode.deferred.call's steps, inlined: this is the step loop's path)
     return None if error else out
