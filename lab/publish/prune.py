@@ -11,9 +11,9 @@ of the checkout to a GPU machine carries them. Notebooks and figures stay only f
   (outputs/bugs.json, outputs/patterns.json) cites by its folder name, by its `YYYYmmdd-HHMMSS` stamp, or by the
   `…HHMMSS…` short form the README uses.
 
-The kernels' write-ups (kernels/**/README.md) cite sessions too, for the numbers of each step; those numbers are
-in the records, which stay, so such a citation keeps no executed copy. With it kept, 37 sessions cited only
-there held 14.6 MB of notebooks and figures, more than a third of the budget.
+A session cited by a kernel README (kernels/**/README.md) keeps no executed copy: the numbers such a citation
+stands for are in the records, which stay. When those READMEs still held each step's numbers, 37 sessions cited
+only there held 14.6 MB of notebooks and figures, more than a third of the budget.
 
 Nsight Compute reports (.ncu-rep, 0.3-2.5 MB each) leave the tree in every session: the book never shows
 them (the executed notebook has the charts, the records have the metrics), and one n8 session's four
