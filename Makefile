@@ -16,6 +16,8 @@ export JUPYTER_CONFIG_DIR := $(LAB_CACHE_DIR)/jupyter
 export JUPYTER_DATA_DIR := $(LAB_CACHE_DIR)/jupyter-data
 export TORCH_EXTENSIONS_DIR := $(LAB_CACHE_DIR)/torch_extensions
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+# The venv's tools first (its pinned ninja, which torch's load_inline runs, and jupyter-book), as if activated.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: book test kernels lab env clean-book
 

@@ -89,6 +89,14 @@ def fingerprint() -> dict:
     }
 
 
+
+def ninja_path() -> str | None:
+    """The ninja this Python's environment installed (beside the interpreter: .venv/bin/ninja, the version
+    requirements.txt pins) before any other on PATH; the Makefile puts .venv/bin first on PATH, so torch's
+    load_inline runs that one too."""
+    beside = os.path.join(os.path.dirname(sys.executable), "ninja")
+    return beside if os.access(beside, os.X_OK) else shutil.which("ninja")
+
 def check() -> EnvReport:
     report = EnvReport()
     facts, problems = report.facts, report.problems
@@ -103,8 +111,9 @@ def check() -> EnvReport:
     facts["nvcc"] = f"{nvcc} ({shutil.which('nvcc')})" if nvcc else "not found"
     if not nvcc:
         problems.append(("nvcc not found", "install the CUDA toolkit and put its bin/ on PATH (export PATH=/usr/local/cuda/bin:$PATH)"))
-    ninja = _run([shutil.which("ninja") or "ninja", "--version"])
-    facts["ninja"] = ninja.strip() if ninja else "not found"
+    where = ninja_path()
+    ninja = _run([where or "ninja", "--version"])
+    facts["ninja"] = f"{ninja.strip()} ({where})" if ninja else "not found"
     if not ninja:
         problems.append(("ninja not found (torch's load_inline needs it)", "pip install ninja==1.13.2"))
     gpu = gpu_info()

@@ -127,11 +127,23 @@ def _short_traceback(lines) -> str:
     return "\n".join(text.splitlines()[-40:])[-4000:]
 
 
+def _declared(papermill, source: Path, parameters: dict) -> dict:
+    """The parameters the notebook's parameters cell names (all of them if it cannot be inspected)."""
+    try:
+        declared = papermill.inspect_notebook(str(source))
+    except Exception:  # no kernelspec, no parameters cell: papermill itself reports what is wrong
+        return parameters
+    return {name: value for name, value in parameters.items() if name in declared} if declared else parameters
+
+
 def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: float | None) -> dict:
     """Run one notebook; returns {status, error, traceback}. Any failure is caught and described."""
     import papermill  # slow import, needed only here
 
     try:
+        # only the parameters the chapter's parameters cell declares: the session's `cases` means nothing to a
+        # chapter without one (papermill would warn "Passed unknown parameter")
+        parameters = _declared(papermill, source, parameters)
         papermill.execute_notebook(str(source), str(target), parameters=parameters, kernel_name="python3",
                                    cwd=str(cwd), progress_bar=False, execution_timeout=timeout)
         return {"status": "ok", "error": None, "traceback": None}

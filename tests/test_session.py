@@ -310,3 +310,23 @@ def test_a_signal_during_the_final_write_does_not_cut_it_short(tmp_path, monkeyp
     info = json.loads((folder / "session.json").read_text())
     assert info["status"] == "complete" and info["end"]
     assert any(line.startswith("signal 15 arrived while session.json was being finished") for line in lines)
+
+
+def test_a_chapter_gets_only_the_parameters_it_declares(tmp_path, monkeypatch):
+    """The session's parameters (device, cases, ...) reach a chapter only where its parameters cell names them:
+    papermill would otherwise print "Passed unknown parameter: cases" into the chapter."""
+    import papermill
+
+    chapter = tmp_path / "n99_device_only.ipynb"
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_markdown_cell("# Device only"),
+                nbformat.v4.new_code_cell('device = "auto"', metadata={"tags": ["parameters"]})]
+    nbformat.write(nb, chapter)
+    seen = {}
+    monkeypatch.setattr(papermill, "execute_notebook", lambda source, target, parameters, **kw: seen.update(parameters))
+    result = session.execute(chapter, tmp_path / "out.ipynb", {"device": "cpu", "cases": "quick"}, tmp_path, None)
+    assert result["status"] == "ok" and seen == {"device": "cpu"}, result
+    session.execute(FIXTURES / "ok_chapter.ipynb", tmp_path / "ok.ipynb", {"device": "cpu", "cases": "full"}, tmp_path,
+                    None)
+    assert seen == {"device": "cpu", "cases": "full"}  # a chapter that declares cases gets it
