@@ -2,15 +2,24 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import paths, record
+
+
+def _cell():
+    """The running cell's execution count under IPython (a notebook), else None."""
+    try:
+        return get_ipython().execution_count  # noqa: F821 (defined by IPython)
+    except NameError:
+        return None
 
 
 @dataclass
 class Chapter:
     name: str
     device: str
+    _said: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def gpu(self) -> bool:
@@ -24,13 +33,18 @@ class Chapter:
         return False
 
     def recorded(self, **match) -> list[dict]:
-        """The latest GPU session's rows for this chapter (what CPU mode shows), with their session named."""
+        """The latest GPU session's rows for this chapter (what CPU mode shows), with their session named once
+        per cell: a cell that reads two kinds of rows from one session says so once."""
         rows = record.latest_gpu_rows(record.load(chapter=self.name, **match))
         if rows:
             env = rows[0]["env"]
-            print(f"recorded GPU results: session {rows[0]['session']}, {env['gpu']}, commit {rows[0]['commit']}")
+            line = f"recorded GPU results: session {rows[0]['session']}, {env['gpu']}, commit {rows[0]['commit']}"
         else:
-            print("no GPU results recorded yet for this chapter")
+            line = "no GPU results recorded yet for this chapter"
+        said = (_cell(), line)
+        if said != self._said:
+            print(line)
+            self._said = said
         return rows
 
 

@@ -137,3 +137,18 @@ def test_a_read_only_checkout_runs_a_chapter_with_the_cache_elsewhere(tmp_path, 
     assert _snapshot(checkout) == before, "the chapter wrote inside the checkout"
     assert list((cache / "compile_check").glob("*.o")), "the kernels were compile-checked into LAB_CACHE_DIR"
     assert (cache / "matplotlib").is_dir() and (cache / "torch_extensions").is_dir()
+
+
+def test_recorded_results_name_their_session_once_per_cell(monkeypatch, capsys):
+    """A CPU-mode cell that reads two kinds of rows from one session (n4: timings and checks) names it once; the
+    next cell names it again."""
+    from lab import chapter, record
+
+    rows = [{"session": "s1", "env": {"gpu": "NVIDIA H200"}, "commit": "c0ffee0"}]
+    monkeypatch.setattr(record, "load", lambda **match: rows)
+    monkeypatch.setattr(record, "latest_gpu_rows", lambda found: found)
+    cells = iter([7, 7, 8])
+    monkeypatch.setattr(chapter, "_cell", lambda: next(cells))
+    ch = chapter.Chapter("n4_baseline", "cpu")
+    assert ch.recorded(kind="fwd") == rows and ch.recorded(kind="check") == rows and ch.recorded(kind="fwd") == rows
+    assert capsys.readouterr().out.count("recorded GPU results: session s1, NVIDIA H200, commit c0ffee0\n") == 2
