@@ -127,3 +127,34 @@ def error_heatmap(result, path=None):
                  fontsize=9)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def _length_label(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def tile_cost(kind, block: int, lengths, windowed, causal, window: int, path=None):
+    """A masked kernel's tiles and their cost. Left: each (query tile, key tile) of one sequence as skipped,
+    masked or full (kind: 0, 1, 2), with a legend for the three. Right: key tiles computed against S at a fixed
+    window and causal without one, on log axes whose ticks are the lengths themselves (2k, 4k, ...)."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    colours = ["white", "tab:orange", "tab:blue"]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4.2))
+    tiles = np.asarray(kind)
+    ax[0].imshow(tiles, cmap=ListedColormap(colours), vmin=0, vmax=2, interpolation="nearest")
+    ax[0].set(title=f"S = {tiles.shape[0] * block}: {block} x {block} tiles", xlabel="key tile", ylabel="query tile")
+    ax[0].legend(handles=[Patch(facecolor=c, edgecolor="0.4", label=name) for c, name in
+                          zip(colours, ("skipped", "masked", "full"))], loc="upper right", fontsize=9)
+    ax[1].plot(lengths, windowed, "o-", label=f"window {window}")
+    ax[1].plot(lengths, causal, "s-", label="causal, no window")
+    ax[1].set_xscale("log", base=2)
+    ax[1].set_yscale("log")
+    ax[1].set_xticks(list(lengths), [_length_label(n) for n in lengths])
+    ax[1].xaxis.set_minor_locator(plt.NullLocator())
+    ax[1].set(xlabel="sequence length S", ylabel="key tiles computed", title="cost at a fixed window")
+    ax[1].legend()
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -151,3 +151,15 @@ def test_plots_without_path_return_the_figure_and_write_nothing(fwd_rows, tmp_pa
     monkeypatch.chdir(tmp_path)
     fig = plot.speedup_bars(fwd_rows, "v02")
     assert fig.axes and list(tmp_path.iterdir()) == []
+
+
+def test_tile_cost_labels_its_lengths_and_its_tile_kinds(close_figures):
+    import numpy as np
+
+    kind = np.array([[2, 0], [1, 2]])
+    fig = plot.tile_cost(kind, 64, [2048, 4096, 8192, 32768], [150, 310, 630, 2550], [528, 2080, 8256, 131328], 256)
+    tiles, cost = fig.axes
+    assert [t.get_text() for t in cost.get_xticklabels()] == ["2k", "4k", "8k", "32k"]
+    assert not cost.xaxis.get_minor_ticks() or not any(t.label1.get_text() for t in cost.xaxis.get_minor_ticks())
+    assert [t.get_text() for t in tiles.get_legend().get_texts()] == ["skipped", "masked", "full"]
+    assert [t.get_text() for t in cost.get_legend().get_texts()] == ["window 256", "causal, no window"]
