@@ -152,3 +152,15 @@ def test_recorded_results_name_their_session_once_per_cell(monkeypatch, capsys):
     ch = chapter.Chapter("n4_baseline", "cpu")
     assert ch.recorded(kind="fwd") == rows and ch.recorded(kind="check") == rows and ch.recorded(kind="fwd") == rows
     assert capsys.readouterr().out.count("recorded GPU results: session s1, NVIDIA H200, commit c0ffee0\n") == 2
+
+
+def test_front_doors_name_every_chapter_and_experiment():
+    """README.md (at most 8 KB, for users) and the book's front page (intro.md) name every notebook in chapters/:
+    the n<N>_ chapters and the x_ experiments."""
+    notebooks = sorted(p.stem for p in paths.CHAPTERS.glob("*.ipynb"))
+    assert any(n.startswith("n") for n in notebooks)
+    readme, intro = (paths.ROOT / "README.md").read_text(), (paths.ROOT / "intro.md").read_text()
+    assert len(readme.encode()) <= 8 * 1024, f"README.md is {len(readme.encode())} bytes"
+    for name in notebooks:
+        assert f"`{name}`" in readme, f"README.md does not name {name}"
+        assert f"`{name}`" in intro, f"intro.md does not name {name}"
