@@ -334,8 +334,12 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
 
     def one(job):
         path, arch = job
+        # The host code is the same for every arch: CHECK_ARCHS' first (sm_80) compiles it with the device code
+        # into an object; any other arch compiles its device code alone (-cubin: cicc and ptxas, the same ptxas
+        # report), a fifth of its nvcc time saved.
+        output = "-c" if arch == CHECK_ARCHS[0] else "-cubin"
         flags = [*BASE_FLAGS, *check_arch_flags(arch), *_define_flags(defines)]
-        obj = out_dir / f"{path.stem}-{arch}-{cache_key(path, flags)}.o"
+        obj = out_dir / f"{path.stem}-{arch}-{cache_key(path, [*flags, output])}{'.o' if output == '-c' else '.cubin'}"
         saved = obj.with_suffix(".log")
 
         def ready() -> str | None:  # unchanged sources and flags: reuse the ptxas report
@@ -345,7 +349,7 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
                 return None
 
         def make(tmp: Path) -> str:
-            log, _ = run_nvcc([*flags, "-c", paths.relative(path), "-o", str(tmp)],
+            log, _ = run_nvcc([*flags, output, paths.relative(path), "-o", str(tmp)],
                               f"{paths.relative(path)} for {arch}")
             files.write_atomic(saved, log)
             return log
