@@ -23,8 +23,11 @@ def _isolated_records(session_dir):
     return session_dir
 
 
-# Every paged version in the registry, on the cases whose H_kv it takes (lab.registry.paged_versions).
-VERSIONED = [(v, c) for c in cases.paged_tests_cases() for v in registry.paged_versions(c.Hkv)]
+# Every paged version in the registry, on the cases whose H_kv and head dim it takes (lab.registry.paged_versions;
+# v08 runs D 80 / 96 only, so its cases are the head-dim tests'). A version asked for a head dim it lacks raises
+# ValueError before any kernel runs (test_a_version_refuses_a_head_dim_it_lacks).
+VERSIONED = [(v, c) for c in cases.paged_tests_cases() for v in registry.paged_versions(c.Hkv)
+             if c.D in registry.DECODE[v].head_dims]
 
 
 def _dim(version: str) -> int:
@@ -37,6 +40,13 @@ def _dim(version: str) -> int:
 def test_paged_case(version, case):
     result = paged.check_paged(case, save=False, version=version)
     assert result.passed, repr(result)
+
+
+def test_a_version_refuses_a_head_dim_it_lacks():
+    narrow = next(v for v in registry.PAGED_DECODE if 128 not in registry.DECODE[v].head_dims)
+    case = next(c for c in cases.paged_tests_cases() if c.D == 128)
+    with pytest.raises(ValueError, match="head dim|head_dim|D ="):
+        paged.check_paged(case, save=False, version=narrow, trials=1)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, 64, ops.MAX_NUM_SPLITS])
