@@ -46,7 +46,7 @@ def _row(**fields):
 
 def test_gates_read_no_data_without_rows_and_judge_the_race_rows():
     mine = [g for g in gates.load_gates() if g["chapter"] == NAME]
-    assert len(mine) == 10
+    assert len(mine) == 11
     assert {r["status"] for r in gates.evaluate_all([], mine)} == {"no data"}
     results = {r["name"]: r for r in gates.evaluate_all([_row(), _row(page_size=16, case={"page_size": 16, "name": "pg-p16"},
                                                                          ratios={"lab.ops.decode contiguous": 0.80,
@@ -56,6 +56,10 @@ def test_gates_read_no_data_without_rows_and_judge_the_race_rows():
     assert by["0.95x the contiguous step on a ragged batch"]["status"] == "no data"
     assert by["0.95x SDPA-cuDNN on the same data made contiguous"]["status"] == "pass"
     assert by["90% of copy bandwidth wherever the cache is >= 1 GB"]["status"] == "pass"
+    default = [g for g in mine if g["query"].get("impl") == "lab.ops.decode (no page_errors)"]
+    slow = _row(impl="lab.ops.decode (no page_errors)", ratios={"lab.ops.decode contiguous": 0.94})
+    assert [r["status"] for r in gates.evaluate_all([_row(impl=slow["impl"]), slow], default)] == ["fail"]
+    assert [r["status"] for r in gates.evaluate_all([_row(impl=slow["impl"])], default)] == ["pass"]
     assert json.loads((paths.CHAPTERS / "gates.json").read_text())  # still valid JSON
     # the head-dim race's rows (names hd-*) have gates of their own and stay out of the serving cells' gates
     head_dims = [_row(case={"page_size": 64, "name": "hd-p64-d80-b8-kv16384"}, ratios={"sdpa-cudnn": 0.90},
