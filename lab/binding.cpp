@@ -1003,7 +1003,7 @@ std::tuple<std::string, at::Tensor, at::Tensor, at::Tensor> attn_bwd_call(
 // lab.ops.attention's eager call when a gradient is wanted: forward and backward as a C++ autograd node.
 // Why: a cold training step's host work before its first launch is not hidden, and a Python autograd.Function
 // costs ~40 us more per forward and ~10 us more per backward than a C++ node, the Python path's checks ~15 us more
-// (CPU box; tools/gpu/grad_node_gap.py times both paths on a GPU). The node saves q, k, v, out and lse (never P).
+// (CPU box; outputs/experiments/20261126-bwd-grad-node.json has both paths timed on a GPU). The node saves q, k, v, out and lse (never P).
 // Its backward reads torch.are_deterministic_algorithms_enabled() when it runs, as lab.backward.op does: the
 // plan's kernel, or in deterministic mode the kernel Python's resolver names (set_deterministic_resolver). An
 // error there is thrown as std::runtime_error, the exception that crosses this module's boundary safely (see
