@@ -60,7 +60,25 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# Longest first (pytest-xdist hands tests out in collection order): the compile gate, one test per kernel file,
+# fills both workers while the kernel cache is cold; then the chapters that compile-check (served from that
+# cache) and the other long tests, so that none of them starts last and leaves a worker idle at the end.
+FIRST = ("tests/test_build.py::test_every_kernel_compiles_for_sm80_and_sm90a",
+         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n2_build_recipe",
+         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n10_backward",
+         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n9_hopper",
+         "tests/test_book.py", "tests/test_decode_head_dims.py::test_decode_kernels_compile",
+         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n13_masks",
+         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n6_fa2",
+         "tests/test_session.py", "tests/test_add_version.py")
+
+
+def _rank(item) -> int:
+    return next((i for i, prefix in enumerate(FIRST) if item.nodeid.startswith(prefix)), len(FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_rank)  # stable: the rest keep their order
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items or _cuda_available():
         return
