@@ -21,7 +21,7 @@ MAX_WIDTH = 160  # characters; a text output with a wider line is collapsed, its
 
 # the checkout's top-level folders: a path through one of them is shown from there
 _CHECKOUT = ("lab", "kernels", "chapters", "outputs", "tests", "tools", ".venv", ".cache")
-_PATH = re.compile(r"(?<![\w.~$}/-])/(?:root|home|tmp|work|opt|usr/local|mnt|scratch|data)(?=/)"
+_PATH = re.compile(r"(?<![\w.~$}/-])/(?:root|home|tmp|work|opt|mnt|scratch|data)(?=/)"
                    r"[^\s'\"`,;:()\[\]{}<>|*]*")
 _TQDM = re.compile(r"^\s*[^|\n]*:?\s*\d{1,3}%\|")  # 'fwd sweep:  56%|█████▋    | 9/16 [...]'
 _WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")  # path:line: UserWarning: message (its source line follows)
