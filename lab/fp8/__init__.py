@@ -1,0 +1,14 @@
+"""FP8 attention's groundwork: the formats, where precision goes, and cuDNN's FP8 forward as a measured peer.
+
+One job per module:
+
+* ``quant``   -- e4m3 / e5m2 as data (range, spacing), amax scales per tensor or per head, with
+  FlashAttention-3's descale semantics: x ~= x_fp8 * descale;
+* ``emulate`` -- an FP8 attention forward in float32 torch on any device (P quantised before P V), a
+  float64 reference over chosen query rows, and the error budget with and without outlier channels;
+* ``peer``    -- cuDNN's FP8 forward (``cudnn.pygraph``'s ``sdpa_fp8``) built and executed on torch tensors;
+* ``race``    -- the race cells, timing against bf16 SDPA-cuDNN and the accuracy of both, as records;
+* ``report``  -- the chapter's tables, figures and findings (n15_fp8).
+
+``peer`` and ``race`` import ``cudnn`` inside their functions only, so the package imports without it.
+"""
