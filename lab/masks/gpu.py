@@ -33,11 +33,11 @@ def sdpa_masked(q, k, v, mask, scale, offset, sinks=None):
     logit, rounded to the dtype like every score. Differentiable in q, k and v."""
     plain = spec.Mask(mask.left, mask.right, 0.0)
     Sq, Sk = q.shape[2], k.shape[2]
-    allowed = spec.visible(torch.arange(Sq, device="cuda"), torch.arange(Sk, device="cuda"), Sk, offset, plain)
+    allowed = spec.visible(torch.arange(Sq, device=q.device), torch.arange(Sk, device=q.device), Sk, offset, plain)
     gqa = k.shape[1] != q.shape[1]
     if sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
-    bias = torch.zeros(1, q.shape[1], Sq, Sk + 1, device="cuda", dtype=q.dtype)
+    bias = torch.zeros(1, q.shape[1], Sq, Sk + 1, device=q.device, dtype=q.dtype)
     bias[..., :Sk].masked_fill_(~allowed, float("-inf"))
     bias[..., Sk] = sinks.detach().to(q.dtype)[:, None]
     zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
@@ -159,8 +159,19 @@ def check_varlen(version, name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, windo
 GRID_MASKS = [("w0", False, (0, 0), 0.0, False), ("w1c", True, (1, 0), 0.0, False), ("w64c", True, (64, 0), 0.0, False),
               ("wS", False, "S", 0.0, False), ("beyond", True, "S+", 0.0, False), ("sym", False, (100, 50), 0.0, False),
               ("cap", True, None, 30.0, False), ("sink", True, None, 0.0, True), ("all", True, (128, 0), 50.0, True),
-              ("capnc", False, None, 5.0, True)]
+              ("capnc", False, None, 5.0, True), ("w0sink", False, (0, 0), 0.0, True)]
 GRID_SIZES = [(2, 4, 2, 1, 1), (1, 4, 4, 63, 63), (2, 4, 2, 65, 65), (1, 8, 2, 1025, 1025)]
+# The backward's sink cases beyond the grid, where d sinks and the gradients of rows that see one key carry the error
+# of Delta's 16-bit O (lab.masks.gpu_bwd's flash yardstick), each at D 128 and 64 with a sink:
+# (name, B, H_q, H_kv, S_q, S_k, causal, window_size, softcap, lower_right).
+GRID_BWD_SINKS = [("sink-lr", 1, 4, 2, 300, 1000, True, None, 0.0, True),
+                  ("sink-lr-window", 1, 4, 2, 300, 1000, True, (256, 0), 0.0, True),
+                  ("sink-lr-w0", 2, 8, 2, 300, 1000, True, (0, 0), 0.0, True),  # every row sees one key
+                  ("sink-w0-cap", 1, 4, 1, 1025, 1025, False, (0, 0), 30.0, False),
+                  ("sink-left0", 1, 4, 2, 300, 1000, False, (0, -1), 0.0, True),  # the last row sees one key
+                  # S_q > S_k bottom-right: the first S_q - S_k rows see only the sink, the next one key, then two...
+                  ("sink-lr-tall", 1, 4, 2, 1000, 300, True, None, 0.0, True),
+                  ("sink-lr-tall-window", 2, 4, 2, 1000, 300, True, (1, 0), 0.0, True)]
 
 
 def softcap_checks(version: str, dtype=torch.bfloat16, defines=None) -> int:

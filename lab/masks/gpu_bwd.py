@@ -1,12 +1,19 @@
 """The masks' backward on the GPU (bwd v08 through lab.ops.attention's autograd): gradient checks against float64
 autograd of lab.masks.reference (with the builds that drop the softcap's derivative or the window, which must
 fail), and the race of the backward against FlexAttention's compiled backward and SDPA with an explicit mask.
-Chapter n13_masks runs them.
+Chapter n13_masks runs them: `checks()` is the one entry for every dense gradient check.
 
-Yardstick of a gradient check: SDPA's own gradient error (the window as an explicit boolean mask, a sink as one
-more key of zeros whose mask entry is its logit) on the same inputs without the softcap, which SDPA cannot
-express; its error pattern is laid on the float64 gradients and lab.check.compare judges ours against it. d sinks'
-yardstick is its formula evaluated with SDPA's 16-bit output (the error a 16-bit O alone brings).
+A gradient check has three yardsticks, each an error against float64 autograd on the same inputs (`judge`):
+- sdpa: SDPA's own gradient error (the window as an explicit boolean mask, a sink as one more key of zeros whose
+  mask entry is its logit) on the problem without the softcap, which SDPA cannot express, plus the rounding of the
+  exact gradient and of dS's dLSE term to the dtype (dlse_rounding); d sinks': its formula on SDPA's 16-bit O;
+- flash: the flash backward's own equations in float64 (lab.masks.emulate.backward: P from the exact LSE,
+  Delta = rowsum(dO o O16) - dLSE with O16 the float64 output rounded to the dtype, dS = P o (dP - Delta), d sinks
+  = -sum exp(sink - LSE) Delta): the error the formulation brings by itself, since Delta (and every d sinks, a sum
+  of Delta) is taken from a 16-bit O;
+- eager: the same attention done eagerly in the dtype by torch autograd (recorded, not judged on).
+Ours passes when max |ours - float64| <= 3 x max(sdpa's, flash's) + lab.check's floor (lab.check.compare on the
+elementwise larger of the two error patterns, so its rel_l2 rule holds too).
 """
 from __future__ import annotations
 
@@ -15,10 +22,12 @@ import time
 import torch
 
 from .. import bench, check, ops, record
-from . import backward as mbwd, reference, spec
-from .gpu import CHAPTER, GEN, GRID_MASKS, GRID_SIZES, draw, sdpa_masked
+from . import backward as mbwd, emulate, reference, spec
+from .gpu import CHAPTER, GEN, GRID_BWD_SINKS, GRID_MASKS, GRID_SIZES, draw, sdpa_masked
 
-_FIELDS = ("passed", "max_abs", "rel_l2", "nan", "mismatches", "sdpa_max_abs", "tol_max_abs")
+_FIELDS = ("passed", "max_abs", "rel_l2", "nan", "mismatches", "sdpa_max_abs", "flash_max_abs", "eager_max_abs",
+           "tol_max_abs")
+_LABELS = ("dq", "dk", "dv", "dsinks")
 
 
 def _sdpa_grads(q, k, v, dout, mask, scale, offset, sinks):
@@ -51,6 +60,82 @@ def dlse_rounding(q, k, mask, scale, offset, lse, dlse, dtype):
     return scale * (err @ kd), dk.view(k.shape[0], k.shape[1], group, *dk.shape[2:]).sum(2)
 
 
+def eager_grads(q, k, v, dout, dlse, sinks, mask, scale, offset):
+    """The attention done eagerly in q's dtype by torch autograd (matmuls, softcap, a softmax whose last column is
+    the sink, logsumexp): the gradients of sum(out dO) + sum(LSE dLSE) as that dtype gives them, in float64.
+    Rows that see nothing (no sink) give 0."""
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v) + (() if sinks is None else (sinks,))]
+    group, Sq, Sk = q.shape[1] // k.shape[1], q.shape[2], k.shape[2]
+    kr, vr = (t.repeat_interleave(group, 1) for t in inputs[1:3])
+    s = (inputs[0] @ kr.transpose(-1, -2)) * scale
+    if mask.softcap > 0:
+        s = mask.softcap * torch.tanh(s / mask.softcap)
+    seen = spec.visible(torch.arange(Sq, device=q.device), torch.arange(Sk, device=q.device), Sk, offset, mask)
+    s = s.masked_fill(~seen, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, inputs[3].to(q.dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
+    empty = torch.isneginf(s).all(-1, keepdim=True)
+    s = s.masked_fill(empty, 0.0)  # a row of no key and no sink: a softmax of zeros, then dropped
+    out = torch.softmax(s, -1).masked_fill(empty, 0.0)[..., :Sk] @ vr
+    lse = torch.logsumexp(s, -1).masked_fill(empty[..., 0], 0.0)
+    grads = torch.autograd.grad((out.float() * dout.float()).sum() + (lse.float() * dlse.float()).sum(), inputs)
+    return [g.double() for g in grads]
+
+
+def flash_grads(q, k, v, dout, dlse, sinks, mask, scale, offset, out, lse):
+    """The flash backward's equations in float64 (lab.masks.emulate.backward) from the exact LSE and the float64
+    output `out` rounded to q's dtype: (dq, dk, dv[, d sinks]) on q's device."""
+    def host(t):
+        return None if t is None else t.detach().double().cpu().numpy()
+    grads = emulate.backward(*map(host, (q, k, v, out.to(q.dtype), lse, dout)), mask, scale, offset, host(sinks),
+                             host(dlse), block_m=256, block_n=256)
+    return [torch.from_numpy(g).to(q.device) for g in grads[:3 + (sinks is not None)]]
+
+
+def judge(got, q, k, v, dout, dlse, sinks, mask, scale, offset) -> dict:
+    """Metrics per gradient (dq, dk, dv[, dsinks]) of `got` against float64 autograd of lab.masks.reference, judged
+    on the sdpa and flash yardsticks, the eager one recorded beside them (module docstring). q, k, v in the dtype,
+    dlse 0 where LSE is -inf, sinks None or (H_q,). Any device: the CPU tests give it a faked `got`."""
+    dtype, sink = q.dtype, sinks is not None
+    inputs = [t.detach() for t in (q, k, v) + ((sinks,) if sink else ())]
+    ref_in = [t.double().requires_grad_() for t in inputs]
+    r_out, r_lse = reference.attend(*ref_in[:3], mask, scale, offset, ref_in[3] if sink else None)
+    r_used = torch.where(torch.isfinite(r_lse), r_lse, 0.0)
+    want = torch.autograd.grad((r_out * dout.double()).sum() + (r_used * dlse.double()).sum(), ref_in)
+    r_out, r_lse = r_out.detach(), r_lse.detach()
+    # sdpa: SDPA's error pattern on the problem without softcap (dlse has no SDPA counterpart: dout only), plus the
+    # rounding of the exact gradient to the dtype, plus the rounding of dS's dLSE term to the dtype (dlse_rounding):
+    # the last two matter where SDPA's problem has (nearly) exact zeros that ours does not, e.g. a row that sees one
+    # key has dS = P (dP - D) = 0 without dLSE, which SDPA cannot be given, and dS = P dLSE with it.
+    plain = spec.Mask(mask.left, mask.right, 0.0)
+    p_in = [t.double().requires_grad_() for t in inputs]
+    p_out, _ = reference.attend(*p_in[:3], plain, scale, offset, p_in[3] if sink else None)
+    p_grads = torch.autograd.grad((p_out * dout.double()).sum(), p_in[:3])
+    s_out, *s_grads = _sdpa_grads(*inputs[:3], dout, mask, scale, offset, inputs[3] if sink else None)
+    lse_terms = dlse_rounding(*inputs[:2], mask, scale, offset, r_lse, dlse, dtype) + (0.0,)
+    sdpa = [(sg.double() - pg).abs() + (w.to(dtype).double() - w).abs() + abs(lt)
+            for sg, pg, w, lt in zip(s_grads, p_grads, want, lse_terms)]
+    if sink:  # d sinks' formula with SDPA's 16-bit O, and with the float64 O rounded to the dtype
+        p_sink = torch.exp(inputs[3].double()[None, :, None] - r_lse)
+
+        def dsink(o):
+            return -(p_sink * ((dout.double() * o).sum(-1) - dlse.double())).sum((0, 2))
+        exact = dsink(r_out)
+        sdpa.append((dsink(s_out.double()) - exact).abs() + (dsink(r_out.to(dtype).double()) - exact).abs())
+    flash = flash_grads(*inputs[:3], dout, dlse, inputs[3] if sink else None, mask, scale, offset, r_out, r_lse)
+    eager = eager_grads(*inputs[:3], dout, dlse, inputs[3] if sink else None, mask, scale, offset)
+    metrics = {}
+    for label, g, w, s_err, f, e in zip(_LABELS, got, want, sdpa, flash, eager):
+        f_err = (f - w).abs()
+        metrics[label] = check.compare(g, w, w + torch.maximum(s_err, f_err))
+        metrics[label].update(sdpa_max_abs=_max(s_err), flash_max_abs=_max(f_err), eager_max_abs=_max((e - w).abs()))
+    return metrics
+
+
+def _max(err) -> float:
+    return float(err.max()) if err.numel() else 0.0
+
+
 def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, lower_right=False, defines=None,
               expect_fail=False, trials=2, custom_op=False):
     """custom_op: through lab::attention_masked and its registered autograd (what torch.compile traces) instead
@@ -74,7 +159,7 @@ def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, low
             out, lse = ops.attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=Hq != Hkv, window_size=window,
                                      softcap=cap, sinks=sinks, return_lse=True,
                                      causal_variant="lower_right" if lower_right else "upper_left")
-            dl = torch.where(torch.isfinite(lse), dlse, 0.0)
+            dl = torch.where(torch.isfinite(lse), dlse, 0.0).detach()
             dq, dk, dv, ds = mbwd.launch_backward(dout, q, k, v, out.detach(), lse.detach(), dl, sinks, sink,
                                                   mask.left, mask.right, offset, mask.softcap, scale,
                                                   defines=defines)
@@ -91,35 +176,7 @@ def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, low
             dl = torch.where(torch.isfinite(lse), dlse, 0.0).detach()
             lse_used = torch.where(torch.isfinite(lse), lse, 0.0)
             got = torch.autograd.grad((out.float() * dout.float()).sum() + (lse_used * dl).sum(), inputs)
-        # float64 autograd of the reference
-        ref_in = [t.detach().double().requires_grad_() for t in inputs]
-        r_out, r_lse = reference.attend(*ref_in[:3], mask, scale, offset, ref_in[3] if sink else None)
-        r_used = torch.where(torch.isfinite(r_lse), r_lse, 0.0)
-        want = torch.autograd.grad((r_out * dout.double()).sum() + (r_used * dl.double()).sum(), ref_in)
-        # SDPA's error pattern on the problem without softcap (dlse has no SDPA counterpart: dout only)
-        plain = spec.Mask(mask.left, mask.right, 0.0)
-        p_in = [t.detach().double().requires_grad_() for t in inputs]
-        p_out, _ = reference.attend(*p_in[:3], plain, scale, offset, p_in[3] if sink else None)
-        p_grads = torch.autograd.grad((p_out * dout.double()).sum(), p_in[:3])
-        s_out, *s_grads = _sdpa_grads(q, k, v, dout, mask, scale, offset, sinks)
-        # The yardstick's error: SDPA's, plus the rounding of the exact gradient to the output dtype, plus the
-        # rounding of dS's dLSE term to the dtype (dlse_rounding). The last two matter where SDPA's problem has
-        # (nearly) exact zeros that ours does not: a row that sees one key has dS = P (dP - D) = 0 without dLSE,
-        # which SDPA cannot be given, and dS = P dLSE with it.
-        lse_terms = dlse_rounding(q.detach(), k.detach(), mask, scale, offset, r_lse.detach(), dl, dtype) + (0.0,)
-        metrics = {}
-        for label, g, w, sg, pg, lt in zip(("dq", "dk", "dv"), got, want, s_grads, p_grads, lse_terms):
-            rounding = (w.to(dtype).double() - w).abs()
-            metrics[label] = check.compare(g, w, w + (sg.double() - pg).abs() + rounding + abs(lt))
-        if sink:
-            # d sinks' formula with SDPA's 16-bit O, and with the float64 O rounded to the dtype, against the
-            # float64 O: the error a 16-bit output brings
-            p_sink = torch.exp(sinks.detach().double()[None, :, None] - r_lse.detach())
-            def dsink(o):
-                return -(p_sink * ((dout.double() * o).sum(-1) - dl.double())).sum((0, 2))
-            exact = dsink(r_out.detach())
-            yard = want[3] + (dsink(s_out.double()) - exact).abs() + (dsink(r_out.detach().to(dtype).double()) - exact).abs()
-            metrics["dsinks"] = check.compare(got[3], want[3], yard)
+        metrics = judge(got, q, k, v, dout, dl, sinks, mask, scale, offset)
         worst, failed = keep_worst(worst, metrics)
         if failed:
             break
@@ -144,14 +201,18 @@ def report(prefix: str, case: dict, worst, expect_fail: bool, defines, device) -
     bug = "-" + "-".join(k.lower().replace("lab_bwd_mask_bug_", "") for k in defines) if defines else ""
     record.append({"kind": "check_bwd", "impl": f"{prefix}_{mbwd.masked_bwd_version(device)}{bug}", "case": case,
                    "expect_fail": expect_fail, "ok": ok, "passed": passed, "worst_ratio": score,
-                   "check": {g: {k: m[k] for k in _FIELDS} for g, m in metrics.items()}}, chapter=CHAPTER)
+                   "check": {g: {k: m[k] for k in _FIELDS if k in m} for g, m in metrics.items()}}, chapter=CHAPTER)
     print(("ok  " if ok else "BAD ") + f"{prefix}{bug} {case['name']} {case} worst max_abs/tol {score:.3g} "
-          f"passed={passed} " + " ".join(f"{g} {m['max_abs']:.3g}/{m['tol_max_abs']:.3g}" for g, m in metrics.items()),
-          flush=True)
+          f"passed={passed} " + " ".join(f"{g} {m['max_abs']:.3g}/{m['tol_max_abs']:.3g}" + (
+              f" (flash {m['flash_max_abs']:.3g}, eager {m['eager_max_abs']:.3g})" if "flash_max_abs" in m else "")
+              for g, m in metrics.items()), flush=True)
     return ok
 
 
 def checks() -> int:
+    """Every dense gradient check (the packed ones: lab.masks.gpu_varlen.checks): the grid (lab.masks.gpu's
+    GRID_MASKS x GRID_SIZES at D 128 and 64), the sink cases of GRID_BWD_SINKS at D 128 and 64, cross lengths,
+    fp16, a long sequence, the custom op, and the builds that must fail. Returns how many were not ok."""
     bad = 0
     bf16, fp16 = torch.bfloat16, torch.float16
     for D in (128, 64):
@@ -159,6 +220,9 @@ def checks() -> int:
             for B, Hq, Hkv, Sq, Sk in GRID_SIZES:
                 w = (Sk, Sk) if window == "S" else (Sk + 100, -1) if window == "S+" else window
                 bad += not check_bwd(name, B, Hq, Hkv, Sq, Sk, D, bf16, causal, w, cap, sink)
+    for D in (128, 64):
+        for name, B, Hq, Hkv, Sq, Sk, causal, window, cap, lower_right in GRID_BWD_SINKS:
+            bad += not check_bwd(name, B, Hq, Hkv, Sq, Sk, D, bf16, causal, window, cap, True, lower_right)
     for lower_right in (False, True):
         for Sq, Sk in ((65, 1025), (1025, 65)):
             bad += not check_bwd("cross", 1, 4, 2, Sq, Sk, 128, bf16, True, (200, 0), 0.0, True, lower_right)
