@@ -74,8 +74,9 @@ class Format:
         return torch.exp2(torch.floor(torch.log2(mag))) * self.relative_step
 
     def as_row(self) -> list:
-        return [self.name, f"1 / {self.exponent_bits} / {self.mantissa_bits}", self.max, self.min_normal,
-                self.min_subnormal, self.relative_step, self.binades]
+        power = lambda v: f"2^{round(math.log2(v))}"  # noqa: E731 (every one of them is a power of two)
+        return [self.name, f"1 / {self.exponent_bits} / {self.mantissa_bits}", f"{self.max:g}", power(self.min_normal),
+                power(self.min_subnormal), power(self.relative_step), self.binades]
 
 
 FORMATS = {"e4m3": Format("e4m3", torch.float8_e4m3fn), "e5m2": Format("e5m2", torch.float8_e5m2)}
@@ -146,11 +147,14 @@ def quantize(x: torch.Tensor, name="e4m3", granularity: str = "tensor", descale:
     return Quantized(scaled.clamp(-f.max, f.max).to(f.dtype), descale, f.name, granularity)
 
 
-def relative_error_curve(name, lowest: float = 2.0**-24, highest: float = 2.0**20, points: int = 4000):
-    """(magnitudes, |round(x) - x| / x) on a log grid, with no scale: where the format keeps precision.
+def relative_error_curve(name, lowest_exp: int = -20, highest_exp: int = 20, per_binade: int = 256, bins: int = 1):
+    """(magnitudes, worst |round(x) - x| / x) over 2^lowest_exp..2^highest_exp, unscaled: where the format keeps
+    precision: the worst error in each of `bins` bins per power of two (within one it is a sawtooth).
 
-    Flat at about relative_step / 2 through the normal range, rising through the subnormals to 1 where values
-    round to zero, and growing past max where they saturate."""
-    x = torch.logspace(math.log10(lowest), math.log10(highest), points, dtype=torch.float64)
+    At most relative_step / 2 through the normal range, rising through the subnormals to 1 where values round
+    to zero, and rising past max where they saturate."""
+    x = torch.exp2(torch.linspace(lowest_exp, highest_exp, (highest_exp - lowest_exp) * per_binade + 1,
+                                  dtype=torch.float64))[:-1]
     rel = (round_to(x.float(), name).double() - x).abs() / x
-    return x, rel
+    step = per_binade // bins
+    return x.reshape(-1, step)[:, 0], rel.reshape(-1, step).amax(dim=1)

@@ -11,10 +11,12 @@ accuracy, on ROWS_CHECKED query rows spread over the sequence (first and last in
   float64: `emulation_fold` = max(ratio, 1 / ratio) of the two relative L2 errors (the gate: <= 2);
 * bf16 SDPA-cuDNN against float64 on its bf16 inputs: a 16-bit kernel's own error, for scale.
 
-One record per row (kind "fp8"): impl "cudnn-fp8" (with `ratios.sdpa-cudnn` = t_bf16 / t_fp8) and "sdpa-cudnn".
+One record per row (kind "fp8"): impl "cudnn-fp8" (with `ratios.sdpa-cudnn` = t_bf16 / t_fp8, and
+`accuracy_recorded`: false where the cell could not run or gave NaN / inf) and "sdpa-cudnn".
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import torch
@@ -71,17 +73,29 @@ def _timer(name: str):
     return {"gpu": bench.GpuTimeTimer, "cold": bench.CudaTimer}[name]()
 
 
+def _attempt(quantized, causal: bool):
+    """The peer built and run once, or why not ("unsupported: ..."): a shape the frontend declines is a row."""
+    try:
+        fp8 = peer.FP8Attention(*quantized, is_causal=causal)
+    except ImportError:
+        raise
+    except Exception as err:  # noqa: BLE001 (the frontend's own error types vary)
+        return f"unsupported: {bench.why(err)}"
+    try:
+        fp8.call()
+        torch.cuda.synchronize()
+    except Exception as err:  # noqa: BLE001
+        fp8.close()
+        return f"unsupported: {bench.why(err)}"
+    return fp8
+
+
 def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS_CHECKED, **stop) -> list[dict]:
     """Time and check one cell; append and return its two records."""
     q, k, v, causal = sweep.case_inputs(case, seed)
     quantized = [quant.quantize(x, "e4m3", "tensor") for x in (q, k, v)]
     flops = bench.attention_flops(case.B, case.Hq, case.Sq, case.Sk, case.D, causal)
-    try:
-        fp8 = peer.FP8Attention(*quantized, is_causal=causal)
-    except ImportError:
-        raise
-    except Exception as err:  # a shape or layout the peer declines: recorded, not fatal
-        fp8 = f"unsupported: {bench.why(err)}"
+    fp8 = _attempt(quantized, causal)
     bf16 = bench.sdpa_runner("default", q, k, v, causal)
     calls = {"sdpa-cudnn": (bf16, partial(bench.sdpa_backend, "cudnn"))}
     if not isinstance(fp8, str):
@@ -96,6 +110,7 @@ def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS
     rows = [record.append(_row("sdpa-cudnn", case, timed["sdpa-cudnn"], flops, extra))]
     fp8_extra = dict(extra)
     if not isinstance(fp8, str):
+        fp8.o.view(torch.uint8).fill_(0x7F)  # e4m3's NaN: an element the kernel leaves unwritten fails
         fp8.call()
         torch.cuda.synchronize()
         checked = checked_rows(case.Sq, rows_checked).to(q.device)
@@ -104,6 +119,9 @@ def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS
         if isinstance(timed["cudnn-fp8"], bench.Timing):
             fp8_extra["ratios"] = bench.ratios(timed["cudnn-fp8"], {"cudnn": timed["sdpa-cudnn"]})
         fp8.close()
+    block = fp8_extra.get("accuracy") or {}
+    fp8_extra["accuracy_recorded"] = bool(block) and block["nan"] == block["inf"] == 0 \
+        and math.isfinite(block["rel_l2"])  # the gate: every cell ran and was checked
     rows.append(record.append(_row("cudnn-fp8", case, timed["cudnn-fp8"], flops, fp8_extra)))
     del q, k, v, quantized, fp8, bf16_out
     torch.cuda.empty_cache()

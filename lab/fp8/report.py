@@ -24,13 +24,14 @@ def error_curve(path=None):
     fig, ax = plt.subplots(figsize=(8, 3.6))
     for name, colour in (("e4m3", "tab:red"), ("e5m2", "tab:blue"), ("bf16", "tab:gray")):
         x, rel = quant.relative_error_curve(name)
-        ax.loglog(x.numpy(), rel.clamp(min=1e-6).numpy(), lw=0.8, color=colour, label=name)
+        ax.loglog(x.numpy(), rel.clamp(min=1e-6).numpy(), lw=1.2, color=colour, label=name, drawstyle="steps-post")
         f = quant.fmt(name)
         for edge, style in ((f.min_normal, ":"), (f.max, "--")):
-            if edge < float(x[-1]):
+            if float(x[0]) < edge < float(x[-1]):
                 ax.axvline(edge, color=colour, lw=0.8, ls=style)
+    ax.set_xscale("log", base=2)
     ax.set_xlabel("|x| (no scale)")
-    ax.set_ylabel("|round(x) - x| / |x|")
+    ax.set_ylabel("worst |round(x) - x| / |x|")
     ax.set_ylim(1e-4, 10)
     ax.set_title("where precision goes: dotted = smallest normal, dashed = largest finite (saturation beyond)",
                  fontsize=9)
@@ -121,9 +122,10 @@ def findings(budget: list[dict], sweep: list[dict], race: list[dict]) -> list[st
     bf16 = next((r for r in plain.values() if r["format"] == "bf16"), None)
     e4m3 = next((r for r in plain.values() if r["format"] == "e4m3" and r["granularity"] == "tensor"), None)
     if bf16 and e4m3:
-        lines.append(f"- Emulation, no outliers: e4m3 (per tensor, P x 448, O bf16) O error {e4m3['total']['rel_l2']:.2e} "
-                     f"relative L2, of which the kernel's arithmetic {e4m3['kernel']['rel_l2']:.2e}; bf16: "
-                     f"{bf16['total']['rel_l2']:.2e}.")
+        lines.append(f"- Emulation, no outliers: e4m3 (per tensor, P x 448, O bf16) has relative L2 error "
+                     f"{e4m3['total']['rel_l2']:.2e} against float64 on the original inputs and "
+                     f"{e4m3['kernel']['rel_l2']:.2e} on its dequantised inputs (the kernel's arithmetic alone); "
+                     f"bf16: {bf16['total']['rel_l2']:.2e} and {bf16['kernel']['rel_l2']:.2e}.")
     pairs = sweep_table(sweep).rows if sweep else []
     worse = [row for row in pairs if row[3] > 1.1]
     if pairs:
