@@ -143,3 +143,18 @@ def test_the_wrong_builds_still_fail(name, window, cap):
     bug = dict(softcap_grad=False) if name == "no-softcap-grad" else dict(seen=_tile_seen(mask, 1025, 1025, offset))
     metrics = gpu_bwd.judge(_kernel_like(*problem, **bug), *problem)
     assert not metrics["dq"]["passed"] and not metrics["dk"]["passed"]
+
+
+def test_the_chapter_table_shows_both_yardsticks_beside_ours():
+    problem = _problem(*SINK_SHAPES[2])
+    metrics = gpu_bwd.judge(_kernel_like(*problem), *problem)
+    case = dict(name="sink-lr-w0", Sq=150, Sk=500, D=128, window=[0, 0])
+    old = {"case": dict(case, name="sink-lr"), "check": {"dq": {"max_abs": 1.0, "tol_max_abs": 2.0, "passed": True}}}
+    packed = {"case": dict(case, packed=True), "check": metrics}
+    table = gpu_bwd.table([{"case": case, "check": {g: {k: m[k] for k in gpu_bwd._FIELDS} for g, m in metrics.items()}},
+                           old, packed])
+    assert [line[4] for line in table.rows] == ["dq", "dk", "dsinks"]
+    assert table.rows[0][5:10] == [metrics["dq"][k] for k in ("max_abs", "sdpa_max_abs", "flash_max_abs",
+                                                              "eager_max_abs", "tol_max_abs")]
+    assert "flash formulation" in table.markdown()
+    assert gpu_bwd.table([old]) is None

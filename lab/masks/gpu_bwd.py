@@ -239,6 +239,27 @@ def checks() -> int:
     return bad
 
 
+def table(rows: list[dict], names=None):
+    """The recorded check_bwd rows of the sink cases (GRID_BWD_SINKS and the grid's one-key rows, or `names`) that
+    carry the flash and eager yardsticks: per gradient, our max abs error beside the three yardsticks' and the
+    tolerance. A lab.publish.tables.Table, or None after printing that no such row is recorded."""
+    from ..publish.tables import Table
+
+    names = set(names or [c[0] for c in GRID_BWD_SINKS] + ["w0sink"])
+    lines = [[r["case"]["name"], f"{r['case']['Sq']}x{r['case']['Sk']}", r["case"]["D"], str(r["case"]["window"]),
+              g, m["max_abs"], m["sdpa_max_abs"], m["flash_max_abs"], m["eager_max_abs"], m["tol_max_abs"],
+              "yes" if m["passed"] else "NO"]
+             for r in rows if r["case"]["name"] in names and not r["case"].get("packed")
+             for g, m in r["check"].items() if "flash_max_abs" in m and g != "dv"]
+    if not lines:
+        print("no recorded gradient check of the sink cases carries the flash and eager yardsticks yet")
+        return None
+    return Table(["case", "S_q x S_k", "D", "window", "grad", "ours max abs", "SDPA's", "flash formulation's",
+                  "eager bf16's", "tolerance", "pass"], lines,
+                 f"max abs errors against float64 autograd; tolerance = {check.MULTIPLIER:g} x max(SDPA's, the flash "
+                 f"formulation's) + {check.ABS_FLOOR:.1e}")
+
+
 # ------------------------------------------------------------------ race
 
 @bench.flex_race
