@@ -158,3 +158,20 @@ def test_the_chapter_table_shows_both_yardsticks_beside_ours():
                                                               "eager_max_abs", "tol_max_abs")]
     assert "flash formulation" in table.markdown()
     assert gpu_bwd.table([old]) is None
+
+
+def test_the_grid_holds_the_probe_shapes():
+    """GRID_BWD_SINKS keeps S_q 300 over S_k 1000 bottom-right causal with and without a window, rows that see one
+    key (every row; the first of S_q > S_k bottom-right), and GQA; checks() runs each at D 128 and 64."""
+    from lab.masks.gpu import GRID_BWD_SINKS, GRID_MASKS
+    assert len({c[0] for c in GRID_BWD_SINKS}) == len(GRID_BWD_SINKS)
+    kinds = set()
+    for name, B, Hq, Hkv, Sq, Sk, causal, window, cap, lower_right in GRID_BWD_SINKS:
+        mask = spec.make_mask(causal, window, cap)
+        keys = spec.visible(torch.arange(Sq), torch.arange(Sk), Sk, Sk - Sq if lower_right else 0, mask).sum(-1)
+        if (Sq, Sk, causal, lower_right) == (300, 1000, True, True):
+            kinds.add(("probe", mask.left >= 0))
+        kinds |= {"one key, every row" if bool((keys == 1).all()) else None,
+                  "one key" if bool((keys == 1).any()) else None, "gqa" if Hq > Hkv else None}
+    assert {("probe", False), ("probe", True), "one key, every row", "one key", "gqa"} <= kinds
+    assert any(w == (0, 0) and sink for _, _, w, _, sink in GRID_MASKS)

@@ -209,10 +209,11 @@ def report(prefix: str, case: dict, worst, expect_fail: bool, defines, device) -
     return ok
 
 
-def checks() -> int:
-    """Every dense gradient check (the packed ones: lab.masks.gpu_varlen.checks): the grid (lab.masks.gpu's
-    GRID_MASKS x GRID_SIZES at D 128 and 64), the sink cases of GRID_BWD_SINKS at D 128 and 64, cross lengths,
-    fp16, a long sequence, the custom op, and the builds that must fail. Returns how many were not ok."""
+def checks(packed: bool = True) -> int:
+    """Every gradient check of the masked backward, the one entry: the grid (lab.masks.gpu's GRID_MASKS x
+    GRID_SIZES at D 128 and 64), the sink cases of GRID_BWD_SINKS at D 128 and 64, cross lengths, fp16, a long
+    sequence, the custom op, the builds that must fail, then (packed) lab.masks.gpu_varlen.checks(). Returns how
+    many were not ok."""
     bad = 0
     bf16, fp16 = torch.bfloat16, torch.float16
     for D in (128, 64):
@@ -236,6 +237,9 @@ def checks() -> int:
     bad += not check_bwd("no-window", 1, 4, 2, 1025, 1025, 128, bf16, True, (64, 0), 0.0, False,
                          defines={"LAB_BWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
     print(f"checks bwd done: {bad} bad", flush=True)
+    if packed:
+        from . import gpu_varlen
+        bad += gpu_varlen.checks()
     return bad
 
 
