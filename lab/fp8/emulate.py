@@ -62,7 +62,8 @@ def forward(q: quant.Quantized, k: quant.Quantized, v: quant.Quantized, is_causa
     p_format: the format P is rounded to before P V ("e4m3"; "bf16" as a 16-bit kernel does; None keeps
     float32), after multiplying by p_scale (undone in the epilogue). out_format "bf16" rounds O to bf16; "e4m3"
     stores it as e4m3 with scale_o = 1 / out_descale (default V's descale: |O| <= amax(V) then fits) and returns
-    it dequantised; "fp32" leaves it. descale=False is the wrong kernel that multiplies the FP8 values as if they were the inputs.
+    it dequantised; "fp32" leaves it. descale=False is the wrong kernel that multiplies the FP8 values as if they
+    were the inputs.
     float32 matmuls run at full precision (no TF32 on a GPU) whatever the process set."""
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
@@ -152,7 +153,8 @@ def _inputs(x: torch.Tensor, fmt_name: str, granularity: str) -> quant.Quantized
     return quant.Quantized(x.to(quant.fmt(fmt_name).dtype), ones, fmt_name, granularity)  # bf16: descale 1
 
 
-def error_budget(q, k, v, is_causal: bool = False, variants=VARIANTS, block_n: int = 128, outlier_heads=()) -> list[dict]:
+def error_budget(q, k, v, is_causal: bool = False, variants=VARIANTS, block_n: int = 128,
+                 outlier_heads=()) -> list[dict]:
     """For each variant: its error against float64 on the original inputs (`total`), on its own dequantised
     inputs (`kernel`), and `total` over the heads outside `outlier_heads` only (`clean`: what a shared scale
     costs the heads without outliers); and the inputs' own quantisation error (`inputs_rel_l2` over Q, K, V)."""

@@ -65,7 +65,8 @@ class FP8Attention:
                                  f"on {x.data.device}")
         B, Hq, Sq, D = q.data.shape
         if k.data.shape[0] != B or Hq % k.data.shape[1] or v.data.shape[:3] != k.data.shape[:3]:
-            raise ValueError(f"incompatible shapes q{tuple(q.data.shape)} k{tuple(k.data.shape)} v{tuple(v.data.shape)}")
+            shapes = " ".join(f"{n}{tuple(x.data.shape)}" for n, x in (("q", q), ("k", k), ("v", v)))
+            raise ValueError(f"incompatible shapes {shapes}")
         self.scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
         self.descale_o = v.scalar_descale() if descale_o is None else float(descale_o)
         self.inputs = (q, k, v)
@@ -75,22 +76,25 @@ class FP8Attention:
                    "descale_s": 1.0 / SCALE_S, "scale_s": SCALE_S, "scale_o": 1.0 / self.descale_o}
         self._scalars = {name: _scalar(value) for name, value in scalars.items()}
         self.handle = cudnn.create_handle()
-        cudnn.set_stream(self.handle, torch.cuda.current_stream().cuda_stream)
-        self.graph = self._build(cudnn, is_causal)
-        self.workspace = torch.empty(max(self.graph.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
+        try:
+            cudnn.set_stream(self.handle, torch.cuda.current_stream().cuda_stream)
+            self.graph = self._build(cudnn, is_causal)
+            self.workspace = torch.empty(max(self.graph.get_workspace_size(), 1), dtype=torch.uint8, device="cuda")
+        except BaseException:
+            self.close()  # a graph the frontend declines leaves no handle behind
+            raise
 
     def _build(self, cudnn, is_causal: bool):
-        graph = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
-                              compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)
-        q, k, v = (graph.tensor(dim=list(x.data.shape), stride=list(x.data.stride()), data_type=cudnn.data_type.FP8_E4M3,
-                                name=name) for name, x in zip("QKV", self.inputs))
-        ports = {name: graph.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT, name=name)
+        fp8, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+        graph = cudnn.pygraph(io_data_type=fp8, intermediate_data_type=fp32, compute_data_type=fp32, handle=self.handle)
+        q, k, v = (graph.tensor(dim=list(x.data.shape), stride=list(x.data.stride()), data_type=fp8, name=name)
+                   for name, x in zip("QKV", self.inputs))
+        ports = {name: graph.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=fp32, name=name)
                  for name in self._scalars}
-        o, _stats, _amax_s, amax_o = graph.sdpa_fp8(q=q, k=k, v=v, **ports, generate_stats=False,
-                                                    attn_scale=self.scale, use_causal_mask=bool(is_causal), name="sdpa_fp8")
-        o.set_output(True).set_dim(list(self.o.shape)).set_stride(list(self.o.stride())) \
-         .set_data_type(cudnn.data_type.FP8_E4M3)
-        amax_o.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
+        o, _stats, _amax_s, amax_o = graph.sdpa_fp8(q=q, k=k, v=v, **ports, generate_stats=False, name="sdpa_fp8",
+                                                    attn_scale=self.scale, use_causal_mask=bool(is_causal))
+        o.set_output(True).set_dim(list(self.o.shape)).set_stride(list(self.o.stride())).set_data_type(fp8)
+        amax_o.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(fp32)
         graph.validate()
         graph.build_operation_graph()
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])

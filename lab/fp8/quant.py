@@ -135,7 +135,7 @@ class Quantized:
         return float(self.descale.flatten()[0])
 
 
-def quantize(x: torch.Tensor, name="e4m3", granularity: str = "tensor", descale: torch.Tensor | None = None) -> Quantized:
+def quantize(x: torch.Tensor, name="e4m3", granularity: str = "tensor", descale=None) -> Quantized:
     """x -> Quantized, with the amax descale (or the given one, (B, H) or a scalar); saturating."""
     f = fmt(name)
     if f.name not in FORMATS:

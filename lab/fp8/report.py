@@ -54,7 +54,8 @@ def sweep_table(rows: list[dict]) -> Table:
     by = {}
     for r in rows:
         by.setdefault(r["magnitude"], {})[r["granularity"]] = r["clean"]["rel_l2"]
-    out = [[m, g.get("tensor", NAN), g.get("head", NAN), g.get("tensor", NAN) / g.get("head", NAN)] for m, g in by.items()]
+    out = [[m, g.get("tensor", NAN), g.get("head", NAN), g.get("tensor", NAN) / g.get("head", NAN)]
+           for m, g in by.items()]
     return Table(["outlier magnitude", "per-tensor scale", "per-head scale", "per-tensor / per-head"], out,
                  "e4m3, P x 448, O bf16: relative L2 error of the heads without outliers")
 
