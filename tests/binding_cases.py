@@ -1,7 +1,7 @@
 """Bad direct calls of the binding (lab/binding.cpp), as data: each case is a set of arguments and the pattern of
 the RuntimeError that must name the bad argument.
 
-Used twice: tests/test_gpu.py runs them through the real binding on a GPU; tests/test_binding_checks.py runs the
+Used twice: tests/product/test_gpu.py runs them through the real binding on a GPU; tests/product/test_binding_checks.py runs the
 same C++ checks on CPU tensors (binding.cpp built with LAB_BINDING_CPU_CHECKS, nothing launched). Cases that are
 about the device itself (a CPU tensor among CUDA ones) are GPU-only.
 """

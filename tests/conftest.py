@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -41,6 +42,31 @@ else:
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+# The binding's CPU check build (binding.cpp with LAB_BINDING_CPU_CHECKS: every argument check, nothing launched),
+# shared by the families' tests of bad input.
+@pytest.fixture(scope="module")
+def cpu_binding():
+    if shutil.which("ninja") is None or shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("needs a C++ compiler and ninja to build the binding's CPU check build")
+    import hashlib
+
+    import torch
+    from torch.utils.cpp_extension import load_inline
+
+    from lab import build, cache_files
+
+    source = (paths.ROOT / "lab" / "binding.cpp").read_text()
+    header = (paths.KERNELS / "common" / "params.h").read_text()
+    key = hashlib.sha256((source + header + torch.__version__).encode()).hexdigest()[:12]
+    folder = paths.CACHE / f"binding_cpu_{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with cache_files.locked(folder / "binding.so"):  # pytest-xdist's workers: one builds, the others wait
+        module = load_inline(name=f"lab_binding_cpu_{key}", cpp_sources=[source], extra_cflags=["-O0", "-DLAB_BINDING_CPU_CHECKS"],
+                             extra_include_paths=[str(paths.KERNELS)], build_directory=str(folder), verbose=False)
+    return build.Binding(module)
+
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped automatically when torch sees none)")
     # Under compute-sanitizer the SDPA yardstick must not be cuDNN's: its sm80 fprop kernel reads 4 bytes
@@ -63,14 +89,14 @@ def _cuda_available() -> bool:
 # Longest first (pytest-xdist hands tests out in collection order): the compile gate, one test per kernel file,
 # fills both workers while the kernel cache is cold; then the chapters that compile-check (served from that
 # cache) and the other long tests, so that none of them starts last and leaves a worker idle at the end.
-FIRST = ("tests/test_build.py::test_every_kernel_compiles_for_sm80_and_sm90a",
-         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n2_build_recipe",
-         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n10_backward",
-         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n9_hopper",
-         "tests/test_book.py", "tests/test_decode_head_dims.py::test_decode_kernels_compile",
-         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n13_masks",
-         "tests/test_chapters.py::test_chapter_runs_in_cpu_mode[n6_fa2",
-         "tests/test_session.py", "tests/test_add_version.py")
+FIRST = ("tests/product/test_build.py::test_every_kernel_compiles_for_sm80_and_sm90a",
+         "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n2_build_recipe",
+         "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n10_backward",
+         "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n9_hopper",
+         "tests/book/test_book.py", "tests/decode/test_decode_head_dims.py::test_decode_kernels_compile",
+         "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n13_masks",
+         "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n6_fa2",
+         "tests/harness/test_session.py", "tests/product/test_add_version.py")
 
 
 def _rank(item) -> int:

@@ -14,7 +14,7 @@ import torch
 from .. import check, ops
 from . import reference, spec, varlen_bwd
 from .gpu import CHAPTER, GEN, draw
-from .gpu_bwd import _sdpa_grads, dlse_rounding, keep_worst, report
+from .grad_yardstick import _sdpa_grads, dlse_rounding, keep_worst, report
 
 
 def _per_sequence(fn, cu_q, cu_k, *packed):
