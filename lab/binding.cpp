@@ -7,7 +7,7 @@
 // input a kernel cannot take is refused with a RuntimeError naming the argument, or copied into a
 // layout it can read (as lab.ops does).
 #include <torch/extension.h>
-// LAB_BINDING_CPU_CHECKS: the same checks on CPU tensors, nothing launched, for tests/test_binding_checks.py
+// LAB_BINDING_CPU_CHECKS: the same checks on CPU tensors, nothing launched, for tests/product/test_binding_checks.py
 // (a CPU-only torch cannot build or load the CUDA parts).
 #ifndef LAB_BINDING_CPU_CHECKS
 #include <c10/cuda/CUDAStream.h>
@@ -223,7 +223,7 @@ std::string launch_error(int rc, const char* what) {
 }
 
 // Launch a kernel through its launcher address on the current stream; the message of its error code, or "".
-// The CPU build of the checks (LAB_BINDING_CPU_CHECKS, tests/test_binding_checks.py) stops before it.
+// The CPU build of the checks (LAB_BINDING_CPU_CHECKS, tests/product/test_binding_checks.py) stops before it.
 template <typename Launcher, typename Params>
 std::string run_launcher(int64_t launcher, const Params& p, const char* what) {
 #ifdef LAB_BINDING_CPU_CHECKS
@@ -462,7 +462,7 @@ std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::
 // call number, the flags as a CPU tensor). Retired slots are reused, so a decoding loop allocates nothing once
 // warm; with kMaxPendingFlags slots queued a call first waits for the oldest (the host is then that many calls
 // ahead of the GPU, which hides every host cost). The CPU check build stands in for the device (host memory, and
-// events that complete when page_flags_cpu_complete says), so tests/test_paged_deferred.py runs the queue itself.
+// events that complete when page_flags_cpu_complete says), so tests/decode/test_paged_deferred.py runs the queue itself.
 constexpr size_t kMaxPendingFlags = 64;
 constexpr int64_t kFlagSlotInts = 256;  // a slot holds at least this many flags: one slot fits every usual batch
 
@@ -978,7 +978,7 @@ std::tuple<int64_t, int64_t, int64_t, int64_t> page_flags_state() {
 }
 
 #ifdef LAB_BINDING_CPU_CHECKS
-// The CPU check build's stand-ins for the device (tests/test_paged_deferred.py): the kernel's flags written into
+// The CPU check build's stand-ins for the device (tests/decode/test_paged_deferred.py): the kernel's flags written into
 // the newest queued slot of device 0, the events completed up to a call's ticket (-1: all recorded so far), the
 // current stream capturing or not.
 void page_flags_cpu_write(at::Tensor flags) {

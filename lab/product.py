@@ -4,7 +4,7 @@ The product is what other projects call: lab.ops (attention, attention_varlen, d
 build of kernels, each family's op glue, the ring and the transformers adapter, with the few modules they need.
 Everything else in lab/ is the harness that writes the book (check, bench, sweep, session, publish, record,
 plot, gates, cases, profile, the NumPy emulations, findings, selftest, ...): it may import the product, never the
-other way round. tests/test_wall.py follows every import of these modules (at module level and inside
+other way round. tests/product/test_wall.py follows every import of these modules (at module level and inside
 functions) and fails, naming the chain, when one reaches a module not listed here.
 
 Installed with `pip install .` (pyproject.toml), the product needs torch and numpy (lab.reference's float64

@@ -6,7 +6,7 @@ HISTORY (taught by the chapters, still built and checked).
 
 No torch here, so the gates (a gate may name `default`), the standalone GPU scripts (`python -m lab.registry
 drivers`) and the publishing side can read them; lab.ops re-exports every name. Adding a version is one
-line in a table below (kernels/README.md, "Adding a version"; tests/test_add_version.py does it).
+line in a table below (kernels/README.md, "Adding a version"; tests/product/test_add_version.py does it).
 """
 from __future__ import annotations
 
@@ -296,7 +296,7 @@ VARIANTS = {v.name: v for v in (
             "v07's ring at 10 / 12 chunks a row", "bottom-right causal", "SwizzledRingPartial", "v02's split plan"),
 )}
 # The versions the chapters teach that no default call reaches: buildable, checked, named by a call that asks for them
-# (version="v06"), never chosen. Every row of a family's table is a variant's or history's (tests/test_registry.py).
+# (version="v06"), never chosen. Every row of a family's table is a variant's or history's (tests/product/test_registry.py).
 HISTORY = {
     "fwd": ("v02", "v03", "v06"),
     "fwd_masked": ("v09",),  # v11 takes its shapes and capability: BEST_MASKED_FWD never reaches it

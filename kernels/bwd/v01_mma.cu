@@ -1,6 +1,6 @@
 // Backward attention v01: FlashAttention-2's backward on mma.sync (m16n8k16, fp32 accumulate).
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.ops.attention(...).backward(),
-//   tests: .venv/bin/python -m pytest -q tests/test_backward.py tests/test_backward_gpu.py
+//   tests: .venv/bin/python -m pytest -q tests/bwd/test_backward.py tests/bwd/test_backward_gpu.py
 // Measured: outputs/experiments/20261122-bwd-v01-mma.json.
 //
 // Given Q, K, V, the forward's O and natural-log LSE, and dO (all (B, H, S, D) through strides):

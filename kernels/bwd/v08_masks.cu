@@ -51,7 +51,7 @@
 //   the same checks and timing.
 //   Now on for bf16 alone (kTanhHalfFor<T> in the mask header), the default: fp16 keeps tanh.approx.f32. At sm_90a the
 //   bf16 kernels' SASS is identical to the candidate's measured above (9cd0dd9) and every fp16 kernel's to the build
-//   without the pair (outputs/driver_logs/20261126-cpu-masks-tanh-bf16/; tests/test_masks_tanh.py holds the PTX to
+//   without the pair (outputs/driver_logs/20261126-cpu-masks-tanh-bf16/; tests/masks/test_masks_tanh.py holds the PTX to
 //   it), so those timings are this default's. Prediction for chapter n13: its fp16 gradient row passes again (the
 //   code that passed it before), the bf16 rows as at 9cd0dd9; the softcap's backward over no softcap +10-13 %.
 //

@@ -3,7 +3,7 @@
 // value costs ~20 instructions (IABS, I2F, MUFU.RCP, F2I, fix-ups) on the path between two work tiles.
 // Exact for 0 <= n < 2^31 and 1 <= d < 2^31: with l = ceil(log2 d), p = 31 + l and mul = ceil(2^p / d), the
 // rounding error e = mul d - 2^p < d <= 2^l gives n e < 2^p, so floor(n mul / 2^p) = floor(n / d).
-// lab/fast_div.py mirrors it; tests/test_fast_div.py checks the bound on the CPU.
+// lab/fast_div.py mirrors it; tests/product/test_fast_div.py checks the bound on the CPU.
 #pragma once
 #include <stdint.h>
 

@@ -13,7 +13,7 @@
 //               |q.k| < 1e30 (|s*c| < 2e-8, under half an fp32 ulp of 1), so O is the plain mean of
 //               the visible V rows and LSE = m*FLT_MIN + ln(count) = ln(count) to fp32 precision; a
 //               masked score stays -inf * FLT_MIN = -inf, weight 0.
-// The float64 reference checks of tests/test_gpu.py (scale in {-0.125, 0, 0.3, default}) cover both.
+// The float64 reference checks of tests/product/test_gpu.py (scale in {-0.125, 0, 0.3, default}) cover both.
 #pragma once
 #include <float.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 // Changes: first decode version (split-K, scalar fp32, LSE combine).
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tools/gpu/decode_main.cu kernels/decode/v01_splitk.cu -o /tmp/dec && /tmp/dec
-//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+//   (through torch: .venv/bin/python -m pytest -q tests/product/test_gpu.py; compile check: python -m lab compile)
 // Measured: outputs/experiments/20261121-decode-v01-splitk.json.
 //
 // decode_splitk_v01: split-K (flash-decoding) attention over a KV cache.

@@ -1,6 +1,6 @@
 // Changes: vs decode v01: Q K^T and P V on mma.sync, one block per SM split plan, L2::128B hint.
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DDECODE_FN=decode_splitk_v02 tools/gpu/decode_main.cu kernels/decode/v02_mma.cu -o /tmp/dec2 && /tmp/dec2
-//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+//   (through torch: .venv/bin/python -m pytest -q tests/product/test_gpu.py; compile check: python -m lab compile)
 // Measured: outputs/experiments/20261121-decode-v02-mma.json.
 //
 // decode_splitk_v02: split-K (flash-decoding) attention over a KV cache, tensor cores for Q K^T and P V.

@@ -3,7 +3,7 @@
 // zeroed and flagged in page_errors, never read out of bounds); with no block table it is v02's contiguous
 // decode plus the causal mask.
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DDECODE_FN=decode_paged_v03 tools/gpu/decode_main.cu kernels/decode/v03_paged.cu -o /tmp/dec3 && /tmp/dec3
-//   (contiguous driver list); paged: .venv/bin/python -m pytest -q tests/test_paged_gpu.py; compile check:
+//   (contiguous driver list); paged: .venv/bin/python -m pytest -q tests/decode/test_paged_gpu.py; compile check:
 //   python -m lab compile; sanitizers: bash tools/gpu/sanitize_paged.sh
 // Measured: outputs/experiments/20261123-paged-v03-first-race.json.
 //

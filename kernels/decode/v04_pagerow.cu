@@ -4,7 +4,7 @@
 // the block walks the table one page id per tile (common/paged.cuh PageWalk), read only when the page changes,
 // one tile ahead; each thread's K/V addresses are one per-tile offset plus constants; no cross-warp merge
 // (a warp owns its head's rows over the whole split); the split plan counts blocks of 8 heads.
-// Compile check: python -m lab compile (sm_80 and sm_90a); GPU checks: tests/test_paged_gpu.py; the race
+// Compile check: python -m lab compile (sm_80 and sm_90a); GPU checks: tests/decode/test_paged_gpu.py; the race
 // (lab.decode.paged.serving_race), the profile and the sanitizers: outputs/experiments/20261126-paged-v04-pagerow.json.
 //
 // decode_pagerow_v04: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.

@@ -3,7 +3,7 @@
 // its byte count, where v03's threads copy 16 bytes a cp.async (16 per thread and tile at D 128). The ring, the
 // split plan, the tile's softmax and P V (common/decode_tile_step.cuh: v03's loop body), the page-table check
 // and the merge are v03's. sm_90 only (the copy engine's bulk copies); elsewhere the launcher refuses (LAB_E_MODE).
-// Compile check: python -m lab compile (sm_90a; sm_80 builds an empty kernel); GPU checks: tests/test_paged_gpu.py;
+// Compile check: python -m lab compile (sm_90a; sm_80 builds an empty kernel); GPU checks: tests/decode/test_paged_gpu.py;
 // the sanitizers and the race against v03 and cuDNN: outputs/experiments/20261126-paged-v05-bulkrow.json.
 //
 // decode_bulkrow_v05: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.

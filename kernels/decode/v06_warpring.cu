@@ -5,7 +5,7 @@
 // (common/decode_tile_step.cuh) and the merge of the 4 warps are v03's.
 // Pass 1 lives in common/decode_warp_ring_pass1.cuh (shared with v07; moving it left every kernel's PTX as it was:
 // outputs/driver_logs/20261126-cpu-decode-swizzle-aee1fb7/v06_ptx_same.log).
-// Compile check: python -m lab compile (sm_80 and sm_90a); GPU checks and the wrong builds: tests/test_paged_gpu.py;
+// Compile check: python -m lab compile (sm_80 and sm_90a); GPU checks and the wrong builds: tests/decode/test_paged_gpu.py;
 // the sanitizers, the race against v03 and cuDNN and Nsight Compute: outputs/experiments/20261126-paged-v06-warpring.json.
 //
 // decode_warpring_v06: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.

@@ -2,7 +2,7 @@
 // is D elements, not D + 8, and 16-byte chunk c of key row r sits at chunk c ^ (r & 7). The copies, the walk, the
 // page-table check, the softmax and the merge are v06's. D 64 and 128 (the same ring at D 80 / 96: decode v08).
 // Pass 1 is v06's kernel (common/decode_warp_ring_pass1.cuh) with kSwizzle.
-// Compile check: python -m lab compile (sm_80 and sm_90a); GPU checks: tests/test_paged_gpu.py.
+// Compile check: python -m lab compile (sm_80 and sm_90a); GPU checks: tests/decode/test_paged_gpu.py.
 // Measured: outputs/experiments/20261127-decode-v07-swizzle.json.
 //
 // decode_swizzle_v07: split-K decoding over a paged (or contiguous) KV cache, tensor cores for Q K^T and P V.

@@ -5,7 +5,7 @@
 // inside its aligned pairs (D 80) or quads (D 96): every 32-byte sector of the cache lands whole in one aligned 32-byte
 // sector of the ring. Pass 1 is v06's kernel (common/decode_warp_ring_pass1.cuh) with kSwizzle, as v07.
 // Compile check: python -m lab compile (sm_80 and sm_90a); the layout: lab.decode.swizzle_model (lane by lane);
-// GPU checks: tests/test_paged_gpu.py (at D 80 / 96). Measured:
+// GPU checks: tests/decode/test_paged_gpu.py (at D 80 / 96). Measured:
 // outputs/experiments/20261127-decode-v08-narrow-swizzle.json.
 //
 // decode_swizzle_narrow_v08: split-K decoding over a paged (or contiguous) KV cache at D 80 / 96, tensor cores for

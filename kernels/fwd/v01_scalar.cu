@@ -1,6 +1,6 @@
 // Changes: first version (FA1 order, scalar fp32).
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tools/gpu/fwd_v01_main.cu kernels/fwd/v01_scalar.cu -o /tmp/v01 && /tmp/v01
-//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+//   (through torch: .venv/bin/python -m pytest -q tests/product/test_gpu.py; compile check: python -m lab compile)
 // Measured: outputs/experiments/20261121-fwd-v01-baseline.json.
 //
 // v01_scalar: the "before" kernel. FlashAttention-1-style forward pass with

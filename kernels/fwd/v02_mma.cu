@@ -1,6 +1,6 @@
 // Changes: vs v01: tensor cores (mma.sync, ldmatrix), cp.async pipeline, FA2 loop order, P in registers.
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a tools/gpu/fwd_mma_main.cu kernels/fwd/v02_mma.cu -o /tmp/v02 && /tmp/v02
-//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+//   (through torch: .venv/bin/python -m pytest -q tests/product/test_gpu.py; compile check: python -m lab compile)
 // Measured: outputs/experiments/20261121-fwd-v02-mma.json.
 //
 // v02_mma: FlashAttention-2 forward on tensor cores (mma.sync m16n8k16).

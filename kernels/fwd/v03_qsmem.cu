@@ -1,6 +1,6 @@
 // Changes: vs v02: Q re-read from smem each k-step (4 warps x 32 rows at both D), head-major causal order.
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DFWD_FN=attn_fwd_v03 tools/gpu/fwd_mma_main.cu kernels/fwd/v03_qsmem.cu -o /tmp/v03 && /tmp/v03
-//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+//   (through torch: .venv/bin/python -m pytest -q tests/product/test_gpu.py; compile check: python -m lab compile)
 // Measured: outputs/experiments/20261121-fwd-v03-qsmem.json.
 //
 // v03_qsmem: v02 with Q re-read from shared memory, which buys FA2's tile

@@ -1,6 +1,6 @@
 // Changes: vs v03: lazy O rescale, XOR ldmatrix addressing, one K/V row pointer (no spills), small-grid config.
 // Compile and run (from the repo root): nvcc -std=c++17 -O3 -I kernels -gencode arch=compute_90a,code=sm_90a -DFWD_FN=attn_fwd_v04 tools/gpu/fwd_mma_main.cu kernels/fwd/v04_lazy.cu -o /tmp/v04 && /tmp/v04
-//   (through torch: .venv/bin/python -m pytest -q tests/test_gpu.py; compile check: python -m lab compile)
+//   (through torch: .venv/bin/python -m pytest -q tests/product/test_gpu.py; compile check: python -m lab compile)
 // Measured: outputs/experiments/20261121-fwd-v04-lazy.json and 20261121-fwd-v04-small-grid.json.
 //
 // v04_lazy: v03 with a lazily rescaled online softmax and the D = 128

@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   // first), so every unit costs num_m + 1 key tiles and a static round-robin over units is balanced; a
   // unit's head neighbours its other units in the same round (L2). The snake over L2 head groups left CTAs
   // with 4 + 4 key tiles beside CTAs with 2 + 2 (run 1: -5 % at S = 512, -24 % at 2048 causal). lab/fwd/work_order.py
-  // mirrors both orders (tests/test_work_order.py counts the key tiles per CTA): change them together.
+  // mirrors both orders (tests/fwd/test_work_order.py counts the key tiles per CTA): change them together.
   constexpr bool kPair = kPersist && D == 128 && LAB_FWD_OVERLAP_D128_PAIR_CAUSAL != 0;
   const bool pair = kPair && p.causal;
   const int half = (num_m + 1) / 2, num_units = num_bh * half;

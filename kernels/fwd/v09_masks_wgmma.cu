@@ -34,7 +34,7 @@
 //   The tanh on fp16 pairs was slower (+3-5 % over the fixed offset at D = 128) and failed the LSE checks (0.016-0.033
 //   against 0.01): dropped. The first fixed-offset form summed l from the fp32 P while P V used the bf16 P, and failed
 //   the two S_q = S_k = 1 softcap checks (O = V off by one bf16 ulp, where SDPA is exact: with a running max the
-//   largest P is exactly 1). Now l sums the rounded P (exp_rows_rounded; tests/test_masks.py emulates both forms).
+//   largest P is exactly 1). Now l sums the rounded P (exp_rows_rounded; tests/masks/test_masks.py emulates both forms).
 //   Outcome of that form (H100, 50795d4, the same A/B; outputs/driver_logs/20261126-h100-masks-defaults-50795d4/):
 //   D = 128 +5.9 / +7.2 % (S 4096, softcap 30 / 50) and +8.7 % (S 16384) over no softcap, where the online max beside
 //   it took +18.1 / +18.2 / +21.9 %: 9-11 % less time than the online max; D = 64 +34.8 / +38.1 % (online max

@@ -4,7 +4,7 @@ Why: a cold training step (an L2 flush, then forward and backward) shows the hos
 launch, and the Python route (the checks, then lab.backward.op.EagerAttention, a Python autograd.Function)
 costs ~55 us more per forward and ~10 us more per backward than the node (CPU box). The node runs the same
 kernels as that route: its forward is attn_call's, its backward attn_bwd_call's with the kernel
-lab.backward.op.backward_version picks, so the gradients are bit-identical (tests/test_grad_node_gpu.py).
+lab.backward.op.backward_version picks, so the gradients are bit-identical (tests/bwd/test_grad_node_gpu.py).
 
 The plan binds the forward and the non-deterministic backward launchers for one (S_q, D, causal, device); the
 node reads torch.are_deterministic_algorithms_enabled() when its backward runs, as lab.backward.op does, and

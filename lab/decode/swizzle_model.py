@@ -14,7 +14,7 @@ lane by lane, as the kernels address them (kernels/decode/v06_warpring.cu, v07_s
 
     python -m lab.decode.swizzle_model        # prints one table per head dim; exits 1 if a layout check fails
 
-tests/test_decode_swizzle.py asserts the same checks.
+tests/decode/test_decode_swizzle.py asserts the same checks.
 """
 from __future__ import annotations
 

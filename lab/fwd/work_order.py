@@ -12,7 +12,7 @@ B_r = B_c, tile mb costs mb + 1 key tiles, so a static round-robin is only as ev
   of one head, longest first, so every unit costs num_m + 1 key tiles; CTA x takes units x, x + G, ...
   (with an odd num_m the middle tile is a unit of its own).
 
-Both functions mirror the kernel's integer arithmetic line by line; tests/test_work_order.py checks that
+Both functions mirror the kernel's integer arithmetic line by line; tests/fwd/test_work_order.py checks that
 every tile is taken exactly once and how even the key tiles per CTA come out.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # strides of 3; batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype; 4 bytes of padding;
 # debug), then window_left, window_right, diag_offset, softcap, sinks, cu_seqlens_q, cu_seqlens_k, total_q, total_k.
 # Filling a ctypes.Structure field by field cost ~28 us a call on the CPU box; the pack costs a few.
-# tests/test_masks.py checks the layout against ctypes' own (the C rules of alignment).
+# tests/masks/test_masks.py checks the layout against ctypes' own (the C rules of alignment).
 PARAMS = struct.Struct("<5Q12q6if2i4xQ3ifQQQ2i")
 assert PARAMS.size == 232
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)

@@ -8,7 +8,7 @@ name contains NAME_SUBSTRING, finds every loop (a backward branch and its target
 tensor instructions, the MUFU (exp2, rcp), the FP32 pipe (FFMA/FMUL/FADD/FMNMX), conversions and packing,
 shuffles, shared-memory and barrier traffic, the rest. Dividing by the pipes' rates
 (outputs/experiments/20261123-fwd-hopper-pipe-floors.json) gives the issue and pipe floors of one iteration.
-Tested by tests/test_sass_loops.py.
+Tested by tests/harness/test_sass_loops.py.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Publishing: the log pages, the book's chapter copies and the tables chapters show, made from outputs/.
 
-Nothing here imports torch (tests/test_publish.py runs it with torch blocked): the log and the book build
+Nothing here imports torch (tests/book/test_publish.py runs it with torch blocked): the log and the book build
 on any machine, from session folders carried back from a GPU.
 
 - log: `python -m lab log`, writes every page and chapter copy;

@@ -1,5 +1,5 @@
 """The version tables of the kernel READMEs, generated from lab.registry: `python -m lab readme` writes them between
-the markers below, and tests/test_readme_tables.py checks that each README holds the table this module gives.
+the markers below, and tests/book/test_readme_tables.py checks that each README holds the table this module gives.
 
 A row's file and head dims come from the registry's tables, its status from lab.registry.HISTORY and VARIANTS (history:
 no default call reaches it; otherwise the product variant it implements); the idea and the chapter that teaches it are

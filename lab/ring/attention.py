@@ -15,7 +15,7 @@ Layouts (`shard_chunks`):
 
 The local attention is a function attend(q, k, v, is_causal) -> (out, lse natural log, (B, H, S_q)):
 lab.ops.attention(..., return_lse=True) on GPUs, reference_attend (float64 math) on the CPU, where CI runs
-the whole algorithm over the gloo backend with world sizes 2-4 (tests/test_dist.py).
+the whole algorithm over the gloo backend with world sizes 2-4 (tests/ring/test_dist.py).
 
 The transport is lab.ring.comm: on a GPU each transfer is queued on a stream of its own, and the current
 stream, which runs the forward kernel on the shard already here, waits for it only when the next step needs

@@ -141,7 +141,7 @@ def emulate_ring_backward(q, k, v, dout, world: int, is_causal: bool, attend=ref
     """Every rank's steps in one process: the full (dq, dk, dv). block_lse=True is the deliberately wrong
     ring (each block's own lse in place of the merged one), which a gradient check must fail."""
     seqlen = q.shape[2]
-    out, lse = attend(q, k, v, is_causal)  # what the forward ring gives (tests/test_dist.py checks it equal)
+    out, lse = attend(q, k, v, is_causal)  # what the forward ring gives (tests/ring/test_dist.py checks it equal)
     if block_lse:
         attend_backward = with_block_lse(attend, attend_backward)
 

@@ -2,7 +2,7 @@
 
 One struct per N (m64nNk16): ss() reads A and B from shared memory through descriptors, rs() takes A from
 registers (four 16-bit pairs per thread, the mma.sync m16n8k16 A layout per warp). Run:
-    python3 tools/codegen/hopper_gen_wgmma.py [OUT]      # OUT: another file to write (tests/test_hopper.py)
+    python3 tools/codegen/hopper_gen_wgmma.py [OUT]      # OUT: another file to write (tests/fwd/test_hopper.py)
 """
 import sys
 from pathlib import Path

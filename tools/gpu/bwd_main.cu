@@ -4,7 +4,7 @@
 //   compute-sanitizer --tool memcheck /tmp/bwd --small ; compute-sanitizer --tool racecheck /tmp/bwd --small
 // Each config: random Q, K, V, dO; O and LSE of the forward computed here in double; the launcher's dQ, dK, dV
 // (atomic and deterministic dQ) against double-precision gradients. Pass: max abs error <= 0.02 * max|ref| + 2e-3
-// (a loose bound for a harness check: the tight SDPA-relative rule is tests/test_backward_gpu.py's). Output
+// (a loose bound for a harness check: the tight SDPA-relative rule is tests/bwd/test_backward_gpu.py's). Output
 // buffers are poisoned with NaN (0xFF bytes) first. Uneven sizes, causal with Sq != Sk both ways, GQA, scales.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -21,9 +21,9 @@ for tool in memcheck racecheck initcheck synccheck; do
     echo "rc=${PIPESTATUS[0]}"; } >> "$LOG" 2>&1
 done
 
-{ echo "== compute-sanitizer --tool memcheck pytest tests/test_paged_gpu.py (shuffled and out-of-range tables)"
+{ echo "== compute-sanitizer --tool memcheck pytest tests/decode/test_paged_gpu.py (shuffled and out-of-range tables)"
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 LAB_SDPA_NO_CUDNN=1 timeout 900 compute-sanitizer --tool memcheck --target-processes all \
-    "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider tests/test_paged_gpu.py \
+    "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider tests/decode/test_paged_gpu.py \
     -k "out_of_range or split_counts or contiguous_causal or p16-8x2 or p256-16x2" 2>&1 | tail -40
   echo "rc=${PIPESTATUS[0]}"; } >> "$LOG" 2>&1
 grep -E "^==|ERROR SUMMARY|rc=|passed|failed" "$LOG"

@@ -614,7 +614,7 @@ __device__ __forceinline__ void epilogue(float (&o)[D / 2], RowState& st, const 
 // lanes t and t ^ 1 of each quad swap words so that each stores 8 contiguous bytes (a warp's store covers 8
 // rows x 32 bytes); with 0 each thread stores its own 4-byte pairs (8 rows x 16 bytes, twice the stores). For
 // a persistent CTA: the Q tile stays free for the next work tile's load, issued once the last S GEMM has read Q.
-// tests/test_epilogue_quad.py walks the lane exchange on the CPU. kNarrow (Narrow<C>): only the 8-column blocks
+// tests/fwd/test_epilogue_quad.py walks the lane exchange on the CPU. kNarrow (Narrow<C>): only the 8-column blocks
 // below p.head_dim are stored (every lane still shuffles).
 template <int D, class T, bool kNarrow = false>
 __device__ __forceinline__ void epilogue_direct(float (&o)[D / 2], RowState& st, const AttnFwdParams& p, int b,
