@@ -3,6 +3,8 @@
 A candidate is a version of the family's kernel table (lab.registry), or "default" (what the public call picks),
 called exactly as users call it, with the options of that call that leave the result unchanged (decode's
 num_splits, the backward's deterministic mode): so an A/B compares two versions, or two variants of one version.
+A forward A/B may also name a peer (PEERS: SDPA forced to one backend, the backend entered outside the timer as
+the lab's races do), so a question about where the lab stands against cuDNN is an experiment like any other.
 A candidate is timed on a case only after it passed lab.check's correctness rule there. Timing is
 lab.bench.time_interleaved: every round times A then B, so a drift of the GPU's clocks reaches both alike.
 chapters/x_ab.ipynb runs it (`python -m lab experiment x_ab -p family fwd -p candidate_a v03 ...`) and writes the
@@ -22,6 +24,7 @@ CASE_SETS = {"fwd": ("tests", "seed", "bench-fwd", "bench-fwd-fp16", "bench-bwd"
              "bwd": ("tests", "bench-bwd", "bench-fwd", "head-dims"),
              "decode": ("decode-tests", "bench-decode", "decode-long", "decode-head-dims-tests")}
 HEAD_DIM_SETS = {"head-dims": case_sets.head_dim_cases, "wide-head-dims": case_sets.wide_head_dim_cases}  # not in by_name
+PEERS = {"fwd": {"sdpa-cudnn": "cudnn", "sdpa-flash": "flash"}}  # name -> SDPA backend, per family
 METRIC = "median time of one call (CUDA events, L2 flushed, A and B timed in alternating rounds)"
 
 
@@ -32,12 +35,17 @@ class Candidate:
     options: tuple = ()  # sorted (name, value) pairs
 
     @property
+    def peer(self) -> str | None:
+        """The SDPA backend this candidate forces, when it is a peer rather than a version of ours."""
+        return PEERS.get(self.family, {}).get(self.version or "")
+
+    @property
     def name(self) -> str:
         return " ".join([self.version or "default", *(f"{k}={v}" for k, v in self.options)])
 
     def supports(self, case, capability: tuple | None = None) -> str | None:
         """Why this candidate cannot run the case (head dim, GPU), or None. capability None: not known yet."""
-        if self.version is None:
+        if self.version is None or self.peer:
             return None
         kernel = TABLES[self.family][self.version]
         if case.D not in kernel.head_dims:
@@ -52,8 +60,12 @@ def candidate(family: str, version, options: dict | None = None) -> Candidate:
     if family not in TABLES:
         raise ValueError(f"family {family!r} has no A/B adapter; these have one: {', '.join(TABLES)}")
     name = None if version in (None, "", "default") else str(version)
-    if name is not None and name not in TABLES[family]:
-        raise ValueError(f"{family} has no version {name!r}; its versions: {', '.join(TABLES[family])}")
+    peers = PEERS.get(family, {})
+    if name is not None and name not in TABLES[family] and name not in peers:
+        raise ValueError(f"{family} has no version {name!r}; its versions: {', '.join(TABLES[family])}"
+                         + (f"; its peers: {', '.join(peers)}" if peers else ""))
+    if name in peers and options:
+        raise ValueError(f"{family}: a peer ({name}) takes no options")
     unknown = sorted(set(options or {}) - set(OPTIONS[family]))
     if unknown:
         raise ValueError(f"{family}: option(s) {unknown} not allowed; allowed: {list(OPTIONS[family]) or 'none'}")
@@ -104,14 +116,15 @@ def sources(a: Candidate, b: Candidate) -> list:
     """The kernel sources of the named versions (for the compile check)."""
     from . import paths
 
-    return list(dict.fromkeys(paths.KERNELS / TABLES[c.family][c.version].source for c in (a, b) if c.version))
+    return list(dict.fromkeys(paths.KERNELS / TABLES[c.family][c.version].source for c in (a, b)
+                              if c.version and not c.peer))
 
 
 def _call(cand: Candidate, case, seed: int = 0):
     """A zero-argument call of the public path on fresh inputs, and the lab.check runner of the same path."""
     import torch
 
-    from . import backward, ops, sweep
+    from . import backward, bench, ops, sweep
     from .backward import harness
 
     opts = dict(cand.options)
@@ -122,6 +135,12 @@ def _call(cand: Candidate, case, seed: int = 0):
         return (lambda: ops.decode(q, k, v, seqlens, version=cand.version, **opts)), check_run
     q, k, v, causal = sweep.case_inputs(case, seed)
     gqa = q.shape[1] != k.shape[1]
+    if cand.peer:  # SDPA in torch's default dispatch; run() enters the backend around each timed call
+        import torch.nn.functional as F
+
+        check_run = lambda q_, k_, v_, causal_, scale, out: out.copy_(bench.sdpa_runner(  # noqa: E731
+            cand.peer, q_, k_, v_, is_causal=causal_, scale=scale)())
+        return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)), check_run
     if cand.family == "fwd":
         check_run = lambda q_, k_, v_, causal_, scale, out: out.copy_(  # noqa: E731
             ops.attention(q_, k_, v_, is_causal=causal_, scale=scale, enable_gqa=gqa, version=cand.version))
@@ -166,7 +185,7 @@ def run(a: Candidate, b: Candidate, chosen: list, trials: int = 2, **stop) -> li
             call, check_run = _call(cand, case)
             checks[cand.name] = _check(cand, case, check_run, trials)
             if checks[cand.name][0]:
-                calls[cand.name] = (call, None)
+                calls[cand.name] = (call, (lambda b=cand.peer: bench.sdpa_backend(b)) if cand.peer else None)
         times = bench.time_interleaved(calls, **stop) if calls else {}
         rows.append({"case": case, "checks": checks, "times": times})
         print(f"{case.name}: " + ", ".join(f"{n} {t.median_ms:.4f} ms" if isinstance(t, bench.Timing) else f"{n} {t}"

@@ -289,3 +289,28 @@ def test_the_experiment_command_reads_parameters_as_json():
     assert launch.notebook_source("x_ab") == paths.CHAPTERS / "x_ab.ipynb"
     assert launch.default_slug(paths.CHAPTERS / "x_ab.ipynb", {"family": "decode", "candidate_a": "v02"}) \
         == "ab-decode-v02-v04"
+
+
+def test_a_forward_ab_may_race_a_peer_with_its_backend_entered_outside_the_timer(monkeypatch):
+    """A peer (SDPA forced to cuDNN) is a candidate like a version: every case runs, no kernel source is compiled
+    for it, it takes no options, and run() hands the timer its backend as the call's context."""
+    import torch
+
+    from lab import bench
+
+    a, b = ab.candidate("fwd", "sdpa-cudnn"), ab.candidate("fwd", "default")
+    assert a.peer == "cudnn" and b.peer is None and a.name == "sdpa-cudnn"
+    chosen = ab.cases("fwd", ["bwd-d128-s4096", "fwd-d128-s8192"])
+    assert a.supports(chosen[0]) is None and ab.sources(a, ab.candidate("fwd", "v04"))[0].name == "v04_lazy.cu"
+    with pytest.raises(ValueError, match="takes no options"):
+        ab.candidate("fwd", "sdpa-cudnn", {"x": 1})
+    with pytest.raises(ValueError, match="its peers: sdpa-cudnn, sdpa-flash"):
+        ab.candidate("fwd", "sdpa-cudnn2")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: (9, 0))
+    monkeypatch.setattr(ab, "_call", lambda cand, case, seed=0: ((lambda: None), None))
+    monkeypatch.setattr(ab, "_check", lambda cand, case, run, trials: (True, 1e-3))
+    contexts = {}
+    monkeypatch.setattr(bench, "time_interleaved",
+                        lambda calls, **stop: contexts.update({n: c for n, (_, c) in calls.items()}) or {})
+    ab.run(a, b, chosen[:1])
+    assert contexts["default"] is None and callable(contexts["sdpa-cudnn"])
