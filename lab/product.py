@@ -15,7 +15,7 @@ from __future__ import annotations
 PRODUCT = frozenset({
     "lab", "lab.product",
     # lab.ops and its dispatch; the build of kernels (lab/binding.cpp, kernels/)
-    "lab.ops", "lab.op_common", "lab.registry", "lab.kernels", "lab.build", "lab.paths", "lab.cache_files",
+    "lab.ops", "lab.op_common", "lab.registry", "lab.variants", "lab.kernels", "lab.build", "lab.paths", "lab.cache_files",
     "lab.files",
     # each family's op glue and what it needs
     "lab.fwd", "lab.fwd.op", "lab.fwd.causal", "lab.fwd.head_dims", "lab.merge",
