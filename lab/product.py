@@ -19,7 +19,8 @@ PRODUCT = frozenset({
     "lab.files",
     # each family's op glue and what it needs
     "lab.fwd", "lab.fwd.op", "lab.fwd.causal", "lab.fwd.head_dims", "lab.merge",
-    "lab.decode", "lab.decode.op", "lab.decode.fast", "lab.decode.plan", "lab.decode.deferred",
+    "lab.decode", "lab.decode.op", "lab.decode.paged_op", "lab.decode.checks", "lab.decode.fast", "lab.decode.plan",
+    "lab.decode.deferred",
     "lab.masks", "lab.masks.op", "lab.masks.fast", "lab.masks.spec", "lab.masks.backward", "lab.masks.varlen_bwd",
     "lab.backward", "lab.backward.op", "lab.backward.node",
     # the ring and its runtime parts (on the CPU it attends with lab.reference's float64 attention)

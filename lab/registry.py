@@ -1,10 +1,9 @@
-"""The kernel tables: which kernels exist, and the preference orders the default rules read.
+"""The kernel tables and the default rule: which kernels exist and which one a call gets.
 
-Each family's table maps a version to its row (lab.kernels.Kernel: source file, extern "C" symbol, head dims,
-compute capabilities); the tuples beside them (BEST_*, PAGED_*, SPLIT_RULE, the head dims) are the orders and
-limits that lab.variants' one default rule, choose(family, shape, capability, deterministic), reads. The product's
-named variants (VARIANTS), the versions no call reaches (HISTORY) and the default-rule wrappers live there; this
-module re-exports every one of those names, so `from lab.registry import choose` keeps working.
+Each family's table maps a version to its row (lab.kernels.Kernel: source, extern "C" symbol, head dims, compute
+capabilities); choose(family, shape, capability, deterministic) is the one default rule over them, returning the
+product's named variant. The variants, HISTORY and the orders of preference the rule reads are lab.variants';
+this module re-exports every one of those names.
 
 No torch here, so the gates (a gate may name `default`), the standalone GPU scripts (`python -m lab.registry
 drivers`) and the publishing side can read them; lab.ops re-exports every name. Adding a version is one
@@ -15,6 +14,11 @@ from __future__ import annotations
 import sys
 
 from .kernels import Kernel
+from .kernels import resolve_version as _version
+from .variants import (BEST_BWD, BEST_BWD_HOPPER, BEST_DECODE, BEST_FWD, BEST_FWD_HOPPER,  # noqa: F401 (re-exported)
+                       BEST_MASKED_BWD, BEST_MASKED_FWD, BEST_PAGED, DETERMINISTIC_BWD_HOPPER, HISTORY,
+                       HOPPER_SMALL_MAX_SQ, VARIANTS, Variant, variant_of)
+
 
 FWD = {
     "v01": Kernel("fwd/v01_scalar.cu", "attn_fwd_v01", (16, 32, 64, 128)),
@@ -69,52 +73,16 @@ MASKED_FWD = {
     "v09": Kernel("fwd/v09_masks_wgmma.cu", "attn_fwd_v09", (64, 128), ((9, 0),)),
     "v11": Kernel("fwd/v11_masks_overlap.cu", "attn_fwd_v11", (64, 128), ((9, 0),)),
 }
-BEST_MASKED_FWD = ("v11", "v09", "v08")  # preference: the first that runs on the device's capability
 # The masked backward (window, softcap, sinks; dense calls): its launcher takes MaskBwdParams (kernels/common/hopper/
 # attn_bwd_mask_sm90.cuh); lab.masks.backward calls it. v08 is bwd v07's staggered loop with the masks' steps.
 MASKED_BWD = {
     "v08": Kernel("bwd/v08_masks.cu", "attn_bwd_v08", (64, 128), ((9, 0),)),
 }
-BEST_MASKED_BWD = ("v08",)
-BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
-# compute capability 9.0, non-deterministic mode (kernels/bwd/README.md, "Defaults"); v19: D 192 / 256 on wgmma, about
-# twice v09 (outputs/experiments/20261126-bwd-v19-wide.json)
-BEST_BWD_HOPPER = ("v14", "v13", "v12", "v10", "v07", "v05", "v02", "v01", "v19", "v09")
 DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
-# The deterministic mode's preference on compute capability 9.0, before BEST_BWD: v18 (v14 with dQ added in a fixed
-# order, signalled by two producer warps: 0.64-0.99x SDPA-cuDNN's backward in GPU time on an H100, 1.7-2.8x v01's
-# deterministic mode; outputs/experiments/20261126-bwd-v18-signal.json), then v17 (the same order signalled by the
-# consumers: 0.46-0.72x; outputs/experiments/20261126-bwd-v17-ordered.json).
-DETERMINISTIC_BWD_HOPPER = ("v18", "v17")
 PAGED_DECODE = ("v03", "v04", "v05", "v06", "v07", "v08")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
 PAGED_HEADS = {"v04": 8}
-# The paged versions in lab.ops.decode's order of preference, where H_kv allows (PAGED_HEADS). v04 (8 heads a block)
-# ran first where its blocks filled a wave with no split: on an H100 it was 1.5-2.5 % faster than v03 at 128 x 2048
-# (one split) and 1-12 % slower with 2-127 splits (outputs/experiments/20261126-paged-v04-pagerow.json). It is last
-# now (see v07 below), which keeps it in the checks of every paged version while no call reaches it by default.
-# v05 (v03 with whole-row bulk copies, sm_90) is on no default list: 0.984-0.999x v03's GPU time on the serving cells
-# (outputs/experiments/20261126-paged-v05-bulkrow.json); a call that names it runs it.
-# v06 (v03 with warp-private rings: no block barrier in the main loop) is on none either: v03's GPU time over v06's
-# 0.992-1.011 on the paged serving cells, DRAM throughput unchanged
-# (outputs/experiments/20261126-paged-v06-warpring.json).
-# v07 (v06 with an unpadded, swizzled ring; D 64 / 128) comes before v03: on an H200 its copies move cuDNN's crossbar
-# sectors (v03 / v06 1.5x), pass 1 reads DRAM at 88 % (v03 82.5 %), and the public op takes 2.5-6.2 % less GPU time
-# than v03 on the 15 paged serving cells (outputs/driver_logs/20261127-h200-decode-v07-555d8ce/). It also takes v04's
-# cells (128 x 2048, where v04's blocks fill a wave): in two H100 runs v07 / v04 GPU time 0.978-0.991 at pages 16 /
-# 64 / 256 (6 of 6), graph replays 0.977-0.990 in 5 of 6 and 1.013 in one (outputs/driver_logs/
-# 20261127-h100-decode-v07-sessions-6299973/, 20261127-h100-decode-v08-cee9b7f/ab_v04.log).
-# v08 (v07's ring at D 80 / 96) before v03 there: on an H100 0.955-0.984x v03's GPU time at D 80 on all 15 paged
-# serving cells, 0.917-1.006x at D 96 (level at 8 x 16384, up to 0.6 % slower at 32 x 4096, 1.4 % in graph replays),
-# its copies at cuDNN's crossbar sectors where v03's move 1.46-1.52x (outputs/driver_logs/20261127-h100-decode-v08-cee9b7f/).
-BEST_PAGED = ("v07", "v08", "v03", "v04")
 SPLIT_RULE = {"v03": "v02", "v05": "v02", "v06": "v02", "v07": "v02", "v08": "v02"}  # v03's (and v05-v08's) pass 1 is v02's with another address: v02's one-block-per-SM split plan
-# The contiguous decode where a KV head serves several query rows, in order of preference by head dim: v07 at D 64 /
-# 128 (on the contiguous cache 0.989-1.018x SDPA-cuDNN against v02's 0.942-0.966 on the serving cells, H200, same
-# evidence as BEST_PAGED), v08 at 80 / 96 (0.916-0.986x v02's GPU time on the 10 serving cells at those dims, H100,
-# 0.914-1.067x SDPA-cuDNN against v02's 0.890-1.038; same evidence as v08 in BEST_PAGED), v02 at the others.
-BEST_DECODE = ("v07", "v08", "v02")
-BEST_FWD = ("v04", "v03", "v02", "v01")  # preference order for version=None
 # Head dims with fast forward and backward kernels; lab.ops.attention pads every other D_qk, D_v up to the
 # next of these (lab.fwd.head_dims), and runs them when the caller names no version.
 FAST_HEAD_DIMS = (64, 128)
@@ -140,17 +108,142 @@ def narrow_backward_dim(head_dim: int) -> bool:
     return 0 < head_dim < FAST_HEAD_DIMS[-1] and head_dim % 8 == 0 and head_dim not in FAST_HEAD_DIMS
 
 
-BEST_FWD_HOPPER = ("v07", "v06", "v05", "v10")  # preference on compute capability 9.0 (v10: D 192, 256 only)
-# (head dim, causal) -> largest S_q that runs v05 on Hopper. H200 run 12 and H100 run 11, timed in rounds
-# (outputs/driver_logs/20261123-{h200-v07-l2order-run12,h100-v07-l2order-run11}-*), TFLOP/s v05 vs v07: D=64 512
-# 351 vs 337, 2k 406 vs 443; D=64 causal 512 259 vs 197, 2k 361 vs 348 (H100 341 vs 343), 8k 404 vs 446 (H100
-# 406 vs 447); D=128 causal 512 274 vs 252 (H100 230 vs 241), 2k 363 vs 449. Between measured sizes the switch
-# point is not measured.
-# D = 128 causal 512 went to v07 once its few-keys config ran in PAIR order: 306 vs v05 286 (H200 run 4,
-# outputs/driver_logs/20261123-h200-d128-cells-run4-b9a4b85/).
-HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 2048}
 HOPPER_CAPABILITIES = ((9, 0),)
 TABLES = {"fwd": FWD, "fwd_masked": MASKED_FWD, "bwd": BWD, "bwd_masked": MASKED_BWD, "decode": DECODE}
+
+
+def kernel_of(variant: Variant) -> Kernel:
+    """The table row (source file, symbol, head dims, capabilities) that implements a variant today."""
+    return TABLES[variant.family][variant.version]
+
+
+# ---------------------------------------------------------------- defaults
+
+def default_attention_version(head_dim: int, seqlen_q: int, is_causal: bool, capability: tuple) -> str:
+    """The default forward kernel's version for a shape on a GPU of this compute capability (choose's)."""
+    return choose("fwd", {"head_dim": head_dim, "seqlen_q": seqlen_q, "causal": is_causal}, capability).version
+
+
+def _choose_fwd(head_dim: int, seqlen_q: int, is_causal: bool, capability: tuple) -> str:
+    if head_dim in WIDE_HEAD_DIMS and capability not in HOPPER_CAPABILITIES:
+        raise ValueError(f"head dim {head_dim}: the forward kernel for D_qk, D_v above 128 (fwd v10, wgmma) runs on "
+                         f"compute capability 9.0 only, this GPU is {'.'.join(map(str, capability))}; "
+                         f"use F.scaled_dot_product_attention for heads wider than 128 here")
+    preference = _hopper_preference(head_dim, seqlen_q, is_causal) if capability in HOPPER_CAPABILITIES else ()
+    return _version(None, FWD, head_dim, preference + BEST_FWD)
+
+
+def _hopper_preference(head_dim: int, seqlen_q: int, is_causal: bool) -> tuple:
+    """wgmma + TMA kernels (sm_90a) on compute capability 9.0: v05's many small CTAs (one warpgroup, several
+    CTAs per SM hide each other's prologue and the causal tail) win at D=64 for 512 queries and causal up to
+    2k; v07 (warp-specialised, ping-pong at D=128, its config picked per call in kernels/fwd/v07_overlap.cu)
+    everywhere else (HOPPER_SMALL_MAX_SQ's numbers)."""
+    if seqlen_q <= HOPPER_SMALL_MAX_SQ.get((head_dim, bool(is_causal)), 0):
+        return ("v05",) + BEST_FWD_HOPPER
+    return BEST_FWD_HOPPER
+
+
+
+
+def backward_preference(capability: tuple, deterministic: bool = False) -> tuple:
+    """The backward's order of preference on a GPU of this capability: the first that takes a head dim runs."""
+    hopper = tuple(capability) in BWD[BEST_BWD_HOPPER[0]].capabilities
+    if deterministic:  # BEST_BWD after the Hopper ones: v01, and v09 for the wide head dims (which refuses the mode)
+        return (DETERMINISTIC_BWD_HOPPER if hopper else ()) + BEST_BWD
+    return BEST_BWD_HOPPER if hopper else BEST_BWD
+
+
+def default_decode_version(heads_q: int, heads_kv: int, q_len: int, head_dim: int = 128) -> str:
+    """The first of BEST_DECODE with the head dim, one query row per KV head included. v01 (scalar, two blocks per SM)
+    measured up to 10 % faster than v02 there and was its default; v07 is 2.5-5 % faster than v01 in all six MHA
+    cells timed (H100, GPU time, 0.995-1.005x SDPA-cuDNN against v01's 0.953-0.974;
+    outputs/driver_logs/20261127-h100-decode-mha-72ec60c/)."""
+    return choose("decode", {"heads_q": heads_q, "heads_kv": heads_kv, "q_len": q_len, "head_dim": head_dim}).version
+
+
+def paged_versions(heads_kv: int) -> tuple:
+    """The paged decode versions that take H_kv KV heads, in lab.ops.decode's order of preference."""
+    return tuple(v for v in BEST_PAGED if heads_kv % PAGED_HEADS.get(v, 1) == 0)
+
+
+def _default_paged() -> set:
+    """The paged versions some call gets by default: BEST_PAGED up to the first that takes every H_kv and head dim."""
+    upto = next(i for i, v in enumerate(BEST_PAGED) if v not in PAGED_HEADS and DECODE[v].head_dims == DECODE_HEAD_DIMS)
+    return set(BEST_PAGED[:upto + 1])
+
+
+def default_paged_version(heads_kv: int, head_dim: int = 128) -> str:
+    """What lab.ops.decode runs for a block table (or a causal call) with H_kv KV heads at a head dim (choose's)."""
+    return choose("decode", {"heads_kv": heads_kv, "head_dim": head_dim, "paged": True}).version
+
+
+def default_for_row(row: dict) -> str | None:
+    """The default version for a record's shape and GPU (what lab.ops would have run), or None when the row
+    does not say enough: forward rows need D, Sq, causal and env.capability; decode rows Hq, Hkv, q_len."""
+    case = row.get("case") or {}
+    try:
+        if "page_size" in case:
+            return default_paged_version(int(case["Hkv"]), int(case.get("D", 128)))
+        if "q_len" in case:
+            return default_decode_version(int(case["Hq"]), int(case["Hkv"]), int(case["q_len"]), int(case.get("D", 128)))
+        if "Sq" in case:
+            capability = tuple(int(x) for x in str(row.get("env", {}).get("capability", "")).split("."))
+            return default_attention_version(int(case["D"]), int(case["Sq"]), bool(case.get("causal")), capability)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def choose(family: str, shape: dict, capability: tuple = (9, 0), deterministic: bool = False) -> Variant:
+    """The variant a call gets: family "fwd" (shape: head_dim, seqlen_q, causal), "bwd" (head_dim), "decode"
+    (head_dim, heads_kv; paged=True for a block table or a causal call), "fwd_masked" / "bwd_masked" (head_dim).
+    The one place the default rules live; default_attention_version & co. are its wrappers."""
+    capability, head_dim = tuple(capability), int(shape.get("head_dim", 128))
+    if family == "fwd":
+        version = _choose_fwd(head_dim, int(shape.get("seqlen_q", 1)), bool(shape.get("causal")), capability)
+    elif family == "bwd":
+        if narrow_backward_dim(head_dim) and capability in HOPPER_CAPABILITIES and not deterministic:
+            version = NARROW_BWD[0]
+        else:
+            version = _version(None, BWD, head_dim, backward_preference(capability, deterministic))
+    elif family == "decode" and shape.get("paged"):
+        version = _version(None, DECODE, head_dim, paged_versions(int(shape.get("heads_kv", 1))))
+    elif family == "decode":  # one query row per KV head included (see default_decode_version)
+        version = next((v for v in BEST_DECODE if head_dim in DECODE[v].head_dims), BEST_DECODE[-1])
+    elif family in ("fwd_masked", "bwd_masked"):
+        table, best = (MASKED_FWD, BEST_MASKED_FWD) if family == "fwd_masked" else (MASKED_BWD, BEST_MASKED_BWD)
+        runs = [v for v in best if not table[v].capabilities or capability in table[v].capabilities]
+        if not runs:
+            raise NotImplementedError(f"{family} runs on compute capability {table[best[0]].capabilities} only")
+        version = _version(None, table, head_dim, runs)
+    else:
+        raise ValueError(f"family {family!r}: one of {sorted(TABLES)}")
+    return variant_of(family, version)
+
+
+SNAPSHOT_CAPABILITIES = ((8, 0), (8, 9), (9, 0))
+
+
+def defaults_snapshot() -> list[dict]:
+    """What choose returns over a grid of shapes and capabilities (an error as its type): tests/fixtures/defaults.json,
+    regenerated on purpose by `python -m lab.registry defaults > tests/fixtures/defaults.json`."""
+    grid = [("fwd", {"head_dim": d, "seqlen_q": s, "causal": c}, False) for d in (16, 32, 64, 128, 192, 256)
+            for s in (1, 512, 513, 2048, 2049, 8192) for c in (False, True)]
+    grid += [("bwd", {"head_dim": d}, det) for d in (32, 64, 80, 96, 128, 192, 256) for det in (False, True)]
+    grid += [("decode", {"head_dim": d, "heads_kv": h, **paged}, False) for d in DECODE_HEAD_DIMS for h in (1, 2, 8)
+             for paged in ({}, {"paged": True})]
+    grid += [(family, {"head_dim": d}, False) for family in ("fwd_masked", "bwd_masked") for d in (64, 128)]
+    rows = []
+    for capability in SNAPSHOT_CAPABILITIES:
+        for family, shape, deterministic in grid:
+            try:
+                variant = choose(family, shape, capability, deterministic)
+                got = {"variant": variant.name, "version": variant.version}
+            except (ValueError, NotImplementedError) as error:
+                got = {"variant": type(error).__name__}
+            rows.append({"family": family, "shape": shape, "capability": list(capability),
+                         "deterministic": deterministic, **got})
+    return rows
 
 
 # ---------------------------------------------------------------- standalone drivers
@@ -160,6 +253,18 @@ TABLES = {"fwd": FWD, "fwd_masked": MASKED_FWD, "bwd": BWD, "bwd_masked": MASKED
 DRIVERS = {"fwd": ("tools/gpu/fwd_mma_main.cu", "FWD_FN"), "decode": ("tools/gpu/decode_main.cu", "DECODE_FN"),
            "bwd": ("tools/gpu/bwd_main.cu", "BWD_FN")}
 OWN_DRIVER = {("fwd", "v01"): "tools/gpu/fwd_v01_main.cu"}
+
+
+def default_versions(capability: tuple) -> dict[str, set]:
+    """Every version some call gets by default on a GPU of this capability, per family: the kernels whose
+    sanitizer runs cover what users run."""
+    head_dims = sorted({d for kernel in FWD.values() for d in kernel.head_dims})
+    head_dims = [d for d in head_dims if d not in WIDE_HEAD_DIMS or tuple(capability) in HOPPER_CAPABILITIES]
+    fwd = {default_attention_version(d, s, c, tuple(capability)) for d in head_dims for c in (False, True)
+           for s in (1, *HOPPER_SMALL_MAX_SQ.values(), *(v + 1 for v in HOPPER_SMALL_MAX_SQ.values()))}
+    decode = {default_decode_version(hq, 1, 1, d) for hq in (1, 2) for d in DECODE_HEAD_DIMS} | _default_paged()
+    bwd = {_version(None, BWD, d, backward_preference(capability, det)) for d in FWD_HEAD_DIMS for det in (False, True)}
+    return {"fwd": fwd, "decode": decode, "bwd": bwd}
 
 
 def drivers(capability: tuple | None = None, defaults_only: bool = False) -> list[tuple[str, str, str, str]]:
@@ -203,13 +308,6 @@ def main(argv: list[str]) -> int:
     for row in drivers(capability, defaults_only):
         print("\t".join(row))
     return 0
-
-
-# The product's variants and the default rules (lab.variants), re-exported: callers and tests name them here. At the
-# bottom, after the tables that lab.variants reads (either module may be imported first).
-from .variants import (HISTORY, SNAPSHOT_CAPABILITIES, VARIANTS, Variant, backward_preference,  # noqa: E402, F401
-                       choose, default_attention_version, default_decode_version, default_for_row,
-                       default_paged_version, default_versions, defaults_snapshot, paged_versions, variant_of)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import torch
 
 from lab import build, kernels, ops
 from lab.decode import deferred, emulate_paged
+from lab.decode import checks, paged_op
 from lab.decode import op as decode_op
 
 BF16 = torch.bfloat16
@@ -109,9 +110,11 @@ def gpu(monkeypatch):
     binding = SimpleNamespace(module=fake, decode_paged_call=build._raising(fake.decode_paged_call),
                               decode_call=build._raising(fake.decode_call))
     monkeypatch.setattr(build, "binding", lambda: binding)
-    monkeypatch.setattr(decode_op, "_check_cuda", lambda query: None)
-    monkeypatch.setattr(decode_op, "launcher", lambda table, version, defines=None: 1)
-    monkeypatch.setattr(decode_op, "sm_count", lambda device: 132)
+    for glue in (checks, paged_op):  # the contiguous call's checks and the paged call's
+        monkeypatch.setattr(glue, "_check_cuda", lambda query: None)
+    for glue in (decode_op, paged_op):
+        monkeypatch.setattr(glue, "launcher", lambda table, version, defines=None: 1)
+    monkeypatch.setattr(checks, "sm_count", lambda device: 132)
     monkeypatch.setattr(deferred, "queued", False)
     decode_op._decode_plans.clear()
     kernels.plans.clear()
@@ -130,8 +133,8 @@ def _inputs(B=3, num_pages=12, page=16, max_pages=4, lengths=(64, 10, 33)):
 def test_default_call_queues_its_flags_and_reads_nothing(gpu, monkeypatch):
     q, kc, vc, table, seqlens = _inputs()
     full = []
-    real = decode_op._check_paged
-    monkeypatch.setattr(decode_op, "_check_paged", lambda *a: full.append(1) or real(*a))
+    real = paged_op._check_paged
+    monkeypatch.setattr(paged_op, "_check_paged", lambda *a: full.append(1) or real(*a))
     for _ in range(5):
         out = ops.decode(q, kc, vc, seqlens, block_table=table)
     assert out.shape == q.shape and gpu.log == ["deferred"] * 5
@@ -232,9 +235,11 @@ def queue(cpu_binding, monkeypatch):  # noqa: F811
     module.page_flags_cpu_complete(-1)
     module.page_flags_check(True)  # an empty queue to start from
     monkeypatch.setattr(build, "binding", lambda: cpu_binding)
-    monkeypatch.setattr(decode_op, "_check_cuda", lambda query: None)
-    monkeypatch.setattr(decode_op, "launcher", lambda table, version, defines=None: 0)
-    monkeypatch.setattr(decode_op, "sm_count", lambda device: 132)
+    for glue in (checks, paged_op):  # the contiguous call's checks and the paged call's
+        monkeypatch.setattr(glue, "_check_cuda", lambda query: None)
+    for glue in (decode_op, paged_op):
+        monkeypatch.setattr(glue, "launcher", lambda table, version, defines=None: 0)
+    monkeypatch.setattr(checks, "sm_count", lambda device: 132)
     decode_op._decode_plans.clear()
     kernels.plans.clear()
     yield module

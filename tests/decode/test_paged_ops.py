@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from lab import ops, paths
 from lab.decode import emulate_paged
+from lab.decode import checks, paged_op
 from lab.decode import op as decode_op
 
 BF16, F16 = torch.bfloat16, torch.float16
@@ -102,8 +103,9 @@ def test_page_errors_need_a_block_table(fake):
 def test_split_plan_from_the_table_capacity(fake, monkeypatch):
     """The plan sees max_pages * page_size (shapes only: graph-safe), with v02's one-block-per-SM rule."""
     seen = []
-    monkeypatch.setattr(decode_op, "_num_splits", lambda n, batch, heads, seqlen, device, version: seen.append(
-        (batch, heads, seqlen, version)) or 3)
+    for glue in (decode_op, paged_op):  # the contiguous call's plan and the paged or causal call's
+        monkeypatch.setattr(glue, "_num_splits", lambda n, batch, heads, seqlen, device, version: seen.append(
+            (batch, heads, seqlen, version)) or 3)
     decode_op._decode_plans.clear()
     q, kc, vc, table = _paged(fake, max_pages=10, page_size=64)
     ops.decode(q, kc, vc, block_table=table)
@@ -120,8 +122,8 @@ def test_contiguous_causal_routing(fake, monkeypatch):
     """q_len > 1 causal -> the paged default (v07 at D 128, v08 at D 80, v03 at D 192); q_len 1 causal is the unmasked call (v01 /
     v02 / v07); no block table, no flags."""
     calls = []
-    real = decode_op._v03_op
-    monkeypatch.setattr(decode_op, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
+    real = paged_op._v03_op
+    monkeypatch.setattr(paged_op, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
     k = fake(3, 2, 300, 128)
     ops.decode(fake(3, 8, 4, 128), k, k, is_causal=True)
     assert calls == ["v07"]
@@ -189,10 +191,10 @@ def test_paged_routing_by_kv_heads(fake, monkeypatch):
     from lab import registry
 
     calls = []
-    real = decode_op._v03_op
-    monkeypatch.setattr(decode_op, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
+    real = paged_op._v03_op
+    monkeypatch.setattr(paged_op, "_v03_op", lambda *a: calls.append(a[-1]) or real(*a))
     decode_op._decode_plans.clear()
-    monkeypatch.setattr(decode_op, "sm_count", lambda device: 132)
+    monkeypatch.setattr(checks, "sm_count", lambda device: 132)
     q, kc, vc, table = _paged(fake, B=3, Hq=32, Hkv=8)
     ops.decode(q, kc, vc, block_table=table)  # 3 blocks of 8 heads: v04 would need splits
     q, kc, vc, table = _paged(fake, B=120, Hq=32, Hkv=16)

@@ -57,8 +57,8 @@ def test_every_version_is_a_variant_or_history():
         assert product | history == set(table) and not product & history, family
     for name, variant in registry.VARIANTS.items():
         assert name == variant.name and name.split("_")[0] == variant.family.split("_")[0]
-        assert (ROOT / "kernels" / variant.kernel.source).exists()
-        assert variant.arch == ("sm_90a" if variant.kernel.capabilities else "sm_80"), name
+        assert (ROOT / "kernels" / registry.kernel_of(variant).source).exists()
+        assert variant.arch == ("sm_90a" if registry.kernel_of(variant).capabilities else "sm_80"), name
         assert registry.variant_of(variant.family, variant.version) is variant
     reached = {row["variant"] for row in registry.defaults_snapshot()}
     assert set(registry.VARIANTS) <= reached  # no variant in the table that no call reaches
