@@ -1,3 +1,5 @@
-"""The decode family (kernels/decode/): lab.ops.decode's glue (op), its split plan and paged error flags (plan), the
-split-K algorithm's CPU emulation (splits), the paged layout in NumPy (emulate_paged) and the paged check and race
-of chapter n11 (paged)."""
+"""The decode family (kernels/decode/). The product: lab.ops.decode's glue (op), its paged path and the
+lab::decode_paged op (paged_op), the checks and split count both paths share (checks), the split plan and paged error
+flags (plan), the page flags read at a later call (deferred) and the one-crossing paths (fast). The harness: the
+split-K algorithm's CPU emulation (splits), the paged layout in NumPy (emulate_paged), the paged check and race of
+chapter n11 (paged), and the ring-buffer swizzle model (swizzle_model)."""
