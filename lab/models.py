@@ -51,8 +51,8 @@ def config(name: str, tiny: bool):
         kwargs.update(TINY)
         if "sliding_window" in kwargs:
             kwargs["sliding_window"] = 5
-    if name == "gpt_oss":
-        kwargs.pop("intermediate_size", None) if not tiny else None
+    if name == "gpt_oss" and not tiny:  # GPT-OSS keeps its config's own expert width at GPU size
+        del kwargs["intermediate_size"]
     return getattr(transformers, cls)(**kwargs)
 
 

@@ -34,6 +34,14 @@ def contiguous(query, key_cache, value_cache, cache_seqlens, scale, num_splits, 
     return None if error else out
 
 
+def _paged_plan(query, key_cache, value_cache, block_table, version, num_splits):
+    """(launcher address, splits) of a paged call whose shapes the full path validated once, or None."""
+    if type(block_table) is not _Tensor or type(query) is not _Tensor:
+        return None
+    plan = plans.get(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version, num_splits))
+    return plan if plan is not None and _direct(query, key_cache, value_cache) else None
+
+
 def paged(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, is_causal, scale, num_splits, version):
     """The graph-safe paged call (page_errors given) in one crossing into the binding, or None: then the full path
     runs, raising the right error for whatever the binding refused.
@@ -44,10 +52,8 @@ def paged(query, key_cache, value_cache, cache_seqlens, block_table, page_errors
     H_kv against the version), and every per-call rule (devices, dtypes, strides, the flags buffer) is the
     binding's check_paged in C++. Lengths that are not int32, a table whose rows need a copy, tracing, or
     gradients take the full path."""
-    if type(block_table) is not _Tensor or type(query) is not _Tensor:
-        return None
-    plan = plans.get(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version, num_splits))
-    if plan is None or not _direct(query, key_cache, value_cache):
+    plan = _paged_plan(query, key_cache, value_cache, block_table, version, num_splits)
+    if plan is None:
         return None
     address, splits = plan
     error, out, _ = build.binding().module.decode_paged_call(address, query, key_cache, value_cache, cache_seqlens,
@@ -57,20 +63,14 @@ def paged(query, key_cache, value_cache, cache_seqlens, block_table, page_errors
 
 
 def paged_deferred(query, key_cache, value_cache, cache_seqlens, block_table, is_causal, scale, num_splits, version):
-    """The default paged call (no page_errors) in one crossing, as paged() is the page_errors call: the binding first
-    retires the earlier such calls' completed flags (ValueError from lab.decode.deferred if one was bad; nothing
-    runs then), then launches with the flags going to its queue (read later, never waited for here). None: the
-    full path runs (no plan yet, tracing, gradients, or a refusal, which the full path raises as the right error)."""
-    if type(block_table) is not _Tensor or type(query) is not _Tensor:
-        return None
-    plan = plans.get(("paged", query.shape, key_cache.shape, block_table.shape, query.get_device(), version, num_splits))
-    if plan is None or not _direct(query, key_cache, value_cache):
+    """The default paged call (no page_errors) in one crossing, as paged() is the page_errors call, through
+    lab.decode.deferred.call (the binding first retires the earlier such calls' completed flags: ValueError if one
+    was bad, and nothing runs then). None: the full path runs (no plan yet, tracing, gradients, or a refusal, which
+    the full path raises as the right error)."""
+    plan = _paged_plan(query, key_cache, value_cache, block_table, version, num_splits)
+    if plan is None:
         return None
     address, splits = plan
-    error, out, bad = build.binding().module.decode_paged_deferred(address, query, key_cache, value_cache,
-                                                                   cache_seqlens, block_table,
-                                                                   _scale(scale, query.shape[-1]), splits, is_causal)
-    if bad:
-        raise deferred.error(bad)
-    deferred.queued = True  # (lab.decode.deferred.call's steps, inlined: this is the step loop's path)
+    error, out = deferred.call(address, query, key_cache, value_cache, cache_seqlens, block_table,
+                               _scale(scale, query.shape[-1]), splits, is_causal)
     return None if error else out

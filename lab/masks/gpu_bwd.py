@@ -24,8 +24,7 @@ import torch
 from .. import bench, check, ops, record
 from . import backward as mbwd, spec
 from .gpu import CHAPTER, GEN, GRID_BWD_SINKS, GRID_MASKS, GRID_SIZES, draw
-from .grad_yardstick import (_FIELDS, _LABELS, _max, _sdpa_grads, dlse_rounding, eager_grads,  # noqa: F401
-                             flash_grads, judge, keep_worst, report)
+from .grad_yardstick import judge, keep_worst, report
 
 def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, lower_right=False, defines=None,
               expect_fail=False, trials=2, custom_op=False):

@@ -102,6 +102,19 @@ class HostReads:
         return Pause()
 
 
+def _as_if_on_a_gpu(monkeypatch, binding, address: int) -> None:
+    """lab.ops.decode over `binding` with CPU tensors standing in for CUDA ones: the device check off, every
+    launcher at `address`, 132 SMs, no plan kept from an earlier test."""
+    monkeypatch.setattr(build, "binding", lambda: binding)
+    for glue in (checks, paged_op):  # the contiguous call's checks and the paged call's
+        monkeypatch.setattr(glue, "_check_cuda", lambda query: None)
+    for glue in (decode_op, paged_op):
+        monkeypatch.setattr(glue, "launcher", lambda table, version, defines=None: address)
+    monkeypatch.setattr(checks, "sm_count", lambda device: 132)
+    decode_op._decode_plans.clear()
+    kernels.plans.clear()
+
+
 @pytest.fixture
 def gpu(monkeypatch):
     """CPU tensors stand in for CUDA ones (the device check off, launcher addresses faked), the binding faked."""
@@ -109,15 +122,8 @@ def gpu(monkeypatch):
     fake = FakeGPU(reads)
     binding = SimpleNamespace(module=fake, decode_paged_call=build._raising(fake.decode_paged_call),
                               decode_call=build._raising(fake.decode_call))
-    monkeypatch.setattr(build, "binding", lambda: binding)
-    for glue in (checks, paged_op):  # the contiguous call's checks and the paged call's
-        monkeypatch.setattr(glue, "_check_cuda", lambda query: None)
-    for glue in (decode_op, paged_op):
-        monkeypatch.setattr(glue, "launcher", lambda table, version, defines=None: 1)
-    monkeypatch.setattr(checks, "sm_count", lambda device: 132)
+    _as_if_on_a_gpu(monkeypatch, binding, address=1)
     monkeypatch.setattr(deferred, "queued", False)
-    decode_op._decode_plans.clear()
-    kernels.plans.clear()
     yield fake
     decode_op._decode_plans.clear()
     kernels.plans.clear()
@@ -234,14 +240,7 @@ def queue(cpu_binding, monkeypatch):  # noqa: F811
     module.page_flags_cpu_capture(False)
     module.page_flags_cpu_complete(-1)
     module.page_flags_check(True)  # an empty queue to start from
-    monkeypatch.setattr(build, "binding", lambda: cpu_binding)
-    for glue in (checks, paged_op):  # the contiguous call's checks and the paged call's
-        monkeypatch.setattr(glue, "_check_cuda", lambda query: None)
-    for glue in (decode_op, paged_op):
-        monkeypatch.setattr(glue, "launcher", lambda table, version, defines=None: 0)
-    monkeypatch.setattr(checks, "sm_count", lambda device: 132)
-    decode_op._decode_plans.clear()
-    kernels.plans.clear()
+    _as_if_on_a_gpu(monkeypatch, cpu_binding, address=0)
     yield module
     module.page_flags_cpu_capture(False)
     module.page_flags_cpu_complete(-1)

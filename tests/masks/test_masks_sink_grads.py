@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lab import check
-from lab.masks import gpu_bwd, reference, spec
+from lab.masks import gpu_bwd, grad_yardstick, reference, spec
 
 
 def _problem(B, Hq, Hkv, Sq, Sk, D, causal, window, cap, lower_right, sink=True, magnitude=1.0, seed=0,
@@ -108,7 +108,7 @@ def test_the_flash_formulation_is_exact_without_the_16_bit_output():
     ref_in = [t.double().requires_grad_() for t in (q, k, v, sinks)]
     out, lse = reference.attend(*ref_in[:3], mask, scale, offset, ref_in[3])
     want = torch.autograd.grad((out * dout).sum() + (lse * dlse).sum(), ref_in)
-    flash = gpu_bwd.flash_grads(q, k, v, dout, dlse, sinks, mask, scale, offset, out.detach(), lse.detach())
+    flash = grad_yardstick.flash_grads(q, k, v, dout, dlse, sinks, mask, scale, offset, out.detach(), lse.detach())
     assert max(float((f - w).abs().max()) for f, w in zip(flash, want)) < 1e-9
 
 
@@ -151,7 +151,7 @@ def test_the_chapter_table_shows_both_yardsticks_beside_ours():
     case = dict(name="sink-lr-w0", Sq=150, Sk=500, D=128, window=[0, 0])
     old = {"case": dict(case, name="sink-lr"), "check": {"dq": {"max_abs": 1.0, "tol_max_abs": 2.0, "passed": True}}}
     packed = {"case": dict(case, packed=True), "check": metrics}
-    table = gpu_bwd.table([{"case": case, "check": {g: {k: m[k] for k in gpu_bwd._FIELDS} for g, m in metrics.items()}},
+    table = gpu_bwd.table([{"case": case, "check": {g: {k: m[k] for k in grad_yardstick._FIELDS} for g, m in metrics.items()}},
                            old, packed])
     assert [line[4] for line in table.rows] == ["dq", "dk", "dsinks"]
     assert table.rows[0][5:10] == [metrics["dq"][k] for k in ("max_abs", "sdpa_max_abs", "flash_max_abs",
