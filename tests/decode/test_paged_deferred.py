@@ -104,8 +104,11 @@ class HostReads:
 
 def _as_if_on_a_gpu(monkeypatch, binding, address: int) -> None:
     """lab.ops.decode over `binding` with CPU tensors standing in for CUDA ones: the device check off, every
-    launcher at `address`, 132 SMs, no plan kept from an earlier test."""
+    launcher at `address`, 132 SMs, no plan kept from an earlier test, and lab.decode.deferred's `queued` flag put
+    back afterwards (a call through the queue sets it; left set, a later test's decode call would poll a binding
+    that is not there)."""
     monkeypatch.setattr(build, "binding", lambda: binding)
+    monkeypatch.setattr(deferred, "queued", False)
     for glue in (checks, paged_op):  # the contiguous call's checks and the paged call's
         monkeypatch.setattr(glue, "_check_cuda", lambda query: None)
     for glue in (decode_op, paged_op):
@@ -123,7 +126,6 @@ def gpu(monkeypatch):
     binding = SimpleNamespace(module=fake, decode_paged_call=build._raising(fake.decode_paged_call),
                               decode_call=build._raising(fake.decode_call))
     _as_if_on_a_gpu(monkeypatch, binding, address=1)
-    monkeypatch.setattr(deferred, "queued", False)
     yield fake
     decode_op._decode_plans.clear()
     kernels.plans.clear()
