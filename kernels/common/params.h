@@ -152,6 +152,16 @@ typedef struct AttnMaskParams {
   const int32_t* cu_seqlens_q;    // [batch + 1] device int32, or NULL: dense (B, H, S, D)
   const int32_t* cu_seqlens_k;
   int total_q, total_k;           // packed rows of q and k
+  // Paged K/V (fwd v11 only; every other masked kernel returns LAB_E_MODE when block_table is set): packed calls
+  // whose k and v are [num_pages, page_size, H_kv, D] caches, base.k_stride / v_stride the (page, key in page, head)
+  // strides; key j of sequence b is row j % page_size of page block_table[b * block_table_stride + j / page_size];
+  // cu_seqlens_k gives the key lengths only (its rows are not read) and total_k is not read. Never read: a page
+  // index outside [0, num_pages), a table entry past max_pages. Such a sequence gets O = 0, LSE = -inf and its
+  // page_errors bits (LAB_PAGE_E_*), which are written for every sequence on every call.
+  const int32_t* block_table;     // [batch, max_pages] device int32, or NULL: k and v packed as above
+  int32_t* page_errors;           // [batch] device int32, written when block_table is set
+  int64_t block_table_stride;     // elements between two sequences' rows of block_table
+  int num_pages, page_size, max_pages;  // page_size: a multiple of 16
 } AttnMaskParams;
 
 #ifdef __cplusplus
