@@ -67,11 +67,13 @@ BWD = {
 }
 # The masked forward (sliding window, softcap, sinks, packed sequences): its launcher takes AttnMaskParams
 # (kernels/common/params.h), not AttnFwdParams, so it has a table of its own; lab.masks.op calls it. v08 is mma.sync;
-# v09, the same masks on wgmma and TMA (sm_90a); v11, v09's mask steps in the default kernel's (fwd v07's) overlapped loop.
+# v09, the same masks on wgmma and TMA (sm_90a); v11, v09's mask steps in the default kernel's (fwd v07's) overlapped loop;
+# v12, v11's mask steps on fwd v10's wide tiles (D 192 / 256, sm_90a).
 MASKED_FWD = {
     "v08": Kernel("fwd/v08_masks.cu", "attn_fwd_v08", (64, 128)),
     "v09": Kernel("fwd/v09_masks_wgmma.cu", "attn_fwd_v09", (64, 128), ((9, 0),)),
     "v11": Kernel("fwd/v11_masks_overlap.cu", "attn_fwd_v11", (64, 128), ((9, 0),)),
+    "v12": Kernel("fwd/v12_masks_wide.cu", "attn_fwd_v12", (192, 256), ((9, 0),)),
 }
 # The masked backward (window, softcap, sinks; dense calls): its launcher takes MaskBwdParams (kernels/common/hopper/
 # attn_bwd_mask_sm90.cuh); lab.masks.backward calls it. v08 is bwd v07's staggered loop with the masks' steps.
@@ -213,6 +215,11 @@ def choose(family: str, shape: dict, capability: tuple = (9, 0), deterministic: 
     elif family in ("fwd_masked", "bwd_masked"):
         table, best = (MASKED_FWD, BEST_MASKED_FWD) if family == "fwd_masked" else (MASKED_BWD, BEST_MASKED_BWD)
         runs = [v for v in best if not table[v].capabilities or capability in table[v].capabilities]
+        wide = [v for v in best if head_dim in table[v].head_dims]
+        if wide and not any(v in runs for v in wide):  # a head dim only Hopper kernels take (fwd_masked v12: 192, 256)
+            raise NotImplementedError(f"{family} at head dim {head_dim} runs on compute capability "
+                                      f"{table[wide[0]].capabilities} only (version {wide[0]}); this GPU is "
+                                      f"{'.'.join(map(str, capability))}")
         if not runs:
             raise NotImplementedError(f"{family} runs on compute capability {table[best[0]].capabilities} only")
         version = _version(None, table, head_dim, runs)
@@ -233,6 +240,7 @@ def defaults_snapshot() -> list[dict]:
     grid += [("decode", {"head_dim": d, "heads_kv": h, **paged}, False) for d in DECODE_HEAD_DIMS for h in (1, 2, 8)
              for paged in ({}, {"paged": True})]
     grid += [(family, {"head_dim": d}, False) for family in ("fwd_masked", "bwd_masked") for d in (64, 128)]
+    grid += [("fwd_masked", {"head_dim": d}, False) for d in WIDE_HEAD_DIMS]
     rows = []
     for capability in SNAPSHOT_CAPABILITIES:
         for family, shape, deterministic in grid:

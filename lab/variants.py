@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 # ---------------------------------------------------------------- orders of preference: the first that takes a call runs
 
-BEST_MASKED_FWD = ("v11", "v09", "v08")  # preference: the first that runs on the device's capability
+# preference: the first that runs on the device's capability and takes the head dim (v12: D 192 / 256 only)
+BEST_MASKED_FWD = ("v11", "v09", "v08", "v12")
 BEST_MASKED_BWD = ("v08",)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
 # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md, "Defaults"); v19: D 192 / 256 on wgmma, about
@@ -95,6 +96,9 @@ VARIANTS = {v.name: v for v in (
             "window (tiles skipped), softcap, sinks, packed sequences", "-", "cp.async"),
     Variant("fwd_sm90_masks_overlap", "fwd_masked", "v11", "v07's Cfg07 loop with v09's mask steps (common/hopper/attn_mask_sm90.cuh)",
             "v07's", "window, softcap, sinks, packed sequences", "-", "v07's", "sm_90a"),
+    Variant("fwd_sm90_masks_wide", "fwd_masked", "v12", "Cfg12<D, B_c>: v10's wide tiles with v11's mask steps",
+            "B_r 128 (2 x 64), B_c 112 / 80 at D 192 / 256", "window, softcap, sinks, packed sequences", "-",
+            "TMA ring, intra-warpgroup overlap, longest first", "sm_90a"),
     Variant("bwd_sm80_mma", "bwd", "v01", "FA2's backward on mma.sync (m16n8k16)", "per head dim (bwd/v01_mma.cu)", "causal", "dQ atomics or "
             "a fixed-order dQ pass (deterministic)", "none"),
     Variant("bwd_sm80_wide", "bwd", "v09", "FA2's wide-head backward on mma.sync", "per LAB_BWD_WIDE_SM80_*", "causal",

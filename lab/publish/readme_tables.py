@@ -29,6 +29,7 @@ IDEAS = {
     ("fwd", "masked v08"): "v04's tiles + window, softcap, sinks, packed sequences",
     ("fwd", "masked v09"): "v08's masks on v05's wgmma + TMA loop",
     ("fwd", "masked v11"): "v09's mask steps in v07's overlapped loop",
+    ("fwd", "masked v12"): "D 192 / 256: v11's mask steps on v10's wide tiles and overlapped loop",
     ("decode", "v01"): "split-K, scalar fp32, all GQA rows of a KV head a block, LSE combine",
     ("decode", "v02"): "v01 with mma.sync for Q K^T and P V, one block an SM split plan",
     ("decode", "v03"): "v02's pass 1 through a block table (paged), bottom-right causal, page-table check",
