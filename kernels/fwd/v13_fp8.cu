@@ -1,0 +1,285 @@
+// v13_fp8: the FP8 forward on Hopper (sm_90a): e4m3 Q, K, V with FlashAttention-3's descales, bf16 O, fp32 LSE.
+//
+// What is new against v05 (whose one-warpgroup CTA, TMA ring and thread-0 producer it keeps):
+// - S_ij = Q_i K_j^T by wgmma m64n{B_c}k32 e4m3 x e4m3 (SS: both K-major, Q and K rows are D-contiguous), scaled
+//   by scale * dq * dk (x ~= x_fp8 * descale: the descales fold into the softmax scale, as FA3 does).
+// - P V: FP8 wgmma reads B K-major only, so V must arrive as V^T (D rows of keys). A pass before the kernel
+//   (fp8_vt_kernel, common/hopper/attn_fp8_sm90.cuh) writes V^T into a (B, H_kv, D, S_k rounded up to 128)
+//   e4m3 workspace, zero past S_k, with the keys of each 32-key block permuted (key_of_column) so that P's fp32
+//   accumulator packs into the e4m3 A fragments of m64n{D}k32 in registers with no lane exchange (the
+//   layouts: the common header). FA3 transposes in the producer (ldmatrix / stmatrix); here that is the next
+//   step, and the pass's own time is measured apart (lab.fp8.checks, the "vt_pass" rows).
+// - P is stored as e4m3(P * p_scale), p_scale = 448 (lab/fp8/emulate.py's P_SCALE, cuDNN's scale_s): the
+//   offset log2(p_scale) is folded into the running max, so exp2 gives P * p_scale directly and l carries the
+//   same factor; O = acc / l * dv, LSE exact (attn_fp8_sm90.cuh's softmax_e4m3).
+//
+// Algorithm (per CTA: one Q_i of B_r = 64 rows, one warpgroup):
+//   for j: S = Q8 K8_j^T; x = S * scale * dq * dk * log2 e; mask; m_new = max(m, rowmax x);
+//          P = exp2(x - m_new + log2 p_scale); l = l * exp2(m - m_new) + rowsum P;
+//          O = O * exp2(m - m_new) + e4m3(P) V8_j
+//   O = O / l * dv (bf16); LSE = (m + log2 (l / p_scale)) ln 2.
+// LAB_FWD_FP8_OVERLAP (1, default): FA3's intra-warpgroup overlap: S_{j+1} is issued before P_j V_j, and
+// softmax j+1 runs while P_j V_j is in flight; 0: each GEMM waited for before the softmax (v05's order).
+//
+// Launch: the V^T pass (grid vt_cols / 128 x B H_kv x D / 64, 256 threads), then grid ceil(S_q / 64) * B * H_q
+// (query block fastest; causal: heaviest block of each head first), 128 threads. Shared memory: 64 D (Q) +
+// stages * (B_c D (K) + D B_c (V^T)): D 64: B_c 128, 3 stages, 53 KiB; D 128: B_c 128, 3 stages, 105 KiB;
+// D 256: B_c 64, 2 stages, 81 KiB.
+//
+// Limits: sm_90 only; D 64, 128, 256; e4m3 inputs, bf16 output; any S_q, S_k >= 0; GQA; causal top-left;
+// 16-byte aligned bases and strides in multiples of 16 bytes (lab.fp8.op copies anything else).
+// LAB_FP8_BUG_NO_V_DESCALE: a wrong build on purpose (v_descale dropped), which lab.fp8.checks must fail.
+//
+// Prediction: wgmma e4m3 runs at twice bf16's rate, so the GEMMs take half of v05's time and the softmax
+// (same work as bf16 per element) becomes the larger part: with 2-3 CTAs per SM, ~550-750 TFLOP/s at D 128,
+// under cuDNN FP8's 978 (n15): the producer / consumer warpgroups of v07 are the next step.
+// Outcome: see lab.fp8.checks' records (outputs/driver_logs/, the EVIDENCE path of the run).
+//
+// Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v13_fp8.cu
+#include <cuda_bf16.h>
+
+#include "common/hopper/attn_fp8_sm90.cuh"
+
+#ifndef LAB_FWD_FP8_OVERLAP
+#define LAB_FWD_FP8_OVERLAP 1
+#endif
+
+namespace {
+using namespace lab::sm90;
+
+template <int D_, int BC_, int STAGES_>
+struct CfgFp8 {
+  static constexpr int D = D_;
+  static constexpr int BR = 64;  // one warpgroup, one m64 row block
+  static constexpr int BC = BC_;
+  static constexpr int kStages = STAGES_;
+  static constexpr int kThreads = 128;
+  static constexpr int kRow = D < 128 ? D : 128;  // bytes per row of a Q / K column block: the swizzle span
+  static constexpr int kQBytes = BR * D;
+  static constexpr int kKBytes = BC * D;
+  static constexpr int kVBytes = D * BC;  // V^T: D rows of BC keys (one swizzle span: BC is 64 or 128)
+  static constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;
+  static_assert(BC == 64 || BC == 128, "a V^T row is one swizzle span");
+  static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
+};
+// Per head dim: D 64 and 128 take B_c = 128 (half the barrier and max / sum shuffles per key of B_c = 64);
+// D 256 B_c = 64, so that O (128 registers) and S (32) leave room for two CTAs per SM (81 KiB each).
+using Cfg64 = CfgFp8<64, 128, 3>;
+using Cfg128 = CfgFp8<128, 128, 3>;
+using Cfg256 = CfgFp8<256, 64, 2>;
+
+template <class Cfg>
+struct Ring {
+  uint32_t q;
+  __device__ __forceinline__ uint32_t k(int s) const { return q + Cfg::kQBytes + s * Cfg::kKBytes; }
+  __device__ __forceinline__ uint32_t v(int s) const {
+    return q + Cfg::kQBytes + Cfg::kStages * Cfg::kKBytes + s * Cfg::kVBytes;
+  }
+};
+
+template <class Cfg>
+__device__ __forceinline__ void issue_s(float (&s)[Cfg::BC / 2], const Ring<Cfg>& ring, int stage) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::D / 32; ++kk)
+    WgmmaFp8Op<Cfg::BC>::ss(s, desc_e4m3<Cfg::kRow>(ring.q, 64, kk), desc_e4m3<Cfg::kRow>(ring.k(stage), Cfg::BC, kk),
+                            kk > 0);
+  wgmma_commit();
+}
+
+template <class Cfg>
+__device__ __forceinline__ void issue_pv(float (&o)[Cfg::D / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
+                                         const Ring<Cfg>& ring, int stage) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::BC / 32; ++kk)
+    WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3<Cfg::BC>(ring.v(stage), Cfg::D, kk), 1);
+  wgmma_commit();
+}
+
+// Softmax of tile j, masked only where the tile needs it; O rescaled by alpha only when kRescale (the
+// overlapped loop rescales after its P V wait).
+template <class Cfg>
+__device__ __forceinline__ void softmax_tile(float (&s)[Cfg::BC / 2], RowState& st, float (&alpha)[2], float c,
+                                             float log2_ps, int row0, int wm0, int j, const AttnFp8Params& p) {
+  if (lab::tile_needs_mask(j * Cfg::BC, Cfg::BC, wm0, p.seqlen_k, p.causal))
+    softmax_e4m3<Cfg::BC, true>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k, p.causal);
+  else
+    softmax_e4m3<Cfg::BC, false>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k, p.causal);
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(128) attn_fwd_v13_kernel(const __grid_constant__ CUtensorMap tq,
+                                                           const __grid_constant__ CUtensorMap tk,
+                                                           const __grid_constant__ CUtensorMap tv,
+                                                           const AttnFp8Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages];
+  uint8_t* smem = align1024(smem_raw);
+  const Ring<Cfg> ring{smem_u32(smem)};
+
+  // Prologue: which (b, h, Q_i) this CTA computes; causal query blocks of a head heaviest first.
+  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
+  const int bh = blockIdx.x / num_m;
+  const int mb = p.causal ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
+  const int b = bh / p.heads_q, h = bh % p.heads_q, hkv = h / (p.heads_q / p.heads_kv), m0 = mb * Cfg::BR;
+  const int kv_end = p.causal ? min(p.seqlen_k, m0 + Cfg::BR) : p.seqlen_k;
+  const int n_tiles = (kv_end + BC - 1) / BC;
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  auto issue = [&](int j) {  // thread 0: K_j and V^T_j into stage j % kStages
+    const int s = j % kStages;
+    mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kKBytes);
+    for (int cb = 0; cb < D / Cfg::kRow; ++cb)
+      tma_load_4d(ring.k(s) + cb * BC * Cfg::kRow, &tk, smem_u32(&bar_k[s]), cb * Cfg::kRow, j * BC, hkv, b);
+    mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVBytes);
+    tma_load_4d(ring.v(s), &tv, smem_u32(&bar_v[s]), j * BC, 0, hkv, b);
+  };
+  if (tid == 0) {
+    tma_prefetch_maps(&tq, &tk, &tv);
+    mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
+    for (int cb = 0; cb < D / Cfg::kRow; ++cb)
+      tma_load_4d(ring.q + cb * 64 * Cfg::kRow, &tq, smem_u32(&bar_q), cb * Cfg::kRow, m0, h, b);
+    for (int j = 0; j < kStages && j < n_tiles; ++j) issue(j);
+  }
+
+  const auto descale = [&](const float* ptr, int which, int head) {
+    return ptr == nullptr ? 1.f : ptr[b * p.descale_stride[which][0] + head * p.descale_stride[which][1]];
+  };
+  const float dq = descale(p.q_descale, 0, p.q_descale_by_kv ? hkv : h);
+  const float dk = descale(p.k_descale, 1, hkv);
+#ifdef LAB_FP8_BUG_NO_V_DESCALE
+  const float dv = 1.f;  // wrong on purpose
+#else
+  const float dv = descale(p.v_descale, 2, hkv);
+#endif
+  const float c = p.scale * dq * dk * kLog2e;
+  const float log2_ps = __log2f(p.p_scale);
+  const int wm0 = m0 + (tid / 32) * 16;  // this warp's first row
+  const int row0 = wm0 + (tid % 32) / 4;
+  float o[D / 2];
+  zero_acc(o);
+  RowState st;
+  float sacc[BC / 2];
+  uint32_t pa[BC / 32][4];
+  float alpha[2];
+  mbar_wait(smem_u32(&bar_q), 0);
+
+  // Main loop
+#if LAB_FWD_FP8_OVERLAP
+  if (n_tiles > 0) {
+    mbar_wait(smem_u32(&bar_k[0]), 0);
+    wgmma_fence();
+    issue_s<Cfg>(sacc, ring, 0);
+    wgmma_wait<0>();
+    reg_fence(sacc);
+    softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, 0, p);
+    pack_p_e4m3<BC>(sacc, pa);
+  }
+  for (int j = 1; j < n_tiles; ++j) {
+    const int s = j % kStages, sp = (j - 1) % kStages;
+    mbar_wait(smem_u32(&bar_k[s]), (j / kStages) & 1);
+    wgmma_fence();
+    issue_s<Cfg>(sacc, ring, s);  // S_j
+    mbar_wait(smem_u32(&bar_v[sp]), ((j - 1) / kStages) & 1);
+    issue_pv<Cfg>(o, pa, ring, sp);  // O += P_{j-1} V_{j-1}, in flight during softmax j
+    wgmma_wait<1>();                 // S_j is done (groups complete in order)
+    reg_fence(sacc);
+    softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
+    wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and pa are ours again
+    reg_fence(o);
+    rescale_o<D>(o, alpha);
+    pack_p_e4m3<BC>(sacc, pa);
+    if (j - 1 + kStages < n_tiles) {
+      named_barrier_sync(1, 128);  // every warp is done with stage sp
+      if (tid == 0) issue(j - 1 + kStages);
+    }
+  }
+  if (n_tiles > 0) {
+    const int sp = (n_tiles - 1) % kStages;
+    mbar_wait(smem_u32(&bar_v[sp]), ((n_tiles - 1) / kStages) & 1);
+    wgmma_fence();
+    issue_pv<Cfg>(o, pa, ring, sp);
+    wgmma_wait<0>();
+    reg_fence(o);
+  }
+#else
+  for (int j = 0; j < n_tiles; ++j) {
+    const int s = j % kStages;
+    const uint32_t phase = (j / kStages) & 1;
+    mbar_wait(smem_u32(&bar_k[s]), phase);
+    wgmma_fence();
+    issue_s<Cfg>(sacc, ring, s);
+    wgmma_wait<0>();
+    reg_fence(sacc);
+    softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
+    rescale_o<D>(o, alpha);
+    pack_p_e4m3<BC>(sacc, pa);
+    mbar_wait(smem_u32(&bar_v[s]), phase);
+    wgmma_fence();
+    issue_pv<Cfg>(o, pa, ring, s);
+    wgmma_wait<0>();
+    reg_fence(o);
+    if (j + kStages < n_tiles) {
+      named_barrier_sync(1, 128);  // every warp is done with stage s
+      if (tid == 0) issue(j + kStages);
+    }
+  }
+#endif
+
+  // Epilogue: O * dv (the V descale), then common epilogue_direct: O / l, LSE, bf16 rows < S_q.
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] *= dv;
+  AttnFwdParams out{};
+  out.o = p.o;
+  out.lse = p.lse;
+  for (int i = 0; i < 3; ++i) out.o_stride[i] = p.o_stride[i];
+  out.heads_q = p.heads_q;
+  out.seqlen_q = p.seqlen_q;
+  out.head_dim = D;
+  epilogue_direct<D, __nv_bfloat16>(o, st, out, b, h, m0);
+#endif
+}
+
+template <class Cfg>
+int launch(const AttnFp8Params& p, cudaStream_t stream, int dev) {
+  constexpr auto kKernel = attn_fwd_v13_kernel<Cfg>;
+  if (const cudaError_t err = lab::allow_smem_once<kKernel>(Cfg::kSmem, dev)) return (int)err;
+  CUtensorMap tq, tk, tv;
+  const int Sk = p.seqlen_k > 0 ? p.seqlen_k : 1;  // S_k = 0: a map is still needed, never read
+  const int64_t vt_stride[3] = {(int64_t)p.heads_kv * Cfg::D * p.vt_cols, (int64_t)Cfg::D * p.vt_cols, p.vt_cols};
+  if (!make_fp8_map(&tq, p.q, Cfg::D, p.seqlen_q, p.heads_q, p.batch, p.q_stride, Cfg::kRow, 64) ||
+      !make_fp8_map(&tk, p.k, Cfg::D, Sk, p.heads_kv, p.batch, p.k_stride, Cfg::kRow, Cfg::BC) ||
+      !make_fp8_map(&tv, p.vt, p.vt_cols, Cfg::D, p.heads_kv, p.batch, vt_stride, Cfg::BC, Cfg::D))
+    return LAB_E_SHAPE;
+  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+// The V^T pass alone (lab.fp8.checks times it apart): vt from v.
+extern "C" int attn_fp8_vt_v13(const AttnFp8Params* p, void* stream) {
+  if (const int rc = check_fp8_params(p)) return rc < 0 ? rc : 0;
+  return launch_fp8_vt(*p, static_cast<cudaStream_t>(stream));
+}
+
+// The forward: the V^T pass, then the attention kernel, on one stream.
+extern "C" int attn_fwd_v13(const AttnFp8Params* p, void* stream) {
+  if (const int rc = check_fp8_params(p)) return rc < 0 ? rc : 0;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (const int rc = launch_fp8_vt(*p, st)) return rc;
+  if (p->head_dim == 64) return launch<Cfg64>(*p, st, dev);
+  if (p->head_dim == 128) return launch<Cfg128>(*p, st, dev);
+  return launch<Cfg256>(*p, st, dev);
+}
