@@ -99,6 +99,35 @@ __device__ __forceinline__ void p_of_s(float (&s)[32], const float* lse2, float 
     }
 }
 
+// P^T handed to warpgroup 1 in fp16 (one 16-byte store of 8 accumulator elements per thread and r8), in the
+// accumulator order warpgroup 1 reads back.
+__device__ __forceinline__ void store_hand(uint4* pbuf, int r8, int wt, const float* v) {
+  pbuf[r8 * 128 + wt] = make_uint4(lab::pack2<__half>(v[0], v[1]), lab::pack2<__half>(v[2], v[3]),
+                                   lab::pack2<__half>(v[4], v[5]), lab::pack2<__half>(v[6], v[7]));
+}
+
+// What a CTA does, as a policy (bwd/v21 gives the masks' own):
+//   Steps::Params                 the kernel's parameter block (AttnBwdParams or a struct derived from it);
+//   Steps::work<C>(p)             the CTA's key block and query-block range;
+//   Steps::p_hand<C>(s, pbuf, rows, c, key0, t, wt, work, m0, p)   warpgroup 0's step (this thread's first key
+//                                 key0 = n0 + 16 warp + g, its quad lane t, wt its index in the warpgroup): P^T in s
+//                                 (dV's A operand) and, into pbuf, what warpgroup 1 multiplies (dP^T - Delta) by for
+//                                 dS^T: P^T itself here, P^T times the softcap's derivative with one (bwd/v21).
+// The dense kernel's: bwd/v14's grid order (TailSteps), top-left causal, the last partial tiles masked.
+struct DenseWideSteps : TailSteps {
+  template <class C>
+  __device__ __forceinline__ static void p_hand(float (&s)[32], uint4* pbuf, const float* rows, float c, int key0,
+                                                int t, int wt, const Work& work, int m0, const AttnBwdParams& p) {
+    const bool mask = (p.causal && work.n0 + 63 > m0) || m0 + C::BR > p.seqlen_q || work.n0 + 64 > p.seqlen_k;
+    if (mask)
+      p_of_s<true>(s, rows, c, key0, m0, t, p);
+    else
+      p_of_s<false>(s, rows, c, key0, m0, t, p);
+#pragma unroll
+    for (int r8 = 0; r8 < 4; ++r8) store_hand(pbuf, r8, wt, s + 8 * r8);
+  }
+};
+
 // dQ_i's chunks of this warpgroup (c = wg, wg + 2 < D / 64) from dS^T tile `ds` and K: one commit group.
 template <class C, bool kBf16>
 __device__ __forceinline__ void dq_issue(float (&dq)[C::kChunksPerWg][32], uint32_t ds, uint32_t k_tile, int wg) {
@@ -150,9 +179,9 @@ __device__ __forceinline__ void red_chunks(const float (&dq)[C::kChunksPerWg][32
 // chunks. acc holds dV (0) or dK (1, unscaled) with every GEMM complete on return. The P^T barrier is one bar.sync that
 // both warpgroups execute at the same instruction, after their branches have joined (compute-sanitizer's synccheck
 // reports a named barrier synced from two places in the code as divergent threads).
-template <class C, class T>
+template <class C, class T, class Steps>
 __device__ __forceinline__ void consume(float (&acc)[C::D / 2], uint8_t* smem, Bars<C::kStages>& bars,
-                                        const Work& work, const AttnBwdParams& p, int wg) {
+                                        const Work& work, const typename Steps::Params& p, int wg) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const uint32_t base = smem_u32(smem);
   const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
@@ -187,20 +216,9 @@ __device__ __forceinline__ void consume(float (&acc)[C::D / 2], uint8_t* smem, B
       wgmma_wait<0>();
     }
     reg_fence(sp);
-    if (wg == 0) {
-      const bool mask = (p.causal && work.n0 + 63 > m0) || m0 + C::BR > p.seqlen_q || work.n0 + 64 > p.seqlen_k;
-      if (mask)
-        p_of_s<true>(sp, rows, c, work.n0 + warp * 16 + g, m0, t, p);
-      else
-        p_of_s<false>(sp, rows, c, work.n0 + warp * 16 + g, m0, t, p);
-      uint4* pbuf = reinterpret_cast<uint4*>(smem + C::kOffP + buf * C::kPBytes);
-#pragma unroll
-      for (int r8 = 0; r8 < 4; ++r8) {
-        const float* v = sp + 8 * r8;
-        pbuf[r8 * 128 + wt] = make_uint4(lab::pack2<__half>(v[0], v[1]), lab::pack2<__half>(v[2], v[3]),
-                                         lab::pack2<__half>(v[4], v[5]), lab::pack2<__half>(v[6], v[7]));
-      }
-    }
+    if (wg == 0)
+      Steps::template p_hand<C>(sp, reinterpret_cast<uint4*>(smem + C::kOffP + buf * C::kPBytes), rows, c,
+                                work.n0 + warp * 16 + g, t, wt, work, m0, p);
     named_barrier_sync(kBarP, 256);  // P^T_it written; warpgroup 1's reads of P^T_{it-1} are over
     if (wg == 0) {
       uint32_t pa[4][4];
@@ -301,16 +319,17 @@ __device__ __forceinline__ void store_rows(const float (&acc)[C::D / 2], float m
 }
 
 // The kernel: producer warpgroup 2 (common/hopper/attn_bwd_sm90.cuh's produce), consumers in their roles, one CTA per
-// key block in bwd/v14's grid order (TailSteps).
-template <class C, class T>
+// key block in Steps' order (the dense kernel's: bwd/v14's, TailSteps).
+template <class C, class T, class Steps = DenseWideSteps>
 __global__ void __launch_bounds__(C::kThreads, 1)
     bwd_wide(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-             const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const AttnBwdParams p) {
+             const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+             const typename Steps::Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) Bars<C::kStages> bars;
   uint8_t* smem = align1024(smem_raw);
-  const Work work = TailSteps::work<C>(p);
+  const Work work = Steps::template work<C>(p);
   const int wg = threadIdx.x / 128;
 
   // Prologue
@@ -327,7 +346,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   mbar_wait(smem_u32(&bars.kv), 0);
 
   // Main loop
-  consume<C, T>(acc, smem, bars, work, p, wg);
+  consume<C, T, Steps>(acc, smem, bars, work, p, wg);
 
   // Epilogue: both loops over, so no GEMM reads the Q / dO stages any more.
   named_barrier_sync(kBarEnd, 256);
