@@ -15,7 +15,7 @@ import sys
 
 from .kernels import Kernel
 from .kernels import resolve_version as _version
-from .variants import (BEST_BWD, BEST_BWD_HOPPER, BEST_DECODE, BEST_FWD, BEST_FWD_HOPPER,  # noqa: F401 (re-exported)
+from .variants import (BEST_BWD, BEST_FP8_FWD, BEST_BWD_HOPPER, BEST_DECODE, BEST_FWD, BEST_FWD_HOPPER,  # noqa: F401 (re-exported)
                        BEST_MASKED_BWD, BEST_MASKED_FWD, BEST_PAGED, DETERMINISTIC_BWD_HOPPER, HISTORY,
                        HOPPER_SMALL_MAX_SQ, VARIANTS, Variant, variant_of)
 
@@ -80,6 +80,11 @@ MASKED_FWD = {
 MASKED_BWD = {
     "v08": Kernel("bwd/v08_masks.cu", "attn_bwd_v08", (64, 128), ((9, 0),)),
 }
+# The FP8 forward (e4m3 Q, K, V with FlashAttention-3's descales, bf16 O): its launcher takes AttnFp8Params
+# (kernels/common/hopper/attn_fp8_sm90.cuh), so it has a table of its own; lab.fp8.op (lab.ops.attention_fp8) calls it.
+FP8_FWD = {
+    "v13": Kernel("fwd/v13_fp8.cu", "attn_fwd_v13", (64, 128, 256), ((9, 0),)),
+}
 DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 PAGED_DECODE = ("v03", "v04", "v05", "v06", "v07", "v08")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
@@ -111,7 +116,8 @@ def narrow_backward_dim(head_dim: int) -> bool:
 
 
 HOPPER_CAPABILITIES = ((9, 0),)
-TABLES = {"fwd": FWD, "fwd_masked": MASKED_FWD, "bwd": BWD, "bwd_masked": MASKED_BWD, "decode": DECODE}
+TABLES = {"fwd": FWD, "fwd_masked": MASKED_FWD, "bwd": BWD, "bwd_masked": MASKED_BWD, "decode": DECODE,
+          "fwd_fp8": FP8_FWD}
 
 
 def kernel_of(variant: Variant) -> Kernel:
@@ -223,6 +229,11 @@ def choose(family: str, shape: dict, capability: tuple = (9, 0), deterministic: 
         if not runs:
             raise NotImplementedError(f"{family} runs on compute capability {table[best[0]].capabilities} only")
         version = _version(None, table, head_dim, runs)
+    elif family == "fwd_fp8":
+        if capability not in HOPPER_CAPABILITIES:
+            raise NotImplementedError(f"fwd_fp8 (the FP8 forward, wgmma e4m3) runs on compute capability 9.0 only, this "
+                                      f"GPU is {'.'.join(map(str, capability))}")
+        version = _version(None, FP8_FWD, head_dim, BEST_FP8_FWD)
     else:
         raise ValueError(f"family {family!r}: one of {sorted(TABLES)}")
     return variant_of(family, version)
@@ -240,6 +251,7 @@ def defaults_snapshot() -> list[dict]:
     grid += [("decode", {"head_dim": d, "heads_kv": h, **paged}, False) for d in DECODE_HEAD_DIMS for h in (1, 2, 8)
              for paged in ({}, {"paged": True})]
     grid += [(family, {"head_dim": d}, False) for family in ("fwd_masked", "bwd_masked") for d in (64, 128)]
+    grid += [("fwd_fp8", {"head_dim": d}, False) for d in (64, 128, 256)]
     grid += [("fwd_masked", {"head_dim": d}, False) for d in WIDE_HEAD_DIMS]
     rows = []
     for capability in SNAPSHOT_CAPABILITIES:

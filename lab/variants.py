@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 # preference: the first that runs on the device's capability and takes the head dim (v12: D 192 / 256 only)
 BEST_MASKED_FWD = ("v11", "v09", "v08", "v12")
+BEST_FP8_FWD = ("v13",)  # the FP8 forward (lab.ops.attention_fp8): one kernel, sm_90a
 BEST_MASKED_BWD = ("v08",)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
 # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md, "Defaults"); v19: D 192 / 256 on wgmma, about
@@ -99,6 +100,9 @@ VARIANTS = {v.name: v for v in (
     Variant("fwd_sm90_masks_wide", "fwd_masked", "v12", "Cfg12<D, B_c>: v10's wide tiles with v11's mask steps",
             "B_r 128 (2 x 64), B_c 112 / 80 at D 192 / 256", "window, softcap, sinks, packed sequences", "-",
             "TMA ring, intra-warpgroup overlap, longest first", "sm_90a"),
+    Variant("fwd_sm90_fp8", "fwd_fp8", "v13", "CfgFp8<D, B_c, stages>: one warpgroup, wgmma k32 e4m3, V^T pass",
+            "B_r 64, B_c 128 (D 64 / 128) / 64 (D 256)", "causal, last partial tile", "-",
+            "TMA ring, intra-warpgroup overlap", "sm_90a"),
     Variant("bwd_sm80_mma", "bwd", "v01", "FA2's backward on mma.sync (m16n8k16)", "per head dim (bwd/v01_mma.cu)", "causal", "dQ atomics or "
             "a fixed-order dQ pass (deterministic)", "none"),
     Variant("bwd_sm80_wide", "bwd", "v09", "FA2's wide-head backward on mma.sync", "per LAB_BWD_WIDE_SM80_*", "causal",
@@ -131,6 +135,7 @@ HISTORY = {
     "fwd_masked": ("v09",),  # v11 takes its shapes and capability: BEST_MASKED_FWD never reaches it
     "bwd": ("v02", "v03", "v04", "v05", "v06", "v07", "v10", "v11", "v12", "v13", "v15", "v16", "v17"),
     "bwd_masked": (),
+    "fwd_fp8": (),
     "decode": ("v01", "v04", "v05", "v06"),  # v04 stays last in BEST_PAGED, after v03 that takes every call
 }
 
