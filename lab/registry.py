@@ -76,9 +76,11 @@ MASKED_FWD = {
     "v12": Kernel("fwd/v12_masks_wide.cu", "attn_fwd_v12", (192, 256), ((9, 0),)),
 }
 # The masked backward (window, softcap, sinks; dense calls): its launcher takes MaskBwdParams (kernels/common/hopper/
-# attn_bwd_mask_sm90.cuh); lab.masks.backward calls it. v08 is bwd v07's staggered loop with the masks' steps.
+# attn_bwd_mask_sm90.cuh); lab.masks.backward calls it. v08 is bwd v07's staggered loop with the masks' steps; v21,
+# the same steps on bwd v19's wide loop (D 192 / 256).
 MASKED_BWD = {
     "v08": Kernel("bwd/v08_masks.cu", "attn_bwd_v08", (64, 128), ((9, 0),)),
+    "v21": Kernel("bwd/v21_masks_wide.cu", "attn_bwd_v21", (192, 256), ((9, 0),)),
 }
 # The FP8 forward (e4m3 Q, K, V with FlashAttention-3's descales, bf16 O): its launcher takes AttnFp8Params
 # (kernels/common/hopper/attn_fp8_sm90.cuh), so it has a table of its own; lab.fp8.op (lab.ops.attention_fp8) calls it.
@@ -253,6 +255,7 @@ def defaults_snapshot() -> list[dict]:
     grid += [(family, {"head_dim": d}, False) for family in ("fwd_masked", "bwd_masked") for d in (64, 128)]
     grid += [("fwd_fp8", {"head_dim": d}, False) for d in (64, 128, 256)]
     grid += [("fwd_masked", {"head_dim": d}, False) for d in WIDE_HEAD_DIMS]
+    grid += [("bwd_masked", {"head_dim": d}, False) for d in WIDE_HEAD_DIMS]
     rows = []
     for capability in SNAPSHOT_CAPABILITIES:
         for family, shape, deterministic in grid:

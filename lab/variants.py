@@ -17,7 +17,7 @@ from dataclasses import dataclass
 # preference: the first that runs on the device's capability and takes the head dim (v12: D 192 / 256 only)
 BEST_MASKED_FWD = ("v11", "v09", "v08", "v12")
 BEST_FP8_FWD = ("v13",)  # the FP8 forward (lab.ops.attention_fp8): one kernel, sm_90a
-BEST_MASKED_BWD = ("v08",)
+BEST_MASKED_BWD = ("v08", "v21")  # v21: D 192 / 256 only (bwd v19's wide loop with v08's mask steps)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
 # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md, "Defaults"); v19: D 192 / 256 on wgmma, about
 # twice v09 (outputs/experiments/20261126-bwd-v19-wide.json)
@@ -119,6 +119,9 @@ VARIANTS = {v.name: v for v in (
             "D 192 / 256", "causal", "dQ reductions", "TMA, producer warpgroup", "sm_90a"),
     Variant("bwd_sm90_stagger_masks", "bwd_masked", "v08", _STAGGER.format(sink="AddPartial", steps="Steps (masks)").replace(
             "StagedCfg<D>", "Cfg8<D>"), "Cfg<D, 2, true, stage, stage>", "window, softcap, sinks", "AddPartial", "v07's", "sm_90a"),
+    Variant("bwd_sm90_wide_masks", "bwd_masked", "v21", "wide::bwd_wide<wide::Cfg<D>, T, WindowWideSteps> "
+            "(common/hopper/attn_bwd_wide_mask_sm90.cuh)", "v19's: D 192 / 256", "window, softcap, sinks",
+            "dQ reductions", "TMA, producer warpgroup, head-major", "sm_90a"),
     Variant("decode_split_mma", "decode", "v02", "split-K decode on mma.sync (contiguous cache)", "common/decode_tile_step.cuh's",
             "none (q_len 1) or bottom-right causal", "partials + combine pass", "one block per SM split plan"),
     Variant("decode_paged_split", "decode", "v03", "v02 through a block table", "v02's",
