@@ -66,6 +66,7 @@
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v08_masks.cu
 #include "common/hopper/attn_bwd_mask_sm90.cuh"
+#include "common/hopper/attn_bwd_packed_sm90.cuh"
 
 namespace {
 using namespace lab::sm90;
@@ -86,6 +87,9 @@ struct Launch {
   // entry() hands over the caller's MaskBwdParams (attn_bwd_v08's argument) as its AttnBwdParams part.
   static int run(const AttnBwdParams& base, cudaStream_t st, int dev) {
     const MaskBwdParams& p = static_cast<const MaskBwdParams&>(base);
+    if (p.cu_seqlens_q != nullptr)  // packed tensors read in place (common/hopper/attn_bwd_packed_sm90.cuh)
+      return p.softcap > 0.f ? launch_packed<Cfg8<D>, T, true, kTanhHalfFor<T>>(p, st, dev)
+                             : launch_packed<Cfg8<D>, T, false, kTanhHalfFor<T>>(p, st, dev);
     const int rc = p.seqlens != nullptr ? (p.softcap > 0.f ? run<true, true>(p, st, dev) : run<false, true>(p, st, dev))
                                         : (p.softcap > 0.f ? run<true, false>(p, st, dev) : run<false, false>(p, st, dev));
     return rc != 0 ? rc : launch_sink_grad(p, st);

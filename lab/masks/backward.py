@@ -21,9 +21,10 @@ from ..registry import BEST_MASKED_BWD, MASKED_BWD
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnBwdParams (q, k, v, o, dout, lse, dlse, dq, dk, dv, delta, lse_log2, dq_accum; eight strides of 3; batch,
 # heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype, deterministic), then window_left,
-# window_right, diag_offset, softcap, sinks, dsinks, seqlens: no padding anywhere (the C side asserts the sizes).
-PARAMS = struct.Struct("<13Q24q6if3i3if3Q")
-assert PARAMS.size == 376
+# window_right, diag_offset, softcap, sinks, dsinks, seqlens, then cu_seqlens_q, cu_seqlens_k, total_q, total_k
+# (packed tensors read in place: lab.masks.varlen_bwd): no padding anywhere (the C side asserts the sizes).
+PARAMS = struct.Struct("<13Q24q6if3i3if3Q2Q2i")
+assert PARAMS.size == 400
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _calls: dict = {}
 ROW_PAD = 128  # LAB_BWD_ROW_PAD (kernels/common/params.h)
@@ -69,7 +70,7 @@ def launch_backward(grad_out, q, k, v, out, lse, grad_lse, sinks, want_dsinks: b
                          base, base + 4 * padded, base + 8 * padded, *strides, B, Hq, k.shape[1], Sq, k.shape[2], D,
                          scale, int(right >= 0), _DTYPE_CODE[q.dtype], 0, left, right, offset, softcap,
                          sinks.data_ptr() if sinks is not None else 0, dsinks.data_ptr() if want_dsinks else 0,
-                         seqlens.data_ptr() if seqlens is not None else 0)
+                         seqlens.data_ptr() if seqlens is not None else 0, 0, 0, 0, 0)
     with torch.cuda.device(q.device):
         rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
     if rc != 0:

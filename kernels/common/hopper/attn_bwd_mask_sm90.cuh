@@ -31,9 +31,18 @@ struct MaskBwdParams : AttnBwdParams {
   // are the first S_q / S_k of batch entry b of the dense tensors (seqlen_q / seqlen_k: max_seqlen_q / _k), each
   // sequence aligned bottom-right with its own offset S_k - S_q; lengths are clamped to the dense ones.
   const int* seqlens;
+  // Packed sequences read in place (common/hopper/attn_bwd_packed_sm90.cuh), or NULL: q, o, dout, dq are
+  // (total_q, H_q, D) and k, v, dk, dv (total_k, H_kv, D) with strides {unused, head, token}; sequence b is rows
+  // [cu_seqlens_q[b], cu_seqlens_q[b + 1]) (clamped to [0, total) and max_seqlen, as the forward's); batch is the
+  // number of sequences, seqlen_q / seqlen_k are max_seqlen_q / _k; lse and dlse are [H_q, total_q]. seqlens must
+  // then be NULL.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int total_q, total_k;
 };
-// (the base's 336 bytes, then 4 ints / floats and 3 pointers: no padding anywhere, so the sizes pin the offsets)
-static_assert(sizeof(AttnBwdParams) == 336 && sizeof(MaskBwdParams) == 376, "lab/masks/backward.py packs this layout");
+// (the base's 336 bytes, then 4 ints / floats and 5 pointers and 2 ints: no padding anywhere, so the sizes pin the
+// offsets)
+static_assert(sizeof(AttnBwdParams) == 336 && sizeof(MaskBwdParams) == 400, "lab/masks/backward.py packs this layout");
 
 // The softcap's tanh on fp16 pairs (common/mask.cuh tanh_pair: half the MUFU issues, about twice the error of
 // tanh.approx.f32) for bf16 calls: 1 on (the default), 0 off; measured in bwd/v08_masks.cu's header.

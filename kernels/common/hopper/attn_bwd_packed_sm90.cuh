@@ -1,0 +1,409 @@
+// Packed sequences in the masked Hopper backward (bwd/v08_masks.cu), read and written in place: no right-padded
+// copies. MaskBwdParams::cu_seqlens_q / _k say where each sequence lies in the (total, H, D) tensors.
+//
+//   - Grid: one CTA per (KV head, key slot). Sequence b owns the slots [kslot(b), kslot(b + 1)) with
+//     kslot(b) = floor((cu_k[b] + 128 b) / 128): at least ceil(S_k,b / 128) of them (at most one more), so the
+//     grid, floor((total_k + 128 B) / 128) x H_kv CTAs, is known on the host with no copy of cu_seqlens, and a CTA
+//     finds its sequence by a binary search over kslot (FlashAttention's padded-offset rule, on key blocks). A CTA
+//     whose slot lies past its sequence's keys returns before any barrier: at most one per sequence, where the
+//     padded path launched B ceil(max_seqlen_k / 128) per head.
+//   - Producer: tensor maps over the packed rows (B = 1), coordinates shifted by the sequence's first row, as fwd
+//     v11 does. A tile's rows past the sequence's end belong to the next one (or TMA's zeros): the per-sequence
+//     mask (q >= S_q, key >= S_k; WindowSteps::p_ds_masked) zeroes their P and dS.
+//   - Workspaces (Delta, LSE log2 e, dq_accum) in rows of [H_q][R], R = floor((total_q + 128 B) / 128) 128:
+//     sequence b's rows start at ws(b) = floor((cu_q[b] + 128 b) / 128) 128 (128-aligned, so every 64- or
+//     128-row step stays inside its own sequence's padded rows; ws(b) + ceil(S_q,b / 128) 128 <= ws(b + 1)).
+//   - Pre-pass and convert pass over the workspace rows (the sequence of a row by binary search over ws): O(total)
+//     work, not O(B max_seqlen). dQ rows are written for every sequence's rows; the packed rows of no sequence
+//     (before cu[0], after cu[B]) get zero gradients from a last pass, as the padded path's unpad gave them.
+//   - Epilogue: dK, dV of the sequence's keys only (v12's staged stores on pointers shifted to its first row).
+// Everything in the loop is the dense masked kernel's (stagger_tile with WindowSteps' p_ds on the CTA's
+// sequence, from shared memory).
+#pragma once
+#include "common/hopper/attn_bwd_mask_sm90.cuh"
+
+namespace lab::sm90::bwd {
+
+// Sequence b's first row and length on each side, clamped as the forward's (fwd v11): no cu_seqlens value makes a
+// read or write leave the packed tensors.
+struct PackedSeq {
+  int qa, sq, ka, sk;
+};
+__device__ __forceinline__ PackedSeq packed_seq(const MaskBwdParams& p, int b) {
+  const int qa = min(max(__ldg(p.cu_seqlens_q + b), 0), p.total_q);
+  const int qb = min(max(__ldg(p.cu_seqlens_q + b + 1), qa), p.total_q);
+  const int ka = min(max(__ldg(p.cu_seqlens_k + b), 0), p.total_k);
+  const int kb = min(max(__ldg(p.cu_seqlens_k + b + 1), ka), p.total_k);
+  return PackedSeq{qa, min(qb - qa, p.seqlen_q), ka, min(kb - ka, p.seqlen_k)};
+}
+
+constexpr int kPackedAlign = 128;  // rows: the workspace's sequence alignment, and keys of a slot (Cfg::BC)
+
+__host__ __device__ __forceinline__ int64_t packed_ws_rows(int total_q, int batch) {
+  return ((int64_t)total_q + (int64_t)kPackedAlign * batch) / kPackedAlign * kPackedAlign;
+}
+__host__ __device__ __forceinline__ int64_t packed_key_slots(int total_k, int batch) {
+  return ((int64_t)total_k + (int64_t)kPackedAlign * batch) / kPackedAlign;
+}
+// First workspace row of sequence b, and its first key slot (clamped first rows qa / ka).
+__device__ __forceinline__ int64_t ws_start(int qa, int b) {
+  return ((int64_t)qa + (int64_t)kPackedAlign * b) / kPackedAlign * kPackedAlign;
+}
+__device__ __forceinline__ int64_t kslot_start(int ka, int b) {
+  return ((int64_t)ka + (int64_t)kPackedAlign * b) / kPackedAlign;
+}
+
+// The largest b in [0, batch) with start(b) <= x (start non-decreasing in b; 0 when none is).
+template <class Start>
+__device__ __forceinline__ int last_seq_at(int batch, int64_t x, Start start) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (start(mid) <= x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+__device__ __forceinline__ int ws_seq(const MaskBwdParams& p, int64_t row) {
+  return last_seq_at(p.batch, row, [&](int b) {
+    return ws_start(min(max(__ldg(p.cu_seqlens_q + b), 0), p.total_q), b);
+  });
+}
+
+// The masks' steps on the CTA's sequence: WindowSteps' P^T / dS^T, the sequence's view from shared memory
+// (written by the kernel's thread 0 before its first __syncthreads).
+template <bool kSoftcap, bool kTanhHalf>
+struct PackedSteps {
+  using Params = MaskBwdParams;
+  using Rules = WindowSteps<kSoftcap, true, kTanhHalf>;
+  __device__ __forceinline__ static SeqView& seq() {
+    __shared__ SeqView sv;
+    return sv;
+  }
+  template <class C>
+  __device__ __forceinline__ static void p_ds(float (&s)[32], float (&dp)[32], const float* rows, float c, int kw0,
+                                              int m0, const MaskBwdParams& p) {
+    const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+    const SeqView sv = seq();
+    const bool mask = m0 + C::BR > sv.seqlen_q ||
+                      window_tile_needs_mask(kw0, 64, m0, m0 + C::BR, sv.seqlen_k, sv.off, p.window_left,
+                                             p.window_right);
+    if (mask)
+      Rules::template p_ds_masked<true>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p, sv);
+    else
+      Rules::template p_ds_masked<false>(s, dp, rows, rows + C::BR, c, kw0 + warp * 16 + g, m0, t, p, sv);
+  }
+};
+
+// dQ partials into the sequence's workspace rows (red_dq's order and reductions; row base hq R + ws(b)).
+struct PackedPartial {
+  int64_t ws0, rows;  // ws(b), R
+  float* accum;
+  template <class C>
+  __device__ __forceinline__ void add(const float (&dq)[C::kDqRegs], uint8_t*, const Work& work, int j,
+                                      const AttnBwdParams&) {
+    static_assert(LAB_BWD_STAGGER_DQ_RED, "packed calls add dQ from registers");
+    const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+    const int64_t row = (int64_t)work.head(j) * rows + ws0 + work.m0(j, C::BR);
+    float* dst = accum + row * C::D + (C::kSplitDq ? wg * 64 * C::kDqCols : 0);
+#pragma unroll
+    for (int r4 = 0; r4 < C::kDqCols / 8; ++r4)
+      asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + (r4 * 128 + wt) * 4),
+                   "f"(dq[4 * r4]), "f"(dq[4 * r4 + 1]), "f"(dq[4 * r4 + 2]), "f"(dq[4 * r4 + 3])
+                   : "memory");
+  }
+};
+
+// The producer of a packed CTA (one thread): K and V of the key block at the sequence's keys, then every step's Q_i,
+// dO_i at its rows and LSE_i, Delta_i from its workspace rows.
+template <class C>
+__device__ __forceinline__ void produce_packed(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
+                                               const CUtensorMap* tdo, Bars<C::kStages>& bars, uint32_t base,
+                                               const Work& work, int qa, int ka, int64_t ws0, int64_t rows_ws,
+                                               const MaskBwdParams& p) {
+  tma_prefetch_maps(tq, tk, tv);
+  tma_prefetch_map(tdo);
+#ifdef LAB_BWD_PACKED_BUG_NO_OFFSET
+  ka = 0;  // self-test: every sequence's keys read from the first sequence's rows
+#endif
+  mbar_arrive_expect_tx(smem_u32(&bars.kv), 2 * C::kKVBytes);
+  for (int cb = 0; cb < C::D / 64; ++cb) {
+    tma_load_4d(base + C::kOffK + cb * C::BC * 128, tk, smem_u32(&bars.kv), cb * 64, ka + work.n0, work.hkv, 0);
+    tma_load_4d(base + C::kOffV + cb * C::BC * 128, tv, smem_u32(&bars.kv), cb * 64, ka + work.n0, work.hkv, 0);
+  }
+  for (int it = 0; it < work.n_iters; ++it) {
+    const int s = it % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
+    mbar_wait(smem_u32(&bars.empty[s]), ((it / C::kStages) & 1) ^ 1);
+    const uint32_t full = smem_u32(&bars.full[s]);
+    mbar_arrive_expect_tx(full, 2 * C::kQBytes + 2 * C::kRowBytes);
+    for (int cb = 0; cb < C::D / 64; ++cb) {
+      tma_load_4d(base + C::kOffQ + s * C::kQBytes + cb * C::BR * 128, tq, full, cb * 64, qa + m0, hq, 0);
+      tma_load_4d(base + C::kOffDo + s * C::kQBytes + cb * C::BR * 128, tdo, full, cb * 64, qa + m0, hq, 0);
+    }
+    const int64_t row = (int64_t)hq * rows_ws + ws0 + m0;
+    const uint32_t rows = base + C::kOffRows + s * 2 * C::kRowBytes;
+    bulk_load_1d(rows, p.lse_log2 + row, C::kRowBytes, full);
+    bulk_load_1d(rows + C::kRowBytes, p.delta + row, C::kRowBytes, full);
+  }
+}
+
+// The dK / dV kernel of packed calls: bwd_dkdv_stagger's body (common/hopper/attn_bwd_stagger.cuh) on one key block
+// of one sequence.
+template <class C, class T, bool kSoftcap, bool kTanhHalf>
+__global__ void __launch_bounds__(C::kThreads, 1)
+    bwd_dkdv_packed(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                    const MaskBwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Steps = PackedSteps<kSoftcap, kTanhHalf>;
+  constexpr int D = C::D;
+  static_assert(C::BC == kPackedAlign, "a key slot is one CTA's key block");
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) Bars<C::kStages> bars;
+  uint8_t* smem = align1024(smem_raw);
+  const uint32_t base = smem_u32(smem);
+
+  // Prologue: the CTA's sequence and key block (the whole CTA returns before any barrier when it has none).
+  const int64_t slots = packed_key_slots(p.total_k, p.batch);
+  const int hkv = (int)(blockIdx.x / slots);
+  const int64_t slot = blockIdx.x % slots;
+  const int b = last_seq_at(p.batch, slot, [&](int bb) {
+    return kslot_start(min(max(__ldg(p.cu_seqlens_k + bb), 0), p.total_k), bb);
+  });
+  const PackedSeq ps = packed_seq(p, b);
+  const int64_t nb = slot - kslot_start(ps.ka, b);
+  if (nb < 0 || nb * C::BC >= ps.sk) return;
+  const SeqView sv{ps.sq, ps.sk, ps.sk - ps.sq};
+  Work work;
+  work.b = b;
+  work.hkv = hkv;
+  work.n0 = (int)nb * C::BC;
+  work.group = p.heads_q / p.heads_kv;
+  {
+    const int n1 = min(work.n0 + C::BC, sv.seqlen_k);
+    const int2 rows = window_rows(work.n0, n1, sv.seqlen_q, sv.off, p.window_left, p.window_right);
+    work.mb0 = rows.y < rows.x ? 0 : rows.x / C::BR;
+    work.n_mb = rows.y < rows.x ? 0 : rows.y / C::BR + 1;
+    work.n_iters = work.group * (work.n_mb - work.mb0);
+  }
+  const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch), ws0 = ws_start(ps.qa, b);
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  const bool stagger = LAB_BWD_STAGGER == 1 || (LAB_BWD_STAGGER == 2 && !p.causal);
+
+  if (threadIdx.x == 0) {
+    init_bars(bars);
+    Steps::seq() = sv;
+  }
+  __syncthreads();
+  if (wg == 2) {
+    setmaxnreg_dec<C::kRegsProducer>();
+    if (wt == 0) produce_packed<C>(&tq, &tk, &tv, &tdo, bars, base, work, ps.qa, ps.ka, ws0, rows_ws, p);
+    return;
+  }
+  setmaxnreg_inc<C::kRegsConsumer>();
+  float dk[D / 2], dv[D / 2];
+  PackedPartial sink{ws0, rows_ws, p.dq_accum};
+
+  // Main loop
+  stagger_tile<C, T, PackedPartial, Steps>(dk, dv, sink, smem, bars, bars.kv, 0, C::kOffK, C::kOffV, work, 0,
+                                           stagger, p);
+
+  // Epilogue: the sequence's keys, through pointers at its first row (batch entry 0 of the shifted tensors).
+  AttnBwdParams pe = p;
+  pe.dk = static_cast<T*>(p.dk) + (int64_t)ps.ka * p.dk_stride[2];
+  pe.dv = static_cast<T*>(p.dv) + (int64_t)ps.ka * p.dv_stride[2];
+  pe.seqlen_k = ps.sk;
+  Work we = work;
+  we.b = 0;
+  if constexpr (C::kStageDkDv)
+    store_dk_dv_staged<C, T>(dk, dv, work.n0 + 64 * wg, we, pe, smem + C::kOffDq);
+  else
+    store_dk_dv<C, T>(dk, dv, work.n0 + 64 * wg, we, pe);
+#endif
+}
+
+// The pre-pass over the workspace rows [H_q][R] (bwd_pre's lanes and sums): a row of sequence b below
+// ceil(S_q,b / 128) 128 gets Delta and LSE log2 e (0 past S_q,b, where the loop masks its P and dS) and its dq_accum
+// row zeroed; the rows between sequences are never read and stay as they are.
+template <class T, int D>
+__global__ void __launch_bounds__(128) bwd_pre_packed(const MaskBwdParams p) {
+  constexpr int kLanes = lab::bwd::pre_lanes(D);
+  const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch);
+  const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t row = idx / kLanes;  // over H_q * R
+  const int chunk = (int)(idx % kLanes);
+  const bool in_range = row < (int64_t)p.heads_q * rows_ws;
+  const int h = (int)(row / rows_ws);
+  const int64_t rho = row % rows_ws;
+  int i = -1, qa = 0, sq = 0;
+  if (in_range) {
+    const int b = ws_seq(p, rho);
+    const PackedSeq ps = packed_seq(p, b);
+    const int64_t r = rho - ws_start(ps.qa, b);
+    if (r >= 0 && r < (int64_t)(ps.sq + kPackedAlign - 1) / kPackedAlign * kPackedAlign) i = (int)r;
+    qa = ps.qa;
+    sq = ps.sq;
+  }
+  const bool pad_row = i >= 0, live = pad_row && i < sq;
+  if (pad_row && chunk < D / 8) {
+    float4* z = reinterpret_cast<float4*>(p.dq_accum + row * D + chunk * 8);
+    z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+    z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float dot = 0.f;
+  if (live && chunk < D / 8) {
+    const int64_t t = qa + i;
+    const T* o = static_cast<const T*>(p.o) + h * p.o_stride[1] + t * p.o_stride[2] + chunk * 8;
+    const T* d = static_cast<const T*>(p.dout) + h * p.do_stride[1] + t * p.do_stride[2] + chunk * 8;
+    const uint4 ov = *reinterpret_cast<const uint4*>(o), dv = *reinterpret_cast<const uint4*>(d);
+    const T* oe = reinterpret_cast<const T*>(&ov);
+    const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dot += static_cast<float>(oe[e]) * static_cast<float>(de[e]);
+  }
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+  if (pad_row && chunk == 0) {
+    float delta = 0.f, lse2 = 0.f;
+    if (live) {
+      const int64_t r = (int64_t)h * p.total_q + qa + i;
+      delta = dot - (p.dlse != nullptr ? p.dlse[r] : 0.f);
+      lse2 = p.lse[r] * lab::bwd::kPreLog2e;
+    }
+#ifdef LAB_BWD_BUG_NO_DELTA
+    delta = 0.f;
+#endif
+    p.delta[row] = delta;
+    p.lse_log2[row] = lse2;
+  }
+}
+
+// dQ = scale dq_accum for every sequence's rows (convert_quad's accumulator order, over the workspace's 64-row
+// blocks; a block's sequence by binary search).
+template <class C, class T>
+__global__ void __launch_bounds__(256) convert_dq_packed(const MaskBwdParams p) {
+  constexpr int D = C::D, kPartQuads = 16 * C::kDqCols;
+  const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch);
+  const int64_t quads = (int64_t)p.heads_q * rows_ws * D / 4;
+  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < quads;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t block = idx / (64 * D / 4);  // (h, 64-row block of R)
+    const int in = (int)(idx % (64 * D / 4));
+    const int h = (int)(block / (rows_ws / 64));
+    const int64_t rho0 = block % (rows_ws / 64) * 64;
+    const int b = ws_seq(p, rho0);
+    const PackedSeq ps = packed_seq(p, b);
+    const int64_t r0 = rho0 - ws_start(ps.qa, b);
+    if (r0 < 0 || r0 >= ps.sq) continue;
+    const int part = in / kPartQuads, r4 = (in % kPartQuads) / 128, wt = in % 128;
+    const int warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+    const int row = (int)r0 + warp * 16 + g;
+    const int col = (C::kSplitDq ? part * C::kDqCols : 0) + 8 * r4 + 2 * t;
+    const float4 a = reinterpret_cast<const float4*>(p.dq_accum)[idx];
+    T* dst = static_cast<T*>(p.dq) + h * p.dq_stride[1] + col + (int64_t)ps.qa * p.dq_stride[2];
+    if (row < ps.sq)
+      *reinterpret_cast<uint32_t*>(dst + row * p.dq_stride[2]) = lab::pack2<T>(a.x * p.scale, a.y * p.scale);
+    if (row + 8 < ps.sq)
+      *reinterpret_cast<uint32_t*>(dst + (row + 8) * p.dq_stride[2]) = lab::pack2<T>(a.z * p.scale, a.w * p.scale);
+  }
+}
+
+// Zero gradients for the packed rows of no sequence (before the first, after the last, past a sequence clamped to
+// max_seqlen): one thread per packed row of q, then of k; a covered row is left to the kernels above.
+template <int D, class T>
+__global__ void __launch_bounds__(256) zero_stray_rows(const MaskBwdParams p) {
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const bool is_q = t < p.total_q;
+  if (t >= (int64_t)p.total_q + p.total_k) return;
+  const int row = (int)(is_q ? t : t - p.total_q);
+  const int* cu = is_q ? p.cu_seqlens_q : p.cu_seqlens_k;
+  const int total = is_q ? p.total_q : p.total_k;
+  const int b = last_seq_at(p.batch, row, [&](int bb) { return (int64_t)min(max(__ldg(cu + bb), 0), total); });
+  const PackedSeq ps = packed_seq(p, b);
+  const int a = is_q ? ps.qa : ps.ka, n = is_q ? ps.sq : ps.sk;
+  if (row >= a && row < a + n) return;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  const int heads = is_q ? p.heads_q : p.heads_kv;
+  for (int h = 0; h < heads; ++h)
+    for (int c = 0; c < D; c += 8) {
+      if (is_q) {
+        *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + h * p.dq_stride[1] + (int64_t)row * p.dq_stride[2] + c) = zero;
+      } else {
+        *reinterpret_cast<uint4*>(static_cast<T*>(p.dk) + h * p.dk_stride[1] + (int64_t)row * p.dk_stride[2] + c) = zero;
+        *reinterpret_cast<uint4*>(static_cast<T*>(p.dv) + h * p.dv_stride[1] + (int64_t)row * p.dv_stride[2] + c) = zero;
+      }
+    }
+}
+
+// dsinks[h] -= sum over the sequences' rows of exp(sink_h - LSE_i) Delta_i (sink_grad's reduction; LSE from the
+// forward's [H_q, total_q], Delta from the workspace rows).
+__global__ void __launch_bounds__(256) sink_grad_packed(const MaskBwdParams p) {
+  const int bh = blockIdx.x, h = bh % p.heads_q, b = bh / p.heads_q;
+  const PackedSeq ps = packed_seq(p, b);
+  const int64_t ws = (int64_t)h * packed_ws_rows(p.total_q, p.batch) + ws_start(ps.qa, b);
+  const float sink = p.sinks[h];
+  float acc = 0.f;
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < ps.sq; i += gridDim.y * blockDim.x)
+    acc += expf(sink - p.lse[(int64_t)h * p.total_q + ps.qa + i]) * p.delta[ws + i];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  __shared__ float warp_sum[8];
+  if (threadIdx.x % 32 == 0) warp_sum[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < 8; ++w) total += warp_sum[w];
+    atomicAdd(p.dsinks + h, -total);
+  }
+}
+
+// The launches of a packed call: pre-pass, dK / dV kernel, convert, stray rows, sinks' gradient.
+template <class C, class T, bool kSoftcap, bool kTanhHalf>
+int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
+  constexpr int D = C::D;
+  constexpr auto kKernel = bwd_dkdv_packed<C, T, kSoftcap, kTanhHalf>;
+  const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
+  if (p.total_q < 0 || p.total_k < 0 || p.total_q > (1 << 30) || p.total_k > (1 << 30) || p.seqlens != nullptr ||
+      p.cu_seqlens_k == nullptr)
+    return LAB_E_SHAPE;
+  // (empty packed tensors: the caller's zeros; lab/masks/varlen_bwd.py never launches them)
+  if (p.total_q == 0 || p.total_k == 0) return LAB_E_SHAPE;
+  cudaError_t err = cudaSuccess;
+  const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch);
+  const int64_t pre = (int64_t)p.heads_q * rows_ws * lab::bwd::pre_lanes(D);
+  if (pre > 0) {
+    bwd_pre_packed<T, D><<<(unsigned)((pre + 127) / 128), 128, 0, st>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  const int64_t slots = packed_key_slots(p.total_k, p.batch);
+  const int64_t ctas = slots * p.heads_kv;
+  if (ctas > 0x7fffffff) return LAB_E_SHAPE;
+  {
+    CUtensorMap tq, tk, tv, tdo;
+    if (!make_bhsd_map(&tq, p.q, bf16, D, p.total_q, p.heads_q, 1, p.q_stride, C::BR) ||
+        !make_bhsd_map(&tdo, p.dout, bf16, D, p.total_q, p.heads_q, 1, p.do_stride, C::BR) ||
+        !make_bhsd_map(&tk, p.k, bf16, D, p.total_k, p.heads_kv, 1, p.k_stride, C::BC) ||
+        !make_bhsd_map(&tv, p.v, bf16, D, p.total_k, p.heads_kv, 1, p.v_stride, C::BC))
+      return LAB_E_SHAPE;
+    if ((err = lab::allow_smem_once<kKernel>(C::kSmem, dev)) != cudaSuccess) return err;
+    if (ctas > 0) {
+      kKernel<<<(unsigned)ctas, C::kThreads, C::kSmem, st>>>(tq, tk, tv, tdo, p);
+      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    }
+    const int64_t grid = ((int64_t)p.heads_q * rows_ws * D / 4 + 255) / 256;
+    if (grid > 0) {
+      convert_dq_packed<C, T><<<(unsigned)(grid < 65536 ? grid : 65536), 256, 0, st>>>(p);
+      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    }
+  }
+  const int64_t rows = (int64_t)p.total_q + p.total_k;
+  zero_stray_rows<D, T><<<(unsigned)((rows + 255) / 256), 256, 0, st>>>(p);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  if (p.dsinks != nullptr && p.sinks != nullptr && p.batch > 0 && p.seqlen_q > 0) {
+    const int chunks = min((p.seqlen_q + 4095) / 4096, 64);
+    sink_grad_packed<<<dim3((unsigned)(p.batch * p.heads_q), (unsigned)chunks), 256, 0, st>>>(p);
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+}  // namespace lab::sm90::bwd
