@@ -1,7 +1,9 @@
 """The backward pass of lab.ops.attention's window_size / softcap / sinks: autograd of the custom op
 `lab::attention_masked`, the backward custom op `lab::attention_masked_backward` and its launch.
 
-The kernel (lab.registry.MASKED_BWD: bwd v08, compute capability 9.0) takes MaskBwdParams
+The kernels (lab.registry.MASKED_BWD, compute capability 9.0: bwd v08 at D 64 / 128, v21 at D 192 / 256; a head
+dim between pads up to the next, here for a direct launch and in lab.masks.op's forward for the public call, which
+also carries D_v != D_qk) take MaskBwdParams
 (kernels/common/hopper/attn_bwd_mask_sm90.cuh: AttnBwdParams, then the window, offset, softcap, sinks and the
 sinks' gradient), packed here with one struct.pack and handed to the launcher's address, as lab.masks.op does for
 the forward. Autograd saves q, k, v, out, the natural-log LSE (the sink's share included) and the sinks, never P.
@@ -13,10 +15,15 @@ import ctypes
 import struct
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels import launcher
 from ..op_common import _capability, _readable, register_autograd_once
 from ..registry import BEST_MASKED_BWD, MASKED_BWD
+
+# Masked backward versions that add dQ in a fixed order (a deterministic mode): none, v08 and v21 add it by
+# reductions in whatever order the CTAs reach them.
+DETERMINISTIC_MASKED_BWD: tuple = ()
 
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnBwdParams (q, k, v, o, dout, lse, dlse, dq, dk, dv, delta, lse_log2, dq_accum; eight strides of 3; batch,
@@ -30,17 +37,44 @@ _calls: dict = {}
 ROW_PAD = 128  # LAB_BWD_ROW_PAD (kernels/common/params.h)
 
 
-def masked_bwd_version(device, version=None) -> str:
-    """The masked backward kernel for a device (NotImplementedError where none runs)."""
+def masked_bwd_version(device, version=None, head_dim: int | None = None) -> str:
+    """The masked backward kernel for a device and head dim (None: any the device runs). NotImplementedError where
+    none runs: off Hopper, at a head dim no kernel takes, under torch.use_deterministic_algorithms(True) (no masked
+    backward has a fixed dQ order); ValueError for a named version that does not exist or take the head dim."""
     capability = _capability(device)
     for name in ((version,) if version is not None else BEST_MASKED_BWD):
         if name not in MASKED_BWD:
             raise ValueError(f"masked backward versions: {sorted(MASKED_BWD)}, got {name!r}")
-        if not MASKED_BWD[name].capabilities or capability in MASKED_BWD[name].capabilities:
-            return name
-    raise NotImplementedError(f"the backward pass of window_size / softcap / sinks runs on compute capability "
-                              f"{MASKED_BWD[BEST_MASKED_BWD[0]].capabilities} (Hopper) only; this device has "
-                              f"{capability}")
+    runs = [name for name in ((version,) if version is not None else BEST_MASKED_BWD)
+            if not MASKED_BWD[name].capabilities or capability in MASKED_BWD[name].capabilities]
+    if not runs:
+        raise NotImplementedError(f"the backward pass of window_size / softcap / sinks runs on compute capability "
+                                  f"{MASKED_BWD[BEST_MASKED_BWD[0]].capabilities} (Hopper) only; this device has "
+                                  f"{capability}")
+    if head_dim is not None:
+        takes = [name for name in runs if head_dim in MASKED_BWD[name].head_dims]
+        if not takes:
+            dims = sorted({d for name in runs for d in MASKED_BWD[name].head_dims})
+            error = ValueError if version is not None else NotImplementedError
+            raise error(f"the backward pass of window_size / softcap / sinks at head dim {head_dim}: "
+                        f"{version or 'no kernel'} takes it (head dims {dims}; lab.ops.attention pads the others)")
+        runs = takes
+    if torch.are_deterministic_algorithms_enabled() and runs[0] not in DETERMINISTIC_MASKED_BWD:
+        raise NotImplementedError(
+            f"the backward pass of window_size / softcap / sinks has no deterministic mode: masked bwd {runs[0]} adds "
+            f"dQ by reductions in no fixed order; turn torch.use_deterministic_algorithms off for this call, or call "
+            f"it without gradients")
+    return runs[0]
+
+
+def kernel_width(head_dim: int) -> int:
+    """The masked backward's kernel head dim for a call's D: itself, or the next kernel's (zero columns are exact:
+    lab.fwd.head_dims)."""
+    widths = sorted({d for kernel in MASKED_BWD.values() for d in kernel.head_dims})
+    for d in widths:
+        if d >= head_dim:
+            return d
+    raise ValueError(f"head dim {head_dim}: the masked backward runs D up to {widths[-1]}")
 
 
 def launch_backward(grad_out, q, k, v, out, lse, grad_lse, sinks, want_dsinks: bool, left: int, right: int,
@@ -48,7 +82,18 @@ def launch_backward(grad_out, q, k, v, out, lse, grad_lse, sinks, want_dsinks: b
                     seqlens=None):
     """(dq, dk, dv, dsinks) of a dense masked call; dsinks is an empty tensor unless want_dsinks. seqlens: packed
     sequences padded into the dense tensors (lab.masks.varlen_bwd), int32 (2, B) of their S_q and S_k."""
-    version = masked_bwd_version(q.device, version)
+    D = q.shape[-1]
+    if k.shape[-1] != D or v.shape[-1] != D or out.shape[-1] != D:
+        raise ValueError(f"head dims: query {D}, key {k.shape[-1]}, value {v.shape[-1]}, out {out.shape[-1]}: the "
+                         f"masked backward takes one D (lab.ops.attention pads D_v != D_qk in its forward)")
+    width = kernel_width(D)
+    if width != D:  # zero columns: the same scores and Delta, the gradients cut back
+        pad = (0, width - D)
+        dq, dk, dv, dsinks = launch_backward(F.pad(grad_out, pad), F.pad(q, pad), F.pad(k, pad), F.pad(v, pad),
+                                             F.pad(out, pad), lse, grad_lse, sinks, want_dsinks, left, right, offset,
+                                             softcap, scale, version, defines, seqlens)
+        return dq[..., :D].contiguous(), dk[..., :D].contiguous(), dv[..., :D].contiguous(), dsinks
+    version = masked_bwd_version(q.device, version, D)
     key = (version, tuple(sorted(defines.items())) if defines else ())
     call = _calls.get(key)
     if call is None:
