@@ -1,12 +1,16 @@
 """The backward pass of lab.ops.attention_varlen: packed (total, H, D) sequences through bwd v08.
 
-bwd v08 runs every mask rule per packed sequence (its S_q, S_k and bottom-right offset, from a device array of
-lengths: MaskBwdParams::seqlens), on dense buffers of max_seqlen rows per sequence. This module copies the packed
-tensors into those buffers (each sequence's rows first, the rest zeros; LSE +inf there, so no padded row has a
-probability) and the gradients back, with gathers indexed on the device from cu_seqlens: no host sync, and
-max_seqlen_q / _k stay host ints as in the forward. The padding costs memory and the copies (B max_seqlen H D
-elements each way), not tiles: the kernel neither visits nor masks a tile past a sequence's end. Addressing the
-packed tensors in the kernel's producer and epilogue would remove the copies.
+In place (the default where the kernel takes the call: bwd v08, D 64 / 128): bwd v08 reads and writes the packed
+tensors themselves (MaskBwdParams::cu_seqlens_q / _k; kernels/common/hopper/attn_bwd_packed_sm90.cuh): a grid of key
+slots per sequence, tensor maps over the packed rows, workspaces in per-sequence 128-aligned rows of
+[H_q][floor((total_q + 128 B) / 128) 128], the rows of no sequence zeroed on the device; no host sync, max_seqlen_q /
+_k stay host ints as in the forward.
+
+Padded (layout="padded", and every call the in-place kernel does not take): the packed tensors copied into
+right-padded dense buffers of max_seqlen rows (each sequence's rows first, the rest zeros; LSE +inf there, so no
+padded row has a probability), the dense masked launch with every rule per sequence (MaskBwdParams::seqlens), the
+gradients copied back, with gathers indexed on the device from cu_seqlens. The padding costs memory and the copies
+(B max_seqlen H D elements each way), not tiles.
 
 pad / unpad are plain torch (any device), so the CPU tests check them with lab.masks.emulate.backward_varlen.
 """
@@ -14,8 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from ..op_common import register_autograd_once
+import ctypes
+
+from ..op_common import _readable, register_autograd_once
 from . import backward
+
+IN_PLACE = ("v08",)  # masked backward versions that read packed tensors in place (MaskBwdParams::cu_seqlens_q)
+IN_PLACE_DIMS = (64, 128)
+ALIGN = 128  # kPackedAlign (common/hopper/attn_bwd_packed_sm90.cuh): workspace rows of a sequence, keys of a slot
 
 
 def lengths(cu: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -52,15 +62,26 @@ def unpad(dense: torch.Tensor, cu: torch.Tensor, total: int) -> torch.Tensor:
 
 
 def launch(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks: bool, max_q: int, max_k: int,
-           left: int, right: int, softcap: float, scale: float, version: str | None = None, defines=None):
+           left: int, right: int, softcap: float, scale: float, version: str | None = None, defines=None,
+           layout: str | None = None):
     """(dq, dk, dv, dsinks) of a packed call: q, out, grad_out (total_q, H_q, D), k, v (total_k, H_kv, D), lse and
-    grad_lse (H_q, total_q) or None."""
+    grad_lse (H_q, total_q) or None. layout: "packed" (the kernel reads the packed tensors; ValueError where it
+    cannot), "padded" (dense copies), None: packed where the kernel takes the call."""
+    if layout not in (None, "packed", "padded"):
+        raise ValueError(f"layout must be None, 'packed' or 'padded', got {layout!r}")
     B = cu_q.shape[0] - 1
     dsinks = torch.zeros(q.shape[1] if want_dsinks else 0, dtype=torch.float32, device=q.device)
     if B == 0 or max_q == 0 or max_k == 0 or q.shape[0] == 0 or k.shape[0] == 0:
         if want_dsinks and grad_lse is not None:  # no row sees a key: O = 0, LSE = sink, so d sink = sum of dLSE
             dsinks += torch.where(torch.isfinite(lse), grad_lse, 0.0).sum(1)  # (rows of no sequence: LSE -inf)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks
+    in_place = q.shape[-1] in IN_PLACE_DIMS and backward.masked_bwd_version(q.device, version) in IN_PLACE
+    if layout == "packed" and not in_place:
+        raise ValueError(f"the packed layout runs masked bwd {IN_PLACE} at D {IN_PLACE_DIMS}; got "
+                         f"{version or 'the default'} at D {q.shape[-1]}")
+    if in_place and layout != "padded":
+        return launch_packed(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks, max_q, max_k,
+                             left, right, softcap, scale, version, defines)
     qd, od, god = (pad(t, cu_q, max_q) for t in (q, out, grad_out))
     kd, vd = (pad(t, cu_k, max_k) for t in (k, v))
     lsed = pad(lse.t().unsqueeze(-1), cu_q, max_q, float("inf")).squeeze(-1).contiguous()
@@ -69,6 +90,40 @@ def launch(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks
     dq, dk, dv, ds = backward.launch_backward(god, qd, kd, vd, od, lsed, dlsed, sinks, want_dsinks, left, right, 0,
                                               softcap, scale, version, defines, seqlens=seqlens)
     return unpad(dq, cu_q, q.shape[0]), unpad(dk, cu_k, k.shape[0]), unpad(dv, cu_k, k.shape[0]), ds
+
+
+def launch_packed(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks: bool, max_q: int,
+                  max_k: int, left: int, right: int, softcap: float, scale: float, version: str | None = None,
+                  defines=None):
+    """launch's in-place path: one MaskBwdParams over the packed tensors (strides {unused, head, token})."""
+    version = backward.masked_bwd_version(q.device, version)
+    key = (version, tuple(sorted(defines.items())) if defines else ())
+    call = backward._calls.get(key)
+    if call is None:
+        call = backward._calls[key] = backward._LAUNCH(backward.launcher(backward.MASKED_BWD, version, defines))
+    q, k, v, out, dout = (_readable(t) for t in (q, k, v, out, grad_out))
+    lse = lse.contiguous()
+    dlse = grad_lse.contiguous() if grad_lse is not None else None
+    cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
+    B, (total_q, Hq, D), total_k = cu_q.shape[0] - 1, q.shape, k.shape[0]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dsinks = torch.zeros(Hq if want_dsinks else 0, dtype=torch.float32, device=q.device)
+    rows = Hq * ((total_q + ALIGN * B) // ALIGN * ALIGN)  # Delta, LSE log2 e: H_q R floats each; dq_accum: D times
+    work = torch.empty(rows * (2 + D), dtype=torch.float32, device=q.device)
+    base = work.data_ptr()
+    strides = tuple(x for t in (q, k, v, out, dout, dq, dk, dv) for x in (0, t.stride(1), t.stride(0)))
+    params = backward.PARAMS.pack(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
+        dlse.data_ptr() if dlse is not None else 0, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), base,
+        base + 4 * rows, base + 8 * rows, *strides, B, Hq, k.shape[1], max_q, max_k, D, scale, int(right >= 0),
+        backward._DTYPE_CODE[q.dtype], 0, left, right, 0, softcap, sinks.data_ptr() if sinks is not None else 0,
+        dsinks.data_ptr() if want_dsinks else 0, 0, cu_q.data_ptr(), cu_k.data_ptr(), total_q, total_k)
+    with torch.cuda.device(q.device):
+        rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
+    if rc != 0:
+        raise RuntimeError(f"packed attention backward kernel {version} failed with code {rc} "
+                           f"(LAB_E_* < 0, or a cudaError_t)")
+    return dq, dk, dv, dsinks
 
 
 @torch.library.custom_op("lab::attention_varlen_backward", mutates_args=())

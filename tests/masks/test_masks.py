@@ -408,7 +408,7 @@ def test_params_layout_matches_the_c_struct():
 
 
 def test_backward_params_layout():
-    """lab.masks.backward packs MaskBwdParams as ctypes lays the same fields out (the C side asserts 336 / 376)."""
+    """lab.masks.backward packs MaskBwdParams as ctypes lays the same fields out (the C side asserts 336 / 400)."""
     import ctypes as C
 
     from lab.masks import backward
@@ -420,9 +420,14 @@ def test_backward_params_layout():
 
     class MaskBwd(C.Structure):
         _fields_ = [("base", Bwd), ("left", C.c_int), ("right", C.c_int), ("off", C.c_int), ("cap", C.c_float),
-                    ("sinks", C.c_void_p), ("dsinks", C.c_void_p), ("seqlens", C.c_void_p)]
-    assert C.sizeof(Bwd) == 336 and C.sizeof(MaskBwd) == backward.PARAMS.size == 376
-    assert MaskBwd.left.offset == 336 and MaskBwd.sinks.offset == 352
+                    ("sinks", C.c_void_p), ("dsinks", C.c_void_p), ("seqlens", C.c_void_p), ("cuq", C.c_void_p),
+                    ("cuk", C.c_void_p), ("tq", C.c_int), ("tk", C.c_int)]
+    assert C.sizeof(Bwd) == 336 and C.sizeof(MaskBwd) == backward.PARAMS.size == 400
+    assert MaskBwd.left.offset == 336 and MaskBwd.sinks.offset == 352 and MaskBwd.cuq.offset == 376
+    values = list(range(1, 14)) + list(range(20, 44)) + [2, 4, 2, 65, 70, 64, 0.5, 1, 1, 0, 7, -1, 3, 2.5, 80, 81, 0,
+                                                          90, 91, 100, 101]
+    m = MaskBwd(Bwd(*values[:13], *values[13:37], *values[37:47]), *values[47:])
+    assert bytes(m) == backward.PARAMS.pack(*values)
 
 
 @pytest.mark.parametrize("path", ["eager", "custom_op"])
