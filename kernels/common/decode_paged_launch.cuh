@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "common/decode_head_dim.cuh"
+#include "common/decode_masks.cuh"
 #include "common/launch.h"
 #include "common/paged.cuh"
 #include "common/params.h"
@@ -33,7 +34,8 @@ int launch_partial(const DecodeParams* p, const DecodeLaunch& l) {
 
 // What a paged-family entry checks before it launches, in this order: the parameters (common/launch.h), the block
 // table (common/paged.cuh: also on an empty call, so a bad table is never silent), then the launch plan of 16-row
-// groups and key_block-rounded chunks. Returns a LAB_E_* code (< 0), kNothingToCompute (the entry returns 0), or 0
+// groups and key_block-rounded chunks (over the window's span when a window is set). Returns a LAB_E_* code (< 0),
+// kNothingToCompute (the entry returns 0), or 0
 // with *l planned.
 constexpr int kNothingToCompute = 1;
 inline int paged_entry(const DecodeParams* p, int key_block, void* stream_ptr, DecodeLaunch* l) {
@@ -41,7 +43,10 @@ inline int paged_entry(const DecodeParams* p, int key_block, void* stream_ptr, D
   if (rc < 0) return rc;
   if (const int bad = paged::check_paged_params(p)) return bad;
   if (rc > 0) return kNothingToCompute;
-  return decode_launch(p, key_block, 16, stream_ptr, l);
+  if (const int bad = decode_launch(p, key_block, 16, stream_ptr, l)) return bad;
+  // A window's splits cover its span, not the capacity (common/decode_masks.cuh): the chunks shrink with it.
+  if (p->window) l->chunk = split_chunk(window_span(p), p->num_splits, key_block);
+  return 0;
 }
 
 // One head dim: dtype and paged-or-contiguous, at HeadDimPlan's ring depth.

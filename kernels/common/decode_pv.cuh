@@ -166,12 +166,27 @@ __device__ __forceinline__ void merge_warps_store(const float* sO, const float* 
         o1 = fmaf(f, o.y, o1);
       }
     }
-    // l == 0: no key seen (an empty split, a bad page table, causal): O = 0, LSE = -inf.
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    const float lse = l > 0.f ? (m_max + log2f(l)) * kLn2 : -INFINITY;
     const int rr = row0 + r;
     const int h = h_kv * group + rr / p.q_len;
     const int tok = rr % p.q_len;
+    // A sink joins the row's final denominator: here when this split is the only one, else in the combine
+    // (common/decode_masks.cuh). LAB_DECODE_BUG_SINK_PER_SPLIT, the wrong build, adds it to every split's partial.
+#ifdef LAB_DECODE_BUG_SINK_PER_SPLIT
+    if (p.sinks != nullptr) {
+#else
+    if (p.sinks != nullptr && p.num_splits == 1) {
+#endif
+      const float sink = __ldg(p.sinks + h) * kLog2e;
+      const float m_new = fmaxf(m_max, sink);
+      const float f = exp2f(m_max - m_new);  // m_max = -inf (no key): 0
+      l = fmaf(l, f, exp2f(sink - m_new));
+      o0 *= f;
+      o1 *= f;
+      m_max = m_new;
+    }
+    // l == 0: no key seen (an empty split, a bad page table, causal) and no sink: O = 0, LSE = -inf.
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? (m_max + log2f(l)) * kLn2 : -INFINITY;
     const int64_t out_row = (static_cast<int64_t>(b) * p.heads_q + h) * p.q_len + tok;
     if (p.num_splits == 1) {
       T* dst = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + tok * p.o_stride[2] + col;

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/decode_masks.cuh"
 #include "common/decode_pv.cuh"
 #include "common/decode_util.cuh"
 
@@ -23,25 +24,29 @@ struct TileRowState {
 // One tile. qf: Q's A fragments (kQInSmem false) or unused; q_lane: this lane's ldmatrix row of Q in shared
 // memory (kQInSmem true, D > 128); k_lane / v_lane: this lane's ldmatrix rows of the stage's K and V
 // (warp_kv_lanes); limit[h]: keys of the tile that fragment row half h may see (its key limit minus the
-// tile's first key; <= 0 sees none).
+// tile's first key; <= 0 sees none). tile_softmax_pv_masked adds each row's first key and the softcap.
 // (k_lane and v_lane: pointers into a padded ring, or common/decode_swizzle.cuh's lanes, where Q is in registers.)
+// The masked form (common/decode_masks.cuh): row half h sees keys [first[h], limit[h]) of the tile, and the
+// scores go through `map` (softcap, or the plain scale). A plain call passes first <= 0 and map.cap_in 0.
 template <class T, int kKSteps, int kDTiles, bool kQInSmem, int kQFrags, class Lane>
-__device__ __forceinline__ void tile_softmax_pv(float (&acc)[kDTiles][4], TileRowState& st,
-                                                const uint32_t (&qf)[kQFrags][4], const T* q_lane, Lane k_lane,
-                                                Lane v_lane, const int (&limit)[2], int warp, int tig,
-                                                float qk_scale) {
+__device__ __forceinline__ void tile_softmax_pv_masked(float (&acc)[kDTiles][4], TileRowState& st,
+                                                       const uint32_t (&qf)[kQFrags][4], const T* q_lane, Lane k_lane,
+                                                       Lane v_lane, const int (&first)[2], const int (&limit)[2],
+                                                       int warp, int tig, const ScoreMap& map) {
   float s[2][4] = {};
   if constexpr (kQInSmem)
     warp_qk_smem<T, kKSteps>(s, q_lane, k_lane);
   else
     warp_qk<T, kKSteps>(s, qf, k_lane);
+  softcap_scores(s, map);
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     const int nt = e / 4, half = (e / 2) % 2;
     const int key = warp * 16 + nt * 8 + 2 * tig + (e % 2);
     float& x = s[nt][e % 4];
-    x = key < limit[half] ? x * qk_scale : -INFINITY;  // a select: a NaN score of a masked key never leaks
+    // a select: a NaN score of a masked key never leaks
+    x = key >= first[half] && key < limit[half] ? x * map.mul : -INFINITY;
     tile_max[half] = fmaxf(tile_max[half], x);
   }
   float alpha[2], m_use[2];
@@ -64,6 +69,17 @@ __device__ __forceinline__ void tile_softmax_pv(float (&acc)[kDTiles][4], TileRo
     st.l[h] += rounded.x + rounded.y;
   }
   rescale_pv<T, kDTiles>(acc, alpha, pa, v_lane);
+}
+
+// The plain tile (decode v05): every key below the row's limit, scores times qk_scale.
+template <class T, int kKSteps, int kDTiles, bool kQInSmem, int kQFrags, class Lane>
+__device__ __forceinline__ void tile_softmax_pv(float (&acc)[kDTiles][4], TileRowState& st,
+                                                const uint32_t (&qf)[kQFrags][4], const T* q_lane, Lane k_lane,
+                                                Lane v_lane, const int (&limit)[2], int warp, int tig,
+                                                float qk_scale) {
+  const int kAll[2] = {INT32_MIN, INT32_MIN};
+  tile_softmax_pv_masked<T, kKSteps, kDTiles, kQInSmem>(acc, st, qf, q_lane, k_lane, v_lane, kAll, limit, warp, tig,
+                                                        ScoreMap{qk_scale, 0.f, 0.f});
 }
 
 // The end of the block's tiles: each warp's (m, l, O) into the freed ring as fp32 (sO [warp][16][D], sM, sL

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "common/decode_head_dim.cuh"
+#include "common/decode_masks.cuh"
 #include "common/decode_pv.cuh"
 #include "common/decode_swizzle.cuh"
 #include "common/decode_tile_step.cuh"
@@ -72,7 +73,8 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages, kSwizzle>::k
   const int split = blk.split, b = blk.b, h_kv = blk.h_kv, row0 = blk.row0, rows = blk.rows, rg = blk.rg;
 
   // Prologue: the sequence's length (clamped to the keys that exist), the split's keys, the warp's slice walk.
-  const lab::paged::SplitKeys keys = lab::paged::split_keys<kPaged>(p, b, split, chunk);  // common/paged.cuh
+  // (a window: from its first key on, common/decode_masks.cuh)
+  const lab::paged::SplitKeys keys = lab::decode::window_split_keys<kPaged>(p, b, split, chunk);
   int errors = keys.errors, n_keys = keys.n_keys;
   const int len = keys.len, key_begin = keys.key_begin;
 
@@ -142,8 +144,11 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages, kSwizzle>::k
   // v03's first ring_step published Q; the warp ring has no block barrier
   lab::decode::load_q_rows<T, D, Cfg, true>(qf, row_keys, sQ, p, b, h_kv, group, row0, rows, len, key_begin,
                                             n_keys, tid, gid, tig);
+  int row_lo[2];  // each fragment row's key range in the split: window and causal (common/decode_masks.cuh)
+  lab::decode::block_row_ranges(p, len, row0, gid, key_begin, n_keys, row_lo, row_keys);
 
   const float qk_scale = p.scale * kLog2e;
+  const lab::decode::ScoreMap map = lab::decode::score_map(p, qk_scale);
   float acc[Cfg::kDTiles][4] = {};
   lab::decode::TileRowState st;
   const lab::decode::WarpKVLanes kvl = lab::decode::warp_kv_lanes(warp, lane);  // as v02: the warp's own rows
@@ -153,15 +158,16 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages, kSwizzle>::k
   for (int t = 0; t < n_tiles; ++t) {
     lab::decode::warp_ring_step<Cfg::kStages>(t, n_tiles, load_tile);  // common/decode_warp_ring.cuh
     const int stage = t % Cfg::kStages;
+    const int first[2] = {row_lo[0] - t * Bc, row_lo[1] - t * Bc};
     const int limit[2] = {row_keys[0] - t * Bc, row_keys[1] - t * Bc};
     if constexpr (kSwizzle)  // the same tile step on the swizzled ring's lanes (common/decode_swizzle.cuh)
-      lab::decode::tile_softmax_pv<T, Cfg::kKSteps, Cfg::kDTiles, Cfg::kQInSmem>(
+      lab::decode::tile_softmax_pv_masked<T, Cfg::kKSteps, Cfg::kDTiles, Cfg::kQInSmem>(
           acc, st, qf, q_lane, lab::decode::swizzle_lane<T, D>(ring.k(stage), kvl.k_key, kvl.k_col),
-          lab::decode::swizzle_lane<T, D>(ring.v(stage), kvl.v_key, kvl.v_col), limit, warp, tig, qk_scale);
+          lab::decode::swizzle_lane<T, D>(ring.v(stage), kvl.v_key, kvl.v_col), first, limit, warp, tig, map);
     else
-      lab::decode::tile_softmax_pv<T, Cfg::kKSteps, Cfg::kDTiles, Cfg::kQInSmem>(
+      lab::decode::tile_softmax_pv_masked<T, Cfg::kKSteps, Cfg::kDTiles, Cfg::kQInSmem>(
           acc, st, qf, q_lane, ring.k(stage) + kvl.k_key * Cfg::kStride + kvl.k_col,
-          ring.v(stage) + kvl.v_key * Cfg::kStride + kvl.v_col, limit, warp, tig, qk_scale);
+          ring.v(stage) + kvl.v_key * Cfg::kStride + kvl.v_col, first, limit, warp, tig, map);
   }
 
   // Epilogue: every copy landed (a bad table emptied the loop after the first tiles were issued), then the 4 warps'

@@ -85,6 +85,16 @@ typedef struct DecodeParams {
   // 1: token i of q_len sees keys [0, len - q_len + i] (bottom-right aligned, FlashAttention's decode rule;
   // AttnFwdParams.causal is SDPA's top-left); a token with no key left gets O = 0. 0: every token sees [0, len).
   int causal;
+  // The masks of real models (decode v03, v06-v08; the others return LAB_E_MODE when one is set): a zeroed
+  // struct is the plain call. window 1: token i of q_len, on the diagonal key len - q_len + i, sees keys
+  // [diag - window_left, diag + window_right] of [0, len) (-1: that side unbounded; causal caps the right at 0),
+  // FlashAttention's decode rule (lab/masks/spec.py); the split plan then covers only the window's keys
+  // (common/decode_masks.cuh). softcap > 0: s -> softcap * tanh(s / softcap) on the scaled score. sinks: [H_q]
+  // float32 logits in the units of the scaled scores that join the softmax's denominator in the split-K combine
+  // (or the one split's epilogue), never a split's partial; the LSE written then includes them.
+  int window, window_left, window_right;
+  float softcap;
+  const float* sinks;
 } DecodeParams;
 
 // page_errors bits (decode v03, paged): the sequence's output is zeroed and these say why.

@@ -4,7 +4,8 @@
 //   L = log sum_s exp(L^(s)),   O = sum_s exp(L^(s) - L) O^(s)
 // One warp per output row (b, h, token); each lane owns 2 or 4 consecutive columns of every 64 or 128 (D 80, 96:
 // the last chunk masked). A row whose splits are all empty (L^(s) = -inf everywhere: a sequence of length 0)
-// gets O = 0 and L = -inf, never NaN.
+// gets O = 0 and L = -inf, never NaN. With sinks (DecodeParams.sinks, one logit s_h per query head) the normaliser
+// is sum_s exp(L^(s)) + exp(s_h): the sink is added here, once, never to a split's partial.
 // On sm_90 it is launched with programmatic dependent launch, so its launch latency hides under
 // pass 1; pass 1 calls lab::decode::pdl_launch_dependents() once its partials are written.
 #pragma once
@@ -47,6 +48,18 @@ __global__ void __launch_bounds__(kCombineThreads) splitk_combine_kernel(const D
   float lse_max = -INFINITY;
   for (int s = lane; s < ns; s += 32) lse_max = fmaxf(lse_max, plse[s]);
   lse_max = warp_max(lse_max);
+  const int tok = static_cast<int>(row % p.q_len);
+  const int h = static_cast<int>((row / p.q_len) % p.heads_q);
+  const int b = static_cast<int>(row / (static_cast<int64_t>(p.q_len) * p.heads_q));
+  // A sink (common/decode_masks.cuh) joins the final normaliser, once: it sets the max with the splits' LSEs and
+  // adds exp(sink - max) to the weights' sum, so a row that saw no key gets O = 0 and LSE = sink.
+  float sink = -INFINITY;
+#ifndef LAB_DECODE_BUG_SINK_PER_SPLIT  // the wrong build added it to every split's partial instead
+  if (p.sinks != nullptr) {
+    sink = __ldg(p.sinks + h);
+    lse_max = fmaxf(lse_max, sink);
+  }
+#endif
 
   // Main loop
   float acc[kChunks][kVec];
@@ -54,7 +67,7 @@ __global__ void __launch_bounds__(kCombineThreads) splitk_combine_kernel(const D
   for (int c = 0; c < kChunks; ++c)
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc[c][e] = 0.f;
-  float w_sum = 0.f;
+  float w_sum = sink == -INFINITY ? 0.f : __expf(sink - lse_max);
   if (lse_max != -INFINITY) {  // else every split was empty: O = 0, LSE = -inf, no exp(-inf + inf)
 #pragma unroll kCombineUnroll
     for (int s = 0; s < ns; ++s) {
@@ -79,9 +92,6 @@ __global__ void __launch_bounds__(kCombineThreads) splitk_combine_kernel(const D
 
   // Epilogue
   const float inv = w_sum > 0.f ? 1.f / w_sum : 0.f;  // w_sum >= 1 when lse_max is finite
-  const int tok = static_cast<int>(row % p.q_len);
-  const int h = static_cast<int>((row / p.q_len) % p.heads_q);
-  const int b = static_cast<int>(row / (static_cast<int64_t>(p.q_len) * p.heads_q));
   T* dst = static_cast<T*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + tok * p.o_stride[2] + lane * kVec;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {

@@ -72,6 +72,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/decode_masks.cuh"
 #include "common/decode_util.cuh"
 #include "common/splitk_combine.cuh"
 #include "common/params.h"
@@ -444,6 +445,7 @@ extern "C" int decode_splitk_v01(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == SplitKConfig<128, 1>::kBlockN && kKeyBlock == SplitKConfig<64, 1>::kBlockN,
                 "chunk rounding must match the kernel's key block");
   if (p != nullptr && p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;  // the scalar tiles' two
+  if (lab::decode::decode_masks_set(p)) return LAB_E_MODE;  // no mask steps (common/decode_masks.cuh)
   if (const int rc = lab::check_decode_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
   lab::DecodeLaunch l;  // rows, chunk, device, PDL, stream (common/launch.h); rows in the grid's y
   if (const int bad = lab::decode_launch(p, kKeyBlock, 0, stream_ptr, &l)) return bad;

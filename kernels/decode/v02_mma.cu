@@ -57,6 +57,7 @@
 #include <stdint.h>
 
 #include "common/decode_head_dim.cuh"
+#include "common/decode_masks.cuh"
 #include "common/decode_pv.cuh"
 #include "common/decode_util.cuh"
 #include "common/mma.cuh"
@@ -306,6 +307,7 @@ constexpr int kKeyBlock = 64;  // must equal MmaConfig::kBlockN and lab/decode/s
 
 extern "C" int decode_splitk_v02(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == MmaConfig<128, 3>::kBlockN, "chunk rounding must match the kernel's key block");
+  if (lab::decode::decode_masks_set(p)) return LAB_E_MODE;  // no mask steps (common/decode_masks.cuh)
   if (const int rc = lab::check_decode_params(p)) return rc < 0 ? rc : 0;  // common/launch.h
   lab::DecodeLaunch l;  // rows in 16-row groups, chunk, device, PDL, stream (common/launch.h)
   if (const int bad = lab::decode_launch(p, kKeyBlock, 16, stream_ptr, &l)) return bad;

@@ -60,6 +60,7 @@
 #include <stdint.h>
 
 #include "common/decode_head_dim.cuh"
+#include "common/decode_masks.cuh"
 #include "common/decode_paged_launch.cuh"
 #include "common/decode_pv.cuh"
 #include "common/decode_util.cuh"
@@ -133,7 +134,8 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   const int split = blk.split, b = blk.b, h_kv = blk.h_kv, row0 = blk.row0, rows = blk.rows, rg = blk.rg;
 
   // Prologue: the sequence's length (clamped to the keys that exist), the split's keys, the cursor.
-  const lab::paged::SplitKeys keys = lab::paged::split_keys<kPaged>(p, b, split, chunk);  // common/paged.cuh
+  // (a window: from its first key on, common/decode_masks.cuh)
+  const lab::paged::SplitKeys keys = lab::decode::window_split_keys<kPaged>(p, b, split, chunk);
   int errors = keys.errors, n_keys = keys.n_keys;
   const int len = keys.len, key_begin = keys.key_begin;
 
@@ -280,8 +282,11 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   T* const sQ = reinterpret_cast<T*>(smem + Cfg::kRingBytes);  // D > 128 only
   lab::decode::load_q_rows<T, D, Cfg, false>(qf, row_keys, sQ, p, b, h_kv, group, row0, rows, len, key_begin,
                                              n_keys, tid, gid, tig);
+  int row_lo[2];  // each fragment row's key range in the split: window and causal (common/decode_masks.cuh)
+  lab::decode::block_row_ranges(p, len, row0, gid, key_begin, n_keys, row_lo, row_keys);
 
   const float qk_scale = p.scale * kLog2e;
+  const lab::decode::ScoreMap map = lab::decode::score_map(p, qk_scale);
   float acc[Cfg::kDTiles][4] = {};
   RowState st;
   const lab::decode::WarpKVLanes kvl = lab::decode::warp_kv_lanes(warp, lane);  // as v02
@@ -299,15 +304,18 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
                                                  sK + kvl.k_key * Cfg::kStride + kvl.k_col);
     else
       lab::decode::warp_qk<T, Cfg::kKSteps>(s, qf, sK + kvl.k_key * Cfg::kStride + kvl.k_col);
-    // Mask: key (in the tile) < the row's limit; the limit of a row is n_keys without causal.
+    // Mask: the row's first key <= key (in the tile) < the row's limit; the limit of a row is n_keys without causal
+    // or window, its first key <= 0 without a window. Softcap first (a warp-uniform branch).
+    const int first[2] = {row_lo[0] - t * Bc, row_lo[1] - t * Bc};
     const int limit[2] = {row_keys[0] - t * Bc, row_keys[1] - t * Bc};
+    lab::decode::softcap_scores(s, map);
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int nt = e / 4, half = (e / 2) % 2;
       const int key = warp * 16 + nt * 8 + 2 * tig + (e % 2);
       float& x = s[nt][e % 4];
-      x = key < limit[half] ? x * qk_scale : -INFINITY;
+      x = key >= first[half] && key < limit[half] ? x * map.mul : -INFINITY;
       tile_max[half] = fmaxf(tile_max[half], x);
     }
     float alpha[2], m_use[2];

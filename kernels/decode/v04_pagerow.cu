@@ -40,6 +40,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common/decode_masks.cuh"
 #include "common/decode_pv.cuh"
 #include "common/decode_util.cuh"
 #include "common/launch.h"
@@ -280,6 +281,7 @@ extern "C" int decode_pagerow_v04(const DecodeParams* p, void* stream_ptr) {
   // D 64 and 128 only: 8 heads' 16-key tiles of D 256 need 270 KiB for two stages, and the copy mapping wants
   // 8 x D / 8 to divide the 256 threads
   if (p != nullptr && p->head_dim != 64 && p->head_dim != 128) return LAB_E_HEAD_DIM;
+  if (lab::decode::decode_masks_set(p)) return LAB_E_MODE;  // no mask steps (common/decode_masks.cuh)
   const int rc = lab::check_decode_params(p);  // common/launch.h
   if (rc < 0) return rc;
   if (const int bad = lab::paged::check_paged_params(p)) return bad;  // common/paged.cuh

@@ -221,6 +221,7 @@ constexpr int kKeyBlock = 64;  // BulkRowConfig::kBlockN, lab/decode/splits.py B
 
 extern "C" int decode_bulkrow_v05(const DecodeParams* p, void* stream_ptr) {
   static_assert(kKeyBlock == BulkRowConfig<128, 3>::kBlockN, "chunk rounding must match the kernel's key block");
+  if (lab::decode::decode_masks_set(p)) return LAB_E_MODE;  // no mask steps (common/decode_masks.cuh)
   lab::DecodeLaunch l;
   if (const int rc = lab::decode::paged_entry(p, kKeyBlock, stream_ptr, &l)) return rc < 0 ? rc : 0;
   if (lab::capability(l.device) != 90) return LAB_E_MODE;  // bulk copies and their mbarriers: sm_90
