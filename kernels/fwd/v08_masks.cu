@@ -281,6 +281,7 @@ extern "C" int attn_fwd_v08(const AttnMaskParams* p, void* stream) {
   AttnMaskParams mp = *p;
   if (mp.softcap < 0.f || mp.window_left < -1 || mp.window_right < -1) return LAB_E_SHAPE;
   if ((mp.cu_seqlens_q == nullptr) != (mp.cu_seqlens_k == nullptr)) return LAB_E_SHAPE;
+  if (mp.block_table != nullptr) return LAB_E_MODE;  // paged K/V: fwd v11 only
   return lab::fwd_entry(&p->base, stream, [&mp](const AttnFwdParams& kp, cudaStream_t st, bool bf16) -> int {
     mp.base = kp;
     if (kp.head_dim == 64)

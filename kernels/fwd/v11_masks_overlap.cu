@@ -87,6 +87,9 @@
 #ifndef LAB_FWD_MASK_BUG_NO_WINDOW
 #define LAB_FWD_MASK_BUG_NO_WINDOW 0  // the deliberately wrong build (drops the window), as v08's and v09's
 #endif
+#ifndef LAB_FWD_MASK_BUG_IGNORE_TABLE
+#define LAB_FWD_MASK_BUG_IGNORE_TABLE 0  // the wrong paged build: page key / page_size, the block table ignored
+#endif
 
 // Candidates (timed and checked before they can be the default: outputs/experiments/20261126-masks-v11-candidates.json):
 // STAGES at D = 128: 3 is fwd v07's few-keys config (B_c 128, 3 stages: Q 32 + 3 x 64 = 224 KiB).
@@ -126,7 +129,7 @@ struct Cfg11 {
   static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
   static_assert(kSmem + 128 <= 227 * 1024, "shared memory budget exceeded");
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
-  // Named barriers: 1..2 the consumers' epilogues, 4..5 their turns (ping-pong).
+  // Named barriers: 1..2 the consumers' epilogues, 4..5 their turns (ping-pong), 6 both consumers (paged tail).
 };
 // D = 64: no ping-pong (v07: -1 to +2 %) and no L2 groups (v07: -7 to 0 % at D = 64).
 using Cfg64 = Cfg11<64, 3, false, 0>;
@@ -134,7 +137,7 @@ using Cfg128 = Cfg11<128, LAB_FWD_MASK_OVERLAP_D128_STAGES, true, 16>;
 
 enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
 
-template <class Cfg, class T, int kTransform>
+template <class Cfg, class T, int kTransform, bool kPaged>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __grid_constant__ CUtensorMap tq,
                                                                         const __grid_constant__ CUtensorMap tk,
                                                                         const __grid_constant__ CUtensorMap tv,
@@ -173,6 +176,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     seqlen_k = min(kb - ka, p.seqlen_k);
     off = seqlen_k - seqlen_q;
   }
+  // Paged K/V: keys by block table from key 0 of the sequence (its cu_seqlens_k rows are not read); a bad table
+  // zeroes the sequence (no key, no sink) and sets its flag, which CTA (mb 0, h 0) writes on every call.
+  const int32_t* table = kPaged ? mp.block_table + (int64_t)b * mp.block_table_stride : nullptr;
+  int page_bits = 0;
+  if constexpr (kPaged) {
+    k0 = 0;
+    page_bits = paged_table_bits(mp, table, seqlen_k);
+    if (mb == 0 && h == 0 && threadIdx.x == 0) mp.page_errors[b] = page_bits;
+    if (page_bits) seqlen_k = 0;
+    off = seqlen_k - seqlen_q;
+  }
   const int m0 = mb * Cfg::BR;
   if (m0 >= seqlen_q) return;  // the whole CTA, before any barrier or load
   const int left = LAB_FWD_MASK_BUG_NO_WINDOW ? -1 : mp.window_left;
@@ -197,7 +211,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if (wg == 0) {
     // Producer (v07's, over the window's tiles only)
     setmaxnreg_dec<Cfg::kRegsProducer>();
-    if (threadIdx.x == 0) {
+    if constexpr (kPaged) {
+      // One warp: lane i fetches the page of box i of the next tile while lane 0 issues this tile's boxes.
+      const int lane = threadIdx.x, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
+      if (lane >= 32) return;
+      if (lane == 0) {
+        tma_prefetch_maps(&tq, &tk, &tv);
+        load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, 0);
+      }
+      auto box_page = [&](int n0) {
+        return paged_box_page<LAB_FWD_MASK_BUG_IGNORE_TABLE>(mp, table, n0, rows, boxes, seqlen_k, lane);
+      };
+      int page = n_tiles > 0 ? box_page(shift) : 0;
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages, n0 = shift + j * BC;
+        const int next = j + 1 < n_tiles ? box_page(n0 + BC) : 0;
+        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
+        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+        if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+        load_tile_paged<D, BC>(ring.k(s), &tk, smem_u32(&bar_k[s]), page, n0, rows, boxes, mp.page_size, hkv, lane);
+        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+        if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+        load_tile_paged<D, BC>(ring.v(s), &tv, smem_u32(&bar_v[s]), page, n0, rows, boxes, mp.page_size, hkv, lane);
+        page = next;
+      }
+    } else if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
       load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, bq);
       for (int j = 0; j < n_tiles; ++j) {
@@ -308,6 +346,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   // [/lab:inner-loop]
   if (n_tiles > 0) {
     wait_v(n_tiles - 1);
+    if constexpr (kPaged) {  // the last tile's rows past the keys: zeros, not the rest of the page (zero_tile_rows)
+      const int tail = seqlen_k - shift - (n_tiles - 1) * BC;
+      if (tail < BC) {
+        const uint32_t v_tile = ring.v((n_tiles - 1) % kStages);
+        zero_tile_rows<D, BC>(smem + (v_tile - smem_u32(smem)), tail, threadIdx.x - 128, 128 * Cfg::kConsumers);
+        named_barrier_sync(6, 128 * Cfg::kConsumers);
+      }
+    }
     turn();
     wgmma_fence();
     issue_pv<D, BC, kBf16>(o, pa, ring.v((n_tiles - 1) % kStages));
@@ -319,7 +365,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if (kPing && wg == 1 && n_tiles > 0) turn();  // consumes the last warpgroup's last pass
 
   // Epilogue: the sink joins the normaliser; O rows of this sequence only, staged in this warpgroup's Q tile.
-  const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
+  const float sink_log2 = mp.sinks != nullptr && !page_bits ? mp.sinks[h] * kLog2e : -INFINITY;
   float* lse_row0 = p.lse == nullptr ? nullptr
                     : packed         ? p.lse + (int64_t)h * mp.total_q + q0
                                      : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
@@ -331,7 +377,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
 
 template <class Cfg, class T, int kTransform>
 int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
-  return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform>>(mp, stream, dev);
+  if (mp.block_table != nullptr) return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform, true>>(mp, stream, dev);
+  return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform, false>>(mp, stream, dev);
 }
 
 template <class Cfg, class T>
@@ -350,7 +397,7 @@ int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) 
 // v09's checks (mask_fwd_go), then the tile by head dim and the kernel by dtype and transform.
 extern "C" int attn_fwd_v11(const AttnMaskParams* p, void* stream) {
   int dev = 0, rc = 0;
-  if (!mask_fwd_go(p, &dev, &rc)) return rc;
+  if (!mask_fwd_go(p, &dev, &rc, true)) return rc;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const bool bf16 = p->base.dtype == LAB_BF16;
   if (p->base.head_dim == 64)

@@ -17,17 +17,32 @@ namespace lab::sm90 {
 // ---------------------------------------------------------------- host (fwd v09, v11)
 
 // The masked launchers' argument checks, then the device: true to go on; false ends the call with *rc (0: nothing to
-// do, e.g. no packed rows or an empty shape; else LAB_E_* < 0 or a cudaError_t).
-inline bool mask_fwd_go(const AttnMaskParams* p, int* dev, int* rc) {
+// do, e.g. no packed rows or an empty shape; else LAB_E_* < 0 or a cudaError_t). paged_ok: the kernel reads a block
+// table (fwd v11); the others return LAB_E_MODE when one is set.
+inline bool mask_fwd_go(const AttnMaskParams* p, int* dev, int* rc, bool paged_ok = false) {
   *rc = 0;
   if (p->softcap < 0.f || p->window_left < -1 || p->window_right < -1) *rc = LAB_E_SHAPE;
   else if ((p->cu_seqlens_q == nullptr) != (p->cu_seqlens_k == nullptr)) *rc = LAB_E_SHAPE;
+  else if (p->block_table != nullptr && !paged_ok) *rc = LAB_E_MODE;
+  else if (p->block_table != nullptr &&
+           (p->cu_seqlens_q == nullptr || p->page_errors == nullptr || p->page_size <= 0 || p->page_size % 16 ||
+            p->num_pages <= 0 || p->max_pages <= 0 || (int64_t)p->max_pages * p->page_size > (1 << 30)))
+    *rc = LAB_E_SHAPE;
   else if (p->cu_seqlens_q != nullptr && (p->total_q <= 0 || p->total_q > (1 << 30) || p->total_k > (1 << 30)))
     *rc = p->total_q == 0 ? 0 : LAB_E_SHAPE;
   else if (const int c = check_tma_fwd_params(&p->base)) *rc = c < 0 ? c : 0;
   else if (!device_is_sm90(dev)) *rc = (int)cudaErrorNoKernelImageForDevice;
   else return true;
   return false;
+}
+
+// Rows of one TMA box of a paged K/V tile: the largest power of two dividing page_size, at most a tile (bc), so a
+// box never crosses a page and a tile of bc keys is bc / rows boxes (page_size 16: 8 boxes of 2 KiB per 64
+// columns, 256: one). Each box lands at row i * rows of the tile, a multiple of 8 rows (1024 B), where the 128-byte
+// swizzle pattern starts over: the tile reads as one box of bc rows would have written it.
+__host__ __device__ inline int paged_box_rows(int page_size, int bc) {
+  const int pow2 = page_size & -page_size;
+  return pow2 < bc ? pow2 : bc;
 }
 
 // One launch of a masked kernel: its shared-memory opt-in, the tensor maps (Q boxes of 64 rows, K and V of Cfg::BC;
@@ -39,7 +54,13 @@ inline int launch_masked_fwd(const AttnMaskParams& mp, cudaStream_t stream, int 
   const AttnFwdParams& p = mp.base;
   CUtensorMap tq, tk, tv;
   const bool bf16 = p.dtype == LAB_BF16;
-  if (mp.cu_seqlens_q != nullptr) {
+  if (mp.block_table != nullptr) {  // paged K/V: (D, page_size, H_kv, num_pages) maps, boxes of paged_box_rows
+    const int rows = paged_box_rows(mp.page_size, Cfg::BC);
+    if (!make_bhsd_map(&tq, p.q, bf16, p.head_dim, mp.total_q, p.heads_q, 1, p.q_stride, 64) ||
+        !make_bhsd_map(&tk, p.k, bf16, p.head_dim, mp.page_size, p.heads_kv, mp.num_pages, p.k_stride, rows) ||
+        !make_bhsd_map(&tv, p.v, bf16, p.head_dim, mp.page_size, p.heads_kv, mp.num_pages, p.v_stride, rows))
+      return LAB_E_SHAPE;
+  } else if (mp.cu_seqlens_q != nullptr) {
     const int tk_rows = mp.total_k > 0 ? mp.total_k : 1;
     if (!make_bhsd_map(&tq, p.q, bf16, p.head_dim, mp.total_q, p.heads_q, 1, p.q_stride, 64) ||
         !make_bhsd_map(&tk, p.k, bf16, p.head_dim, tk_rows, p.heads_kv, 1, p.k_stride, Cfg::BC) ||
@@ -52,6 +73,63 @@ inline int launch_masked_fwd(const AttnMaskParams& mp, cudaStream_t stream, int 
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
   kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, mp);
   return (int)cudaGetLastError();
+}
+
+// ---------------------------------------------------------------- paged K/V (fwd v11)
+
+// A sequence's block table before any load: LAB_PAGE_E_SHORT when its seqlen_k keys do not fit max_pages pages,
+// LAB_PAGE_E_INDEX when a page holding one of them is outside [0, num_pages); 0: every page it reads is good. All
+// threads of the CTA call it (a __syncthreads_or), and every CTA of the sequence scans the whole sequence, so they
+// all agree: the sequence is computed everywhere or zeroed everywhere.
+__device__ __forceinline__ int paged_table_bits(const AttnMaskParams& mp, const int32_t* table, int seqlen_k) {
+  if ((int64_t)seqlen_k > (int64_t)mp.max_pages * mp.page_size) return LAB_PAGE_E_SHORT;  // uniform: no barrier
+  const int needed = (seqlen_k + mp.page_size - 1) / mp.page_size;
+  bool bad = false;
+  for (int i = threadIdx.x; i < needed; i += blockDim.x) {
+    const int page = table[i];
+    bad |= page < 0 || page >= mp.num_pages;
+  }
+  return __syncthreads_or(bad) ? LAB_PAGE_E_INDEX : 0;
+}
+
+// The page of box `lane` of the key tile starting at key n0 (lane < bc / rows): the table's entry, or num_pages
+// (outside the map: TMA fills the box with zeros and still counts its bytes) for a box past the sequence's keys,
+// whose table entries are never read. ignore_table: the deliberately wrong reading (page key / page_size of the
+// cache itself), which the checks' shuffled tables must catch.
+template <bool kIgnoreTable = false>
+__device__ __forceinline__ int paged_box_page(const AttnMaskParams& mp, const int32_t* table, int n0, int rows,
+                                             int boxes, int seqlen_k, int lane) {
+  const int key = n0 + lane * rows;
+  if (lane >= boxes || key >= seqlen_k) return mp.num_pages;
+  return kIgnoreTable ? key / mp.page_size : table[key / mp.page_size];
+}
+
+// One K or V tile of bc keys from `boxes` boxes of `rows` rows (box i from page page_i, held by lane i of the
+// calling warp and passed round by shuffles): lane 0 issues them all on `bar`. Every lane of the warp calls it.
+template <int D, int BC>
+__device__ __forceinline__ void load_tile_paged(uint32_t dst, const CUtensorMap* map, uint32_t bar, int page_lane,
+                                                int n0, int rows, int boxes, int page_size, int hkv, int lane) {
+  for (int i = 0; i < boxes; ++i) {
+    const int page = __shfl_sync(0xffffffffu, page_lane, i);
+    if (lane == 0) {
+      const int row = (n0 + i * rows) % page_size;
+#pragma unroll
+      for (int cb = 0; cb < D / 64; ++cb) tma_load_4d(dst + cb * BC * 128 + i * rows * 128, map, bar, cb * 64, row, hkv, page);
+    }
+  }
+}
+
+// Rows [row0, BC) of a K/V tile at `tile` (D / 64 blocks of BC rows x 128 B) set to zero by `threads` threads, then
+// made visible to wgmma: a paged tile's rows past the sequence's keys come from the rest of its last page, which
+// holds whatever the cache held (possibly NaN or inf, and P = 0 times NaN is NaN). The caller's barrier follows.
+template <int D, int BC>
+__device__ __forceinline__ void zero_tile_rows(uint8_t* tile, int row0, int tid, int threads) {
+  const int chunks = (BC - row0) * 8;  // 16-byte chunks a 64-column block holds past row0
+  for (int idx = tid; idx < chunks * (D / 64); idx += threads) {
+    const int cb = idx / chunks, c = idx % chunks;
+    *reinterpret_cast<uint4*>(tile + cb * BC * 128 + row0 * 128 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  fence_proxy_async();
 }
 
 // Hidden scores -> -inf (after any scale or softcap: the caller's softmax then runs with a positive factor).
