@@ -24,19 +24,22 @@ from .fast import masked_version  # (the kernel choice lives with the plans that
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnMaskParams (kernels/common/params.h) packed in one struct.pack call: AttnFwdParams (q, k, v, o, lse; four
 # strides of 3; batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype; 4 bytes of padding;
-# debug), then window_left, window_right, diag_offset, softcap, sinks, cu_seqlens_q, cu_seqlens_k, total_q, total_k.
+# debug), then window_left, window_right, diag_offset, softcap, sinks, cu_seqlens_q, cu_seqlens_k, total_q, total_k,
+# then the paged fields: block_table, page_errors, block_table_stride, num_pages, page_size, max_pages, 4 bytes of padding.
 # Filling a ctypes.Structure field by field cost ~28 us a call on the CPU box; the pack costs a few.
 # tests/masks/test_masks.py checks the layout against ctypes' own (the C rules of alignment).
-PARAMS = struct.Struct("<5Q12q6if2i4xQ3ifQQQ2i")
-assert PARAMS.size == 232
+PARAMS = struct.Struct("<5Q12q6if2i4xQ3ifQQQ2iQQq3i4x")
+assert PARAMS.size == 272
+_NOT_PAGED = (0, 0, 0, 0, 0, 0)
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _calls: dict = {}
 
 
 def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, sinks=None, cu_q=None, cu_k=None,
-           max_q: int = 0, max_k: int = 0, version: str | None = None, defines=None) -> None:
+           max_q: int = 0, max_k: int = 0, version: str | None = None, defines=None, paged=None) -> None:
     """Run the masked kernel into `out` (and `lse` when given). Dense (B, H, S, D) or, with cu_q/cu_k, packed
-    (total, H, D) tensors. No checks beyond the kernel's own: callers check first (attention_masked, varlen)."""
+    (total, H, D) tensors; paged = (block_table, page_errors): k and v are (num_pages, page_size, H_kv, D) caches
+    (lab.masks.paged). No checks beyond the kernel's own: callers check first (attention_masked, varlen, paged)."""
     version = masked_version(q.device, version)
     key = (version, tuple(sorted(defines.items())) if defines else ())
     call = _calls.get(key)
@@ -50,10 +53,17 @@ def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, si
         strides = tuple(x for t in (q, k, v, out) for x in (0, t.stride(1), t.stride(0)))
         sizes = (cu_q.shape[0] - 1, q.shape[1], k.shape[1], max_q, max_k, q.shape[2])
         packed = (cu_q.data_ptr(), cu_k.data_ptr(), q.shape[0], k.shape[0])
+    if paged is not None:  # (page, head, key in page) strides; total_k is not read, its bound is the kernel's limit
+        table, errors = paged
+        strides = (0, q.stride(1), q.stride(0), k.stride(0), k.stride(2), k.stride(1), v.stride(0), v.stride(2),
+                   v.stride(1), 0, out.stride(1), out.stride(0))
+        sizes = (*sizes[:2], k.shape[2], *sizes[3:])
+        packed = (*packed[:3], 1 << 30)
+        paged = (table.data_ptr(), errors.data_ptr(), table.stride(0), k.shape[0], k.shape[1], table.shape[1])
     params = PARAMS.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                          lse.data_ptr() if lse is not None else 0, *strides, *sizes, scale, 0, _DTYPE_CODE[q.dtype], 0,
                          mask.left, mask.right, offset, mask.softcap, sinks.data_ptr() if sinks is not None else 0,
-                         *packed)
+                         *packed, *(paged or _NOT_PAGED))
     with torch.cuda.device(q.device):
         rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
     if rc != 0:
@@ -189,7 +199,8 @@ def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values
 
 def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                      is_causal: bool = False, scale: float | None = None, window_size=None, softcap: float = 0.0,
-                     sinks=None, return_lse: bool = False, check_cu_seqlens: bool = True, version=None):
+                     sinks=None, return_lse: bool = False, check_cu_seqlens: bool = True, version=None,
+                     block_table=None, page_errors=None):
     """Attention over packed variable-length sequences, FlashAttention's flash_attn_varlen_func.
 
     query (total_q, H_q, D), key and value (total_k, H_kv, D); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
@@ -202,7 +213,18 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     (past cu_seqlens_q[-1]) hold zeros (LSE -inf) when cu_seqlens was checked on the host (eager calls with
     check_cu_seqlens=True); otherwise they are left unwritten, as FlashAttention leaves them. Differentiable in
     query, key, value and sinks on compute capability 9.0 (lab.masks.varlen_bwd).
+
+    block_table: (B, max_pages) int32, a paged KV cache (chunked prefill, prefix caching; lab.masks.paged): key
+    and value are then (num_pages, page_size, H_kv, D) caches, key j of sequence b is row j % page_size of page
+    block_table[b, j // page_size], and cu_seqlens_k gives each sequence's key count (its rows are not read).
+    page_errors: an int32 (B,) tensor that receives each sequence's bad-table flags (else they are checked on the
+    host, or read at a later paged call). Forward only, on compute capability 9.0, D 64 / 128.
     """
+    if block_table is not None or page_errors is not None:
+        from . import paged  # (it imports this module)
+        return paged.attention_varlen_paged(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, is_causal, scale, window_size, softcap, sinks, return_lse,
+                                            check_cu_seqlens, version, block_table, page_errors)
     answer = fast.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          window_size, softcap, sinks, return_lse, check_cu_seqlens, version)
     if answer is not None:  # the eager call in one crossing (lab.masks.fast); else the full path below
