@@ -393,16 +393,20 @@ def test_params_layout_matches_the_c_struct():
     class Masked(ctypes.Structure):
         _fields_ = [("base", Fwd), ("left", ctypes.c_int), ("right", ctypes.c_int), ("off", ctypes.c_int),
                     ("softcap", ctypes.c_float), ("sinks", ctypes.c_void_p), ("cuq", ctypes.c_void_p),
-                    ("cuk", ctypes.c_void_p), ("tq", ctypes.c_int), ("tk", ctypes.c_int)]
+                    ("cuk", ctypes.c_void_p), ("tq", ctypes.c_int), ("tk", ctypes.c_int),
+                    ("table", ctypes.c_void_p), ("errors", ctypes.c_void_p), ("table_stride", ctypes.c_int64),
+                    ("pages", ctypes.c_int), ("page_size", ctypes.c_int), ("max_pages", ctypes.c_int)]
 
-    values = list(range(1, 6)) + list(range(10, 22)) + list(range(30, 36)) + [0.5, 40, 1] + [7, -1, 3, 2.5, 50, 51, 52, 60, 61]
+    values = list(range(1, 6)) + list(range(10, 22)) + list(range(30, 36)) + [0.5, 40, 1] + [7, -1, 3, 2.5, 50, 51, 52, 60, 61] + \
+        [70, 71, 72, 73, 74, 75]
     m = Masked()
     b = m.base
     b.q, b.k, b.v, b.o, b.lse = values[:5]
     b.qs, b.ks, b.vs, b.os = (i64x3(*values[5 + 3 * i:8 + 3 * i]) for i in range(4))
     b.b, b.hq, b.hkv, b.sq, b.sk, b.d = values[17:23]
     b.scale, b.causal, b.dtype, b.debug = values[23], values[24], values[25], 0
-    m.left, m.right, m.off, m.softcap, m.sinks, m.cuq, m.cuk, m.tq, m.tk = values[26:]
+    m.left, m.right, m.off, m.softcap, m.sinks, m.cuq, m.cuk, m.tq, m.tk = values[26:35]
+    m.table, m.errors, m.table_stride, m.pages, m.page_size, m.max_pages = values[35:]
     packed = mask_op.PARAMS.pack(*values[:26], 0, *values[26:])
     assert ctypes.sizeof(Masked) == mask_op.PARAMS.size and bytes(m) == packed
 
