@@ -1,0 +1,187 @@
+"""The paged prefill on the GPU (lab.masks.paged: fwd v11 with a block table): chunked-prefill shapes against the
+float64 reference, the wrong build that ignores the table, bad tables, and the race against the same call on a
+contiguous packed cache.
+
+Every case scatters packed keys into the pages of a shuffled table, in a cache whose other rows and pages hold NaN
+(a read of any of them shows), with table entries past a sequence's pages set far outside the cache (a read of one
+would fault under memcheck). The output and LSE are NaN before the launch. Yardstick: lab.masks.gpu's, SDPA's error
+pattern per sequence on the contiguous keys (the softcap left out), laid on the float64 reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import bench, check, ops
+from . import op as mop, paged, reference, spec
+from .gpu import GEN, draw, sdpa_error
+
+# (name, lens_q, lens_k, H_q, H_kv, D, dtype, causal, window, softcap, sinks, page_size): chunks of 1-512 queries at
+# the end of 1-8192 keys, uneven lengths, empty sequences, GQA / MHA / MQA, page sizes 16-256 (48: boxes of 16 rows).
+BF16, FP16 = torch.bfloat16, torch.float16
+CASES = [("chunk-causal-p64", [512, 1, 300, 129], [4096, 777, 8192, 129], 8, 2, 128, BF16, True, None, 0.0, False, 64),
+         ("chunk-p16-d64", [1, 64, 257, 512, 7], [8000, 64, 1000, 3000, 20], 4, 4, 64, FP16, True, None, 0.0, False, 16),
+         ("window-sink-p256", [200, 512, 33, 1], [5000, 512, 2000, 4097], 8, 1, 128, BF16, True, (1024, 0), 0.0, True,
+          256),
+         ("softcap-p48", [128, 63, 65, 0], [1500, 63, 700, 5], 4, 2, 64, BF16, True, None, 30.0, False, 48),
+         ("noncausal-p32", [100, 0, 50, 7], [3000, 10, 0, 1], 4, 2, 128, FP16, False, None, 5.0, True, 32),
+         ("b8-p128-gqa", [512, 1, 17, 256, 511, 128, 3, 64], [8192, 4000, 17, 2048, 6000, 128, 1000, 640], 8, 2, 128,
+          FP16, True, (2048, 0), 0.0, True, 128)]
+
+
+def make_cache(k, v, lens_k, page_size: int, spare: int = 5, max_pages: int | None = None):
+    """(key_cache, value_cache, block_table) holding packed k, v (total_k, H_kv, D) in shuffled pages; NaN elsewhere;
+    entries past a sequence's pages set to 2^30 (never to be read)."""
+    needed = [-(-n // page_size) for n in lens_k]
+    num_pages = sum(needed) + spare
+    width = max_pages or max(max(needed), 1)
+    perm = torch.randperm(num_pages, generator=GEN).tolist()
+    kc = torch.full((num_pages, page_size, *k.shape[1:]), float("nan"), dtype=k.dtype, device=k.device)
+    vc = torch.full_like(kc, float("nan"))
+    table = torch.full((len(lens_k), width), 1 << 30, dtype=torch.int32)
+    at, row = 0, 0
+    for b, n in enumerate(lens_k):
+        for i in range(needed[b]):
+            page, rows = perm[at], min(page_size, n - i * page_size)
+            kc[page, :rows] = k[row + i * page_size:row + i * page_size + rows]
+            vc[page, :rows] = v[row + i * page_size:row + i * page_size + rows]
+            table[b, i] = page
+            at += 1
+        row += n
+    return kc, vc, table.cuda()
+
+
+def _cu(lens):
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+
+
+def check_case(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, sink, page_size, defines=None,
+               expect_fail=False) -> bool:
+    mask = spec.make_mask(causal, window, cap)
+    GEN.manual_seed(hash((name, D)) % 2**31)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    q = draw(sum(lens_q) + 3, Hq, D, dtype=dtype)  # 3 rows of no sequence
+    k, v = draw(sum(lens_k), Hkv, D, dtype=dtype), draw(sum(lens_k), Hkv, D, dtype=dtype)
+    sinks = (torch.randn(Hq, generator=GEN) * 2).cuda() if sink else None
+    kc, vc, table = make_cache(k, v, lens_k, page_size)
+    scale = D ** -0.5
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((Hq, q.shape[0]), float("nan"), device="cuda")
+    errors = torch.full((len(lens_q),), -7, dtype=torch.int32, device="cuda")
+    mop.launch(q, kc, vc, out, lse, mask, scale, 0, sinks, cu_q, cu_k, max(lens_q), max(lens_k), "v11", defines,
+               paged=(table, errors))
+    ref, ref_lse = reference.attend_varlen(q, k, v, cu_q.tolist(), cu_k.tolist(), mask, scale, sinks)
+    err = torch.zeros_like(ref)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(lens_q)):
+        if lens_q[b] and lens_k[b]:
+            sl = lambda t, c: t[c[b]:c[b + 1]].transpose(0, 1)[None]  # noqa: E731
+            err[cq[b]:cq[b + 1]] = sdpa_error(sl(q, cq), sl(k, ck), sl(v, ck), mask, scale, lens_k[b] - lens_q[b],
+                                               sinks)[0].transpose(0, 1)
+    rows = cq[-1]
+    metrics = check.compare(out[:rows], ref[:rows], (ref + err)[:rows])
+    finite = torch.isfinite(ref_lse[:, :rows])
+    lse_err = float((lse[:, :rows].double() - ref_lse[:, :rows])[finite].abs().max()) if finite.any() else 0.0
+    inf_agree = bool((torch.isneginf(lse[:, :rows]) == torch.isneginf(ref_lse[:, :rows])).all())
+    flags_ok = not bool(errors.any())
+    passed = metrics["passed"] and lse_err < 1e-2 and inf_agree and flags_ok
+    # the public call (default path, host-checked table) gives the same bits
+    same = True
+    if defines is None:
+        with torch.no_grad():
+            pub, pub_lse = ops.attention_varlen(q, kc, vc, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal,
+                                                scale=scale, window_size=window, softcap=cap, sinks=sinks,
+                                                return_lse=True, block_table=table)
+        same = bool(torch.equal(pub[:rows], out[:rows])) and bool(torch.equal(pub_lse[:, :rows], lse[:, :rows]))
+        passed = passed and same
+    ok = passed != expect_fail
+    print(("ok  " if ok else "BAD ") + f"{name}{' ' + str(defines) if defines else ''}: max_abs {metrics['max_abs']:.3g} "
+          f"tol {metrics['tol_max_abs']:.3g} nan {metrics['nan']} lse {lse_err:.3g} inf_agree {inf_agree} "
+          f"flags {errors.tolist()} public==launch {same} passed={passed}", flush=True)
+    return ok
+
+
+def check_bad_tables() -> bool:
+    """Sequence 1 has a page index -1, sequence 2 one equal to num_pages, sequence 3 more keys than its row holds:
+    flags [0, 1, 1, 2], those sequences zero (LSE -inf), sequence 0 right; the host check raises first; the
+    deferred flags raise at check_page_errors."""
+    lens_q, lens_k, ps, D = [64, 64, 64, 64], [1000, 1000, 1000, 1100], 64, 128
+    GEN.manual_seed(7)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    q = draw(sum(lens_q), 4, D, dtype=BF16)
+    k, v = draw(sum(lens_k), 2, D, dtype=BF16), draw(sum(lens_k), 2, D, dtype=BF16)
+    sinks = torch.randn(4, generator=GEN).cuda()
+    kc, vc, table = make_cache(k, v, lens_k, ps)
+    table = table[:, :16].contiguous()  # 1024 keys a row: sequence 3 (1100 keys) is too long
+    table[1, 3] = -1
+    table[2, 15] = kc.shape[0]
+    errors = torch.full((4,), -7, dtype=torch.int32, device="cuda")
+    kw = dict(is_causal=True, sinks=sinks, return_lse=True, block_table=table)
+    with torch.no_grad():
+        out, lse = ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, check_cu_seqlens=False, page_errors=errors,
+                                        **kw)
+        ref, ref_lse = reference.attend_varlen(q[:64], k[:1000], v[:1000], [0, 64], [0, 1000],
+                                               spec.make_mask(True, None, 0.0), D ** -0.5, sinks)
+        good = check.compare(out[:64], ref, ref)["max_abs"] < 2e-2
+        zero = bool((out[64:] == 0).all()) and bool(torch.isneginf(lse[:, 64:]).all())
+        flags = errors.tolist() == [0, 1, 1, 2]
+        raised = []
+        for call in (lambda: ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, **kw),
+                     lambda: (ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, check_cu_seqlens=False, **kw),
+                              paged.check_page_errors())):
+            try:
+                call()
+                raised.append(False)
+            except ValueError as error:
+                raised.append(True)
+                print("  raised:", str(error)[:160], flush=True)
+    ok = good and zero and flags and all(raised)
+    print(("ok  " if ok else "BAD ") + f"bad tables: flags {errors.tolist()} seq0 right {good} zeros {zero} "
+          f"host check / deferred raised {raised}", flush=True)
+    return ok
+
+
+def checks() -> int:
+    bad = sum(not check_case(*case) for case in CASES)
+    bad += not check_case(*CASES[0], defines={"LAB_FWD_MASK_BUG_IGNORE_TABLE": 1}, expect_fail=True)
+    bad += not check_bad_tables()
+    print(f"paged checks done: {bad} bad", flush=True)
+    return bad
+
+
+def race(budget_s: float = 3.0) -> list:
+    """Chunked prefill (B 4, 512 new queries after 8192 - 512 cached keys, H 32 / 8, causal, bf16): the paged call
+    (page_errors given, no host check: the serving call) against the same call on a contiguous packed cache."""
+    rows = []
+    for D, ps in ((128, 16), (128, 64), (128, 256), (64, 64)):
+        GEN.manual_seed(ps + D)
+        lens_q, lens_k = [512] * 4, [8192] * 4
+        cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+        q = draw(sum(lens_q), 32, D, dtype=BF16)
+        k, v = draw(sum(lens_k), 8, D, dtype=BF16), draw(sum(lens_k), 8, D, dtype=BF16)
+        kc, vc, table = make_cache(k, v, lens_k, ps)
+        errors = torch.zeros(4, dtype=torch.int32, device="cuda")
+
+        def paged_call():
+            return ops.attention_varlen(q, kc, vc, cu_q, cu_k, 512, 8192, is_causal=True, check_cu_seqlens=False,
+                                        block_table=table, page_errors=errors)
+
+        def packed_call():
+            return ops.attention_varlen(q, k, v, cu_q, cu_k, 512, 8192, is_causal=True, check_cu_seqlens=False)
+        with torch.no_grad():
+            same = (paged_call() - packed_call()).abs().max().item()
+            t = bench.time_interleaved({"paged": (paged_call, None), "packed": (packed_call, None)}, budget_s=budget_s)
+        ratio = t["packed"].median_ms / t["paged"].median_ms
+        rows.append((D, ps, t["paged"].median_ms, t["packed"].median_ms, ratio))
+        print(f"race D {D} page {ps}: paged {t['paged'].median_ms:.3f} ms, packed {t['packed'].median_ms:.3f} ms,"
+              f" packed/paged {ratio:.3f} (target >= 0.95), max |diff| {same:.3g}", flush=True)
+    return rows
+
+
+def sanitize_calls() -> None:
+    """What compute-sanitizer runs: a paged call at page size 16 and 48 (several boxes a tile, NaN past the keys),
+    then one with a bad table through page_errors, and one through the deferred flags."""
+    with torch.no_grad():
+        for case in (CASES[1], CASES[3]):
+            check_case(*case)
+        check_bad_tables()
+    torch.cuda.synchronize()
