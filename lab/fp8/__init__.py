@@ -8,7 +8,9 @@ One job per module:
   float64 reference over chosen query rows, and the error budget with and without outlier channels;
 * ``peer``    -- cuDNN's FP8 forward (``cudnn.pygraph``'s ``sdpa_fp8``) built and executed on torch tensors;
 * ``race``    -- the race cells, timing against bf16 SDPA-cuDNN and the accuracy of both, as records;
-* ``report``  -- the chapter's tables, figures and findings (n15_fp8).
+* ``report``  -- the chapter's tables, figures and findings (n15_fp8);
+* ``op``      -- the lab's own FP8 forward, ``lab.ops.attention_fp8`` (fwd v13, sm_90a), FA3's arguments;
+* ``checks``  -- its GPU checks: float64 on the dequantised inputs, against cuDNN FP8 and the emulation.
 
 ``peer`` and ``race`` import ``cudnn`` inside their functions only, so the package imports without it.
 """

@@ -12,7 +12,11 @@ accuracy, on ROWS_CHECKED query rows spread over the sequence (first and last in
 * bf16 SDPA-cuDNN against float64 on its bf16 inputs: a 16-bit kernel's own error, for scale.
 
 One record per row (kind "fp8"): impl "cudnn-fp8" (with `ratios.sdpa-cudnn` = t_bf16 / t_fp8, and
-`accuracy_recorded`: false where the cell could not run or gave NaN / inf) and "sdpa-cudnn".
+`accuracy_recorded`: false where the cell could not run or gave NaN / inf) and "sdpa-cudnn"; with lab=True
+(a GPU of compute capability 9.0) also "lab-fp8": the public lab.ops.attention_fp8 on the same e4m3 tensors and
+per-tensor descales, timed in the same rounds, its accuracy on the same rows against the same float64 (its
+emulation: emulate.forward with O in bf16, as the kernel writes it), `ratios` = t_other / t_lab for cuDNN FP8
+and bf16 SDPA-cuDNN.
 """
 from __future__ import annotations
 
@@ -90,8 +94,33 @@ def _attempt(quantized, causal: bool):
     return fp8
 
 
-def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS_CHECKED, **stop) -> list[dict]:
-    """Time and check one cell; append and return its two records."""
+def _lab_call(quantized, causal: bool):
+    """lab.ops.attention_fp8 on the e4m3 tensors with their one-element descales, or why it cannot run."""
+    from .op import attention_fp8
+
+    args = [x.data for x in quantized] + [x.descale.flatten()[:1].contiguous() for x in quantized]
+    call = partial(attention_fp8, *args, is_causal=causal, enable_gqa=True)
+    return bench.try_run(call) or call
+
+
+def _lab_row(case, quantized, call, timed, flops, causal, rows, extra) -> dict:
+    deq = [x.dequantize(torch.float64) for x in quantized]
+    on_deq = emulate.reference(*deq, causal, rows=rows)
+    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=64 if case.D == 256 else 128)
+    out = call()
+    torch.cuda.synchronize()
+    accuracy_block = {**emulate.errors(out[:, :, rows].float(), on_deq), "reference": "float64 on the dequantised "
+                      "inputs", "rows_checked": len(rows), "emulation": emulate.errors(emulated, on_deq)}
+    row = dict(extra, accuracy=accuracy_block)
+    if isinstance(timed["lab-fp8"], bench.Timing):
+        row["ratios"] = {name: t.median_ms / timed["lab-fp8"].median_ms for name, t in timed.items()
+                         if name != "lab-fp8" and isinstance(t, bench.Timing)}
+    return _row("lab-fp8", case, timed["lab-fp8"], flops, row)
+
+
+def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS_CHECKED, lab: bool = False,
+             **stop) -> list[dict]:
+    """Time and check one cell; append and return its records (two, three with lab)."""
     q, k, v, causal = sweep.case_inputs(case, seed)
     quantized = [quant.quantize(x, "e4m3", "tensor") for x in (q, k, v)]
     flops = bench.attention_flops(case.B, case.Hq, case.Sq, case.Sk, case.D, causal)
@@ -100,7 +129,11 @@ def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS
     calls = {"sdpa-cudnn": (bf16, partial(bench.sdpa_backend, "cudnn"))}
     if not isinstance(fp8, str):
         calls["cudnn-fp8"] = (fp8.call, None)
+    lab_call = _lab_call(quantized, causal) if lab else None
+    if callable(lab_call):
+        calls["lab-fp8"] = (lab_call, None)
     timed = bench.time_interleaved(calls, timer=_timer(timer), **stop)
+    timed.setdefault("lab-fp8", lab_call)
     timed.setdefault("cudnn-fp8", fp8)
     bf16_out = None
     if isinstance(timed["sdpa-cudnn"], bench.Timing):
@@ -123,15 +156,22 @@ def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS
     fp8_extra["accuracy_recorded"] = bool(block) and block["nan"] == block["inf"] == 0 \
         and math.isfinite(block["rel_l2"])  # the gate: every cell ran and was checked
     rows.append(record.append(_row("cudnn-fp8", case, timed["cudnn-fp8"], flops, fp8_extra)))
+    if callable(lab_call):
+        checked = checked_rows(case.Sq, rows_checked).to(q.device)
+        rows.append(record.append(_lab_row(case, quantized, lab_call, timed, flops, causal, checked, extra)))
+    elif lab:
+        rows.append(record.append(_row("lab-fp8", case, lab_call, flops, dict(extra))))
     del q, k, v, quantized, fp8, bf16_out
     torch.cuda.empty_cache()
     return rows
 
 
-def race(cells: list[Case] | None = None, timer: str = "gpu", rows_checked: int = ROWS_CHECKED, **stop) -> list[dict]:
-    """Every cell (default: cases()); raises the peer's ImportError first if cudnn is missing."""
+def race(cells: list[Case] | None = None, timer: str = "gpu", rows_checked: int = ROWS_CHECKED, lab: bool = False,
+         **stop) -> list[dict]:
+    """Every cell (default: cases()); raises the peer's ImportError first if cudnn is missing. lab: race
+    lab.ops.attention_fp8 too (compute capability 9.0)."""
     peer.require()
     rows = []
     for seed, case in enumerate(cells or cases()):
-        rows += run_case(case, seed, timer, rows_checked, **stop)
+        rows += run_case(case, seed, timer, rows_checked, lab, **stop)
     return rows

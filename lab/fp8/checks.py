@@ -1,0 +1,177 @@
+"""GPU checks of the lab's FP8 forward (lab.ops.attention_fp8, fwd v13), one record per check (kind "fp8-check").
+
+Each check draws float32 randn Q, K, V (seeded), quantises them to e4m3 (amax descales, per tensor or per
+head), and compares the kernel's output, on ROWS query rows spread over the sequence, with float64 attention
+on the DEQUANTISED inputs (x_fp8 * descale: what the kernel was given, so the error is its arithmetic alone).
+It passes when
+
+* no NaN or inf anywhere in O or LSE (both poisoned with NaN before the call: an unwritten element fails);
+* O's max abs and relative L2 are at most emulate.MULTIPLIER x those of lab.fp8.emulate.forward on the same
+  e4m3 tensors (P as e4m3(P * 448), O bf16, the kernel's key-tile width): the emulation predicts the error;
+* O's relative L2 is at most cuDNN FP8's on the same inputs (lab.fp8.peer; per-tensor scales only, which is
+  all sdpa_fp8 takes); where cuDNN cannot run, the emulation rule above stands alone (2x its error);
+* LSE (natural log) within LSE_TOLERANCE of float64's.
+
+The cells: uneven S (1, 65, 1000, 4097), S_q != S_k both ways, causal, GQA, D 64 / 128 / 256; outlier channels
+in Q and K under one per-tensor scale; per-head descales; FA3's (B, H_kv) and one-element descale forms;
+(B, S, H, D) inputs seen through a transpose. `wrong_build()` runs a build that drops v_descale, which must fail.
+Run: python -m lab.fp8.checks  (exit status 1 on any failure).
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from .. import bench, record
+from . import emulate, op, peer, quant, race
+
+ROWS = 512
+LSE_TOLERANCE = 1e-3  # natural-log units; exp2.approx and float32 sums give ~1e-5
+
+# (name, B, H_q, H_kv, S_q, S_k, D, causal)
+CELLS = (
+    ("d128-s1", 1, 2, 2, 1, 1, 128, False),
+    ("d128-s65-c", 2, 4, 4, 65, 65, 128, True),
+    ("d128-s1000-gqa4", 1, 8, 2, 1000, 1000, 128, False),
+    ("d128-s4097-c", 1, 4, 4, 4097, 4097, 128, True),
+    ("d128-sq65-sk1000", 1, 4, 4, 65, 1000, 128, False),
+    ("d128-sq1000-sk65-c", 1, 4, 4, 1000, 65, 128, True),
+    ("d64-s1", 1, 2, 2, 1, 1, 64, True),
+    ("d64-s1000-c", 2, 4, 4, 1000, 1000, 64, True),
+    ("d64-s4097-gqa2", 1, 4, 2, 4097, 4097, 64, False),
+    ("d256-s65-gqa2", 1, 4, 2, 65, 65, 256, False),
+    ("d256-s1000-c", 1, 4, 4, 1000, 1000, 256, True),
+    ("d256-s4097", 1, 2, 2, 4097, 4097, 256, False),
+)
+# (name, cell, options): the quantisation-aware and layout checks
+VARIANTS = (
+    ("outliers-x50-tensor", "d128-s1000-gqa4", {"outliers": 50.0}),
+    ("outliers-x50-tensor-c", "d256-s1000-c", {"outliers": 50.0}),
+    ("per-head-descales", "d128-s1000-gqa4", {"granularity": "head", "form": "per_head"}),
+    ("one-element-descales", "d64-s1000-c", {"form": "scalar"}),
+    ("bshd-layout", "d128-s65-c", {"layout": "bshd"}),
+)
+
+
+def _cell(name: str):
+    return next(c for c in CELLS if c[0] == name)
+
+
+def _lse_reference(q, k, is_causal: bool, rows) -> torch.Tensor:
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    k = emulate._expand(k, q.shape[1])
+    s = (q[:, :, rows] @ k.transpose(-1, -2)) * scale
+    if is_causal:
+        s = s.masked_fill(torch.arange(k.shape[2], device=q.device)[None, :] > rows[:, None], float("-inf"))
+    return torch.logsumexp(s, dim=-1)
+
+
+def _descales(quantized, Hq: int, Hkv: int, form: str):
+    qq, kq, vq = quantized
+    if form == "scalar":
+        return [x.descale.flatten()[:1].contiguous() for x in quantized]
+    if form == "fa3":  # FA3: q_descale (B, H_kv); per tensor, every query head of a group shares it
+        return [qq.descale[:, ::Hq // Hkv].contiguous(), kq.descale, vq.descale]
+    return [qq.descale, kq.descale, vq.descale]  # per head: q (B, H_q)
+
+
+def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str = "tensor", outliers=None,
+          form: str = "fa3", layout: str = "bhsd", defines=None, use_peer: bool = True) -> dict:
+    """One check (module notes); appends and returns its record."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn((B, H, S, D), generator=gen, device="cuda")
+               for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+    if outliers:
+        q, k = emulate.with_outliers(q, outliers), emulate.with_outliers(k, outliers)
+    quantized = [quant.quantize(x, "e4m3", granularity) for x in (q, k, v)]
+    data = [x.data for x in quantized]
+    if layout == "bshd":  # (B, S, H, D) storage, seen as (B, H, S, D)
+        data = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in data]
+    rows = race.checked_rows(Sq, ROWS).to("cuda")
+    deq = [x.dequantize(torch.float64) for x in quantized]
+    ref = emulate.reference(*deq, causal, rows=rows)
+    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=64 if D == 256 else 128)
+    yardstick = emulate.errors(emulated, ref)
+    out = torch.full((B, Hq, Sq, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((B, Hq, Sq), float("nan"), dtype=torch.float32, device="cuda")
+    op.run(*data, *_descales(quantized, Hq, Hkv, form), is_causal=causal, enable_gqa=Hq != Hkv, return_lse=True,
+           defines=defines, out=out, lse=lse)
+    torch.cuda.synchronize()
+    error = emulate.errors(out[:, :, rows].float(), ref)
+    lse_error = float((lse[:, :, rows].double() - _lse_reference(deq[0], deq[1], causal, rows)).abs().max())
+    row = {"kind": "fp8-check", "impl": "lab.ops.attention_fp8", "check": name, "shape": [B, Hq, Hkv, Sq, Sk, D],
+           "causal": causal, "seed": seed, "granularity": granularity, "outliers": outliers, "descale_form": form,
+           "layout": layout, "defines": defines or {}, "error": error, "emulation": yardstick,
+           "nan_out": int(out.isnan().sum()), "nan_lse": int(lse.isnan().sum()), "lse_max_abs": lse_error,
+           "reference": "float64 on the dequantised inputs", "rows_checked": len(rows)}
+    why = peer.unavailable() if use_peer else "not asked"
+    if why is None and granularity == "tensor":
+        try:
+            row["cudnn_fp8"] = emulate.errors(peer.sdpa_fp8(*quantized, causal)[:, :, rows], ref)
+        except Exception as err:  # noqa: BLE001 (a shape the frontend declines is recorded, not fatal)
+            row["cudnn_fp8_unavailable"] = bench.why(err)
+    else:
+        row["cudnn_fp8_unavailable"] = why or "per-head descales (sdpa_fp8 takes one per tensor)"
+    rule = emulate.passes(error, yardstick) and row["nan_out"] == row["nan_lse"] == 0 and lse_error <= LSE_TOLERANCE
+    if "cudnn_fp8" in row:
+        rule = rule and error["rel_l2"] <= row["cudnn_fp8"]["rel_l2"]
+    row["pass"] = bool(rule)
+    return record.append(row)
+
+
+def run_all(seed: int = 0) -> list[dict]:
+    rows = [check(*cell, seed=seed + i) for i, cell in enumerate(CELLS)]
+    for i, (name, cell, options) in enumerate(VARIANTS):
+        rows.append(check(name, *_cell(cell)[1:], seed=seed + 100 + i, **options))
+    return rows
+
+
+def wrong_build(seed: int = 7) -> dict:
+    """The build without v_descale (LAB_FP8_BUG_NO_V_DESCALE) on one cell: its check must fail."""
+    return check("wrong-build-no-v-descale", *_cell("d128-s1000-gqa4")[1:], seed=seed,
+                 defines={"LAB_FP8_BUG_NO_V_DESCALE": 1}, use_peer=False)
+
+
+def vt_pass_share(cell: str = "d128-s4097-c", seed: int = 0) -> dict:
+    """The V^T pass's time against the whole call's (both through lab.fp8.op, timed in rounds)."""
+    _, B, Hq, Hkv, Sq, Sk, D, causal = _cell(cell)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (quant.quantize(torch.randn((B, H, S, D), generator=gen, device="cuda")).data
+               for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+    calls = {"vt_pass": (lambda: op.run(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv, symbol="attn_fp8_vt_v13"), None),
+             "attention_fp8": (lambda: op.attention_fp8(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv), None)}
+    timed = bench.time_interleaved(calls, timer=bench.GpuTimeTimer())
+    row = {"kind": "fp8-check", "impl": "lab.ops.attention_fp8", "check": "vt_pass", "cell": cell,
+           **{name: t.as_dict() for name, t in timed.items() if isinstance(t, bench.Timing)}}
+    if all(isinstance(t, bench.Timing) for t in timed.values()):
+        row["share"] = timed["vt_pass"].median_ms / timed["attention_fp8"].median_ms
+    return record.append(row)
+
+
+def _line(row: dict) -> str:
+    e, y = row["error"], row["emulation"]
+    peer_l2 = row.get("cudnn_fp8", {}).get("rel_l2", float("nan"))
+    return (f"{'PASS' if row['pass'] else 'FAIL'} {row['check']:28s} rel_l2 {e['rel_l2']:.3e} (emul {y['rel_l2']:.3e}, "
+            f"cudnn {peer_l2:.3e}) max_abs {e['max_abs']:.3e} (emul {y['max_abs']:.3e}) lse {row['lse_max_abs']:.1e} "
+            f"nan {row['nan_out']}/{row['nan_lse']}")
+
+
+def main() -> int:
+    rows = run_all()
+    for row in rows:
+        print(_line(row), flush=True)
+    wrong = wrong_build()
+    print("wrong build (no v_descale):", "fails as it must" if not wrong["pass"] else "PASSES: the checks are blind",
+          "|", _line(wrong))
+    share = vt_pass_share()
+    print("V^T pass share of the call:", {k: share.get(k) for k in ("share",)},
+          {n: round(share[n]["median_ms"], 4) for n in ("vt_pass", "attention_fp8") if n in share})
+    failed = [r["check"] for r in rows if not r["pass"]]
+    print(f"{len(rows) - len(failed)}/{len(rows)} checks pass" + (f"; failed: {failed}" if failed else ""))
+    return 1 if failed or wrong["pass"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
