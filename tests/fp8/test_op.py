@@ -1,0 +1,106 @@
+"""lab.ops.attention_fp8 on the CPU: its argument checks (shape and dtype before the device), the descale forms
+it takes (FA3's), the V^T key order of fwd v13 against the wgmma register layouts, and the emulation rule the
+kernel is held to. The GPU checks themselves: lab.fp8.checks (GPU-only test at the end)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import lab.ops as ops
+from lab import paths
+from lab.fp8 import emulate, op, quant
+
+E4M3 = torch.float8_e4m3fn
+
+
+def fp8(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(E4M3)
+
+
+Q, K = fp8(2, 4, 65, 128), fp8(2, 2, 33, 128, seed=1)
+
+
+@pytest.mark.parametrize("args, kwargs, error, words", [
+    ((Q.float(), K, K), {}, TypeError, "float8_e4m3fn"),
+    ((Q, K.to(torch.bfloat16), K), {"enable_gqa": True}, TypeError, "key.dtype"),
+    ((Q[0], K, K), {}, ValueError, "4-D"),
+    ((Q, K, K[:, :, :7]), {"enable_gqa": True}, ValueError, "shapes differ"),
+    ((Q, K[:1], K[:1]), {"enable_gqa": True}, ValueError, "batch"),
+    ((Q[..., :96], K[..., :96], K[..., :96]), {"enable_gqa": True}, ValueError, "(64, 128, 256)"),
+    ((Q, K, K), {}, ValueError, "enable_gqa=True"),
+    ((Q, fp8(2, 3, 33, 128), fp8(2, 3, 33, 128)), {"enable_gqa": True}, ValueError, "multiple"),
+    ((Q, K, K), {"enable_gqa": True, "is_causal": 1}, TypeError, "is_causal"),
+    ((Q, K, K), {"enable_gqa": True, "k_descale": 0.5}, TypeError, "k_descale"),
+    ((Q, K, K), {"enable_gqa": True, "k_descale": torch.ones(2, 2, dtype=torch.float64)}, TypeError, "float32"),
+    ((Q, K, K), {"enable_gqa": True, "v_descale": torch.ones(3)}, ValueError, "(B, H_kv) = (2, 2)"),
+    ((Q, K, K), {"enable_gqa": True, "k_descale": torch.ones(2, 4)}, ValueError, "k_descale"),
+    ((Q, K, K), {"enable_gqa": True, "scale": float("nan")}, TypeError, "scale"),
+    ((Q, K, K), {"enable_gqa": True}, ValueError, "CUDA device"),  # every other check passed: the device last
+])
+def test_argument_errors_come_before_the_device_check(args, kwargs, error, words):
+    with pytest.raises(error) as info:
+        ops.attention_fp8(*args, **kwargs)
+    assert words in str(info.value)
+
+
+def test_descale_forms():
+    B, Hq, Hkv = 2, 4, 2
+    scale, (dq, dk, dv) = op.check_args(Q, K, K, None, torch.ones(1), torch.ones(B, Hkv), False, None, True)
+    assert scale == pytest.approx(128 ** -0.5)
+    assert dq == (None, (0, 0), True) and dk[1:] == ((0, 0), True) and dv[1:] == ((Hkv, 1), True)
+    _, (dq, _, _) = op.check_args(Q, K, K, torch.ones(B, Hq), None, None, False, None, True)
+    assert dq[1:] == ((Hq, 1), False)  # per query head
+    _, (dq, _, _) = op.check_args(Q, K, K, torch.ones(B, Hkv).t().contiguous().t(), None, None, False, None, True)
+    assert dq[1:] == ((1, B), True)  # FA3's (B, H_kv), any strides
+
+
+def test_the_vt_key_order_makes_the_accumulator_the_a_fragment():
+    """fwd v13 packs P's accumulator words as d[0, 1, 4, 5], d[2, 3, 6, 7], d[8, 9, 12, 13], d[10, 11, 14, 15] of
+    each 32-key step (pack_p_e4m3) and stores V^T's keys in key_of_column order: A column c must then hold the
+    score of key key_of_column(c), for both of the thread's rows. The C++ key_of_column, compiled on the host."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc here")
+    src = paths.CACHE / "test_key_order.cu"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text('#include <cstdio>\n#include "common/hopper/attn_fp8_sm90.cuh"\n'
+                   'int main() { for (int k = 0; k < 32; ++k) printf("%d ", lab::sm90::key_of_column(k)); }\n')
+    exe = src.with_suffix("")
+    subprocess.run([nvcc, "-std=c++17", "-I", str(paths.KERNELS), str(src), "-o", str(exe)], check=True,
+                   capture_output=True)
+    key_of_column = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()]
+    assert sorted(key_of_column) == list(range(32))
+    words = ((0, 1, 4, 5), (2, 3, 6, 7), (8, 9, 12, 13), (10, 11, 14, 15))  # indices into d[16 kk ..]
+    for t in range(4):
+        for r, word in enumerate(words):
+            for j, d in enumerate(word):
+                acc_row, acc_col = (d % 4) // 2, 8 * (d // 4) + 2 * t + d % 2  # fp32 accumulator m64nN
+                a_row, a_col = r % 2, 4 * t + j + 16 * (r // 2)  # e4m3 A fragment of k32 (m16n8k32 per warp)
+                assert acc_row == a_row and key_of_column[a_col] == acc_col
+
+
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_the_emulation_at_the_kernels_tile_widths_meets_its_own_rule(block_n):
+    """The kernel's key tile is 128 (D 64, 128) or 64 (D 256) wide; the emulation at either width is the
+    yardstick, and the two widths differ by far less than the rule's factor (the running max only moves
+    the points where P is rounded)."""
+    x = [torch.randn(1, 2, 300, 64, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in range(3)]
+    quantized = [quant.quantize(t, "e4m3") for t in x]
+    ref = emulate.reference(*[t.dequantize(torch.float64) for t in quantized], True)
+    narrow, wide = (emulate.errors(emulate.forward(*quantized, True, block_n=n), ref) for n in (block_n, 192))
+    assert emulate.passes(narrow, wide) and emulate.passes(wide, narrow)
+    wrong = emulate.errors(emulate.forward(*quantized, True, block_n=block_n, descale=False), ref)
+    assert not emulate.passes(wrong, narrow)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU of compute capability 9.0")
+def test_gpu_checks_pass_and_the_wrong_build_fails():
+    from lab.fp8 import checks
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("fwd v13 is sm_90a")
+    rows = [checks.check(*checks._cell(name)) for name in ("d128-s65-c", "d64-s1000-c", "d256-s65-gqa2")]
+    assert all(r["pass"] for r in rows), [checks._line(r) for r in rows]
+    assert not checks.wrong_build()["pass"]
