@@ -9,9 +9,11 @@ by its formula with SDPA's 16-bit O.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
-from .. import check, ops
+from .. import bench, check, ops
 from . import reference, spec, varlen_bwd
 from .gpu import CHAPTER, GEN, draw
 from .grad_yardstick import _sdpa_grads, dlse_rounding, keep_worst, report
@@ -53,6 +55,9 @@ def check_varlen_bwd(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, ca
         out, lse = ops.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, scale=scale,
                                         window_size=window, softcap=cap, sinks=sinks, return_lse=True)
         dl = torch.where(torch.isfinite(lse), dlse, 0.0).detach()
+        # freed blocks of the gradients' and the workspace's sizes start as NaN: an unwritten row fails
+        check._poison_allocator(q, k, v, torch.empty(Hq * ((tq + 128 * len(lens_q)) // 128 * 128) * (2 + D),
+                                                     device="cuda"))
         if defines:
             dq, dk, dv, ds = varlen_bwd.launch(dout, q, k, v, out.detach(), lse.detach(), dl, cu_q, cu_k, sinks, sink,
                                                max(lens_q), max(lens_k), mask.left, mask.right, mask.softcap, scale,
@@ -119,7 +124,127 @@ def checks() -> int:
     bad = 0
     for name, lq, lk, D, dtype, causal, window, cap, sink in cases:
         bad += not check_varlen_bwd(name, lq, lk, 4, 2, D, dtype, causal, window, cap, sink)
+    docs = [700, 1, 0, 1300, 129, 2048, 64]
+    bad += not check_varlen_bwd("docs-mqa", docs, docs, 4, 1, 64, bf16, True, None, 0.0, False, trials=1)
+    bad += not check_varlen_bwd("docs-window", docs, docs, 4, 2, 128, fp16, True, (300, 0), 0.0, True, trials=1)
     bad += not check_varlen_bwd("no-window", long_q, long_q, 4, 2, 128, bf16, True, (64, 0), 0.0, False,
                                 defines={"LAB_BWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
+    # the packed producer with every sequence's keys read from the first one's rows
+    bad += not check_varlen_bwd("no-offset", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
+                                defines={"LAB_BWD_PACKED_BUG_NO_OFFSET": 1}, expect_fail=True)
     print(f"checks varlen bwd done: {bad} bad", flush=True)
     return bad
+
+
+# ------------------------------------------------------------------ race and profile
+
+# Packed documents of the race (causal, H 16, bf16): twelve documents of 23k tokens; 512-4096-token documents at D 64
+# and 128; one length (8 x 2048) against the dense op on the same tokens.
+DOCS12 = [2048, 3072, 1200, 4096, 517, 1900, 2500, 640, 3300, 1024, 1800, 1003]
+DOCS_MIXED = [512, 4096, 1536, 777, 3000, 2048, 1100, 2600]
+RACE_CELLS = (("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128), ("docs-mixed", DOCS_MIXED, 128),
+              ("docs-mixed", DOCS_MIXED, 64), ("one-length", [2048] * 8, 64))
+
+
+def _cell(lens, D, H=16, dtype=torch.bfloat16):
+    total = sum(lens)
+    GEN.manual_seed(total + D)
+    q, k, v = (draw(total, H, D, dtype=dtype).requires_grad_() for _ in range(3))
+    dout = draw(total, H, D, dtype=dtype)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    return q, k, v, dout, cu
+
+
+@bench.flex_race
+def race(budget_s: float = 240.0, cells=RACE_CELLS) -> list:
+    """Forward, backward alone (autograd.grad with retain_graph over one forward) and forward + backward through the
+    public op, in GPU time (bench.GpuTimeTimer), against FlexAttention's compiled document mask; one length against
+    the dense op; the backward's two layouts (varlen_bwd.launch) side by side. Returns the rows it printed."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    timer, start, rows = bench.GpuTimeTimer(), time.time(), []
+    for name, lens, D in cells:
+        if time.time() - start > budget_s:
+            print(f"race-varlen: budget spent, skipping {name} D {D}", flush=True)
+            continue
+        q, k, v, dout, cu, H = *_cell(lens, D), 16
+        mx, total, ins = max(lens), sum(lens), None
+        doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
+        bm = create_block_mask(lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki), None, None, total, total,
+                               device="cuda")
+        ins = (q, k, v)
+        fns = {"lab": (lambda: ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, check_cu_seqlens=False),
+                       dout),
+               "flex": (lambda: flex(*(t.transpose(0, 1)[None] for t in ins), block_mask=bm),
+                        dout.transpose(0, 1)[None])}
+        if len(set(lens)) == 1:
+            def dense():
+                return ops.attention(*(t.view(len(lens), mx, H, D).transpose(1, 2) for t in ins), is_causal=True)
+            fns["dense"] = (dense, dout.view(len(lens), mx, H, D).transpose(1, 2))
+        calls = {}
+        for key, (fn, g) in fns.items():
+            out = fn()
+            calls[key] = (lambda out=out, g=g: torch.autograd.grad(out, ins, g, retain_graph=True), None)
+            calls[key + "+fwd"] = (lambda fn=fn, g=g: torch.autograd.grad(fn(), ins, g), None)
+            calls[key + "_fwd"] = (lambda fn=fn: _no_grad(fn), None)
+        with torch.no_grad():
+            o, lse = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, return_lse=True)
+        for layout in ("packed", "padded"):
+            calls["kernel_" + layout] = (lambda layout=layout: varlen_bwd.launch(
+                dout, q, k, v, o, lse, None, cu, cu, None, False, mx, mx, -1, 0, 0.0, D ** -0.5, layout=layout), None)
+        times = bench.time_interleaved(calls, timer=timer, budget_s=0.5, max_reps=30, min_reps=7)
+        ms = {key: (t.median_ms if hasattr(t, "median_ms") else str(t)) for key, t in times.items()}
+        iqr = {key: t.iqr_ms for key, t in times.items() if hasattr(t, "iqr_ms")}
+
+        def ratio(a, b):
+            return ms[a] / ms[b] if isinstance(ms.get(a), float) and isinstance(ms.get(b), float) else None
+        row = {"cell": name, "lens": lens, "H": H, "D": D, "tokens": total, "median_ms": ms, "iqr_ms": iqr,
+               "flex_over_lab": {s: ratio("flex" + s, "lab" + s) for s in ("_fwd", "", "+fwd")},
+               "lab_over_dense": {s: ratio("lab" + s, "dense" + s) for s in ("_fwd", "", "+fwd")},
+               "padded_over_packed": ratio("kernel_padded", "kernel_packed")}
+        rows.append(row)
+        print(f"race-varlen {name} D {D} ({total} tokens): " + ", ".join(
+            f"{key} {v if isinstance(v, str) else round(v, 3)}" for key, v in ms.items()), flush=True)
+        print(f"  Flex / lab (fwd, bwd, fwd+bwd): {row['flex_over_lab']}; lab / dense: {row['lab_over_dense']}; "
+              f"padded / packed backward: {row['padded_over_packed']}", flush=True)
+    return rows
+
+
+def _no_grad(fn):
+    with torch.no_grad():
+        return fn()
+
+
+def profile(cells=(("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128)), steps: int = 3) -> dict:
+    """torch.profiler of forward + backward through the public op, both layouts: {cell/layout: [(kernel, calls,
+    total us)]}, every kernel's time summed over `steps` calls (printed as a table)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    tables = {}
+    for name, lens, D in cells:
+        q, k, v, dout, cu = _cell(lens, D)
+        mx = max(lens)
+        for layout in ("packed", "padded"):
+            varlen_bwd.LAYOUT = layout
+            try:
+                for _ in range(2):  # warm: builds, plans
+                    torch.autograd.grad(ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True,
+                                                             check_cu_seqlens=False), (q, k, v), dout)
+                torch.cuda.synchronize()
+                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(steps):
+                        torch.autograd.grad(ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True,
+                                                                 check_cu_seqlens=False), (q, k, v), dout)
+                    torch.cuda.synchronize()
+            finally:
+                varlen_bwd.LAYOUT = None
+            events = [e for e in prof.key_averages() if e.device_time_total > 0]
+            events.sort(key=lambda e: -e.device_time_total)
+            table = [(e.key[:90], e.count // steps, e.device_time_total / steps) for e in events]
+            tables[f"{name}/D{D}/{layout}"] = table
+            total = sum(t for _, _, t in table)
+            print(f"profile {name} D {D} {layout}: {total:.0f} us of GPU time per forward + backward", flush=True)
+            for kernel, count, us in table[:14]:
+                print(f"  {us:9.1f} us {100 * us / total:5.1f} %  x{count:<3d} {kernel}", flush=True)
+    return tables
