@@ -225,9 +225,9 @@ def choose(family: str, shape: dict, capability: tuple = (9, 0), deterministic: 
         runs = [v for v in best if not table[v].capabilities or capability in table[v].capabilities]
         wide = [v for v in best if head_dim in table[v].head_dims]
         if wide and not any(v in runs for v in wide):  # a head dim only Hopper kernels take (fwd_masked v12: 192, 256)
-            raise NotImplementedError(f"{family} at head dim {head_dim} runs on compute capability "
-                                      f"{table[wide[0]].capabilities} only (version {wide[0]}); this GPU is "
-                                      f"{'.'.join(map(str, capability))}")
+            caps = ", ".join(".".join(map(str, c)) for c in table[wide[0]].capabilities)
+            raise NotImplementedError(f"{family} at head dim {head_dim} runs on compute capability {caps} only "
+                                      f"({wide[0]}); this GPU is {'.'.join(map(str, capability))}")
         if not runs:
             raise NotImplementedError(f"{family} runs on compute capability {table[best[0]].capabilities} only")
         version = _version(None, table, head_dim, runs)

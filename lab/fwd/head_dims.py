@@ -12,6 +12,8 @@ cells (lab.cases.head_dim_cases, and D = 200 among the wide ones) against SDPA. 
 with D_qk = D_v a multiple of 8 below 256 skips the copies (`narrow`): fwd v05 / v07 (up to 128) and v10 (above)
 read the tensors through maps over the true D, whose out-of-bounds fill gives the same zero columns, and below
 128 its gradients run the same way on bwd v20 (outside deterministic mode); a call that trains above 128 pads.
+The masked calls (window_size / softcap / sinks: lab.masks.op) pad the same way, to masked v11 / v08 at 64 / 128 and
+masked v12 at 192 / 256 (compute capability 9.0); a packed masked call pads D 129-255 (masked_varlen_width).
 """
 from __future__ import annotations
 
@@ -81,6 +83,18 @@ def narrow(query, key, value, version: str) -> bool:
                                             for t in (query, key, value))):
         return True
     return narrow_backward_dim(d) and not torch.are_deterministic_algorithms_enabled()
+
+
+def masked_varlen_width(d: int, dims) -> int | None:
+    """The masked kernel head dim a packed call (lab.ops.attention_varlen, D_qk = D_v = d) runs at, given the head dims
+    the device's masked kernels take (`dims`): d itself when one takes it; above 128 the next of 192 / 256 that the
+    device has (masked v12 on compute capability 9.0), the zero columns appended as pad_and_attend does; else None
+    (below 128 the packed call runs 64 and 128 only; the dense call pads every dim)."""
+    if d in dims:
+        return d
+    if d <= FAST_HEAD_DIMS[-1]:
+        return None
+    return next((w for w in WIDE_HEAD_DIMS if w >= d and w in dims), None)
 
 
 def aligned_rows(t: torch.Tensor, line: int = 128) -> torch.Tensor:

@@ -13,13 +13,15 @@ lab.ops.attention_varlen (transformers_masks), and GPT-OSS's attention sinks (`s
 that joins the softmax and attends to nothing) as the kernels' `sinks`. Every keyword transformers passes is either
 honoured, or known to describe the model's call rather than the attention (the cache, the outputs: BOOKKEEPING),
 or refused with a TypeError naming it: an argument the lab does not understand is never dropped. A call the lab
-cannot run (an explicit mask, dropout, a softcap or window at a head dim over 128 (the masked kernels' limit), a
-head dim over 256, a head dim over 128 when a gradient is wanted under torch.use_deterministic_algorithms (no
-deterministic backward there) or off compute capability 9.0 (the wide forward is Hopper-only), masked gradients off
-compute capability 9.0, CPU tensors, float32) runs PyTorch's SDPA instead (the eager formula with a softcap or
-sinks, which SDPA lacks), with the window and documents as an explicit mask and a warning naming the reason once
-per reason: never silently. So Gemma-2's D = 256 runs the lab's kernels, forward and backward, on an H100 / H200 with softcap
-and window off, and falls back, saying why, with them on.
+cannot run (an explicit mask, dropout, a head dim over 256, a head dim over 128 when a gradient is wanted under
+torch.use_deterministic_algorithms (no deterministic backward there) or off compute capability 9.0 (the wide
+kernels, masked v12 among them, are Hopper-only), a softcap, window, sinks or packed documents with gradients at a
+head dim no masked backward takes (lab.registry.MASKED_BWD) or off compute capability 9.0, CPU tensors, float32)
+runs PyTorch's SDPA instead (the eager formula with a softcap or sinks, which SDPA lacks), with the window and
+documents as an explicit mask and a warning naming the reason once per reason: never silently. So Gemma-2 (D = 256,
+softcap 50, window 4096) and Gemma-3 (D = 256, window) run the lab's kernels on an H100 / H200: the plain layers
+forward and backward, the masked ones forward on masked v12, and their training falls back, saying why, wherever
+MASKED_BWD has no kernel at D 256.
 
 transformers is imported only inside register(): the adapter itself needs torch alone.
 """

@@ -15,9 +15,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..fwd.head_dims import kernel_head_dim
+from ..fwd.head_dims import kernel_head_dim, masked_varlen_width
+from ..masks.fast import masked_head_dims
+from ..masks.op import backward_head_dims
 from ..op_common import _capability
-from ..registry import FAST_HEAD_DIMS, HOPPER_CAPABILITIES
+from ..registry import FWD_HEAD_DIMS, HOPPER_CAPABILITIES
 
 
 def lab_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
@@ -108,13 +110,21 @@ def reason(query, key, value, attention_mask, softcap, sliding_window, packed, c
             "attention sinks" if sinks is not None else "packed documents")
     if left >= 0 and not causal:
         return f"{what} on a non-causal layer"
-    dim = kernel_head_dim(query.shape[-1], value.shape[-1]) or max(query.shape[-1], value.shape[-1])
-    if dim not in FAST_HEAD_DIMS or (packed and query.shape[-1] not in FAST_HEAD_DIMS):
-        return f"{what} at head dim {max(query.shape[-1], value.shape[-1])} (the lab's masked kernels run head " \
-               f"dims up to {FAST_HEAD_DIMS[-1]})"
+    wide, capability = max(query.shape[-1], value.shape[-1]), _capability(query.device)
+    dims = masked_head_dims(capability)  # 64 / 128; 192 / 256 on compute capability 9.0 (masked v12)
+    dim = kernel_head_dim(query.shape[-1], value.shape[-1]) or wide
+    if dim not in dims:
+        return f"{what} at head dim {wide} (the lab's masked kernels run head dims up to {dims[-1]} on this " \
+               f"device; up to {FWD_HEAD_DIMS[-1]} on compute capability 9.0)"
+    if packed and (query.shape[-1] != value.shape[-1] or masked_varlen_width(query.shape[-1], dims) is None):
+        return f"{what} at head dims {query.shape[-1]} / {value.shape[-1]} (the packed kernels take D_qk = D_v " \
+               f"at {list(dims)}, and pad 129-255)"
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, sinks))
-    if grads and _capability(query.device) not in HOPPER_CAPABILITIES:
+    if grads and capability not in HOPPER_CAPABILITIES:
         return f"{what} with gradients off compute capability 9.0 (the masked backward runs on Hopper)"
+    if grads and dim not in backward_head_dims(capability):
+        return f"{what} with gradients at head dim {wide} (the masked backward runs head dims " \
+               f"{backward_head_dims(capability)}; the forward alone runs the lab's kernels)"
     return None
 
 

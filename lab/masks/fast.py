@@ -26,26 +26,40 @@ from .. import build
 from ..fwd import head_dims
 from ..kernels import keep_plan, launcher, plans
 from ..op_common import _capability, _eager
-from ..registry import BEST_MASKED_FWD, FAST_HEAD_DIMS, MASKED_FWD
+from ..registry import BEST_MASKED_FWD, MASKED_FWD, choose
 from . import spec
 
 _Tensor = torch.Tensor  # exact types only: a subclass goes through the full path and the dispatcher
 
 
-def masked_version(device, version=None) -> str:
-    """The masked kernel for a device: `version` checked, or the first of BEST_MASKED_FWD that runs there."""
+def masked_version(device, version=None, head_dim: int = 128) -> str:
+    """The masked kernel for a device and a kernel head dim (64, 128, 192, 256: lab.fwd.head_dims pads the others):
+    `version` checked, or choose("fwd_masked", ...)'s, the first of BEST_MASKED_FWD that runs there and takes the
+    head dim (masked v12 at 192 / 256, on compute capability 9.0 only: NotImplementedError elsewhere)."""
     capability = _capability(device)
     if version is None:
-        for name in BEST_MASKED_FWD:
-            if not MASKED_FWD[name].capabilities or capability in MASKED_FWD[name].capabilities:
-                return name
+        try:
+            return choose("fwd_masked", {"head_dim": head_dim}, capability).version
+        except NotImplementedError as error:
+            raise NotImplementedError(f"window_size / softcap / sinks / attention_varlen: {error} (use "
+                                      f"F.scaled_dot_product_attention or the eager formula there)") from None
     if version not in MASKED_FWD:
         raise ValueError(f"window_size / softcap / sinks / varlen run on the masked kernels {sorted(MASKED_FWD)}, "
                          f"got version={version!r}")
     if MASKED_FWD[version].capabilities and capability not in MASKED_FWD[version].capabilities:
         raise ValueError(f"version={version!r} runs on compute capability {MASKED_FWD[version].capabilities}, "
                          f"this device has {capability}")
+    if head_dim not in MASKED_FWD[version].head_dims:
+        raise ValueError(f"version={version!r} takes head dims {list(MASKED_FWD[version].head_dims)}, "
+                         f"got {head_dim}")
     return version
+
+
+def masked_head_dims(capability: tuple) -> tuple:
+    """The head dims some masked kernel takes on a GPU of this compute capability: 64 and 128 everywhere, 192 and
+    256 on 9.0 (v12)."""
+    return tuple(sorted({d for name in BEST_MASKED_FWD for d in MASKED_FWD[name].head_dims
+                         if not MASKED_FWD[name].capabilities or capability in MASKED_FWD[name].capabilities}))
 
 
 def _plain(window_size, softcap) -> bool:
@@ -100,8 +114,8 @@ def _mask_and_kernel(query, is_causal, window_size, softcap):
     path refuses an argument."""
     try:
         mask = spec.make_mask(is_causal, window_size, softcap)
-        return mask, launcher(MASKED_FWD, masked_version(query.device))
-    except (TypeError, ValueError):
+        return mask, launcher(MASKED_FWD, masked_version(query.device, head_dim=query.shape[-1]))
+    except (TypeError, ValueError, NotImplementedError):
         return None, None
 
 
@@ -132,7 +146,7 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 
 def _varlen_plan(query, is_causal, window_size, softcap):
-    if query.get_device() < 0 or query.shape[-1] not in FAST_HEAD_DIMS:
+    if query.get_device() < 0 or query.shape[-1] not in masked_head_dims(_capability(query.device)):
         return None
     mask, address = _mask_and_kernel(query, is_causal, window_size, softcap)
     if mask is None:

@@ -1,11 +1,13 @@
 """lab.ops.attention's window_size / softcap / sinks, and lab.ops.attention_varlen: checks, custom ops, launch.
 
-The masked kernels (lab.registry.MASKED_FWD: fwd v08 on mma.sync, v09 on wgmma for compute capability 9.0) take AttnMaskParams, which this module
-fills through ctypes and hands to the launcher's address (lab.kernels.launcher): no entry in the torch binding.
+The masked kernels (lab.registry.MASKED_FWD: fwd v08 on mma.sync, v09 / v11 on wgmma for compute capability 9.0 at
+D 64 / 128, v12 there at D 192 / 256) take AttnMaskParams, which this module fills through ctypes and hands to the
+launcher's address (lab.kernels.launcher): no entry in the torch binding. Head dims without a kernel pad up to the
+next (lab.fwd.head_dims: dense calls any D_qk, D_v up to 256; packed calls D_qk = D_v from 129 to 255 to 192 / 256).
 Both calls are torch.library custom ops with fake implementations (torch.compile traces them). The dense call is
 differentiable on compute capability 9.0 (lab.masks.backward and, for packed calls, lab.masks.varlen_bwd: bwd v08).
-What has no kernel yet raises NotImplementedError naming it: the backward off Hopper, and head dims the padding
-rule cannot reach. Nothing falls back to a slow path.
+What has no kernel yet raises NotImplementedError naming it: the backward off Hopper or at a head dim no masked
+backward takes (MASKED_BWD), the wide head dims off Hopper, and head dims the padding rule cannot reach. Nothing falls back to a slow path.
 """
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ import functools
 import struct
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels import launcher
-from ..op_common import _check_cuda, _check_heads, _check_qkv, _direct, _eager, _readable, _scale
+from ..op_common import _capability, _check_cuda, _check_heads, _check_qkv, _direct, _eager, _readable, _scale
 from ..fwd import head_dims
-from ..registry import FAST_HEAD_DIMS, MASKED_FWD
+from ..registry import BEST_MASKED_BWD, MASKED_BWD, MASKED_FWD
 from . import backward, fast, spec, varlen_bwd
-from .fast import masked_version  # (the kernel choice lives with the plans that memoise it)
+from .fast import masked_head_dims, masked_version  # (the kernel choice lives with the plans that memoise it)
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnMaskParams (kernels/common/params.h) packed in one struct.pack call: AttnFwdParams (q, k, v, o, lse; four
 # strides of 3; batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim; scale; causal, dtype; 4 bytes of padding;
@@ -40,7 +43,7 @@ def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, si
     """Run the masked kernel into `out` (and `lse` when given). Dense (B, H, S, D) or, with cu_q/cu_k, packed
     (total, H, D) tensors; paged = (block_table, page_errors): k and v are (num_pages, page_size, H_kv, D) caches
     (lab.masks.paged). No checks beyond the kernel's own: callers check first (attention_masked, varlen, paged)."""
-    version = masked_version(q.device, version)
+    version = masked_version(q.device, version, q.shape[-1])
     key = (version, tuple(sorted(defines.items())) if defines else ())
     call = _calls.get(key)
     if call is None:
@@ -151,6 +154,7 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
         sinks = sinks.contiguous()
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, sinks)):
         backward.masked_bwd_version(query.device)  # NotImplementedError where no masked backward runs
+        _backward_head_dim(query, value)
     scale = _scale(scale, query.shape[-1])
     offset = key.shape[2] - query.shape[2] if causal_variant == "lower_right" else 0
     if padded:
@@ -160,7 +164,7 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
         out, lse = head_dims.pad_and_attend(attend, query, key, value, scale)
         return (out, lse) if return_lse else out
     args = (query, key, value, sinks, mask.left, mask.right, offset, mask.softcap, scale,
-            masked_version(query.device, version))
+            masked_version(query.device, version, query.shape[-1]))
     if _direct(query, key, value, *(() if sinks is None else (sinks,))):
         out, lse = _masked_impl(*args, want_lse=return_lse)
     elif _eager() and all(type(t) is torch.Tensor for t in (query, key, value, *(() if sinks is None else (sinks,)))):
@@ -168,6 +172,28 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
     else:
         out, lse = _masked_op(*args)
     return (out, lse) if return_lse else out
+
+
+def backward_head_dims(capability: tuple) -> list:
+    """The kernel head dims some masked backward (BEST_MASKED_BWD's rows of MASKED_BWD) takes on a GPU of this
+    compute capability."""
+    runs = [v for v in BEST_MASKED_BWD if not MASKED_BWD[v].capabilities or capability in MASKED_BWD[v].capabilities]
+    return sorted({d for v in runs for d in MASKED_BWD[v].head_dims})
+
+
+def _backward_head_dim(query, value) -> None:
+    """NotImplementedError when a gradient is wanted at a kernel head dim that no masked backward (MASKED_BWD) takes
+    on this device: the wide head dims until a masked wide backward is registered. The forward alone runs."""
+    try:
+        d = head_dims.kernel_head_dim(query.shape[-1], value.shape[-1]) or query.shape[-1]
+    except ValueError:
+        return  # no kernel at all: the forward's own checks say so
+    dims = backward_head_dims(_capability(query.device))
+    if d not in dims:
+        raise NotImplementedError(
+            f"the backward pass of window_size / softcap / sinks at head dim {d} has no kernel (masked backward "
+            f"kernels take head dims {dims}); the forward runs at this head dim without gradients (torch.no_grad(), "
+            f"or inputs that do not require grad)")
 
 
 def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values: bool, max_len: int):
@@ -238,6 +264,7 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, sinks))
     if grads:
         backward.masked_bwd_version(query.device)  # NotImplementedError where no masked backward runs
+        _backward_head_dim(query, value)
     # The 4-D checks of the dense op on (1, H, total, D) views (detached: checks only): dtype, device, head dims,
     # strides.
     _check_qkv(*(t.detach().unsqueeze(0).transpose(1, 2) for t in (query, key, value)), "key", "value")
@@ -255,12 +282,17 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     # the kernels read sinks and cu_seqlens as contiguous arrays
     sinks = sinks.contiguous() if sinks is not None and not sinks.is_contiguous() else sinks
     cu_seqlens_q, cu_seqlens_k = (cu if cu.is_contiguous() else cu.contiguous() for cu in (cu_seqlens_q, cu_seqlens_k))
-    if query.shape[-1] not in FAST_HEAD_DIMS:
-        raise NotImplementedError(f"lab.ops.attention_varlen: head dim {query.shape[-1]} has no kernel "
-                                  f"(kernels at {list(FAST_HEAD_DIMS)}; the dense op pads other head dims)")
-    scale = _scale(scale, query.shape[-1])
+    d, dims = query.shape[-1], masked_head_dims(_capability(query.device))
+    width = head_dims.masked_varlen_width(d, dims)
+    if width is None:
+        raise NotImplementedError(f"lab.ops.attention_varlen: head dim {d} has no kernel on this device (kernels at "
+                                  f"{list(dims)}; D 129-255 pad to 192 / 256 on compute capability 9.0; the dense "
+                                  f"op pads other head dims)")
+    scale = _scale(scale, d)
+    if width != d:  # zero columns (lab.fwd.head_dims): the scale stays the true D's, the output is cut back
+        query, key, value = (F.pad(t, (0, width - d)) for t in (query, key, value))
     args = (query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, mask.left,
-            mask.right, mask.softcap, scale, masked_version(query.device, version))
+            mask.right, mask.softcap, scale, masked_version(query.device, version, width))
     plain = all(type(t) is torch.Tensor for t in (query, key, value, *(() if sinks is None else (sinks,))))
     if _direct(query, key, value, *(() if sinks is None else (sinks,))) and _eager():
         out, lse = _varlen_impl(*args, want_lse=return_lse, rows_q=rows_q)
@@ -268,6 +300,8 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
         out, lse = varlen_bwd.EagerVarlen.apply(*args, functools.partial(_varlen_impl, rows_q=rows_q))
     else:  # torch.compile, fake or subclassed tensors: the op's schema carries no host copy of cu_seqlens
         out, lse = _varlen_op(*args)
+    if width != d:
+        out = out[..., :d].contiguous()
     return (out, lse) if return_lse else out
 
 

@@ -316,7 +316,7 @@ def test_masked_attention_checks(fake):
         (lambda: ops.attention(q, q, q, sinks=[0.0] * 4), TypeError, r"sinks must be a torch.Tensor"),
         (lambda: ops.attention(q, fake(2, 2, 8, 64), fake(2, 2, 8, 64), window_size=(1, 1)), ValueError,
          r"pass enable_gqa=True"),
-        (lambda: ops.attention(q, q, q, window_size=(1, 1), version="v04"), ValueError, r"masked kernels \['v08', 'v09', 'v11'\]"),
+        (lambda: ops.attention(q, q, q, window_size=(1, 1), version="v04"), ValueError, r"masked kernels \['v08', 'v09', 'v11', 'v12'\]"),
         (lambda: ops.attention(q, q, fake(2, 4, 8, 64, dtype=BF16), window_size=(1, 1)), TypeError, r"value.dtype"),
         (lambda: ops.attention(q, q, q, window_size=(1, 1), version="v09"), ValueError, r"runs on compute capability"),
     ]

@@ -32,12 +32,26 @@ def test_the_reasons_for_falling_back(monkeypatch):
         for reason, extra in cases.items():
             args = {"attention_mask": None, **extra}
             assert lab_hf.unsupported(q, k, k, **args).startswith(reason), reason
-        with torch.no_grad():  # Gemma-2's D = 256 with its softcap and window: no masked kernel there, said so
-            g, g_kv = cuda(1, 8, 5, 256), cuda(1, 2, 9, 256)
+        g, g_kv = cuda(1, 8, 5, 256), cuda(1, 2, 9, 256)
+        with torch.no_grad():  # Gemma-2's D = 256 with its softcap and window: masked v12 on compute capability 9.0
+            assert lab_hf.unsupported(g, g_kv, g_kv, None, softcap=50.0, sliding_window=4) is None
+            assert lab_hf.unsupported(g, g_kv, g_kv, None, sliding_window=4) is None  # Gemma-3's local layers
+            assert lab_hf.unsupported(cuda(1, 8, 5, 200), cuda(1, 2, 9, 200), cuda(1, 2, 9, 200), None,
+                                      softcap=50.0) is None  # padded to 256
+            hopper[0] = (8, 0)  # off Hopper no masked kernel above 128, said so
             assert lab_hf.unsupported(g, g_kv, g_kv, None, softcap=50.0, sliding_window=4) == \
-                "logit softcapping (50.0) at head dim 256 (the lab's masked kernels run head dims up to 128)"
+                "logit softcapping (50.0) at head dim 256 (the lab's masked kernels run head dims up to 128 on " \
+                "this device; up to 256 on compute capability 9.0)"
             assert lab_hf.unsupported(g, g_kv, g_kv, None, sliding_window=4).startswith(
                 "a sliding window of 4 keys over 9 at head dim 256")
+            hopper[0] = (9, 0)
+        # training Gemma-2's masked layers: the lab's only where a masked backward takes D 256 (lab.registry.MASKED_BWD)
+        from lab.registry import MASKED_BWD
+        reason = lab_hf.unsupported(g.clone().requires_grad_(), g_kv, g_kv, None, softcap=50.0)
+        if any(256 in row.head_dims for row in MASKED_BWD.values()):
+            assert reason is None
+        else:
+            assert reason.startswith("logit softcapping (50.0) with gradients at head dim 256 (the masked backward")
         assert lab_hf.unsupported(q.requires_grad_(), k, k, None, softcap=5.0) is None
         hopper[0] = (8, 0)  # the masked backward is Hopper-only
         assert lab_hf.unsupported(q, k, k, None, softcap=5.0).endswith(
