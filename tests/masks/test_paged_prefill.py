@@ -1,0 +1,207 @@
+"""lab.ops.attention_varlen with block_table (lab.masks.paged) on the CPU: the argument checks (all before the
+device check), the host check of the table, and the NumPy emulation (lab.masks.emulate_paged) against float64:
+a shuffled table read right, read wrongly (the table ignored) it must fail, bad tables zeroed and flagged.
+The kernel's own checks are lab.masks.gpu_paged's (GPU only)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lab import ops
+from lab.decode.plan import PAGE_E_INDEX, PAGE_E_SHORT
+from lab.masks import emulate, emulate_paged, paged, reference, spec
+
+BF16 = torch.bfloat16
+
+
+def _cache(lens_k, page_size, Hkv, D, seed, spare=3):
+    """Packed keys/values (float32 of bf16 values), a cache holding them in shuffled pages (NaN elsewhere) and the
+    table (entries past a sequence's pages far outside the cache)."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(sum(lens_k), Hkv, D, generator=g).to(BF16).float()
+    v = torch.randn(sum(lens_k), Hkv, D, generator=g).to(BF16).float()
+    needed = [-(-n // page_size) for n in lens_k]
+    num_pages = sum(needed) + spare
+    perm = torch.randperm(num_pages, generator=g).tolist()
+    kc = torch.full((num_pages, page_size, Hkv, D), float("nan"))
+    vc = kc.clone()
+    table = torch.full((len(lens_k), max(needed)), 1 << 30, dtype=torch.int32)
+    at = row = 0
+    for b, n in enumerate(lens_k):
+        for i in range(needed[b]):
+            rows = min(page_size, n - i * page_size)
+            kc[perm[at], :rows] = k[row + i * page_size:row + i * page_size + rows]
+            vc[perm[at], :rows] = v[row + i * page_size:row + i * page_size + rows]
+            table[b, i] = perm[at]
+            at += 1
+        row += n
+    return k, v, kc, vc, table
+
+
+def _cu(lens):
+    return [0] + np.cumsum(lens).tolist()
+
+
+def test_gather_reads_the_shuffled_table():
+    lens_k = [40, 0, 100, 16]
+    k, v, kc, vc, table = _cache(lens_k, 16, 2, 8, 1)
+    gk, gv, cu = emulate_paged.gather(kc.numpy(), vc.numpy(), _cu(lens_k), table.numpy())
+    assert cu == _cu(lens_k)
+    np.testing.assert_array_equal(gk, k.numpy())
+    np.testing.assert_array_equal(gv, v.numpy())
+    wrong, _, _ = emulate_paged.gather(kc.numpy(), vc.numpy(), _cu(lens_k), table.numpy(), ignore_table=True)
+    assert not np.array_equal(wrong, k.numpy(), equal_nan=True)
+
+
+def _eager_bf16_error(q, k, v, cq, ck, mask, scale, sinks, ref):
+    """The same math eagerly in bf16 (scores, softmax in float32, P and V in bf16) minus float64: the yardstick."""
+    out = torch.zeros_like(ref)
+    for b in range(len(cq) - 1):
+        sq, sk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        if not sq or not sk:
+            continue
+        qb = q[cq[b]:cq[b + 1]].transpose(0, 1).to(BF16)
+        kb, vb = (t[ck[b]:ck[b + 1]].transpose(0, 1).to(BF16) for t in (k, v))
+        group = qb.shape[0] // kb.shape[0]
+        kb, vb = kb.repeat_interleave(group, 0), vb.repeat_interleave(group, 0)
+        s = (qb @ kb.transpose(-1, -2)).float() * scale
+        if mask.softcap:
+            s = mask.softcap * torch.tanh(s / mask.softcap)
+        seen = spec.visible(torch.arange(sq), torch.arange(sk), sk, sk - sq, mask)
+        s = s.masked_fill(~seen, float("-inf"))
+        if sinks is not None:
+            s = torch.cat([s, sinks.float().view(-1, 1, 1).expand(-1, sq, 1)], -1)
+        p = torch.softmax(s, -1).nan_to_num(0.0)[..., :sk]
+        out[cq[b]:cq[b + 1]] = (p.to(BF16) @ vb).float().transpose(0, 1).double()
+    return (out - ref).abs()
+
+
+CASES = [  # (lens_q, lens_k, H_q, H_kv, page_size, causal, window, softcap, sinks)
+    ([5, 1, 64, 0], [300, 33, 64, 7], 4, 2, 16, True, None, 0.0, False),
+    ([17, 40, 3], [200, 90, 130], 2, 1, 48, True, (50, 0), 0.0, True),
+    ([64, 9], [129, 500], 4, 4, 64, True, None, 30.0, False),
+    ([30, 7, 12], [30, 100, 1], 2, 2, 32, False, (20, 10), 5.0, True),
+]
+
+
+@pytest.mark.parametrize("lens_q, lens_k, Hq, Hkv, ps, causal, window, cap, sink", CASES)
+def test_emulation_against_float64(lens_q, lens_k, Hq, Hkv, ps, causal, window, cap, sink):
+    D = 16
+    k, v, kc, vc, table = _cache(lens_k, ps, Hkv, D, hash((ps, Hq)) % 1000)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(sum(lens_q), Hq, D, generator=g).to(BF16).float()
+    sinks = torch.randn(Hq, generator=g) if sink else None
+    mask, scale = spec.make_mask(causal, window, cap), D ** -0.5
+    cq, ck = _cu(lens_q), _cu(lens_k)
+    out, lse, flags = emulate_paged.forward_varlen_paged(q.numpy(), kc.numpy(), vc.numpy(), cq, ck, table.numpy(),
+                                                         max(lens_q), mask, scale,
+                                                         None if sinks is None else sinks.numpy())
+    assert not flags.any()
+    ref, ref_lse = reference.attend_varlen(q, k, v, cq, ck, mask, scale, sinks)
+    err = (torch.from_numpy(out).double() - ref).abs()
+    yard = _eager_bf16_error(q, k, v, cq, ck, mask, scale, sinks, ref)
+    assert not torch.isnan(err).any()
+    assert float(err.max()) <= 4 * float(yard.max()) + 1e-4
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isneginf(torch.from_numpy(lse)), torch.isneginf(ref_lse))
+    assert float((torch.from_numpy(lse).double() - ref_lse)[finite].abs().max()) < 1e-3
+    # the same packed keys give the same bits: the paged path is the gather and nothing else
+    plain, _ = emulate.forward_varlen(q.numpy(), k.numpy(), v.numpy(), cq, ck, max(lens_q), mask, scale,
+                                      None if sinks is None else sinks.numpy())
+    np.testing.assert_array_equal(out, plain)
+
+
+def test_table_ignored_fails():
+    """The deliberately wrong reading (page j // page_size of the cache, not the table's) must fail the check."""
+    lens_q, lens_k = [8, 8], [100, 70]
+    k, v, kc, vc, table = _cache(lens_k, 16, 1, 16, 3)
+    q = torch.randn(16, 2, 16, generator=torch.Generator().manual_seed(2)).to(BF16).float()
+    mask = spec.make_mask(True, None, 0.0)
+    out, _, _ = emulate_paged.forward_varlen_paged(q.numpy(), kc.numpy(), vc.numpy(), _cu(lens_q), _cu(lens_k),
+                                                   table.numpy(), 8, mask, 0.25, ignore_table=True)
+    ref, _ = reference.attend_varlen(q, k, v, _cu(lens_q), _cu(lens_k), mask, 0.25)
+    bad = torch.from_numpy(out).double() - ref
+    assert torch.isnan(bad).any() or float(bad.abs().max()) > 0.1
+
+
+def test_bad_tables_zeroed_and_flagged():
+    lens_q, lens_k, ps = [4, 4, 4, 4], [60, 60, 60, 70], 16
+    k, v, kc, vc, table = _cache(lens_k, ps, 2, 16, 4)
+    table = table[:, :4].clone()  # 64 keys a row: sequence 3 (70 keys) is too long
+    table[1, 0] = -1
+    table[2, 3] = kc.shape[0]
+    q = torch.randn(16, 2, 16, generator=torch.Generator().manual_seed(3)).to(BF16).float()
+    sinks = np.array([0.5, -1.0], np.float32)
+    mask = spec.make_mask(True, None, 0.0)
+    out, lse, flags = emulate_paged.forward_varlen_paged(q.numpy(), kc.numpy(), vc.numpy(), _cu(lens_q),
+                                                         _cu(lens_k), table.numpy(), 4, mask, 0.25, sinks)
+    assert flags.tolist() == [0, PAGE_E_INDEX, PAGE_E_INDEX, PAGE_E_SHORT]
+    assert (out[4:] == 0).all() and np.isneginf(lse[:, 4:]).all()
+    ref, _ = reference.attend_varlen(q[:4], k[:60], v[:60], [0, 4], [0, 60], mask, 0.25, torch.from_numpy(sinks))
+    assert float((torch.from_numpy(out[:4]).double() - ref).abs().max()) < 2e-2
+
+
+# ------------------------------------------------------------------ argument checks (CPU tensors: before the device)
+
+def _args(**over):
+    q = torch.zeros(10, 4, 64, dtype=BF16)
+    kc = torch.zeros(6, 16, 2, 64, dtype=BF16)
+    a = dict(query=q, key=kc, value=kc, cu_seqlens_q=torch.tensor([0, 4, 10], dtype=torch.int32),
+             cu_seqlens_k=torch.tensor([0, 20, 50], dtype=torch.int32), max_seqlen_q=6, max_seqlen_k=30,
+             is_causal=True, block_table=torch.tensor([[0, 1, 9], [2, 3, 4]], dtype=torch.int32))
+    a.update(over)
+    return a
+
+
+def _table(rows):
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("over, error, message", [
+    (dict(block_table=torch.zeros(2, 3)), TypeError, "block_table must be an int32"),
+    (dict(block_table=_table([[0, 1, 2]])), ValueError, r"block_table must have shape \(2, max_pages"),
+    (dict(block_table=torch.zeros(2, 0, dtype=torch.int32)), ValueError, "max_pages >= 1"),
+    (dict(key=torch.zeros(6, 24, 2, 64, dtype=BF16), value=torch.zeros(6, 24, 2, 64, dtype=BF16)), ValueError,
+     "multiple of 16"),
+    (dict(key=torch.zeros(6, 16, 3, 64, dtype=BF16), value=torch.zeros(6, 16, 3, 64, dtype=BF16)), ValueError,
+     "multiple of key_cache heads"),
+    (dict(value=torch.zeros(6, 32, 2, 64, dtype=BF16)), ValueError, "shapes differ"),
+    (dict(key=torch.zeros(6, 16, 2, 64, dtype=torch.float16)), TypeError, "key_cache.dtype"),
+    (dict(key=torch.zeros(60, 2, 64, dtype=BF16)), ValueError, "key_cache must be 4-D"),
+    (dict(key=torch.zeros(0, 16, 2, 64, dtype=BF16), value=torch.zeros(0, 16, 2, 64, dtype=BF16)), ValueError,
+     "no pages"),
+    (dict(key=torch.zeros(6, 16, 2, 128, dtype=BF16)[..., ::2]), ValueError, "strides"),
+    (dict(page_errors=torch.zeros(3, dtype=torch.int32)), ValueError, r"page_errors must be a contiguous \(2,\)"),
+    (dict(page_errors=torch.zeros(2)), TypeError, "page_errors must be an int32"),
+    (dict(block_table=None, page_errors=torch.zeros(2, dtype=torch.int32)), ValueError, "goes with block_table"),
+    (dict(block_table=_table([[0, 7, 9], [2, 3, 4]])), ValueError, r"sequence\(s\) \[0\]: a page index outside"),
+    (dict(block_table=_table([[0, 1, 9], [2, -1, 4]])), ValueError, r"sequence\(s\) \[1\]"),
+    (dict(cu_seqlens_k=torch.tensor([0, 20, 70], dtype=torch.int32), max_seqlen_k=50), ValueError, "too short"),
+    (dict(cu_seqlens_k=torch.tensor([0, 20, 50], dtype=torch.int64)), TypeError, "cu_seqlens_k.dtype"),
+    (dict(window_size=(1, 2, 3)), (TypeError, ValueError), "window_size"),
+    (dict(version="v08"), ValueError, "masked v11 only"),
+    (dict(query=torch.zeros(10, 4, 96, dtype=BF16), key=torch.zeros(6, 16, 2, 96, dtype=BF16),
+          value=torch.zeros(6, 16, 2, 96, dtype=BF16)), NotImplementedError, r"head dims \(64, 128\)"),
+    (dict(), ValueError, "must be on a CUDA device"),  # every argument good: the device check comes last
+    (dict(check_cu_seqlens=False, block_table=_table([[0, 7, 9], [2, 3, 4]])), ValueError, "CUDA device"),
+])
+def test_paged_checks(over, error, message):
+    with pytest.raises(error, match=message):
+        ops.attention_varlen(**_args(**over))
+
+
+def test_paged_forward_only():
+    q = torch.zeros(10, 4, 64, dtype=BF16, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="forward only"):
+        ops.attention_varlen(**_args(query=q))
+    with torch.no_grad():  # no gradient wanted: it goes on to the device check
+        with pytest.raises(ValueError, match="CUDA device"):
+            ops.attention_varlen(**_args(query=q))
+
+
+def test_host_table_check_reads_only_used_pages():
+    """Entries past a sequence's pages are never read (here far outside the cache); a short row is named."""
+    paged.check_table_on_host([0, 16, 16, 48], _table([[3, 1 << 30, -5], [-1, -1, -1], [0, 1, 1 << 30]]), 16, 4)
+    with pytest.raises(ValueError, match=r"too short for sequence\(s\) \[1\]"):
+        paged.check_table_on_host([0, 17, 82], _table([[3, 2, 0, 0], [0, 1, 2, 3]]), 16, 4)
