@@ -22,14 +22,17 @@ import time
 import torch
 
 from .. import bench, check, ops, record
-from . import backward as mbwd, spec
+from . import backward as mbwd, reference, spec
 from .gpu import CHAPTER, GEN, GRID_BWD_SINKS, GRID_MASKS, GRID_SIZES, draw
 from .grad_yardstick import judge, keep_worst, report
 
 def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, lower_right=False, defines=None,
-              expect_fail=False, trials=2, custom_op=False):
+              expect_fail=False, trials=2, custom_op=False, forward="public", sink_rule=False):
     """custom_op: through lab::attention_masked and its registered autograd (what torch.compile traces) instead
-    of the eager autograd.Function the public op takes."""
+    of the eager autograd.Function the public op takes. forward="eager": the backward kernel alone, fed the
+    float64 reference's output (rounded to the dtype) and LSE (float32, the sink's share included) in place of the
+    masked forward's, so a backward is checked apart from its forward. sink_rule: d sinks must also be within
+    check.MULTIPLIER x the flash formulation's own error (+ the floor) alone, SDPA's yardstick left out."""
     mask = spec.make_mask(causal, window, cap)
     offset = Sk - Sq if lower_right else 0
     scale = D ** -0.5
@@ -45,7 +48,15 @@ def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, low
         dlse = torch.randn(B, Hq, Sq, generator=GEN).cuda()
         inputs = (q, k, v) + ((sinks,) if sink else ())
         # ours: through the public op and autograd (the kernel's defines through lab.masks.backward's launch)
-        if defines:
+        if forward == "eager":
+            r_out, r_lse = reference.attend(q.detach(), k.detach(), v.detach(), mask, scale, offset,
+                                            sinks.detach() if sink else None)
+            out, lse = r_out.to(dtype), r_lse.float()
+            dl = torch.where(torch.isfinite(lse), dlse, 0.0)
+            dq, dk, dv, ds = mbwd.launch_backward(dout, q, k, v, out, lse, dl, sinks, sink, mask.left, mask.right,
+                                                  offset, mask.softcap, scale, defines=defines)
+            got = (dq, dk, dv) + ((ds,) if sink else ())
+        elif defines:
             out, lse = ops.attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=Hq != Hkv, window_size=window,
                                      softcap=cap, sinks=sinks, return_lse=True,
                                      causal_variant="lower_right" if lower_right else "upper_left")
@@ -71,8 +82,17 @@ def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, low
         if failed:
             break
     case = dict(name=name, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, dtype=str(dtype).split(".")[-1], causal=causal,
-                window=[mask.left, mask.right], softcap=cap, sinks=sink, offset=offset, custom_op=custom_op)
-    return report("bwd", case, worst, expect_fail, defines, q.device)
+                window=[mask.left, mask.right], softcap=cap, sinks=sink, offset=offset, custom_op=custom_op,
+                forward=forward)
+    ok = report("bwd", case, worst, expect_fail, defines, q.device)
+    if sink_rule and sink and not expect_fail:
+        m = worst[0]["dsinks"]
+        bound = check.MULTIPLIER * m["flash_max_abs"] + check.ABS_FLOOR
+        print(f"{'ok  ' if m['max_abs'] <= bound else 'BAD '}dsinks {name} D {D}: max_abs {m['max_abs']:.3g} "
+              f"<= {check.MULTIPLIER:g} x flash {m['flash_max_abs']:.3g} + floor = {bound:.3g} "
+              f"(ratio to flash {m['max_abs'] / max(m['flash_max_abs'], 1e-30):.2f})", flush=True)
+        ok = ok and m["max_abs"] <= bound
+    return ok
 
 
 def checks(packed: bool = True) -> int:
@@ -106,6 +126,50 @@ def checks(packed: bool = True) -> int:
     if packed:
         from . import gpu_varlen
         bad += gpu_varlen.checks()
+    return bad
+
+
+# The wide head dims' cells (D 192 / 256, masked bwd v21): Gemma-2's local and global layers (window, softcap 50,
+# GQA 16 / 8), sinks with S_q != S_k both ways, causal top-left and bottom-right, S 65 / 300 / 1000:
+# (name, B, H_q, H_kv, S_q, S_k, causal, window_size, softcap, sinks, lower_right).
+GRID_WIDE = [("gemma-local", 1, 16, 8, 1000, 1000, True, (256, 0), 50.0, False, False),
+             ("gemma-global", 1, 16, 8, 300, 300, True, None, 50.0, False, False),
+             ("causal-ul", 1, 4, 2, 300, 1000, True, None, 0.0, False, False),
+             ("causal-lr", 1, 4, 2, 1000, 300, True, None, 0.0, False, True),
+             ("sym", 2, 4, 2, 65, 65, False, (20, 10), 0.0, False, False),
+             ("sink-lr", 1, 4, 2, 300, 1000, True, None, 0.0, True, True),
+             ("sink-lr-window", 1, 4, 2, 300, 1000, True, (256, 0), 0.0, True, True),
+             ("sink-lr-tall", 1, 4, 2, 1000, 300, True, None, 0.0, True, True),
+             ("w0sink", 1, 4, 2, 65, 65, False, (0, 0), 0.0, True, False),
+             ("all", 2, 8, 4, 1000, 1000, True, (128, 0), 50.0, True, False),
+             ("capnc-sink", 1, 4, 4, 300, 300, False, None, 50.0, True, False)]
+
+
+def wide_checks(forward: str = "public", packed: bool = True) -> int:
+    """The masked backward at D 192 / 256 (bwd v21): GRID_WIDE at both dims (d sinks also within 3x the flash
+    formulation's own error), fp16, the build without the softcap's derivative (must fail), then (packed) the
+    packed calls at both dims through lab.ops.attention_varlen. forward="eager" takes the forward's output and LSE
+    from the float64 reference (check_bwd), so the backward is checked apart from the masked wide forward; the packed
+    checks need the public forward. Returns how many were not ok."""
+    bad = 0
+    bf16, fp16 = torch.bfloat16, torch.float16
+    for D in (256, 192):
+        for name, B, Hq, Hkv, Sq, Sk, causal, window, cap, sink, lower_right in GRID_WIDE:
+            bad += not check_bwd(name, B, Hq, Hkv, Sq, Sk, D, bf16, causal, window, cap, sink, lower_right,
+                                 forward=forward, sink_rule=True)
+    bad += not check_bwd("fp16", 1, 4, 2, 1000, 1000, 256, fp16, True, (256, 0), 50.0, True, forward=forward,
+                         sink_rule=True)
+    bad += not check_bwd("no-softcap-grad", 1, 4, 2, 1000, 1000, 256, bf16, True, (256, 0), 10.0, False,
+                         defines={"LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD": 1}, expect_fail=True, forward=forward)
+    print(f"checks wide bwd ({forward} forward) done: {bad} bad", flush=True)
+    if packed:
+        from .gpu_varlen import check_varlen_bwd
+        docs = [1, 0, 63, 65, 300, 0, 130]
+        for D in (256, 192):
+            bad += not check_varlen_bwd("wide-all", docs, docs, 4, 2, D, bf16, True, (100, 0), 50.0, True)
+        bad += not check_varlen_bwd("wide-cross", [1025, 3, 0, 300], [700, 5, 9, 300], 16, 8, 256, bf16, True,
+                                    (256, 0), 0.0, False)
+        print(f"checks wide bwd packed done: {bad} bad", flush=True)
     return bad
 
 
@@ -205,3 +269,77 @@ def race(budget_s: float) -> None:
         emit("sinks", S, {"causal": True, "sinks_requires_grad": True}, {
             "lab": lambda: ops.attention(q, k, v, is_causal=True, sinks=sinks), "lab_masked_plain": plain,
             "lab_dense_causal": lambda: ops.attention(q, k, v, is_causal=True)}, ins + (sinks,))
+
+
+@bench.flex_race
+def wide_race(budget_s: float, cells=None) -> list[dict]:
+    """Forward + backward at D 256 (the public op, autograd, as users train) against FlexAttention's compiled
+    forward + backward with the same score_mod / mask_mod, GQA 16 / 8, bf16, in GPU time (bench.GpuTimeTimer);
+    cells: (name, B, S, window W or None, softcap), Gemma-2's local (W 4096) and global layers, Gemma-3's local
+    (W 1024, no softcap) by default. Returns the rows (median ms, Flex's time over ours)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    timer, start, rows = bench.GpuTimeTimer(), time.time(), []
+    Hq, Hkv, D, dt = 16, 8, 256, torch.bfloat16
+    for name, B, S, W, cap in cells or [("gemma2-local", 1, 8192, 4096, 50.0), ("gemma2-global", 1, 8192, None, 50.0),
+                                        ("gemma3-local", 1, 8192, 1024, 0.0), ("gemma2-local", 2, 4096, 4096, 50.0)]:
+        if time.time() - start > budget_s:
+            print(f"race-wide: budget spent, skipping {name} S={S}", flush=True)
+            continue
+        GEN.manual_seed(S)
+        q = draw(B, Hq, S, D, dtype=dt).requires_grad_()
+        k, v = (draw(B, Hkv, S, D, dtype=dt).requires_grad_() for _ in range(2))
+        dout = draw(B, Hq, S, D, dtype=dt)
+
+        def mask_mod(b, h, qi, ki, W=W):
+            return (qi >= ki) & (qi - ki <= W) if W is not None else qi >= ki
+
+        def capped(score, b, h, qi, ki, cap=cap):
+            return cap * torch.tanh(score / cap)
+        bm = create_block_mask(mask_mod, None, None, S, S, device="cuda")
+        fns = {"lab": lambda W=W, cap=cap: ops.attention(q, k, v, is_causal=True, window_size=(W, 0) if W else None,
+                                                         softcap=cap, enable_gqa=True),
+               "flex": lambda bm=bm, cap=cap: flex(q, k, v, score_mod=capped if cap else None, block_mask=bm,
+                                                   enable_gqa=True)}
+        calls = {n: (lambda fn=fn: torch.autograd.grad(fn(), (q, k, v), dout), None) for n, fn in fns.items()}
+        times = bench.time_interleaved(calls, timer=timer, budget_s=1.0, max_reps=20, min_reps=5)
+        ms = {n: (t.median_ms if hasattr(t, "median_ms") else str(t)) for n, t in times.items()}
+        ratio = ms["flex"] / ms["lab"] if all(isinstance(x, float) for x in ms.values()) else None
+        row = {"kind": "race_bwd", "feature": "wide", "case": {"name": name, "B": B, "Hq": Hq, "Hkv": Hkv, "S": S,
+               "D": D, "window": W, "softcap": cap, "dtype": "bfloat16"}, "timer": "gpu_time", "median_ms": ms,
+               "flex_over_lab": ratio}
+        record.append(row, chapter=CHAPTER)
+        rows.append(row)
+        print(f"race-wide {name} B={B} S={S} W={W} cap={cap}: lab fwd+bwd {ms['lab']} ms, flex {ms['flex']} ms, "
+              f"flex/lab {ratio if ratio is None else round(ratio, 3)}", flush=True)
+    return rows
+
+
+def sanitize_calls() -> None:
+    """One small dense and one packed masked backward at D 256 (bwd v21: window, softcap, sinks, GQA; the forward's
+    output and LSE from the float64 reference) for compute-sanitizer: `python -m lab.masks.gpu_bwd sanitize`."""
+    from . import varlen_bwd
+
+    mask, scale, dt = spec.make_mask(True, (100, 0), 50.0), 256 ** -0.5, torch.bfloat16
+    q, dout = draw(1, 4, 130, 256, dtype=dt), draw(1, 4, 130, 256, dtype=dt)
+    k, v = draw(1, 2, 200, 256, dtype=dt), draw(1, 2, 200, 256, dtype=dt)
+    sinks = torch.randn(4, generator=GEN).cuda()
+    out, lse = reference.attend(q, k, v, mask, scale, 70, sinks)
+    mbwd.launch_backward(dout, q, k, v, out.to(dt), lse.float(), torch.zeros_like(lse, dtype=torch.float32), sinks,
+                         True, mask.left, mask.right, 70, mask.softcap, scale)
+    lens = [1, 0, 65, 130]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q, dout = draw(sum(lens) + 3, 4, 256, dtype=dt), draw(sum(lens) + 3, 4, 256, dtype=dt)
+    k, v = draw(sum(lens), 2, 256, dtype=dt), draw(sum(lens), 2, 256, dtype=dt)
+    out, lse = reference.attend_varlen(q, k, v, cu, cu, mask, scale, sinks)
+    varlen_bwd.launch(dout, q, k, v, out.to(dt), lse.float(), None, cu, cu, sinks, True, max(lens), max(lens),
+                      mask.left, mask.right, mask.softcap, scale)
+    torch.cuda.synchronize()
+    print("sanitize calls done bwd wide", flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] == ["sanitize"]:
+        sanitize_calls()
