@@ -354,9 +354,48 @@ void fill_decode(DecodeParams& p, const at::Tensor& q, const at::Tensor& k, cons
   p.num_splits = static_cast<int>(num_splits);
 }
 
+// A decode call's masks (DecodeParams' window, softcap and sinks; kernels/common/decode_masks.cuh), checked here:
+// window entries >= -1 (-1: unbounded; any >= 0 sets the window), softcap finite and >= 0, sinks a contiguous
+// float32 (H_q,) tensor on the query's device. Edges past the int range are clamped (they see everything anyway).
+struct DecodeMasks {
+  int window = 0, left = -1, right = -1;
+  float softcap = 0.f;
+  const float* sinks = nullptr;
+};
+std::string decode_masks(const at::Tensor& q, int64_t left, int64_t right, double softcap,
+                         const c10::optional<at::Tensor>& sinks, DecodeMasks* m) {
+  LAB_REQUIRE(left >= -1 && right >= -1, "window_size entries must be >= -1 (-1: unbounded), got (", left, ", ",
+              right, ")");
+  LAB_REQUIRE(std::isfinite(softcap) && softcap >= 0.0, "softcap must be a finite float >= 0 (0 = off), got ",
+              softcap);
+  m->window = left >= 0 || right >= 0;
+  m->left = static_cast<int>(std::min(left, kIntMax));
+  m->right = static_cast<int>(std::min(right, kIntMax));
+  m->softcap = static_cast<float>(softcap);
+  if (sinks.has_value()) {
+    const at::Tensor& t = *sinks;
+    LAB_REQUIRE(on_gpu(t) && t.device() == q.device(), "sinks must be a CUDA tensor on query's device ", q.device(),
+                ", got ", t.device());
+    LAB_REQUIRE(t.scalar_type() == at::kFloat && t.dim() == 1 && t.size(0) == q.size(1) && t.is_contiguous(),
+                "sinks must be a contiguous float32 tensor of shape (", q.size(1), ",), got ", t.scalar_type(),
+                " of shape ", t.sizes());
+    m->sinks = t.data_ptr<float>();
+  }
+  return "";
+}
+void apply_masks(DecodeParams& p, const DecodeMasks* m) {
+  if (m == nullptr) return;
+  p.window = m->window;
+  p.window_left = m->left;
+  p.window_right = m->right;
+  p.softcap = m->softcap;
+  p.sinks = m->sinks;
+}
+
 std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
                             c10::optional<at::Tensor> cache_seqlens, at::Tensor partial_o, at::Tensor partial_lse,
-                            c10::optional<at::Tensor> lse, double scale, int64_t num_splits, bool causal = false) {
+                            c10::optional<at::Tensor> lse, double scale, int64_t num_splits, bool causal = false,
+                            const DecodeMasks* masks = nullptr) {
   int dtype = 0;
   LAB_TRY(check_call(q, k, v, o, "key_cache", "value_cache", scale, &dtype));
   DecodeParams p{};
@@ -366,6 +405,7 @@ std::string decode_fwd_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Te
   auto launch = [&](const at::Tensor& qr, const at::Tensor& kr, const at::Tensor& vr, const at::Tensor& ow) {
     // causal is bottom-right; only decode v03 reads it (lab.ops sends causal calls nowhere else)
     fill_decode(p, qr, kr, vr, ow, k.size(1), k.size(2), num_splits, scale, dtype, causal);
+    apply_masks(p, masks);
     return run_launcher<DecodeLauncher>(launcher, p, "decode kernel");
   };
   return launch_on_copies(o, q, k, v, "key_cache", "value_cache", launch, nothing);
@@ -429,7 +469,8 @@ template <class ZeroFlags>
 std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor o,
                               c10::optional<at::Tensor> cache_seqlens, at::Tensor table, const at::Tensor* errors,
                               int32_t* flags, at::Tensor partial_o, at::Tensor partial_lse, double scale,
-                              int64_t num_splits, bool causal, ZeroFlags&& zero_flags) {
+                              int64_t num_splits, bool causal, ZeroFlags&& zero_flags,
+                              const DecodeMasks* masks = nullptr) {
   int dtype = 0;
   LAB_TRY(check_paged(q, k, v, o, table, errors));
   LAB_TRY(dtype_code(q, &dtype));
@@ -446,6 +487,7 @@ std::string decode_paged_impl(int64_t launcher, at::Tensor q, at::Tensor k, at::
     p.num_pages = static_cast<int>(k.size(0));
     p.page_size = static_cast<int>(k.size(1));
     p.max_pages = static_cast<int>(table.size(1));
+    apply_masks(p, masks);
     return run_launcher<DecodeLauncher>(launcher, p, "paged decode kernel");
   };
   // no query rows: no launch, and no sequence is flagged
@@ -873,10 +915,10 @@ void decode_buffers(const at::Tensor& q, int64_t num_splits, at::Tensor* o, at::
 
 // Decode v03 as lab.ops calls it: paged when block_table is given (page_errors: the caller's (B,) int32 flags, or
 // allocated here), else the contiguous cache; causal is bottom-right. Returns (error, out, page_errors or None).
-std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_call(
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_masked_impl(
     int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> cache_seqlens,
     c10::optional<at::Tensor> block_table, c10::optional<at::Tensor> page_errors, double scale, int64_t num_splits,
-    bool causal) {
+    bool causal, const DecodeMasks* masks) {
   if (q.dim() != 4) return {msg("query must be 4-D (B, H, S, D), got ", q.sizes()), at::Tensor(), c10::nullopt};
   if (num_splits < 1 || num_splits > LAB_MAX_NUM_SPLITS)
     return {msg("num_splits must be in [1, ", LAB_MAX_NUM_SPLITS, "], got ", num_splits), at::Tensor(), c10::nullopt};
@@ -885,13 +927,34 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_call
   if (!block_table.has_value()) {
     if (page_errors.has_value()) return {"page_errors needs a block_table (a paged cache)", at::Tensor(), c10::nullopt};
     std::string error = decode_fwd_impl(launcher, q, k, v, o, cache_seqlens, partial_o, partial_lse, c10::nullopt,
-                                        scale, num_splits, causal);
+                                        scale, num_splits, causal, masks);
     return {error, o, c10::nullopt};
   }
   at::Tensor errors = page_errors.has_value() ? *page_errors : at::empty({q.size(0)}, q.options().dtype(at::kInt));
   std::string error = decode_paged_impl(launcher, q, k, v, o, cache_seqlens, *block_table, &errors, nullptr,
-                                        partial_o, partial_lse, scale, num_splits, causal, [&] { errors.zero_(); });
+                                        partial_o, partial_lse, scale, num_splits, causal, [&] { errors.zero_(); },
+                                        masks);
   return {error, o, errors};
+}
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_call(
+    int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> cache_seqlens,
+    c10::optional<at::Tensor> block_table, c10::optional<at::Tensor> page_errors, double scale, int64_t num_splits,
+    bool causal) {
+  return decode_paged_masked_impl(launcher, q, k, v, cache_seqlens, block_table, page_errors, scale, num_splits,
+                                  causal, nullptr);
+}
+
+// decode_paged_call with the masks (window_left / window_right -1: unbounded, softcap 0: off, sinks or None): the
+// masked call of lab.ops.decode (decode v03, v06-v08; lab/decode/masks.py).
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_masked_call(
+    int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> cache_seqlens,
+    c10::optional<at::Tensor> block_table, c10::optional<at::Tensor> page_errors, double scale, int64_t num_splits,
+    bool causal, int64_t window_left, int64_t window_right, double softcap, c10::optional<at::Tensor> sinks) {
+  DecodeMasks masks;
+  std::string error = decode_masks(q, window_left, window_right, softcap, sinks, &masks);
+  if (!error.empty()) return {error, at::Tensor(), c10::nullopt};
+  return decode_paged_masked_impl(launcher, q, k, v, cache_seqlens, block_table, page_errors, scale, num_splits,
+                                  causal, &masks);
 }
 
 // lab.ops.decode's default paged call (no page_errors), eager: decode_paged_call's checks and launch, the flags
@@ -899,13 +962,13 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> decode_paged_call
 // never now. First the queue's completed slots are retired; if one has a flag set, nothing is launched and the
 // answer is ("", undefined, bad) for lab.decode.deferred to raise. Under CUDA-graph capture the flags stay on the
 // device, unread (decode_paged_call's behaviour). Returns (error, out, bad).
-std::tuple<std::string, at::Tensor, BadFlags> decode_paged_deferred(
+std::tuple<std::string, at::Tensor, BadFlags> decode_deferred_impl(
     int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> cache_seqlens,
-    at::Tensor block_table, double scale, int64_t num_splits, bool causal) {
+    at::Tensor block_table, double scale, int64_t num_splits, bool causal, const DecodeMasks* masks) {
   BadFlags bad;
   if (q.dim() != 4 || !on_gpu(q) || num_splits < 1 || num_splits > LAB_MAX_NUM_SPLITS || capturing(flag_device(q))) {
-    auto [error, o, errors] = decode_paged_call(launcher, q, k, v, cache_seqlens, block_table, c10::nullopt, scale,
-                                                num_splits, causal);  // its message, or the graph's unread flags
+    auto [error, o, errors] = decode_paged_masked_impl(launcher, q, k, v, cache_seqlens, block_table, c10::nullopt,
+                                                       scale, num_splits, causal, masks);  // or the graph's unread flags
     return {error, o, bad};
   }
   const int64_t device = flag_device(q);
@@ -929,7 +992,7 @@ std::tuple<std::string, at::Tensor, BadFlags> decode_paged_deferred(
   decode_buffers(q, num_splits, &o, &partial_o, &partial_lse);
   error = decode_paged_impl(launcher, q, k, v, o, cache_seqlens, block_table, nullptr, slot.device, partial_o,
                             partial_lse, scale, num_splits, causal,
-                            [&] { std::fill(slot.host, slot.host + q.size(0), 0); });  // no rows: host-side zeros
+                            [&] { std::fill(slot.host, slot.host + q.size(0), 0); }, masks);  // no rows: host zeros
 #ifdef LAB_BINDING_CPU_CHECKS
   std::fill(slot.host, slot.host + q.size(0), 0);  // the kernel's writes, every sequence fine (page_flags_cpu_write)
 #endif
@@ -942,6 +1005,21 @@ std::tuple<std::string, at::Tensor, BadFlags> decode_paged_deferred(
   slot.call = ++queue.calls;
   queue.pending.push_back(slot);
   return {"", o, bad};
+}
+std::tuple<std::string, at::Tensor, BadFlags> decode_paged_deferred(
+    int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> cache_seqlens,
+    at::Tensor block_table, double scale, int64_t num_splits, bool causal) {
+  return decode_deferred_impl(launcher, q, k, v, cache_seqlens, block_table, scale, num_splits, causal, nullptr);
+}
+// decode_paged_deferred with the masks, as decode_masked_call is decode_paged_call.
+std::tuple<std::string, at::Tensor, BadFlags> decode_masked_deferred(
+    int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> cache_seqlens,
+    at::Tensor block_table, double scale, int64_t num_splits, bool causal, int64_t window_left, int64_t window_right,
+    double softcap, c10::optional<at::Tensor> sinks) {
+  DecodeMasks masks;
+  std::string error = decode_masks(q, window_left, window_right, softcap, sinks, &masks);
+  if (!error.empty()) return {error, at::Tensor(), BadFlags()};
+  return decode_deferred_impl(launcher, q, k, v, cache_seqlens, block_table, scale, num_splits, causal, &masks);
 }
 
 // The deferred calls' queues on every device retired: without wait, the slots whose event has completed (oldest
@@ -1087,6 +1165,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decode v03 (paged or contiguous, bottom-right causal), allocated here: (error, out, page_errors)");
   m.def("decode_paged_deferred", &decode_paged_deferred,
         "lab.ops.decode's default paged call, its flags read at a later call: (error, out, earlier calls' bad flags)");
+  m.def("decode_masked_call", &decode_masked_call,
+        "decode_paged_call with a window, softcap and sinks (decode v03, v06-v08): (error, out, page_errors)");
+  m.def("decode_masked_deferred", &decode_masked_deferred,
+        "decode_paged_deferred with a window, softcap and sinks: (error, out, earlier calls' bad flags)");
   m.def("page_flags_check", &page_flags_check,
         "retire the deferred calls' completed flags (wait: all of them): (error, bad flags, slots still queued)");
   m.def("page_flags_state", &page_flags_state, "the flags queues: (queued, spare, deferred calls, waits when full)");

@@ -48,12 +48,18 @@ def error(bad) -> ValueError:
 
 
 def call(launcher: int, query, key_cache, value_cache, cache_seqlens, block_table, scale: float, num_splits: int,
-         is_causal: bool):
+         is_causal: bool, masks=None):
     """The deferred call through the binding: (error message or "", out); ValueError if a completed earlier call
-    had a bad table (then nothing ran)."""
+    had a bad table (then nothing ran). masks: (window_left, window_right, softcap, sinks) of a masked call
+    (lab.decode.masks), or None."""
     global queued
-    error_text, out, bad = build.binding().module.decode_paged_deferred(
-        launcher, query, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, is_causal)
+    module = build.binding().module
+    if masks is None:
+        error_text, out, bad = module.decode_paged_deferred(
+            launcher, query, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, is_causal)
+    else:
+        error_text, out, bad = module.decode_masked_deferred(
+            launcher, query, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, is_causal, *masks)
     if bad:
         raise error(bad)
     queued = True

@@ -15,7 +15,7 @@ from ..kernels import keep_plan, launcher
 from ..kernels import resolve_version as _version
 from ..op_common import _direct, _scale
 from ..registry import DECODE, PAGED_HEADS, SPLIT_RULE, default_decode_version
-from . import deferred, fast
+from . import deferred, fast, masks
 from .checks import (MAX_DECODE_Q_LEN, MAX_NUM_SPLITS, _check_decode, _decode_plans, _num_splits,  # noqa: F401
                      _require_heads)
 # The paged and causal call; the names lab.ops and the tests read here stay here.
@@ -63,7 +63,8 @@ def _decode_plan(query, key_cache, version, num_splits) -> tuple[str, int]:
 
 
 def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | None = None, num_splits=None,
-           version=None, *, block_table=None, is_causal: bool = False, page_errors=None):
+           version=None, *, block_table=None, is_causal: bool = False, page_errors=None, window_size=None,
+           softcap: float = 0.0, sinks=None):
     """Split-K decoding: q_len (1..16) new tokens per sequence attend to a KV cache (B, H_kv, S_cache, D).
 
     cache_seqlens (B,) int32 on the device: sequence b sees only its first cache_seqlens[b] keys (None: all
@@ -95,7 +96,22 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     is_causal (q_len > 1, contiguous or paged): bottom-right, as FlashAttention's decode: token i of q_len
     sees keys [0, len - q_len + i], so the last token sees the whole cache (lab.ops.attention's is_causal is
     SDPA's top-left); a token with no key left gets zeros. Causal calls run the paged versions' kernels.
+
+    Masks (lab.decode.masks; decode v03, v06-v08, contiguous or paged, any of the head dims): window_size
+    (left, right), -1 for an unbounded side: token i sees keys [len - q_len + i - left, len - q_len + i + right] of
+    its sequence, as flash_attn_with_kvcache (is_causal caps right at 0); softcap c > 0: scores s -> c * tanh(s / c)
+    before the softmax; sinks, float32 (H_q,) logits on the query's device, join each row's softmax denominator
+    and attend to nothing. The window clips the split plan to its span on the device, so a window never adds work.
+    A named version without mask steps (v01, v02, v04, v05) raises ValueError; the default picks one that has them.
     """
+    if window_size is not None or softcap != 0.0 or sinks is not None:  # checked before any device check
+        mask = masks.check(query, is_causal, window_size, softcap, sinks)
+        if mask is not None:
+            if (block_table is None or page_errors is not None) and not torch.compiler.is_compiling() and \
+                    deferred.queued:
+                deferred.poll()  # as every other decode call while default paged calls' flags are queued
+            return masks.decode_masked(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version,
+                                       block_table, is_causal, page_errors, mask, sinks)
     if block_table is not None and page_errors is None and (is_causal is False or is_causal is True):
         out = fast.paged_deferred(query, key_cache, value_cache, cache_seqlens, block_table, is_causal, scale,
                                   num_splits, version)  # retires the earlier such calls' flags in the same crossing
