@@ -58,6 +58,7 @@ IDEAS = {
     ("bwd", "v19"): "D 192 / 256 on wgmma, two consumer warpgroups by role",
     ("bwd", "v20"): "v14 over tensor maps of the true D (narrow head dims below 128)",
     ("bwd", "masked v08"): "v07's staggered loop with window, softcap, sinks as a Steps policy",
+    ("bwd", "masked v21"): "D 192 / 256: masked v08's steps on v19's wide loop (softcap's derivative in the P^T hand-off)",
 }
 # (family, first version, last version) -> the chapter that teaches them
 CHAPTERS = (("fwd", "v01", "v01", "n4"), ("fwd", "v02", "v04", "n6"), ("fwd", "v05", "v07", "n9"), ("fwd", "v10", "v10", "n14"),
