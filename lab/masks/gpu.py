@@ -1,6 +1,7 @@
-"""The masks on the GPU (fwd v08, v09, v11): the correctness grid against the float64 reference (with the wrong-window
-kernel that must fail), then the race against FlexAttention and SDPA with an explicit mask. Chapter n13_masks
-calls checks() and race() (and lab.masks.gpu_bwd's for the backward).
+"""The masks on the GPU (fwd v08, v09, v11; v12 at D 192 / 256): the correctness grid against the float64 reference
+(with the wrong-window kernel that must fail), then the race against FlexAttention and SDPA with an explicit mask.
+Chapter n13_masks calls checks() and race() (and lab.masks.gpu_bwd's for the backward); checks("v12") runs the wide
+grid (lab.masks.gpu_wide, which also races FlexAttention at D 256 in Gemma-2's shapes).
 
 Every row goes through lab.record (GPU, versions, commit). Yardstick of a check: SDPA's own error (default dispatch,
 the window as an explicit boolean mask) on the same inputs without softcap and sinks, which SDPA cannot express;
@@ -40,8 +41,8 @@ def sdpa_masked(q, k, v, mask, scale, offset, sinks=None):
     bias = torch.zeros(1, q.shape[1], Sq, Sk + 1, device=q.device, dtype=q.dtype)
     bias[..., :Sk].masked_fill_(~allowed, float("-inf"))
     bias[..., Sk] = sinks.detach().to(q.dtype)[:, None]
-    zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
-    return F.scaled_dot_product_attention(q, torch.cat([k, zero], 2), torch.cat([v, zero], 2), attn_mask=bias,
+    zero_k, zero_v = (t.new_zeros(t.shape[0], t.shape[1], 1, t.shape[3]) for t in (k, v))  # (D_v may differ)
+    return F.scaled_dot_product_attention(q, torch.cat([k, zero_k], 2), torch.cat([v, zero_v], 2), attn_mask=bias,
                                           scale=scale, enable_gqa=gqa)
 
 
@@ -90,11 +91,11 @@ def _dense_metrics(version, q, k, v, mask, scale, offset, sinks, defines):
     return metrics
 
 
-def check_cap_floor(version, cap, dtype=torch.bfloat16, defines=None):
+def check_cap_floor(version, cap, dtype=torch.bfloat16, defines=None, D=128):
     """Rows whose every score sits near -softcap (k's rows along one direction u, q's along -u, scores about
     -4 softcap): the floor of v09's fixed-offset softcap softmax (kernels/common/hopper/attn_mask_sm90.cuh
     kCapHeadroom), where P is smallest. No sink: the yardstick's problem (no cap) would give it the whole row."""
-    B, Hq, Sq, Sk, D = 1, 2, 130, 257, 128
+    B, Hq, Sq, Sk = 1, 2, 130, 257
     GEN.manual_seed(int(cap * 10))
     u = torch.randn(D, generator=GEN)
     k = (u + 0.05 * torch.randn(B, Hq, Sk, D, generator=GEN)).to("cuda", dtype)
@@ -187,6 +188,9 @@ def softcap_checks(version: str, dtype=torch.bfloat16, defines=None) -> int:
 
 
 def checks(version: str) -> int:
+    if version == "v12":  # the wide head dims' grid (lab.masks.gpu_wide)
+        from .gpu_wide import checks_wide
+        return checks_wide(version)
     bad = 0
     bf16, fp16 = torch.bfloat16, torch.float16
     sizes = [*GRID_SIZES, (1, 2, 1, 4097, 4097)]
@@ -320,4 +324,5 @@ def race(budget_s: float) -> None:
             calls["lab_dense_masked"] = (lambda: ops.attention(qb, kb, vb, is_causal=True, window_size=(-1, -1)),
                                          None)
         emit("varlen", total, {"lens": lens, "causal": True}, calls)
+
 
