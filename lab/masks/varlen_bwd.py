@@ -94,6 +94,31 @@ def launch(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks
     return unpad(dq, cu_q, q.shape[0]), unpad(dk, cu_k, k.shape[0]), unpad(dv, cu_k, k.shape[0]), ds
 
 
+def packed_layout(cu_q: list[int], cu_k: list[int], max_q: int, max_k: int) -> dict:
+    """The in-place kernel's arithmetic on the host, for the CPU tests (common/hopper/attn_bwd_packed_sm90.cuh
+    computes the same on the device from cu_seqlens): each sequence's clamped rows, workspace start
+    ws(b) = floor((cu_q[b] + 128 b) / 128) 128 and first key slot floor((cu_k[b] + 128 b) / 128); R and the slot
+    count; slot -> (sequence, key block) by the kernel's search (None: a slot with no key block)."""
+    B, total_q, total_k = len(cu_q) - 1, cu_q[-1], cu_k[-1]
+
+    def clamp(x, lo, hi):
+        return min(max(x, lo), hi)
+    seqs = []
+    for b in range(B):
+        qa, ka = clamp(cu_q[b], 0, total_q), clamp(cu_k[b], 0, total_k)
+        sq = min(clamp(cu_q[b + 1], qa, total_q) - qa, max_q)
+        sk = min(clamp(cu_k[b + 1], ka, total_k) - ka, max_k)
+        seqs.append(dict(qa=qa, sq=sq, ka=ka, sk=sk, ws=(qa + ALIGN * b) // ALIGN * ALIGN,
+                         slot=(ka + ALIGN * b) // ALIGN))
+    slots = (total_k + ALIGN * B) // ALIGN
+    mapping = []
+    for slot in range(slots):
+        b = max([i for i in range(B) if seqs[i]["slot"] <= slot], default=0)
+        nb = slot - seqs[b]["slot"]
+        mapping.append((b, nb) if 0 <= nb and nb * ALIGN < seqs[b]["sk"] else None)
+    return dict(seqs=seqs, rows=(total_q + ALIGN * B) // ALIGN * ALIGN, slots=slots, mapping=mapping)
+
+
 def launch_packed(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks: bool, max_q: int,
                   max_k: int, left: int, right: int, softcap: float, scale: float, version: str | None = None,
                   defines=None):
