@@ -18,6 +18,7 @@ from .registry import (BEST_FWD, DECODE, FWD, PAGED_DECODE, SPLIT_RULE, default_
                        default_decode_version)
 from .fwd.op import attention, attention_version, fwd_call_factory, fwd_writer  # noqa: F401
 from .masks.op import attention_varlen  # noqa: F401 (window/softcap/sinks go through attention's arguments)
+from .masks.paged import check_page_errors as check_varlen_page_errors  # noqa: F401 (block_table calls' flags)
 from .decode.op import (MAX_DECODE_Q_LEN, MAX_NUM_SPLITS, decode, decode_call_factory, decode_writer,  # noqa: F401
                         raise_page_errors)
 from .decode.deferred import check_page_errors  # noqa: F401 (the default paged call's flags, waited for)
