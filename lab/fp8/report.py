@@ -79,6 +79,20 @@ def race_table(rows: list[dict]) -> Table:
                  "FLOPs 4 B H S^2 D (halved causal); speedup = t(bf16 SDPA-cuDNN) / t(cuDNN FP8)")
 
 
+def lab_table(rows: list[dict]) -> Table:
+    """The lab's FP8 forward (lab.ops.attention_fp8, fwd v13) per cell: speed against cuDNN FP8 and bf16
+    SDPA-cuDNN timed in the same rounds, and its error beside its emulation's (O bf16)."""
+    out = []
+    for name, r in _by_case(rows, "lab-fp8").items():
+        a, ratios = r.get("accuracy") or {}, r.get("ratios", {})
+        out.append([name, r.get("tflops", r.get("unsupported", NAN)), r["timing"]["median_ms"] if "timing" in r else NAN,
+                    ratios.get("cudnn-fp8", NAN), ratios.get("sdpa-cudnn", NAN), a.get("rel_l2", NAN),
+                    (a.get("emulation") or {}).get("rel_l2", NAN)])
+    return Table(["case", "lab FP8 TFLOP/s", "ms", "vs cuDNN FP8", "vs bf16 SDPA-cuDNN", "rel L2", "emulation"], out,
+                 "lab.ops.attention_fp8 (V^T pass included); vs = t(other) / t(lab), > 1: the lab's is faster; "
+                 "relative L2 against float64 on the dequantised inputs, O bf16")
+
+
 def accuracy_table(rows: list[dict]) -> Table:
     out = []
     for name, r in _by_case(rows, "cudnn-fp8").items():
