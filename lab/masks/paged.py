@@ -14,15 +14,15 @@ Bad tables (a page outside [0, num_pages) among a sequence's pages, or more keys
    and its flag bits (LAB_PAGE_E_*, lab.decode.plan.ERROR_NAMES). page_errors=<int32 (B,) tensor> receives them
    (no host sync: the caller reads them when it wants, e.g. lab.ops.raise_page_errors). Without it and without the
    host check, the flags go to pinned host memory and are read at the next paged call once the GPU has run this
-   one (an event query, no wait) or at check_page_errors(), which waits: decode's deferred design (lab.decode.
-   deferred), in Python here because the masked kernels launch through ctypes, not the binding. Chosen over a
-   host sync per call, which a chunked-prefill loop would pay on every chunk.
+   one (an event query, no wait) or at check_page_errors() (lab.ops.check_varlen_page_errors), which waits:
+   decode's deferred design (lab.decode.deferred), in Python here because the masked kernels launch through ctypes,
+   not the binding. Chosen over a host sync per call, which a chunked-prefill loop would pay on every chunk.
 """
 from __future__ import annotations
 
 import torch
 
-from ..decode import deferred
+from ..decode.plan import PAGE_E_INDEX, PAGE_E_SHORT
 from ..op_common import _capability, _check_cuda, _direct, _eager, _readable, _scale
 from . import op, spec
 
@@ -32,6 +32,8 @@ MAX_CAPACITY = 1 << 30  # max_pages * page_size: the kernel's int key offsets an
 _pending: list = []  # (event, pinned flags (B,), call number, device) of calls without page_errors
 _MAX_PENDING = 64
 _count = 0
+ERROR_NAMES = {PAGE_E_INDEX: "a page index outside [0, num_pages)",
+               PAGE_E_SHORT: "more keys (cu_seqlens_k) than max_pages * page_size"}
 
 
 def check_paged(query, key_cache, value_cache, block_table, page_errors, batch: int):
@@ -213,7 +215,9 @@ def poll(wait: bool = False, oldest: bool = False) -> None:
             event.synchronize()
             rows = [(b, bits) for b, bits in enumerate(flags.tolist()) if bits]
             if rows:
-                bad.append(f"call {call} on {device}: block_table is bad for sequence(s) {deferred.named_flags(rows)}")
+                named = ", ".join(f"{b} ({' and '.join(t for bit, t in ERROR_NAMES.items() if bits & bit)})"
+                                  for b, bits in rows)
+                bad.append(f"call {call} on {device}: block_table is bad for sequence(s) {named}")
         else:
             keep.append((event, flags, call, device))
     _pending[:] = keep

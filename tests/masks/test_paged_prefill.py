@@ -205,3 +205,32 @@ def test_host_table_check_reads_only_used_pages():
     paged.check_table_on_host([0, 16, 16, 48], _table([[3, 1 << 30, -5], [-1, -1, -1], [0, 1, 1 << 30]]), 16, 4)
     with pytest.raises(ValueError, match=r"too short for sequence\(s\) \[1\]"):
         paged.check_table_on_host([0, 17, 82], _table([[3, 2, 0, 0], [0, 1, 2, 3]]), 16, 4)
+
+
+class _Done:
+    """A completed CUDA event's stand-in (the deferred queue only queries and synchronizes it)."""
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+
+class _Running(_Done):
+    def query(self):
+        return False
+
+
+def test_deferred_flags_raise_once_the_call_completed(monkeypatch):
+    """Flags of a finished call with a bad sequence raise (naming the call and the sequence, once); a call still
+    running stays queued until waited for."""
+    monkeypatch.setattr(paged, "_pending", [])
+    paged._pending.append((_Done(), torch.tensor([0, PAGE_E_INDEX, 0], dtype=torch.int32), 7, "cuda:0"))
+    paged._pending.append((_Running(), torch.tensor([PAGE_E_SHORT], dtype=torch.int32), 8, "cuda:0"))
+    with pytest.raises(ValueError, match=r"call 7 on cuda:0: block_table is bad for sequence\(s\) 1 \(a page index"):
+        paged.poll()
+    assert [entry[2] for entry in paged._pending] == [8]
+    with pytest.raises(ValueError, match=r"call 8 .* sequence\(s\) 0 \(more keys"):
+        ops.check_varlen_page_errors()
+    assert paged._pending == []
+    ops.check_varlen_page_errors()  # nothing left: no error
