@@ -62,7 +62,8 @@ def check_paged(query, key_cache, value_cache, block_table, page_errors, batch: 
     if query.shape[2] != head_dim:
         raise ValueError(f"query head dim {query.shape[2]} != key_cache head dim {head_dim}")
     for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):  # a copy would cost the whole cache
-        if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or t.data_ptr() % 16:
+        fake = isinstance(t, torch._subclasses.fake_tensor.FakeTensor)  # (no storage address to ask)
+        if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or (not fake and t.data_ptr() % 16):
             raise ValueError(f"{name} must have a contiguous last dim, other strides multiples of 8 elements and a "
                              f"16-byte aligned base (TMA), got strides {t.stride()}")
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:

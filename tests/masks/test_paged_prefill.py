@@ -234,3 +234,21 @@ def test_deferred_flags_raise_once_the_call_completed(monkeypatch):
         ops.check_varlen_page_errors()
     assert paged._pending == []
     ops.check_varlen_page_errors()  # nothing left: no error
+
+
+def test_fake_tensors_trace_the_custom_op(monkeypatch):
+    """Under fake tensors (torch.compile's tracing) the call is lab::attention_varlen_paged with its fake shapes; off
+    compute capability 9.0 it raises NotImplementedError after every argument check."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    monkeypatch.setattr(paged, "_capability", lambda device: (9, 0))
+    with FakeTensorMode():
+        def fake(*shape, dtype=BF16):
+            return torch.empty(*shape, dtype=dtype, device="cuda")
+        q, kc = fake(10, 8, 128), fake(6, 64, 2, 128)
+        cu, table = fake(3, dtype=torch.int32), fake(2, 3, dtype=torch.int32)
+        out, lse = ops.attention_varlen(q, kc, kc, cu, cu, 6, 190, is_causal=True, window_size=(100, 0),
+                                        return_lse=True, block_table=table)
+        assert out.shape == (10, 8, 128) and out.dtype == BF16 and lse.shape == (8, 10) and lse.dtype == torch.float32
+        monkeypatch.setattr(paged, "_capability", lambda device: (8, 0))
+        with pytest.raises(NotImplementedError, match="compute capability 9.0"):
+            ops.attention_varlen(q, kc, kc, cu, cu, 6, 190, block_table=table)
