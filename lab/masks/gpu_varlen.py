@@ -142,6 +142,7 @@ def checks() -> int:
 # and 128; one length (8 x 2048) against the dense op on the same tokens.
 DOCS12 = [2048, 3072, 1200, 4096, 517, 1900, 2500, 640, 3300, 1024, 1800, 1003]
 DOCS_MIXED = [512, 4096, 1536, 777, 3000, 2048, 1100, 2600]
+SLOT_MAJOR = {"LAB_BWD_PACKED_HEAD_MINOR": 0}  # the packed grid's other order (attn_bwd_packed_sm90.cuh)
 RACE_CELLS = (("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128), ("docs-mixed", DOCS_MIXED, 128),
               ("docs-mixed", DOCS_MIXED, 64), ("one-length", [2048] * 8, 64))
 
@@ -190,9 +191,11 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS) -> list:
             calls[key + "_fwd"] = (lambda fn=fn: _no_grad(fn), None)
         with torch.no_grad():
             o, lse = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, return_lse=True)
-        for layout in ("packed", "padded"):
-            calls["kernel_" + layout] = (lambda layout=layout: varlen_bwd.launch(
-                dout, q, k, v, o, lse, None, cu, cu, None, False, mx, mx, -1, 0, 0.0, D ** -0.5, layout=layout), None)
+        for label, layout, defines in (("packed", "packed", None), ("padded", "padded", None),
+                                       ("packed_slot_major", "packed", SLOT_MAJOR)):
+            calls["kernel_" + label] = (lambda layout=layout, defines=defines: varlen_bwd.launch(
+                dout, q, k, v, o, lse, None, cu, cu, None, False, mx, mx, -1, 0, 0.0, D ** -0.5, layout=layout,
+                defines=defines), None)
         times = bench.time_interleaved(calls, timer=timer, budget_s=0.5, max_reps=30, min_reps=7)
         ms = {key: (t.median_ms if hasattr(t, "median_ms") else str(t)) for key, t in times.items()}
         iqr = {key: t.iqr_ms for key, t in times.items() if hasattr(t, "iqr_ms")}
@@ -202,12 +205,14 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS) -> list:
         row = {"cell": name, "lens": lens, "H": H, "D": D, "tokens": total, "median_ms": ms, "iqr_ms": iqr,
                "flex_over_lab": {s: ratio("flex" + s, "lab" + s) for s in ("_fwd", "", "+fwd")},
                "lab_over_dense": {s: ratio("lab" + s, "dense" + s) for s in ("_fwd", "", "+fwd")},
-               "padded_over_packed": ratio("kernel_padded", "kernel_packed")}
+               "padded_over_packed": ratio("kernel_padded", "kernel_packed"),
+               "slot_major_over_head_minor": ratio("kernel_packed_slot_major", "kernel_packed")}
         rows.append(row)
         print(f"race-varlen {name} D {D} ({total} tokens): " + ", ".join(
             f"{key} {v if isinstance(v, str) else round(v, 3)}" for key, v in ms.items()), flush=True)
         print(f"  Flex / lab (fwd, bwd, fwd+bwd): {row['flex_over_lab']}; lab / dense: {row['lab_over_dense']}; "
-              f"padded / packed backward: {row['padded_over_packed']}", flush=True)
+              f"padded / packed backward: {row['padded_over_packed']}; slot-major / head-minor grid: "
+              f"{row['slot_major_over_head_minor']}", flush=True)
     return rows
 
 

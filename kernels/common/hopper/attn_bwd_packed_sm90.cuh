@@ -37,6 +37,15 @@ __device__ __forceinline__ PackedSeq packed_seq(const MaskBwdParams& p, int b) {
   return PackedSeq{qa, min(qb - qa, p.seqlen_q), ka, min(kb - ka, p.seqlen_k)};
 }
 
+// The grid's order: 1 (the default), the KV head fastest, so a key block's CTAs of every head run together, the
+// sequences in order and each one's key blocks longest (causal) first: the grid ends on the last sequence's
+// shortest blocks, and a sequence's Q and dO (all heads) are read while they sit in L2. 0: the key slot fastest
+// (the dense grid's order: one head's sequences in turn), where the last head's longest blocks of its last long
+// sequence may start in the last wave.
+#ifndef LAB_BWD_PACKED_HEAD_MINOR
+#define LAB_BWD_PACKED_HEAD_MINOR 1
+#endif
+
 constexpr int kPackedAlign = 128;  // rows: the workspace's sequence alignment, and keys of a slot (Cfg::BC)
 
 __host__ __device__ __forceinline__ int64_t packed_ws_rows(int total_q, int batch) {
@@ -164,8 +173,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   // Prologue: the CTA's sequence and key block (the whole CTA returns before any barrier when it has none).
   const int64_t slots = packed_key_slots(p.total_k, p.batch);
-  const int hkv = (int)(blockIdx.x / slots);
-  const int64_t slot = blockIdx.x % slots;
+  const int hkv = LAB_BWD_PACKED_HEAD_MINOR ? (int)(blockIdx.x % p.heads_kv) : (int)(blockIdx.x / slots);
+  const int64_t slot = LAB_BWD_PACKED_HEAD_MINOR ? blockIdx.x / p.heads_kv : blockIdx.x % slots;
   const int b = last_seq_at(p.batch, slot, [&](int bb) {
     return kslot_start(min(max(__ldg(p.cu_seqlens_k + bb), 0), p.total_k), bb);
   });
