@@ -11,11 +11,21 @@
 //   - softcap: P recomputed from the capped score (tanh.approx, the forward's), dS scaled by 1 - tanh^2;
 //   - sinks: nothing in the loop (the forward's LSE holds the sink's share); their gradient, when wanted, is a
 //     reduction over the pre-pass's Delta and the LSE after it (sink_grad);
-//   - packed sequences (MaskBwdParams::seqlens, a device array: no host sync): lab/masks/varlen_bwd.py copies them
-//     into right-padded dense buffers of max_seqlen rows; every rule above then runs per sequence (its S_q, S_k
-//     and bottom-right offset), so tiles past a sequence's end are neither visited nor masked. The copies in and
-//     out are the cost of reusing the dense producer's TMA maps; addressing the packed tensors in the producer
-//     and the epilogue would remove them.
+//   - packed sequences, read in place (MaskBwdParams::cu_seqlens_q / _k; common/hopper/attn_bwd_packed_sm90.cuh):
+//     a grid of key slots per sequence (no host sync), the producer's tensor maps over the packed rows, workspaces
+//     in per-sequence 128-aligned rows, every rule above per sequence (its S_q, S_k, bottom-right offset). The
+//     first packed path (MaskBwdParams::seqlens, kept for lab/masks/varlen_bwd.py's layout="padded") copied the
+//     tensors into right-padded dense buffers of max_seqlen rows and the gradients back.
+//     Prediction (H200, bf16, causal, H 16, D 128, public op + autograd in GPU time; written before the first
+//     run): at 12 documents of 23,100 tokens (lab.masks.gpu_varlen.DOCS12, max 4096) the padded path moves about
+//     4.5 GB for its copies (five gathers into 12 x 4096-row buffers with their masked fills, three gathers back)
+//     and runs the pre-pass, dq_accum and convert over 49k rows instead of 23k: 1.4-1.7 ms of a 2.9-3.3 ms
+//     backward; in place the backward drops to 1.3-1.6 ms (2.0-2.3x), FlexAttention's document mask over ours
+//     from 0.52 to 1.0-1.2x: the 1.5x target needs the main kernel itself faster on short causal documents
+//     (causal steps without the stagger, per-CTA prologue and epilogue on 2-32-step CTAs). Packed sequences of one
+//     length (8 x 2048): 1.18x the dense op -> 1.02-1.08x (this loop is v12's, the dense default v14's tail
+//     order and pre-pass zeroing ahead of it by a few %). The dense calls' SASS is unchanged (all 25 kernels of
+//     the build before it identical at sm_90a).
 // Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
 // LAB_BWD_MASK_STAGE=1 (the default): v12's tile config, dK and dV staged through the free dQ staging area and stored as
 // 16-byte rows, and at D = 64 v10's K and V in registers. Prediction (H100, D = 128, bf16, GPU time against v07's
@@ -61,8 +71,9 @@
 // on top of the ex2, the same MUFU pressure the forward saw (+22-24 %), here over more tensor work per score
 // (five GEMMs, not two): +8-12 %; a sink costs a reduction over B H S floats: < 1 %.
 //
-// Limits: sm_90 only (the body is guarded for sm_80 builds); D 64 and 128; fp16, bf16; dense or packed (through
-// padded copies); GQA; any finite scale; no deterministic mode.
+// Limits: sm_90 only (the body is guarded for sm_80 builds); D 64 and 128; fp16, bf16; dense or packed (in place,
+// or through padded copies); GQA; any finite scale; no deterministic mode. Self-test builds: LAB_BWD_MASK_BUG_NO_WINDOW,
+// LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD, LAB_BWD_PACKED_BUG_NO_OFFSET (every sequence's keys read at the first one's rows).
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v08_masks.cu
 #include "common/hopper/attn_bwd_mask_sm90.cuh"
