@@ -43,6 +43,13 @@
 #ifndef LAB_FWD_FP8_OVERLAP
 #define LAB_FWD_FP8_OVERLAP 1
 #endif
+// LAB_FWD_FP8_WARPSPEC (0: the one-warpgroup kernel above; 1: v07's shape): a producer warpgroup (TMA only, 24
+// registers) and two consumer warpgroups (240 registers, 64 query rows each, B_r = 128) sharing each K / V tile,
+// with `empty` barriers per stage and ping-pong turns (one warpgroup's GEMMs issue while the other runs its
+// softmax). Each consumer runs the overlapped loop of LAB_FWD_FP8_OVERLAP = 1.
+#ifndef LAB_FWD_FP8_WARPSPEC
+#define LAB_FWD_FP8_WARPSPEC 0
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -67,6 +74,31 @@ struct CfgFp8 {
 using Cfg64 = CfgFp8<64, 128, 3>;
 using Cfg128 = CfgFp8<128, 128, 3>;
 using Cfg256 = CfgFp8<256, 64, 2>;
+
+// The warp-specialised kernel's tiles: one CTA per SM (384 threads, 240-register consumers), so the ring is
+// deeper: 4 stages at every D (D 64: 73 KiB, D 128: 145 KiB, D 256 (B_c 64): 161 KiB).
+template <int D_, int BC_, int STAGES_>
+struct CfgWs {
+  static constexpr int D = D_;
+  static constexpr int BC = BC_;
+  static constexpr int kStages = STAGES_;
+  static constexpr int kRow = D < 128 ? D : 128;
+  static constexpr int kKBytes = BC * D;
+  static constexpr int kVBytes = D * BC;
+  static constexpr int kConsumers = 2;
+  static constexpr int BR = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kRegsProducer = 24;
+  static constexpr int kRegsConsumer = 240;
+  static constexpr int kQBytesWG = 64 * D_;
+  static constexpr int kQBytes = kConsumers * kQBytesWG;
+  static constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;
+  static_assert(kSmem + 256 <= 227 * 1024, "shared memory budget exceeded");
+  static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
+};
+using Ws64 = CfgWs<64, 128, 4>;
+using Ws128 = CfgWs<128, 128, 4>;
+using Ws256 = CfgWs<256, 64, 4>;
 
 template <class Cfg>
 struct Ring {
@@ -247,9 +279,171 @@ __global__ void __launch_bounds__(128) attn_fwd_v13_kernel(const __grid_constant
 #endif
 }
 
+
+// The warp-specialised kernel (LAB_FWD_FP8_WARPSPEC = 1): producer warpgroup 0, consumer warpgroups 1, 2.
 template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const __grid_constant__ CUtensorMap tq,
+                                                                           const __grid_constant__ CUtensorMap tk,
+                                                                           const __grid_constant__ CUtensorMap tv,
+                                                                           const AttnFp8Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
+  uint8_t* smem = align1024(smem_raw);
+  const Ring<Cfg> ring{smem_u32(smem)};  // Cfg::kQBytes covers both warpgroups' Q
+
+  // Prologue: which (b, h, 128 query rows) this CTA computes; causal query blocks of a head heaviest first.
+  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
+  const int bh = blockIdx.x / num_m;
+  const int mb = p.causal ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
+  const int b = bh / p.heads_q, h = bh % p.heads_q, hkv = h / (p.heads_q / p.heads_kv), m0 = mb * Cfg::BR;
+  const int kv_end = p.causal ? min(p.seqlen_k, m0 + Cfg::BR) : p.seqlen_k;
+  const int n_tiles = (kv_end + BC - 1) / BC;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
+      mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer: Q once, then K_j and V_j into a free stage each.
+    setmaxnreg_dec<Cfg::kRegsProducer>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_maps(&tq, &tk, &tv);
+      mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
+      for (int w = 0; w < Cfg::kConsumers; ++w)
+        for (int cb = 0; cb < D / Cfg::kRow; ++cb)
+          tma_load_4d(ring.q + w * Cfg::kQBytesWG + cb * 64 * Cfg::kRow, &tq, smem_u32(&bar_q), cb * Cfg::kRow,
+                      m0 + 64 * w, h, b);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages;
+        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
+        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+        mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kKBytes);
+        for (int cb = 0; cb < D / Cfg::kRow; ++cb)
+          tma_load_4d(ring.k(s) + cb * BC * Cfg::kRow, &tk, smem_u32(&bar_k[s]), cb * Cfg::kRow, j * BC, hkv, b);
+        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+        mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVBytes);
+        tma_load_4d(ring.v(s), &tv, smem_u32(&bar_v[s]), j * BC, 0, hkv, b);
+      }
+    }
+  } else {
+    // Consumers: warpgroup wg computes query rows m0 + 64 (wg - 1) .. + 63 with Q at qw.
+    setmaxnreg_inc<Cfg::kRegsConsumer>();
+    const int ct = threadIdx.x - 128 * wg;
+    const uint32_t qw = ring.q + (wg - 1) * Cfg::kQBytesWG;
+    const int m0w = m0 + 64 * (wg - 1);
+    const auto descale = [&](const float* ptr, int which, int head) {
+      return ptr == nullptr ? 1.f : ptr[b * p.descale_stride[which][0] + head * p.descale_stride[which][1]];
+    };
+    const float dq = descale(p.q_descale, 0, p.q_descale_by_kv ? hkv : h);
+    const float dk = descale(p.k_descale, 1, hkv);
+#ifdef LAB_FP8_BUG_NO_V_DESCALE
+    const float dv = 1.f;  // wrong on purpose
+#else
+    const float dv = descale(p.v_descale, 2, hkv);
+#endif
+    const float c = p.scale * dq * dk * kLog2e;
+    const float log2_ps = __log2f(p.p_scale);
+    const int wm0 = m0w + (ct / 32) * 16;
+    const int row0 = wm0 + (ct % 32) / 4;
+    float o[D / 2];
+    zero_acc(o);
+    RowState st;
+    float sacc[BC / 2];
+    uint32_t pa[BC / 32][4];
+    float alpha[2];
+    auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1); };
+    auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1); };
+    auto release_k = [&](int j) {
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[j % kStages]));
+    };
+    auto release_v = [&](int j) {
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[j % kStages]));
+    };
+    auto s_gemm = [&](int j) {
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk)
+        WgmmaFp8Op<BC>::ss(sacc, desc_e4m3<Cfg::kRow>(qw, 64, kk),
+                           desc_e4m3<Cfg::kRow>(ring.k(j % kStages), BC, kk), kk > 0);
+      wgmma_commit();
+    };
+    // Ping-pong: turn() waits for this warpgroup's token, pass() hands it to the other; each warpgroup takes
+    // n_tiles + 1 turns, the second hands out the first, and the first takes one more at the end, which
+    // consumes the second's last pass (no arrival left pending at exit).
+    const int next_wg = wg % Cfg::kConsumers + 1;
+    auto turn = [&]() { named_barrier_sync(2 + wg, 256); };
+    auto pass = [&]() { named_barrier_arrive(2 + next_wg, 256); };
+    if (wg == Cfg::kConsumers && n_tiles > 0) named_barrier_arrive(2 + 1, 256);
+    mbar_wait(smem_u32(&bar_q), 0);
+
+    // Main loop (each warpgroup: LAB_FWD_FP8_OVERLAP's order)
+    if (n_tiles > 0) {
+      wait_k(0);
+      turn();
+      wgmma_fence();
+      s_gemm(0);
+      pass();
+      wgmma_wait<0>();
+      reg_fence(sacc);
+      release_k(0);
+      softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, 0, p);
+      pack_p_e4m3<BC>(sacc, pa);
+    }
+    for (int j = 1; j < n_tiles; ++j) {
+      wait_k(j);
+      wait_v(j - 1);
+      turn();
+      wgmma_fence();
+      s_gemm(j);
+      issue_pv<Cfg>(o, pa, ring, (j - 1) % kStages);
+      pass();
+      wgmma_wait<1>();
+      reg_fence(sacc);
+      release_k(j);
+      softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
+      wgmma_wait<0>();
+      reg_fence(o);
+      release_v(j - 1);
+      rescale_o<D>(o, alpha);
+      pack_p_e4m3<BC>(sacc, pa);
+    }
+    if (n_tiles > 0) {
+      wait_v(n_tiles - 1);
+      turn();
+      wgmma_fence();
+      issue_pv<Cfg>(o, pa, ring, (n_tiles - 1) % kStages);
+      pass();
+      wgmma_wait<0>();
+      reg_fence(o);
+      release_v(n_tiles - 1);
+      if (wg == 1) turn();
+    }
+
+    // Epilogue
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] *= dv;
+    AttnFwdParams out{};
+    out.o = p.o;
+    out.lse = p.lse;
+    for (int i = 0; i < 3; ++i) out.o_stride[i] = p.o_stride[i];
+    out.heads_q = p.heads_q;
+    out.seqlen_q = p.seqlen_q;
+    out.head_dim = D;
+    epilogue_direct<D, __nv_bfloat16>(o, st, out, b, h, m0w);
+  }
+#endif
+}
+
+template <class Cfg, auto kKernel>
 int launch(const AttnFp8Params& p, cudaStream_t stream, int dev) {
-  constexpr auto kKernel = attn_fwd_v13_kernel<Cfg>;
   if (const cudaError_t err = lab::allow_smem_once<kKernel>(Cfg::kSmem, dev)) return (int)err;
   CUtensorMap tq, tk, tv;
   const int Sk = p.seqlen_k > 0 ? p.seqlen_k : 1;  // S_k = 0: a map is still needed, never read
@@ -279,7 +473,13 @@ extern "C" int attn_fwd_v13(const AttnFp8Params* p, void* stream) {
   if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (const int rc = launch_fp8_vt(*p, st)) return rc;
-  if (p->head_dim == 64) return launch<Cfg64>(*p, st, dev);
-  if (p->head_dim == 128) return launch<Cfg128>(*p, st, dev);
-  return launch<Cfg256>(*p, st, dev);
+#if LAB_FWD_FP8_WARPSPEC
+  if (p->head_dim == 64) return launch<Ws64, attn_fwd_v13_ws_kernel<Ws64>>(*p, st, dev);
+  if (p->head_dim == 128) return launch<Ws128, attn_fwd_v13_ws_kernel<Ws128>>(*p, st, dev);
+  return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>>(*p, st, dev);
+#else
+  if (p->head_dim == 64) return launch<Cfg64, attn_fwd_v13_kernel<Cfg64>>(*p, st, dev);
+  if (p->head_dim == 128) return launch<Cfg128, attn_fwd_v13_kernel<Cfg128>>(*p, st, dev);
+  return launch<Cfg256, attn_fwd_v13_kernel<Cfg256>>(*p, st, dev);
+#endif
 }

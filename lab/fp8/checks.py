@@ -121,10 +121,11 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str =
     return record.append(row)
 
 
-def run_all(seed: int = 0) -> list[dict]:
-    rows = [check(*cell, seed=seed + i) for i, cell in enumerate(CELLS)]
+def run_all(seed: int = 0, defines=None, use_peer: bool = True) -> list[dict]:
+    """Every cell and variant, on the default build or the one `defines` makes (a candidate)."""
+    rows = [check(*cell, seed=seed + i, defines=defines, use_peer=use_peer) for i, cell in enumerate(CELLS)]
     for i, (name, cell, options) in enumerate(VARIANTS):
-        rows.append(check(name, *_cell(cell)[1:], seed=seed + 100 + i, **options))
+        rows.append(check(name, *_cell(cell)[1:], seed=seed + 100 + i, defines=defines, use_peer=use_peer, **options))
     return rows
 
 
@@ -158,8 +159,11 @@ def _line(row: dict) -> str:
             f"nan {row['nan_out']}/{row['nan_lse']}")
 
 
-def main() -> int:
-    rows = run_all()
+def main(argv=None) -> int:
+    """python -m lab.fp8.checks [NAME=VALUE ...]: every check on the default build, or on the build those
+    defines make (a candidate), then the wrong build and the V^T pass's share."""
+    defines = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv)) or None
+    rows = run_all(defines=defines)
     for row in rows:
         print(_line(row), flush=True)
     wrong = wrong_build()

@@ -94,16 +94,18 @@ def _attempt(quantized, causal: bool):
     return fp8
 
 
-def _lab_call(quantized, causal: bool):
-    """lab.ops.attention_fp8 on the e4m3 tensors with their one-element descales, or why it cannot run."""
-    from .op import attention_fp8
+def _lab_call(quantized, causal: bool, defines=None):
+    """lab.ops.attention_fp8 on the e4m3 tensors with their one-element descales (with `defines`: the same call
+    through lab.fp8.op.run on that build, a candidate), or why it cannot run."""
+    from . import op
 
     args = [x.data for x in quantized] + [x.descale.flatten()[:1].contiguous() for x in quantized]
-    call = partial(attention_fp8, *args, is_causal=causal, enable_gqa=True)
+    call = partial(op.run, *args, is_causal=causal, enable_gqa=True, defines=defines) if defines else \
+        partial(op.attention_fp8, *args, is_causal=causal, enable_gqa=True)
     return bench.try_run(call) or call
 
 
-def _lab_row(case, quantized, call, timed, flops, causal, rows, extra) -> dict:
+def _lab_row(impl, case, quantized, call, timed, flops, causal, rows, extra) -> dict:
     deq = [x.dequantize(torch.float64) for x in quantized]
     on_deq = emulate.reference(*deq, causal, rows=rows)
     emulated = emulate.forward(*quantized, causal, rows=rows, block_n=64 if case.D == 256 else 128)
@@ -112,15 +114,16 @@ def _lab_row(case, quantized, call, timed, flops, causal, rows, extra) -> dict:
     accuracy_block = {**emulate.errors(out[:, :, rows].float(), on_deq), "reference": "float64 on the dequantised "
                       "inputs", "rows_checked": len(rows), "emulation": emulate.errors(emulated, on_deq)}
     row = dict(extra, accuracy=accuracy_block)
-    if isinstance(timed["lab-fp8"], bench.Timing):
-        row["ratios"] = {name: t.median_ms / timed["lab-fp8"].median_ms for name, t in timed.items()
-                         if name != "lab-fp8" and isinstance(t, bench.Timing)}
-    return _row("lab-fp8", case, timed["lab-fp8"], flops, row)
+    if isinstance(timed[impl], bench.Timing):
+        row["ratios"] = {name: t.median_ms / timed[impl].median_ms for name, t in timed.items()
+                         if name != impl and isinstance(t, bench.Timing)}
+    return _row(impl, case, timed[impl], flops, row)
 
 
 def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS_CHECKED, lab: bool = False,
-             **stop) -> list[dict]:
-    """Time and check one cell; append and return its records (two, three with lab)."""
+             lab_candidates: dict | None = None, **stop) -> list[dict]:
+    """Time and check one cell; append and return its records (two; with lab one more for lab-fp8 and one per
+    candidate build, {impl: defines})."""
     q, k, v, causal = sweep.case_inputs(case, seed)
     quantized = [quant.quantize(x, "e4m3", "tensor") for x in (q, k, v)]
     flops = bench.attention_flops(case.B, case.Hq, case.Sq, case.Sk, case.D, causal)
@@ -129,11 +132,12 @@ def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS
     calls = {"sdpa-cudnn": (bf16, partial(bench.sdpa_backend, "cudnn"))}
     if not isinstance(fp8, str):
         calls["cudnn-fp8"] = (fp8.call, None)
-    lab_call = _lab_call(quantized, causal) if lab else None
-    if callable(lab_call):
-        calls["lab-fp8"] = (lab_call, None)
+    labs = {impl: _lab_call(quantized, causal, defines)
+            for impl, defines in ({"lab-fp8": None, **(lab_candidates or {})} if lab else {}).items()}
+    calls.update({impl: (call, None) for impl, call in labs.items() if callable(call)})
     timed = bench.time_interleaved(calls, timer=_timer(timer), **stop)
-    timed.setdefault("lab-fp8", lab_call)
+    for impl, call in labs.items():
+        timed.setdefault(impl, call)
     timed.setdefault("cudnn-fp8", fp8)
     bf16_out = None
     if isinstance(timed["sdpa-cudnn"], bench.Timing):
@@ -156,22 +160,24 @@ def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS
     fp8_extra["accuracy_recorded"] = bool(block) and block["nan"] == block["inf"] == 0 \
         and math.isfinite(block["rel_l2"])  # the gate: every cell ran and was checked
     rows.append(record.append(_row("cudnn-fp8", case, timed["cudnn-fp8"], flops, fp8_extra)))
-    if callable(lab_call):
-        checked = checked_rows(case.Sq, rows_checked).to(q.device)
-        rows.append(record.append(_lab_row(case, quantized, lab_call, timed, flops, causal, checked, extra)))
-    elif lab:
-        rows.append(record.append(_row("lab-fp8", case, lab_call, flops, dict(extra))))
+    for impl, call in labs.items():
+        if callable(call):
+            checked = checked_rows(case.Sq, rows_checked).to(q.device)
+            row = _lab_row(impl, case, quantized, call, timed, flops, causal, checked, extra)
+            rows.append(record.append(dict(row, defines=(lab_candidates or {}).get(impl) or {})))
+        else:
+            rows.append(record.append(_row(impl, case, call, flops, dict(extra))))
     del q, k, v, quantized, fp8, bf16_out
     torch.cuda.empty_cache()
     return rows
 
 
 def race(cells: list[Case] | None = None, timer: str = "gpu", rows_checked: int = ROWS_CHECKED, lab: bool = False,
-         **stop) -> list[dict]:
+         lab_candidates: dict | None = None, **stop) -> list[dict]:
     """Every cell (default: cases()); raises the peer's ImportError first if cudnn is missing. lab: race
-    lab.ops.attention_fp8 too (compute capability 9.0)."""
+    lab.ops.attention_fp8 too (compute capability 9.0), and lab_candidates' builds ({impl: defines})."""
     peer.require()
     rows = []
     for seed, case in enumerate(cells or cases()):
-        rows += run_case(case, seed, timer, rows_checked, lab, **stop)
+        rows += run_case(case, seed, timer, rows_checked, lab, lab_candidates, **stop)
     return rows
