@@ -20,8 +20,9 @@ head dim no masked backward takes (lab.registry.MASKED_BWD) or off compute capab
 runs PyTorch's SDPA instead (the eager formula with a softcap or sinks, which SDPA lacks), with the window and
 documents as an explicit mask and a warning naming the reason once per reason: never silently. So Gemma-2 (D = 256,
 softcap 50, window 4096) and Gemma-3 (D = 256, window) run the lab's kernels on an H100 / H200: the plain layers
-forward and backward, the masked ones forward on masked v12, and their training falls back, saying why, wherever
-MASKED_BWD has no kernel at D 256.
+forward and backward, the masked ones forward on masked v12 and backward on the masked backward that
+lab.registry.MASKED_BWD lists at D 256 (masked v21); a call that wants a gradient no listed kernel computes falls
+back, saying why.
 
 transformers is imported only inside register(): the adapter itself needs torch alone.
 """
