@@ -16,6 +16,10 @@
 //  * Softcap acts on pass 1's scores. Sinks act only where the rows' splits meet: the combine's normaliser
 //    (common/splitk_combine.cuh) or, with one split, pass 1's epilogue (decode_pv.cuh merge_warps_store), never a
 //    split's partial (each split would then count the sink once: LAB_DECODE_BUG_SINK_PER_SPLIT is that wrong build).
+//
+// LAB_DECODE_NO_MASKS compiles the mask steps out of pass 1 (the window's first key, the rows' first keys, the
+// softcap): the plain kernel as it was before them, the baseline of the A/B that shows a plain call did not slow
+// down (lab/decode/mask_bench.py). The fields are then ignored; lab.ops never builds it.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -43,6 +47,9 @@ inline int window_span(const DecodeParams* p) {
 
 // The sequence's first key any of its rows sees, rounded down to a whole tile (0 without a left edge).
 __device__ __forceinline__ int window_first_key(const DecodeParams& p, int len) {
+#ifdef LAB_DECODE_NO_MASKS
+  return 0;
+#endif
   if (!p.window || p.window_left < 0) return 0;
   const int64_t first = static_cast<int64_t>(len) - p.q_len - p.window_left;
   return first <= 0 ? 0 : static_cast<int>(first) / kWindowAlign * kWindowAlign;
@@ -76,9 +83,13 @@ __device__ __forceinline__ void row_key_range(const DecodeParams& p, int len, in
 // Both fragment rows' ranges of a 16-row block (rows row0 + gid and row0 + gid + 8; token = row % q_len).
 __device__ __forceinline__ void block_row_ranges(const DecodeParams& p, int len, int row0, int gid, int key_begin,
                                                  int n_keys, int (&row_lo)[2], int (&row_keys)[2]) {
+#ifdef LAB_DECODE_NO_MASKS  // the causal limit alone (load_q_rows wrote it), no first key
+  row_lo[0] = row_lo[1] = INT32_MIN;
+#else
 #pragma unroll
   for (int half = 0; half < 2; ++half)
     row_key_range(p, len, (row0 + gid + 8 * half) % p.q_len, key_begin, n_keys, row_lo[half], row_keys[half]);
+#endif
 }
 
 // The score map of pass 1: without softcap x * scale * log2 e; with it c * tanh(x * scale / c) * log2 e.
@@ -88,7 +99,11 @@ struct ScoreMap {
   float cap_out;   // c * log2 e
 };
 __device__ __forceinline__ ScoreMap score_map(const DecodeParams& p, float qk_scale) {
+#ifdef LAB_DECODE_NO_MASKS
+  const bool cap = false;
+#else
   const bool cap = p.softcap > 0.f;
+#endif
   return {cap ? 1.f : qk_scale, cap ? p.scale / p.softcap : 0.f, cap ? p.softcap * kLog2e : 0.f};
 }
 
@@ -101,6 +116,9 @@ __device__ __forceinline__ float softcap_tanh(float y) {
 
 // Softcap a warp's 8 scores in place (a warp-uniform branch: a plain call skips it).
 __device__ __forceinline__ void softcap_scores(float (&s)[2][4], const ScoreMap& map) {
+#ifdef LAB_DECODE_NO_MASKS
+  return;
+#endif
   if (map.cap_in == 0.f) return;
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)

@@ -34,6 +34,7 @@ class MaskCase:
     sinks: bool = False
     page_size: int = 0          # 0: contiguous
     dtype: str = "bfloat16"
+    sink_shift: float = 0.0     # added to the drawn sinks (N(0, 2^2)): a sink worth many keys
 
 
 def cases(dims=(128,)) -> list[MaskCase]:
@@ -96,7 +97,7 @@ def inputs(case: MaskCase, seed: int, device="cuda") -> dict:
     q = torch.randn(case.B, case.Hq, case.q_len, case.D, generator=gen, device=device).to(dtype)
     k = torch.randn(case.B, case.Hkv, case.S, case.D, generator=gen, device=device).to(dtype)
     v = torch.randn(case.B, case.Hkv, case.S, case.D, generator=gen, device=device).to(dtype)
-    sinks = (torch.randn(case.Hq, generator=gen, device=device) * 2).float() if case.sinks else None
+    sinks = (torch.randn(case.Hq, generator=gen, device=device) * 2 + case.sink_shift).float() if case.sinks else None
     a = dict(q=q, k=k, v=v, sinks=sinks, seqlens=torch.tensor(case.lengths, dtype=torch.int32, device=device))
     if case.page_size:
         import numpy as np

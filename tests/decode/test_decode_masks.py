@@ -159,3 +159,29 @@ def test_binding_refuses_bad_masks(cpu_binding, over, text):
     q, k, v = _cpu_args()
     error = _binding_call(cpu_binding, q, k, v, **over)[0]
     assert error and __import__("re").search(text, error), error
+
+
+@pytest.mark.parametrize("case", [c for c in __import__("lab.decode.mask_checks", fromlist=["cases"]).cases((16,))
+                                  if "p16" in c.name or c.name.startswith("all-q1")], ids=lambda c: c.name)
+def test_gpu_checks_reference_is_the_emulations(case):
+    """lab.decode.mask_checks' torch reference (what the GPU checks judge by) agrees with the float64 reference
+    here, on the CPU, paged inputs included (the cache gathered back through the table)."""
+    from lab.decode import mask_checks as mc
+
+    a = mc.inputs(case, 0, device="cpu")
+    scale = case.D ** -0.5
+    ref = mc.masked_math(a["q"], a["k"], a["v"], case.lengths, case, a["sinks"], scale, torch.float64)
+    left, right = case.window or (-1, -1)
+    want, _ = em.reference_masked_decode(a["q"].double().numpy(), a["k"].double().numpy(), a["v"].double().numpy(),
+                                         case.lengths, scale, case.causal, left, right, case.softcap,
+                                         None if a["sinks"] is None else a["sinks"].double().numpy())
+    np.testing.assert_allclose(ref.numpy(), want, atol=1e-12)
+    eager = mc.masked_math(a["q"], a["k"], a["v"], case.lengths, case, a["sinks"], scale, torch.bfloat16)
+    assert 0 < float((eager.double() - ref).abs().max()) < 0.1
+    if not case.page_size:
+        return
+    kc, vc, used, errors = em.contiguous_cache(a["k_pages"].double().numpy(), a["v_pages"].double().numpy(),
+                                               a["table"].numpy(), case.lengths)
+    assert errors == [0] * case.B
+    np.testing.assert_array_equal(kc[:, :, :case.S], np.where(
+        np.arange(case.S)[None, None, :, None] < np.array(used)[:, None, None, None], a["k"].double().numpy(), 0))
