@@ -74,3 +74,39 @@ def paged_deferred(query, key_cache, value_cache, cache_seqlens, block_table, is
     error, out = deferred.call(address, query, key_cache, value_cache, cache_seqlens, block_table,
                                _scale(scale, query.shape[-1]), splits, is_causal)
     return None if error else out
+
+
+def masked_key(query, key_cache, block_table, version, num_splits, is_causal, window_size, softcap):
+    """The plan key of a masked call (lab.decode.masks), or None when an argument is not of the plain types a key
+    can hold (the full path then checks and runs it)."""
+    if type(window_size) is not tuple and window_size is not None or type(softcap) not in (float, int) or \
+            type(is_causal) is not bool:
+        return None
+    return ("masked", query.shape, key_cache.shape, None if block_table is None else block_table.shape,
+            query.get_device(), version, num_splits, is_causal, window_size, softcap)
+
+
+def masked(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, is_causal, scale, num_splits,
+           version, window_size, softcap, sinks):
+    """A masked call whose shapes and masks the full path (lab.decode.masks.decode_masked) checked once, in one
+    crossing into the binding (decode_masked_call, or the deferred call for a table without page_errors), or None.
+    Every per-call rule (devices, dtypes, strides, the sinks' shape and dtype, the flags) is the binding's."""
+    if type(query) is not _Tensor or type(key_cache) is not _Tensor or type(value_cache) is not _Tensor or \
+            (block_table is not None and type(block_table) is not _Tensor) or \
+            (sinks is not None and type(sinks) is not _Tensor) or (scale is not None and type(scale) is not float):
+        return None
+    key = masked_key(query, key_cache, block_table, version, num_splits, is_causal, window_size, softcap)
+    plan = plans.get(key) if key is not None else None
+    if plan is None or not _direct(query, key_cache, value_cache):
+        return None
+    address, splits = plan
+    left, right = window_size or (-1, -1)
+    masks = (left, 0 if is_causal else right, float(softcap), sinks)
+    if block_table is not None and page_errors is None:
+        error, out = deferred.call(address, query, key_cache, value_cache, cache_seqlens, block_table,
+                                   _scale(scale, query.shape[-1]), splits, is_causal, masks=masks)
+    else:
+        error, out, _ = build.binding().module.decode_masked_call(
+            address, query, key_cache, value_cache, cache_seqlens, block_table, page_errors,
+            _scale(scale, query.shape[-1]), splits, is_causal, *masks)
+    return None if error else out

@@ -16,12 +16,12 @@ from __future__ import annotations
 import torch
 
 from .. import build
-from ..kernels import launcher
+from ..kernels import keep_plan, launcher
 from ..kernels import resolve_version as _version
 from ..masks import spec
 from ..op_common import _direct, _scale
 from ..registry import DECODE
-from . import deferred
+from . import deferred, fast
 from .checks import _check_decode, _check_seqlens
 from .paged_op import _check_paged, _v03_plan
 
@@ -88,9 +88,10 @@ def _(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, si
 
 
 def decode_masked(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version, block_table, is_causal,
-                  page_errors, mask: spec.Mask, sinks):
+                  page_errors, mask: spec.Mask, sinks, window_size=None, softcap_arg=None):
     """The masked call, checked as the paged / causal call is (lab.decode.paged_op), planned over the window's span,
-    run by a masked kernel: the paged call without page_errors reads its flags later (lab.decode.deferred)."""
+    run by a masked kernel: the paged call without page_errors reads its flags later (lab.decode.deferred).
+    window_size, softcap_arg: the caller's arguments, the key of the plan kept for lab.decode.fast.masked."""
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     _check_version(query, version)
@@ -112,13 +113,17 @@ def decode_masked(query, key_cache, value_cache, cache_seqlens, scale, num_split
     if not _direct(query, key_cache, value_cache):  # traced (torch.compile): flags to page_errors or nowhere
         return _masked_op(query, key_cache, value_cache, seqlens, block_table, page_errors, sinks, scale, splits,
                           is_causal, left, right, softcap, name)
+    address = launcher(DECODE, name)
     if block_table is not None and page_errors is None:  # flags read at a later call (lab.decode.deferred)
-        error, out = deferred.call(launcher(DECODE, name), query, key_cache, value_cache, seqlens, block_table,
-                                   scale, splits, is_causal, masks=(left, right, softcap, sinks))
+        error, out = deferred.call(address, query, key_cache, value_cache, seqlens, block_table, scale, splits,
+                                   is_causal, masks=(left, right, softcap, sinks))
     else:
         error, out, _ = build.binding().module.decode_masked_call(
-            launcher(DECODE, name), query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits,
-            is_causal, left, right, softcap, sinks)
+            address, query, key_cache, value_cache, seqlens, block_table, page_errors, scale, splits, is_causal, left,
+            right, softcap, sinks)
     if error:
         raise RuntimeError(error)
+    key = fast.masked_key(query, key_cache, block_table, version, num_splits, is_causal, window_size, softcap_arg)
+    if key is not None:  # checked: the next such call may go straight in (lab.decode.fast.masked)
+        keep_plan(key, (address, splits))
     return out

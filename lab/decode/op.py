@@ -104,14 +104,17 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
     and attend to nothing. The window clips the split plan to its span on the device, so a window never adds work.
     A named version without mask steps (v01, v02, v04, v05) raises ValueError; the default picks one that has them.
     """
-    if window_size is not None or softcap != 0.0 or sinks is not None:  # checked before any device check
-        mask = masks.check(query, is_causal, window_size, softcap, sinks)
+    if window_size is not None or softcap != 0.0 or sinks is not None:
+        if (block_table is None or page_errors is not None) and not torch.compiler.is_compiling() and deferred.queued:
+            deferred.poll()  # as every other decode call while default paged calls' flags are queued
+        out = fast.masked(query, key_cache, value_cache, cache_seqlens, block_table, page_errors, is_causal, scale,
+                          num_splits, version, window_size, softcap, sinks)  # a plan checked before: one crossing
+        if out is not None:
+            return out
+        mask = masks.check(query, is_causal, window_size, softcap, sinks)  # checked before any device check
         if mask is not None:
-            if (block_table is None or page_errors is not None) and not torch.compiler.is_compiling() and \
-                    deferred.queued:
-                deferred.poll()  # as every other decode call while default paged calls' flags are queued
             return masks.decode_masked(query, key_cache, value_cache, cache_seqlens, scale, num_splits, version,
-                                       block_table, is_causal, page_errors, mask, sinks)
+                                       block_table, is_causal, page_errors, mask, sinks, window_size, softcap)
     if block_table is not None and page_errors is None and (is_causal is False or is_causal is True):
         out = fast.paged_deferred(query, key_cache, value_cache, cache_seqlens, block_table, is_causal, scale,
                                   num_splits, version)  # retires the earlier such calls' flags in the same crossing
