@@ -2,6 +2,8 @@
 // and v08 (kSwizzle: rows D apart, 16-byte chunks XORed by row, common/decode_swizzle.cuh; v07 at D 64 / 128, v08 at
 // D 80 / 96). The algorithm, the launch shape and the limits are in kernels/decode/v06_warpring.cu's header;
 // v07_swizzle.cu's says what the swizzle changes. Each version file holds its launch traits and its extern "C" launcher.
+// The masks (window, softcap, sinks: DecodeParams' run-time fields) are common/decode_masks.cuh's steps: the window's
+// first key in the split's keys, each row's key range in the tile step, the softcap on the scores.
 #pragma once
 #include <cuda_runtime.h>
 #include <math.h>

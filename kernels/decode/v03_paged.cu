@@ -35,6 +35,9 @@
 //  * Causal, bottom-right (FlashAttention's decode rule; lab.ops.attention's is SDPA's top-left): token i of
 //    q_len sees keys [0, len - q_len + i]. A per-row key limit replaces v02's per-block one in the mask;
 //    a token that sees no key gets O = 0.
+//  * Masks (later, common/decode_masks.cuh): a sliding window (splits from the window's first tile, the chunk over
+//    its span), each row's key range [lo, hi) in place of the causal limit, softcap on the scores, sinks in the
+//    combine; run-time DecodeParams fields, the plain call unchanged (LAB_DECODE_NO_MASKS is the A/B baseline).
 //
 // Launch: grid num_splits * B * Hkv * ceil(G * q_len / 16), 128 threads; smem 102 KiB (D 128, 3 stages),
 // 72 KiB (D 64, 4 stages), as v02 (every head dim: common/decode_head_dim.cuh). Limits: D in {64, 80, 96, 128,
