@@ -49,6 +49,7 @@ struct Launch {
   // wide::entry() hands over the caller's MaskBwdParams (attn_bwd_v21's argument) as its AttnBwdParams part.
   static int run(const AttnBwdParams& base, cudaStream_t st, int dev) {
     const MaskBwdParams& p = static_cast<const MaskBwdParams&>(base);
+    if (p.cu_seqlens_q != nullptr) return LAB_E_MODE;  // packed tensors in place: v08 only (this one takes padded copies)
     const int rc = p.seqlens != nullptr ? (p.softcap > 0.f ? run<true, true>(p, st, dev) : run<false, true>(p, st, dev))
                                         : (p.softcap > 0.f ? run<true, false>(p, st, dev) : run<false, false>(p, st, dev));
     return rc != 0 ? rc : launch_sink_grad(p, st);
