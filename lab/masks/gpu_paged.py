@@ -178,10 +178,18 @@ def race(budget_s: float = 3.0) -> list:
 
 
 def sanitize_calls() -> None:
-    """What compute-sanitizer runs: a paged call at page size 16 and 48 (several boxes a tile, NaN past the keys),
-    then one with a bad table through page_errors, and one through the deferred flags."""
+    """What compute-sanitizer runs (no float64 reference: the checks do that): paged calls at page size 16 and 48
+    (several boxes a tile, NaN past the keys) and 256, causal and windowed, then the bad tables (page_errors, the host
+    check and the deferred flags)."""
     with torch.no_grad():
-        for case in (CASES[1], CASES[3]):
-            check_case(*case)
+        for ps, D, window in ((16, 64, None), (48, 128, (100, 0)), (256, 128, None)):
+            lens_q, lens_k = [1, 130, 0, 64], [300, 1000, 5, 64]
+            k, v = draw(sum(lens_k), 2, D, dtype=BF16), draw(sum(lens_k), 2, D, dtype=BF16)
+            kc, vc, table = make_cache(k, v, lens_k, ps)
+            errors = torch.full((4,), -7, dtype=torch.int32, device="cuda")
+            out = ops.attention_varlen(draw(sum(lens_q), 4, D, dtype=BF16), kc, vc, _cu(lens_q), _cu(lens_k), 130,
+                                       1000, is_causal=True, window_size=window, block_table=table,
+                                       page_errors=errors, check_cu_seqlens=False)
+            print(f"page {ps} D {D}: flags {errors.tolist()} finite {bool(torch.isfinite(out).all())}", flush=True)
         check_bad_tables()
     torch.cuda.synchronize()
