@@ -196,7 +196,7 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS) -> list:
             calls["kernel_" + label] = (lambda layout=layout, defines=defines: varlen_bwd.launch(
                 dout, q, k, v, o, lse, None, cu, cu, None, False, mx, mx, -1, 0, 0.0, D ** -0.5, layout=layout,
                 defines=defines), None)
-        times = bench.time_interleaved(calls, timer=timer, budget_s=0.5, max_reps=30, min_reps=7)
+        times = bench.time_interleaved(calls, timer=timer, budget_s=0.3, max_reps=21, min_reps=7)
         ms = {key: (t.median_ms if hasattr(t, "median_ms") else str(t)) for key, t in times.items()}
         iqr = {key: t.iqr_ms for key, t in times.items() if hasattr(t, "iqr_ms")}
 
