@@ -2,8 +2,10 @@
 paths; long and wide tables folded), and the published copies themselves checked for machine paths."""
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import subprocess
 
 import nbformat
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from lab import paths, toc
 from lab.publish import chapters, clean, pages
 
-MACHINE_PATH = re.compile(r"(?<![\w.~$}-])/(?:root|home|tmp|work)/")
+MACHINE_PATH = re.compile(r"(?<![\w.~$}-])/(?:root|home|tmp|work|opt)/")
 BINARY = ("image/", "application/pdf")
 
 
@@ -29,7 +31,16 @@ def _texts(value, key=""):
 
 
 def machine_paths(path) -> list[str]:
-    data = json.loads(path.read_text()) if path.suffix == ".ipynb" else path.read_text()
+    """The machine paths a notebook, a page or a session file (records.jsonl.gz gunzipped) names; a binary
+    file (a figure) holds none a reader sees."""
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        raw = gzip.decompress(raw)
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return []
+    data = json.loads(text) if path.suffix == ".ipynb" else text
     return [m.group(0) + t[m.end():m.end() + 40] for t in _texts(data) for m in MACHINE_PATH.finditer(t)]
 
 
@@ -124,3 +135,25 @@ def test_published_chapters_and_log_pages_hold_no_machine_paths(tmp_path):
         stderr = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", [])
                          if o.get("name") == "stderr")
         assert "it/s]" not in stderr and "Warning:" not in stderr, path.name
+
+
+def test_committed_sessions_hold_no_machine_paths():
+    """The session folders as committed (executed notebooks, records, logs), which the log and the chapters read
+    and a reader of the repository opens directly, name no absolute path of the machine that ran them."""
+    names = subprocess.run(["git", "ls-files", "-z", "outputs/sessions"], cwd=paths.ROOT, capture_output=True,
+                           text=True).stdout.split("\0")
+    committed = [paths.ROOT / name for name in names if name and (paths.ROOT / name).is_file()]
+    if not committed:
+        pytest.skip("not a git checkout: no list of committed session files")
+    found = {paths.relative(p): machine_paths(p)[:3] for p in committed}
+    assert not {name: hits for name, hits in found.items() if hits}
+
+
+def test_machine_paths_finds_paths_in_notebooks_records_and_logs_but_not_in_images(tmp_path):
+    nb = _notebook(_stream("built in /work/main/kernels\n"),
+                   nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo/tmp/AAAA"}))
+    (tmp_path / "a.ipynb").write_text(nbformat.writes(nb))
+    (tmp_path / "records.jsonl.gz").write_bytes(gzip.compress(b'{"python": "3.12 (/opt/torch/.venv/bin/python3)"}\n'))
+    (tmp_path / "run.log").write_text("cd /root/lab && make\n")
+    (tmp_path / "fig.png").write_bytes(b"\x89PNG\r\n\x1a\n\xff/tmp/")
+    assert [len(machine_paths(tmp_path / n)) for n in ("a.ipynb", "records.jsonl.gz", "run.log", "fig.png")] == [1, 1, 1, 0]
