@@ -10,6 +10,14 @@ What an FP8 forward kernel (FlashAttention-3's, cuDNN's) computes, tile by tile 
 
 `emulate.forward(..., descale=False)` forgets the descales (a deliberately wrong kernel: it must fail).
 
+s_accumulator="fp22" models Hopper's FP8 tensor cores: wgmma e4m3 keeps its accumulator to 13 mantissa bits
+(an "FP22": SageAttention2 and DeepSeek-V3's reports, about 14 bits), so S = Q8 K8^T is summed 32 columns of D
+(one k32 instruction) at a time, the running sum rounded to 13 mantissa bits after each (toward zero with
+"fp22", to nearest with "fp22-rn"); "fp22-align" cuts each product and the running sum to the 13 bits below the largest of them
+(an adder tree that aligns to the largest exponent). Invisible beside P's e4m3 rounding for ordinary inputs;
+with outlier channels S's large terms cancel and this rounding decides how much of the small ones survives
+(lab.fp8.checks measures which model the kernel follows).
+
 The error budget separates where precision goes: the error against float64 attention on the ORIGINAL inputs is
 the inputs' quantisation plus the kernel's arithmetic; against float64 on the DEQUANTISED inputs (x_fp8 *
 descale) it is the arithmetic alone (P's and O's rounding). Outliers (a few channels of a few heads scaled up)
@@ -56,7 +64,7 @@ def reference(q, k, v, is_causal: bool = False, scale: float | None = None, rows
 def forward(q: quant.Quantized, k: quant.Quantized, v: quant.Quantized, is_causal: bool = False,
             scale: float | None = None, rows=None, block_n: int = 128, p_format: str | None = "e4m3",
             p_scale: float = P_SCALE, out_format: str = "bf16", out_descale: float | None = None,
-            descale: bool = True) -> torch.Tensor:
+            descale: bool = True, s_accumulator: str = "fp32") -> torch.Tensor:
     """The FP8 forward above for query rows `rows` (all when None); float32 on q's device.
 
     p_format: the format P is rounded to before P V ("e4m3"; "bf16" as a 16-bit kernel does; None keeps
@@ -68,12 +76,47 @@ def forward(q: quant.Quantized, k: quant.Quantized, v: quant.Quantized, is_causa
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        return _forward(q, k, v, is_causal, scale, rows, block_n, p_format, p_scale, out_format, out_descale, descale)
+        return _forward(q, k, v, is_causal, scale, rows, block_n, p_format, p_scale, out_format, out_descale, descale,
+                        s_accumulator)
     finally:
         torch.set_float32_matmul_precision(precision)
 
 
-def _forward(q, k, v, is_causal, scale, rows, block_n, p_format, p_scale, out_format, out_descale, descale):
+S_ACCUMULATORS = ("fp32", "fp22", "fp22-rn", "fp22-align")
+
+
+def round_mantissa(x: torch.Tensor, bits: int, nearest: bool = False) -> torch.Tensor:
+    """float32 x with its mantissa cut to `bits` bits: toward zero, or to nearest (ties away from zero)."""
+    drop = 23 - bits
+    i = x.contiguous().view(torch.int32)
+    if nearest:
+        i = i + (1 << (drop - 1))  # a carry into the exponent is the correct rounding up
+    return (i & ~((1 << drop) - 1)).view(torch.float32)
+
+
+def _scores(q8, k8, s_accumulator: str) -> torch.Tensor:
+    """Q8 K8^T in float32 (exact for e4m3 products), or summed as an FP22 accumulator (module notes)."""
+    if s_accumulator == "fp32":
+        return q8 @ k8.transpose(-1, -2)
+    if s_accumulator not in S_ACCUMULATORS:
+        raise ValueError(f"s_accumulator must be one of {S_ACCUMULATORS}, got {s_accumulator!r}")
+    acc = None
+    for c in range(0, q8.shape[-1], 32):
+        if s_accumulator == "fp22-align":
+            terms = q8[..., :, None, c:c + 32] * k8[..., None, :, c:c + 32]  # exact: e4m3 x e4m3 fits float32
+            if acc is not None:
+                terms = torch.cat([terms, acc[..., None]], dim=-1)
+            top = terms.abs().amax(dim=-1, keepdim=True)
+            ulp = torch.exp2(torch.floor(torch.log2(top.clamp(min=2.0**-100))) - 13)
+            acc = (torch.trunc(terms / ulp) * ulp).sum(dim=-1)
+            continue
+        part = q8[..., c:c + 32] @ k8[..., c:c + 32].transpose(-1, -2)
+        acc = round_mantissa(part if acc is None else acc + part, 13, s_accumulator == "fp22-rn")
+    return acc
+
+
+def _forward(q, k, v, is_causal, scale, rows, block_n, p_format, p_scale, out_format, out_descale, descale,
+             s_accumulator="fp32"):
     B, Hq, Sq, D = q.data.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     one = lambda t: t if descale else torch.ones_like(t)  # noqa: E731
@@ -87,7 +130,7 @@ def _forward(q, k, v, is_causal, scale, rows, block_n, p_format, p_scale, out_fo
     acc = torch.zeros(B, Hq, len(idx), v8.shape[-1], device=q8.device)
     for j0 in range(0, k8.shape[2], block_n):
         j1 = min(j0 + block_n, k8.shape[2])
-        s = (q8 @ k8[:, :, j0:j1].transpose(-1, -2)) * (scale * dq * dk)
+        s = _scores(q8, k8[:, :, j0:j1], s_accumulator) * (scale * dq * dk)
         if is_causal:
             s = s.masked_fill(torch.arange(j0, j1, device=s.device)[None, :] > idx[:, None], float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
