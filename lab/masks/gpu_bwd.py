@@ -32,7 +32,9 @@ def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, low
     of the eager autograd.Function the public op takes. forward="eager": the backward kernel alone, fed the
     float64 reference's output (rounded to the dtype) and LSE (float32, the sink's share included) in place of the
     masked forward's, so a backward is checked apart from its forward. sink_rule: d sinks must also be within
-    check.MULTIPLIER x the flash formulation's own error (+ the floor) alone, SDPA's yardstick left out."""
+    check.MULTIPLIER x the flash formulation's own error (+ the floor) alone, SDPA's yardstick left out; where the
+    public forward's output and LSE carry more error than the formulation's 16-bit O, the excess is split off
+    (sink_split) and the backward is held to its own part."""
     mask = spec.make_mask(causal, window, cap)
     offset = Sk - Sq if lower_right else 0
     scale = D ** -0.5
@@ -78,6 +80,8 @@ def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, low
             lse_used = torch.where(torch.isfinite(lse), lse, 0.0)
             got = torch.autograd.grad((out.float() * dout.float()).sum() + (lse_used * dl).sum(), inputs)
         metrics = judge(got, q, k, v, dout, dl, sinks, mask, scale, offset)
+        if sink_rule and sink:
+            metrics["dsinks"].update(sink_split(got[3], q, k, v, dout, dl, sinks, mask, scale, offset, out, lse))
         worst, failed = keep_worst(worst, metrics)
         if failed:
             break
@@ -88,11 +92,28 @@ def check_bwd(name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, low
     if sink_rule and sink and not expect_fail:
         m = worst[0]["dsinks"]
         bound = check.MULTIPLIER * m["flash_max_abs"] + check.ABS_FLOOR
-        print(f"{'ok  ' if m['max_abs'] <= bound else 'BAD '}dsinks {name} D {D}: max_abs {m['max_abs']:.3g} "
-              f"<= {check.MULTIPLIER:g} x flash {m['flash_max_abs']:.3g} + floor = {bound:.3g} "
-              f"(ratio to flash {m['max_abs'] / max(m['flash_max_abs'], 1e-30):.2f})", flush=True)
-        ok = ok and m["max_abs"] <= bound
+        own = m["max_abs"] <= bound or m["bwd_own_max_abs"] <= bound
+        tag = "ok  " if m["max_abs"] <= bound else "FWD " if own else "BAD "
+        print(f"{tag}dsinks {name} D {D} ({forward} forward): max_abs {m['max_abs']:.3g} vs {check.MULTIPLIER:g} x "
+              f"flash {m['flash_max_abs']:.3g} + floor = {bound:.3g} (ratio to flash "
+              f"{m['max_abs'] / max(m['flash_max_abs'], 1e-30):.2f}); the backward's own {m['bwd_own_max_abs']:.3g}, "
+              f"the forward's O and LSE {m['fwd_share_max_abs']:.3g}", flush=True)
+        ok = ok and own
     return ok
+
+
+def sink_split(dsinks, q, k, v, dout, dlse, sinks, mask, scale, offset, out, lse) -> dict:
+    """d sinks' error split in two, by its formula -sum exp(sink - LSE_i) (rowsum(dO O)_i - dLSE_i) in float64:
+    the backward's own (ours against the formula on the forward's O and LSE it was given) and the forward's share
+    (the formula on those against the formula on the exact O and LSE)."""
+    r_out, r_lse = reference.attend(q.detach(), k.detach(), v.detach(), mask, scale, offset, sinks.detach())
+
+    def formula(o, l):
+        p = torch.exp(sinks.detach().double()[None, :, None] - l.detach().double())
+        return -torch.nan_to_num(p * ((dout.double() * o.detach().double()).sum(-1) - dlse.double()), 0.0).sum((0, 2))
+    given = formula(out, lse)
+    return {"bwd_own_max_abs": float((dsinks.double() - given).abs().max()),
+            "fwd_share_max_abs": float((given - formula(r_out, r_lse)).abs().max())}
 
 
 def checks(packed: bool = True) -> int:
@@ -145,7 +166,8 @@ GRID_WIDE = [("gemma-local", 1, 16, 8, 1000, 1000, True, (256, 0), 50.0, False, 
              ("capnc-sink", 1, 4, 4, 300, 300, False, None, 50.0, True, False)]
 
 
-def wide_checks(forward: str = "public", packed: bool = True, dims=(256, 192), trials: int = 2) -> int:
+def wide_checks(forward: str = "public", packed: bool = True, dims=(256, 192), trials: int = 2, names=None,
+                extras: bool = True) -> int:
     """The masked backward at D 192 / 256 (bwd v21): GRID_WIDE at both dims (d sinks also within 3x the flash
     formulation's own error), fp16, the build without the softcap's derivative (must fail), then (packed) the
     packed calls at both dims through lab.ops.attention_varlen. forward="eager" takes the forward's output and LSE
@@ -155,12 +177,15 @@ def wide_checks(forward: str = "public", packed: bool = True, dims=(256, 192), t
     bf16, fp16 = torch.bfloat16, torch.float16
     for D in dims:
         for name, B, Hq, Hkv, Sq, Sk, causal, window, cap, sink, lower_right in GRID_WIDE:
+            if names is not None and name not in names:
+                continue
             bad += not check_bwd(name, B, Hq, Hkv, Sq, Sk, D, bf16, causal, window, cap, sink, lower_right,
                                  forward=forward, sink_rule=True, trials=trials)
-    bad += not check_bwd("fp16", 1, 4, 2, 1000, 1000, dims[0], fp16, True, (256, 0), 50.0, True, forward=forward,
-                         sink_rule=True, trials=trials)
-    bad += not check_bwd("no-softcap-grad", 1, 4, 2, 1000, 1000, dims[0], bf16, True, (256, 0), 10.0, False,
-                         defines={"LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD": 1}, expect_fail=True, forward=forward)
+    if extras:
+        bad += not check_bwd("fp16", 1, 4, 2, 1000, 1000, dims[0], fp16, True, (256, 0), 50.0, True, forward=forward,
+                             sink_rule=True, trials=trials)
+        bad += not check_bwd("no-softcap-grad", 1, 4, 2, 1000, 1000, dims[0], bf16, True, (256, 0), 10.0, False,
+                             defines={"LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD": 1}, expect_fail=True, forward=forward)
     print(f"checks wide bwd ({forward} forward) done: {bad} bad", flush=True)
     if packed:
         from .gpu_varlen import check_varlen_bwd
