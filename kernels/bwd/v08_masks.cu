@@ -93,6 +93,16 @@ static_assert(LAB_BWD_STAGGER_DQ_RED || !LAB_BWD_MASK_STAGE, "the dQ staging are
 template <int D>
 using Cfg8 = Cfg<D, 2, true, LAB_BWD_MASK_STAGE && D == 64, (bool)LAB_BWD_MASK_STAGE>;
 
+// Packed calls without softcap (common/hopper/attn_bwd_packed_sm90.cuh): at D = 64 v13's 128 queries a step
+// (StagedCfg, the dense default v14's: 14 % less time than 64 queries with K, V in registers on bwd v13's run),
+// LAB_BWD_PACKED_D64_Q128=0 Cfg8's; at D = 128 Cfg8 is StagedCfg. With softcap Cfg8 (the tanh beside 2 x 64
+// accumulators spilled 152 B at fp16, 16 B at bf16).
+#ifndef LAB_BWD_PACKED_D64_Q128
+#define LAB_BWD_PACKED_D64_Q128 1
+#endif
+template <int D>
+using PackedCfg = std::conditional_t<D == 64 && LAB_BWD_PACKED_D64_Q128, StagedCfg<64>, Cfg8<D>>;
+
 template <int D, class T>
 struct Launch {
   // entry() hands over the caller's MaskBwdParams (attn_bwd_v08's argument) as its AttnBwdParams part.
@@ -100,7 +110,7 @@ struct Launch {
     const MaskBwdParams& p = static_cast<const MaskBwdParams&>(base);
     if (p.cu_seqlens_q != nullptr)  // packed tensors read in place (common/hopper/attn_bwd_packed_sm90.cuh)
       return p.softcap > 0.f ? launch_packed<Cfg8<D>, T, true, kTanhHalfFor<T>>(p, st, dev)
-                             : launch_packed<Cfg8<D>, T, false, kTanhHalfFor<T>>(p, st, dev);
+                             : launch_packed<PackedCfg<D>, T, false, kTanhHalfFor<T>>(p, st, dev);
     const int rc = p.seqlens != nullptr ? (p.softcap > 0.f ? run<true, true>(p, st, dev) : run<false, true>(p, st, dev))
                                         : (p.softcap > 0.f ? run<true, false>(p, st, dev) : run<false, false>(p, st, dev));
     return rc != 0 ? rc : launch_sink_grad(p, st);

@@ -143,8 +143,9 @@ def checks() -> int:
 DOCS12 = [2048, 3072, 1200, 4096, 517, 1900, 2500, 640, 3300, 1024, 1800, 1003]
 DOCS_MIXED = [512, 4096, 1536, 777, 3000, 2048, 1100, 2600]
 SLOT_MAJOR = {"LAB_BWD_PACKED_HEAD_MINOR": 0}  # the packed grid's other order (attn_bwd_packed_sm90.cuh)
-RACE_CELLS = (("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128), ("docs-mixed", DOCS_MIXED, 128),
-              ("docs-mixed", DOCS_MIXED, 64), ("one-length", [2048] * 8, 64))
+Q64 = {"LAB_BWD_PACKED_D64_Q128": 0}  # D 64 packed with 64 queries a step (bwd/v08_masks.cu)
+RACE_CELLS = (("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128), ("docs-mixed", DOCS_MIXED, 64),
+              ("docs-mixed", DOCS_MIXED, 128), ("one-length", [2048] * 8, 64))
 
 
 def _cell(lens, D, H=16, dtype=torch.bfloat16):
@@ -191,8 +192,10 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS) -> list:
             calls[key + "_fwd"] = (lambda fn=fn: _no_grad(fn), None)
         with torch.no_grad():
             o, lse = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, return_lse=True)
-        for label, layout, defines in (("packed", "packed", None), ("padded", "padded", None),
-                                       ("packed_slot_major", "packed", SLOT_MAJOR)):
+        variants = (("packed", "packed", None), ("padded", "padded", None), ("packed_slot_major", "packed", SLOT_MAJOR))
+        if D == 64:
+            variants += (("packed_q64", "packed", Q64),)
+        for label, layout, defines in variants:
             calls["kernel_" + label] = (lambda layout=layout, defines=defines: varlen_bwd.launch(
                 dout, q, k, v, o, lse, None, cu, cu, None, False, mx, mx, -1, 0, 0.0, D ** -0.5, layout=layout,
                 defines=defines), None)
@@ -206,13 +209,15 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS) -> list:
                "flex_over_lab": {s: ratio("flex" + s, "lab" + s) for s in ("_fwd", "", "+fwd")},
                "lab_over_dense": {s: ratio("lab" + s, "dense" + s) for s in ("_fwd", "", "+fwd")},
                "padded_over_packed": ratio("kernel_padded", "kernel_packed"),
-               "slot_major_over_head_minor": ratio("kernel_packed_slot_major", "kernel_packed")}
+               "slot_major_over_head_minor": ratio("kernel_packed_slot_major", "kernel_packed"),
+               "q64_over_q128": ratio("kernel_packed_q64", "kernel_packed")}
         rows.append(row)
         print(f"race-varlen {name} D {D} ({total} tokens): " + ", ".join(
             f"{key} {v if isinstance(v, str) else round(v, 3)}" for key, v in ms.items()), flush=True)
         print(f"  Flex / lab (fwd, bwd, fwd+bwd): {row['flex_over_lab']}; lab / dense: {row['lab_over_dense']}; "
               f"padded / packed backward: {row['padded_over_packed']}; slot-major / head-minor grid: "
-              f"{row['slot_major_over_head_minor']}", flush=True)
+              f"{row['slot_major_over_head_minor']}; D 64's 64 / 128 queries a step: {row['q64_over_q128']}",
+              flush=True)
     return rows
 
 

@@ -109,16 +109,17 @@ struct WindowSteps {
   }
 
   // One thread's share of S^T / dP^T (keys: rows, queries: columns), as p_ds of the dense loop.
-  template <bool kMask>
-  __device__ __forceinline__ static void p_ds_masked(float (&s)[32], float (&dp)[32], const float* lse2,
+  // N = B_r / 2: 32 (64 queries a step) or 64 (128, the packed path's D = 64 config).
+  template <bool kMask, int N>
+  __device__ __forceinline__ static void p_ds_masked(float (&s)[N], float (&dp)[N], const float* lse2,
                                                      const float* delta, float c, int key0, int q0, int t,
                                                      const MaskBwdParams& p, const SeqView& sv) {
     const float k_in = p.scale / p.softcap, k_out = p.softcap * kLog2e;
     if constexpr (kSoftcap && kTanhHalf)  // s -> tanh(s k_in) in place, two at a time
 #pragma unroll
-      for (int i = 0; i < 32; i += 2) tanh_pair(s[i] * k_in, s[i + 1] * k_in, s[i], s[i + 1]);
+      for (int i = 0; i < N; i += 2) tanh_pair(s[i] * k_in, s[i + 1] * k_in, s[i], s[i + 1]);
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < N / 4; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * i + 2 * t + (e & 1);

@@ -89,8 +89,8 @@ struct PackedSteps {
     return sv;
   }
   template <class C>
-  __device__ __forceinline__ static void p_ds(float (&s)[32], float (&dp)[32], const float* rows, float c, int kw0,
-                                              int m0, const MaskBwdParams& p) {
+  __device__ __forceinline__ static void p_ds(float (&s)[C::BR / 2], float (&dp)[C::BR / 2], const float* rows,
+                                              float c, int kw0, int m0, const MaskBwdParams& p) {
     const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
     const SeqView sv = seq();
     const bool mask = m0 + C::BR > sv.seqlen_q ||
@@ -165,7 +165,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Steps = PackedSteps<kSoftcap, kTanhHalf>;
   constexpr int D = C::D;
-  static_assert(C::BC == kPackedAlign, "a key slot is one CTA's key block");
+  static_assert(C::BC == kPackedAlign && kPackedAlign % C::BR == 0,
+                "a key slot is one CTA's key block; a step's rows stay inside the sequence's padded workspace rows");
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) Bars<C::kStages> bars;
   uint8_t* smem = align1024(smem_raw);
