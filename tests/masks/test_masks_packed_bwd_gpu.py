@@ -1,6 +1,7 @@
 """The packed backward read in place (bwd v08 over cu_seqlens) beside the padded copies (the same loop over dense
-buffers, lab.masks.varlen_bwd layout="padded"): dK and dV bit for bit (each key block's CTA runs the same steps on
-the same rows; the next sequence's rows that a tile reads past a sequence's end get P = dS = 0), dQ and d sinks to
+buffers, lab.masks.varlen_bwd layout="padded"): dK and dV bit for bit where both run one config (each key block's
+CTA runs the same steps on the same rows; the next sequence's rows that a tile reads past a sequence's end get
+P = dS = 0), to float32 summation order at D 64 without softcap (128 queries a step in place), dQ and d sinks to
 float32 reduction order; rows of no sequence zero with NaN-poisoned memory; a build that reads every sequence's keys
 at the first one's rows differs. Skipped without CUDA."""
 from __future__ import annotations
@@ -46,7 +47,11 @@ def test_in_place_matches_the_padded_copies(lens, Hq, Hkv, D, dtype, causal, win
     for g in (dq, dk, dv):
         assert torch.isfinite(g).all()
         assert (g[rows:] == 0).all()  # the stray rows
-    assert torch.equal(dk, pk) and torch.equal(dv, pv)
+    if D == 64 and cap == 0.0:  # 128 queries a step in place, 64 in the padded path: float32 sums in another order
+        torch.testing.assert_close(dk.float(), pk.float(), rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(dv.float(), pv.float(), rtol=1e-2, atol=1e-2)
+    else:
+        assert torch.equal(dk, pk) and torch.equal(dv, pv)
     torch.testing.assert_close(dq.float(), pq.float(), rtol=1e-2, atol=1e-2)
     if sink:
         torch.testing.assert_close(ds, ps, rtol=1e-4, atol=1e-3)
