@@ -47,6 +47,10 @@
 // registers) and two consumer warpgroups (240 registers, 64 query rows each, B_r = 128) sharing each K / V tile,
 // with `empty` barriers per stage and ping-pong turns (one warpgroup's GEMMs issue while the other runs its
 // softmax). Each consumer runs the overlapped loop of LAB_FWD_FP8_OVERLAP = 1.
+// LAB_FWD_FP8_POLY (0: off; N: every N-th 8-column block of P takes exp2 on the FMA pipe, softmax_e4m3's kPoly).
+#ifndef LAB_FWD_FP8_POLY
+#define LAB_FWD_FP8_POLY 0
+#endif
 #ifndef LAB_FWD_FP8_WARPSPEC
 #define LAB_FWD_FP8_WARPSPEC 0
 #endif
@@ -133,9 +137,10 @@ template <class Cfg>
 __device__ __forceinline__ void softmax_tile(float (&s)[Cfg::BC / 2], RowState& st, float (&alpha)[2], float c,
                                              float log2_ps, int row0, int wm0, int j, const AttnFp8Params& p) {
   if (lab::tile_needs_mask(j * Cfg::BC, Cfg::BC, wm0, p.seqlen_k, p.causal))
-    softmax_e4m3<Cfg::BC, true>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k, p.causal);
+    softmax_e4m3<Cfg::BC, true, LAB_FWD_FP8_POLY>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k, p.causal);
   else
-    softmax_e4m3<Cfg::BC, false>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k, p.causal);
+    softmax_e4m3<Cfg::BC, false, LAB_FWD_FP8_POLY>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k,
+                                                   p.causal);
 }
 
 template <class Cfg>
