@@ -185,3 +185,15 @@ def test_gpu_checks_reference_is_the_emulations(case):
     assert errors == [0] * case.B
     np.testing.assert_array_equal(kc[:, :, :case.S], np.where(
         np.arange(case.S)[None, None, :, None] < np.array(used)[:, None, None, None], a["k"].double().numpy(), 0))
+
+
+def test_fast_path_keys_only_plain_argument_types():
+    """The one-crossing masked call (lab.decode.fast.masked) keys its plan by the mask arguments exactly as passed;
+    a list window, a bool softcap or a non-bool is_causal has no key and takes the full path (which checks it)."""
+    from lab.decode import fast
+
+    q, k, _ = _cpu_args()
+    assert fast.masked_key(q, k, None, None, None, True, (128, 0), 0.0) is not None
+    assert fast.masked_key(q, k, None, None, None, True, [128, 0], 0.0) is None
+    assert fast.masked_key(q, k, None, None, None, True, None, True) is None
+    assert fast.masked_key(q, k, None, None, None, 1, None, 5.0) is None
