@@ -68,9 +68,10 @@ struct CfgFp8 {
   static constexpr int kRow = D < 128 ? D : 128;  // bytes per row of a Q / K column block: the swizzle span
   static constexpr int kQBytes = BR * D;
   static constexpr int kKBytes = BC * D;
-  static constexpr int kVBytes = D * BC;  // V^T: D rows of BC keys (one swizzle span: BC is 64 or 128)
+  static constexpr int kVBytes = D * BC;  // V^T: D rows of BC keys
+  static constexpr int kVRow = BC == 128 ? 128 : 64;  // bytes per row of a V^T column block: the swizzle span
   static constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;
-  static_assert(BC == 64 || BC == 128, "a V^T row is one swizzle span");
+  static_assert(BC % kVRow == 0, "V^T: whole column blocks");
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
 };
 // Per head dim: D 64 and 128 take B_c = 128 (half the barrier and max / sum shuffles per key of B_c = 64);
@@ -89,6 +90,7 @@ struct CfgWs {
   static constexpr int kRow = D < 128 ? D : 128;
   static constexpr int kKBytes = BC * D;
   static constexpr int kVBytes = D * BC;
+  static constexpr int kVRow = BC == 128 ? 128 : 64;  // B_c 192 / 256: V^T in 64-key column blocks, 64-byte swizzle
   static constexpr int kConsumers = 2;
   static constexpr int BR = 64 * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);
@@ -100,8 +102,19 @@ struct CfgWs {
   static_assert(kSmem + 256 <= 227 * 1024, "shared memory budget exceeded");
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
 };
-using Ws64 = CfgWs<64, 128, 4>;
-using Ws128 = CfgWs<128, 128, 4>;
+// B_c per head dim (LAB_FWD_FP8_WS_D*_BC, for sweeps): a wider key tile spreads the per-tile work (row max
+// shuffles, alpha, O rescale, barriers) over more keys; S takes B_c / 2 registers of the consumers' 240.
+#ifndef LAB_FWD_FP8_WS_D64_BC
+#define LAB_FWD_FP8_WS_D64_BC 128
+#endif
+#ifndef LAB_FWD_FP8_WS_D128_BC
+#define LAB_FWD_FP8_WS_D128_BC 128
+#endif
+#ifndef LAB_FWD_FP8_WS_STAGES
+#define LAB_FWD_FP8_WS_STAGES 4
+#endif
+using Ws64 = CfgWs<64, LAB_FWD_FP8_WS_D64_BC, LAB_FWD_FP8_WS_STAGES>;
+using Ws128 = CfgWs<128, LAB_FWD_FP8_WS_D128_BC, LAB_FWD_FP8_WS_STAGES>;
 using Ws256 = CfgWs<256, 64, 4>;
 
 template <class Cfg>
@@ -127,7 +140,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::D / 2], const uint32_t 
                                          const Ring<Cfg>& ring, int stage) {
 #pragma unroll
   for (int kk = 0; kk < Cfg::BC / 32; ++kk)
-    WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3<Cfg::BC>(ring.v(stage), Cfg::D, kk), 1);
+    WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3<Cfg::kVRow>(ring.v(stage), Cfg::D, kk), 1);
   wgmma_commit();
 }
 
@@ -176,7 +189,8 @@ __global__ void __launch_bounds__(128) attn_fwd_v13_kernel(const __grid_constant
     for (int cb = 0; cb < D / Cfg::kRow; ++cb)
       tma_load_4d(ring.k(s) + cb * BC * Cfg::kRow, &tk, smem_u32(&bar_k[s]), cb * Cfg::kRow, j * BC, hkv, b);
     mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVBytes);
-    tma_load_4d(ring.v(s), &tv, smem_u32(&bar_v[s]), j * BC, 0, hkv, b);
+    for (int cb = 0; cb < BC / Cfg::kVRow; ++cb)
+      tma_load_4d(ring.v(s) + cb * D * Cfg::kVRow, &tv, smem_u32(&bar_v[s]), j * BC + cb * Cfg::kVRow, 0, hkv, b);
   };
   if (tid == 0) {
     tma_prefetch_maps(&tq, &tk, &tv);
@@ -336,7 +350,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
           tma_load_4d(ring.k(s) + cb * BC * Cfg::kRow, &tk, smem_u32(&bar_k[s]), cb * Cfg::kRow, j * BC, hkv, b);
         if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
         mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVBytes);
-        tma_load_4d(ring.v(s), &tv, smem_u32(&bar_v[s]), j * BC, 0, hkv, b);
+        for (int cb = 0; cb < BC / Cfg::kVRow; ++cb)
+          tma_load_4d(ring.v(s) + cb * D * Cfg::kVRow, &tv, smem_u32(&bar_v[s]), j * BC + cb * Cfg::kVRow, 0, hkv, b);
       }
     }
   } else {
@@ -455,7 +470,7 @@ int launch(const AttnFp8Params& p, cudaStream_t stream, int dev) {
   const int64_t vt_stride[3] = {(int64_t)p.heads_kv * Cfg::D * p.vt_cols, (int64_t)Cfg::D * p.vt_cols, p.vt_cols};
   if (!make_fp8_map(&tq, p.q, Cfg::D, p.seqlen_q, p.heads_q, p.batch, p.q_stride, Cfg::kRow, 64) ||
       !make_fp8_map(&tk, p.k, Cfg::D, Sk, p.heads_kv, p.batch, p.k_stride, Cfg::kRow, Cfg::BC) ||
-      !make_fp8_map(&tv, p.vt, p.vt_cols, Cfg::D, p.heads_kv, p.batch, vt_stride, Cfg::BC, Cfg::D))
+      !make_fp8_map(&tv, p.vt, p.vt_cols, Cfg::D, p.heads_kv, p.batch, vt_stride, Cfg::kVRow, Cfg::D))
     return LAB_E_SHAPE;
   const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
