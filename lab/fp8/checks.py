@@ -182,9 +182,10 @@ def wrong_build(seed: int = 7) -> dict:
                  defines={"LAB_FP8_BUG_NO_V_DESCALE": 1}, use_peer=False)
 
 
-def vt_pass_share(cell: str = "d128-s4097-c", seed: int = 0) -> dict:
-    """The V^T pass's time against the whole call's (both through lab.fp8.op, timed in rounds)."""
-    _, B, Hq, Hkv, Sq, Sk, D, causal = _cell(cell)
+def vt_pass_share(cell="d128-s4097-c", seed: int = 0) -> dict:
+    """The V^T pass's time against the whole call's (both through lab.fp8.op, timed in rounds); `cell`: a name of
+    CELLS or its tuple (name, B, H_q, H_kv, S_q, S_k, D, causal)."""
+    _, B, Hq, Hkv, Sq, Sk, D, causal = _cell(cell) if isinstance(cell, str) else cell
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (quant.quantize(torch.randn((B, H, S, D), generator=gen, device="cuda")).data
                for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
