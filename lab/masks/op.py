@@ -247,7 +247,6 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     host, or read at a later paged call). Forward only, on compute capability 9.0, D 64 / 128.
     """
     if block_table is not None or page_errors is not None:
-        from . import paged  # (it imports this module)
         return paged.attention_varlen_paged(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, is_causal, scale, window_size, softcap, sinks, return_lse,
                                             check_cu_seqlens, version, block_table, page_errors)
@@ -307,3 +306,4 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
 backward.register()  # lab::attention_masked is differentiable (lab.masks.backward)
 varlen_bwd.register()  # and lab::attention_varlen (lab.masks.varlen_bwd)
+from . import paged  # noqa: E402 (block_table calls; it imports this module, so it comes last)
