@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     // Producer (v07's, over the window's tiles only)
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if constexpr (kPaged) {
-      // One warp: lane i fetches the page of box i of the next tile while lane 0 issues this tile's boxes.
+      // One warp: lane i fetches the page of box i of the next tile while it issues box i of this one.
       const int lane = threadIdx.x, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
       if (lane >= 32) return;
       if (lane == 0) {
@@ -244,9 +244,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
         const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
         if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
         if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+        __syncwarp();
         load_tile_paged<D, BC>(ring.k(s), &tk, smem_u32(&bar_k[s]), page, n0, rows, boxes, mp.page_size, hkv, lane);
         if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
         if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+        __syncwarp();
         load_tile_paged<D, BC>(ring.v(s), &tv, smem_u32(&bar_v[s]), page, n0, rows, boxes, mp.page_size, hkv, lane);
         page = next;
       }

@@ -43,8 +43,8 @@ def check_paged(query, key_cache, value_cache, block_table, page_errors, batch: 
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != dims:
-            raise ValueError(f"{name} must be {dims}-D ({'total_q, H, D' if dims == 3 else 'num_pages, page_size, H_kv, D'}"
-                             f"), got shape {tuple(t.shape)}")
+            layout = "total_q, H, D" if dims == 3 else "num_pages, page_size, H_kv, D"
+            raise ValueError(f"{name} must be {dims}-D ({layout}), got shape {tuple(t.shape)}")
         if t.dtype not in (torch.float16, torch.bfloat16) or t.dtype != query.dtype:
             raise TypeError(f"{name}.dtype must be query's, torch.float16 or torch.bfloat16, got {t.dtype}")
         if t.device != query.device:

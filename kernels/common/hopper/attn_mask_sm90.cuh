@@ -104,18 +104,17 @@ __device__ __forceinline__ int paged_box_page(const AttnMaskParams& mp, const in
   return kIgnoreTable ? key / mp.page_size : table[key / mp.page_size];
 }
 
-// One K or V tile of bc keys from `boxes` boxes of `rows` rows (box i from page page_i, held by lane i of the
-// calling warp and passed round by shuffles): lane 0 issues them all on `bar`. Every lane of the warp calls it.
+// One K or V tile of bc keys from `boxes` boxes of `rows` rows: lane i < boxes of the calling warp issues box i
+// (from page page_lane, its own) on `bar`, whose expected bytes lane 0 has set (arrive.expect_tx) before the warp's
+// __syncwarp: the boxes go out in parallel, not one thread's chain of boxes x D / 64 issues.
 template <int D, int BC>
 __device__ __forceinline__ void load_tile_paged(uint32_t dst, const CUtensorMap* map, uint32_t bar, int page_lane,
                                                 int n0, int rows, int boxes, int page_size, int hkv, int lane) {
-  for (int i = 0; i < boxes; ++i) {
-    const int page = __shfl_sync(0xffffffffu, page_lane, i);
-    if (lane == 0) {
-      const int row = (n0 + i * rows) % page_size;
+  if (lane < boxes) {
+    const int row = (n0 + lane * rows) % page_size;
 #pragma unroll
-      for (int cb = 0; cb < D / 64; ++cb) tma_load_4d(dst + cb * BC * 128 + i * rows * 128, map, bar, cb * 64, row, hkv, page);
-    }
+    for (int cb = 0; cb < D / 64; ++cb)
+      tma_load_4d(dst + cb * BC * 128 + lane * rows * 128, map, bar, cb * 64, row, hkv, page_lane);
   }
 }
 
