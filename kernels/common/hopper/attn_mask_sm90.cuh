@@ -118,6 +118,35 @@ __device__ __forceinline__ void load_tile_paged(uint32_t dst, const CUtensorMap*
   }
 }
 
+// The candidate gather for small pages (fwd v11's LAB_FWD_MASK_PAGED_GATHER): the producer warpgroup's 128 threads copy
+// a tile by cp.async, 16 bytes each, row r of the tile from its own page (one table entry per row, read through L1),
+// into the 128-byte swizzle's place (chunk c of row r at c ^ (r % 8)); rows past the keys are zero-filled (no read).
+// FlashAttention-3's way for pages smaller than its tile. The caller waits for its copies (cp_async_wait), then
+// fence_proxy_async (wgmma reads through the async proxy), then arrives on the tile's barrier (128 arrivals).
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <int D, int BC>
+__device__ __forceinline__ void load_tile_gather(uint32_t dst, const void* base, const int64_t (&stride)[3], int hkv,
+                                                 const int32_t* table, int n0, int seqlen_k, int page_size, int t) {
+  constexpr int kChunks = D / 8, kRowsPerPass = 128 / kChunks;
+  const int c = t % kChunks;
+  const uint32_t col = dst + (c / 8) * BC * 128;
+  const __nv_bfloat16* head = static_cast<const __nv_bfloat16*>(base) + (int64_t)hkv * stride[1] + c * 8;
+#pragma unroll 2
+  for (int r = t / kChunks; r < BC; r += kRowsPerPass) {
+    const int key = n0 + r;
+    const bool ok = key < seqlen_k;
+    const int page = ok ? __ldg(table + key / page_size) : 0;
+    const __nv_bfloat16* src = head + (int64_t)page * stride[0] + (int64_t)(key % page_size) * stride[2];
+    cp_async_16_zfill(col + r * 128 + (((c % 8) ^ (r & 7)) << 4), ok ? src : head, ok);
+  }
+}
+
 // Rows [row0, BC) of a K/V tile at `tile` (D / 64 blocks of BC rows x 128 B) set to zero by `threads` threads, then
 // made visible to wgmma: a paged tile's rows past the sequence's keys come from the rest of its last page, which
 // holds whatever the cache held (possibly NaN or inf, and P = 0 times NaN is NaN). The caller's barrier follows.
