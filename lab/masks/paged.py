@@ -32,6 +32,8 @@ MAX_CAPACITY = 1 << 30  # max_pages * page_size: the kernel's int key offsets an
 _pending: list = []  # (event, pinned flags (B,), call number, device) of calls without page_errors
 _MAX_PENDING = 64
 _count = 0
+_plans: dict = {}  # serving-call key -> (left, right, softcap, scale): lab.masks.fast's one-crossing idea, in Python
+_MAX_PLANS = 256
 ERROR_NAMES = {PAGE_E_INDEX: "a page index outside [0, num_pages)",
                PAGE_E_SHORT: "more keys (cu_seqlens_k) than max_pages * page_size"}
 
@@ -112,6 +114,14 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
                            is_causal, scale, window_size, softcap, sinks, return_lse, check_cu_seqlens, version,
                            block_table, page_errors):
     """lab.ops.attention_varlen's paged call (lab.masks.op routes here when block_table or page_errors is given)."""
+    plan_key = _serving_key(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            is_causal, scale, window_size, softcap, sinks, check_cu_seqlens, version, block_table,
+                            page_errors)
+    plan = _plans.get(plan_key) if plan_key is not None else None
+    if plan is not None and not any(t.data_ptr() % 16 for t in (query, key_cache, value_cache)):
+        out, lse = paged_impl(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, sinks, block_table,
+                              page_errors, max_seqlen_q, max_seqlen_k, *plan, want_lse=return_lse)
+        return (out, lse) if return_lse else out
     if block_table is None:
         raise ValueError("page_errors goes with block_table (a paged KV cache)")
     mask = spec.make_mask(is_causal, window_size, softcap)
@@ -148,11 +158,37 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
         errors = page_errors if page_errors is not None else torch.empty(batch, dtype=torch.int32, device=query.device)
         out, lse = _paged_op(*args, errors, *rest)
     elif page_errors is not None or total_k is not None:  # the caller's flags, or a table checked on the host
+        if plan_key is not None and table is block_table:  # checked: the same call again may go straight in
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[plan_key] = rest[2:]
         errors = page_errors if page_errors is not None else torch.empty(batch, dtype=torch.int32, device=query.device)
         out, lse = paged_impl(*args, errors, *rest, want_lse=return_lse, rows_q=rows_q)
     else:
         out, lse = _deferred(args, rest, batch, return_lse)
     return (out, lse) if return_lse else out
+
+
+def _serving_key(query, key_cache, value_cache, cu_q, cu_k, max_q, max_k, is_causal, scale, window_size, softcap,
+                 sinks, check_cu_seqlens, version, block_table, page_errors):
+    """The key of the serving call's plan (lab.masks.fast's idea for the paged call): plain eager tensors, no host
+    check, the caller's page_errors, no gradient wanted; what the checks read (shapes, strides, dtypes, devices, the
+    mask and scale arguments), so that a call with the same key passes them as the checked one did. None: the full
+    path."""
+    if not (check_cu_seqlens is False and version is None and page_errors is not None and _eager()):
+        return None
+    tensors = (query, key_cache, value_cache, cu_q, cu_k, block_table, page_errors) + (() if sinks is None else (sinks,))
+    if any(type(t) is not torch.Tensor for t in tensors) or (torch.is_grad_enabled() and any(t.requires_grad
+                                                                                             for t in tensors)):
+        return None
+    if not (cu_q.is_contiguous() and cu_k.is_contiguous() and (sinks is None or sinks.is_contiguous())):
+        return None  # (the full path hands the kernel contiguous copies)
+    if not (type(is_causal) is bool and type(max_q) is int and type(max_k) is int and (scale is None or type(scale)
+            is float) and (type(softcap) is float or type(softcap) is int) and (window_size is None or (
+            type(window_size) is tuple and all(type(w) is int for w in window_size)))):
+        return None
+    return (is_causal, scale, window_size, softcap, max_q, max_k, sinks is None,
+            *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
 
 
 def paged_impl(query, key_cache, value_cache, cu_q, cu_k, sinks, table, errors, max_q, max_k, left, right, softcap,

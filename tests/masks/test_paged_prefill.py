@@ -252,3 +252,23 @@ def test_fake_tensors_trace_the_custom_op(monkeypatch):
         monkeypatch.setattr(paged, "_capability", lambda device: (8, 0))
         with pytest.raises(NotImplementedError, match="compute capability 9.0"):
             ops.attention_varlen(q, kc, kc, cu, cu, 6, 190, block_table=table)
+
+
+def test_serving_plan_launches_as_the_checked_call(monkeypatch):
+    """The serving call (page_errors given, no host check) is checked once per key; the next one with the same key
+    goes straight to the launch with the same arguments; a call that differs in shape is checked again."""
+    launches = []
+    monkeypatch.setattr(paged, "_check_cuda", lambda q: None)
+    monkeypatch.setattr(paged, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(paged, "_plans", {})
+    monkeypatch.setattr(paged.op, "launch", lambda *a, **k: launches.append((a[5:], k)))
+    errors = torch.zeros(2, dtype=torch.int32)
+    args = _args(check_cu_seqlens=False, page_errors=errors, window_size=(8, 0), sinks=torch.zeros(4))
+    with torch.no_grad():
+        ops.attention_varlen(**args)
+        assert len(paged._plans) == 1
+        ops.attention_varlen(**args)
+    assert len(launches) == 2 and repr(launches[0]) == repr(launches[1])
+    with torch.no_grad(), pytest.raises(ValueError, match="multiple of key_cache heads"):
+        ops.attention_varlen(**_args(check_cu_seqlens=False, page_errors=errors, query=torch.zeros(10, 3, 64,
+                                                                                                  dtype=BF16)))
