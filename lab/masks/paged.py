@@ -177,7 +177,8 @@ def _serving_key(query, key_cache, value_cache, cu_q, cu_k, max_q, max_k, is_cau
     path."""
     if not (check_cu_seqlens is False and version is None and page_errors is not None and _eager()):
         return None
-    tensors = (query, key_cache, value_cache, cu_q, cu_k, block_table, page_errors) + (() if sinks is None else (sinks,))
+    tensors = (query, key_cache, value_cache, cu_q, cu_k, block_table, page_errors)
+    tensors += () if sinks is None else (sinks,)
     if any(type(t) is not torch.Tensor for t in tensors) or (torch.is_grad_enabled() and any(t.requires_grad
                                                                                              for t in tensors)):
         return None
