@@ -222,12 +222,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
 
   const bool gather = kPaged && LAB_FWD_MASK_PAGED_GATHER && mp.page_size < 64;
   if (threadIdx.x == 0) {
-    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
-    if (gather)  // every producer thread arrives once its own copies have landed
+    if (gather) {  // every producer thread arrives once its own copies have landed
+      mbar_init(smem_u32(&bar_q), 1);
       for (int s = 0; s < kStages; ++s) {
         mbar_init(smem_u32(&bar_k[s]), 128);
         mbar_init(smem_u32(&bar_v[s]), 128);
       }
+    } else {
+      init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
