@@ -68,18 +68,24 @@ def _kernel_calls(q, k, v, seqlens, paged, D):
     return name, splits, calls
 
 
-def run(cells=CELLS, budget_s: float = 0.25, max_reps: int = 60) -> list[dict]:
+def run(cells=CELLS, budget_s: float = 0.25, max_reps: int = 60, variants=None, timers=("gpu", "cold")) -> list[dict]:
+    """Rows for `cells` (B, S, D, page; page 0: contiguous), the calls of `variants` (names of VARIANTS; None: all)
+    beside plain decode and the kernel A/B, under `timers`."""
     rows = []
     for B, S, D, page in cells:
         q, k, v, seqlens, sinks, paged = _cell(B, S, D, page)
         calls = {"plain": (lambda: ops.decode(q, k, v, seqlens, **paged), None)}
         for name, kw in VARIANTS.items():
+            if variants is not None and name not in variants:
+                continue
             kw = {**kw, "sinks": sinks} if kw.get("sinks") else kw
             calls[name] = (lambda kw=kw: ops.decode(q, k, v, seqlens, **paged, **kw), None)
         version, splits, kernels = _kernel_calls(q, k, v, seqlens, paged, D)
         calls.update(kernels)
         gbytes = 2 * k.numel() * k.element_size() / 1e9
         for timer_name, timer in (("gpu", bench.GpuTimeTimer()), ("cold", bench.CudaTimer())):
+            if timer_name not in timers:
+                continue
             timings = bench.time_interleaved(calls, timer, budget_s=budget_s, max_reps=max_reps)
             plain = timings["plain"].median_ms
             for name, t in timings.items():
