@@ -17,6 +17,12 @@
 //    (common/splitk_combine.cuh) or, with one split, pass 1's epilogue (decode_pv.cuh merge_warps_store), never a
 //    split's partial (each split would then count the sink once: LAB_DECODE_BUG_SINK_PER_SPLIT is that wrong build).
 //
+// Measured (H200, bf16, Hq 32 / Hkv 8, q_len 1, B 8-32 x S 4096-16384, D 128 / 64, contiguous and pages of 64, GPU
+// time, interleaved rounds; a batch shared with other jobs: outputs/driver_logs/20261129-h200-batch2-f58d500e62/T3):
+// the plain kernel against its LAB_DECODE_NO_MASKS build 0.985-1.016x (noise); sinks 0.99-1.01x plain decode;
+// window 4096 at S 16384 2.7-3.5x faster, window 128 (+ sinks, GPT-OSS) 3.6-28x faster; softcap 50 alone
+// 0.87-0.99x with the first tanh (an exp and a divide), hence tanh.approx (softcap_tanh).
+//
 // LAB_DECODE_NO_MASKS compiles the mask steps out of pass 1 (the window's first key, the rows' first keys, the
 // softcap): the plain kernel as it was before them, the baseline of the A/B that shows a plain call did not slow
 // down (lab/decode/mask_bench.py). The fields are then ignored; lab.ops never builds it.
