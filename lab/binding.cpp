@@ -968,7 +968,7 @@ std::tuple<std::string, at::Tensor, BadFlags> decode_deferred_impl(
   BadFlags bad;
   if (q.dim() != 4 || !on_gpu(q) || num_splits < 1 || num_splits > LAB_MAX_NUM_SPLITS || capturing(flag_device(q))) {
     auto [error, o, errors] = decode_paged_masked_impl(launcher, q, k, v, cache_seqlens, block_table, c10::nullopt,
-                                                       scale, num_splits, causal, masks);  // or the graph's unread flags
+                                                       scale, num_splits, causal, masks);  // or the graph's flags
     return {error, o, bad};
   }
   const int64_t device = flag_device(q);

@@ -97,7 +97,8 @@ def run(cells=CELLS, budget_s: float = 0.25, max_reps: int = 60, variants=None, 
                                  splits=splits, median_ms=round(t.median_ms, 4), iqr_ms=round(t.iqr_ms, 4),
                                  vs=("kernel-nomasks" if name == "kernel" else "plain"),
                                  ratio=round(base / t.median_ms, 3), tb_s=round(gbytes / t.median_ms, 2)))
-        del q, k, v, paged
+        calls.clear()  # the cell's tensors go with the calls that hold them
+        kernels.clear()
         torch.cuda.empty_cache()
     return rows
 
@@ -106,7 +107,8 @@ def table(rows) -> str:
     lines = ["B     S     D  page timer call                   ms       ratio  (vs)            TB/s"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['B']:<5} {r['S']:<5} {r['D']:<3} {r['page']:<4} {r['timer']:<5} {r['call']:<22} {r['error']}")
+            lines.append(f"{r['B']:<5} {r['S']:<5} {r['D']:<3} {r['page']:<4} {r['timer']:<5} {r['call']:<22} "
+                         f"{r['error']}")
             continue
         lines.append(f"{r['B']:<5} {r['S']:<5} {r['D']:<3} {r['page']:<4} {r['timer']:<5} {r['call']:<22} "
                      f"{r['median_ms']:<8.4f} {r['ratio']:<6.3f} ({r['vs']:<14}) {r['tb_s']:.2f}")

@@ -103,8 +103,9 @@ def inputs(case: MaskCase, seed: int, device="cuda") -> dict:
         import numpy as np
         table, pages = block_table(case.B, case.S, case.page_size, np.random.default_rng(seed), spare_pages=3)
         a["table"] = torch.from_numpy(table).to(device)
-        a["k_pages"] = torch.from_numpy(to_pages(k.float().cpu().numpy(), table, pages, case.page_size)).to(device, dtype)
-        a["v_pages"] = torch.from_numpy(to_pages(v.float().cpu().numpy(), table, pages, case.page_size)).to(device, dtype)
+        for name, cache in (("k_pages", k), ("v_pages", v)):
+            paged = to_pages(cache.float().cpu().numpy(), table, pages, case.page_size)
+            a[name] = torch.from_numpy(paged).to(device, dtype)
     return a
 
 
@@ -123,8 +124,9 @@ def check_case(case: MaskCase, num_splits=None, version=None, defines=None, tria
                              sinks=a["sinks"])
         else:  # the named build through the binding (the wrong build's check)
             left, right = case.window or (-1, -1)
+            address = ops.launcher(ops.DECODE, version or "v07", defines)
             error, out, _ = build.binding().module.decode_masked_call(
-                ops.launcher(ops.DECODE, version or "v07", defines), a["q"], kc, vc, a["seqlens"], a.get("table"), flags,
+                address, a["q"], kc, vc, a["seqlens"], a.get("table"), flags,
                 op_common._scale(scale, case.D), num_splits or 1, case.causal, left, 0 if case.causal else right,
                 case.softcap, a["sinks"])
             if error:

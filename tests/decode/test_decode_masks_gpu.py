@@ -82,7 +82,8 @@ def test_graph_replays_with_new_lengths():
     seqlens = a["seqlens"].clone()
     flags = torch.zeros(case.B, dtype=torch.int32, device="cuda")
     kw = dict(block_table=a["table"], is_causal=True, window_size=case.window, softcap=case.softcap, sinks=a["sinks"])
-    graph, out = graphs.capture(lambda: ops.decode(a["q"], a["k_pages"], a["v_pages"], seqlens, page_errors=flags, **kw))
+    graph, out = graphs.capture(lambda: ops.decode(a["q"], a["k_pages"], a["v_pages"], seqlens, page_errors=flags,
+                                                   **kw))
     for lengths in [(5, 1537, 1400, 200, 0, 77), (1537,) * 6]:
         seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
         graph.replay()
