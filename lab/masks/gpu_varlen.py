@@ -9,6 +9,7 @@ by its formula with SDPA's 16-bit O.
 """
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -158,10 +159,13 @@ def _cell(lens, D, H=16, dtype=torch.bfloat16):
 
 
 @bench.flex_race
-def race(budget_s: float = 240.0, cells=RACE_CELLS) -> list:
+def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, variants: bool = True,
+         jsonl: str | None = None) -> list:
     """Forward, backward alone (autograd.grad with retain_graph over one forward) and forward + backward through the
-    public op, in GPU time (bench.GpuTimeTimer), against FlexAttention's compiled document mask; one length against
-    the dense op; the backward's two layouts (varlen_bwd.launch) side by side. Returns the rows it printed."""
+    public op, in GPU time (bench.GpuTimeTimer), against FlexAttention's compiled document mask (flex_too: False
+    leaves it out of the one-length cells, which race the dense op); the backward's two layouts (varlen_bwd.launch)
+    side by side, and with `variants` the packed kernel's other grid order and D 64 config. Returns the rows it
+    printed; each is also appended to `jsonl` as it is done."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
@@ -177,9 +181,10 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS) -> list:
                                device="cuda")
         ins = (q, k, v)
         fns = {"lab": (lambda: ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, check_cu_seqlens=False),
-                       dout),
-               "flex": (lambda: flex(*(t.transpose(0, 1)[None] for t in ins), block_mask=bm),
-                        dout.transpose(0, 1)[None])}
+                       dout)}
+        if flex_too or len(set(lens)) > 1:
+            fns["flex"] = (lambda: flex(*(t.transpose(0, 1)[None] for t in ins), block_mask=bm),
+                           dout.transpose(0, 1)[None])
         if len(set(lens)) == 1:
             def dense():
                 return ops.attention(*(t.view(len(lens), mx, H, D).transpose(1, 2) for t in ins), is_causal=True)
@@ -192,28 +197,34 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS) -> list:
             calls[key + "_fwd"] = (lambda fn=fn: _no_grad(fn), None)
         with torch.no_grad():
             o, lse = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, return_lse=True)
-        variants = (("packed", "packed", None), ("padded", "padded", None), ("packed_slot_major", "packed", SLOT_MAJOR))
-        if D == 64:
-            variants += (("packed_q64", "packed", Q64),)
-        for label, layout, defines in variants:
+        kernels = (("packed", "packed", None), ("padded", "padded", None))
+        if variants:
+            kernels += (("packed_slot_major", "packed", SLOT_MAJOR),) + ((("packed_q64", "packed", Q64),) if D == 64
+                                                                        else ())
+        for label, layout, defines in kernels:
             calls["kernel_" + label] = (lambda layout=layout, defines=defines: varlen_bwd.launch(
                 dout, q, k, v, o, lse, None, cu, cu, None, False, mx, mx, -1, 0, 0.0, D ** -0.5, layout=layout,
                 defines=defines), None)
         times = bench.time_interleaved(calls, timer=timer, budget_s=0.3, max_reps=21, min_reps=7)
         ms = {key: (t.median_ms if hasattr(t, "median_ms") else str(t)) for key, t in times.items()}
         iqr = {key: t.iqr_ms for key, t in times.items() if hasattr(t, "iqr_ms")}
+        quartiles = {key: [t.q1_ms, t.q3_ms, t.n] for key, t in times.items() if hasattr(t, "q1_ms")}
 
         def ratio(a, b):
             return ms[a] / ms[b] if isinstance(ms.get(a), float) and isinstance(ms.get(b), float) else None
-        row = {"cell": name, "lens": lens, "H": H, "D": D, "tokens": total, "median_ms": ms, "iqr_ms": iqr,
+        row = {"cell": name, "lens": lens, "H": H, "D": D, "tokens": total, "median_ms": ms, "q1_q3_n": quartiles,
                "flex_over_lab": {s: ratio("flex" + s, "lab" + s) for s in ("_fwd", "", "+fwd")},
                "lab_over_dense": {s: ratio("lab" + s, "dense" + s) for s in ("_fwd", "", "+fwd")},
                "padded_over_packed": ratio("kernel_padded", "kernel_packed"),
                "slot_major_over_head_minor": ratio("kernel_packed_slot_major", "kernel_packed"),
                "q64_over_q128": ratio("kernel_packed_q64", "kernel_packed")}
         rows.append(row)
+        if jsonl:
+            with open(jsonl, "a") as f:
+                f.write(json.dumps(row) + "\n")
         print(f"race-varlen {name} D {D} ({total} tokens): " + ", ".join(
-            f"{key} {v if isinstance(v, str) else round(v, 3)}" for key, v in ms.items()), flush=True)
+            f"{key} {v if isinstance(v, str) else round(v, 3)} (iqr {iqr.get(key, 0):.3f})" for key, v in ms.items()),
+            flush=True)
         print(f"  Flex / lab (fwd, bwd, fwd+bwd): {row['flex_over_lab']}; lab / dense: {row['lab_over_dense']}; "
               f"padded / packed backward: {row['padded_over_packed']}; slot-major / head-minor grid: "
               f"{row['slot_major_over_head_minor']}; D 64's 64 / 128 queries a step: {row['q64_over_q128']}",
