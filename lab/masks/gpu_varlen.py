@@ -5,7 +5,11 @@ tiles it crosses must fail. Records are check_bwd rows of chapter n13 (the maske
 
 Yardstick: SDPA's error pattern on each sequence as its own dense call (lab.masks.gpu_bwd's, the softcap left
 out), laid on the float64 gradients, plus the 16-bit rounding of the exact gradient and of dS's dLSE term; d sinks
-by its formula with SDPA's 16-bit O.
+by its formula with SDPA's 16-bit O. The gradients' memory and the workspace are NaN-poisoned before each call.
+
+race(): packed documents against FlexAttention's compiled document mask and one length against the dense op,
+forward and backward through the public op in GPU time, with the backward's two layouts side by side; profile():
+torch.profiler's kernel table of one forward + backward in each layout.
 """
 from __future__ import annotations
 
