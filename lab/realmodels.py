@@ -46,7 +46,8 @@ def model_rows(matrix: list[dict], lab_name: str = "lab") -> list[dict]:
         out.append({"kind": KIND, "section": "models", "stage": "model", "cell": r["model"], "dtype": r["dtype"],
                     "head_dim": r["head_dim"], "pass": bool(r["pass"]), "why": r["why"],
                     "fallbacks": len(lab.get("fallbacks", [])), "refused": sorted(r.get("refused", {})),
-                    "impls": {k: {m: v[m] for m in ("logits", "tokens_equal", "grads")} for k, v in r["impls"].items()}})
+                    "impls": {k: {m: v[m] for m in ("logits", "tokens_equal", "grads")}
+                              for k, v in r["impls"].items()}})
     return out
 
 
@@ -208,7 +209,8 @@ def ratio_table(rows: list[dict]) -> Table:
             body.append([r["section"], r["stage"], r["cell"], value, f"{r['what']} {target}",
                          "MISS" if miss(r) else "ok" if r.get("target") is not None else ""])
     return Table(["section", "stage", "cell", "ratio", "target", ""], body,
-                 "each ratio against its target (the chapter's gates)")
+                 "each ratio against its target (the chapter's gates)" if body else
+                 "nothing measured here and nothing recorded on a GPU yet for this section")
 
 
 def plot(rows: list[dict], path=None):
@@ -274,8 +276,29 @@ def recorded_matrix() -> list[dict]:
     return model_rows(rows)
 
 
+def recorded_races(name: str) -> list[dict]:
+    """The latest GPU rows of the helpers' own races for a section (Gemma's D 256 forward: kind "race", features
+    wide-*; forward + backward: kind "race_bwd", feature "wide"), normalised; prints their session."""
+    if name == "wide-fwd":
+        found = [r for r in record.load(kind="race") if str(r.get("feature", "")).startswith("wide-")]
+    elif name == "wide-fwd+bwd":
+        found = [r for r in record.load(kind="race_bwd") if r.get("feature") == "wide"]
+    else:
+        return []
+    rows = record.latest_gpu_rows(found)
+    if rows:
+        print(f"recorded {name} race (lab.masks): session {rows[0]['session']}, {rows[0]['env']['gpu']}, "
+              f"commit {rows[0]['commit']}, {rows[0]['timestamp']}")
+    if name == "wide-fwd":
+        return [ratio_row(name, "fwd vs flex", f"{r['feature'][5:]} B{r['case']['B']} H{r['case']['H']}/"
+                          f"{r['case']['Hkv']} S{r['case']['S']} D{r['case']['D']}", r["ratio_vs_lab"].get("flex"),
+                          ">=", 1.0, "Flex ms / lab ms") for r in rows]
+    return wide_bwd_rows(rows)
+
+
 def section(ch, name: str, budget_s: float = 60.0, checks: bool = True) -> list[dict]:
-    """A chapter cell's rows: run the section on a GPU; on a CPU say it is skipped and return the recorded rows."""
+    """A chapter cell's rows: run the section on a GPU; on a CPU say it is skipped and return the recorded rows
+    (this chapter's, else the helpers' own races where they recorded any)."""
     if ch.skip(f"section {name} (checks and race)"):
-        return [r for r in ch.recorded(kind=KIND) if r["section"] == name]
+        return [r for r in ch.recorded(kind=KIND) if r["section"] == name] or recorded_races(name)
     return run_gpu(name, budget_s, checks)

@@ -1,0 +1,102 @@
+"""lab.realmodels (chapter n16): the helpers' rows normalised into one kind, the targets judged the same way by the
+findings and by chapters/gates.json, every miss named with its number, and the model matrix's CPU part end to end."""
+import pytest
+
+from lab import gates, realmodels
+
+GPU_ENV = {"gpu": "NVIDIA H200"}
+
+
+def _model(name, passed=True, fallbacks=(), dtype="bfloat16"):
+    impl = {"logits": 0.01, "tokens_equal": 0.5, "grads": 0.02, "grads_missing": [], "fallbacks": []}
+    return {"kind": "model-matrix", "model": name, "dtype": dtype, "head_dim": 256, "refused": {},
+            "impls": {"eager": impl, "sdpa": impl, "lab": {**impl, "fallbacks": list(fallbacks)}},
+            "pass": passed, "why": "" if passed else "logits 0.5 > 0.021"}
+
+
+def _varlen(name, bwd, dense=None):
+    return {"cell": name, "D": 128, "tokens": 16384,
+            "flex_over_lab": {"_fwd": 2.0, "": bwd, "+fwd": 1.9},
+            "lab_over_dense": {"_fwd": 1.01, "": 1.02, "+fwd": dense} if dense else dict.fromkeys(("_fwd", "", "+fwd"))}
+
+
+def _decode(call, timer, ratio):
+    return {"B": 8, "S": 16384, "D": 128, "page": 64, "timer": timer, "call": call, "median_ms": 0.1, "ratio": ratio}
+
+
+def _all_rows(good: bool) -> list[dict]:
+    rows = realmodels.model_rows([_model("gemma2"), _model("llama", passed=good,
+                                                            fallbacks=() if good else ("lab attention fell back",))])
+    rows += realmodels.wide_fwd_rows(realmodels.WIDE_FWD[:2], [2.4, 1.1 if good else 0.93])
+    rows += realmodels.wide_bwd_rows([{"case": {"name": "gemma2-local", "B": 1, "S": 8192, "D": 256},
+                                       "flex_over_lab": 3.9 if good else 0.8}])
+    rows += realmodels.decode_rows([_decode("plain", "gpu", 1.0), _decode("sinks", "gpu", 0.99 if good else 0.9),
+                                    _decode("sinks", "cold", 0.5), _decode("kernel", "gpu", 0.5)])
+    rows += realmodels.paged_rows([(128, 64, 0.2, 0.2 * (1.0 if good else 0.9), 1.0 if good else 0.9, 1.0)])
+    rows += realmodels.varlen_rows([_varlen("docs12", 2.0 if good else 1.2), _varlen("one-length", 2.0,
+                                                                                     1.03 if good else 1.08)])
+    rows.append(realmodels.checks_row("decode", "masked decode", 0 if good else 2, 5))
+    return [{**r, "chapter": realmodels.CHAPTER, "env": GPU_ENV} for r in rows]
+
+
+def test_normalised_rows_carry_their_targets():
+    rows = _all_rows(good=True)
+    assert {r["kind"] for r in rows} == {realmodels.KIND}
+    decode = [r for r in rows if r["section"] == "decode" and "ratio" in r]
+    assert [(r["stage"], r["target"]) for r in decode] == [("masked vs plain (gpu)", 0.95), ("masked vs plain (cold)",
+                                                                                           None)]  # plain, kernel out
+    varlen = {(r["cell"].split()[0], r["stage"]): r for r in rows if r["section"] == "varlen"}
+    assert varlen[("docs12", "bwd vs flex")]["target"] == 1.5 and varlen[("docs12", "fwd vs flex")]["target"] is None
+    assert ("docs12", "one-length fwd+bwd vs dense") not in varlen  # no dense peer for uneven documents
+    assert varlen[("one-length", "one-length fwd+bwd vs dense")]["op"] == "<="
+    assert not any(realmodels.miss(r) for r in rows)
+
+
+@pytest.mark.parametrize("good", [True, False])
+def test_the_gates_judge_what_the_findings_say(good):
+    """Every n16 gate finds rows, and passes on the good rows and fails on the bad ones; the findings name each
+    miss with its number."""
+    rows = _all_rows(good)
+    mine = [g for g in gates.load_gates() if g["chapter"] == realmodels.CHAPTER]
+    assert len(mine) >= 9
+    results = [gates.evaluate(g, rows) for g in mine]
+    assert all(r["status"] == ("pass" if good else "fail") for r in results), results
+    text = "\n".join(realmodels.findings(rows))
+    if good:
+        assert "MISS" not in text and "2 of 2 models pass" in text and "fell back nowhere" in text
+    else:
+        for number in ("0.930", "0.800", "0.900", "1.200", "1.080"):
+            assert "MISS" in text and number in text, (number, text)
+        assert "llama fails: logits 0.5" in text and "fell back in 1: llama (1)" in text
+        assert "decode: 2 checks failed" in text
+
+
+def test_a_cell_that_did_not_run_is_a_miss_not_a_pass():
+    rows = realmodels.wide_fwd_rows(realmodels.WIDE_FWD[:2], [1.5, None])
+    assert [realmodels.miss(r) for r in rows] == [False, True]
+    assert any("not run" in line for line in realmodels.findings(rows))
+    assert "not run" in realmodels.ratio_table(rows).markdown()
+
+
+def test_unknown_section_is_refused():
+    with pytest.raises(ValueError, match="unknown section"):
+        realmodels.run_gpu("gemma")
+
+
+def test_plot_and_tables(tmp_path):
+    rows = _all_rows(good=False)
+    realmodels.plot(rows, path=tmp_path / "ratios.png")
+    assert (tmp_path / "ratios.png").stat().st_size > 0
+    table = realmodels.models_table([r for r in rows if r["section"] == "models"]).markdown()
+    assert "gemma2" in table and "lab fallbacks" in table
+    assert "MISS" in realmodels.ratio_table(rows).markdown()
+
+
+def test_the_matrix_cpu_part_normalises(session_dir):
+    pytest.importorskip("transformers")
+    from lab import models
+
+    rows = realmodels.model_rows([models.compare("gemma2", "cpu")])
+    assert rows[0]["pass"] and rows[0]["dtype"] == "float32"
+    assert rows[0]["fallbacks"] == 1  # a CPU runs no kernel: the adapter says so once
+    assert "float32 (a CPU" in realmodels.findings(rows)[0]
