@@ -100,3 +100,24 @@ def test_the_matrix_cpu_part_normalises(session_dir):
     assert rows[0]["pass"] and rows[0]["dtype"] == "float32"
     assert rows[0]["fallbacks"] == 1  # a CPU runs no kernel: the adapter says so once
     assert "float32 (a CPU" in realmodels.findings(rows)[0]
+
+
+def test_run_gpu_names_a_cell_its_race_skipped(session_dir, monkeypatch):
+    """A race that drops a cell past its budget (returns nothing for it) leaves a 'not run' miss, never a shifted
+    ratio; the rows are appended to the run's records with the chapter's name."""
+    from lab import record
+    from lab.masks import gpu_varlen, gpu_wide
+
+    monkeypatch.setattr(gpu_wide, "race_wide", lambda budget_s, cells: [] if cells[0][4] == "softcap" else [2.5])
+    rows = realmodels.run_gpu("wide-fwd", 60.0, checks=False)
+    assert [(r["cell"].split()[0], r["ratio"]) for r in rows] == [("local", 2.5), ("softcap", None), ("window", 2.5)]
+    assert any("MISS: wide-fwd softcap" in line and "not run" in line for line in realmodels.findings(rows))
+
+    done = {"cell": "docs12", "D": 128, "tokens": 23100, "flex_over_lab": {"_fwd": 1.1, "": 1.7, "+fwd": 1.5},
+            "lab_over_dense": {"_fwd": None, "": None, "+fwd": None}}
+    monkeypatch.setattr(gpu_varlen, "race", lambda budget_s, cells: [done] if cells[0][0] == "docs12" else [])
+    rows = realmodels.run_gpu("varlen", 60.0, checks=False)
+    bwd = {r["cell"].split()[0]: r["ratio"] for r in rows if r["stage"] == "bwd vs flex"}
+    assert bwd == {"docs12": 1.7, "one-length": None}
+    stored = record.load(session_dir.parent, kind=realmodels.KIND)
+    assert len(stored) == 3 + len(rows) and {r["chapter"] for r in stored} == {realmodels.CHAPTER}
