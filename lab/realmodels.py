@@ -156,8 +156,9 @@ def _within(start: float, budget_s: float, race):
     return done[0] if done else None
 
 
-def run_gpu(section: str, budget_s: float = 60.0, checks: bool = True) -> list[dict]:
-    """Run one section on the GPU, append its normalised rows to the run's records, and return them."""
+def run_gpu(section: str, budget_s: float = 60.0, checks: bool = True, names=None) -> list[dict]:
+    """Run one section on the GPU (names: the model matrix's families, None for all), append its normalised rows
+    to the run's records, and return them."""
     if section not in SECTIONS:
         raise ValueError(f"unknown section {section!r}: one of {SECTIONS}")
     began = time.time()
@@ -165,7 +166,7 @@ def run_gpu(section: str, budget_s: float = 60.0, checks: bool = True) -> list[d
     start = time.time()  # the races' budget starts after the checks
     if section == "models":
         from . import models
-        rows += model_rows(models.main())
+        rows += model_rows(models.main(names))
     elif section == "wide-fwd":  # one cell a call: the race drops a cell past its budget from what it returns
         from .masks import gpu_wide
         rows += wide_fwd_rows(WIDE_FWD, [_within(start, budget_s, lambda c=c: gpu_wide.race_wide(budget_s, [c]))
