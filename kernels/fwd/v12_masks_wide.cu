@@ -30,7 +30,16 @@
 //   Against FlexAttention (torch.compile'd, same mask_mod / score_mod, D 256): window 4096 and softcap 50 cells
 //   1.5-3.0x, every cell >= 1.2x (the target is 1.0x). Checks: the wrong builds (LAB_FWD_MASK_BUG_NO_WINDOW, and
 //   LAB_FWD_MASK_WIDE_BUG_NO_EDGE, which drops the window's edge mask but keeps S_k's) fail; every other cell passes.
-// Outcome: (pending the first GPU run; lab.masks.gpu.checks_wide and race_wide write its rows.)
+// Outcome (H200, ptxas: 168 registers at launch, setmaxnreg 24 / 240, 0 spills in all 16 instantiations):
+//   correctness (outputs/driver_logs/20261129-h200-batch1-278998b0f8/T1/checks.log): 148/148 rows of
+//   lab.masks.gpu_wide's grid (132 dense at D 256 / 192 incl. S 4097, cross S_q != S_k both alignments, fp16,
+//   strided; 16 packed; 4 at the softcap's floor; worst error 0.55 of the yardstick's tolerance), the no-window build
+//   failing (max_abs 6.7 against 0.045); the no-edge build failing too (6.0 against 0.045), the GPU tests (public
+//   ops incl. padded D 200, D_qk 192 / D_v 256, varlen at D 200; the one-crossing path bit for bit the full path's),
+//   compute-sanitizer memcheck and racecheck clean (outputs/driver_logs/20261129-h200-batch2-f58d500e62/T1/).
+//   Race (same folder, race.log; three scripts shared the GPU, so contended): flex / lab 2.36 (window, S 8192,
+//   B 1 H 16 / 8), 4.72 (softcap 50), 2.96 / 4.87 (window / softcap, S 4096, B 2 H 8 / 4), 4.19 (local: window and
+//   softcap); softcap over the plain masked call +2.6 % / +1.5 %, below the predicted +10-20 %.
 // Limits: sm_90 only (cudaErrorNoKernelImageForDevice elsewhere; the body compiles empty for sm_80); D_qk = D_v 192 or
 //   256 (lab.masks.op pads D 129-255 and D_v != D_qk); fp16 and bf16; any S_q, S_k >= 0, any window, softcap >= 0,
 //   sinks; GQA; 16-byte-aligned bases, strides multiples of 8 elements; no block table.
