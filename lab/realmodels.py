@@ -83,7 +83,7 @@ def paged_rows(rows) -> list[dict]:
     """lab.masks.gpu_paged.race's tuples (D, page, paged ms, packed ms, packed / paged, launch-only ratio)."""
     out = []
     for D, page, paged_ms, packed_ms, ratio, kernel in rows:
-        cell = f"chunked prefill B4 512/8192 D{D} page{page}"
+        cell = f"page{page} D{D} (chunked prefill: B 4, 512 queries after 7680 cached keys)"
         out.append(ratio_row("paged", "paged vs contiguous", cell, ratio, ">=", 0.95, "contiguous ms / paged ms",
                              median_ms={"paged": paged_ms, "contiguous": packed_ms}))
         out.append(ratio_row("paged", "paged vs contiguous (launch only)", cell, kernel, what="contiguous / paged"))
@@ -230,6 +230,11 @@ def ratio_table(rows: list[dict]) -> Table:
                  "nothing measured here and nothing recorded on a GPU yet for this section")
 
 
+def _label(row: dict) -> str:
+    words = row["cell"].split()
+    return " ".join(words[:1] + [w for w in words[1:] if w.startswith(("S", "D", "page"))]) + "\n" + row["stage"]
+
+
 def plot(rows: list[dict], path=None):
     """One panel per section: one bar per gated cell, each panel's target as a line."""
     import matplotlib.pyplot as plt
@@ -244,8 +249,7 @@ def plot(rows: list[dict], path=None):
         ax.bar(range(len(mine)), [r["ratio"] for r in mine], color=["C3" if miss(r) else "C0" for r in mine])
         for target, op in sorted({(r["target"], r["op"]) for r in mine}):
             ax.axhline(target, color="k", ls="--", lw=1, label=f"target {op} {target}")
-        ax.set_xticks(range(len(mine)), [r["cell"].split(" ")[0] + "\n" + r["stage"].split(" ")[0] for r in mine],
-                      fontsize=6, rotation=60)
+        ax.set_xticks(range(len(mine)), [_label(r) for r in mine], fontsize=6, rotation=60)
         ax.set_title(section, fontsize=9)
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("ratio (what: see the table)")
