@@ -127,8 +127,7 @@ def _checks(section: str) -> list[dict]:
                            len(names))]
     if section == "decode":
         from .decode import mask_checks
-        chosen = mask_checks.cases((128,)) + [c for c in mask_checks.cases((256,))
-                                              if c.name.startswith(("all-q4", "softcap-p64", "win-wide"))]
+        chosen = mask_checks.cases((128,)) + [c for c in mask_checks.cases((256,)) if c.name.startswith("all-q4")]
         bad = sum(not mask_checks.check_case(c, trials=1)["passed"] for c in chosen)
         return [checks_row(section, f"masked decode D 128 / 256 ({len(chosen)} cases)", bad, len(chosen))]
     if section == "paged":
@@ -140,9 +139,9 @@ def _checks(section: str) -> list[dict]:
 
         from .masks.gpu_varlen import check_varlen_bwd
         docs = [700, 1, 0, 1300, 129, 2048, 64]
-        bad = sum(not check_varlen_bwd(name, docs, docs, 8, 4, D, torch.bfloat16, True, w, cap, sink, trials=1)
-                  for name, D, w, cap, sink in (("docs", 128, None, 0.0, False), ("docs-gemma", 256, (256, 0), 50.0,
-                                                                                  False)))
+        cells = (("docs", 128, None, 0.0), ("docs-gemma", 256, (256, 0), 50.0))
+        bad = sum(not check_varlen_bwd(name, docs, docs, 8, 4, D, torch.bfloat16, True, w, cap, False, trials=1)
+                  for name, D, w, cap in cells)
         return [checks_row(section, "packed backward D 128 / 256", bad, 2)]
     return []
 
