@@ -125,6 +125,8 @@ def reason(query, key, value, attention_mask, softcap, sliding_window, packed, c
     if grads and dim not in backward_head_dims(capability):
         return f"{what} with gradients at head dim {wide} (the masked backward runs head dims " \
                f"{backward_head_dims(capability)}; the forward alone runs the lab's kernels)"
+    if grads and torch.are_deterministic_algorithms_enabled():  # (lab.masks.backward would raise)
+        return f"{what} with gradients in deterministic mode (the masked backward adds dQ in no fixed order)"
     return None
 
 

@@ -59,3 +59,20 @@ def test_deterministic_mode_raises(hopper):
                 backward.masked_bwd_version(torch.device("cpu"), head_dim=d)
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+def test_transformers_adapter_falls_back_for_masked_training_in_deterministic_mode(monkeypatch):
+    """The adapter names the reason and runs the eager formula instead of letting the masked backward raise."""
+    from lab.integrations import transformers_masks
+
+    monkeypatch.setattr(transformers_masks, "_capability", lambda device: (9, 0))
+    q = torch.zeros(1, 4, 16, 256, requires_grad=True)
+    assert transformers_masks.reason(q, q, q, None, 50.0, None, None, True) is None  # D 256 trains on v21
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert "deterministic" in transformers_masks.reason(q, q, q, None, 50.0, None, None, True)
+        with torch.no_grad():
+            assert transformers_masks.reason(q, q, q, None, 50.0, None, None, True) is None
+    finally:
+        torch.use_deterministic_algorithms(previous)
