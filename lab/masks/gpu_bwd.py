@@ -116,11 +116,11 @@ def sink_split(dsinks, q, k, v, dout, dlse, sinks, mask, scale, offset, out, lse
             "fwd_share_max_abs": float((given - formula(r_out, r_lse)).abs().max())}
 
 
-def checks(packed: bool = True) -> int:
+def checks(packed: bool = True, wide: bool = False) -> int:
     """Every gradient check of the masked backward, the one entry: the grid (lab.masks.gpu's GRID_MASKS x
     GRID_SIZES at D 128 and 64), the sink cases of GRID_BWD_SINKS at D 128 and 64, cross lengths, fp16, a long
-    sequence, the custom op, the builds that must fail, then (packed) lab.masks.gpu_varlen.checks(). Returns how
-    many were not ok."""
+    sequence, the custom op, the builds that must fail, (wide) wide_checks at D 192 / 256, then (packed)
+    lab.masks.gpu_varlen.checks(). Returns how many were not ok."""
     bad = 0
     bf16, fp16 = torch.bfloat16, torch.float16
     for D in (128, 64):
@@ -144,6 +144,8 @@ def checks(packed: bool = True) -> int:
     bad += not check_bwd("no-window", 1, 4, 2, 1025, 1025, 128, bf16, True, (64, 0), 0.0, False,
                          defines={"LAB_BWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
     print(f"checks bwd done: {bad} bad", flush=True)
+    if wide:  # D 192 / 256 (bwd v21) through the public op: wide_checks, a few minutes more
+        bad += wide_checks("public", packed=packed)
     if packed:
         from . import gpu_varlen
         bad += gpu_varlen.checks()
