@@ -50,16 +50,19 @@
 #ifndef LAB_FWD_FP8_OVERLAP
 #define LAB_FWD_FP8_OVERLAP 1
 #endif
-// LAB_FWD_FP8_WARPSPEC (0: the one-warpgroup kernel above; 1: v07's shape): a producer warpgroup (TMA only, 24
-// registers) and two consumer warpgroups (240 registers, 64 query rows each, B_r = 128) sharing each K / V tile,
-// with `empty` barriers per stage and ping-pong turns (one warpgroup's GEMMs issue while the other runs its
-// softmax). Each consumer runs the overlapped loop of LAB_FWD_FP8_OVERLAP = 1.
+// LAB_FWD_FP8_WARPSPEC (1, default: v07's shape; 0: the one-warpgroup kernel below): a producer warpgroup (TMA
+// only, 24 registers) and two consumer warpgroups (240 registers, 64 query rows each, B_r = 128) sharing each
+// K / V tile, with `empty` barriers per stage and ping-pong turns (one warpgroup's GEMMs issue while the other
+// runs its softmax). Each consumer runs the overlapped loop of LAB_FWD_FP8_OVERLAP = 1. The default since its
+// checks (every cell and variant at the one-warpgroup build's errors) and compute-sanitizer memcheck, racecheck
+// and synccheck came back clean (H200, outputs/driver_logs/20261129-h200-batch2-f58d500e62/T4); its speed
+// against the one-warpgroup build: the race of the run after (lab-fp8 against lab-fp8-1wg).
+#ifndef LAB_FWD_FP8_WARPSPEC
+#define LAB_FWD_FP8_WARPSPEC 1
+#endif
 // LAB_FWD_FP8_POLY (0: off; N: every N-th 8-column block of P takes exp2 on the FMA pipe, softmax_e4m3's kPoly).
 #ifndef LAB_FWD_FP8_POLY
 #define LAB_FWD_FP8_POLY 0
-#endif
-#ifndef LAB_FWD_FP8_WARPSPEC
-#define LAB_FWD_FP8_WARPSPEC 0
 #endif
 
 namespace {

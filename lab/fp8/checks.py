@@ -10,7 +10,13 @@ It passes when
   e4m3 tensors (P as e4m3(P * 448), O bf16, the kernel's key-tile width): the emulation predicts the error;
 * O's relative L2 is at most cuDNN FP8's on the same inputs (lab.fp8.peer; per-tensor scales only, which is
   all sdpa_fp8 takes); where cuDNN cannot run, the emulation rule above stands alone (2x its error);
-* LSE (natural log) within LSE_TOLERANCE of float64's.
+* LSE (natural log) within MULTIPLIER x the modelled emulation's LSE error + LSE_TOLERANCE of float64's.
+
+The emulation sums S as Hopper's FP8 tensor cores do (S_ACCUMULATOR, emulate's notes): each k32 step's 32
+products and the running sum cut to 13 bits below the largest of them. With randn inputs this changes nothing;
+with outlier channels it is the kernel's error to four digits (accumulator_models: LSE 2.4292 against the
+model's 2.4293 and 1.6927 against 1.6927 at outliers x 50, H200, outputs/driver_logs/20261129-h200-batch2-
+f58d500e62/T4), where float32-exact S is off by 1000x.
 
 The cells: uneven S (1, 65, 1000, 4097), S_q != S_k both ways, causal, GQA, D 64 / 128 / 256; outlier channels
 in Q and K under one per-tensor scale; per-head descales; FA3's (B, H_kv) and one-element descale forms;
@@ -105,12 +111,15 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str =
            defines=defines, out=out, lse=lse)
     torch.cuda.synchronize()
     error = emulate.errors(out[:, :, rows].float(), ref)
-    lse_error = float((lse[:, :, rows].double() - _lse_reference(deq[0], deq[1], causal, rows)).abs().max())
+    lse_ref = _lse_reference(deq[0], deq[1], causal, rows)
+    lse_error = float((lse[:, :, rows].double() - lse_ref).abs().max())
+    lse_model = float((_lse_model(quantized, causal, rows, S_ACCUMULATOR) - lse_ref).abs().max())
     row = {"kind": "fp8-check", "impl": "lab.ops.attention_fp8", "check": name, "shape": [B, Hq, Hkv, Sq, Sk, D],
            "causal": causal, "seed": seed, "granularity": granularity, "outliers": outliers, "descale_form": form,
            "layout": layout, "defines": defines or {}, "error": error, "emulation": yardstick,
            "s_accumulator": S_ACCUMULATOR,
            "nan_out": int(out.isnan().sum()), "nan_lse": int(lse.isnan().sum()), "lse_max_abs": lse_error,
+           "lse_emulation_max_abs": lse_model,
            "reference": "float64 on the dequantised inputs", "rows_checked": len(rows)}
     why = peer.unavailable() if use_peer else "not asked"
     if why is None and granularity == "tensor":
@@ -120,7 +129,8 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str =
             row["cudnn_fp8_unavailable"] = bench.why(err)
     else:
         row["cudnn_fp8_unavailable"] = why or "per-head descales (sdpa_fp8 takes one per tensor)"
-    rule = emulate.passes(error, yardstick) and row["nan_out"] == row["nan_lse"] == 0 and lse_error <= LSE_TOLERANCE
+    rule = emulate.passes(error, yardstick) and row["nan_out"] == row["nan_lse"] == 0 and \
+        lse_error <= emulate.MULTIPLIER * lse_model + LSE_TOLERANCE
     if "cudnn_fp8" in row:
         rule = rule and error["rel_l2"] <= row["cudnn_fp8"]["rel_l2"]
     row["pass"] = bool(rule)
@@ -204,6 +214,7 @@ def _line(row: dict) -> str:
     peer_l2 = row.get("cudnn_fp8", {}).get("rel_l2", float("nan"))
     return (f"{'PASS' if row['pass'] else 'FAIL'} {row['check']:28s} rel_l2 {e['rel_l2']:.3e} (emul {y['rel_l2']:.3e}, "
             f"cudnn {peer_l2:.3e}) max_abs {e['max_abs']:.3e} (emul {y['max_abs']:.3e}) lse {row['lse_max_abs']:.1e} "
+            f"(emul {row['lse_emulation_max_abs']:.1e}) "
             f"nan {row['nan_out']}/{row['nan_lse']}")
 
 
