@@ -304,7 +304,8 @@ def wide_race(budget_s: float, cells=None) -> list[dict]:
     """Forward + backward at D 256 (the public op, autograd, as users train) against FlexAttention's compiled
     forward + backward with the same score_mod / mask_mod, GQA 16 / 8, bf16, in GPU time (bench.GpuTimeTimer);
     cells: (name, B, S, window W or None, softcap), Gemma-2's local (W 4096) and global layers, Gemma-3's local
-    (W 1024, no softcap) by default. Returns the rows (median ms, Flex's time over ours)."""
+    (W 1024, no softcap) by default; with a softcap ours is also timed without it (the softcap's cost). Returns the
+    rows (median ms, Flex's time over ours)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
@@ -330,17 +331,23 @@ def wide_race(budget_s: float, cells=None) -> list[dict]:
                                                          softcap=cap, enable_gqa=True),
                "flex": lambda bm=bm, cap=cap: flex(q, k, v, score_mod=capped if cap else None, block_mask=bm,
                                                    enable_gqa=True)}
+        if cap:  # the softcap's cost: ours on the same window without it
+            fns["lab_nocap"] = lambda W=W: ops.attention(q, k, v, is_causal=True, window_size=(W, 0) if W else None,
+                                                         enable_gqa=True)
         calls = {n: (lambda fn=fn: torch.autograd.grad(fn(), (q, k, v), dout), None) for n, fn in fns.items()}
         times = bench.time_interleaved(calls, timer=timer, budget_s=1.0, max_reps=20, min_reps=5)
         ms = {n: (t.median_ms if hasattr(t, "median_ms") else str(t)) for n, t in times.items()}
-        ratio = ms["flex"] / ms["lab"] if all(isinstance(x, float) for x in ms.values()) else None
+        ratio = ms["flex"] / ms["lab"] if all(isinstance(ms[x], float) for x in ("flex", "lab")) else None
+        plain = ms.get("lab_nocap")
+        cap_cost = ms["lab"] / plain if isinstance(plain, float) and isinstance(ms["lab"], float) else None
         row = {"kind": "race_bwd", "feature": "wide", "case": {"name": name, "B": B, "Hq": Hq, "Hkv": Hkv, "S": S,
                "D": D, "window": W, "softcap": cap, "dtype": "bfloat16"}, "timer": "gpu_time", "median_ms": ms,
-               "flex_over_lab": ratio}
+               "flex_over_lab": ratio, "softcap_over_none": cap_cost}
         record.append(row, chapter=CHAPTER)
         rows.append(row)
         print(f"race-wide {name} B={B} S={S} W={W} cap={cap}: lab fwd+bwd {ms['lab']} ms, flex {ms['flex']} ms, "
-              f"flex/lab {ratio if ratio is None else round(ratio, 3)}", flush=True)
+              f"flex/lab {ratio if ratio is None else round(ratio, 3)}, ours without softcap {ms.get('lab_nocap')} ms "
+              f"(softcap/none {cap_cost if cap_cost is None else round(cap_cost, 3)})", flush=True)
     return rows
 
 
