@@ -104,3 +104,20 @@ def test_gpu_checks_pass_and_the_wrong_build_fails():
     rows = [checks.check(*checks._cell(name)) for name in ("d128-s65-c", "d64-s1000-c", "d256-s65-gqa2")]
     assert all(r["pass"] for r in rows), [checks._line(r) for r in rows]
     assert not checks.wrong_build()["pass"]
+
+
+def test_the_fp22_accumulator_models():
+    """emulate's S accumulator models: a product 2^16 beside a product 1 in one k32 step keeps the 1 in float32,
+    loses it when the step is cut to 13 bits below its largest term (fp22-align), keeps it in a 13-bit running
+    sum (fp22: 65537 needs 16 bits, so it rounds to 65536 too); mantissa rounding toward zero and to nearest."""
+    x = torch.tensor([1.0 + 2**-13, 1.0 + 2**-14, -(1.0 + 3 * 2**-14), 448.0])
+    assert emulate.round_mantissa(x, 13).tolist() == [1.0 + 2**-13, 1.0, -(1.0 + 2**-13), 448.0]
+    assert emulate.round_mantissa(x, 13, nearest=True).tolist() == [1.0 + 2**-13, 1.0 + 2**-13, -(1.0 + 2**-12), 448.0]
+    q = torch.zeros(1, 1, 1, 32)
+    q[..., 0], q[..., 1] = 256.0, 1.0
+    scores = {m: float(emulate._scores(q, q, m)) for m in emulate.S_ACCUMULATORS}
+    assert scores == {"fp32": 65537.0, "fp22": 65536.0, "fp22-rn": 65536.0, "fp22-align": 65536.0}
+    q[..., 0] = 16.0  # 256 + 1: within 13 bits, every model exact
+    assert {float(emulate._scores(q, q, m)) for m in emulate.S_ACCUMULATORS} == {257.0}
+    with pytest.raises(ValueError, match="s_accumulator"):
+        emulate._scores(q, q, "fp16")
