@@ -102,11 +102,6 @@
 #ifndef LAB_FWD_MASK_BUG_NO_WINDOW
 #define LAB_FWD_MASK_BUG_NO_WINDOW 0  // the deliberately wrong build (drops the window), as v08's and v09's
 #endif
-// PAGED_GATHER (candidate): paged tiles of pages below 64 keys by the producer warpgroup's cp.async gather
-// (load_tile_gather) instead of TMA boxes of page_size rows.
-#ifndef LAB_FWD_MASK_PAGED_GATHER
-#define LAB_FWD_MASK_PAGED_GATHER 0
-#endif
 #ifndef LAB_FWD_MASK_BUG_IGNORE_TABLE
 #define LAB_FWD_MASK_BUG_IGNORE_TABLE 0  // the wrong paged build: page key / page_size, the block table ignored
 #endif
@@ -142,9 +137,7 @@ struct Cfg11 {
   static constexpr bool kPingPong = PINGPONG_;
   static constexpr int kL2GroupMB = L2_GROUP_MB_;  // 0: longest first over the whole grid
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  // The gather candidate's producer computes 128 addresses a tile: 40 registers (the pool: 128 x 40 + 256 x 232).
-  static constexpr int kRegsProducer = LAB_FWD_MASK_PAGED_GATHER ? 40 : 24;
-  static constexpr int kRegsConsumer = LAB_FWD_MASK_PAGED_GATHER ? 232 : 240;
+  static constexpr int kRegsProducer = 24, kRegsConsumer = 240;
   static constexpr int kQBytesWG = 64 * D * 2;
   static constexpr int kQBytes = kConsumers * kQBytesWG;
   static constexpr int kTileBytes = BC * D * 2;
@@ -199,15 +192,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     off = seqlen_k - seqlen_q;
   }
   // Paged K/V: keys by block table from key 0 of the sequence (its cu_seqlens_k rows are not read); a bad table
-  // zeroes the sequence (no key, no sink) and sets its flag, which CTA (mb 0, h 0) writes on every call.
+  // zeroes the sequence's rows here (O = 0, LSE = -inf: no key, no sink) and sets its flag, which CTA (mb 0, h 0)
+  // writes on every call. The bits leave every other value alone: derived from __syncthreads_or, they are not
+  // uniform to the compiler, and a key count derived from them put the main loop's descriptors in vector registers
+  // (an R2UR before each wgmma: the paged call ran at 0.82x the packed one on the same tiles).
   const int32_t* table = kPaged ? mp.block_table + (int64_t)b * mp.block_table_stride : nullptr;
-  int page_bits = 0;
   if constexpr (kPaged) {
     k0 = 0;
-    page_bits = paged_table_bits(mp, table, seqlen_k);
+    const int page_bits = paged_table_bits(mp, table, seqlen_k);
     if (mb == 0 && h == 0 && threadIdx.x == 0) mp.page_errors[b] = page_bits;
-    if (page_bits) seqlen_k = 0;
-    off = seqlen_k - seqlen_q;
+    if (page_bits) {
+      if (mb * Cfg::BR < seqlen_q)
+        paged_zero_rows<D, T>(static_cast<T*>(p.o) + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2],
+                              p.o_stride[2], p.lse == nullptr ? nullptr : p.lse + (int64_t)h * mp.total_q + q0,
+                              mb * Cfg::BR, min(mb * Cfg::BR + Cfg::BR, seqlen_q));
+      return;
+    }
   }
   const int m0 = mb * Cfg::BR;
   if (m0 >= seqlen_q) return;  // the whole CTA, before any barrier or load
@@ -220,17 +220,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   const int bq = packed ? 0 : b;  // the maps' batch coordinate
   const int wg = threadIdx.x / 128;
 
-  const bool gather = kPaged && LAB_FWD_MASK_PAGED_GATHER && mp.page_size < 64;
   if (threadIdx.x == 0) {
-    if (gather) {  // every producer thread arrives once its own copies have landed
-      mbar_init(smem_u32(&bar_q), 1);
-      for (int s = 0; s < kStages; ++s) {
-        mbar_init(smem_u32(&bar_k[s]), 128);
-        mbar_init(smem_u32(&bar_v[s]), 128);
-      }
-    } else {
-      init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
-    }
+    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
@@ -242,36 +233,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if (wg == 0) {
     // Producer (v07's, over the window's tiles only)
     setmaxnreg_dec<Cfg::kRegsProducer>();
-    if (kPaged && gather) {
-      const int t = threadIdx.x;
-      if (t == 0) {
-        tma_prefetch_map(&tq);
-        load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, 0);
-      }
-      for (int j = 0; j < n_tiles; ++j) {  // K_j lands before K_{j+1} is issued; V_j under K_{j+1}
-        const int s = j % kStages, n0 = shift + j * BC;
-        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
-        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
-        load_tile_gather<D, BC>(ring.k(s), p.k, p.k_stride, hkv, table, n0, seqlen_k, mp.page_size, t);
-        cp_async_commit();
-        if (j > 0) {
-          cp_async_wait<1>();
-          fence_proxy_async();
-          mbar_arrive(smem_u32(&bar_v[(j - 1) % kStages]));
-        }
-        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
-        load_tile_gather<D, BC>(ring.v(s), p.v, p.v_stride, hkv, table, n0, seqlen_k, mp.page_size, t);
-        cp_async_commit();
-        cp_async_wait<1>();
-        fence_proxy_async();
-        mbar_arrive(smem_u32(&bar_k[s]));
-      }
-      if (n_tiles > 0) {
-        cp_async_wait<0>();
-        fence_proxy_async();
-        mbar_arrive(smem_u32(&bar_v[(n_tiles - 1) % kStages]));
-      }
-    } else if constexpr (kPaged) {
+    if constexpr (kPaged) {
       // One warp: lane i fetches the page of box i of the next tile while it issues box i of this one.
       const int lane = threadIdx.x, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
       if (lane >= 32) return;
@@ -410,7 +372,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     wait_v(n_tiles - 1);
     if constexpr (kPaged) {  // the last tile's rows past the keys: zeros, not the rest of the page (zero_tile_rows)
       const int tail = seqlen_k - shift - (n_tiles - 1) * BC;
-      if (tail < BC && !gather) {  // (the gather zero-fills them)
+      if (tail < BC) {
         const uint32_t v_tile = ring.v((n_tiles - 1) % kStages);
         zero_tile_rows<D, BC>(smem + (v_tile - smem_u32(smem)), tail, threadIdx.x - 128, 128 * Cfg::kConsumers);
         named_barrier_sync(6, 128 * Cfg::kConsumers);
@@ -427,7 +389,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if (kPing && wg == 1 && n_tiles > 0) turn();  // consumes the last warpgroup's last pass
 
   // Epilogue: the sink joins the normaliser; O rows of this sequence only, staged in this warpgroup's Q tile.
-  const float sink_log2 = mp.sinks != nullptr && !page_bits ? mp.sinks[h] * kLog2e : -INFINITY;
+  const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
   float* lse_row0 = p.lse == nullptr ? nullptr
                     : packed         ? p.lse + (int64_t)h * mp.total_q + q0
                                      : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;

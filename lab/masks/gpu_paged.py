@@ -209,36 +209,3 @@ def sanitize_calls() -> None:
             print(f"page {ps} D {D}: flags {errors.tolist()} finite {bool(torch.isfinite(out).all())}", flush=True)
         check_bad_tables()
     torch.cuda.synchronize()
-
-
-GATHER = {"LAB_FWD_MASK_PAGED_GATHER": 1}
-
-
-def candidate(budget_s: float = 1.5) -> int:
-    """The gather candidate (small pages by cp.async): its checks at pages 16, 32, 48, then the launch alone against
-    the default build's TMA boxes and the packed call (B 4, 512 queries after 8192 keys, H 32 / 8, causal, bf16)."""
-    bad = sum(not check_case(*case, defines=GATHER) for case in CASES if case[-1] < 64)
-    for D, ps in ((128, 16), (128, 32), (64, 16)):
-        GEN.manual_seed(ps + D)
-        lens_q, lens_k = [512] * 4, [8192] * 4
-        cu_q, cu_k = _cu(lens_q), _cu(lens_k)
-        q = draw(sum(lens_q), 32, D, dtype=BF16)
-        k, v = draw(sum(lens_k), 8, D, dtype=BF16), draw(sum(lens_k), 8, D, dtype=BF16)
-        kc, vc, table = make_cache(k, v, lens_k, ps)
-        errors = torch.zeros(4, dtype=torch.int32, device="cuda")
-        out = torch.empty_like(q)
-        mask = spec.make_mask(True, None, 0.0)
-
-        def call(defines, cache):
-            def go():
-                mop.launch(q, *(cache or (k, v)), out, None, mask, D ** -0.5, 0, None, cu_q, cu_k, 512, 8192, "v11",
-                           defines, paged=(table, errors) if cache else None)
-            return go
-        t = bench.time_interleaved({"tma": (call(None, (kc, vc)), None), "gather": (call(GATHER, (kc, vc)), None),
-                                    "packed": (call(None, None), None)}, budget_s=budget_s)
-        ms = {name: t[name].median_ms for name in t}
-        print(f"candidate D {D} page {ps}: launch ms tma {ms['tma']:.3f} gather {ms['gather']:.3f} packed "
-              f"{ms['packed']:.3f}; packed/tma {ms['packed'] / ms['tma']:.3f} packed/gather "
-              f"{ms['packed'] / ms['gather']:.3f}", flush=True)
-    print(f"gather candidate checks: {bad} bad", flush=True)
-    return bad

@@ -92,6 +92,18 @@ __device__ __forceinline__ int paged_table_bits(const AttnMaskParams& mp, const 
   return __syncthreads_or(bad) ? LAB_PAGE_E_INDEX : 0;
 }
 
+// A bad sequence's rows [m0, m1) of O (16-byte stores from `out`, row 0 of the sequence) zeroed and of the LSE set
+// to -inf, by the whole CTA, which then returns: no barrier, no load.
+template <int D, class T>
+__device__ __forceinline__ void paged_zero_rows(T* out, int64_t row_stride, float* lse_row0, int m0, int m1) {
+  constexpr int kChunks = D / 8;
+  for (int idx = threadIdx.x; idx < (m1 - m0) * kChunks; idx += blockDim.x)
+    *reinterpret_cast<uint4*>(out + (int64_t)(m0 + idx / kChunks) * row_stride + (idx % kChunks) * 8) =
+        make_uint4(0u, 0u, 0u, 0u);
+  if (lse_row0 != nullptr)
+    for (int r = m0 + threadIdx.x; r < m1; r += blockDim.x) lse_row0[r] = -INFINITY;
+}
+
 // The page of box `lane` of the key tile starting at key n0 (lane < bc / rows): the table's entry, or num_pages
 // (outside the map: TMA fills the box with zeros and still counts its bytes) for a box past the sequence's keys,
 // whose table entries are never read. ignore_table: the deliberately wrong reading (page key / page_size of the
@@ -115,35 +127,6 @@ __device__ __forceinline__ void load_tile_paged(uint32_t dst, const CUtensorMap*
 #pragma unroll
     for (int cb = 0; cb < D / 64; ++cb)
       tma_load_4d(dst + cb * BC * 128 + lane * rows * 128, map, bar, cb * 64, row, hkv, page_lane);
-  }
-}
-
-// The candidate gather for small pages (fwd v11's LAB_FWD_MASK_PAGED_GATHER): the producer warpgroup's 128 threads copy
-// a tile by cp.async, 16 bytes each, row r of the tile from its own page (one table entry per row, read through L1),
-// into the 128-byte swizzle's place (chunk c of row r at c ^ (r % 8)); rows past the keys are zero-filled (no read).
-// FlashAttention-3's way for pages smaller than its tile. The caller waits for its copies (cp_async_wait), then
-// fence_proxy_async (wgmma reads through the async proxy), then arrives on the tile's barrier (128 arrivals).
-__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-template <int D, int BC>
-__device__ __forceinline__ void load_tile_gather(uint32_t dst, const void* base, const int64_t (&stride)[3], int hkv,
-                                                 const int32_t* table, int n0, int seqlen_k, int page_size, int t) {
-  constexpr int kChunks = D / 8, kRowsPerPass = 128 / kChunks;
-  const int c = t % kChunks;
-  const uint32_t col = dst + (c / 8) * BC * 128;
-  const __nv_bfloat16* head = static_cast<const __nv_bfloat16*>(base) + (int64_t)hkv * stride[1] + c * 8;
-#pragma unroll 2
-  for (int r = t / kChunks; r < BC; r += kRowsPerPass) {
-    const int key = n0 + r;
-    const bool ok = key < seqlen_k;
-    const int page = ok ? __ldg(table + key / page_size) : 0;
-    const __nv_bfloat16* src = head + (int64_t)page * stride[0] + (int64_t)(key % page_size) * stride[2];
-    cp_async_16_zfill(col + r * 128 + (((c % 8) ^ (r & 7)) << 4), ok ? src : head, ok);
   }
 }
 
