@@ -79,18 +79,28 @@
 // Paged K/V (block_table in AttnMaskParams, lab.masks.paged; the kPaged instantiations only, so the SASS of every
 //   other kernel here is unchanged: tools/sass/sass_guard.sh, sm_80 and sm_90a identical): packed calls whose K and V
 //   are (num_pages, page_size, H_kv, D) caches. The producer is one warp: lane i reads the page of box i of the next
-//   tile from the table while lane 0 issues this tile's boxes, TMA boxes of the largest power of two dividing
-//   page_size (16-128 rows, paged_box_rows) into the tile's rows, which the 128-byte swizzle lays out as one box of
-//   B_c rows would; a box past the sequence's keys gets page num_pages, outside the map (zeros, full byte count), so no
-//   table entry past the sequence is read. Every CTA first scans its sequence's pages (paged_table_bits); a bad one
-//   (index outside [0, num_pages), or more keys than max_pages * page_size) makes the sequence see no key and no
-//   sink (O = 0, LSE = -inf) and CTA (m 0, h 0) writes its page_errors bits. The last tile's V rows past the keys are
-//   zeroed in shared memory before P V (the rest of a page is not the next sequence's keys, as in packed K/V, but
-//   whatever the cache held: P = 0 times a NaN there is NaN). The wrong build LAB_FWD_MASK_BUG_IGNORE_TABLE reads page
-//   key / page_size of the cache instead. Prediction (H200, chunked prefill B 4, 512 queries after 8192 keys, H 32 / 8,
-//   causal, bf16): page 64 and 256 within 3 % of the same call on packed K/V (the same tiles, 2-4 TMA issues per tile
-//   instead of 2), page 16 within 5 % (16 issues per tile from one thread, still far under a tile's ~1400 tensor
-//   clocks); 16-24 bytes of spills at D 128 (the producer's 24 registers and the prologue), none in the main loop.
+//   tile from the table and issues box i of this one, TMA boxes of the largest power of two dividing page_size
+//   (16-128 rows, paged_box_rows) into the tile's rows, which the 128-byte swizzle lays out as one box of B_c rows
+//   would; a box past the sequence's keys gets page num_pages, outside the map (zeros, full byte count), so no table
+//   entry past the sequence is read. Every CTA first scans its sequence's pages (paged_table_bits); for a bad one
+//   (index outside [0, num_pages), or more keys than max_pages * page_size) each CTA zeroes its rows (O = 0, LSE =
+//   -inf: no key, no sink) and returns, and CTA (m 0, h 0) writes its page_errors bits. The last tile's V rows past
+//   the keys are zeroed in shared memory before P V (the rest of a page is not the next sequence's keys, as in packed
+//   K/V, but whatever the cache held: P = 0 times a NaN there is NaN). The wrong build LAB_FWD_MASK_BUG_IGNORE_TABLE
+//   reads page key / page_size of the cache instead. Prediction (H200, chunked prefill B 4, 512 queries after 8192
+//   keys, H 32 / 8, causal, bf16): page 64 and 256 within 3 % of the same call on packed K/V (the same tiles, 2-4 TMA
+//   issues per tile instead of 2), page 16 within 5 % (16 issues per tile, still far under a tile's ~1400 tensor
+//   clocks).
+// Outcome (H200, f58d500, outputs/driver_logs/20261129-h200-batch2-f58d500e62/T6): the checks of lab.masks.gpu_paged
+//   all pass (pages 16-256 and 48, shuffled tables, NaN in the cache rows no sequence owns, bad tables flagged, the
+//   table-ignoring build fails), memcheck clean; but the launch alone ran at 0.68 / 0.81 / 0.82 of the packed call's
+//   speed at page 16 / 64 / 256 (D 128; 0.85 at D 64 page 64), missed. At page 256 the TMA work is the packed call's,
+//   and the SASS showed why: the bad-table bits (from __syncthreads_or, not uniform to the compiler) fed the key
+//   count, so the main loop's wgmma descriptors moved from uniform to vector registers (1 uniform op and 44 R2UR in
+//   the loop against 67 and 14). A bad sequence's CTA now zeroes its rows and returns, leaving the key count alone:
+//   56 uniform ops, 16 R2UR. The plain packed call before / after the paged instantiations: 1.013-1.019x (noise;
+//   identical SASS). Page 16's further gap is its 16 boxes a tile; a cp.async gather of small pages (FlashAttention-3's
+//   way) is the next candidate, not built.
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
