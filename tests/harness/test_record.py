@@ -291,3 +291,42 @@ def test_a_cut_gzip_file_gives_its_first_rows_with_a_warning(tmp_path):
         rows = record.read(packed)
     assert "damaged gzip data" in str(caught[0].message)
     assert 0 < len(rows) < 200 and [r["n"] for r in rows] == list(range(len(rows)))
+
+
+def test_a_second_load_of_an_archive_gives_what_a_fresh_read_gives(tmp_path):
+    """load() parses an archive read whole before only where a line holds every plain string it matches on; the
+    rows are the same as a fresh read's, for top-level and case fields, strings that JSON escapes, other types,
+    and after the archive is compressed again with more rows."""
+    root = tmp_path / "outputs"
+    rows = [{"kind": "fwd", "chapter": "n10", "n": 0, "case": {"version": "v02", "B": 1}},
+            {"kind": "bwd", "chapter": "n10", "n": 1, "case": {"version": "v02", "B": 2}},
+            {"kind": "fwd", "chapter": "n9", "n": 2, "note": "v02", "case": {"version": "v03", "B": 1}},
+            {"kind": "fwd", "chapter": "n10", "n": 3, "version": "v02", "name": "caf\u00e9 \"q\""},
+            {"kind": "fwd", "chapter": "n10", "n": 4, "env": {"gpu": "cpu"}, "case": {"version": "v02"}}]
+    _plain(root / "sessions" / "a", rows)
+    record.compress(root / "sessions" / "a")
+    queries = [{"kind": "fwd"}, {"chapter": "n10", "version": "v02"}, {"version": "v02", "B": 2}, {"B": 1},
+               {"name": "caf\u00e9 \"q\""}, {"kind": "fwd", "gpu_only": True}, {"note": "v02"}, {}]
+    for query in queries:
+        record._clean_archives.clear()
+        fresh = record.load(root, **query)
+        assert record.load(root, **query) == fresh and record.load(root, **query) == fresh, query
+    assert [r["n"] for r in record.load(root, chapter="n10", version="v02")] == [0, 1, 3, 4]
+    assert [r["n"] for r in record.load(root, name="caf\u00e9 \"q\"")] == [3]
+    record.append({"kind": "fwd", "chapter": "n10", "n": 5, "case": {"version": "v02"}}, folder=root / "sessions" / "a",
+                  env={"gpu": "cpu"})
+    record.compress(root / "sessions" / "a")  # a new archive in place of the one read before
+    assert [r["n"] for r in record.load(root, chapter="n10", version="v02")] == [0, 1, 3, 4, 5]
+
+
+def test_an_archive_with_a_torn_line_warns_on_every_load(tmp_path):
+    """Also when it replaces a clean archive that was read before: the new one is read whole, never skimmed."""
+    folder = tmp_path / "outputs" / "s"
+    _plain(folder, [{"kind": "fwd", "n": 1}])
+    record.compress(folder)
+    assert [r["n"] for r in record.load(tmp_path / "outputs", kind="fwd")] == [1]
+    _plain(folder, [], tail='{"kind": "fwd", "n": 2, "torn')
+    record.compress(folder)
+    for _ in range(2):
+        with pytest.warns(record.TornLineWarning, match=r"records.jsonl.gz:2: skipped a torn record line"):
+            assert [r["n"] for r in record.load(tmp_path / "outputs", kind="fwd")] == [1]
