@@ -86,17 +86,22 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-# Longest first (pytest-xdist hands tests out in collection order): the compile gate, one test per kernel file,
-# fills both workers while the kernel cache is cold; then the chapters that compile-check (served from that
-# cache) and the other long tests, so that none of them starts last and leaves a worker idle at the end.
-FIRST = ("tests/product/test_build.py::test_every_kernel_compiles_for_sm80_and_sm90a",
+# Longest first (pytest-xdist hands tests out in collection order): the binding's CPU check build (one worker
+# builds it, ~20 CPU-seconds, while the other starts the compile gate; placed later, the second worker would wait
+# idle on its lock when two of its tests meet), then the compile gate, one test per kernel file, which fills both
+# workers while the kernel cache is cold; then the chapters that compile-check (served from that cache) and the
+# other long tests, the multi-process ring runs among them, so that none of them starts last and leaves a worker
+# idle at the end.
+FIRST = ("tests/product/test_binding_checks.py::test_good_calls_pass_every_check",
+         "tests/product/test_build.py::test_every_kernel_compiles_for_sm80_and_sm90a",
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n2_build_recipe",
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n10_backward",
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n9_hopper",
          "tests/book/test_book.py", "tests/decode/test_decode_head_dims.py::test_decode_kernels_compile",
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n13_masks",
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n6_fa2",
-         "tests/harness/test_session.py", "tests/product/test_add_version.py")
+         "tests/harness/test_session.py", "tests/product/test_add_version.py", "tests/ring/",
+         "tests/product/test_build_concurrency.py", "tests/masks/test_masks_tanh.py", "tests/harness/test_tools.py")
 
 
 def _rank(item) -> int:
