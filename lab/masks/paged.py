@@ -20,9 +20,13 @@ Bad tables (a page outside [0, num_pages) among a sequence's pages, or more keys
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from ..decode.plan import PAGE_E_INDEX, PAGE_E_SHORT
+from ..kernels import launcher
+from ..registry import MASKED_FWD
 from ..op_common import _capability, _check_cuda, _direct, _eager, _readable, _scale
 from . import op, spec
 
@@ -206,9 +210,41 @@ def paged_impl(query, key_cache, value_cache, cu_q, cu_k, sinks, table, errors, 
     if max_q == 0 or q.shape[0] == 0 or cu_q.shape[0] == 1:  # no CTA runs: no flag would be written
         errors.zero_()
         return out, lse
-    op.launch(q, key_cache, value_cache, out, lse, spec.Mask(left, right, softcap), scale, 0, sinks, cu_q, cu_k, max_q,
-              max_k, PAGED_VERSION, defines, paged=(table, errors))
+    params = pack(q, key_cache, value_cache, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right,
+                  softcap, scale)
+    call = kernel(defines)
+    stream = ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream)
+    if q.get_device() == torch.cuda.current_device():  # (the device context costs a few us a call)
+        rc = call(params, stream)
+    else:
+        with torch.cuda.device(q.device):
+            rc = call(params, stream)
+    if rc != 0:
+        raise RuntimeError(f"masked attention kernel {PAGED_VERSION} (paged) failed with code {rc} (LAB_E_* < 0, or a "
+                           f"cudaError_t)")
     return out, lse
+
+
+def pack(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right, softcap, scale) -> bytes:
+    """AttnMaskParams of a paged call (lab.masks.op.PARAMS; op.launch(paged=) packs the same bytes, which the CPU
+    tests check): the caches' (page, head, key in page) strides, total_k the kernel's bound (it is not read)."""
+    strides = (0, q.stride(1), q.stride(0), k.stride(0), k.stride(2), k.stride(1), v.stride(0), v.stride(2),
+               v.stride(1), 0, out.stride(1), out.stride(0))
+    return op.PARAMS.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else
+                          lse.data_ptr(), *strides, cu_q.shape[0] - 1, q.shape[1], k.shape[2], max_q, max_k,
+                          q.shape[2], scale, 0, op._DTYPE_CODE[q.dtype], 0, left, right, 0, softcap,
+                          0 if sinks is None else sinks.data_ptr(), cu_q.data_ptr(), cu_k.data_ptr(), q.shape[0],
+                          1 << 30, table.data_ptr(), errors.data_ptr(), table.stride(0), k.shape[0], k.shape[1],
+                          table.shape[1])
+
+
+def kernel(defines=None):
+    """fwd v11's launcher as a ctypes function, shared with lab.masks.op.launch's memo."""
+    key = (PAGED_VERSION, tuple(sorted(defines.items())) if defines else ())
+    call = op._calls.get(key)
+    if call is None:
+        call = op._calls[key] = op._LAUNCH(launcher(MASKED_FWD, PAGED_VERSION, defines))
+    return call
 
 
 @torch.library.custom_op("lab::attention_varlen_paged", mutates_args=("page_errors",))

@@ -254,21 +254,53 @@ def test_fake_tensors_trace_the_custom_op(monkeypatch):
             ops.attention_varlen(q, kc, kc, cu, cu, 6, 190, block_table=table)
 
 
-def test_serving_plan_launches_as_the_checked_call(monkeypatch):
-    """The serving call (page_errors given, no host check) is checked once per key; the next one with the same key
-    goes straight to the launch with the same arguments; a call that differs in shape is checked again."""
+class _Stream:
+    cuda_stream = 0
+
+
+def _stub_launches(monkeypatch):
+    """The launch's CUDA parts stubbed on the CPU: returns the list the ctypes call appends its parameter bytes to."""
     launches = []
     monkeypatch.setattr(paged, "_check_cuda", lambda q: None)
     monkeypatch.setattr(paged, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(paged, "_plans", {})
-    monkeypatch.setattr(paged.op, "launch", lambda *a, **k: launches.append((a[5:], k)))
+    monkeypatch.setattr(paged, "kernel", lambda defines=None: lambda params, stream: launches.append(params) or 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)  # a CPU tensor's get_device()
+    return launches
+
+
+def test_serving_plan_launches_as_the_checked_call(monkeypatch):
+    """The serving call (page_errors given, no host check) is checked once per key; the next one with the same key
+    goes straight to the launch with the same parameters (but its own output); a call that differs in shape is
+    checked again."""
+    launches = _stub_launches(monkeypatch)
     errors = torch.zeros(2, dtype=torch.int32)
     args = _args(check_cu_seqlens=False, page_errors=errors, window_size=(8, 0), sinks=torch.zeros(4))
     with torch.no_grad():
         ops.attention_varlen(**args)
         assert len(paged._plans) == 1
         ops.attention_varlen(**args)
-    assert len(launches) == 2 and repr(launches[0]) == repr(launches[1])
+    first, second = (list(paged.op.PARAMS.unpack(p)) for p in launches)
+    assert first[:3] + first[5:] == second[:3] + second[5:]  # all but the output and LSE pointers
+    assert first[27:31] == [8, 0, 0, 0.0] and first[-3:] == [6, 16, 3]  # window, offset, softcap; pages
     with torch.no_grad(), pytest.raises(ValueError, match="multiple of key_cache heads"):
         ops.attention_varlen(**_args(check_cu_seqlens=False, page_errors=errors, query=torch.zeros(10, 3, 64,
                                                                                                   dtype=BF16)))
+
+
+def test_pack_matches_op_launch(monkeypatch):
+    """lab.masks.paged.pack and lab.masks.op.launch(paged=) lay out the same AttnMaskParams."""
+    got = []
+    monkeypatch.setattr(paged.op, "masked_version", lambda *a, **k: "v11")
+    monkeypatch.setitem(paged.op._calls, ("v11", ()), lambda params, stream: got.append(params) or 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    a = _args()
+    q, kc = a["query"], a["key"].transpose(0, 0)
+    out, lse, sinks = torch.empty_like(q), torch.empty(4, 10), torch.zeros(4)
+    errors = torch.zeros(2, dtype=torch.int32)
+    paged.op.launch(q, kc, kc, out, lse, spec.Mask(5, 0, 30.0), 0.125, 0, sinks, a["cu_seqlens_q"],
+                    a["cu_seqlens_k"], 6, 30, "v11", paged=(a["block_table"], errors))
+    assert got == [paged.pack(q, kc, kc, out, lse, sinks, a["cu_seqlens_q"], a["cu_seqlens_k"], a["block_table"],
+                              errors, 6, 30, 5, 0, 30.0, 0.125)]
