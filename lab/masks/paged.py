@@ -17,6 +17,10 @@ Bad tables (a page outside [0, num_pages) among a sequence's pages, or more keys
    one (an event query, no wait) or at check_page_errors() (lab.ops.check_varlen_page_errors), which waits:
    decode's deferred design (lab.decode.deferred), in Python here because the masked kernels launch through ctypes,
    not the binding. Chosen over a host sync per call, which a chunked-prefill loop would pay on every chunk.
+
+The serving call (page_errors given, check_cu_seqlens=False) is checked once per shape, dtype, device and mask and
+then goes straight to the launch (_serving_key), as lab.masks.fast does for the packed call through the binding.
+The dense op (lab.ops.attention) takes no block table: paged K/V is a packed-call feature.
 """
 from __future__ import annotations
 
