@@ -1,4 +1,5 @@
-"""The backward pass of lab.ops.attention_varlen: packed (total, H, D) sequences through bwd v08.
+"""The backward pass of lab.ops.attention_varlen: packed (total, H, D) sequences through bwd v08 (D 64 / 128) and
+bwd v21 (D 192 / 256, through the padded copies: lab.masks.backward picks the kernel by head dim).
 
 In place (the default where the kernel takes the call: bwd v08, D 64 / 128): bwd v08 reads and writes the packed
 tensors themselves (MaskBwdParams::cu_seqlens_q / _k; kernels/common/hopper/attn_bwd_packed_sm90.cuh): a grid of key
