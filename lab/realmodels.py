@@ -22,7 +22,7 @@ CHAPTER, KIND = "n16_real_models", "real-models"
 SECTIONS = ("models", "wide-fwd", "wide-fwd+bwd", "decode", "paged", "varlen")
 _OPS = {">=": operator.ge, "<=": operator.le}
 
-# The cells each section times on a GPU (the helpers' own grids are larger; these are the model-shaped ones).
+# The cells each section times on a GPU (the check modules' own grids are larger; these are the model-shaped ones).
 WIDE_FWD = [(1, 16, 8, 8192, "local"), (1, 16, 8, 8192, "softcap"), (1, 16, 8, 8192, "window")]  # Gemma-2 D 256
 WIDE_BWD = [("gemma2-local", 1, 8192, 4096, 50.0), ("gemma2-global", 1, 8192, None, 50.0),
             ("gemma3-local", 1, 8192, 1024, 0.0)]
@@ -114,7 +114,7 @@ def checks_row(section: str, cell: str, bad: int, total: int) -> dict:
 # ------------------------------------------------------------------ GPU runs
 
 def _checks(section: str) -> list[dict]:
-    """A light pass of each helper's checks on the section's model-shaped cases (their full grids: their own
+    """A light pass of each check module's checks on the section's model-shaped cases (their full grids: their own
     modules' checks)."""
     if section == "wide-fwd":
         from .masks import gpu_wide
@@ -297,7 +297,7 @@ def recorded_matrix() -> list[dict]:
 
 
 def recorded_races(name: str) -> list[dict]:
-    """The latest GPU rows of the helpers' own races for a section (Gemma's D 256 forward: kind "race", features
+    """The latest GPU rows of the check modules' own races for a section (Gemma's D 256 forward: kind "race", features
     wide-*; forward + backward: kind "race_bwd", feature "wide"), normalised; prints their session."""
     if name == "wide-fwd":
         found = [r for r in record.load(kind="race") if str(r.get("feature", "")).startswith("wide-")]
@@ -318,7 +318,7 @@ def recorded_races(name: str) -> list[dict]:
 
 def section(ch, name: str, budget_s: float = 60.0, checks: bool = True) -> list[dict]:
     """A chapter cell's rows: run the section on a GPU; on a CPU say it is skipped and return the recorded rows
-    (this chapter's, else the helpers' own races where they recorded any)."""
+    (this chapter's, else the check modules' own races where they recorded any)."""
     if ch.skip(f"section {name} (checks and race)"):
         return [r for r in ch.recorded(kind=KIND) if r["section"] == name] or recorded_races(name)
     return run_gpu(name, budget_s, checks)

@@ -1,4 +1,4 @@
-"""lab.realmodels (chapter n16): the helpers' rows normalised into one kind, the targets judged the same way by the
+"""lab.realmodels (chapter n16): the check modules' rows normalised into one kind, the targets judged the same way by the
 findings and by chapters/gates.json, every miss named with its number, and the model matrix's CPU part end to end."""
 import pytest
 
