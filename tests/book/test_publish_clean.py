@@ -137,10 +137,11 @@ def test_published_chapters_and_log_pages_hold_no_machine_paths(tmp_path):
         assert "it/s]" not in stderr and "Warning:" not in stderr, path.name
 
 
-def test_committed_sessions_hold_no_machine_paths():
-    """The session folders as committed (executed notebooks, records, logs), which the log and the chapters read
-    and a reader of the repository opens directly, name no absolute path of the machine that ran them."""
-    names = subprocess.run(["git", "ls-files", "-z", "outputs/sessions"], cwd=paths.ROOT, capture_output=True,
+def test_committed_outputs_hold_no_machine_paths():
+    """Everything committed under outputs/ (sessions' executed notebooks and records, driver logs, experiments,
+    profiles), which the log and the chapters read and a reader of the repository opens directly, names no absolute
+    path of the machine that ran it."""
+    names = subprocess.run(["git", "ls-files", "-z", "outputs"], cwd=paths.ROOT, capture_output=True,
                            text=True).stdout.split("\0")
     committed = [paths.ROOT / name for name in names if name and (paths.ROOT / name).is_file()]
     if not committed:
