@@ -21,7 +21,8 @@
 // time, interleaved rounds; a batch shared with other jobs: outputs/driver_logs/20261129-h200-batch2-f58d500e62/T3):
 // the plain kernel against its LAB_DECODE_NO_MASKS build 0.985-1.016x (noise); sinks 0.99-1.01x plain decode;
 // window 4096 at S 16384 2.7-3.5x faster, window 128 (+ sinks, GPT-OSS) 3.6-28x faster; softcap 50 alone
-// 0.87-0.99x with the first tanh (an exp and a divide), hence tanh.approx (softcap_tanh).
+// 0.87-0.99x with the first tanh (an exp and a divide), hence tanh.approx (softcap_tanh): 0.99-1.01x
+// (outputs/driver_logs/20261129-h200-batch3-7152d73448/T3: 4 cells, also shared with other jobs).
 //
 // LAB_DECODE_NO_MASKS compiles the mask steps out of pass 1 (the window's first key, the rows' first keys, the
 // softcap): the plain kernel as it was before them, the baseline of the A/B that shows a plain call did not slow

@@ -5,7 +5,8 @@ wrong build LAB_DECODE_BUG_SINK_PER_SPLIT must fail; named versions without mask
 replays with new lengths. Marked `gpu`: skipped without CUDA (tests/conftest.py).
 
 Run: python -m pytest -q tests/decode/test_decode_masks_gpu.py (76 passed on an H200, with 8 of them under
-compute-sanitizer memcheck, 0 errors: outputs/driver_logs/20261129-h200-batch2-f58d500e62/T3)
+compute-sanitizer memcheck, 0 errors: outputs/driver_logs/20261129-h200-batch2-f58d500e62/T3; after the softcap's
+tanh.approx, 39 of them again: outputs/driver_logs/20261129-h200-batch3-7152d73448/T3)
 """
 from __future__ import annotations
 
