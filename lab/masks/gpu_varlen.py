@@ -163,7 +163,7 @@ def _cell(lens, D, H=16, dtype=torch.bfloat16):
 
 
 @bench.flex_race
-def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, variants: bool = True,
+def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, variants: bool = False,
          jsonl: str | None = None) -> list:
     """Forward, backward alone (autograd.grad with retain_graph over one forward) and forward + backward through the
     public op, in GPU time (bench.GpuTimeTimer), against FlexAttention's compiled document mask (flex_too: False
