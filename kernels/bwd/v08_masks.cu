@@ -26,6 +26,13 @@
 //     length (8 x 2048): 1.18x the dense op -> 1.02-1.08x (this loop is v12's, the dense default v14's tail
 //     order and pre-pass zeroing ahead of it by a few %). The dense calls' SASS is unchanged (all 25 kernels of
 //     the build before it identical at sm_90a).
+//     Outcome (H200, f58d500e62; outputs/experiments/20261129-masks-varlen-bwd-in-place.json): twelve documents,
+//     backward 1.484 ms, FlexAttention's 2.599 ms (1.75x, above the prediction: Flex's backward was slower than the
+//     0.52x figure implied); the copies were 3.5 of the padded call's 5.05 ms (the kernel call 3.41x faster in
+//     place), more than predicted. Packed gradient checks 9/9 (the no-window and no-offset builds fail), memcheck
+//     and racecheck clean (outputs/driver_logs/20261129-h200-batch2-f58d500e62/T7). One length 8 x 2048 (7152d73448,
+//     outputs/driver_logs/20261129-h200-batch3-7152d73448/T7): backward 0.86x the dense op's time, forward + backward
+//     0.93x (predicted 1.02-1.08x); the forward alone (fwd v11) stays 1.18x the dense default's.
 // Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
 // LAB_BWD_MASK_STAGE=1 (the default): v12's tile config, dK and dV staged through the free dQ staging area and stored as
 // 16-byte rows, and at D = 64 v10's K and V in registers. Prediction (H100, D = 128, bf16, GPU time against v07's
@@ -72,8 +79,9 @@
 // (five GEMMs, not two): +8-12 %; a sink costs a reduction over B H S floats: < 1 %.
 //
 // Limits: sm_90 only (the body is guarded for sm_80 builds); D 64 and 128; fp16, bf16; dense or packed (in place,
-// or through padded copies); GQA; any finite scale; no deterministic mode. Self-test builds: LAB_BWD_MASK_BUG_NO_WINDOW,
-// LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD, LAB_BWD_PACKED_BUG_NO_OFFSET (every sequence's keys read at the first one's rows).
+// or through padded copies); GQA; any finite scale; no deterministic mode. Self-test builds:
+// LAB_BWD_MASK_BUG_NO_WINDOW, LAB_BWD_MASK_BUG_NO_SOFTCAP_GRAD, LAB_BWD_PACKED_BUG_NO_OFFSET (every sequence's keys
+// read at the first one's rows).
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/bwd/v08_masks.cu
 #include "common/hopper/attn_bwd_mask_sm90.cuh"

@@ -19,6 +19,21 @@
 //   - Epilogue: dK, dV of the sequence's keys only (v12's staged stores on pointers shifted to its first row).
 // Everything in the loop is the dense masked kernel's (stagger_tile with WindowSteps' p_ds on the CTA's
 // sequence, from shared memory).
+//
+// Measured (H200, bf16, causal, H 16, GPU time; outputs/experiments/20261129-masks-varlen-bwd-in-place.json):
+// twelve documents of 23,100 tokens at D 128 (lab.masks.gpu_varlen.DOCS12): the public op's backward 1.484 ms
+// against FlexAttention's document mask 2.599 ms, 1.75x (forward 1.83x, forward + backward 1.77x; f58d500e62,
+// outputs/driver_logs/20261129-h200-batch2-f58d500e62/T7); the kernel call 1.481 ms in place against 5.052 ms
+// through the padded copies (3.41x). torch.profiler (contended run, outputs/driver_logs/20261129-h200-batch1-
+// 278998b0f8/T7): main kernel 1334 us in place, 1388 us padded (the same tiles); pre-pass + convert 214 us; the
+// padded path's gathers, fills, memset and passes over 49k rows 3.5 ms. Grid order: slot-major 1.046x the
+// head-minor default's time (predicted: a few % from the tail).
+// Final run (7152d73448, outputs/driver_logs/20261129-h200-batch3-7152d73448/T7; the lab, Flex and dense rows
+// within 0.6 % interquartile ranges): twelve documents, backward 1.477 ms against Flex's 2.585 (1.75x; forward +
+// backward 1.78x); 512-4096-token documents at D 64 (gpu_varlen.DOCS_MIXED, 128 queries a step) 0.630 against
+// 1.323 ms (2.10x; forward + backward 2.31x); one length, 8 x 2048 at D 128: backward 0.910 ms against the dense
+// op's 1.058 (0.86x its time), forward + backward 0.93x, the forward alone (fwd v11) 1.18x the dense default's;
+// the padded copies' call 2.96-3.78x the in-place one.
 #pragma once
 #include "common/hopper/attn_bwd_mask_sm90.cuh"
 
@@ -336,10 +351,13 @@ __global__ void __launch_bounds__(256) zero_stray_rows(const MaskBwdParams p) {
   for (int h = 0; h < heads; ++h)
     for (int c = 0; c < D; c += 8) {
       if (is_q) {
-        *reinterpret_cast<uint4*>(static_cast<T*>(p.dq) + h * p.dq_stride[1] + (int64_t)row * p.dq_stride[2] + c) = zero;
+        T* dq = static_cast<T*>(p.dq) + h * p.dq_stride[1] + (int64_t)row * p.dq_stride[2];
+        *reinterpret_cast<uint4*>(dq + c) = zero;
       } else {
-        *reinterpret_cast<uint4*>(static_cast<T*>(p.dk) + h * p.dk_stride[1] + (int64_t)row * p.dk_stride[2] + c) = zero;
-        *reinterpret_cast<uint4*>(static_cast<T*>(p.dv) + h * p.dv_stride[1] + (int64_t)row * p.dv_stride[2] + c) = zero;
+        T* dk = static_cast<T*>(p.dk) + h * p.dk_stride[1] + (int64_t)row * p.dk_stride[2];
+        T* dv = static_cast<T*>(p.dv) + h * p.dv_stride[1] + (int64_t)row * p.dv_stride[2];
+        *reinterpret_cast<uint4*>(dk + c) = zero;
+        *reinterpret_cast<uint4*>(dv + c) = zero;
       }
     }
 }
