@@ -17,8 +17,9 @@ from .op_common import sm_count  # noqa: F401
 from .registry import (BEST_FWD, DECODE, FWD, PAGED_DECODE, SPLIT_RULE, default_attention_version,  # noqa: F401
                        default_decode_version)
 from .fwd.op import attention, attention_version, fwd_call_factory, fwd_writer  # noqa: F401
-from .masks.op import attention_varlen  # noqa: F401 (window/softcap/sinks go through attention's arguments)
-from .masks.paged import check_page_errors as check_varlen_page_errors  # noqa: F401 (block_table calls' flags)
+# attention_varlen: lab.masks.op's packed call, or with block_table lab.masks.paged's (window/softcap/sinks go through
+# attention's arguments)
+from .masks.paged import attention_varlen, check_page_errors as check_varlen_page_errors  # noqa: F401
 from .decode.op import (MAX_DECODE_Q_LEN, MAX_NUM_SPLITS, decode, decode_call_factory, decode_writer,  # noqa: F401
                         raise_page_errors)
 from .decode.deferred import check_page_errors  # noqa: F401 (the default paged call's flags, waited for)

@@ -225,8 +225,7 @@ def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values
 
 def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                      is_causal: bool = False, scale: float | None = None, window_size=None, softcap: float = 0.0,
-                     sinks=None, return_lse: bool = False, check_cu_seqlens: bool = True, version=None,
-                     block_table=None, page_errors=None):
+                     sinks=None, return_lse: bool = False, check_cu_seqlens: bool = True, version=None):
     """Attention over packed variable-length sequences, FlashAttention's flash_attn_varlen_func.
 
     query (total_q, H_q, D), key and value (total_k, H_kv, D); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
@@ -238,18 +237,9 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     it, and the kernel then clamps every length so no value reads or writes out of bounds. Rows of no sequence
     (past cu_seqlens_q[-1]) hold zeros (LSE -inf) when cu_seqlens was checked on the host (eager calls with
     check_cu_seqlens=True); otherwise they are left unwritten, as FlashAttention leaves them. Differentiable in
-    query, key, value and sinks on compute capability 9.0 (lab.masks.varlen_bwd).
-
-    block_table: (B, max_pages) int32, a paged KV cache (chunked prefill, prefix caching; lab.masks.paged): key
-    and value are then (num_pages, page_size, H_kv, D) caches, key j of sequence b is row j % page_size of page
-    block_table[b, j // page_size], and cu_seqlens_k gives each sequence's key count (its rows are not read).
-    page_errors: an int32 (B,) tensor that receives each sequence's bad-table flags (else they are checked on the
-    host, or read at a later paged call). Forward only, on compute capability 9.0, D 64 / 128.
+    query, key, value and sinks on compute capability 9.0 (lab.masks.varlen_bwd). lab.ops.attention_varlen is
+    lab.masks.paged.attention_varlen: this call, or with block_table the paged one.
     """
-    if block_table is not None or page_errors is not None:
-        return paged.attention_varlen_paged(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                            max_seqlen_k, is_causal, scale, window_size, softcap, sinks, return_lse,
-                                            check_cu_seqlens, version, block_table, page_errors)
     answer = fast.varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                          window_size, softcap, sinks, return_lse, check_cu_seqlens, version)
     if answer is not None:  # the eager call in one crossing (lab.masks.fast); else the full path below
@@ -306,4 +296,3 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
 backward.register()  # lab::attention_masked is differentiable (lab.masks.backward)
 varlen_bwd.register()  # and lab::attention_varlen (lab.masks.varlen_bwd)
-from . import paged  # noqa: E402 (block_table calls; it imports this module, so it comes last)

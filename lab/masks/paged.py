@@ -118,10 +118,33 @@ def check_table_on_host(cu_k: list, block_table, page_size: int, num_pages: int)
         raise ValueError(f"block_table is bad for sequence(s) {bad}: a page index outside [0, {num_pages})")
 
 
+def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                     is_causal: bool = False, scale: float | None = None, window_size=None, softcap: float = 0.0,
+                     sinks=None, return_lse: bool = False, check_cu_seqlens: bool = True, version=None,
+                     block_table=None, page_errors=None):
+    """lab.ops.attention_varlen: lab.masks.op.attention_varlen (packed key and value, its docstring), or with
+    block_table a paged KV cache (chunked prefill, prefix caching).
+
+    block_table: (B, max_pages) int32 on query's device; key and value are then (num_pages, page_size, H_kv, D)
+    caches, key j of sequence b is row j % page_size of page block_table[b, j // page_size], and cu_seqlens_k gives
+    each sequence's key count (as a cumulative sum; no packed rows are read). page_size: a multiple of 16.
+    page_errors: an int32 (B,) tensor that receives each sequence's bad-table flags (no host sync); without it the
+    table is checked on the host with cu_seqlens (check_cu_seqlens=True) or its flags are read at a later paged call
+    (check_varlen_page_errors). Forward only, on compute capability 9.0 at D 64 / 128 (fwd v11).
+    """
+    if block_table is None and page_errors is None:
+        return op.attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   is_causal, scale, window_size, softcap, sinks, return_lse, check_cu_seqlens,
+                                   version)
+    return attention_varlen_paged(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  is_causal, scale, window_size, softcap, sinks, return_lse, check_cu_seqlens,
+                                  version, block_table, page_errors)
+
+
 def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            is_causal, scale, window_size, softcap, sinks, return_lse, check_cu_seqlens, version,
                            block_table, page_errors):
-    """lab.ops.attention_varlen's paged call (lab.masks.op routes here when block_table or page_errors is given)."""
+    """lab.ops.attention_varlen's paged call (attention_varlen above, when block_table or page_errors is given)."""
     plan_key = _serving_key(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             is_causal, scale, window_size, softcap, sinks, check_cu_seqlens, version, block_table,
                             page_errors)
