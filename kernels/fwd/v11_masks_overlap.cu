@@ -100,7 +100,9 @@
 //   the loop against 67 and 14). A bad sequence's CTA now zeroes its rows and returns, leaving the key count alone:
 //   56 uniform ops, 16 R2UR. The plain packed call before / after the paged instantiations: 1.013-1.019x (noise;
 //   identical SASS). Page 16's further gap is its 16 boxes a tile; a cp.async gather of small pages (FlashAttention-3's
-//   way) is the next candidate, not built.
+//   way) is the next candidate, not built. The fix's clean race is owed: its one run shared the GPU with two other
+//   scripts (outputs/driver_logs/20261129-h200-batch3-7152d73448/T6: 0.72 / 0.84 / 0.85 at page 16 / 64 / 256, 0.90
+//   at D 64 page 64, the checks and memcheck clean). Record: outputs/experiments/20261129-paged-prefill-v11.json.
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
