@@ -1,7 +1,7 @@
 """The wall between the product and the notebook: the modules a user's `import lab.ops` may load.
 
-The product is what other projects call: lab.ops (attention, attention_varlen, decode, attention_fp8) and its dispatch, the
-build of kernels, each family's op glue, the ring and the transformers adapter, with the few modules they need.
+The product is what other projects call: lab.ops (attention, attention_varlen, decode, attention_fp8) and its
+dispatch, the build of kernels, each family's op glue, the ring and the transformers adapter, with the few modules they need.
 Everything else in lab/ is the harness that writes the book (check, bench, sweep, session, publish, record,
 plot, gates, cases, profile, the NumPy emulations, findings, selftest, ...): it may import the product, never the
 other way round. tests/product/test_wall.py follows every import of these modules (at module level and inside
