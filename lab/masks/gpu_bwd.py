@@ -17,6 +17,7 @@ elementwise larger of the two error patterns, so its rel_l2 rule holds too).
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -343,7 +344,7 @@ def wide_race(budget_s: float, cells=None) -> list[dict]:
         row = {"kind": "race_bwd", "feature": "wide", "case": {"name": name, "B": B, "Hq": Hq, "Hkv": Hkv, "S": S,
                "D": D, "window": W, "softcap": cap, "dtype": "bfloat16"}, "timer": "gpu_time", "median_ms": ms,
                "flex_over_lab": ratio, "softcap_over_none": cap_cost}
-        record.append(row, chapter=CHAPTER)
+        record.append(row, chapter=os.environ.get("LAB_CHAPTER", CHAPTER))
         rows.append(row)
         print(f"race-wide {name} B={B} S={S} W={W} cap={cap}: lab fwd+bwd {ms['lab']} ms, flex {ms['flex']} ms, "
               f"flex/lab {ratio if ratio is None else round(ratio, 3)}, ours without softcap {ms.get('lab_nocap')} ms "

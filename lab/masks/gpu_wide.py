@@ -6,6 +6,7 @@ Gemma-2's shapes at D 256. lab.masks.gpu.checks("v12") runs checks_wide.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -150,7 +151,8 @@ def race_wide(budget_s: float, cells=None) -> list:
                 "window": [W, 0] if window else None, "softcap": softcap}
         record.append({"kind": "race", "feature": f"wide-{feature}", "case": case, "median_ms": row,
                        "ratio_vs_lab": {n: (t / ours if isinstance(t, float) and isinstance(ours, float) else None)
-                                        for n, t in row.items() if n != "lab"}}, chapter=CHAPTER)
+                                        for n, t in row.items() if n != "lab"}},
+                      chapter=os.environ.get("LAB_CHAPTER", CHAPTER))  # the chapter that runs it (n16, n13)
         print(f"race_wide {feature} B={B} H={H}/{Hkv} S={S}: " + ", ".join(
             f"{n} {t if isinstance(t, str) else round(t, 3)}" for n, t in row.items()) +
             f" | flex/lab {ratio if ratio is None else round(ratio, 3)}", flush=True)
