@@ -39,7 +39,13 @@
 // Prediction: wgmma e4m3 runs at twice bf16's rate, so the GEMMs take half of v05's time and the softmax
 // (same work as bf16 per element) becomes the larger part: with 2-3 CTAs per SM, ~550-750 TFLOP/s at D 128,
 // under cuDNN FP8's 978 (n15): the producer / consumer warpgroups of v07 are the next step.
-// Outcome, one-warpgroup build (H200, outputs/driver_logs/20261129-h200-batch1-278998b0f8/T4; every task's script
+// Outcome of the default (H200, outputs/driver_logs/20261129-h200-batch3-7152d73448/T4, lab.fp8.race in rounds,
+// public call with its V^T pass, TFLOP/s and x cuDNN FP8): D 128 S 4k 735 (0.76x), S 16k 797 (0.78x), causal
+// S 8k 702 (0.75x), GQA 16 / 4 785 (0.78x), D 64 295 (0.90x; that cell contended: bf16 SDPA ran at 299 against
+// 493 in batch 1), D 256 831 (0.85x, warp-specialised); 1.10-1.17x bf16 SDPA-cuDNN at D 128. The >= 1.0x target
+// is not met. All 17 checks pass (O within 1.0x of the modelled emulation, under cuDNN FP8's error in every cell
+// it runs, LSE within 2x the model's), and the wrong build fails.
+// First outcome, one-warpgroup build (H200, outputs/driver_logs/20261129-h200-batch1-278998b0f8/T4; every task's script
 // ran at once on that GPU, so the times are indicative only): lab.fp8.race, TFLOP/s of the public call (V^T pass
 // included) against cuDNN FP8 in the same rounds: D 128 S 4k 727 (0.75x), S 16k 796 (0.77x), causal S 8k 697
 // (0.75x), D 64 494 (0.85x), D 256 772 (0.79x), GQA 16/4 775 (0.77x); 1.00-1.15x bf16 SDPA-cuDNN. Better than
@@ -56,15 +62,22 @@
 #ifndef LAB_FWD_FP8_OVERLAP
 #define LAB_FWD_FP8_OVERLAP 1
 #endif
-// LAB_FWD_FP8_WARPSPEC (1, default: v07's shape; 0: the one-warpgroup kernel below): a producer warpgroup (TMA
+// LAB_FWD_FP8_WARPSPEC (2, default: per head dim; 1: always; 0: never) runs v07's shape: a producer warpgroup (TMA
 // only, 24 registers) and two consumer warpgroups (240 registers, 64 query rows each, B_r = 128) sharing each
 // K / V tile, with `empty` barriers per stage and ping-pong turns (one warpgroup's GEMMs issue while the other
-// runs its softmax). Each consumer runs the overlapped loop of LAB_FWD_FP8_OVERLAP = 1. The default since its
-// checks (every cell and variant at the one-warpgroup build's errors) and compute-sanitizer memcheck, racecheck
-// and synccheck came back clean (H200, outputs/driver_logs/20261129-h200-batch2-f58d500e62/T4); its speed
-// against the one-warpgroup build: the race of the run after (lab-fp8 against lab-fp8-1wg).
+// runs its softmax), each consumer in the overlapped loop of LAB_FWD_FP8_OVERLAP = 1. Prediction: +15-25 % over
+// the one-warpgroup kernel, as v06 -> v07 gave bf16. Outcome (H200, lab.fp8.race in rounds, outputs/driver_logs/
+// 20261129-h200-batch3-7152d73448/T4; two other tasks' scripts shared the GPU): 0.86x the one-warpgroup kernel at
+// D 128 (631 vs 735 TFLOP/s at S 4k, 687 vs 797 at 16k, 607 vs 702 causal 8k, 674 vs 785 GQA 16 / 4), 0.92x at
+// D 64, 1.08x at D 256 (831 vs 770). Refuted at D 64 / 128: two or three one-warpgroup CTAs per SM already
+// overlap one CTA's softmax with another's GEMMs, and with e4m3's half-time GEMMs the ping-pong turns serialise
+// more than they hide (not yet profiled). So 2: warp-specialised at D 256 only (one CTA of the one-warpgroup
+// kernel fits per SM there). Both kernels: every check (17 cells and variants) passes, compute-sanitizer
+// memcheck and racecheck clean (batch 1: one warpgroup; batch 2, synccheck too: warp-specialised, D 128).
+// Rejected beside it (same race, warp-specialised): LAB_FWD_FP8_POLY 4 +1 % at D 128, -4 % at D 64; B_c 192 at
+// D 128 / 256 at D 64 (LAB_FWD_FP8_WS_D*_BC) +3-7 % at D 128, still 0.91x the one-warpgroup kernel.
 #ifndef LAB_FWD_FP8_WARPSPEC
-#define LAB_FWD_FP8_WARPSPEC 1
+#define LAB_FWD_FP8_WARPSPEC 2
 #endif
 // LAB_FWD_FP8_POLY (0: off; N: every N-th 8-column block of P takes exp2 on the FMA pipe, softmax_e4m3's kPoly).
 #ifndef LAB_FWD_FP8_POLY
@@ -509,9 +522,13 @@ extern "C" int attn_fwd_v13(const AttnFp8Params* p, void* stream) {
   if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (const int rc = launch_fp8_vt(*p, st)) return rc;
-#if LAB_FWD_FP8_WARPSPEC
+#if LAB_FWD_FP8_WARPSPEC == 1
   if (p->head_dim == 64) return launch<Ws64, attn_fwd_v13_ws_kernel<Ws64>>(*p, st, dev);
   if (p->head_dim == 128) return launch<Ws128, attn_fwd_v13_ws_kernel<Ws128>>(*p, st, dev);
+  return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>>(*p, st, dev);
+#elif LAB_FWD_FP8_WARPSPEC == 2  // per head dim (the measurements above)
+  if (p->head_dim == 64) return launch<Cfg64, attn_fwd_v13_kernel<Cfg64>>(*p, st, dev);
+  if (p->head_dim == 128) return launch<Cfg128, attn_fwd_v13_kernel<Cfg128>>(*p, st, dev);
   return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>>(*p, st, dev);
 #else
   if (p->head_dim == 64) return launch<Cfg64, attn_fwd_v13_kernel<Cfg64>>(*p, st, dev);
