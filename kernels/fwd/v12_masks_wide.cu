@@ -30,6 +30,7 @@
 //   Against FlexAttention (torch.compile'd, same mask_mod / score_mod, D 256): window 4096 and softcap 50 cells
 //   1.5-3.0x, every cell >= 1.2x (the target is 1.0x). Checks: the wrong builds (LAB_FWD_MASK_BUG_NO_WINDOW, and
 //   LAB_FWD_MASK_WIDE_BUG_NO_EDGE, which drops the window's edge mask but keeps S_k's) fail; every other cell passes.
+// Record: outputs/experiments/20261129-masks-fwd-v12-wide.json.
 // Outcome (H200, ptxas: 168 registers at launch, setmaxnreg 24 / 240, 0 spills in all 16 instantiations):
 //   correctness (outputs/driver_logs/20261129-h200-batch1-278998b0f8/T1/checks.log): 148/148 rows of
 //   lab.masks.gpu_wide's grid (132 dense at D 256 / 192 incl. S 4097, cross S_q != S_k both alignments, fp16,
