@@ -1,7 +1,7 @@
 """The masks on the GPU (fwd v08, v09, v11; v12 at D 192 / 256): the correctness grid against the float64 reference
 (with the wrong-window kernel that must fail), then the race against FlexAttention and SDPA with an explicit mask.
-Chapter n13_masks calls checks() and race() (and lab.masks.gpu_bwd's for the backward); checks("v12") runs the wide
-grid (lab.masks.gpu_wide, which also races FlexAttention at D 256 in Gemma-2's shapes).
+Chapter n13_masks calls checks() and race() (and lab.masks.gpu_bwd's for the backward); the wide grid is
+lab.masks.gpu_wide.checks_wide (which also races FlexAttention at D 256 in Gemma-2's shapes).
 
 Every row goes through lab.record (GPU, versions, commit). Yardstick of a check: SDPA's own error (default dispatch,
 the window as an explicit boolean mask) on the same inputs without softcap and sinks, which SDPA cannot express;
@@ -188,9 +188,10 @@ def softcap_checks(version: str, dtype=torch.bfloat16, defines=None) -> int:
 
 
 def checks(version: str) -> int:
-    if version == "v12":  # the wide head dims' grid (lab.masks.gpu_wide)
-        from .gpu_wide import checks_wide
-        return checks_wide(version)
+    """The grid at D 64 / 128 (v11, v08, v09); v12's at D 192 / 256 is lab.masks.gpu_wide.checks_wide, which builds
+    on this module (so this one imports nothing of it)."""
+    if version == "v12":
+        raise ValueError("masked v12 runs D 192 / 256: its grid is lab.masks.gpu_wide.checks_wide")
     bad = 0
     bf16, fp16 = torch.bfloat16, torch.float16
     sizes = [*GRID_SIZES, (1, 2, 1, 4097, 4097)]

@@ -2,7 +2,7 @@
 (the same yardstick, pass rule, poisoned outputs and fresh inputs per trial; uneven S 1 / 65 / 300 / 1000 / 4097,
 GQA 16/8, both causal alignments, Gemma-2's softcap 50 and window 4096, sinks, packed sequences, the softcap's
 floor), two wrong builds that must fail, the public ops as users call them, and the race against FlexAttention in
-Gemma-2's shapes at D 256. lab.masks.gpu.checks("v12") runs checks_wide.
+Gemma-2's shapes at D 256. checks_wide() is its entry (lab.masks.gpu.checks takes D 64 / 128 only).
 """
 from __future__ import annotations
 
