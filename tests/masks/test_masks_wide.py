@@ -1,7 +1,7 @@
 """The masked calls at head dims above 128 on the CPU (the device's capability set by hand, the kernel launch replaced
 by a recorder): which kernel a call gets (masked v12 at D 192 / 256 on compute capability 9.0, NotImplementedError
 elsewhere), the padding of the dims between (dense D_qk, D_v and packed D), and the refusal of gradients where no
-masked backward takes the head dim. The kernel itself is checked on a GPU (lab.masks.gpu.checks_wide;
+masked backward takes the head dim. The kernel itself is checked on a GPU (lab.masks.gpu_wide.checks_wide;
 tests/masks/test_masks_wide_gpu.py)."""
 import pytest
 import torch
