@@ -22,6 +22,22 @@ def _require_heads(version, name: str, heads_kv: int, instead) -> None:
                          f"{heads_kv}; use one of {list(instead)} or version=None")
 
 
+def check_page_shapes(query, key_cache, value_cache) -> tuple[int, int, int, int]:
+    """The paged cache's shape rules that decode and the paged prefill share (vLLM's layout: num_pages, page_size,
+    H_kv, D); returns those four."""
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(f"key_cache and value_cache shapes differ: {tuple(key_cache.shape)} vs "
+                         f"{tuple(value_cache.shape)}")
+    num_pages, page_size, heads_kv, head_dim = key_cache.shape
+    if page_size <= 0 or page_size % 16:
+        raise ValueError(f"page_size (key_cache.shape[1]) must be a positive multiple of 16, got {page_size}")
+    if num_pages == 0:
+        raise ValueError("key_cache has no pages (num_pages = 0)")
+    if heads_kv == 0 or query.shape[1] % heads_kv:
+        raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of key_cache heads ({heads_kv})")
+    return num_pages, page_size, heads_kv, head_dim
+
+
 MAX_NUM_SPLITS = 1024  # the combine kernel and the int offsets of the workspaces are sized for this many
 
 

@@ -16,7 +16,7 @@ from ..op_common import PAGED_LAYOUT, _check_cuda, _check_tensor, _direct, _scal
 from ..registry import DECODE, PAGED_DECODE, SPLIT_RULE, paged_versions
 from . import deferred
 from .checks import (MAX_NUM_SPLITS, _check_decode, _check_q_len, _check_seqlens, _decode_plans, _num_splits,
-                     _require_heads)
+                     _require_heads, check_page_shapes)
 from .plan import ragged_splits
 
 
@@ -27,15 +27,7 @@ def _check_paged(query, key_cache, value_cache, block_table, page_errors):
     _check_q_len(query)
     _check_tensor(key_cache, "key_cache", query, PAGED_LAYOUT, cuda=False)
     _check_tensor(value_cache, "value_cache", query, PAGED_LAYOUT, cuda=False)
-    num_pages, page_size, heads_kv, head_dim = key_cache.shape
-    if value_cache.shape != key_cache.shape:
-        raise ValueError(f"key_cache and value_cache shapes differ: {tuple(key_cache.shape)} vs {tuple(value_cache.shape)}")
-    if page_size <= 0 or page_size % 16:
-        raise ValueError(f"page_size (key_cache.shape[1]) must be a positive multiple of 16, got {page_size}")
-    if num_pages == 0:
-        raise ValueError("key_cache has no pages (num_pages = 0)")
-    if heads_kv == 0 or query.shape[1] % heads_kv:
-        raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of key_cache heads ({heads_kv})")
+    num_pages, page_size, heads_kv, head_dim = check_page_shapes(query, key_cache, value_cache)
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
         raise TypeError(f"block_table must be an int32 tensor of shape (B, max_pages), got "
                         f"{getattr(block_table, 'dtype', type(block_table).__name__)}")

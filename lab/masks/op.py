@@ -118,13 +118,20 @@ def _varlen_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right
     FlashAttention leaves them: filling the whole output first cost a pass over it on every call (one 64 MiB
     memset at 16384 tokens, H 16, D 128)."""
     q, k, v = (_readable(t) for t in (query, key, value))
+    out, lse = varlen_outputs(q, want_lse, rows_q)
+    launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, 0, sinks, cu_q, cu_k, max_q, max_k, version)
+    return out, lse
+
+
+def varlen_outputs(q, want_lse: bool, rows_q):
+    """A packed call's O (total_q, H_q, D) and LSE (H_q, total_q) or None, with the rows of no sequence (rows_q:
+    on, when the host knows rows_q) set to zeros and -inf; the kernel writes every other row."""
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if want_lse else None
     if rows_q is not None and rows_q < q.shape[0]:
         out[rows_q:].zero_()
         if lse is not None:
             lse[:, rows_q:].fill_(float("-inf"))
-    launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, 0, sinks, cu_q, cu_k, max_q, max_k, version)
     return out, lse
 
 

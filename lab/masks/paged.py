@@ -28,6 +28,7 @@ import ctypes
 
 import torch
 
+from ..decode.checks import check_page_shapes
 from ..decode.plan import PAGE_E_INDEX, PAGE_E_SHORT
 from ..kernels import launcher
 from ..registry import MASKED_FWD
@@ -59,16 +60,7 @@ def check_paged(query, key_cache, value_cache, block_table, page_errors, batch: 
             raise TypeError(f"{name}.dtype must be query's, torch.float16 or torch.bfloat16, got {t.dtype}")
         if t.device != query.device:
             raise ValueError(f"{name} is on {t.device} but query is on {query.device}")
-    if value_cache.shape != key_cache.shape:
-        raise ValueError(f"key_cache and value_cache shapes differ: {tuple(key_cache.shape)} vs "
-                         f"{tuple(value_cache.shape)}")
-    num_pages, page_size, heads_kv, head_dim = key_cache.shape
-    if page_size <= 0 or page_size % 16:
-        raise ValueError(f"page_size (key_cache.shape[1]) must be a positive multiple of 16, got {page_size}")
-    if num_pages == 0:
-        raise ValueError("key_cache has no pages (num_pages = 0)")
-    if heads_kv == 0 or query.shape[1] % heads_kv:
-        raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of key_cache heads ({heads_kv})")
+    num_pages, page_size, heads_kv, head_dim = check_page_shapes(query, key_cache, value_cache)
     if query.shape[2] != head_dim:
         raise ValueError(f"query head dim {query.shape[2]} != key_cache head dim {head_dim}")
     for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):  # a copy would cost the whole cache
@@ -228,12 +220,7 @@ def paged_impl(query, key_cache, value_cache, cu_q, cu_k, sinks, table, errors, 
     """The launch (no checks): out (total_q, H_q, D), lse (H_q, total_q) or None; rows of no sequence as in
     lab.masks.op._varlen_impl."""
     q = _readable(query)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if want_lse else None
-    if rows_q is not None and rows_q < q.shape[0]:
-        out[rows_q:].zero_()
-        if lse is not None:
-            lse[:, rows_q:].fill_(float("-inf"))
+    out, lse = op.varlen_outputs(q, want_lse, rows_q)
     if max_q == 0 or q.shape[0] == 0 or cu_q.shape[0] == 1:  # no CTA runs: no flag would be written
         errors.zero_()
         return out, lse
