@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from .emulate_paged import gather_pages, sequence_status
-from .splits import BLOCK_N, split_chunk
+from .splits import BLOCK_N, chunk_partial, split_chunk
 
 WINDOW_ALIGN = 64  # lab.decode.masks.WINDOW_ALIGN
 
@@ -72,30 +72,6 @@ def reference_masked_decode(q, k, v, seqlens, scale: float, is_causal: bool = Fa
     return out, lse
 
 
-def _split_partial(rows_q, k, v, first_key: int, ranges, scale: float, softcap: float, block_n: int):
-    """One split's online softmax over 64-key tiles (log2 units), each row r seeing keys [lo_r, hi_r) of the
-    sequence; k, v: the split's keys from first_key on. Returns (o, lse) natural log, -inf and 0 where none."""
-    rows, dim = rows_q.shape
-    m, l, acc = np.full(rows, -np.inf), np.zeros(rows), np.zeros((rows, dim))
-    lo, hi = ranges[:, 0], ranges[:, 1]
-    for start in range(0, k.shape[0], block_n):
-        s = _scores(rows_q.T, k[start:start + block_n], scale, softcap).T * (1.0 / math.log(2.0))
-        keys = first_key + start + np.arange(s.shape[1])
-        s = np.where((keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None]), s, -np.inf)
-        m_new = np.maximum(m, s.max(axis=1))
-        m_use = np.where(np.isneginf(m_new), 0.0, m_new)
-        p = np.exp2(s - m_use[:, None])
-        alpha = np.exp2(m - m_use)
-        l = alpha * l + p.sum(axis=1)
-        acc = alpha[:, None] * acc + p @ v[start:start + block_n]
-        m = m_new
-    seen = l > 0
-    o = np.where(seen[:, None], acc / np.where(seen, l, 1.0)[:, None], 0.0)
-    with np.errstate(divide="ignore"):
-        lse = np.where(seen, (m + np.log2(np.where(seen, l, 1.0))) * math.log(2.0), -np.inf)
-    return o, lse
-
-
 def combine(partial_o, partial_lse, sinks_row=None):
     """The split-K combine of one row's splits, (S, D) and (S,), with an optional sink in its normaliser."""
     m = max(partial_lse.max(initial=-np.inf), -np.inf if sinks_row is None else sinks_row)
@@ -141,8 +117,9 @@ def emulate_masked_decode(q, k, v, seqlens, num_splits: int, scale: float, is_ca
             for s in range(num_splits):
                 begin = min(first + s * chunk, n)
                 end = min(begin + chunk, n)
-                parts_o[:, s], parts_lse[:, s] = _split_partial(rows_q, k[b, h_kv, begin:end], v[b, h_kv, begin:end],
-                                                                begin, ranges, scale, softcap, block_n)
+                parts_o[:, s], parts_lse[:, s] = chunk_partial(rows_q, k[b, h_kv, begin:end], v[b, h_kv, begin:end],
+                                                               scale, block_n, ranges[:, 1], begin, ranges[:, 0],
+                                                               softcap)
             for r in range(group * q_len):
                 h, t = h_kv * group + r // q_len, r % q_len
                 sink = None if sinks is None else sinks[h]

@@ -62,12 +62,14 @@ def merge_partials(partial_o: np.ndarray, partial_lse: np.ndarray) -> tuple[np.n
 
 
 def chunk_partial(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, block_n: int,
-                   limits: np.ndarray | None = None, first_key: int = 0):
+                   limits: np.ndarray | None = None, first_key: int = 0, lower: np.ndarray | None = None,
+                   softcap: float = 0.0):
     """One split of one (b, KV head): online softmax over key tiles, like the kernels' main loop.
 
     q (R, D), k and v (n, D), the split's keys from key index first_key on. limits (R,), optional: row r
-    sees only keys < limits[r] (decode v03's per-row causal limit). Returns (o, lse) with o (R, D)
-    normalised and lse (R,) natural log; a row that sees no key gets zeros and -inf.
+    sees only keys < limits[r] (decode v03's per-row causal limit); lower (R,), optional: and keys >= lower[r]
+    (a window's first key). softcap > 0: scores softcap tanh(s / softcap) before the softmax. Returns (o, lse)
+    with o (R, D) normalised and lse (R,) natural log; a row that sees no key gets zeros and -inf.
     """
     rows, dim = q.shape
     m = np.full(rows, -np.inf)
@@ -76,10 +78,15 @@ def chunk_partial(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, blo
     log2e = 1.0 / math.log(2.0)
     q2 = q * (scale * log2e)  # scores in log2 units, as the kernels fold scale * log2 e into the scores
     for start in range(0, k.shape[0], block_n):
-        s = q2 @ k[start:start + block_n].T
+        if softcap > 0:
+            s = softcap * np.tanh((q @ k[start:start + block_n].T) * (scale / softcap)) * log2e
+        else:
+            s = q2 @ k[start:start + block_n].T
+        keys = first_key + start + np.arange(s.shape[1])
         if limits is not None:
-            keys = first_key + start + np.arange(s.shape[1])
             s = np.where(keys[None, :] < limits[:, None], s, -np.inf)
+        if lower is not None:
+            s = np.where(keys[None, :] >= lower[:, None], s, -np.inf)
         m_new = np.maximum(m, s.max(axis=1))
         m_use = np.where(np.isneginf(m_new), 0.0, m_new)  # a row with nothing visible yet: P = 0, not NaN
         p = np.exp2(s - m_use[:, None])
