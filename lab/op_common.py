@@ -5,6 +5,7 @@ Shared by the families' op glue (lab.fwd.op, lab.decode.op), so each family chec
 """
 from __future__ import annotations
 
+import ctypes
 import math
 
 import torch
@@ -151,3 +152,12 @@ def _scale(scale, head_dim: int) -> float:
         raise ValueError(f"scale={scale!r} overflows float32 (|scale| must be <= {FLOAT32_MAX:.4g})")
     return float(scale)
 
+
+
+def run_packed_launcher(call, params: bytes, device, what: str) -> None:
+    """Call a launcher that takes packed params (lab.masks' structs, through ctypes) on `device`'s current stream;
+    a nonzero status raises RuntimeError naming `what`."""
+    with torch.cuda.device(device):
+        rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream))
+    if rc != 0:
+        raise RuntimeError(f"{what} failed with code {rc} (LAB_E_* < 0, or a cudaError_t)")

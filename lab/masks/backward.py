@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import launcher
-from ..op_common import _capability, _readable, register_autograd_once
+from ..op_common import _capability, _readable, register_autograd_once, run_packed_launcher
 from ..registry import BEST_MASKED_BWD, MASKED_BWD
 
 # Masked backward versions that add dQ in a fixed order (a deterministic mode): none, v08 and v21 add it by
@@ -116,11 +116,7 @@ def launch_backward(grad_out, q, k, v, out, lse, grad_lse, sinks, want_dsinks: b
                          scale, int(right >= 0), _DTYPE_CODE[q.dtype], 0, left, right, offset, softcap,
                          sinks.data_ptr() if sinks is not None else 0, dsinks.data_ptr() if want_dsinks else 0,
                          seqlens.data_ptr() if seqlens is not None else 0, 0, 0, 0, 0)
-    with torch.cuda.device(q.device):
-        rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
-    if rc != 0:
-        raise RuntimeError(f"masked attention backward kernel {version} failed with code {rc} "
-                           f"(LAB_E_* < 0, or a cudaError_t)")
+    run_packed_launcher(call, params, q.device, f"masked attention backward kernel {version}")
     return dq, dk, dv, dsinks
 
 

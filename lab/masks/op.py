@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import launcher
-from ..op_common import _capability, _check_cuda, _check_heads, _check_qkv, _direct, _eager, _readable, _scale
+from ..op_common import (_capability, _check_cuda, _check_heads, _check_qkv, _direct, _eager, _readable, _scale,
+                         run_packed_launcher)
 from ..fwd import head_dims
 from ..registry import BEST_MASKED_BWD, MASKED_BWD, MASKED_FWD
 from . import backward, fast, spec, varlen_bwd
@@ -67,10 +68,7 @@ def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, si
                          lse.data_ptr() if lse is not None else 0, *strides, *sizes, scale, 0, _DTYPE_CODE[q.dtype], 0,
                          mask.left, mask.right, offset, mask.softcap, sinks.data_ptr() if sinks is not None else 0,
                          *packed, *(paged or _NOT_PAGED))
-    with torch.cuda.device(q.device):
-        rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
-    if rc != 0:
-        raise RuntimeError(f"masked attention kernel {version} failed with code {rc} (LAB_E_* < 0, or a cudaError_t)")
+    run_packed_launcher(call, params, q.device, f"masked attention kernel {version}")
 
 
 # ------------------------------------------------------------------ custom ops

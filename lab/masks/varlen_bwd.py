@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import torch
 
-import ctypes
 
-from ..op_common import _readable, register_autograd_once
+from ..op_common import _readable, register_autograd_once, run_packed_launcher
 from . import backward
 
 IN_PLACE = ("v08",)  # masked backward versions that read packed tensors in place (MaskBwdParams::cu_seqlens_q)
@@ -146,11 +145,7 @@ def launch_packed(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want
         base + 4 * rows, base + 8 * rows, *strides, B, Hq, k.shape[1], max_q, max_k, D, scale, int(right >= 0),
         backward._DTYPE_CODE[q.dtype], 0, left, right, 0, softcap, sinks.data_ptr() if sinks is not None else 0,
         dsinks.data_ptr() if want_dsinks else 0, 0, cu_q.data_ptr(), cu_k.data_ptr(), total_q, total_k)
-    with torch.cuda.device(q.device):
-        rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream))
-    if rc != 0:
-        raise RuntimeError(f"packed attention backward kernel {version} failed with code {rc} "
-                           f"(LAB_E_* < 0, or a cudaError_t)")
+    run_packed_launcher(call, params, q.device, f"packed attention backward kernel {version}")
     return dq, dk, dv, dsinks
 
 
