@@ -140,7 +140,9 @@ def session_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def close_figures():
+    """No figure open before the test (another test on the same worker may have left some) and none after it."""
     import matplotlib.pyplot as plt
 
+    plt.close("all")
     yield
     plt.close("all")

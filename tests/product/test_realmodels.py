@@ -83,7 +83,7 @@ def test_unknown_section_is_refused():
         realmodels.run_gpu("gemma")
 
 
-def test_plot_and_tables(tmp_path):
+def test_plot_and_tables(tmp_path, close_figures):
     rows = _all_rows(good=False)
     realmodels.plot(rows, path=tmp_path / "ratios.png")
     assert (tmp_path / "ratios.png").stat().st_size > 0
