@@ -116,9 +116,19 @@ def check_args(query, key, value, q_descale, k_descale, v_descale, is_causal, sc
     return _scale(scale, query.shape[3]), descales
 
 
+def _refuse_grad(*tensors):
+    """e4m3 inputs that require grad: this op has no backward (an e4m3 tensor has no useful gradient dtype);
+    training goes through lab.fp8.backward.attention_fp8_train, which takes the high-precision tensors."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise RuntimeError("lab.ops.attention_fp8 is forward-only: its e4m3 inputs get no gradient. To train, pass "
+                           "the bf16 / fp16 / fp32 tensors to lab.fp8.backward.attention_fp8_train, which quantises "
+                           "them to e4m3 inside and returns gradients in their dtype")
+
+
 def attention_fp8(query, key, value, q_descale=None, k_descale=None, v_descale=None, is_causal: bool = False,
                   scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False):
     """The FP8 forward (module notes). Shape and dtype errors come before the device check."""
+    _refuse_grad(query, key, value)
     return run(query, key, value, q_descale, k_descale, v_descale, is_causal, scale, enable_gqa, return_lse)
 
 
