@@ -1,0 +1,141 @@
+"""Training through the FP8 forward: `attention_fp8_train`, quantise inside, FP8 forward, gradients in the input dtype.
+
+    out = attention_fp8_train(query, key, value, is_causal=False, scale=None, enable_gqa=False,
+                              granularity="tensor", return_lse=False)
+
+What the user passes and gets. query, key, value are the high-precision tensors the model holds (bf16, fp16 or
+fp32; (B, H, S, D), D 64 or 128). The call quantises each to e4m3 with an amax descale (lab.fp8.quant:
+`granularity` "tensor" or "head", one per (b, h)), runs the FP8 forward (lab.ops.attention_fp8, fwd v13: bf16 O,
+natural-log LSE) and saves the e4m3 tensors and descales (1 byte an element, not 2), O and LSE. The gradients
+returned are those of attention at the DEQUANTISED inputs, x_fp8 * descale, in each input's dtype: the
+quantisation is passed straight through (its rounding has no useful derivative; the amax descale is treated as a
+constant), as Transformer Engine's FP8 attention does. An e4m3 tensor has no gradient of its own worth having, so
+lab.ops.attention_fp8 itself (e4m3 in) stays forward-only and says so when an input requires grad.
+
+The backward that runs today (name it so in every claim): dequantise-then-bf16. Q, K, V are dequantised to bf16
+(e4m3 x descale, rounded once) and the lab's bf16 backward (lab.backward.op: bwd v14 on compute capability 9.0,
+v18 in deterministic mode) runs on them with the FP8 forward's O and LSE. Its GEMMs are bf16; it is NOT an FP8
+backward and no speed claim calls it one. Its error is the bf16 backward's plus what the FP8 forward's O brings
+into Delta = rowsum(dO * O) (lab.fp8.checks_bwd measures both against float64).
+
+Design of the FP8 backward this path stands in for (kernel not built yet; lab.fp8.emulate_bwd has its numbers):
+
+* The five GEMMs. S = Q K^T (recompute) and dP = dO V^T contract over D: both operands are D-contiguous as stored,
+  the layout FP8 wgmma wants (both operands K-major in shared memory). dV = P^T dO, dK = dS^T Q, dQ = dS K
+  contract over a sequence axis: dV needs dO^T (D x S_q), dK needs Q^T, dQ needs K^T in FP8, K-major. P^T and
+  dS^T come from registers (the accumulator re-laid as an A fragment, as fwd v13 does for P), so the operands
+  to transpose are dO, Q and K: a pre-pass writes Q^T, K^T (from the forward's saved e4m3: once per step) and
+  dO^T (quantised there, with its amax), as the forward's V^T pass does. Cost: 3 x B H S D bytes read and
+  written, under 2 % of the backward at S 4k, D 128.
+* Scaling. dO: amax per (b, h) in the pre-pass that writes dO^T (it reads dO anyway). P: e4m3(P * 448) as the
+  forward. dS: not known until the tile is computed; per-tile amax needs a warpgroup reduction before the
+  convert and a separate accumulator per tile for dK, dQ (a tile's descale cannot be factored out of a sum over
+  tiles). The plan is a per-(b, h) scale from a bound: |dS_ij| <= P_ij (|dP_ij| + |Delta_i|), with |dP_ij| <=
+  ||dO_i|| ||V_j||, row-wise in the pre-pass. Format: e4m3 for dO and dS. With an amax scale the range e5m2
+  buys is not needed and its lost mantissa bit doubles the error (emulate_bwd.budget, D 128 S 256 randn:
+  e4m3 dO, P, dS 3.8e-2 relative L2 in dQ against 7.4e-2 with e5m2 dO, dS; bf16 2.4e-3).
+* Precision. Every FP8 operand adds ~2^-4 relative rounding; FP8 dQ, dK come out 10-20x further from float64
+  than bf16's. Only S and dP in FP8 (the natural layouts) with bf16 dV, dK, dQ keeps bf16's error in dQ, dK
+  but leaves 3 of 5 GEMMs at bf16 rate.
+* Speed prediction. FP8 wgmma peaks at 2x bf16's rate; the bf16 backward runs at ~45 % of bf16 peak and is
+  limited by the softmax-gradient work between GEMMs and the dQ atomics as much as by the GEMMs. All five in FP8:
+  1.3-1.5x bf16 at D 128, S >= 4k; only S and dP in FP8: <= 1.15x (2 of 5 GEMMs). The dequantise-then-bf16
+  path: 0.95-1.0x bf16 (the same kernel plus three dequantising passes).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..op_common import _check_heads, _scale
+from . import op, quant
+
+HEAD_DIMS = (64, 128)  # dims with a backward (the FP8 forward also runs 256, forward only)
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check(t, name: str):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in INPUT_DTYPES:
+        hint = (" (already e4m3: call lab.ops.attention_fp8, forward only)" if t.dtype == torch.float8_e4m3fn else "")
+        raise TypeError(f"{name}.dtype must be one of {INPUT_DTYPES} (quantised to e4m3 here), got {t.dtype}{hint}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
+
+
+def check_args(query, key, value, is_causal, enable_gqa: bool, granularity: str, wants_grad: bool):
+    """The checks that need no GPU, before the device check."""
+    for t, name in ((query, "query"), (key, "key"), (value, "value")):
+        _check(t, name)
+    if key.shape != value.shape or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must have one shape, with the "
+                         f"query's batch and head dim {tuple(query.shape)}")
+    if query.shape[3] not in op.HEAD_DIMS:
+        raise ValueError(f"head dim {query.shape[3]}: the FP8 forward runs D in {op.HEAD_DIMS}")
+    _check_heads(query, key, enable_gqa)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if granularity not in quant.GRANULARITIES:
+        raise ValueError(f"granularity must be one of {quant.GRANULARITIES}, got {granularity!r}")
+    if wants_grad and query.shape[-1] not in HEAD_DIMS:
+        raise NotImplementedError(f"head dim {query.shape[-1]}: the FP8 attention backward runs D in {HEAD_DIMS}; "
+                                  f"call with inputs that do not require grad for the forward alone")
+    if query.device.type != "cuda":
+        raise ValueError(f"query must be on a CUDA device, got {query.device} (CPU: lab.fp8.emulate_bwd)")
+
+
+def _capability_check(device):
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        raise NotImplementedError(f"the FP8 attention (fwd v13, wgmma e4m3) runs on compute capability 9.0 only, "
+                                  f"this GPU is {capability[0]}.{capability[1]}")
+    return capability
+
+
+def dequantize_bf16(data: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """e4m3 (B, H, S, D) x float32 descale (B, H) -> bf16, one rounding."""
+    return (data.float() * descale[..., None, None]).to(torch.bfloat16)
+
+
+class FP8Attention(torch.autograd.Function):
+    """Quantise, FP8 forward; backward by dequantise-then-bf16 (module notes)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, is_causal, scale, enable_gqa, granularity, bug):
+        quantized = [quant.quantize(x.detach(), "e4m3", granularity) for x in (query, key, value)]
+        data = [x.data for x in quantized]
+        descales = [x.descale for x in quantized]
+        out, lse = op.run(*data, *descales, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, return_lse=True)
+        ctx.save_for_backward(*data, *descales, out, lse)
+        ctx.is_causal, ctx.scale, ctx.bug = is_causal, _scale(scale, query.shape[-1]), bug
+        ctx.dtypes = (query.dtype, key.dtype, value.dtype)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        from ..backward.op import _bwd_impl, backward_version
+        q8, k8, v8, dq_s, dk_s, dv_s, out, lse = ctx.saved_tensors
+        if grad_out is None:
+            return (None,) * 8
+        if ctx.bug == "no_k_descale":  # the deliberately wrong build: K's descale dropped
+            dk_s = torch.ones_like(dk_s)
+        q, k, v = dequantize_bf16(q8, dq_s), dequantize_bf16(k8, dk_s), dequantize_bf16(v8, dv_s)
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        version = backward_version(q.shape[-1], capability=_capability_check(q.device), deterministic=deterministic)
+        dq, dk, dv = _bwd_impl(grad_out.to(torch.bfloat16), q, k, v, out, lse, None, ctx.is_causal, ctx.scale,
+                               deterministic, version)
+        return (dq.to(ctx.dtypes[0]), dk.to(ctx.dtypes[1]), dv.to(ctx.dtypes[2])) + (None,) * 5
+
+
+def attention_fp8_train(query, key, value, is_causal: bool = False, scale: float | None = None,
+                        enable_gqa: bool = False, granularity: str = "tensor", return_lse: bool = False, _bug=None):
+    """The FP8 forward of high-precision inputs, differentiable (module notes). The LSE is returned without a
+    gradient: training through it is not supported here."""
+    wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)
+                                                 if isinstance(t, torch.Tensor))
+    check_args(query, key, value, is_causal, enable_gqa, granularity, wants_grad)
+    _capability_check(query.device)
+    out, lse = FP8Attention.apply(query, key, value, is_causal, scale, enable_gqa, granularity, _bug)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,115 @@
+"""GPU checks of training through the FP8 forward (lab.fp8.backward.attention_fp8_train), one record per check
+(kind "fp8-bwd-check").
+
+Each check draws fresh seeded randn Q, K, V (bf16, the user's tensors) and dO, runs the call and its backward
+through torch.autograd.grad (the gradients' memory NaN-poisoned first: an unwritten element fails), and compares
+dQ, dK, dV with float64 autograd on the DEQUANTISED inputs (x_fp8 * descale, what the forward was given). Beside
+it, on the same dequantised inputs, the errors of
+
+* ``bf16_eager``: the same math eagerly in bf16 (SDPA's math backend as autograd runs it), the yardstick of a
+  16-bit backward;
+* ``lab_bf16``: lab.ops.attention's own bf16 forward and backward;
+* ``model``: lab.fp8.emulate_bwd.backward with P, dS, dO as bf16 on the FP8 forward's actual O and LSE: the
+  emulation of the path that runs (dequantise-then-bf16), the rule's yardstick.
+
+Pass: no NaN or inf in any gradient, and each gradient's relative L2 and max abs at most
+emulate.MULTIPLIER x the model's. `wrong_build()` runs the call with K's descale dropped in the backward,
+which must fail. Cells: S 1, 65, 300, 1000, 4097, S_q != S_k, causal and not, GQA, D 64 and 128, per-tensor and
+per-head descales. Run: python -m lab.fp8.checks_bwd  (exit status 1 on any failure).
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .. import record
+from ..check import _poison_allocator
+from . import emulate, emulate_bwd, quant
+from .backward import attention_fp8_train, dequantize_bf16
+
+# (name, B, H_q, H_kv, S_q, S_k, D, causal, granularity)
+CELLS = (
+    ("d128-s1", 1, 2, 2, 1, 1, 128, False, "tensor"),
+    ("d128-s65-c", 2, 4, 4, 65, 65, 128, True, "tensor"),
+    ("d128-s300-gqa4", 1, 8, 2, 300, 300, 128, False, "tensor"),
+    ("d128-s1000-c-head", 1, 4, 4, 1000, 1000, 128, True, "head"),
+    ("d128-sq65-sk1000", 1, 4, 4, 65, 1000, 128, False, "tensor"),
+    ("d128-s4097-c", 1, 4, 4, 4097, 4097, 128, True, "tensor"),
+    ("d64-s1-c", 1, 2, 2, 1, 1, 64, True, "tensor"),
+    ("d64-s65", 2, 4, 4, 65, 65, 64, False, "tensor"),
+    ("d64-s1000-gqa2-c", 1, 4, 2, 1000, 1000, 64, True, "tensor"),
+    ("d64-s4097", 1, 2, 2, 4097, 4097, 64, False, "tensor"),
+)
+
+
+def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int = 0, bug=None) -> dict:
+    """One check (module notes); appends and returns its record."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn((B, H, S, D), generator=gen, device="cuda").to(torch.bfloat16)
+               for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+    grad_out = torch.randn((B, Hq, Sq, D), generator=gen, device="cuda").to(torch.bfloat16)
+    quantized = [quant.quantize(x, "e4m3", granularity) for x in (q, k, v)]
+    deq = [x.dequantize(torch.float64) for x in quantized]
+    _, *ref = emulate_bwd.reference(*deq, grad_out, causal)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    _poison_allocator(q, k, v)
+    out, lse = attention_fp8_train(*leaves, is_causal=causal, enable_gqa=Hq != Hkv, granularity=granularity,
+                                   return_lse=True, _bug=bug)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    torch.cuda.synchronize()
+    error = emulate_bwd.errors([g.float() for g in grads], ref)
+    as_run = [dequantize_bf16(x.data, x.descale).float() for x in quantized]  # what the bf16 backward reads
+    model = emulate_bwd.errors(emulate_bwd.backward(*as_run, out, lse, grad_out.float(), causal, do_format="bf16",
+                                                    p_format="bf16", ds_format="bf16"), ref)
+    eager = emulate_bwd.errors([g.float() for g in emulate_bwd.eager(*deq, grad_out, causal)], ref)
+    row = {"kind": "fp8-bwd-check", "impl": "lab.fp8.backward.attention_fp8_train",
+           "path": "fp8 forward (fwd v13) + dequantise-then-bf16 backward", "check": name,
+           "shape": [B, Hq, Hkv, Sq, Sk, D], "causal": causal, "granularity": granularity, "seed": seed,
+           "bug": bug, "error": error, "model": model, "bf16_eager": eager,
+           "reference": "float64 autograd on the dequantised inputs"}
+    try:
+        import lab.ops as ops
+        lab_leaves = [x.to(torch.bfloat16).requires_grad_() for x in deq]
+        lab_out = ops.attention(*lab_leaves, is_causal=causal, enable_gqa=Hq != Hkv)
+        row["lab_bf16"] = emulate_bwd.errors([g.float() for g in torch.autograd.grad(lab_out, lab_leaves,
+                                                                                       grad_out)], ref)
+    except Exception as err:  # noqa: BLE001 (a shape lab.ops refuses is recorded beside, not fatal)
+        row["lab_bf16_unavailable"] = f"{type(err).__name__}: {err}"
+    ok = all(e["nan"] == 0 and e["inf"] == 0 for e in error.values())
+    ok = ok and all(emulate.passes(error[g], model[g]) for g in error)
+    row["pass"] = bool(ok)
+    return record.append(row)
+
+
+def wrong_build(seed: int = 7) -> dict:
+    """K's descale dropped in the backward (dequantised K = its e4m3 values): must fail."""
+    return check("wrong-no-k-descale", 1, 4, 4, 300, 300, 128, True, seed=seed, bug="no_k_descale")
+
+
+def run_all(seed: int = 0) -> list[dict]:
+    return [check(*cell, seed=seed) for cell in CELLS]
+
+
+def line(row: dict) -> str:
+    err = " ".join(f"{g}:{row['error'][g]['rel_l2']:.2e}/{row['model'][g]['rel_l2']:.2e}/"
+                   f"{row['bf16_eager'][g]['rel_l2']:.2e}" for g in ("dq", "dk", "dv"))
+    lab = row.get("lab_bf16")
+    lab_text = " lab_bf16 " + "/".join(f"{lab[g]['rel_l2']:.2e}" for g in ("dq", "dk", "dv")) if lab else ""
+    return f"{'PASS' if row['pass'] else 'FAIL'} {row['check']:<20} ours/model/bf16eager {err}{lab_text}"
+
+
+def main(argv=None) -> int:
+    rows = []
+    for cell in CELLS:
+        rows.append(check(*cell))
+        print(line(rows[-1]), flush=True)
+    wrong = wrong_build()
+    print(line(wrong), "(must FAIL)", flush=True)
+    failed = [r["check"] for r in rows if not r["pass"]] + (["wrong build passed"] if wrong["pass"] else [])
+    print("failures:", failed or "none", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

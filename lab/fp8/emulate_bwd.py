@@ -1,0 +1,141 @@
+"""An FP8 attention backward in float32 torch, operand by operand, and the float64 gradients it is held to.
+
+The backward's five GEMMs (FA2 notation; P recomputed from the forward's LSE, Delta_i = rowsum(dO_i * O_i)):
+
+    S  = scale Q K^T           P = exp(S - LSE)
+    dP = dO V^T                dS = P * (dP - Delta)
+    dV = P^T dO                dK = scale dS^T Q          dQ = scale dS K
+
+`backward` runs them with each GEMM operand rounded to a chosen format, as a kernel would store it before the
+tensor core reads it: Q, K, V are the e4m3 forward inputs (exact in float32); dO goes to `do_format`, P to
+`p_format` (as e4m3(P * 448), the forward's convention), dS to `ds_format`, each FP8 operand with an amax scale
+per (b, h) (`granularity="head"`) or over the tensor. None keeps float32 (each GEMM summed in float32).
+The formats say where precision goes (lab.fp8.backward's design note quotes `budget`):
+
+    everything None     the float32 backward of the dequantised inputs: error ~1e-6 (the float64 yardstick)
+    "bf16" everywhere   a bf16 backward (lab.ops.attention's kernels store P, dS, dO as bf16)
+    e4m3 / e5m2         an FP8 backward: dO and dS each lose 4 (e4m3) or 5 (e5m2) more mantissa bits than bf16
+
+`reference` is float64 autograd of softmax(scale Q K^T) V on the given (dequantised) inputs: the gradients the
+GPU checks compare against. Both take (B, H, S, D) tensors, GQA by head groups, top-left causal.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import quant
+from .emulate import P_SCALE, _expand
+
+FORMATS = (None, "bf16", "e4m3", "e5m2")
+
+
+def reference(q, k, v, grad_out, is_causal: bool = False, scale: float | None = None):
+    """(out, dq, dk, dv) in float64: autograd of softmax(scale Q K^T) V; dk, dv summed over each KV head's group."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
+    heads = q.shape[1]
+    s = (q @ _expand(k, heads).transpose(-1, -2)) * scale
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    out = torch.softmax(s, dim=-1) @ _expand(v, heads)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_out.double())
+    return out.detach(), dq, dk, dv
+
+
+def eager(q, k, v, grad_out, is_causal: bool = False, scale: float | None = None, dtype=torch.bfloat16):
+    """(dq, dk, dv) of the same math run eagerly in `dtype` (SDPA's math backend, as bf16 autograd): the yardstick
+    of a 16-bit backward's error."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    q, k, v = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+    heads = q.shape[1]
+    s = (q @ _expand(k, heads).transpose(-1, -2)) * scale
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    out = torch.softmax(s.float(), dim=-1).to(dtype) @ _expand(v, heads)
+    return torch.autograd.grad(out, (q, k, v), grad_out.to(dtype))
+
+
+def _round(x: torch.Tensor, name, granularity: str) -> torch.Tensor:
+    """x as the GEMM reads it: rounded to `name`, with an amax scale for the FP8 formats; float32 out."""
+    if name is None:
+        return x
+    if name == "bf16":
+        return x.to(torch.bfloat16).float()
+    if name not in quant.FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {name!r}")
+    return quant.quantize(x, name, granularity).dequantize()
+
+
+def _group_sum(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
+    B, H, S, D = x.shape
+    return x.view(B, heads_kv, H // heads_kv, S, D).sum(dim=2)
+
+
+def backward(q, k, v, out, lse, grad_out, is_causal: bool = False, scale: float | None = None,
+             do_format=None, p_format=None, ds_format=None, granularity: str = "head", descale_k: bool = True):
+    """(dq, dk, dv) float32 of the backward above on float32 (dequantised) q, k, v, the forward's out and
+    natural-log lse (B, H, S). descale_k=False is the wrong kernel that reads K's e4m3 values in dQ without their
+    (per-tensor amax) descale: the rule must reject it."""
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # no TF32: the emulation's own error stays ~1e-6
+    try:
+        heads, heads_kv = q.shape[1], k.shape[1]
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        q, k, v, out, grad_out = (x.float() for x in (q, k, v, out, grad_out))
+        ke, ve = _expand(k, heads), _expand(v, heads)
+        s = (q @ ke.transpose(-1, -2)) * scale
+        if is_causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        p = torch.exp(s - lse.float()[..., None])
+        delta = (grad_out * out).sum(dim=-1, keepdim=True)
+        d_o = _round(grad_out, do_format, granularity)
+        dp = d_o @ ve.transpose(-1, -2)  # V is the forward's e4m3 input: exact in either GEMM width
+        ds = p * (dp - delta)
+        p_q = p if p_format is None else (p.to(torch.bfloat16).float() if p_format == "bf16"
+                                          else quant.round_to(p * P_SCALE, p_format) / P_SCALE)
+        ds_q = _round(ds, ds_format, granularity)
+        dv = _group_sum(p_q.transpose(-1, -2) @ d_o, heads_kv)
+        k_used = ke if descale_k else ke / ke.abs().amax() * quant.fmt("e4m3").max  # K's e4m3 values, undescaled
+        dq = (ds_q @ k_used) * scale
+        dk = _group_sum(ds_q.transpose(-1, -2) @ q, heads_kv) * scale
+        return dq, dk, dv
+    finally:
+        torch.set_float32_matmul_precision(precision)
+
+
+def errors(grads, ref) -> dict:
+    """{"dq": {...}, "dk": {...}, "dv": {...}}: lab.fp8.emulate.errors of each gradient against float64."""
+    from .emulate import errors as one
+    return {name: one(g, r) for name, g, r in zip(("dq", "dk", "dv"), grads, ref)}
+
+
+# (name, do_format, p_format, ds_format): the operand formats the design note weighs
+BUDGET = (
+    ("float32", None, None, None),
+    ("bf16 (a 16-bit backward)", "bf16", "bf16", "bf16"),
+    ("e4m3 P, bf16 dO / dS", "bf16", "e4m3", "bf16"),
+    ("e4m3 dO, P; bf16 dS", "e4m3", "e4m3", "bf16"),
+    ("e5m2 dO, e4m3 P; bf16 dS", "e5m2", "e4m3", "bf16"),
+    ("e4m3 dO, P, dS", "e4m3", "e4m3", "e4m3"),
+    ("e5m2 dO, dS; e4m3 P", "e5m2", "e4m3", "e5m2"),
+)
+
+
+def budget(q, k, v, grad_out, is_causal: bool = False, out=None, lse=None, variants=BUDGET) -> list[dict]:
+    """Each variant's gradient error (relative L2, max abs) against float64, on the given float32 inputs.
+    out / lse default to float64's (the forward's own error left out); pass the FP8 forward's to include it."""
+    ref_out, *ref = reference(q, k, v, grad_out, is_causal)
+    if out is None:
+        out = ref_out.float()
+    if lse is None:
+        s = (q.double() @ _expand(k, q.shape[1]).double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        if is_causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        lse = torch.logsumexp(s, dim=-1).float()
+    rows = []
+    for name, do_f, p_f, ds_f in variants:
+        got = backward(q, k, v, out, lse, grad_out, is_causal, do_format=do_f, p_format=p_f, ds_format=ds_f)
+        rows.append({"variant": name, "do": do_f, "p": p_f, "ds": ds_f, "error": errors(got, ref)})
+    return rows

@@ -1,0 +1,137 @@
+"""The backward race: training through the FP8 forward against the lab's bf16 attention and cuDNN's FP8 backward.
+
+One process, interleaved rounds (lab.bench.time_interleaved: each round times every call once, L2 flushed
+before each, cold), the public calls as a user makes them:
+
+* ``lab-fp8-train``: torch.autograd.grad through lab.fp8.backward.attention_fp8_train (dequantise-then-bf16:
+  three dequantising passes and the bf16 backward kernel; NOT an FP8 backward);
+* ``lab-bf16``: torch.autograd.grad through lab.ops.attention on bf16 inputs (bwd v14 on the H200);
+* ``cudnn-fp8``: cuDNN's sdpa_fp8_backward graph execute (lab.fp8.peer_bwd), where the frontend builds it;
+* ``lab-fp8-train fwd+bwd`` and ``lab-bf16 fwd+bwd``: the forward and backward of one training step.
+
+TFLOP/s of a backward count 2.5 x the forward's 4 B H S_q S_k D (halved for causal), the five GEMMs.
+Records: kind "fp8-bwd-race", one per (impl, case). `accuracy()` adds cuDNN FP8's gradient error against
+float64 beside ours on one small cell.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .. import bench, record
+from . import emulate_bwd, peer, peer_bwd, quant
+from .backward import attention_fp8_train
+
+# (name, B, H, S, D, causal)
+CASES = (
+    ("d128-s4096", 2, 16, 4096, 128, False),
+    ("d128-s4096-c", 2, 16, 4096, 128, True),
+    ("d128-s8192", 1, 16, 8192, 128, False),
+    ("d128-s8192-c", 1, 16, 8192, 128, True),
+    ("d64-s4096", 2, 16, 4096, 64, False),
+    ("d64-s4096-c", 2, 16, 4096, 64, True),
+)
+
+
+def _inputs(B, H, S, D, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, d_o = (torch.randn((B, H, S, D), generator=gen, device="cuda").to(torch.bfloat16) for _ in range(4))
+    return [x.requires_grad_() for x in (q, k, v)], d_o
+
+
+def _grad_call(forward, leaves, grad_out):
+    out = forward(*leaves)
+    return lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
+
+
+def _step_call(forward, leaves, grad_out):
+    return lambda: torch.autograd.grad(forward(*leaves), leaves, grad_out)
+
+
+def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 1.0) -> list[dict]:
+    import lab.ops as ops
+    leaves, grad_out = _inputs(B, H, S, D, seed)
+    fp8 = lambda q, k, v: attention_fp8_train(q, k, v, is_causal=causal)  # noqa: E731
+    bf16 = lambda q, k, v: ops.attention(q, k, v, is_causal=causal)  # noqa: E731
+    calls = {"lab-fp8-train": (_grad_call(fp8, leaves, grad_out), None),
+             "lab-bf16": (_grad_call(bf16, leaves, grad_out), None)}
+    why = peer.unavailable()
+    cudnn = None
+    if why is None:
+        try:
+            quantized = [quant.quantize(x.detach(), "e4m3", "tensor") for x in leaves]
+            cudnn = peer_bwd.FP8Backward(*quantized, grad_out, causal)
+            calls["cudnn-fp8"] = (cudnn.call, None)
+        except Exception as err:  # noqa: BLE001 (a graph the frontend declines is a row, not a crash)
+            why = f"unsupported: {bench.why(err)}"
+    calls["lab-fp8-train fwd+bwd"] = (_step_call(fp8, leaves, grad_out), None)
+    calls["lab-bf16 fwd+bwd"] = (_step_call(bf16, leaves, grad_out), None)
+    timed = bench.time_interleaved(calls, bench.CudaTimer(), budget_s=budget_s, max_reps=60)
+    if cudnn is not None:
+        cudnn.close()
+    flops = 2.5 * bench.attention_flops(B, H, S, S, D, causal)
+    rows = []
+    for impl, t in timed.items():
+        row = {"kind": "fp8-bwd-race", "impl": impl, "case": name, "shape": [B, H, S, D], "causal": causal,
+               "path": "dequantise-then-bf16 backward (bwd v14 on bf16 copies)" if impl.startswith("lab-fp8") else
+               impl, "timer": "cold (L2 flushed)"}
+        if isinstance(t, bench.Timing):
+            row.update(timing=t.as_dict(), tflops=(flops * (1.4 if "fwd+bwd" in impl else 1.0)) / t.median_ms / 1e9)
+            partner = {"lab-fp8-train": "lab-bf16", "lab-fp8-train fwd+bwd": "lab-bf16 fwd+bwd"}.get(impl)
+            if partner and isinstance(timed.get(partner), bench.Timing):
+                row["speed_vs_" + partner] = timed[partner].median_ms / t.median_ms
+            if impl == "lab-fp8-train" and isinstance(timed.get("cudnn-fp8"), bench.Timing):
+                row["speed_vs_cudnn-fp8"] = timed["cudnn-fp8"].median_ms / t.median_ms
+        else:
+            row["unsupported"] = t
+        rows.append(record.append(row))
+    if "cudnn-fp8" not in timed:
+        rows.append(record.append({"kind": "fp8-bwd-race", "impl": "cudnn-fp8", "case": name, "unsupported": why}))
+    return rows
+
+
+def accuracy(B=1, H=4, S=1024, D=128, causal=True, seed: int = 3) -> dict:
+    """cuDNN FP8's and our gradient error against float64 on the dequantised inputs (per-tensor scales)."""
+    leaves, grad_out = _inputs(B, H, S, D, seed)
+    quantized = [quant.quantize(x.detach(), "e4m3", "tensor") for x in leaves]
+    deq = [x.dequantize(torch.float64) for x in quantized]
+    _, *ref = emulate_bwd.reference(*deq, grad_out, causal)
+    ours = torch.autograd.grad(attention_fp8_train(*leaves, is_causal=causal), leaves, grad_out)
+    row = {"kind": "fp8-bwd-accuracy", "shape": [B, H, S, D], "causal": causal,
+           "lab-fp8-train": emulate_bwd.errors([g.float() for g in ours], ref),
+           "bf16_eager": emulate_bwd.errors([g.float() for g in emulate_bwd.eager(*deq, grad_out, causal)], ref)}
+    why = peer.unavailable()
+    if why is None:
+        try:
+            cudnn = peer_bwd.FP8Backward(*quantized, grad_out, causal)
+            row["cudnn-fp8"] = emulate_bwd.errors(cudnn.grads(), ref)
+            cudnn.close()
+        except Exception as err:  # noqa: BLE001
+            why = f"unsupported: {bench.why(err)}"
+    if why:
+        row["cudnn-fp8_unavailable"] = why
+    return record.append(row)
+
+
+def line(row: dict) -> str:
+    if "timing" not in row:
+        return f"{row['case']:<14} {row['impl']:<22} {row.get('unsupported')}"
+    ratio = " ".join(f"{k}={v:.3f}" for k, v in row.items() if k.startswith("speed_vs_"))
+    t = row["timing"]
+    return (f"{row['case']:<14} {row['impl']:<22} {t['median_ms']:.3f} ms (IQR {t['iqr_ms']:.3f}, n {t['n']}) "
+            f"{row['tflops']:.0f} TFLOP/s {ratio}")
+
+
+def main(argv=None) -> int:
+    for case in CASES:
+        for row in race_case(*case):
+            print(line(row), flush=True)
+    acc = accuracy()
+    print({k: ({g: round(e["rel_l2"], 5) for g, e in v.items()} if isinstance(v, dict) and "dq" in v else v)
+           for k, v in acc.items() if k not in ("env",)}, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
