@@ -3,7 +3,9 @@
 The masked kernels (lab.registry.MASKED_FWD: fwd v08 on mma.sync, v09 / v11 on wgmma for compute capability 9.0 at
 D 64 / 128, v12 there at D 192 / 256) take AttnMaskParams, which this module fills through ctypes and hands to the
 launcher's address (lab.kernels.launcher): no entry in the torch binding. Head dims without a kernel pad up to the
-next (lab.fwd.head_dims: dense calls any D_qk, D_v up to 256; packed calls D_qk = D_v from 129 to 255 to 192 / 256).
+next (lab.fwd.head_dims: dense calls any D_qk, D_v up to 256; packed calls at the width of max(D_qk, D_v): 64,
+128, and from 129 to 255 to 192 / 256). A checked packed call of one length runs the dense default kernel on a view
+(lab.masks.dense_route).
 Both calls are torch.library custom ops with fake implementations (torch.compile traces them). The dense call is
 differentiable on compute capability 9.0 (lab.masks.backward and, for packed calls, lab.masks.varlen_bwd: bwd v08).
 What has no kernel yet raises NotImplementedError naming it: the backward off Hopper or at a head dim no masked
@@ -19,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import launcher
-from ..op_common import (_capability, _check_cuda, _check_heads, _check_qkv, _direct, _eager, _readable, _scale,
-                         run_packed_launcher)
+from ..op_common import (_capability, _check_cuda, _check_heads, _check_qkv, _check_tensor, _direct, _eager, _readable,
+                         _scale, run_packed_launcher)
 from ..fwd import head_dims
 from ..registry import BEST_MASKED_BWD, MASKED_BWD, MASKED_FWD
-from . import backward, fast, spec, varlen_bwd
+from . import backward, dense_route, fast, spec, varlen_bwd
 from .fast import masked_head_dims, masked_version  # (the kernel choice lives with the plans that memoise it)
 _DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 # AttnMaskParams (kernels/common/params.h) packed in one struct.pack call: AttnFwdParams (q, k, v, o, lse; four
@@ -201,8 +203,10 @@ def _backward_head_dim(query, value) -> None:
             f"or inputs that do not require grad)")
 
 
-def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values: bool, max_len: int):
-    """Raise on a bad cu_seqlens; return cu[-1] when check_values (a host copy of cu was checked), else None."""
+def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values: bool, max_len: int,
+              host_out: list | None = None):
+    """Raise on a bad cu_seqlens; return cu[-1] when check_values (a host copy of cu was checked), else None.
+    host_out: a list that receives the checked host copy (lab.masks.dense_route reads it)."""
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -224,6 +228,8 @@ def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values
             raise ValueError(f"{name}[-1] = {host[-1]} exceeds the {total} packed rows")
         if lengths and max(lengths) > max_len:
             raise ValueError(f"a sequence of {max(lengths)} rows exceeds max_seqlen ({max_len}) for {name}")
+        if host_out is not None:
+            host_out.extend(host)
         return host[-1]
     return None
 
@@ -233,7 +239,8 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                      sinks=None, return_lse: bool = False, check_cu_seqlens: bool = True, version=None):
     """Attention over packed variable-length sequences, FlashAttention's flash_attn_varlen_func.
 
-    query (total_q, H_q, D), key and value (total_k, H_kv, D); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+    query and key (total, H, D_qk), value (total_k, H_kv, D_v) (D_v != D_qk runs at the kernel width of the
+    larger, zero-padded, O cut back to D_v); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
     of query and cu_seqlens_k[b]:cu_seqlens_k[b+1] of key/value (int32 on query's device). max_seqlen_q/k: host
     ints bounding every length (the grid is sized from them). Causal and the window are aligned bottom-right per
     sequence (FlashAttention's rule, lab.masks.spec). GQA when H_q is a multiple of H_kv. return_lse: also
@@ -241,7 +248,9 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     non-decreasing, within the packed rows and max_seqlen) at the cost of one device-to-host copy; False skips
     it, and the kernel then clamps every length so no value reads or writes out of bounds. Rows of no sequence
     (past cu_seqlens_q[-1]) hold zeros (LSE -inf) when cu_seqlens was checked on the host (eager calls with
-    check_cu_seqlens=True); otherwise they are left unwritten, as FlashAttention leaves them. Differentiable in
+    check_cu_seqlens=True); otherwise they are left unwritten, as FlashAttention leaves them. A checked call whose
+    sequences all have one length and a mask without window, softcap or sinks runs the dense default kernel on a
+    view of the packed rows (lab.masks.dense_route: the same answer, the dense call's speed). Differentiable in
     query, key, value and sinks on compute capability 9.0 (lab.masks.varlen_bwd). lab.ops.attention_varlen is
     lab.masks.paged.attention_varlen: this call, or with block_table the paged one.
     """
@@ -259,43 +268,55 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if grads:
         backward.masked_bwd_version(query.device)  # NotImplementedError where no masked backward runs
         _backward_head_dim(query, value)
-    # The 4-D checks of the dense op on (1, H, total, D) views (detached: checks only): dtype, device, head dims,
-    # strides.
-    _check_qkv(*(t.detach().unsqueeze(0).transpose(1, 2) for t in (query, key, value)), "key", "value")
+    # The 4-D checks of the dense op on (1, H, total, D) views (detached: checks only): dtype, device, strides; value
+    # may have its own head dim (padded below, as the dense op pads it).
+    q4, k4, v4 = (t.detach().unsqueeze(0).transpose(1, 2) for t in (query, key, value))
+    _check_tensor(q4, "query", cuda=False)
+    _check_tensor(k4, "key", q4, cuda=False)
+    _check_tensor(v4, "value", q4, same_head_dim=False, cuda=False)
+    if key.shape[:2] != value.shape[:2]:
+        raise ValueError(f"key and value must agree in (total_k, H): {tuple(key.shape[:2])} vs {tuple(value.shape[:2])}")
+    if query.shape[-1] == 0 or value.shape[-1] == 0:
+        raise ValueError(f"head dims must be >= 1, got query/key {query.shape[-1]}, value {value.shape[-1]}")
     if query.shape[1] % key.shape[1]:
         raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of key heads ({key.shape[1]})")
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise TypeError(f"{name} must be a non-negative host int, got {n!r}")
+    host_q, host_k = [], []  # the checked host copies (check_cu_seqlens=True), for the dense route
     rows_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], query.device, None, check_cu_seqlens,
-                       max_seqlen_q)
+                       max_seqlen_q, host_q)
     _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], query.device, cu_seqlens_q.shape[0] - 1,
-              check_cu_seqlens, max_seqlen_k)
+              check_cu_seqlens, max_seqlen_k, host_k)
     spec.check_sinks(sinks, query.shape[1], query.device)
     _check_cuda(query)
     # the kernels read sinks and cu_seqlens as contiguous arrays
     sinks = sinks.contiguous() if sinks is not None and not sinks.is_contiguous() else sinks
     cu_seqlens_q, cu_seqlens_k = (cu if cu.is_contiguous() else cu.contiguous() for cu in (cu_seqlens_q, cu_seqlens_k))
-    d, dims = query.shape[-1], masked_head_dims(_capability(query.device))
-    width = head_dims.masked_varlen_width(d, dims)
+    d, d_v, dims = query.shape[-1], value.shape[-1], masked_head_dims(_capability(query.device))
+    width = head_dims.masked_varlen_width(max(d, d_v), dims)
     if width is None:
-        raise NotImplementedError(f"lab.ops.attention_varlen: head dim {d} has no kernel on this device (kernels at "
-                                  f"{list(dims)}; D 129-255 pad to 192 / 256 on compute capability 9.0; the dense "
+        dim = f"{d}" if d == d_v else f"{max(d, d_v)} (query/key {d}, value {d_v})"
+        raise NotImplementedError(f"lab.ops.attention_varlen: head dim {dim} has no kernel on this device (kernels "
+                                  f"at {list(dims)}; D 129-255 pad to 192 / 256 on compute capability 9.0; the dense "
                                   f"op pads other head dims)")
     scale = _scale(scale, d)
-    if width != d:  # zero columns (lab.fwd.head_dims): the scale stays the true D's, the output is cut back
-        query, key, value = (F.pad(t, (0, width - d)) for t in (query, key, value))
+    # zero columns (lab.fwd.head_dims): the scale stays the true D_qk's, the output is cut back to D_v; D_v != D_qk
+    # runs at the kernel width of the larger (the padded columns of V give zero columns of O and of dV)
+    query, key, value = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (query, key, value))
     args = (query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, mask.left,
             mask.right, mask.softcap, scale, masked_version(query.device, version, width))
+    dense = dense_route.route(host_q, host_k, mask, sinks, version)  # one length: the dense default kernel
+    impl = _varlen_impl if dense is None else functools.partial(dense_route.dense_impl, shape=dense)
     plain = all(type(t) is torch.Tensor for t in (query, key, value, *(() if sinks is None else (sinks,))))
     if _direct(query, key, value, *(() if sinks is None else (sinks,))) and _eager():
-        out, lse = _varlen_impl(*args, want_lse=return_lse, rows_q=rows_q)
+        out, lse = impl(*args, want_lse=return_lse, rows_q=rows_q)
     elif grads and _eager() and plain:  # gradients wanted, plain eager tensors
-        out, lse = varlen_bwd.EagerVarlen.apply(*args, functools.partial(_varlen_impl, rows_q=rows_q))
+        out, lse = varlen_bwd.EagerVarlen.apply(*args, functools.partial(impl, rows_q=rows_q))
     else:  # torch.compile, fake or subclassed tensors: the op's schema carries no host copy of cu_seqlens
         out, lse = _varlen_op(*args)
-    if width != d:
-        out = out[..., :d].contiguous()
+    if width != d_v:
+        out = out[..., :d_v].contiguous()
     return (out, lse) if return_lse else out
 
 

@@ -1,0 +1,189 @@
+"""lab.ops.attention_varlen's dense route (lab.masks.dense_route) and D_v != D_qk in packed calls, on the CPU.
+
+The decision (one length, from the checked host copy of cu_seqlens only; the masks whose dense meaning is the packed
+one), its guard (an unchecked call, an untruthful max_seqlen, rows of no sequence, a named version), and the plumbing
+(the (n, H, S, D) views over the packed rows, the LSE copied to (H, total), the packed backward on the dense
+forward's O and LSE) with the kernels replaced by the float64 reference. The kernels themselves: lab.masks.gpu_varlen
+(checks_route, checks_dv) on a GPU."""
+import pytest
+import torch
+
+from lab import op_common, ops
+from lab.fwd import head_dims
+from lab.masks import dense_route, emulate, op as mop, reference, spec, varlen_bwd
+
+F16 = torch.float16
+
+
+def _draw(*shape, seed, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+def _cu(lens):
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def test_uniform_shape_reads_every_boundary():
+    assert dense_route.uniform_shape([0, 4, 8, 12], [0, 6, 12, 18]) == (3, 4, 6)
+    assert dense_route.uniform_shape([0, 7], [0, 7]) == (1, 7, 7)
+    for host_q, host_k in (([0, 4, 8, 11], [0, 4, 8, 12]),  # the last sequence shorter (rows of no sequence after)
+                           ([0, 4, 7, 12], [0, 4, 8, 12]),  # one in the middle
+                           ([0, 4, 8], [0, 4, 8, 12]),  # batch mismatch
+                           ([0, 0, 0], [0, 3, 6]),  # S_q = 0
+                           ([0, 3, 6], [0, 0, 0]),  # S_k = 0 (the dense op refuses an empty key)
+                           ([0], [0]), ([], [])):
+        assert dense_route.uniform_shape(host_q, host_k) is None
+
+
+def test_route_takes_only_the_masks_whose_dense_meaning_is_the_packed_one():
+    q, k = [0, 5, 10], [0, 9, 18]
+    causal, full = spec.make_mask(True, None, 0.0), spec.make_mask(False, None, 0.0)
+    assert dense_route.route(q, q, causal, None, None) == (2, 5, 5)
+    assert dense_route.route(q, k, full, None, None) == (2, 5, 9)
+    assert dense_route.route(q, k, causal, None, None) is None  # packed causal is bottom-right, the dense top-left
+    for mask in (spec.make_mask(True, (3, 0), 0.0), spec.make_mask(False, (3, 3), 0.0), spec.make_mask(True, None, 5.0)):
+        assert dense_route.route(q, q, mask, None, None) is None
+    assert dense_route.route(q, q, causal, torch.zeros(2), None) is None  # sinks
+    assert dense_route.route(q, q, causal, None, "v11") is None  # a named kernel runs as named
+    assert dense_route.route([], [], causal, None, None) is None  # unchecked: no host copy, no route
+
+
+def _reference_dense(qd, kd, vd, od, lse_dense, causal, scale):
+    """The dense kernel's contract in float64: O into od (the packed rows' view), LSE (n, H, S) into lse_dense."""
+    out, lse = reference.attend(qd, kd, vd, spec.make_mask(causal, None, 0.0), scale, 0)
+    od.copy_(out.to(od.dtype))
+    if lse_dense is not None:
+        lse_dense.copy_(lse)
+
+
+def _reference_packed(q, k, v, out, lse, mask, scale, offset, sinks, cu_q, cu_k, max_q, max_k, version):
+    """The packed kernel's contract in float64: every row of every sequence written, no other."""
+    o, l_ = reference.attend_varlen(q, k, v, cu_q.tolist(), cu_k.tolist(), mask, scale, sinks)
+    rows = int(cu_q[-1])
+    out[:rows] = o[:rows].to(out.dtype)
+    if lse is not None:
+        lse[:, :rows] = l_[:, :rows].float()
+
+
+@pytest.mark.parametrize("n,sq,sk,hq,hkv,causal,stray_q,stray_k", [(3, 5, 5, 4, 2, True, 0, 0),
+                                                                   (2, 4, 9, 4, 1, False, 3, 2),
+                                                                   (1, 17, 17, 2, 2, True, 1, 0)])
+def test_dense_impl_is_the_packed_answer(n, sq, sk, hq, hkv, causal, stray_q, stray_k):
+    """The views, the LSE layout and the rows of no sequence; a route taken on lengths that are not one (the guard
+    removed) must give a different answer, so this test can fail."""
+    q, k, v = _draw(n * sq + stray_q, hq, 16, seed=1), _draw(n * sk + stray_k, hkv, 16, seed=2), \
+        _draw(n * sk + stray_k, hkv, 16, seed=3)
+    cu_q, cu_k = _cu([sq] * n), _cu([sk] * n)
+    mask = spec.make_mask(causal, None, 0.0)
+    shape = dense_route.route(cu_q.tolist(), cu_k.tolist(), mask, None, None)
+    assert shape == (n, sq, sk)
+    args = (q, k, v, cu_q, cu_k, None, sq, sk, mask.left, mask.right, 0.0, 0.3, "v11")
+    out, lse = dense_route.dense_impl(*args, rows_q=n * sq, shape=shape, run=_reference_dense)
+    want, want_lse = reference.attend_varlen(q, k, v, cu_q, cu_k, mask, 0.3)
+    assert float((out - want).abs().max()) < 1e-12
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite) and float((lse - want_lse)[finite].abs().max()) < 1e-5
+    assert not out[n * sq:].any() and bool(torch.isneginf(lse[:, n * sq:]).all())  # rows of no sequence
+    if n > 1:  # the last sequence one key shorter: the dense route's answer is not the packed one
+        bad_k = _cu([sk] * (n - 1) + [sk - 1])
+        wrong, _ = dense_route.dense_impl(q, k, v, cu_q, bad_k, None, sq, sk, mask.left, mask.right, 0.0, 0.3, "v11",
+                                          shape=shape, run=_reference_dense)
+        right, _ = reference.attend_varlen(q, k, v, cu_q, bad_k, mask, 0.3)
+        assert float((wrong - right)[:n * sq].abs().max()) > 1e-3
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """CPU tensors taken for an H200's (compute capability 9.0): the device lookups answer it, the CUDA checks pass,
+    the kernels are the float64 references (dense and packed); returns the list of routes taken."""
+    monkeypatch.setattr(op_common, "_device", lambda device: ((9, 0), 132))
+    monkeypatch.setattr(mop, "_check_cuda", lambda *args: None)
+    monkeypatch.setattr(head_dims, "_check_cuda", lambda *args: None)
+    monkeypatch.setattr(dense_route, "run_dense", _reference_dense)
+    monkeypatch.setattr(mop, "launch", _reference_packed)
+    routes = []
+    real = dense_route.dense_impl
+
+    def spy(*args, shape=None, **kwargs):
+        routes.append(shape)
+        return real(*args, shape=shape, **kwargs)
+    monkeypatch.setattr(dense_route, "dense_impl", spy)
+    return routes
+
+
+def test_the_public_call_routes_a_checked_call_of_one_length(gpu):
+    q, k, v = (_draw(12, 4, 64, seed=s, dtype=F16) for s in (1, 2, 3))
+    cu = _cu([4, 4, 4])
+    want, _ = reference.attend_varlen(q, k, v, cu, cu, spec.make_mask(True, None, 0.0), 0.125)
+    out = ops.attention_varlen(q, k, v, cu, cu, 4, 4, is_causal=True)
+    assert gpu == [(3, 4, 4)] and float((out.double() - want).abs().max()) < 2e-3
+    out = ops.attention_varlen(q, k, v, cu, cu, 64, 64, is_causal=True)  # a loose (truthful) max: the same route
+    assert gpu == [(3, 4, 4)] * 2 and float((out.double() - want).abs().max()) < 2e-3
+    with pytest.raises(ValueError, match=r"a sequence of 4 rows exceeds max_seqlen \(3\)"):  # an untruthful max
+        ops.attention_varlen(q, k, v, cu, cu, 3, 3, is_causal=True)
+    out = ops.attention_varlen(q, k, v, cu, cu, 4, 4, is_causal=True, check_cu_seqlens=False)  # no host copy
+    assert len(gpu) == 2 and float((out.double() - want).abs().max()) < 2e-3
+    ops.attention_varlen(q, k, v, cu, cu, 4, 4, is_causal=True, window_size=(2, 0))
+    ops.attention_varlen(q, k, v, cu, cu, 4, 4, is_causal=True, version="v11")
+    uneven = _cu([4, 4, 3])  # 12 rows, 3 x max_seqlen: a row of no sequence at the end, so no route
+    out = ops.attention_varlen(q, k, v, uneven, uneven, 4, 4)
+    assert len(gpu) == 2 and float(out[11:].abs().max()) == 0.0
+
+
+def test_the_packed_backward_reads_the_dense_forward(gpu, monkeypatch):
+    """Gradients through the route: the dense forward's O and its LSE copied to (H, total) feed the packed
+    backward (here emulate.backward_varlen), against float64 autograd of the packed reference."""
+    def bwd(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks, max_q, max_k, left, right,
+            softcap, scale):
+        got = emulate.backward_varlen(q.detach().double(), k.detach().double(), v.detach().double(),
+                                      out.detach().double(), lse.detach().double(), grad_out.double(), cu_q, cu_k,
+                                      max_q, max_k, spec.Mask(left, right, softcap), scale, None,
+                                      None if grad_lse is None else grad_lse.double(), 16, 32)
+        return tuple(g.to(t.dtype) for g, t in zip(got[:3], (q, k, v))) + (torch.zeros(0),)
+    monkeypatch.setattr(varlen_bwd, "launch", bwd)
+    monkeypatch.setattr(mop.backward, "masked_bwd_version", lambda *args, **kwargs: "v08")
+    cu = _cu([6, 6])
+    q, k, v = (_draw(12, 2, 64, seed=s, dtype=F16).requires_grad_() for s in (4, 5, 6))
+    out, lse = ops.attention_varlen(q, k, v, cu, cu, 6, 6, is_causal=True, return_lse=True)
+    assert gpu == [(2, 6, 6)]
+    dout, dlse = _draw(12, 2, 64, seed=7, dtype=F16), _draw(2, 12, seed=8).float()
+    got = torch.autograd.grad((out.double() * dout.double()).sum() + (lse.double() * dlse.double()).sum(), (q, k, v))
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    r_out, r_lse = reference.attend_varlen(*ref, cu, cu, spec.make_mask(True, None, 0.0), 0.125)
+    want = torch.autograd.grad((r_out * dout.double()).sum() + (r_lse * dlse.double()).sum(), ref)
+    for g, w in zip(got, want):
+        assert float((g.double() - w).abs().max()) < 2e-2 * float(w.abs().max())
+
+
+@pytest.mark.parametrize("d_qk,d_v,width", [(192, 128, 192), (136, 256, 256), (256, 192, 256), (64, 128, 128),
+                                            (128, 64, 128)])
+def test_value_head_dim_of_its_own(gpu, d_qk, d_v, width):
+    """D_v != D_qk: every tensor padded to the kernel width of the larger, the scale the true D_qk's, O cut back."""
+    lens_q, lens_k = [3, 0, 7], [5, 2, 7]
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    q, k, v = _draw(10, 4, d_qk, seed=1, dtype=F16), _draw(14, 2, d_qk, seed=2, dtype=F16), \
+        _draw(14, 2, d_v, seed=3, dtype=F16)
+    seen = []
+
+    def packed(q_, k_, v_, out, lse, mask, scale, *rest):
+        seen.append((q_.shape[-1], k_.shape[-1], v_.shape[-1], scale))
+        _reference_packed(q_, k_, v_, out, lse, mask, scale, *rest)
+    mop.launch, real = packed, mop.launch
+    try:
+        out = ops.attention_varlen(q, k, v, cu_q, cu_k, 7, 7, is_causal=True, softcap=20.0)
+    finally:
+        mop.launch = real
+    assert seen == [(width, width, width, pytest.approx(d_qk ** -0.5))] and out.shape == (10, 4, d_v)
+    want, _ = reference.attend_varlen(q, k, v, cu_q, cu_k, spec.make_mask(True, None, 20.0), d_qk ** -0.5)
+    assert float((out.double() - want).abs().max()) < 2e-3
+
+
+def test_value_head_dim_checks(gpu):
+    q, k = _draw(10, 4, 192, seed=1, dtype=F16), _draw(14, 2, 192, seed=2, dtype=F16)
+    cu_q, cu_k = _cu([10]), _cu([14])
+    with pytest.raises(ValueError, match=r"key and value must agree in \(total_k, H\)"):
+        ops.attention_varlen(q, k, _draw(13, 2, 128, seed=3, dtype=F16), cu_q, cu_k, 10, 14)
+    with pytest.raises(NotImplementedError, match=r"head dim 264 \(query/key 192, value 264\) has no kernel"):
+        ops.attention_varlen(q, k, _draw(14, 2, 264, seed=3, dtype=F16), cu_q, cu_k, 10, 14)
+    with pytest.raises(TypeError, match=r"value.dtype"):
+        ops.attention_varlen(q, k, _draw(14, 2, 128, seed=3), cu_q, cu_k, 10, 14)
