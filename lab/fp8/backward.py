@@ -64,7 +64,7 @@ def _check(t, name: str):
 
 
 def check_args(query, key, value, is_causal, enable_gqa: bool, granularity: str, wants_grad: bool):
-    """The checks that need no GPU, before the device check."""
+    """The checks that need no GPU, in order (the device's come after, in _capability_check)."""
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         _check(t, name)
     if key.shape != value.shape or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]:
@@ -80,11 +80,12 @@ def check_args(query, key, value, is_causal, enable_gqa: bool, granularity: str,
     if wants_grad and query.shape[-1] not in HEAD_DIMS:
         raise NotImplementedError(f"head dim {query.shape[-1]}: the FP8 attention backward runs D in {HEAD_DIMS}; "
                                   f"call with inputs that do not require grad for the forward alone")
-    if query.device.type != "cuda":
-        raise ValueError(f"query must be on a CUDA device, got {query.device} (CPU: lab.fp8.emulate_bwd)")
 
 
 def _capability_check(device):
+    """The device checks, after every argument check: CUDA, compute capability 9.0."""
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"query must be on a CUDA device, got {device} (CPU: lab.fp8.emulate_bwd)")
     capability = torch.cuda.get_device_capability(device)
     if capability != (9, 0):
         raise NotImplementedError(f"the FP8 attention (fwd v13, wgmma e4m3) runs on compute capability 9.0 only, "

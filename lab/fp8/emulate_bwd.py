@@ -34,13 +34,14 @@ FORMATS = (None, "bf16", "e4m3", "e5m2")
 def reference(q, k, v, grad_out, is_causal: bool = False, scale: float | None = None):
     """(out, dq, dk, dv) in float64: autograd of softmax(scale Q K^T) V; dk, dv summed over each KV head's group."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
-    heads = q.shape[1]
-    s = (q @ _expand(k, heads).transpose(-1, -2)) * scale
-    if is_causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    out = torch.softmax(s, dim=-1) @ _expand(v, heads)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_out.double())
+    with torch.enable_grad():  # also inside a backward, where autograd turns grad mode off
+        q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
+        heads = q.shape[1]
+        s = (q @ _expand(k, heads).transpose(-1, -2)) * scale
+        if is_causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        out = torch.softmax(s, dim=-1) @ _expand(v, heads)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_out.double())
     return out.detach(), dq, dk, dv
 
 
