@@ -83,13 +83,27 @@
 #ifndef LAB_FWD_FP8_POLY
 #define LAB_FWD_FP8_POLY 0
 #endif
+// LAB_FWD_FP8_FOLD (0: off; 1: softmax_e4m3's kFold wherever c > 0, a CTA-uniform test: the scale folds into
+// one FFMA per score) and LAB_FWD_FP8_CHAINS (softmax_e4m3's kChains: independent max / sum chains per row).
+#ifndef LAB_FWD_FP8_FOLD
+#define LAB_FWD_FP8_FOLD 0
+#endif
+#ifndef LAB_FWD_FP8_CHAINS
+#define LAB_FWD_FP8_CHAINS 1
+#endif
+// LAB_FWD_FP8_SKIP_RESCALE (0: off; 1: a warp whose rows all kept their running max, alpha = exp2(0) = 1, skips
+// O's D / 2 multiplies per thread; one vote per tile, the result unchanged bit for bit).
+#ifndef LAB_FWD_FP8_SKIP_RESCALE
+#define LAB_FWD_FP8_SKIP_RESCALE 0
+#endif
 
 namespace {
 using namespace lab::sm90;
 
-template <int D_, int BC_, int STAGES_>
+template <int D_, int BC_, int STAGES_, int MIN_BLOCKS_ = 1>
 struct CfgFp8 {
   static constexpr int D = D_;
+  static constexpr int kMinBlocks = MIN_BLOCKS_;  // __launch_bounds__' CTAs per SM: caps the registers
   static constexpr int BR = 64;  // one warpgroup, one m64 row block
   static constexpr int BC = BC_;
   static constexpr int kStages = STAGES_;
@@ -106,7 +120,18 @@ struct CfgFp8 {
 // Per head dim: D 64 and 128 take B_c = 128 (half the barrier and max / sum shuffles per key of B_c = 64);
 // D 256 B_c = 64, so that O (128 registers) and S (32) leave room for two CTAs per SM (81 KiB each).
 using Cfg64 = CfgFp8<64, 128, 3>;
-using Cfg128 = CfgFp8<128, 128, 3>;
+// LAB_FWD_FP8_D128_BC / _STAGES / _CTAS: D 128's one-warpgroup tile (B_c 64, 3 stages: 57 KiB, three CTAs per
+// SM at <= 170 registers, twelve warps to hide MUFU and wgmma latency instead of eight).
+#ifndef LAB_FWD_FP8_D128_BC
+#define LAB_FWD_FP8_D128_BC 128
+#endif
+#ifndef LAB_FWD_FP8_D128_STAGES
+#define LAB_FWD_FP8_D128_STAGES 3
+#endif
+#ifndef LAB_FWD_FP8_D128_CTAS
+#define LAB_FWD_FP8_D128_CTAS 1
+#endif
+using Cfg128 = CfgFp8<128, LAB_FWD_FP8_D128_BC, LAB_FWD_FP8_D128_STAGES, LAB_FWD_FP8_D128_CTAS>;
 using Cfg256 = CfgFp8<256, 64, 2>;
 
 // The warp-specialised kernel's tiles: one CTA per SM (384 threads, 240-register consumers), so the ring is
@@ -144,7 +169,15 @@ struct CfgWs {
 #endif
 using Ws64 = CfgWs<64, LAB_FWD_FP8_WS_D64_BC, LAB_FWD_FP8_WS_STAGES>;
 using Ws128 = CfgWs<128, LAB_FWD_FP8_WS_D128_BC, LAB_FWD_FP8_WS_STAGES>;
-using Ws256 = CfgWs<256, 64, 4>;
+// LAB_FWD_FP8_WS_D256_BC / _STAGES: FA3's FP8 tile at D 256 is 128 x 128 (hopper/tile_size.h); B_c 128 takes
+// 2 stages (161 KiB) and 64 + 128 + 16 accumulator / fragment registers of the consumers' 240.
+#ifndef LAB_FWD_FP8_WS_D256_BC
+#define LAB_FWD_FP8_WS_D256_BC 64
+#endif
+#ifndef LAB_FWD_FP8_WS_D256_STAGES
+#define LAB_FWD_FP8_WS_D256_STAGES 4
+#endif
+using Ws256 = CfgWs<256, LAB_FWD_FP8_WS_D256_BC, LAB_FWD_FP8_WS_D256_STAGES>;
 
 template <class Cfg>
 struct Ring {
@@ -175,18 +208,40 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::D / 2], const uint32_t 
 
 // Softmax of tile j, masked only where the tile needs it; O rescaled by alpha only when kRescale (the
 // overlapped loop rescales after its P V wait).
+template <class Cfg, bool kFold>
+__device__ __forceinline__ void softmax_tile_as(float (&s)[Cfg::BC / 2], RowState& st, float (&alpha)[2], float c,
+                                                float log2_ps, int row0, int wm0, int j, const AttnFp8Params& p) {
+  constexpr int kChains = LAB_FWD_FP8_CHAINS;
+  if (lab::tile_needs_mask(j * Cfg::BC, Cfg::BC, wm0, p.seqlen_k, p.causal))
+    softmax_e4m3<Cfg::BC, true, LAB_FWD_FP8_POLY, kFold, kChains>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC,
+                                                                  p.seqlen_k, p.causal);
+  else
+    softmax_e4m3<Cfg::BC, false, LAB_FWD_FP8_POLY, kFold, kChains>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC,
+                                                                   p.seqlen_k, p.causal);
+}
 template <class Cfg>
 __device__ __forceinline__ void softmax_tile(float (&s)[Cfg::BC / 2], RowState& st, float (&alpha)[2], float c,
                                              float log2_ps, int row0, int wm0, int j, const AttnFp8Params& p) {
-  if (lab::tile_needs_mask(j * Cfg::BC, Cfg::BC, wm0, p.seqlen_k, p.causal))
-    softmax_e4m3<Cfg::BC, true, LAB_FWD_FP8_POLY>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k, p.causal);
-  else
-    softmax_e4m3<Cfg::BC, false, LAB_FWD_FP8_POLY>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k,
-                                                   p.causal);
+#if LAB_FWD_FP8_FOLD
+  if (c > 0.f) {  // the same c in every thread of the CTA: no divergence
+    softmax_tile_as<Cfg, true>(s, st, alpha, c, log2_ps, row0, wm0, j, p);
+    return;
+  }
+#endif
+  softmax_tile_as<Cfg, false>(s, st, alpha, c, log2_ps, row0, wm0, j, p);
+}
+
+// O *= alpha (rescale_o), or nothing where no row of the warp moved its max (LAB_FWD_FP8_SKIP_RESCALE).
+template <int D>
+__device__ __forceinline__ void rescale_o_fp8(float (&o)[D / 2], const float (&alpha)[2]) {
+#if LAB_FWD_FP8_SKIP_RESCALE
+  if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
+#endif
+  rescale_o<D>(o, alpha);
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(128) attn_fwd_v13_kernel(const __grid_constant__ CUtensorMap tq,
+__global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(const __grid_constant__ CUtensorMap tq,
                                                            const __grid_constant__ CUtensorMap tk,
                                                            const __grid_constant__ CUtensorMap tv,
                                                            const AttnFp8Params p) {
@@ -274,7 +329,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v13_kernel(const __grid_constant
     softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
     wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and pa are ours again
     reg_fence(o);
-    rescale_o<D>(o, alpha);
+    rescale_o_fp8<D>(o, alpha);
     pack_p_e4m3<BC>(sacc, pa);
     if (j - 1 + kStages < n_tiles) {
       named_barrier_sync(1, 128);  // every warp is done with stage sp
@@ -299,7 +354,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v13_kernel(const __grid_constant
     wgmma_wait<0>();
     reg_fence(sacc);
     softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
-    rescale_o<D>(o, alpha);
+    rescale_o_fp8<D>(o, alpha);
     pack_p_e4m3<BC>(sacc, pa);
     mbar_wait(smem_u32(&bar_v[s]), phase);
     wgmma_fence();
@@ -461,7 +516,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
       wgmma_wait<0>();
       reg_fence(o);
       release_v(j - 1);
-      rescale_o<D>(o, alpha);
+      rescale_o_fp8<D>(o, alpha);
       pack_p_e4m3<BC>(sacc, pa);
     }
     if (n_tiles > 0) {

@@ -175,43 +175,69 @@ __device__ __forceinline__ void pack_p_e4m3(const float (&s)[BC / 2], uint32_t (
 // (common normalise_o). kMask: keys >= seqlen_k and (causal) keys past the row get -inf. kPoly > 0: every
 // kPoly-th 8-column block takes exp2 on the FMA pipe (common exp2_poly, relative error 7.5e-5, far under
 // e4m3's 2^-4 step) instead of the MUFU unit, which FP8's faster GEMMs leave as the bottleneck (FA4's trick).
-template <int BC, bool kMask, int kPoly = 0>
+// kFold (the caller takes it only for c > 0, which keeps the order of the scores): the max runs on the raw
+// scores and the scale folds into the exponent, P = exp2(s * c - off) by one FFMA, one FMUL and one FADD less
+// per score (common softmax_scores' kFold). kChains: a row's max and sum as kChains independent chains (with
+// one, BC / 4 dependent FMNMX and FADD per row and thread), combined pairwise at the end.
+template <int BC, bool kMask, int kPoly = 0, bool kFold = false, int kChains = 1>
 __device__ __forceinline__ void softmax_e4m3(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
                                              float log2_ps, int row0, int col0, int seqlen_k, bool causal) {
+  static_assert(kChains >= 1 && (BC / 4) % kChains == 0, "kChains divides a row's BC / 4 value pairs");
   const int t = threadIdx.x % 4;
-  float mx[2] = {-INFINITY, -INFINITY};
+  float mx[2][kChains];
+#pragma unroll
+  for (int k = 0; k < kChains; ++k) mx[0][k] = mx[1][k] = -INFINITY;
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float x = s[4 * i + e] * c;
+      float x = kFold ? s[4 * i + e] : s[4 * i + e] * c;
       if constexpr (kMask) {
         const int col = col0 + 8 * i + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
         if (col >= seqlen_k || (causal && col > row)) x = -INFINITY;
       }
       s[4 * i + e] = x;
-      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      float& m = mx[e >> 1][(2 * i + (e & 1)) % kChains];
+      m = fmaxf(m, x);
     }
   float off[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    const float m_new = fmaxf(st.m[h], mx[h] - log2_ps);  // -inf stays -inf
-    off[h] = m_new == -INFINITY ? 0.f : m_new;             // a row with no key yet: P = 0, not NaN
-    alpha[h] = fast_exp2(st.m[h] - off[h]);                // m_old = -inf gives 0
+#pragma unroll
+    for (int k = 1; k < kChains; ++k) mx[h][0] = fmaxf(mx[h][0], mx[h][k]);
+    mx[h][0] = fmaxf(mx[h][0], __shfl_xor_sync(0xffffffffu, mx[h][0], 1));
+    mx[h][0] = fmaxf(mx[h][0], __shfl_xor_sync(0xffffffffu, mx[h][0], 2));
+    const float m_tile = kFold ? mx[h][0] * c : mx[h][0];     // -inf * c = -inf for c > 0
+    const float m_new = fmaxf(st.m[h], m_tile - log2_ps);      // -inf stays -inf
+    off[h] = m_new == -INFINITY ? 0.f : m_new;                 // a row with no key yet: P = 0, not NaN
+    alpha[h] = fast_exp2(st.m[h] - off[h]);                    // m_old = -inf gives 0
     st.m[h] = m_new;
     st.l[h] *= alpha[h];
+  }
+  float sum[2][kChains];
+#pragma unroll
+  for (int k = 0; k < kChains; ++k) sum[0][k] = sum[1][k] = 0.f;
+  if constexpr (kChains == 1) {  // one chain runs on from l itself (the order of the sums before chains)
+    sum[0][0] = st.l[0];
+    sum[1][0] = st.l[1];
   }
 #pragma unroll
   for (int i = 0; i < BC / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float x = s[4 * i + e] - off[e >> 1];
+      const float x = kFold ? fmaf(s[4 * i + e], c, -off[e >> 1]) : s[4 * i + e] - off[e >> 1];
       const float pv = (kPoly > 0 && i % (kPoly > 0 ? kPoly : 1) == kPoly - 1) ? exp2_poly(x) : fast_exp2(x);
       s[4 * i + e] = pv;
-      st.l[e >> 1] += pv;
+      sum[e >> 1][(2 * i + (e & 1)) % kChains] += pv;
     }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int w = 1; w < kChains; w *= 2)  // pairwise: log2(kChains) dependent adds
+#pragma unroll
+      for (int k = 0; k + w < kChains; k += 2 * w) sum[h][k] += sum[h][k + w];
+    st.l[h] = kChains == 1 ? sum[h][0] : st.l[h] + sum[h][0];
+  }
 }
 
 }  // namespace lab::sm90
