@@ -19,7 +19,7 @@ import time
 import torch
 
 from .. import bench, check, ops
-from . import reference, spec, varlen_bwd
+from . import dense_route, reference, spec, varlen_bwd
 from .gpu import CHAPTER, GEN, draw
 from .grad_yardstick import _sdpa_grads, dlse_rounding, keep_worst, report
 
@@ -189,7 +189,10 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
         if flex_too or len(set(lens)) > 1:
             fns["flex"] = (lambda: flex(*(t.transpose(0, 1)[None] for t in ins), block_mask=bm),
                            dout.transpose(0, 1)[None])
-        if len(set(lens)) == 1:
+        if len(set(lens)) == 1:  # the default call (check_cu_seqlens=True): its host copy of cu_seqlens picks
+            fns["labchk"] = (lambda: ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True),  # the dense route
+                             dout)
+
             def dense():
                 return ops.attention(*(t.view(len(lens), mx, H, D).transpose(1, 2) for t in ins), is_causal=True)
             fns["dense"] = (dense, dout.view(len(lens), mx, H, D).transpose(1, 2))
@@ -201,6 +204,10 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
             calls[key + "_fwd"] = (lambda fn=fn: _no_grad(fn), None)
         with torch.no_grad():
             o, lse = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, return_lse=True)
+        if len(set(lens)) == 1:  # diagnostic: the dense route's GPU work without the host copy that picks it
+            route_args = (q.detach(), k.detach(), v.detach(), cu, cu, None, mx, mx, -1, 0, 0.0, D ** -0.5, None)
+            calls["route_fwd"] = (lambda: dense_route.dense_impl(*route_args, want_lse=False,
+                                                                 shape=(len(lens), mx, mx)), None)
         kernels = (("packed", "packed", None), ("padded", "padded", None))
         if variants:
             kernels += (("packed_slot_major", "packed", SLOT_MAJOR),) + ((("packed_q64", "packed", Q64),) if D == 64
@@ -219,6 +226,8 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
         row = {"cell": name, "lens": lens, "H": H, "D": D, "tokens": total, "median_ms": ms, "q1_q3_n": quartiles,
                "flex_over_lab": {s: ratio("flex" + s, "lab" + s) for s in ("_fwd", "", "+fwd")},
                "lab_over_dense": {s: ratio("lab" + s, "dense" + s) for s in ("_fwd", "", "+fwd")},
+               "checked_over_dense": {s: ratio("labchk" + s, "dense" + s) for s in ("_fwd", "", "+fwd")},
+               "route_over_dense_fwd": ratio("route_fwd", "dense_fwd"),
                "padded_over_packed": ratio("kernel_padded", "kernel_packed"),
                "slot_major_over_head_minor": ratio("kernel_packed_slot_major", "kernel_packed"),
                "q64_over_q128": ratio("kernel_packed_q64", "kernel_packed")}
@@ -230,6 +239,8 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
             f"{key} {v if isinstance(v, str) else round(v, 3)} (iqr {iqr.get(key, 0):.3f})" for key, v in ms.items()),
             flush=True)
         print(f"  Flex / lab (fwd, bwd, fwd+bwd): {row['flex_over_lab']}; lab / dense: {row['lab_over_dense']}; "
+              f"checked lab / dense: {row['checked_over_dense']}; route's GPU work / dense fwd: "
+              f"{row['route_over_dense_fwd']}; "
               f"padded / packed backward: {row['padded_over_packed']}; slot-major / head-minor grid: "
               f"{row['slot_major_over_head_minor']}; D 64's 64 / 128 queries a step: {row['q64_over_q128']}",
               flush=True)
