@@ -65,7 +65,7 @@ def checks_route() -> int:
                  ("wide", 2, 300, 300, 4, 2, 256, bf16, True, 0), ("wide192", 3, 129, 129, 4, 2, 192, bf16, False, 2)):
         bad += not check_route(*args)
     bad += not check_route("wrong", 3, 200, 200, 4, 2, 128, bf16, True, wrong=True)
-    bad += not check_route("wrong-cross", 3, 100, 300, 4, 4, 64, fp16, False, wrong=True)
+    bad += not check_route("wrong-cross", 3, 100, 8, 4, 4, 64, fp16, False, wrong=True)  # one of 8 keys missing
     for name, lens, Hkv, D, dtype in (("route-bwd", [512] * 4, 2, 128, bf16), ("route-bwd-mqa", [300] * 3, 1, 64, fp16)):
         before = dense_route.taken[0]
         ok = check_varlen_bwd(name, lens, lens, 4, Hkv, D, dtype, True, None, 0.0, False, trials=1)
