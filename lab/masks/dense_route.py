@@ -20,6 +20,14 @@ LSE -inf) and past cu_seqlens_k[-1] (not read) are kept.
 The backward stays the packed one (lab.masks.varlen_bwd: faster than the dense backward on these shapes, 0.86x),
 so the dense forward hands it O in the packed layout (written in place through the [n, H, S, D] view) and LSE
 (H_q, total_q) (the dense kernel's (n, H_q, S_q) copied over: 4 bytes a row and head).
+
+Prediction (written before the first GPU run; H200, bf16, causal, H 16, 8 x 2048, lab.masks.gpu_varlen.race in GPU
+time): the route's GPU work (dense_impl called directly, no host copy) 1.00-1.03x the dense op's forward (the same
+kernel on the same strided view); the public checked call 1.2-1.5x in that timer, because its device-to-host copy
+of cu_seqlens makes the timed window hold the Python path after the copy (the host cost, not the kernel's); its
+forward + backward about 0.85-0.95x the dense op's (the packed backward stays 0.86x the dense one); the unchecked
+call unchanged, 1.16-1.20x. D_v != D_qk (lab.masks.op pads V to the kernel width and cuts O back): 1.02-1.08x the
+same call at D_v = D_qk = width, forward and forward + backward (the copies of V and O, and of dV back).
 """
 from __future__ import annotations
 
