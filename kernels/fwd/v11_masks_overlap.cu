@@ -103,6 +103,14 @@
 //   way) is the next candidate, not built. The fix's clean race is owed: its one run shared the GPU with two other
 //   scripts (outputs/driver_logs/20261129-h200-batch3-7152d73448/T6: 0.72 / 0.84 / 0.85 at page 16 / 64 / 256, 0.90
 //   at D 64 page 64, the checks and memcheck clean). Record: outputs/experiments/20261129-paged-prefill-v11.json.
+// Prediction (paged candidates, before any is measured; H200, the race's cells, kernel GPU time against the contiguous
+//   call): at page 256 the TMA work and the consumers' loop are the contiguous call's (the loop's SASS is 1476
+//   instructions against 1735, none of them new), so the 0.85x left there is the memory side: the shuffled table
+//   puts a tile's K and V in 512 KiB pieces scattered over the cache, and a 2-stage ring at D = 128 exposes the
+//   address translation and DRAM latency of each new page. So: the identity table (the contiguous call's bytes read
+//   through the table) >= 0.97x; PAGED_D128_STAGES 3 / D64 5 and PAGED_PREFETCH 3 (L2 prefetch three tiles ahead)
+//   each +5-10 % at pages 64 and 256; PAGED_LATE_CHECK +1 % (the prologue's table round trip and CTA barrier, ~1 us
+//   of a CTA's ~110); all together >= 0.95x at pages 64 / 256 and D 64, page 16 >= 0.85x (its 16 boxes a tile).
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -135,6 +143,24 @@
 #ifndef LAB_FWD_MASK_CAP_TANH_HALF
 #define LAB_FWD_MASK_CAP_TANH_HALF 0
 #endif
+// Paged K/V candidates (the header's paged paragraphs; each timed against the contiguous call before it is on):
+// PAGED_D128_STAGES / PAGED_D64_STAGES: the paged kernels' own ring depth (3 at D = 128 is 224 KiB, 5 at D = 64 176),
+// so that a page's TMA latency hides under more tiles in flight; PAGED_PREFETCH: the producer prefetches the boxes of
+// tile j + N into L2 as it loads tile j (0: off); PAGED_LATE_CHECK: the table's index scan runs on the producer's
+// second warp beside the main loop (a bad page's boxes fall outside the map and read as zeros) and the consumers
+// take its verdict at the epilogue, instead of every CTA scanning before its first load.
+#ifndef LAB_FWD_MASK_PAGED_D128_STAGES
+#define LAB_FWD_MASK_PAGED_D128_STAGES LAB_FWD_MASK_OVERLAP_D128_STAGES
+#endif
+#ifndef LAB_FWD_MASK_PAGED_D64_STAGES
+#define LAB_FWD_MASK_PAGED_D64_STAGES 3
+#endif
+#ifndef LAB_FWD_MASK_PAGED_PREFETCH
+#define LAB_FWD_MASK_PAGED_PREFETCH 0
+#endif
+#ifndef LAB_FWD_MASK_PAGED_LATE_CHECK
+#define LAB_FWD_MASK_PAGED_LATE_CHECK 0
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -156,11 +182,15 @@ struct Cfg11 {
   static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
   static_assert(kSmem + 128 <= 227 * 1024, "shared memory budget exceeded");
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
-  // Named barriers: 1..2 the consumers' epilogues, 4..5 their turns (ping-pong), 6 both consumers (paged tail).
+  // Named barriers: 1..2 the consumers' epilogues, 4..5 their turns (ping-pong), 6 both consumers (paged tail), 7 the
+  // paged late check's verdict (both consumers and the producer's second warp).
 };
 // D = 64: no ping-pong (v07: -1 to +2 %) and no L2 groups (v07: -7 to 0 % at D = 64).
 using Cfg64 = Cfg11<64, 3, false, 0>;
 using Cfg128 = Cfg11<128, LAB_FWD_MASK_OVERLAP_D128_STAGES, true, 16>;
+// The paged kernels' configs: the same but for the ring depth (the same types, and kernels, at the defaults).
+using Cfg64Paged = Cfg11<64, LAB_FWD_MASK_PAGED_D64_STAGES, false, 0>;
+using Cfg128Paged = Cfg11<128, LAB_FWD_MASK_PAGED_D128_STAGES, true, 16>;
 
 enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
 
@@ -209,10 +239,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   // uniform to the compiler, and a key count derived from them put the main loop's descriptors in vector registers
   // (an R2UR before each wgmma: the paged call ran at 0.82x the packed one on the same tiles).
   const int32_t* table = kPaged ? mp.block_table + (int64_t)b * mp.block_table_stride : nullptr;
+  // PAGED_LATE_CHECK: a CTA with rows to compute and a table long enough leaves the index scan to the producer's
+  // second warp (late_check); the rest scan here as before (a CTA past its rows still writes the flags at mb 0).
+  const bool late_check = kPaged && LAB_FWD_MASK_PAGED_LATE_CHECK && mb * Cfg::BR < seqlen_q &&
+                          (int64_t)seqlen_k <= (int64_t)mp.max_pages * mp.page_size;
   if constexpr (kPaged) {
     k0 = 0;
-    const int page_bits = paged_table_bits(mp, table, seqlen_k);
-    if (mb == 0 && h == 0 && threadIdx.x == 0) mp.page_errors[b] = page_bits;
+    const int page_bits = late_check ? 0 : paged_table_bits(mp, table, seqlen_k);
+    if (!late_check && mb == 0 && h == 0 && threadIdx.x == 0) mp.page_errors[b] = page_bits;
     if (page_bits) {
       if (mb * Cfg::BR < seqlen_q)
         paged_zero_rows<D, T>(static_cast<T*>(p.o) + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2],
@@ -247,8 +281,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if constexpr (kPaged) {
       // One warp: lane i fetches the page of box i of the next tile while it issues box i of this one.
-      const int lane = threadIdx.x, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
-      if (lane >= 32) return;
+      const int lane = threadIdx.x % 32, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
+      if (threadIdx.x >= 32) {
+        if (late_check && threadIdx.x < 64) {  // the second warp: the scan, then its verdict to the consumers
+          const bool bad = paged_table_bad_warp(mp, table, seqlen_k, lane);
+          if (mb == 0 && h == 0 && lane == 0) mp.page_errors[b] = bad ? LAB_PAGE_E_INDEX : 0;
+          named_barrier_or(7, 32 + 128 * Cfg::kConsumers, bad);
+        }
+        return;
+      }
       if (lane == 0) {
         tma_prefetch_maps(&tq, &tk, &tv);
         load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, 0);
@@ -256,10 +297,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
       auto box_page = [&](int n0) {
         return paged_box_page<LAB_FWD_MASK_BUG_IGNORE_TABLE>(mp, table, n0, rows, boxes, seqlen_k, lane);
       };
+      constexpr int kAhead = LAB_FWD_MASK_PAGED_PREFETCH;  // prefetch distance in tiles (0: none)
       int page = n_tiles > 0 ? box_page(shift) : 0;
+      int ahead = kAhead > 0 && kAhead < n_tiles ? box_page(shift + kAhead * BC) : 0;
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages, n0 = shift + j * BC;
         const int next = j + 1 < n_tiles ? box_page(n0 + BC) : 0;
+        if constexpr (kAhead > 0) {  // tile j + kAhead's page was read an iteration ago
+          if (j + kAhead < n_tiles) {
+            prefetch_tile_paged<D>(&tk, ahead, n0 + kAhead * BC, rows, boxes, mp.page_size, hkv, lane);
+            prefetch_tile_paged<D>(&tv, ahead, n0 + kAhead * BC, rows, boxes, mp.page_size, hkv, lane);
+          }
+          ahead = j + 1 + kAhead < n_tiles ? box_page(n0 + (kAhead + 1) * BC) : 0;
+        }
         const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
         if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
         if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
@@ -401,7 +451,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if (kPing && wg == 1 && n_tiles > 0) turn();  // consumes the last warpgroup's last pass
 
   // Epilogue: the sink joins the normaliser; O rows of this sequence only, staged in this warpgroup's Q tile.
-  const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
+  float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
+  if constexpr (kPaged) {  // PAGED_LATE_CHECK: the second producer warp's verdict; a bad table: O = 0, LSE = -inf
+    if (late_check && named_barrier_or(7, 32 + 128 * Cfg::kConsumers, false)) {
+      zero_acc(o);
+      st.m[0] = st.m[1] = -INFINITY;
+      st.l[0] = st.l[1] = 0.f;
+      sink_log2 = -INFINITY;
+    }
+  }
   float* lse_row0 = p.lse == nullptr ? nullptr
                     : packed         ? p.lse + (int64_t)h * mp.total_q + q0
                                      : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
@@ -413,7 +471,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
 
 template <class Cfg, class T, int kTransform>
 int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
-  if (mp.block_table != nullptr) return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform, true>>(mp, stream, dev);
+  using PCfg = std::conditional_t<Cfg::D == 64, Cfg64Paged, Cfg128Paged>;
+  if (mp.block_table != nullptr)
+    return launch_masked_fwd<PCfg, attn_fwd_v11_kernel<PCfg, T, kTransform, true>>(mp, stream, dev);
   return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform, false>>(mp, stream, dev);
 }
 

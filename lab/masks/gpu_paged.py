@@ -102,10 +102,10 @@ def check_case(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, sin
     return ok
 
 
-def check_bad_tables() -> bool:
+def check_bad_tables(defines=None) -> bool:
     """Sequence 1 has a page index -1, sequence 2 one equal to num_pages, sequence 3 more keys than its row holds:
     flags [0, 1, 1, 2], those sequences zero (LSE -inf), sequence 0 right; the host check raises first; the
-    deferred flags raise at check_page_errors."""
+    deferred flags raise at check_page_errors. With defines: that build's launch (paged_impl), flags and zeros only."""
     lens_q, lens_k, ps, D = [64, 64, 64, 64], [1000, 1000, 1000, 1100], 64, 128
     GEN.manual_seed(7)
     cu_q, cu_k = _cu(lens_q), _cu(lens_k)
@@ -119,15 +119,19 @@ def check_bad_tables() -> bool:
     errors = torch.full((4,), -7, dtype=torch.int32, device="cuda")
     kw = dict(is_causal=True, sinks=sinks, return_lse=True, block_table=table)
     with torch.no_grad():
-        out, lse = ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, check_cu_seqlens=False, page_errors=errors,
-                                        **kw)
+        if defines:
+            out, lse = paged.paged_impl(q, kc, vc, cu_q, cu_k, sinks, table, errors, 64, 1100, -1, 0, 0.0,
+                                        D ** -0.5, defines=defines)
+        else:
+            out, lse = ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, check_cu_seqlens=False,
+                                            page_errors=errors, **kw)
         ref, ref_lse = reference.attend_varlen(q[:64], k[:1000], v[:1000], [0, 64], [0, 1000],
                                                spec.make_mask(True, None, 0.0), D ** -0.5, sinks)
         good = check.compare(out[:64], ref, ref)["max_abs"] < 2e-2
         zero = bool((out[64:] == 0).all()) and bool(torch.isneginf(lse[:, 64:]).all())
         flags = errors.tolist() == [0, 1, 1, 2]
         raised = []
-        for call in (lambda: ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, **kw),
+        for call in () if defines else (lambda: ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, **kw),
                      lambda: (ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, check_cu_seqlens=False, **kw),
                               paged.check_page_errors())):
             try:
@@ -137,7 +141,7 @@ def check_bad_tables() -> bool:
                 raised.append(True)
                 print("  raised:", str(error)[:160], flush=True)
     ok = good and zero and flags and all(raised)
-    print(("ok  " if ok else "BAD ") + f"bad tables: flags {errors.tolist()} seq0 right {good} zeros {zero} "
+    print(("ok  " if ok else "BAD ") + f"bad tables{' ' + str(defines) if defines else ''}: flags {errors.tolist()} seq0 right {good} zeros {zero} "
           f"host check / deferred raised {raised}", flush=True)
     return ok
 
@@ -217,3 +221,69 @@ def sanitize_calls() -> None:
             print(f"page {ps} D {D}: flags {errors.tolist()} finite {bool(torch.isfinite(out).all())}", flush=True)
         check_bad_tables()
     torch.cuda.synchronize()
+
+
+def race_cell(D: int, page_size: int):
+    """The race's tensors for one cell (race's draw and seed): q, k, v packed, the shuffled cache and its table, and
+    the same keys as an identity-table cache (the packed k, v seen as pages, pages in order: the same bytes as the
+    contiguous call, read through the table)."""
+    GEN.manual_seed(page_size + D)
+    lens_q, lens_k = [512] * 4, [8192] * 4
+    q = draw(sum(lens_q), 32, D, dtype=BF16)
+    k, v = draw(sum(lens_k), 8, D, dtype=BF16), draw(sum(lens_k), 8, D, dtype=BF16)
+    kc, vc, table = make_cache(k, v, lens_k, page_size)
+    n = sum(lens_k) // page_size
+    ident = torch.arange(n, dtype=torch.int32, device="cuda").view(4, -1)
+    view = (n, page_size, 8, D)
+    return q, k, v, _cu(lens_q), _cu(lens_k), (kc, vc, table), (k.view(view), v.view(view), ident)
+
+
+def race_builds(builds: dict, cells=((128, 16), (128, 64), (128, 256), (64, 64)), budget_s: float = 0.4,
+                timer=None) -> list:
+    """Kernel-only A/B of paged builds (name -> defines or None) against the contiguous call on the race's cells,
+    GPU time (bench.GpuTimeTimer: the host's launch outside the window), in alternating rounds; each build on the
+    shuffled table, the default build also on the identity table. Prints contiguous / paged per build."""
+    rows = []
+    mask = spec.make_mask(True, None, 0.0)
+    for D, ps in cells:
+        q, k, v, cu_q, cu_k, shuffled, ident = race_cell(D, ps)
+        out, errors = torch.empty_like(q), torch.zeros(4, dtype=torch.int32, device="cuda")
+
+        def call(kc, vc, table, defines):
+            return lambda: mop.launch(q, kc, vc, out, None, mask, D ** -0.5, 0, None, cu_q, cu_k, 512, 8192, "v11",
+                                      defines, paged=None if table is None else (table, errors))
+        calls = {"contiguous": (call(k, v, None, None), None), "identity": (call(*ident, None), None)}
+        calls.update({name: (call(*shuffled, defines), None) for name, defines in builds.items()})
+        with torch.no_grad():
+            t = bench.time_interleaved(calls, timer=timer or bench.GpuTimeTimer(), budget_s=budget_s)
+        base = t["contiguous"]
+        line = [f"D {D} page {ps}: contiguous {base.median_ms:.4f} ms"]
+        for name in calls:
+            if name != "contiguous":
+                ratio = base.median_ms / t[name].median_ms
+                spread = (base.q1_ms / t[name].q3_ms, base.q3_ms / t[name].q1_ms)
+                rows.append((D, ps, name, t[name].median_ms, base.median_ms, ratio, spread))
+                line.append(f"{name} {t[name].median_ms:.4f} ({ratio:.3f}x, IQR {spread[0]:.3f}-{spread[1]:.3f})")
+        print("; ".join(line), flush=True)
+    return rows
+
+
+def profile_calls() -> None:
+    """What ncu profiles (python -m lab.masks.gpu_paged profile, -k regex:attn_fwd_v11 -c 4): one launch each of the
+    contiguous call at D 128, the paged call at page 16 and 256 (shuffled table), and page 256 on the identity
+    table, in that order."""
+    mask = spec.make_mask(True, None, 0.0)
+    for i, ps in enumerate((16, 16, 256, 256)):
+        q, k, v, cu_q, cu_k, shuffled, ident = race_cell(128, ps)
+        out, errors = torch.empty_like(q), torch.zeros(4, dtype=torch.int32, device="cuda")
+        kc, vc, table = (k, v, None) if i == 0 else ident if i == 3 else shuffled
+        mop.launch(q, kc, vc, out, None, mask, 128 ** -0.5, 0, None, cu_q, cu_k, 512, 8192, "v11",
+                   paged=None if table is None else (table, errors))
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["profile"]:
+        profile_calls()
