@@ -204,9 +204,10 @@ def _backward_head_dim(query, value) -> None:
 
 
 def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values: bool, max_len: int,
-              host_out: list | None = None):
+              host_out: list | None = None, host: list | None = None):
     """Raise on a bad cu_seqlens; return cu[-1] when check_values (a host copy of cu was checked), else None.
-    host_out: a list that receives the checked host copy (lab.masks.dense_route reads it)."""
+    host_out: a list that receives the checked host copy (lab.masks.dense_route reads it); host: cu's host copy
+    when the caller has it already (cu_seqlens_k is cu_seqlens_q: one copy, one sync)."""
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -218,7 +219,7 @@ def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values
     if cu.device != device:
         raise ValueError(f"{name} is on {cu.device} but query is on {device}")
     if check_values and not isinstance(cu, torch._subclasses.fake_tensor.FakeTensor):
-        host = cu.tolist()  # one device-to-host copy: check_cu_seqlens=False skips it
+        host = cu.tolist() if not host else host  # one device-to-host copy: check_cu_seqlens=False skips it
         if host[0] != 0:
             raise ValueError(f"{name}[0] must be 0, got {host[0]}")
         lengths = [b - a for a, b in zip(host, host[1:])]
@@ -287,7 +288,7 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     rows_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], query.device, None, check_cu_seqlens,
                        max_seqlen_q, host_q)
     _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], query.device, cu_seqlens_q.shape[0] - 1,
-              check_cu_seqlens, max_seqlen_k, host_k)
+              check_cu_seqlens, max_seqlen_k, host_k, host_q if cu_seqlens_k is cu_seqlens_q else None)
     spec.check_sinks(sinks, query.shape[1], query.device)
     _check_cuda(query)
     # the kernels read sinks and cu_seqlens as contiguous arrays

@@ -187,3 +187,23 @@ def test_value_head_dim_checks(gpu):
         ops.attention_varlen(q, k, _draw(14, 2, 264, seed=3, dtype=F16), cu_q, cu_k, 10, 14)
     with pytest.raises(TypeError, match=r"value.dtype"):
         ops.attention_varlen(q, k, _draw(14, 2, 128, seed=3), cu_q, cu_k, 10, 14)
+
+
+def test_one_host_copy_serves_both_when_cu_seqlens_k_is_cu_seqlens_q(gpu, monkeypatch):
+    """The same tensor for both: one device-to-host copy, and cu_seqlens_k's own rules (its max) still checked."""
+    q = _draw(12, 2, 64, seed=1, dtype=F16)
+    cu = _cu([6, 6])
+    copies = []
+    real = mop._check_cu
+
+    def counting(cu_, *args, **kwargs):
+        copies.append(kwargs.get("host") if "host" in kwargs else (args[7] if len(args) > 7 else None))
+        return real(cu_, *args, **kwargs)
+    monkeypatch.setattr(mop, "_check_cu", counting)
+    ops.attention_varlen(q, q, q, cu, cu, 6, 6, is_causal=True)
+    assert copies[0] is None and copies[1] == [0, 6, 12]  # the second check reads the first one's copy
+    with pytest.raises(ValueError, match=r"exceeds max_seqlen \(5\) for cu_seqlens_k"):
+        ops.attention_varlen(q, q, q, cu, cu, 6, 5, is_causal=True)
+    copies.clear()
+    ops.attention_varlen(q, q, q, cu, cu.clone(), 6, 6, is_causal=True)
+    assert copies == [None, None]
