@@ -140,3 +140,18 @@ def budget(q, k, v, grad_out, is_causal: bool = False, out=None, lse=None, varia
         got = backward(q, k, v, out, lse, grad_out, is_causal, do_format=do_f, p_format=p_f, ds_format=ds_f)
         rows.append({"variant": name, "do": do_f, "p": p_f, "ds": ds_f, "error": errors(got, ref)})
     return rows
+
+
+def recorded_budget(B=1, H=4, S=1024, D=128, is_causal=True, seed: int = 0, device="cpu") -> list[dict]:
+    """budget on seeded randn inputs quantised to e4m3 (per tensor), plus the path that runs today: the bf16
+    backward given the FP8 forward's O (lab.fp8.emulate.forward: P as e4m3(P * 448), O bf16)."""
+    from . import emulate
+    gen = torch.Generator(device=device).manual_seed(seed)
+    quantized = [quant.quantize(torch.randn(B, H, S, D, generator=gen, device=device), "e4m3") for _ in range(3)]
+    grad_out = torch.randn(B, H, S, D, generator=gen, device=device)
+    q, k, v = (x.dequantize() for x in quantized)
+    rows = budget(q, k, v, grad_out, is_causal)
+    fp8_out = emulate.forward(*quantized, is_causal)
+    fp8_row = budget(q, k, v, grad_out, is_causal, out=fp8_out, variants=(("fp8 forward's O, bf16 backward",
+                                                                          "bf16", "bf16", "bf16"),))
+    return [dict(r, shape=[B, H, S, D], causal=is_causal, seed=seed) for r in rows + fp8_row]
