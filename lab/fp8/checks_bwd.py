@@ -13,8 +13,8 @@ it, on the same dequantised inputs, the errors of
   emulation of the path that runs (dequantise-then-bf16), the rule's yardstick.
 
 Pass: no NaN or inf in any gradient, and each gradient's relative L2 and max abs at most
-emulate.MULTIPLIER x the model's (plus a floor far below bf16's rounding, `passes`). `wrong_build()` runs the call with K's descale dropped in the backward,
-which must fail. Cells: S 1, 65, 300, 1000, 4097, S_q != S_k, causal and not, GQA, D 64 and 128, per-tensor and
+emulate.MULTIPLIER x the model's (plus a floor far below bf16's rounding, `passes`). `wrong_build()` runs the call
+with K's descale dropped in the backward, which must fail. Cells: S 1, 65, 300, 1000, 4097, S_q != S_k, causal and not, GQA, D 64 and 128, per-tensor and
 per-head descales. Run: python -m lab.fp8.checks_bwd  (exit status 1 on any failure).
 """
 from __future__ import annotations
@@ -64,8 +64,8 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int =
         torch.cuda.synchronize()
     error = emulate_bwd.errors([g.float() for g in grads], ref)
     as_run = [dequantize_bf16(x.data, x.descale).float() for x in quantized]  # what the bf16 backward reads
-    modelled = emulate_bwd.backward(*as_run, out.detach(), lse, grad_out.float(), causal, do_format="bf16", p_format="bf16",
-                                    ds_format="bf16")
+    modelled = emulate_bwd.backward(*as_run, out.detach(), lse, grad_out.float(), causal, do_format="bf16",
+                                    p_format="bf16", ds_format="bf16")
     model = emulate_bwd.errors([g.to(torch.bfloat16).float() for g in modelled], ref)  # stored as bf16, as dq, dk, dv
     eager = emulate_bwd.errors([g.float() for g in emulate_bwd.eager(*deq, grad_out, causal)], ref)
     row = {"kind": "fp8-bwd-check", "impl": "lab.fp8.backward.attention_fp8_train",

@@ -49,7 +49,7 @@ def _step_call(forward, leaves, grad_out):
     return lambda: torch.autograd.grad(forward(*leaves), leaves, grad_out)
 
 
-def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 1.0) -> list[dict]:
+def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.5) -> list[dict]:
     import lab.ops as ops
     leaves, grad_out = _inputs(B, H, S, D, seed)
     fp8 = lambda q, k, v: attention_fp8_train(q, k, v, is_causal=causal)  # noqa: E731
