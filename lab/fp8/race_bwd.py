@@ -7,7 +7,8 @@ before each, cold), the public calls as a user makes them:
   three dequantising passes and the bf16 backward kernel; NOT an FP8 backward);
 * ``lab-bf16``: torch.autograd.grad through lab.ops.attention on bf16 inputs (bwd v14 on the H200);
 * ``cudnn-fp8``: cuDNN's sdpa_fp8_backward graph execute (lab.fp8.peer_bwd), where the frontend builds it;
-* ``lab-fp8-train fwd+bwd`` and ``lab-bf16 fwd+bwd``: the forward and backward of one training step.
+* ``lab-fp8-train fwd+bwd`` and ``lab-bf16 fwd+bwd``: the forward and backward of one training step;
+* ``dequantise q, k, v``: the three dequantising passes of lab-fp8-train's backward alone (a diagnostic).
 
 TFLOP/s of a backward count 2.5 x the forward's 4 B H S_q S_k D (halved for causal), the five GEMMs.
 Records: kind "fp8-bwd-race", one per (impl, case). `accuracy()` adds cuDNN FP8's gradient error against
@@ -21,7 +22,7 @@ import torch
 
 from .. import bench, record
 from . import emulate_bwd, peer, peer_bwd, quant
-from .backward import attention_fp8_train
+from .backward import attention_fp8_train, dequantize_bf16
 
 # (name, B, H, S, D, causal)
 CASES = (
@@ -65,6 +66,8 @@ def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.5) ->
             calls["cudnn-fp8"] = (cudnn.call, None)
         except Exception as err:  # noqa: BLE001 (a graph the frontend declines is a row, not a crash)
             why = f"unsupported: {bench.why(err)}"
+    saved = [quant.quantize(x.detach(), "e4m3", "tensor") for x in leaves]
+    calls["dequantise q, k, v (in lab-fp8-train)"] = (lambda: [dequantize_bf16(x.data, x.descale) for x in saved], None)
     calls["lab-fp8-train fwd+bwd"] = (_step_call(fp8, leaves, grad_out), None)
     calls["lab-bf16 fwd+bwd"] = (_step_call(bf16, leaves, grad_out), None)
     timed = bench.time_interleaved(calls, bench.CudaTimer(), budget_s=budget_s, max_reps=60)
@@ -77,7 +80,12 @@ def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.5) ->
                "path": "dequantise-then-bf16 backward (bwd v14 on bf16 copies)" if impl.startswith("lab-fp8") else
                impl, "timer": "cold (L2 flushed)"}
         if isinstance(t, bench.Timing):
-            row.update(timing=t.as_dict(), tflops=(flops * (1.4 if "fwd+bwd" in impl else 1.0)) / t.median_ms / 1e9)
+            row["timing"] = t.as_dict()
+            if impl.startswith("dequantise"):
+                if isinstance(timed.get("lab-fp8-train"), bench.Timing):
+                    row["share_of_lab-fp8-train"] = t.median_ms / timed["lab-fp8-train"].median_ms
+            else:  # a training step: 3.5 x the forward's FLOPs, the backward's 2.5 and the forward's 1
+                row["tflops"] = flops * (1.4 if "fwd+bwd" in impl else 1.0) / t.median_ms / 1e9
             partner = {"lab-fp8-train": "lab-bf16", "lab-fp8-train fwd+bwd": "lab-bf16 fwd+bwd"}.get(impl)
             if partner and isinstance(timed.get(partner), bench.Timing):
                 row["speed_vs_" + partner] = timed[partner].median_ms / t.median_ms
@@ -116,11 +124,12 @@ def accuracy(B=1, H=4, S=1024, D=128, causal=True, seed: int = 3) -> dict:
 
 def line(row: dict) -> str:
     if "timing" not in row:
-        return f"{row['case']:<14} {row['impl']:<22} {row.get('unsupported')}"
-    ratio = " ".join(f"{k}={v:.3f}" for k, v in row.items() if k.startswith("speed_vs_"))
+        return f"{row['case']:<14} {row['impl']:<24} {row.get('unsupported')}"
+    ratio = " ".join(f"{k}={v:.3f}" for k, v in row.items() if k.startswith(("speed_vs_", "share_of_")))
     t = row["timing"]
-    return (f"{row['case']:<14} {row['impl']:<22} {t['median_ms']:.3f} ms (IQR {t['iqr_ms']:.3f}, n {t['n']}) "
-            f"{row['tflops']:.0f} TFLOP/s {ratio}")
+    rate = f"{row['tflops']:.0f} TFLOP/s " if "tflops" in row else ""
+    return (f"{row['case']:<14} {row['impl']:<24} {t['median_ms']:.3f} ms (IQR {t['iqr_ms']:.3f}, n {t['n']}) "
+            f"{rate}{ratio}")
 
 
 def main(argv=None) -> int:
