@@ -45,11 +45,11 @@ CELLS = (
 
 
 def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int = 0, bug=None,
-          device="cuda") -> dict:
+          device="cuda", dtype=torch.bfloat16) -> dict:
     """One check (module notes); appends and returns its record. (device: the CPU runs it only with the kernels
     replaced, as tests/fp8/test_backward.py does.)"""
     gen = torch.Generator(device=device).manual_seed(seed)
-    q, k, v = (torch.randn((B, H, S, D), generator=gen, device=device).to(torch.bfloat16)
+    q, k, v = (torch.randn((B, H, S, D), generator=gen, device=device).to(dtype)
                for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
     grad_out = torch.randn((B, Hq, Sq, D), generator=gen, device=device).to(torch.bfloat16)
     quantized = [quant.quantize(x, "e4m3", granularity) for x in (q, k, v)]
@@ -81,7 +81,8 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int =
                                                                                        grad_out)], ref)
     except Exception as err:  # noqa: BLE001 (a shape lab.ops refuses is recorded beside, not fatal)
         row["lab_bf16_unavailable"] = f"{type(err).__name__}: {err}"
-    ok = all(e["nan"] == 0 and e["inf"] == 0 for e in error.values())
+    row["grad_dtypes"] = [str(g.dtype) for g in grads]
+    ok = all(e["nan"] == 0 and e["inf"] == 0 for e in error.values()) and all(g.dtype == dtype for g in grads)
     ok = ok and all(passes(error[g], model[g], float(r.abs().max())) for g, r in zip(error, ref))
     row["pass"] = bool(ok)
     return record.append(row)
@@ -101,6 +102,25 @@ def wrong_build(seed: int = 7) -> dict:
     return check("wrong-no-k-descale", 1, 4, 4, 300, 300, 128, True, seed=seed, bug="no_k_descale")
 
 
+def deterministic(seed: int = 5) -> dict:
+    """Under torch.use_deterministic_algorithms(True) (bwd v18): the check passes, and a second call's gradients
+    are bit-identical to the first's."""
+    cell = ("deterministic-d128-s1000-c", 1, 4, 4, 1000, 1000, 128, True)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = check(*cell, seed=seed)
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        leaves = [torch.randn((1, 4, 1000, 128), generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+                  for _ in range(3)]
+        grad_out = torch.randn((1, 4, 1000, 128), device="cuda", dtype=torch.bfloat16)
+        runs = [torch.autograd.grad(attention_fp8_train(*leaves, is_causal=True), leaves, grad_out) for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    same = all(torch.equal(a, b) for a, b in zip(*runs))
+    return dict(first, check="deterministic-d128-s1000-c", bit_identical=same, **{"pass": first["pass"] and same})
+
+
 def run_all(seed: int = 0) -> list[dict]:
     return [check(*cell, seed=seed) for cell in CELLS]
 
@@ -118,6 +138,14 @@ def main(argv=None) -> int:
     for cell in CELLS:
         rows.append(check(*cell))
         print(line(rows[-1]), flush=True)
+    for extra in (lambda: check("d128-s300-fp16-inputs", 1, 4, 2, 300, 300, 128, True, dtype=torch.float16),
+                  deterministic):
+        try:
+            rows.append(extra())
+            print(line(rows[-1]), flush=True)
+        except Exception as err:  # noqa: BLE001 (reported as a failure, the other checks still run)
+            rows.append({"check": getattr(extra, "__name__", "fp16"), "pass": False})
+            print("FAIL", rows[-1]["check"], type(err).__name__, err, flush=True)
     wrong = wrong_build()
     print(line(wrong), "(must FAIL)", flush=True)
     failed = [r["check"] for r in rows if not r["pass"]] + (["wrong build passed"] if wrong["pass"] else [])
