@@ -143,3 +143,14 @@ def test_autograd_plumbing(monkeypatch, dtype, bug):
     errors = emulate_bwd.errors([g.float() for g in grads], ref)
     ok = all(e["rel_l2"] < 2e-2 for e in errors.values())
     assert ok == (bug is None), errors  # the wrong build must fail the same comparison
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU of compute capability 9.0")
+def test_gpu_checks_pass_and_the_wrong_build_fails():
+    from lab.fp8 import checks_bwd
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("fwd v13 is sm_90a")
+    cells = [c for c in checks_bwd.CELLS if c[0] in ("d128-s65-c", "d128-s300-gqa4", "d64-s1000-gqa2-c")]
+    rows = [checks_bwd.check(*cell) for cell in cells]
+    assert all(r["pass"] for r in rows), [checks_bwd.line(r) for r in rows]
+    assert not checks_bwd.wrong_build()["pass"]
