@@ -161,6 +161,11 @@
 #ifndef LAB_FWD_MASK_PAGED_LATE_CHECK
 #define LAB_FWD_MASK_PAGED_LATE_CHECK 0
 #endif
+// PAGED_GATHER: pages below this many keys (0: none) are copied by the producer warpgroup's cp.async
+// (gather_tile_paged) instead of BC / page_size TMA boxes per 64 columns; that kernel's registers are 40 / 232.
+#ifndef LAB_FWD_MASK_PAGED_GATHER
+#define LAB_FWD_MASK_PAGED_GATHER 0
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -176,6 +181,7 @@ struct Cfg11 {
   static constexpr int kL2GroupMB = L2_GROUP_MB_;  // 0: longest first over the whole grid
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kRegsProducer = 24, kRegsConsumer = 240;
+  static constexpr bool kGather = false;  // paged K/V by TMA boxes (GatherCfg: by the producer's cp.async)
   static constexpr int kQBytesWG = 64 * D * 2;
   static constexpr int kQBytes = kConsumers * kQBytesWG;
   static constexpr int kTileBytes = BC * D * 2;
@@ -191,6 +197,12 @@ using Cfg128 = Cfg11<128, LAB_FWD_MASK_OVERLAP_D128_STAGES, true, 16>;
 // The paged kernels' configs: the same but for the ring depth (the same types, and kernels, at the defaults).
 using Cfg64Paged = Cfg11<64, LAB_FWD_MASK_PAGED_D64_STAGES, false, 0>;
 using Cfg128Paged = Cfg11<128, LAB_FWD_MASK_PAGED_D128_STAGES, true, 16>;
+// PAGED_GATHER's: 128 producer threads computing a row address each, 40 registers (128 x 40 + 256 x 232 <= 64 K).
+template <class Base>
+struct GatherCfg : Base {
+  static constexpr int kRegsProducer = 40, kRegsConsumer = 232;
+  static constexpr bool kGather = true;
+};
 
 enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
 
@@ -268,6 +280,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
 
   if (threadIdx.x == 0) {
     init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    if constexpr (Cfg::kGather)  // one arrival per producer thread, when its copies of the tile have landed
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(smem_u32(&bar_k[s]), 128);
+        mbar_init(smem_u32(&bar_v[s]), 128);
+      }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
@@ -279,7 +296,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if (wg == 0) {
     // Producer (v07's, over the window's tiles only)
     setmaxnreg_dec<Cfg::kRegsProducer>();
-    if constexpr (kPaged) {
+    if constexpr (kPaged && Cfg::kGather) {  // PAGED_GATHER: all 128 threads copy each tile
+      const int t = threadIdx.x;
+      if (t == 0) {
+        tma_prefetch_map(&tq);
+        load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, 0);
+      }
+      const T* kbase = static_cast<const T*>(p.k) + (int64_t)hkv * p.k_stride[1];
+      const T* vbase = static_cast<const T*>(p.v) + (int64_t)hkv * p.v_stride[1];
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages, n0 = shift + j * BC;
+        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
+        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+        gather_tile_paged<D, BC, LAB_FWD_MASK_BUG_IGNORE_TABLE>(ring.k(s), kbase, p.k_stride[0], p.k_stride[2], table, n0, seqlen_k, mp.page_size,
+                                 mp.num_pages, t, smem_u32(&bar_k[s]));
+        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+        gather_tile_paged<D, BC, LAB_FWD_MASK_BUG_IGNORE_TABLE>(ring.v(s), vbase, p.v_stride[0], p.v_stride[2], table, n0, seqlen_k, mp.page_size,
+                                 mp.num_pages, t, smem_u32(&bar_v[s]));
+      }
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+      if (late_check && t >= 32 && t < 64) {  // the late check after the loads (the second warp, as below)
+        const bool bad = paged_table_bad_warp(mp, table, seqlen_k, t % 32);
+        if (mb == 0 && h == 0 && t == 32) mp.page_errors[b] = bad ? LAB_PAGE_E_INDEX : 0;
+        named_barrier_or(7, 32 + 128 * Cfg::kConsumers, bad);
+      }
+    } else if constexpr (kPaged) {
       // One warp: lane i fetches the page of box i of the next tile while it issues box i of this one.
       const int lane = threadIdx.x % 32, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
       if (threadIdx.x >= 32) {
@@ -357,8 +398,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if constexpr (kBounded) st.m[0] = st.m[1] = c - kCapHeadroom;  // the fixed offset (kCapHeadroom)
   float sacc[BC / 2], alpha[2];
   uint32_t pa[BC / 16][4];
-  auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1); };
-  auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1); };
+  // (PAGED_GATHER: cp.async wrote the tile through the generic proxy; wgmma reads it through the async one)
+  auto wait_k = [&](int j) {
+    mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1);
+    if constexpr (Cfg::kGather) fence_proxy_async();
+  };
+  auto wait_v = [&](int j) {
+    mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1);
+    if constexpr (Cfg::kGather) fence_proxy_async();
+  };
   auto release_k = [&](int j) {
     if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[j % kStages]));
   };
@@ -432,7 +480,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   // [/lab:inner-loop]
   if (n_tiles > 0) {
     wait_v(n_tiles - 1);
-    if constexpr (kPaged) {  // the last tile's rows past the keys: zeros, not the rest of the page (zero_tile_rows)
+    if constexpr (kPaged && !Cfg::kGather) {  // the last tile's rows past the keys: zeros, not the rest of the page
       const int tail = seqlen_k - shift - (n_tiles - 1) * BC;
       if (tail < BC) {
         const uint32_t v_tile = ring.v((n_tiles - 1) % kStages);
@@ -472,6 +520,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
 template <class Cfg, class T, int kTransform>
 int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
   using PCfg = std::conditional_t<Cfg::D == 64, Cfg64Paged, Cfg128Paged>;
+  if constexpr (LAB_FWD_MASK_PAGED_GATHER > 0)
+    if (mp.block_table != nullptr && mp.page_size < LAB_FWD_MASK_PAGED_GATHER)
+      return launch_masked_fwd<GatherCfg<PCfg>, attn_fwd_v11_kernel<GatherCfg<PCfg>, T, kTransform, true>>(mp, stream,
+                                                                                                         dev);
   if (mp.block_table != nullptr)
     return launch_masked_fwd<PCfg, attn_fwd_v11_kernel<PCfg, T, kTransform, true>>(mp, stream, dev);
   return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform, false>>(mp, stream, dev);
