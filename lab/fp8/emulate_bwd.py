@@ -75,9 +75,13 @@ def _group_sum(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
 
 
 def backward(q, k, v, out, lse, grad_out, is_causal: bool = False, scale: float | None = None,
-             do_format=None, p_format=None, ds_format=None, granularity: str = "head", descale_k: bool = True):
+             do_format=None, p_format=None, ds_format=None, granularity: str = "head", descale_k: bool = True,
+             dv_do_format="same", ds_scale: str = "amax"):
     """(dq, dk, dv) float32 of the backward above on float32 (dequantised) q, k, v, the forward's out and
-    natural-log lse (B, H, S). descale_k=False is the wrong kernel that reads K's e4m3 values in dQ without their
+    natural-log lse (B, H, S). dv_do_format: dO's format in dV = P^T dO when it differs from dP's ("same": one
+    copy). ds_scale "amax": dS's FP8 scale from its own amax (an oracle a kernel does not have before the tile);
+    "bound": from max ||dO_i|| max ||V_j|| + max |Delta_i| per (b, h), known before the main loop (P <= 1).
+    descale_k=False is the wrong kernel that reads K's e4m3 values in dQ without their
     (per-tensor amax) descale: the rule must reject it."""
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # no TF32: the emulation's own error stays ~1e-6
@@ -94,10 +98,18 @@ def backward(q, k, v, out, lse, grad_out, is_causal: bool = False, scale: float 
         d_o = _round(grad_out, do_format, granularity)
         dp = d_o @ ve.transpose(-1, -2)  # V is the forward's e4m3 input: exact in either GEMM width
         ds = p * (dp - delta)
+        if ds_scale not in ("amax", "bound"):
+            raise ValueError(f"ds_scale must be 'amax' or 'bound', got {ds_scale!r}")
         p_q = p if p_format is None else (p.to(torch.bfloat16).float() if p_format == "bf16"
                                           else quant.round_to(p * P_SCALE, p_format) / P_SCALE)
-        ds_q = _round(ds, ds_format, granularity)
-        dv = _group_sum(p_q.transpose(-1, -2) @ d_o, heads_kv)
+        if ds_scale == "bound" and ds_format in quant.FORMATS:
+            bound = (grad_out.norm(dim=-1).amax(dim=-1) * ve.norm(dim=-1).amax(dim=-1)
+                     + delta.abs().amax(dim=(-1, -2)))
+            ds_q = quant.quantize(ds, ds_format, descale=bound / quant.fmt(ds_format).max).dequantize()
+        else:
+            ds_q = _round(ds, ds_format, granularity)
+        d_o_dv = d_o if dv_do_format == "same" else _round(grad_out, dv_do_format, granularity)
+        dv = _group_sum(p_q.transpose(-1, -2) @ d_o_dv, heads_kv)
         k_used = ke if descale_k else ke / ke.abs().amax() * quant.fmt("e4m3").max  # K's e4m3 values, undescaled
         dq = (ds_q @ k_used) * scale
         dk = _group_sum(ds_q.transpose(-1, -2) @ q, heads_kv) * scale
@@ -112,15 +124,18 @@ def errors(grads, ref) -> dict:
     return {name: one(g, r) for name, g, r in zip(("dq", "dk", "dv"), grads, ref)}
 
 
-# (name, do_format, p_format, ds_format): the operand formats the design note weighs
+# (name, do_format, p_format, ds_format[, options]): the operand formats the design note weighs
 BUDGET = (
     ("float32", None, None, None),
     ("bf16 (a 16-bit backward)", "bf16", "bf16", "bf16"),
+    ("S, dP in FP8 (e4m3 dO in dP only)", "e4m3", "bf16", "bf16", {"dv_do_format": "bf16"}),
     ("e4m3 P, bf16 dO / dS", "bf16", "e4m3", "bf16"),
     ("e4m3 dO, P; bf16 dS", "e4m3", "e4m3", "bf16"),
     ("e5m2 dO, e4m3 P; bf16 dS", "e5m2", "e4m3", "bf16"),
     ("e4m3 dO, P, dS", "e4m3", "e4m3", "e4m3"),
     ("e5m2 dO, dS; e4m3 P", "e5m2", "e4m3", "e5m2"),
+    ("e4m3 dO, P, dS; dS scale from a bound", "e4m3", "e4m3", "e4m3", {"ds_scale": "bound"}),
+    ("e5m2 dO, dS; e4m3 P; dS scale from a bound", "e5m2", "e4m3", "e5m2", {"ds_scale": "bound"}),
 )
 
 
@@ -136,8 +151,9 @@ def budget(q, k, v, grad_out, is_causal: bool = False, out=None, lse=None, varia
             s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
         lse = torch.logsumexp(s, dim=-1).float()
     rows = []
-    for name, do_f, p_f, ds_f in variants:
-        got = backward(q, k, v, out, lse, grad_out, is_causal, do_format=do_f, p_format=p_f, ds_format=ds_f)
+    for name, do_f, p_f, ds_f, *options in variants:
+        got = backward(q, k, v, out, lse, grad_out, is_causal, do_format=do_f, p_format=p_f, ds_format=ds_f,
+                       **(options[0] if options else {}))
         rows.append({"variant": name, "do": do_f, "p": p_f, "ds": ds_f, "error": errors(got, ref)})
     return rows
 
