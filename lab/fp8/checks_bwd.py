@@ -15,7 +15,8 @@ it, on the same dequantised inputs, the errors of
 Pass: no NaN or inf in any gradient, and each gradient's relative L2 and max abs at most
 emulate.MULTIPLIER x the model's (plus a floor far below bf16's rounding, `passes`). `wrong_build()` runs the call
 with K's descale dropped in the backward, which must fail. Cells: S 1, 65, 300, 1000, 4097, S_q != S_k, causal
-and not, GQA, D 64 and 128, per-tensor and per-head descales, fp16 inputs, deterministic mode. Run: python -m lab.fp8.checks_bwd  (exit status 1 on any failure).
+and not, GQA, D 64 and 128, per-tensor and per-head descales, fp16 inputs, deterministic mode.
+Run: python -m lab.fp8.checks_bwd  (exit status 1 on any failure).
 """
 from __future__ import annotations
 
