@@ -127,11 +127,49 @@ __global__ void __launch_bounds__(256) fp8_vt_kernel(const AttnFp8Params p) {
   }
 }
 
+// The same V^T through registers (LAB_FWD_FP8_VT = 2): lane = 8 b + 4 h + t of warp w owns the four keys
+// 32 b + 16 h + {2t, 2t + 1, 2t + 8, 2t + 9} of a 128-key block, which are V^T columns 32 b + 16 h + 4t .. + 3
+// (key_of_column), and 16 bytes of D (16 w .. 16 w + 15 of the CTA's 64): four 16-byte loads, a 4 x 4 byte
+// transpose per word by eight byte permutes, and per d one 4-byte store at column 4 lane, so each store of a
+// warp writes 128 contiguous bytes of a V^T row. No shared memory, no barrier; 16-byte loads where the pass
+// above reads 4 bytes. grid (vt_cols / 128, B * H_kv, D / 64), 128 threads.
+__global__ void __launch_bounds__(128) fp8_vt_regs_kernel(const AttnFp8Params p) {
+  const int kb = blockIdx.x, bh = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  const int dc = blockIdx.z * 64 + 16 * w;  // this thread's first column of D
+  const int b = bh / p.heads_kv, hkv = bh % p.heads_kv;
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + b * p.v_stride[0] + hkv * p.v_stride[1] + dc;
+  const int key0 = kb * 128 + 32 * (lane / 8) + 16 * ((lane / 4) % 2) + 2 * (lane % 4);
+  uint4 x[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int gk = key0 + (c & 1) + 8 * (c >> 1);  // 2t, 2t + 1, 2t + 8, 2t + 9
+    x[c] = gk < p.seqlen_k ? *reinterpret_cast<const uint4*>(v + (int64_t)gk * p.v_stride[2]) : make_uint4(0, 0, 0, 0);
+  }
+  uint8_t* vt = static_cast<uint8_t*>(p.vt) + ((int64_t)bh * p.head_dim + dc) * p.vt_cols + kb * 128 + 4 * lane;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t a = (&x[0].x)[q], bb = (&x[1].x)[q], c = (&x[2].x)[q], d = (&x[3].x)[q];
+    const uint32_t ab_lo = __byte_perm(a, bb, 0x5140), ab_hi = __byte_perm(a, bb, 0x7362);  // a0 b0 a1 b1 / a2 b2 a3 b3
+    const uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+    const uint32_t out[4] = {__byte_perm(ab_lo, cd_lo, 0x5410), __byte_perm(ab_lo, cd_lo, 0x7632),
+                             __byte_perm(ab_hi, cd_hi, 0x5410), __byte_perm(ab_hi, cd_hi, 0x7632)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) *reinterpret_cast<uint32_t*>(vt + (int64_t)(4 * q + i) * p.vt_cols) = out[i];
+  }
+}
+
+#ifndef LAB_FWD_FP8_VT
+#define LAB_FWD_FP8_VT 1
+#endif
 inline int launch_fp8_vt(const AttnFp8Params& p, cudaStream_t stream) {
   if ((int64_t)p.batch * p.heads_kv > 65535) return LAB_E_SHAPE;
   if (p.seqlen_k == 0) return 0;
   const dim3 grid(p.vt_cols / 128, p.batch * p.heads_kv, p.head_dim / 64);
+#if LAB_FWD_FP8_VT == 2
+  fp8_vt_regs_kernel<<<grid, 128, 0, stream>>>(p);
+#else
   fp8_vt_kernel<<<grid, 256, 0, stream>>>(p);
+#endif
   return (int)cudaGetLastError();
 }
 
