@@ -121,3 +121,16 @@ def test_the_fp22_accumulator_models():
     assert {float(emulate._scores(q, q, m)) for m in emulate.S_ACCUMULATORS} == {257.0}
     with pytest.raises(ValueError, match="s_accumulator"):
         emulate._scores(q, q, "fp16")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU of compute capability 9.0")
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_the_register_vt_pass_writes_the_shared_memory_pass_bytes(D):
+    """LAB_FWD_FP8_VT = 2 (the V^T pass through registers) writes the same workspace, keys permuted and zero
+    past S_k, as the shared-memory pass, on an uneven S_k and GQA."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("fwd v13 is sm_90a")
+    q, k, v = (fp8(2, h, 300, D, seed=s).cuda() for h, s in ((4, 0), (2, 1), (2, 2)))
+    smem = op.run(q, k, v, enable_gqa=True, symbol="attn_fp8_vt_v13")
+    regs = op.run(q, k, v, enable_gqa=True, symbol="attn_fp8_vt_v13", defines={"LAB_FWD_FP8_VT": 2})
+    assert smem.shape == regs.shape and torch.equal(smem, regs)
