@@ -13,10 +13,11 @@ constant), as Transformer Engine's FP8 attention does. An e4m3 tensor has no gra
 lab.ops.attention_fp8 itself (e4m3 in) stays forward-only and says so when an input requires grad.
 
 The backward that runs today (name it so in every claim): dequantise-then-bf16. Q, K, V are dequantised to bf16
-(e4m3 x descale, rounded once) and the lab's bf16 backward (lab.backward.op: bwd v14 on compute capability 9.0,
-v18 in deterministic mode) runs on them with the FP8 forward's O and LSE. Its GEMMs are bf16; it is NOT an FP8
-backward and no speed claim calls it one. Its error is the bf16 backward's plus what the FP8 forward's O brings
-into Delta = rowsum(dO * O) (lab.fp8.checks_bwd measures both against float64).
+(e4m3 x descale, rounded once; one pass each, kernels/bwd/fp8_dequant.cu) and the lab's bf16 backward
+(lab.backward.op: bwd v14 on compute capability 9.0, v18 in deterministic mode) runs on them with the FP8
+forward's O and LSE. Its GEMMs are bf16; it is NOT an FP8 backward and no speed claim calls it one. Its error is
+the bf16 backward's plus what the FP8 forward's O brings into Delta = rowsum(dO * O) (lab.fp8.checks_bwd
+measures both against float64).
 
 Design of the FP8 backward this path stands in for (kernel not built yet; lab.fp8.emulate_bwd has its numbers):
 
@@ -51,8 +52,11 @@ Design of the FP8 backward this path stands in for (kernel not built yet; lab.fp
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
+from .. import kernels
 from ..op_common import _check_heads, _scale
 from . import op, quant
 
@@ -100,9 +104,33 @@ def _capability_check(device):
     return capability
 
 
-def dequantize_bf16(data: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
-    """e4m3 (B, H, S, D) x float32 descale (B, H) -> bf16, one rounding."""
+DEQUANT = kernels.Kernel("bwd/fp8_dequant.cu", "fp8_dequant_bf16", HEAD_DIMS)
+_DEQUANT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                               ctypes.c_int64, ctypes.c_void_p)
+_dequant: list = []
+
+
+def dequantize_bf16_torch(data: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """e4m3 (B, H, S, D) x float32 descale (B, H) -> bf16, one rounding (torch: three passes)."""
     return (data.float() * descale[..., None, None]).to(torch.bfloat16)
+
+
+def dequantize_bf16(data: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """dequantize_bf16_torch bit for bit, in one pass (kernels/bwd/fp8_dequant.cu) on CUDA tensors as
+    lab.fp8.quant.quantize makes them (contiguous, 16-byte aligned); torch's three passes elsewhere."""
+    if not (data.is_cuda and data.is_contiguous() and descale.is_contiguous() and data.data_ptr() % 16 == 0
+            and (data.shape[-2] * data.shape[-1]) % 16 == 0):
+        return dequantize_bf16_torch(data, descale)
+    if not _dequant:
+        _dequant.append(_DEQUANT_FN(kernels.launcher({DEQUANT.symbol: DEQUANT}, DEQUANT.symbol)))
+    out = torch.empty(data.shape, dtype=torch.bfloat16, device=data.device)
+    heads = data.shape[0] * data.shape[1]
+    with torch.cuda.device(data.device):
+        rc = _dequant[0](data.data_ptr(), descale.data_ptr(), out.data_ptr(), heads,
+                         data.numel() // max(heads, 1), torch.cuda.current_stream().cuda_stream)
+    if rc:
+        raise RuntimeError(f"fp8_dequant_bf16: {'layout not supported' if rc == -3 else 'CUDA error'} (code {rc})")
+    return out
 
 
 class FP8Attention(torch.autograd.Function):

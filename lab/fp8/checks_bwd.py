@@ -27,7 +27,7 @@ import torch
 from .. import record
 from ..check import _poison_allocator
 from . import emulate, emulate_bwd, quant
-from .backward import attention_fp8_train, dequantize_bf16
+from .backward import attention_fp8_train, dequantize_bf16, dequantize_bf16_torch
 
 FLOOR = 1e-4  # below bf16's own rounding (2^-9 = 2e-3): a floor, not a tolerance
 # (name, B, H_q, H_kv, S_q, S_k, D, causal, granularity)
@@ -103,6 +103,22 @@ def wrong_build(seed: int = 7) -> dict:
     return check("wrong-no-k-descale", 1, 4, 4, 300, 300, 128, True, seed=seed, bug="no_k_descale")
 
 
+def dequant_bitwise(seed: int = 11) -> dict:
+    """kernels/bwd/fp8_dequant.cu against torch's three passes, bit for bit: per-tensor and per-head descales,
+    S 1, 65, 4097, D 64 / 128, and values across e4m3's range (subnormals, +-448)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    mismatched = []
+    for B, H, S, D, granularity in ((1, 2, 1, 64, "tensor"), (2, 3, 65, 128, "head"), (1, 4, 4097, 128, "head"),
+                                    (3, 2, 300, 64, "tensor")):
+        x = torch.randn((B, H, S, D), generator=gen, device="cuda") * torch.logspace(-6, 3, D, device="cuda")
+        quantized = quant.quantize(x, "e4m3", granularity)
+        if not torch.equal(dequantize_bf16(quantized.data, quantized.descale),
+                           dequantize_bf16_torch(quantized.data, quantized.descale)):
+            mismatched.append([B, H, S, D, granularity])
+    return record.append({"kind": "fp8-bwd-check", "check": "dequant-bitwise", "mismatched": mismatched,
+                          "pass": not mismatched})
+
+
 def deterministic(seed: int = 5) -> dict:
     """Under torch.use_deterministic_algorithms(True) (bwd v18): the check passes, and a second call's gradients
     are bit-identical to the first's."""
@@ -135,7 +151,8 @@ def line(row: dict) -> str:
 
 
 def main(argv=None) -> int:
-    rows = []
+    rows = [dequant_bitwise()]
+    print("PASS" if rows[0]["pass"] else "FAIL", "dequant-bitwise", rows[0]["mismatched"], flush=True)
     for cell in CELLS:
         rows.append(check(*cell))
         print(line(rows[-1]), flush=True)
