@@ -8,7 +8,8 @@ before each, cold), the public calls as a user makes them:
 * ``lab-bf16``: torch.autograd.grad through lab.ops.attention on bf16 inputs (bwd v14 on the H200);
 * ``cudnn-fp8``: cuDNN's sdpa_fp8_backward graph execute (lab.fp8.peer_bwd), where the frontend builds it;
 * ``lab-fp8-train fwd+bwd`` and ``lab-bf16 fwd+bwd``: the forward and backward of one training step;
-* ``dequantise q, k, v``: the three dequantising passes of lab-fp8-train's backward alone (a diagnostic).
+* ``dequantise q, k, v``: the dequantising passes of lab-fp8-train's backward alone (kernels/bwd/fp8_dequant.cu;
+  "(torch)": torch's three passes a tensor it replaced), diagnostics.
 
 TFLOP/s of a backward count 2.5 x the forward's 4 B H S_q S_k D (halved for causal), the five GEMMs.
 Records: kind "fp8-bwd-race", one per (impl, case). `accuracy()` adds cuDNN FP8's gradient error against
@@ -22,7 +23,7 @@ import torch
 
 from .. import bench, record
 from . import emulate_bwd, peer, peer_bwd, quant
-from .backward import attention_fp8_train, dequantize_bf16
+from .backward import attention_fp8_train, dequantize_bf16, dequantize_bf16_torch
 
 # (name, B, H, S, D, causal)
 CASES = (
@@ -67,7 +68,8 @@ def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.5) ->
         except Exception as err:  # noqa: BLE001 (a graph the frontend declines is a row, not a crash)
             why = f"unsupported: {bench.why(err)}"
     saved = [quant.quantize(x.detach(), "e4m3", "tensor") for x in leaves]
-    calls["dequantise q, k, v (in lab-fp8-train)"] = (lambda: [dequantize_bf16(x.data, x.descale) for x in saved], None)
+    calls["dequantise q, k, v"] = (lambda: [dequantize_bf16(x.data, x.descale) for x in saved], None)
+    calls["dequantise q, k, v (torch)"] = (lambda: [dequantize_bf16_torch(x.data, x.descale) for x in saved], None)
     calls["lab-fp8-train fwd+bwd"] = (_step_call(fp8, leaves, grad_out), None)
     calls["lab-bf16 fwd+bwd"] = (_step_call(bf16, leaves, grad_out), None)
     timed = bench.time_interleaved(calls, bench.CudaTimer(), budget_s=budget_s, max_reps=60)
