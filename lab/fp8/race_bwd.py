@@ -51,7 +51,7 @@ def _step_call(forward, leaves, grad_out):
     return lambda: torch.autograd.grad(forward(*leaves), leaves, grad_out)
 
 
-def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.5) -> list[dict]:
+def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.3) -> list[dict]:
     import lab.ops as ops
     leaves, grad_out = _inputs(B, H, S, D, seed)
     fp8 = lambda q, k, v: attention_fp8_train(q, k, v, is_causal=causal)  # noqa: E731
@@ -72,7 +72,7 @@ def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.5) ->
     calls["dequantise q, k, v (torch)"] = (lambda: [dequantize_bf16_torch(x.data, x.descale) for x in saved], None)
     calls["lab-fp8-train fwd+bwd"] = (_step_call(fp8, leaves, grad_out), None)
     calls["lab-bf16 fwd+bwd"] = (_step_call(bf16, leaves, grad_out), None)
-    timed = bench.time_interleaved(calls, bench.CudaTimer(), budget_s=budget_s, max_reps=60)
+    timed = bench.time_interleaved(calls, bench.CudaTimer(), budget_s=budget_s, max_reps=40)
     if cudnn is not None:
         cudnn.close()
     flops = 2.5 * bench.attention_flops(B, H, S, S, D, causal)
