@@ -20,6 +20,7 @@ Run: python -m lab.fp8.checks_bwd  (exit status 1 on any failure).
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -46,7 +47,7 @@ CELLS = (
 
 
 def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int = 0, bug=None,
-          device="cuda", dtype=torch.bfloat16) -> dict:
+          device="cuda", dtype=torch.bfloat16, deterministic_mode: bool = False) -> dict:
     """One check (module notes); appends and returns its record. (device: the CPU runs it only with the kernels
     replaced, as tests/fp8/test_backward.py does.)"""
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -58,9 +59,10 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int =
     _, *ref = emulate_bwd.reference(*deq, grad_out, causal)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     _poison_allocator(q, k, v)
-    out, lse = attention_fp8_train(*leaves, is_causal=causal, enable_gqa=Hq != Hkv, granularity=granularity,
-                                   return_lse=True, _bug=bug)
-    grads = torch.autograd.grad(out, leaves, grad_out)
+    with _deterministic(deterministic_mode):  # our call alone: the references' cuBLAS calls stay outside
+        out, lse = attention_fp8_train(*leaves, is_causal=causal, enable_gqa=Hq != Hkv, granularity=granularity,
+                                       return_lse=True, _bug=bug)
+        grads = torch.autograd.grad(out, leaves, grad_out)
     if q.is_cuda:
         torch.cuda.synchronize()
     error = emulate_bwd.errors([g.float() for g in grads], ref)
@@ -119,21 +121,27 @@ def dequant_bitwise(seed: int = 11) -> dict:
                           "pass": not mismatched})
 
 
+@contextlib.contextmanager
+def _deterministic(on: bool):
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(on or previous)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
 def deterministic(seed: int = 5) -> dict:
     """Under torch.use_deterministic_algorithms(True) (bwd v18): the check passes, and a second call's gradients
     are bit-identical to the first's."""
     cell = ("deterministic-d128-s1000-c", 1, 4, 4, 1000, 1000, 128, True)
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        first = check(*cell, seed=seed)
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        leaves = [torch.randn((1, 4, 1000, 128), generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
-                  for _ in range(3)]
-        grad_out = torch.randn((1, 4, 1000, 128), device="cuda", dtype=torch.bfloat16)
+    first = check(*cell, seed=seed, deterministic_mode=True)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    leaves = [torch.randn((1, 4, 1000, 128), generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
+              for _ in range(3)]
+    grad_out = torch.randn((1, 4, 1000, 128), generator=gen, device="cuda").to(torch.bfloat16)
+    with _deterministic(True):
         runs = [torch.autograd.grad(attention_fp8_train(*leaves, is_causal=True), leaves, grad_out) for _ in range(2)]
-    finally:
-        torch.use_deterministic_algorithms(previous)
     same = all(torch.equal(a, b) for a, b in zip(*runs))
     return dict(first, check="deterministic-d128-s1000-c", bit_identical=same, **{"pass": first["pass"] and same})
 
