@@ -154,3 +154,25 @@ def test_gpu_checks_pass_and_the_wrong_build_fails():
     rows = [checks_bwd.check(*cell) for cell in cells]
     assert all(r["pass"] for r in rows), [checks_bwd.line(r) for r in rows]
     assert not checks_bwd.wrong_build()["pass"]
+
+
+def test_cudnn_fp8_backward_peer_names_its_install_when_missing():
+    try:
+        import cudnn  # noqa: F401
+        pytest.skip("cudnn is installed here")
+    except ImportError:
+        pass
+    from lab.fp8 import peer_bwd
+    x = quant.quantize(torch.randn(1, 1, 8, 64), "e4m3")
+    with pytest.raises(ImportError, match="nvidia-cudnn-frontend"):
+        peer_bwd.FP8Backward(x, x, x, torch.randn(1, 1, 8, 64))
+
+
+def test_race_lines_name_the_path_and_ratios():
+    from lab.fp8 import race_bwd
+    row = {"case": "d128-s4096", "impl": "lab-fp8-train", "timing": {"median_ms": 2.0, "iqr_ms": 0.01, "n": 12},
+           "tflops": 500.0, "speed_vs_lab-bf16": 0.97}
+    assert race_bwd.line(row).split() == ["d128-s4096", "lab-fp8-train", "2.000", "ms", "(IQR", "0.010,", "n",
+                                          "12)", "500", "TFLOP/s", "speed_vs_lab-bf16=0.970"]
+    refused = {"case": "c", "impl": "cudnn-fp8", "unsupported": "unsupported: no GPU"}
+    assert "unsupported: no GPU" in race_bwd.line(refused)
