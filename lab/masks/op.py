@@ -304,7 +304,7 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     scale = _scale(scale, d)
     # zero columns (lab.fwd.head_dims): the scale stays the true D_qk's, the output is cut back to D_v; D_v != D_qk
     # runs at the kernel width of the larger (the padded columns of V give zero columns of O and of dV)
-    query, key, value = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (query, key, value))
+    query, key, value = (t if t.shape[-1] == width else _pad_columns(t, width) for t in (query, key, value))
     args = (query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, mask.left,
             mask.right, mask.softcap, scale, masked_version(query.device, version, width))
     dense = dense_route.route(host_q, host_k, mask, sinks, version)  # one length: the dense default kernel
@@ -319,6 +319,18 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if width != d_v:
         out = out[..., :d_v].contiguous()
     return (out, lse) if return_lse else out
+
+
+def _pad_columns(t, width: int):
+    """t with zero columns up to `width`: the copy written once and only the new columns zeroed (F.pad fills the
+    whole buffer first, a third more bytes written). Differentiable (a plain eager tensor: autograd takes the
+    copy and the slice; other tensors go through F.pad)."""
+    if type(t) is not torch.Tensor or not _eager():
+        return F.pad(t, (0, width - t.shape[-1]))
+    out = t.new_empty(*t.shape[:-1], width)
+    out[..., t.shape[-1]:].zero_()
+    out[..., :t.shape[-1]] = t
+    return out
 
 
 backward.register()  # lab::attention_masked is differentiable (lab.masks.backward)
