@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from .. import bench, check, ops
 from . import dense_route, reference, spec
+from .op import _pad_columns
 from .gpu import GEN, draw, sdpa_error
 from .gpu_varlen import check_varlen_bwd
 
@@ -129,7 +130,8 @@ def checks_dv() -> int:
 
 
 def race_dv(lens=(2048,) * 4, H=16, shapes=((192, 128), (192, 192), (256, 128), (256, 256))) -> list:
-    """GPU time of the packed call (causal, bf16) at D_v != D_qk against D_v = D_qk: forward, forward + backward."""
+    """GPU time of the packed call (causal, bf16) at D_v != D_qk against D_v = D_qk: forward, forward + backward,
+    and the padding's two copies alone (V to the width, O cut back)."""
     timer, rows = bench.GpuTimeTimer(), []
     cu, mx, total = _cu(list(lens)), max(lens), sum(lens)
     for d_qk, d_v in shapes:
@@ -143,9 +145,12 @@ def race_dv(lens=(2048,) * 4, H=16, shapes=((192, 128), (192, 192), (256, 128), 
         def fwd_nograd():
             with torch.no_grad():
                 return fwd()
-        times = bench.time_interleaved({"fwd": (fwd_nograd, None), "fwd+bwd": (
-            lambda: torch.autograd.grad(fwd(), (q, k, v), dout), None)}, timer=timer, budget_s=0.3, max_reps=15,
-            min_reps=5)
+        calls = {"fwd": (fwd_nograd, None), "fwd+bwd": (lambda: torch.autograd.grad(fwd(), (q, k, v), dout), None)}
+        if d_v != d_qk:  # diagnostics: the two copies the padding adds, each alone
+            o_wide = torch.empty(total, H, d_qk, dtype=torch.bfloat16, device="cuda")
+            calls["pad_v"] = (lambda: _pad_columns(v.detach(), d_qk), None)
+            calls["cut_o"] = (lambda: o_wide[..., :d_v].contiguous(), None)
+        times = bench.time_interleaved(calls, timer=timer, budget_s=0.3, max_reps=15, min_reps=5)
         row = {"d_qk": d_qk, "d_v": d_v, "lens": list(lens), "H": H,
                "median_ms": {key: getattr(t, "median_ms", str(t)) for key, t in times.items()},
                "q1_q3_n": {key: [t.q1_ms, t.q3_ms, t.n] for key, t in times.items() if hasattr(t, "q1_ms")}}
