@@ -86,15 +86,16 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int =
         row["lab_bf16_unavailable"] = f"{type(err).__name__}: {err}"
     row["grad_dtypes"] = [str(g.dtype) for g in grads]
     ok = all(e["nan"] == 0 and e["inf"] == 0 for e in error.values()) and all(g.dtype == dtype for g in grads)
-    ok = ok and all(passes(error[g], model[g], float(r.abs().max())) for g, r in zip(error, ref))
+    ref_max = max(float(r.abs().max()) for r in ref)  # dQ, dK are 0 at S_k = 1: the floor takes dV's scale
+    ok = ok and all(passes(error[g], model[g], ref_max) for g in error)
     row["pass"] = bool(ok)
     return record.append(row)
 
 
 def passes(error: dict, model: dict, ref_max: float) -> bool:
     """emulate.MULTIPLIER x the model's relative L2 and max abs, plus a floor of FLOOR (relative L2) and FLOOR x
-    the reference's largest element (max abs): where the model's error is ~0 (S_k = 1: dS = 0 exactly), float32
-    sums in another order must not fail."""
+    the largest element of the three reference gradients (max abs): where the model's error is ~0 (S_k = 1:
+    dS = 0 exactly, so dQ = dK = 0), float32 sums in another order must not fail."""
     return (error["nan"] == 0 and error["inf"] == 0
             and error["rel_l2"] <= emulate.MULTIPLIER * model["rel_l2"] + FLOOR
             and error["max_abs"] <= emulate.MULTIPLIER * model["max_abs"] + FLOOR * max(ref_max, 1e-30))
