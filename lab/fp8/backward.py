@@ -4,10 +4,10 @@
                               granularity="tensor", return_lse=False)
 
 What the user passes and gets. query, key, value are the high-precision tensors the model holds (bf16, fp16 or
-fp32; (B, H, S, D), D 64 or 128). The call quantises each to e4m3 with an amax descale (lab.fp8.quant:
-`granularity` "tensor" or "head", one per (b, h)), runs the FP8 forward (lab.ops.attention_fp8, fwd v13: bf16 O,
-natural-log LSE) and saves the e4m3 tensors and descales (1 byte an element, not 2), O and LSE. The gradients
-returned are those of attention at the DEQUANTISED inputs, x_fp8 * descale, in each input's dtype: the
+fp32; (B, H, S, D), D 64 or 128). The call quantises each to e4m3 with an amax descale (lab.fp8.quant's
+rule, `granularity` "tensor" or "head", one per (b, h); bf16 in two passes of kernels/bwd/fp8_cast.cu), runs
+the FP8 forward (lab.ops.attention_fp8, fwd v13: bf16 O, natural-log LSE) and saves the e4m3 tensors and
+descales (1 byte an element, not 2), O and LSE. The gradients returned are those of attention at the DEQUANTISED inputs, x_fp8 * descale, in each input's dtype: the
 quantisation is passed straight through (its rounding has no useful derivative; the amax descale is treated as a
 constant), as Transformer Engine's FP8 attention does. An e4m3 tensor has no gradient of its own worth having, so
 lab.ops.attention_fp8 itself (e4m3 in) stays forward-only and says so when an input requires grad.
@@ -104,10 +104,47 @@ def _capability_check(device):
     return capability
 
 
-DEQUANT = kernels.Kernel("bwd/fp8_dequant.cu", "fp8_dequant_bf16", HEAD_DIMS)
+CASTS = kernels.Kernel("bwd/fp8_cast.cu", "fp8_dequant_bf16", HEAD_DIMS)  # and fp8_quantize_e4m3, same file
 _DEQUANT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                ctypes.c_int64, ctypes.c_void_p)
-_dequant: list = []
+_QUANT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p)
+_casts: dict = {}
+
+
+def _cast_fn(symbol: str, prototype):
+    if symbol not in _casts:
+        _casts[symbol] = prototype(kernels.launcher({symbol: kernels.Kernel(CASTS.source, symbol, HEAD_DIMS)}, symbol))
+    return _casts[symbol]
+
+
+def _kernel_layout(t: torch.Tensor) -> bool:
+    return (t.is_cuda and t.is_contiguous() and t.data_ptr() % 16 == 0 and t.dim() == 4
+            and (t.shape[-2] * t.shape[-1]) % 16 == 0 and 0 < t.shape[0] * t.shape[1] <= 65535)
+
+
+def _check_rc(rc: int, symbol: str):
+    if rc:
+        raise RuntimeError(f"{symbol}: {'layout not supported' if rc == -3 else 'CUDA error'} (code {rc})")
+
+
+def quantize_e4m3(x: torch.Tensor, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 data, float32 descale (B, H)): lab.fp8.quant.quantize(x, "e4m3", granularity) bit for bit, in two
+    passes over bf16 CUDA tensors (kernels/bwd/fp8_cast.cu); quant.quantize itself for other inputs."""
+    if x.dtype != torch.bfloat16 or not _kernel_layout(x) or x.numel() == 0:
+        q = quant.quantize(x, "e4m3", granularity)
+        return q.data, q.descale
+    B, H = x.shape[:2]
+    data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    descale = torch.empty((B, H), dtype=torch.float32, device=x.device)
+    scratch = torch.empty((B, H), dtype=torch.int32, device=x.device)
+    with torch.cuda.device(x.device):
+        rc = _cast_fn("fp8_quantize_e4m3", _QUANT_FN)(x.data_ptr(), scratch.data_ptr(), descale.data_ptr(),
+                                                      data.data_ptr(), B * H, x.numel() // (B * H),
+                                                      int(granularity == "tensor"),
+                                                      torch.cuda.current_stream().cuda_stream)
+    _check_rc(rc, "fp8_quantize_e4m3")
+    return data, descale
 
 
 def dequantize_bf16_torch(data: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
@@ -116,20 +153,16 @@ def dequantize_bf16_torch(data: torch.Tensor, descale: torch.Tensor) -> torch.Te
 
 
 def dequantize_bf16(data: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
-    """dequantize_bf16_torch bit for bit, in one pass (kernels/bwd/fp8_dequant.cu) on CUDA tensors as
-    lab.fp8.quant.quantize makes them (contiguous, 16-byte aligned); torch's three passes elsewhere."""
-    if not (data.is_cuda and data.is_contiguous() and descale.is_contiguous() and data.data_ptr() % 16 == 0
-            and (data.shape[-2] * data.shape[-1]) % 16 == 0):
+    """dequantize_bf16_torch bit for bit, in one pass (kernels/bwd/fp8_cast.cu) on CUDA tensors as
+    quantize_e4m3 makes them (contiguous, 16-byte aligned); torch's three passes elsewhere."""
+    if not (_kernel_layout(data) and descale.is_contiguous()):
         return dequantize_bf16_torch(data, descale)
-    if not _dequant:
-        _dequant.append(_DEQUANT_FN(kernels.launcher({DEQUANT.symbol: DEQUANT}, DEQUANT.symbol)))
     out = torch.empty(data.shape, dtype=torch.bfloat16, device=data.device)
     heads = data.shape[0] * data.shape[1]
     with torch.cuda.device(data.device):
-        rc = _dequant[0](data.data_ptr(), descale.data_ptr(), out.data_ptr(), heads,
-                         data.numel() // max(heads, 1), torch.cuda.current_stream().cuda_stream)
-    if rc:
-        raise RuntimeError(f"fp8_dequant_bf16: {'layout not supported' if rc == -3 else 'CUDA error'} (code {rc})")
+        rc = _cast_fn("fp8_dequant_bf16", _DEQUANT_FN)(data.data_ptr(), descale.data_ptr(), out.data_ptr(), heads,
+                                                       data.numel() // heads, torch.cuda.current_stream().cuda_stream)
+    _check_rc(rc, "fp8_dequant_bf16")
     return out
 
 
@@ -138,9 +171,7 @@ class FP8Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, is_causal, scale, enable_gqa, granularity, bug):
-        quantized = [quant.quantize(x.detach(), "e4m3", granularity) for x in (query, key, value)]
-        data = [x.data for x in quantized]
-        descales = [x.descale for x in quantized]
+        data, descales = zip(*(quantize_e4m3(x.detach(), granularity) for x in (query, key, value)))
         out, lse = op.run(*data, *descales, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, return_lse=True)
         ctx.save_for_backward(*data, *descales, out, lse)
         ctx.is_causal, ctx.scale, ctx.bug = is_causal, _scale(scale, query.shape[-1]), bug

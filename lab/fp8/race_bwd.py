@@ -9,7 +9,8 @@ before each, cold), the public calls as a user makes them:
 * ``cudnn-fp8``: cuDNN's sdpa_fp8_backward graph execute (lab.fp8.peer_bwd), where the frontend builds it;
 * ``lab-fp8-train fwd+bwd`` and ``lab-bf16 fwd+bwd``: the forward and backward of one training step;
 * ``dequantise q, k, v``: the dequantising passes of lab-fp8-train's backward alone (kernels/bwd/fp8_dequant.cu;
-  "(torch)": torch's three passes a tensor it replaced), diagnostics.
+  "(torch)": torch's three passes a tensor it replaced) and ``quantise q, k, v`` (the forward's, likewise),
+  diagnostics.
 
 TFLOP/s of a backward count 2.5 x the forward's 4 B H S_q S_k D (halved for causal), the five GEMMs.
 Records: kind "fp8-bwd-race", one per (impl, case). `accuracy()` adds cuDNN FP8's gradient error against
@@ -23,7 +24,7 @@ import torch
 
 from .. import bench, record
 from . import emulate_bwd, peer, peer_bwd, quant
-from .backward import attention_fp8_train, dequantize_bf16, dequantize_bf16_torch
+from .backward import attention_fp8_train, dequantize_bf16, dequantize_bf16_torch, quantize_e4m3
 
 # (name, B, H, S, D, causal)
 CASES = (
@@ -70,6 +71,8 @@ def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.3) ->
     saved = [quant.quantize(x.detach(), "e4m3", "tensor") for x in leaves]
     calls["dequantise q, k, v"] = (lambda: [dequantize_bf16(x.data, x.descale) for x in saved], None)
     calls["dequantise q, k, v (torch)"] = (lambda: [dequantize_bf16_torch(x.data, x.descale) for x in saved], None)
+    calls["quantise q, k, v"] = (lambda: [quantize_e4m3(x.detach(), "tensor") for x in leaves], None)
+    calls["quantise q, k, v (torch)"] = (lambda: [quant.quantize(x.detach(), "e4m3") for x in leaves], None)
     calls["lab-fp8-train fwd+bwd"] = (_step_call(fp8, leaves, grad_out), None)
     calls["lab-bf16 fwd+bwd"] = (_step_call(bf16, leaves, grad_out), None)
     timed = bench.time_interleaved(calls, bench.CudaTimer(), budget_s=budget_s, max_reps=40)
@@ -83,7 +86,7 @@ def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.3) ->
                impl, "timer": "cold (L2 flushed)"}
         if isinstance(t, bench.Timing):
             row["timing"] = t.as_dict()
-            if impl.startswith("dequantise"):
+            if impl.startswith(("dequantise", "quantise")):
                 if isinstance(timed.get("lab-fp8-train"), bench.Timing):
                     row["share_of_lab-fp8-train"] = t.median_ms / timed["lab-fp8-train"].median_ms
             else:  # a training step: 3.5 x the forward's FLOPs, the backward's 2.5 and the forward's 1
