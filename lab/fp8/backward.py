@@ -7,9 +7,10 @@ What the user passes and gets. query, key, value are the high-precision tensors 
 fp32; (B, H, S, D), D 64 or 128). The call quantises each to e4m3 with an amax descale (lab.fp8.quant's
 rule, `granularity` "tensor" or "head", one per (b, h); bf16 in two passes of kernels/bwd/fp8_cast.cu), runs
 the FP8 forward (lab.ops.attention_fp8, fwd v13: bf16 O, natural-log LSE) and saves the e4m3 tensors and
-descales (1 byte an element, not 2), O and LSE. The gradients returned are those of attention at the DEQUANTISED inputs, x_fp8 * descale, in each input's dtype: the
-quantisation is passed straight through (its rounding has no useful derivative; the amax descale is treated as a
-constant), as Transformer Engine's FP8 attention does. An e4m3 tensor has no gradient of its own worth having, so
+descales (1 byte an element, not 2), O and LSE. The gradients returned are those of attention at the
+DEQUANTISED inputs, x_fp8 * descale, in each input's dtype: the quantisation is passed straight through (its
+rounding has no useful derivative; the amax descale is treated as a constant), as Transformer Engine's FP8
+attention does. An e4m3 tensor has no gradient of its own worth having, so
 lab.ops.attention_fp8 itself (e4m3 in) stays forward-only and says so when an input requires grad.
 
 The backward that runs today (name it so in every claim): dequantise-then-bf16. Q, K, V are dequantised to bf16
