@@ -7,6 +7,7 @@ before each, cold), the public calls as a user makes them:
   three dequantising passes and the bf16 backward kernel; NOT an FP8 backward);
 * ``lab-bf16``: torch.autograd.grad through lab.ops.attention on bf16 inputs (bwd v14 on the H200);
 * ``cudnn-fp8``: cuDNN's sdpa_fp8_backward graph execute (lab.fp8.peer_bwd), where the frontend builds it;
+* ``sdpa-cudnn-bf16``: torch SDPA's cuDNN backend, bf16 (what FP8 buys cuDNN itself);
 * ``lab-fp8-train fwd+bwd`` and ``lab-bf16 fwd+bwd``: the forward and backward of one training step;
 * ``dequantise q, k, v``: the dequantising passes of lab-fp8-train's backward alone (kernels/bwd/fp8_dequant.cu;
   "(torch)": torch's three passes a tensor it replaced) and ``quantise q, k, v`` (the forward's, likewise),
@@ -59,6 +60,11 @@ def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.3) ->
     bf16 = lambda q, k, v: ops.attention(q, k, v, is_causal=causal)  # noqa: E731
     calls = {"lab-fp8-train": (_grad_call(fp8, leaves, grad_out), None),
              "lab-bf16": (_grad_call(bf16, leaves, grad_out), None)}
+    try:  # cuDNN's own bf16 backward: what FP8 buys cuDNN (its FP8 row / this one)
+        sdpa = bench.sdpa_runner("cudnn", *leaves, is_causal=causal)
+        calls["sdpa-cudnn-bf16"] = (_grad_call(lambda q, k, v: sdpa(), leaves, grad_out), None)
+    except Exception as err:  # noqa: BLE001 (a backend that refuses the shape is a row)
+        print("sdpa-cudnn-bf16 unsupported:", bench.why(err), flush=True)
     why = peer.unavailable()
     cudnn = None
     if why is None:
@@ -96,6 +102,10 @@ def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.3) ->
                 row["speed_vs_" + partner] = timed[partner].median_ms / t.median_ms
             if impl == "lab-fp8-train" and isinstance(timed.get("cudnn-fp8"), bench.Timing):
                 row["speed_vs_cudnn-fp8"] = timed["cudnn-fp8"].median_ms / t.median_ms
+            if impl == "cudnn-fp8" and isinstance(timed.get("sdpa-cudnn-bf16"), bench.Timing):
+                row["speed_vs_sdpa-cudnn-bf16"] = timed["sdpa-cudnn-bf16"].median_ms / t.median_ms
+            if impl == "lab-bf16" and isinstance(timed.get("sdpa-cudnn-bf16"), bench.Timing):
+                row["speed_vs_sdpa-cudnn-bf16"] = timed["sdpa-cudnn-bf16"].median_ms / t.median_ms
         else:
             row["unsupported"] = t
         rows.append(record.append(row))
