@@ -137,7 +137,7 @@ def test_a_read_only_checkout_runs_a_chapter_with_the_cache_elsewhere(tmp_path, 
             path.chmod(path.stat().st_mode | 0o200)  # so pytest can remove its temporary folder
     assert "CPU mode" in text
     assert _snapshot(checkout) == before, "the chapter wrote inside the checkout"
-    assert list((cache / "compile_check").glob("*.o")), "the kernels were compile-checked into LAB_CACHE_DIR"
+    assert list((cache / "compile_check").glob("*.cubin")), "the kernels were compile-checked into LAB_CACHE_DIR"
     assert (cache / "matplotlib").is_dir() and (cache / "torch_extensions").is_dir()
 
 

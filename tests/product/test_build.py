@@ -389,7 +389,13 @@ def test_kernels_folder_holds_the_kernels():
 @requires_nvcc
 @pytest.mark.parametrize("source", KERNEL_SOURCES, ids=lambda p: p.relative_to(paths.KERNELS).as_posix())
 def test_every_kernel_compiles_for_sm80_and_sm90a(source):
-    """CI's compile gate: every kernels/**/*.cu must compile for both check targets. Never skip this."""
+    """CI's compile gate: every kernels/**/*.cu must compile for both check targets. Never skip this.
+
+    Each target is nvcc -cubin (build.compile_check): cicc checks the whole file, launchers included, and ptxas
+    builds every instantiation, so an error anywhere in the kernel's code, any register or shared-memory limit
+    ptxas enforces and every wgmma ptxas serializes show here as in the full build a GPU session makes. Only
+    code under `#ifndef __CUDA_ARCH__` is seen by the host compiler alone: the next test keeps that to a list
+    whose host code another test compiles."""
     try:
         rows = build.compile_check(build.CHECK_ARCHS, sources=[source])
     except build.BuildError as err:
@@ -404,6 +410,51 @@ def test_every_kernel_compiles_for_sm80_and_sm90a(source):
         assert row["arch"] in build.CHECK_ARCHS and row["registers"] > 0
     serialized = [f"{r['source']} {r['kernel']}: {r['wgmma_serialized']}" for r in rows if r["wgmma_serialized"]]
     assert not serialized, "ptxas serialized these kernels' wgmma instructions:\n" + "\n".join(serialized)
+
+
+# Branches that only the host compiler sees (under `#ifndef __CUDA_ARCH__`, or the #else of `#ifdef __CUDA_ARCH__`)
+# are not in the gate's device-only compile: each is listed here with the test that compiles it for the host.
+HOST_ONLY_BRANCHES = {
+    "kernels/common/paged.cuh": "tests/decode/test_paged_cursor.py (tests/fixtures/paged_cursor_check.cu, host code)",
+}
+_DIRECTIVE = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif|else|endif)\b(.*)$")
+
+
+def host_only_branches(path: Path) -> list[int]:
+    """Lines of `path` that open a branch only the host pass compiles: `#ifndef __CUDA_ARCH__`,
+    `#if !defined(__CUDA_ARCH__)`, or an #else/#elif of `#ifdef __CUDA_ARCH__` / `#if defined(__CUDA_ARCH__) ...`."""
+    found, stack = [], []  # stack: does the open conditional's first branch need __CUDA_ARCH__ defined?
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        m = _DIRECTIVE.match(line)
+        if not m:
+            continue
+        word, rest = m.group(1), re.sub(r"\s+", "", m.group(2).split("//")[0])
+        if word in ("if", "ifdef", "ifndef"):
+            host = word == "ifndef" and rest == "__CUDA_ARCH__" or rest.startswith("!defined(__CUDA_ARCH__)")
+            device = word == "ifdef" and rest == "__CUDA_ARCH__" or rest.startswith("defined(__CUDA_ARCH__)")
+            if host:
+                found.append(number)
+            stack.append(device)
+        elif word in ("else", "elif") and stack and stack[-1]:
+            found.append(number)
+        elif word == "endif" and stack:
+            stack.pop()
+    return found
+
+
+def test_code_only_the_host_compiler_sees_is_compiled_elsewhere(tmp_path):
+    closure = {path for source in KERNEL_SOURCES for path in build.source_closure(source)}
+    found = {paths.relative(path): lines for path in sorted(closure) if (lines := host_only_branches(path))}
+    unlisted = {path: lines for path, lines in found.items() if path not in HOST_ONLY_BRANCHES}
+    assert not unlisted, (f"host-only branches the device-only compile gate does not compile: {unlisted}; compile "
+                          "them in a host test and list them in HOST_ONLY_BRANCHES")
+    assert set(found) == set(HOST_ONLY_BRANCHES), f"listed but gone: {set(HOST_ONLY_BRANCHES) - set(found)}"
+    # the scanner itself, on each form
+    probe = tmp_path / "probe.cuh"
+    probe.write_text("#ifndef __CUDA_ARCH__\n#endif\n#if !defined(__CUDA_ARCH__) && 1\n#endif\n"
+                     "#ifdef __CUDA_ARCH__\n#if X\n#else\n#endif\n#else\n#endif\n"
+                     "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n#endif\n#if __CUDA_ARCH__ >= 900\n#else\n#endif\n")
+    assert host_only_branches(probe) == [1, 3, 9]
 
 
 def test_parse_ptxas_names_kernels_whose_wgmma_ptxas_serialized():
