@@ -143,23 +143,17 @@
 #ifndef LAB_FWD_MASK_CAP_TANH_HALF
 #define LAB_FWD_MASK_CAP_TANH_HALF 0
 #endif
-// Paged K/V candidates (the header's paged paragraphs; each timed against the contiguous call before it is on):
-// PAGED_D128_STAGES / PAGED_D64_STAGES: the paged kernels' own ring depth (3 at D = 128 is 224 KiB, 5 at D = 64 176),
-// so that a page's TMA latency hides under more tiles in flight; PAGED_PREFETCH: the producer prefetches the boxes of
-// tile j + N into L2 as it loads tile j (0: off); PAGED_LATE_CHECK: the table's index scan runs on the producer's
-// second warp beside the main loop (a bad page's boxes fall outside the map and read as zeros) and the consumers
-// take its verdict at the epilogue, instead of every CTA scanning before its first load.
+// Paged K/V (the header's paged paragraphs). PAGED_D128_STAGES / PAGED_D64_STAGES: the paged kernels' own ring
+// depth: 3 at D = 128 (224 KiB) hides more of each tile's TMA latency, +5 % at pages 64 / 256 (D = 64 keeps
+// 3: 5 lost 4 %). PAGED_WALK (candidate): the producer's box coordinates walked without a division in the loop.
 #ifndef LAB_FWD_MASK_PAGED_D128_STAGES
-#define LAB_FWD_MASK_PAGED_D128_STAGES LAB_FWD_MASK_OVERLAP_D128_STAGES
+#define LAB_FWD_MASK_PAGED_D128_STAGES 3
 #endif
 #ifndef LAB_FWD_MASK_PAGED_D64_STAGES
 #define LAB_FWD_MASK_PAGED_D64_STAGES 3
 #endif
-#ifndef LAB_FWD_MASK_PAGED_PREFETCH
-#define LAB_FWD_MASK_PAGED_PREFETCH 0
-#endif
-#ifndef LAB_FWD_MASK_PAGED_LATE_CHECK
-#define LAB_FWD_MASK_PAGED_LATE_CHECK 0
+#ifndef LAB_FWD_MASK_PAGED_WALK
+#define LAB_FWD_MASK_PAGED_WALK 0
 #endif
 // PAGED_GATHER: pages below this many keys (0: none) are copied by the producer warpgroup's cp.async
 // (gather_tile_paged) instead of BC / page_size TMA boxes per 64 columns; that kernel's registers are 40 / 232.
@@ -188,8 +182,7 @@ struct Cfg11 {
   static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
   static_assert(kSmem + 128 <= 227 * 1024, "shared memory budget exceeded");
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
-  // Named barriers: 1..2 the consumers' epilogues, 4..5 their turns (ping-pong), 6 both consumers (paged tail), 7 the
-  // paged late check's verdict (both consumers and the producer's second warp).
+  // Named barriers: 1..2 the consumers' epilogues, 4..5 their turns (ping-pong), 6 both consumers (paged tail).
 };
 // D = 64: no ping-pong (v07: -1 to +2 %) and no L2 groups (v07: -7 to 0 % at D = 64).
 using Cfg64 = Cfg11<64, 3, false, 0>;
@@ -251,14 +244,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   // uniform to the compiler, and a key count derived from them put the main loop's descriptors in vector registers
   // (an R2UR before each wgmma: the paged call ran at 0.82x the packed one on the same tiles).
   const int32_t* table = kPaged ? mp.block_table + (int64_t)b * mp.block_table_stride : nullptr;
-  // PAGED_LATE_CHECK: a CTA with rows to compute and a table long enough leaves the index scan to the producer's
-  // second warp (late_check); the rest scan here as before (a CTA past its rows still writes the flags at mb 0).
-  const bool late_check = kPaged && LAB_FWD_MASK_PAGED_LATE_CHECK && mb * Cfg::BR < seqlen_q &&
-                          (int64_t)seqlen_k <= (int64_t)mp.max_pages * mp.page_size;
   if constexpr (kPaged) {
     k0 = 0;
-    const int page_bits = late_check ? 0 : paged_table_bits(mp, table, seqlen_k);
-    if (!late_check && mb == 0 && h == 0 && threadIdx.x == 0) mp.page_errors[b] = page_bits;
+    const int page_bits = paged_table_bits(mp, table, seqlen_k);
+    if (mb == 0 && h == 0 && threadIdx.x == 0) mp.page_errors[b] = page_bits;
     if (page_bits) {
       if (mb * Cfg::BR < seqlen_q)
         paged_zero_rows<D, T>(static_cast<T*>(p.o) + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2],
@@ -308,29 +297,69 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
         const int s = j % kStages, n0 = shift + j * BC;
         const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
         if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
-        gather_tile_paged<D, BC, LAB_FWD_MASK_BUG_IGNORE_TABLE>(ring.k(s), kbase, p.k_stride[0], p.k_stride[2], table, n0, seqlen_k, mp.page_size,
-                                 mp.num_pages, t, smem_u32(&bar_k[s]));
+        gather_tile_paged<D, BC, LAB_FWD_MASK_BUG_IGNORE_TABLE>(ring.k(s), kbase, p.k_stride[0], p.k_stride[2], table,
+                                                                n0, seqlen_k, mp.page_size, mp.num_pages, t,
+                                                                smem_u32(&bar_k[s]));
         if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
-        gather_tile_paged<D, BC, LAB_FWD_MASK_BUG_IGNORE_TABLE>(ring.v(s), vbase, p.v_stride[0], p.v_stride[2], table, n0, seqlen_k, mp.page_size,
-                                 mp.num_pages, t, smem_u32(&bar_v[s]));
+        gather_tile_paged<D, BC, LAB_FWD_MASK_BUG_IGNORE_TABLE>(ring.v(s), vbase, p.v_stride[0], p.v_stride[2], table,
+                                                                n0, seqlen_k, mp.page_size, mp.num_pages, t,
+                                                                smem_u32(&bar_v[s]));
       }
       asm volatile("cp.async.wait_all;\n" ::: "memory");
-      if (late_check && t >= 32 && t < 64) {  // the late check after the loads (the second warp, as below)
-        const bool bad = paged_table_bad_warp(mp, table, seqlen_k, t % 32);
-        if (mb == 0 && h == 0 && t == 32) mp.page_errors[b] = bad ? LAB_PAGE_E_INDEX : 0;
-        named_barrier_or(7, 32 + 128 * Cfg::kConsumers, bad);
+    } else if constexpr (kPaged && LAB_FWD_MASK_PAGED_WALK) {
+      // PAGED_WALK: as below, but each lane walks its box's (table slot, row in page) by a fixed step a tile (one
+      // division in the prologue, none in the loop), so after each empty wait only the TMA issue is left.
+      const int lane = threadIdx.x, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
+      if (lane >= 32) return;
+      if (lane == 0) {
+        tma_prefetch_maps(&tq, &tk, &tv);
+        load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, 0);
+      }
+      const int ps = mp.page_size, step_slots = BC / ps, step_rows = BC - step_slots * ps;
+      int key = shift + lane * rows, slot = key / ps, in_page = key - slot * ps;
+      auto fetch = [&]() {  // the page of this lane's box at `key`; num_pages (outside the map) past the keys
+        if (lane >= boxes || key >= seqlen_k) return mp.num_pages;
+        return LAB_FWD_MASK_BUG_IGNORE_TABLE ? slot : __ldg(table + slot);
+      };
+      auto advance = [&]() {
+        key += BC;
+        slot += step_slots;
+        in_page += step_rows;
+        if (in_page >= ps) {  // step_rows < ps: at most one carry
+          in_page -= ps;
+          ++slot;
+        }
+      };
+      int page = fetch(), row = in_page;
+      advance();
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % kStages;
+        const int next = fetch(), next_row = in_page;
+        advance();
+        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
+        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+        if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+        __syncwarp();
+        if (lane < boxes)
+#pragma unroll
+          for (int cb = 0; cb < D / 64; ++cb)
+            tma_load_4d(ring.k(s) + cb * BC * 128 + lane * rows * 128, &tk, smem_u32(&bar_k[s]), cb * 64, row, hkv,
+                        page);
+        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+        if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+        __syncwarp();
+        if (lane < boxes)
+#pragma unroll
+          for (int cb = 0; cb < D / 64; ++cb)
+            tma_load_4d(ring.v(s) + cb * BC * 128 + lane * rows * 128, &tv, smem_u32(&bar_v[s]), cb * 64, row, hkv,
+                        page);
+        page = next;
+        row = next_row;
       }
     } else if constexpr (kPaged) {
       // One warp: lane i fetches the page of box i of the next tile while it issues box i of this one.
-      const int lane = threadIdx.x % 32, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
-      if (threadIdx.x >= 32) {
-        if (late_check && threadIdx.x < 64) {  // the second warp: the scan, then its verdict to the consumers
-          const bool bad = paged_table_bad_warp(mp, table, seqlen_k, lane);
-          if (mb == 0 && h == 0 && lane == 0) mp.page_errors[b] = bad ? LAB_PAGE_E_INDEX : 0;
-          named_barrier_or(7, 32 + 128 * Cfg::kConsumers, bad);
-        }
-        return;
-      }
+      const int lane = threadIdx.x, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
+      if (lane >= 32) return;
       if (lane == 0) {
         tma_prefetch_maps(&tq, &tk, &tv);
         load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, 0);
@@ -338,19 +367,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
       auto box_page = [&](int n0) {
         return paged_box_page<LAB_FWD_MASK_BUG_IGNORE_TABLE>(mp, table, n0, rows, boxes, seqlen_k, lane);
       };
-      constexpr int kAhead = LAB_FWD_MASK_PAGED_PREFETCH;  // prefetch distance in tiles (0: none)
       int page = n_tiles > 0 ? box_page(shift) : 0;
-      int ahead = kAhead > 0 && kAhead < n_tiles ? box_page(shift + kAhead * BC) : 0;
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % kStages, n0 = shift + j * BC;
         const int next = j + 1 < n_tiles ? box_page(n0 + BC) : 0;
-        if constexpr (kAhead > 0) {  // tile j + kAhead's page was read an iteration ago
-          if (j + kAhead < n_tiles) {
-            prefetch_tile_paged<D>(&tk, ahead, n0 + kAhead * BC, rows, boxes, mp.page_size, hkv, lane);
-            prefetch_tile_paged<D>(&tv, ahead, n0 + kAhead * BC, rows, boxes, mp.page_size, hkv, lane);
-          }
-          ahead = j + 1 + kAhead < n_tiles ? box_page(n0 + (kAhead + 1) * BC) : 0;
-        }
         const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
         if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
         if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
@@ -499,15 +519,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if (kPing && wg == 1 && n_tiles > 0) turn();  // consumes the last warpgroup's last pass
 
   // Epilogue: the sink joins the normaliser; O rows of this sequence only, staged in this warpgroup's Q tile.
-  float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
-  if constexpr (kPaged) {  // PAGED_LATE_CHECK: the second producer warp's verdict; a bad table: O = 0, LSE = -inf
-    if (late_check && named_barrier_or(7, 32 + 128 * Cfg::kConsumers, false)) {
-      zero_acc(o);
-      st.m[0] = st.m[1] = -INFINITY;
-      st.l[0] = st.l[1] = 0.f;
-      sink_log2 = -INFINITY;
-    }
-  }
+  const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
   float* lse_row0 = p.lse == nullptr ? nullptr
                     : packed         ? p.lse + (int64_t)h * mp.total_q + q0
                                      : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;

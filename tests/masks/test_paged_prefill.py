@@ -304,3 +304,37 @@ def test_pack_matches_op_launch(monkeypatch):
                     a["cu_seqlens_k"], 6, 30, "v11", paged=(a["block_table"], errors))
     assert got == [paged.pack(q, kc, kc, out, lse, sinks, a["cu_seqlens_q"], a["cu_seqlens_k"], a["block_table"],
                               errors, 6, 30, 5, 0, 30.0, 0.125)]
+
+
+_PAGED_SWITCHES = ("-DLAB_FWD_MASK_PAGED_D128_STAGES=2", "-DLAB_FWD_MASK_PAGED_D64_STAGES=4",
+                   "-DLAB_FWD_MASK_PAGED_WALK=1", "-DLAB_FWD_MASK_PAGED_GATHER=64")
+
+
+def _v11_entries(flags, out) -> dict:
+    """{kernel entry: PTX body} of fwd v11 for sm_90a with the given -D flags (nvcc only, no GPU)."""
+    import re
+    import subprocess
+
+    from lab import paths
+    subprocess.run(["nvcc", "-std=c++17", "-O3", "-I", str(paths.KERNELS), *flags,
+                    "-gencode=arch=compute_90a,code=compute_90a", "-ptx",
+                    str(paths.KERNELS / "fwd" / "v11_masks_overlap.cu"), "-o", str(out)], check=True, capture_output=True)
+    chunks = re.split(r"(?=^\s*(?:\.visible\s+)?\.entry\s)", out.read_text(), flags=re.M)  # (internal: no .globl)
+    labels = r"(\$L__BB|__local_depot)\d+"  # numbered by the kernel's place in the file
+    return {m.group(1): re.sub(labels, r"\1", c) for c in chunks if (m := re.search(r"\.entry (\S+)\(", c))}
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not on PATH")
+def test_paged_switches_leave_the_dense_and_packed_kernels(tmp_path):
+    """Every paged switch on at once changes the kPaged kernels only: each other v11 kernel's PTX is the default's,
+    instruction for instruction; the gather's cp.async arrive is in the gather kernels only."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as pool:
+        base, cand = pool.map(lambda a: _v11_entries(*a), (((), tmp_path / "base.ptx"),
+                                                           (_PAGED_SWITCHES, tmp_path / "cand.ptx")))
+    plain = [n for n in base if n.endswith("Lb0EEEv14CUtensorMap_stS4_S4_14AttnMaskParams")]
+    assert len(plain) == 14 and all(n in cand and cand[n] == base[n] for n in plain)
+    paged = [n for n in cand if n not in plain]
+    assert any("GatherCfg" in n for n in paged) and all("GatherCfg" not in n for n in base)
+    assert all("cp.async.mbarrier.arrive.noinc" in cand[n] for n in paged if "GatherCfg" in n)
+    assert not any("cp.async.mbarrier.arrive" in base[n] for n in base)

@@ -130,59 +130,6 @@ __device__ __forceinline__ void load_tile_paged(uint32_t dst, const CUtensorMap*
   }
 }
 
-// The paged candidates' pieces (fwd v11's LAB_FWD_MASK_PAGED_PREFETCH and _LATE_CHECK, off by default).
-// cp.async.bulk.prefetch.tensor: the box at these coordinates into L2 (no shared memory, no barrier; a box outside
-// the map is dropped), so that the load a few tiles later finds its lines and its address translation warm.
-__device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-}
-
-// load_tile_paged's boxes as L2 prefetches.
-template <int D>
-__device__ __forceinline__ void prefetch_tile_paged(const CUtensorMap* map, int page_lane, int n0, int rows, int boxes,
-                                                    int page_size, int hkv, int lane) {
-  if (lane < boxes) {
-    const int row = (n0 + lane * rows) % page_size;
-#pragma unroll
-    for (int cb = 0; cb < D / 64; ++cb) tma_prefetch_4d(map, cb * 64, row, hkv, page_lane);
-  }
-}
-
-// paged_table_bits' index scan by one warp (32 lanes, 4 ids in flight each), with no CTA barrier: true on every lane
-// when a page among the sequence's first seqlen_k keys is outside [0, num_pages). The caller has ruled out
-// LAB_PAGE_E_SHORT, so every slot read lies in the table's row.
-__device__ __forceinline__ bool paged_table_bad_warp(const AttnMaskParams& mp, const int32_t* table, int seqlen_k,
-                                                     int lane) {
-  const int needed = (seqlen_k + mp.page_size - 1) / mp.page_size;
-  const unsigned limit = static_cast<unsigned>(mp.num_pages);
-  bool bad = false;
-  int i = lane;
-  for (; i + 96 < needed; i += 128) {
-    int32_t id[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) id[u] = __ldg(table + i + 32 * u);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) bad |= static_cast<unsigned>(id[u]) >= limit;
-  }
-  for (; i < needed; i += 32) bad |= static_cast<unsigned>(__ldg(table + i)) >= limit;
-  return __any_sync(0xffffffffu, bad);
-}
-
-// barrier.red.or on named barrier `id` over `threads` threads (a multiple of 32): every one waits for all, and
-// all get the OR of their predicates.
-__device__ __forceinline__ bool named_barrier_or(int id, int threads, bool pred) {
-  uint32_t r;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(r)
-      : "r"((uint32_t)pred), "r"(id), "r"(threads)
-      : "memory");
-  return r != 0;
-}
-
 // PAGED_GATHER (candidate): a K or V tile of BC keys copied through the table by the producer warpgroup's 128
 // threads with 16-byte cp.async, into the 128B-swizzled layout a TMA box of BC rows writes (swz_offset): thread t
 // copies chunk t % (D / 8) of rows t / (D / 8) + i 128 / (D / 8), one table read (through L1) and one division per
