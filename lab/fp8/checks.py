@@ -102,7 +102,7 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str =
     rows = race.checked_rows(Sq, ROWS).to("cuda")
     deq = [x.dequantize(torch.float64) for x in quantized]
     ref = emulate.reference(*deq, causal, rows=rows)
-    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=64 if D == 256 else 128,
+    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=op.KEY_TILE[D],
                                s_accumulator=S_ACCUMULATOR)
     yardstick = emulate.errors(emulated, ref)
     out = torch.full((B, Hq, Sq, D), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -172,7 +172,7 @@ def accumulator_models(name: str, seed: int = 0) -> dict:
            "kernel": {**emulate.errors(out[:, :, rows].float(), ref),
                       "lse_max_abs": float((lse[:, :, rows].double() - lse_ref).abs().max())}}
     for model in emulate.S_ACCUMULATORS:
-        emulated = emulate.forward(*quantized, causal, rows=rows, block_n=64 if D == 256 else 128, s_accumulator=model)
+        emulated = emulate.forward(*quantized, causal, rows=rows, block_n=op.KEY_TILE[D], s_accumulator=model)
         row[model] = {**emulate.errors(emulated, ref),
                       "lse_max_abs": float((_lse_model(quantized, causal, rows, model) - lse_ref).abs().max())}
     return record.append(row)

@@ -25,6 +25,9 @@ from ..op_common import _check_heads, _scale
 HEAD_DIMS = (64, 128, 256)
 P_SCALE = 448.0  # lab.fp8.emulate.P_SCALE: P is stored as e4m3(P * 448) before P V
 VT_KEYS = 128  # V^T rows are padded to a multiple of this many keys
+# The default build's key tile B_c per head dim (fwd v13: D 64 one warpgroup, D 128 / 256 warp-specialised): where
+# P is rounded against the running max, so the emulation that the checks hold the kernel to runs at the same width.
+KEY_TILE = {64: 128, 128: 192, 256: 128}
 ERRORS = {-1: "head dim not supported", -2: "dtype not supported", -3: "shape or layout not supported"}
 
 

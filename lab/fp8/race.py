@@ -28,6 +28,7 @@ import torch
 from .. import bench, record, sweep
 from ..cases import Case
 from . import emulate, peer, quant
+from .op import KEY_TILE
 
 ROWS_CHECKED = 512
 
@@ -108,7 +109,7 @@ def _lab_call(quantized, causal: bool, defines=None):
 def _lab_row(impl, case, quantized, call, timed, flops, causal, rows, extra) -> dict:
     deq = [x.dequantize(torch.float64) for x in quantized]
     on_deq = emulate.reference(*deq, causal, rows=rows)
-    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=64 if case.D == 256 else 128)
+    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=KEY_TILE[case.D])
     out = call()
     torch.cuda.synchronize()
     accuracy_block = {**emulate.errors(out[:, :, rows].float(), on_deq), "reference": "float64 on the dequantised "
