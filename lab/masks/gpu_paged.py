@@ -197,11 +197,12 @@ def race(budget_s: float = 3.0) -> list:
                                        budget_s=budget_s)
         ratio = t["packed"].median_ms / t["paged"].median_ms
         kernel = t["packed_launch"].median_ms / t["paged_launch"].median_ms
+        spread = t["packed"].q1_ms / t["paged"].q3_ms, t["packed"].q3_ms / t["paged"].q1_ms  # IQR ends crossed
         rows.append((D, ps, t["paged"].median_ms, t["packed"].median_ms, ratio, kernel))
         print(f"race D {D} page {ps}: public op paged {t['paged'].median_ms:.3f} ms, packed {t['packed'].median_ms:.3f}"
-              f" ms, packed/paged {ratio:.3f} (target >= 0.95); launch only paged {t['paged_launch'].median_ms:.3f} ms,"
-              f" packed {t['packed_launch'].median_ms:.3f} ms, packed/paged {kernel:.3f}; max |diff| {same:.3g}",
-              flush=True)
+              f" ms, packed/paged {ratio:.3f} (IQR {spread[0]:.3f}-{spread[1]:.3f}, n {t['paged'].n}; target >= 0.95);"
+              f" launch only paged {t['paged_launch'].median_ms:.3f} ms, packed {t['packed_launch'].median_ms:.3f} ms,"
+              f" packed/paged {kernel:.3f}; max |diff| {same:.3g}", flush=True)
     return rows
 
 
