@@ -27,10 +27,10 @@
 // softmax j+1 runs while P_j V_j is in flight; 0: each GEMM waited for before the softmax (v05's order).
 //
 // Launch: the V^T pass (grid vt_cols / 128 x B H_kv x D / 64, 256 threads), then grid ceil(S_q / B_r) * B * H_q
-// (query block fastest; causal: heaviest block of each head first). Warp-specialised (default): 384 threads,
-// Q 128 D + 4 stages * (B_c D (K) + D B_c (V^T)) bytes: D 64 (B_c 128) 73 KiB, D 128 (B_c 128) 145 KiB, D 256
-// (B_c 64) 161 KiB. One warpgroup: 128 threads, 64 D + stages * 2 B_c D: D 64 / 128 (B_c 128, 3 stages) 53 /
-// 105 KiB, D 256 (B_c 64, 2 stages) 81 KiB.
+// (query block fastest; causal: heaviest block of each head first). Warp-specialised (default at D 128 / 256):
+// 384 threads, Q 128 D + stages * (B_c D (K) + D B_c (V^T)) bytes: D 128 (B_c 192, 4 stages) 209 KiB, D 256
+// (B_c 128, 2 stages) 161 KiB (D 64, B_c 128, 4 stages: 73 KiB). One warpgroup (default at D 64): 128 threads,
+// 64 D + stages * 2 B_c D: D 64 / 128 (B_c 128, 3 stages) 53 / 105 KiB, D 256 (B_c 64, 2 stages) 81 KiB.
 //
 // Limits: sm_90 only; D 64, 128, 256; e4m3 inputs, bf16 output; any S_q, S_k >= 0; GQA; causal top-left;
 // 16-byte aligned bases and strides in multiples of 16 bytes (lab.fp8.op copies anything else).
@@ -53,6 +53,37 @@
 // against its e4m3), LSE within 6e-4; the wrong build (no v_descale) fails; memcheck and racecheck clean. The
 // two outlier checks failed against the float32-S emulation: wgmma e4m3 keeps a ~13-bit accumulator, which
 // lab/fp8/emulate.py now models (s_accumulator). The V^T pass: 12 % of a B 1, H 4, S 4k causal call.
+//
+// The profile beside cuDNN FP8 (H200, ncu 2025.3 --set full --clock-control none, one launch each, B 4 H 16 S 4k
+// D 128 and B 2 H 8 S 8k D 256; outputs/driver_logs/20261129-h200-batch4-b88a6be/S/prof.tgz: details, raw and
+// SASS-source exports). cuDNN's kernel is cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f8_knob_32_
+// 64x256x128 (D 256: knob_7_64x128x256): persistent (grid 132 = the SMs), 384 threads (a producer and two
+// consumer warpgroups), 227 KiB of shared memory, 64 x 256 tiles at D 128 and 64 x 128 at D 256. Against it:
+//                         D 128: ours (1 wg)  cuDNN     D 256: ours (ws, B_c 64)  cuDNN
+//   duration                    761 us        561 us            1283 us           1113 us
+//   tensor pipe                 38 %          53 %              46 %              53 %
+//   MUFU (xu) pipe              40 %          55 %              24 %              28 %
+//   issue slots busy            44 %          53 %              48 %              37 %
+//   warps per scheduler         2.0           3.0               2.2               3.0
+//   warp instructions           3.19e8        2.77e8            5.85e8            4.14e8
+// Same MUFU count per score in both (~1.03), same FADD (2: the sum and the subtracted max) and FMNMX (~1.1).
+// What differs: (1) cuDNN's key tile is 2x ours (256 / 128 at D 128, 128 / 64 at D 256), so O's rescale costs
+// it half the FMULs per score: ours 2.0 FMUL per score at D 128 (21 % of our instructions) against its 1.6; at
+// D 256 5.0 (29 %; 4 of them O's rescale) against its 3.1; (2) our wgmma descriptors were rebuilt per k32 step in
+// the loop (ULOP3 / USHF / UMOV / UIADD3 / R2UR, 12 % of our instructions at D 128, 61 of the 618 of an
+// unmasked tile per thread in the SASS), which cuDNN's loop has not; (3) cuDNN keeps 3 warps per scheduler on one
+// persistent CTA where our two one-warpgroup CTAs give 2, and our stalls are fixed-latency dependencies
+// ('wait', 1.1 cycles per issue) more than any pipe: neither the tensor pipe nor MUFU is saturated in either.
+// Changes, one at a time (lab.fp8.race in rounds, same batch, TFLOP/s of the public call; the default then):
+// LAB_FWD_FP8_FOLD (the scale in one FFMA, the max on raw S): D 128 S 4k 693 -> 738 (+6 %), S 16k +6 %, causal
+// +7 %, D 64 509 -> 551 (+8 %), D 256 836 -> 868 (+4 %). + LAB_FWD_FP8_SKIP_RESCALE: D 256 868 -> 940 (+8 %),
+// one-warpgroup D 128 -1 % (so the default skips in the warp-specialised kernel only). B_c 128 at D 256 (2
+// stages): 836 -> 1039 (+24 %, 1.06x cuDNN's 984). D 128 warp-specialised with B_c 192 plus fold and skip: 751
+// at S 4k (+8 %), 743 causal (+12 %), 878 at S 16k (+17 %). Rejected: B_c 64 with three CTAs per SM at D 128
+// (645, -7 %: more CTAs, no more MUFU), B_c 192 one-warpgroup (661 / 692 with fold-skip, 2 stages), POLY 8 / 4
+// on top of fold (-1 % / -6 % at D 64: the FMA pipe's polynomial costs more issue than MUFU saves), chains of 2
+// (+0.4-1.4 %, within the noise of a rebuild). LAB_FWD_FP8_DESC (one add per k32 step) is the same descriptors
+// with 41 fewer instructions per D 128 tile in the SASS; its own effect: the final race below.
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v13_fp8.cu
 #include <cuda_bf16.h>
