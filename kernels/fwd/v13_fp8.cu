@@ -93,7 +93,8 @@
 #ifndef LAB_FWD_FP8_OVERLAP
 #define LAB_FWD_FP8_OVERLAP 1
 #endif
-// LAB_FWD_FP8_WARPSPEC (2, default: per head dim; 1: always; 0: never) runs v07's shape: a producer warpgroup (TMA
+// LAB_FWD_FP8_WARPSPEC (3, default: warp-specialised at D 128 / 256, one warpgroup at D 64; 2: the same at D 256
+// only, the default before the profile; 1: always; 0: never) runs v07's shape: a producer warpgroup (TMA
 // only, 24 registers) and two consumer warpgroups (240 registers, 64 query rows each, B_r = 128) sharing each
 // K / V tile, with `empty` barriers per stage and ping-pong turns (one warpgroup's GEMMs issue while the other
 // runs its softmax), each consumer in the overlapped loop of LAB_FWD_FP8_OVERLAP = 1. Prediction: +15-25 % over
@@ -102,7 +103,8 @@
 // D 128 (631 vs 735 TFLOP/s at S 4k, 687 vs 797 at 16k, 607 vs 702 causal 8k, 674 vs 785 GQA 16 / 4), 0.92x at
 // D 64, 1.08x at D 256 (831 vs 770). Refuted at D 64 / 128: two or three one-warpgroup CTAs per SM already
 // overlap one CTA's softmax with another's GEMMs, and with e4m3's half-time GEMMs the ping-pong turns serialise
-// more than they hide (not yet profiled). So 2: warp-specialised at D 256 only (one CTA of the one-warpgroup
+// more than they hide (then not profiled; with B_c 192 and the fold it wins at D 128: the profile paragraph
+// above). So 2 then: warp-specialised at D 256 only (one CTA of the one-warpgroup
 // kernel fits per SM there). Both kernels: every check (17 cells and variants) passes, compute-sanitizer
 // memcheck and racecheck clean (batch 1: one warpgroup; batch 2, synccheck too: warp-specialised, D 128).
 // Rejected beside it (same race, warp-specialised): LAB_FWD_FP8_POLY 4 +1 % at D 128, -4 % at D 64; B_c 192 at
