@@ -103,14 +103,28 @@
 //   way) is the next candidate, not built. The fix's clean race is owed: its one run shared the GPU with two other
 //   scripts (outputs/driver_logs/20261129-h200-batch3-7152d73448/T6: 0.72 / 0.84 / 0.85 at page 16 / 64 / 256, 0.90
 //   at D 64 page 64, the checks and memcheck clean). Record: outputs/experiments/20261129-paged-prefill-v11.json.
-// Prediction (paged candidates, before any is measured; H200, the race's cells, kernel GPU time against the contiguous
-//   call): at page 256 the TMA work and the consumers' loop are the contiguous call's (the loop's SASS is 1476
-//   instructions against 1735, none of them new), so the 0.85x left there is the memory side: the shuffled table
-//   puts a tile's K and V in 512 KiB pieces scattered over the cache, and a 2-stage ring at D = 128 exposes the
-//   address translation and DRAM latency of each new page. So: the identity table (the contiguous call's bytes read
-//   through the table) >= 0.97x; PAGED_D128_STAGES 3 / D64 5 and PAGED_PREFETCH 3 (L2 prefetch three tiles ahead)
-//   each +5-10 % at pages 64 and 256; PAGED_LATE_CHECK +1 % (the prologue's table round trip and CTA barrier, ~1 us
-//   of a CTA's ~110); all together >= 0.95x at pages 64 / 256 and D 64, page 16 >= 0.85x (its 16 boxes a tile).
+// Prediction (paged candidates, before any was measured; H200, the race's cells, kernel GPU time against the contiguous
+//   call): at page 256 the TMA work and the consumers' loop are the contiguous call's, so the 0.85x left there was
+//   put on the memory side (the shuffled table's scattered pages, a 2-stage ring exposing each page's latency):
+//   the identity table (the contiguous call's bytes read through the table) >= 0.97x; PAGED_D128_STAGES 3 / D64 5
+//   and PAGED_PREFETCH 3 (L2 prefetch of the boxes three tiles ahead) each +5-10 % at pages 64 / 256; PAGED_LATE_CHECK
+//   (the table scan on the producer's second warp, its verdict at the epilogue) +1 %.
+// Outcome (H200, ae234c2, outputs/driver_logs/20261129-h200-batch4-b88a6be/Q, GPU time, contiguous / paged, IQR
+//   within +-0.5 %): the identity table ran as the shuffled one (0.714 / 0.853 / 0.869 / 0.924 against 0.716 / 0.851 /
+//   0.871 / 0.926 at D 128 page 16 / 64 / 256, D 64 page 64), so the layout costs nothing and the gap is the kernel's
+//   own. STAGES 3 at D 128: 0.716 / 0.901 / 0.905 (kept); 5 at D 64: 0.893 (lost, D 64 keeps 3). PREFETCH 3: 0.472 /
+//   0.745 / 0.767 / 0.788 (the prefetches queue in the same TMA unit ahead of the loads that are due; removed).
+//   LATE_CHECK: 0.713 / 0.845 / 0.867 / 0.905 (no gain; removed). ncu at page 256, identity table: 461 us against
+//   401, the same DRAM bytes and 4 % more instructions, issue slots 32 % against 36 %: the warps wait longer, not
+//   more. The SASS then showed why: the consumers' loop set up its barrier addresses and wgmma descriptors in vector
+//   registers (S2R of the thread index, IMAD chains, an R2UR before each use: 1476 instructions against 1731 that
+//   are mostly uniform ops), because the bad-table branch before it, on a __syncthreads_or result that the compiler
+//   cannot prove uniform, made all code after it divergent to the compiler (the first fix kept the key count clean
+//   but not the branch). paged_table_bits now passes that result through a warp vote (VOTEU.ANY, a uniform
+//   predicate): the paged loop is the contiguous one's again, 1731 instructions.
+// Prediction (the uniform vote, 3 stages at D 128): page 256 and D 64 page 64 >= 0.97x, page 64 >= 0.95x, page 16
+//   ~0.80x (its 16 boxes a tile per K or V remain: PAGED_GATHER, cp.async of pages below 64 keys by the producer
+//   warpgroup, is the candidate for it, with PAGED_WALK, the producer's box coordinates without a division a tile).
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -89,7 +89,9 @@ __device__ __forceinline__ int paged_table_bits(const AttnMaskParams& mp, const 
     const int page = table[i];
     bad |= page < 0 || page >= mp.num_pages;
   }
-  return __syncthreads_or(bad) ? LAB_PAGE_E_INDEX : 0;
+  // The CTA's OR is the same on every thread, but the compiler cannot know: a branch on it made the whole main loop
+  // after it divergent to the compiler (its descriptors in vector registers). A warp vote (VOTEU) makes it uniform.
+  return __any_sync(0xffffffffu, __syncthreads_or(bad) != 0) ? LAB_PAGE_E_INDEX : 0;
 }
 
 // A bad sequence's rows [m0, m1) of O (16-byte stores from `out`, row 0 of the sequence) zeroed and of the LSE set
