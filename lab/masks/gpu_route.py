@@ -157,3 +157,23 @@ def race_dv(lens=(2048,) * 4, H=16, shapes=((192, 128), (192, 192), (256, 128), 
         rows.append(row)
         print(f"race-dv D_qk {d_qk} D_v {d_v}: {row['median_ms']} (q1, q3, n: {row['q1_q3_n']})", flush=True)
     return rows
+
+
+def sanitize_small() -> None:
+    """Small calls for compute-sanitizer memcheck: the dense route (GQA, rows of no sequence on both sides) and a
+    D_v != D_qk packed call, forward and backward through the public op."""
+    for lens, Hq, Hkv, d_qk, d_v, stray in (([100] * 3, 4, 2, 128, 128, 3), ([1, 63, 65], 4, 2, 192, 128, 0)):
+        cu = _cu(lens)
+        q = draw(sum(lens) + stray, Hq, d_qk, dtype=torch.bfloat16).requires_grad_()
+        k = draw(sum(lens) + stray, Hkv, d_qk, dtype=torch.bfloat16).requires_grad_()
+        v = draw(sum(lens) + stray, Hkv, d_v, dtype=torch.bfloat16).requires_grad_()
+        before = dense_route.taken[0]
+        out = ops.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        torch.cuda.synchronize()
+        print(f"sanitize: lens {lens} D_qk {d_qk} D_v {d_v} stray {stray}: route taken "
+              f"{dense_route.taken[0] > before}", flush=True)
+
+
+if __name__ == "__main__":
+    sanitize_small()
