@@ -28,6 +28,14 @@ of cu_seqlens makes the timed window hold the Python path after the copy (the ho
 forward + backward about 0.85-0.95x the dense op's (the packed backward stays 0.86x the dense one); the unchecked
 call unchanged, 1.16-1.20x. D_v != D_qk (lab.masks.op pads V to the kernel width and cuts O back): 1.02-1.08x the
 same call at D_v = D_qk = width, forward and forward + backward (the copies of V and O, and of dV back).
+Outcome (H200, b88a6be, outputs/driver_logs/20261129-h200-batch4-b88a6be/R; GPU time, medians of 21 rounds, IQR
+within 1 % unless said): the route's GPU work 0.993x the dense forward at D 128 (0.251 / 0.253 ms), 0.999x at D 64
+(0.188 / 0.188): met. The public checked call 2.14x (D 128, 0.541 ms, IQR 0.032) and 2.47x (D 64): the exposed host
+path is ~0.29 ms, twice the prediction's upper end; forward + backward 1.34x / 1.71x, missed. Unchecked: 1.17x (D
+128) and 1.32x (D 64) forward, as before; backward 0.86x / 0.87x. D_v != D_qk (4 x 2048, H 16; F.pad then): forward
+1.42x (192 / 128 against 192 / 192) and 1.39x (256 / 128 against 256 / 256), forward + backward 1.08x / 1.07x: the
+forward missed by far (the copies of V and O, 30-45 us by bytes, were 94-96 us). Route checks 8/8 (the two forced
+on uneven keys fail as they must), its gradient checks 2/2, D_v != D_qk checks 4/4 (out, dQ, dK, dV).
 """
 from __future__ import annotations
 
