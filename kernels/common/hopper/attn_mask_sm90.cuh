@@ -77,6 +77,10 @@ inline int launch_masked_fwd(const AttnMaskParams& mp, cudaStream_t stream, int 
 
 // ---------------------------------------------------------------- paged K/V (fwd v11)
 
+#ifndef LAB_FWD_MASK_PAGED_VOTE
+#define LAB_FWD_MASK_PAGED_VOTE 1  // paged_table_bits' warp vote (0: without it, the A/B's baseline)
+#endif
+
 // A sequence's block table before any load: LAB_PAGE_E_SHORT when its seqlen_k keys do not fit max_pages pages,
 // LAB_PAGE_E_INDEX when a page holding one of them is outside [0, num_pages); 0: every page it reads is good. All
 // threads of the CTA call it (a __syncthreads_or), and every CTA of the sequence scans the whole sequence, so they
@@ -91,7 +95,11 @@ __device__ __forceinline__ int paged_table_bits(const AttnMaskParams& mp, const 
   }
   // The CTA's OR is the same on every thread, but the compiler cannot know: a branch on it made the whole main loop
   // after it divergent to the compiler (its descriptors in vector registers). A warp vote (VOTEU) makes it uniform.
+#if LAB_FWD_MASK_PAGED_VOTE
   return __any_sync(0xffffffffu, __syncthreads_or(bad) != 0) ? LAB_PAGE_E_INDEX : 0;
+#else  // the form before, for the A/B only
+  return __syncthreads_or(bad) ? LAB_PAGE_E_INDEX : 0;
+#endif
 }
 
 // A bad sequence's rows [m0, m1) of O (16-byte stores from `out`, row 0 of the sequence) zeroed and of the LSE set
