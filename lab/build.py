@@ -339,9 +339,9 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
     Each run is nvcc -cubin: the preprocessor, cicc and ptxas, the same ptxas report as a full build. cicc's
     front end parses and type-checks the whole translation unit, the host launchers with it (it must: the
     kernel templates a launcher instantiates are found in host code), so an error in a launcher fails here as
-    in a full build. What -c adds is gcc compiling the host side once more (cudafe++ and g++, 2-9 s a file,
-    over a fifth of the check's nvcc time) for code that cicc has already checked; the only code cicc does
-    not see is under `#ifndef __CUDA_ARCH__`, which tests/product/test_build.py keeps to a known list.
+    in a full build. What -c adds is the host compiler's pass over the same code (cudafe++ and g++: 0.4-9 s a
+    file, 511 -> 417 CPU-seconds for the 41 kernel files' gate on a cold cache, 2026-11-29); the only code
+    cicc does not see is under `#ifndef __CUDA_ARCH__`, which tests/product/test_build.py keeps to a list.
     """
     out_dir = paths.CACHE / "compile_check"
     out_dir.mkdir(parents=True, exist_ok=True)
