@@ -242,16 +242,18 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
     query and key (total, H, D_qk), value (total_k, H_kv, D_v) (D_v != D_qk runs at the kernel width of the
     larger, zero-padded, O cut back to D_v); sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
-    of query and cu_seqlens_k[b]:cu_seqlens_k[b+1] of key/value (int32 on query's device). max_seqlen_q/k: host
+    of query and cu_seqlens_k[b]:cu_seqlens_k[b+1] of key/value (int32 on query's device, or both on the CPU: then
+    their values are checked with no device sync and copied over). max_seqlen_q/k: host
     ints bounding every length (the grid is sized from them). Causal and the window are aligned bottom-right per
     sequence (FlashAttention's rule, lab.masks.spec). GQA when H_q is a multiple of H_kv. return_lse: also
     (H_q, total_q) float32 natural-log LSE. check_cu_seqlens: check cu_seqlens' values (starts at 0,
     non-decreasing, within the packed rows and max_seqlen) at the cost of one device-to-host copy; False skips
     it, and the kernel then clamps every length so no value reads or writes out of bounds. Rows of no sequence
     (past cu_seqlens_q[-1]) hold zeros (LSE -inf) when cu_seqlens was checked on the host (eager calls with
-    check_cu_seqlens=True); otherwise they are left unwritten, as FlashAttention leaves them. A checked call whose
-    sequences all have one length and a mask without window, softcap or sinks runs the dense default kernel on a
-    view of the packed rows (lab.masks.dense_route: the same answer, the dense call's speed). Differentiable in
+    check_cu_seqlens=True, or cu_seqlens on the CPU); otherwise they are left unwritten, as FlashAttention leaves
+    them. A call whose cu_seqlens the host holds (checked, or on the CPU) with sequences all of one length and a mask
+    without window, softcap or sinks runs the dense default kernel on a view of the packed rows
+    (lab.masks.dense_route: the same answer, the dense call's speed). Differentiable in
     query, key, value and sinks on compute capability 9.0 (lab.masks.varlen_bwd). lab.ops.attention_varlen is
     lab.masks.paged.attention_varlen: this call, or with block_table the paged one.
     """
@@ -284,11 +286,18 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise TypeError(f"{name} must be a non-negative host int, got {n!r}")
-    host_q, host_k = [], []  # the checked host copies (check_cu_seqlens=True), for the dense route
-    rows_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], query.device, None, check_cu_seqlens,
-                       max_seqlen_q, host_q)
-    _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], query.device, cu_seqlens_q.shape[0] - 1,
-              check_cu_seqlens, max_seqlen_k, host_k, host_q if cu_seqlens_k is cu_seqlens_q else None)
+    host_q, host_k = [], []  # the checked host copies (check_cu_seqlens=True, or cu_seqlens on the host), for the
+    # dense route; cu_seqlens on the CPU with a CUDA query: their values are read with no sync and always checked,
+    # then copied to the device without waiting for it (pageable memory is staged at once)
+    on_host = _on_host(cu_seqlens_q, cu_seqlens_k, query)
+    where, check = (torch.device("cpu"), True) if on_host else (query.device, check_cu_seqlens)
+    rows_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], where, None, check, max_seqlen_q, host_q)
+    _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], where, cu_seqlens_q.shape[0] - 1, check, max_seqlen_k,
+              host_k, host_q if cu_seqlens_k is cu_seqlens_q else None)
+    if on_host:  # through pinned memory (torch's caching host allocator): the copy is queued, not waited for
+        same = cu_seqlens_k is cu_seqlens_q
+        cu_seqlens_q = cu_seqlens_q.pin_memory().to(query.device, non_blocking=True)
+        cu_seqlens_k = cu_seqlens_q if same else cu_seqlens_k.pin_memory().to(query.device, non_blocking=True)
     spec.check_sinks(sinks, query.shape[1], query.device)
     _check_cuda(query)
     # the kernels read sinks and cu_seqlens as contiguous arrays
@@ -319,6 +328,12 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if width != d_v:
         out = out[..., :d_v].contiguous()
     return (out, lse) if return_lse else out
+
+
+def _on_host(cu_q, cu_k, query) -> bool:
+    """Both cu_seqlens plain CPU tensors and query a CUDA tensor: the values are on the host already."""
+    return all(type(t) is torch.Tensor and t.device.type == "cpu" for t in (cu_q, cu_k)) and \
+        isinstance(query, torch.Tensor) and query.device.type == "cuda"
 
 
 def _pad_columns(t, width: int):

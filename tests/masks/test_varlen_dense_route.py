@@ -217,3 +217,19 @@ def test_pad_columns_is_f_pad_forward_and_backward():
     g = _draw(5, 3, 12, seed=10)
     (got,) = torch.autograd.grad((padded * g).sum(), t)
     assert torch.equal(got, g[..., :7])
+
+
+def test_cu_seqlens_on_the_host_take_the_route_with_no_device_copy(gpu, monkeypatch):
+    """Both cu_seqlens on the CPU with a CUDA query (forced here: the tensors are CPU ones taken for a GPU's): their
+    values are checked whatever check_cu_seqlens says (reading them costs no sync), the route is taken, and the
+    kernels get device copies (here: the pin and the copy are the identity)."""
+    q = _draw(12, 2, 64, seed=1, dtype=F16)
+    cu = _cu([6, 6])
+    assert not mop._on_host(cu, cu, q) and not mop._on_host(cu.to("meta"), cu, q)  # a CPU query: not this case
+    monkeypatch.setattr(mop, "_on_host", lambda *args: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args: self)
+    want, _ = reference.attend_varlen(q, q, q, cu, cu, spec.make_mask(True, None, 0.0), 0.125)
+    out = ops.attention_varlen(q, q, q, cu, cu, 6, 6, is_causal=True, check_cu_seqlens=False)
+    assert gpu == [(2, 6, 6)] and float((out.double() - want).abs().max()) < 2e-3
+    with pytest.raises(ValueError, match=r"a sequence of 6 rows exceeds max_seqlen \(5\)"):
+        ops.attention_varlen(q, q, q, cu, cu, 5, 6, is_causal=True, check_cu_seqlens=False)
