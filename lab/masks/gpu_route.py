@@ -24,8 +24,9 @@ def _cu(lens):
     return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
 
 
-def check_route(name, n, sq, sk, Hq, Hkv, D, dtype, causal, stray=0, wrong=False) -> bool:
-    """One forward check; wrong: the route forced with the last sequence one key short (must fail)."""
+def check_route(name, n, sq, sk, Hq, Hkv, D, dtype, causal, stray=0, wrong=False, host=False) -> bool:
+    """One forward check; wrong: the route forced with the last sequence one key short (must fail); host: the
+    public call given cu_seqlens on the CPU."""
     mask = spec.make_mask(causal, None, 0.0)
     GEN.manual_seed(hash(("route", name, D)) % 2**31)
     q, k, v = draw(n * sq + stray, Hq, D, dtype=dtype), draw(n * sk + stray, Hkv, D, dtype=dtype), \
@@ -34,6 +35,8 @@ def check_route(name, n, sq, sk, Hq, Hkv, D, dtype, causal, stray=0, wrong=False
     cu_q, cu_k = _cu([sq] * n), _cu(lens_k)
     scale = D ** -0.5
     before = dense_route.taken[0]
+    if host:  # cu_seqlens on the CPU: read with no sync, copied over by the op
+        cu_q, cu_k = cu_q.cpu(), cu_k.cpu()
     if wrong:
         out, lse = dense_route.dense_impl(q, k, v, cu_q, cu_k, None, sq, sk, mask.left, mask.right, 0.0, scale, None,
                                           rows_q=n * sq, shape=(n, sq, sk))
@@ -65,6 +68,7 @@ def checks_route() -> int:
                  ("odd", 2, 65, 65, 4, 1, 128, fp16, True, 3), ("one", 1, 1, 1, 4, 2, 64, bf16, True, 0),
                  ("wide", 2, 300, 300, 4, 2, 256, bf16, True, 0), ("wide192", 3, 129, 129, 4, 2, 192, bf16, False, 2)):
         bad += not check_route(*args)
+    bad += not check_route("host", 4, 512, 512, 8, 2, 128, bf16, True, 5, host=True)
     bad += not check_route("wrong", 3, 200, 200, 4, 2, 128, bf16, True, wrong=True)
     bad += not check_route("wrong-cross", 3, 100, 8, 4, 4, 64, fp16, False, wrong=True)  # one of 8 keys missing
     for name, lens, Hkv, D, dtype in (("route-bwd", [512] * 4, 2, 128, bf16), ("route-bwd-mqa", [300] * 3, 1, 64, fp16)):
@@ -73,6 +77,18 @@ def checks_route() -> int:
         took = dense_route.taken[0] > before
         print(f"  {name}: took the route {took}", flush=True)
         bad += not (ok and took)
+    # cu_seqlens on the host against the same call with them on the device: the same kernels, so the same bits
+    cu = _cu([512] * 4)
+    q, k, v = (draw(2048 + 3, 8, 128, dtype=bf16).requires_grad_() for _ in range(3))
+    dout = draw(2048 + 3, 8, 128, dtype=bf16)
+    runs = []
+    for c in (cu, cu.cpu()):
+        o, lse = ops.attention_varlen(q, k, v, c, c, 512, 512, is_causal=True, return_lse=True)
+        runs.append((o, lse) + torch.autograd.grad(o, (q, k, v), dout))
+    same = all(torch.equal(a, b) for a, b in zip(*runs))
+    print(("ok  " if same else "BAD ") + f"route host cu_seqlens: out, lse, dq, dk, dv equal to the device ones' {same}",
+          flush=True)
+    bad += not same
     print(f"checks route done: {bad} bad", flush=True)
     return bad
 

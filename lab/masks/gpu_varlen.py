@@ -194,6 +194,8 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
                              dout)
             fns["labchk11"] = (lambda: ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, version=  # named:
                                "v11"), dout)  # the same checked call on the packed kernel (no route)
+            cu_host = cu.cpu()  # cu_seqlens on the host: the route with no device sync
+            fns["labhost"] = (lambda: ops.attention_varlen(q, k, v, cu_host, cu_host, mx, mx, is_causal=True), dout)
 
             def dense():
                 return ops.attention(*(t.view(len(lens), mx, H, D).transpose(1, 2) for t in ins), is_causal=True)
@@ -230,6 +232,7 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
                "lab_over_dense": {s: ratio("lab" + s, "dense" + s) for s in ("_fwd", "", "+fwd")},
                "checked_over_dense": {s: ratio("labchk" + s, "dense" + s) for s in ("_fwd", "", "+fwd")},
                "checked_packed_over_route": {s: ratio("labchk11" + s, "labchk" + s) for s in ("_fwd", "", "+fwd")},
+               "host_cu_over_dense": {s: ratio("labhost" + s, "dense" + s) for s in ("_fwd", "", "+fwd")},
                "route_over_dense_fwd": ratio("route_fwd", "dense_fwd"),
                "padded_over_packed": ratio("kernel_padded", "kernel_packed"),
                "slot_major_over_head_minor": ratio("kernel_packed_slot_major", "kernel_packed"),
@@ -242,7 +245,8 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
             f"{key} {v if isinstance(v, str) else round(v, 3)} (iqr {iqr.get(key, 0):.3f})" for key, v in ms.items()),
             flush=True)
         print(f"  Flex / lab (fwd, bwd, fwd+bwd): {row['flex_over_lab']}; lab / dense: {row['lab_over_dense']}; "
-              f"checked lab / dense: {row['checked_over_dense']}; checked v11 / checked route: "
+              f"checked lab / dense: {row['checked_over_dense']}; cu_seqlens on the host / dense: "
+              f"{row['host_cu_over_dense']}; checked v11 / checked route: "
               f"{row['checked_packed_over_route']}; route's GPU work / dense fwd: "
               f"{row['route_over_dense_fwd']}; "
               f"padded / packed backward: {row['padded_over_packed']}; slot-major / head-minor grid: "
