@@ -77,7 +77,8 @@ def checks_route() -> int:
         took = dense_route.taken[0] > before
         print(f"  {name}: took the route {took}", flush=True)
         bad += not (ok and took)
-    # cu_seqlens on the host against the same call with them on the device: the same kernels, so the same bits
+    # cu_seqlens on the host against the same call with them on the device: the same kernels, so the same bits in
+    # O and LSE; the gradients within 1 % of their largest (dQ is added by atomics in no fixed order)
     cu = _cu([512] * 4)
     q, k, v = (draw(2048 + 3, 8, 128, dtype=bf16).requires_grad_() for _ in range(3))
     dout = draw(2048 + 3, 8, 128, dtype=bf16)
@@ -85,9 +86,11 @@ def checks_route() -> int:
     for c in (cu, cu.cpu()):
         o, lse = ops.attention_varlen(q, k, v, c, c, 512, 512, is_causal=True, return_lse=True)
         runs.append((o, lse) + torch.autograd.grad(o, (q, k, v), dout))
-    same = all(torch.equal(a, b) for a, b in zip(*runs))
-    print(("ok  " if same else "BAD ") + f"route host cu_seqlens: out, lse, dq, dk, dv equal to the device ones' {same}",
-          flush=True)
+    same = all(torch.equal(a, b) for a, b in zip(runs[0][:2], runs[1][:2])) and all(
+        float((a.float() - b.float()).abs().max()) <= 0.01 * float(a.float().abs().max())
+        for a, b in zip(runs[0][2:], runs[1][2:]))
+    print(("ok  " if same else "BAD ") + f"route host cu_seqlens: out, lse equal to the device call's, dq, dk, dv "
+          f"within 1 %: {same}", flush=True)
     bad += not same
     print(f"checks route done: {bad} bad", flush=True)
     return bad
