@@ -5,8 +5,9 @@ Why: packed (total, H, D) rows whose cu_seqlens are [0, S, 2 S, ..., n S] ARE a 
 no copy), and the dense default (fwd v07 at D 64 / 128: the persistent PAIR order for causal rows) ran 8 x 2048
 causal rows in 1 / 1.19 of the packed kernel's time (fwd v11's packed grid, non-persistent: chapter n13's race).
 
-When: the decision needs cu_seqlens' values, and those reach the host only in a checked call (check_cu_seqlens=True,
-one device-to-host copy the call pays anyway). max_seqlen_q / _k play no part: the lengths are read from the checked
+When: the decision needs cu_seqlens' values on the host: a checked call (check_cu_seqlens=True, one device-to-host
+copy the call pays anyway), or cu_seqlens given on the CPU (lab.masks.op reads them with no sync and copies them
+to the device through pinned memory: the route without waiting for the device). max_seqlen_q / _k play no part: the lengths are read from the checked
 copy, so an untruthful max (already refused there when too small) cannot pick this route; an unchecked call
 (check_cu_seqlens=False: no host copy, no sync) never takes it, because q.shape[0] == n max_seqlen_q does not
 prove equal lengths (rows of no sequence are allowed past cu_seqlens_q[-1]) and the dense kernel cannot read
