@@ -282,12 +282,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
-    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
-    if constexpr (Cfg::kGather)  // one arrival per producer thread, when its copies of the tile have landed
+    if constexpr (Cfg::kGather) {  // one arrival per producer thread, when its copies of the tile have landed
+      mbar_init(smem_u32(&bar_q), 1);
       for (int s = 0; s < kStages; ++s) {
         mbar_init(smem_u32(&bar_k[s]), 128);
         mbar_init(smem_u32(&bar_v[s]), 128);
       }
+    } else {
+      init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
