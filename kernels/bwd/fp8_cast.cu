@@ -1,7 +1,7 @@
 // FP8 training's casts (lab.fp8.backward): bf16 Q, K, V to e4m3 with an amax descale before the FP8 forward, and
 // the e4m3 tensors the forward saved back to bf16 for the backward.
 //
-//   quantise    amax[b, h] = max |x[b, h]| (or over the tensor); descale = amax / 448 (1 where amax is 0)
+//   quantise    amax[b, h] = max |x[b, h]| (or over the tensor); descale = amax * RN(1 / 448) (1 where amax is 0)
 //               x8[b, h] = e4m3_rn_satfinite(float(x[b, h]) / descale[b, h])
 //   dequantise  y[b, h] = bf16_rn(float(x8[b, h]) * descale[b, h])
 //
@@ -32,6 +32,7 @@ constexpr int kThreads = 256;
 constexpr int kChunkBytes = 16;  // one 16-byte load of e4m3, two 16-byte stores of bf16
 constexpr int kMaxBlocksPerSm = 8;
 constexpr float kE4m3Max = 448.f;
+constexpr float kInvE4m3Max = 1.f / 448.f;  // rounded to float32 once, as torch's reciprocal is
 constexpr int kAmaxChunks = kThreads * 16;  // 8-element chunks a block of the amax pass reduces (32K elements)
 
 __global__ void __launch_bounds__(kThreads) dequant_kernel(const uint4* __restrict__ x,
@@ -100,7 +101,10 @@ __global__ void descale_kernel(const unsigned int* __restrict__ amax_bits, float
   unsigned int bits = amax_bits[h];
   if (per_tensor)
     for (int g = 0; g < heads; ++g) bits = max(bits, amax_bits[g]);
-  const float d = __uint_as_float(bits) / kE4m3Max;
+  // amax * RN(1 / 448), not amax / 448: torch divides a tensor by a Python scalar as a product with the scalar's
+  // float32 reciprocal, and quant.amax_descale's `amax / 448.0` is that; the two differ by an ulp on some amaxes
+  // (per-head descales did, outputs/driver_logs/20261129-h200-batch5-9c9667b/T/checks_bwd.txt).
+  const float d = __fmul_rn(__uint_as_float(bits), kInvE4m3Max);
   descale[h] = d > 0.f ? d : 1.f;  // quant.amax_descale: torch.where(descale > 0, descale, 1); NaN > 0 is false
 }
 

@@ -47,7 +47,7 @@ CELLS = (
 
 
 def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int = 0, bug=None,
-          device="cuda", dtype=torch.bfloat16, deterministic_mode: bool = False) -> dict:
+          device="cuda", dtype=torch.bfloat16, deterministic_mode: bool = False, lab_bf16: bool = True) -> dict:
     """One check (module notes); appends and returns its record. (device: the CPU runs it only with the kernels
     replaced, as tests/fp8/test_backward.py does.)"""
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -77,6 +77,8 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int =
            "bug": bug, "error": error, "model": model, "bf16_eager": eager,
            "reference": "float64 autograd on the dequantised inputs"}
     try:
+        if not lab_bf16:
+            raise RuntimeError("not asked")
         import lab.ops as ops
         lab_leaves = [x.to(torch.bfloat16).requires_grad_() for x in deq]
         lab_out = ops.attention(*lab_leaves, is_causal=causal, enable_gqa=Hq != Hkv)
@@ -111,7 +113,7 @@ def casts_bitwise(seed: int = 11) -> dict:
     per-head descales, S 1, 65, 300, 4097, D 64 / 128, values across e4m3's range (subnormals, saturation at
     +-448 where a head's amax is another head's), an all-zero head (descale 1)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    mismatched = []
+    mismatched = []  # [B, H, S, D, granularity, which parts differ]
     for B, H, S, D, granularity in ((1, 2, 1, 64, "tensor"), (2, 3, 65, 128, "head"), (1, 4, 4097, 128, "head"),
                                     (3, 2, 300, 64, "tensor"), (2, 4, 1000, 128, "tensor")):
         x = torch.randn((B, H, S, D), generator=gen, device="cuda") * torch.logspace(-6, 3, D, device="cuda")
@@ -119,11 +121,11 @@ def casts_bitwise(seed: int = 11) -> dict:
         x = x.to(torch.bfloat16)
         reference = quant.quantize(x, "e4m3", granularity)
         data, descale = quantize_e4m3(x, granularity)
-        same = (torch.equal(data.view(torch.uint8), reference.data.view(torch.uint8))
-                and torch.equal(descale, reference.descale)
-                and torch.equal(dequantize_bf16(data, descale), dequantize_bf16_torch(data, descale)))
-        if not same:
-            mismatched.append([B, H, S, D, granularity])
+        parts = {"data": torch.equal(data.view(torch.uint8), reference.data.view(torch.uint8)),
+                 "descale": torch.equal(descale, reference.descale),
+                 "dequantise": torch.equal(dequantize_bf16(data, descale), dequantize_bf16_torch(data, descale))}
+        if not all(parts.values()):
+            mismatched.append([B, H, S, D, granularity, sorted(k for k, ok in parts.items() if not ok)])
     return record.append({"kind": "fp8-bwd-check", "check": "casts-bitwise", "mismatched": mismatched,
                           "pass": not mismatched})
 
