@@ -39,7 +39,7 @@
 // Prediction: wgmma e4m3 runs at twice bf16's rate, so the GEMMs take half of v05's time and the softmax
 // (same work as bf16 per element) becomes the larger part: with 2-3 CTAs per SM, ~550-750 TFLOP/s at D 128,
 // under cuDNN FP8's 978 (n15): the producer / consumer warpgroups of v07 are the next step.
-// Outcome of the default (H200, outputs/driver_logs/20261129-h200-batch3-7152d73448/T4, lab.fp8.race in rounds,
+// Outcome of the first default (H200, outputs/driver_logs/20261129-h200-batch3-7152d73448/T4, lab.fp8.race in rounds,
 // public call with its V^T pass, TFLOP/s and x cuDNN FP8): D 128 S 4k 735 (0.76x), S 16k 797 (0.78x), causal
 // S 8k 702 (0.75x), GQA 16 / 4 785 (0.78x), D 64 295 (0.90x; that cell contended: bf16 SDPA ran at 299 against
 // 493 in batch 1), D 256 831 (0.85x, warp-specialised); 1.10-1.17x bf16 SDPA-cuDNN at D 128. The >= 1.0x target
@@ -84,6 +84,15 @@
 // on top of fold (-1 % / -6 % at D 64: the FMA pipe's polynomial costs more issue than MUFU saves), chains of 2
 // (+0.4-1.4 %, within the noise of a rebuild). LAB_FWD_FP8_DESC (one add per k32 step) is the same descriptors
 // with 41 fewer instructions per D 128 tile in the SASS; its own effect: the final race below.
+// Outcome of the new default (LAB_FWD_FP8_WARPSPEC 3 and the knobs above; H200, alone on the GPU, lab.fp8.race in
+// rounds with the old default and cuDNN FP8, outputs/driver_logs/20261129-h200-batch5-9c9667b/S): D 128 S 4k 746
+// TFLOP/s (old 691, +8 %; 0.77x cuDNN FP8's 971), S 16k 871 (750, +16 %; 0.84x), causal S 8k 736 (660, +12 %;
+// 0.79x), GQA 16 / 4 830 (730, +14 %; 0.82x), D 64 555 (509, +9 %; 0.96x), D 256 1205 (835, +44 %; 1.22x cuDNN's
+// 984): the >= 1.0x target is met at D 256 only. 17 / 17 checks (the emulation at the default's key tile), the wrong
+// build fails, memcheck and racecheck clean at D 64 / 128 / 256. One change each against it, same rounds:
+// descriptors off -0.1 % at D 128, -0.8 % at D 256; skip off -4 % at D 256; the register V^T pass (LAB_FWD_FP8_VT =
+// 2) +0.3-0.8 %; 2 chains +4 % at D 128 S 4k, +0.0 % at D 256; one warpgroup at D 128 +1.5 % at S 4k, -1 % causal.
+// ncu of the new default: D 128 708 us (761 before), D 256 888 us (1283 before).
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v13_fp8.cu
 #include <cuda_bf16.h>
