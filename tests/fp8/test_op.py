@@ -131,6 +131,6 @@ def test_the_register_vt_pass_writes_the_shared_memory_pass_bytes(D):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("fwd v13 is sm_90a")
     q, k, v = (fp8(2, h, 300, D, seed=s).cuda() for h, s in ((4, 0), (2, 1), (2, 2)))
-    smem = op.run(q, k, v, enable_gqa=True, symbol="attn_fp8_vt_v13")
+    smem = op.run(q, k, v, enable_gqa=True, symbol="attn_fp8_vt_v13", defines={"LAB_FWD_FP8_VT": 1})
     regs = op.run(q, k, v, enable_gqa=True, symbol="attn_fp8_vt_v13", defines={"LAB_FWD_FP8_VT": 2})
     assert smem.shape == regs.shape and torch.equal(smem, regs)
