@@ -159,20 +159,12 @@
 #endif
 // Paged K/V (the header's paged paragraphs). PAGED_D128_STAGES / PAGED_D64_STAGES: the paged kernels' own ring
 // depth: 3 at D = 128 (224 KiB) hides more of each tile's TMA latency, +5 % at pages 64 / 256 (D = 64 keeps
-// 3: 5 lost 4 %). PAGED_WALK (candidate): the producer's box coordinates walked without a division in the loop.
+// 3: 5 lost 4 %).
 #ifndef LAB_FWD_MASK_PAGED_D128_STAGES
 #define LAB_FWD_MASK_PAGED_D128_STAGES 3
 #endif
 #ifndef LAB_FWD_MASK_PAGED_D64_STAGES
 #define LAB_FWD_MASK_PAGED_D64_STAGES 3
-#endif
-#ifndef LAB_FWD_MASK_PAGED_WALK
-#define LAB_FWD_MASK_PAGED_WALK 0
-#endif
-// PAGED_GATHER: pages below this many keys (0: none) are copied by the producer warpgroup's cp.async
-// (gather_tile_paged) instead of BC / page_size TMA boxes per 64 columns; that kernel's registers are 40 / 232.
-#ifndef LAB_FWD_MASK_PAGED_GATHER
-#define LAB_FWD_MASK_PAGED_GATHER 0
 #endif
 
 namespace {
@@ -189,7 +181,6 @@ struct Cfg11 {
   static constexpr int kL2GroupMB = L2_GROUP_MB_;  // 0: longest first over the whole grid
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kRegsProducer = 24, kRegsConsumer = 240;
-  static constexpr bool kGather = false;  // paged K/V by TMA boxes (GatherCfg: by the producer's cp.async)
   static constexpr int kQBytesWG = 64 * D * 2;
   static constexpr int kQBytes = kConsumers * kQBytesWG;
   static constexpr int kTileBytes = BC * D * 2;
@@ -204,12 +195,6 @@ using Cfg128 = Cfg11<128, LAB_FWD_MASK_OVERLAP_D128_STAGES, true, 16>;
 // The paged kernels' configs: the same but for the ring depth (the same types, and kernels, at the defaults).
 using Cfg64Paged = Cfg11<64, LAB_FWD_MASK_PAGED_D64_STAGES, false, 0>;
 using Cfg128Paged = Cfg11<128, LAB_FWD_MASK_PAGED_D128_STAGES, true, 16>;
-// PAGED_GATHER's: 128 producer threads computing a row address each, 40 registers (128 x 40 + 256 x 232 <= 64 K).
-template <class Base>
-struct GatherCfg : Base {
-  static constexpr int kRegsProducer = 40, kRegsConsumer = 232;
-  static constexpr bool kGather = true;
-};
 
 enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
 
@@ -282,15 +267,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
-    if constexpr (Cfg::kGather) {  // one arrival per producer thread, when its copies of the tile have landed
-      mbar_init(smem_u32(&bar_q), 1);
-      for (int s = 0; s < kStages; ++s) {
-        mbar_init(smem_u32(&bar_k[s]), 128);
-        mbar_init(smem_u32(&bar_v[s]), 128);
-      }
-    } else {
-      init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
-    }
+    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
@@ -302,30 +279,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if (wg == 0) {
     // Producer (v07's, over the window's tiles only)
     setmaxnreg_dec<Cfg::kRegsProducer>();
-    if constexpr (kPaged && Cfg::kGather) {  // PAGED_GATHER: all 128 threads copy each tile
-      const int t = threadIdx.x;
-      if (t == 0) {
-        tma_prefetch_map(&tq);
-        load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, 0);
-      }
-      const T* kbase = static_cast<const T*>(p.k) + (int64_t)hkv * p.k_stride[1];
-      const T* vbase = static_cast<const T*>(p.v) + (int64_t)hkv * p.v_stride[1];
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % kStages, n0 = shift + j * BC;
-        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
-        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
-        gather_tile_paged<D, BC, LAB_FWD_MASK_BUG_IGNORE_TABLE>(ring.k(s), kbase, p.k_stride[0], p.k_stride[2], table,
-                                                                n0, seqlen_k, mp.page_size, mp.num_pages, t,
-                                                                smem_u32(&bar_k[s]));
-        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
-        gather_tile_paged<D, BC, LAB_FWD_MASK_BUG_IGNORE_TABLE>(ring.v(s), vbase, p.v_stride[0], p.v_stride[2], table,
-                                                                n0, seqlen_k, mp.page_size, mp.num_pages, t,
-                                                                smem_u32(&bar_v[s]));
-      }
-      asm volatile("cp.async.wait_all;\n" ::: "memory");
-    } else if constexpr (kPaged && LAB_FWD_MASK_PAGED_WALK) {
-      // PAGED_WALK: as below, but each lane walks its box's (table slot, row in page) by a fixed step a tile (one
-      // division in the prologue, none in the loop), so after each empty wait only the TMA issue is left.
+    if constexpr (kPaged) {
+      // One warp: lane i issues box i of each tile and reads the page of box i of the next one. Each lane walks its
+      // box's (table slot, row in page) by a fixed step a tile (one division in the prologue, none in the loop), so
+      // after each empty wait only the TMA issue is left (a division there put ~0.1 us a tile on the loads' path).
       const int lane = threadIdx.x, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
       if (lane >= 32) return;
       if (lane == 0) {
@@ -373,32 +330,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
         page = next;
         row = next_row;
       }
-    } else if constexpr (kPaged) {
-      // One warp: lane i fetches the page of box i of the next tile while it issues box i of this one.
-      const int lane = threadIdx.x, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
-      if (lane >= 32) return;
-      if (lane == 0) {
-        tma_prefetch_maps(&tq, &tk, &tv);
-        load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, 0);
-      }
-      auto box_page = [&](int n0) {
-        return paged_box_page<LAB_FWD_MASK_BUG_IGNORE_TABLE>(mp, table, n0, rows, boxes, seqlen_k, lane);
-      };
-      int page = n_tiles > 0 ? box_page(shift) : 0;
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % kStages, n0 = shift + j * BC;
-        const int next = j + 1 < n_tiles ? box_page(n0 + BC) : 0;
-        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
-        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
-        if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
-        __syncwarp();
-        load_tile_paged<D, BC>(ring.k(s), &tk, smem_u32(&bar_k[s]), page, n0, rows, boxes, mp.page_size, hkv, lane);
-        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
-        if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
-        __syncwarp();
-        load_tile_paged<D, BC>(ring.v(s), &tv, smem_u32(&bar_v[s]), page, n0, rows, boxes, mp.page_size, hkv, lane);
-        page = next;
-      }
     } else if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
       load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, bq);
@@ -435,15 +366,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if constexpr (kBounded) st.m[0] = st.m[1] = c - kCapHeadroom;  // the fixed offset (kCapHeadroom)
   float sacc[BC / 2], alpha[2];
   uint32_t pa[BC / 16][4];
-  // (PAGED_GATHER: cp.async wrote the tile through the generic proxy; wgmma reads it through the async one)
-  auto wait_k = [&](int j) {
-    mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1);
-    if constexpr (Cfg::kGather) fence_proxy_async();
-  };
-  auto wait_v = [&](int j) {
-    mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1);
-    if constexpr (Cfg::kGather) fence_proxy_async();
-  };
+  auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1); };
+  auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1); };
   auto release_k = [&](int j) {
     if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[j % kStages]));
   };
@@ -517,7 +441,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   // [/lab:inner-loop]
   if (n_tiles > 0) {
     wait_v(n_tiles - 1);
-    if constexpr (kPaged && !Cfg::kGather) {  // the last tile's rows past the keys: zeros, not the rest of the page
+    if constexpr (kPaged) {  // the last tile's rows past the keys: zeros, not the rest of the page (zero_tile_rows)
       const int tail = seqlen_k - shift - (n_tiles - 1) * BC;
       if (tail < BC) {
         const uint32_t v_tile = ring.v((n_tiles - 1) % kStages);
@@ -549,10 +473,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
 template <class Cfg, class T, int kTransform>
 int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
   using PCfg = std::conditional_t<Cfg::D == 64, Cfg64Paged, Cfg128Paged>;
-  if constexpr (LAB_FWD_MASK_PAGED_GATHER > 0)
-    if (mp.block_table != nullptr && mp.page_size < LAB_FWD_MASK_PAGED_GATHER)
-      return launch_masked_fwd<GatherCfg<PCfg>, attn_fwd_v11_kernel<GatherCfg<PCfg>, T, kTransform, true>>(mp, stream,
-                                                                                                         dev);
   if (mp.block_table != nullptr)
     return launch_masked_fwd<PCfg, attn_fwd_v11_kernel<PCfg, T, kTransform, true>>(mp, stream, dev);
   return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform, false>>(mp, stream, dev);

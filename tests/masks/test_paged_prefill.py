@@ -307,7 +307,7 @@ def test_pack_matches_op_launch(monkeypatch):
 
 
 _PAGED_SWITCHES = ("-DLAB_FWD_MASK_PAGED_D128_STAGES=2", "-DLAB_FWD_MASK_PAGED_D64_STAGES=4",
-                   "-DLAB_FWD_MASK_PAGED_WALK=1", "-DLAB_FWD_MASK_PAGED_GATHER=64")
+                   "-DLAB_FWD_MASK_PAGED_VOTE=0")
 
 
 def _v11_entries(flags, out) -> dict:
@@ -326,15 +326,17 @@ def _v11_entries(flags, out) -> dict:
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not on PATH")
 def test_paged_switches_leave_the_dense_and_packed_kernels(tmp_path):
-    """Every paged switch on at once changes the kPaged kernels only: each other v11 kernel's PTX is the default's,
-    instruction for instruction; the gather's cp.async arrive is in the gather kernels only."""
+    """The paged switches (ring depths, the table check's warp vote) change the kPaged kernels only: each other v11
+    kernel's PTX is the default's, instruction for instruction; each default paged kernel holds the vote."""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(2) as pool:
         base, cand = pool.map(lambda a: _v11_entries(*a), (((), tmp_path / "base.ptx"),
                                                            (_PAGED_SWITCHES, tmp_path / "cand.ptx")))
     plain = [n for n in base if n.endswith("Lb0EEEv14CUtensorMap_stS4_S4_14AttnMaskParams")]
-    assert len(plain) == 14 and all(n in cand and cand[n] == base[n] for n in plain)
-    paged = [n for n in cand if n not in plain]
-    assert any("GatherCfg" in n for n in paged) and all("GatherCfg" not in n for n in base)
-    assert all("cp.async.mbarrier.arrive.noinc" in cand[n] for n in paged if "GatherCfg" in n)
-    assert not any("cp.async.mbarrier.arrive" in base[n] for n in base)
+    paged = [n for n in base if n not in plain]
+    assert len(plain) == 14 and len(paged) == 14 and all(n in cand and cand[n] == base[n] for n in plain)
+    vote = "vote.sync.any.pred"  # the table check's, one more in each paged kernel than without it
+    import re
+    depth = lambda name: re.sub(r"(Cfg11ILi\d+E)Li\d+E", r"\1", name)  # noqa: E731 (the ring depth differs)
+    cand_paged = {depth(n): c for n, c in cand.items() if n not in plain}
+    assert all(base[n].count(vote) == cand_paged[depth(n)].count(vote) + 1 for n in paged)

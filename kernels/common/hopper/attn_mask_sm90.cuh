@@ -114,62 +114,6 @@ __device__ __forceinline__ void paged_zero_rows(T* out, int64_t row_stride, floa
     for (int r = m0 + threadIdx.x; r < m1; r += blockDim.x) lse_row0[r] = -INFINITY;
 }
 
-// The page of box `lane` of the key tile starting at key n0 (lane < bc / rows): the table's entry, or num_pages
-// (outside the map: TMA fills the box with zeros and still counts its bytes) for a box past the sequence's keys,
-// whose table entries are never read. ignore_table: the deliberately wrong reading (page key / page_size of the
-// cache itself), which the checks' shuffled tables must catch.
-template <bool kIgnoreTable = false>
-__device__ __forceinline__ int paged_box_page(const AttnMaskParams& mp, const int32_t* table, int n0, int rows,
-                                             int boxes, int seqlen_k, int lane) {
-  const int key = n0 + lane * rows;
-  if (lane >= boxes || key >= seqlen_k) return mp.num_pages;
-  return kIgnoreTable ? key / mp.page_size : table[key / mp.page_size];
-}
-
-// One K or V tile of bc keys from `boxes` boxes of `rows` rows: lane i < boxes of the calling warp issues box i
-// (from page page_lane, its own) on `bar`, whose expected bytes lane 0 has set (arrive.expect_tx) before the warp's
-// __syncwarp: the boxes go out in parallel, not one thread's chain of boxes x D / 64 issues.
-template <int D, int BC>
-__device__ __forceinline__ void load_tile_paged(uint32_t dst, const CUtensorMap* map, uint32_t bar, int page_lane,
-                                                int n0, int rows, int boxes, int page_size, int hkv, int lane) {
-  if (lane < boxes) {
-    const int row = (n0 + lane * rows) % page_size;
-#pragma unroll
-    for (int cb = 0; cb < D / 64; ++cb)
-      tma_load_4d(dst + cb * BC * 128 + lane * rows * 128, map, bar, cb * 64, row, hkv, page_lane);
-  }
-}
-
-// PAGED_GATHER (candidate): a K or V tile of BC keys copied through the table by the producer warpgroup's 128
-// threads with 16-byte cp.async, into the 128B-swizzled layout a TMA box of BC rows writes (swz_offset): thread t
-// copies chunk t % (D / 8) of rows t / (D / 8) + i 128 / (D / 8), one table read (through L1) and one division per
-// row; a row past the sequence's keys or on a page outside [0, num_pages) is zero-filled, nothing read. For small
-// pages, where a tile is BC / page_size TMA boxes per 64 columns (FlashAttention-3's PagedKVNonTMA does the same).
-// Its completion reaches `bar` (initialised for 128 arrivals) through cp.async.mbarrier.arrive.noinc: no wait here.
-template <int D, int BC, bool kIgnoreTable, class T>
-__device__ __forceinline__ void gather_tile_paged(uint32_t dst, const T* base, int64_t page_stride, int64_t row_stride,
-                                                  const int32_t* table, int n0, int seqlen_k, int page_size,
-                                                  int num_pages, int t, uint32_t bar) {
-  constexpr int kChunks = D / 8, kRowsPerPass = 128 / kChunks;
-  const int c = t % kChunks, r0 = t / kChunks;
-#pragma unroll 4
-  for (int i = 0; i < BC / kRowsPerPass; ++i) {
-    const int r = r0 + i * kRowsPerPass, key = n0 + r;
-    int page = -1, in_page = 0;
-    if (key < seqlen_k) {
-      const int slot = key / page_size;
-      in_page = key - slot * page_size;
-      page = kIgnoreTable ? slot : __ldg(table + slot);  // (the wrong build's reading, as paged_box_page's)
-    }
-    const bool ok = static_cast<unsigned>(page) < static_cast<unsigned>(num_pages);
-    const T* src = base + (ok ? (int64_t)page * page_stride + (int64_t)in_page * row_stride + c * 8 : 0);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + swz_offset(BC, r, c * 8)), "l"(src),
-                 "r"(ok ? 16 : 0)
-                 : "memory");
-  }
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
 // Rows [row0, BC) of a K/V tile at `tile` (D / 64 blocks of BC rows x 128 B) set to zero by `threads` threads, then
 // made visible to wgmma: a paged tile's rows past the sequence's keys come from the rest of its last page, which
 // holds whatever the cache held (possibly NaN or inf, and P = 0 times NaN is NaN). The caller's barrier follows.
