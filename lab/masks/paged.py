@@ -41,7 +41,7 @@ MAX_CAPACITY = 1 << 30  # max_pages * page_size: the kernel's int key offsets an
 _pending: list = []  # (event, pinned flags (B,), call number, device) of calls without page_errors
 _MAX_PENDING = 64
 _count = 0
-_plans: dict = {}  # serving-call key -> (left, right, softcap, scale): lab.masks.fast's one-crossing idea, in Python
+_plans: dict = {}  # serving-call key -> ((left, right, softcap, scale), [Packer]): lab.masks.fast's idea, in Python
 _MAX_PLANS = 256
 ERROR_NAMES = {PAGE_E_INDEX: "a page index outside [0, num_pages)",
                PAGE_E_SHORT: "more keys (cu_seqlens_k) than max_pages * page_size"}
@@ -143,7 +143,7 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
     plan = _plans.get(plan_key) if plan_key is not None else None
     if plan is not None and not any(t.data_ptr() % 16 for t in (query, key_cache, value_cache)):
         out, lse = paged_impl(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, sinks, block_table,
-                              page_errors, max_seqlen_q, max_seqlen_k, *plan, want_lse=return_lse)
+                              page_errors, max_seqlen_q, max_seqlen_k, *plan[0], want_lse=return_lse, packer=plan[1])
         return (out, lse) if return_lse else out
     if block_table is None:
         raise ValueError("page_errors goes with block_table (a paged KV cache)")
@@ -181,12 +181,14 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
         errors = page_errors if page_errors is not None else torch.empty(batch, dtype=torch.int32, device=query.device)
         out, lse = _paged_op(*args, errors, *rest)
     elif page_errors is not None or total_k is not None:  # the caller's flags, or a table checked on the host
+        packer = None
         if plan_key is not None and table is block_table:  # checked: the same call again may go straight in
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
-            _plans[plan_key] = rest[2:]
+            packer = [None]  # paged_impl makes its Packer from this call's tensors
+            _plans[plan_key] = (rest[2:], packer)
         errors = page_errors if page_errors is not None else torch.empty(batch, dtype=torch.int32, device=query.device)
-        out, lse = paged_impl(*args, errors, *rest, want_lse=return_lse, rows_q=rows_q)
+        out, lse = paged_impl(*args, errors, *rest, want_lse=return_lse, rows_q=rows_q, packer=packer)
     else:
         out, lse = _deferred(args, rest, batch, return_lse)
     return (out, lse) if return_lse else out
@@ -216,16 +218,23 @@ def _serving_key(query, key_cache, value_cache, cu_q, cu_k, max_q, max_k, is_cau
 
 
 def paged_impl(query, key_cache, value_cache, cu_q, cu_k, sinks, table, errors, max_q, max_k, left, right, softcap,
-               scale, want_lse=True, rows_q=None, defines=None):
+               scale, want_lse=True, rows_q=None, defines=None, packer=None):
     """The launch (no checks): out (total_q, H_q, D), lse (H_q, total_q) or None; rows of no sequence as in
-    lab.masks.op._varlen_impl."""
+    lab.masks.op._varlen_impl. packer: a serving plan's Packer for these tensors' shapes (a new one is stored in it:
+    packer = [None] asks for one)."""
     q = _readable(query)
     out, lse = op.varlen_outputs(q, want_lse, rows_q)
     if max_q == 0 or q.shape[0] == 0 or cu_q.shape[0] == 1:  # no CTA runs: no flag would be written
         errors.zero_()
         return out, lse
-    params = pack(q, key_cache, value_cache, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right,
-                  softcap, scale)
+    if packer is not None and packer[0] is not None:
+        params = packer[0](q, key_cache, value_cache, out, lse, sinks, cu_q, cu_k, table, errors)
+    else:
+        args = (q, key_cache, value_cache, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right,
+                softcap, scale)
+        params = pack(*args)
+        if packer is not None:
+            packer[0] = Packer(*args)
     call = kernel(defines)
     stream = ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream)
     if q.get_device() == torch.cuda.current_device():  # (the device context costs a few us a call)
@@ -242,14 +251,37 @@ def paged_impl(query, key_cache, value_cache, cu_q, cu_k, sinks, table, errors, 
 def pack(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right, softcap, scale) -> bytes:
     """AttnMaskParams of a paged call (lab.masks.op.PARAMS; op.launch(paged=) packs the same bytes, which the CPU
     tests check): the caches' (page, head, key in page) strides, total_k the kernel's bound (it is not read)."""
+    return op.PARAMS.pack(*_fields(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right,
+                                   softcap, scale))
+
+
+# PARAMS' pointer fields in _fields' order: q, k, v, out, lse, then sinks, cu_q, cu_k, then table, errors
+_POINTERS = (0, 1, 2, 3, 4, 31, 32, 33, 36, 37)
+
+
+def _fields(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right, softcap, scale) -> list:
     strides = (0, q.stride(1), q.stride(0), k.stride(0), k.stride(2), k.stride(1), v.stride(0), v.stride(2),
                v.stride(1), 0, out.stride(1), out.stride(0))
-    return op.PARAMS.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else
-                          lse.data_ptr(), *strides, cu_q.shape[0] - 1, q.shape[1], k.shape[2], max_q, max_k,
-                          q.shape[2], scale, 0, op._DTYPE_CODE[q.dtype], 0, left, right, 0, softcap,
-                          0 if sinks is None else sinks.data_ptr(), cu_q.data_ptr(), cu_k.data_ptr(), q.shape[0],
-                          1 << 30, table.data_ptr(), errors.data_ptr(), table.stride(0), k.shape[0], k.shape[1],
-                          table.shape[1])
+    return [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), *strides,
+            cu_q.shape[0] - 1, q.shape[1], k.shape[2], max_q, max_k, q.shape[2], scale, 0, op._DTYPE_CODE[q.dtype], 0,
+            left, right, 0, softcap, 0 if sinks is None else sinks.data_ptr(), cu_q.data_ptr(), cu_k.data_ptr(),
+            q.shape[0], 1 << 30, table.data_ptr(), errors.data_ptr(), table.stride(0), k.shape[0], k.shape[1],
+            table.shape[1]]
+
+
+class Packer:
+    """A serving plan's AttnMaskParams: every field but the ten pointers is fixed by the plan's key (shapes, strides,
+    dtypes, mask, scale, max lengths), so a call writes its pointers into the stored fields (pack's ~40 tensor
+    queries a call were ~15 us of host time, which a cold call pays before its kernel starts)."""
+
+    def __init__(self, *args):
+        self.fields = _fields(*args)
+
+    def __call__(self, q, k, v, out, lse, sinks, cu_q, cu_k, table, errors) -> bytes:
+        f = self.fields.copy()
+        for i, t in zip(_POINTERS, (q, k, v, out, lse, sinks, cu_q, cu_k, table, errors)):
+            f[i] = 0 if t is None else t.data_ptr()
+        return op.PARAMS.pack(*f)
 
 
 def kernel(defines=None):

@@ -304,6 +304,14 @@ def test_pack_matches_op_launch(monkeypatch):
                     a["cu_seqlens_k"], 6, 30, "v11", paged=(a["block_table"], errors))
     assert got == [paged.pack(q, kc, kc, out, lse, sinks, a["cu_seqlens_q"], a["cu_seqlens_k"], a["block_table"],
                               errors, 6, 30, 5, 0, 30.0, 0.125)]
+    # a serving plan's Packer, made from these tensors, packs other tensors of the same shapes as pack does
+    packer = paged.Packer(q, kc, kc, out, lse, sinks, a["cu_seqlens_q"], a["cu_seqlens_k"], a["block_table"], errors,
+                          6, 30, 5, 0, 30.0, 0.125)
+    fresh = [t.clone() for t in (q, kc, kc, out, lse, sinks, a["cu_seqlens_q"], a["cu_seqlens_k"], a["block_table"],
+                                 errors)]
+    assert packer(*fresh) == paged.pack(*fresh, 6, 30, 5, 0, 30.0, 0.125) != got[0]
+    fresh[4] = None  # no LSE
+    assert packer(*fresh) == paged.pack(*fresh, 6, 30, 5, 0, 30.0, 0.125)
 
 
 _PAGED_SWITCHES = ("-DLAB_FWD_MASK_PAGED_D128_STAGES=2", "-DLAB_FWD_MASK_PAGED_D64_STAGES=4",
