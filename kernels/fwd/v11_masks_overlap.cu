@@ -125,7 +125,13 @@
 // Prediction (the uniform vote, 3 stages at D 128): page 256 and D 64 page 64 >= 0.97x, page 64 >= 0.95x, page 16
 //   ~0.80x (its 16 boxes a tile per K or V remain: PAGED_GATHER, cp.async of pages below 64 keys by the producer
 //   warpgroup, is the candidate for it, with PAGED_WALK, the producer's box coordinates without a division a tile).
-// Measured: outputs/experiments/20261126-masks-fwd-v11.json.
+// Outcome (H200, outputs/driver_logs/20261129-h200-batch5-9c9667b/Q, GPU time, contiguous / paged, IQR within +-1 %):
+//   vote + 3 stages 0.713 / 0.930 / 0.931 / 0.947 (page 16 / 64 / 256, D 64 page 64; the identity table alike);
+//   with 2 stages 0.703 / 0.835 / 0.852 / 0.948. PAGED_WALK on top: 0.829 / 0.967 / 0.970 / 0.954, so the producer's
+//   divisions after each empty wait (three a tile, ~0.1 us of dependent integer ops before the TMA issue) were on the
+//   loads' path: now the only producer. PAGED_GATHER: 0.222x at page 16 (removed; pages of 64 and up unaffected).
+//   Checks of every build (the six cases, bad tables, both table-ignoring builds failing) and memcheck clean.
+// Measured: outputs/experiments/20261126-masks-fwd-v11.json; the paged gap: outputs/experiments/20261129-paged-prefill-gap.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <type_traits>
