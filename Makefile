@@ -47,8 +47,10 @@ book: $(STAMP)
 # pytest-xdist: one worker per core (at most 4, the suite's heavy tests are few), tests of one module fixture
 # kept together (xdist_group); the nvcc compile checks are shared through the kernel cache, where one worker
 # compiles a key and the others wait for it. The ten slowest tests are listed at the end.
-# Cost on 2 cores with a cold cache (2026-11-29, 42 kernel files): ~1170 CPU-seconds, ~510 of them the compile gate's
-# nvcc runs (fwd/v07 alone ~65), ~225 the chapters under papermill. A CI job that keeps $(LAB_CACHE_DIR)/compile_check
+# Cost on 2 cores with a cold cache (2026-11-29, 43 kernel files; user+sys of pytest and every child it waited for):
+# ~1160 CPU-seconds, ~440 of them the compile gate's nvcc runs (device code for each target, nvcc -cubin; fwd/v07
+# alone ~60), ~255 the chapters under papermill, ~135 the ring's multi-process runs (each spawned rank imports torch
+# again, ~2 CPU-seconds a rank). A CI job that keeps $(LAB_CACHE_DIR)/compile_check
 # between runs (its keys hash each kernel's sources with their headers, the flags and nvcc's release) re-runs nvcc
 # only for the kernels that changed.
 TEST_WORKERS ?= auto
