@@ -37,6 +37,12 @@ path is ~0.29 ms, twice the prediction's upper end; forward + backward 1.34x / 1
 1.42x (192 / 128 against 192 / 192) and 1.39x (256 / 128 against 256 / 256), forward + backward 1.08x / 1.07x: the
 forward missed by far (the copies of V and O, 30-45 us by bytes, were 94-96 us). Route checks 8/8 (the two forced
 on uneven keys fail as they must), its gradient checks 2/2, D_v != D_qk checks 4/4 (out, dQ, dK, dV).
+Then (9c9667b, outputs/driver_logs/20261129-h200-batch5-9c9667b/R): the same checks 10/10; the checked call on v11
+with no route 1.02x / 1.01x the checked route (D 128 / 64): its device-to-host wait, not the kernel, sets its time.
+So cu_seqlens on the CPU (ca72b20, outputs/driver_logs/20261129-h200-final-ca72b20/R; checked forward, O and LSE bit
+for bit the device call's, gradients within 1 %): 1.009x the dense op's forward (0.252 / 0.249 ms, IQR 0.001),
+backward 0.861x, forward + backward 0.893x: within 5 % in the public call. The unchecked call stays 1.17x (its fix
+is fwd v11's packed grid: a persistent PAIR order with FUSE, as v07's).
 """
 from __future__ import annotations
 
