@@ -9,7 +9,6 @@ import socket
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from lab.ring import attention as ring
 from lab.decode import splits
@@ -88,10 +87,10 @@ def _worker(rank, world, port, seqlen, causal, path):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_ring_over_gloo_equals_full_attention(world, causal, tmp_path):
+def test_ring_over_gloo_equals_full_attention(world, causal, tmp_path, ranks):
     seqlen = 37  # uneven: no shard boundary falls on a multiple of the world size
     path = str(tmp_path / "result")
-    mp.spawn(_worker, args=(world, _free_port(), seqlen, causal, path), nprocs=world, join=True)
+    ranks(_worker, (world, _free_port(), seqlen, causal, path), world)
     results = [json.load(open(f"{path}.{r}")) for r in range(world)]
     assert sum(r["rows"] for r in results) == seqlen
     assert max(r["max_abs"] for r in results) < 1e-12, results

@@ -10,7 +10,6 @@ import socket
 import matplotlib
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from lab import gates, record
 from lab.ring import attention as ring
@@ -230,11 +229,11 @@ def _worker(rank, world, port, path):
         dist.destroy_process_group()
 
 
-def test_serial_ring_over_gloo_world_3(tmp_path):
+def test_serial_ring_over_gloo_world_3(tmp_path, ranks):
     """overlap=False gives the same result; the clock has W steps and W - 1 transfers, each ended before its
     step's compute; communicate=False runs the same steps with no transfer (shapes only: stand-in shards)."""
     path = str(tmp_path / "result")
-    mp.spawn(_worker, args=(3, _free_port(), path), nprocs=3, join=True)
+    ranks(_worker, (3, _free_port(), path), 3)
     for rank in range(3):
         result = json.load(open(f"{path}.{rank}"))
         assert result["serial"] < 1e-12

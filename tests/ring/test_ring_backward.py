@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from lab.ring import attention as ring
@@ -73,10 +72,10 @@ def _worker(rank, world, port, seqlen, causal, path):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_ring_gradients_over_gloo_equal_full_attention(world, causal, tmp_path):
+def test_ring_gradients_over_gloo_equal_full_attention(world, causal, tmp_path, ranks):
     seqlen = 37  # uneven: no shard boundary falls on a multiple of the world size
     path = str(tmp_path / "result")
-    mp.spawn(_worker, args=(world, _free_port(), seqlen, causal, path), nprocs=world, join=True)
+    ranks(_worker, (world, _free_port(), seqlen, causal, path), world)
     results = [json.load(open(f"{path}.{r}")) for r in range(world)]
     assert max(r["max_abs"] for r in results) < 1e-10, results
 
@@ -102,11 +101,11 @@ def _modes_worker(rank, world, port, path):
         dist.destroy_process_group()
 
 
-def test_serial_and_compute_only_backward_over_gloo_world_3(tmp_path):
+def test_serial_and_compute_only_backward_over_gloo_world_3(tmp_path, ranks):
     """overlap=False gives the same gradients, each K/V transfer ended before its step's compute; W - 1 K/V
     transfers and W dK/dV sums; communicate=False runs the same steps with no transfer (shapes only)."""
     path = str(tmp_path / "result")
-    mp.spawn(_modes_worker, args=(3, _free_port(), path), nprocs=3, join=True)
+    ranks(_modes_worker, (3, _free_port(), path), 3)
     for rank in range(3):
         result = json.load(open(f"{path}.{rank}"))
         assert result["serial"] < 1e-10 and result["alone"] == result["want"]

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from lab.ring import train
 from tests.ring.test_dist import _free_port
@@ -37,10 +36,10 @@ def test_the_loss_falls_on_one_device():
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_sharded_training_matches_one_device(world, tmp_path):
+def test_sharded_training_matches_one_device(world, tmp_path, ranks):
     want = train.train_losses(_model(), train.make_batches(STEPS, BATCH, SEQLEN, VOCAB))
     path = str(tmp_path / "losses")
-    mp.spawn(_worker, args=(world, _free_port(), path), nprocs=world, join=True)
+    ranks(_worker, (world, _free_port(), path), world)
     for rank in range(world):
         got = json.load(open(f"{path}.{rank}"))
         assert got == pytest.approx(want, rel=1e-10, abs=1e-12), (rank, got, want)
