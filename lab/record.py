@@ -243,36 +243,38 @@ def compress(folder: Path) -> tuple[int, int] | None:
     return before, len(data)
 
 
-# Archives (records.jsonl.gz alone in their folder) read whole in this process without a torn line, by identity:
-# `compress` writes an archive once, whole, by an atomic replace (a new inode), so path, inode, size and mtime
-# stand for its text. A later load() that matches on plain strings parses only the lines that hold every one of
-# them: a row whose field equals "n10_backward" holds the token "n10_backward", so no other line can match. A
-# chapter that shows recorded results in several cells then parses the committed records once, not per cell.
-_clean_archives: set = set()
+# A records file alone in its folder (an archive, or a plain records.jsonl), read whole in this process without
+# a torn line, is known by identity: path, inode, size and mtime. An archive is written once by an atomic replace
+# (a new inode); a plain file that a session appends to changes size and mtime with every row, so a new key. A
+# later load() that matches on plain strings parses only the lines that hold every one of them: a row whose field
+# equals "n10_backward" holds the token "n10_backward", so no other line can match. A chapter that shows recorded
+# results in several cells, and every test that loads them, then parses the committed records once, not per call.
+_clean_files: set = set()
 _PLAIN = re.compile(r"[A-Za-z0-9_.:+-]*")  # strings that json.dumps writes as they are, between quotes
 
 
 def _matching_rows(folder: Path, tokens: list[str]) -> list[dict]:
-    """session_rows(folder), less rows that cannot match: for a clean archive already read whole, only the rows
-    whose line holds every token."""
-    archive = folder / RECORDS_GZ
+    """session_rows(folder), less rows that cannot match: for a folder's one records file already read whole and
+    clean, only the rows whose line holds every token."""
+    present = [folder / name for name in READ_ORDER if (folder / name).is_file()] if tokens else []
     try:
-        stat = None if not tokens or (folder / RECORDS).exists() else archive.stat()
+        stat = present[0].stat() if len(present) == 1 else None
     except FileNotFoundError:
         stat = None
     if stat is None:
         return session_rows(folder)
-    key = (str(archive), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    if key not in _clean_archives:
+    file = present[0]
+    key = (str(file), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if key not in _clean_files:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             rows = session_rows(folder)
-        for warning in caught:  # given on, as read; an archive with a torn line is read whole every time
+        for warning in caught:  # given on, as read; a file with a torn line is read whole every time
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         if not caught:
-            _clean_archives.add(key)
+            _clean_files.add(key)
         return rows
-    text = (_raw(archive) or b"").decode("utf-8", errors="replace")
+    text = (_raw(file) or b"").decode("utf-8", errors="replace")
     return [json.loads(line) for line in text.splitlines() if all(token in line for token in tokens)]
 
 

@@ -308,7 +308,7 @@ def test_a_second_load_of_an_archive_gives_what_a_fresh_read_gives(tmp_path):
     queries = [{"kind": "fwd"}, {"chapter": "n10", "version": "v02"}, {"version": "v02", "B": 2}, {"B": 1},
                {"name": "caf\u00e9 \"q\""}, {"kind": "fwd", "gpu_only": True}, {"note": "v02"}, {}]
     for query in queries:
-        record._clean_archives.clear()
+        record._clean_files.clear()
         fresh = record.load(root, **query)
         assert record.load(root, **query) == fresh and record.load(root, **query) == fresh, query
     assert [r["n"] for r in record.load(root, chapter="n10", version="v02")] == [0, 1, 3, 4]
@@ -317,6 +317,20 @@ def test_a_second_load_of_an_archive_gives_what_a_fresh_read_gives(tmp_path):
                   env={"gpu": "cpu"})
     record.compress(root / "sessions" / "a")  # a new archive in place of the one read before
     assert [r["n"] for r in record.load(root, chapter="n10", version="v02")] == [0, 1, 3, 4, 5]
+
+
+def test_a_second_load_of_a_plain_file_sees_rows_appended_since(tmp_path):
+    """A plain records.jsonl read whole is skimmed by its plain strings on the next load; a row appended after
+    that (a session still running) changes its size and mtime, so the next load reads it whole again."""
+    root = tmp_path / "outputs"
+    folder = root / "sessions" / "a"
+    _plain(folder, [{"kind": "fwd", "chapter": "n10", "n": 0}, {"kind": "bwd", "chapter": "n10", "n": 1}])
+    assert [r["n"] for r in record.load(root, kind="fwd")] == [0]
+    assert [r["n"] for r in record.load(root, kind="fwd")] == [0]  # skimmed: the same rows
+    record.append({"kind": "fwd", "chapter": "n10", "n": 2}, folder=folder, env={"gpu": "cpu"})
+    assert [r["n"] for r in record.load(root, kind="fwd")] == [0, 2]
+    assert [r["n"] for r in record.load(root, kind="fwd", chapter="n10")] == [0, 2]
+    assert [r["n"] for r in record.load(root, chapter="n10")] == [0, 1, 2]
 
 
 def test_an_archive_with_a_torn_line_warns_on_every_load(tmp_path):
