@@ -93,6 +93,12 @@
 // descriptors off -0.1 % at D 128, -0.8 % at D 256; skip off -4 % at D 256; the register V^T pass (LAB_FWD_FP8_VT =
 // 2) +0.3-0.8 %; 2 chains +4 % at D 128 S 4k, +0.0 % at D 256; one warpgroup at D 128 +1.5 % at S 4k, -1 % causal.
 // ncu of the new default: D 128 708 us (761 before), D 256 888 us (1283 before).
+// Then 2 chains and the register V^T pass as the default (LAB_FWD_FP8_CHAINS 2, LAB_FWD_FP8_VT 2; H200, same
+// rounds, outputs/driver_logs/20261129-h200-final-ca72b20/S): D 128 S 4k 783 (746 without, +5 %; 0.80x cuDNN
+// FP8), S 16k 920 (+6 %; 0.89x), causal S 8k 775 (+5 %; 0.83x), GQA 16 / 4 884 (+5 %; 0.87x), D 64 563 (+1 %;
+// 0.97x), D 256 1211 (+1 %; 1.24x). 17 / 17 checks, memcheck and racecheck clean. Still short of cuDNN at D 64 /
+// 128; the profile's remaining differences: cuDNN's persistent grid and its 256-key tile at D 128 (ours spills at
+// 240 registers with P of tile j - 1 live through softmax j; a ping-pong without the intra-warpgroup overlap frees it).
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v13_fp8.cu
 #include <cuda_bf16.h>
@@ -125,13 +131,14 @@
 #ifndef LAB_FWD_FP8_POLY
 #define LAB_FWD_FP8_POLY 0
 #endif
-// LAB_FWD_FP8_FOLD (0: off; 1: softmax_e4m3's kFold wherever c > 0, a CTA-uniform test: the scale folds into
-// one FFMA per score) and LAB_FWD_FP8_CHAINS (softmax_e4m3's kChains: independent max / sum chains per row).
+// LAB_FWD_FP8_FOLD (0: off; 1, default: softmax_e4m3's kFold wherever c > 0, a CTA-uniform test: the scale
+// folds into one FFMA per score) and LAB_FWD_FP8_CHAINS (softmax_e4m3's kChains: independent max / sum chains per
+// row; 2, default since the last race, with the register V^T pass: +5 % at D 128, +1 % at D 64 / 256).
 #ifndef LAB_FWD_FP8_FOLD
 #define LAB_FWD_FP8_FOLD 1
 #endif
 #ifndef LAB_FWD_FP8_CHAINS
-#define LAB_FWD_FP8_CHAINS 1
+#define LAB_FWD_FP8_CHAINS 2
 #endif
 // LAB_FWD_FP8_SKIP_RESCALE (0: off; 1: a warp whose rows all kept their running max, alpha = exp2(0) = 1, skips
 // O's D / 2 multiplies per thread; one vote per tile, the result unchanged bit for bit; 2, default: in the

@@ -158,8 +158,10 @@ __global__ void __launch_bounds__(128) fp8_vt_regs_kernel(const AttnFp8Params p)
   }
 }
 
+// LAB_FWD_FP8_VT: 2 (default) the register pass, 1 the shared-memory pass (the same bytes; the register pass
+// measured +0.3-0.8 % on the whole call, H200, outputs/driver_logs/20261129-h200-batch5-9c9667b/S).
 #ifndef LAB_FWD_FP8_VT
-#define LAB_FWD_FP8_VT 1
+#define LAB_FWD_FP8_VT 2
 #endif
 inline int launch_fp8_vt(const AttnFp8Params& p, cudaStream_t stream) {
   if ((int64_t)p.batch * p.heads_kv > 65535) return LAB_E_SHAPE;
