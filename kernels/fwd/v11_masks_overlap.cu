@@ -131,6 +131,12 @@
 //   divisions after each empty wait (three a tile, ~0.1 us of dependent integer ops before the TMA issue) were on the
 //   loads' path: now the only producer. PAGED_GATHER: 0.222x at page 16 (removed; pages of 64 and up unaffected).
 //   Checks of every build (the six cases, bad tables, both table-ignoring builds failing) and memcheck clean.
+//   As the default (ca72b20, outputs/driver_logs/20261129-h200-final-ca72b20/Q): GPU time 0.832 / 0.971 / 0.974 /
+//   0.967; through the public op as chapter n16 races it (cold, host time in) 0.792 / 0.925 / 0.930 / 0.899, the
+//   paged serving call's Python path costing 2-4 % of a 0.4 ms call against the packed call's one C++ crossing.
+//   Predicted >= 0.97 / 0.95: met in GPU time at page 256 and D 64 (page 64 0.971), missed through the public op;
+//   page 16 below as predicted (its 16 boxes a tile are issued one lane at a time; the next candidate issues them
+//   from all four producer warps). Checks, the failing wrong build and memcheck clean.
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json; the paged gap: outputs/experiments/20261129-paged-prefill-gap.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
