@@ -4,7 +4,7 @@
 // - S_ij = Q_i K_j^T by wgmma m64n{B_c}k32 e4m3 x e4m3 (SS: both K-major, Q and K rows are D-contiguous), scaled
 //   by scale * dq * dk (x ~= x_fp8 * descale: the descales fold into the softmax scale, as FA3 does).
 // - P V: FP8 wgmma reads B K-major only, so V must arrive as V^T (D rows of keys). A pass before the kernel
-//   (fp8_vt_kernel, common/hopper/attn_fp8_sm90.cuh) writes V^T into a (B, H_kv, D, S_k rounded up to 128)
+//   (fp8_vt_regs_kernel, or fp8_vt_kernel with LAB_FWD_FP8_VT = 1: common/hopper/attn_fp8_sm90.cuh) writes V^T into a (B, H_kv, D, S_k rounded up to 128)
 //   e4m3 workspace, zero past S_k, with the keys of each 32-key block permuted (key_of_column) so that P's fp32
 //   accumulator packs into the e4m3 A fragments of m64n{D}k32 in registers with no lane exchange (the
 //   layouts: the common header). FA3 transposes in the producer (ldmatrix / stmatrix); here that is the next
