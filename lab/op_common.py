@@ -126,6 +126,19 @@ def _check_qkv(query, key, value, kname: str, vname: str):
         raise ValueError(f"{kname} and {vname} shapes differ: {tuple(key.shape)} vs {tuple(value.shape)}")
 
 
+def _check_qkv_own_dv(query, key, value, agree: str = "(B, H, S)", shown=None):
+    """_check_qkv where value may have its own head dim (SDPA allows it): key and value agree in every dim but the
+    last, and both head dims are at least 1. shown: the shapes the error names, where the caller checks views."""
+    _check_tensor(query, "query", cuda=False)
+    _check_tensor(key, "key", query, cuda=False)
+    _check_tensor(value, "value", query, same_head_dim=False, cuda=False)
+    if key.shape[:3] != value.shape[:3]:
+        k_shape, v_shape = shown or (key.shape[:3], value.shape[:3])
+        raise ValueError(f"key and value must agree in {agree}: {tuple(k_shape)} vs {tuple(v_shape)}")
+    if query.shape[-1] == 0 or value.shape[-1] == 0:
+        raise ValueError(f"head dims must be >= 1, got query/key {query.shape[-1]}, value {value.shape[-1]}")
+
+
 def _check_heads(query, key, enable_gqa: bool, what: str = "key"):
     Hq, Hkv = query.shape[1], key.shape[1]
     if Hq != Hkv and not enable_gqa:
@@ -161,3 +174,15 @@ def run_packed_launcher(call, params: bytes, device, what: str) -> None:
         rc = call(params, ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream))
     if rc != 0:
         raise RuntimeError(f"{what} failed with code {rc} (LAB_E_* < 0, or a cudaError_t)")
+
+
+def varlen_outputs(q, want_lse: bool, rows_q):
+    """A packed call's O (total_q, H_q, D) and LSE (H_q, total_q) or None, with the rows of no sequence (rows_q:
+    on, when the host knows rows_q) set to zeros and -inf; the kernel writes every other row."""
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if want_lse else None
+    if rows_q is not None and rows_q < q.shape[0]:
+        out[rows_q:].zero_()
+        if lse is not None:
+            lse[:, rows_q:].fill_(float("-inf"))
+    return out, lse

@@ -49,7 +49,7 @@ CELLS = (
 def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int = 0, bug=None,
           device="cuda", dtype=torch.bfloat16, deterministic_mode: bool = False, lab_bf16: bool = True) -> dict:
     """One check (module notes); appends and returns its record. (device: the CPU runs it only with the kernels
-    replaced, as tests/fp8/test_backward.py does.)"""
+    replaced, as tests/fp8/test_fp8_training.py does.)"""
     gen = torch.Generator(device=device).manual_seed(seed)
     q, k, v = (torch.randn((B, H, S, D), generator=gen, device=device).to(dtype)
                for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))

@@ -22,8 +22,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..op_common import _check_cuda, _check_tensor, _scale
-from ..registry import FAST_HEAD_DIMS, FWD_HEAD_DIMS, NARROW_FWD, WIDE_HEAD_DIMS, narrow_backward_dim
+from ..kernels import resolve_version
+from ..op_common import _capability, _check_cuda, _check_qkv_own_dv, _scale
+from ..registry import (BEST_FWD, FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, NARROW_FWD, WIDE_HEAD_DIMS,
+                        default_attention_version, narrow_backward_dim)
 
 
 def kernel_head_dim(d_qk: int, d_v: int) -> int | None:
@@ -38,6 +40,15 @@ def kernel_head_dim(d_qk: int, d_v: int) -> int | None:
                      f"{FWD_HEAD_DIMS[-1]} (kernels at {list(FWD_HEAD_DIMS)}, smaller dims padded to the next; "
                      f"{list(WIDE_HEAD_DIMS)} on compute capability 9.0 only); "
                      f"use F.scaled_dot_product_attention for wider heads")
+
+
+def attention_version(query, version=None, is_causal: bool = False) -> str:
+    """The forward kernel lab.ops.attention runs for this query: `version` checked, or the default for its
+    head dim (BEST_FWD order). Device-specific defaults belong here, cached per device."""
+    if version is None:
+        head_dim = kernel_head_dim(query.shape[-1], query.shape[-1]) or query.shape[-1]
+        return default_attention_version(head_dim, query.shape[2], is_causal, _capability(query.device))
+    return resolve_version(version, FWD, query.shape[-1], BEST_FWD)
 
 
 def no_deterministic_backward(d_qk: int, d_v: int) -> bool:
@@ -134,13 +145,7 @@ def lines_per_row(d: int, width: int, elem: int = 2, pitch: int | None = None, l
 def pad_and_attend(attend, query, key, value, scale):
     """Check the shapes (value may have its own head dim), pad to the kernel's head dim, call
     attend(q, k, v, scale) -> (out, lse) on the padded tensors and cut the output back to D_v."""
-    _check_tensor(query, "query", cuda=False)
-    _check_tensor(key, "key", query, cuda=False)
-    _check_tensor(value, "value", query, same_head_dim=False, cuda=False)
-    if value.shape[:3] != key.shape[:3]:
-        raise ValueError(f"key and value must agree in (B, H, S): {tuple(key.shape[:3])} vs {tuple(value.shape[:3])}")
-    if query.shape[-1] == 0 or value.shape[-1] == 0:
-        raise ValueError(f"head dims must be >= 1, got query/key {query.shape[-1]}, value {value.shape[-1]}")
+    _check_qkv_own_dv(query, key, value)
     _check_cuda(query)
     return padded(attend, query, key, value, _scale(scale, query.shape[-1]))
 

@@ -13,13 +13,13 @@ import torch
 from .. import build
 from ..kernels import keep_plan, launcher
 from ..kernels import plans as _plans
-from ..kernels import resolve_version as _version
-from ..op_common import _capability, _check_cuda, _check_heads, _check_qkv, _direct, _eager, _scale
+from ..op_common import _check_cuda, _check_heads, _check_qkv, _direct, _eager, _scale
 from ..backward.node import grad_plan
 from ..backward.op import EagerAttention
 from ..masks.op import attention_masked
-from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, NARROW_FWD, default_attention_version
+from ..registry import FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, NARROW_FWD
 from . import causal, head_dims
+from .head_dims import attention_version  # noqa: F401 (the kernel choice, where lab.masks can import it too)
 
 _Tensor = torch.Tensor  # the exact type the fast path takes (a subclass goes through the dispatcher)
 
@@ -41,15 +41,6 @@ def _attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, i
 @_attention_op.register_fake
 def _(query, key, value, is_causal, scale, version):
     return query.new_empty(query.shape), query.new_empty(query.shape[:3], dtype=torch.float32)
-
-
-def attention_version(query, version=None, is_causal: bool = False) -> str:
-    """The forward kernel lab.ops.attention runs for this query: `version` checked, or the default for its
-    head dim (BEST_FWD order). Device-specific defaults belong here, cached per device."""
-    if version is None:
-        head_dim = head_dims.kernel_head_dim(query.shape[-1], query.shape[-1]) or query.shape[-1]
-        return default_attention_version(head_dim, query.shape[2], is_causal, _capability(query.device))
-    return _version(version, FWD, query.shape[-1], BEST_FWD)
 
 
 def attention(query, key, value, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,

@@ -49,7 +49,8 @@ from __future__ import annotations
 import torch
 
 from ..kernels import launcher
-from ..op_common import _readable
+from ..fwd.head_dims import attention_version
+from ..op_common import _readable, varlen_outputs
 from ..registry import FWD
 from . import spec
 
@@ -98,7 +99,6 @@ def lse_to_packed(lse_dense: torch.Tensor, lse: torch.Tensor) -> None:
 def run_dense(qd, kd, vd, od, lse_dense, causal: bool, scale: float) -> None:
     """The dense default kernel on (B, H, S, D) views, O written into od in place (its strides: the packed rows)."""
     from .. import build
-    from ..fwd.op import attention_version  # (lab.fwd.op imports lab.masks.op: not at module level)
     name = attention_version(qd, None, causal)
     build.binding().attn_fwd(launcher(FWD, name), qd, kd, vd, od, lse_dense, scale, causal, None)
 
@@ -108,7 +108,6 @@ def dense_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, 
     """lab.masks.op._varlen_impl's contract (packed O, LSE (H_q, total_q) or None) on the dense route: shape is
     route()'s (n, S_q, S_k); run(qd, kd, vd, od, lse_dense, causal, scale) is the kernel (run_dense; tests pass the
     reference)."""
-    from .op import varlen_outputs
     n, sq, sk = shape
     q, k, v = (_readable(t) for t in (query, key, value))
     out, lse = varlen_outputs(q, want_lse, rows_q)

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import launcher
-from ..op_common import (_capability, _check_cuda, _check_heads, _check_qkv, _check_tensor, _direct, _eager, _readable,
-                         _scale, run_packed_launcher)
+from ..op_common import (_capability, _check_cuda, _check_heads, _check_qkv, _check_qkv_own_dv, _direct, _eager,
+                         _readable, _scale, run_packed_launcher, varlen_outputs)
 from ..fwd import head_dims
 from ..registry import BEST_MASKED_BWD, MASKED_BWD, MASKED_FWD
 from . import backward, dense_route, fast, spec, varlen_bwd
@@ -120,18 +120,6 @@ def _varlen_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right
     q, k, v = (_readable(t) for t in (query, key, value))
     out, lse = varlen_outputs(q, want_lse, rows_q)
     launch(q, k, v, out, lse, spec.Mask(left, right, softcap), scale, 0, sinks, cu_q, cu_k, max_q, max_k, version)
-    return out, lse
-
-
-def varlen_outputs(q, want_lse: bool, rows_q):
-    """A packed call's O (total_q, H_q, D) and LSE (H_q, total_q) or None, with the rows of no sequence (rows_q:
-    on, when the host knows rows_q) set to zeros and -inf; the kernel writes every other row."""
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if want_lse else None
-    if rows_q is not None and rows_q < q.shape[0]:
-        out[rows_q:].zero_()
-        if lse is not None:
-            lse[:, rows_q:].fill_(float("-inf"))
     return out, lse
 
 
@@ -274,13 +262,7 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     # The 4-D checks of the dense op on (1, H, total, D) views (detached: checks only): dtype, device, strides; value
     # may have its own head dim (padded below, as the dense op pads it).
     q4, k4, v4 = (t.detach().unsqueeze(0).transpose(1, 2) for t in (query, key, value))
-    _check_tensor(q4, "query", cuda=False)
-    _check_tensor(k4, "key", q4, cuda=False)
-    _check_tensor(v4, "value", q4, same_head_dim=False, cuda=False)
-    if key.shape[:2] != value.shape[:2]:
-        raise ValueError(f"key and value must agree in (total_k, H): {tuple(key.shape[:2])} vs {tuple(value.shape[:2])}")
-    if query.shape[-1] == 0 or value.shape[-1] == 0:
-        raise ValueError(f"head dims must be >= 1, got query/key {query.shape[-1]}, value {value.shape[-1]}")
+    _check_qkv_own_dv(q4, k4, v4, "(total_k, H)", (key.shape[:2], value.shape[:2]))
     if query.shape[1] % key.shape[1]:
         raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of key heads ({key.shape[1]})")
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):

@@ -84,7 +84,7 @@ def _cuda(seqlen: int, head_dim: int):
     ((8, 0), 200, 200, 2048, False, False),  # no wide forward off Hopper: the full path raises
     ((10, 0), 32, 32, 512, False, False)])
 def test_the_public_op_routes_narrow_calls_by_gpu(monkeypatch, capability, head_dim, d_v, seqlen, causal, narrow):
-    monkeypatch.setattr(fwd_op, "_capability", lambda device: capability)
+    monkeypatch.setattr(head_dims, "_capability", lambda device: capability)  # where the choice reads it
     q, v = _cuda(seqlen, head_dim), _cuda(seqlen, d_v)
     assert fwd_op._narrow(q, q, v, causal) is narrow
 

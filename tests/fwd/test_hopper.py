@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from lab import op_common, ops, paths, registry
-from lab.fwd import op as fwd_op
+from lab.fwd import head_dims
 
 
 def _query(head_dim: int, seqlen_q: int = 8192):
@@ -18,7 +18,7 @@ def _query(head_dim: int, seqlen_q: int = 8192):
 @pytest.mark.parametrize("capability,expected", [((9, 0), "hopper"), ((8, 0), "v04"), ((8, 9), "v04"), ((10, 0), "v04")])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_default_version_per_capability(monkeypatch, capability, expected, head_dim):
-    monkeypatch.setattr(fwd_op, "_capability", lambda device: capability)
+    monkeypatch.setattr(head_dims, "_capability", lambda device: capability)  # where the choice reads it
     chosen = ops.attention_version(_query(head_dim))
     if expected == "hopper":
         expected = "v07"
@@ -30,7 +30,7 @@ def test_default_version_per_capability(monkeypatch, capability, expected, head_
     (64, 1, False, "v05"), (64, 512, False, "v05"), (64, 513, False, "v07"), (64, 2048, True, "v05"), (64, 2049, True, "v07"),
     (128, 1, False, "v07"), (128, 16384, False, "v07"), (128, 1, True, "v07"), (128, 512, True, "v07")])
 def test_hopper_choice_by_shape(monkeypatch, head_dim, seqlen_q, causal, expected):
-    monkeypatch.setattr(fwd_op, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(head_dims, "_capability", lambda device: (9, 0))
     assert ops.attention_version(_query(head_dim, seqlen_q), is_causal=causal) == expected
 
 
