@@ -6,48 +6,32 @@ no copy), and the dense default (fwd v07 at D 64 / 128: the persistent PAIR orde
 causal rows in 1 / 1.19 of the packed kernel's time (fwd v11's packed grid, non-persistent: chapter n13's race).
 
 When: the decision needs cu_seqlens' values on the host: a checked call (check_cu_seqlens=True, one device-to-host
-copy the call pays anyway), or cu_seqlens given on the CPU (lab.masks.op reads them with no sync and copies them
-to the device through pinned memory: the route without waiting for the device). max_seqlen_q / _k play no part: the lengths are read from the checked
-copy, so an untruthful max (already refused there when too small) cannot pick this route; an unchecked call
-(check_cu_seqlens=False: no host copy, no sync) never takes it, because q.shape[0] == n max_seqlen_q does not
-prove equal lengths (rows of no sequence are allowed past cu_seqlens_q[-1]) and the dense kernel cannot read
-cu_seqlens to refuse a batch that is not uniform. The route takes only the masks whose dense meaning is the
-packed one on the dense default kernel: no window, softcap or sinks, and causal only when S_q = S_k (the packed
-causal is bottom-right per sequence; the dense default's is top-left, equal only on square blocks). Any other
-mask stays on the packed kernel (the masked dense call runs the same fwd v11, measured 1.03x faster than its
-packed grid: too little to carry a second route). GQA, rows of no sequence past cu_seqlens_q[-1] (zeros,
-LSE -inf) and past cu_seqlens_k[-1] (not read) are kept.
+copy the call pays anyway), or cu_seqlens given on the CPU (lab.masks.op reads them with no sync and copies them to
+the device through pinned memory: the route without waiting for the device). max_seqlen_q / _k play no part: the
+lengths are read from the checked copy, so an untruthful max (already refused there when too small) cannot pick
+this route; an unchecked call (check_cu_seqlens=False: no host copy, no sync) never takes it, because q.shape[0] ==
+n max_seqlen_q does not prove equal lengths (rows of no sequence are allowed past cu_seqlens_q[-1]) and the dense
+kernel cannot read cu_seqlens to refuse a batch that is not uniform. The route takes only the masks whose dense
+meaning is the packed one on the dense default kernel: no window, softcap or sinks, and causal only when S_q = S_k
+(the packed causal is bottom-right per sequence; the dense default's is top-left, equal only on square blocks). Any
+other mask stays on the packed kernel (the masked dense call runs the same fwd v11, measured 1.03x faster than its
+packed grid: too little to carry a second route). GQA, rows of no sequence past cu_seqlens_q[-1] (zeros, LSE -inf)
+and past cu_seqlens_k[-1] (not read) are kept.
 
 The backward stays the packed one (lab.masks.varlen_bwd: faster than the dense backward on these shapes, 0.86x),
 so the dense forward hands it O in the packed layout (written in place through the [n, H, S, D] view) and LSE
 (H_q, total_q) (the dense kernel's (n, H_q, S_q) copied over: 4 bytes a row and head).
 
-Prediction (written before the first GPU run; H200, bf16, causal, H 16, 8 x 2048, lab.masks.gpu_varlen.race in GPU
-time): the route's GPU work (dense_impl called directly, no host copy) 1.00-1.03x the dense op's forward (the same
-kernel on the same strided view); the public checked call 1.2-1.5x in that timer, because its device-to-host copy
-of cu_seqlens makes the timed window hold the Python path after the copy (the host cost, not the kernel's); its
-forward + backward about 0.85-0.95x the dense op's (the packed backward stays 0.86x the dense one); the unchecked
-call unchanged, 1.16-1.20x. D_v != D_qk (lab.masks.op pads V to the kernel width and cuts O back): 1.02-1.08x the
-same call at D_v = D_qk = width, forward and forward + backward (the copies of V and O, and of dV back).
-Outcome (H200, b88a6be, outputs/driver_logs/20261129-h200-batch4-b88a6be/R; GPU time, medians of 21 rounds, IQR
-within 1 % unless said): the route's GPU work 0.993x the dense forward at D 128 (0.251 / 0.253 ms), 0.999x at D 64
-(0.188 / 0.188): met. The public checked call 2.14x (D 128, 0.541 ms, IQR 0.032) and 2.47x (D 64): the exposed host
-path is ~0.29 ms, twice the prediction's upper end; forward + backward 1.34x / 1.71x, missed. Unchecked: 1.17x (D
-128) and 1.32x (D 64) forward, as before; backward 0.86x / 0.87x. D_v != D_qk (4 x 2048, H 16; F.pad then): forward
-1.42x (192 / 128 against 192 / 192) and 1.39x (256 / 128 against 256 / 256), forward + backward 1.08x / 1.07x: the
-forward missed by far (the copies of V and O, 30-45 us by bytes, were 94-96 us). Route checks 8/8 (the two forced
-on uneven keys fail as they must), its gradient checks 2/2, D_v != D_qk checks 4/4 (out, dQ, dK, dV).
-Then (9c9667b, outputs/driver_logs/20261129-h200-batch5-9c9667b/R): the same checks 10/10; the checked call on v11
-with no route 1.02x / 1.01x the checked route (D 128 / 64): its device-to-host wait, not the kernel, sets its time.
-So cu_seqlens on the CPU (ca72b20, outputs/driver_logs/20261129-h200-final-ca72b20/R; checked forward, O and LSE bit
-for bit the device call's, gradients within 1 %): 1.009x the dense op's forward (0.252 / 0.249 ms, IQR 0.001),
-backward 0.861x, forward + backward 0.893x: within 5 % in the public call. The unchecked call stays 1.17x (its fix
-is fwd v11's packed grid: a persistent PAIR order with FUSE, as v07's).
+Measured on an H200 (8 x 2048, D 128, causal): with cu_seqlens on the host the public call is 1.009x the dense
+op's forward and 0.893x its forward + backward; the unchecked call stays 1.17x (its fix belongs to fwd v11's packed
+grid: a persistent PAIR order, as v07's). Hypothesis, prediction, every cell and the decision:
+outputs/experiments/20261129-masks-varlen-one-length-dense-route.json.
 """
 from __future__ import annotations
 
 import torch
 
+from .. import build
 from ..kernels import launcher
 from ..fwd.head_dims import attention_version
 from ..op_common import _readable, varlen_outputs
@@ -98,7 +82,6 @@ def lse_to_packed(lse_dense: torch.Tensor, lse: torch.Tensor) -> None:
 
 def run_dense(qd, kd, vd, od, lse_dense, causal: bool, scale: float) -> None:
     """The dense default kernel on (B, H, S, D) views, O written into od in place (its strides: the packed rows)."""
-    from .. import build
     name = attention_version(qd, None, causal)
     build.binding().attn_fwd(launcher(FWD, name), qd, kd, vd, od, lse_dense, scale, causal, None)
 

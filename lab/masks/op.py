@@ -192,10 +192,10 @@ def _backward_head_dim(query, value) -> None:
 
 
 def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values: bool, max_len: int,
-              host_out: list | None = None, host: list | None = None):
-    """Raise on a bad cu_seqlens; return cu[-1] when check_values (a host copy of cu was checked), else None.
-    host_out: a list that receives the checked host copy (lab.masks.dense_route reads it); host: cu's host copy
-    when the caller has it already (cu_seqlens_k is cu_seqlens_q: one copy, one sync)."""
+              host: list | None = None) -> list | None:
+    """Raise on a bad cu_seqlens; return its checked host copy when check_values (lab.masks.dense_route and the
+    paged call's table check read it), else None. host: cu's host copy when the caller has it already
+    (cu_seqlens_k is cu_seqlens_q: one copy, one sync)."""
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -217,9 +217,7 @@ def _check_cu(cu, name: str, total: int, device, batch: int | None, check_values
             raise ValueError(f"{name}[-1] = {host[-1]} exceeds the {total} packed rows")
         if lengths and max(lengths) > max_len:
             raise ValueError(f"a sequence of {max(lengths)} rows exceeds max_seqlen ({max_len}) for {name}")
-        if host_out is not None:
-            host_out.extend(host)
-        return host[-1]
+        return host
     return None
 
 
@@ -268,14 +266,15 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise TypeError(f"{name} must be a non-negative host int, got {n!r}")
-    host_q, host_k = [], []  # the checked host copies (check_cu_seqlens=True, or cu_seqlens on the host), for the
-    # dense route; cu_seqlens on the CPU with a CUDA query: their values are read with no sync and always checked,
-    # then copied to the device without waiting for it (pageable memory is staged at once)
+    # The checked host copies (check_cu_seqlens=True, or cu_seqlens on the host) feed the dense route. cu_seqlens
+    # on the CPU with a CUDA query: their values are read with no sync and always checked, then copied to the
+    # device without waiting for it (pageable memory is staged at once).
     on_host = _on_host(cu_seqlens_q, cu_seqlens_k, query)
     where, check = (torch.device("cpu"), True) if on_host else (query.device, check_cu_seqlens)
-    rows_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], where, None, check, max_seqlen_q, host_q)
-    _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], where, cu_seqlens_q.shape[0] - 1, check, max_seqlen_k,
-              host_k, host_q if cu_seqlens_k is cu_seqlens_q else None)
+    host_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], where, None, check, max_seqlen_q)
+    host_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", key.shape[0], where, cu_seqlens_q.shape[0] - 1, check,
+                       max_seqlen_k, host_q if cu_seqlens_k is cu_seqlens_q else None)
+    rows_q = host_q[-1] if host_q else None
     if on_host:  # through pinned memory (torch's caching host allocator): the copy is queued, not waited for
         same = cu_seqlens_k is cu_seqlens_q
         cu_seqlens_q = cu_seqlens_q.pin_memory().to(query.device, non_blocking=True)
@@ -295,7 +294,8 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     scale = _scale(scale, d)
     # zero columns (lab.fwd.head_dims): the scale stays the true D_qk's, the output is cut back to D_v; D_v != D_qk
     # runs at the kernel width of the larger (the padded columns of V give zero columns of O and of dV)
-    query, key, value = (t if t.shape[-1] == width else _pad_columns(t, width) for t in (query, key, value))
+    query, key, value = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1]))
+                         for t in (query, key, value))
     args = (query, key, value, cu_seqlens_q, cu_seqlens_k, sinks, max_seqlen_q, max_seqlen_k, mask.left,
             mask.right, mask.softcap, scale, masked_version(query.device, version, width))
     dense = dense_route.route(host_q, host_k, mask, sinks, version)  # one length: the dense default kernel
@@ -316,18 +316,6 @@ def _on_host(cu_q, cu_k, query) -> bool:
     """Both cu_seqlens plain CPU tensors and query a CUDA tensor: the values are on the host already."""
     return all(type(t) is torch.Tensor and t.device.type == "cpu" for t in (cu_q, cu_k)) and \
         isinstance(query, torch.Tensor) and query.device.type == "cuda"
-
-
-def _pad_columns(t, width: int):
-    """t with zero columns up to `width`: the copy written once and only the new columns zeroed (F.pad fills the
-    whole buffer first, a third more bytes written). Differentiable (a plain eager tensor: autograd takes the
-    copy and the slice; other tensors go through F.pad)."""
-    if type(t) is not torch.Tensor or not _eager():
-        return F.pad(t, (0, width - t.shape[-1]))
-    out = t.new_empty(*t.shape[:-1], width)
-    out[..., t.shape[-1]:].zero_()
-    out[..., :t.shape[-1]] = t
-    return out
 
 
 backward.register()  # lab::attention_masked is differentiable (lab.masks.backward)

@@ -158,12 +158,13 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise TypeError(f"{name} must be a non-negative host int, got {n!r}")
-    rows_q = op._check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], query.device, None, check_cu_seqlens,
+    host_q = op._check_cu(cu_seqlens_q, "cu_seqlens_q", query.shape[0], query.device, None, check_cu_seqlens,
                           max_seqlen_q)
-    total_k = op._check_cu(cu_seqlens_k, "cu_seqlens_k", 2**62, query.device, batch, check_cu_seqlens,
-                           max_seqlen_k)  # no packed rows bound it: check_table_on_host bounds each length
-    if total_k is not None and not isinstance(cu_seqlens_k, torch._subclasses.fake_tensor.FakeTensor):
-        check_table_on_host(cu_seqlens_k.tolist(), table, key_cache.shape[1], key_cache.shape[0])
+    rows_q = host_q[-1] if host_q else None
+    host_k = op._check_cu(cu_seqlens_k, "cu_seqlens_k", 2**62, query.device, batch, check_cu_seqlens,
+                          max_seqlen_k)  # no packed rows bound it: check_table_on_host bounds each length
+    if host_k is not None:  # the checked host copy (none for fake tensors): no second device-to-host copy
+        check_table_on_host(host_k, table, key_cache.shape[1], key_cache.shape[0])
     spec.check_sinks(sinks, query.shape[1], query.device)
     if version not in (None, PAGED_VERSION):
         raise ValueError(f"a block table runs on masked {PAGED_VERSION} only, got version={version!r}")
@@ -180,7 +181,7 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
     if not (_direct(query, key_cache, value_cache, table) and _eager()):  # traced: flags to page_errors or nowhere
         errors = page_errors if page_errors is not None else torch.empty(batch, dtype=torch.int32, device=query.device)
         out, lse = _paged_op(*args, errors, *rest)
-    elif page_errors is not None or total_k is not None:  # the caller's flags, or a table checked on the host
+    elif page_errors is not None or host_k is not None:  # the caller's flags, or a table checked on the host
         packer = None
         if plan_key is not None and table is block_table:  # checked: the same call again may go straight in
             if len(_plans) >= _MAX_PLANS:

@@ -490,7 +490,7 @@ def test_varlen_fills_only_the_rows_of_no_sequence(monkeypatch):
     monkeypatch.setattr(mask_op, "launch", kernel)
     q = _draw(12, 2, 16, seed=3)
     cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
-    assert mask_op._check_cu(cu, "cu_seqlens_q", 12, q.device, None, True, 5) == 8
+    assert mask_op._check_cu(cu, "cu_seqlens_q", 12, q.device, None, True, 5) == [0, 3, 3, 8]
     assert mask_op._check_cu(cu, "cu_seqlens_q", 12, q.device, None, False, 5) is None
     for rows_q in (8, 12, None):
         seen.clear(), launched.clear()
