@@ -95,11 +95,7 @@ class FP8Attention:
                                                     attn_scale=self.scale, use_causal_mask=bool(is_causal))
         o.set_output(True).set_dim(list(self.o.shape)).set_stride(list(self.o.stride())).set_data_type(fp8)
         amax_o.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(fp32)
-        graph.validate()
-        graph.build_operation_graph()
-        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        graph.check_support()
-        graph.build_plans()
+        build_plans(cudnn, graph)
         self._pack = {q: self.inputs[0].data, k: self.inputs[1].data, v: self.inputs[2].data, o: self.o,
                       amax_o: self.amax_o, **{ports[name]: t for name, t in self._scalars.items()}}
         return graph
@@ -118,6 +114,16 @@ class FP8Attention:
         if self.handle is not None:
             require().destroy_handle(self.handle)
             self.handle = None
+
+
+def build_plans(cudnn, graph) -> None:
+    """The graph API's steps from a described graph to a runnable one: validate, lower, plan (heuristic A, then the
+    fallback), check support, build. Raises where the frontend declines the graph."""
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
 
 
 def sdpa_fp8(q: quant.Quantized, k: quant.Quantized, v: quant.Quantized, is_causal: bool = False,

@@ -69,13 +69,6 @@ class FP8Backward:
         dtype = self.cudnn.data_type.FP8_E4M3 if fp8 else self.cudnn.data_type.FLOAT
         return graph.tensor(dim=list(x.shape), stride=list(x.stride()), data_type=dtype)
 
-    def _build(self, graph):
-        graph.validate()
-        graph.build_operation_graph()
-        graph.create_execution_plans([self.cudnn.heur_mode.A, self.cudnn.heur_mode.FALLBACK])
-        graph.check_support()
-        graph.build_plans()
-
     def _out(self, t, buffer, fp8: bool):
         dtype = self.cudnn.data_type.FP8_E4M3 if fp8 else self.cudnn.data_type.FLOAT
         t.set_output(True).set_dim(list(buffer.shape)).set_stride(list(buffer.stride())).set_data_type(dtype)
@@ -91,7 +84,7 @@ class FP8Backward:
         self._out(stats, self.stats, False)
         self._out(amax_s, self.amax["s"], False)
         self._out(amax_o, self.amax["o"], False)
-        self._build(g)
+        peer.build_plans(self.cudnn, g)
         self.fwd_pack = {q: self.inputs[0].data, k: self.inputs[1].data, v: self.inputs[2].data, o: self.o,
                          stats: self.stats, amax_s: self.amax["s"], amax_o: self.amax["o"],
                          **{ports[n]: self.scalars[n] for n in ports}}
@@ -108,7 +101,7 @@ class FP8Backward:
             self._out(t, buffer, True)
         for t, name in zip((amax_dq, amax_dk, amax_dv, amax_dp), ("dQ", "dK", "dV", "dP")):
             self._out(t, self.amax[name], False)
-        self._build(g)
+        peer.build_plans(self.cudnn, g)
         self.bwd_pack = {q: self.inputs[0].data, k: self.inputs[1].data, v: self.inputs[2].data, o: self.o,
                          d_o: self.dout.data, stats: self.stats, dq: self.grads_fp8[0], dk: self.grads_fp8[1],
                          dv: self.grads_fp8[2], amax_dq: self.amax["dQ"], amax_dk: self.amax["dK"],
