@@ -14,7 +14,7 @@ attention does. An e4m3 tensor has no gradient of its own worth having, so
 lab.ops.attention_fp8 itself (e4m3 in) stays forward-only and says so when an input requires grad.
 
 The backward that runs today (name it so in every claim): dequantise-then-bf16. Q, K, V are dequantised to bf16
-(e4m3 x descale, rounded once; one pass each, kernels/bwd/fp8_dequant.cu) and the lab's bf16 backward
+(e4m3 x descale, rounded once; one pass each, kernels/bwd/fp8_cast.cu) and the lab's bf16 backward
 (lab.backward.op: bwd v14 on compute capability 9.0, v18 in deterministic mode) runs on them with the FP8
 forward's O and LSE. Its GEMMs are bf16; it is NOT an FP8 backward and no speed claim calls it one. Its error is
 the bf16 backward's plus what the FP8 forward's O brings into Delta = rowsum(dO * O) (lab.fp8.checks_bwd
@@ -108,7 +108,7 @@ def _capability_check(device):
     return capability
 
 
-CASTS = kernels.Kernel("bwd/fp8_cast.cu", "fp8_dequant_bf16", HEAD_DIMS)  # and fp8_quantize_e4m3, same file
+CASTS = "bwd/fp8_cast.cu"  # fp8_dequant_bf16 and fp8_quantize_e4m3, called through ctypes
 _DEQUANT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                ctypes.c_int64, ctypes.c_void_p)
 _QUANT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -118,7 +118,7 @@ _casts: dict = {}
 
 def _cast_fn(symbol: str, prototype):
     if symbol not in _casts:
-        _casts[symbol] = prototype(kernels.launcher({symbol: kernels.Kernel(CASTS.source, symbol, HEAD_DIMS)}, symbol))
+        _casts[symbol] = prototype(kernels.launcher({symbol: kernels.Kernel(CASTS, symbol, HEAD_DIMS)}, symbol))
     return _casts[symbol]
 
 

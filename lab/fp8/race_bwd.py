@@ -9,7 +9,7 @@ before each, cold), the public calls as a user makes them:
 * ``cudnn-fp8``: cuDNN's sdpa_fp8_backward graph execute (lab.fp8.peer_bwd), where the frontend builds it;
 * ``sdpa-cudnn-bf16``: torch SDPA's cuDNN backend, bf16 (what FP8 buys cuDNN itself);
 * ``lab-fp8-train fwd+bwd`` and ``lab-bf16 fwd+bwd``: the forward and backward of one training step;
-* ``dequantise q, k, v``: the dequantising passes of lab-fp8-train's backward alone (kernels/bwd/fp8_dequant.cu;
+* ``dequantise q, k, v``: the dequantising passes of lab-fp8-train's backward alone (kernels/bwd/fp8_cast.cu;
   "(torch)": torch's three passes a tensor it replaced) and ``quantise q, k, v`` (the forward's, likewise),
   diagnostics.
 
