@@ -258,10 +258,12 @@ GRADS = ("dq", "dk", "dv")
 
 
 def reference_grads(q, k, v, dout, is_causal=False, scale=None):
-    """float64 (out, dq, dk, dv) of `reference` by autograd; dk/dv summed over each GQA group."""
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out = reference(q64, k64, v64, is_causal, scale)
-    grads = torch.autograd.grad(out, (q64, k64, v64), dout.double())
+    """float64 (out, dq, dk, dv) of `reference` by autograd; dk/dv summed over each GQA group. Also inside a
+    backward or under no_grad, where autograd is off: grad mode is turned on for this graph."""
+    with torch.enable_grad():
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        out = reference(q64, k64, v64, is_causal, scale)
+        grads = torch.autograd.grad(out, (q64, k64, v64), dout.double())
     return (out.detach(), *grads)
 
 

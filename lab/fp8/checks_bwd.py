@@ -26,7 +26,7 @@ import sys
 import torch
 
 from .. import record
-from ..check import _poison_allocator
+from ..check import _poison_allocator, reference_grads
 from . import emulate, emulate_bwd, quant
 from .backward import attention_fp8_train, dequantize_bf16, dequantize_bf16_torch, quantize_e4m3
 
@@ -56,7 +56,7 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int =
     grad_out = torch.randn((B, Hq, Sq, D), generator=gen, device=device).to(torch.bfloat16)
     quantized = [quant.quantize(x, "e4m3", granularity) for x in (q, k, v)]
     deq = [x.dequantize(torch.float64) for x in quantized]
-    _, *ref = emulate_bwd.reference(*deq, grad_out, causal)
+    _, *ref = reference_grads(*deq, grad_out, causal)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     _poison_allocator(q, k, v)
     with _deterministic(deterministic_mode):  # our call alone: the references' cuBLAS calls stay outside

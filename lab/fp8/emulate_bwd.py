@@ -16,8 +16,8 @@ The formats say where precision goes (lab.fp8.backward's design note quotes `bud
     "bf16" everywhere   a bf16 backward (lab.ops.attention's kernels store P, dS, dO as bf16)
     e4m3 / e5m2         an FP8 backward: dO and dS each lose 4 (e4m3) or 5 (e5m2) more mantissa bits than bf16
 
-`reference` is float64 autograd of softmax(scale Q K^T) V on the given (dequantised) inputs: the gradients the
-GPU checks compare against. Both take (B, H, S, D) tensors, GQA by head groups, top-left causal.
+The gradients the GPU checks compare against are lab.check.reference_grads (float64 autograd) on the dequantised
+inputs. All take (B, H, S, D) tensors, GQA by head groups, top-left causal.
 """
 from __future__ import annotations
 
@@ -25,24 +25,11 @@ import math
 
 import torch
 
+from ..check import reference_grads
 from . import quant
 from .emulate import P_SCALE, _expand
 
 FORMATS = (None, "bf16", "e4m3", "e5m2")
-
-
-def reference(q, k, v, grad_out, is_causal: bool = False, scale: float | None = None):
-    """(out, dq, dk, dv) in float64: autograd of softmax(scale Q K^T) V; dk, dv summed over each KV head's group."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    with torch.enable_grad():  # also inside a backward, where autograd turns grad mode off
-        q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
-        heads = q.shape[1]
-        s = (q @ _expand(k, heads).transpose(-1, -2)) * scale
-        if is_causal:
-            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-        out = torch.softmax(s, dim=-1) @ _expand(v, heads)
-        dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_out.double())
-    return out.detach(), dq, dk, dv
 
 
 def eager(q, k, v, grad_out, is_causal: bool = False, scale: float | None = None, dtype=torch.bfloat16):
@@ -142,7 +129,7 @@ BUDGET = (
 def budget(q, k, v, grad_out, is_causal: bool = False, out=None, lse=None, variants=BUDGET) -> list[dict]:
     """Each variant's gradient error (relative L2, max abs) against float64, on the given float32 inputs.
     out / lse default to float64's (the forward's own error left out); pass the FP8 forward's to include it."""
-    ref_out, *ref = reference(q, k, v, grad_out, is_causal)
+    ref_out, *ref = reference_grads(q, k, v, grad_out, is_causal)
     if out is None:
         out = ref_out.float()
     if lse is None:

@@ -11,6 +11,7 @@ import torch
 
 import lab.ops as ops
 from lab.backward import op as bwd_op
+from lab.check import reference_grads
 from lab.fp8 import backward, emulate, emulate_bwd, op, quant
 
 
@@ -31,7 +32,7 @@ def _lse(q, k, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_float32_emulation_matches_float64(causal):
     q, k, v, d_o = draw()
-    out, *ref = emulate_bwd.reference(q, k, v, d_o, causal)
+    out, *ref = reference_grads(q, k, v, d_o, causal)
     got = emulate_bwd.backward(q, k, v, out, _lse(q, k, causal), d_o, causal)
     for name, e in emulate_bwd.errors(got, ref).items():
         assert e["rel_l2"] < 1e-5 and e["nan"] == 0, (name, e)
@@ -39,8 +40,8 @@ def test_float32_emulation_matches_float64(causal):
 
 def test_reference_sums_gqa_groups():
     q, k, v, d_o = draw(Hq=4, Hkv=2)
-    _, _, dk, dv = emulate_bwd.reference(q, k, v, d_o)
-    _, _, dk_full, dv_full = emulate_bwd.reference(q, emulate._expand(k, 4), emulate._expand(v, 4), d_o)
+    _, _, dk, dv = reference_grads(q, k, v, d_o)
+    _, _, dk_full, dv_full = reference_grads(q, emulate._expand(k, 4), emulate._expand(v, 4), d_o)
     assert torch.allclose(dk, dk_full.view(1, 2, 2, *dk.shape[2:]).sum(2))
     assert torch.allclose(dv, dv_full.view(1, 2, 2, *dv.shape[2:]).sum(2))
 
@@ -59,7 +60,7 @@ def test_format_budget_orders_as_the_design_note_says():
 
 def test_the_rule_rejects_a_dropped_descale():
     q, k, v, d_o = draw()
-    out, *ref = emulate_bwd.reference(q, k, v, d_o, True)
+    out, *ref = reference_grads(q, k, v, d_o, True)
     lse = _lse(q, k, True)
     kw = dict(do_format="bf16", p_format="bf16", ds_format="bf16")
     model = emulate_bwd.errors(emulate_bwd.backward(q, k, v, out, lse, d_o, True, **kw), ref)
@@ -119,7 +120,7 @@ def _fake_kernels(monkeypatch):
 
     def bwd_impl(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, deterministic, version):
         assert version == "v14" and q.dtype == k.dtype == v.dtype == torch.bfloat16
-        _, dq, dk, dv = emulate_bwd.reference(q, k, v, grad_out, is_causal, scale)
+        _, dq, dk, dv = reference_grads(q, k, v, grad_out, is_causal, scale)
         return dq.to(torch.bfloat16), dk.to(torch.bfloat16), dv.to(torch.bfloat16)
 
     monkeypatch.setattr(op, "run", lambda *a, **kw: run(*a, **kw))
@@ -139,7 +140,7 @@ def test_autograd_plumbing(monkeypatch, dtype, bug):
     grads = torch.autograd.grad(out, (q, k, v), d_o.to(out.dtype))
     assert [g.dtype for g in grads] == [dtype] * 3 and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     deq = [quant.quantize(x.detach(), "e4m3").dequantize(torch.float64) for x in (q, k, v)]
-    _, *ref = emulate_bwd.reference(*deq, d_o.to(torch.bfloat16), True)
+    _, *ref = reference_grads(*deq, d_o.to(torch.bfloat16), True)
     errors = emulate_bwd.errors([g.float() for g in grads], ref)
     ok = all(e["rel_l2"] < 2e-2 for e in errors.values())
     assert ok == (bug is None), errors  # the wrong build must fail the same comparison
