@@ -47,10 +47,12 @@ def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, si
     (total, H, D) tensors; paged = (block_table, page_errors): k and v are (num_pages, page_size, H_kv, D) caches
     (lab.masks.paged). No checks beyond the kernel's own: callers check first (attention_masked, varlen, paged)."""
     version = masked_version(q.device, version, q.shape[-1])
-    key = (version, tuple(sorted(defines.items())) if defines else ())
-    call = _calls.get(key)
-    if call is None:
-        call = _calls[key] = _LAUNCH(launcher(MASKED_FWD, version, defines))
+    call = kernel_call(version, defines)
+    if paged is not None:
+        params = PARAMS.pack(*paged_fields(q, k, v, out, lse, sinks, cu_q, cu_k, *paged, max_q, max_k, mask.left,
+                                           mask.right, mask.softcap, scale, offset))
+        run_packed_launcher(call, params, q.device, f"masked attention kernel {version} (paged)")
+        return
     if cu_q is None:
         strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
         sizes = (q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
@@ -59,18 +61,37 @@ def launch(q, k, v, out, lse, mask: spec.Mask, scale: float, offset: int = 0, si
         strides = tuple(x for t in (q, k, v, out) for x in (0, t.stride(1), t.stride(0)))
         sizes = (cu_q.shape[0] - 1, q.shape[1], k.shape[1], max_q, max_k, q.shape[2])
         packed = (cu_q.data_ptr(), cu_k.data_ptr(), q.shape[0], k.shape[0])
-    if paged is not None:  # (page, head, key in page) strides; total_k is not read, its bound is the kernel's limit
-        table, errors = paged
-        strides = (0, q.stride(1), q.stride(0), k.stride(0), k.stride(2), k.stride(1), v.stride(0), v.stride(2),
-                   v.stride(1), 0, out.stride(1), out.stride(0))
-        sizes = (*sizes[:2], k.shape[2], *sizes[3:])
-        packed = (*packed[:3], 1 << 30)
-        paged = (table.data_ptr(), errors.data_ptr(), table.stride(0), k.shape[0], k.shape[1], table.shape[1])
     params = PARAMS.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                          lse.data_ptr() if lse is not None else 0, *strides, *sizes, scale, 0, _DTYPE_CODE[q.dtype], 0,
                          mask.left, mask.right, offset, mask.softcap, sinks.data_ptr() if sinks is not None else 0,
-                         *packed, *(paged or _NOT_PAGED))
+                         *packed, *_NOT_PAGED)
     run_packed_launcher(call, params, q.device, f"masked attention kernel {version}")
+
+
+def kernel_call(version: str, defines=None):
+    """A masked kernel's launcher as a ctypes function, memoised per version and defines."""
+    key = (version, tuple(sorted(defines.items())) if defines else ())
+    call = _calls.get(key)
+    if call is None:
+        call = _calls[key] = _LAUNCH(launcher(MASKED_FWD, version, defines))
+    return call
+
+
+# paged_fields' pointer fields, in its order: q, k, v, out, lse, then sinks, cu_q, cu_k, then table, errors
+PAGED_POINTERS = (0, 1, 2, 3, 4, 31, 32, 33, 36, 37)
+
+
+def paged_fields(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right, softcap, scale,
+                 offset: int = 0) -> list:
+    """AttnMaskParams' fields of a paged call (lab.masks.paged): the caches' (page, head, key in page) strides;
+    total_k is not read, its bound is the kernel's limit."""
+    strides = (0, q.stride(1), q.stride(0), k.stride(0), k.stride(2), k.stride(1), v.stride(0), v.stride(2),
+               v.stride(1), 0, out.stride(1), out.stride(0))
+    return [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), *strides,
+            cu_q.shape[0] - 1, q.shape[1], k.shape[2], max_q, max_k, q.shape[2], scale, 0, _DTYPE_CODE[q.dtype], 0,
+            left, right, offset, softcap, 0 if sinks is None else sinks.data_ptr(), cu_q.data_ptr(), cu_k.data_ptr(),
+            q.shape[0], 1 << 30, table.data_ptr(), errors.data_ptr(), table.stride(0), k.shape[0], k.shape[1],
+            table.shape[1]]
 
 
 # ------------------------------------------------------------------ custom ops

@@ -24,14 +24,10 @@ The dense op (lab.ops.attention) takes no block table: paged K/V is a packed-cal
 """
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from ..decode.checks import check_page_shapes
 from ..decode.plan import PAGE_E_INDEX, PAGE_E_SHORT
-from ..kernels import launcher
-from ..registry import MASKED_FWD
 from ..op_common import _capability, _check_cuda, _direct, _eager, _readable, _scale
 from . import op, spec
 
@@ -236,38 +232,14 @@ def paged_impl(query, key_cache, value_cache, cu_q, cu_k, sinks, table, errors, 
         params = pack(*args)
         if packer is not None:
             packer[0] = Packer(*args)
-    call = kernel(defines)
-    stream = ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream)
-    if q.get_device() == torch.cuda.current_device():  # (the device context costs a few us a call)
-        rc = call(params, stream)
-    else:
-        with torch.cuda.device(q.device):
-            rc = call(params, stream)
-    if rc != 0:
-        raise RuntimeError(f"masked attention kernel {PAGED_VERSION} (paged) failed with code {rc} (LAB_E_* < 0, or a "
-                           f"cudaError_t)")
+    op.run_packed_launcher(kernel(defines), params, q.device, f"masked attention kernel {PAGED_VERSION} (paged)")
     return out, lse
 
 
 def pack(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right, softcap, scale) -> bytes:
-    """AttnMaskParams of a paged call (lab.masks.op.PARAMS; op.launch(paged=) packs the same bytes, which the CPU
-    tests check): the caches' (page, head, key in page) strides, total_k the kernel's bound (it is not read)."""
-    return op.PARAMS.pack(*_fields(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right,
-                                   softcap, scale))
-
-
-# PARAMS' pointer fields in _fields' order: q, k, v, out, lse, then sinks, cu_q, cu_k, then table, errors
-_POINTERS = (0, 1, 2, 3, 4, 31, 32, 33, 36, 37)
-
-
-def _fields(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right, softcap, scale) -> list:
-    strides = (0, q.stride(1), q.stride(0), k.stride(0), k.stride(2), k.stride(1), v.stride(0), v.stride(2),
-               v.stride(1), 0, out.stride(1), out.stride(0))
-    return [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), *strides,
-            cu_q.shape[0] - 1, q.shape[1], k.shape[2], max_q, max_k, q.shape[2], scale, 0, op._DTYPE_CODE[q.dtype], 0,
-            left, right, 0, softcap, 0 if sinks is None else sinks.data_ptr(), cu_q.data_ptr(), cu_k.data_ptr(),
-            q.shape[0], 1 << 30, table.data_ptr(), errors.data_ptr(), table.stride(0), k.shape[0], k.shape[1],
-            table.shape[1]]
+    """AttnMaskParams of a paged call (lab.masks.op.paged_fields, the layout op.launch(paged=) packs too)."""
+    return op.PARAMS.pack(*op.paged_fields(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left,
+                                           right, softcap, scale))
 
 
 class Packer:
@@ -276,22 +248,18 @@ class Packer:
     queries a call were ~15 us of host time, which a cold call pays before its kernel starts)."""
 
     def __init__(self, *args):
-        self.fields = _fields(*args)
+        self.fields = op.paged_fields(*args)
 
     def __call__(self, q, k, v, out, lse, sinks, cu_q, cu_k, table, errors) -> bytes:
         f = self.fields.copy()
-        for i, t in zip(_POINTERS, (q, k, v, out, lse, sinks, cu_q, cu_k, table, errors)):
+        for i, t in zip(op.PAGED_POINTERS, (q, k, v, out, lse, sinks, cu_q, cu_k, table, errors)):
             f[i] = 0 if t is None else t.data_ptr()
         return op.PARAMS.pack(*f)
 
 
 def kernel(defines=None):
-    """fwd v11's launcher as a ctypes function, shared with lab.masks.op.launch's memo."""
-    key = (PAGED_VERSION, tuple(sorted(defines.items())) if defines else ())
-    call = op._calls.get(key)
-    if call is None:
-        call = op._calls[key] = op._LAUNCH(launcher(MASKED_FWD, PAGED_VERSION, defines))
-    return call
+    """fwd v11's launcher as a ctypes function (lab.masks.op.kernel_call's memo)."""
+    return op.kernel_call(PAGED_VERSION, defines)
 
 
 @torch.library.custom_op("lab::attention_varlen_paged", mutates_args=("page_errors",))

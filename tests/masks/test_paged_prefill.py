@@ -266,7 +266,8 @@ def _stub_launches(monkeypatch):
     monkeypatch.setattr(paged, "_plans", {})
     monkeypatch.setattr(paged, "kernel", lambda defines=None: lambda params, stream: launches.append(params) or 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)  # a CPU tensor's get_device()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # not the CPU tensors' device: a device context
+    monkeypatch.setattr(torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
     return launches
 
 
@@ -290,12 +291,14 @@ def test_serving_plan_launches_as_the_checked_call(monkeypatch):
 
 
 def test_pack_matches_op_launch(monkeypatch):
-    """lab.masks.paged.pack and lab.masks.op.launch(paged=) lay out the same AttnMaskParams."""
+    """lab.masks.op.launch(paged=) hands the mask, scale and table to lab.masks.op.paged_fields in the order
+    lab.masks.paged.pack does."""
     got = []
     monkeypatch.setattr(paged.op, "masked_version", lambda *a, **k: "v11")
     monkeypatch.setitem(paged.op._calls, ("v11", ()), lambda params, stream: got.append(params) or 0)
     monkeypatch.setattr(torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     a = _args()
     q, kc = a["query"], a["key"].transpose(0, 0)
     out, lse, sinks = torch.empty_like(q), torch.empty(4, 10), torch.zeros(4)
