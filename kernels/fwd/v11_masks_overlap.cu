@@ -178,6 +178,20 @@
 #ifndef LAB_FWD_MASK_PAGED_D64_STAGES
 #define LAB_FWD_MASK_PAGED_D64_STAGES 3
 #endif
+// PAGED_ISSUE_WARPS: the producer warps that issue a paged tile's TMA boxes (1 or 4): box b of a tile by warp b % W,
+// lane b / W, each warp after its own empty wait; lane 0 of warp 0 alone sets the stage's expected bytes (the whole
+// tile, as before: another warp's boxes may complete first, which only takes the barrier's tx-count below zero while
+// its one arrival is still pending, so the phase cannot complete early). Why: a TMA issue takes its coordinates from
+// uniform registers, so a warp whose lanes hold different pages issues its boxes one lane at a time (a loop of R2UR
+// and UTMALDG); page 16 is 8 boxes x D / 64 column blocks = 16 issues a K or V tile on one warp's scheduler, 4 on
+// each of four. Prediction (H200, the race's cells, kernel GPU time against the contiguous call): page 16 0.83 ->
+// 0.90-0.94x (the issue loop off the loads' path; what is left is the TMA unit's own cost of 2 KiB boxes), pages 64
+// / 256 and D 64 unchanged within 1 % (1-2 boxes a tile: one or two warps issue, as before one lane each).
+#ifndef LAB_FWD_MASK_PAGED_ISSUE_WARPS
+#define LAB_FWD_MASK_PAGED_ISSUE_WARPS 4
+#endif
+static_assert(LAB_FWD_MASK_PAGED_ISSUE_WARPS == 1 || LAB_FWD_MASK_PAGED_ISSUE_WARPS == 4,
+              "the producer warpgroup has four warps: 1 or 4 issue the paged boxes");
 
 namespace {
 using namespace lab::sm90;
@@ -292,19 +306,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     // Producer (v07's, over the window's tiles only)
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if constexpr (kPaged) {
-      // One warp: lane i issues box i of each tile and reads the page of box i of the next one. Each lane walks its
-      // box's (table slot, row in page) by a fixed step a tile (one division in the prologue, none in the loop), so
-      // after each empty wait only the TMA issue is left (a division there put ~0.1 us a tile on the loads' path).
-      const int lane = threadIdx.x, rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
-      if (lane >= 32) return;
-      if (lane == 0) {
+      // PAGED_ISSUE_WARPS warps: box b of each tile is issued by warp b % W, lane b / W, which reads the page of box
+      // b of the next one. Each lane walks its box's (table slot, row in page) by a fixed step a tile (one division
+      // in the prologue, none in the loop), so after each empty wait only the TMA issue is left (a division there put
+      // ~0.1 us a tile on the loads' path).
+      constexpr int W = LAB_FWD_MASK_PAGED_ISSUE_WARPS;
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, box = lane * W + warp;
+      const int rows = paged_box_rows(mp.page_size, BC), boxes = BC / rows;
+      if (warp >= W || warp >= boxes) return;  // (warp 0 holds box 0: it always stays)
+      const bool leader = threadIdx.x == 0;
+      if (leader) {
         tma_prefetch_maps(&tq, &tk, &tv);
         load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, 0);
       }
       const int ps = mp.page_size, step_slots = BC / ps, step_rows = BC - step_slots * ps;
-      int key = shift + lane * rows, slot = key / ps, in_page = key - slot * ps;
+      int key = shift + box * rows, slot = key / ps, in_page = key - slot * ps;
       auto fetch = [&]() {  // the page of this lane's box at `key`; num_pages (outside the map) past the keys
-        if (lane >= boxes || key >= seqlen_k) return mp.num_pages;
+        if (box >= boxes || key >= seqlen_k) return mp.num_pages;
         return LAB_FWD_MASK_BUG_IGNORE_TABLE ? slot : __ldg(table + slot);
       };
       auto advance = [&]() {
@@ -324,20 +342,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
         advance();
         const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
         if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
-        if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+        if (leader) mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
         __syncwarp();
-        if (lane < boxes)
+        if (box < boxes)
 #pragma unroll
           for (int cb = 0; cb < D / 64; ++cb)
-            tma_load_4d(ring.k(s) + cb * BC * 128 + lane * rows * 128, &tk, smem_u32(&bar_k[s]), cb * 64, row, hkv,
+            tma_load_4d(ring.k(s) + cb * BC * 128 + box * rows * 128, &tk, smem_u32(&bar_k[s]), cb * 64, row, hkv,
                         page);
         if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
-        if (lane == 0) mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+        if (leader) mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
         __syncwarp();
-        if (lane < boxes)
+        if (box < boxes)
 #pragma unroll
           for (int cb = 0; cb < D / 64; ++cb)
-            tma_load_4d(ring.v(s) + cb * BC * 128 + lane * rows * 128, &tv, smem_u32(&bar_v[s]), cb * 64, row, hkv,
+            tma_load_4d(ring.v(s) + cb * BC * 128 + box * rows * 128, &tv, smem_u32(&bar_v[s]), cb * 64, row, hkv,
                         page);
         page = next;
         row = next_row;
