@@ -192,6 +192,15 @@
 #endif
 static_assert(LAB_FWD_MASK_PAGED_ISSUE_WARPS == 1 || LAB_FWD_MASK_PAGED_ISSUE_WARPS == 4,
               "the producer warpgroup has four warps: 1 or 4 issue the paged boxes");
+// PACKED_PERSIST: packed calls (cu_seqlens, no block table) on a persistent grid in fwd v07's PAIR order with FUSE
+// (common/hopper/attn_mask_packed_sm90.cuh); 0: the grid of one CTA per (sequence, head, query tile) as before.
+// PACKED_D128_STAGES: its ring at D = 128 (3: v07's few-keys config, 224 KiB; nothing staged through shared memory).
+#ifndef LAB_FWD_MASK_PACKED_PERSIST
+#define LAB_FWD_MASK_PACKED_PERSIST 1
+#endif
+#ifndef LAB_FWD_MASK_PACKED_D128_STAGES
+#define LAB_FWD_MASK_PACKED_D128_STAGES 3
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -221,8 +230,14 @@ using Cfg128 = Cfg11<128, LAB_FWD_MASK_OVERLAP_D128_STAGES, true, 16>;
 // The paged kernels' configs: the same but for the ring depth (the same types, and kernels, at the defaults).
 using Cfg64Paged = Cfg11<64, LAB_FWD_MASK_PAGED_D64_STAGES, false, 0>;
 using Cfg128Paged = Cfg11<128, LAB_FWD_MASK_PAGED_D128_STAGES, true, 16>;
+// The packed persistent kernel's configs (common/hopper/attn_mask_packed_sm90.cuh: no L2 groups, PAIR's units).
+using Cfg64Packed = Cfg11<64, 3, false, 0>;
+using Cfg128Packed = Cfg11<128, LAB_FWD_MASK_PACKED_D128_STAGES, true, 0>;
 
 enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
+
+// The packed persistent kernel (after the switches and Transform it reads, inside this file's namespace).
+#include "common/hopper/attn_mask_packed_sm90.cuh"
 
 template <class Cfg, class T, int kTransform, bool kPaged>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __grid_constant__ CUtensorMap tq,
@@ -505,6 +520,10 @@ int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
   using PCfg = std::conditional_t<Cfg::D == 64, Cfg64Paged, Cfg128Paged>;
   if (mp.block_table != nullptr)
     return launch_masked_fwd<PCfg, attn_fwd_v11_kernel<PCfg, T, kTransform, true>>(mp, stream, dev);
+  using KCfg = std::conditional_t<Cfg::D == 64, Cfg64Packed, Cfg128Packed>;
+  if constexpr (LAB_FWD_MASK_PACKED_PERSIST != 0)
+    if (mp.cu_seqlens_q != nullptr)
+      return launch_packed_persistent<KCfg, attn_fwd_v11_packed_kernel<KCfg, T, kTransform>>(mp, stream, dev);
   return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform, false>>(mp, stream, dev);
 }
 
