@@ -873,6 +873,123 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_auto(
   return {run(), o, lse};
 }
 
+// The paged prefill's serving call (lab.ops.attention_varlen with block_table and page_errors, no host check of
+// cu_seqlens) in one crossing, as attn_varlen_auto is the packed call's: lab.masks.paged keys the plan by what its full
+// path checked once (head dim, device, mask, launcher), so here every rule of that path that can change between two
+// calls of one plan, as lab.masks.paged's checks make them (check_paged, _check_cu, check_sinks, forward only).
+// Whatever the full path would copy (a query the kernel cannot read as it is, a non-contiguous cu_seqlens, sinks or
+// table rows), refuse or not launch (nothing to compute: it only zeroes the flags) answers "refused" or its message,
+// and lab.masks.paged then takes its full path, which raises its own error or makes the copy. The fields are the ones
+// lab.masks.op.paged_fields packs: the caches' (page, head, key in page) strides, total_k unread (2^30).
+// Why: the Python serving path (a plan key over eight tensors' shapes and strides, then the parameter packing) cost
+// 2-4 % of a 0.4 ms call through the public op, where the packed call pays its one crossing.
+bool paged_readable(const at::Tensor& t) {  // lab.masks.paged's cache rule and lab.op_common._readable's (no copy)
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0 || t.stride(t.dim() - 1) != 1) return false;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i)
+    if (t.stride(i) % 8 != 0) return false;
+  return true;
+}
+
+std::string paged_prefill_fields(AttnMaskParams& p, int64_t left, int64_t right, double softcap, const at::Tensor& q,
+                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_q,
+                                 const at::Tensor& cu_k, const at::Tensor& table, const at::Tensor& errors,
+                                 int64_t max_q, int64_t max_k, const c10::optional<at::Tensor>& sinks, double scale) {
+  LAB_REQUIRE(q.dim() == 3 && on_gpu(q), "query must be a 3-D (total_q, H, D) CUDA tensor");
+  LAB_REQUIRE(q.size(0) <= kIntMax && q.size(1) <= kIntMax, "query's sizes do not fit the kernels' int sizes");
+  int dtype = 0;
+  LAB_TRY(dtype_code(q, &dtype));
+  LAB_TRY(check_paged_cache(k, "key_cache", q));
+  LAB_TRY(check_paged_cache(v, "value_cache", q));
+  LAB_REQUIRE(k.sizes() == v.sizes(), "key_cache and value_cache shapes differ: ", k.sizes(), " vs ", v.sizes());
+  LAB_REQUIRE(k.size(0) > 0 && k.size(1) > 0 && k.size(1) % 16 == 0, "key_cache needs pages of a multiple of 16 keys");
+  LAB_REQUIRE(k.size(2) > 0 && q.size(1) % k.size(2) == 0, "query heads (", q.size(1),
+              ") must be a multiple of key_cache heads (", k.size(2), ")");
+  LAB_REQUIRE(k.size(3) == q.size(2) && (q.size(2) == 64 || q.size(2) == 128),
+              "the paged prefill runs at head dims 64 / 128 (fwd v11), query and key_cache alike");
+  LAB_REQUIRE(paged_readable(q) && paged_readable(k) && paged_readable(v), "refused");  // (a copy, or the error)
+  LAB_TRY(check_cu_seqlens(cu_q, "cu_seqlens_q", q, -1));
+  LAB_TRY(check_cu_seqlens(cu_k, "cu_seqlens_k", q, cu_q.size(0)));
+  const int64_t batch = cu_q.size(0) - 1;
+  LAB_REQUIRE(on_gpu(table) && table.device() == q.device() && table.scalar_type() == at::kInt && table.dim() == 2 &&
+                  table.size(0) == batch && table.size(1) > 0,
+              "block_table must be an int32 (", batch, ", max_pages >= 1) tensor on query's device");
+  LAB_REQUIRE((table.size(1) <= 1 || table.stride(1) == 1) && table.stride(0) >= table.size(1), "refused");
+  LAB_REQUIRE(table.size(1) * k.size(1) <= (int64_t{1} << 30), "block_table capacity max_pages * page_size = ",
+              table.size(1) * k.size(1), " exceeds 2^30 keys");
+  LAB_REQUIRE(on_gpu(errors) && errors.device() == q.device() && errors.scalar_type() == at::kInt &&
+                  errors.dim() == 1 && errors.size(0) == batch && errors.is_contiguous(),
+              "page_errors must be a contiguous int32 (", batch, ",) tensor on query's device");
+  LAB_REQUIRE(max_q >= 0 && max_q <= kIntMax && max_k >= 0 && max_k <= kIntMax,
+              "max_seqlen_q / max_seqlen_k must be in [0, 2^31), got ", max_q, " / ", max_k);
+  LAB_REQUIRE(!sinks.has_value() || sinks->dim() == 1, "sinks must have shape (H_q,)");
+  LAB_TRY(check_scale(scale));
+  LAB_TRY(mask_fields(p, left, right, 0, softcap, sinks, q));
+  AttnFwdParams& b = p.base;
+  b.q = q.data_ptr();
+  b.k = k.data_ptr();
+  b.v = v.data_ptr();
+  const int64_t qs[3] = {0, q.stride(1), q.stride(0)}, ks[3] = {k.stride(0), k.stride(2), k.stride(1)},
+                vs[3] = {v.stride(0), v.stride(2), v.stride(1)};
+  std::copy(qs, qs + 3, b.q_stride);
+  std::copy(ks, ks + 3, b.k_stride);
+  std::copy(vs, vs + 3, b.v_stride);
+  b.batch = static_cast<int>(batch);
+  b.heads_q = static_cast<int>(q.size(1));
+  b.heads_kv = static_cast<int>(k.size(2));
+  b.seqlen_q = static_cast<int>(max_q);
+  b.seqlen_k = static_cast<int>(max_k);
+  b.head_dim = static_cast<int>(q.size(2));
+  b.scale = static_cast<float>(scale);
+  b.dtype = dtype;
+  p.cu_seqlens_q = cu_q.data_ptr<int32_t>();
+  p.cu_seqlens_k = cu_k.data_ptr<int32_t>();
+  p.total_q = static_cast<int>(q.size(0));
+  p.total_k = 1 << 30;
+  p.block_table = table.data_ptr<int32_t>();
+  p.page_errors = errors.data_ptr<int32_t>();
+  p.block_table_stride = table.stride(0);
+  p.num_pages = static_cast<int>(k.size(0));
+  p.page_size = static_cast<int>(k.size(1));
+  p.max_pages = static_cast<int>(table.size(1));
+  return "";
+}
+
+#ifdef LAB_BINDING_CPU_CHECKS
+static std::string paged_cpu_params;  // the CPU check build: the last paged call's AttnMaskParams, as launched
+pybind11::bytes paged_params_cpu_last() { return pybind11::bytes(paged_cpu_params); }
+#endif
+
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_paged_auto(
+    int64_t launcher, int64_t left, int64_t right, double softcap, at::Tensor q, at::Tensor k, at::Tensor v,
+    at::Tensor cu_q, at::Tensor cu_k, at::Tensor table, at::Tensor errors, int64_t max_q, int64_t max_k,
+    c10::optional<at::Tensor> sinks, bool want_lse, c10::optional<double> scale) {
+  const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (grad || wants_grad(sinks) || q.dim() != 3) return {"refused", at::Tensor(), c10::nullopt};
+  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  AttnMaskParams p{};
+  std::string error =
+      paged_prefill_fields(p, left, right, softcap, q, k, v, cu_q, cu_k, table, errors, max_q, max_k, sinks, s);
+  if (error.empty() && (max_q == 0 || q.size(0) == 0 || p.base.batch == 0)) error = "refused";  // nothing launched
+  if (!error.empty()) return {error, at::Tensor(), c10::nullopt};
+  at::Tensor o = at::empty(q.sizes(), q.options());
+  c10::optional<at::Tensor> lse;
+  if (want_lse) {
+    lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+    p.base.lse = lse->data_ptr<float>();
+  }
+  p.base.o = o.data_ptr();
+  p.base.o_stride[0] = 0;
+  p.base.o_stride[1] = o.stride(1);
+  p.base.o_stride[2] = o.stride(0);
+#ifdef LAB_BINDING_CPU_CHECKS
+  paged_cpu_params.assign(reinterpret_cast<const char*>(&p), sizeof p);
+#else
+  c10::cuda::CUDAGuard guard(q.device());
+#endif
+  error = run_launcher<AttnMaskLauncher>(launcher, p, "masked attention kernel v11 (paged)");
+  return {error, o, lse};
+}
+
 std::tuple<std::string, at::Tensor> decode_call(int64_t launcher, at::Tensor q, at::Tensor k, at::Tensor v,
                                                 c10::optional<at::Tensor> cache_seqlens, double scale,
                                                 int64_t num_splits) {
@@ -1159,6 +1276,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "lab.ops.attention's eager masked call (window, softcap, sinks): (error or \"refused\", out, lse)");
   m.def("attn_varlen_auto", &attn_varlen_auto,
         "lab.ops.attention_varlen's eager call, cu_seqlens unchecked on the host: (error or \"refused\", out, lse)");
+  m.def("attn_varlen_paged_auto", &attn_varlen_paged_auto,
+        "lab.ops.attention_varlen's paged serving call: (error or \"refused\", out, lse)");
   m.def("decode_call", &decode_call, "split-K decoding, output and workspaces allocated here: (error, out)");
   m.def("decode_auto", &decode_auto, "lab.ops.decode's eager contiguous call: (error or \"refused\", out)");
   m.def("decode_paged_call", &decode_paged_call,
@@ -1176,6 +1295,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("page_flags_cpu_write", &page_flags_cpu_write, "CPU check build: flags into the newest queued slot");
   m.def("page_flags_cpu_complete", &page_flags_cpu_complete, "CPU check build: events done up to a ticket (-1: all)");
   m.def("page_flags_cpu_capture", &page_flags_cpu_capture, "CPU check build: the current stream capturing or not");
+  m.def("paged_params_cpu_last", &paged_params_cpu_last, "CPU check build: the last paged prefill's AttnMaskParams");
 #endif
   m.def("attn_bwd_call", &attn_bwd_call, "backward attention, gradients allocated here: (error, dq, dk, dv)");
   m.def("attn_auto_grad", &attn_auto_grad,

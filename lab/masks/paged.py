@@ -18,18 +18,26 @@ Bad tables (a page outside [0, num_pages) among a sequence's pages, or more keys
    decode's deferred design (lab.decode.deferred), in Python here because the masked kernels launch through ctypes,
    not the binding. Chosen over a host sync per call, which a chunked-prefill loop would pay on every chunk.
 
-The serving call (page_errors given, check_cu_seqlens=False) is checked once per shape, dtype, device and mask and
-then goes straight to the launch (_serving_key), as lab.masks.fast does for the packed call through the binding.
+The serving call (page_errors given, check_cu_seqlens=False, eager, plain tensors) crosses into C++ once, as
+lab.masks.fast's packed call does: a plan per (head dim, device, mask) holds what the full path checked once (the mask,
+the device's kernel address), and binding.cpp's attn_varlen_paged_auto makes this module's checks of everything that
+can change between two calls, fills AttnMaskParams as pack does, allocates the output and launches; any refusal or
+error takes the full path below, which raises the Python error. Why: the Python serving path (a plan key over eight
+tensors' shapes and strides, the parameter packing, a ctypes call) cost 2-4 % of a 0.4 ms call through the public op.
 The dense op (lab.ops.attention) takes no block table: paged K/V is a packed-call feature.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from .. import build, kernels
 from ..decode.checks import check_page_shapes
 from ..decode.plan import PAGE_E_INDEX, PAGE_E_SHORT
 from ..op_common import _capability, _check_cuda, _direct, _eager, _readable, _scale
-from . import op, spec
+from ..registry import MASKED_FWD
+from . import fast, op, spec
 
 PAGED_HEAD_DIMS = (64, 128)  # fwd v11's; the wide masked kernel takes no block table
 PAGED_VERSION = "v11"
@@ -37,8 +45,8 @@ MAX_CAPACITY = 1 << 30  # max_pages * page_size: the kernel's int key offsets an
 _pending: list = []  # (event, pinned flags (B,), call number, device) of calls without page_errors
 _MAX_PENDING = 64
 _count = 0
-_plans: dict = {}  # serving-call key -> ((left, right, softcap, scale), [Packer]): lab.masks.fast's idea, in Python
-_MAX_PLANS = 256
+_plans: dict = {}  # serving plans: (head dim, device, mask arguments) -> attn_varlen_paged_auto bound to them
+_Tensor = torch.Tensor  # exact types only: a subclass takes the full path
 ERROR_NAMES = {PAGE_E_INDEX: "a page index outside [0, num_pages)",
                PAGE_E_SHORT: "more keys (cu_seqlens_k) than max_pages * page_size"}
 
@@ -133,14 +141,11 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
                            is_causal, scale, window_size, softcap, sinks, return_lse, check_cu_seqlens, version,
                            block_table, page_errors):
     """lab.ops.attention_varlen's paged call (attention_varlen above, when block_table or page_errors is given)."""
-    plan_key = _serving_key(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                            is_causal, scale, window_size, softcap, sinks, check_cu_seqlens, version, block_table,
-                            page_errors)
-    plan = _plans.get(plan_key) if plan_key is not None else None
-    if plan is not None and not any(t.data_ptr() % 16 for t in (query, key_cache, value_cache)):
-        out, lse = paged_impl(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, sinks, block_table,
-                              page_errors, max_seqlen_q, max_seqlen_k, *plan[0], want_lse=return_lse, packer=plan[1])
-        return (out, lse) if return_lse else out
+    if check_cu_seqlens is False and version is None and page_errors is not None:
+        answer = serving(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         is_causal, scale, window_size, softcap, sinks, return_lse, block_table, page_errors)
+        if answer is not None:
+            return answer
     if block_table is None:
         raise ValueError("page_errors goes with block_table (a paged KV cache)")
     mask = spec.make_mask(is_causal, window_size, softcap)
@@ -178,60 +183,64 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
         errors = page_errors if page_errors is not None else torch.empty(batch, dtype=torch.int32, device=query.device)
         out, lse = _paged_op(*args, errors, *rest)
     elif page_errors is not None or host_k is not None:  # the caller's flags, or a table checked on the host
-        packer = None
-        if plan_key is not None and table is block_table:  # checked: the same call again may go straight in
-            if len(_plans) >= _MAX_PLANS:
-                _plans.clear()
-            packer = [None]  # paged_impl makes its Packer from this call's tensors
-            _plans[plan_key] = (rest[2:], packer)
         errors = page_errors if page_errors is not None else torch.empty(batch, dtype=torch.int32, device=query.device)
-        out, lse = paged_impl(*args, errors, *rest, want_lse=return_lse, rows_q=rows_q, packer=packer)
+        out, lse = paged_impl(*args, errors, *rest, want_lse=return_lse, rows_q=rows_q)
     else:
         out, lse = _deferred(args, rest, batch, return_lse)
     return (out, lse) if return_lse else out
 
 
-def _serving_key(query, key_cache, value_cache, cu_q, cu_k, max_q, max_k, is_causal, scale, window_size, softcap,
-                 sinks, check_cu_seqlens, version, block_table, page_errors):
-    """The key of the serving call's plan (lab.masks.fast's idea for the paged call): plain eager tensors, no host
-    check, the caller's page_errors, no gradient wanted; what the checks read (shapes, strides, dtypes, devices, the
-    mask and scale arguments), so that a call with the same key passes them as the checked one did. None: the full
-    path."""
-    if not (check_cu_seqlens is False and version is None and page_errors is not None and _eager()):
+def serving(query, key_cache, value_cache, cu_q, cu_k, max_q, max_k, is_causal, scale, window_size, softcap, sinks,
+            return_lse, block_table, page_errors):
+    """The serving call in one crossing of the binding (the module docstring): the answer, or None (take the full
+    path). Only exact argument types key a plan (lab.masks.fast's rule); C++ checks the tensors on every call."""
+    if not (type(query) is _Tensor and type(key_cache) is _Tensor and type(value_cache) is _Tensor and
+            type(cu_q) is _Tensor and type(cu_k) is _Tensor and type(block_table) is _Tensor and
+            type(page_errors) is _Tensor and (sinks is None or type(sinks) is _Tensor) and type(max_q) is int and
+            type(max_k) is int and type(is_causal) is bool and (scale is None or type(scale) is float) and
+            fast._plain(window_size, softcap) and _eager()):
         return None
-    tensors = (query, key_cache, value_cache, cu_q, cu_k, block_table, page_errors)
-    tensors += () if sinks is None else (sinks,)
-    if any(type(t) is not torch.Tensor for t in tensors) or (torch.is_grad_enabled() and any(t.requires_grad
-                                                                                             for t in tensors)):
+    qs = query.shape
+    if len(qs) != 3:
         return None
-    if not (cu_q.is_contiguous() and cu_k.is_contiguous() and (sinks is None or sinks.is_contiguous())):
-        return None  # (the full path hands the kernel contiguous copies)
-    if not (type(is_causal) is bool and type(max_q) is int and type(max_k) is int and (scale is None or type(scale)
-            is float) and (type(softcap) is float or type(softcap) is int) and (window_size is None or (
-            type(window_size) is tuple and all(type(w) is int for w in window_size)))):
+    plan_key = (qs[2], query.get_device(), is_causal, window_size, softcap)
+    plan = _plans.get(plan_key)
+    if plan is None:
+        plan = _serving_plan(query, is_causal, window_size, softcap)
+        if plan is None:
+            return None
+        kernels.keep_plan(plan_key, plan, _plans)
+    error, out, lse = plan(query, key_cache, value_cache, cu_q, cu_k, block_table, page_errors, max_q, max_k, sinks,
+                           return_lse, scale)
+    if error:
         return None
-    return (is_causal, scale, window_size, softcap, max_q, max_k, sinks is None,
-            *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
+    return (out, lse) if return_lse else out
+
+
+def _serving_plan(query, is_causal, window_size, softcap):
+    """attn_varlen_paged_auto bound to fwd v11's launcher and the mask; None where the full path must decide (not a
+    CUDA tensor, a head dim or device v11's paged kernels do not take, a mask argument it refuses)."""
+    if query.get_device() < 0 or query.shape[-1] not in PAGED_HEAD_DIMS or _capability(query.device) != (9, 0):
+        return None
+    try:
+        mask = spec.make_mask(is_causal, window_size, softcap)
+    except (TypeError, ValueError):
+        return None
+    return functools.partial(build.binding().module.attn_varlen_paged_auto, kernels.launcher(MASKED_FWD, PAGED_VERSION),
+                             mask.left, mask.right, mask.softcap)
 
 
 def paged_impl(query, key_cache, value_cache, cu_q, cu_k, sinks, table, errors, max_q, max_k, left, right, softcap,
-               scale, want_lse=True, rows_q=None, defines=None, packer=None):
+               scale, want_lse=True, rows_q=None, defines=None):
     """The launch (no checks): out (total_q, H_q, D), lse (H_q, total_q) or None; rows of no sequence as in
-    lab.masks.op._varlen_impl. packer: a serving plan's Packer for these tensors' shapes (a new one is stored in it:
-    packer = [None] asks for one)."""
+    lab.masks.op._varlen_impl."""
     q = _readable(query)
     out, lse = op.varlen_outputs(q, want_lse, rows_q)
     if max_q == 0 or q.shape[0] == 0 or cu_q.shape[0] == 1:  # no CTA runs: no flag would be written
         errors.zero_()
         return out, lse
-    if packer is not None and packer[0] is not None:
-        params = packer[0](q, key_cache, value_cache, out, lse, sinks, cu_q, cu_k, table, errors)
-    else:
-        args = (q, key_cache, value_cache, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right,
-                softcap, scale)
-        params = pack(*args)
-        if packer is not None:
-            packer[0] = Packer(*args)
+    params = pack(q, key_cache, value_cache, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left, right,
+                  softcap, scale)
     op.run_packed_launcher(kernel(defines), params, q.device, f"masked attention kernel {PAGED_VERSION} (paged)")
     return out, lse
 
@@ -240,21 +249,6 @@ def pack(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left
     """AttnMaskParams of a paged call (lab.masks.op.paged_fields, the layout op.launch(paged=) packs too)."""
     return op.PARAMS.pack(*op.paged_fields(q, k, v, out, lse, sinks, cu_q, cu_k, table, errors, max_q, max_k, left,
                                            right, softcap, scale))
-
-
-class Packer:
-    """A serving plan's AttnMaskParams: every field but the ten pointers is fixed by the plan's key (shapes, strides,
-    dtypes, mask, scale, max lengths), so a call writes its pointers into the stored fields (pack's ~40 tensor
-    queries a call were ~15 us of host time, which a cold call pays before its kernel starts)."""
-
-    def __init__(self, *args):
-        self.fields = op.paged_fields(*args)
-
-    def __call__(self, q, k, v, out, lse, sinks, cu_q, cu_k, table, errors) -> bytes:
-        f = self.fields.copy()
-        for i, t in zip(op.PAGED_POINTERS, (q, k, v, out, lse, sinks, cu_q, cu_k, table, errors)):
-            f[i] = 0 if t is None else t.data_ptr()
-        return op.PARAMS.pack(*f)
 
 
 def kernel(defines=None):

@@ -258,36 +258,121 @@ class _Stream:
     cuda_stream = 0
 
 
-def _stub_launches(monkeypatch):
-    """The launch's CUDA parts stubbed on the CPU: returns the list the ctypes call appends its parameter bytes to."""
-    launches = []
-    monkeypatch.setattr(paged, "_check_cuda", lambda q: None)
-    monkeypatch.setattr(paged, "_capability", lambda device: (9, 0))
+def _serving_args(**over):
+    """_args as the serving call makes them: page_errors given, no host check."""
+    return _args(**{"check_cu_seqlens": False, "page_errors": torch.zeros(2, dtype=torch.int32), **over})
+
+
+def test_serving_checks_in_cpp(cpu_binding):
+    """binding.cpp's attn_varlen_paged_auto on CPU tensors (the check build launches nothing): the AttnMaskParams it
+    would launch are pack's, field for field, for its own output and LSE; whatever the full path would copy answers
+    "refused", whatever it would raise answers a message (either way lab.masks.paged then takes the full path)."""
+    auto = cpu_binding.module.attn_varlen_paged_auto
+    a = _serving_args()
+    q, kc, cu_q, cu_k, table, errors = (a[n] for n in ("query", "key", "cu_seqlens_q", "cu_seqlens_k", "block_table",
+                                                          "page_errors"))
+    sinks = torch.zeros(4)
+
+    def call(q=q, k=kc, v=kc, cu_q=cu_q, cu_k=cu_k, table=table, errors=errors, max_q=6, max_k=30, sinks=sinks,
+             want_lse=True, scale=0.125, left=5, right=0, softcap=30.0):
+        return auto(0, left, right, softcap, q, k, v, cu_q, cu_k, table, errors, max_q, max_k, sinks, want_lse, scale)
+    error, out, lse = call()
+    assert error == "" and out.shape == q.shape and out.dtype == BF16 and out.is_contiguous()
+    assert lse.shape == (4, 10) and lse.dtype == torch.float32
+    launched = paged.op.PARAMS.unpack(cpu_binding.module.paged_params_cpu_last())
+    assert launched == paged.op.PARAMS.unpack(paged.pack(q, kc, kc, out, lse, sinks, cu_q, cu_k, table, errors, 6, 30,
+                                                         5, 0, 30.0, 0.125))
+    error, out, lse = call(sinks=None, want_lse=False, scale=None, left=-1, right=-1, softcap=0.0)
+    assert error == "" and lse is None
+    assert paged.op.PARAMS.unpack(cpu_binding.module.paged_params_cpu_last()) == paged.op.PARAMS.unpack(
+        paged.pack(q, kc, kc, out, None, None, cu_q, cu_k, table, errors, 6, 30, -1, -1, 0.0, 64 ** -0.5))
+    wide = torch.zeros(2, 8, dtype=torch.int32)
+    refused = {  # the full path copies these, or has nothing to launch
+        "grad": dict(q=q.clone().requires_grad_()),
+        "sinks grad": dict(sinks=torch.zeros(4, requires_grad=True)),
+        "2-D query": dict(q=q[0]),
+        "query strides": dict(q=torch.zeros(10, 4, 68, dtype=BF16)[..., :64]),
+        "query offset": dict(q=torch.zeros(2561, dtype=BF16)[1:].view(10, 4, 64)),
+        "table rows": dict(table=wide[:, ::2]),
+        "max_q 0": dict(max_q=0),
+        "no sequence": dict(cu_q=cu_q[:1], cu_k=cu_k[:1], table=table[:0], errors=errors[:0]),
+    }
+    for what, change in refused.items():
+        assert call(**change)[0] == "refused", what
+    named = {  # each a rule lab.masks.paged's full path raises for
+        "multiple of 16": dict(k=torch.zeros(6, 24, 2, 64, dtype=BF16), v=torch.zeros(6, 24, 2, 64, dtype=BF16)),
+        "multiple of key_cache heads": dict(k=torch.zeros(6, 16, 3, 64, dtype=BF16),
+                                            v=torch.zeros(6, 16, 3, 64, dtype=BF16)),
+        "shapes differ": dict(v=torch.zeros(6, 32, 2, 64, dtype=BF16)),
+        "value_cache has dtype": dict(v=kc.half()),
+        "head dims 64 / 128": dict(q=torch.zeros(10, 4, 96, dtype=BF16), k=torch.zeros(6, 16, 2, 96, dtype=BF16),
+                                   v=torch.zeros(6, 16, 2, 96, dtype=BF16)),
+        "block_table must be an int32": dict(table=table.long()),
+        "(2, max_pages >= 1)": dict(table=table[:1]),
+        "page_errors must be": dict(errors=torch.zeros(3, dtype=torch.int32)),
+        "cu_seqlens_k must be int32": dict(cu_k=cu_k.long()),
+        "cu_seqlens_q must be contiguous": dict(cu_q=torch.tensor([0, 9, 4, 9, 10, 9], dtype=torch.int32)[::2]),
+        "max_seqlen": dict(max_k=-1),
+        "sinks must have shape": dict(sinks=torch.zeros(4, 1)),
+        "sinks must be float32": dict(sinks=torch.zeros(4, dtype=BF16)),
+        "scale must be": dict(scale=float("inf")),
+        "does not fit": dict(left=2 ** 40),
+    }
+    for pattern, change in named.items():
+        error = call(**change)[0]
+        assert pattern in error, (pattern, error)
+
+
+@pytest.fixture
+def serving_plans(cpu_binding, monkeypatch):
+    """The serving plans made from the CPU check build (CPU tensors stand for the device): returns the list of plans
+    made."""
+    made = []
+
+    def plan(query, is_causal, window_size, softcap):
+        mask = spec.make_mask(is_causal, window_size, softcap)
+        made.append((query.shape[-1], mask))
+        return __import__("functools").partial(cpu_binding.module.attn_varlen_paged_auto, 0, mask.left, mask.right,
+                                               mask.softcap)
+    monkeypatch.setattr(paged, "_serving_plan", plan)
     monkeypatch.setattr(paged, "_plans", {})
-    monkeypatch.setattr(paged, "kernel", lambda defines=None: lambda params, stream: launches.append(params) or 0)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # not the CPU tensors' device: a device context
-    monkeypatch.setattr(torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
-    return launches
+    return made
 
 
-def test_serving_plan_launches_as_the_checked_call(monkeypatch):
-    """The serving call (page_errors given, no host check) is checked once per key; the next one with the same key
-    goes straight to the launch with the same parameters (but its own output); a call that differs in shape is
-    checked again."""
-    launches = _stub_launches(monkeypatch)
-    errors = torch.zeros(2, dtype=torch.int32)
-    args = _args(check_cu_seqlens=False, page_errors=errors, window_size=(8, 0), sinks=torch.zeros(4))
+def test_serving_call_crosses_once(cpu_binding, serving_plans):
+    """The public serving call: one plan per (head dim, device, mask), then each call is one crossing whose
+    AttnMaskParams are pack's for its tensors (its own output); a new mask is a new plan."""
+    args = _serving_args(window_size=(8, 0), sinks=torch.zeros(4), return_lse=True)
     with torch.no_grad():
-        ops.attention_varlen(**args)
-        assert len(paged._plans) == 1
-        ops.attention_varlen(**args)
-    first, second = (list(paged.op.PARAMS.unpack(p)) for p in launches)
-    assert first[:3] + first[5:] == second[:3] + second[5:]  # all but the output and LSE pointers
-    assert first[27:31] == [8, 0, 0, 0.0] and first[-3:] == [6, 16, 3]  # window, offset, softcap; pages
-    with torch.no_grad(), pytest.raises(ValueError, match="multiple of key_cache heads"):
-        ops.attention_varlen(**_args(check_cu_seqlens=False, page_errors=errors, query=torch.zeros(10, 3, 64,
-                                                                                                  dtype=BF16)))
+        outs = [ops.attention_varlen(**args) for _ in range(3)]
+    assert len(serving_plans) == 1 and len(paged._plans) == 1
+    (out, lse), launched = outs[-1], paged.op.PARAMS.unpack(cpu_binding.module.paged_params_cpu_last())
+    assert out.shape == (10, 4, 64) and lse.shape == (4, 10)
+    assert launched == paged.op.PARAMS.unpack(paged.pack(
+        args["query"], args["key"], args["value"], out, lse, args["sinks"], args["cu_seqlens_q"], args["cu_seqlens_k"],
+        args["block_table"], args["page_errors"], 6, 30, 8, 0, 0.0, 64 ** -0.5))
+    assert launched[27:31] == (8, 0, 0, 0.0) and launched[-3:] == (6, 16, 3)  # window, offset, softcap; pages
+    with torch.no_grad():
+        ops.attention_varlen(**_serving_args(softcap=5.0))
+        ops.attention_varlen(**_serving_args(is_causal=False, query=torch.zeros(12, 4, 64, dtype=BF16),
+                                             cu_seqlens_q=torch.tensor([0, 5, 12], dtype=torch.int32)))
+    assert len(serving_plans) == 3
+
+
+# The argument checks above whose answer does not depend on the host check of cu_seqlens and the table's values
+SERVING_CASES = [case for case in test_paged_checks.pytestmark[0].args[1]
+                 if case[2] not in ("must be on a CUDA device", "CUDA device", "too short")
+                 and "sequence" not in case[2]]
+
+
+@pytest.mark.parametrize("over, error, message", SERVING_CASES)
+def test_serving_call_raises_as_the_full_path(serving_plans, over, error, message):
+    """Bad arguments of a serving call raise where and as they did before the crossing (the C++ answer sends the
+    call to the full path); a good call with a bad table's values does not raise: its flags go to page_errors."""
+    with torch.no_grad(), pytest.raises(error, match=message):
+        ops.attention_varlen(**_serving_args(**over))
+    with torch.no_grad():
+        ops.attention_varlen(**_serving_args(block_table=_table([[0, 7, 9], [2, -1, 1 << 30]])))
 
 
 def test_pack_matches_op_launch(monkeypatch):
@@ -307,14 +392,6 @@ def test_pack_matches_op_launch(monkeypatch):
                     a["cu_seqlens_k"], 6, 30, "v11", paged=(a["block_table"], errors))
     assert got == [paged.pack(q, kc, kc, out, lse, sinks, a["cu_seqlens_q"], a["cu_seqlens_k"], a["block_table"],
                               errors, 6, 30, 5, 0, 30.0, 0.125)]
-    # a serving plan's Packer, made from these tensors, packs other tensors of the same shapes as pack does
-    packer = paged.Packer(q, kc, kc, out, lse, sinks, a["cu_seqlens_q"], a["cu_seqlens_k"], a["block_table"], errors,
-                          6, 30, 5, 0, 30.0, 0.125)
-    fresh = [t.clone() for t in (q, kc, kc, out, lse, sinks, a["cu_seqlens_q"], a["cu_seqlens_k"], a["block_table"],
-                                 errors)]
-    assert packer(*fresh) == paged.pack(*fresh, 6, 30, 5, 0, 30.0, 0.125) != got[0]
-    fresh[4] = None  # no LSE
-    assert packer(*fresh) == paged.pack(*fresh, 6, 30, 5, 0, 30.0, 0.125)
 
 
 _PAGED_SWITCHES = ("-DLAB_FWD_MASK_PAGED_D128_STAGES=2", "-DLAB_FWD_MASK_PAGED_D64_STAGES=4",
