@@ -178,7 +178,7 @@
 #ifndef LAB_FWD_MASK_PAGED_D64_STAGES
 #define LAB_FWD_MASK_PAGED_D64_STAGES 3
 #endif
-// PAGED_ISSUE_WARPS: the producer warps that issue a paged tile's TMA boxes (1 or 4): box b of a tile by warp b % W,
+// PAGED_ISSUE_WARPS: the producer warps that issue a paged tile's TMA boxes (1, 2, 4): box b of a tile by warp b % W,
 // lane b / W, each warp after its own empty wait; lane 0 of warp 0 alone sets the stage's expected bytes (the whole
 // tile, as before: another warp's boxes may complete first, which only takes the barrier's tx-count below zero while
 // its one arrival is still pending, so the phase cannot complete early). Why: a TMA issue takes its coordinates from
@@ -190,8 +190,9 @@
 #ifndef LAB_FWD_MASK_PAGED_ISSUE_WARPS
 #define LAB_FWD_MASK_PAGED_ISSUE_WARPS 4
 #endif
-static_assert(LAB_FWD_MASK_PAGED_ISSUE_WARPS == 1 || LAB_FWD_MASK_PAGED_ISSUE_WARPS == 4,
-              "the producer warpgroup has four warps: 1 or 4 issue the paged boxes");
+static_assert(LAB_FWD_MASK_PAGED_ISSUE_WARPS == 1 || LAB_FWD_MASK_PAGED_ISSUE_WARPS == 2 ||
+                  LAB_FWD_MASK_PAGED_ISSUE_WARPS == 4,
+              "the producer warpgroup has four warps: 1, 2 or 4 issue the paged boxes");
 // PACKED_PERSIST: packed calls (cu_seqlens, no block table) on a persistent grid in fwd v07's PAIR order with FUSE
 // (common/hopper/attn_mask_packed_sm90.cuh); 0: the grid of one CTA per (sequence, head, query tile) as before.
 // PACKED_D128_STAGES: its ring at D = 128 (3: v07's few-keys config, 224 KiB; nothing staged through shared memory).

@@ -13,6 +13,7 @@ import torch
 
 from .. import bench, check, ops
 from . import op as mop, paged, reference, spec
+from .paged import PAGED_VERSION
 from .gpu import GEN, draw, sdpa_error
 
 # (name, lens_q, lens_k, H_q, H_kv, D, dtype, causal, window, softcap, sinks, page_size): chunks of 1-512 queries at
@@ -92,13 +93,22 @@ def check_case(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, sin
             pub, pub_lse = ops.attention_varlen(q, kc, vc, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal,
                                                 scale=scale, window_size=window, softcap=cap, sinks=sinks,
                                                 return_lse=True, block_table=table)
-        same = bool(torch.equal(pub[:rows], out[:rows])) and bool(torch.equal(pub_lse[:, :rows], lse[:, :rows]))
+            served = torch.full_like(errors, -7)  # the serving call (one crossing of the binding): the same bits
+            srv, srv_lse = ops.attention_varlen(q, kc, vc, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal,
+                                                scale=scale, window_size=window, softcap=cap, sinks=sinks,
+                                                return_lse=True, block_table=table, page_errors=served,
+                                                check_cu_seqlens=False)
+            crossed = paged.serving(q, kc, vc, cu_q, cu_k, max(lens_q), max(lens_k), causal, scale, window, cap, sinks,
+                                    False, table, served) is not None  # (not the full path's fallback)
+        same = crossed and not bool(served.any()) and all(
+            bool(torch.equal(a[:rows], out[:rows])) and bool(torch.equal(b[:, :rows], lse[:, :rows]))
+            for a, b in ((pub, pub_lse), (srv, srv_lse)))
         passed = passed and same
     ok = passed != expect_fail
     print(("ok  " if ok else "BAD ") + f"{name}{' ' + str(defines) if defines else ''}: "
           f"max_abs {metrics['max_abs']:.3g} "
           f"tol {metrics['tol_max_abs']:.3g} nan {metrics['nan']} lse {lse_err:.3g} inf_agree {inf_agree} "
-          f"flags {errors.tolist()} public==launch {same} passed={passed}", flush=True)
+          f"flags {errors.tolist()} public (checked and serving)==launch {same} passed={passed}", flush=True)
     return ok
 
 
@@ -192,6 +202,8 @@ def race(budget_s: float = 3.0) -> list:
             mop.launch(q, k, v, out, None, mask, D ** -0.5, 0, None, cu_q, cu_k, 512, 8192, "v11")
         with torch.no_grad():
             same = (paged_call() - packed_call()).abs().max().item()
+            crossing = paged.serving(q, kc, vc, cu_q, cu_k, 512, 8192, True, None, None, 0.0, None, False, table,
+                                     errors) is not None  # the serving call took the one crossing (not the full path)
             t = bench.time_interleaved({"paged": (paged_call, None), "packed": (packed_call, None),
                                         "paged_launch": (paged_launch, None), "packed_launch": (packed_launch, None)},
                                        budget_s=budget_s)
@@ -202,8 +214,39 @@ def race(budget_s: float = 3.0) -> list:
         print(f"race D {D} page {ps}: public op paged {t['paged'].median_ms:.3f} ms, packed {t['packed'].median_ms:.3f}"
               f" ms, packed/paged {ratio:.3f} (IQR {spread[0]:.3f}-{spread[1]:.3f}, n {t['paged'].n}; target >= 0.95);"
               f" launch only paged {t['paged_launch'].median_ms:.3f} ms, packed {t['packed_launch'].median_ms:.3f} ms,"
-              f" packed/paged {kernel:.3f}; max |diff| {same:.3g}", flush=True)
+              f" packed/paged {kernel:.3f}; max |diff| {same:.3g}; one crossing {crossing}", flush=True)
     return rows
+
+
+def host_times(D: int = 128, page_size: int = 64, n: int = 300) -> dict:
+    """Host time of one call (us, median of n; the GPU idle before each, so the call's Python and C++ work up to its
+    launch is what the clock holds) on a race cell: the paged serving call (one crossing), the same through the full
+    Python path (version named: checks, pack, the ctypes launch) and the packed call (lab.masks.fast's crossing)."""
+    import time
+    q, k, v, cu_q, cu_k, (kc, vc, table), _ = race_cell(D, page_size)
+    errors = torch.zeros(4, dtype=torch.int32, device="cuda")
+    kw = dict(is_causal=True, check_cu_seqlens=False)
+    calls = {"paged serving (one crossing)": lambda: ops.attention_varlen(q, kc, vc, cu_q, cu_k, 512, 8192, **kw,
+                                                                          block_table=table, page_errors=errors),
+             "paged, full Python path": lambda: ops.attention_varlen(q, kc, vc, cu_q, cu_k, 512, 8192, **kw,
+                                                                     block_table=table, page_errors=errors,
+                                                                     version=PAGED_VERSION),
+             "packed (one crossing)": lambda: ops.attention_varlen(q, k, v, cu_q, cu_k, 512, 8192, **kw)}
+    times = {}
+    with torch.no_grad():
+        for name, call in calls.items():
+            samples = []
+            for i in range(n + 10):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                call()
+                if i >= 10:
+                    samples.append((time.perf_counter() - start) * 1e6)
+            samples.sort()
+            times[name] = samples[n // 2]
+            print(f"host time D {D} page {page_size}, {name}: median {samples[n // 2]:.1f} us (IQR "
+                  f"{samples[n // 4]:.1f}-{samples[3 * n // 4]:.1f}, n {n})", flush=True)
+    return times
 
 
 def sanitize_calls() -> None:
@@ -240,10 +283,11 @@ def race_cell(D: int, page_size: int):
 
 
 def race_builds(builds: dict, cells=((128, 16), (128, 64), (128, 256), (64, 64)), budget_s: float = 0.4,
-                timer=None) -> list:
+                timer=None, contiguous_defines=None) -> list:
     """Kernel-only A/B of paged builds (name -> defines or None) against the contiguous call on the race's cells,
     GPU time (bench.GpuTimeTimer: the host's launch outside the window), in alternating rounds; each build on the
-    shuffled table, the default build also on the identity table. Prints contiguous / paged per build."""
+    shuffled table, the default build also on the identity table. Prints contiguous / paged per build.
+    contiguous_defines: the contiguous call's build (None: the default)."""
     rows = []
     mask = spec.make_mask(True, None, 0.0)
     for D, ps in cells:
@@ -253,12 +297,13 @@ def race_builds(builds: dict, cells=((128, 16), (128, 64), (128, 256), (64, 64))
         def call(kc, vc, table, defines):
             return lambda: mop.launch(q, kc, vc, out, None, mask, D ** -0.5, 0, None, cu_q, cu_k, 512, 8192, "v11",
                                       defines, paged=None if table is None else (table, errors))
-        calls = {"contiguous": (call(k, v, None, None), None), "identity": (call(*ident, None), None)}
+        calls = {"contiguous": (call(k, v, None, contiguous_defines), None), "identity": (call(*ident, None), None)}
         calls.update({name: (call(*shuffled, defines), None) for name, defines in builds.items()})
         with torch.no_grad():
             t = bench.time_interleaved(calls, timer=timer or bench.GpuTimeTimer(), budget_s=budget_s)
         base = t["contiguous"]
-        line = [f"D {D} page {ps}: contiguous {base.median_ms:.4f} ms"]
+        line = [f"D {D} page {ps}: contiguous{' ' + str(contiguous_defines) if contiguous_defines else ''} "
+                f"{base.median_ms:.4f} ms"]
         for name in calls:
             if name != "contiguous":
                 ratio = base.median_ms / t[name].median_ms
