@@ -19,7 +19,7 @@ import time
 import torch
 
 from .. import bench, check, ops
-from . import dense_route, reference, spec, varlen_bwd
+from . import dense_route, op as mop, reference, spec, varlen_bwd
 from .gpu import CHAPTER, GEN, draw
 from .grad_yardstick import _sdpa_grads, dlse_rounding, keep_worst, report
 
@@ -139,6 +139,145 @@ def checks() -> int:
                                 defines={"LAB_BWD_PACKED_BUG_NO_OFFSET": 1}, expect_fail=True)
     print(f"checks varlen bwd done: {bad} bad", flush=True)
     return bad
+
+
+# ------------------------------------------------------------------ the forward's packed grid
+
+def check_packed_fwd(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, sink, defines=None,
+                     expect_fail=False) -> bool:
+    """fwd v11's packed call (its persistent grid unless `defines` say otherwise) against the float64 reference,
+    with lab.masks.gpu.check_varlen's yardstick (SDPA's error on each sequence); O and LSE NaN-poisoned first, so a
+    tile the grid never visits fails. Records a check row of chapter n13."""
+    from .. import record
+    from .gpu import sdpa_error
+    mask = spec.make_mask(causal, window, cap)
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    GEN.manual_seed(hash(("packed-fwd", name, D)) % 2**31)
+    q = draw(sum(lens_q), Hq, D, dtype=dtype)
+    k, v = draw(sum(lens_k), Hkv, D, dtype=dtype), draw(sum(lens_k), Hkv, D, dtype=dtype)
+    sinks = (torch.randn(Hq, generator=GEN) * 2).cuda() if sink else None
+    scale = D ** -0.5
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((Hq, q.shape[0]), float("nan"), device="cuda")
+    mop.launch(q, k, v, out, lse, mask, scale, 0, sinks, cu_q, cu_k, max(lens_q), max(lens_k), "v11",
+               defines=defines)
+    ref, ref_lse = reference.attend_varlen(q, k, v, cu_q.tolist(), cu_k.tolist(), mask, scale, sinks)
+    err = torch.zeros_like(ref)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(lens_q)):
+        if lens_q[b] and lens_k[b]:
+            sl = lambda t, c: t[c[b]:c[b + 1]].transpose(0, 1)[None]  # noqa: E731
+            err[cq[b]:cq[b + 1]] = sdpa_error(sl(q, cq), sl(k, ck), sl(v, ck), mask, scale, lens_k[b] - lens_q[b],
+                                               sinks)[0].transpose(0, 1)
+    metrics = check.compare(out, ref, ref + err)
+    lse_err = (lse.double() - ref_lse).nan_to_num(float("inf"))
+    lse_err[torch.isinf(ref_lse) & (lse == ref_lse)] = 0.0  # -inf where the reference has -inf (no key, no sink)
+    metrics["lse_max_abs"] = float(lse_err.abs().max()) if lse_err.numel() else 0.0
+    passed = metrics["passed"] and metrics["lse_max_abs"] < 1e-2
+    ok = passed != expect_fail
+    case = dict(name=name, lens_q=lens_q, lens_k=lens_k, Hq=Hq, Hkv=Hkv, D=D, dtype=str(dtype).split(".")[-1],
+                causal=causal, window=[mask.left, mask.right], softcap=cap, sinks=sink)
+    record.append({"kind": "check", "impl": "v11-varlen", "case": case, "defines": defines or {},
+                   "expect_fail": expect_fail, "ok": ok,
+                   "check": {k: metrics[k] for k in ("passed", "max_abs", "rel_l2", "nan", "mismatches",
+                                                     "sdpa_max_abs", "tol_max_abs", "lse_max_abs")}}, chapter=CHAPTER)
+    print(("ok  " if ok else "BAD ") + f"packed fwd {name} {case} {defines or ''} max_abs {metrics['max_abs']:.3g} "
+          f"tol {metrics['tol_max_abs']:.3g} lse {metrics['lse_max_abs']:.3g} nan {metrics['nan']} "
+          f"expect_fail {expect_fail}", flush=True)
+    return ok
+
+
+# Uneven documents for the packed grid: empty sequences on both sides, a tile edge on each side of 128, one long
+# sequence among short ones (the PAIR units of the short ones are mostly empty), S_q != S_k per sequence, rows
+# before a bottom-right diagonal (tiles with no key).
+PACKED_FWD_CASES = (("docs", [0, 5, 1025, 63, 0, 300, 128, 129], [0, 5, 1025, 63, 7, 300, 128, 129]),
+                    ("long-short", [2000, 1, 3, 130, 0, 257], [2000, 1, 3, 130, 0, 257]),
+                    ("cross", [5, 70, 1, 0, 200, 400], [9, 64, 30, 12, 0, 1]))
+PACKED_FWD_MASKS = ((True, None, 0.0, False), (True, (100, 0), 0.0, True), (False, (20, 20), 30.0, False),
+                    (False, None, 0.0, True), (True, None, 50.0, True))
+
+
+def packed_fwd_checks(defines=None) -> int:
+    """The packed forward's grid (cases x masks at D 128 and 64, bf16; fp16 and GQA 8:1 on two rows), then the
+    scheduler's wrong build (every unit's light tile skipped), which must fail. Returns how many went wrong."""
+    bad = 0
+    for D in (128, 64):
+        for name, lq, lk in PACKED_FWD_CASES:
+            for causal, window, cap, sink in PACKED_FWD_MASKS:
+                bad += not check_packed_fwd(name, lq, lk, 4, 2, D, torch.bfloat16, causal, window, cap, sink, defines)
+    docs = [700, 1, 0, 1300, 129, 2048, 64]
+    bad += not check_packed_fwd("fp16-gqa", docs, docs, 8, 1, 128, torch.float16, True, (300, 0), 20.0, True, defines)
+    bad += not check_packed_fwd("fp16-gqa", docs, docs, 8, 1, 64, torch.float16, True, None, 0.0, False, defines)
+    wrong = {**(defines or {}), "LAB_FWD_MASK_BUG_PAIR_ONE": 1}
+    bad += not check_packed_fwd("pair-one", docs, docs, 4, 2, 128, torch.bfloat16, True, None, 0.0, False, wrong,
+                                expect_fail=True)
+    print(f"checks packed fwd {defines or ''} done: {bad} bad", flush=True)
+    return bad
+
+
+PER_TILE = {"LAB_FWD_MASK_PACKED_PERSIST": 0}  # the packed grid before: one CTA per (sequence, head, query tile)
+
+
+def ab_packed(cells=(("one-length", [2048] * 8, 128), ("one-length", [2048] * 8, 64), ("docs12", None, 128)),
+              builds=(("persist", None), ("per_tile", PER_TILE)), budget_s: float = 0.5, jsonl: str | None = None):
+    """Kernel GPU time (bench.GpuTimeTimer, rounds interleaved) of fwd v11's packed call in each build against the
+    dense op on the same tokens (one length: the public lab.ops.attention, causal), bf16, H 16, causal."""
+    timer, rows = bench.GpuTimeTimer(), []
+    for name, lens, D in cells:
+        lens = lens or DOCS12
+        q, k, v, _, cu = _cell(lens, D)
+        q, k, v = q.detach(), k.detach(), v.detach()
+        mx, mask = max(lens), spec.make_mask(True, None, 0.0)
+        out = torch.empty_like(q)
+        calls = {label: ((lambda d=d: mop.launch(q, k, v, out, None, mask, D ** -0.5, 0, None, cu, cu, mx, mx, "v11",
+                                                 defines=d)), None) for label, d in builds}
+        if len(set(lens)) == 1:
+            views = [t.view(len(lens), mx, 16, D).transpose(1, 2) for t in (q, k, v)]
+            calls["dense"] = (lambda: _no_grad(lambda: ops.attention(*views, is_causal=True)), None)
+            calls["lab_unchecked"] = (lambda: _no_grad(lambda: ops.attention_varlen(
+                q, k, v, cu, cu, mx, mx, is_causal=True, check_cu_seqlens=False)), None)
+        times = bench.time_interleaved(calls, timer=timer, budget_s=budget_s, max_reps=41, min_reps=11)
+        ms = {key: t.median_ms for key, t in times.items() if hasattr(t, "median_ms")}
+        quart = {key: [t.q1_ms, t.q3_ms, t.n] for key, t in times.items() if hasattr(t, "q1_ms")}
+        row = {"cell": name, "lens": lens, "D": D, "H": 16, "median_ms": ms, "q1_q3_n": quart,
+               "over_dense": {key: ms[key] / ms["dense"] for key in ms if "dense" in ms},
+               "persist_over_per_tile": ms.get("persist", 0) / ms["per_tile"] if "per_tile" in ms else None}
+        rows.append(row)
+        if jsonl:
+            with open(jsonl, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        print(f"ab-packed {name} D {D}: " + ", ".join(f"{key} {v:.4f} [{quart[key][0]:.4f}, {quart[key][1]:.4f}]"
+                                                      for key, v in ms.items()) +
+              f"; over dense {({k_: round(v, 3) for k_, v in row['over_dense'].items()})}; persist / per tile "
+              f"{row['persist_over_per_tile']}", flush=True)
+    return rows
+
+
+def sanitize_packed() -> None:
+    """Small packed forward calls for compute-sanitizer (memcheck, racecheck): uneven lengths, empty sequences on
+    both sides, S_q != S_k, rows with no key, D 128 and 64, with and without sinks; then the public op's packed
+    forward + backward."""
+    for D in (128, 64):
+        for lq, lk, causal, sink in (([0, 5, 300, 63, 0, 129], [0, 5, 300, 63, 7, 129], True, True),
+                                     ([5, 70, 1, 0, 200], [9, 64, 30, 12, 0], True, False),
+                                     ([130, 1, 257], [130, 1, 257], False, True)):
+            cu_q = torch.tensor([0] + torch.tensor(lq).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+            cu_k = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+            q = draw(sum(lq), 4, D, dtype=torch.bfloat16)
+            k, v = draw(sum(lk), 2, D, dtype=torch.bfloat16), draw(sum(lk), 2, D, dtype=torch.bfloat16)
+            out, lse = torch.empty_like(q), torch.empty(4, q.shape[0], device="cuda")
+            sinks = torch.zeros(4, device="cuda") if sink else None
+            mop.launch(q, k, v, out, lse, spec.make_mask(causal, None, 0.0), D ** -0.5, 0, sinks, cu_q, cu_k,
+                       max(lq), max(lk), "v11")
+            torch.cuda.synchronize()
+            print(f"sanitize packed fwd D {D} lens {lq} / {lk}: finite {bool(torch.isfinite(out).all())}", flush=True)
+    lens = [300, 0, 129, 64]
+    q, k, v, dout, cu = _cell(lens, 128, H=4)
+    out = ops.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True, check_cu_seqlens=False)
+    torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+    print("sanitize packed public fwd + bwd done", flush=True)
 
 
 # ------------------------------------------------------------------ race and profile

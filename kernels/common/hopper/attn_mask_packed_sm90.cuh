@@ -10,14 +10,15 @@
 //
 // Work: a unit is (sequence b, head h, r); its query tiles are n_b - 1 - r then r of the sequence's own n_b =
 // ceil(S_q,b / B_r) tiles (the middle one once when n_b is odd), so under a right edge every unit of a sequence
-// costs n_b + 1 key tiles (causal S_q = S_k) and a static round-robin over units is balanced within a sequence;
-// units r >= ceil(n_b / 2) of a sequence shorter than the longest are empty and cost only their cu_seqlens reads.
-// Units are numbered head-major (u = (b H + h) half + r, half from the longest sequence), CTA x takes units x,
-// x + G, ... (G = min(units, multiprocessors)), round 2i its unit's heavy tile and round 2i + 1 the light one. Every
-// role of the CTA reads cu_seqlens itself (no host copy, no prepass, no handoff through shared memory): for one
-// length the order is fwd v07's PAIR exactly. A tile with rows but no key in its window (S_k,b = 0, or rows before
-// a bottom-right diagonal) is written by the consumers as they pass it (O = 0, LSE = the sink or -inf) and never
-// enters the pipeline, so every pipelined tile has n_tiles >= 1, which FUSE needs.
+// costs n_b + 1 key tiles (causal S_q = S_k) and a static round-robin over units is balanced within a sequence.
+// Units are numbered sequence by sequence (heads x ceil(n_b / 2) each, u = start_b + h ceil(n_b / 2) + r), CTA x
+// takes units x, x + G, ... (G = min(units bound, multiprocessors x PACKED_WAVES)), round 2i its unit's heavy tile
+// and round 2i + 1 the light one. Every role of the CTA walks the sequences with its own cursor as its unit index
+// grows, reading each sequence's cu_seqlens once (no host copy, no prepass, no handoff through shared memory);
+// for one length the order is fwd v07's PAIR exactly (lab/masks/packed_order.py mirrors it; its test counts the
+// key tiles per CTA). A tile with rows but no key in its window (S_k,b = 0, or rows before a bottom-right
+// diagonal) is written by the consumers as they pass it (O = 0, LSE = the sink or -inf) and never enters the
+// pipeline, so every pipelined tile has n_tiles >= 1, which FUSE needs.
 //
 // Barriers: v07's FUSE set (bar_q / empty_q per consumer warpgroup, K and V full / empty per stage, the ring
 // position running on across work tiles); the ping-pong token (D = 128) as v07's: each warpgroup takes
@@ -26,6 +27,11 @@
 
 // LAB_FWD_MASK_BUG_PAIR_ONE: the wrong build of the scheduler: every unit's light tile is skipped (its rows never
 // written), so the packed checks must fail.
+// LAB_FWD_MASK_PACKED_WAVES: persistent CTAs per multiprocessor (1: fwd v07's grid). More let the hardware hand the
+// later CTAs to whichever multiprocessor is free first, which evens uneven documents out at one CTA start each.
+#ifndef LAB_FWD_MASK_PACKED_WAVES
+#define LAB_FWD_MASK_PACKED_WAVES 1
+#endif
 #ifndef LAB_FWD_MASK_BUG_PAIR_ONE
 #define LAB_FWD_MASK_BUG_PAIR_ONE 0
 #endif
@@ -82,50 +88,67 @@ struct PackedTile {
   int b, h, q0, k0, sq, sk, off, m0, first, n;
 };
 
-// The units, rounds and locate of the packed persistent grid (the same arithmetic in every role of the CTA).
+// Each role's walk over the sequences: units [u0, u0 + span) are sequence b's (heads x ceil(n_b / 2), none
+// empty), its rows and keys read from cu_seqlens once, when the walk reaches it.
+struct PackedCursor {
+  int b, u0, span, q0, k0, sq, sk;
+};
+
+// The rounds and locate of the packed persistent grid (the same arithmetic in every role of the CTA). The host
+// bounds the units by every sequence at the longest's length (grid min(bound, multiprocessors), 2 rounds a unit);
+// the walk ends where the sequences do.
 template <int BR, int BC>
 struct PackedOrder {
-  int num_m, half, num_units, num_rounds, heads, group, left, right;
-  lab::FastDiv div_half, div_heads, div_group;
+  int num_rounds, batch, heads, left, right;
+  lab::FastDiv div_group;
 
   __device__ __forceinline__ PackedOrder(const AttnMaskParams& mp, int l, int r)
-      : num_m((mp.base.seqlen_q + BR - 1) / BR),
-        half((num_m + 1) / 2),
-        num_units(mp.base.batch * mp.base.heads_q * half),
-        num_rounds(2 * ((num_units + (int)gridDim.x - 1) / (int)gridDim.x)),
-        heads(mp.base.heads_q),
-        group(mp.base.heads_q / mp.base.heads_kv),
-        left(l),
-        right(r),
-        div_half(half),
-        div_heads(mp.base.heads_q),
-        div_group(mp.base.heads_q / mp.base.heads_kv) {}
+      : batch(mp.base.batch), heads(mp.base.heads_q), left(l), right(r), div_group(mp.base.heads_q / mp.base.heads_kv) {
+    const int half = ((mp.base.seqlen_q + BR - 1) / BR + 1) / 2;
+    num_rounds = 2 * ((mp.base.batch * mp.base.heads_q * half + (int)gridDim.x - 1) / (int)gridDim.x);
+  }
 
-  // Round it's tile of this CTA into w: false when there is none (past the units, an empty unit, an odd tile
-  // count's middle tile the second time).
-  __device__ __forceinline__ bool locate(const AttnMaskParams& mp, int it, PackedTile& w) const {
+  // Sequence b into the cursor (clamped: no cu_seqlens value reads or writes outside the packed tensors, v11's rule).
+  __device__ __forceinline__ void load(const AttnMaskParams& mp, PackedCursor& c) const {
+    const int qa = min(max(mp.cu_seqlens_q[c.b], 0), mp.total_q), qb = min(max(mp.cu_seqlens_q[c.b + 1], qa), mp.total_q);
+    const int ka = min(max(mp.cu_seqlens_k[c.b], 0), mp.total_k), kb = min(max(mp.cu_seqlens_k[c.b + 1], ka), mp.total_k);
+    c.q0 = qa;
+    c.k0 = ka;
+    c.sq = min(qb - qa, mp.base.seqlen_q);
+    c.sk = min(kb - ka, mp.base.seqlen_k);
+    c.span = heads * (((c.sq + BR - 1) / BR + 1) / 2);
+  }
+  __device__ __forceinline__ PackedCursor start(const AttnMaskParams& mp) const {
+    PackedCursor c{0, 0, 0, 0, 0, 0, 0};
+    if (batch > 0) load(mp, c);
+    return c;
+  }
+
+  // Round it's tile of this CTA into w: 1 found, 0 none this round (an odd tile count's middle tile the second
+  // time), -1 none left (the walk is past the last sequence; later rounds only go further).
+  __device__ __forceinline__ int locate(const AttnMaskParams& mp, int it, PackedCursor& c, PackedTile& w) const {
     const int u = (it >> 1) * (int)gridDim.x + (int)blockIdx.x;
-    if (u >= num_units) return false;
-    const int bh = div_half.div(u), r = u - bh * half;
-    w.b = div_heads.div(bh);
-    w.h = bh - w.b * heads;
-    // clamped: no cu_seqlens value reads or writes outside the packed tensors (v11's rule)
-    const int qa = min(max(mp.cu_seqlens_q[w.b], 0), mp.total_q), qb = min(max(mp.cu_seqlens_q[w.b + 1], qa), mp.total_q);
-    const int ka = min(max(mp.cu_seqlens_k[w.b], 0), mp.total_k), kb = min(max(mp.cu_seqlens_k[w.b + 1], ka), mp.total_k);
-    w.q0 = qa;
-    w.k0 = ka;
-    w.sq = min(qb - qa, mp.base.seqlen_q);
-    w.sk = min(kb - ka, mp.base.seqlen_k);
-    w.off = w.sk - w.sq;
-    const int n_b = (w.sq + BR - 1) / BR;
-    if (r >= (n_b + 1) / 2) return false;
+    while (c.b < batch && u >= c.u0 + c.span) {
+      c.u0 += c.span;
+      if (++c.b < batch) load(mp, c);
+    }
+    if (c.b >= batch) return -1;
+    const int n_b = (c.sq + BR - 1) / BR, half_b = (n_b + 1) / 2;
+    const int local = u - c.u0, h = local / half_b, r = local - h * half_b;
     const bool light = it & 1;
-    if (light && (LAB_FWD_MASK_BUG_PAIR_ONE || r == n_b - 1 - r)) return false;
+    if (light && (LAB_FWD_MASK_BUG_PAIR_ONE || r == n_b - 1 - r)) return 0;
+    w.b = c.b;
+    w.h = h;
+    w.q0 = c.q0;
+    w.k0 = c.k0;
+    w.sq = c.sq;
+    w.sk = c.sk;
+    w.off = c.sk - c.sq;
     w.m0 = (light ? r : n_b - 1 - r) * BR;
     const int2 range = lab::window_key_range(w.m0, min(w.m0 + BR, w.sq), w.sk, w.off, left, right);
     w.first = range.y > range.x ? range.x / BC : 0;
     w.n = range.y > range.x ? (range.y + BC - 1) / BC - w.first : 0;
-    return true;
+    return 1;
   }
   __device__ __forceinline__ int kv_head(int h) const { return div_group.div(h); }
 };
@@ -175,8 +198,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
       tma_prefetch_maps(&tq, &tk, &tv);
       int ring = 0, t = 0;
       PackedTile w;
+      PackedCursor cur = order.start(mp);
       for (int it = 0; it < order.num_rounds; ++it) {
-        if (!order.locate(mp, it, w) || w.n == 0) continue;
+        const int found = order.locate(mp, it, cur, w);
+        if (found < 0) break;
+        if (found == 0 || w.n == 0) continue;
         const int hkv = order.kv_head(w.h), row0 = w.k0 + w.first * BC;
         for (int j = 0; j < w.n; ++j, ++ring) {
           const int s = ring % kStages;
@@ -215,6 +241,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
   float sacc[BC / 2], alpha[2];
   uint32_t pa[BC / 16][4];
   PackedTile w;
+  PackedCursor cur = order.start(mp);
   int ring = 0, t = 0, it = 0;  // ring: this work tile's K_0 / V_0 position (the producer's count)
   int wm0 = 0, wm1 = 1, row0 = 0, k_end = 0, k_off = 0;  // this warpgroup's rows and the window's keys from `first`
   auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
@@ -265,7 +292,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
   // The next pipelined tile from round `it` on (false: none left); tiles with rows and no key are written on the way.
   auto next = [&]() -> bool {
     for (; it < order.num_rounds; ++it) {
-      if (!order.locate(mp, it, w)) continue;
+      const int found = order.locate(mp, it, cur, w);
+      if (found < 0) return false;
+      if (found == 0) continue;
       if (w.n > 0) return true;
       packed_empty_rows<D, T>(out_row0(w), p.o_stride[2], lse_row0(w), sink_log2(w.h), w.m0 + 64 * qw, w.sq);
     }
@@ -389,7 +418,7 @@ inline int launch_packed_persistent(const AttnMaskParams& mp, cudaStream_t strea
   const int64_t units = half * p.batch * p.heads_q;
   if (units <= 0) return 0;
   if (2 * units > 0x7fffffff) return LAB_E_SHAPE;  // rounds (2 per unit) and units stay ints
-  const int sms = lab::num_sms(dev);
+  const int64_t sms = (int64_t)lab::num_sms(dev) * LAB_FWD_MASK_PACKED_WAVES;
   const int64_t blocks = sms > 0 && units > sms ? sms : units;
   kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, mp);
   return (int)cudaGetLastError();
