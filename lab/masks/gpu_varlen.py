@@ -217,10 +217,12 @@ def packed_fwd_checks(defines=None) -> int:
 
 
 PER_TILE = {"LAB_FWD_MASK_PACKED_PERSIST": 0}  # the packed grid before: one CTA per (sequence, head, query tile)
+WAVES2 = {"LAB_FWD_MASK_PACKED_WAVES": 2}  # two persistent CTAs per multiprocessor, started as SMs free up
 
 
 def ab_packed(cells=(("one-length", [2048] * 8, 128), ("one-length", [2048] * 8, 64), ("docs12", None, 128)),
-              builds=(("persist", None), ("per_tile", PER_TILE)), budget_s: float = 0.5, jsonl: str | None = None):
+              builds=(("persist", None), ("per_tile", PER_TILE), ("waves2", WAVES2)), budget_s: float = 0.5,
+              jsonl: str | None = None):
     """Kernel GPU time (bench.GpuTimeTimer, rounds interleaved) of fwd v11's packed call in each build against the
     dense op on the same tokens (one length: the public lab.ops.attention, causal), bf16, H 16, causal."""
     timer, rows = bench.GpuTimeTimer(), []

@@ -110,8 +110,10 @@ struct PackedOrder {
 
   // Sequence b into the cursor (clamped: no cu_seqlens value reads or writes outside the packed tensors, v11's rule).
   __device__ __forceinline__ void load(const AttnMaskParams& mp, PackedCursor& c) const {
-    const int qa = min(max(mp.cu_seqlens_q[c.b], 0), mp.total_q), qb = min(max(mp.cu_seqlens_q[c.b + 1], qa), mp.total_q);
-    const int ka = min(max(mp.cu_seqlens_k[c.b], 0), mp.total_k), kb = min(max(mp.cu_seqlens_k[c.b + 1], ka), mp.total_k);
+    const int qa = min(max(mp.cu_seqlens_q[c.b], 0), mp.total_q);
+    const int qb = min(max(mp.cu_seqlens_q[c.b + 1], qa), mp.total_q);
+    const int ka = min(max(mp.cu_seqlens_k[c.b], 0), mp.total_k);
+    const int kb = min(max(mp.cu_seqlens_k[c.b + 1], ka), mp.total_k);
     c.q0 = qa;
     c.k0 = ka;
     c.sq = min(qb - qa, mp.base.seqlen_q);
@@ -285,7 +287,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
     if constexpr (kPing) named_barrier_arrive(3 + next_wg, 256);
   };
   auto sink_log2 = [&](int h) { return mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY; };
-  auto lse_row0 = [&](const PackedTile& x) { return p.lse == nullptr ? nullptr : p.lse + (int64_t)x.h * mp.total_q + x.q0; };
+  auto lse_row0 = [&](const PackedTile& x) {
+    return p.lse == nullptr ? nullptr : p.lse + (int64_t)x.h * mp.total_q + x.q0;
+  };
   auto out_row0 = [&](const PackedTile& x) {
     return static_cast<T*>(p.o) + (int64_t)x.h * p.o_stride[1] + (int64_t)x.q0 * p.o_stride[2];
   };
