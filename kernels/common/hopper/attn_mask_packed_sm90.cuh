@@ -23,6 +23,14 @@
 // Barriers: v07's FUSE set (bar_q / empty_q per consumer warpgroup, K and V full / empty per stage, the ring
 // position running on across work tiles); the ping-pong token (D = 128) as v07's: each warpgroup takes
 // sum(n_tiles) + 1 turns, the last warpgroup hands out the first, warpgroup 1 consumes the last pass.
+// Prediction (before the first GPU run; H200, bf16, H 16, causal, kernel GPU time and the unchecked public call
+// against the dense op on the same tokens): 8 x 2048 at D 128 1.17x -> 1.00-1.06x (the dense default's order, config
+// and FUSE; v11's window tests per tile and per-element mask on the diagonal tile cost 1-3 %), forward + backward
+// 0.91x -> 0.86-0.90x; at D 64 1.33x -> 1.05-1.15x (the dense default there is v05's loop, and v11 at D 64 has
+// no ping-pong); the twelve uneven documents 0.92-1.02x the per-tile grid's time (FUSE and no CTA starts gain ~8 %,
+// the static order's imbalance, 1.16x the mean key tiles on its busiest CTA against the hardware's dynamic
+// longest-first, takes some back), so forward vs FlexAttention 1.34x -> 1.30-1.45x; PACKED_WAVES 2: one length 1-3 %
+// slower (a CTA start per SM and twice the CTAs to balance), the uneven documents 2-5 % faster.
 #pragma once
 
 // LAB_FWD_MASK_BUG_PAIR_ONE: the wrong build of the scheduler: every unit's light tile is skipped (its rows never
