@@ -152,6 +152,34 @@
 #ifndef LAB_FWD_FP8_DESC
 #define LAB_FWD_FP8_DESC 1
 #endif
+// LAB_FWD_FP8_S_WRITE_ONLY (0, default; 1: S's first k32 step by ss0, D an output only). With ss() for every
+// step S's accumulator is an input of the first ("+f", scale_d = 0 being a run-time predicate to the compiler),
+// so S of tile j - 1 (already packed into P) stays live until S_j is issued: B_c / 2 registers held for nothing.
+// Prediction: no change at B_c 192 (no spill there), and with LAB_FWD_FP8_WS_OVERLAP 2 the 256-key tile at
+// D 128 without the 208 B spill.
+#ifndef LAB_FWD_FP8_S_WRITE_ONLY
+#define LAB_FWD_FP8_S_WRITE_ONLY 0
+#endif
+// LAB_FWD_FP8_WS_OVERLAP, the warp-specialised consumers' order per turn (1, default: FA3's intra-warpgroup
+// overlap, S_j and P_{j-1} V_{j-1} issued, softmax j after S_j alone, P V in flight; 0: both GEMMs waited for
+// before softmax j (the ping-pong between the two warpgroups is the only overlap); 2: P_{j-1} V_{j-1} issued and
+// waited for, then S_j: P's 32 and S's B_c / 2 registers are never live at once, the 256-key tile's condition).
+// Prediction: 0 and 2 lose 3-8 % at B_c 192 (the GEMMs' latency is no longer hidden inside a warpgroup); 2 with
+// B_c 256 and S_WRITE_ONLY gains that back and more where O's rescale and the per-tile row reductions dominate
+// (cuDNN's 256-key tile: 1.6 FMUL per score against our 2.0): +3-6 % at D 128 over the default.
+#ifndef LAB_FWD_FP8_WS_OVERLAP
+#define LAB_FWD_FP8_WS_OVERLAP 1
+#endif
+// LAB_FWD_FP8_PERSISTENT (0, default; 1: the warp-specialised kernel on min(tiles, SMs) CTAs, each looping over
+// work tiles t, t + grid, ...; the producer loads tile t + grid's Q and first K / V while the consumers finish
+// tile t, as cuDNN's persistent FP8 kernel). One CTA per SM either way (209 KiB of shared memory), so the
+// default grid pays per tile a CTA launch, barrier set-up, Q's and K_0's load latency and an idle tensor pipe
+// during the last P V and the epilogue. Prediction: the gap between S 4k (0.80x cuDNN) and S 16k (0.89x) at D 128
+// is mostly that per-tile cost (22 key tiles per query tile at 4k, 86 at 16k): +5-8 % at S 4k, +1-3 % at 16k,
+// causal less certain (static striding: heavy and light tiles mix per CTA; FA3 schedules causal dynamically).
+#ifndef LAB_FWD_FP8_PERSISTENT
+#define LAB_FWD_FP8_PERSISTENT 0
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -223,8 +251,12 @@ struct CfgWs {
 #ifndef LAB_FWD_FP8_WS_STAGES
 #define LAB_FWD_FP8_WS_STAGES 4
 #endif
+// D 128's ring depth apart (B_c 256 fits 3 stages: 16 + 3 * 64 KiB).
+#ifndef LAB_FWD_FP8_WS_D128_STAGES
+#define LAB_FWD_FP8_WS_D128_STAGES LAB_FWD_FP8_WS_STAGES
+#endif
 using Ws64 = CfgWs<64, LAB_FWD_FP8_WS_D64_BC, LAB_FWD_FP8_WS_STAGES>;
-using Ws128 = CfgWs<128, LAB_FWD_FP8_WS_D128_BC, LAB_FWD_FP8_WS_STAGES>;
+using Ws128 = CfgWs<128, LAB_FWD_FP8_WS_D128_BC, LAB_FWD_FP8_WS_D128_STAGES>;
 // LAB_FWD_FP8_WS_D256_BC / _STAGES: FA3's FP8 tile at D 256 is 128 x 128 (hopper/tile_size.h); B_c 128 takes
 // 2 stages (161 KiB) and 64 + 128 + 16 accumulator / fragment registers of the consumers' 240.
 #ifndef LAB_FWD_FP8_WS_D256_BC
@@ -250,10 +282,17 @@ __device__ __forceinline__ void issue_s(float (&s)[Cfg::BC / 2], uint32_t q, con
 #if LAB_FWD_FP8_DESC
   const uint64_t dq = desc_e4m3<Cfg::kRow>(q, 64, 0);
   const uint64_t dk = desc_e4m3<Cfg::kRow>(ring.k(0), Cfg::BC, 0) + (uint64_t)(stage * (Cfg::kKBytes >> 4));
+#if LAB_FWD_FP8_S_WRITE_ONLY
+  WgmmaFp8Op<Cfg::BC>::ss0(s, dq, dk);  // S's old values (P of the tile before) are dead: no register keeps them
+#pragma unroll
+  for (int kk = 1; kk < Cfg::D / 32; ++kk)
+    WgmmaFp8Op<Cfg::BC>::ss(s, desc_e4m3_step<Cfg::kRow, 64>(dq, kk), desc_e4m3_step<Cfg::kRow, Cfg::BC>(dk, kk), 1);
+#else
 #pragma unroll
   for (int kk = 0; kk < Cfg::D / 32; ++kk)
     WgmmaFp8Op<Cfg::BC>::ss(s, desc_e4m3_step<Cfg::kRow, 64>(dq, kk), desc_e4m3_step<Cfg::kRow, Cfg::BC>(dk, kk),
                             kk > 0);
+#endif
 #else
 #pragma unroll
   for (int kk = 0; kk < Cfg::D / 32; ++kk)
@@ -455,7 +494,11 @@ __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(cons
 }
 
 
-// The warp-specialised kernel (LAB_FWD_FP8_WARPSPEC = 1): producer warpgroup 0, consumer warpgroups 1, 2.
+// The warp-specialised kernel (LAB_FWD_FP8_WARPSPEC = 1): producer warpgroup 0, consumer warpgroups 1, 2. Work
+// tile t (0 .. tiles - 1) is (b, h, 128 query rows); a CTA computes tiles blockIdx.x, + gridDim.x, ...: one each
+// on the default grid (one CTA per tile), several on the persistent one (LAB_FWD_FP8_PERSISTENT). The K / V ring
+// runs on across a CTA's tiles (g counts the key tiles it has loaded), and the producer loads the next tile's Q
+// once both consumers' last S GEMM of the tile before has read it (empty_q), during their last P V and epilogue.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const __grid_constant__ CUtensorMap tq,
                                                                            const __grid_constant__ CUtensorMap tk,
@@ -464,17 +507,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages];
+  __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages], empty_q;
   uint8_t* smem = align1024(smem_raw);
   const Ring<Cfg> ring{smem_u32(smem)};  // Cfg::kQBytes covers both warpgroups' Q
 
-  // Prologue: which (b, h, 128 query rows) this CTA computes; causal query blocks of a head heaviest first.
+  // Prologue: the work tiles; tile t's (b, h, first query row, key tiles); causal query blocks of a head heaviest first.
   const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR;
-  const int bh = blockIdx.x / num_m;
-  const int mb = p.causal ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
-  const int b = bh / p.heads_q, h = bh % p.heads_q, hkv = h / (p.heads_q / p.heads_kv), m0 = mb * Cfg::BR;
-  const int kv_end = p.causal ? min(p.seqlen_k, m0 + Cfg::BR) : p.seqlen_k;
-  const int n_tiles = (kv_end + BC - 1) / BC;
+  const int tiles = num_m * p.batch * p.heads_q;
+  struct Work {
+    int b, h, hkv, m0, n_tiles;
+  };
+  const auto work = [&](int t) {
+    const int bh = t / num_m;
+    const int mb = p.causal ? num_m - 1 - t % num_m : t % num_m;
+    Work w{bh / p.heads_q, bh % p.heads_q, 0, mb * Cfg::BR, 0};
+    w.hkv = w.h / (p.heads_q / p.heads_kv);
+    const int kv_end = p.causal ? min(p.seqlen_k, w.m0 + Cfg::BR) : p.seqlen_k;
+    w.n_tiles = (kv_end + BC - 1) / BC;
+    return w;
+  };
   const int wg = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
@@ -483,136 +534,188 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
       mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
       mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
     }
+    mbar_init(smem_u32(&empty_q), 4 * Cfg::kConsumers);
     fence_barrier_init();
   }
   __syncthreads();
 
   if (wg == 0) {
-    // Producer: Q once, then K_j and V_j into a free stage each.
+    // Producer: per tile Q, then K_j and V_j into a free stage each.
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
-      mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
-      for (int w = 0; w < Cfg::kConsumers; ++w)
-        for (int cb = 0; cb < D / Cfg::kRow; ++cb)
-          tma_load_4d(ring.q + w * Cfg::kQBytesWG + cb * 64 * Cfg::kRow, &tq, smem_u32(&bar_q), cb * Cfg::kRow,
-                      m0 + 64 * w, h, b);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % kStages;
-        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
-        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
-        mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kKBytes);
-        for (int cb = 0; cb < D / Cfg::kRow; ++cb)
-          tma_load_4d(ring.k(s) + cb * BC * Cfg::kRow, &tk, smem_u32(&bar_k[s]), cb * Cfg::kRow, j * BC, hkv, b);
-        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
-        mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVBytes);
-        for (int cb = 0; cb < BC / Cfg::kVRow; ++cb)
-          tma_load_4d(ring.v(s) + cb * D * Cfg::kVRow, &tv, smem_u32(&bar_v[s]), j * BC + cb * Cfg::kVRow, 0, hkv, b);
+      int g = 0;
+      for (int t = blockIdx.x, it = 0; t < tiles; t += gridDim.x, ++it) {
+        const Work w = work(t);
+        // Q after the first kStages - 1 key tiles (from the second tile on): their stages free up while the
+        // consumers still run the tile before, Q's only once both have issued its last S GEMM.
+        const int q_after = it == 0 ? 0 : min(kStages - 1, w.n_tiles);
+        for (int j = 0; j <= w.n_tiles; ++j) {
+          if (j == q_after) {
+            if (it > 0) mbar_wait(smem_u32(&empty_q), (it - 1) & 1);
+            mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
+            for (int c = 0; c < Cfg::kConsumers; ++c)
+              for (int cb = 0; cb < D / Cfg::kRow; ++cb)
+                tma_load_4d(ring.q + c * Cfg::kQBytesWG + cb * 64 * Cfg::kRow, &tq, smem_u32(&bar_q), cb * Cfg::kRow,
+                            w.m0 + 64 * c, w.h, w.b);
+          }
+          if (j == w.n_tiles) break;
+          const int s = g % kStages;
+          const uint32_t free_parity = ((g / kStages) & 1) ^ 1;
+          if (g >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+          mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kKBytes);
+          for (int cb = 0; cb < D / Cfg::kRow; ++cb)
+            tma_load_4d(ring.k(s) + cb * BC * Cfg::kRow, &tk, smem_u32(&bar_k[s]), cb * Cfg::kRow, j * BC, w.hkv, w.b);
+          if (g >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+          mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVBytes);
+          for (int cb = 0; cb < BC / Cfg::kVRow; ++cb)
+            tma_load_4d(ring.v(s) + cb * D * Cfg::kVRow, &tv, smem_u32(&bar_v[s]), j * BC + cb * Cfg::kVRow, 0, w.hkv,
+                        w.b);
+          ++g;
+        }
       }
     }
   } else {
-    // Consumers: warpgroup wg computes query rows m0 + 64 (wg - 1) .. + 63 with Q at qw.
+    // Consumers: warpgroup wg computes query rows m0 + 64 (wg - 1) .. + 63 of each tile with Q at qw.
     setmaxnreg_inc<Cfg::kRegsConsumer>();
     const int ct = threadIdx.x - 128 * wg;
     const uint32_t qw = ring.q + (wg - 1) * Cfg::kQBytesWG;
-    const int m0w = m0 + 64 * (wg - 1);
-    const auto descale = [&](const float* ptr, int which, int head) {
-      return ptr == nullptr ? 1.f : ptr[b * p.descale_stride[which][0] + head * p.descale_stride[which][1]];
-    };
-    const float dq = descale(p.q_descale, 0, p.q_descale_by_kv ? hkv : h);
-    const float dk = descale(p.k_descale, 1, hkv);
-#ifdef LAB_FP8_BUG_NO_V_DESCALE
-    const float dv = 1.f;  // wrong on purpose
-#else
-    const float dv = descale(p.v_descale, 2, hkv);
-#endif
-    const float c = p.scale * dq * dk * kLog2e;
     const float log2_ps = __log2f(p.p_scale);
-    const int wm0 = m0w + (ct / 32) * 16;
-    const int row0 = wm0 + (ct % 32) / 4;
     float o[D / 2];
-    zero_acc(o);
-    RowState st;
     float sacc[BC / 2];
     uint32_t pa[BC / 32][4];
     float alpha[2];
-    auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1); };
-    auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1); };
+    int g = 0;  // key tiles consumed before this tile (the ring's running index)
+    auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[(g + j) % kStages]), ((g + j) / kStages) & 1); };
+    auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[(g + j) % kStages]), ((g + j) / kStages) & 1); };
     auto release_k = [&](int j) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[j % kStages]));
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[(g + j) % kStages]));
     };
     auto release_v = [&](int j) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[j % kStages]));
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[(g + j) % kStages]));
     };
-    auto s_gemm = [&](int j) { issue_s<Cfg>(sacc, qw, ring, j % kStages); };
-    // Ping-pong: turn() waits for this warpgroup's token, pass() hands it to the other; each warpgroup takes
-    // n_tiles + 1 turns, the second hands out the first, and the first takes one more at the end, which
-    // consumes the second's last pass (no arrival left pending at exit).
+    auto release_q = [&]() {
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q));
+    };
+    auto s_gemm = [&](int j) { issue_s<Cfg>(sacc, qw, ring, (g + j) % kStages); };
+    auto pv_gemm = [&](int j) { issue_pv<Cfg>(o, pa, ring, (g + j) % kStages); };
+    // Ping-pong: turn() waits for this warpgroup's token, pass() hands it to the other. Each warpgroup takes
+    // n_tiles + 1 turns per tile, the same count in both (the same tiles), so the token alternates across tiles;
+    // the second hands out the first token, and the first takes one more turn at the end, which consumes the
+    // second's last pass (no arrival left pending at exit). With S_k > 0 every tile has a key tile.
     const int next_wg = wg % Cfg::kConsumers + 1;
     auto turn = [&]() { named_barrier_sync(2 + wg, 256); };
     auto pass = [&]() { named_barrier_arrive(2 + next_wg, 256); };
-    if (wg == Cfg::kConsumers && n_tiles > 0) named_barrier_arrive(2 + 1, 256);
-    mbar_wait(smem_u32(&bar_q), 0);
+    const bool turns = p.seqlen_k > 0 && (int)blockIdx.x < tiles;
+    if (wg == Cfg::kConsumers && turns) named_barrier_arrive(2 + 1, 256);
 
-    // Main loop (each warpgroup: LAB_FWD_FP8_OVERLAP's order)
-    if (n_tiles > 0) {
-      wait_k(0);
-      turn();
-      wgmma_fence();
-      s_gemm(0);
-      pass();
-      wgmma_wait<0>();
-      reg_fence(sacc);
-      release_k(0);
-      softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, 0, p);
-      pack_p_e4m3<BC>(sacc, pa);
-    }
-    for (int j = 1; j < n_tiles; ++j) {
-      wait_k(j);
-      wait_v(j - 1);
-      turn();
-      wgmma_fence();
-      s_gemm(j);
-      issue_pv<Cfg>(o, pa, ring, (j - 1) % kStages);
-      pass();
-      wgmma_wait<1>();
-      reg_fence(sacc);
-      release_k(j);
-      softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
-      wgmma_wait<0>();
-      reg_fence(o);
-      release_v(j - 1);
-      rescale_o_fp8<D, true>(o, alpha);
-      pack_p_e4m3<BC>(sacc, pa);
-    }
-    if (n_tiles > 0) {
-      wait_v(n_tiles - 1);
-      turn();
-      wgmma_fence();
-      issue_pv<Cfg>(o, pa, ring, (n_tiles - 1) % kStages);
-      pass();
-      wgmma_wait<0>();
-      reg_fence(o);
-      release_v(n_tiles - 1);
-      if (wg == 1) turn();
-    }
+    for (int t = blockIdx.x, it = 0; t < tiles; t += gridDim.x, ++it) {
+      const Work w = work(t);
+      const int n_tiles = w.n_tiles;
+      const int m0w = w.m0 + 64 * (wg - 1);
+      const auto descale = [&](const float* ptr, int which, int head) {
+        return ptr == nullptr ? 1.f : ptr[w.b * p.descale_stride[which][0] + head * p.descale_stride[which][1]];
+      };
+      const float dq = descale(p.q_descale, 0, p.q_descale_by_kv ? w.hkv : w.h);
+      const float dk = descale(p.k_descale, 1, w.hkv);
+#ifdef LAB_FP8_BUG_NO_V_DESCALE
+      const float dv = 1.f;  // wrong on purpose
+#else
+      const float dv = descale(p.v_descale, 2, w.hkv);
+#endif
+      const float c = p.scale * dq * dk * kLog2e;
+      const int wm0 = m0w + (ct / 32) * 16;
+      const int row0 = wm0 + (ct % 32) / 4;
+      zero_acc(o);
+      RowState st;
+      mbar_wait(smem_u32(&bar_q), it & 1);
+      if (n_tiles == 0) release_q();
 
-    // Epilogue
+      // Main loop
+      if (n_tiles > 0) {
+        wait_k(0);
+        turn();
+        wgmma_fence();
+        s_gemm(0);
+        pass();
+        wgmma_wait<0>();
+        reg_fence(sacc);
+        release_k(0);
+        if (n_tiles == 1) release_q();
+        softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, 0, p);
+        pack_p_e4m3<BC>(sacc, pa);
+      }
+      for (int j = 1; j < n_tiles; ++j) {
+        wait_k(j);
+        wait_v(j - 1);
+        turn();
+        wgmma_fence();
+#if LAB_FWD_FP8_WS_OVERLAP == 2
+        // P_{j-1} V_{j-1} waited for before S_j is issued: P's and S's registers are never live together.
+        pv_gemm(j - 1);
+        wgmma_wait<0>();
+        reg_fence(o);
+        wgmma_fence();
+        s_gemm(j);
+        pass();
+        wgmma_wait<0>();
+#else
+        s_gemm(j);
+        pv_gemm(j - 1);
+        pass();
+#if LAB_FWD_FP8_WS_OVERLAP == 1
+        wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} runs on during softmax j
+#else
+        wgmma_wait<0>();  // both: the other warpgroup's softmax is the only overlap
+#endif
+#endif
+        reg_fence(sacc);
+        release_k(j);
+        if (j == n_tiles - 1) release_q();
+#if LAB_FWD_FP8_WS_OVERLAP != 1
+        reg_fence(o);
+        release_v(j - 1);
+#endif
+        softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
+#if LAB_FWD_FP8_WS_OVERLAP == 1
+        wgmma_wait<0>();
+        reg_fence(o);
+        release_v(j - 1);
+#endif
+        rescale_o_fp8<D, true>(o, alpha);
+        pack_p_e4m3<BC>(sacc, pa);
+      }
+      if (n_tiles > 0) {
+        wait_v(n_tiles - 1);
+        turn();
+        wgmma_fence();
+        pv_gemm(n_tiles - 1);
+        pass();
+        wgmma_wait<0>();
+        reg_fence(o);
+        release_v(n_tiles - 1);
+      }
+
+      // Epilogue
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] *= dv;
-    AttnFwdParams out{};
-    out.o = p.o;
-    out.lse = p.lse;
-    for (int i = 0; i < 3; ++i) out.o_stride[i] = p.o_stride[i];
-    out.heads_q = p.heads_q;
-    out.seqlen_q = p.seqlen_q;
-    out.head_dim = D;
-    epilogue_direct<D, __nv_bfloat16>(o, st, out, b, h, m0w);
+      for (int i = 0; i < D / 2; ++i) o[i] *= dv;
+      AttnFwdParams out{};
+      out.o = p.o;
+      out.lse = p.lse;
+      for (int i = 0; i < 3; ++i) out.o_stride[i] = p.o_stride[i];
+      out.heads_q = p.heads_q;
+      out.seqlen_q = p.seqlen_q;
+      out.head_dim = D;
+      epilogue_direct<D, __nv_bfloat16>(o, st, out, w.b, w.h, m0w);
+      g += n_tiles;
+    }
+    if (wg == 1 && turns) turn();
   }
 #endif
 }
 
-template <class Cfg, auto kKernel>
+// kPersistent: the warp-specialised kernel, whose CTAs loop over work tiles, on at most one CTA per SM.
+template <class Cfg, auto kKernel, bool kPersistent = false>
 int launch(const AttnFp8Params& p, cudaStream_t stream, int dev) {
   if (const cudaError_t err = lab::allow_smem_once<kKernel>(Cfg::kSmem, dev)) return (int)err;
   CUtensorMap tq, tk, tv;
@@ -622,11 +725,14 @@ int launch(const AttnFp8Params& p, cudaStream_t stream, int dev) {
       !make_fp8_map(&tk, p.k, Cfg::D, Sk, p.heads_kv, p.batch, p.k_stride, Cfg::kRow, Cfg::BC) ||
       !make_fp8_map(&tv, p.vt, p.vt_cols, Cfg::D, p.heads_kv, p.batch, vt_stride, Cfg::kVRow, Cfg::D))
     return LAB_E_SHAPE;
-  const int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
+  int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  if (kPersistent && blocks > lab::num_sms(dev) && lab::num_sms(dev) > 0) blocks = lab::num_sms(dev);
   kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
   return (int)cudaGetLastError();
 }
+
+constexpr bool kWsPersistent = LAB_FWD_FP8_PERSISTENT != 0;
 
 }  // namespace
 
@@ -644,17 +750,17 @@ extern "C" int attn_fwd_v13(const AttnFp8Params* p, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (const int rc = launch_fp8_vt(*p, st)) return rc;
 #if LAB_FWD_FP8_WARPSPEC == 1
-  if (p->head_dim == 64) return launch<Ws64, attn_fwd_v13_ws_kernel<Ws64>>(*p, st, dev);
-  if (p->head_dim == 128) return launch<Ws128, attn_fwd_v13_ws_kernel<Ws128>>(*p, st, dev);
-  return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>>(*p, st, dev);
+  if (p->head_dim == 64) return launch<Ws64, attn_fwd_v13_ws_kernel<Ws64>, kWsPersistent>(*p, st, dev);
+  if (p->head_dim == 128) return launch<Ws128, attn_fwd_v13_ws_kernel<Ws128>, kWsPersistent>(*p, st, dev);
+  return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>, kWsPersistent>(*p, st, dev);
 #elif LAB_FWD_FP8_WARPSPEC == 3  // per head dim, default (fwd v13's header: the H200 profile and race)
   if (p->head_dim == 64) return launch<Cfg64, attn_fwd_v13_kernel<Cfg64>>(*p, st, dev);
-  if (p->head_dim == 128) return launch<Ws128, attn_fwd_v13_ws_kernel<Ws128>>(*p, st, dev);
-  return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>>(*p, st, dev);
+  if (p->head_dim == 128) return launch<Ws128, attn_fwd_v13_ws_kernel<Ws128>, kWsPersistent>(*p, st, dev);
+  return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>, kWsPersistent>(*p, st, dev);
 #elif LAB_FWD_FP8_WARPSPEC == 2  // per head dim, before the profile (one warpgroup at D 64 / 128)
   if (p->head_dim == 64) return launch<Cfg64, attn_fwd_v13_kernel<Cfg64>>(*p, st, dev);
   if (p->head_dim == 128) return launch<Cfg128, attn_fwd_v13_kernel<Cfg128>>(*p, st, dev);
-  return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>>(*p, st, dev);
+  return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>, kWsPersistent>(*p, st, dev);
 #else
   if (p->head_dim == 64) return launch<Cfg64, attn_fwd_v13_kernel<Cfg64>>(*p, st, dev);
   if (p->head_dim == 128) return launch<Cfg128, attn_fwd_v13_kernel<Cfg128>>(*p, st, dev);

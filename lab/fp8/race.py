@@ -28,7 +28,7 @@ import torch
 from .. import bench, record, sweep
 from ..cases import Case
 from . import emulate, peer, quant
-from .op import KEY_TILE
+from .op import key_tile
 
 ROWS_CHECKED = 512
 
@@ -106,10 +106,10 @@ def _lab_call(quantized, causal: bool, defines=None):
     return bench.try_run(call) or call
 
 
-def _lab_row(impl, case, quantized, call, timed, flops, causal, rows, extra) -> dict:
+def _lab_row(impl, case, quantized, call, timed, flops, causal, rows, extra, defines=None) -> dict:
     deq = [x.dequantize(torch.float64) for x in quantized]
     on_deq = emulate.reference(*deq, causal, rows=rows)
-    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=KEY_TILE[case.D])
+    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=key_tile(case.D, defines))
     out = call()
     torch.cuda.synchronize()
     accuracy_block = {**emulate.errors(out[:, :, rows].float(), on_deq), "reference": "float64 on the dequantised "
@@ -164,7 +164,8 @@ def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS
     for impl, call in labs.items():
         if callable(call):
             checked = checked_rows(case.Sq, rows_checked).to(q.device)
-            row = _lab_row(impl, case, quantized, call, timed, flops, causal, checked, extra)
+            row = _lab_row(impl, case, quantized, call, timed, flops, causal, checked, extra,
+                           (lab_candidates or {}).get(impl))
             rows.append(record.append(dict(row, defines=(lab_candidates or {}).get(impl) or {})))
         else:
             rows.append(record.append(_row(impl, case, call, flops, dict(extra))))

@@ -228,11 +228,21 @@ __device__ __forceinline__ void pack_p_e4m3(const float (&s)[BC / 2], uint32_t (
 // scores and the scale folds into the exponent, P = exp2(s * c - off) by one FFMA, one FMUL and one FADD less
 // per score (common softmax_scores' kFold). kChains: a row's max and sum as kChains independent chains (with
 // one, BC / 4 dependent FMNMX and FADD per row and thread), combined pairwise at the end.
+#ifndef LAB_FWD_FP8_MASK_LIMIT
+#define LAB_FWD_FP8_MASK_LIMIT 0
+#endif
 template <int BC, bool kMask, int kPoly = 0, bool kFold = false, int kChains = 1>
 __device__ __forceinline__ void softmax_e4m3(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
                                              float log2_ps, int row0, int col0, int seqlen_k, bool causal) {
   static_assert(kChains >= 1 && (BC / 4) % kChains == 0, "kChains divides a row's BC / 4 value pairs");
   const int t = threadIdx.x % 4;
+  // kMask: the first masked column of each of the thread's two rows, less the thread's first column, so that
+  // each score compares its compile-time offset 8 i + (e & 1) against it (two registers for the whole tile)
+  // (LAB_FWD_FP8_MASK_LIMIT 1; 0, default: the column and row per score, as before: the same mask)
+  int lim[2] = {0, 0};
+  if constexpr (kMask && LAB_FWD_FP8_MASK_LIMIT)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lim[h] = (causal ? min(seqlen_k, row0 + 8 * h + 1) : seqlen_k) - (col0 + 2 * t);
   float mx[2][kChains];
 #pragma unroll
   for (int k = 0; k < kChains; ++k) mx[0][k] = mx[1][k] = -INFINITY;
@@ -241,7 +251,9 @@ __device__ __forceinline__ void softmax_e4m3(float (&s)[BC / 2], RowState& st, f
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = kFold ? s[4 * i + e] : s[4 * i + e] * c;
-      if constexpr (kMask) {
+      if constexpr (kMask && LAB_FWD_FP8_MASK_LIMIT) {
+        if (8 * i + (e & 1) >= lim[e >> 1]) x = -INFINITY;  // col >= seqlen_k, or (causal) col > row
+      } else if constexpr (kMask) {
         const int col = col0 + 8 * i + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
         if (col >= seqlen_k || (causal && col > row)) x = -INFINITY;
       }
