@@ -134,3 +134,33 @@ def test_the_register_vt_pass_writes_the_shared_memory_pass_bytes(D):
     smem = op.run(q, k, v, enable_gqa=True, symbol="attn_fp8_vt_v13", defines={"LAB_FWD_FP8_VT": 1})
     regs = op.run(q, k, v, enable_gqa=True, symbol="attn_fp8_vt_v13", defines={"LAB_FWD_FP8_VT": 2})
     assert smem.shape == regs.shape and torch.equal(smem, regs)
+
+
+def test_key_tile_follows_the_kernels_defaults_and_a_candidates_defines():
+    """op.key_tile (the emulation's width for a build) reads the same defaults as fwd v13's source: the
+    warp-specialised B_c at D 128 / 256 (LAB_FWD_FP8_WARPSPEC 3), the one-warpgroup 128 at D 64."""
+    import re
+    source = (paths.KERNELS / "fwd" / "v13_fp8.cu").read_text()
+    default = {int(d): int(bc) for d, bc in re.findall(r"#define LAB_FWD_FP8_WS_D(\d+)_BC (\d+)", source)}
+    assert re.search(r"#define LAB_FWD_FP8_WARPSPEC 3\b", source)
+    assert [op.key_tile(d) for d in (128, 256)] == [default[128], default[256]] == [op.KEY_TILE[128], op.KEY_TILE[256]]
+    assert op.key_tile(64) == op.KEY_TILE[64] == 128
+    assert op.key_tile(128, {"LAB_FWD_FP8_WS_D128_BC": "256"}) == 256
+    assert op.key_tile(64, {"LAB_FWD_FP8_WS_D64_BC": 256}) == 128  # D 64 runs one warpgroup unless WARPSPEC 1
+    assert op.key_tile(64, {"LAB_FWD_FP8_WARPSPEC": 1, "LAB_FWD_FP8_WS_D64_BC": 256}) == 256
+    assert op.key_tile(128, {"LAB_FWD_FP8_WARPSPEC": 2}) == 128 and op.key_tile(256, {"LAB_FWD_FP8_WARPSPEC": 0}) == 64
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU of compute capability 9.0")
+@pytest.mark.parametrize("D, causal", [(128, True), (128, False), (256, True), (64, False)])
+def test_the_persistent_grid_writes_the_one_cta_per_tile_grids_bytes(D, causal):
+    """LAB_FWD_FP8_PERSISTENT (CTAs looping over work tiles, the K / V ring running on across them) computes every
+    tile as the default grid does, so O and LSE are bit for bit the same; 2 x 16 heads x 8 query tiles is more
+    tiles than an H200 has SMs (every CTA takes two or more), with uneven S and GQA."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("fwd v13 is sm_90a")
+    q, k, v = (fp8(2, h, 1000, D, seed=s).cuda() for h, s in ((16, 0), (4, 1), (4, 2)))
+    defines = {"LAB_FWD_FP8_PERSISTENT": 1, "LAB_FWD_FP8_WARPSPEC": 1}
+    o, lse = op.run(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True, defines={"LAB_FWD_FP8_WARPSPEC": 1})
+    o_p, lse_p = op.run(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True, defines=defines)
+    assert torch.equal(o, o_p) and torch.equal(lse, lse_p)
