@@ -128,6 +128,11 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     table is checked on the host with cu_seqlens (check_cu_seqlens=True) or its flags are read at a later paged call
     (check_varlen_page_errors). Forward only, on compute capability 9.0 at D 64 / 128 (fwd v11).
     """
+    if page_errors is not None and check_cu_seqlens is False and version is None:  # the serving call: one crossing
+        answer = serving(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                         window_size, softcap, sinks, return_lse, block_table, page_errors)
+        if answer is not None:
+            return answer
     if block_table is None and page_errors is None:
         return op.attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    is_causal, scale, window_size, softcap, sinks, return_lse, check_cu_seqlens,
@@ -140,12 +145,8 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            is_causal, scale, window_size, softcap, sinks, return_lse, check_cu_seqlens, version,
                            block_table, page_errors):
-    """lab.ops.attention_varlen's paged call (attention_varlen above, when block_table or page_errors is given)."""
-    if check_cu_seqlens is False and version is None and page_errors is not None:
-        answer = serving(query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         is_causal, scale, window_size, softcap, sinks, return_lse, block_table, page_errors)
-        if answer is not None:
-            return answer
+    """lab.ops.attention_varlen's paged call (attention_varlen above, when block_table or page_errors is given and
+    the serving call's one crossing did not answer): the checks, then the launch."""
     if block_table is None:
         raise ValueError("page_errors goes with block_table (a paged KV cache)")
     mask = spec.make_mask(is_causal, window_size, softcap)
