@@ -177,6 +177,7 @@
 // during the last P V and the epilogue. Prediction: the gap between S 4k (0.80x cuDNN) and S 16k (0.89x) at D 128
 // is mostly that per-tile cost (22 key tiles per query tile at 4k, 86 at 16k): +5-8 % at S 4k, +1-3 % at 16k,
 // causal less certain (static striding: heavy and light tiles mix per CTA; FA3 schedules causal dynamically).
+// 2: persistent for non-causal calls only (causal keeps one CTA per tile, which the hardware hands out as SMs free).
 #ifndef LAB_FWD_FP8_PERSISTENT
 #define LAB_FWD_FP8_PERSISTENT 0
 #endif
@@ -727,7 +728,8 @@ int launch(const AttnFp8Params& p, cudaStream_t stream, int dev) {
     return LAB_E_SHAPE;
   int64_t blocks = (int64_t)((p.seqlen_q + Cfg::BR - 1) / Cfg::BR) * p.batch * p.heads_q;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
-  if (kPersistent && blocks > lab::num_sms(dev) && lab::num_sms(dev) > 0) blocks = lab::num_sms(dev);
+  const bool persistent = kPersistent && !(LAB_FWD_FP8_PERSISTENT == 2 && p.causal);
+  if (persistent && blocks > lab::num_sms(dev) && lab::num_sms(dev) > 0) blocks = lab::num_sms(dev);
   kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
   return (int)cudaGetLastError();
 }
