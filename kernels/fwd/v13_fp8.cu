@@ -178,6 +178,11 @@
 // is mostly that per-tile cost (22 key tiles per query tile at 4k, 86 at 16k): +5-8 % at S 4k, +1-3 % at 16k,
 // causal less certain (static striding: heavy and light tiles mix per CTA; FA3 schedules causal dynamically).
 // 2: persistent for non-causal calls only (causal keeps one CTA per tile, which the hardware hands out as SMs free).
+// 3: persistent with dynamic tiles (FA3's DynamicPersistentTileScheduler): a CTA's first tile is blockIdx.x, each
+// next one gridDim.x + atomicAdd(tile_counter, 1), which the producer fetches a tile ahead and hands to the
+// consumers in shared memory with Q (bar_q); tile_counter is zeroed by the V^T pass before. The order of the tiles
+// stays the default grid's (causal: heaviest query block of each head first), now taken as CTAs free, as the
+// hardware hands out the default grid's CTAs.
 #ifndef LAB_FWD_FP8_PERSISTENT
 #define LAB_FWD_FP8_PERSISTENT 0
 #endif
@@ -509,6 +514,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar_q, bar_k[kStages], bar_v[kStages], empty_k[kStages], empty_v[kStages], empty_q;
+  __shared__ int next_tile;  // LAB_FWD_FP8_PERSISTENT 3: the tile whose Q bar_q announces (>= tiles: the end)
   uint8_t* smem = align1024(smem_raw);
   const Ring<Cfg> ring{smem_u32(smem)};  // Cfg::kQBytes covers both warpgroups' Q
 
@@ -528,6 +534,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     return w;
   };
   const int wg = threadIdx.x / 128;
+  constexpr bool dynamic = LAB_FWD_FP8_PERSISTENT == 3;  // the launcher makes sure of tile_counter
 
   if (threadIdx.x == 0) {
     init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
@@ -546,14 +553,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
       int g = 0;
-      for (int t = blockIdx.x, it = 0; t < tiles; t += gridDim.x, ++it) {
+      int t = blockIdx.x;
+      for (int it = 0;; ++it) {
+        if (t >= tiles) {
+          if (dynamic) {  // the consumers wait on bar_q for a next tile: tell them there is none
+            if (it > 0) mbar_wait(smem_u32(&empty_q), (it - 1) & 1);
+            next_tile = t;
+            mbar_arrive(smem_u32(&bar_q));
+          }
+          break;
+        }
         const Work w = work(t);
+        const int t_next = dynamic ? (int)gridDim.x + atomicAdd(p.tile_counter, 1) : t + (int)gridDim.x;
         // Q after the first kStages - 1 key tiles (from the second tile on): their stages free up while the
         // consumers still run the tile before, Q's only once both have issued its last S GEMM.
         const int q_after = it == 0 ? 0 : min(kStages - 1, w.n_tiles);
         for (int j = 0; j <= w.n_tiles; ++j) {
           if (j == q_after) {
             if (it > 0) mbar_wait(smem_u32(&empty_q), (it - 1) & 1);
+            next_tile = t;  // read by the consumers after bar_q completes (the arrive releases this store)
             mbar_arrive_expect_tx(smem_u32(&bar_q), Cfg::kQBytes);
             for (int c = 0; c < Cfg::kConsumers; ++c)
               for (int cb = 0; cb < D / Cfg::kRow; ++cb)
@@ -574,6 +592,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
                         w.b);
           ++g;
         }
+        t = t_next;
       }
     }
   } else {
@@ -610,7 +629,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     const bool turns = p.seqlen_k > 0 && (int)blockIdx.x < tiles;
     if (wg == Cfg::kConsumers && turns) named_barrier_arrive(2 + 1, 256);
 
-    for (int t = blockIdx.x, it = 0; t < tiles; t += gridDim.x, ++it) {
+    for (int t = blockIdx.x, it = 0;; t += gridDim.x, ++it) {
+      if (dynamic) {
+        mbar_wait(smem_u32(&bar_q), it & 1);
+        t = *static_cast<volatile int*>(&next_tile);
+      }
+      if (t >= tiles) break;
       const Work w = work(t);
       const int n_tiles = w.n_tiles;
       const int m0w = w.m0 + 64 * (wg - 1);
@@ -629,7 +653,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
       const int row0 = wm0 + (ct % 32) / 4;
       zero_acc(o);
       RowState st;
-      mbar_wait(smem_u32(&bar_q), it & 1);
+      if (!dynamic) mbar_wait(smem_u32(&bar_q), it & 1);
       if (n_tiles == 0) release_q();
 
       // Main loop
@@ -730,6 +754,11 @@ int launch(const AttnFp8Params& p, cudaStream_t stream, int dev) {
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
   const bool persistent = kPersistent && !(LAB_FWD_FP8_PERSISTENT == 2 && p.causal);
   if (persistent && blocks > lab::num_sms(dev) && lab::num_sms(dev) > 0) blocks = lab::num_sms(dev);
+  if (LAB_FWD_FP8_PERSISTENT == 3 && kPersistent) {  // the dynamic scheduler's counter, zeroed by the V^T pass
+    if (p.tile_counter == nullptr) return LAB_E_SHAPE;
+    if (p.seqlen_k == 0)  // no V^T pass ran
+      if (const cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream)) return (int)err;
+  }
   kKernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmem, stream>>>(tq, tk, tv, p);
   return (int)cudaGetLastError();
 }

@@ -52,7 +52,7 @@ class Params(ctypes.Structure):
                 ("q_descale_by_kv", ctypes.c_int), ("batch", ctypes.c_int), ("heads_q", ctypes.c_int),
                 ("heads_kv", ctypes.c_int), ("seqlen_q", ctypes.c_int), ("seqlen_k", ctypes.c_int),
                 ("head_dim", ctypes.c_int), ("vt_cols", ctypes.c_int), ("scale", ctypes.c_float),
-                ("p_scale", ctypes.c_float), ("causal", ctypes.c_int)]
+                ("p_scale", ctypes.c_float), ("causal", ctypes.c_int), ("tile_counter", ctypes.c_void_p)]
 
 
 _LAUNCHER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Params), ctypes.c_void_p)
@@ -162,7 +162,10 @@ def run(query, key, value, q_descale=None, k_descale=None, v_descale=None, is_ca
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
     q, k, v = _readable(query), _readable(key), _readable(value)
     vt_cols = max(VT_KEYS, -(-Sk // VT_KEYS) * VT_KEYS)
-    vt = torch.empty((B, Hkv, D, vt_cols), dtype=torch.uint8, device=query.device)
+    # V^T, and behind it (16 bytes on) the int that the V^T pass zeroes for the kernel's dynamic tile scheduler
+    vt_bytes = B * Hkv * D * vt_cols
+    workspace = torch.empty(vt_bytes + 16, dtype=torch.uint8, device=query.device)
+    vt = workspace[:vt_bytes].view(B, Hkv, D, vt_cols)
     if out is None:
         out = torch.empty((B, Hq, Sq, D), dtype=torch.bfloat16, device=query.device)
     if return_lse and lse is None:
@@ -170,7 +173,7 @@ def run(query, key, value, q_descale=None, k_descale=None, v_descale=None, is_ca
     p = Params(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), vt=vt.data_ptr(), o=out.data_ptr(),
                lse=lse.data_ptr() if lse is not None else None,
                batch=B, heads_q=Hq, heads_kv=Hkv, seqlen_q=Sq, seqlen_k=Sk, head_dim=D, vt_cols=vt_cols,
-               scale=scale, p_scale=P_SCALE, causal=int(is_causal))
+               scale=scale, p_scale=P_SCALE, causal=int(is_causal), tile_counter=workspace.data_ptr() + vt_bytes)
     for field, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", out)):
         getattr(p, field)[:] = [t.stride(i) if t.shape[i] > 1 else t.stride(i + 1) * t.shape[i + 1] for i in range(3)]
     for i, ((x, strides, by_kv), field) in enumerate(zip(descales, ("q_descale", "k_descale", "v_descale"))):

@@ -46,6 +46,7 @@ typedef struct AttnFp8Params {
   float scale;                   // softmax scale, resolved (1/sqrt(D) by default)
   float p_scale;                 // P is stored as e4m3(P * p_scale) before P V (lab/fp8/emulate.py's P_SCALE)
   int causal;                    // top-left, as AttnFwdParams
+  int* tile_counter;             // optional: one int the V^T pass zeroes, the dynamic persistent grid's next tile
 } AttnFp8Params;
 
 namespace lab::sm90 {
@@ -100,9 +101,14 @@ __host__ __device__ __forceinline__ int key_of_column(int k) {
 // V^T: vt[b, hkv, d, n] = V[b, hkv, key, d] with key = 32 (n / 32) + key_of_column(n % 32), 0 for key >= S_k.
 // One CTA: 128 keys x 64 columns through shared memory, coalesced 4-byte reads and writes.
 // grid (vt_cols / 128, B * H_kv, D / 64), 256 threads.
+__device__ __forceinline__ void zero_tile_counter(const AttnFp8Params& p) {  // the forward's kernel runs after
+  if (p.tile_counter != nullptr && blockIdx.x + blockIdx.y + blockIdx.z + threadIdx.x == 0) *p.tile_counter = 0;
+}
+
 __global__ void __launch_bounds__(256) fp8_vt_kernel(const AttnFp8Params p) {
   __shared__ uint8_t tile[64][128 + 4];
   const int kb = blockIdx.x, bh = blockIdx.y, d0 = blockIdx.z * 64, tid = threadIdx.x;
+  zero_tile_counter(p);
   const int b = bh / p.heads_kv, hkv = bh % p.heads_kv;
   const uint8_t* v = static_cast<const uint8_t*>(p.v) + b * p.v_stride[0] + hkv * p.v_stride[1] + d0;
 #pragma unroll
@@ -136,6 +142,7 @@ __global__ void __launch_bounds__(256) fp8_vt_kernel(const AttnFp8Params p) {
 __global__ void __launch_bounds__(128) fp8_vt_regs_kernel(const AttnFp8Params p) {
   const int kb = blockIdx.x, bh = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
   const int dc = blockIdx.z * 64 + 16 * w;  // this thread's first column of D
+  zero_tile_counter(p);
   const int b = bh / p.heads_kv, hkv = bh % p.heads_kv;
   const uint8_t* v = static_cast<const uint8_t*>(p.v) + b * p.v_stride[0] + hkv * p.v_stride[1] + dc;
   const int key0 = kb * 128 + 32 * (lane / 8) + 16 * ((lane / 4) % 2) + 2 * (lane % 4);
