@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -343,33 +344,9 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
     file, 511 -> 417 CPU-seconds for the 41 kernel files' gate on a cold cache, 2026-11-29); the only code
     cicc does not see is under `#ifndef __CUDA_ARCH__`, which tests/product/test_build.py keeps to a list.
     """
-    out_dir = paths.CACHE / "compile_check"
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    def one(job):
-        path, arch = job
-        output = "-cubin"
-        flags = [*BASE_FLAGS, *check_arch_flags(arch), *_define_flags(defines)]
-        obj = out_dir / f"{path.stem}-{arch}-{cache_key(path, [*flags, output])}.cubin"
-        saved = obj.with_suffix(".log")
-
-        def ready() -> str | None:  # unchanged sources and flags: reuse the ptxas report
-            try:
-                return saved.read_text() if obj.exists() else None
-            except OSError:
-                return None
-
-        def make(tmp: Path) -> str:
-            log, _ = run_nvcc([*flags, output, paths.relative(path), "-o", str(tmp)],
-                              f"{paths.relative(path)} for {arch}")
-            files.write_atomic(saved, log)
-            return log
-
-        return cache_files.publish_once(obj, ready, make)
-
-    jobs = [(path, arch) for path in (sources or kernel_sources()) for arch in archs]
+    jobs = [(_kernel_path(path), arch) for path in (sources or kernel_sources()) for arch in archs]
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
-        futures = [pool.submit(one, job) for job in jobs]
+        futures = [pool.submit(_check_one, path, arch, defines) for path, arch in jobs]
         logs = [f.result() for f in futures]  # re-raises the first failure in file order
     rows = []
     for (path, _), log in zip(jobs, logs):
@@ -377,6 +354,83 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
             row["source"] = paths.relative(path)
             rows.append(row)
     return rows
+
+
+def _check_flags(arch: str, defines) -> list[str]:
+    return [*BASE_FLAGS, *check_arch_flags(arch), *_define_flags(defines)]
+
+
+def _ptx_path(path: Path, arch: str, flags: list[str]) -> Path:
+    """Where the PTX of (file, arch, flags) is cached: one name whichever run wrote it (the gate's -cubin run
+    keeps it, a -ptx run makes it); cicc writes the same PTX in both."""
+    return paths.CACHE / "compile_check" / f"{path.stem}-{arch}-{cache_key(path, flags)}.ptx"
+
+
+def _check_one(path: Path, arch: str, defines=None) -> str:
+    """One compile-check target, cached: nvcc -cubin of one file for one arch; its ptxas report.
+
+    The run keeps its intermediates (--keep, in a folder of its own that is removed after it) and moves the PTX
+    that cicc handed to ptxas into the cache beside the cubin (PTX first, cubin last: a reader that sees the
+    cubin sees its PTX). A test that reads a kernel's PTX (`ptx`) then costs no second cicc run; --keep
+    changes no output (the cubin is the same byte for byte) and costs only the writes."""
+    out_dir = paths.CACHE / "compile_check"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    flags = _check_flags(arch, defines)
+    obj = out_dir / f"{path.stem}-{arch}-{cache_key(path, [*flags, '-cubin'])}.cubin"
+    saved = obj.with_suffix(".log")
+    source = paths.relative(path)
+
+    def ready() -> str | None:  # unchanged sources and flags: reuse the ptxas report
+        try:
+            return saved.read_text() if obj.exists() else None
+        except OSError:
+            return None
+
+    def make(tmp: Path) -> str:
+        with tempfile.TemporaryDirectory(prefix=".keep-", dir=out_dir) as keep:
+            log, _ = run_nvcc([*flags, "-cubin", "--keep", "--keep-dir", keep, source, "-o", str(tmp)],
+                              f"{source} for {arch}")
+            kept = list(Path(keep).glob("*.ptx"))
+            if len(kept) == 1:  # one arch, one PTX; anything else is left to `ptx` to build on its own
+                os.replace(kept[0], _ptx_path(path, arch, flags))
+        files.write_atomic(saved, log)
+        return log
+
+    return cache_files.publish_once(obj, ready, make)
+
+
+def ptx(source: Path | str, arch: str = "sm_90a", defines=None) -> str:
+    """The PTX of a kernel file for one check target, as cicc hands it to ptxas (the gate's flags, -lineinfo among
+    them: compare two builds with `ptx_code`). Without defines it is the compile gate's own, kept beside the
+    gate's cubin, so the gate and the tests that read the PTX share one cicc run; with defines (a switch under
+    test) nvcc -ptx builds it once into the same cache."""
+    path = _kernel_path(source)
+    flags = _check_flags(arch, defines)
+    target = _ptx_path(path, arch, flags)
+    if not defines:
+        _check_one(path, arch)  # the gate's target: built here if the gate has not reached it yet
+
+    def ready() -> str | None:
+        try:
+            return target.read_text() if target.exists() else None
+        except OSError:
+            return None
+
+    def make(tmp: Path) -> str:  # a switch's build, or a gate cubin cached before its PTX was kept
+        run_nvcc([*flags, "-ptx", paths.relative(path), "-o", str(tmp)], f"{paths.relative(path)} PTX for {arch}")
+        return tmp.read_text()
+
+    return cache_files.publish_once(target, ready, make)
+
+
+def ptx_code(text: str) -> str:
+    """PTX without what -lineinfo adds (the .loc lines, and the .file table and debug sections after the last
+    entry, whose file numbers follow the order in which the whole module first used each header): what is left
+    is the code, instruction for instruction, so one kernel's text compares equal across builds that changed
+    other kernels."""
+    text = re.sub(r"^[ \t]*\.loc\s.*\n", "", text, flags=re.M)
+    tail = re.search(r"^[ \t]*\.(?:file|section)\s", text, flags=re.M)
+    return text[:tail.start()] if tail else text
 
 
 # ---------------------------------------------------------------- the torch binding

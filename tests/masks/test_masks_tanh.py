@@ -1,38 +1,34 @@
 """bwd v08's softcap tanh on fp16 pairs is taken by bf16 calls alone (kernels/common/hopper/attn_bwd_mask_sm90.cuh
 kTanhHalfFor): the PTX of every fp16 kernel is the same whether LAB_BWD_MASK_TANH_HALF is on (the default) or off,
 so fp16 keeps tanh.approx.f32 exactly as before; the bf16 softcap kernels change, and only they hold the pair
-instruction. Needs nvcc (no GPU); two sm_90a PTX builds, ~12 s each on the CPU box."""
+instruction. Needs nvcc (no GPU). The default's PTX is the compile gate's own (lab.build.ptx keeps it beside the
+gate's cubin); the switched-off build is one nvcc -ptx run, cached with it."""
 from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lab import paths
+from lab import build
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 PAIR = "tanh.approx.f16x2"
 
 
-def _entries(switch: int, tmp_path) -> dict[str, str]:
-    """{kernel entry name: PTX body} of bwd v08 built for sm_90a with LAB_BWD_MASK_TANH_HALF=switch."""
-    out = tmp_path / f"v08_{switch}.ptx"
-    subprocess.run(["nvcc", "-std=c++17", "-O3", "-I", str(paths.KERNELS), f"-DLAB_BWD_MASK_TANH_HALF={switch}",
-                    "-gencode=arch=compute_90a,code=compute_90a", "-ptx",
-                    str(paths.KERNELS / "bwd" / "v08_masks.cu"), "-o", str(out)], check=True, capture_output=True)
-    text = out.read_text()
+def _entries(switch: int) -> dict[str, str]:
+    """{kernel entry name: PTX code} of bwd v08 built for sm_90a with LAB_BWD_MASK_TANH_HALF=switch; 1 is the default,
+    built without the define (the gate's build). The line table is left out: the code is compared."""
+    text = build.ptx_code(build.ptx("bwd/v08_masks.cu", "sm_90a", None if switch else {"LAB_BWD_MASK_TANH_HALF": 0}))
     chunks = re.split(r"^\s*// \.globl\s+\S+\s*$", text, flags=re.M)  # one kernel per chunk, after its marker
     return {m.group(1): chunk for chunk in chunks if (m := re.search(r"\.entry (\S+)\(", chunk))}
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tanh")
+def builds():
     with ThreadPoolExecutor(2) as pool:
-        on, off = pool.map(lambda s: _entries(s, tmp), (1, 0))
+        on, off = pool.map(_entries, (1, 0))
     return on, off
 
 

@@ -394,32 +394,28 @@ def test_pack_matches_op_launch(monkeypatch):
                               errors, 6, 30, 5, 0, 30.0, 0.125)]
 
 
-_PAGED_SWITCHES = ("-DLAB_FWD_MASK_PAGED_D128_STAGES=2", "-DLAB_FWD_MASK_PAGED_D64_STAGES=4",
-                   "-DLAB_FWD_MASK_PAGED_VOTE=0")
+_PAGED_SWITCHES = {"LAB_FWD_MASK_PAGED_D128_STAGES": 2, "LAB_FWD_MASK_PAGED_D64_STAGES": 4, "LAB_FWD_MASK_PAGED_VOTE": 0}
 
 
-def _v11_entries(flags, out) -> dict:
-    """{kernel entry: PTX body} of fwd v11 for sm_90a with the given -D flags (nvcc only, no GPU)."""
+def _v11_entries(defines) -> dict:
+    """{kernel entry: PTX code} of fwd v11 for sm_90a with the given defines (nvcc only, no GPU). The default's PTX
+    is the compile gate's own (lab.build.ptx keeps it beside the gate's cubin); the line table is left out."""
     import re
-    import subprocess
 
-    from lab import paths
-    subprocess.run(["nvcc", "-std=c++17", "-O3", "-I", str(paths.KERNELS), *flags,
-                    "-gencode=arch=compute_90a,code=compute_90a", "-ptx",
-                    str(paths.KERNELS / "fwd" / "v11_masks_overlap.cu"), "-o", str(out)], check=True, capture_output=True)
-    chunks = re.split(r"(?=^\s*(?:\.visible\s+)?\.entry\s)", out.read_text(), flags=re.M)  # (internal: no .globl)
+    from lab import build
+    text = build.ptx_code(build.ptx("fwd/v11_masks_overlap.cu", "sm_90a", defines))
+    chunks = re.split(r"(?=^\s*(?:\.visible\s+)?\.entry\s)", text, flags=re.M)  # (internal: no .globl)
     labels = r"(\$L__BB|__local_depot)\d+"  # numbered by the kernel's place in the file
     return {m.group(1): re.sub(labels, r"\1", c) for c in chunks if (m := re.search(r"\.entry (\S+)\(", c))}
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not on PATH")
-def test_paged_switches_leave_the_dense_and_packed_kernels(tmp_path):
+def test_paged_switches_leave_the_dense_and_packed_kernels():
     """The paged switches (ring depths, the table check's warp vote) change the kPaged kernels only: each other v11
     kernel's PTX is the default's, instruction for instruction; each default paged kernel holds the vote."""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(2) as pool:
-        base, cand = pool.map(lambda a: _v11_entries(*a), (((), tmp_path / "base.ptx"),
-                                                           (_PAGED_SWITCHES, tmp_path / "cand.ptx")))
+        base, cand = pool.map(_v11_entries, (None, _PAGED_SWITCHES))
     kernels = [n for n in base if "attn_fwd_v11_kernel" in n]  # (the packed persistent kernels: their own name)
     plain = [n for n in kernels if n.endswith("Lb0EEEv14CUtensorMap_stS4_S4_14AttnMaskParams")]
     paged = [n for n in kernels if n not in plain]
