@@ -359,6 +359,57 @@ def test_compile_check_reuses_its_report_until_sources_or_flags_change(tmp_path,
     assert len(calls) == 3  # so is the source
 
 
+@requires_nvcc
+def test_ptx_is_the_gates_own_and_a_switch_builds_its_own(tmp_path, monkeypatch):
+    """build.ptx of a kernel without defines reads the PTX the gate's -cubin run kept (no second nvcc run), and it is
+    what nvcc -ptx writes for the same flags; a define builds its own PTX once; a cached cubin whose PTX is gone gets
+    its PTX built again."""
+    monkeypatch.setattr(paths, "CACHE", tmp_path / "cache")
+    source = tmp_path / "probe.cu"
+    source.write_text((FIXTURES / "launcher_probe.cu").read_text())
+    calls = []
+    real = build.run_nvcc
+
+    def counting(args, what):
+        calls.append(args)
+        return real(args, what)
+
+    monkeypatch.setattr(build, "run_nvcc", counting)
+    rows = build.compile_check(archs=("sm_80",), sources=[source])
+    assert len(calls) == 1 and "--keep" in calls[0] and rows[0]["kernel"].startswith("probe_kernel")
+    text = build.ptx(source, "sm_80")
+    assert len(calls) == 1, "the gate's PTX is served from the cache"
+    assert re.search(r"\.entry \w*probe_kernel", text) and "1065353216;" in text  # 1.0f's bits: the default
+    direct = tmp_path / "direct.ptx"
+    real([*build.BASE_FLAGS, *build.check_arch_flags("sm_80"), "-ptx", str(source), "-o", str(direct)], "probe PTX")
+    assert direct.read_text() == text
+    switched = build.ptx(source, "sm_80", {"LAB_PROBE_VALUE": "2.0f"})
+    assert len(calls) == 2 and "-ptx" in calls[1] and "-DLAB_PROBE_VALUE=2.0f" in calls[1]
+    assert "1073741824;" in switched and "1065353216;" not in switched and build.ptx_code(switched) != build.ptx_code(text)
+    assert build.ptx(source, "sm_80", {"LAB_PROBE_VALUE": "2.0f"}) == switched and len(calls) == 2  # cached
+    for kept in (tmp_path / "cache" / "compile_check").glob("probe-sm_80-*.ptx"):
+        kept.unlink()
+    assert build.ptx(source, "sm_80") == text and len(calls) == 3 and "-ptx" in calls[2]
+
+
+@requires_nvcc
+def test_ptx_of_a_broken_kernel_fails_as_the_gate_does():
+    """The PTX path is no way around the gate: a kernel with an undeclared name fails it, with or without a define."""
+    line, _ = marker_line(BROKEN, "BROKEN:")
+    for defines in (None, {"LAB_ANY_SWITCH": 1}):
+        with pytest.raises(build.BuildError, match=rf"tests/fixtures/broken_kernel.cu:{line}: error: .*undeclared_scale_factor"):
+            build.ptx(BROKEN, "sm_80", defines)
+
+
+def test_ptx_code_leaves_out_the_line_table_only():
+    text = (".visible .entry k(\n)\n{\n\t.loc\t1 12 3\n\tadd.s32 \t%r1, %r2, 1;\n\t.loc\t2 40 1\n\tret;\n}\n"
+            "\t.file\t1 \"/x/k.cu\"\n\t.file\t2 \"/x/h.cuh\"\n\t.section\t.debug_str\n{\n$L__info_string0:\n}\n")
+    code = build.ptx_code(text)
+    assert code == ".visible .entry k(\n)\n{\n\tadd.s32 \t%r1, %r2, 1;\n\tret;\n}\n"
+    assert build.ptx_code(code) == code  # PTX built without -lineinfo is left as it is
+    assert build.ptx_code(code.replace("1;", "2;")) != code  # an instruction still counts
+
+
 def test_cli_compile_exit_codes(monkeypatch, capsys):
     from lab.__main__ import main
 
