@@ -137,6 +137,15 @@
 //   Predicted >= 0.97 / 0.95: met in GPU time at page 256 and D 64 (page 64 0.971), missed through the public op;
 //   page 16 below as predicted (its 16 boxes a tile are issued one lane at a time; the next candidate issues them
 //   from all four producer warps). Checks, the failing wrong build and memcheck clean.
+// PAGED_ISSUE_WARPS (prediction at the switch: page 16 0.83 -> 0.90-0.94x, the rest within 1 %). Outcome (H200,
+//   outputs/driver_logs/20261129-h200-batch6-ed9df1b/V, GPU time, contiguous / paged, against the contiguous call
+//   before its persistent grid, IQRs in the log): 4 warps 0.970 / 0.973 / 0.976 / 0.979 at page 16 / 64 / 256, D 64
+//   page 64, 1 warp 0.831 / 0.974 / 0.974 / 0.968; at page 16 against the persistent grid 4 warps 0.975, 2 warps
+//   0.966. So the one-lane issue loop was page 16's whole gap (better than predicted: the TMA unit takes 2 KiB boxes
+//   as fast as the big ones); the default since. Through the public op, with the serving call's one crossing
+//   (lab.masks.paged): 1.015 / 1.019 / 1.018 / 1.071x the contiguous call (on its PACKED_PERSIST grid; its host
+//   path a call 32 us against the paged call's 22), checks, the failing wrong build, memcheck and racecheck clean.
+//   Record: outputs/experiments/20261129-paged-prefill-public-op.json.
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json; the paged gap: outputs/experiments/20261129-paged-prefill-gap.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -187,6 +196,7 @@
 // each of four. Prediction (H200, the race's cells, kernel GPU time against the contiguous call): page 16 0.83 ->
 // 0.90-0.94x (the issue loop off the loads' path; what is left is the TMA unit's own cost of 2 KiB boxes), pages 64
 // / 256 and D 64 unchanged within 1 % (1-2 boxes a tile: one or two warps issue, as before one lane each).
+// Measured (the header's last outcome): page 16 0.831 -> 0.970x with 4 warps (2 warps: 0.966), the rest within 1 %.
 #ifndef LAB_FWD_MASK_PAGED_ISSUE_WARPS
 #define LAB_FWD_MASK_PAGED_ISSUE_WARPS 4
 #endif
