@@ -5,7 +5,8 @@ tiles it crosses must fail. Records are check_bwd rows of chapter n13 (the maske
 
 Yardstick: SDPA's error pattern on each sequence as its own dense call (lab.masks.gpu_bwd's, the softcap left
 out), laid on the float64 gradients, plus the 16-bit rounding of the exact gradient and of dS's dLSE term; d sinks
-by its formula with SDPA's 16-bit O. The gradients' memory and the workspace are NaN-poisoned before each call.
+by its formula with SDPA's 16-bit O, plus the spread of that formula under O's rounding (grad_yardstick.SIGMAS).
+The gradients' memory and the workspace are NaN-poisoned before each call.
 
 race(): packed documents against FlexAttention's compiled document mask and one length against the dense op,
 forward and backward through the public op in GPU time, with the backward's two layouts side by side; profile():
@@ -21,7 +22,7 @@ import torch
 from .. import bench, check, ops
 from . import dense_route, op as mop, reference, spec, varlen_bwd
 from .gpu import CHAPTER, GEN, draw
-from .grad_yardstick import _sdpa_grads, dlse_rounding, keep_worst, report
+from .grad_yardstick import SIGMAS, _sdpa_grads, dlse_rounding, keep_worst, report, rounding_var
 
 
 def _per_sequence(fn, cu_q, cu_k, *packed):
@@ -103,7 +104,10 @@ def check_varlen_bwd(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, ca
             def dsink(o):
                 return -(torch.nan_to_num(p_sink * ((dout.double() * o).sum(-1).t() - dl.double()), 0.0)).sum(1)
             exact = dsink(r_out.detach())
-            yard = want[3] + (dsink(s_out) - exact).abs() + (dsink(r_out.detach().to(dtype).double()) - exact).abs()
+            var = rounding_var(r_out, dout, dtype).sum(-1).t()  # (H_q, rows); rows of no sequence have p_sink 0
+            sigma = torch.nan_to_num(p_sink ** 2 * var, 0.0).sum(1).sqrt()
+            yard = (want[3] + (dsink(s_out) - exact).abs() + (dsink(r_out.detach().to(dtype).double()) - exact).abs()
+                    + SIGMAS * sigma)
             metrics["dsinks"] = check.compare(got[3], want[3], yard)
         worst, failed = keep_worst(worst, metrics)
         if failed:
