@@ -89,19 +89,28 @@ def _cuda_available() -> bool:
 # Longest first (pytest-xdist hands tests out in collection order): the binding's CPU check build (one worker
 # builds it, ~20 CPU-seconds, while the other starts the compile gate; placed later, the second worker would wait
 # idle on its lock when two of its tests meet), then the compile gate, one test per kernel file, which fills both
-# workers while the kernel cache is cold; then the chapters that compile-check (served from that cache) and the
-# other long tests, the multi-process ring runs among them, so that none of them starts last and leaves a worker
-# idle at the end.
+# workers while the kernel cache is cold, its heaviest files first (CPU-seconds for both targets on a cold cache,
+# 2026-11-29: fwd/v07 58, decode/v03 29, bwd/v08 27, decode/v06 23, bwd/v21 23, decode/v01 22, fwd/v11 22; the
+# rest 1-16), so that none of them is the last job of a worker; then the tests that read the gate's PTX (each
+# builds one switched variant), the chapters that compile-check (served from that cache) and the other long
+# tests, the multi-process ring runs among them, so that none of them starts last and leaves a worker idle.
+_GATE = "tests/product/test_build.py::test_every_kernel_compiles_for_sm80_and_sm90a"
 FIRST = ("tests/product/test_binding_checks.py::test_good_calls_pass_every_check",
-         "tests/product/test_build.py::test_every_kernel_compiles_for_sm80_and_sm90a",
+         *(f"{_GATE}[{name}]" for name in ("fwd/v07_overlap.cu", "decode/v03_paged.cu", "bwd/v08_masks.cu",
+                                           "decode/v06_warpring.cu", "bwd/v21_masks_wide.cu", "decode/v01_splitk.cu",
+                                           "fwd/v11_masks_overlap.cu")),
+         _GATE,
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n2_build_recipe",
+         "tests/masks/test_masks_tanh.py",
+         "tests/masks/test_paged_prefill.py::test_paged_switches_leave_the_dense_and_packed_kernels",
+         "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n12_ring",
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n10_backward",
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n9_hopper",
          "tests/book/test_book.py", "tests/decode/test_decode_head_dims.py::test_decode_kernels_compile",
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n13_masks",
          "tests/book/test_chapters.py::test_chapter_runs_in_cpu_mode[n6_fa2",
          "tests/harness/test_session.py", "tests/product/test_add_version.py", "tests/ring/",
-         "tests/product/test_build_concurrency.py", "tests/masks/test_masks_tanh.py", "tests/harness/test_tools.py")
+         "tests/product/test_build_concurrency.py", "tests/harness/test_tools.py")
 
 
 def _rank(item) -> int:
