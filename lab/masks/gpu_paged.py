@@ -249,6 +249,28 @@ def host_times(D: int = 128, page_size: int = 64, n: int = 300) -> dict:
     return times
 
 
+def cold_gap(D: int = 128, page_size: int = 64, budget_s: float = 0.4) -> None:
+    """Where a cold public call's time beyond its kernel goes: the paged serving call and the packed call, public and
+    launch only (lab.masks.op.launch), each timed cold with its host time in (CudaTimer, as race) and with the host's
+    work outside the window (GpuTimeTimer), in the same rounds."""
+    q, k, v, cu_q, cu_k, (kc, vc, table), _ = race_cell(D, page_size)
+    errors, out = torch.zeros(4, dtype=torch.int32, device="cuda"), torch.empty_like(q)
+    mask = spec.make_mask(True, None, 0.0)
+    kw = dict(is_causal=True, check_cu_seqlens=False)
+    calls = {"paged": lambda: ops.attention_varlen(q, kc, vc, cu_q, cu_k, 512, 8192, **kw, block_table=table,
+                                                    page_errors=errors),
+             "packed": lambda: ops.attention_varlen(q, k, v, cu_q, cu_k, 512, 8192, **kw),
+             "paged_launch": lambda: mop.launch(q, kc, vc, out, None, mask, D ** -0.5, 0, None, cu_q, cu_k, 512, 8192,
+                                                PAGED_VERSION, paged=(table, errors)),
+             "packed_launch": lambda: mop.launch(q, k, v, out, None, mask, D ** -0.5, 0, None, cu_q, cu_k, 512, 8192,
+                                                 PAGED_VERSION)}
+    with torch.no_grad():
+        for name, timer in (("cold, host in", bench.CudaTimer()), ("GPU time", bench.GpuTimeTimer())):
+            t = bench.time_interleaved({n: (c, None) for n, c in calls.items()}, timer=timer, budget_s=budget_s)
+            print(f"cold_gap D {D} page {page_size}, {name}: " + "; ".join(
+                f"{n} {t[n].median_ms:.4f} ms (IQR {t[n].q1_ms:.4f}-{t[n].q3_ms:.4f})" for n in calls), flush=True)
+
+
 def sanitize_calls() -> None:
     """What compute-sanitizer runs (no float64 reference: the checks do that): paged calls at page size 16 and 48
     (several boxes a tile, NaN past the keys) and 256, causal and windowed, then the bad tables (page_errors, the host
