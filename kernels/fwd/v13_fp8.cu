@@ -204,6 +204,8 @@ struct CfgFp8 {
   static constexpr int kVBytes = D * BC;  // V^T: D rows of BC keys
   static constexpr int kVRow = BC == 128 ? 128 : 64;  // bytes per row of a V^T column block: the swizzle span
   static constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;
+  static constexpr bool kWriteOnly = LAB_FWD_FP8_S_WRITE_ONLY != 0;
+  static constexpr bool kMaskLimit = LAB_FWD_FP8_MASK_LIMIT != 0;
   static_assert(BC % kVRow == 0, "V^T: whole column blocks");
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
 };
@@ -243,6 +245,13 @@ struct CfgWs {
   static constexpr int kQBytesWG = 64 * D_;
   static constexpr int kQBytes = kConsumers * kQBytesWG;
   static constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;
+  // A 256-key tile takes the order without intra-warpgroup overlap (LAB_FWD_FP8_WS_OVERLAP 2), S's write-only first
+  // step and the two-register mask: together the only way its 128 S + 64 O + 32 P registers fit 240 unspilled
+  // (ptxas: 196-252 B of spills with any one of them missing); narrower tiles keep the switches' settings.
+  static constexpr bool kWide = BC_ >= 256;
+  static constexpr int kOverlap = kWide ? 2 : LAB_FWD_FP8_WS_OVERLAP;
+  static constexpr bool kWriteOnly = kWide || LAB_FWD_FP8_S_WRITE_ONLY != 0;
+  static constexpr bool kMaskLimit = kWide || LAB_FWD_FP8_MASK_LIMIT != 0;
   static_assert(kSmem + 256 <= 227 * 1024, "shared memory budget exceeded");
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
 };
@@ -288,17 +297,18 @@ __device__ __forceinline__ void issue_s(float (&s)[Cfg::BC / 2], uint32_t q, con
 #if LAB_FWD_FP8_DESC
   const uint64_t dq = desc_e4m3<Cfg::kRow>(q, 64, 0);
   const uint64_t dk = desc_e4m3<Cfg::kRow>(ring.k(0), Cfg::BC, 0) + (uint64_t)(stage * (Cfg::kKBytes >> 4));
-#if LAB_FWD_FP8_S_WRITE_ONLY
-  WgmmaFp8Op<Cfg::BC>::ss0(s, dq, dk);  // S's old values (P of the tile before) are dead: no register keeps them
+  if constexpr (Cfg::kWriteOnly) {
+    WgmmaFp8Op<Cfg::BC>::ss0(s, dq, dk);  // S's old values (P of the tile before) are dead: no register keeps them
 #pragma unroll
-  for (int kk = 1; kk < Cfg::D / 32; ++kk)
-    WgmmaFp8Op<Cfg::BC>::ss(s, desc_e4m3_step<Cfg::kRow, 64>(dq, kk), desc_e4m3_step<Cfg::kRow, Cfg::BC>(dk, kk), 1);
-#else
+    for (int kk = 1; kk < Cfg::D / 32; ++kk)
+      WgmmaFp8Op<Cfg::BC>::ss(s, desc_e4m3_step<Cfg::kRow, 64>(dq, kk), desc_e4m3_step<Cfg::kRow, Cfg::BC>(dk, kk),
+                              1);
+  } else {
 #pragma unroll
-  for (int kk = 0; kk < Cfg::D / 32; ++kk)
-    WgmmaFp8Op<Cfg::BC>::ss(s, desc_e4m3_step<Cfg::kRow, 64>(dq, kk), desc_e4m3_step<Cfg::kRow, Cfg::BC>(dk, kk),
-                            kk > 0);
-#endif
+    for (int kk = 0; kk < Cfg::D / 32; ++kk)
+      WgmmaFp8Op<Cfg::BC>::ss(s, desc_e4m3_step<Cfg::kRow, 64>(dq, kk), desc_e4m3_step<Cfg::kRow, Cfg::BC>(dk, kk),
+                              kk > 0);
+  }
 #else
 #pragma unroll
   for (int kk = 0; kk < Cfg::D / 32; ++kk)
@@ -331,7 +341,7 @@ __device__ __forceinline__ void softmax_tile_as(float (&s)[Cfg::BC / 2], RowStat
                                                 float log2_ps, int row0, int wm0, int j, const AttnFp8Params& p) {
   constexpr int kChains = LAB_FWD_FP8_CHAINS;
   if (lab::tile_needs_mask(j * Cfg::BC, Cfg::BC, wm0, p.seqlen_k, p.causal))
-    softmax_e4m3<Cfg::BC, true, LAB_FWD_FP8_POLY, kFold, kChains>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC,
+    softmax_e4m3<Cfg::BC, true, LAB_FWD_FP8_POLY, kFold, kChains, Cfg::kMaskLimit>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC,
                                                                   p.seqlen_k, p.causal);
   else
     softmax_e4m3<Cfg::BC, false, LAB_FWD_FP8_POLY, kFold, kChains>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC,
@@ -500,10 +510,21 @@ __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(cons
 }
 
 
+// Bit s: whether a work tile of n key tiles fills stage s (key tiles s, s + kStages, ...) an odd number of times.
+template <int kStages>
+__device__ __forceinline__ uint32_t stage_flips(int n) {
+  uint32_t bits = 0;
+#pragma unroll
+  for (int s = 0; s < kStages; ++s)
+    if (n > s && (((n - 1 - s) / kStages) & 1) == 0) bits |= 1u << s;
+  return bits;
+}
+
 // The warp-specialised kernel (LAB_FWD_FP8_WARPSPEC = 1): producer warpgroup 0, consumer warpgroups 1, 2. Work
 // tile t (0 .. tiles - 1) is (b, h, 128 query rows); a CTA computes tiles blockIdx.x, + gridDim.x, ...: one each
-// on the default grid (one CTA per tile), several on the persistent one (LAB_FWD_FP8_PERSISTENT). The K / V ring
-// runs on across a CTA's tiles (g counts the key tiles it has loaded), and the producer loads the next tile's Q
+// on the default grid (one CTA per tile), several on the persistent one (LAB_FWD_FP8_PERSISTENT). Key tile j of a
+// work tile takes stage j % kStages, each stage's phase parity carried over from the tiles before (stage_flips);
+// the producer fills the next tile's first stages as they free up, and loads its Q
 // once both consumers' last S GEMM of the tile before has read it (empty_q), during their last P V and epilogue.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const __grid_constant__ CUtensorMap tq,
@@ -535,6 +556,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
   };
   const int wg = threadIdx.x / 128;
   constexpr bool dynamic = LAB_FWD_FP8_PERSISTENT == 3;  // the launcher makes sure of tile_counter
+  constexpr bool kLoop = LAB_FWD_FP8_PERSISTENT != 0;    // else one tile per CTA: no loop, as the default grid
 
   if (threadIdx.x == 0) {
     init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
@@ -552,7 +574,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     setmaxnreg_dec<Cfg::kRegsProducer>();
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
-      int g = 0;
+      uint32_t flips = 0, used = 0;  // bit s: stage s's phases so far are odd / stage s has been filled before
       int t = blockIdx.x;
       for (int it = 0;; ++it) {
         if (t >= tiles) {
@@ -579,20 +601,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
                             w.m0 + 64 * c, w.h, w.b);
           }
           if (j == w.n_tiles) break;
-          const int s = g % kStages;
-          const uint32_t free_parity = ((g / kStages) & 1) ^ 1;
-          if (g >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+          const int s = j % kStages;
+          const uint32_t free_parity = (((flips >> s) ^ (j / kStages)) & 1) ^ 1;
+          const bool refill = j >= kStages || ((used >> s) & 1);
+          if (refill) mbar_wait(smem_u32(&empty_k[s]), free_parity);
           mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kKBytes);
           for (int cb = 0; cb < D / Cfg::kRow; ++cb)
             tma_load_4d(ring.k(s) + cb * BC * Cfg::kRow, &tk, smem_u32(&bar_k[s]), cb * Cfg::kRow, j * BC, w.hkv, w.b);
-          if (g >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+          if (refill) mbar_wait(smem_u32(&empty_v[s]), free_parity);
           mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVBytes);
           for (int cb = 0; cb < BC / Cfg::kVRow; ++cb)
             tma_load_4d(ring.v(s) + cb * D * Cfg::kVRow, &tv, smem_u32(&bar_v[s]), j * BC + cb * Cfg::kVRow, 0, w.hkv,
                         w.b);
-          ++g;
         }
+        flips ^= stage_flips<kStages>(w.n_tiles);
+        used |= w.n_tiles >= kStages ? (1u << kStages) - 1 : (1u << w.n_tiles) - 1;
         t = t_next;
+        if constexpr (!kLoop) break;
       }
     }
   } else {
@@ -605,20 +630,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     float sacc[BC / 2];
     uint32_t pa[BC / 32][4];
     float alpha[2];
-    int g = 0;  // key tiles consumed before this tile (the ring's running index)
-    auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[(g + j) % kStages]), ((g + j) / kStages) & 1); };
-    auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[(g + j) % kStages]), ((g + j) / kStages) & 1); };
+    // Key tile j of each work tile sits in stage j % kStages (a warp-uniform index: the descriptors stay on the
+    // uniform datapath; a running index across tiles moved them to vector registers and cost ~4 % at D 128 and
+    // 5 % at D 256, H200 batch 6); flips carries each stage's phase parity from the tiles before.
+    uint32_t flips = 0;
+    auto parity = [&](int j) { return ((flips >> (j % kStages)) ^ (uint32_t)(j / kStages)) & 1u; };
+    auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), parity(j)); };
+    auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[j % kStages]), parity(j)); };
     auto release_k = [&](int j) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[(g + j) % kStages]));
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[j % kStages]));
     };
     auto release_v = [&](int j) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[(g + j) % kStages]));
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[j % kStages]));
     };
     auto release_q = [&]() {
       if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q));
     };
-    auto s_gemm = [&](int j) { issue_s<Cfg>(sacc, qw, ring, (g + j) % kStages); };
-    auto pv_gemm = [&](int j) { issue_pv<Cfg>(o, pa, ring, (g + j) % kStages); };
+    auto s_gemm = [&](int j) { issue_s<Cfg>(sacc, qw, ring, j % kStages); };
+    auto pv_gemm = [&](int j) { issue_pv<Cfg>(o, pa, ring, j % kStages); };
     // Ping-pong: turn() waits for this warpgroup's token, pass() hands it to the other. Each warpgroup takes
     // n_tiles + 1 turns per tile, the same count in both (the same tiles), so the token alternates across tiles;
     // the second hands out the first token, and the first takes one more turn at the end, which consumes the
@@ -675,38 +704,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
         wait_v(j - 1);
         turn();
         wgmma_fence();
-#if LAB_FWD_FP8_WS_OVERLAP == 2
-        // P_{j-1} V_{j-1} waited for before S_j is issued: P's and S's registers are never live together.
-        pv_gemm(j - 1);
-        wgmma_wait<0>();
-        reg_fence(o);
-        wgmma_fence();
-        s_gemm(j);
-        pass();
-        wgmma_wait<0>();
-#else
-        s_gemm(j);
-        pv_gemm(j - 1);
-        pass();
-#if LAB_FWD_FP8_WS_OVERLAP == 1
-        wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} runs on during softmax j
-#else
-        wgmma_wait<0>();  // both: the other warpgroup's softmax is the only overlap
-#endif
-#endif
+        if constexpr (Cfg::kOverlap == 2) {
+          // P_{j-1} V_{j-1} waited for before S_j is issued: P's and S's registers are never live together.
+          pv_gemm(j - 1);
+          wgmma_wait<0>();
+          reg_fence(o);
+          wgmma_fence();
+          s_gemm(j);
+          pass();
+          wgmma_wait<0>();
+        } else {
+          s_gemm(j);
+          pv_gemm(j - 1);
+          pass();
+          if constexpr (Cfg::kOverlap == 1)
+            wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} runs on during softmax j
+          else
+            wgmma_wait<0>();  // both: the other warpgroup's softmax is the only overlap
+        }
         reg_fence(sacc);
         release_k(j);
         if (j == n_tiles - 1) release_q();
-#if LAB_FWD_FP8_WS_OVERLAP != 1
-        reg_fence(o);
-        release_v(j - 1);
-#endif
+        if constexpr (Cfg::kOverlap != 1) {
+          reg_fence(o);
+          release_v(j - 1);
+        }
         softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
-#if LAB_FWD_FP8_WS_OVERLAP == 1
-        wgmma_wait<0>();
-        reg_fence(o);
-        release_v(j - 1);
-#endif
+        if constexpr (Cfg::kOverlap == 1) {
+          wgmma_wait<0>();
+          reg_fence(o);
+          release_v(j - 1);
+        }
         rescale_o_fp8<D, true>(o, alpha);
         pack_p_e4m3<BC>(sacc, pa);
       }
@@ -732,7 +760,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
       out.seqlen_q = p.seqlen_q;
       out.head_dim = D;
       epilogue_direct<D, __nv_bfloat16>(o, st, out, w.b, w.h, m0w);
-      g += n_tiles;
+      flips ^= stage_flips<kStages>(n_tiles);
+      if constexpr (!kLoop) break;
     }
     if (wg == 1 && turns) turn();
   }

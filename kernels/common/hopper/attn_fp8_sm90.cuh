@@ -238,16 +238,17 @@ __device__ __forceinline__ void pack_p_e4m3(const float (&s)[BC / 2], uint32_t (
 #ifndef LAB_FWD_FP8_MASK_LIMIT
 #define LAB_FWD_FP8_MASK_LIMIT 0
 #endif
-template <int BC, bool kMask, int kPoly = 0, bool kFold = false, int kChains = 1>
+template <int BC, bool kMask, int kPoly = 0, bool kFold = false, int kChains = 1,
+          bool kLimit = LAB_FWD_FP8_MASK_LIMIT != 0>
 __device__ __forceinline__ void softmax_e4m3(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
                                              float log2_ps, int row0, int col0, int seqlen_k, bool causal) {
   static_assert(kChains >= 1 && (BC / 4) % kChains == 0, "kChains divides a row's BC / 4 value pairs");
   const int t = threadIdx.x % 4;
   // kMask: the first masked column of each of the thread's two rows, less the thread's first column, so that
   // each score compares its compile-time offset 8 i + (e & 1) against it (two registers for the whole tile)
-  // (LAB_FWD_FP8_MASK_LIMIT 1; 0, default: the column and row per score, as before: the same mask)
+  // (kLimit; else the column and row per score, as before: the same mask)
   int lim[2] = {0, 0};
-  if constexpr (kMask && LAB_FWD_FP8_MASK_LIMIT)
+  if constexpr (kMask && kLimit)
 #pragma unroll
     for (int h = 0; h < 2; ++h) lim[h] = (causal ? min(seqlen_k, row0 + 8 * h + 1) : seqlen_k) - (col0 + 2 * t);
   float mx[2][kChains];
@@ -258,7 +259,7 @@ __device__ __forceinline__ void softmax_e4m3(float (&s)[BC / 2], RowState& st, f
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = kFold ? s[4 * i + e] : s[4 * i + e] * c;
-      if constexpr (kMask && LAB_FWD_FP8_MASK_LIMIT) {
+      if constexpr (kMask && kLimit) {
         if (8 * i + (e & 1) >= lim[e >> 1]) x = -INFINITY;  // col >= seqlen_k, or (causal) col > row
       } else if constexpr (kMask) {
         const int col = col0 + 8 * i + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
