@@ -272,6 +272,17 @@ struct CfgWs {
 #endif
 using Ws64 = CfgWs<64, LAB_FWD_FP8_WS_D64_BC, LAB_FWD_FP8_WS_STAGES>;
 using Ws128 = CfgWs<128, LAB_FWD_FP8_WS_D128_BC, LAB_FWD_FP8_WS_D128_STAGES>;
+// Causal calls at D 128 may take their own key tile (FA3's FP8 tile sizes do: 176 keys non-causal, 128 causal):
+// LAB_FWD_FP8_WS_D128_CAUSAL_BC / _STAGES, by default the same as non-causal.
+#ifndef LAB_FWD_FP8_WS_D128_CAUSAL_BC
+#define LAB_FWD_FP8_WS_D128_CAUSAL_BC LAB_FWD_FP8_WS_D128_BC
+#endif
+#ifndef LAB_FWD_FP8_WS_D128_CAUSAL_STAGES
+#define LAB_FWD_FP8_WS_D128_CAUSAL_STAGES LAB_FWD_FP8_WS_D128_STAGES
+#endif
+using Ws128c = CfgWs<128, LAB_FWD_FP8_WS_D128_CAUSAL_BC, LAB_FWD_FP8_WS_D128_CAUSAL_STAGES>;
+constexpr bool kCausalTile128 = LAB_FWD_FP8_WS_D128_CAUSAL_BC != LAB_FWD_FP8_WS_D128_BC ||
+                                LAB_FWD_FP8_WS_D128_CAUSAL_STAGES != LAB_FWD_FP8_WS_D128_STAGES;
 // LAB_FWD_FP8_WS_D256_BC / _STAGES: FA3's FP8 tile at D 256 is 128 x 128 (hopper/tile_size.h); B_c 128 takes
 // 2 stages (161 KiB) and 64 + 128 + 16 accumulator / fragment registers of the consumers' 240.
 #ifndef LAB_FWD_FP8_WS_D256_BC
@@ -802,6 +813,12 @@ extern "C" int attn_fp8_vt_v13(const AttnFp8Params* p, void* stream) {
   return launch_fp8_vt(*p, static_cast<cudaStream_t>(stream));
 }
 
+// D 128 warp-specialised: the causal tile where it differs (Ws128c), else Ws128.
+static int launch_ws128(const AttnFp8Params& p, cudaStream_t st, int dev) {
+  if (kCausalTile128 && p.causal) return launch<Ws128c, attn_fwd_v13_ws_kernel<Ws128c>, kWsPersistent>(p, st, dev);
+  return launch<Ws128, attn_fwd_v13_ws_kernel<Ws128>, kWsPersistent>(p, st, dev);
+}
+
 // The forward: the V^T pass, then the attention kernel, on one stream.
 extern "C" int attn_fwd_v13(const AttnFp8Params* p, void* stream) {
   if (const int rc = check_fp8_params(p)) return rc < 0 ? rc : 0;
@@ -811,11 +828,11 @@ extern "C" int attn_fwd_v13(const AttnFp8Params* p, void* stream) {
   if (const int rc = launch_fp8_vt(*p, st)) return rc;
 #if LAB_FWD_FP8_WARPSPEC == 1
   if (p->head_dim == 64) return launch<Ws64, attn_fwd_v13_ws_kernel<Ws64>, kWsPersistent>(*p, st, dev);
-  if (p->head_dim == 128) return launch<Ws128, attn_fwd_v13_ws_kernel<Ws128>, kWsPersistent>(*p, st, dev);
+  if (p->head_dim == 128) return launch_ws128(*p, st, dev);
   return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>, kWsPersistent>(*p, st, dev);
 #elif LAB_FWD_FP8_WARPSPEC == 3  // per head dim, default (fwd v13's header: the H200 profile and race)
   if (p->head_dim == 64) return launch<Cfg64, attn_fwd_v13_kernel<Cfg64>>(*p, st, dev);
-  if (p->head_dim == 128) return launch<Ws128, attn_fwd_v13_ws_kernel<Ws128>, kWsPersistent>(*p, st, dev);
+  if (p->head_dim == 128) return launch_ws128(*p, st, dev);
   return launch<Ws256, attn_fwd_v13_ws_kernel<Ws256>, kWsPersistent>(*p, st, dev);
 #elif LAB_FWD_FP8_WARPSPEC == 2  // per head dim, before the profile (one warpgroup at D 64 / 128)
   if (p->head_dim == 64) return launch<Cfg64, attn_fwd_v13_kernel<Cfg64>>(*p, st, dev);

@@ -102,7 +102,7 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str =
     rows = race.checked_rows(Sq, ROWS).to("cuda")
     deq = [x.dequantize(torch.float64) for x in quantized]
     ref = emulate.reference(*deq, causal, rows=rows)
-    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=op.key_tile(D, defines),
+    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=op.key_tile(D, defines, causal),
                                s_accumulator=S_ACCUMULATOR)
     yardstick = emulate.errors(emulated, ref)
     out = torch.full((B, Hq, Sq, D), float("nan"), dtype=torch.bfloat16, device="cuda")

@@ -30,13 +30,15 @@ VT_KEYS = 128  # V^T rows are padded to a multiple of this many keys
 KEY_TILE = {64: 128, 128: 192, 256: 128}
 
 
-def key_tile(head_dim: int, defines=None) -> int:
-    """B_c of the build that `defines` make (fwd v13's LAB_FWD_FP8_WARPSPEC and tile knobs) at head_dim: the width
-    the emulation runs at when a candidate build is checked. No defines: KEY_TILE[head_dim]."""
+def key_tile(head_dim: int, defines=None, causal: bool = False) -> int:
+    """B_c of the build that `defines` make (fwd v13's LAB_FWD_FP8_WARPSPEC and tile knobs) at head_dim, for causal
+    or non-causal calls: the width the emulation runs at when a candidate build is checked. No defines:
+    KEY_TILE[head_dim]."""
     d = {name: int(value) for name, value in (defines or {}).items()}
     mode = d.get("LAB_FWD_FP8_WARPSPEC", 3)
     if mode == 1 or (mode == 3 and head_dim >= 128) or (mode == 2 and head_dim == 256):
-        return d.get(f"LAB_FWD_FP8_WS_D{head_dim}_BC", KEY_TILE[128] if head_dim == 128 else 128)
+        tile = d.get(f"LAB_FWD_FP8_WS_D{head_dim}_BC", KEY_TILE[128] if head_dim == 128 else 128)
+        return d.get("LAB_FWD_FP8_WS_D128_CAUSAL_BC", tile) if causal and head_dim == 128 else tile
     return {64: 128, 128: d.get("LAB_FWD_FP8_D128_BC", 128), 256: 64}[head_dim]
 ERRORS = {-1: "head dim not supported", -2: "dtype not supported", -3: "shape or layout not supported"}
 

@@ -109,7 +109,7 @@ def _lab_call(quantized, causal: bool, defines=None):
 def _lab_row(impl, case, quantized, call, timed, flops, causal, rows, extra, defines=None) -> dict:
     deq = [x.dequantize(torch.float64) for x in quantized]
     on_deq = emulate.reference(*deq, causal, rows=rows)
-    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=key_tile(case.D, defines))
+    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=key_tile(case.D, defines, causal))
     out = call()
     torch.cuda.synchronize()
     accuracy_block = {**emulate.errors(out[:, :, rows].float(), on_deq), "reference": "float64 on the dequantised "

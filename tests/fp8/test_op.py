@@ -149,6 +149,9 @@ def test_key_tile_follows_the_kernels_defaults_and_a_candidates_defines():
     assert op.key_tile(64, {"LAB_FWD_FP8_WS_D64_BC": 256}) == 128  # D 64 runs one warpgroup unless WARPSPEC 1
     assert op.key_tile(64, {"LAB_FWD_FP8_WARPSPEC": 1, "LAB_FWD_FP8_WS_D64_BC": 256}) == 256
     assert op.key_tile(128, {"LAB_FWD_FP8_WARPSPEC": 2}) == 128 and op.key_tile(256, {"LAB_FWD_FP8_WARPSPEC": 0}) == 64
+    wide = {"LAB_FWD_FP8_WS_D128_BC": 256, "LAB_FWD_FP8_WS_D128_CAUSAL_BC": 192}  # causal calls take their own tile
+    assert (op.key_tile(128, wide), op.key_tile(128, wide, causal=True), op.key_tile(256, wide, causal=True)) == (256, 192, 128)
+    assert op.key_tile(128, {"LAB_FWD_FP8_WS_D128_BC": 256}, causal=True) == 256  # by default the same tile
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU of compute capability 9.0")
