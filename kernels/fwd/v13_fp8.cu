@@ -156,7 +156,9 @@
 // step S's accumulator is an input of the first ("+f", scale_d = 0 being a run-time predicate to the compiler),
 // so S of tile j - 1 (already packed into P) stays live until S_j is issued: B_c / 2 registers held for nothing.
 // Prediction: no change at B_c 192 (no spill there), and with LAB_FWD_FP8_WS_OVERLAP 2 the 256-key tile at
-// D 128 without the 208 B spill.
+// D 128 without the 208 B spill. Outcome (ptxas, 13.0): with order 2 and the two-register mask (softmax_e4m3's
+// kLimit) B_c 256 compiles without spills, with any one of the three missing it spills 196-252 B; alone it made
+// D 256 spill 140 B under order 1. So the 256-key config takes all three (CfgWs::kWide), other tiles none.
 #ifndef LAB_FWD_FP8_S_WRITE_ONLY
 #define LAB_FWD_FP8_S_WRITE_ONLY 0
 #endif
@@ -167,6 +169,10 @@
 // Prediction: 0 and 2 lose 3-8 % at B_c 192 (the GEMMs' latency is no longer hidden inside a warpgroup); 2 with
 // B_c 256 and S_WRITE_ONLY gains that back and more where O's rescale and the per-tile row reductions dominate
 // (cuDNN's 256-key tile: 1.6 FMUL per score against our 2.0): +3-6 % at D 128 over the default.
+// Outcome (H200, lab.fp8.race in rounds, outputs/driver_logs/20261129-h200-batch6-ed9df1b/X, against the default
+// of the same build): 0 -7 to -10 % at D 128 and -2.6 % at D 256; 2 at B_c 192 -1.3 to -2.0 %; 2 at B_c 256
+// (spill-free) +3.2 % at S 4k, +0.9 % at 16k, -0.1 % causal 8k, +1.0 % GQA 16 / 4. Intra-warpgroup overlap
+// stays the order of B_c <= 192.
 #ifndef LAB_FWD_FP8_WS_OVERLAP
 #define LAB_FWD_FP8_WS_OVERLAP 1
 #endif
@@ -183,6 +189,15 @@
 // consumers in shared memory with Q (bar_q); tile_counter is zeroed by the V^T pass before. The order of the tiles
 // stays the default grid's (causal: heaviest query block of each head first), now taken as CTAs free, as the
 // hardware hands out the default grid's CTAs.
+// Outcome (H200 batch 6, as above): against the default of the same build, static +3.3 % at D 128 S 4k, +1.0 %
+// at 16k, +0.6 % causal, +1.8 % GQA, +0.7 % at D 256; dynamic -1 to -3 % under static (the atomic and the hand-off
+// in the producer's path); 17 / 17 checks on both, bit for bit the default's O and LSE. But the loop over tiles
+// moved the ring's descriptors off the uniform datapath (an R2UR and a 64-bit add per wgmma inside the issue
+// block that holds the ping-pong turn: 95 instructions against 61 at D 128), which cost the default build 3.6-5.2 %
+// in every cell against the previous kernel file in the same rounds; so no persistent build beat it. The default
+// now has no loop (one tile per CTA, its SASS the previous kernel's within 1 %), and key tile j sits in stage
+// j % kStages in every build; the persistent builds still lose the uniform descriptors (issue block 122 at B_c
+// 256), the open problem before this can be judged.
 #ifndef LAB_FWD_FP8_PERSISTENT
 #define LAB_FWD_FP8_PERSISTENT 0
 #endif
