@@ -195,7 +195,7 @@
 // moved the ring's descriptors off the uniform datapath (an R2UR and a 64-bit add per wgmma inside the issue
 // block that holds the ping-pong turn: 95 instructions against 61 at D 128), which cost the default build 3.6-5.2 %
 // in every cell against the previous kernel file in the same rounds; so no persistent build beat it. The default
-// now has no loop (one tile per CTA, its SASS the previous kernel's within 1 %), and key tile j sits in stage
+// now has no loop (one tile per CTA; its main loop's SASS within 1.5 % of the previous kernel's), key tile j in stage
 // j % kStages in every build; the persistent builds still lose the uniform descriptors (issue block 122 at B_c
 // 256), the open problem before this can be judged.
 #ifndef LAB_FWD_FP8_PERSISTENT
