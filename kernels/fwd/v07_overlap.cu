@@ -213,6 +213,18 @@
 //   FIRST_FULL (D = 128): a work tile's first key tile goes straight to the full softmax step; the lazy step's
 //     row max and vote before it always chose the full step there: +2.0 / +4.1 / +1.8 / +2.2 % (run 12), D = 64
 //     -1.4 %, off there.
+// Runs of 2026-11-29 (H200, outputs/driver_logs/20261129-h200-batch6-ed9df1b/Z; record
+// outputs/experiments/20261129-fwd-d128-s4096-key-tile.json): the last D = 128 non-causal cell below SDPA-cuDNN,
+// B 4 x H 16 x S 4096 (0.99x through the public op). The long config's B_c = 176 runs 24 tiles there, 4224 keys of
+// work for 4096. Kernel-level builds in three interleaved sessions each (time against the default build):
+//   the few-keys config (B_c 128, 3 stages, persistent, FUSE) at S_k 4096 -2.9 % (-2.9 / -3.1 / -2.9 per session;
+//     B 2 x H 33 -3.5 %), at S_k 4224, where both pad alike, +0.7 %: now also taken where B_c = 128 pads S_k by
+//     1 % less, up to 4096 keys (SHORT_PAD_MAX_SK).
+//   LAST_N (the last tile at wgmma N = 64 when it holds at most 64 keys): -1.2 % at 4096 but +1.6 % at 4224, where it
+//     never runs: the extra branch cost the main loop more than the short tile saved. Dropped (in the history at
+//     9d3eea0). Long config at B_c = 128 (2 stages): +-0.1 %; B_c = 192: +3.5 % (12 bytes of spills).
+//   The last wave: B 2 x H 33 (16.0 waves of 132 CTAs against 15.5) cost both kernels alike (ours +2.1 %, cuDNN
+//     +2.3 % for 3.1 % more work): the tail is not the gap.
 // Final default of 2026-11-22 (its run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
@@ -323,13 +335,6 @@
 #ifndef LAB_FWD_OVERLAP_D128_FIRST_FULL
 #define LAB_FWD_OVERLAP_D128_FIRST_FULL 1
 #endif
-// LAST_N (experiment; 0: off): the long D = 128 config's last key tile, when a non-causal call leaves it at most
-// LAST_N keys (S_k = 4096 at B_c = 176: 48 keys in the 24th tile), runs its S GEMM at wgmma N = LAST_N, its softmax
-// over LAST_N columns and its P V over LAST_N / 16 k16 steps, instead of a whole B_c tile of masked keys.
-// A width that common/hopper/wgmma_ops.cuh has (32, 64, 80, 96, 112, 128) and below B_c.
-#ifndef LAB_FWD_OVERLAP_D128_LAST_N
-#define LAB_FWD_OVERLAP_D128_LAST_N 0
-#endif
 #ifndef LAB_FWD_OVERLAP_ABLATE
 #define LAB_FWD_OVERLAP_ABLATE 0  // diagnostic only, wrong results: 1 no softmax math, 2 no K/V loads once the ring is full
 #endif
@@ -369,6 +374,12 @@
 #endif
 #ifndef LAB_FWD_OVERLAP_D128_SHORT_MAX_SQ_CAUSAL
 #define LAB_FWD_OVERLAP_D128_SHORT_MAX_SQ_CAUSAL 2048
+#endif
+// Non-causal calls up to this many keys (0: none) also take the few-keys config where its B_c = 128 pads S_k to at
+// least 1 % fewer keys of work than the long config's B_c = 176 (S_k = 4096: 4096 against 24 x 176 = 4224). See
+// "Runs of 2026-11-29" in the header: +2.9 % at S_k 4096, -0.7 % at 4224 where both pad alike.
+#ifndef LAB_FWD_OVERLAP_D128_SHORT_PAD_MAX_SK
+#define LAB_FWD_OVERLAP_D128_SHORT_PAD_MAX_SK 4096
 #endif
 
 namespace {
@@ -427,9 +438,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr bool kFuse = kPersist && (D == 64 ? LAB_FWD_OVERLAP_D64_FUSE : LAB_FWD_OVERLAP_D128_FUSE) != 0;
-  // LAST_N: the full-width kernels only (with it the Narrow<..., 5> kernel ran out of registers: C7511)
-  constexpr int kLastN = (D == 128 && !kPersist && !Cfg::kNarrow) ? LAB_FWD_OVERLAP_D128_LAST_N : 0;
-  static_assert(kLastN == 0 || (kLastN % 16 == 0 && kLastN >= 32 && kLastN < BC), "LAST_N: a k16 multiple below B_c");
   extern __shared__ uint8_t smem_raw[];
   // K and V have their own `empty` barriers: K_j is free once S_j is done, a whole softmax before
   // P_j V_j frees V_j, so the next K load is not held up by the overlapped P V (see the header).
@@ -751,40 +759,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         softmax(0);  // O is still 0: alpha needs no rescale
         pack_p<BC, T>(sacc, pa);
       }
-      // LAST_N: the last tile at width kLastN (a non-causal call, more than one tile, its last one short enough).
-      const bool last_narrow = kLastN > 0 && !p.causal && n_tiles > 1 && p.seqlen_k - (n_tiles - 1) * BC <= kLastN;
       // Main loop: S_j and P_{j-1} V_{j-1} in flight together.
       // [lab:inner-loop] one key tile per consumer warpgroup: S_j and P_{j-1} V_{j-1} together, softmax under P V
       for (int j = 1; j < n_tiles; ++j) {
         wait_k(j);
         wait_v(j - 1);
         turn();
-        if constexpr (kLastN > 0) {
-          if (last_narrow && j == n_tiles - 1) {  // its own fence-to-wait sequence: no wgmma under a branch alone
-            constexpr int kN = kLastN > 0 ? kLastN : 32;
-            auto& sn = reinterpret_cast<float(&)[kN / 2]>(sacc);  // the first kN columns of S and of P
-            auto& pn = reinterpret_cast<uint32_t(&)[kN / 16][4]>(pa);
-            const uint32_t k_tile = ring_.k((ring + j) % kStages);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < qk_steps<Cfg>::value; ++kk)
-              WgmmaOp<kN>::template ss<kBf16, 0>(sn, desc_kmajor(sQw, 64, kk), desc_kmajor(k_tile, BC, kk), kk > 0);
-            wgmma_commit();
-            issue_o(j - 1);
-            pass();
-            wgmma_wait<1>();
-            reg_fence(sacc);
-            release_k(j);
-            softmax_scores<kN, true, 0, Cfg::kChains, kFold, Cfg::kMaskRowBound>(sn, st, alpha, c, row0, j * BC,
-                                                                                 p.seqlen_k, false);
-            wgmma_wait<0>();
-            reg_fence(o);
-            release_v(j - 1);
-            rescale_o<D>(o, alpha);
-            pack_p<kN, T>(sn, pn);
-            break;
-          }
-        }
         wgmma_fence();  // P fragments and rescaled O written before the wgmmas read them
         issue_s(j);
         issue_o(j - 1);
@@ -804,36 +784,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       if (n_tiles > 0) {
         wait_v(n_tiles - 1);
         turn();
-        bool narrow_done = false;
-        if constexpr (kLastN > 0) {
-          if (last_narrow) {  // P V over the last tile's kLastN keys
-            constexpr int kN = kLastN > 0 ? kLastN : 32;
-            const uint32_t v_tile = ring_.v((ring + n_tiles - 1) % kStages);
-            wgmma_fence();
-#ifdef LAB_FWD_BUG_LAST_N_SKIP  // the check's control, wrong on purpose: the last tile's first 16 keys left out of O
-            constexpr int kFirst = 1;
-#else
-            constexpr int kFirst = 0;
-#endif
-#pragma unroll
-            for (int kk = kFirst; kk < kN / 16; ++kk)
-              WgmmaOp<D>::template rs<kBf16, 1>(o, pa[kk], desc_v(v_tile, BC, kk), 1);
-            wgmma_commit();
-            pass();
-            wgmma_wait<0>();
-            reg_fence(o);
-            release_v(n_tiles - 1);
-            narrow_done = true;
-          }
-        }
-        if (!narrow_done) {
-          wgmma_fence();
-          issue_o(n_tiles - 1);
-          pass();
-          wgmma_wait<0>();
-          reg_fence(o);
-          release_v(n_tiles - 1);
-        }
+        wgmma_fence();
+        issue_o(n_tiles - 1);
+        pass();
+        wgmma_wait<0>();
+        reg_fence(o);
+        release_v(n_tiles - 1);
       }
 
       // Epilogue (PERSIST: straight from registers, so the Q tile is not needed for staging)
@@ -876,8 +832,15 @@ struct Launch {
     if constexpr (Cfg::D == 128) {
       // Few keys per query tile: the long config's B_c = 176 leaves 3 tiles at S_k = 512 (the last one masked)
       // and its fill and epilogue are not hidden; B_c = 128 with 3 stages and a persistent grid (run 8).
+      // Non-causal up to SHORT_PAD_MAX_SK keys: also where B_c = 128 pads S_k less than 176 does, by 1 % or more
+      // (full-width D = 128 only: the narrow head dims were not timed with it).
+      constexpr int64_t kShortBC = Cfg128Short::BC, kLongBC = Cfg::BC;
+      const int64_t pad_short = (p.seqlen_k + kShortBC - 1) / kShortBC * kShortBC,
+                    pad_long = (p.seqlen_k + kLongBC - 1) / kLongBC * kLongBC;
       const bool few_keys = p.causal ? p.seqlen_q <= LAB_FWD_OVERLAP_D128_SHORT_MAX_SQ_CAUSAL
-                                     : p.seqlen_k <= LAB_FWD_OVERLAP_D128_SHORT_MAX_SK;
+                                     : p.seqlen_k <= LAB_FWD_OVERLAP_D128_SHORT_MAX_SK ||
+                                           (!Cfg::kNarrow && p.seqlen_k <= LAB_FWD_OVERLAP_D128_SHORT_PAD_MAX_SK &&
+                                            pad_short * 100 <= pad_long * 99);
       if (few_keys) return launch_cfg<NarrowLike<Cfg, Cfg128Short>, T>(p, stream, dev);
     }
     return launch_cfg<Cfg, T>(p, stream, dev);

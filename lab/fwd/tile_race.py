@@ -22,35 +22,67 @@ from functools import partial
 from pathlib import Path
 
 VERSION = "v07"
-# label -> defines of v07's build (None: the default build). Only D = 128's long config (or which config a call
-# takes) differs between them; D = 64 and the few-keys config are the same code in every build.
+# label -> defines of v07's build (None: the default build). Only which config a D = 128 call takes, or the long
+# config itself, differs between them. Measured and dropped (H200, 2026-11-29; outputs/experiments/
+# 20261129-fwd-d128-s4096-key-tile.json): the long config at B_c 128 ({"LAB_FWD_OVERLAP_D128_BC": 128}) and 192, and
+# LAST_N (the last tile at wgmma N = 64; the switch is in the history at 9d3eea0).
 BUILDS = {
     "default": None,
+    "pad-rule-off": {"LAB_FWD_OVERLAP_D128_SHORT_PAD_MAX_SK": 0},  # the few-keys config up to S_k 2048 only
     "few-keys-all": {"LAB_FWD_OVERLAP_D128_SHORT_MAX_SK": 1 << 30},  # B_c 128, 3 stages, persistent + FUSE
-    "bc128": {"LAB_FWD_OVERLAP_D128_BC": 128},  # the long config at a key tile that divides 4096
-    "bc192": {"LAB_FWD_OVERLAP_D128_BC": 192},  # 22 tiles at 4096 (the same 4224 keys), fewer per-tile costs
-    "last64": {"LAB_FWD_OVERLAP_D128_LAST_N": 64},  # B_c 176, a last tile of <= 64 keys at wgmma N = 64
 }
-# Builds that must fail the checks: no softmax (diagnostic), and LAST_N's last tile without its first 16 keys.
-WRONG = {"no-softmax": {"LAB_FWD_OVERLAP_ABLATE": 1},
-         "last64-skip": {"LAB_FWD_OVERLAP_D128_LAST_N": 64, "LAB_FWD_BUG_LAST_N_SKIP": None}}
-# (name, B, H, S_q = S_k): bf16, D 128, non-causal. Waves: B * H * ceil(S / 128) CTAs over 132 SMs.
+# Builds that must fail the checks: no softmax (diagnostic; every config of v07).
+WRONG = {"no-softmax": {"LAB_FWD_OVERLAP_ABLATE": 1}}
+# (name, B, H, S_q = S_k): bf16, D 128, non-causal. Waves: B * H * ceil(S / 128) CTAs over 132 SMs. The padding rule
+# (kernels/fwd/v07_overlap.cu, SHORT_PAD_MAX_SK) takes the few-keys config at 2560, 3000 and 4096, the long one at
+# 3500, 4000 and 4097; 2048 is the few-keys config's and 4608 up the long one's in every build but few-keys-all.
 CELLS = [
     ("b4-h16-s4096", 4, 16, 4096),  # the weak cell: 2048 CTAs, 15.5 waves
-    ("b2-h33-s4096", 2, 33, 4096),  # 2112 CTAs: 16.0 waves, 3.1 % more work than the weak cell
-    ("b4-h16-s4224", 4, 16, 4224),  # 2112 CTAs: 16.0 waves, and 24 whole tiles of 176 keys
-    ("b8-h16-s2048", 8, 16, 2048),
-    ("b2-h16-s8192", 2, 16, 8192),
-    ("b1-h16-s16384", 1, 16, 16384),
+    ("b4-h16-s2560", 4, 16, 2560),
+    ("b4-h16-s3000", 4, 16, 3000),
+    ("b4-h16-s3500", 4, 16, 3500),
     ("b4-h16-s4000", 4, 16, 4000),
     ("b4-h16-s4097", 4, 16, 4097),
-    ("b8-h16-s4096", 8, 16, 4096),  # the sweep's 32k-token cell: 4096 CTAs, 31.0 waves
+    ("b8-h16-s2048", 8, 16, 2048),
+    ("b4-h16-s4608", 4, 16, 4608),
+    ("b2-h16-s6144", 2, 16, 6144),
+    ("b2-h16-s8192", 2, 16, 8192),
+    ("b2-h33-s4096", 2, 33, 4096),  # 2112 CTAs: 16.0 waves, 3.1 % more work than the weak cell
+    ("b4-h16-s4224", 4, 16, 4224),  # 2112 CTAs: 16.0 waves, and 24 whole tiles of 176 keys
+    ("b1-h16-s16384", 1, 16, 16384),
 ]
 LONG_CASES = [  # (B, Hq, Hkv, S_q, S_k, causal): long keys, partial last tiles at every B_c above, GQA
     (1, 2, 2, 4096, 4096, False), (1, 2, 1, 4097, 4097, False), (2, 2, 2, 4000, 4000, False),
     (1, 2, 2, 4224, 4224, False), (1, 2, 2, 2500, 8191, False), (1, 2, 2, 4097, 4097, True),
     (1, 3, 3, 65, 3000, False),
 ]
+
+
+def d128_config(seqlen_q: int, seqlen_k: int, causal: bool, defines: dict | None = None) -> str:
+    """Which config fwd v07's Launch gives a full-width D = 128 call ("few-keys" or "long"): a mirror of the rule in
+    kernels/fwd/v07_overlap.cu, read with the file's defaults of its -D knobs (kernel_defaults) unless `defines`
+    overrides them; tests/fwd/test_d128_config_rule.py holds the two together."""
+    knobs = {**kernel_defaults(), **(defines or {})}
+    if causal:
+        return "few-keys" if seqlen_q <= knobs["LAB_FWD_OVERLAP_D128_SHORT_MAX_SQ_CAUSAL"] else "long"
+    if seqlen_k <= knobs["LAB_FWD_OVERLAP_D128_SHORT_MAX_SK"]:
+        return "few-keys"
+    short_bc, long_bc = knobs["LAB_FWD_OVERLAP_D128_SHORT_BC"], knobs["LAB_FWD_OVERLAP_D128_BC"]
+    pad_short, pad_long = -(-seqlen_k // short_bc) * short_bc, -(-seqlen_k // long_bc) * long_bc
+    padded_less = pad_short * 100 <= pad_long * 99
+    return "few-keys" if seqlen_k <= knobs["LAB_FWD_OVERLAP_D128_SHORT_PAD_MAX_SK"] and padded_less else "long"
+
+
+def kernel_defaults() -> dict:
+    """The integer defaults of v07's D = 128 config knobs, as its source defines them (#ifndef NAME / #define NAME N)."""
+    import re
+
+    from .. import paths
+
+    text = (paths.KERNELS / "fwd" / "v07_overlap.cu").read_text()
+    return {m.group(1): int(m.group(2)) for m in re.finditer(
+        r"^#define (LAB_FWD_OVERLAP_D128_(?:SHORT_MAX_SK|SHORT_PAD_MAX_SK|SHORT_MAX_SQ_CAUSAL|SHORT_BC|BC)) (\d+)",
+        text, re.M)}
 
 
 def _say(*args) -> None:
@@ -94,18 +126,19 @@ def check_builds(builds: dict, full: bool = True, wrong: dict | None = WRONG) ->
 
 
 def sanitize_call(label: str) -> int:
-    """Small calls of a build for compute-sanitizer (memcheck, racecheck) on D 128's long config (non-causal
-    S_k > 2048): S_k = 2160 (12 tiles of 176 and one of 48 keys) with GQA and S_k = 2300 (a last tile of 12), partial
-    query tiles; checked against float64. Returns 0 when they pass."""
+    """Small calls of a build for compute-sanitizer (memcheck, racecheck), non-causal D 128 above 2048 keys: S_k 2160
+    (GQA) and 2300, which the padding rule sends to the few-keys config, and 2200, which stays on the long one;
+    partial query tiles; checked against float64, with SDPA's math backend as the yardstick (no cuDNN kernel under
+    the sanitizer). Returns 0 when they pass."""
     import torch
 
-    from .. import check, ops
+    from .. import bench, check, ops
     from ..cases import Case
 
     run = ops.fwd_writer(VERSION, BUILDS[label])
-    with torch.no_grad():
+    with torch.no_grad(), bench.sdpa_backend("math"):
         res = [check.check_forward(run, Case(f"san-{Sk}", 1, 2, kv, Sq, Sk, 128, "bfloat16", False), label, trials=1,
-                                   save=False) for (kv, Sq, Sk) in ((1, 130, 2160), (2, 65, 2300))]
+                                   save=False) for (kv, Sq, Sk) in ((1, 130, 2160), (2, 65, 2300), (2, 65, 2200))]
     torch.cuda.synchronize()
     _say(f"sanitize call {label}: " + ", ".join(repr(r) for r in res))
     return 0 if all(r.passed for r in res) else 1
@@ -155,7 +188,7 @@ def race(cells, builds: dict, repeats: int = 3, out: Path | None = None, public:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the long checks only, and the first three cells")
+    parser.add_argument("--quick", action="store_true", help="the long checks only, and the first six cells")
     parser.add_argument("--out", type=Path, default=None, help="folder for race.jsonl")
     parser.add_argument("--builds", default=",".join(BUILDS), help="labels of BUILDS, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
@@ -168,7 +201,7 @@ def main(argv=None) -> int:
     builds = {b: BUILDS[b] for b in args.builds.split(",") if b}
     cells = [c for c in CELLS if not args.cells or c[0] in args.cells.split(",")]
     if args.quick:
-        cells = cells[:3]
+        cells = cells[:6]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
