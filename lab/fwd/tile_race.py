@@ -158,7 +158,7 @@ def race(cells, builds: dict, repeats: int = 3, out: Path | None = None, public:
         q, k, v = (torch.randn(B, H, S, 128, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         calls = {"sdpa-cudnn": (bench.sdpa_runner("default", q, k, v, False), partial(bench.sdpa_backend, "cudnn"))}
         if public:
-            calls["lab.ops.attention"] = (lambda: ops.attention(q, k, v), None)
+            calls["lab.ops.attention"] = (partial(ops.attention, q, k, v), None)
         for label, defines in builds.items():
             calls[f"kernel {label}"] = (ops.fwd_call_factory(VERSION, defines)(q, k, v, False), None)
         sessions = []
