@@ -47,10 +47,14 @@ book: $(STAMP)
 # pytest-xdist: one worker per core (at most 4, the suite's heavy tests are few), tests of one module fixture
 # kept together (xdist_group); the nvcc compile checks are shared through the kernel cache, where one worker
 # compiles a key and the others wait for it. The ten slowest tests are listed at the end.
-# Cost on 2 cores with a cold cache (2026-11-29, 43 kernel files; user+sys of pytest and every child it waited for):
-# ~1160 CPU-seconds, ~440 of them the compile gate's nvcc runs (device code for each target, nvcc -cubin; fwd/v07
-# alone ~60), ~255 the chapters under papermill, ~135 the ring's multi-process runs (each spawned rank imports torch
-# again, ~2 CPU-seconds a rank). A CI job that keeps $(LAB_CACHE_DIR)/compile_check
+# Cost on 2 cores with a cold cache (2026-11-29, 43 kernel files; user+sys of pytest and every child it waited for,
+# measured per test on a machine shared with other jobs, which inflates each figure by some percent): ~920
+# CPU-seconds, ~460 of them the compile gate's nvcc runs (device code for each target, nvcc -cubin: sm_90a ~400,
+# sm_80 ~100; fwd/v07 alone ~60, one job that the test order starts first), ~190 the chapters under papermill (each
+# chapter twice: against an empty and against the committed outputs/), ~32 the binding's CPU check build, ~30 the
+# two PTX comparisons (each builds its switched variant only; the default's PTX is the one the gate's run kept),
+# ~27 the session tests, ~22 the ring's multi-process runs; the rest under 20 each. Two cores need no less than
+# ~460 seconds of wall time for that. A CI job that keeps $(LAB_CACHE_DIR)/compile_check
 # between runs (its keys hash each kernel's sources with their headers, the flags and nvcc's release) re-runs nvcc
 # only for the kernels that changed.
 TEST_WORKERS ?= auto
