@@ -144,7 +144,8 @@
 //   0.966. So the one-lane issue loop was page 16's whole gap (better than predicted: the TMA unit takes 2 KiB boxes
 //   as fast as the big ones); the default since. Through the public op, with the serving call's one crossing
 //   (lab.masks.paged): 1.015 / 1.019 / 1.018 / 1.071x the contiguous call (on its PACKED_PERSIST grid; its host
-//   path a call 32 us against the paged call's 22), checks, the failing wrong build, memcheck and racecheck clean.
+//   path a call 32 us against the paged call's 22), checks, the failing wrong build, memcheck and racecheck clean;
+//   as the default (outputs/driver_logs/20261129-h200-final-c4d12fc/V) 1.024 / 1.025 / 1.053 / 1.063x, all clean again.
 //   Record: outputs/experiments/20261129-paged-prefill-public-op.json.
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json; the paged gap: outputs/experiments/20261129-paged-prefill-gap.json.
 #include <cuda_bf16.h>
