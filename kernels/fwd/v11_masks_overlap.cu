@@ -206,6 +206,8 @@ static_assert(LAB_FWD_MASK_PAGED_ISSUE_WARPS == 1 || LAB_FWD_MASK_PAGED_ISSUE_WA
               "the producer warpgroup has four warps: 1, 2 or 4 issue the paged boxes");
 // PACKED_PERSIST: packed calls (cu_seqlens, no block table) on a persistent grid in fwd v07's PAIR order with FUSE
 // (common/hopper/attn_mask_packed_sm90.cuh); 0: the grid of one CTA per (sequence, head, query tile) as before.
+// H200: 8 x 2048 D 128 0.884x the per-tile grid's time, 1.035x the dense op's forward (was 1.17x); D 64 1.13x
+// (was 1.33x); twelve uneven documents 0.957x (outputs/experiments/20261129-masks-varlen-packed-persistent.json).
 // PACKED_D128_STAGES: its ring at D = 128 (3: v07's few-keys config, 224 KiB; nothing staged through shared memory).
 #ifndef LAB_FWD_MASK_PACKED_PERSIST
 #define LAB_FWD_MASK_PACKED_PERSIST 1

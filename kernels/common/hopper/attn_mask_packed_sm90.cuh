@@ -31,6 +31,13 @@
 // the static order's imbalance, 1.16x the mean key tiles on its busiest CTA against the hardware's dynamic
 // longest-first, takes some back), so forward vs FlexAttention 1.34x -> 1.30-1.45x; PACKED_WAVES 2: one length 1-3 %
 // slower (a CTA start per SM and twice the CTAs to balance), the uneven documents 2-5 % faster.
+// Outcome (H200, outputs/driver_logs/20261129-h200-batch6-ed9df1b/W and 20261129-h200-final-c4d12fc/W; GPU time,
+// medians of 11 in rounds): 8 x 2048 D 128 kernel 0.2650 ms against the per-tile grid's 0.2937 (0.90x), 1.063x the
+// dense op; with ROW_BOUND (below) 0.2596 ms, 1.035x the dense op (0.2508), the unchecked public call 1.067x (its
+// extra 8 us over the same launch not profiled): met in the kernel, missed by 1.7 % through the public call. D 64
+// 1.128x (public 1.13x; was 1.33x). Twelve uneven documents 0.957x the per-tile grid. WAVES 2 1.022x WAVES 1 at one
+// length (kept 1). Checks of the packed grid (45, two runs) pass, the wrong build BUG_PAIR_ONE fails, memcheck and
+// racecheck clean. Record: outputs/experiments/20261129-masks-varlen-packed-persistent.json.
 #pragma once
 
 // LAB_FWD_MASK_BUG_PAIR_ONE: the wrong build of the scheduler: every unit's light tile is skipped (its rows never
@@ -39,11 +46,13 @@
 // the S_k edge alone) takes v07's mask, one bound per row (softmax_scores' kRowBound: one compare per score against
 // min(S_k, row + off + 1)) instead of mask_window_wg's window test per score. v07 at D = 128: +1-3.4 % on the
 // few-keys cells (d128-cells run 6). Prediction: the packed causal call 1-3 % faster (one tile in ~8.5 is masked).
+// Outcome (H200, final-c4d12fc/W): 0.960x at 8 x 2048 D 128 (0.2596 against 0.2703 ms); its checks pass.
 #ifndef LAB_FWD_MASK_PACKED_ROW_BOUND
 #define LAB_FWD_MASK_PACKED_ROW_BOUND 1
 #endif
 // LAB_FWD_MASK_PACKED_WAVES: persistent CTAs per multiprocessor (1: fwd v07's grid). More let the hardware hand the
 // later CTAs to whichever multiprocessor is free first, which evens uneven documents out at one CTA start each.
+// 2 measured 1.022x 1's time at 8 x 2048 D 128 (H200, batch6-ed9df1b/W): 1.
 #ifndef LAB_FWD_MASK_PACKED_WAVES
 #define LAB_FWD_MASK_PACKED_WAVES 1
 #endif
