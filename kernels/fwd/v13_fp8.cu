@@ -99,6 +99,16 @@
 // 0.97x), D 256 1211 (+1 %; 1.24x). 17 / 17 checks, memcheck and racecheck clean. Still short of cuDNN at D 64 /
 // 128; the profile's remaining differences: cuDNN's persistent grid and its 256-key tile at D 128 (ours spills at
 // 240 registers with P of tile j - 1 live through softmax j; a ping-pong without the intra-warpgroup overlap frees it).
+// Those two next (records 20261129-fwd-fp8-v13-persistent-pingpong-b256 and -b256-noncausal; predictions and batch 6
+// outcomes at LAB_FWD_FP8_PERSISTENT, _WS_OVERLAP and _S_WRITE_ONLY below). The 256-key tile fits 240 registers
+// unspilled only with P V waited for before S is issued, S's first k32 step write-only and a two-register mask; it
+// then ran 0.998x the default at S 4k, 0.960x at 16k and 0.968x GQA (causal keeps B_c 192: -0.1 % in batch 6):
+// rejected. The persistent grid gained 0.6-3.3 % over a loop-carrying build whose descriptors had left the uniform
+// datapath (-3.6-5.2 % against the previous kernel); the default now has no loop and runs as that kernel (H200
+// final, outputs/driver_logs/20261129-h200-final-c4d12fc/X: 778 / 929 / 773 / 892 TFLOP/s at D 128 S 4k / 16k /
+// causal 8k / GQA 16 / 4, 0.81 / 0.90 / 0.83 / 0.88x cuDNN FP8; D 64 560, 0.97x; D 256 1209, 1.23x; 0.999-1.005x
+// the previous kernel in the same rounds; 17 / 17 checks, the wrong build fails, memcheck and racecheck clean).
+// The >= 1.0x target still holds at D 256 only; a persistent grid that keeps its descriptors uniform is next.
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v13_fp8.cu
 #include <cuda_bf16.h>
@@ -288,7 +298,8 @@ struct CfgWs {
 using Ws64 = CfgWs<64, LAB_FWD_FP8_WS_D64_BC, LAB_FWD_FP8_WS_STAGES>;
 using Ws128 = CfgWs<128, LAB_FWD_FP8_WS_D128_BC, LAB_FWD_FP8_WS_D128_STAGES>;
 // Causal calls at D 128 may take their own key tile (FA3's FP8 tile sizes do: 176 keys non-causal, 128 causal):
-// LAB_FWD_FP8_WS_D128_CAUSAL_BC / _STAGES, by default the same as non-causal.
+// LAB_FWD_FP8_WS_D128_CAUSAL_BC / _STAGES, by default the same as non-causal (B_c 256 non-causal with 192 causal
+// measured 0.96-1.00x the default: outputs/driver_logs/20261129-h200-final-c4d12fc/X).
 #ifndef LAB_FWD_FP8_WS_D128_CAUSAL_BC
 #define LAB_FWD_FP8_WS_D128_CAUSAL_BC LAB_FWD_FP8_WS_D128_BC
 #endif
