@@ -213,18 +213,19 @@
 //   FIRST_FULL (D = 128): a work tile's first key tile goes straight to the full softmax step; the lazy step's
 //     row max and vote before it always chose the full step there: +2.0 / +4.1 / +1.8 / +2.2 % (run 12), D = 64
 //     -1.4 %, off there.
-// Runs of 2026-11-29 (H200, outputs/driver_logs/20261129-h200-batch6-ed9df1b/Z; record
-// outputs/experiments/20261129-fwd-d128-s4096-key-tile.json): the last D = 128 non-causal cell below SDPA-cuDNN,
-// B 4 x H 16 x S 4096 (0.99x through the public op). The long config's B_c = 176 runs 24 tiles there, 4224 keys of
-// work for 4096. Kernel-level builds in three interleaved sessions each (time against the default build):
-//   the few-keys config (B_c 128, 3 stages, persistent, FUSE) at S_k 4096 -2.9 % (-2.9 / -3.1 / -2.9 per session;
-//     B 2 x H 33 -3.5 %), at S_k 4224, where both pad alike, +0.7 %: now also taken where B_c = 128 pads S_k by
-//     1 % less, up to 4096 keys (SHORT_PAD_MAX_SK).
+// Runs of 2026-11-29 (H200, outputs/driver_logs/20261129-h200-batch6-ed9df1b/Z and 20261129-h200-final-c4d12fc/Z;
+// record outputs/experiments/20261129-fwd-d128-s4096-key-tile.json): the last D = 128 non-causal cell below
+// SDPA-cuDNN, B 4 x H 16 x S 4096 (0.99x through the public op). The long config's B_c = 176 runs 24 tiles there,
+// 4224 keys of work for 4096. Kernel-level builds, three interleaved sessions a cell (time against the old default):
+//   the few-keys config (B_c 128, 3 stages, persistent, FUSE): S_k 4096 -2.9 % (run 1), -3.2 % (run 2); 2560 -6.1 %,
+//     3000 -4.4 %, 4608 -2.2 %; +0.1 to +0.7 % at 4224 (both pad alike), +1.3 / +1.6 % at 3500 / 4000 (176 pads
+//     less), +1.8 / +2.1 / +3.4 % at 6144 / 8192 / 16384. Now taken where B_c = 128 pads S_k by 1 % less, up to
+//     4608 keys (SHORT_PAD_MAX_SK). Run 2, public op / cuDNN time at S 4096: 1.003 (0.954-1.004 over sessions).
 //   LAST_N (the last tile at wgmma N = 64 when it holds at most 64 keys): -1.2 % at 4096 but +1.6 % at 4224, where it
 //     never runs: the extra branch cost the main loop more than the short tile saved. Dropped (in the history at
 //     9d3eea0). Long config at B_c = 128 (2 stages): +-0.1 %; B_c = 192: +3.5 % (12 bytes of spills).
-//   The last wave: B 2 x H 33 (16.0 waves of 132 CTAs against 15.5) cost both kernels alike (ours +2.1 %, cuDNN
-//     +2.3 % for 3.1 % more work): the tail is not the gap.
+//   The last wave: B 2 x H 33 (16.0 waves of 132 CTAs against 15.5) cost both kernels alike (run 1: ours +2.1 %,
+//     cuDNN +2.3 % for 3.1 % more work): the tail is not the gap.
 // Final default of 2026-11-22 (its run 6, outputs/driver_logs/20261122-h200-hopper-run6-66063b4025.log):
 // 50/50 checks (every tests case, strided, scale 0 / negative / 2, LSE);
 // memcheck, racecheck (0 hazards) and synccheck clean on uneven shapes.
@@ -377,9 +378,10 @@
 #endif
 // Non-causal calls up to this many keys (0: none) also take the few-keys config where its B_c = 128 pads S_k to at
 // least 1 % fewer keys of work than the long config's B_c = 176 (S_k = 4096: 4096 against 24 x 176 = 4224). See
-// "Runs of 2026-11-29" in the header: +2.9 % at S_k 4096, -0.7 % at 4224 where both pad alike.
+// "Runs of 2026-11-29" in the header: -3 % time at S_k 2560-4608 where it applies; above 4608 B_c = 128's per-tile
+// cost grows (few-keys config +1.8 / +2.1 / +3.4 % at 6144 / 8192 / 16384).
 #ifndef LAB_FWD_OVERLAP_D128_SHORT_PAD_MAX_SK
-#define LAB_FWD_OVERLAP_D128_SHORT_PAD_MAX_SK 4096
+#define LAB_FWD_OVERLAP_D128_SHORT_PAD_MAX_SK 4608
 #endif
 
 namespace {

@@ -34,8 +34,8 @@ BUILDS = {
 # Builds that must fail the checks: no softmax (diagnostic; every config of v07).
 WRONG = {"no-softmax": {"LAB_FWD_OVERLAP_ABLATE": 1}}
 # (name, B, H, S_q = S_k): bf16, D 128, non-causal. Waves: B * H * ceil(S / 128) CTAs over 132 SMs. The padding rule
-# (kernels/fwd/v07_overlap.cu, SHORT_PAD_MAX_SK) takes the few-keys config at 2560, 3000 and 4096, the long one at
-# 3500, 4000 and 4097; 2048 is the few-keys config's and 4608 up the long one's in every build but few-keys-all.
+# (kernels/fwd/v07_overlap.cu, SHORT_PAD_MAX_SK) takes the few-keys config at 2560, 3000, 4096 and 4608, the long one
+# at 3500, 4000, 4097 and 4224; 2048 is the few-keys config's in every build, 6144 up the long one's but in few-keys-all.
 CELLS = [
     ("b4-h16-s4096", 4, 16, 4096),  # the weak cell: 2048 CTAs, 15.5 waves
     ("b4-h16-s2560", 4, 16, 2560),

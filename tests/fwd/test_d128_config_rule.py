@@ -33,7 +33,8 @@ def test_the_kernel_states_the_rule_the_mirror_follows():
     (3500, False, "long"), (4000, False, "long"),  # B_c 176 pads less: 3520 / 4048 against 3584 / 4096
     (4096, False, "few-keys"),  # the weak cell: 4096 keys of work against 4224
     (4097, False, "long"), (4224, False, "long"),  # both pad to 4224
-    (4608, False, "long"), (8192, False, "long"),  # above SHORT_PAD_MAX_SK
+    (4352, False, "few-keys"), (4400, False, "long"), (4608, False, "few-keys"),  # 4608 against 4752
+    (5120, False, "long"), (8192, False, "long"),  # above SHORT_PAD_MAX_SK (5120 would pad less at 128)
     (2048, True, "few-keys"), (4096, True, "long"),  # causal calls: by S_q, the rule unchanged
 ])
 def test_picks(seqlen, causal, config):
