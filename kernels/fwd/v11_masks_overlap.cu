@@ -146,7 +146,10 @@
 //   (lab.masks.paged): 1.015 / 1.019 / 1.018 / 1.071x the contiguous call (on its PACKED_PERSIST grid; its host
 //   path a call 32 us against the paged call's 22), checks, the failing wrong build, memcheck and racecheck clean;
 //   as the default (outputs/driver_logs/20261129-h200-final-c4d12fc/V) 1.024 / 1.025 / 1.053 / 1.063x, all clean again.
-//   Record: outputs/experiments/20261129-paged-prefill-public-op.json.
+//   Record: outputs/experiments/20261129-paged-prefill-public-op.json. Those public-op ratios stand against the
+//   persistent grid, which ran chunked prefill 3.5-7 % behind the per-tile grid; the launcher now keeps such calls on
+//   the per-tile grid, against which the paged kernel runs at 0.970 / 0.974 / 0.982x (page 64 / 256, D 64; GPU time,
+//   outputs/experiments/20261129-masks-packed-persistent-chunked-prefill.json). The public op is not yet raced there.
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json; the paged gap: outputs/experiments/20261129-paged-prefill-gap.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -204,8 +207,9 @@
 static_assert(LAB_FWD_MASK_PAGED_ISSUE_WARPS == 1 || LAB_FWD_MASK_PAGED_ISSUE_WARPS == 2 ||
                   LAB_FWD_MASK_PAGED_ISSUE_WARPS == 4,
               "the producer warpgroup has four warps: 1, 2 or 4 issue the paged boxes");
-// PACKED_PERSIST: packed calls (cu_seqlens, no block table) on a persistent grid in fwd v07's PAIR order with FUSE
-// (common/hopper/attn_mask_packed_sm90.cuh); 0: the grid of one CTA per (sequence, head, query tile) as before.
+// PACKED_PERSIST: causal packed self-attention calls (cu_seqlens, no block table, no window, max_seqlen_q ==
+// max_seqlen_k; the launcher's rule) on a persistent grid in fwd v07's PAIR order with FUSE
+// (common/hopper/attn_mask_packed_sm90.cuh); other packed calls and 0: one CTA per (sequence, head, query tile).
 // H200: 8 x 2048 D 128 0.884x the per-tile grid's time, 1.035x the dense op's forward (was 1.17x); D 64 1.13x
 // (was 1.33x); twelve uneven documents 0.957x (outputs/experiments/20261129-masks-varlen-packed-persistent.json).
 // PACKED_D128_STAGES: its ring at D = 128 (3: v07's few-keys config, 224 KiB; nothing staged through shared memory).
@@ -535,8 +539,13 @@ int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
   if (mp.block_table != nullptr)
     return launch_masked_fwd<PCfg, attn_fwd_v11_kernel<PCfg, T, kTransform, true>>(mp, stream, dev);
   using KCfg = std::conditional_t<Cfg::D == 64, Cfg64Packed, Cfg128Packed>;
+  // The persistent grid only where it was measured to win: causal packing of self-attention (max_seqlen_q ==
+  // max_seqlen_k, no window), where query tiles differ in work and the PAIR order balances them. On chunked prefill
+  // (512 queries after 7680 cached keys a sequence: tiles of near-equal work) it ran 3.5-7 % behind the per-tile
+  // grid, which the hardware schedules as well; windowed and non-causal packing were never timed on it.
   if constexpr (LAB_FWD_MASK_PACKED_PERSIST != 0)
-    if (mp.cu_seqlens_q != nullptr)
+    if (mp.cu_seqlens_q != nullptr && mp.base.seqlen_q == mp.base.seqlen_k && mp.window_left < 0 &&
+        mp.window_right == 0)
       return launch_packed_persistent<KCfg, attn_fwd_v11_packed_kernel<KCfg, T, kTransform>>(mp, stream, dev);
   return launch_masked_fwd<Cfg, attn_fwd_v11_kernel<Cfg, T, kTransform, false>>(mp, stream, dev);
 }

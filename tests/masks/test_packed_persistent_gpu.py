@@ -1,7 +1,8 @@
 """fwd v11's persistent packed grid (kernels/common/hopper/attn_mask_packed_sm90.cuh) on the GPU: the packed forward
 grid's quick subset against float64 (uneven lengths, empty sequences, S_q != S_k, rows with no key, window, softcap,
 sinks, D 64 / 128, fp16 GQA) with NaN-poisoned outputs, and the scheduler's wrong build (every unit's light tile
-skipped), which must fail; then the per-tile grid (PACKED_PERSIST 0) on the same uneven call gives the same rows.
+skipped), which must fail; then the per-tile grid (PACKED_PERSIST 0) on the same uneven causal call (the launcher's
+rule sends only causal, unwindowed calls with max_seqlen_q == max_seqlen_k to the persistent grid) gives the same rows.
 Skipped without CUDA or on devices other than compute capability 9.0."""
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_persistent_grid_matches_the_per_tile_grid():
     for defines in (None, gpu_varlen.PER_TILE):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((4, q.shape[0]), float("nan"), device="cuda")
-        op.launch(q, k, v, out, lse, spec.make_mask(True, (300, 0), 0.0), 128 ** -0.5, 0, None, cu_q, cu_k,
+        op.launch(q, k, v, out, lse, spec.make_mask(True, None, 0.0), 128 ** -0.5, 0, None, cu_q, cu_k,
                   max(lens_q), max(lens_k), "v11", defines=defines)
         outs.append((out, lse))
     (a, la), (b, lb) = outs
