@@ -99,10 +99,10 @@
 // 0.97x), D 256 1211 (+1 %; 1.24x). 17 / 17 checks, memcheck and racecheck clean. Still short of cuDNN at D 64 /
 // 128; the profile's remaining differences: cuDNN's persistent grid and its 256-key tile at D 128 (ours spills at
 // 240 registers with P of tile j - 1 live through softmax j; a ping-pong without the intra-warpgroup overlap frees it).
-// Those two next (records 20261129-fwd-fp8-v13-persistent-pingpong-b256 and -b256-noncausal; predictions and batch 6
+// Those two next (records 20261129-fwd-fp8-v13-persistent-pingpong-b256 and -b256-noncausal; predictions and H200
 // outcomes at LAB_FWD_FP8_PERSISTENT, _WS_OVERLAP and _S_WRITE_ONLY below). The 256-key tile fits 240 registers
 // unspilled only with P V waited for before S is issued, S's first k32 step write-only and a two-register mask; it
-// then ran 0.998x the default at S 4k, 0.960x at 16k and 0.968x GQA (causal keeps B_c 192: -0.1 % in batch 6):
+// then ran 0.998x the default at S 4k, 0.960x at 16k and 0.968x GQA (causal keeps B_c 192: -0.1 %):
 // rejected. The persistent grid gained 0.6-3.3 % over a loop-carrying build whose descriptors had left the uniform
 // datapath (-3.6-5.2 % against the previous kernel); the default now has no loop and runs as that kernel (H200
 // final, outputs/driver_logs/20261129-h200-final-c4d12fc/X: 778 / 929 / 773 / 892 TFLOP/s at D 128 S 4k / 16k /
@@ -199,7 +199,7 @@
 // consumers in shared memory with Q (bar_q); tile_counter is zeroed by the V^T pass before. The order of the tiles
 // stays the default grid's (causal: heaviest query block of each head first), now taken as CTAs free, as the
 // hardware hands out the default grid's CTAs.
-// Outcome (H200 batch 6, as above): against the default of the same build, static +3.3 % at D 128 S 4k, +1.0 %
+// Outcome (H200, as above): against the default of the same build, static +3.3 % at D 128 S 4k, +1.0 %
 // at 16k, +0.6 % causal, +1.8 % GQA, +0.7 % at D 256; dynamic -1 to -3 % under static (the atomic and the hand-off
 // in the producer's path); 17 / 17 checks on both, bit for bit the default's O and LSE. But the loop over tiles
 // moved the ring's descriptors off the uniform datapath (an R2UR and a 64-bit add per wgmma inside the issue
@@ -669,7 +669,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     float alpha[2];
     // Key tile j of each work tile sits in stage j % kStages (a warp-uniform index: the descriptors stay on the
     // uniform datapath; a running index across tiles moved them to vector registers and cost ~4 % at D 128 and
-    // 5 % at D 256, H200 batch 6); flips carries each stage's phase parity from the tiles before.
+    // 5 % at D 256 on the H200); flips carries each stage's phase parity from the tiles before.
     uint32_t flips = 0;
     auto parity = [&](int j) { return ((flips >> (j % kStages)) ^ (uint32_t)(j / kStages)) & 1u; };
     auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), parity(j)); };
