@@ -55,6 +55,20 @@ def sdpa_error(q, k, v, mask, scale, offset, sinks=None):
     return y.double().nan_to_num(0.0) - ref
 
 
+def packed_reference(q, k, v, cu_q, cu_k, lens_q, lens_k, mask, scale, sinks=None):
+    """A packed call's float64 (out, lse) and its yardstick out + SDPA's error pattern, sequence by sequence (a loop
+    of SDPA calls with the mask written out; sequences without a query or a key add nothing)."""
+    ref, ref_lse = reference.attend_varlen(q, k, v, cu_q.tolist(), cu_k.tolist(), mask, scale, sinks)
+    err = torch.zeros_like(ref)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(lens_q)):
+        if lens_q[b] and lens_k[b]:
+            sl = lambda t, c: t[c[b]:c[b + 1]].transpose(0, 1)[None]  # noqa: E731
+            err[cq[b]:cq[b + 1]] = sdpa_error(sl(q, cq), sl(k, ck), sl(v, ck), mask, scale,
+                                               lens_k[b] - lens_q[b], sinks)[0].transpose(0, 1)
+    return ref, ref_lse, ref + err
+
+
 def check_dense(version, name, B, Hq, Hkv, Sq, Sk, D, dtype, causal, window, cap, sink, lower_right=False,
                 layout="bhsd", defines=None, expect_fail=False, trials=2):
     mask = spec.make_mask(causal, window, cap)
@@ -133,15 +147,8 @@ def check_varlen(version, name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, windo
     out = torch.full_like(q, float("nan"))
     lse = torch.full((Hq, q.shape[0]), float("nan"), device="cuda")
     mop.launch(q, k, v, out, lse, mask, scale, 0, sinks, cu_q, cu_k, max(lens_q), max(lens_k), version)
-    ref, ref_lse = reference.attend_varlen(q, k, v, cu_q.tolist(), cu_k.tolist(), mask, scale, sinks)
-    err = torch.zeros_like(ref)
-    cq, ck = cu_q.tolist(), cu_k.tolist()
-    for b in range(len(lens_q)):  # the yardstick: a loop of SDPA calls with the mask written out
-        if lens_q[b] and lens_k[b]:
-            sl = lambda t, c: t[c[b]:c[b + 1]].transpose(0, 1)[None]  # noqa: E731
-            err[cq[b]:cq[b + 1]] = sdpa_error(sl(q, cq), sl(k, ck), sl(v, ck), mask, scale,
-                                               lens_k[b] - lens_q[b], sinks)[0].transpose(0, 1)
-    metrics = check.compare(out, ref, ref + err)
+    ref, ref_lse, yard = packed_reference(q, k, v, cu_q, cu_k, lens_q, lens_k, mask, scale, sinks)
+    metrics = check.compare(out, ref, yard)
     finite = torch.isfinite(ref_lse)
     metrics["lse_max_abs"] = float((lse.double() - ref_lse)[finite].abs().max()) if finite.any() else 0.0
     ok = metrics["passed"] and metrics["lse_max_abs"] < 1e-2

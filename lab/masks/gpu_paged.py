@@ -14,7 +14,7 @@ import torch
 from .. import bench, check, ops
 from . import op as mop, paged, reference, spec
 from .paged import PAGED_VERSION
-from .gpu import GEN, draw, sdpa_error
+from .gpu import GEN, draw, packed_reference
 
 # (name, lens_q, lens_k, H_q, H_kv, D, dtype, causal, window, softcap, sinks, page_size): chunks of 1-512 queries at
 # the end of 1-8192 keys, uneven lengths, empty sequences, GQA / MHA / MQA, page sizes 16-256 (48: boxes of 16 rows).
@@ -71,16 +71,9 @@ def check_case(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, sin
     errors = torch.full((len(lens_q),), -7, dtype=torch.int32, device="cuda")
     mop.launch(q, kc, vc, out, lse, mask, scale, 0, sinks, cu_q, cu_k, max(lens_q), max(lens_k), "v11", defines,
                paged=(table, errors))
-    ref, ref_lse = reference.attend_varlen(q, k, v, cu_q.tolist(), cu_k.tolist(), mask, scale, sinks)
-    err = torch.zeros_like(ref)
-    cq, ck = cu_q.tolist(), cu_k.tolist()
-    for b in range(len(lens_q)):
-        if lens_q[b] and lens_k[b]:
-            sl = lambda t, c: t[c[b]:c[b + 1]].transpose(0, 1)[None]  # noqa: E731
-            err[cq[b]:cq[b + 1]] = sdpa_error(sl(q, cq), sl(k, ck), sl(v, ck), mask, scale, lens_k[b] - lens_q[b],
-                                               sinks)[0].transpose(0, 1)
-    rows = cq[-1]
-    metrics = check.compare(out[:rows], ref[:rows], (ref + err)[:rows])
+    ref, ref_lse, yard = packed_reference(q, k, v, cu_q, cu_k, lens_q, lens_k, mask, scale, sinks)
+    rows = int(cu_q[-1])
+    metrics = check.compare(out[:rows], ref[:rows], yard[:rows])
     finite = torch.isfinite(ref_lse[:, :rows])
     lse_err = float((lse[:, :rows].double() - ref_lse[:, :rows])[finite].abs().max()) if finite.any() else 0.0
     inf_agree = bool((torch.isneginf(lse[:, :rows]) == torch.isneginf(ref_lse[:, :rows])).all())

@@ -153,7 +153,7 @@ def check_packed_fwd(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, ca
     with lab.masks.gpu.check_varlen's yardstick (SDPA's error on each sequence); O and LSE NaN-poisoned first, so a
     tile the grid never visits fails. Records a check row of chapter n13."""
     from .. import record
-    from .gpu import sdpa_error
+    from .gpu import packed_reference
     mask = spec.make_mask(causal, window, cap)
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
@@ -166,15 +166,8 @@ def check_packed_fwd(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, ca
     lse = torch.full((Hq, q.shape[0]), float("nan"), device="cuda")
     mop.launch(q, k, v, out, lse, mask, scale, 0, sinks, cu_q, cu_k, max(lens_q), max(lens_k), "v11",
                defines=defines)
-    ref, ref_lse = reference.attend_varlen(q, k, v, cu_q.tolist(), cu_k.tolist(), mask, scale, sinks)
-    err = torch.zeros_like(ref)
-    cq, ck = cu_q.tolist(), cu_k.tolist()
-    for b in range(len(lens_q)):
-        if lens_q[b] and lens_k[b]:
-            sl = lambda t, c: t[c[b]:c[b + 1]].transpose(0, 1)[None]  # noqa: E731
-            err[cq[b]:cq[b + 1]] = sdpa_error(sl(q, cq), sl(k, ck), sl(v, ck), mask, scale, lens_k[b] - lens_q[b],
-                                               sinks)[0].transpose(0, 1)
-    metrics = check.compare(out, ref, ref + err)
+    ref, ref_lse, yard = packed_reference(q, k, v, cu_q, cu_k, lens_q, lens_k, mask, scale, sinks)
+    metrics = check.compare(out, ref, yard)
     lse_err = (lse.double() - ref_lse).nan_to_num(float("inf"))
     lse_err[torch.isinf(ref_lse) & (lse == ref_lse)] = 0.0  # -inf where the reference has -inf (no key, no sink)
     metrics["lse_max_abs"] = float(lse_err.abs().max()) if lse_err.numel() else 0.0

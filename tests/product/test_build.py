@@ -335,8 +335,9 @@ def test_build_kernel_caches_by_key(tmp_path, monkeypatch):
         again.address("no_such_launcher")
 
 
-@requires_nvcc
-def test_compile_check_reuses_its_report_until_sources_or_flags_change(tmp_path, monkeypatch):
+@pytest.fixture
+def probe(tmp_path, monkeypatch):
+    """(a copy of the launcher probe in a fresh kernel cache, the nvcc argument lists run since, nvcc uncounted)."""
     monkeypatch.setattr(paths, "CACHE", tmp_path / "cache")
     source = tmp_path / "probe.cu"
     source.write_text((FIXTURES / "launcher_probe.cu").read_text())
@@ -344,10 +345,16 @@ def test_compile_check_reuses_its_report_until_sources_or_flags_change(tmp_path,
     real = build.run_nvcc
 
     def counting(args, what):
-        calls.append(what)
+        calls.append(args)
         return real(args, what)
 
     monkeypatch.setattr(build, "run_nvcc", counting)
+    return source, calls, real
+
+
+@requires_nvcc
+def test_compile_check_reuses_its_report_until_sources_or_flags_change(probe):
+    source, calls, _ = probe
     first = build.compile_check(archs=("sm_80",), sources=[source])
     assert len(calls) == 1 and len(first) == 1 and first[0]["kernel"].startswith("probe_kernel")
     assert first[0]["source"] == str(source.resolve()) and first[0]["arch"] == "sm_80"
@@ -360,21 +367,11 @@ def test_compile_check_reuses_its_report_until_sources_or_flags_change(tmp_path,
 
 
 @requires_nvcc
-def test_ptx_is_the_gates_own_and_a_switch_builds_its_own(tmp_path, monkeypatch):
+def test_ptx_is_the_gates_own_and_a_switch_builds_its_own(probe, tmp_path):
     """build.ptx of a kernel without defines reads the PTX the gate's -cubin run kept (no second nvcc run), and it is
     what nvcc -ptx writes for the same flags; a define builds its own PTX once; a cached cubin whose PTX is gone gets
     its PTX built again."""
-    monkeypatch.setattr(paths, "CACHE", tmp_path / "cache")
-    source = tmp_path / "probe.cu"
-    source.write_text((FIXTURES / "launcher_probe.cu").read_text())
-    calls = []
-    real = build.run_nvcc
-
-    def counting(args, what):
-        calls.append(args)
-        return real(args, what)
-
-    monkeypatch.setattr(build, "run_nvcc", counting)
+    source, calls, real = probe
     rows = build.compile_check(archs=("sm_80",), sources=[source])
     assert len(calls) == 1 and "--keep" in calls[0] and rows[0]["kernel"].startswith("probe_kernel")
     text = build.ptx(source, "sm_80")
