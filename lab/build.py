@@ -381,10 +381,7 @@ def _check_one(path: Path, arch: str, defines=None) -> str:
     source = paths.relative(path)
 
     def ready() -> str | None:  # unchanged sources and flags: reuse the ptxas report
-        try:
-            return saved.read_text() if obj.exists() else None
-        except OSError:
-            return None
+        return _cached_text(saved, obj)
 
     def make(tmp: Path) -> str:
         with tempfile.TemporaryDirectory(prefix=".keep-", dir=out_dir) as keep:
@@ -399,6 +396,15 @@ def _check_one(path: Path, arch: str, defines=None) -> str:
     return cache_files.publish_once(obj, ready, make)
 
 
+def _cached_text(text: Path, published: Path) -> str | None:
+    """The cached text of a build whose last file written (`published`) exists, or None (not built, or unreadable:
+    build it again)."""
+    try:
+        return text.read_text() if published.exists() else None
+    except OSError:
+        return None
+
+
 def ptx(source: Path | str, arch: str = "sm_90a", defines=None) -> str:
     """The PTX of a kernel file for one check target, as cicc hands it to ptxas (the gate's flags, -lineinfo among
     them: compare two builds with `ptx_code`). Without defines it is the compile gate's own, kept beside the
@@ -411,10 +417,7 @@ def ptx(source: Path | str, arch: str = "sm_90a", defines=None) -> str:
         _check_one(path, arch)  # the gate's target: built here if the gate has not reached it yet
 
     def ready() -> str | None:
-        try:
-            return target.read_text() if target.exists() else None
-        except OSError:
-            return None
+        return _cached_text(target, target)
 
     def make(tmp: Path) -> str:  # a switch's build, or a gate cubin cached before its PTX was kept
         run_nvcc([*flags, "-ptx", paths.relative(path), "-o", str(tmp)], f"{paths.relative(path)} PTX for {arch}")

@@ -83,13 +83,21 @@ def attention(query, key, value, is_causal, scale, enable_gqa, return_lse, causa
         return None
     plan_key = ("masked", qs[2], ks[2], qs[3], vs[3], query.get_device(), is_causal, window_size, softcap,
                 causal_variant)
-    plan = plans.get(plan_key)
+    return run_plan(plans, plan_key, _dense_plan, (query, key, value, is_causal, window_size, softcap, causal_variant),
+                    (query, key, value, sinks, enable_gqa, return_lse, scale), return_lse)
+
+
+def run_plan(table: dict, plan_key, make, make_args: tuple, args: tuple, return_lse: bool):
+    """One planned call in one crossing of the binding: the plan kept in `table` under plan_key (make(*make_args)
+    the first time; None from it: no plan, the full path decides), called with args. -> the answer, or None where
+    the binding refused or its checks failed (the full path then raises its own error)."""
+    plan = table.get(plan_key)
     if plan is None:
-        plan = _dense_plan(query, key, value, is_causal, window_size, softcap, causal_variant)
+        plan = make(*make_args)
         if plan is None:
             return None
-        keep_plan(plan_key, plan, plans)
-    error, out, lse = plan(query, key, value, sinks, enable_gqa, return_lse, scale)
+        keep_plan(plan_key, plan, table)
+    error, out, lse = plan(*args)
     if error:
         return None
     return (out, lse) if return_lse else out
@@ -132,17 +140,9 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if len(qs) != 3:
         return None
     plan_key = ("varlen", qs[2], query.get_device(), is_causal, window_size, softcap)
-    plan = plans.get(plan_key)
-    if plan is None:
-        plan = _varlen_plan(query, is_causal, window_size, softcap)
-        if plan is None:
-            return None
-        keep_plan(plan_key, plan, plans)
-    error, out, lse = plan(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks,
-                           return_lse, scale)
-    if error:
-        return None
-    return (out, lse) if return_lse else out
+    return run_plan(plans, plan_key, _varlen_plan, (query, is_causal, window_size, softcap),
+                    (query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sinks, return_lse,
+                     scale), return_lse)
 
 
 def _varlen_plan(query, is_causal, window_size, softcap):

@@ -206,18 +206,9 @@ def serving(query, key_cache, value_cache, cu_q, cu_k, max_q, max_k, is_causal, 
     qs = query.shape
     if len(qs) != 3:
         return None
-    plan_key = (qs[2], query.get_device(), is_causal, window_size, softcap)
-    plan = _plans.get(plan_key)
-    if plan is None:
-        plan = _serving_plan(query, is_causal, window_size, softcap)
-        if plan is None:
-            return None
-        kernels.keep_plan(plan_key, plan, _plans)
-    error, out, lse = plan(query, key_cache, value_cache, cu_q, cu_k, block_table, page_errors, max_q, max_k, sinks,
-                           return_lse, scale)
-    if error:
-        return None
-    return (out, lse) if return_lse else out
+    return fast.run_plan(_plans, (qs[2], query.get_device(), is_causal, window_size, softcap), _serving_plan,
+                         (query, is_causal, window_size, softcap), (query, key_cache, value_cache, cu_q, cu_k,
+                         block_table, page_errors, max_q, max_k, sinks, return_lse, scale), return_lse)
 
 
 def _serving_plan(query, is_causal, window_size, softcap):
