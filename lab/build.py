@@ -436,6 +436,14 @@ def ptx_code(text: str) -> str:
     return text[:tail.start()] if tail else text
 
 
+def ptx_entries(text: str) -> dict[str, str]:
+    """{kernel entry name: its PTX, up to the next entry} of a module's PTX (`ptx`, or `ptx_code` of it); internal
+    entries (no .visible) count too. The text is cut before each entry and before each `// .globl NAME` comment,
+    which names the entry after it: left on the kernel before, it would make two builds' same code differ."""
+    chunks = re.split(r"(?=^[ \t]*(?://[ \t]*\.globl\s|(?:\.visible\s+)?\.entry\s))", text, flags=re.M)
+    return {m.group(1): chunk for chunk in chunks if (m := re.search(r"\.entry (\S+)\(", chunk))}
+
+
 # ---------------------------------------------------------------- the torch binding
 
 _binding = None

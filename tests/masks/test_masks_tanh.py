@@ -20,9 +20,8 @@ PAIR = "tanh.approx.f16x2"
 def _entries(switch: int) -> dict[str, str]:
     """{kernel entry name: PTX code} of bwd v08 built for sm_90a with LAB_BWD_MASK_TANH_HALF=switch; 1 is the default,
     built without the define (the gate's build). The line table is left out: the code is compared."""
-    text = build.ptx_code(build.ptx("bwd/v08_masks.cu", "sm_90a", None if switch else {"LAB_BWD_MASK_TANH_HALF": 0}))
-    chunks = re.split(r"^\s*// \.globl\s+\S+\s*$", text, flags=re.M)  # one kernel per chunk, after its marker
-    return {m.group(1): chunk for chunk in chunks if (m := re.search(r"\.entry (\S+)\(", chunk))}
+    return build.ptx_entries(build.ptx_code(build.ptx("bwd/v08_masks.cu", "sm_90a",
+                                                      None if switch else {"LAB_BWD_MASK_TANH_HALF": 0})))
 
 
 @pytest.fixture(scope="module")

@@ -403,10 +403,9 @@ def _v11_entries(defines) -> dict:
     import re
 
     from lab import build
-    text = build.ptx_code(build.ptx("fwd/v11_masks_overlap.cu", "sm_90a", defines))
-    chunks = re.split(r"(?=^\s*(?:\.visible\s+)?\.entry\s)", text, flags=re.M)  # (internal: no .globl)
+    entries = build.ptx_entries(build.ptx_code(build.ptx("fwd/v11_masks_overlap.cu", "sm_90a", defines)))
     labels = r"(\$L__BB|__local_depot)\d+"  # numbered by the kernel's place in the file
-    return {m.group(1): re.sub(labels, r"\1", c) for c in chunks if (m := re.search(r"\.entry (\S+)\(", c))}
+    return {name: re.sub(labels, r"\1", code) for name, code in entries.items()}
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not on PATH")

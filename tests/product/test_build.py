@@ -547,3 +547,12 @@ def test_v04_sweep_switch_builds_one_tile_and_rejects_a_bad_one():
     assert all("FwdConfig<128, 8, 1, 64, 2, 1, true, false, false, 1, false," in r["kernel"] for r in rows)
     with pytest.raises(build.BuildError, match="v04_lazy.cu"):  # 3 warps: the Q tile load does not split evenly
         build.compile_check(archs=("sm_80",), sources=[v04], defines={"LAB_FWD_LAZY_TILE": r"FwdConfig<128\,3\,2\,64\,2\,2>"})
+
+
+def test_ptx_entries_cut_each_kernel_from_its_own_entry():
+    text = (".version 9.0\n\t// .globl\tfirst\n.visible .entry first(\n)\n{\n\tret;\n}\n\t// .globl\tsecond\n"
+            ".visible .entry second(\n)\n{\n\tadd.s32 %r1, %r2, 1;\n}\n.entry internal(\n)\n{\n\tret;\n}\n")
+    entries = build.ptx_entries(text)
+    assert list(entries) == ["first", "second", "internal"]
+    assert entries["first"] == ".visible .entry first(\n)\n{\n\tret;\n}\n"  # no marker of the next kernel
+    assert "add.s32" in entries["second"] and "add.s32" not in entries["internal"]
