@@ -33,6 +33,12 @@
 //     and racecheck clean (outputs/driver_logs/20261129-h200-batch2-f58d500e62/T7). One length 8 x 2048 (7152d73448,
 //     outputs/driver_logs/20261129-h200-batch3-7152d73448/T7): backward 0.86x the dense op's time, forward + backward
 //     0.93x (predicted 1.02-1.08x); the forward alone (fwd v11) stays 1.18x the dense default's.
+// LAB_BWD_PACKED_PASSES=1 (a candidate, 0 the default until measured): the packed call's pre-pass and dQ convert by
+//   workspace block, one CTA per 128 / 64 rows with the sequence found once, dQ stored as 16-byte chunks of whole rows
+//   through shared memory (common/hopper/attn_bwd_packed_sm90.cuh, bwd_pre_packed_tile / convert_dq_packed_tile).
+//   Prediction (H200, 8 x 2048, H 16, D 128, bf16, causal): convert 82 -> 42-50 us, pre-pass 67 -> 57-62 us, the
+//   backward 0.91 -> 0.86-0.87 ms; the dq_accum zeroing stays (the dQ partials arrive in no fixed order). Self-test
+//   build: LAB_BWD_PACKED_BUG_NO_ZERO (the block pre-pass leaves dq_accum as it was).
 // Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
 // LAB_BWD_MASK_STAGE=1 (the default): v12's tile config, dK and dV staged through the free dQ staging area and stored as
 // 16-byte rows, and at D = 64 v10's K and V in registers. Prediction (H100, D = 128, bf16, GPU time against v07's

@@ -117,9 +117,11 @@ def check_varlen_bwd(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, ca
                 sinks=sink)
     return report("bwd_varlen", case, worst, expect_fail, defines, q.device)
 
-def checks() -> int:
+def checks(defines=None) -> int:
     """The packed backward's grid: empty sequences (either side), uneven lengths across tile edges, one sequence
-    longer than the rest, S_q != S_k per sequence (bottom-right), D 64 / 128, fp16 / bf16, GQA."""
+    longer than the rest, S_q != S_k per sequence (bottom-right), D 64 / 128, fp16 / bf16, GQA; then the wrong builds,
+    which must fail. defines: a candidate build of bwd v08 for every row (the wrong builds on top of it); then the
+    calls go through varlen_bwd.launch rather than autograd."""
     bf16, fp16 = torch.bfloat16, torch.float16
     docs_q, docs_k = [1, 0, 63, 65, 200, 0, 130], [1, 7, 63, 65, 200, 0, 97]
     long_q = [1025, 3, 0, 300]
@@ -132,16 +134,21 @@ def checks() -> int:
              ("long", long_q, long_q, 128, bf16, True, (256, 0), 50.0, True)]
     bad = 0
     for name, lq, lk, D, dtype, causal, window, cap, sink in cases:
-        bad += not check_varlen_bwd(name, lq, lk, 4, 2, D, dtype, causal, window, cap, sink)
+        bad += not check_varlen_bwd(name, lq, lk, 4, 2, D, dtype, causal, window, cap, sink, defines)
     docs = [700, 1, 0, 1300, 129, 2048, 64]
-    bad += not check_varlen_bwd("docs-mqa", docs, docs, 4, 1, 64, bf16, True, None, 0.0, False, trials=1)
-    bad += not check_varlen_bwd("docs-window", docs, docs, 4, 2, 128, fp16, True, (300, 0), 0.0, True, trials=1)
+    bad += not check_varlen_bwd("docs-mqa", docs, docs, 4, 1, 64, bf16, True, None, 0.0, False, defines, trials=1)
+    bad += not check_varlen_bwd("docs-window", docs, docs, 4, 2, 128, fp16, True, (300, 0), 0.0, True, defines,
+                                trials=1)
+    base = dict(defines or {})
     bad += not check_varlen_bwd("no-window", long_q, long_q, 4, 2, 128, bf16, True, (64, 0), 0.0, False,
-                                defines={"LAB_BWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
+                                defines={**base, "LAB_BWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
     # the packed producer with every sequence's keys read from the first one's rows
     bad += not check_varlen_bwd("no-offset", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
-                                defines={"LAB_BWD_PACKED_BUG_NO_OFFSET": 1}, expect_fail=True)
-    print(f"checks varlen bwd done: {bad} bad", flush=True)
+                                defines={**base, "LAB_BWD_PACKED_BUG_NO_OFFSET": 1}, expect_fail=True)
+    if base.get("LAB_BWD_PACKED_PASSES"):  # the block pre-pass leaving dq_accum unzeroed (NaN-poisoned: must fail)
+        bad += not check_varlen_bwd("no-zero", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
+                                    defines={**base, "LAB_BWD_PACKED_BUG_NO_ZERO": 1}, expect_fail=True, trials=1)
+    print(f"checks varlen bwd {defines or ''} done: {bad} bad", flush=True)
     return bad
 
 
@@ -282,6 +289,7 @@ def sanitize_packed() -> None:
 DOCS12 = [2048, 3072, 1200, 4096, 517, 1900, 2500, 640, 3300, 1024, 1800, 1003]
 DOCS_MIXED = [512, 4096, 1536, 777, 3000, 2048, 1100, 2600]
 SLOT_MAJOR = {"LAB_BWD_PACKED_HEAD_MINOR": 0}  # the packed grid's other order (attn_bwd_packed_sm90.cuh)
+BLOCK_PASSES = {"LAB_BWD_PACKED_PASSES": 1}  # pre-pass and convert by workspace block (attn_bwd_packed_sm90.cuh)
 Q64 = {"LAB_BWD_PACKED_D64_Q128": 0}  # D 64 packed with 64 queries a step (bwd/v08_masks.cu)
 RACE_CELLS = (("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128), ("docs-mixed", DOCS_MIXED, 64),
               ("docs-mixed", DOCS_MIXED, 128), ("one-length", [2048] * 8, 64))
@@ -298,12 +306,14 @@ def _cell(lens, D, H=16, dtype=torch.bfloat16):
 
 @bench.flex_race
 def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, variants: bool = False,
-         jsonl: str | None = None) -> list:
+         jsonl: str | None = None, packed_builds=()) -> list:
     """Forward, backward alone (autograd.grad with retain_graph over one forward) and forward + backward through the
     public op, in GPU time (bench.GpuTimeTimer), against FlexAttention's compiled document mask (flex_too: False
     leaves it out of the one-length cells, which race the dense op); the backward's two layouts (varlen_bwd.launch)
-    side by side, and with `variants` the packed kernel's other grid order and D 64 config. Returns the rows it
-    printed; each is also appended to `jsonl` as it is done."""
+    side by side, and with `variants` the packed kernel's other grid order and D 64 config; packed_builds: more
+    (label, defines) builds of the packed backward's kernel call beside the default ("kernel_packed_<label>"), and the
+    public op's backward on each ("lab_<label>": varlen_bwd.DEFINES set around the call). Returns the rows it printed;
+    each is also appended to `jsonl` as it is done."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
@@ -350,10 +360,15 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
         if variants:
             kernels += (("packed_slot_major", "packed", SLOT_MAJOR),) + ((("packed_q64", "packed", Q64),) if D == 64
                                                                         else ())
+        kernels += tuple(("packed_" + label, "packed", defines) for label, defines in packed_builds)
         for label, layout, defines in kernels:
             calls["kernel_" + label] = (lambda layout=layout, defines=defines: varlen_bwd.launch(
                 dout, q, k, v, o, lse, None, cu, cu, None, False, mx, mx, -1, 0, 0.0, D ** -0.5, layout=layout,
                 defines=defines), None)
+        lab_out = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, check_cu_seqlens=False)
+        for label, defines in packed_builds:
+            calls["lab_" + label] = (lambda defines=defines: _with_defines(
+                defines, lambda: torch.autograd.grad(lab_out, ins, dout, retain_graph=True)), None)
         times = bench.time_interleaved(calls, timer=timer, budget_s=0.3, max_reps=21, min_reps=7)
         ms = {key: (t.median_ms if hasattr(t, "median_ms") else str(t)) for key, t in times.items()}
         iqr = {key: t.iqr_ms for key, t in times.items() if hasattr(t, "iqr_ms")}
@@ -370,7 +385,10 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
                "route_over_dense_fwd": ratio("route_fwd", "dense_fwd"),
                "padded_over_packed": ratio("kernel_padded", "kernel_packed"),
                "slot_major_over_head_minor": ratio("kernel_packed_slot_major", "kernel_packed"),
-               "q64_over_q128": ratio("kernel_packed_q64", "kernel_packed")}
+               "q64_over_q128": ratio("kernel_packed_q64", "kernel_packed"),
+               "builds_over_default": {label: [ratio("kernel_packed_" + label, "kernel_packed"),
+                                               ratio("lab_" + label, "lab")] for label, _ in packed_builds},
+               "flex_over_builds": {label: ratio("flex", "lab_" + label) for label, _ in packed_builds}}
         rows.append(row)
         if jsonl:
             with open(jsonl, "a") as f:
@@ -384,9 +402,19 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
               f"{row['checked_packed_over_route']}; route's GPU work / dense fwd: "
               f"{row['route_over_dense_fwd']}; "
               f"padded / packed backward: {row['padded_over_packed']}; slot-major / head-minor grid: "
-              f"{row['slot_major_over_head_minor']}; D 64's 64 / 128 queries a step: {row['q64_over_q128']}",
-              flush=True)
+              f"{row['slot_major_over_head_minor']}; D 64's 64 / 128 queries a step: {row['q64_over_q128']}; "
+              f"builds / default (kernel call, public backward): {row['builds_over_default']}; Flex / builds' "
+              f"backward: {row['flex_over_builds']}", flush=True)
     return rows
+
+
+def _with_defines(defines, fn):
+    """fn() with the packed backward of every call that names no build run as `defines` (varlen_bwd.DEFINES)."""
+    before, varlen_bwd.DEFINES = varlen_bwd.DEFINES, defines
+    try:
+        return fn()
+    finally:
+        varlen_bwd.DEFINES = before
 
 
 def _no_grad(fn):
@@ -394,17 +422,22 @@ def _no_grad(fn):
         return fn()
 
 
-def profile(cells=(("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128)), steps: int = 3) -> dict:
-    """torch.profiler of forward + backward through the public op, both layouts: {cell/layout: [(kernel, calls,
-    total us)]}, every kernel's time summed over `steps` calls (printed as a table)."""
+PROFILE_BUILDS = (("packed", "packed", None), ("padded", "padded", None))
+
+
+def profile(cells=(("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128)), steps: int = 3,
+            builds=PROFILE_BUILDS) -> dict:
+    """torch.profiler of forward + backward through the public op in each build, (label, layout, defines) of the
+    backward (both layouts by default): {cell/label: [(kernel, calls, total us)]}, every kernel's time summed over
+    `steps` calls (printed as a table)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     tables = {}
     for name, lens, D in cells:
         q, k, v, dout, cu = _cell(lens, D)
         mx = max(lens)
-        for layout in ("packed", "padded"):
-            varlen_bwd.LAYOUT = layout
+        for label, layout, defines in builds:
+            varlen_bwd.LAYOUT, varlen_bwd.DEFINES = layout, defines
             try:
                 for _ in range(2):  # warm: builds, plans
                     torch.autograd.grad(ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True,
@@ -416,13 +449,13 @@ def profile(cells=(("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128)), st
                                                                  check_cu_seqlens=False), (q, k, v), dout)
                     torch.cuda.synchronize()
             finally:
-                varlen_bwd.LAYOUT = None
+                varlen_bwd.LAYOUT = varlen_bwd.DEFINES = None
             events = [e for e in prof.key_averages() if e.device_time_total > 0]
             events.sort(key=lambda e: -e.device_time_total)
             table = [(e.key[:90], e.count // steps, e.device_time_total / steps) for e in events]
-            tables[f"{name}/D{D}/{layout}"] = table
+            tables[f"{name}/D{D}/{label}"] = table
             total = sum(t for _, _, t in table)
-            print(f"profile {name} D {D} {layout}: {total:.0f} us of GPU time per forward + backward", flush=True)
+            print(f"profile {name} D {D} {label}: {total:.0f} us of GPU time per forward + backward", flush=True)
             for kernel, count, us in table[:14]:
                 print(f"  {us:9.1f} us {100 * us / total:5.1f} %  x{count:<3d} {kernel}", flush=True)
     return tables

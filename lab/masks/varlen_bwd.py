@@ -26,6 +26,7 @@ from . import backward
 IN_PLACE = ("v08",)  # masked backward versions that read packed tensors in place (MaskBwdParams::cu_seqlens_q)
 IN_PLACE_DIMS = (64, 128)
 LAYOUT: str | None = None  # the layout of a call that names none (an A/B of the two sets "padded")
+DEFINES: dict | None = None  # the kernel build of a call that names none (an A/B of the public op sets one)
 ALIGN = 128  # kPackedAlign (common/hopper/attn_bwd_packed_sm90.cuh): workspace rows of a sequence, keys of a slot
 
 
@@ -71,6 +72,7 @@ def launch(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks
     if layout not in (None, "packed", "padded"):
         raise ValueError(f"layout must be None, 'packed' or 'padded', got {layout!r}")
     layout = layout or LAYOUT
+    defines = defines if defines is not None else DEFINES
     B = cu_q.shape[0] - 1
     dsinks = torch.zeros(q.shape[1] if want_dsinks else 0, dtype=torch.float32, device=q.device)
     if B == 0 or max_q == 0 or max_k == 0 or q.shape[0] == 0 or k.shape[0] == 0:

@@ -3,7 +3,8 @@ buffers, lab.masks.varlen_bwd layout="padded"): dK and dV bit for bit where both
 CTA runs the same steps on the same rows; the next sequence's rows that a tile reads past a sequence's end get
 P = dS = 0), to float32 summation order at D 64 without softcap (128 queries a step in place), dQ and d sinks to
 float32 reduction order; rows of no sequence zero with NaN-poisoned memory; a build that reads every sequence's keys
-at the first one's rows differs. Skipped without CUDA."""
+at the first one's rows differs; the pre-pass and convert by workspace block (LAB_BWD_PACKED_PASSES=1) give the thread
+passes' dK, dV bit for bit (the same Delta) and dQ to float32 reduction order. Skipped without CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -62,6 +63,37 @@ def test_a_dropped_sequence_offset_is_seen():
     _, dk, _, _ = _run(args, "packed")
     _, bad, _, _ = _run(args, "packed", {"LAB_BWD_PACKED_BUG_NO_OFFSET": 1})
     assert not torch.equal(dk, bad)
+
+
+BLOCKS = {"LAB_BWD_PACKED_PASSES": 1}
+
+
+@pytest.mark.parametrize("lens,Hq,Hkv,D,dtype,causal,window,cap,sink", [
+    ([1, 0, 63, 65, 200, 0, 130], 4, 2, 128, torch.bfloat16, True, None, 0.0, True),
+    ([700, 1, 0, 1300, 129, 64], 4, 1, 64, torch.bfloat16, True, (100, 0), 30.0, False),
+    ([257, 3, 511, 128], 6, 3, 128, torch.float16, False, (40, 70), 5.0, True),
+    ([1025, 0, 300], 2, 2, 64, torch.float16, False, None, 0.0, False),
+])
+def test_block_passes_match_the_thread_passes(lens, Hq, Hkv, D, dtype, causal, window, cap, sink):
+    args, rows = _call(lens, Hq, Hkv, D, dtype, causal, window, cap, sink, seed=1)
+    dq, dk, dv, ds = _run(args, "packed")
+    bq, bk, bv, bs = _run(args, "packed", BLOCKS)
+    for g in (bq, bk, bv):
+        assert torch.isfinite(g).all()
+        assert (g[rows:] == 0).all()  # the stray rows
+    assert torch.equal(dk, bk) and torch.equal(dv, bv)
+    torch.testing.assert_close(bq.float(), dq.float(), rtol=1e-2, atol=1e-2)
+    if sink:
+        torch.testing.assert_close(bs, ds, rtol=1e-4, atol=1e-3)
+
+
+def test_an_unzeroed_accumulator_is_seen():
+    lens = [1, 0, 63, 65, 200, 0, 130]
+    args, _ = _call(lens, 4, 2, 128, torch.bfloat16, True, None, 0.0, False)
+    rows = 4 * ((args[1].shape[0] + 128 * len(lens)) // 128 * 128)  # H_q R: Delta, LSE log2 e, then D floats a row
+    check._poison_allocator(args[1], args[2], args[3], torch.empty(rows * (2 + 128), device="cuda"))
+    bad, _, _, _ = varlen_bwd.launch(*args, layout="packed", defines={**BLOCKS, "LAB_BWD_PACKED_BUG_NO_ZERO": 1})
+    assert not torch.isfinite(bad).all()  # the NaN-poisoned workspace reaches dQ
 
 
 def test_layout_arguments():

@@ -61,6 +61,15 @@ __device__ __forceinline__ PackedSeq packed_seq(const MaskBwdParams& p, int b) {
 #define LAB_BWD_PACKED_HEAD_MINOR 1
 #endif
 
+// The two memory passes around the dK / dV kernel: 1, one CTA per workspace block (bwd_pre_packed_tile over 128 rows,
+// convert_dq_packed_tile over 64 rows: the block's sequence found once per CTA, dQ written as 16-byte chunks of whole
+// rows through shared memory); 0 (the default until measured), one thread per row lane or per float4 of dq_accum
+// (bwd_pre_packed, convert_dq_packed), each finding its own sequence. See the tile kernels' comment for the reason
+// and the prediction.
+#ifndef LAB_BWD_PACKED_PASSES
+#define LAB_BWD_PACKED_PASSES 0
+#endif
+
 constexpr int kPackedAlign = 128;  // rows: the workspace's sequence alignment, and keys of a slot (Cfg::BC)
 
 __host__ __device__ __forceinline__ int64_t packed_ws_rows(int total_q, int batch) {
@@ -332,6 +341,141 @@ __global__ void __launch_bounds__(256) convert_dq_packed(const MaskBwdParams p) 
   }
 }
 
+// The passes by workspace block (LAB_BWD_PACKED_PASSES=1). Why: torch.profiler of one forward + backward at 8 x 2048
+// tokens, H 16, D 128 (H200, outputs/driver_logs/20261129-h200-batch1-278998b0f8/T7) put convert_dq_packed at 82 us for
+// 136 MiB of dq_accum read and 64 MiB of dQ written (~40 us at 4.8 TB/s: twice its floor) and bwd_pre_packed at 67 us
+// (~55 us floor: O and dO read, dq_accum zeroed). convert_dq_packed gives each thread one float4 and pays for it with
+// two 64-bit divisions by the runtime row count, a binary search over cu_seqlens (three dependent loads at B 8) and
+// packed_seq's loads before the float4's own load can issue, and writes dQ as 4-byte stores: a warp's store covers 8
+// rows x 16 bytes, half of each 32-byte sector, the other half from another warp. The tile kernels take the sequence
+// once per CTA (a 64- or 128-row block of the workspace lies inside one sequence's padded rows or between two), issue
+// all of a thread's loads together (8 float4 of dq_accum; 8 rows' chunks of O and dO), and convert writes whole rows:
+// the 64 x D block of bf16 dQ transposed through 17 KB of shared memory (rows of D / 2 + 4 words: the accumulator's
+// 8 rows x 4 lanes of a warp land on 32 banks), then 16-byte stores, a warp's 512 contiguous bytes of two rows.
+// The pre-pass zeroes its block's dq_accum rows as one contiguous float4 run (the old lanes wrote two 16-byte halves
+// of each 32-byte span). The zeroing itself stays: every key block's CTA adds into a query row with red.global, in
+// no fixed order, so no CTA can be the one that stores first (bwd v17 / v18's ordered adds would give one, at the
+// waits that made them the deterministic mode only); a memset moves the same 136 MiB.
+// Prediction (H200, bf16, causal, H 16, D 128, 8 x 2048, torch.profiler and the kernel call in GPU time): convert
+// 82 -> 42-50 us, pre-pass 67 -> 57-62 us, so the backward's kernel call 0.91 -> 0.86-0.87 ms (-40 to -50 us, 4-5 %);
+// twelve documents alike (convert 119 -> 60-70 us, pre-pass 95 -> 80-88 us). FlexAttention's document mask over ours
+// at one length 1.34 -> 1.40-1.42x: the 1.5x target needs the dK / dV kernel (787 us) itself faster.
+
+// The workspace block starting at row rho0 (of [H_q][R]): its sequence's first packed row and length, the block's first
+// row inside the sequence (r0; negative or past the padded rows: the block lies between sequences).
+struct WsBlock {
+  int qa, sq;
+  int64_t r0;
+};
+__device__ __forceinline__ WsBlock ws_block(const MaskBwdParams& p, int64_t rho0) {
+  const int b = ws_seq(p, rho0);
+  const PackedSeq ps = packed_seq(p, b);
+  return WsBlock{ps.qa, ps.sq, rho0 - ws_start(ps.qa, b)};
+}
+
+// bwd_pre_packed's rows, 128 of one head per CTA (kPackedAlign: a sequence's padded rows are whole blocks): dq_accum's
+// 128 x D floats zeroed, Delta and LSE log2 e of each row (0 past S_q). Grid: H_q R / 128 CTAs of 256 threads.
+template <class T, int D>
+__global__ void __launch_bounds__(256, 3) bwd_pre_packed_tile(const MaskBwdParams p) {
+  constexpr int kLanes = lab::bwd::pre_lanes(D), kRows = kPackedAlign, kRowsPerPass = 256 / kLanes;
+  constexpr int kPasses = kRows / kRowsPerPass, kZeroQuads = kRows * D / 4 / 256;
+  static_assert(kRows % kRowsPerPass == 0 && kRows * D / 4 % 256 == 0, "whole passes over the block");
+  const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch), blocks = rows_ws / kRows;
+  const int h = (int)(blockIdx.x / blocks);
+  const int64_t rho0 = blockIdx.x % blocks * kRows;
+  const WsBlock wb = ws_block(p, rho0);
+  if (wb.r0 < 0 || wb.r0 >= (int64_t)(wb.sq + kPackedAlign - 1) / kPackedAlign * kPackedAlign) return;
+  const int64_t row0 = (int64_t)h * rows_ws + rho0;
+#ifndef LAB_BWD_PACKED_BUG_NO_ZERO  // self-test: dq_accum left as it was (the checks poison it with NaN)
+  float4* z = reinterpret_cast<float4*>(p.dq_accum + row0 * D);
+#pragma unroll
+  for (int k = 0; k < kZeroQuads; ++k) z[k * 256 + threadIdx.x] = make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
+  const int chunk = threadIdx.x % kLanes, lane_row = threadIdx.x / kLanes;
+  // the passes in groups of 4: 8 loads of 16 bytes in flight per thread at 64 registers (all 8 passes took 128, two
+  // CTAs a multiprocessor)
+  constexpr int kGroup = kPasses < 4 ? kPasses : 4;
+  static_assert(kPasses % kGroup == 0, "whole groups of passes");
+#pragma unroll 1
+  for (int k0 = 0; k0 < kPasses; k0 += kGroup) {
+    uint4 ov[kGroup], dv[kGroup];
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const int i = (int)wb.r0 + (k0 + k) * kRowsPerPass + lane_row;
+      ov[k] = dv[k] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < wb.sq && chunk < D / 8) {
+        const int64_t t = (int64_t)wb.qa + i;
+        ov[k] = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + h * p.o_stride[1] + t * p.o_stride[2] +
+                                                chunk * 8);
+        dv[k] = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout) + h * p.do_stride[1] +
+                                                t * p.do_stride[2] + chunk * 8);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      const int w = (k0 + k) * kRowsPerPass + lane_row, i = (int)wb.r0 + w;  // w: the row in the block
+      const T* oe = reinterpret_cast<const T*>(&ov[k]);
+      const T* de = reinterpret_cast<const T*>(&dv[k]);
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot += static_cast<float>(oe[e]) * static_cast<float>(de[e]);
+#pragma unroll
+      for (int off = kLanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (chunk == 0) {
+        float delta = 0.f, lse2 = 0.f;
+        if (i < wb.sq) {
+          const int64_t r = (int64_t)h * p.total_q + wb.qa + i;
+          delta = dot - (p.dlse != nullptr ? p.dlse[r] : 0.f);
+          lse2 = p.lse[r] * lab::bwd::kPreLog2e;
+        }
+#ifdef LAB_BWD_BUG_NO_DELTA
+        delta = 0.f;
+#endif
+        p.delta[row0 + w] = delta;
+        p.lse_log2[row0 + w] = lse2;
+      }
+    }
+  }
+}
+
+// dQ = scale dq_accum over one 64-row block of one head per CTA (convert_quad's accumulator order): the block's float4
+// packed to T pairs into a [64][D / 2 + 4] word tile, then each row's 16-byte chunks stored. Grid: H_q R / 64 CTAs.
+template <class C, class T>
+__global__ void __launch_bounds__(256) convert_dq_packed_tile(const MaskBwdParams p) {
+  constexpr int D = C::D, kPartQuads = 16 * C::kDqCols, kQuads = 64 * D / 4 / 256, kStride = D / 2 + 4;
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a row of dQ
+  static_assert(64 * D / 4 % 256 == 0 && 64 * kChunks % 256 == 0 && kStride % 4 == 0, "whole float4 / uint4 passes");
+  __shared__ __align__(16) uint32_t tile[64 * kStride];
+  const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch), blocks = rows_ws / 64;
+  const int h = (int)(blockIdx.x / blocks);
+  const int64_t rho0 = blockIdx.x % blocks * 64;
+  const WsBlock wb = ws_block(p, rho0);
+  if (wb.r0 < 0 || wb.r0 >= wb.sq) return;  // between sequences, or the padding past S_q
+  const float4* src = reinterpret_cast<const float4*>(p.dq_accum) + ((int64_t)h * rows_ws + rho0) * (D / 4);
+  float4 a[kQuads];
+#pragma unroll
+  for (int k = 0; k < kQuads; ++k) a[k] = src[k * 256 + threadIdx.x];
+#pragma unroll
+  for (int k = 0; k < kQuads; ++k) {
+    const int in = k * 256 + threadIdx.x;
+    const int part = in / kPartQuads, r4 = (in % kPartQuads) / 128, wt = in % 128;
+    const int warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+    const int row = warp * 16 + g, word = ((C::kSplitDq ? part * C::kDqCols : 0) + 8 * r4 + 2 * t) / 2;
+    tile[row * kStride + word] = lab::pack2<T>(a[k].x * p.scale, a[k].y * p.scale);
+    tile[(row + 8) * kStride + word] = lab::pack2<T>(a[k].z * p.scale, a[k].w * p.scale);
+  }
+  __syncthreads();
+  T* dst = static_cast<T*>(p.dq) + h * p.dq_stride[1] + ((int64_t)wb.qa + wb.r0) * p.dq_stride[2];
+  const int64_t left = wb.sq - wb.r0;  // rows of the block inside the sequence
+#pragma unroll
+  for (int k = 0; k < 64 * kChunks / 256; ++k) {
+    const int u = k * 256 + threadIdx.x, row = u / kChunks, c = u % kChunks;
+    if (row < left)
+      *reinterpret_cast<uint4*>(dst + row * p.dq_stride[2] + c * 8) =
+          *reinterpret_cast<const uint4*>(tile + row * kStride + c * 4);
+  }
+}
+
 // Zero gradients for the packed rows of no sequence (before the first, after the last, past a sequence clamped to
 // max_seqlen): one thread per packed row of q, then of k; a covered row is left to the kernels above.
 template <int D, class T>
@@ -398,7 +542,14 @@ int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
   cudaError_t err = cudaSuccess;
   const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch);
   const int64_t pre = (int64_t)p.heads_q * rows_ws * lab::bwd::pre_lanes(D);
-  if (pre > 0) {
+  // The block passes write dQ as 16-byte chunks: dq 16-byte aligned with strides of whole chunks (torch.empty_like of
+  // a tensor the tensor maps read), else the per-thread passes.
+  const bool tiles = LAB_BWD_PACKED_PASSES && reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_stride[1] % 8 == 0 &&
+                     p.dq_stride[2] % 8 == 0 && (int64_t)p.heads_q * rows_ws / 64 <= 0x7fffffff;
+  if (tiles && rows_ws > 0) {
+    bwd_pre_packed_tile<T, D><<<(unsigned)(p.heads_q * rows_ws / kPackedAlign), 256, 0, st>>>(p);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  } else if (pre > 0) {
     bwd_pre_packed<T, D><<<(unsigned)((pre + 127) / 128), 128, 0, st>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
@@ -418,7 +569,10 @@ int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
     const int64_t grid = ((int64_t)p.heads_q * rows_ws * D / 4 + 255) / 256;
-    if (grid > 0) {
+    if (tiles && rows_ws > 0) {
+      convert_dq_packed_tile<C, T><<<(unsigned)(p.heads_q * rows_ws / 64), 256, 0, st>>>(p);
+      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    } else if (grid > 0) {
       convert_dq_packed<C, T><<<(unsigned)(grid < 65536 ? grid : 65536), 256, 0, st>>>(p);
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
