@@ -211,9 +211,42 @@
 #ifndef LAB_FWD_FP8_PERSISTENT
 #define LAB_FWD_FP8_PERSISTENT 0
 #endif
+// LAB_FWD_FP8_WARP_UNIFORM (1, default; 0: the kernel before): a warp's first query row (both kernels) and the
+// warp-specialised kernel's warpgroup index are taken from lane 0 by a shuffle (uniform_in_warp). ptxas cannot tell
+// that threadIdx.x / 32 is the same in every lane (blockDim.x is not known to it), so the mask test of each key tile
+// (tile_needs_mask on the warp's first row) was a branch that might diverge, and in a loop around it the wgmma
+// descriptors left the uniform datapath: ring stage, Q and K / V^T bases in vector registers, an R2UR pair and a
+// 64-bit vector add per wgmma. The persistent grid's loop over tiles showed it (issue block of the ping-pong turn
+// at D 128: 95 instructions, 25 R2UR; 122 at B_c 256); the default grid kept most descriptors uniform but not Q's.
+// With the shuffle (SASS, sm_90a, nvcc 13.0, the issue block between the turn's BAR.SYNC and its BAR.ARV):
+//   D 128 (B_c 192)  default 59 -> 44 instructions (9 R2UR -> 0), persistent 95 -> 62 (25 R2UR -> 0)
+//   D 256 (B_c 128)  default 104 -> 61 (17 R2UR -> 0), persistent 113 -> 84 (35 -> 0)
+//   D 64 (one warpgroup): the kernel 4712 -> 4264 instructions, R2UR 26 -> 6, none between the wgmma fences.
+// The persistent block stays longer than the default's: ptxas recomputes the Q and ring-base descriptors per key
+// tile inside the tile loop instead of keeping them (uniform registers), ~18 uniform-datapath instructions.
+// Prediction (written before the H200 run; lab.fp8.race in rounds, public call, against WARP_UNIFORM 0 = the
+// previous default, SASS identical to it): the default +0-2 % at D 128 (a 15-instruction shorter turn per key
+// tile), +1-3 % at D 256 and D 64; the static persistent grid (LAB_FWD_FP8_PERSISTENT 1) over the new default by
+// its own measured margin, +1-3 % at D 128 S 4k, +0-1 % at 16k, -1 to +1 % causal, +1-2 % GQA, +0-1 % at D 256,
+// so +3-6 % over the previous default at S 4k; the dynamic one (3) 1-3 % under the static one (the atomic and
+// the hand-off; ptxas: 24 / 108 B of spill stores at D 128 / 256, 20 / 144 B before); B_c 256 persistent +0-4 % at S 4k
+// and under the default at 16k (its non-overlapped order). Same O and LSE bit for bit in every B_c 192 build.
+#ifndef LAB_FWD_FP8_WARP_UNIFORM
+#define LAB_FWD_FP8_WARP_UNIFORM 1
+#endif
 
 namespace {
 using namespace lab::sm90;
+
+// x as lane 0 has it (LAB_FWD_FP8_WARP_UNIFORM): for a value that is the same in every lane of the warp by
+// construction, so that ptxas may keep it, and what it decides, on the uniform datapath. Every lane must call it.
+__device__ __forceinline__ int uniform_in_warp(int x) {
+#if LAB_FWD_FP8_WARP_UNIFORM
+  return __shfl_sync(0xffffffffu, x, 0);
+#else
+  return x;
+#endif
+}
 
 template <int D_, int BC_, int STAGES_, int MIN_BLOCKS_ = 1>
 struct CfgFp8 {
@@ -460,7 +493,7 @@ __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(cons
 #endif
   const float c = p.scale * dq * dk * kLog2e;
   const float log2_ps = __log2f(p.p_scale);
-  const int wm0 = m0 + (tid / 32) * 16;  // this warp's first row
+  const int wm0 = uniform_in_warp(m0 + (tid / 32) * 16);  // this warp's first row
   const int row0 = wm0 + (tid % 32) / 4;
   float o[D / 2];
   zero_acc(o);
@@ -591,7 +624,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     w.n_tiles = (kv_end + BC - 1) / BC;
     return w;
   };
-  const int wg = threadIdx.x / 128;
+  const int wg = uniform_in_warp(threadIdx.x / 128);  // the same in a warp: the descriptors of Q stay uniform
   constexpr bool dynamic = LAB_FWD_FP8_PERSISTENT == 3;  // the launcher makes sure of tile_counter
   constexpr bool kLoop = LAB_FWD_FP8_PERSISTENT != 0;    // else one tile per CTA: no loop, as the default grid
 
@@ -715,7 +748,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
       const float dv = descale(p.v_descale, 2, w.hkv);
 #endif
       const float c = p.scale * dq * dk * kLog2e;
-      const int wm0 = m0w + (ct / 32) * 16;
+      const int wm0 = uniform_in_warp(m0w + (ct / 32) * 16);
       const int row0 = wm0 + (ct % 32) / 4;
       zero_acc(o);
       RowState st;

@@ -18,9 +18,10 @@ with outlier channels it is the kernel's error to four digits (accumulator_model
 model's 2.4293 and 1.6927 against 1.6927 at outliers x 50, H200, outputs/driver_logs/20261129-h200-batch2-
 f58d500e62/T4), where float32-exact S is off by 1000x.
 
-The cells: uneven S (1, 65, 1000, 4097), S_q != S_k both ways, causal, GQA, D 64 / 128 / 256; outlier channels
-in Q and K under one per-tensor scale; per-head descales; FA3's (B, H_kv) and one-element descale forms;
-(B, S, H, D) inputs seen through a transpose. `wrong_build()` runs a build that drops v_descale, which must fail.
+The cells: uneven S (1, 65, 1000, 1500, 3000, 4097), S_q != S_k both ways, causal, GQA, D 64 / 128 / 256, two with
+more work tiles than SMs (a persistent grid's CTAs loop); outlier channels in Q and K under one per-tensor
+scale; per-head descales; FA3's (B, H_kv) and one-element descale forms; (B, S, H, D) inputs seen through a
+transpose. `wrong_build()` runs a build that drops v_descale, which must fail.
 Run: python -m lab.fp8.checks  (exit status 1 on any failure).
 """
 from __future__ import annotations
@@ -54,6 +55,10 @@ CELLS = (
     ("d256-s65-gqa2", 1, 4, 2, 65, 65, 256, False),
     ("d256-s1000-c", 1, 4, 4, 1000, 1000, 256, True),
     ("d256-s4097", 1, 2, 2, 4097, 4097, 256, False),
+    # More work tiles (128 query rows each) than an H200's 132 SMs, so that a persistent build's CTAs take several
+    # tiles each, of different key counts (causal): 768 and 192 tiles. Every cell above has 132 or fewer.
+    ("d128-s3000-gqa2-c", 2, 16, 8, 3000, 3000, 128, True),
+    ("d256-s1500", 2, 8, 8, 1500, 1500, 256, False),
 )
 # (name, cell, options): the quantisation-aware and layout checks
 VARIANTS = (
