@@ -873,6 +873,120 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_auto(
   return {run(), o, lse};
 }
 
+#ifdef LAB_BINDING_CPU_CHECKS
+static std::string packed_cpu_params;  // the CPU check build: the last packed call's AttnMaskParams, as launched
+pybind11::bytes packed_params_cpu_last() { return pybind11::bytes(packed_cpu_params); }
+#endif
+
+// The packed call as attn_varlen_auto makes it, on the (total, H, D) tensors themselves: no (1, H, total, D) views, no
+// out-overlap checks for the out it allocates itself (fresh, aligned, dense: writable() would pass it through). Every
+// rule attn_varlen_auto applies through check_call, python_rules_hold, readable() and copy_strides() on the views holds
+// here on the view's dims (1: heads, 2: tokens, 3: D of the 3-D tensor's 1, 0, 2), so both answer alike; an input the
+// kernels cannot read as it is still runs on a contiguous copy, as readable() makes one. Why: a host profile of the
+// forward's unchecked call (outputs/driver_logs/20261129-h200-... packed call, one crossing, 32.3 us against the paged
+// serving call's 21.5 us, outputs/experiments/20261129-paged-prefill-public-op.json) left the eight view ops (each a
+// dispatcher round trip with its autograd and view bookkeeping), four overlap checks and the copies' guards as the
+// difference between the two crossings: the paged call fills its fields from the tensors directly.
+bool packed_readable(const at::Tensor& t) {  // layout_ok() of the (1, H, total, D) view
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  if (t.size(2) > 1 && t.stride(2) != 1) return false;
+  for (int i : {1, 0})
+    if (t.size(i) > 1 && (t.stride(i) == 0 || t.stride(i) % 8 != 0)) return false;
+  return true;
+}
+
+// copy_strides() of the (1, H, total, D) view, its batch stride 0 (the packed kernels' {unused, head, token}).
+void copy_packed_strides(int64_t* dst, const at::Tensor& t) {
+  dst[0] = 0;
+  dst[1] = t.stride(1);
+  if (t.size(1) == 1 && (dst[1] == 0 || dst[1] % 8 != 0)) dst[1] = t.size(0) * t.size(2);
+  dst[2] = t.stride(0);
+  if (t.size(0) == 1 && (dst[2] == 0 || dst[2] % 8 != 0)) dst[2] = t.size(2);
+}
+
+// check_bhsd() of the (1, H, total, D) view.
+std::string check_packed(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  LAB_REQUIRE(on_gpu(t), name, " must be a CUDA tensor, got device ", t.device());
+  LAB_REQUIRE(t.device() == q.device(), name, " is on ", t.device(), " but query is on ", q.device());
+  LAB_REQUIRE(t.scalar_type() == q.scalar_type(), name, " has dtype ", t.scalar_type(), " but query has ",
+              q.scalar_type());
+  for (int i = 0; i < 3; ++i)
+    LAB_REQUIRE(t.size(i) <= kIntMax, name, ".size(", i, ") = ", t.size(i), " does not fit the kernels' int sizes");
+  return "";
+}
+
+std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_packed(
+    int64_t launcher, int64_t left, int64_t right, double softcap, at::Tensor q, at::Tensor k, at::Tensor v,
+    at::Tensor cu_q, at::Tensor cu_k, int64_t max_q, int64_t max_k, c10::optional<at::Tensor> sinks, bool want_lse,
+    c10::optional<double> scale) {
+  const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (q.dim() != 3 || k.dim() != 3 || v.dim() != 3 || grad || wants_grad(sinks))
+    return {"refused", at::Tensor(), c10::nullopt};
+  for (const at::Tensor* t : {&q, &k, &v})  // python_rules_hold: the last dim's stride, a key to attend to
+    if (t->stride(2) != 1 && t->numel() != 0) return {"refused", at::Tensor(), c10::nullopt};
+  if (k.size(0) == 0) return {"refused", at::Tensor(), c10::nullopt};
+  const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  at::Tensor o = at::empty(q.sizes(), q.options());
+  c10::optional<at::Tensor> lse;
+  if (want_lse) lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+  auto run = [&]() -> std::string {
+    int dtype = 0;
+    LAB_TRY(check_packed(q, "query", q));  // check_call's checks on the views
+    LAB_TRY(check_packed(k, "key", q));
+    LAB_TRY(check_packed(v, "value", q));
+    LAB_REQUIRE(k.sizes() == v.sizes(), "key and value shapes differ: ", k.sizes(), " vs ", v.sizes());
+    LAB_REQUIRE(q.size(2) > 0, "query head dim must be positive, got ", q.size(2));
+    LAB_REQUIRE(k.size(2) == q.size(2), "key has head dim ", k.size(2), " but query has ", q.size(2));
+    LAB_REQUIRE(k.size(1) > 0, "key must have at least one head, got ", k.size(1));
+    LAB_REQUIRE(q.size(1) % k.size(1) == 0, "query heads (", q.size(1), ") must be a multiple of key heads (",
+                k.size(1), ")");
+    LAB_TRY(dtype_code(q, &dtype));
+    LAB_TRY(check_scale(s));
+    LAB_TRY(check_cu_seqlens(cu_q, "cu_seqlens_q", q, -1));
+    LAB_TRY(check_cu_seqlens(cu_k, "cu_seqlens_k", q, cu_q.size(0)));
+    LAB_REQUIRE(max_q >= 0 && max_q <= kIntMax && max_k >= 0 && max_k <= kIntMax,
+                "max_seqlen_q / max_seqlen_k must be in [0, 2^31), got ", max_q, " / ", max_k);
+    AttnMaskParams p{};
+    if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, lse->numel(), true, &p.base.lse));
+    LAB_TRY(mask_fields(p, left, right, 0, softcap, sinks, q));
+    if (q.numel() == 0) return "";  // launch_on_copies: nothing to compute
+#ifndef LAB_BINDING_CPU_CHECKS
+    c10::cuda::CUDAGuard guard(q.device());
+#endif
+    // readable(): a contiguous copy of an input the kernels cannot read as it is (named: it outlives the launch)
+    const at::Tensor qr = q.numel() == 0 || packed_readable(q) ? q : at::empty(q.sizes(), q.options()).copy_(q);
+    const at::Tensor kr = k.numel() == 0 || packed_readable(k) ? k : at::empty(k.sizes(), k.options()).copy_(k);
+    const at::Tensor vr = v.numel() == 0 || packed_readable(v) ? v : at::empty(v.sizes(), v.options()).copy_(v);
+    AttnFwdParams& b = p.base;
+    b.q = qr.data_ptr();
+    b.k = kr.data_ptr();
+    b.v = vr.data_ptr();
+    b.o = o.data_ptr();
+    copy_packed_strides(b.q_stride, qr);
+    copy_packed_strides(b.k_stride, kr);
+    copy_packed_strides(b.v_stride, vr);
+    copy_packed_strides(b.o_stride, o);
+    b.batch = static_cast<int>(cu_q.size(0) - 1);
+    b.heads_q = static_cast<int>(q.size(1));
+    b.heads_kv = static_cast<int>(k.size(1));
+    b.seqlen_q = static_cast<int>(max_q);
+    b.seqlen_k = static_cast<int>(max_k);
+    b.head_dim = static_cast<int>(q.size(2));
+    b.scale = static_cast<float>(s);
+    b.causal = false;
+    b.dtype = dtype;
+    p.cu_seqlens_q = cu_q.data_ptr<int32_t>();
+    p.cu_seqlens_k = cu_k.data_ptr<int32_t>();
+    p.total_q = static_cast<int>(q.size(0));
+    p.total_k = static_cast<int>(k.size(0));
+#ifdef LAB_BINDING_CPU_CHECKS
+    packed_cpu_params.assign(reinterpret_cast<const char*>(&p), sizeof p);
+#endif
+    return run_launcher<AttnMaskLauncher>(launcher, p, "packed attention kernel");
+  };
+  return {run(), o, lse};
+}
+
 // The paged prefill's serving call (lab.ops.attention_varlen with block_table and page_errors, no host check of
 // cu_seqlens) in one crossing, as attn_varlen_auto is the packed call's: lab.masks.paged keys the plan by what its full
 // path checked once (head dim, device, mask, launcher), so here every rule of that path that can change between two
@@ -1276,6 +1390,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "lab.ops.attention's eager masked call (window, softcap, sinks): (error or \"refused\", out, lse)");
   m.def("attn_varlen_auto", &attn_varlen_auto,
         "lab.ops.attention_varlen's eager call, cu_seqlens unchecked on the host: (error or \"refused\", out, lse)");
+  m.def("attn_varlen_packed", &attn_varlen_packed,
+        "lab.ops.attention_varlen's unchecked packed call on the 3-D tensors: (error or \"refused\", out, lse)");
   m.def("attn_varlen_paged_auto", &attn_varlen_paged_auto,
         "lab.ops.attention_varlen's paged serving call: (error or \"refused\", out, lse)");
   m.def("decode_call", &decode_call, "split-K decoding, output and workspaces allocated here: (error, out)");
@@ -1296,6 +1412,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("page_flags_cpu_complete", &page_flags_cpu_complete, "CPU check build: events done up to a ticket (-1: all)");
   m.def("page_flags_cpu_capture", &page_flags_cpu_capture, "CPU check build: the current stream capturing or not");
   m.def("paged_params_cpu_last", &paged_params_cpu_last, "CPU check build: the last paged prefill's AttnMaskParams");
+  m.def("packed_params_cpu_last", &packed_params_cpu_last, "CPU check build: the last packed call's AttnMaskParams");
 #endif
   m.def("attn_bwd_call", &attn_bwd_call, "backward attention, gradients allocated here: (error, dq, dk, dv)");
   m.def("attn_auto_grad", &attn_auto_grad,

@@ -2,7 +2,7 @@
 the masked kernel a device runs (masked_version), which the plans memoise.
 
 lab.ops.attention with window_size / softcap / sinks, and lab.ops.attention_varlen with check_cu_seqlens=False,
-reach the kernel through binding.cpp's attn_mask_auto / attn_varlen_auto: a plan memoised per (shape, device, mask)
+reach the kernel through binding.cpp's attn_mask_auto / attn_varlen_packed: a plan memoised per (shape, device, mask)
 holds what the full path (lab.masks.op) checked once, the mask folded by lab.masks.spec, the diagonal offset and
 the launcher's address; every check that can change between two calls of one plan (dtypes, devices, shapes, strides,
 sinks, cu_seqlens, a gradient wanted) runs in C++. Any refusal or error answers None, and lab.masks.op then takes its
@@ -30,6 +30,11 @@ from ..registry import BEST_MASKED_FWD, MASKED_FWD, choose
 from . import spec
 
 _Tensor = torch.Tensor  # exact types only: a subclass goes through the full path and the dispatcher
+# The packed call's crossing: binding.cpp's attn_varlen_packed fills the fields from the (total, H, D) tensors;
+# attn_varlen_auto, the first one, checks and launches through (1, H, total, D) views (eight view ops and the out's
+# overlap checks a call). Both make the same checks and launch the same fields; an A/B of host time sets this name
+# and clears the plans.
+VARLEN_CROSSING = "attn_varlen_packed"
 
 
 def masked_version(device, version=None, head_dim: int = 128) -> str:
@@ -151,4 +156,5 @@ def _varlen_plan(query, is_causal, window_size, softcap):
     mask, address = _mask_and_kernel(query, is_causal, window_size, softcap)
     if mask is None:
         return None
-    return functools.partial(build.binding().module.attn_varlen_auto, address, mask.left, mask.right, mask.softcap)
+    return functools.partial(getattr(build.binding().module, VARLEN_CROSSING), address, mask.left, mask.right,
+                             mask.softcap)

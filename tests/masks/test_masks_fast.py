@@ -52,8 +52,9 @@ def test_dense_checks_in_cpp(cpu_binding):  # noqa: F811
         assert pattern in error, (pattern, error)
 
 
-def test_packed_checks_in_cpp(cpu_binding):  # noqa: F811
-    auto = cpu_binding.module.attn_varlen_auto
+@pytest.mark.parametrize("crossing", ["attn_varlen_packed", "attn_varlen_auto"])
+def test_packed_checks_in_cpp(cpu_binding, crossing):  # noqa: F811
+    auto = getattr(cpu_binding.module, crossing)
     q, k, v = torch.randn(20, 4, 64, dtype=F16), torch.randn(30, 2, 64, dtype=F16), torch.randn(30, 2, 64, dtype=F16)
     cu_q, cu_k = torch.tensor([0, 5, 20], dtype=torch.int32), torch.tensor([0, 10, 30], dtype=torch.int32)
     error, out, lse = auto(0, 3, 0, 5.0, q, k, v, cu_q, cu_k, 15, 20, torch.zeros(4), True, None)
@@ -74,6 +75,40 @@ def test_packed_checks_in_cpp(cpu_binding):  # noqa: F811
         error = auto(0, -1, -1, 0.0, a["q"], a["k"], a["v"], a["cu_q"], a["cu_k"], a["max_q"], a["max_k"], a["sinks"],
                      False, None)[0]
         assert pattern in error, (pattern, error)
+
+
+def test_packed_crossing_launches_the_full_paths_fields(cpu_binding, monkeypatch):  # noqa: F811
+    """attn_varlen_packed's AttnMaskParams (the CPU check build keeps the last) are lab.masks.op.launch's for the same
+    call, field for field: the packed strides {0, head, token}, sizes, the mask, cu_seqlens and the totals; a head
+    stride the kernels would refuse on a single head becomes the contiguous one, as copy_strides() makes it for the
+    (1, H, total, D) view; a query the kernels cannot read runs on a copy (its own pointer and strides)."""
+    from lab.masks import op, spec
+    packed = []
+    monkeypatch.setattr(op, "masked_version", lambda device, version=None, head_dim=128: "v11")
+    monkeypatch.setattr(op, "kernel_call", lambda version, defines=None: None)
+    monkeypatch.setattr(op, "run_packed_launcher", lambda call, params, device, what: packed.append(params))
+    cu_q, cu_k = torch.tensor([0, 5, 20], dtype=torch.int32), torch.tensor([0, 10, 30], dtype=torch.int32)
+    base = torch.randn(20, 8, 64, dtype=F16)
+    cases = {"contiguous": (torch.randn(20, 4, 64, dtype=F16), 2, (3, 0), 5.0, torch.zeros(4), 0.125),
+             "strided heads, one kv head": (base[:, ::2], 1, (-1, -1), 0.0, None, None)}
+    for what, (q, hkv, window, cap, sinks, scale) in cases.items():
+        k, v = torch.randn(30, hkv, 64, dtype=F16), torch.randn(30, hkv, 64, dtype=F16)
+        mask = spec.make_mask(window != (-1, -1), None if window == (-1, -1) else window, cap)
+        error, out, lse = cpu_binding.module.attn_varlen_packed(0, mask.left, mask.right, mask.softcap, q, k, v, cu_q,
+                                                                cu_k, 15, 20, sinks, True, scale)
+        assert error == "", what
+        launched = op.PARAMS.unpack(cpu_binding.module.packed_params_cpu_last())
+        op.launch(q, k, v, out, lse, mask, scale if scale is not None else 64 ** -0.5, 0, sinks, cu_q, cu_k, 15, 20)
+        assert launched == op.PARAMS.unpack(packed[-1]), what
+    # a single key head whose head stride the kernels would refuse: the (1, H, total, D) view's rule, H 1
+    odd = torch.randn(30, 3, 64, dtype=F16)[:, 1:2]  # head stride 64: fine; token stride 192
+    k1 = torch.randn(30, 1, 65, dtype=F16)[..., :64]  # token stride 65: not a multiple of 8, a copy
+    error, out, lse = cpu_binding.module.attn_varlen_packed(0, -1, 0, 0.0, torch.randn(20, 2, 64, dtype=F16), k1, odd,
+                                                            cu_q, cu_k, 15, 20, None, False, None)
+    launched = op.PARAMS.unpack(cpu_binding.module.packed_params_cpu_last())
+    assert error == "" and launched[1] != k1.data_ptr() and launched[2] == odd.data_ptr()
+    assert launched[8:11] == (0, 64, 64)  # the copy's (unused, head, token) strides: contiguous (30, 1, 64)
+    assert launched[11:14] == (0, 64, 192)
 
 
 @pytest.fixture
