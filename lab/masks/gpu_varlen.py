@@ -459,3 +459,27 @@ def profile(cells=(("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128)), st
             for kernel, count, us in table[:14]:
                 print(f"  {us:9.1f} us {100 * us / total:5.1f} %  x{count:<3d} {kernel}", flush=True)
     return tables
+
+
+def host_ab(rounds: int = 2, n: int = 300) -> dict:
+    """Host time of one call (lab.masks.gpu_paged.host_times' cell: the paged serving call and the packed call, the
+    GPU idle before each) with the packed call's crossing as lab.masks.fast.VARLEN_CROSSING names it: the 3-D
+    attn_varlen_packed (the default) and the first attn_varlen_auto, in alternating rounds, the packed plans cleared at
+    each switch. -> {crossing: [median us of each round]} for the packed call."""
+    from . import fast, gpu_paged
+    default, got = fast.VARLEN_CROSSING, {}
+    try:
+        for _ in range(rounds):
+            for crossing in ("attn_varlen_packed", "attn_varlen_auto"):
+                fast.VARLEN_CROSSING = crossing
+                for key in [key for key in fast.plans if isinstance(key, tuple) and key[:1] == ("varlen",)]:
+                    del fast.plans[key]
+                print(f"host-ab crossing {crossing}:", flush=True)
+                times = gpu_paged.host_times(128, 64, n)
+                got.setdefault(crossing, []).append(times["packed (one crossing)"])
+    finally:
+        fast.VARLEN_CROSSING = default
+        for key in [key for key in fast.plans if isinstance(key, tuple) and key[:1] == ("varlen",)]:
+            del fast.plans[key]
+    print(f"host-ab packed call, median us a round: {got}", flush=True)
+    return got
