@@ -26,6 +26,11 @@ def find_case(name: str, dtype: str | None = None):
         for case in case_sets.by_name(set_name, **kwargs):
             if case.name == name:
                 return case
+    grid = re.fullmatch(r"fwd-d(\d+)-s(\d+)(-c)?", name)  # a bench-fwd cell at a length off the default list
+    if grid:
+        for case in case_sets.bench_fwd_cases(dtype or "bfloat16", head_dims=(int(grid[1]),), seqlens=(int(grid[2]),)):
+            if case.name == name:
+                return case
     raise ValueError(f"case {name!r} is in no case set of lab.cases")
 
 

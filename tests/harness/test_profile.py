@@ -137,6 +137,14 @@ def test_kernel_filters_come_from_the_sources():
         profile.find_case("no-such-case")
 
 
+def test_bench_fwd_cells_off_the_default_lengths_are_found():
+    case = profile.find_case("fwd-d64-s4096-c", "bfloat16")  # n9's full race times S 4096, bench-fwd's list does not
+    assert (case.B, case.Hq, case.Sq, case.Sk, case.D, case.causal) == (8, 32, 4096, 4096, 64, True)
+    assert profile.find_case("fwd-d128-s4096").causal is False
+    with pytest.raises(ValueError, match="no case set"):
+        profile.find_case("fwd-d64-s4096-x")
+
+
 def test_backward_targets_profile_the_backward():
     case = profile.find_case("bwd-d128-s4096")
     assert profile.kernel_source("bwd:v02", case) == "bwd/v02_wgmma.cu"
