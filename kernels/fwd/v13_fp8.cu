@@ -212,25 +212,26 @@
 #define LAB_FWD_FP8_PERSISTENT 0
 #endif
 // LAB_FWD_FP8_WARP_UNIFORM (1, default; 0: the kernel before): a warp's first query row (both kernels) and the
-// warp-specialised kernel's warpgroup index are taken from lane 0 by a shuffle (uniform_in_warp). ptxas cannot tell
-// that threadIdx.x / 32 is the same in every lane (blockDim.x is not known to it), so the mask test of each key tile
-// (tile_needs_mask on the warp's first row) was a branch that might diverge, and in a loop around it the wgmma
-// descriptors left the uniform datapath: ring stage, Q and K / V^T bases in vector registers, an R2UR pair and a
-// 64-bit vector add per wgmma. The persistent grid's loop over tiles showed it (issue block of the ping-pong turn
+// warp-specialised kernel's warpgroup index are taken from lane 0 by a shuffle (uniform_in_warp). ptxas does not
+// treat threadIdx.x / 32 as the same in every lane, so the mask test of each key tile (tile_needs_mask on the
+// warp's first row) was a branch that might diverge, and in a loop around it the wgmma descriptors left the uniform
+// datapath: ring stage, Q and K / V^T bases in vector registers, an R2UR pair and a 64-bit vector add per wgmma. The persistent grid's loop over tiles showed it (issue block of the ping-pong turn
 // at D 128: 95 instructions, 25 R2UR; 122 at B_c 256); the default grid kept most descriptors uniform but not Q's.
-// With the shuffle (SASS, sm_90a, nvcc 13.0, the issue block between the turn's BAR.SYNC and its BAR.ARV):
-//   D 128 (B_c 192)  default 59 -> 44 instructions (9 R2UR -> 0), persistent 95 -> 62 (25 R2UR -> 0)
-//   D 256 (B_c 128)  default 104 -> 61 (17 R2UR -> 0), persistent 113 -> 84 (35 -> 0)
+// The persistent grid also keeps its three descriptor bases through an empty asm (the consumers' s_gemm / pv_gemm).
+// SASS (sm_90a, nvcc 13.0; the main loop's issue block, from the turn's BAR.SYNC to its BAR.ARV; before -> after):
+//   D 128 (B_c 192)  default 59 -> 42 instructions (9 R2UR -> 0), persistent 95 -> 46 (25 R2UR -> 0)
+//   D 256 (B_c 128)  default 104 -> 61 (17 R2UR -> 0), persistent 113 -> 62 (35 -> 0)
+//   D 128 (B_c 256)  default 81 -> 59 (9 R2UR -> 0), persistent 122 -> 56 (32 -> 0)
 //   D 64 (one warpgroup): the kernel 4712 -> 4264 instructions, R2UR 26 -> 6, none between the wgmma fences.
-// The persistent block stays longer than the default's: ptxas recomputes the Q and ring-base descriptors per key
-// tile inside the tile loop instead of keeping them (uniform registers), ~18 uniform-datapath instructions.
+// tests/fp8/test_uniform_descriptors.py holds the turns to no R2UR. WARP_UNIFORM 0 is the previous SASS exactly.
 // Prediction (written before the H200 run; lab.fp8.race in rounds, public call, against WARP_UNIFORM 0 = the
-// previous default, SASS identical to it): the default +0-2 % at D 128 (a 15-instruction shorter turn per key
+// previous default, SASS identical to it): the default +0-2 % at D 128 (a 17-instruction shorter turn per key
 // tile), +1-3 % at D 256 and D 64; the static persistent grid (LAB_FWD_FP8_PERSISTENT 1) over the new default by
 // its own measured margin, +1-3 % at D 128 S 4k, +0-1 % at 16k, -1 to +1 % causal, +1-2 % GQA, +0-1 % at D 256,
 // so +3-6 % over the previous default at S 4k; the dynamic one (3) 1-3 % under the static one (the atomic and
-// the hand-off; ptxas: 24 / 108 B of spill stores at D 128 / 256, 20 / 144 B before); B_c 256 persistent +0-4 % at S 4k
-// and under the default at 16k (its non-overlapped order). Same O and LSE bit for bit in every B_c 192 build.
+// the hand-off; ptxas: 24 / 108 B of spill stores at D 128 / 256, 20 / 144 B before); B_c 256 persistent +0-4 %
+// at S 4k and under the default at 16k (its non-overlapped order). Same O and LSE bit for bit in every B_c 192
+// build.
 #ifndef LAB_FWD_FP8_WARP_UNIFORM
 #define LAB_FWD_FP8_WARP_UNIFORM 1
 #endif
@@ -240,7 +241,8 @@ using namespace lab::sm90;
 
 // x as lane 0 has it (LAB_FWD_FP8_WARP_UNIFORM): for a value that is the same in every lane of the warp by
 // construction, so that ptxas may keep it, and what it decides, on the uniform datapath. Every lane must call it.
-__device__ __forceinline__ int uniform_in_warp(int x) {
+template <class T>
+__device__ __forceinline__ T uniform_in_warp(T x) {
 #if LAB_FWD_FP8_WARP_UNIFORM
   return __shfl_sync(0xffffffffu, x, 0);
 #else
@@ -361,12 +363,11 @@ struct Ring {
   }
 };
 
-// S = Q K_stage^T; q: the warpgroup's Q tile (64 rows).
+// S = Q K_stage^T from the step-0 descriptors of Q (dq) and of stage 0's K (dk0): desc_e4m3_step's one add per
+// k32 step, the stage one more (LAB_FWD_FP8_DESC).
 template <class Cfg>
-__device__ __forceinline__ void issue_s(float (&s)[Cfg::BC / 2], uint32_t q, const Ring<Cfg>& ring, int stage) {
-#if LAB_FWD_FP8_DESC
-  const uint64_t dq = desc_e4m3<Cfg::kRow>(q, 64, 0);
-  const uint64_t dk = desc_e4m3<Cfg::kRow>(ring.k(0), Cfg::BC, 0) + (uint64_t)(stage * (Cfg::kKBytes >> 4));
+__device__ __forceinline__ void issue_s_desc(float (&s)[Cfg::BC / 2], uint64_t dq, uint64_t dk0, int stage) {
+  const uint64_t dk = dk0 + (uint64_t)(stage * (Cfg::kKBytes >> 4));
   if constexpr (Cfg::kWriteOnly) {
     WgmmaFp8Op<Cfg::BC>::ss0(s, dq, dk);  // S's old values (P of the tile before) are dead: no register keeps them
 #pragma unroll
@@ -379,12 +380,31 @@ __device__ __forceinline__ void issue_s(float (&s)[Cfg::BC / 2], uint32_t q, con
       WgmmaFp8Op<Cfg::BC>::ss(s, desc_e4m3_step<Cfg::kRow, 64>(dq, kk), desc_e4m3_step<Cfg::kRow, Cfg::BC>(dk, kk),
                               kk > 0);
   }
+  wgmma_commit();
+}
+
+// S = Q K_stage^T; q: the warpgroup's Q tile (64 rows).
+template <class Cfg>
+__device__ __forceinline__ void issue_s(float (&s)[Cfg::BC / 2], uint32_t q, const Ring<Cfg>& ring, int stage) {
+#if LAB_FWD_FP8_DESC
+  issue_s_desc<Cfg>(s, desc_e4m3<Cfg::kRow>(q, 64, 0), desc_e4m3<Cfg::kRow>(ring.k(0), Cfg::BC, 0), stage);
 #else
 #pragma unroll
   for (int kk = 0; kk < Cfg::D / 32; ++kk)
     WgmmaFp8Op<Cfg::BC>::ss(s, desc_e4m3<Cfg::kRow>(q, 64, kk), desc_e4m3<Cfg::kRow>(ring.k(stage), Cfg::BC, kk),
                             kk > 0);
+  wgmma_commit();
 #endif
+}
+
+// O += P V_stage from stage 0's V^T descriptor dv0 (LAB_FWD_FP8_DESC).
+template <class Cfg>
+__device__ __forceinline__ void issue_pv_desc(float (&o)[Cfg::D / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
+                                              uint64_t dv0, int stage) {
+  const uint64_t dv = dv0 + (uint64_t)(stage * (Cfg::kVBytes >> 4));
+#pragma unroll
+  for (int kk = 0; kk < Cfg::BC / 32; ++kk)
+    WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk), 1);
   wgmma_commit();
 }
 
@@ -392,16 +412,13 @@ template <class Cfg>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::D / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
                                          const Ring<Cfg>& ring, int stage) {
 #if LAB_FWD_FP8_DESC
-  const uint64_t dv = desc_e4m3<Cfg::kVRow>(ring.v(0), Cfg::D, 0) + (uint64_t)(stage * (Cfg::kVBytes >> 4));
-#pragma unroll
-  for (int kk = 0; kk < Cfg::BC / 32; ++kk)
-    WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk), 1);
+  issue_pv_desc<Cfg>(o, pa, desc_e4m3<Cfg::kVRow>(ring.v(0), Cfg::D, 0), stage);
 #else
 #pragma unroll
   for (int kk = 0; kk < Cfg::BC / 32; ++kk)
     WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3<Cfg::kVRow>(ring.v(stage), Cfg::D, kk), 1);
-#endif
   wgmma_commit();
+#endif
 }
 
 // Softmax of tile j, masked only where the tile needs it; O rescaled by alpha only when kRescale (the
@@ -716,8 +733,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     auto release_q = [&]() {
       if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q));
     };
+#if LAB_FWD_FP8_DESC && LAB_FWD_FP8_WARP_UNIFORM
+    // In the loop over tiles ptxas recomputed these three bases (address masks and shifts, ~16 uniform-datapath
+    // instructions) inside every turn's issue block rather than keep them; an empty asm that "changes" them per
+    // key tile leaves nothing to recompute from, so they stay in uniform registers (D 128 turn: 62 -> 46
+    // instructions, the default grid's 42). The default grid keeps them without it (with it: 42 -> 49).
+    uint64_t dq0 = desc_e4m3<Cfg::kRow>(qw, 64, 0), dk0 = desc_e4m3<Cfg::kRow>(ring.k(0), BC, 0),
+             dv0 = desc_e4m3<Cfg::kVRow>(ring.v(0), D, 0);
+    auto s_gemm = [&](int j) {
+      if constexpr (kLoop) {
+        asm volatile("" : "+l"(dq0), "+l"(dk0));
+        issue_s_desc<Cfg>(sacc, dq0, dk0, j % kStages);
+      } else {
+        issue_s<Cfg>(sacc, qw, ring, j % kStages);
+      }
+    };
+    auto pv_gemm = [&](int j) {
+      if constexpr (kLoop) {
+        asm volatile("" : "+l"(dv0));
+        issue_pv_desc<Cfg>(o, pa, dv0, j % kStages);
+      } else {
+        issue_pv<Cfg>(o, pa, ring, j % kStages);
+      }
+    };
+#else
     auto s_gemm = [&](int j) { issue_s<Cfg>(sacc, qw, ring, j % kStages); };
     auto pv_gemm = [&](int j) { issue_pv<Cfg>(o, pa, ring, j % kStages); };
+#endif
     // Ping-pong: turn() waits for this warpgroup's token, pass() hands it to the other. Each warpgroup takes
     // n_tiles + 1 turns per tile, the same count in both (the same tiles), so the token alternates across tiles;
     // the second hands out the first token, and the first takes one more turn at the end, which consumes the
