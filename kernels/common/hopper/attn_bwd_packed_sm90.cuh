@@ -375,10 +375,11 @@ __device__ __forceinline__ WsBlock ws_block(const MaskBwdParams& p, int64_t rho0
 
 // bwd_pre_packed's rows, 128 of one head per CTA (kPackedAlign: a sequence's padded rows are whole blocks): dq_accum's
 // 128 x D floats zeroed, Delta and LSE log2 e of each row (0 past S_q). Grid: H_q R / 128 CTAs of 256 threads.
+// (at least 3 CTAs a multiprocessor: 63 registers at D 128, 54-79 at D 64; a bound of 4 spilled D 64's bf16 build)
 template <class T, int D>
 __global__ void __launch_bounds__(256, 3) bwd_pre_packed_tile(const MaskBwdParams p) {
   constexpr int kLanes = lab::bwd::pre_lanes(D), kRows = kPackedAlign, kRowsPerPass = 256 / kLanes;
-  constexpr int kPasses = kRows / kRowsPerPass, kZeroQuads = kRows * D / 4 / 256;
+  constexpr int kPasses = kRows / kRowsPerPass;
   static_assert(kRows % kRowsPerPass == 0 && kRows * D / 4 % 256 == 0, "whole passes over the block");
   const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch), blocks = rows_ws / kRows;
   const int h = (int)(blockIdx.x / blocks);
@@ -386,11 +387,14 @@ __global__ void __launch_bounds__(256, 3) bwd_pre_packed_tile(const MaskBwdParam
   const WsBlock wb = ws_block(p, rho0);
   if (wb.r0 < 0 || wb.r0 >= (int64_t)(wb.sq + kPackedAlign - 1) / kPackedAlign * kPackedAlign) return;
   const int64_t row0 = (int64_t)h * rows_ws + rho0;
-#ifndef LAB_BWD_PACKED_BUG_NO_ZERO  // self-test: dq_accum left as it was (the checks poison it with NaN)
+#ifdef LAB_BWD_PACKED_BUG_NO_ZERO
+  constexpr int kZeroed = 0;  // self-test: dq_accum left as it was (the checks poison it with NaN)
+#else
+  constexpr int kZeroed = kRows * D / 4 / 256;  // float4 of the block's dq_accum rows a thread
+#endif
   float4* z = reinterpret_cast<float4*>(p.dq_accum + row0 * D);
 #pragma unroll
-  for (int k = 0; k < kZeroQuads; ++k) z[k * 256 + threadIdx.x] = make_float4(0.f, 0.f, 0.f, 0.f);
-#endif
+  for (int k = 0; k < kZeroed; ++k) z[k * 256 + threadIdx.x] = make_float4(0.f, 0.f, 0.f, 0.f);
   const int chunk = threadIdx.x % kLanes, lane_row = threadIdx.x / kLanes;
   // the passes in groups of 4: 8 loads of 16 bytes in flight per thread at 64 registers (all 8 passes took 128, two
   // CTAs a multiprocessor)
@@ -543,13 +547,17 @@ int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
   const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch);
   const int64_t pre = (int64_t)p.heads_q * rows_ws * lab::bwd::pre_lanes(D);
   // The block passes write dQ as 16-byte chunks: dq 16-byte aligned with strides of whole chunks (torch.empty_like of
-  // a tensor the tensor maps read), else the per-thread passes.
-  const bool tiles = LAB_BWD_PACKED_PASSES && reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_stride[1] % 8 == 0 &&
-                     p.dq_stride[2] % 8 == 0 && (int64_t)p.heads_q * rows_ws / 64 <= 0x7fffffff;
-  if (tiles && rows_ws > 0) {
+  // a tensor the tensor maps read), else the per-thread passes. (The default build holds only the per-thread ones.)
+  bool tiles = false;
+#if LAB_BWD_PACKED_PASSES
+  tiles = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_stride[1] % 8 == 0 && p.dq_stride[2] % 8 == 0 &&
+          (int64_t)p.heads_q * rows_ws / 64 <= 0x7fffffff && rows_ws > 0;
+  if (tiles) {
     bwd_pre_packed_tile<T, D><<<(unsigned)(p.heads_q * rows_ws / kPackedAlign), 256, 0, st>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  } else if (pre > 0) {
+  }
+#endif
+  if (!tiles && pre > 0) {
     bwd_pre_packed<T, D><<<(unsigned)((pre + 127) / 128), 128, 0, st>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
@@ -569,10 +577,13 @@ int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
     const int64_t grid = ((int64_t)p.heads_q * rows_ws * D / 4 + 255) / 256;
-    if (tiles && rows_ws > 0) {
+#if LAB_BWD_PACKED_PASSES
+    if (tiles) {
       convert_dq_packed_tile<C, T><<<(unsigned)(p.heads_q * rows_ws / 64), 256, 0, st>>>(p);
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    } else if (grid > 0) {
+    }
+#endif
+    if (!tiles && grid > 0) {
       convert_dq_packed<C, T><<<(unsigned)(grid < 65536 ? grid : 65536), 256, 0, st>>>(p);
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
