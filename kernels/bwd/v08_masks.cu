@@ -37,8 +37,9 @@
 //   workspace block, one CTA per 128 / 64 rows with the sequence found once, dQ stored as 16-byte chunks of whole rows
 //   through shared memory (common/hopper/attn_bwd_packed_sm90.cuh, bwd_pre_packed_tile / convert_dq_packed_tile).
 //   Prediction (H200, 8 x 2048, H 16, D 128, bf16, causal): convert 82 -> 42-50 us, pre-pass 67 -> 57-62 us, the
-//   backward 0.91 -> 0.86-0.87 ms; the dq_accum zeroing stays (the dQ partials arrive in no fixed order). Self-test
-//   build: LAB_BWD_PACKED_BUG_NO_ZERO (the block pre-pass leaves dq_accum as it was).
+//   backward 0.91 -> 0.86-0.87 ms; the dq_accum zeroing stays (the dQ partials arrive in no fixed order). =2: the same
+//   with dq_accum zeroed by a memset before the pre-pass (predicted within +-5 us of =1). Self-test build:
+//   LAB_BWD_PACKED_BUG_NO_ZERO (the block pre-pass leaves dq_accum as it was).
 // Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
 // LAB_BWD_MASK_STAGE=1 (the default): v12's tile config, dK and dV staged through the free dQ staging area and stored as
 // 16-byte rows, and at D = 64 v10's K and V in registers. Prediction (H100, D = 128, bf16, GPU time against v07's

@@ -4,7 +4,8 @@ CTA runs the same steps on the same rows; the next sequence's rows that a tile r
 P = dS = 0), to float32 summation order at D 64 without softcap (128 queries a step in place), dQ and d sinks to
 float32 reduction order; rows of no sequence zero with NaN-poisoned memory; a build that reads every sequence's keys
 at the first one's rows differs; the pre-pass and convert by workspace block (LAB_BWD_PACKED_PASSES=1) give the thread
-passes' dK, dV bit for bit (the same Delta) and dQ to float32 reduction order. Skipped without CUDA."""
+passes' dK, dV bit for bit (the same Delta) and dQ to float32 reduction order, with dq_accum zeroed by the pre-pass
+or by a memset (=2). Skipped without CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -66,18 +67,20 @@ def test_a_dropped_sequence_offset_is_seen():
 
 
 BLOCKS = {"LAB_BWD_PACKED_PASSES": 1}
+MEMSET = {"LAB_BWD_PACKED_PASSES": 2}  # the block passes with dq_accum zeroed by a memset
 
 
+@pytest.mark.parametrize("build", [BLOCKS, MEMSET], ids=["blocks", "memset"])
 @pytest.mark.parametrize("lens,Hq,Hkv,D,dtype,causal,window,cap,sink", [
     ([1, 0, 63, 65, 200, 0, 130], 4, 2, 128, torch.bfloat16, True, None, 0.0, True),
     ([700, 1, 0, 1300, 129, 64], 4, 1, 64, torch.bfloat16, True, (100, 0), 30.0, False),
     ([257, 3, 511, 128], 6, 3, 128, torch.float16, False, (40, 70), 5.0, True),
     ([1025, 0, 300], 2, 2, 64, torch.float16, False, None, 0.0, False),
 ])
-def test_block_passes_match_the_thread_passes(lens, Hq, Hkv, D, dtype, causal, window, cap, sink):
+def test_block_passes_match_the_thread_passes(lens, Hq, Hkv, D, dtype, causal, window, cap, sink, build):
     args, rows = _call(lens, Hq, Hkv, D, dtype, causal, window, cap, sink, seed=1)
     dq, dk, dv, ds = _run(args, "packed")
-    bq, bk, bv, bs = _run(args, "packed", BLOCKS)
+    bq, bk, bv, bs = _run(args, "packed", build)
     for g in (bq, bk, bv):
         assert torch.isfinite(g).all()
         assert (g[rows:] == 0).all()  # the stray rows

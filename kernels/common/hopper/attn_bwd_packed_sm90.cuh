@@ -63,7 +63,9 @@ __device__ __forceinline__ PackedSeq packed_seq(const MaskBwdParams& p, int b) {
 
 // The two memory passes around the dK / dV kernel: 1, one CTA per workspace block (bwd_pre_packed_tile over 128 rows,
 // convert_dq_packed_tile over 64 rows: the block's sequence found once per CTA, dQ written as 16-byte chunks of whole
-// rows through shared memory); 0 (the default until measured), one thread per row lane or per float4 of dq_accum
+// rows through shared memory); 2, the same with dq_accum zeroed by one cudaMemsetAsync before the pre-pass (all of
+// it, the rows between sequences too: 6 % more bytes at 8 x 2048) instead of by the pre-pass's blocks, so each pass
+// only writes or mostly reads; 0 (the default until measured), one thread per row lane or per float4 of dq_accum
 // (bwd_pre_packed, convert_dq_packed), each finding its own sequence. See the tile kernels' comment for the reason
 // and the prediction.
 #ifndef LAB_BWD_PACKED_PASSES
@@ -359,7 +361,9 @@ __global__ void __launch_bounds__(256) convert_dq_packed(const MaskBwdParams p) 
 // Prediction (H200, bf16, causal, H 16, D 128, 8 x 2048, torch.profiler and the kernel call in GPU time): convert
 // 82 -> 42-50 us, pre-pass 67 -> 57-62 us, so the backward's kernel call 0.91 -> 0.86-0.87 ms (-40 to -50 us, 4-5 %);
 // twelve documents alike (convert 119 -> 60-70 us, pre-pass 95 -> 80-88 us). FlexAttention's document mask over ours
-// at one length 1.34 -> 1.40-1.42x: the 1.5x target needs the dK / dV kernel (787 us) itself faster.
+// at one length 1.34 -> 1.40-1.42x: the 1.5x target needs the dK / dV kernel (787 us) itself faster. The memset build
+// (LAB_BWD_PACKED_PASSES=2): memset + pre-pass within +-5 us of the fused pre-pass (the same bytes; a pure write
+// stream against one that mixes writes into the O / dO reads).
 
 // The workspace block starting at row rho0 (of [H_q][R]): its sequence's first packed row and length, the block's first
 // row inside the sequence (r0; negative or past the padded rows: the block lies between sequences).
@@ -387,8 +391,8 @@ __global__ void __launch_bounds__(256, 3) bwd_pre_packed_tile(const MaskBwdParam
   const WsBlock wb = ws_block(p, rho0);
   if (wb.r0 < 0 || wb.r0 >= (int64_t)(wb.sq + kPackedAlign - 1) / kPackedAlign * kPackedAlign) return;
   const int64_t row0 = (int64_t)h * rows_ws + rho0;
-#ifdef LAB_BWD_PACKED_BUG_NO_ZERO
-  constexpr int kZeroed = 0;  // self-test: dq_accum left as it was (the checks poison it with NaN)
+#if defined(LAB_BWD_PACKED_BUG_NO_ZERO) || LAB_BWD_PACKED_PASSES == 2
+  constexpr int kZeroed = 0;  // self-test: dq_accum left as it was (the checks poison it with NaN); 2: memset before
 #else
   constexpr int kZeroed = kRows * D / 4 / 256;  // float4 of the block's dq_accum rows a thread
 #endif
@@ -553,6 +557,10 @@ int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
   tiles = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_stride[1] % 8 == 0 && p.dq_stride[2] % 8 == 0 &&
           (int64_t)p.heads_q * rows_ws / 64 <= 0x7fffffff && rows_ws > 0;
   if (tiles) {
+#if LAB_BWD_PACKED_PASSES == 2
+    if ((err = cudaMemsetAsync(p.dq_accum, 0, (size_t)p.heads_q * rows_ws * D * sizeof(float), st)) != cudaSuccess)
+      return err;
+#endif
     bwd_pre_packed_tile<T, D><<<(unsigned)(p.heads_q * rows_ws / kPackedAlign), 256, 0, st>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
