@@ -145,7 +145,8 @@ def checks(defines=None) -> int:
     # the packed producer with every sequence's keys read from the first one's rows
     bad += not check_varlen_bwd("no-offset", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
                                 defines={**base, "LAB_BWD_PACKED_BUG_NO_OFFSET": 1}, expect_fail=True)
-    if base.get("LAB_BWD_PACKED_PASSES") == 1:  # the block pre-pass leaving dq_accum unzeroed (NaN-poisoned: fails)
+    if base.get("LAB_BWD_PACKED_PASSES", varlen_bwd.PASSES) == 1:  # the block pre-pass leaving dq_accum unzeroed
+        # (NaN-poisoned: it must fail)
         bad += not check_varlen_bwd("no-zero", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
                                     defines={**base, "LAB_BWD_PACKED_BUG_NO_ZERO": 1}, expect_fail=True, trials=1)
     print(f"checks varlen bwd {defines or ''} done: {bad} bad", flush=True)

@@ -50,3 +50,34 @@ def test_lengths_clamp_to_max_seqlen():
     lay = varlen_bwd.packed_layout(cu, cu, 200, 200)
     assert [s["sq"] for s in lay["seqs"]] == [200, 10]
     assert sorted(m for m in lay["mapping"] if m is not None) == [(0, 0), (0, 1), (1, 0)]
+
+
+@pytest.mark.parametrize("lens", CASES)
+def test_workspace_blocks_lie_in_one_sequence(lens):
+    """The block passes (LAB_BWD_PACKED_PASSES=1 / 2): each 128-row block of the pre-pass and 64-row block of the
+    convert lies wholly inside one sequence's padded rows or inside no sequence's, and ws_block's search (the last
+    sequence whose workspace starts at or before the block) names that sequence."""
+    cu = _cu(lens)
+    layout = varlen_bwd.packed_layout(cu, cu, max(lens + [0]), max(lens + [0]))
+    seqs = layout["seqs"]
+    for size in (128, 64):
+        for rho0 in range(0, layout["rows"], size):
+            inside = [b for b, s in enumerate(seqs)
+                      if s["ws"] < rho0 + size and rho0 < s["ws"] + -(-s["sq"] // 128) * 128]
+            assert len(inside) <= 1
+            found = max([b for b, s in enumerate(seqs) if s["ws"] <= rho0], default=0)
+            s = seqs[found]
+            live = 0 <= rho0 - s["ws"] < -(-s["sq"] // 128) * 128
+            assert live == bool(inside) and (not inside or inside == [found])
+            if live:
+                assert rho0 + size <= s["ws"] + -(-s["sq"] // 128) * 128
+
+
+def test_passes_default_matches_the_kernel():
+    """lab.masks.varlen_bwd.PASSES is the kernel header's default LAB_BWD_PACKED_PASSES (the checks pick the wrong
+    builds of the passes the default runs)."""
+    import re
+
+    from lab import paths
+    text = (paths.KERNELS / "common" / "hopper" / "attn_bwd_packed_sm90.cuh").read_text()
+    assert int(re.search(r"#define LAB_BWD_PACKED_PASSES (\d+)", text).group(1)) == varlen_bwd.PASSES
