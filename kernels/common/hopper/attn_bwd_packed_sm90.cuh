@@ -365,6 +365,10 @@ __global__ void __launch_bounds__(256) convert_dq_packed(const MaskBwdParams p) 
 // (LAB_BWD_PACKED_PASSES=2): memset + pre-pass within +-5 us of the fused pre-pass (the same bytes; a pure write
 // stream against one that mixes writes into the O / dO reads).
 
+// Both block passes take the heads fastest and the rows from the last: the CTAs running together read and write whole
+// packed rows (all heads of a token are 4 KB apart, not H_q R rows), and the convert starts on the rows whose dq_accum
+// the dK / dV grid's last CTAs (the last sequence's, head-minor) added into, which may still sit in the 50 MB L2 (the
+// last of 8 x 2048 tokens: 16 MiB of dq_accum); the pre-pass ends on the first sequence's rows, where that grid starts.
 // The workspace block starting at row rho0 (of [H_q][R]): its sequence's first packed row and length, the block's first
 // row inside the sequence (r0; negative or past the padded rows: the block lies between sequences).
 struct WsBlock {
@@ -386,8 +390,8 @@ __global__ void __launch_bounds__(256, 3) bwd_pre_packed_tile(const MaskBwdParam
   constexpr int kPasses = kRows / kRowsPerPass;
   static_assert(kRows % kRowsPerPass == 0 && kRows * D / 4 % 256 == 0, "whole passes over the block");
   const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch), blocks = rows_ws / kRows;
-  const int h = (int)(blockIdx.x / blocks);
-  const int64_t rho0 = blockIdx.x % blocks * kRows;
+  const int h = (int)(blockIdx.x % p.heads_q);
+  const int64_t rho0 = (blocks - 1 - blockIdx.x / p.heads_q) * kRows;  // last rows first, heads fastest (see WsBlock)
   const WsBlock wb = ws_block(p, rho0);
   if (wb.r0 < 0 || wb.r0 >= (int64_t)(wb.sq + kPackedAlign - 1) / kPackedAlign * kPackedAlign) return;
   const int64_t row0 = (int64_t)h * rows_ws + rho0;
@@ -455,8 +459,8 @@ __global__ void __launch_bounds__(256) convert_dq_packed_tile(const MaskBwdParam
   static_assert(64 * D / 4 % 256 == 0 && 64 * kChunks % 256 == 0 && kStride % 4 == 0, "whole float4 / uint4 passes");
   __shared__ __align__(16) uint32_t tile[64 * kStride];
   const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch), blocks = rows_ws / 64;
-  const int h = (int)(blockIdx.x / blocks);
-  const int64_t rho0 = blockIdx.x % blocks * 64;
+  const int h = (int)(blockIdx.x % p.heads_q);
+  const int64_t rho0 = (blocks - 1 - blockIdx.x / p.heads_q) * 64;  // last rows first, heads fastest (see WsBlock)
   const WsBlock wb = ws_block(p, rho0);
   if (wb.r0 < 0 || wb.r0 >= wb.sq) return;  // between sequences, or the padding past S_q
   const float4* src = reinterpret_cast<const float4*>(p.dq_accum) + ((int64_t)h * rows_ws + rho0) * (D / 4);
