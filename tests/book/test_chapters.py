@@ -53,12 +53,20 @@ def test_chapter_is_clean_source(name):
     assert "device" in params
 
 
-def _execute(name: str, out: Path, root: Path = paths.ROOT) -> str:
-    """Run the chapter through papermill in CPU mode; the text of every code cell's output."""
+def _execute(name: str, out: Path, root: Path = paths.ROOT, warm: bool = False) -> str:
+    """Run the chapter through papermill in CPU mode; the text of every code cell's output. warm: its kernel is
+    forked from a server that has imported torch and numpy (tests/book/warm_kernel.py says how the chapter still
+    starts from a clean namespace in a process of its own), which spares each run the ~1.5 CPU-seconds of those
+    imports; the server serves only kernels whose environment matches its own, less LAB_*."""
     import papermill
 
+    extra = {}
+    if warm:
+        import warm_kernel
+
+        extra["kernel_manager_class"] = warm_kernel.manager_class()
     papermill.execute_notebook(str(root / "chapters" / f"{name}.ipynb"), str(out), parameters={"device": "cpu"},
-                               cwd=str(root), kernel_name="python3", progress_bar=False)
+                               cwd=str(root), kernel_name="python3", progress_bar=False, **extra)
     executed = json.loads(out.read_text())
     errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
@@ -79,7 +87,7 @@ def test_chapter_runs_in_cpu_mode(name, outputs, tmp_path, monkeypatch):
         monkeypatch.setenv("LAB_OUTPUTS", str(paths.ROOT / "outputs"))
         monkeypatch.setenv("LAB_SESSION_DIR", str(root))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(paths.ROOT), os.environ.get("PYTHONPATH")])))
-    text = _execute(name, tmp_path / f"{name}.ipynb")
+    text = _execute(name, tmp_path / f"{name}.ipynb", warm=True)
     assert "CPU mode" in text
     # a chapter records its own results even when run on its own, with no session
     assert list(root.rglob("records.jsonl")), "the chapter wrote no records"
@@ -166,3 +174,48 @@ def test_front_doors_name_every_chapter_and_experiment():
     for name in notebooks:
         assert f"`{name}`" in readme, f"README.md does not name {name}"
         assert f"`{name}`" in intro, f"intro.md does not name {name}"
+
+
+def test_a_warm_kernel_starts_each_run_from_a_clean_namespace(tmp_path, monkeypatch):
+    """The warm kernels that run the chapters above (tests/book/warm_kernel.py): each run is a process of its own
+    with a new namespace and none of the modules an earlier run imported but the preloaded torch and numpy, started
+    in the run's working folder, with its environment, argv and sys.path[0] as `python -m ipykernel_launcher`
+    gives them; a run whose environment differs from the server's (beyond LAB_*) gets an ordinary kernel."""
+    import nbformat
+    import papermill
+
+    import warm_kernel
+
+    probe = ("import os, sys, json\n"
+             "print(json.dumps({'pid': os.getpid(), 'seen': 'left_behind' in globals(), 'cwd': os.getcwd(),\n"
+             "    'path': sys.path, 'argv0': os.path.basename(sys.argv[0]), 'probe': os.environ.get('LAB_PROBE'),\n"
+             "    'torch': 'torch' in sys.modules, 'imported': 'warm_probe_marker' in sys.modules or 'colorsys' in sys.modules}))\n"
+             "left_behind = 1\nimport colorsys\nsys.modules['warm_probe_marker'] = type(sys)('warm_probe_marker')")
+    notebook = tmp_path / "probe.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(probe)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, notebook)
+
+    # the chapters' environment (test_chapter_runs_in_cpu_mode), so that this test asks the server they use
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(paths.ROOT), os.environ.get("PYTHONPATH")])))
+    manager = warm_kernel.manager_class()  # the server for this environment; each run below asks it
+
+    def run(label: str, cwd: Path) -> dict:
+        monkeypatch.setenv("LAB_PROBE", label)
+        out = tmp_path / f"{label}.ipynb"
+        papermill.execute_notebook(str(notebook), str(out), cwd=str(cwd), kernel_name="python3", progress_bar=False,
+                                   kernel_manager_class=manager)
+        return json.loads("".join(json.loads(out.read_text())["cells"][0]["outputs"][0]["text"]))
+
+    (tmp_path / "elsewhere").mkdir()
+    first, second = run("first", paths.ROOT), run("second", tmp_path / "elsewhere")
+    for seen, label, cwd in ((first, "first", paths.ROOT), (second, "second", tmp_path / "elsewhere")):
+        assert seen["torch"], "served warm: torch was imported before the first cell"
+        assert not seen["seen"] and not seen["imported"], "a name or module of an earlier run is visible"
+        assert seen["probe"] == label and seen["cwd"] == str(cwd) and seen["argv0"] == "ipykernel_launcher.py"
+    assert first["pid"] != second["pid"] != os.getpid()
+    monkeypatch.setenv("WARM_KERNEL_PROBE_OTHER_ENV", "1")  # an environment the server was not started with
+    cold = run("cold", paths.ROOT)
+    assert not cold["torch"] and cold["probe"] == "cold", "a differing environment must get an ordinary kernel"
+    assert first["path"] == cold["path"] == second["path"], "the import path must be an ordinary kernel's"
