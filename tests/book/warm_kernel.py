@@ -6,19 +6,22 @@ Each chapter still runs from a clean namespace, as a user's run does:
 - the kernel is a new process; ipykernel is imported and started in it after the fork, so the IPython shell, its
   user namespace and every module a chapter imports besides torch and numpy (lab, matplotlib, ...) are new;
 - torch and numpy were imported under the same interpreter, flags and environment as the kernel's own: a request
-  whose environment differs from the server's in anything but LAB_* and JPY_* variables (which no preloaded module
-  reads; ipykernel reads JPY_PARENT_PID at its import, which is why it is not preloaded) is not served, and the
-  client runs the ordinary kernel command instead (exec, the same process);
+  whose environment differs from the server's in anything but the FREE variables below (LAB_*, JPY_*, pytest's
+  PYTEST_CURRENT_TEST, the terminal size: no preloaded module reads them; ipykernel reads JPY_PARENT_PID at its
+  import, which is why it is not preloaded) is not served, and the client runs the ordinary kernel command instead
+  (exec, the same process);
 - the kernel gets the request's environment, working folder, standard streams, sys.argv and sys.path[0] (the
   working folder, as -m sets it), and new seeds for `random` and numpy's global generator (torch's default
   generator starts from its fixed seed at import, as in any process). String hashes keep the server's seed, as
   with a fixed PYTHONHASHSEED.
 - the server refuses to fork once a Python thread besides its own runs (a fork copies only the calling thread); the
-  native thread pools the imports start (OpenBLAS's, torch's) stop or reset themselves around a fork (their
-  pthread_atfork handlers), as under multiprocessing.
+  native pool numpy's OpenBLAS starts (one thread under make test, where OMP_NUM_THREADS=1) is shut down by its
+  own pthread_atfork handler before each fork and started again in the kernel when it first needs it.
 
 The client is the process jupyter_client starts and watches: it forwards the signals it gets (an interrupt) to the
-kernel and exits with the kernel's status; if the client is killed, the server kills the kernel.
+kernel and exits with the kernel's status; if the client is killed, the server kills the kernel. The kernel's parent
+is the server, so ipykernel's parent poller watches that (JPY_PARENT_PID names the test process: the poller then
+waits for the kernel to be orphaned); the server exits, killing its kernels, once the test process is gone.
 
     python warm_kernel.py serve SOCKET       the server (started by `manager_class`)
     python warm_kernel.py client SOCKET -- CMD...   what the kernel manager launches in place of CMD
