@@ -65,8 +65,11 @@ def _execute(name: str, out: Path, root: Path = paths.ROOT, warm: bool = False) 
         import warm_kernel
 
         extra["kernel_manager_class"] = warm_kernel.manager_class()
+    # the executed notebook is written once, at the end (or at the failing cell), not after every cell: nothing
+    # reads it before then, and each write validates and serializes the whole notebook again
     papermill.execute_notebook(str(root / "chapters" / f"{name}.ipynb"), str(out), parameters={"device": "cpu"},
-                               cwd=str(root), kernel_name="python3", progress_bar=False, **extra)
+                               cwd=str(root), kernel_name="python3", progress_bar=False,
+                               request_save_on_cell_execute=False, **extra)
     executed = json.loads(out.read_text())
     errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
