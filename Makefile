@@ -48,7 +48,7 @@ book: $(STAMP)
 # kept together (xdist_group); the nvcc compile checks are shared through the kernel cache, where one worker
 # compiles a key and the others wait for it. The ten slowest tests are listed at the end.
 # Cost on 2 cores with a cold cache (user+sys of pytest and every child it waited for, measured 2026-11-29 on a
-# machine shared with other jobs, which inflates each figure by some percent): ~880 CPU-seconds.
+# machine shared with other jobs, which inflates each figure by some percent): ~870 CPU-seconds.
 # - The compile gate, 43 kernel files: 458 of nvcc (tests/product/test_build.py alone, cold LAB_CACHE_DIR: 472),
 #   sm_90a 356 and sm_80 99; fwd/v07 sm_90a 62 (cicc 31 + ptxas 37, one job that the test order starts first),
 #   fwd/v11 45, the rest under 20 a file. That is one nvcc -cubin per file and target, the least there is: nvcc
@@ -58,15 +58,15 @@ book: $(STAMP)
 #   cache (the read-only-checkout test and test_add_version compile v01-sized files into caches of their own).
 # - The two PTX comparisons: 31, one cicc run each for the switched variant (v11's paged switches 21, v08's tanh
 #   9); the default's PTX is the one the gate's run kept.
-# - The chapters under papermill, each twice (against an empty and the committed outputs/): 164 for the 32 runs
-#   (201 before their kernels were forked warm from a server that has imported torch and numpy,
-#   tests/book/warm_kernel.py). The runs against the committed outputs/ cost ~46 more than the empty ones, most
+# - The chapters under papermill, each twice (against an empty and the committed outputs/): 134 for the 32 runs,
+#   184 before their kernels were forked warm from a server that has imported torch and numpy
+#   (tests/book/warm_kernel.py) and before papermill wrote the executed notebook once instead of after each cell. The runs against the committed outputs/ cost ~46 more than the empty ones, most
 #   of it lab.record.load reading, gunzipping and parsing the committed records again in each call (n10: 8 calls,
 #   ~4 of its ~9 CPU-seconds).
 # - The binding's CPU check build: ~31 of g++ (-O0; parsing torch/extension.h ~15, template instantiation ~12).
 # - ~27 the session tests, ~22 the ring's multi-process runs, ~18 test_add_version (a clone, its own cold cache
 #   and two pytest runs); the rest under 20 each.
-# Two cores need no less than ~440 seconds of wall time for that, ~230 of them the gate. A CI job that keeps
+# Two cores need no less than ~435 seconds of wall time for that, ~230 of them the gate. A CI job that keeps
 # $(LAB_CACHE_DIR)/compile_check between runs (its keys hash each kernel's sources with their headers, the flags
 # and nvcc's release) re-runs nvcc only for the kernels that changed.
 TEST_WORKERS ?= auto
