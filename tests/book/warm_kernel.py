@@ -90,7 +90,10 @@ def serve(path: str) -> None:
             for sock in ready:
                 if sock is listener:
                     conn, _ = listener.accept()
-                    pid = _start(conn, listener, conns, env0)
+                    try:
+                        pid = _start(conn, listener, conns, env0)
+                    except (OSError, EOFError, ValueError, KeyError):  # a client gone or garbled: it alone fails
+                        pid = None
                     if pid:
                         children[pid], conns[conn] = conn, pid
                     else:
