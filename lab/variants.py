@@ -103,7 +103,7 @@ VARIANTS = {v.name: v for v in (
     Variant("fwd_sm90_fp8", "fwd_fp8", "v13", "CfgFp8<D, B_c, stages> (one warpgroup, D 64); CfgWs (producer + 2 "
             "consumers, D 128 / 256), wgmma k32 e4m3, V^T pass", "D 64: B_r 64, B_c 128; D 128: B_r 128, B_c 192; "
             "D 256: B_r 128, B_c 128", "causal, last partial tile", "-",
-            "TMA ring, intra-warpgroup overlap (D 128 / 256: ping-pong)", "sm_90a"),
+            "TMA ring, intra-warpgroup overlap (D 128 / 256: ping-pong, persistent grid)", "sm_90a"),
     Variant("bwd_sm80_mma", "bwd", "v01", "FA2's backward on mma.sync (m16n8k16)", "per head dim (bwd/v01_mma.cu)", "causal", "dQ atomics or "
             "a fixed-order dQ pass (deterministic)", "none"),
     Variant("bwd_sm80_wide", "bwd", "v09", "FA2's wide-head backward on mma.sync", "per LAB_BWD_WIDE_SM80_*", "causal",
