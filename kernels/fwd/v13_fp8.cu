@@ -26,8 +26,10 @@
 // LAB_FWD_FP8_OVERLAP (1, default): FA3's intra-warpgroup overlap: S_{j+1} is issued before P_j V_j, and
 // softmax j+1 runs while P_j V_j is in flight; 0: each GEMM waited for before the softmax (v05's order).
 //
-// Launch: the V^T pass (grid vt_cols / 128 x B H_kv x D / 64, 256 threads), then grid ceil(S_q / B_r) * B * H_q
-// (query block fastest; causal: heaviest block of each head first). Warp-specialised (default at D 128 / 256):
+// Launch: the V^T pass (grid vt_cols / 128 x B H_kv x D / 64, 256 threads), then ceil(S_q / B_r) * B * H_q work
+// tiles (query block fastest; causal: heaviest block of each head first): one CTA each for the one-warpgroup
+// kernel, min(tiles, SMs) persistent CTAs for the warp-specialised one (LAB_FWD_FP8_PERSISTENT). Warp-specialised
+// (default at D 128 / 256):
 // 384 threads, Q 128 D + stages * (B_c D (K) + D B_c (V^T)) bytes: D 128 (B_c 192, 4 stages) 209 KiB, D 256
 // (B_c 128, 2 stages) 161 KiB (D 64, B_c 128, 4 stages: 73 KiB). One warpgroup (default at D 64): 128 threads,
 // 64 D + stages * 2 B_c D: D 64 / 128 (B_c 128, 3 stages) 53 / 105 KiB, D 256 (B_c 64, 2 stages) 81 KiB.
@@ -109,6 +111,12 @@
 // causal 8k / GQA 16 / 4, 0.81 / 0.90 / 0.83 / 0.88x cuDNN FP8; D 64 560, 0.97x; D 256 1209, 1.23x; 0.999-1.005x
 // the previous kernel in the same rounds; 17 / 17 checks, the wrong build fails, memcheck and racecheck clean).
 // The >= 1.0x target still holds at D 256 only; a persistent grid that keeps its descriptors uniform is next.
+// Then LAB_FWD_FP8_WARP_UNIFORM and the persistent grid as the default (H200, lab.fp8.race in rounds with the previous
+// default's SASS and cuDNN FP8; outputs/driver_logs/20261129-h200-fp8-persist-packed-passes-942340c/X): D 128 S 4k 800
+// TFLOP/s (previous 782, +2.3 %; 0.82x cuDNN FP8), S 16k 946 (+1.8 %; 0.91x), causal S 8k 791 (+1.6 %; 0.84x), GQA 16 /
+// 4 915 (+2.7 %; 0.90x), D 64 581 (+3.0 %; 1.00x), D 256 1236 (+1.2 %; 1.25x). 19 / 19 checks (two new cells with more
+// work tiles than SMs), the wrong build fails, memcheck and racecheck clean, O and LSE bit for bit the previous
+// default's at every race shape. The target is met at D 256; D 64 ties cuDNN; D 128 is 0.82-0.91x.
 //
 // Build alone: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I kernels -c kernels/fwd/v13_fp8.cu
 #include <cuda_bf16.h>
@@ -186,19 +194,20 @@
 #ifndef LAB_FWD_FP8_WS_OVERLAP
 #define LAB_FWD_FP8_WS_OVERLAP 1
 #endif
-// LAB_FWD_FP8_PERSISTENT (0, default; 1: the warp-specialised kernel on min(tiles, SMs) CTAs, each looping over
-// work tiles t, t + grid, ...; the producer loads tile t + grid's Q and first K / V while the consumers finish
-// tile t, as cuDNN's persistent FP8 kernel). One CTA per SM either way (209 KiB of shared memory), so the
-// default grid pays per tile a CTA launch, barrier set-up, Q's and K_0's load latency and an idle tensor pipe
-// during the last P V and the epilogue. Prediction: the gap between S 4k (0.80x cuDNN) and S 16k (0.89x) at D 128
-// is mostly that per-tile cost (22 key tiles per query tile at 4k, 86 at 16k): +5-8 % at S 4k, +1-3 % at 16k,
-// causal less certain (static striding: heavy and light tiles mix per CTA; FA3 schedules causal dynamically).
+// LAB_FWD_FP8_PERSISTENT (1, default since the uniform descriptors: the warp-specialised kernel on min(tiles, SMs)
+// CTAs, each looping over work tiles t, t + grid, ...; the producer loads tile t + grid's Q and first K / V while the
+// consumers finish tile t, as cuDNN's persistent FP8 kernel; 0: one CTA per work tile, no loop). One CTA per SM either
+// way (209 KiB of shared memory), so the one-CTA-per-tile grid pays per tile a CTA launch, barrier set-up, Q's and
+// K_0's load latency and an idle tensor pipe during the last P V and the epilogue. Prediction: the gap between S 4k
+// (0.80x cuDNN) and S 16k (0.89x) at D 128 is mostly that per-tile cost (22 key tiles per query tile at 4k, 86 at 16k):
+// +5-8 % at S 4k, +1-3 % at 16k, causal less certain (static striding: heavy and light tiles mix per CTA; FA3 schedules
+// causal dynamically).
 // 2: persistent for non-causal calls only (causal keeps one CTA per tile, which the hardware hands out as SMs free).
 // 3: persistent with dynamic tiles (FA3's DynamicPersistentTileScheduler): a CTA's first tile is blockIdx.x, each
 // next one gridDim.x + atomicAdd(tile_counter, 1), which the producer fetches a tile ahead and hands to the
 // consumers in shared memory with Q (bar_q); tile_counter is zeroed by the V^T pass before. The order of the tiles
-// stays the default grid's (causal: heaviest query block of each head first), now taken as CTAs free, as the
-// hardware hands out the default grid's CTAs.
+// stays the one-CTA-per-tile grid's (causal: heaviest query block of each head first), now taken as CTAs free, as
+// the hardware hands out that grid's CTAs.
 // Outcome (H200, as above): against the default of the same build, static +3.3 % at D 128 S 4k, +1.0 %
 // at 16k, +0.6 % causal, +1.8 % GQA, +0.7 % at D 256; dynamic -1 to -3 % under static (the atomic and the hand-off
 // in the producer's path); 17 / 17 checks on both, bit for bit the default's O and LSE. But the loop over tiles
@@ -208,24 +217,36 @@
 // now has no loop (one tile per CTA; its main loop's SASS within 1.5 % of the previous kernel's), key tile j in stage
 // j % kStages in every build; the persistent builds still lose the uniform descriptors (issue block 122 at B_c
 // 256), the open problem before this can be judged.
+// Outcome with uniform descriptors (H200, lab.fp8.race in rounds against the one-CTA-per-tile grid of the same file;
+// TFLOP/s medians, IQRs in the record 20261129-fwd-fp8-v13-uniform-persistent;
+// outputs/driver_logs/20261129-h200-fp8-persist-packed-passes-942340c/X): static (1) +0.9 % at D 128 S 4k (800 / 793),
+// +0.3 % at 16k (946 / 943), +0.2 % causal 8k (791 / 790, within the IQRs), +1.3 % GQA 16 / 4 (915 / 903), +0.9 % at D
+// 256 (1236 / 1224): ahead in every cell it covers, so the default. Non-causal only (2): causal 792, the same as 1.
+// Dynamic (3): -2.4 % at S 4k, -2.1 % at 16k, -4.2 % causal, -1.9 % GQA, -0.2 % D 256 against 1: rejected again. B_c
+// 256 non-causal on the persistent grid: +2.3 % over 1 at S 4k (819), -0.4 % at 16k, -0.1 % GQA: not in every cell; a
+// tile chosen by S_k would be its next test. The predictions: the uniform descriptors' part came out +1.3-1.5 % at D
+// 128 (predicted 0-2), +0.3 % at D 256 (1-3), +3.0 % at D 64 (1-3); the persistent grid's under its earlier 0.6-3.3 %
+// at S 4k (0.9 against 1-3), so +2.3 % over the previous default at S 4k where +3-6 % was predicted.
 #ifndef LAB_FWD_FP8_PERSISTENT
-#define LAB_FWD_FP8_PERSISTENT 0
+#define LAB_FWD_FP8_PERSISTENT 1
 #endif
 // LAB_FWD_FP8_WARP_UNIFORM (1, default; 0: the kernel before): a warp's first query row (both kernels) and the
 // warp-specialised kernel's warpgroup index are taken from lane 0 by a shuffle (uniform_in_warp). ptxas does not
 // treat threadIdx.x / 32 as the same in every lane, so the mask test of each key tile (tile_needs_mask on the
 // warp's first row) was a branch that might diverge, and in a loop around it the wgmma descriptors left the uniform
-// datapath: ring stage, Q and K / V^T bases in vector registers, an R2UR pair and a 64-bit vector add per wgmma. The persistent grid's loop over tiles showed it (issue block of the ping-pong turn
-// at D 128: 95 instructions, 25 R2UR; 122 at B_c 256); the default grid kept most descriptors uniform but not Q's.
+// datapath: ring stage, Q and K / V^T bases in vector registers, an R2UR pair and a 64-bit vector add per wgmma.
+// The persistent grid's loop over tiles showed it (issue block of the ping-pong turn at D 128: 95 instructions,
+// 25 R2UR; 122 at B_c 256); the default grid kept most descriptors uniform but not Q's.
 // The persistent grid also keeps its three descriptor bases through an empty asm (the consumers' s_gemm / pv_gemm).
 // SASS (sm_90a, nvcc 13.0; the main loop's issue block, from the turn's BAR.SYNC to its BAR.ARV; before -> after):
 //   D 128 (B_c 192)  default 59 -> 42 instructions (9 R2UR -> 0), persistent 95 -> 46 (25 R2UR -> 0)
 //   D 256 (B_c 128)  default 104 -> 61 (17 R2UR -> 0), persistent 113 -> 62 (35 -> 0)
 //   D 128 (B_c 256)  default 81 -> 59 (9 R2UR -> 0), persistent 122 -> 56 (32 -> 0)
 //   D 64 (one warpgroup): the kernel 4712 -> 4264 instructions, R2UR 26 -> 6, none between the wgmma fences.
-// tests/fp8/test_uniform_descriptors.py holds the turns to no R2UR. WARP_UNIFORM 0 is the previous SASS exactly.
+// tests/fp8/test_uniform_descriptors.py holds the turns to no R2UR. WARP_UNIFORM 0 with PERSISTENT 0: the SASS of
+// the default before, exactly.
 // Prediction (written before the H200 run; lab.fp8.race in rounds, public call, against WARP_UNIFORM 0 = the
-// previous default, SASS identical to it): the default +0-2 % at D 128 (a 17-instruction shorter turn per key
+// previous default (PERSISTENT 0 then), SASS identical to it): the default +0-2 % at D 128 (a 17-instruction shorter turn per key
 // tile), +1-3 % at D 256 and D 64; the static persistent grid (LAB_FWD_FP8_PERSISTENT 1) over the new default by
 // its own measured margin, +1-3 % at D 128 S 4k, +0-1 % at 16k, -1 to +1 % causal, +1-2 % GQA, +0-1 % at D 256,
 // so +3-6 % over the previous default at S 4k; the dynamic one (3) 1-3 % under the static one (the atomic and
@@ -643,7 +664,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
   };
   const int wg = uniform_in_warp(threadIdx.x / 128);  // the same in a warp: the descriptors of Q stay uniform
   constexpr bool dynamic = LAB_FWD_FP8_PERSISTENT == 3;  // the launcher makes sure of tile_counter
-  constexpr bool kLoop = LAB_FWD_FP8_PERSISTENT != 0;    // else one tile per CTA: no loop, as the default grid
+  constexpr bool kLoop = LAB_FWD_FP8_PERSISTENT != 0;    // else one tile per CTA: no loop (PERSISTENT 0)
 
   if (threadIdx.x == 0) {
     init_full_barriers<kStages>(&bar_q, bar_k, bar_v);

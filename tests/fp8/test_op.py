@@ -158,12 +158,13 @@ def test_key_tile_follows_the_kernels_defaults_and_a_candidates_defines():
 @pytest.mark.parametrize("D, causal", [(128, True), (128, False), (256, True), (64, False)])
 def test_the_persistent_grid_writes_the_one_cta_per_tile_grids_bytes(D, causal):
     """LAB_FWD_FP8_PERSISTENT (CTAs looping over work tiles, the K / V ring running on across them) computes every
-    tile as the default grid does, so O and LSE are bit for bit the same; 2 x 16 heads x 8 query tiles is more
-    tiles than an H200 has SMs (every CTA takes two or more), with uneven S and GQA."""
+    tile as the one-CTA-per-tile grid (PERSISTENT 0) does, so O and LSE are bit for bit the same; 2 x 16 heads x 8
+    query tiles is more tiles than an H200 has SMs (124 of the 132 CTAs take two), with uneven S and GQA."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("fwd v13 is sm_90a")
     q, k, v = (fp8(2, h, 1000, D, seed=s).cuda() for h, s in ((16, 0), (4, 1), (4, 2)))
-    defines = {"LAB_FWD_FP8_PERSISTENT": 1, "LAB_FWD_FP8_WARPSPEC": 1}
-    o, lse = op.run(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True, defines={"LAB_FWD_FP8_WARPSPEC": 1})
+    one_per_tile = {"LAB_FWD_FP8_PERSISTENT": 0, "LAB_FWD_FP8_WARPSPEC": 1}
+    defines = {"LAB_FWD_FP8_PERSISTENT": 1, "LAB_FWD_FP8_WARPSPEC": 1}  # both named: the default is one of them
+    o, lse = op.run(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True, defines=one_per_tile)
     o_p, lse_p = op.run(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True, defines=defines)
     assert torch.equal(o, o_p) and torch.equal(lse, lse_p)

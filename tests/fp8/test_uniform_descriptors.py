@@ -1,7 +1,7 @@
 """fwd v13's wgmma descriptors on the uniform datapath (LAB_FWD_FP8_WARP_UNIFORM): in the SASS of the
 warp-specialised kernel, the issue blocks of the ping-pong turns (from the turn's BAR.SYNC to the pass's BAR.ARV,
-the ones holding a GMMA) move no descriptor from a vector register (R2UR), in the default grid and the
-persistent one; with the switch off the persistent build does (the test can tell the two apart). Needs nvcc
+the ones holding a GMMA) move no descriptor from a vector register (R2UR), in the one-CTA-per-tile grid and the
+persistent one (the default); with the switch off the persistent build does (the test can tell the two apart). Needs nvcc
 and cuobjdump (CUOBJDUMP names it), else skipped."""
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def _sass(defines: dict, tmp_path) -> dict:
             if "attn_fwd_v13_ws_kernel" in name}
 
 
-@pytest.mark.parametrize("defines", [{}, {"LAB_FWD_FP8_PERSISTENT": 1}], ids=["default", "persistent"])
+@pytest.mark.parametrize("defines", [{"LAB_FWD_FP8_PERSISTENT": 0}, {"LAB_FWD_FP8_PERSISTENT": 1}],
+                         ids=["one-cta-per-tile", "persistent"])
 def test_the_turns_keep_their_descriptors_uniform(defines, tmp_path):
     kernels = _sass(defines, tmp_path)
     assert len(kernels) == 2  # D 128 and D 256 (D 64 runs the one-warpgroup kernel)
