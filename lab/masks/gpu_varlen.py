@@ -145,10 +145,13 @@ def checks(defines=None) -> int:
     # the packed producer with every sequence's keys read from the first one's rows
     bad += not check_varlen_bwd("no-offset", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
                                 defines={**base, "LAB_BWD_PACKED_BUG_NO_OFFSET": 1}, expect_fail=True)
-    if base.get("LAB_BWD_PACKED_PASSES", varlen_bwd.PASSES) == 1:  # the block pre-pass leaving dq_accum unzeroed
-        # (NaN-poisoned: it must fail)
+    passes = base.get("LAB_BWD_PACKED_PASSES", varlen_bwd.PASSES)
+    if passes == 1:  # the block pre-pass leaving dq_accum unzeroed (NaN-poisoned: it must fail)
         bad += not check_varlen_bwd("no-zero", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
                                     defines={**base, "LAB_BWD_PACKED_BUG_NO_ZERO": 1}, expect_fail=True, trials=1)
+    if passes in (1, 2, 3):  # the block convert with two rows of each eight swapped
+        bad += not check_varlen_bwd("tile-rows", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
+                                    defines={**base, "LAB_BWD_PACKED_BUG_TILE_ROWS": 1}, expect_fail=True, trials=1)
     print(f"checks varlen bwd {defines or ''} done: {bad} bad", flush=True)
     return bad
 
@@ -292,6 +295,7 @@ DOCS_MIXED = [512, 4096, 1536, 777, 3000, 2048, 1100, 2600]
 SLOT_MAJOR = {"LAB_BWD_PACKED_HEAD_MINOR": 0}  # the packed grid's other order (attn_bwd_packed_sm90.cuh)
 BLOCK_PASSES = {"LAB_BWD_PACKED_PASSES": 1}  # pre-pass and convert by workspace block (attn_bwd_packed_sm90.cuh)
 MEMSET_PASSES = {"LAB_BWD_PACKED_PASSES": 2}  # the same, dq_accum zeroed by a memset instead of the pre-pass
+CONVERT_PASSES = {"LAB_BWD_PACKED_PASSES": 3}  # the per-thread pre-pass with the block convert
 Q64 = {"LAB_BWD_PACKED_D64_Q128": 0}  # D 64 packed with 64 queries a step (bwd/v08_masks.cu)
 RACE_CELLS = (("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128), ("docs-mixed", DOCS_MIXED, 64),
               ("docs-mixed", DOCS_MIXED, 128), ("one-length", [2048] * 8, 64))

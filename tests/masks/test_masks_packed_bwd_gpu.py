@@ -5,7 +5,7 @@ P = dS = 0), to float32 summation order at D 64 without softcap (128 queries a s
 float32 reduction order; rows of no sequence zero with NaN-poisoned memory; a build that reads every sequence's keys
 at the first one's rows differs; the pre-pass and convert by workspace block (LAB_BWD_PACKED_PASSES=1) give the thread
 passes' dK, dV bit for bit (the same Delta) and dQ to float32 reduction order, with dq_accum zeroed by the pre-pass
-or by a memset (=2). Skipped without CUDA."""
+or by a memset (=2), or the thread pre-pass with the block convert (=3). Skipped without CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -69,9 +69,10 @@ def test_a_dropped_sequence_offset_is_seen():
 THREADS = {"LAB_BWD_PACKED_PASSES": 0}  # the per-thread pre-pass and convert
 BLOCKS = {"LAB_BWD_PACKED_PASSES": 1}
 MEMSET = {"LAB_BWD_PACKED_PASSES": 2}  # the block passes with dq_accum zeroed by a memset
+CONVERT = {"LAB_BWD_PACKED_PASSES": 3}  # the thread pre-pass with the block convert
 
 
-@pytest.mark.parametrize("build", [BLOCKS, MEMSET], ids=["blocks", "memset"])
+@pytest.mark.parametrize("build", [CONVERT, BLOCKS, MEMSET], ids=["convert", "blocks", "memset"])
 @pytest.mark.parametrize("lens,Hq,Hkv,D,dtype,causal,window,cap,sink", [
     ([1, 0, 63, 65, 200, 0, 130], 4, 2, 128, torch.bfloat16, True, None, 0.0, True),
     ([700, 1, 0, 1300, 129, 64], 4, 1, 64, torch.bfloat16, True, (100, 0), 30.0, False),

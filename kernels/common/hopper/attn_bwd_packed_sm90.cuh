@@ -65,9 +65,10 @@ __device__ __forceinline__ PackedSeq packed_seq(const MaskBwdParams& p, int b) {
 // convert_dq_packed_tile over 64 rows: the block's sequence found once per CTA, dQ written as 16-byte chunks of whole
 // rows through shared memory); 2, the same with dq_accum zeroed by one cudaMemsetAsync before the pre-pass (all of
 // it, the rows between sequences too: 6 % more bytes at 8 x 2048) instead of by the pre-pass's blocks, so each pass
-// only writes or mostly reads; 0 (the default until measured), one thread per row lane or per float4 of dq_accum
-// (bwd_pre_packed, convert_dq_packed), each finding its own sequence. See the tile kernels' comment for the reason
-// and the prediction.
+// only writes or mostly reads; 3, the per-thread pre-pass with the block convert (the one of the two block passes
+// that won: measured below, above the tile kernels); 0 (the default until 3 is measured in the race), one thread per
+// row lane or per float4 of dq_accum (bwd_pre_packed, convert_dq_packed), each finding its own sequence. See the tile
+// kernels' comment for the reason, the prediction and the outcome.
 #ifndef LAB_BWD_PACKED_PASSES
 #define LAB_BWD_PACKED_PASSES 0
 #endif
@@ -364,6 +365,20 @@ __global__ void __launch_bounds__(256) convert_dq_packed(const MaskBwdParams p) 
 // at one length 1.34 -> 1.40-1.42x: the 1.5x target needs the dK / dV kernel (787 us) itself faster. The memset build
 // (LAB_BWD_PACKED_PASSES=2): memset + pre-pass within +-5 us of the fused pre-pass (the same bytes; a pure write
 // stream against one that mixes writes into the O / dO reads).
+// Outcome (H200, torch.profiler of one forward + backward, 942340c, outputs/driver_logs/20261129-h200-fp8-persist-
+// packed-passes-942340c/P/profile.txt): the convert as predicted, the block pre-pass slower, the memset no help:
+//                         8 x 2048: pre-pass  convert  (memset)   twelve documents: pre-pass  convert  (memset)
+//   per thread (0)                  66.1      91.8                                   94.4     117.4
+//   by block (1)                    73.4      48.0                                  101.5      68.1
+//   by block, memset (2)            51.1      48.7     32.0                          63.7      67.6     44.5
+// The block pre-pass reads O and dO at 2.6 TB/s even without the zeroing (=2's 51 us for 128 MiB): four CTAs of 256
+// threads a multiprocessor, each a sequence search, then two groups of loads, serialise more latency than the thread
+// pass's grid of 128-thread blocks hides; the memset adds its bytes at full speed but they were hidden in the fused
+// pass. So 3 keeps the thread pre-pass and takes the block convert: -44 us of the pair at one length (158 -> 114 us),
+// -50 us at twelve documents (212 -> 162 us), from these kernels' own times (the convert's SASS is =1's).
+// Prediction for 3 (the kernel call in GPU time, rounds interleaved): 8 x 2048 0.915 -> 0.865-0.875 ms, twelve
+// documents 1.477 -> 1.42-1.435 ms; Flex over ours at one length 1.34 -> 1.39-1.41x, twelve documents 1.75 ->
+// 1.80-1.82x. Self-test build of the block convert: LAB_BWD_PACKED_BUG_TILE_ROWS.
 
 // Both block passes take the heads fastest and the rows from the last: the CTAs running together read and write whole
 // packed rows (all heads of a token are 4 KB apart, not H_q R rows), and the convert starts on the rows whose dq_accum
@@ -472,7 +487,12 @@ __global__ void __launch_bounds__(256) convert_dq_packed_tile(const MaskBwdParam
     const int in = k * 256 + threadIdx.x;
     const int part = in / kPartQuads, r4 = (in % kPartQuads) / 128, wt = in % 128;
     const int warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+#ifdef LAB_BWD_PACKED_BUG_TILE_ROWS
+    // self-test: rows g and g ^ 1 of each warp's eight swapped in the transpose
+    const int row = warp * 16 + (g ^ 1), word = ((C::kSplitDq ? part * C::kDqCols : 0) + 8 * r4 + 2 * t) / 2;
+#else
     const int row = warp * 16 + g, word = ((C::kSplitDq ? part * C::kDqCols : 0) + 8 * r4 + 2 * t) / 2;
+#endif
     tile[row * kStride + word] = lab::pack2<T>(a[k].x * p.scale, a[k].y * p.scale);
     tile[(row + 8) * kStride + word] = lab::pack2<T>(a[k].z * p.scale, a[k].w * p.scale);
   }
@@ -556,11 +576,13 @@ int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
   const int64_t pre = (int64_t)p.heads_q * rows_ws * lab::bwd::pre_lanes(D);
   // The block passes write dQ as 16-byte chunks: dq 16-byte aligned with strides of whole chunks (torch.empty_like of
   // a tensor the tensor maps read), else the per-thread passes. (The default build holds only the per-thread ones.)
-  bool tiles = false;
+  bool tiles = false, pre_tiles = false;
 #if LAB_BWD_PACKED_PASSES
   tiles = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_stride[1] % 8 == 0 && p.dq_stride[2] % 8 == 0 &&
           (int64_t)p.heads_q * rows_ws / 64 <= 0x7fffffff && rows_ws > 0;
-  if (tiles) {
+#if LAB_BWD_PACKED_PASSES == 1 || LAB_BWD_PACKED_PASSES == 2
+  pre_tiles = tiles;
+  if (pre_tiles) {
 #if LAB_BWD_PACKED_PASSES == 2
     if ((err = cudaMemsetAsync(p.dq_accum, 0, (size_t)p.heads_q * rows_ws * D * sizeof(float), st)) != cudaSuccess)
       return err;
@@ -569,7 +591,8 @@ int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
 #endif
-  if (!tiles && pre > 0) {
+#endif
+  if (!pre_tiles && pre > 0) {
     bwd_pre_packed<T, D><<<(unsigned)((pre + 127) / 128), 128, 0, st>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
