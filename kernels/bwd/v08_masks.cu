@@ -40,6 +40,12 @@
 //   backward 0.91 -> 0.86-0.87 ms; the dq_accum zeroing stays (the dQ partials arrive in no fixed order). =2: the same
 //   with dq_accum zeroed by a memset before the pre-pass (predicted within +-5 us of =1). Self-test build:
 //   LAB_BWD_PACKED_BUG_NO_ZERO (the block pre-pass leaves dq_accum as it was).
+//   Outcome (H200 torch.profiler, outputs/driver_logs/20261129-h200-fp8-persist-packed-passes-942340c/P): the block
+//   convert 91.8 -> 48.0 us as predicted, the block pre-pass 66.1 -> 73.4 us (slower: latency-bound at four CTAs a
+//   multiprocessor), the memset build's pair 83 us against 66. =3 keeps the thread pre-pass beside the block convert
+//   (each kernel's SASS the measured one's): predicted backward 0.915 -> 0.865-0.875 ms at 8 x 2048, 1.477 ->
+//   1.42-1.435 ms at twelve documents. Self-test build: LAB_BWD_PACKED_BUG_TILE_ROWS (the convert's transpose swaps
+//   rows).
 // Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
 // LAB_BWD_MASK_STAGE=1 (the default): v12's tile config, dK and dV staged through the free dQ staging area and stored as
 // 16-byte rows, and at D = 64 v10's K and V in registers. Prediction (H100, D = 128, bf16, GPU time against v07's
