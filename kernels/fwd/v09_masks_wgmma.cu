@@ -101,8 +101,6 @@ struct Cfg09 {
 using Cfg64 = Cfg09<64, 128, 2>;
 using Cfg128 = Cfg09<128, 64, 2>;
 
-enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
-
 template <class Cfg, class T, int kTransform>
 __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant__ CUtensorMap tq,
                                                            const __grid_constant__ CUtensorMap tk,
@@ -125,13 +123,8 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
   const int mb = mp.window_right >= 0 ? num_m - 1 - (int)(blockIdx.x % num_m) : (int)(blockIdx.x % num_m);
   const int b = bh / p.heads_q, h = bh % p.heads_q, hkv = h / (p.heads_q / p.heads_kv);
   int q0 = 0, k0 = 0, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, off = mp.diag_offset;
-  if (packed) {  // clamped: no cu_seqlens value reads or writes outside the packed tensors
-    const int qa = min(max(mp.cu_seqlens_q[b], 0), mp.total_q), qb = min(max(mp.cu_seqlens_q[b + 1], qa), mp.total_q);
-    const int ka = min(max(mp.cu_seqlens_k[b], 0), mp.total_k), kb = min(max(mp.cu_seqlens_k[b + 1], ka), mp.total_k);
-    q0 = qa;
-    k0 = ka;
-    seqlen_q = min(qb - qa, p.seqlen_q);
-    seqlen_k = min(kb - ka, p.seqlen_k);
+  if (packed) {
+    packed_sequence(mp, b, q0, k0, seqlen_q, seqlen_k);
     off = seqlen_k - seqlen_q;
   }
   const int m0 = mb * Cfg::BR;
@@ -220,12 +213,7 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
   if constexpr (kTensorL) rowsum_to_state(lsum, st);
 
   // Epilogue: the sink joins the normaliser; O rows of this sequence only.
-  const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
-  float* lse_row0 = p.lse == nullptr ? nullptr
-                    : packed         ? p.lse + (int64_t)h * mp.total_q + q0
-                                     : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
-  T* out = static_cast<T*>(p.o) + (int64_t)bq * p.o_stride[0] + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2];
-  epilogue_sink<D, T>(o, st, sink_log2, lse_row0, out, p.o_stride[2], seqlen_q, smem, m0, 1);
+  epilogue_masked<D, T>(o, st, mp, packed, b, bq, h, q0, seqlen_q, smem, m0, 1);
 #endif
 }
 
@@ -234,15 +222,11 @@ int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
   return launch_masked_fwd<Cfg, attn_fwd_v09_kernel<Cfg, T, kTransform>>(mp, stream, dev);
 }
 
+// The transform by call (common/hopper/attn_mask_sm90.cuh); the fixed offset only with LAB_FWD_MASK_SOFTCAP > 0.
 template <class Cfg, class T>
 int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
-  if (mp.softcap > 0.f) {
-    if constexpr (LAB_FWD_MASK_SOFTCAP > 0 && std::is_same_v<T, __nv_bfloat16>)
-      if (mp.softcap * kLog2e <= kCapMaxLog2) return launch<Cfg, T, kTanhBounded>(mp, stream, dev);
-    return launch<Cfg, T, kTanh>(mp, stream, dev);
-  }
-  if (mp.base.scale > 0.f) return launch<Cfg, T, kNone>(mp, stream, dev);
-  return launch<Cfg, T, kScale>(mp, stream, dev);
+  return lab::sm90::launch_by_transform<T, (LAB_FWD_MASK_SOFTCAP > 0)>(
+      mp, [&](auto k) { return launch<Cfg, T, decltype(k)::value>(mp, stream, dev); });
 }
 
 }  // namespace

@@ -252,8 +252,6 @@ using Cfg128Paged = Cfg11<128, LAB_FWD_MASK_PAGED_D128_STAGES, true, 16>;
 using Cfg64Packed = Cfg11<64, 3, false, 0>;
 using Cfg128Packed = Cfg11<128, LAB_FWD_MASK_PACKED_D128_STAGES, true, 0>;
 
-enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
-
 // The packed persistent kernel (after the switches and Transform it reads, inside this file's namespace).
 #include "common/hopper/attn_mask_packed_sm90.cuh"
 
@@ -275,16 +273,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
 
   // Prologue: the work tile. Query blocks longest first (a right edge makes later blocks heavier) within groups
   // of heads whose window of K and V fits kL2GroupMB (v07's causal order, with the window's keys per head).
-  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR, num_bh = p.batch * p.heads_q;
-  const int span = mp.window_left >= 0 ? min(p.seqlen_k, mp.window_left + Cfg::BR + BC) : p.seqlen_k;
-  const int64_t kv_head = (int64_t)max(span, 1) * D * 4;
-  const int group = Cfg::kL2GroupMB > 0
-                        ? (int)max((int64_t)1, min((int64_t)num_bh, (int64_t)Cfg::kL2GroupMB * (1 << 20) / kv_head))
-                        : num_bh;
-  const int work = blockIdx.x, g = work / (group * num_m), r = work % (group * num_m);
-  const int heads = min(group, num_bh - g * group);
-  const int mb = mp.window_right >= 0 ? num_m - 1 - r / heads : r / heads;
-  const int bh = g * group + r % heads;
+  const int2 tile = masked_l2_tile<Cfg>(mp);
+  const int mb = tile.x, bh = tile.y;
   const int b = bh / p.heads_q, h = bh % p.heads_q, hkv = h / (p.heads_q / p.heads_kv);
   int q0 = 0, k0 = 0, seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, off = mp.diag_offset;
   if (packed) {  // clamped: no cu_seqlens value reads or writes outside the packed tensors
@@ -325,14 +315,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   const int bq = packed ? 0 : b;  // the maps' batch coordinate
   const int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    init_full_barriers<kStages>(&bar_q, bar_k, bar_v);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
-      mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
-    }
-    fence_barrier_init();
-  }
+  if (threadIdx.x == 0) init_split_barriers<Cfg>(&bar_q, bar_k, bar_v, empty_k, empty_v);
   __syncthreads();
 
   if (wg == 0) {
@@ -396,18 +379,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     } else if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
       load_q_consumers<Cfg>(ring.q, &tq, smem_u32(&bar_q), q0 + m0, h, bq);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % kStages, row = k0 + shift + j * BC;
-        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
-        if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
-        mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
-        for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(ring.k(s) + cb * BC * 128, &tk, smem_u32(&bar_k[s]), cb * 64, row, hkv, bq);
-        if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
-        mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
-        for (int cb = 0; cb < D / 64; ++cb)
-          tma_load_4d(ring.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, row, hkv, bq);
-      }
+      produce_kv<Cfg>(ring, &tk, &tv, bar_k, bar_v, empty_k, empty_v, n_tiles, k0, shift, hkv, bq);
     }
     return;
   }
@@ -523,13 +495,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if (kPing && wg == 1 && n_tiles > 0) turn();  // consumes the last warpgroup's last pass
 
   // Epilogue: the sink joins the normaliser; O rows of this sequence only, staged in this warpgroup's Q tile.
-  const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
-  float* lse_row0 = p.lse == nullptr ? nullptr
-                    : packed         ? p.lse + (int64_t)h * mp.total_q + q0
-                                     : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
-  T* out = static_cast<T*>(p.o) + (int64_t)bq * p.o_stride[0] + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2];
-  epilogue_sink<D, T>(o, st, sink_log2, lse_row0, out, p.o_stride[2], seqlen_q, smem + (wg - 1) * Cfg::kQBytesWG, wm0,
-                      wg);
+  epilogue_masked<D, T>(o, st, mp, packed, b, bq, h, q0, seqlen_q, smem + (wg - 1) * Cfg::kQBytesWG, wm0, wg);
 #endif
 }
 
@@ -552,13 +518,8 @@ int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
 
 template <class Cfg, class T>
 int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
-  if (mp.softcap > 0.f) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>)
-      if (mp.softcap * kLog2e <= kCapMaxLog2) return launch<Cfg, T, kTanhBounded>(mp, stream, dev);
-    return launch<Cfg, T, kTanh>(mp, stream, dev);
-  }
-  if (mp.base.scale > 0.f) return launch<Cfg, T, kNone>(mp, stream, dev);
-  return launch<Cfg, T, kScale>(mp, stream, dev);
+  return lab::sm90::launch_by_transform<T>(mp,
+                                           [&](auto k) { return launch<Cfg, T, decltype(k)::value>(mp, stream, dev); });
 }
 
 }  // namespace

@@ -134,14 +134,7 @@ struct PackedOrder {
 
   // Sequence b into the cursor (clamped: no cu_seqlens value reads or writes outside the packed tensors, v11's rule).
   __device__ __forceinline__ void load(const AttnMaskParams& mp, PackedCursor& c) const {
-    const int qa = min(max(mp.cu_seqlens_q[c.b], 0), mp.total_q);
-    const int qb = min(max(mp.cu_seqlens_q[c.b + 1], qa), mp.total_q);
-    const int ka = min(max(mp.cu_seqlens_k[c.b], 0), mp.total_k);
-    const int kb = min(max(mp.cu_seqlens_k[c.b + 1], ka), mp.total_k);
-    c.q0 = qa;
-    c.k0 = ka;
-    c.sq = min(qb - qa, mp.base.seqlen_q);
-    c.sk = min(kb - ka, mp.base.seqlen_k);
+    packed_sequence(mp, c.b, c.q0, c.k0, c.sq, c.sk);
     c.span = heads * (((c.sq + BR - 1) / BR + 1) / 2);
   }
   __device__ __forceinline__ PackedCursor start(const AttnMaskParams& mp) const {

@@ -293,4 +293,103 @@ __device__ __forceinline__ void epilogue_sink(float (&o)[D / 2], const RowState&
   }
 }
 
+// ---------------------------------------------------------------- the masked kernels' shared steps (fwd v09, v11, v12)
+
+// The score transform a masked kernel is instantiated for (launch_by_transform picks it per call).
+enum Transform { kNone = 0, kScale = 1, kTanh = 2, kTanhBounded = 3 };
+
+// The choice of transform: the bf16 softcap within kCapMaxLog2 takes the fixed offset (kBoundedOk: the kernel has
+// that form), fp16 and larger caps the online max; a scale <= 0 is multiplied in before the (folded) softmax.
+// launch(std::integral_constant<int, kTransform>) launches the file's kernel for it.
+template <class T, bool kBoundedOk = true, class Launch>
+inline int launch_by_transform(const AttnMaskParams& mp, Launch&& launch) {
+  if (mp.softcap > 0.f) {
+    if constexpr (kBoundedOk && std::is_same_v<T, __nv_bfloat16>)
+      if (mp.softcap * kLog2e <= kCapMaxLog2) return launch(std::integral_constant<int, kTanhBounded>{});
+    return launch(std::integral_constant<int, kTanh>{});
+  }
+  if (mp.base.scale > 0.f) return launch(std::integral_constant<int, kNone>{});
+  return launch(std::integral_constant<int, kScale>{});
+}
+
+// Sequence b's rows [q0, q0 + sq) and keys [k0, k0 + sk) of the packed tensors, clamped: no cu_seqlens value reads or
+// writes outside them. fwd v11's and v12's kernels keep these lines written out: the call moved their machine code.
+__device__ __forceinline__ void packed_sequence(const AttnMaskParams& mp, int b, int& q0, int& k0, int& sq, int& sk) {
+  const int qa = min(max(mp.cu_seqlens_q[b], 0), mp.total_q), qb = min(max(mp.cu_seqlens_q[b + 1], qa), mp.total_q);
+  const int ka = min(max(mp.cu_seqlens_k[b], 0), mp.total_k), kb = min(max(mp.cu_seqlens_k[b + 1], ka), mp.total_k);
+  q0 = qa;
+  k0 = ka;
+  sq = min(qb - qa, mp.base.seqlen_q);
+  sk = min(kb - ka, mp.base.seqlen_k);
+}
+
+// The work tile of a CTA of fwd v11 / v12 (one per Cfg::BR query rows, head and batch entry): query blocks longest
+// first (a right edge makes later blocks heavier) within groups of heads whose window of K and V fits
+// Cfg::kL2GroupMB (fwd v07's causal order, with the window's keys per head). Returns (query block, b * H + h).
+template <class Cfg>
+__device__ __forceinline__ int2 masked_l2_tile(const AttnMaskParams& mp) {
+  const AttnFwdParams& p = mp.base;
+  const int num_m = (p.seqlen_q + Cfg::BR - 1) / Cfg::BR, num_bh = p.batch * p.heads_q;
+  const int span = mp.window_left >= 0 ? min(p.seqlen_k, mp.window_left + Cfg::BR + Cfg::BC) : p.seqlen_k;
+  const int64_t kv_head = (int64_t)max(span, 1) * Cfg::D * 4;
+  const int group = Cfg::kL2GroupMB > 0
+                        ? (int)max((int64_t)1, min((int64_t)num_bh, (int64_t)Cfg::kL2GroupMB * (1 << 20) / kv_head))
+                        : num_bh;
+  const int work = blockIdx.x, g = work / (group * num_m), r = work % (group * num_m);
+  const int heads = min(group, num_bh - g * group);
+  const int mb = mp.window_right >= 0 ? num_m - 1 - r / heads : r / heads;
+  return make_int2(mb, g * group + r % heads);
+}
+
+// Thread 0's barriers of a producer and Cfg::kConsumers consumer warpgroups: Q, K and V full (init_full_barriers)
+// and K and V empty, one arrival per consumer warp; then the fence.
+template <class Cfg>
+__device__ __forceinline__ void init_split_barriers(uint64_t* bar_q, uint64_t* bar_k, uint64_t* bar_v,
+                                                    uint64_t* empty_k, uint64_t* empty_v) {
+  init_full_barriers<Cfg::kStages>(bar_q, bar_k, bar_v);
+  for (int s = 0; s < Cfg::kStages; ++s) {
+    mbar_init(smem_u32(&empty_k[s]), 4 * Cfg::kConsumers);  // one arrival per consumer warp
+    mbar_init(smem_u32(&empty_v[s]), 4 * Cfg::kConsumers);
+  }
+  fence_barrier_init();
+}
+
+// The producer's K_j, V_j of n_tiles key tiles from key row k0 + shift into the ring, by thread 0 (K and V stages
+// released apart, fwd v10's split barriers): each stage after its consumers' empty arrivals. k0 and shift apart, as
+// the kernels wrote them: one row argument k0 + shift moved fwd v12's machine code.
+template <class Cfg>
+__device__ __forceinline__ void produce_kv(const SmemRing<Cfg>& ring, const CUtensorMap* tk, const CUtensorMap* tv,
+                                           uint64_t* bar_k, uint64_t* bar_v, uint64_t* empty_k, uint64_t* empty_v,
+                                           int n_tiles, int k0, int shift, int hkv, int bq) {
+  constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
+  for (int j = 0; j < n_tiles; ++j) {
+    const int s = j % kStages, row = k0 + shift + j * BC;
+    const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
+    if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
+    mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
+    for (int cb = 0; cb < D / 64; ++cb)
+      tma_load_4d(ring.k(s) + cb * BC * 128, tk, smem_u32(&bar_k[s]), cb * 64, row, hkv, bq);
+    if (j >= kStages) mbar_wait(smem_u32(&empty_v[s]), free_parity);
+    mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
+    for (int cb = 0; cb < D / 64; ++cb)
+      tma_load_4d(ring.v(s) + cb * BC * 128, tv, smem_u32(&bar_v[s]), cb * 64, row, hkv, bq);
+  }
+}
+
+// The masked epilogue: the sink joins the normaliser (epilogue_sink); O and LSE rows of sequence b (packed: from its
+// row q0 of the packed tensors; bq: the batch coordinate of O, 0 when packed) only, staged in `stage`. packed and bq
+// are the caller's: taken from mp again here, their selects were made twice (the kernels' machine code moved).
+template <int D, class T>
+__device__ __forceinline__ void epilogue_masked(float (&o)[D / 2], const RowState& st, const AttnMaskParams& mp,
+                                                bool packed, int b, int bq, int h, int q0, int seqlen_q, uint8_t* stage,
+                                                int m0, int bar_id) {
+  const AttnFwdParams& p = mp.base;
+  const float sink_log2 = mp.sinks != nullptr ? mp.sinks[h] * kLog2e : -INFINITY;
+  float* lse_row0 = p.lse == nullptr ? nullptr
+                    : packed         ? p.lse + (int64_t)h * mp.total_q + q0
+                                     : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
+  T* out = static_cast<T*>(p.o) + (int64_t)bq * p.o_stride[0] + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2];
+  epilogue_sink<D, T>(o, st, sink_log2, lse_row0, out, p.o_stride[2], seqlen_q, stage, m0, bar_id);
+}
+
 }  // namespace lab::sm90
