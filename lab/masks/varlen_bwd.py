@@ -27,7 +27,7 @@ IN_PLACE = ("v08",)  # masked backward versions that read packed tensors in plac
 IN_PLACE_DIMS = (64, 128)
 LAYOUT: str | None = None  # the layout of a call that names none (an A/B of the two sets "padded")
 DEFINES: dict | None = None  # the kernel build of a call that names none (an A/B of the public op sets one)
-PASSES = 0  # LAB_BWD_PACKED_PASSES' default in common/hopper/attn_bwd_packed_sm90.cuh (tests/masks hold them equal)
+PASSES = 3  # LAB_BWD_PACKED_PASSES' default in common/hopper/attn_bwd_packed_sm90.cuh (tests/masks hold them equal)
 ALIGN = 128  # kPackedAlign (common/hopper/attn_bwd_packed_sm90.cuh): workspace rows of a sequence, keys of a slot
 
 

@@ -65,12 +65,12 @@ __device__ __forceinline__ PackedSeq packed_seq(const MaskBwdParams& p, int b) {
 // convert_dq_packed_tile over 64 rows: the block's sequence found once per CTA, dQ written as 16-byte chunks of whole
 // rows through shared memory); 2, the same with dq_accum zeroed by one cudaMemsetAsync before the pre-pass (all of
 // it, the rows between sequences too: 6 % more bytes at 8 x 2048) instead of by the pre-pass's blocks, so each pass
-// only writes or mostly reads; 3, the per-thread pre-pass with the block convert (the one of the two block passes
-// that won: measured below, above the tile kernels); 0 (the default until 3 is measured in the race), one thread per
-// row lane or per float4 of dq_accum (bwd_pre_packed, convert_dq_packed), each finding its own sequence. See the tile
-// kernels' comment for the reason, the prediction and the outcome.
+// only writes or mostly reads; 3 (the default), the per-thread pre-pass with the block convert (the one of the two
+// block passes that won: measured below, above the tile kernels); 0 (the default before), one thread per row lane or
+// per float4 of dq_accum (bwd_pre_packed, convert_dq_packed), each finding its own sequence. See the tile kernels'
+// comment for the reason, the prediction and the outcome.
 #ifndef LAB_BWD_PACKED_PASSES
-#define LAB_BWD_PACKED_PASSES 0
+#define LAB_BWD_PACKED_PASSES 3
 #endif
 
 constexpr int kPackedAlign = 128;  // rows: the workspace's sequence alignment, and keys of a slot (Cfg::BC)
@@ -379,6 +379,12 @@ __global__ void __launch_bounds__(256) convert_dq_packed(const MaskBwdParams p) 
 // Prediction for 3 (the kernel call in GPU time, rounds interleaved): 8 x 2048 0.915 -> 0.865-0.875 ms, twelve
 // documents 1.477 -> 1.42-1.435 ms; Flex over ours at one length 1.34 -> 1.39-1.41x, twelve documents 1.75 ->
 // 1.80-1.82x. Self-test build of the block convert: LAB_BWD_PACKED_BUG_TILE_ROWS.
+// Made the default (=3) on the profile's kernel times above: its two kernels' SASS at sm_90a are the ones measured
+// there (the default's pre-pass, =1's convert); gradient checks of =3 9/9, its no-window, no-offset and tile-rows
+// builds failing as they must (56526a2, outputs/driver_logs/20261129-h200-n15-packed-convert-56526a2/P); memcheck and
+// racecheck clean on four small packed calls of =1 (the same convert kernels; 942340c above). Not yet measured: the
+// race's interleaved call times of =3 (that run's race ran past its limit in FlexAttention's compile), so the backward
+// times predicted above stand on the profile's sums (-44 us at 8 x 2048, -50 us at twelve documents).
 
 // Both block passes take the heads fastest and the rows from the last: the CTAs running together read and write whole
 // packed rows (all heads of a token are 4 KB apart, not H_q R rows), and the convert starts on the rows whose dq_accum
