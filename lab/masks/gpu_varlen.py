@@ -489,3 +489,41 @@ def host_ab(rounds: int = 2, n: int = 300) -> dict:
             del fast.plans[key]
     print(f"host-ab packed call, median us a round: {got}", flush=True)
     return got
+
+
+THREAD_PASSES = {"LAB_BWD_PACKED_PASSES": 0}  # the per-thread pre-pass and convert (the default before =3)
+
+
+def ab_passes(cells=(("one-length", [2048] * 8, 128), ("docs12", DOCS12, 128)), builds=(("threads", THREAD_PASSES),),
+              budget_s: float = 0.6, jsonl: str | None = None) -> list:
+    """GPU time (bench.GpuTimeTimer, rounds interleaved) of the packed backward's kernel call (varlen_bwd.launch) and
+    of the public op's backward (autograd over one forward, varlen_bwd.DEFINES set around it) in the default build and
+    each of `builds`, bf16, causal, H 16; no FlexAttention (race() has it). Returns the rows it printed."""
+    timer, rows = bench.GpuTimeTimer(), []
+    for name, lens, D in cells:
+        q, k, v, dout, cu = _cell(lens, D)
+        mx, ins = max(lens), (q, k, v)
+        with torch.no_grad():
+            o, lse = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, return_lse=True)
+        out = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, check_cu_seqlens=False)
+        calls = {}
+        for label, defines in (("default", None),) + tuple(builds):
+            calls["kernel_" + label] = (lambda defines=defines: varlen_bwd.launch(
+                dout, q, k, v, o, lse, None, cu, cu, None, False, mx, mx, -1, 0, 0.0, D ** -0.5, layout="packed",
+                defines=defines), None)
+            calls["lab_" + label] = (lambda defines=defines: _with_defines(
+                defines, lambda: torch.autograd.grad(out, ins, dout, retain_graph=True)), None)
+        times = bench.time_interleaved(calls, timer=timer, budget_s=budget_s, max_reps=41, min_reps=11)
+        ms = {key: t.median_ms for key, t in times.items() if hasattr(t, "median_ms")}
+        quart = {key: [t.q1_ms, t.q3_ms, t.n] for key, t in times.items() if hasattr(t, "q1_ms")}
+        row = {"cell": name, "lens": lens, "D": D, "H": 16, "median_ms": ms, "q1_q3_n": quart,
+               "default_over": {label: [ms["kernel_default"] / ms["kernel_" + label],
+                                        ms["lab_default"] / ms["lab_" + label]] for label, _ in builds}}
+        rows.append(row)
+        if jsonl:
+            with open(jsonl, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        print(f"ab-passes {name} D {D}: " + ", ".join(f"{key} {v:.4f} [{quart[key][0]:.4f}, {quart[key][1]:.4f}]"
+                                                      for key, v in ms.items()) +
+              f"; default / build (kernel call, public backward): {row['default_over']}", flush=True)
+    return rows
