@@ -890,6 +890,9 @@ pybind11::bytes packed_params_cpu_last() { return pybind11::bytes(packed_cpu_par
 // 8 x 2048 tokens, H 16, D 128; its out a 16 us CPU allocation) a call took 38.5 us through the views and 26.4 us
 // here, the views alone 15.9 us; the Python before the crossing 2.3 us. Prediction (H200's host): the packed call's
 // crossing 32 -> 22-26 us, the unchecked forward at 8 x 2048 from 1.067x the dense op toward its kernel's 1.035x.
+// So far (H200, record 20261129-masks-varlen-bwd-packed-passes): one clean round 14.3 us here against 21.4 us through
+// the views (the paged serving call 15 us beside them); the round before it was disturbed (all three calls slower, the
+// order reversed). Not yet a decided measurement.
 bool packed_readable(const at::Tensor& t) {  // layout_ok() of the (1, H, total, D) view
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
   if (t.size(2) > 1 && t.stride(2) != 1) return false;
