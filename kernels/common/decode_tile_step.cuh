@@ -3,8 +3,9 @@
 // 16 query rows. S = Q K_w^T, scores scaled by scale * log2 e in fp32 and masked by each row's key limit, the
 // running max moved, P = exp2(S - m) rounded to the input dtype (l_i summed from the rounded P), O_i += P V_w.
 // Where K and V came from (cp.async, bulk copies) is the caller's business: it hands in the tile's stage once it
-// has landed. v03 keeps its own copy of these lines for now: calling this from v03 changed its SASS (14 of 37
+// has landed. v03 keeps its own copy of the tile step for now: calling it from v03 changed its SASS (14 of 37
 // kernels, sm_80 and sm_90a, address arithmetic only; tools/sass/sass_guard.sh), which a GPU A/B must clear first.
+// v03 takes its row state (TileRowState) and end (stash_warp_state) from here: those leave its SASS as it was.
 #pragma once
 #include <math.h>
 #include <stdint.h>

@@ -66,6 +66,7 @@
 #include "common/decode_masks.cuh"
 #include "common/decode_paged_launch.cuh"
 #include "common/decode_pv.cuh"
+#include "common/decode_tile_step.cuh"
 #include "common/decode_util.cuh"
 #include "common/launch.h"
 #include "common/mma.cuh"
@@ -110,12 +111,6 @@ struct PagedConfig {
                 "fixed rows per thread");
   static_assert(kMergeBytes <= kRingBytes, "merge scratch reuses the ring");
   static_assert(kSmemBytes <= 163 * 1024, "fits an A100 block (sm_80's opt-in limit)");
-};
-
-// Per-row state of one warp's online softmax over its 16 keys of every tile (rows gid and gid + 8).
-struct RowState {
-  float m[2] = {-INFINITY, -INFINITY};  // running max, log2 units, quad-uniform
-  float l[2] = {0.f, 0.f};              // this lane's share of the row sum
 };
 
 // Pass 1. See the header comment.
@@ -291,7 +286,7 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   const float qk_scale = p.scale * kLog2e;
   const lab::decode::ScoreMap map = lab::decode::score_map(p, qk_scale);
   float acc[Cfg::kDTiles][4] = {};
-  RowState st;
+  lab::decode::TileRowState st;  // common/decode_tile_step.cuh
   const lab::decode::WarpKVLanes kvl = lab::decode::warp_kv_lanes(warp, lane);  // as v02
 
   // Main loop
@@ -347,22 +342,8 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
   // Epilogue: the 4 warps' (m, l, O) through the freed ring, then O (one split) or the fp32 partials.
   lab::decode::cp_async_wait<0>();
   __syncthreads();
-  float* sO = reinterpret_cast<float*>(smem);     // [warp][16][D]
-  float* sM = sO + Cfg::kWarps * Cfg::kRows * D;  // [warp][16]
-  float* sL = sM + Cfg::kWarps * Cfg::kRows;      // [warp][16]
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    st.l[h] += __shfl_xor_sync(kFullMask, st.l[h], 1);
-    st.l[h] += __shfl_xor_sync(kFullMask, st.l[h], 2);
-    const int r = warp * Cfg::kRows + gid + 8 * h;
-#pragma unroll
-    for (int i = 0; i < Cfg::kDTiles; ++i)
-      *reinterpret_cast<float2*>(sO + r * D + i * 8 + 2 * tig) = make_float2(acc[i][2 * h], acc[i][2 * h + 1]);
-    if (tig == 0) {
-      sM[r] = st.m[h];
-      sL[r] = st.l[h];
-    }
-  }
+  float *sO, *sM, *sL;
+  lab::decode::stash_warp_state<Cfg::kWarps, Cfg::kRows, D>(smem, acc, st, warp, gid, tig, sO, sM, sL);
   __syncthreads();
 
   lab::decode::merge_warps_store<T, Cfg::kWarps, Cfg::kRows, D, Cfg::kThreads>(sO, sM, sL, p, rows, row0, b, h_kv,
