@@ -131,10 +131,8 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
   if (m0 >= seqlen_q) return;  // the whole CTA, before any barrier or load
   const int left = LAB_FWD_MASK_BUG_NO_WINDOW ? -1 : mp.window_left;
   const int right = LAB_FWD_MASK_BUG_NO_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
-  const int2 range = lab::window_key_range(m0, min(m0 + Cfg::BR, seqlen_q), seqlen_k, off, left, right);
-  const int first = range.y > range.x ? range.x / BC : 0;
-  const int n_tiles = range.y > range.x ? (range.y + BC - 1) / BC - first : 0;
-  const int shift = first * BC;
+  const int2 tiles = window_tiles<BC>(m0, min(m0 + Cfg::BR, seqlen_q), seqlen_k, off, left, right);
+  const int n_tiles = tiles.y, shift = tiles.x * BC;
   const int bq = packed ? 0 : b;  // the maps' batch coordinate
   const int tid = threadIdx.x;
 

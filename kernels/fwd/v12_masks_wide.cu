@@ -140,10 +140,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v12_kernel(const __
   if (m0 >= seqlen_q) return;  // the whole CTA, before any barrier or load
   const int left = LAB_FWD_MASK_BUG_NO_WINDOW ? -1 : mp.window_left;
   const int right = LAB_FWD_MASK_BUG_NO_WINDOW ? (mp.window_right == 0 ? 0 : -1) : mp.window_right;
-  const int2 range = lab::window_key_range(m0, min(m0 + Cfg::BR, seqlen_q), seqlen_k, off, left, right);
-  const int first = range.y > range.x ? range.x / BC : 0;
-  const int n_tiles = range.y > range.x ? (range.y + BC - 1) / BC - first : 0;
-  const int shift = first * BC;
+  const int2 tiles = window_tiles<BC>(m0, min(m0 + Cfg::BR, seqlen_q), seqlen_k, off, left, right);
+  const int n_tiles = tiles.y, shift = tiles.x * BC;
   const int bq = packed ? 0 : b;  // the maps' batch coordinate
   const int wg = threadIdx.x / 128;
 
@@ -185,20 +183,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v12_kernel(const __
   auto release_v = [&](int j) {
     if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[j % kStages]));
   };
-  // The softmax step of tile j (touches neither O nor the P fragments); returns whether O needs rescale_o.
+  // The softmax step of tile j, v11's (masked_softmax_step, common/hopper/attn_mask_sm90.cuh: no tanh pairs, no
+  // exp2 on the FMA pipe); returns whether O needs rescale_o.
   auto softmax = [&](int j) -> bool {
-    if constexpr (kTransform != kNone) transform_scores<BC, kCap>(sacc, tk_factor);
-    bool mask = lab::window_tile_needs_mask(j * BC, BC, wm0, wm1, k_end, k_off, left, right);
-    if (LAB_FWD_MASK_WIDE_BUG_NO_EDGE) mask = j * BC + BC > k_end;  // wrong on purpose: S_k's edge only
-    if (mask) mask_window_wg<BC>(sacc, row0, j * BC, k_end, k_off, left, right);
-    if constexpr (kBounded) {
-      exp_rows_rounded<BC, T>(sacc, st, st.m[0], c);
-      return false;
-    } else {
-      if (!mask && j > 0) return softmax_scores_lazy<BC, 2>(sacc, st, alpha, c);
-      softmax_scores<BC, false, 0, 2, true>(sacc, st, alpha, c, 0, 0, 0, false);  // masked: -inf already there
-      return true;
-    }
+    return masked_softmax_step<BC, T, kTransform, false, 0, false, LAB_FWD_MASK_WIDE_BUG_NO_EDGE != 0>(
+        sacc, st, alpha, c, tk_factor, j, wm0, wm1, row0, k_end, k_off, left, right);
   };
   mbar_wait(smem_u32(&bar_q), 0);
 

@@ -164,9 +164,9 @@ struct PackedOrder {
     w.sk = c.sk;
     w.off = c.sk - c.sq;
     w.m0 = (light ? r : n_b - 1 - r) * BR;
-    const int2 range = lab::window_key_range(w.m0, min(w.m0 + BR, w.sq), w.sk, w.off, left, right);
-    w.first = range.y > range.x ? range.x / BC : 0;
-    w.n = range.y > range.x ? (range.y + BC - 1) / BC - w.first : 0;
+    const int2 tiles = window_tiles<BC>(w.m0, min(w.m0 + BR, w.sq), w.sk, w.off, left, right);
+    w.first = tiles.x;
+    w.n = tiles.y;
     return 1;
   }
   __device__ __forceinline__ int kv_head(int h) const { return div_group.div(h); }
@@ -275,30 +275,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
     if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q[qw]));
   };
   auto issue_s = [&](int j) { issue_qk<D, BC, kBf16>(sacc, sQw, ring_.k((ring + j) % kStages)); };
-  // v11's softmax step of tile j (touches neither O nor the P fragments); returns whether O needs rescale_o.
+  // v11's softmax step of tile j with ROW_BOUND (masked_softmax_step, common/hopper/attn_mask_sm90.cuh); returns
+  // whether O needs rescale_o.
   auto softmax = [&](int j) -> bool {
-    if constexpr (kBounded && LAB_FWD_MASK_CAP_TANH_HALF) {
-#pragma unroll
-      for (int i = 0; i < BC / 2; i += 2)
-        lab::tanh_pair(sacc[i] * tk_factor, sacc[i + 1] * tk_factor, sacc[i], sacc[i + 1]);
-    } else if constexpr (kTransform != kNone) {
-      transform_scores<BC, kCap>(sacc, tk_factor);
-    }
-    const bool mask = lab::window_tile_needs_mask(j * BC, BC, wm0, wm1, k_end, k_off, left, right);
-    if constexpr (!kBounded && LAB_FWD_MASK_PACKED_ROW_BOUND != 0)
-      if (mask && left < 0 && right <= 0) {  // causal (right 0) or the S_k edge alone: v07's bound per row
-        softmax_scores<BC, true, 0, 2, true, true>(sacc, st, alpha, c, row0 + k_off, j * BC, k_end, right == 0);
-        return true;
-      }
-    if (mask) mask_window_wg<BC>(sacc, row0, j * BC, k_end, k_off, left, right);
-    if constexpr (kBounded) {
-      exp_rows_rounded<BC, T, LAB_FWD_MASK_CAP_POLY>(sacc, st, st.m[0], c);
-      return false;
-    } else {
-      if (!mask && j > 0) return softmax_scores_lazy<BC, 2>(sacc, st, alpha, c);
-      softmax_scores<BC, false, 0, 2, true>(sacc, st, alpha, c, 0, 0, 0, false);  // masked: -inf already there
-      return true;
-    }
+    return masked_softmax_step<BC, T, kTransform, LAB_FWD_MASK_CAP_TANH_HALF != 0, LAB_FWD_MASK_CAP_POLY,
+                               LAB_FWD_MASK_PACKED_ROW_BOUND != 0>(sacc, st, alpha, c, tk_factor, j, wm0, wm1, row0,
+                                                                   k_end, k_off, left, right);
   };
   constexpr bool kPing = Cfg::kPingPong;
   const int next_wg = wg % kW + 1;

@@ -323,6 +323,15 @@ __device__ __forceinline__ void packed_sequence(const AttnMaskParams& mp, int b,
   sk = min(kb - ka, mp.base.seqlen_k);
 }
 
+// The window's key tiles of query rows [m0, m1) of a sequence of seqlen_k keys (diagonal offset off): tiles
+// [x, x + y) of BC keys, y = 0 when no key is in the window.
+template <int BC>
+__device__ __forceinline__ int2 window_tiles(int m0, int m1, int seqlen_k, int off, int left, int right) {
+  const int2 range = lab::window_key_range(m0, m1, seqlen_k, off, left, right);
+  const int first = range.y > range.x ? range.x / BC : 0;
+  return make_int2(first, range.y > range.x ? (range.y + BC - 1) / BC - first : 0);
+}
+
 // The work tile of a CTA of fwd v11 / v12 (one per Cfg::BR query rows, head and batch entry): query blocks longest
 // first (a right edge makes later blocks heavier) within groups of heads whose window of K and V fits
 // Cfg::kL2GroupMB (fwd v07's causal order, with the window's keys per head). Returns (query block, b * H + h).
@@ -390,6 +399,44 @@ __device__ __forceinline__ void epilogue_masked(float (&o)[D / 2], const RowStat
                                      : p.lse + ((int64_t)b * p.heads_q + h) * p.seqlen_q;
   T* out = static_cast<T*>(p.o) + (int64_t)bq * p.o_stride[0] + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2];
   epilogue_sink<D, T>(o, st, sink_log2, lse_row0, out, p.o_stride[2], seqlen_q, stage, m0, bar_id);
+}
+
+// fwd v11's softmax step of key tile j (touches neither O nor the P fragments; its packed persistent kernel's and
+// fwd v12's too):
+// the transform (the bf16 softcap's tanh on fp16 pairs with kTanhHalf), the window's mask where the tile crosses an
+// edge, then the fixed offset's exp (kTanhBounded, every kPolyEvery-th n8 block on the FMA pipe) or the online
+// softmax, lazy on an unmasked tile after the first. kRowBound: a masked tile with no left edge and a right edge of 0
+// or none takes fwd v07's bound per row instead. kBugEdgeOnly: wrong on purpose, the window's edge tiles unmasked
+// (fwd v12's LAB_FWD_MASK_WIDE_BUG_NO_EDGE). Returns whether O needs rescale_o.
+template <int BC, class T, int kTransform, bool kTanhHalf, int kPolyEvery, bool kRowBound = false,
+          bool kBugEdgeOnly = false>
+__device__ __forceinline__ bool masked_softmax_step(float (&sacc)[BC / 2], RowState& st, float (&alpha)[2], float c,
+                                                    float tk_factor, int j, int wm0, int wm1, int row0, int k_end,
+                                                    int k_off, int left, int right) {
+  constexpr bool kBounded = kTransform == kTanhBounded, kCap = kTransform == kTanh || kBounded;
+  if constexpr (kBounded && kTanhHalf) {
+#pragma unroll
+    for (int i = 0; i < BC / 2; i += 2)
+      lab::tanh_pair(sacc[i] * tk_factor, sacc[i + 1] * tk_factor, sacc[i], sacc[i + 1]);
+  } else if constexpr (kTransform != kNone) {
+    transform_scores<BC, kCap>(sacc, tk_factor);
+  }
+  bool mask = lab::window_tile_needs_mask(j * BC, BC, wm0, wm1, k_end, k_off, left, right);
+  if (kBugEdgeOnly) mask = j * BC + BC > k_end;  // S_k's edge only
+  if constexpr (!kBounded && kRowBound)
+    if (mask && left < 0 && right <= 0) {  // causal (right 0) or the S_k edge alone: v07's bound per row
+      softmax_scores<BC, true, 0, 2, true, true>(sacc, st, alpha, c, row0 + k_off, j * BC, k_end, right == 0);
+      return true;
+    }
+  if (mask) mask_window_wg<BC>(sacc, row0, j * BC, k_end, k_off, left, right);
+  if constexpr (kBounded) {
+    exp_rows_rounded<BC, T, kPolyEvery>(sacc, st, st.m[0], c);
+    return false;
+  } else {
+    if (!mask && j > 0) return softmax_scores_lazy<BC, 2>(sacc, st, alpha, c);
+    softmax_scores<BC, false, 0, 2, true>(sacc, st, alpha, c, 0, 0, 0, false);  // masked: -inf already there
+    return true;
+  }
 }
 
 }  // namespace lab::sm90
