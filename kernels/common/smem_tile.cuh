@@ -47,6 +47,15 @@ __device__ __forceinline__ void load_q_frag(uint32_t (&dst)[4], uint32_t sQ, int
   ldmatrix_x4(dst, sQ + swizzle<kHeadDim>(r, c) * 2);
 }
 
+// Every k-step's Q fragments of the warp's kMT m16 blocks (load_q_frag), loaded once before the main loop.
+template <int kHeadDim, int kMT, int kKSteps>
+__device__ __forceinline__ void load_q_frags(uint32_t (&qf)[kMT][kKSteps][4], uint32_t sQ, int warp_row0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) load_q_frag<kHeadDim>(qf[mt][kk], sQ, warp_row0, mt, kk, lane);
+}
+
 // Lane-invariant parts of the K and V ldmatrix addresses. K (B operand of Q K^T, non-transposed): lane l
 // reads key (l%8) + 8*(l/16), chunk (l/8)%2. V (B operand of P V, transposed): lane l reads key
 // (l%8) + 8*((l/8)%2), chunk l/16. In both, the key row % 8 == l % 8, which fixes the swizzle.

@@ -180,10 +180,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // row l % 16 and chunk 2*kk + l / 16 of the block.
   const int warp_row0 = warp * Cfg::kRowsPerWarp;
   uint32_t qf[kMT][Cfg::kKStepsQK][4];
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) lab::load_q_frag<D>(qf[mt][kk], sQ, warp_row0, mt, kk, lane);
+  lab::load_q_frags<D>(qf, sQ, warp_row0, lane);  // common/smem_tile.cuh
 
   // Per-thread rows: (mt, half) -> row warp_row0 + mt*16 + half*8 + g.
   float acc_o[kMT][Cfg::kNTilesO][4];

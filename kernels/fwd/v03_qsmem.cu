@@ -243,12 +243,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   constexpr int kQF = Cfg::kQInSmem ? 1 : Cfg::kKStepsQK;
   uint32_t qf[kMT][kQF][4];
   auto load_q = [&](int mt, int kk, uint32_t (&dst)[4]) { lab::load_q_frag<D>(dst, sQ, warp_row0, mt, kk, lane); };
-  if constexpr (!Cfg::kQInSmem) {
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kKStepsQK; ++kk) load_q(mt, kk, qf[mt][kk]);
-  }
+  if constexpr (!Cfg::kQInSmem) lab::load_q_frags<D>(qf, sQ, warp_row0, lane);  // common/smem_tile.cuh
 
   // Per-thread rows: (mt, half) -> row warp_row0 + mt*16 + half*8 + g.
   float acc_o[kMT][Cfg::kNTilesO][4];
