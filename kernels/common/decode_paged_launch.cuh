@@ -20,6 +20,15 @@
 namespace lab {
 namespace decode {
 
+// A version's traits from its pass-1 kernel and config: `template <...> using Partial = PartialTraits<kernel<...>,
+// Config<...>>;` (its shared memory and threads are the config's).
+template <auto kKernel, class Cfg_>
+struct PartialTraits {
+  static constexpr auto kernel = kKernel;
+  using Cfg = Cfg_;
+  static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
+};
+
 template <template <class, int, int, bool> class Partial, class T, int D, int kStages, bool kPaged>
 int launch_partial(const DecodeParams* p, const DecodeLaunch& l) {
   using P = Partial<T, D, kStages, kPaged>;

@@ -11,6 +11,7 @@
 
 #include "common/decode_head_dim.cuh"
 #include "common/decode_masks.cuh"
+#include "common/decode_paged_launch.cuh"
 #include "common/decode_pv.cuh"
 #include "common/decode_swizzle.cuh"
 #include "common/decode_tile_step.cuh"
@@ -188,11 +189,8 @@ __global__ void __launch_bounds__(WarpRingConfig<kHeadDim, kStages, kSwizzle>::k
 template <bool kSwizzle>
 struct WarpRingPartial {
   template <typename T, int kHeadDim, int kStages, bool kPaged>
-  struct Launch {
-    static constexpr auto kernel = warpring_partial_kernel<T, kHeadDim, kStages, kPaged, kSwizzle>;
-    using Cfg = WarpRingConfig<kHeadDim, kStages, kSwizzle>;
-    static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
-  };
+  using Launch = PartialTraits<warpring_partial_kernel<T, kHeadDim, kStages, kPaged, kSwizzle>,
+                               WarpRingConfig<kHeadDim, kStages, kSwizzle>>;
 };
 template <typename T, int kHeadDim, int kStages, bool kPaged>
 using PaddedRingPartial = WarpRingPartial<false>::Launch<T, kHeadDim, kStages, kPaged>;

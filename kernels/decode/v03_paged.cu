@@ -352,11 +352,8 @@ __global__ void __launch_bounds__(PagedConfig<kHeadDim, kStages>::kThreads)
 
 // Its launch traits for common/decode_paged_launch.cuh (the grid, the combine and the dispatch the family shares).
 template <typename T, int kHeadDim, int kStages, bool kPaged>
-struct Partial {
-  static constexpr auto kernel = paged_partial_kernel<T, kHeadDim, kStages, kPaged>;
-  using Cfg = PagedConfig<kHeadDim, kStages>;
-  static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
-};
+using Partial =
+    lab::decode::PartialTraits<paged_partial_kernel<T, kHeadDim, kStages, kPaged>, PagedConfig<kHeadDim, kStages>>;
 
 constexpr int kKeyBlock = 64;  // PagedConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 

@@ -209,11 +209,8 @@ __global__ void __launch_bounds__(BulkRowConfig<kHeadDim, kStages>::kThreads)
 
 // Its launch traits for common/decode_paged_launch.cuh (the grid, the combine and the dispatch the family shares).
 template <typename T, int kHeadDim, int kStages, bool kPaged>
-struct Partial {
-  static constexpr auto kernel = bulkrow_partial_kernel<T, kHeadDim, kStages, kPaged>;
-  using Cfg = BulkRowConfig<kHeadDim, kStages>;
-  static constexpr int kSmemBytes = Cfg::kSmemBytes, kThreads = Cfg::kThreads;
-};
+using Partial =
+    lab::decode::PartialTraits<bulkrow_partial_kernel<T, kHeadDim, kStages, kPaged>, BulkRowConfig<kHeadDim, kStages>>;
 
 constexpr int kKeyBlock = 64;  // BulkRowConfig::kBlockN, lab/decode/splits.py BLOCK_N: chunks are whole tiles
 
