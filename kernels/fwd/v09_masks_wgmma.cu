@@ -215,16 +215,12 @@ __global__ void __launch_bounds__(128) attn_fwd_v09_kernel(const __grid_constant
 #endif
 }
 
-template <class Cfg, class T, int kTransform>
-int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
-  return launch_masked_fwd<Cfg, attn_fwd_v09_kernel<Cfg, T, kTransform>>(mp, stream, dev);
-}
-
 // The transform by call (common/hopper/attn_mask_sm90.cuh); the fixed offset only with LAB_FWD_MASK_SOFTCAP > 0.
 template <class Cfg, class T>
 int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
-  return lab::sm90::launch_by_transform<T, (LAB_FWD_MASK_SOFTCAP > 0)>(
-      mp, [&](auto k) { return launch<Cfg, T, decltype(k)::value>(mp, stream, dev); });
+  return lab::sm90::launch_by_transform<T, (LAB_FWD_MASK_SOFTCAP > 0)>(mp, [&](auto k) {
+    return launch_masked_fwd<Cfg, attn_fwd_v09_kernel<Cfg, T, decltype(k)::value>>(mp, stream, dev);
+  });
 }
 
 }  // namespace

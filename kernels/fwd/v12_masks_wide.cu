@@ -234,17 +234,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v12_kernel(const __
 #endif
 }
 
-template <class Cfg, class T, int kTransform>
-int launch(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
-  return launch_masked_fwd<Cfg, attn_fwd_v12_kernel<Cfg, T, kTransform>>(mp, stream, dev);
-}
-
 // v11's choice of transform (launch_by_transform of common/hopper/attn_mask_sm90.cuh): the bf16 softcap within
 // kCapMaxLog2 takes the fixed offset, fp16 and larger caps the online max; a scale <= 0 is multiplied in first.
 template <class Cfg, class T>
 int launch_by_transform(const AttnMaskParams& mp, cudaStream_t stream, int dev) {
-  return lab::sm90::launch_by_transform<T>(mp,
-                                           [&](auto k) { return launch<Cfg, T, decltype(k)::value>(mp, stream, dev); });
+  return lab::sm90::launch_by_transform<T>(mp, [&](auto k) {
+    return launch_masked_fwd<Cfg, attn_fwd_v12_kernel<Cfg, T, decltype(k)::value>>(mp, stream, dev);
+  });
 }
 
 // mask_fwd_go (common/hopper/attn_mask_sm90.cuh) with the wide head dims: check_fwd_call for dtype, shape and
