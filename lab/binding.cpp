@@ -829,6 +829,16 @@ std::string check_cu_seqlens(const at::Tensor& cu, const char* name, const at::T
   return "";
 }
 
+// Both cu_seqlens and the two max lengths of a packed call, as both packed crossings check them.
+std::string check_packed_lengths(const at::Tensor& cu_q, const at::Tensor& cu_k, const at::Tensor& q, int64_t max_q,
+                                 int64_t max_k) {
+  LAB_TRY(check_cu_seqlens(cu_q, "cu_seqlens_q", q, -1));
+  LAB_TRY(check_cu_seqlens(cu_k, "cu_seqlens_k", q, cu_q.size(0)));
+  LAB_REQUIRE(max_q >= 0 && max_q <= kIntMax && max_k >= 0 && max_k <= kIntMax,
+              "max_seqlen_q / max_seqlen_k must be in [0, 2^31), got ", max_q, " / ", max_k);
+  return "";
+}
+
 // The packed call (attention_varlen without the host check of cu_seqlens: its values are clamped by the kernel):
 // (total, H, D) tensors, checked as the (1, H, total, D) views lab.masks.op checks; out (and the (H_q, total_q) lse)
 // allocated here; rows of no sequence left unwritten, as the full path leaves them without a host copy.
@@ -849,10 +859,7 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_auto(
     int dtype = 0;
     at::Tensor o4 = o.unsqueeze(0).transpose(1, 2);
     LAB_TRY(check_call(q4, k4, v4, o4, "key", "value", s, &dtype));
-    LAB_TRY(check_cu_seqlens(cu_q, "cu_seqlens_q", q, -1));
-    LAB_TRY(check_cu_seqlens(cu_k, "cu_seqlens_k", q, cu_q.size(0)));
-    LAB_REQUIRE(max_q >= 0 && max_q <= kIntMax && max_k >= 0 && max_k <= kIntMax,
-                "max_seqlen_q / max_seqlen_k must be in [0, 2^31), got ", max_q, " / ", max_k);
+    LAB_TRY(check_packed_lengths(cu_q, cu_k, q, max_q, max_k));
     AttnMaskParams p{};
     if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, lse->numel(), true, &p.base.lse));
     LAB_TRY(mask_fields(p, left, right, 0, softcap, sinks, q4));
@@ -948,10 +955,7 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_packe
                 k.size(1), ")");
     LAB_TRY(dtype_code(q, &dtype));
     LAB_TRY(check_scale(s));
-    LAB_TRY(check_cu_seqlens(cu_q, "cu_seqlens_q", q, -1));
-    LAB_TRY(check_cu_seqlens(cu_k, "cu_seqlens_k", q, cu_q.size(0)));
-    LAB_REQUIRE(max_q >= 0 && max_q <= kIntMax && max_k >= 0 && max_k <= kIntMax,
-                "max_seqlen_q / max_seqlen_k must be in [0, 2^31), got ", max_q, " / ", max_k);
+    LAB_TRY(check_packed_lengths(cu_q, cu_k, q, max_q, max_k));
     AttnMaskParams p{};
     if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, lse->numel(), true, &p.base.lse));
     LAB_TRY(mask_fields(p, left, right, 0, softcap, sinks, q));
