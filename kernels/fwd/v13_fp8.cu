@@ -44,7 +44,8 @@
 // Outcome of the first default (H200, outputs/driver_logs/20261129-h200-batch3-7152d73448/T4, lab.fp8.race in rounds,
 // public call with its V^T pass, TFLOP/s and x cuDNN FP8): D 128 S 4k 735 (0.76x), S 16k 797 (0.78x), causal
 // S 8k 702 (0.75x), GQA 16 / 4 785 (0.78x), D 64 295 (0.90x; that cell contended: bf16 SDPA ran at 299 against
-// 493 in batch 1), D 256 831 (0.85x, warp-specialised); 1.10-1.17x bf16 SDPA-cuDNN at D 128. The >= 1.0x target
+// 493 in outputs/driver_logs/20261129-h200-batch1-278998b0f8/T4), D 256 831 (0.85x, warp-specialised); 1.10-1.17x
+// bf16 SDPA-cuDNN at D 128. The >= 1.0x target
 // is not met. All 17 checks pass (O within 1.0x of the modelled emulation, under cuDNN FP8's error in every cell
 // it runs, LSE within 2x the model's), and the wrong build fails.
 // First outcome, one-warpgroup build (H200, outputs/driver_logs/20261129-h200-batch1-278998b0f8/T4; every task's script
@@ -139,7 +140,8 @@
 // more than they hide (then not profiled; with B_c 192 and the fold it wins at D 128: the profile paragraph
 // above). So 2 then: warp-specialised at D 256 only (one CTA of the one-warpgroup
 // kernel fits per SM there). Both kernels: every check (17 cells and variants) passes, compute-sanitizer
-// memcheck and racecheck clean (batch 1: one warpgroup; batch 2, synccheck too: warp-specialised, D 128).
+// memcheck and racecheck clean (one warpgroup: outputs/driver_logs/20261129-h200-batch1-278998b0f8/T4; synccheck too,
+// warp-specialised, D 128: outputs/driver_logs/20261129-h200-batch2-f58d500e62/T4).
 // Rejected beside it (same race, warp-specialised): LAB_FWD_FP8_POLY 4 +1 % at D 128, -4 % at D 64; B_c 192 at
 // D 128 / 256 at D 64 (LAB_FWD_FP8_WS_D*_BC) +3-7 % at D 128, still 0.91x the one-warpgroup kernel.
 #ifndef LAB_FWD_FP8_WARPSPEC
