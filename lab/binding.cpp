@@ -839,6 +839,28 @@ std::string check_packed_lengths(const at::Tensor& cu_q, const at::Tensor& cu_k,
   return "";
 }
 
+// The sizes of a packed call's AttnMaskParams, the packed and the paged crossings alike: the batch is cu_seqlens'
+// length - 1, the sequence lengths are the max lengths, and the totals are the packed rows (total_k: the paged
+// cache's bound on a key row).
+void packed_sizes(AttnMaskParams& p, const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t heads_q, int64_t heads_kv,
+                  int64_t max_q, int64_t max_k, int64_t head_dim, double scale, int dtype, int64_t total_q,
+                  int64_t total_k) {
+  AttnFwdParams& b = p.base;
+  b.batch = static_cast<int>(cu_q.size(0) - 1);
+  b.heads_q = static_cast<int>(heads_q);
+  b.heads_kv = static_cast<int>(heads_kv);
+  b.seqlen_q = static_cast<int>(max_q);
+  b.seqlen_k = static_cast<int>(max_k);
+  b.head_dim = static_cast<int>(head_dim);
+  b.scale = static_cast<float>(scale);
+  b.causal = false;
+  b.dtype = dtype;
+  p.cu_seqlens_q = cu_q.data_ptr<int32_t>();
+  p.cu_seqlens_k = cu_k.data_ptr<int32_t>();
+  p.total_q = static_cast<int>(total_q);
+  p.total_k = static_cast<int>(total_k);
+}
+
 // The packed call (attention_varlen without the host check of cu_seqlens: its values are clamped by the kernel):
 // (total, H, D) tensors, checked as the (1, H, total, D) views lab.masks.op checks; out (and the (H_q, total_q) lse)
 // allocated here; rows of no sequence left unwritten, as the full path leaves them without a host copy.
@@ -976,19 +998,7 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_packe
     copy_packed_strides(b.k_stride, kr);
     copy_packed_strides(b.v_stride, vr);
     copy_packed_strides(b.o_stride, o);
-    b.batch = static_cast<int>(cu_q.size(0) - 1);
-    b.heads_q = static_cast<int>(q.size(1));
-    b.heads_kv = static_cast<int>(k.size(1));
-    b.seqlen_q = static_cast<int>(max_q);
-    b.seqlen_k = static_cast<int>(max_k);
-    b.head_dim = static_cast<int>(q.size(2));
-    b.scale = static_cast<float>(s);
-    b.causal = false;
-    b.dtype = dtype;
-    p.cu_seqlens_q = cu_q.data_ptr<int32_t>();
-    p.cu_seqlens_k = cu_k.data_ptr<int32_t>();
-    p.total_q = static_cast<int>(q.size(0));
-    p.total_k = static_cast<int>(k.size(0));
+    packed_sizes(p, cu_q, cu_k, q.size(1), k.size(1), max_q, max_k, q.size(2), s, dtype, q.size(0), k.size(0));
 #ifdef LAB_BINDING_CPU_CHECKS
     packed_cpu_params.assign(reinterpret_cast<const char*>(&p), sizeof p);
 #endif
@@ -1031,8 +1041,7 @@ std::string paged_prefill_fields(AttnMaskParams& p, int64_t left, int64_t right,
   LAB_REQUIRE(k.size(3) == q.size(2) && (q.size(2) == 64 || q.size(2) == 128),
               "the paged prefill runs at head dims 64 / 128 (fwd v11), query and key_cache alike");
   LAB_REQUIRE(paged_readable(q) && paged_readable(k) && paged_readable(v), "refused");  // (a copy, or the error)
-  LAB_TRY(check_cu_seqlens(cu_q, "cu_seqlens_q", q, -1));
-  LAB_TRY(check_cu_seqlens(cu_k, "cu_seqlens_k", q, cu_q.size(0)));
+  LAB_TRY(check_packed_lengths(cu_q, cu_k, q, max_q, max_k));
   const int64_t batch = cu_q.size(0) - 1;
   LAB_REQUIRE(on_gpu(table) && table.device() == q.device() && table.scalar_type() == at::kInt && table.dim() == 2 &&
                   table.size(0) == batch && table.size(1) > 0,
@@ -1043,8 +1052,6 @@ std::string paged_prefill_fields(AttnMaskParams& p, int64_t left, int64_t right,
   LAB_REQUIRE(on_gpu(errors) && errors.device() == q.device() && errors.scalar_type() == at::kInt &&
                   errors.dim() == 1 && errors.size(0) == batch && errors.is_contiguous(),
               "page_errors must be a contiguous int32 (", batch, ",) tensor on query's device");
-  LAB_REQUIRE(max_q >= 0 && max_q <= kIntMax && max_k >= 0 && max_k <= kIntMax,
-              "max_seqlen_q / max_seqlen_k must be in [0, 2^31), got ", max_q, " / ", max_k);
   LAB_REQUIRE(!sinks.has_value() || sinks->dim() == 1, "sinks must have shape (H_q,)");
   LAB_TRY(check_scale(scale));
   LAB_TRY(mask_fields(p, left, right, 0, softcap, sinks, q));
@@ -1057,18 +1064,7 @@ std::string paged_prefill_fields(AttnMaskParams& p, int64_t left, int64_t right,
   std::copy(qs, qs + 3, b.q_stride);
   std::copy(ks, ks + 3, b.k_stride);
   std::copy(vs, vs + 3, b.v_stride);
-  b.batch = static_cast<int>(batch);
-  b.heads_q = static_cast<int>(q.size(1));
-  b.heads_kv = static_cast<int>(k.size(2));
-  b.seqlen_q = static_cast<int>(max_q);
-  b.seqlen_k = static_cast<int>(max_k);
-  b.head_dim = static_cast<int>(q.size(2));
-  b.scale = static_cast<float>(scale);
-  b.dtype = dtype;
-  p.cu_seqlens_q = cu_q.data_ptr<int32_t>();
-  p.cu_seqlens_k = cu_k.data_ptr<int32_t>();
-  p.total_q = static_cast<int>(q.size(0));
-  p.total_k = 1 << 30;
+  packed_sizes(p, cu_q, cu_k, q.size(1), k.size(2), max_q, max_k, q.size(2), scale, dtype, q.size(0), 1 << 30);
   p.block_table = table.data_ptr<int32_t>();
   p.page_errors = errors.data_ptr<int32_t>();
   p.block_table_stride = table.stride(0);
