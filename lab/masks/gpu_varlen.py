@@ -252,18 +252,12 @@ def ab_packed(cells=(("one-length", [2048] * 8, 128), ("one-length", [2048] * 8,
             calls["dense"] = (lambda: _no_grad(lambda: ops.attention(*views, is_causal=True)), None)
             calls["lab_unchecked"] = (lambda: _no_grad(lambda: ops.attention_varlen(
                 q, k, v, cu, cu, mx, mx, is_causal=True, check_cu_seqlens=False)), None)
-        times = bench.time_interleaved(calls, timer=timer, budget_s=budget_s, max_reps=41, min_reps=11)
-        ms = {key: t.median_ms for key, t in times.items() if hasattr(t, "median_ms")}
-        quart = {key: [t.q1_ms, t.q3_ms, t.n] for key, t in times.items() if hasattr(t, "q1_ms")}
+        ms, quart = _medians(bench.time_interleaved(calls, timer=timer, budget_s=budget_s, max_reps=41, min_reps=11))
         row = {"cell": name, "lens": lens, "D": D, "H": 16, "median_ms": ms, "q1_q3_n": quart,
                "over_dense": {key: ms[key] / ms["dense"] for key in ms if "dense" in ms},
                "persist_over_per_tile": ms.get("persist", 0) / ms["per_tile"] if "per_tile" in ms else None}
-        rows.append(row)
-        if jsonl:
-            with open(jsonl, "a") as f:
-                f.write(json.dumps(row) + "\n")
-        print(f"ab-packed {name} D {D}: " + ", ".join(f"{key} {v:.4f} [{quart[key][0]:.4f}, {quart[key][1]:.4f}]"
-                                                      for key, v in ms.items()) +
+        _keep(rows, row, jsonl)
+        print(f"ab-packed {name} D {D}: " + _ms_text(ms, quart) +
               f"; over dense {({k_: round(v, 3) for k_, v in row['over_dense'].items()})}; persist / per tile "
               f"{row['persist_over_per_tile']}", flush=True)
     return rows
@@ -395,10 +389,7 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
                "builds_over_default": {label: [ratio("kernel_packed_" + label, "kernel_packed"),
                                                ratio("lab_" + label, "lab")] for label, _ in packed_builds},
                "flex_over_builds": {label: ratio("flex", "lab_" + label) for label, _ in packed_builds}}
-        rows.append(row)
-        if jsonl:
-            with open(jsonl, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        _keep(rows, row, jsonl)
         print(f"race-varlen {name} D {D} ({total} tokens): " + ", ".join(
             f"{key} {v if isinstance(v, str) else round(v, 3)} (iqr {iqr.get(key, 0):.3f})" for key, v in ms.items()),
             flush=True)
@@ -426,6 +417,24 @@ def _with_defines(defines, fn):
 def _no_grad(fn):
     with torch.no_grad():
         return fn()
+
+
+def _medians(times: dict) -> tuple[dict, dict]:
+    """bench.time_interleaved's answer as {call: median ms} and {call: [q1 ms, q3 ms, n]} (calls that ran only)."""
+    ms = {key: t.median_ms for key, t in times.items() if hasattr(t, "median_ms")}
+    return ms, {key: [t.q1_ms, t.q3_ms, t.n] for key, t in times.items() if hasattr(t, "q1_ms")}
+
+
+def _ms_text(ms: dict, quart: dict) -> str:
+    return ", ".join(f"{key} {v:.4f} [{quart[key][0]:.4f}, {quart[key][1]:.4f}]" for key, v in ms.items())
+
+
+def _keep(rows: list, row: dict, jsonl: str | None) -> None:
+    """Keep a row, and append it to `jsonl` as it is done (a run cut by its limit keeps the rows before)."""
+    rows.append(row)
+    if jsonl:
+        with open(jsonl, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 PROFILE_BUILDS = (("packed", "packed", None), ("padded", "padded", None))
@@ -513,17 +522,11 @@ def ab_passes(cells=(("one-length", [2048] * 8, 128), ("docs12", DOCS12, 128)), 
                 defines=defines), None)
             calls["lab_" + label] = (lambda defines=defines: _with_defines(
                 defines, lambda: torch.autograd.grad(out, ins, dout, retain_graph=True)), None)
-        times = bench.time_interleaved(calls, timer=timer, budget_s=budget_s, max_reps=41, min_reps=11)
-        ms = {key: t.median_ms for key, t in times.items() if hasattr(t, "median_ms")}
-        quart = {key: [t.q1_ms, t.q3_ms, t.n] for key, t in times.items() if hasattr(t, "q1_ms")}
+        ms, quart = _medians(bench.time_interleaved(calls, timer=timer, budget_s=budget_s, max_reps=41, min_reps=11))
         row = {"cell": name, "lens": lens, "D": D, "H": 16, "median_ms": ms, "q1_q3_n": quart,
                "default_over": {label: [ms["kernel_default"] / ms["kernel_" + label],
                                         ms["lab_default"] / ms["lab_" + label]] for label, _ in builds}}
-        rows.append(row)
-        if jsonl:
-            with open(jsonl, "a") as f:
-                f.write(json.dumps(row) + "\n")
-        print(f"ab-passes {name} D {D}: " + ", ".join(f"{key} {v:.4f} [{quart[key][0]:.4f}, {quart[key][1]:.4f}]"
-                                                      for key, v in ms.items()) +
+        _keep(rows, row, jsonl)
+        print(f"ab-passes {name} D {D}: " + _ms_text(ms, quart) +
               f"; default / build (kernel call, public backward): {row['default_over']}", flush=True)
     return rows
