@@ -60,7 +60,10 @@ BEST_FWD_HOPPER = ("v07", "v06", "v05", "v10")  # preference on compute capabili
 # point is not measured.
 # D = 128 causal 512 went to v07 once its few-keys config ran in PAIR order: 306 vs v05 286 (H200 run 4,
 # outputs/driver_logs/20261123-h200-d128-cells-run4-b9a4b85/).
-HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 2048}
+# D = 64 causal 4096 went to v05 once the race had S 4096: kernel-only 1.262 vs v07 1.348 / 1.351 ms in two H200
+# sessions (20261129-131824-h200-67f551d, 20261129-160050-h200-6fedec1), where v07 left the public op at 0.973-0.978x
+# SDPA-cuDNN; at 8192 the two tie (2.381 / 2.384, 2.396 / 2.393 ms) and at 16384 v07 leads by 2 %.
+HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 4096}
 
 
 # ---------------------------------------------------------------- variants: the product, named for what it is

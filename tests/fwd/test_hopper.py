@@ -27,7 +27,7 @@ def test_default_version_per_capability(monkeypatch, capability, expected, head_
 
 
 @pytest.mark.parametrize("head_dim,seqlen_q,causal,expected", [
-    (64, 1, False, "v05"), (64, 512, False, "v05"), (64, 513, False, "v07"), (64, 2048, True, "v05"), (64, 2049, True, "v07"),
+    (64, 1, False, "v05"), (64, 512, False, "v05"), (64, 513, False, "v07"), (64, 2048, True, "v05"), (64, 4096, True, "v05"), (64, 4097, True, "v07"),
     (128, 1, False, "v07"), (128, 16384, False, "v07"), (128, 1, True, "v07"), (128, 512, True, "v07")])
 def test_hopper_choice_by_shape(monkeypatch, head_dim, seqlen_q, causal, expected):
     monkeypatch.setattr(head_dims, "_capability", lambda device: (9, 0))
