@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .. import check, record
-from . import backward as mbwd, emulate, reference, spec
+from . import backward as mbwd, reference, spec
 from .gpu import CHAPTER, sdpa_masked
 
 _FIELDS = ("passed", "max_abs", "rel_l2", "nan", "mismatches", "sdpa_max_abs", "flash_max_abs", "eager_max_abs",
@@ -85,13 +85,37 @@ def eager_grads(q, k, v, dout, dlse, sinks, mask, scale, offset):
 
 
 def flash_grads(q, k, v, dout, dlse, sinks, mask, scale, offset, out, lse):
-    """The flash backward's equations in float64 (lab.masks.emulate.backward) from the exact LSE and the float64
-    output `out` rounded to q's dtype: (dq, dk, dv[, d sinks]) on q's device."""
-    def host(t):
-        return None if t is None else t.detach().double().cpu().numpy()
-    grads = emulate.backward(*map(host, (q, k, v, out.to(q.dtype), lse, dout)), mask, scale, offset, host(sinks),
-                             host(dlse), block_m=256, block_n=256)
-    return [torch.from_numpy(g).to(q.device) for g in grads[:3 + (sinks is not None)]]
+    """The flash backward's equations (lab.masks.emulate.backward's) in float64 from the exact LSE and the float64
+    output `out` rounded to q's dtype: Delta = rowsum(dO O) - dLSE, P = exp(S - LSE), dV = P^T dO,
+    dS = P (dO V^T - Delta) (times 1 - tanh^2 with softcap), dQ = scale dS K, dK = scale dS^T Q, d sinks =
+    -sum_rows exp(sink - LSE) Delta. Whole score matrices on q's device, not the emulation's tiles: in float64 the
+    tile order moves nothing the yardstick can see (tests/masks/test_masks_sink_grads.py holds the two together),
+    and on a GPU the chapter's checks take seconds instead of minutes of NumPy. -> (dq, dk, dv[, d sinks])."""
+    dtype, group = q.dtype, q.shape[1] // k.shape[1]
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    qd, do = q.detach().double(), dout.detach().double()
+    kr, vr = (t.detach().double().repeat_interleave(group, 1) for t in (k, v))
+    lse = lse.detach().double()
+    delta = (do * out.detach().to(dtype).double()).sum(-1) - (0.0 if dlse is None else dlse.detach().double())
+    s = scale * (qd @ kr.transpose(-1, -2))
+    t = torch.tanh(s / mask.softcap) if mask.softcap > 0 else None
+    if t is not None:
+        s = mask.softcap * t
+    Sq, Sk = q.shape[2], k.shape[2]
+    seen = spec.visible(torch.arange(Sq, device=q.device), torch.arange(Sk, device=q.device), Sk, offset, mask)
+    safe = torch.where(torch.isfinite(lse), lse, 0.0)
+    p = torch.where(seen, torch.exp(torch.where(seen, s, 0.0) - safe[..., None]), 0.0)
+    dv = p.transpose(-1, -2) @ do
+    ds = p * (do @ vr.transpose(-1, -2) - delta[..., None])
+    if t is not None:
+        ds = ds * (1.0 - t * t)
+    dq = scale * (ds @ kr)
+    dk = scale * (ds.transpose(-1, -2) @ qd)
+    B, Hkv = k.shape[:2]
+    grads = [dq] + [g.view(B, Hkv, group, *g.shape[2:]).sum(2) for g in (dk, dv)]
+    if sinks is not None:
+        grads.append(-(torch.exp(sinks.detach().double()[None, :, None] - lse) * delta).sum((0, 2)))
+    return grads
 
 
 def judge(got, q, k, v, dout, dlse, sinks, mask, scale, offset) -> dict:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lab import check
-from lab.masks import gpu_bwd, grad_yardstick, reference, spec
+from lab.masks import emulate, gpu_bwd, grad_yardstick, reference, spec
 
 
 def _problem(B, Hq, Hkv, Sq, Sk, D, causal, window, cap, lower_right, sink=True, magnitude=1.0, seed=0,
@@ -110,6 +110,33 @@ def test_the_flash_formulation_is_exact_without_the_16_bit_output():
     want = torch.autograd.grad((out * dout).sum() + (lse * dlse).sum(), ref_in)
     flash = grad_yardstick.flash_grads(q, k, v, dout, dlse, sinks, mask, scale, offset, out.detach(), lse.detach())
     assert max(float((f - w).abs().max()) for f, w in zip(flash, want)) < 1e-9
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 2, 70, 130, 32, True, None, 0.0, True, True),
+                                   (2, 6, 3, 65, 63, 64, False, (5, 2), 15.0, False, True),
+                                   (1, 2, 1, 90, 40, 32, True, (0, 0), 0.0, True, True),
+                                   (1, 4, 4, 33, 97, 48, False, None, 0.0, False, False)])
+def test_the_whole_matrix_yardstick_is_the_tiled_emulation(shape):
+    """flash_grads computes the flash equations on whole score matrices (fast on the GPU's float64); the tiled
+    emulation (lab.masks.emulate.backward, 16 x 16 tiles here) is their statement. In float64 the two agree to
+    rounding, with GQA, windows, softcap, bottom-right offsets, sinks and dLSE, and with rows that see no key."""
+    q, k, v, dout, dlse, sinks, mask, scale, offset = _problem(*shape)
+    ref_in = [t.double() for t in (q, k, v)]
+    out, lse = reference.attend(*ref_in, mask, scale, offset, None if sinks is None else sinks.double())
+    fast = grad_yardstick.flash_grads(q, k, v, dout, dlse, sinks, mask, scale, offset, out, lse)
+
+    def host(t):
+        return None if t is None else t.detach().double().numpy()
+    tiled = emulate.backward(*map(host, (q, k, v, out.to(q.dtype), lse, dout)), mask, scale, offset, host(sinks),
+                             host(dlse), block_m=16, block_n=16)
+    assert len(fast) == 3 + (sinks is not None)
+    for f, t in zip(fast, tiled):
+        t = torch.from_numpy(t)
+        assert f.shape == t.shape and float(t.abs().max()) > 0
+        assert float((f - t).abs().max()) <= 1e-12 * max(1.0, float(t.abs().max()))
+    # a wrong Delta (dO . O from the exact O, not the rounded one) is seen
+    wrong = emulate.backward(*map(host, (q, k, v, out, lse, dout)), mask, scale, offset, host(sinks), host(dlse))
+    assert float((fast[0] - torch.from_numpy(wrong[0])).abs().max()) > 1e-6
 
 
 @pytest.mark.parametrize("shape,bug,caught", [(SINK_SHAPES[0], dict(dsinks_dlse=False), "dsinks"),
