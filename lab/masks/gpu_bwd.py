@@ -7,7 +7,8 @@ A gradient check has three yardsticks, each an error against float64 autograd on
 - sdpa: SDPA's own gradient error (the window as an explicit boolean mask, a sink as one more key of zeros whose
   mask entry is its logit) on the problem without the softcap, which SDPA cannot express, plus the rounding of the
   exact gradient and of dS's dLSE term to the dtype (dlse_rounding); d sinks': its formula on SDPA's 16-bit O;
-- flash: the flash backward's own equations in float64 (lab.masks.emulate.backward: P from the exact LSE,
+- flash: the flash backward's own equations in float64 (lab.masks.emulate.backward's, on whole score matrices in
+  grad_yardstick.flash_grads: P from the exact LSE,
   Delta = rowsum(dO o O16) - dLSE with O16 the float64 output rounded to the dtype, dS = P o (dP - Delta), d sinks
   = -sum exp(sink - LSE) Delta): the error the formulation brings by itself, since Delta (and every d sinks, a sum
   of Delta) is taken from a 16-bit O;
