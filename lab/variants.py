@@ -62,7 +62,9 @@ BEST_FWD_HOPPER = ("v07", "v06", "v05", "v10")  # preference on compute capabili
 # outputs/driver_logs/20261123-h200-d128-cells-run4-b9a4b85/).
 # D = 64 causal 4096 went to v05 once the race had S 4096: kernel-only 1.262 vs v07 1.348 / 1.351 ms in two H200
 # sessions (20261129-131824-h200-67f551d, 20261129-160050-h200-6fedec1), where v07 left the public op at 0.973-0.978x
-# SDPA-cuDNN; at 8192 the two tie (2.381 / 2.384, 2.396 / 2.393 ms) and at 16384 v07 leads by 2 %.
+# SDPA-cuDNN; at 8192 the two tie (2.381 / 2.384, 2.396 / 2.393 ms) and at 16384 v07 leads by 2 %. Five interleaved
+# rounds between (outputs/experiments/20261129-fwd-d64-causal-v05-switch.json): v05 leads by 9.8 / 2.4 / 5.8 % at
+# 2048 / 3072 / 4096, v07 by 2.1 / 1.7 % at 6144 / 8192.
 HOPPER_SMALL_MAX_SQ = {(64, False): 512, (64, True): 4096}
 
 
