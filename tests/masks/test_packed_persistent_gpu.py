@@ -19,7 +19,7 @@ def test_packed_forward_checks_and_wrong_build():
 
 
 def test_persistent_grid_matches_the_per_tile_grid():
-    from lab.masks import gpu_varlen, op, spec
+    from lab.masks import gpu_varlen_ab, op, spec
     lens_q, lens_k = [0, 5, 1025, 63, 0, 300, 128, 129], [0, 5, 1025, 63, 7, 300, 128, 129]
     cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
@@ -27,7 +27,7 @@ def test_persistent_grid_matches_the_per_tile_grid():
     q = torch.randn(sum(lens_q), 4, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(sum(lens_k), 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     outs = []
-    for defines in (None, gpu_varlen.PER_TILE):
+    for defines in (None, gpu_varlen_ab.PER_TILE):
         out = torch.full_like(q, float("nan"))
         lse = torch.full((4, q.shape[0]), float("nan"), device="cuda")
         op.launch(q, k, v, out, lse, spec.make_mask(True, None, 0.0), 128 ** -0.5, 0, None, cu_q, cu_k,
