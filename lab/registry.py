@@ -248,7 +248,7 @@ def defaults_snapshot() -> list[dict]:
     """What choose returns over a grid of shapes and capabilities (an error as its type): tests/fixtures/defaults.json,
     regenerated on purpose by `python -m lab.registry defaults > tests/fixtures/defaults.json`."""
     grid = [("fwd", {"head_dim": d, "seqlen_q": s, "causal": c}, False) for d in (16, 32, 64, 128, 192, 256)
-            for s in (1, 512, 513, 2048, 2049, 8192) for c in (False, True)]
+            for s in (1, 512, 513, 2048, 2049, 4096, 4097, 8192) for c in (False, True)]
     grid += [("bwd", {"head_dim": d}, det) for d in (32, 64, 80, 96, 128, 192, 256) for det in (False, True)]
     grid += [("decode", {"head_dim": d, "heads_kv": h, **paged}, False) for d in DECODE_HEAD_DIMS for h in (1, 2, 8)
              for paged in ({}, {"paged": True})]
