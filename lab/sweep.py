@@ -130,6 +130,48 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
     return rows
 
 
+ROUNDS = 5  # fwd_rounds' default: enough for a median and a range, little enough for every cell of a sweep
+
+
+def fwd_rounds(cases: list[Case], kernels: dict, peers=("cudnn",), rounds: int = ROUNDS, progress: bool = True,
+               inputs=None, **stop) -> list[dict]:
+    """Each case in `rounds` interleaved rounds, fresh inputs each round: every kernel of `kernels` ({impl:
+    make(q, k, v, is_causal)}, as fwd_sweep's) beside each SDPA backend in `peers`. A race times one input set in
+    one pass, so a cell within a few percent of a peer reads above it in one run and below it in the next; the
+    median of the per-round ratios, with their range, is the reading a target is judged on.
+
+    Returns the recorded rows, kind "fwd_rounds", one per (case, kernel): `median_ms_per_round` of every call and,
+    per peer, `ratio_rounds["sdpa-<peer>"]` = {per_round: peer ms / ours ms, median, min, max} (None where a call
+    was refused in every round). `inputs(case, seed)` -> (q, k, v) is the sweep's (CUDA, seeded) unless given."""
+    import statistics
+
+    from tqdm.std import tqdm
+
+    inputs = inputs or _inputs_fwd
+    rows = []
+    for case in tqdm(cases, desc="fwd rounds", disable=not progress, mininterval=5):
+        per = {}
+        for r in range(rounds):
+            q, k, v = inputs(case, seed=10_000 + r)  # seeds of their own: the race's inputs are seeds 0..len-1
+            calls = {("ours", impl): (make(q, k, v, case.causal), None) for impl, make in kernels.items()}
+            calls.update({f"sdpa-{peer}": (bench.sdpa_runner("default", q, k, v, case.causal),
+                                           partial(bench.sdpa_backend, peer)) for peer in peers})
+            timed = bench.time_interleaved(calls, **stop)
+            for name, t in timed.items():
+                key = name[1] if isinstance(name, tuple) else name
+                per.setdefault(key, []).append(t.median_ms if isinstance(t, bench.Timing) else None)
+            del q, k, v
+        for impl in kernels:
+            ratios = {}
+            for peer in peers:
+                pairs = [p / o for p, o in zip(per[f"sdpa-{peer}"], per[impl]) if p and o]
+                ratios[f"sdpa-{peer}"] = ({"per_round": pairs, "median": statistics.median(pairs), "min": min(pairs),
+                                           "max": max(pairs)} if pairs else None)
+            rows.append(record.append({"kind": "fwd_rounds", "impl": impl, "case": case.as_dict(), "rounds": rounds,
+                                       "median_ms_per_round": per, "ratio_rounds": ratios}))
+    return rows
+
+
 def _inputs_decode(case: DecodeCase, seed: int):
     import torch
 

@@ -260,6 +260,55 @@ def test_fwd_sweep_times_the_math_backend_in_rounds_of_its_own(monkeypatch):
     assert sorted(r["impl"] for r in rows) == sorted([f"sdpa-{b}" for b in bench.BACKENDS] + ["ours"])
 
 
+def test_fwd_rounds_judges_a_cell_on_fresh_inputs_each_round(monkeypatch):
+    """Every round draws its own inputs (seeds no race uses), times ours and the peer in one interleaved round, and
+    the row holds each round's ratio with their median and range; a peer refused in every round gives None."""
+    import torch
+
+    from lab import cases, record, sweep
+
+    seeds, recorded = [], []
+
+    def inputs(case, seed):
+        seeds.append(seed)
+        return [torch.full((1, 1, 2, 8), float(seed))] * 3
+
+    # ms a call by round: ours 2.0, 2.0, 1.0; the peer 1.9, 2.2, 1.05 -> peer / ours 0.95, 1.1, 1.05
+    ms = {"ours": iter([2.0] * 4 + [2.0] * 4 + [1.0] * 4), "sdpa": iter([1.9] * 4 + [2.2] * 4 + [1.05] * 4)}
+
+    class Timer:
+        def __call__(self, fn):
+            return next(ms[fn.who])
+
+    def make(q, k, v, is_causal):
+        call = lambda: None  # noqa: E731
+        call.who = "ours"
+        return call
+
+    def runner(backend, q, k, v, is_causal=False):
+        call = lambda: None  # noqa: E731
+        call.who = "sdpa"
+        return call
+    monkeypatch.setattr(bench, "sdpa_runner", runner)
+    monkeypatch.setattr(record, "append", lambda row: recorded.append(row) or row)
+    case = cases.Case("t", B=1, Hq=1, Hkv=1, Sq=2, Sk=2, D=8, dtype="float32", causal=True)
+    rows = sweep.fwd_rounds([case], {"ours": make}, peers=("cudnn",), rounds=3, progress=False, inputs=inputs,
+                            timer=Timer(), warmup=1, first_run=lambda fn: None, min_reps=3, max_reps=3)
+    assert seeds == [10_000, 10_001, 10_002] and rows == recorded and len(rows) == 1
+    row = rows[0]
+    assert row["kind"] == "fwd_rounds" and row["impl"] == "ours" and row["case"]["causal"] and row["rounds"] == 3
+    assert row["median_ms_per_round"] == {"ours": [2.0, 2.0, 1.0], "sdpa-cudnn": [1.9, 2.2, 1.05]}
+    got = row["ratio_rounds"]["sdpa-cudnn"]
+    assert got["per_round"] == pytest.approx([0.95, 1.1, 1.05])
+    assert (got["median"], got["min"], got["max"]) == pytest.approx((1.05, 0.95, 1.1))
+    # a peer that refuses the shape in every round: no ratio, not a zero
+    rows = sweep.fwd_rounds([case], {"ours": lambda *a: (lambda: None)}, rounds=2, progress=False, inputs=inputs,
+                            timer=lambda fn: 1.0, warmup=0, first_run=lambda fn: "unsupported: no kernel" if
+                            getattr(fn, "who", "") == "sdpa" else None, min_reps=3, max_reps=3)
+    assert rows[0]["ratio_rounds"] == {"sdpa-cudnn": None}
+    assert rows[0]["median_ms_per_round"]["sdpa-cudnn"] == [None, None]
+
+
 # ------------------------------------------------------------------ a peer that cannot run: one line, and flex's scope
 
 def test_why_is_one_line_naming_the_reason():

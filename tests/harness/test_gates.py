@@ -53,14 +53,14 @@ def test_all_op_with_globs_lists_and_not():
 
 def test_a_gate_naming_default_follows_the_registry_per_shape_and_gpu():
     """"impl": "default" selects the rows of the version lab.ops runs for that row's shape on that row's GPU:
-    on Hopper v05 for causal D=64 up to 2048 queries and v07 above, v04 elsewhere (lab.registry)."""
+    on Hopper v05 for causal D=64 up to 4096 queries and v07 above, v04 elsewhere (lab.registry)."""
     gate = {"chapter": "n9_hopper", "name": "default passes", "metric": "check.passed", "op": "all", "value": True,
             "gpu_only": True, "query": {"kind": "check", "impl": "default"}}
 
     def check(impl, Sq, capability, passed=True):
         return {"kind": "check", "impl": impl, "env": {"gpu": "G", "capability": capability},
                 "check": {"passed": passed}, "case": {"D": 64, "Sq": Sq, "Sk": Sq, "causal": True}}
-    rows = [check("v05", 2048, "9.0"), check("v07", 4096, "9.0"), check("v07", 2048, "9.0", passed=False),
+    rows = [check("v05", 2048, "9.0"), check("v07", 4097, "9.0"), check("v07", 2048, "9.0", passed=False),
             check("v04", 2048, "9.0", passed=False), check("v04", 2048, "8.0")]
     result = gates.evaluate(gate, rows)  # v07 at 2048 and v04 on Hopper are not the default: not counted
     assert result["status"] == "pass" and result["rows"] == 3
