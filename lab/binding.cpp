@@ -861,67 +861,12 @@ void packed_sizes(AttnMaskParams& p, const at::Tensor& cu_q, const at::Tensor& c
   p.total_k = static_cast<int>(total_k);
 }
 
-// The packed call (attention_varlen without the host check of cu_seqlens: its values are clamped by the kernel):
-// (total, H, D) tensors, checked as the (1, H, total, D) views lab.masks.op checks; out (and the (H_q, total_q) lse)
-// allocated here; rows of no sequence left unwritten, as the full path leaves them without a host copy.
-std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_auto(
-    int64_t launcher, int64_t left, int64_t right, double softcap, at::Tensor q, at::Tensor k, at::Tensor v,
-    at::Tensor cu_q, at::Tensor cu_k, int64_t max_q, int64_t max_k, c10::optional<at::Tensor> sinks, bool want_lse,
-    c10::optional<double> scale) {
-  for (const at::Tensor* t : {&q, &k, &v})
-    if (t->dim() != 3) return {"refused", at::Tensor(), c10::nullopt};
-  const at::Tensor q4 = q.unsqueeze(0).transpose(1, 2), k4 = k.unsqueeze(0).transpose(1, 2),
-                   v4 = v.unsqueeze(0).transpose(1, 2);
-  if (!python_rules_hold(q4, k4, v4, true) || wants_grad(sinks)) return {"refused", at::Tensor(), c10::nullopt};
-  const double s = scale_or_default(scale, q4);
-  at::Tensor o = at::empty(q.sizes(), q.options());
-  c10::optional<at::Tensor> lse;
-  if (want_lse) lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
-  auto run = [&]() -> std::string {
-    int dtype = 0;
-    at::Tensor o4 = o.unsqueeze(0).transpose(1, 2);
-    LAB_TRY(check_call(q4, k4, v4, o4, "key", "value", s, &dtype));
-    LAB_TRY(check_packed_lengths(cu_q, cu_k, q, max_q, max_k));
-    AttnMaskParams p{};
-    if (lse.has_value()) LAB_TRY(float_buffer(*lse, "lse", q, lse->numel(), true, &p.base.lse));
-    LAB_TRY(mask_fields(p, left, right, 0, softcap, sinks, q4));
-    auto launch = [&](const at::Tensor& qr, const at::Tensor& kr, const at::Tensor& vr, const at::Tensor& ow) {
-      fill_attention(p.base, qr, kr, vr, ow, s, false, dtype);
-      for (int64_t* st : {p.base.q_stride, p.base.k_stride, p.base.v_stride, p.base.o_stride}) st[0] = 0;
-      p.base.batch = static_cast<int>(cu_q.size(0) - 1);  // (the views' B, S are 1 and total: packed sizes instead)
-      p.base.seqlen_q = static_cast<int>(max_q);
-      p.base.seqlen_k = static_cast<int>(max_k);
-      p.cu_seqlens_q = cu_q.data_ptr<int32_t>();
-      p.cu_seqlens_k = cu_k.data_ptr<int32_t>();
-      p.total_q = static_cast<int>(qr.size(2));
-      p.total_k = static_cast<int>(kr.size(2));
-      return run_launcher<AttnMaskLauncher>(launcher, p, "packed attention kernel");
-    };
-    return launch_on_copies(o4, q4, k4, v4, "key", "value", launch, nothing);
-  };
-  return {run(), o, lse};
-}
-
 #ifdef LAB_BINDING_CPU_CHECKS
 static std::string packed_cpu_params;  // the CPU check build: the last packed call's AttnMaskParams, as launched
 pybind11::bytes packed_params_cpu_last() { return pybind11::bytes(packed_cpu_params); }
 #endif
 
-// The packed call as attn_varlen_auto makes it, on the (total, H, D) tensors themselves: no (1, H, total, D) views, no
-// out-overlap checks for the out it allocates itself (fresh, aligned, dense: writable() would pass it through). Every
-// rule attn_varlen_auto applies through check_call, python_rules_hold, readable() and copy_strides() on the views holds
-// here on the view's dims (1: heads, 2: tokens, 3: D of the 3-D tensor's 1, 0, 2), so both answer alike; an input the
-// kernels cannot read as it is still runs on a contiguous copy, as readable() makes one. Why: the packed call's one
-// crossing took 32.3 us of host time against the paged serving call's 21.5 us (H200's host, GPU idle;
-// outputs/experiments/20261129-paged-prefill-public-op.json), and what differs between the two is this function's
-// body: the eight view ops (each a dispatcher round trip with its view bookkeeping) and the out's four overlap checks,
-// where the paged call fills its fields from the tensors directly. On the CPU check build (-O0, CPU tensors of
-// 8 x 2048 tokens, H 16, D 128; its out a 16 us CPU allocation) a call took 38.5 us through the views and 26.4 us
-// here, the views alone 15.9 us; the Python before the crossing 2.3 us. Prediction (H200's host): the packed call's
-// crossing 32 -> 22-26 us, the unchecked forward at 8 x 2048 from 1.067x the dense op toward its kernel's 1.035x.
-// So far (H200, record 20261129-masks-varlen-bwd-packed-passes): one clean round 14.3 us here against 21.4 us through
-// the views (the paged serving call 15 us beside them); the round before it was disturbed (all three calls slower, the
-// order reversed). Not yet a decided measurement.
+// The packed call's layout rules (attn_varlen_packed), on the 3-D tensor as the (1, H, total, D) view would have them.
 bool packed_readable(const at::Tensor& t) {  // layout_ok() of the (1, H, total, D) view
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
   if (t.size(2) > 1 && t.stride(2) != 1) return false;
@@ -950,6 +895,16 @@ std::string check_packed(const at::Tensor& t, const char* name, const at::Tensor
   return "";
 }
 
+// The packed call (attention_varlen without the host check of cu_seqlens: its values are clamped by the kernel) in
+// one crossing, on the (total, H, D) tensors themselves: out (and the (H_q, total_q) lse) allocated here; rows of no
+// sequence left unwritten, as the full path leaves them without a host copy. Every rule the full path (lab.masks.op)
+// applies to the (1, H, total, D) views it checks holds here on the views' dims (1: heads, 2: tokens, 3: D of the 3-D
+// tensor's 1, 0, 2), and an input the kernels cannot read as it is runs on a contiguous copy, as readable() makes
+// one; tests/masks/test_masks_fast.py holds its AttnMaskParams to the full path's, field for field. Why not check
+// and launch through those views, as the dense crossings do: the eight view ops (each a dispatcher round trip with
+// its view bookkeeping) and the out's four overlap checks cost 12.5-18.2 us a call on the H200's host, three rounds
+// of three (the views' crossing 41-65 us, this one 29-48 us; outputs/experiments/20261129-varlen-packed-crossing-
+// host-three-rounds.json); on the CPU check build (-O0, 8 x 2048 tokens, H 16, D 128) 38.5 against 26.4 us.
 std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_packed(
     int64_t launcher, int64_t left, int64_t right, double softcap, at::Tensor q, at::Tensor k, at::Tensor v,
     at::Tensor cu_q, at::Tensor cu_k, int64_t max_q, int64_t max_k, c10::optional<at::Tensor> sinks, bool want_lse,
@@ -1008,9 +963,9 @@ std::tuple<std::string, at::Tensor, c10::optional<at::Tensor>> attn_varlen_packe
 }
 
 // The paged prefill's serving call (lab.ops.attention_varlen with block_table and page_errors, no host check of
-// cu_seqlens) in one crossing, as attn_varlen_auto is the packed call's: lab.masks.paged keys the plan by what its full
-// path checked once (head dim, device, mask, launcher), so here every rule of that path that can change between two
-// calls of one plan, as lab.masks.paged's checks make them (check_paged, _check_cu, check_sinks, forward only).
+// cu_seqlens) in one crossing, as attn_varlen_packed is the packed call's: lab.masks.paged keys the plan by what its
+// full path checked once (head dim, device, mask, launcher), so here every rule of that path that can change between
+// two calls of one plan, as lab.masks.paged's checks make them (check_paged, _check_cu, check_sinks, forward only).
 // Whatever the full path would copy (a query the kernel cannot read as it is, a non-contiguous cu_seqlens, sinks or
 // table rows), refuse or not launch (nothing to compute: it only zeroes the flags) answers "refused" or its message,
 // and lab.masks.paged then takes its full path, which raises its own error or makes the copy. The fields are the ones
@@ -1394,8 +1349,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attn_auto", &attn_auto, "lab.ops.attention's eager call: (error or \"refused\", out, lse)");
   m.def("attn_mask_auto", &attn_mask_auto,
         "lab.ops.attention's eager masked call (window, softcap, sinks): (error or \"refused\", out, lse)");
-  m.def("attn_varlen_auto", &attn_varlen_auto,
-        "lab.ops.attention_varlen's eager call, cu_seqlens unchecked on the host: (error or \"refused\", out, lse)");
   m.def("attn_varlen_packed", &attn_varlen_packed,
         "lab.ops.attention_varlen's unchecked packed call on the 3-D tensors: (error or \"refused\", out, lse)");
   m.def("attn_varlen_paged_auto", &attn_varlen_paged_auto,

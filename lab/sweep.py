@@ -74,6 +74,12 @@ def _row(kind, impl, case, timing, work, ceilings, extra=None):
     return row
 
 
+def _sdpa_call(q, k, v, is_causal: bool, backend: str) -> tuple:
+    """SDPA as time_interleaved takes it: torch's own dispatch, with the backend's context entered around the timed
+    call (outside the timer), not a forced runner that enters it inside each call."""
+    return bench.sdpa_runner("default", q, k, v, is_causal), partial(bench.sdpa_backend, backend)
+
+
 # SDPA backends timed in rounds of their own, after the others: the math backend materialises B*H*S_q*S_k
 # fp32 scores and runs for milliseconds to tens of them; inside a round it slowed the rows timed after it
 # (H200 n9 session 20261123-034524: sdpa-default 7-10 % under sdpa-cudnn, the same kernel, and lab.ops.attention
@@ -102,7 +108,7 @@ def fwd_sweep(cases: list[Case], kernels: dict, backends=bench.BACKENDS, progres
             if backend == "math" and case.B * case.Hq * case.Sq * case.Sk * 4 > bench.MATH_MAX_SCORE_BYTES:
                 times[backend] = "skipped: scores would not fit (math backend materialises them)"
                 continue
-            calls[backend] = (bench.sdpa_runner("default", q, k, v, case.causal), partial(bench.sdpa_backend, backend))
+            calls[backend] = _sdpa_call(q, k, v, case.causal, backend)
         fns = {impl: make(q, k, v, case.causal) for impl, make in kernels.items()}
         rounds = {name: call for name, call in calls.items() if name not in TIMED_ALONE}
         timed = bench.time_interleaved({**rounds, **{("ours", impl): (fn, None) for impl, fn in fns.items()}}, **stop)
@@ -154,8 +160,7 @@ def fwd_rounds(cases: list[Case], kernels: dict, peers=("cudnn",), rounds: int =
         for r in range(rounds):
             q, k, v = inputs(case, seed=10_000 + r)  # seeds of their own: the race's inputs are seeds 0..len-1
             calls = {("ours", impl): (make(q, k, v, case.causal), None) for impl, make in kernels.items()}
-            calls.update({f"sdpa-{peer}": (bench.sdpa_runner("default", q, k, v, case.causal),
-                                           partial(bench.sdpa_backend, peer)) for peer in peers})
+            calls.update({f"sdpa-{peer}": _sdpa_call(q, k, v, case.causal, peer) for peer in peers})
             timed = bench.time_interleaved(calls, **stop)
             for name, t in timed.items():
                 key = name[1] if isinstance(name, tuple) else name

@@ -33,21 +33,13 @@
 //     and racecheck clean (outputs/driver_logs/20261129-h200-batch2-f58d500e62/T7). One length 8 x 2048 (7152d73448,
 //     outputs/driver_logs/20261129-h200-batch3-7152d73448/T7): backward 0.86x the dense op's time, forward + backward
 //     0.93x (predicted 1.02-1.08x); the forward alone (fwd v11) stays 1.18x the dense default's.
-// LAB_BWD_PACKED_PASSES=3 (the default; 0 before it, 1 and 2 measured and rejected): the packed call's dQ convert by
-//   workspace block beside the per-thread pre-pass, from the first candidate, =1, the pre-pass and dQ convert by
-//   workspace block, one CTA per 128 / 64 rows with the sequence found once, dQ stored as 16-byte chunks of whole rows
-//   through shared memory (common/hopper/attn_bwd_packed_sm90.cuh, bwd_pre_packed_tile / convert_dq_packed_tile).
-//   Prediction (H200, 8 x 2048, H 16, D 128, bf16, causal): convert 82 -> 42-50 us, pre-pass 67 -> 57-62 us, the
-//   backward 0.91 -> 0.86-0.87 ms; the dq_accum zeroing stays (the dQ partials arrive in no fixed order). =2: the same
-//   with dq_accum zeroed by a memset before the pre-pass (predicted within +-5 us of =1). Self-test build:
-//   LAB_BWD_PACKED_BUG_NO_ZERO (the block pre-pass leaves dq_accum as it was).
-//   Outcome (H200 torch.profiler, outputs/driver_logs/20261129-h200-fp8-persist-packed-passes-942340c/P): the block
-//   convert 91.8 -> 48.0 us as predicted, the block pre-pass 66.1 -> 73.4 us (slower: latency-bound at four CTAs a
-//   multiprocessor), the memset build's pair 83 us against 66. =3 keeps the thread pre-pass beside the block convert
-//   (each kernel's SASS the measured one's): predicted backward 0.915 -> 0.865-0.875 ms at 8 x 2048, 1.477 ->
-//   1.42-1.435 ms at twelve documents. Self-test build: LAB_BWD_PACKED_BUG_TILE_ROWS (the convert's transpose swaps
-//   rows). =3 checks 9/9, the wrong builds failing (outputs/driver_logs/20261129-h200-n15-packed-convert-56526a2/P);
-//   the default since, on the profile's kernel times (record 20261129-masks-varlen-bwd-packed-passes).
+// LAB_BWD_PACKED_BLOCK_CONVERT (the default; 0: the per-thread convert before it): the packed call's dQ convert by
+//   workspace block, one CTA per 64 rows with the sequence found once, dQ stored as 16-byte chunks of whole rows
+//   through shared memory (common/hopper/attn_bwd_packed_sm90.cuh, convert_dq_packed_tile: its comment holds the
+//   prediction and the outcome, and the pre-pass by block and the memset that were measured beside it and rejected).
+//   Checks 9/9, the no-window, no-offset and tile-rows builds failing (outputs/driver_logs/20261129-h200-n15-packed-
+//   convert-56526a2/P). Self-test builds: LAB_BWD_PACKED_BUG_TILE_ROWS (the convert's transpose swaps rows),
+//   LAB_BWD_PACKED_BUG_NO_ZERO (the pre-pass leaves dq_accum as it was).
 // Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
 // LAB_BWD_MASK_STAGE=1 (the default): v12's tile config, dK and dV staged through the free dQ staging area and stored as
 // 16-byte rows, and at D = 64 v10's K and V in registers. Prediction (H100, D = 128, bf16, GPU time against v07's

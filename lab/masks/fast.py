@@ -30,11 +30,6 @@ from ..registry import BEST_MASKED_FWD, MASKED_FWD, choose
 from . import spec
 
 _Tensor = torch.Tensor  # exact types only: a subclass goes through the full path and the dispatcher
-# The packed call's crossing: binding.cpp's attn_varlen_packed fills the fields from the (total, H, D) tensors;
-# attn_varlen_auto, the first one, checks and launches through (1, H, total, D) views (eight view ops and the out's
-# overlap checks a call). Both make the same checks and launch the same fields; an A/B of host time sets this name
-# and clears the plans.
-VARLEN_CROSSING = "attn_varlen_packed"
 
 
 def masked_version(device, version=None, head_dim: int = 128) -> str:
@@ -156,5 +151,4 @@ def _varlen_plan(query, is_causal, window_size, softcap):
     mask, address = _mask_and_kernel(query, is_causal, window_size, softcap)
     if mask is None:
         return None
-    return functools.partial(getattr(build.binding().module, VARLEN_CROSSING), address, mask.left, mask.right,
-                             mask.softcap)
+    return functools.partial(build.binding().module.attn_varlen_packed, address, mask.left, mask.right, mask.softcap)

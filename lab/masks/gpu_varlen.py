@@ -145,11 +145,10 @@ def checks(defines=None) -> int:
     # the packed producer with every sequence's keys read from the first one's rows
     bad += not check_varlen_bwd("no-offset", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
                                 defines={**base, "LAB_BWD_PACKED_BUG_NO_OFFSET": 1}, expect_fail=True)
-    passes = base.get("LAB_BWD_PACKED_PASSES", varlen_bwd.PASSES)
-    if passes == 1:  # the block pre-pass leaving dq_accum unzeroed (NaN-poisoned: it must fail)
-        bad += not check_varlen_bwd("no-zero", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
-                                    defines={**base, "LAB_BWD_PACKED_BUG_NO_ZERO": 1}, expect_fail=True, trials=1)
-    if passes in (1, 2, 3):  # the block convert with two rows of each eight swapped
+    # the pre-pass leaving dq_accum unzeroed (NaN-poisoned: it must fail)
+    bad += not check_varlen_bwd("no-zero", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
+                                defines={**base, "LAB_BWD_PACKED_BUG_NO_ZERO": 1}, expect_fail=True, trials=1)
+    if base.get("LAB_BWD_PACKED_BLOCK_CONVERT", 1):  # the block convert with two rows of each eight swapped
         bad += not check_varlen_bwd("tile-rows", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
                                     defines={**base, "LAB_BWD_PACKED_BUG_TILE_ROWS": 1}, expect_fail=True, trials=1)
     print(f"checks varlen bwd {defines or ''} done: {bad} bad", flush=True)
@@ -351,12 +350,9 @@ def race(budget_s: float = 240.0, cells=RACE_CELLS, flex_too: bool = True, varia
 
 
 def _with_defines(defines, fn):
-    """fn() with the packed backward of every call that names no build run as `defines` (varlen_bwd.DEFINES)."""
-    before, varlen_bwd.DEFINES = varlen_bwd.DEFINES, defines
-    try:
+    """fn() with the packed backward of every call that names no build run as `defines` (varlen_bwd.default_build)."""
+    with varlen_bwd.default_build(varlen_bwd.LAYOUT, defines):
         return fn()
-    finally:
-        varlen_bwd.DEFINES = before
 
 
 def _no_grad(fn):

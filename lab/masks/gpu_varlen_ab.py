@@ -1,8 +1,8 @@
 """A/B runs of the packed (varlen) calls on the GPU, each behind a record under outputs/experiments: the packed
 forward's grids (ab_packed: the persistent grid against the per-tile one and two waves, beside the dense op), the
-packed backward's passes around its dK/dV kernel (ab_passes), the packed forward call's host crossing (host_ab),
-torch.profiler's kernel table of one forward + backward in each backward layout (profile), and small calls for
-compute-sanitizer (sanitize_packed). The checks and the race a chapter runs are in lab.masks.gpu_varlen.
+packed backward's passes around its dK/dV kernel (ab_passes), torch.profiler's kernel table of one forward +
+backward in each backward layout (profile), and small calls for compute-sanitizer (sanitize_packed). The checks and
+the race a chapter runs are in lab.masks.gpu_varlen.
 """
 from __future__ import annotations
 
@@ -66,9 +66,6 @@ def sanitize_packed() -> None:
 
 
 
-BLOCK_PASSES = {"LAB_BWD_PACKED_PASSES": 1}  # pre-pass and convert by workspace block (attn_bwd_packed_sm90.cuh)
-MEMSET_PASSES = {"LAB_BWD_PACKED_PASSES": 2}  # the same, dq_accum zeroed by a memset instead of the pre-pass
-CONVERT_PASSES = {"LAB_BWD_PACKED_PASSES": 3}  # the per-thread pre-pass with the block convert
 
 
 PROFILE_BUILDS = (("packed", "packed", None), ("padded", "padded", None))
@@ -86,8 +83,7 @@ def profile(cells=(("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128)), st
         q, k, v, dout, cu = _cell(lens, D)
         mx = max(lens)
         for label, layout, defines in builds:
-            varlen_bwd.LAYOUT, varlen_bwd.DEFINES = layout, defines
-            try:
+            with varlen_bwd.default_build(layout, defines):
                 for _ in range(2):  # warm: builds, plans
                     torch.autograd.grad(ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True,
                                                              check_cu_seqlens=False), (q, k, v), dout)
@@ -97,8 +93,6 @@ def profile(cells=(("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128)), st
                         torch.autograd.grad(ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True,
                                                                  check_cu_seqlens=False), (q, k, v), dout)
                     torch.cuda.synchronize()
-            finally:
-                varlen_bwd.LAYOUT = varlen_bwd.DEFINES = None
             events = [e for e in prof.key_averages() if e.device_time_total > 0]
             events.sort(key=lambda e: -e.device_time_total)
             table = [(e.key[:90], e.count // steps, e.device_time_total / steps) for e in events]
@@ -110,35 +104,11 @@ def profile(cells=(("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128)), st
     return tables
 
 
-def host_ab(rounds: int = 2, n: int = 300) -> dict:
-    """Host time of one call (lab.masks.gpu_paged.host_times' cell: the paged serving call and the packed call, the
-    GPU idle before each) with the packed call's crossing as lab.masks.fast.VARLEN_CROSSING names it: the 3-D
-    attn_varlen_packed (the default) and the first attn_varlen_auto, in alternating rounds, the packed plans cleared at
-    each switch. -> {crossing: [median us of each round]} for the packed call."""
-    from . import fast, gpu_paged
-    default, got = fast.VARLEN_CROSSING, {}
-    try:
-        for _ in range(rounds):
-            for crossing in ("attn_varlen_packed", "attn_varlen_auto"):
-                fast.VARLEN_CROSSING = crossing
-                for key in [key for key in fast.plans if isinstance(key, tuple) and key[:1] == ("varlen",)]:
-                    del fast.plans[key]
-                print(f"host-ab crossing {crossing}:", flush=True)
-                times = gpu_paged.host_times(128, 64, n)
-                got.setdefault(crossing, []).append(times["packed (one crossing)"])
-    finally:
-        fast.VARLEN_CROSSING = default
-        for key in [key for key in fast.plans if isinstance(key, tuple) and key[:1] == ("varlen",)]:
-            del fast.plans[key]
-    print(f"host-ab packed call, median us a round: {got}", flush=True)
-    return got
+THREAD_CONVERT = {"LAB_BWD_PACKED_BLOCK_CONVERT": 0}  # the per-thread dQ convert (the default before the block one)
 
 
-THREAD_PASSES = {"LAB_BWD_PACKED_PASSES": 0}  # the per-thread pre-pass and convert (the default before =3)
-
-
-def ab_passes(cells=(("one-length", [2048] * 8, 128), ("docs12", DOCS12, 128)), builds=(("threads", THREAD_PASSES),),
-              budget_s: float = 0.6, jsonl: str | None = None) -> list:
+def ab_passes(cells=(("one-length", [2048] * 8, 128), ("docs12", DOCS12, 128)),
+              builds=(("thread_convert", THREAD_CONVERT),), budget_s: float = 0.6, jsonl: str | None = None) -> list:
     """GPU time (bench.GpuTimeTimer, rounds interleaved) of the packed backward's kernel call (varlen_bwd.launch) and
     of the public op's backward (autograd over one forward, varlen_bwd.DEFINES set around it) in the default build and
     each of `builds`, bf16, causal, H 16; no FlexAttention (race() has it). Returns the rows it printed."""

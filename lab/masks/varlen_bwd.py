@@ -17,6 +17,8 @@ pad / unpad are plain torch (any device), so the CPU tests check them with lab.m
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -27,8 +29,19 @@ IN_PLACE = ("v08",)  # masked backward versions that read packed tensors in plac
 IN_PLACE_DIMS = (64, 128)
 LAYOUT: str | None = None  # the layout of a call that names none (an A/B of the two sets "padded")
 DEFINES: dict | None = None  # the kernel build of a call that names none (an A/B of the public op sets one)
-PASSES = 3  # LAB_BWD_PACKED_PASSES' default in common/hopper/attn_bwd_packed_sm90.cuh (tests/masks hold them equal)
 ALIGN = 128  # kPackedAlign (common/hopper/attn_bwd_packed_sm90.cuh): workspace rows of a sequence, keys of a slot
+
+
+@contextlib.contextmanager
+def default_build(layout: str | None = None, defines: dict | None = None):
+    """Inside the block, calls that name no layout or build run as `layout` and `defines` (an A/B of the public op,
+    whose autograd node names neither); the values before come back on leaving."""
+    global LAYOUT, DEFINES
+    before, (LAYOUT, DEFINES) = (LAYOUT, DEFINES), (layout, defines)
+    try:
+        yield
+    finally:
+        LAYOUT, DEFINES = before
 
 
 def lengths(cu: torch.Tensor, max_len: int) -> torch.Tensor:

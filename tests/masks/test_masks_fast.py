@@ -1,4 +1,4 @@
-"""The masked calls in one crossing (lab.masks.fast, binding.cpp's attn_mask_auto / attn_varlen_auto), on the CPU:
+"""The masked calls in one crossing (lab.masks.fast, binding.cpp's attn_mask_auto / attn_varlen_packed), on the CPU:
 the C++ checks through the binding's CPU check build (tests/product/test_binding_checks.py's fixture: CPU tensors stand for
 the device, nothing is launched), and the Python plumbing with the plan replaced by a recorder: a plan is made once
 per key, only exact argument types reach it, and every refusal or error takes the full path (lab.masks.op), which
@@ -52,9 +52,8 @@ def test_dense_checks_in_cpp(cpu_binding):  # noqa: F811
         assert pattern in error, (pattern, error)
 
 
-@pytest.mark.parametrize("crossing", ["attn_varlen_packed", "attn_varlen_auto"])
-def test_packed_checks_in_cpp(cpu_binding, crossing):  # noqa: F811
-    auto = getattr(cpu_binding.module, crossing)
+def test_packed_checks_in_cpp(cpu_binding):  # noqa: F811
+    auto = cpu_binding.module.attn_varlen_packed
     q, k, v = torch.randn(20, 4, 64, dtype=F16), torch.randn(30, 2, 64, dtype=F16), torch.randn(30, 2, 64, dtype=F16)
     cu_q, cu_k = torch.tensor([0, 5, 20], dtype=torch.int32), torch.tensor([0, 10, 30], dtype=torch.int32)
     error, out, lse = auto(0, 3, 0, 5.0, q, k, v, cu_q, cu_k, 15, 20, torch.zeros(4), True, None)

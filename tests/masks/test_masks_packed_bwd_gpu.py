@@ -3,9 +3,9 @@ buffers, lab.masks.varlen_bwd layout="padded"): dK and dV bit for bit where both
 CTA runs the same steps on the same rows; the next sequence's rows that a tile reads past a sequence's end get
 P = dS = 0), to float32 summation order at D 64 without softcap (128 queries a step in place), dQ and d sinks to
 float32 reduction order; rows of no sequence zero with NaN-poisoned memory; a build that reads every sequence's keys
-at the first one's rows differs; the pre-pass and convert by workspace block (LAB_BWD_PACKED_PASSES=1) give the thread
-passes' dK, dV bit for bit (the same Delta) and dQ to float32 reduction order, with dq_accum zeroed by the pre-pass
-or by a memset (=2), or the thread pre-pass with the block convert (=3). Skipped without CUDA."""
+at the first one's rows differs; the dQ convert by workspace block (the default) gives the per-thread convert's dQ
+to float32 reduction order and dK, dV bit for bit; a pre-pass that leaves dq_accum unzeroed is seen. Skipped without
+CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -66,23 +66,19 @@ def test_a_dropped_sequence_offset_is_seen():
     assert not torch.equal(dk, bad)
 
 
-THREADS = {"LAB_BWD_PACKED_PASSES": 0}  # the per-thread pre-pass and convert
-BLOCKS = {"LAB_BWD_PACKED_PASSES": 1}
-MEMSET = {"LAB_BWD_PACKED_PASSES": 2}  # the block passes with dq_accum zeroed by a memset
-CONVERT = {"LAB_BWD_PACKED_PASSES": 3}  # the thread pre-pass with the block convert
+THREADS = {"LAB_BWD_PACKED_BLOCK_CONVERT": 0}  # the per-thread dQ convert
 
 
-@pytest.mark.parametrize("build", [CONVERT, BLOCKS, MEMSET], ids=["convert", "blocks", "memset"])
 @pytest.mark.parametrize("lens,Hq,Hkv,D,dtype,causal,window,cap,sink", [
     ([1, 0, 63, 65, 200, 0, 130], 4, 2, 128, torch.bfloat16, True, None, 0.0, True),
     ([700, 1, 0, 1300, 129, 64], 4, 1, 64, torch.bfloat16, True, (100, 0), 30.0, False),
     ([257, 3, 511, 128], 6, 3, 128, torch.float16, False, (40, 70), 5.0, True),
     ([1025, 0, 300], 2, 2, 64, torch.float16, False, None, 0.0, False),
 ])
-def test_block_passes_match_the_thread_passes(lens, Hq, Hkv, D, dtype, causal, window, cap, sink, build):
+def test_block_convert_matches_the_thread_convert(lens, Hq, Hkv, D, dtype, causal, window, cap, sink):
     args, rows = _call(lens, Hq, Hkv, D, dtype, causal, window, cap, sink, seed=1)
     dq, dk, dv, ds = _run(args, "packed", THREADS)
-    bq, bk, bv, bs = _run(args, "packed", build)
+    bq, bk, bv, bs = _run(args, "packed")
     for g in (bq, bk, bv):
         assert torch.isfinite(g).all()
         assert (g[rows:] == 0).all()  # the stray rows
@@ -97,7 +93,7 @@ def test_an_unzeroed_accumulator_is_seen():
     args, _ = _call(lens, 4, 2, 128, torch.bfloat16, True, None, 0.0, False)
     rows = 4 * ((args[1].shape[0] + 128 * len(lens)) // 128 * 128)  # H_q R: Delta, LSE log2 e, then D floats a row
     check._poison_allocator(args[1], args[2], args[3], torch.empty(rows * (2 + 128), device="cuda"))
-    bad, _, _, _ = varlen_bwd.launch(*args, layout="packed", defines={**BLOCKS, "LAB_BWD_PACKED_BUG_NO_ZERO": 1})
+    bad, _, _, _ = varlen_bwd.launch(*args, layout="packed", defines={"LAB_BWD_PACKED_BUG_NO_ZERO": 1})
     assert not torch.isfinite(bad).all()  # the NaN-poisoned workspace reaches dQ
 
 

@@ -54,9 +54,9 @@ def test_lengths_clamp_to_max_seqlen():
 
 @pytest.mark.parametrize("lens", CASES)
 def test_workspace_blocks_lie_in_one_sequence(lens):
-    """The block passes (LAB_BWD_PACKED_PASSES=1 / 2): each 128-row block of the pre-pass and 64-row block of the
-    convert lies wholly inside one sequence's padded rows or inside no sequence's, and ws_block's search (the last
-    sequence whose workspace starts at or before the block) names that sequence."""
+    """Each 128-row block of the workspace (a sequence's padded rows are whole ones) and each 64-row block of the block
+    convert (LAB_BWD_PACKED_BLOCK_CONVERT) lies wholly inside one sequence's padded rows or inside no sequence's, and
+    ws_block's search (the last sequence whose workspace starts at or before the block) names that sequence."""
     cu = _cu(lens)
     layout = varlen_bwd.packed_layout(cu, cu, max(lens + [0]), max(lens + [0]))
     seqs = layout["seqs"]
@@ -73,11 +73,16 @@ def test_workspace_blocks_lie_in_one_sequence(lens):
                 assert rho0 + size <= s["ws"] + -(-s["sq"] // 128) * 128
 
 
-def test_passes_default_matches_the_kernel():
-    """lab.masks.varlen_bwd.PASSES is the kernel header's default LAB_BWD_PACKED_PASSES (the checks pick the wrong
-    builds of the passes the default runs)."""
-    import re
-
-    from lab import paths
-    text = (paths.KERNELS / "common" / "hopper" / "attn_bwd_packed_sm90.cuh").read_text()
-    assert int(re.search(r"#define LAB_BWD_PACKED_PASSES (\d+)", text).group(1)) == varlen_bwd.PASSES
+def test_default_build_sets_and_restores_the_packed_backwards_build():
+    """varlen_bwd.default_build: calls that name no layout or build run as the block says, and the values before come
+    back on leaving, an exception included (an A/B that fails must not leave its build as the default)."""
+    assert (varlen_bwd.LAYOUT, varlen_bwd.DEFINES) == (None, None)
+    with varlen_bwd.default_build("padded", {"X": 1}):
+        assert (varlen_bwd.LAYOUT, varlen_bwd.DEFINES) == ("padded", {"X": 1})
+        with varlen_bwd.default_build(None, {"Y": 0}):
+            assert (varlen_bwd.LAYOUT, varlen_bwd.DEFINES) == (None, {"Y": 0})
+        assert varlen_bwd.DEFINES == {"X": 1}
+    with pytest.raises(RuntimeError):
+        with varlen_bwd.default_build("padded", {"X": 1}):
+            raise RuntimeError("the A/B failed")
+    assert (varlen_bwd.LAYOUT, varlen_bwd.DEFINES) == (None, None)

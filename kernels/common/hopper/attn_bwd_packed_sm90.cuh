@@ -61,16 +61,13 @@ __device__ __forceinline__ PackedSeq packed_seq(const MaskBwdParams& p, int b) {
 #define LAB_BWD_PACKED_HEAD_MINOR 1
 #endif
 
-// The two memory passes around the dK / dV kernel: 1, one CTA per workspace block (bwd_pre_packed_tile over 128 rows,
-// convert_dq_packed_tile over 64 rows: the block's sequence found once per CTA, dQ written as 16-byte chunks of whole
-// rows through shared memory); 2, the same with dq_accum zeroed by one cudaMemsetAsync before the pre-pass (all of
-// it, the rows between sequences too: 6 % more bytes at 8 x 2048) instead of by the pre-pass's blocks, so each pass
-// only writes or mostly reads; 3 (the default), the per-thread pre-pass with the block convert (the one of the two
-// block passes that won: measured below, above the tile kernels); 0 (the default before), one thread per row lane or
-// per float4 of dq_accum (bwd_pre_packed, convert_dq_packed), each finding its own sequence. See the tile kernels'
-// comment for the reason, the prediction and the outcome.
-#ifndef LAB_BWD_PACKED_PASSES
-#define LAB_BWD_PACKED_PASSES 3
+// The dQ convert after the dK / dV kernel: 1 (the default), one CTA per 64-row workspace block (convert_dq_packed_tile:
+// the block's sequence found once, dQ written as 16-byte chunks of whole rows through shared memory) wherever dQ's
+// pointer and strides allow 16-byte chunks, else 0's; 0, one thread per float4 of dq_accum, each finding its own
+// sequence (convert_dq_packed, the default before, kept as the reference the block convert is checked against).
+// The tile kernel's comment says why, what was predicted and what was measured.
+#ifndef LAB_BWD_PACKED_BLOCK_CONVERT
+#define LAB_BWD_PACKED_BLOCK_CONVERT 1
 #endif
 
 constexpr int kPackedAlign = 128;  // rows: the workspace's sequence alignment, and keys of a slot (Cfg::BC)
@@ -281,11 +278,13 @@ __global__ void __launch_bounds__(128) bwd_pre_packed(const MaskBwdParams p) {
     sq = ps.sq;
   }
   const bool pad_row = i >= 0, live = pad_row && i < sq;
+#ifndef LAB_BWD_PACKED_BUG_NO_ZERO  // self-test: dq_accum left as it was (the checks poison it with NaN)
   if (pad_row && chunk < D / 8) {
     float4* z = reinterpret_cast<float4*>(p.dq_accum + row * D + chunk * 8);
     z[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
+#endif
   float dot = 0.f;
   if (live && chunk < D / 8) {
     const int64_t t = qa + i;
@@ -344,52 +343,31 @@ __global__ void __launch_bounds__(256) convert_dq_packed(const MaskBwdParams p) 
   }
 }
 
-// The passes by workspace block (LAB_BWD_PACKED_PASSES=1). Why: torch.profiler of one forward + backward at 8 x 2048
-// tokens, H 16, D 128 (H200, outputs/driver_logs/20261129-h200-batch1-278998b0f8/T7) put convert_dq_packed at 82 us for
-// 136 MiB of dq_accum read and 64 MiB of dQ written (~40 us at 4.8 TB/s: twice its floor) and bwd_pre_packed at 67 us
-// (~55 us floor: O and dO read, dq_accum zeroed). convert_dq_packed gives each thread one float4 and pays for it with
-// two 64-bit divisions by the runtime row count, a binary search over cu_seqlens (three dependent loads at B 8) and
-// packed_seq's loads before the float4's own load can issue, and writes dQ as 4-byte stores: a warp's store covers 8
-// rows x 16 bytes, half of each 32-byte sector, the other half from another warp. The tile kernels take the sequence
-// once per CTA (a 64- or 128-row block of the workspace lies inside one sequence's padded rows or between two), issue
-// all of a thread's loads together (8 float4 of dq_accum; 8 rows' chunks of O and dO), and convert writes whole rows:
-// the 64 x D block of bf16 dQ transposed through 17 KB of shared memory (rows of D / 2 + 4 words: the accumulator's
-// 8 rows x 4 lanes of a warp land on 32 banks), then 16-byte stores, a warp's 512 contiguous bytes of two rows.
-// The pre-pass zeroes its block's dq_accum rows as one contiguous float4 run (the old lanes wrote two 16-byte halves
-// of each 32-byte span). The zeroing itself stays: every key block's CTA adds into a query row with red.global, in
-// no fixed order, so no CTA can be the one that stores first (bwd v17 / v18's ordered adds would give one, at the
-// waits that made them the deterministic mode only); a memset moves the same 136 MiB.
-// Prediction (H200, bf16, causal, H 16, D 128, 8 x 2048, torch.profiler and the kernel call in GPU time): convert
-// 82 -> 42-50 us, pre-pass 67 -> 57-62 us, so the backward's kernel call 0.91 -> 0.86-0.87 ms (-40 to -50 us, 4-5 %);
-// twelve documents alike (convert 119 -> 60-70 us, pre-pass 95 -> 80-88 us). FlexAttention's document mask over ours
-// at one length 1.34 -> 1.40-1.42x: the 1.5x target needs the dK / dV kernel (787 us) itself faster. The memset build
-// (LAB_BWD_PACKED_PASSES=2): memset + pre-pass within +-5 us of the fused pre-pass (the same bytes; a pure write
-// stream against one that mixes writes into the O / dO reads).
-// Outcome (H200, torch.profiler of one forward + backward, 942340c, outputs/driver_logs/20261129-h200-fp8-persist-
-// packed-passes-942340c/P/profile.txt): the convert as predicted, the block pre-pass slower, the memset no help:
-//                         8 x 2048: pre-pass  convert  (memset)   twelve documents: pre-pass  convert  (memset)
-//   per thread (0)                  66.1      91.8                                   94.4     117.4
-//   by block (1)                    73.4      48.0                                  101.5      68.1
-//   by block, memset (2)            51.1      48.7     32.0                          63.7      67.6     44.5
-// The block pre-pass reads O and dO at 2.6 TB/s even without the zeroing (=2's 51 us for 128 MiB): four CTAs of 256
-// threads a multiprocessor, each a sequence search, then two groups of loads, serialise more latency than the thread
-// pass's grid of 128-thread blocks hides; the memset adds its bytes at full speed but they were hidden in the fused
-// pass. So 3 keeps the thread pre-pass and takes the block convert: -44 us of the pair at one length (158 -> 114 us),
-// -50 us at twelve documents (212 -> 162 us), from these kernels' own times (the convert's SASS is =1's).
-// Prediction for 3 (the kernel call in GPU time, rounds interleaved): 8 x 2048 0.915 -> 0.865-0.875 ms, twelve
-// documents 1.477 -> 1.42-1.435 ms; Flex over ours at one length 1.34 -> 1.39-1.41x, twelve documents 1.75 ->
-// 1.80-1.82x. Self-test build of the block convert: LAB_BWD_PACKED_BUG_TILE_ROWS.
-// Made the default (=3) on the profile's kernel times above: its two kernels' SASS at sm_90a are the ones measured
-// there (the default's pre-pass, =1's convert); gradient checks of =3 9/9, its no-window, no-offset and tile-rows
-// builds failing as they must (56526a2, outputs/driver_logs/20261129-h200-n15-packed-convert-56526a2/P); memcheck and
-// racecheck clean on four small packed calls of =1 (the same convert kernels; 942340c above). Not yet measured: the
-// race's interleaved call times of =3 (that run's race ran past its limit in FlexAttention's compile), so the backward
-// times predicted above stand on the profile's sums (-44 us at 8 x 2048, -50 us at twelve documents).
+// The dQ convert by workspace block (LAB_BWD_PACKED_BLOCK_CONVERT). Why: torch.profiler of one forward + backward at
+// 8 x 2048 tokens, H 16, D 128 (H200, outputs/driver_logs/20261129-h200-batch1-278998b0f8/T7) put convert_dq_packed at
+// 82 us for 136 MiB of dq_accum read and 64 MiB of dQ written (~40 us at 4.8 TB/s: twice its floor). It gives each
+// thread one float4 and pays for it with two 64-bit divisions by the runtime row count, a binary search over
+// cu_seqlens (three dependent loads at B 8) and packed_seq's loads before the float4's own load can issue, and writes
+// dQ as 4-byte stores: a warp's store covers 8 rows x 16 bytes, half of each 32-byte sector, the other half from
+// another warp. The tile kernel takes the sequence once per CTA (a 64-row block of the workspace lies inside one
+// sequence's padded rows or between two), issues all of a thread's loads together (8 float4 of dq_accum), and writes
+// whole rows: the 64 x D block of bf16 dQ transposed through 17 KB of shared memory (rows of D / 2 + 4 words: the
+// accumulator's 8 rows x 4 lanes of a warp land on 32 banks), then 16-byte stores, a warp's 512 contiguous bytes of
+// two rows. Prediction (H200, bf16, causal, H 16, D 128): convert 82 -> 42-50 us at 8 x 2048.
+// Outcome (H200, torch.profiler, 942340c, outputs/driver_logs/20261129-h200-fp8-persist-packed-passes-942340c/P):
+// 91.8 -> 48.0 us at 8 x 2048, 117.4 -> 68.1 us at twelve documents. The same run measured and rejected the pre-pass
+// by block (66.1 -> 73.4 us: four CTAs of 256 threads a multiprocessor, each a sequence search, then two groups of
+// loads, serialise more latency than the thread pass's grid hides) and dq_accum zeroed by a memset beside it (the
+// pair 83 against 66 us); the zeroing itself stays, since every key block's CTA adds into a query row with red.global
+// in no fixed order (outputs/experiments/20261129-masks-varlen-bwd-packed-passes.json). Through the public op
+// (chapter n16, session 20261129-154731-h200-e975986): FlexAttention's document mask over ours 1.341 -> 1.415x at
+// one length, 1.753 -> 1.819x at twelve documents
+// (outputs/experiments/20261129-varlen-bwd-block-convert-public-op.json). Self-test build: LAB_BWD_PACKED_BUG_TILE_ROWS.
 
-// Both block passes take the heads fastest and the rows from the last: the CTAs running together read and write whole
-// packed rows (all heads of a token are 4 KB apart, not H_q R rows), and the convert starts on the rows whose dq_accum
-// the dK / dV grid's last CTAs (the last sequence's, head-minor) added into, which may still sit in the 50 MB L2 (the
-// last of 8 x 2048 tokens: 16 MiB of dq_accum); the pre-pass ends on the first sequence's rows, where that grid starts.
+// The block convert takes the heads fastest and the rows from the last: the CTAs running together write whole packed
+// rows (all heads of a token are 4 KB apart, not H_q R rows), and it starts on the rows whose dq_accum the dK / dV
+// grid's last CTAs (the last sequence's, head-minor) added into, which may still sit in the 50 MB L2 (the last of
+// 8 x 2048 tokens: 16 MiB of dq_accum).
 // The workspace block starting at row rho0 (of [H_q][R]): its sequence's first packed row and length, the block's first
 // row inside the sequence (r0; negative or past the padded rows: the block lies between sequences).
 struct WsBlock {
@@ -400,75 +378,6 @@ __device__ __forceinline__ WsBlock ws_block(const MaskBwdParams& p, int64_t rho0
   const int b = ws_seq(p, rho0);
   const PackedSeq ps = packed_seq(p, b);
   return WsBlock{ps.qa, ps.sq, rho0 - ws_start(ps.qa, b)};
-}
-
-// bwd_pre_packed's rows, 128 of one head per CTA (kPackedAlign: a sequence's padded rows are whole blocks): dq_accum's
-// 128 x D floats zeroed, Delta and LSE log2 e of each row (0 past S_q). Grid: H_q R / 128 CTAs of 256 threads.
-// (at least 3 CTAs a multiprocessor: 63 registers at D 128, 54-79 at D 64; a bound of 4 spilled D 64's bf16 build)
-template <class T, int D>
-__global__ void __launch_bounds__(256, 3) bwd_pre_packed_tile(const MaskBwdParams p) {
-  constexpr int kLanes = lab::bwd::pre_lanes(D), kRows = kPackedAlign, kRowsPerPass = 256 / kLanes;
-  constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kRows % kRowsPerPass == 0 && kRows * D / 4 % 256 == 0, "whole passes over the block");
-  const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch), blocks = rows_ws / kRows;
-  const int h = (int)(blockIdx.x % p.heads_q);
-  const int64_t rho0 = (blocks - 1 - blockIdx.x / p.heads_q) * kRows;  // last rows first, heads fastest (see WsBlock)
-  const WsBlock wb = ws_block(p, rho0);
-  if (wb.r0 < 0 || wb.r0 >= (int64_t)(wb.sq + kPackedAlign - 1) / kPackedAlign * kPackedAlign) return;
-  const int64_t row0 = (int64_t)h * rows_ws + rho0;
-#if defined(LAB_BWD_PACKED_BUG_NO_ZERO) || LAB_BWD_PACKED_PASSES == 2
-  constexpr int kZeroed = 0;  // self-test: dq_accum left as it was (the checks poison it with NaN); 2: memset before
-#else
-  constexpr int kZeroed = kRows * D / 4 / 256;  // float4 of the block's dq_accum rows a thread
-#endif
-  float4* z = reinterpret_cast<float4*>(p.dq_accum + row0 * D);
-#pragma unroll
-  for (int k = 0; k < kZeroed; ++k) z[k * 256 + threadIdx.x] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int chunk = threadIdx.x % kLanes, lane_row = threadIdx.x / kLanes;
-  // the passes in groups of 4: 8 loads of 16 bytes in flight per thread at 64 registers (all 8 passes took 128, two
-  // CTAs a multiprocessor)
-  constexpr int kGroup = kPasses < 4 ? kPasses : 4;
-  static_assert(kPasses % kGroup == 0, "whole groups of passes");
-#pragma unroll 1
-  for (int k0 = 0; k0 < kPasses; k0 += kGroup) {
-    uint4 ov[kGroup], dv[kGroup];
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int i = (int)wb.r0 + (k0 + k) * kRowsPerPass + lane_row;
-      ov[k] = dv[k] = make_uint4(0u, 0u, 0u, 0u);
-      if (i < wb.sq && chunk < D / 8) {
-        const int64_t t = (int64_t)wb.qa + i;
-        ov[k] = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.o) + h * p.o_stride[1] + t * p.o_stride[2] +
-                                                chunk * 8);
-        dv[k] = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.dout) + h * p.do_stride[1] +
-                                                t * p.do_stride[2] + chunk * 8);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int w = (k0 + k) * kRowsPerPass + lane_row, i = (int)wb.r0 + w;  // w: the row in the block
-      const T* oe = reinterpret_cast<const T*>(&ov[k]);
-      const T* de = reinterpret_cast<const T*>(&dv[k]);
-      float dot = 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dot += static_cast<float>(oe[e]) * static_cast<float>(de[e]);
-#pragma unroll
-      for (int off = kLanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      if (chunk == 0) {
-        float delta = 0.f, lse2 = 0.f;
-        if (i < wb.sq) {
-          const int64_t r = (int64_t)h * p.total_q + wb.qa + i;
-          delta = dot - (p.dlse != nullptr ? p.dlse[r] : 0.f);
-          lse2 = p.lse[r] * lab::bwd::kPreLog2e;
-        }
-#ifdef LAB_BWD_BUG_NO_DELTA
-        delta = 0.f;
-#endif
-        p.delta[row0 + w] = delta;
-        p.lse_log2[row0 + w] = lse2;
-      }
-    }
-  }
 }
 
 // dQ = scale dq_accum over one 64-row block of one head per CTA (convert_quad's accumulator order): the block's float4
@@ -580,25 +489,12 @@ int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
   cudaError_t err = cudaSuccess;
   const int64_t rows_ws = packed_ws_rows(p.total_q, p.batch);
   const int64_t pre = (int64_t)p.heads_q * rows_ws * lab::bwd::pre_lanes(D);
-  // The block passes write dQ as 16-byte chunks: dq 16-byte aligned with strides of whole chunks (torch.empty_like of
-  // a tensor the tensor maps read), else the per-thread passes. (The default build holds only the per-thread ones.)
-  bool tiles = false, pre_tiles = false;
-#if LAB_BWD_PACKED_PASSES
-  tiles = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 && p.dq_stride[1] % 8 == 0 && p.dq_stride[2] % 8 == 0 &&
-          (int64_t)p.heads_q * rows_ws / 64 <= 0x7fffffff && rows_ws > 0;
-#if LAB_BWD_PACKED_PASSES == 1 || LAB_BWD_PACKED_PASSES == 2
-  pre_tiles = tiles;
-  if (pre_tiles) {
-#if LAB_BWD_PACKED_PASSES == 2
-    if ((err = cudaMemsetAsync(p.dq_accum, 0, (size_t)p.heads_q * rows_ws * D * sizeof(float), st)) != cudaSuccess)
-      return err;
-#endif
-    bwd_pre_packed_tile<T, D><<<(unsigned)(p.heads_q * rows_ws / kPackedAlign), 256, 0, st>>>(p);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  }
-#endif
-#endif
-  if (!pre_tiles && pre > 0) {
+  // The block convert writes dQ as 16-byte chunks: dq 16-byte aligned with strides of whole chunks (torch.empty_like
+  // of a tensor the tensor maps read), else the per-thread convert.
+  const bool tiles = LAB_BWD_PACKED_BLOCK_CONVERT && reinterpret_cast<uintptr_t>(p.dq) % 16 == 0 &&
+                     p.dq_stride[1] % 8 == 0 && p.dq_stride[2] % 8 == 0 &&
+                     (int64_t)p.heads_q * rows_ws / 64 <= 0x7fffffff && rows_ws > 0;
+  if (pre > 0) {
     bwd_pre_packed<T, D><<<(unsigned)((pre + 127) / 128), 128, 0, st>>>(p);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
@@ -618,12 +514,10 @@ int launch_packed(const MaskBwdParams& p, cudaStream_t st, int dev) {
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
     const int64_t grid = ((int64_t)p.heads_q * rows_ws * D / 4 + 255) / 256;
-#if LAB_BWD_PACKED_PASSES
     if (tiles) {
       convert_dq_packed_tile<C, T><<<(unsigned)(p.heads_q * rows_ws / 64), 256, 0, st>>>(p);
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
     }
-#endif
     if (!tiles && grid > 0) {
       convert_dq_packed<C, T><<<(unsigned)(grid < 65536 ? grid : 65536), 256, 0, st>>>(p);
       if ((err = cudaGetLastError()) != cudaSuccess) return err;
