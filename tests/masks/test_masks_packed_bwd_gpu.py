@@ -31,17 +31,19 @@ def _call(lens, Hq, Hkv, D, dtype, causal, window, cap, sink, stray=5, seed=0):
     return args, sum(lens)
 
 
+# uneven and empty sequences, GQA and MQA, D 64 and 128, bf16 and fp16, windows, softcap and sinks
+CASES = [([1, 0, 63, 65, 200, 0, 130], 4, 2, 128, torch.bfloat16, True, None, 0.0, True),
+         ([700, 1, 0, 1300, 129, 64], 4, 1, 64, torch.bfloat16, True, (100, 0), 30.0, False),
+         ([257, 3, 511, 128], 6, 3, 128, torch.float16, False, (40, 70), 5.0, True),
+         ([1025, 0, 300], 2, 2, 64, torch.float16, False, None, 0.0, False)]
+
+
 def _run(args, layout, defines=None):
     check._poison_allocator(args[1], args[2], args[3])
     return varlen_bwd.launch(*args, layout=layout, defines=defines)
 
 
-@pytest.mark.parametrize("lens,Hq,Hkv,D,dtype,causal,window,cap,sink", [
-    ([1, 0, 63, 65, 200, 0, 130], 4, 2, 128, torch.bfloat16, True, None, 0.0, True),
-    ([700, 1, 0, 1300, 129, 64], 4, 1, 64, torch.bfloat16, True, (100, 0), 30.0, False),
-    ([257, 3, 511, 128], 6, 3, 128, torch.float16, False, (40, 70), 5.0, True),
-    ([1025, 0, 300], 2, 2, 64, torch.float16, False, None, 0.0, False),
-])
+@pytest.mark.parametrize("lens,Hq,Hkv,D,dtype,causal,window,cap,sink", CASES)
 def test_in_place_matches_the_padded_copies(lens, Hq, Hkv, D, dtype, causal, window, cap, sink):
     args, rows = _call(lens, Hq, Hkv, D, dtype, causal, window, cap, sink)
     dq, dk, dv, ds = _run(args, "packed")
@@ -69,12 +71,7 @@ def test_a_dropped_sequence_offset_is_seen():
 THREADS = {"LAB_BWD_PACKED_BLOCK_CONVERT": 0}  # the per-thread dQ convert
 
 
-@pytest.mark.parametrize("lens,Hq,Hkv,D,dtype,causal,window,cap,sink", [
-    ([1, 0, 63, 65, 200, 0, 130], 4, 2, 128, torch.bfloat16, True, None, 0.0, True),
-    ([700, 1, 0, 1300, 129, 64], 4, 1, 64, torch.bfloat16, True, (100, 0), 30.0, False),
-    ([257, 3, 511, 128], 6, 3, 128, torch.float16, False, (40, 70), 5.0, True),
-    ([1025, 0, 300], 2, 2, 64, torch.float16, False, None, 0.0, False),
-])
+@pytest.mark.parametrize("lens,Hq,Hkv,D,dtype,causal,window,cap,sink", CASES)
 def test_block_convert_matches_the_thread_convert(lens, Hq, Hkv, D, dtype, causal, window, cap, sink):
     args, rows = _call(lens, Hq, Hkv, D, dtype, causal, window, cap, sink, seed=1)
     dq, dk, dv, ds = _run(args, "packed", THREADS)
