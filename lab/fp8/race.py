@@ -106,7 +106,10 @@ def _lab_call(quantized, causal: bool, defines=None):
     return bench.try_run(call) or call
 
 
-def _lab_row(impl, case, quantized, call, timed, flops, causal, rows, extra, defines=None) -> dict:
+def _lab_row(impl, case, quantized, call, timed, flops, causal, rows, extra, defines=None,
+             cudnn_rel_l2: float | None = None) -> dict:
+    """cudnn_rel_l2: cuDNN FP8's relative L2 on the same rows and reference; the row's accuracy then carries
+    vs_cudnn_fp8 = ours / cuDNN's (<= 1: ours is at most cuDNN FP8's error, chapter n15's gate)."""
     deq = [x.dequantize(torch.float64) for x in quantized]
     on_deq = emulate.reference(*deq, causal, rows=rows)
     emulated = emulate.forward(*quantized, causal, rows=rows, block_n=key_tile(case.D, defines, causal))
@@ -114,6 +117,8 @@ def _lab_row(impl, case, quantized, call, timed, flops, causal, rows, extra, def
     torch.cuda.synchronize()
     accuracy_block = {**emulate.errors(out[:, :, rows].float(), on_deq), "reference": "float64 on the dequantised "
                       "inputs", "rows_checked": len(rows), "emulation": emulate.errors(emulated, on_deq)}
+    if cudnn_rel_l2 is not None and cudnn_rel_l2 > 0 and math.isfinite(cudnn_rel_l2):
+        accuracy_block["vs_cudnn_fp8"] = accuracy_block["rel_l2"] / cudnn_rel_l2
     row = dict(extra, accuracy=accuracy_block)
     if isinstance(timed[impl], bench.Timing):
         row["ratios"] = {name: t.median_ms / timed[impl].median_ms for name, t in timed.items()
@@ -165,7 +170,7 @@ def run_case(case: Case, seed: int, timer: str = "gpu", rows_checked: int = ROWS
         if callable(call):
             checked = checked_rows(case.Sq, rows_checked).to(q.device)
             row = _lab_row(impl, case, quantized, call, timed, flops, causal, checked, extra,
-                           (lab_candidates or {}).get(impl))
+                           (lab_candidates or {}).get(impl), block.get("rel_l2") if block else None)
             rows.append(record.append(dict(row, defines=(lab_candidates or {}).get(impl) or {})))
         else:
             rows.append(record.append(_row(impl, case, call, flops, dict(extra))))
