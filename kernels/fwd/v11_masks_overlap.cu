@@ -207,6 +207,21 @@
 static_assert(LAB_FWD_MASK_PAGED_ISSUE_WARPS == 1 || LAB_FWD_MASK_PAGED_ISSUE_WARPS == 2 ||
                   LAB_FWD_MASK_PAGED_ISSUE_WARPS == 4,
               "the producer warpgroup has four warps: 1, 2 or 4 issue the paged boxes");
+// PAGED_CONSUMER_SCAN: where a CTA scans its sequence's block table for pages outside [0, num_pages). 0 (the form
+// before): all 384 threads, before the barriers are set up and before any load (paged_table_bits), so the producer's
+// first TMA issue waits for the scan's loads and the CTA-wide barrier. 1: the too-short table (no load) is still
+// decided first; the pages are scanned by the 256 consumer threads while the producer issues Q and the first tiles
+// (paged_table_bad: a named-barrier OR that the producer does not join), and a bad sequence's verdict is applied at
+// the epilogue (O = 0, LSE = -inf, as before). Meanwhile its loads are safe: a page index outside the map is a TMA box
+// out of bounds (zeros, full byte count), and the consumers drain every tile, so no copy is in flight at exit.
+// Why (H200, ncu --set full of lab.masks.gpu_paged.profile_calls at a547f00; outputs/driver_logs/
+// 20261129-h200-paged-scan-profile-a547f00): at page 256 the paged kernel executes the contiguous one's instructions
+// (133.0 M against 132.8 M) and the same tensor-pipe cycles, yet runs 413 us against 403; its extra warp samples
+// (43,387 against 42,168) sit on the scan: 1,632 at the VOTEU after __syncthreads_or (1,446 of them 'barrier'),
+// 3.8 % of all samples, which the contiguous kernel has not.
+#ifndef LAB_FWD_MASK_PAGED_CONSUMER_SCAN
+#define LAB_FWD_MASK_PAGED_CONSUMER_SCAN 1
+#endif
 // PACKED_PERSIST: causal packed self-attention calls (cu_seqlens, no block table, no window, max_seqlen_q ==
 // max_seqlen_k; the launcher's rule) on a persistent grid in fwd v07's PAIR order with FUSE
 // (common/hopper/attn_mask_packed_sm90.cuh); other packed calls and 0: one CTA per (sequence, head, query tile).
@@ -240,7 +255,8 @@ struct Cfg11 {
   static constexpr int kSmem = kQBytes + 2 * kStages * kTileBytes + 1024;
   static_assert(kSmem + 128 <= 227 * 1024, "shared memory budget exceeded");
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
-  // Named barriers: 1..2 the consumers' epilogues, 4..5 their turns (ping-pong), 6 both consumers (paged tail).
+  // Named barriers: 1..2 the consumers' epilogues, 4..5 their turns (ping-pong), 6 both consumers (paged tail),
+  // 7 both consumers (PAGED_CONSUMER_SCAN's OR).
 };
 // D = 64: no ping-pong (v07: -1 to +2 %) and no L2 groups (v07: -7 to 0 % at D = 64).
 using Cfg64 = Cfg11<64, 3, false, 0>;
@@ -292,16 +308,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   // uniform to the compiler, and a key count derived from them put the main loop's descriptors in vector registers
   // (an R2UR before each wgmma: the paged call ran at 0.82x the packed one on the same tiles).
   const int32_t* table = kPaged ? mp.block_table + (int64_t)b * mp.block_table_stride : nullptr;
+  T* const o_seq = static_cast<T*>(p.o) + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2];
+  float* const lse_seq = p.lse == nullptr ? nullptr : p.lse + (int64_t)h * mp.total_q + q0;
   if constexpr (kPaged) {
     k0 = 0;
-    const int page_bits = paged_table_bits(mp, table, seqlen_k);
-    if (mb == 0 && h == 0 && threadIdx.x == 0) mp.page_errors[b] = page_bits;
-    if (page_bits) {
-      if (mb * Cfg::BR < seqlen_q)
-        paged_zero_rows<D, T>(static_cast<T*>(p.o) + (int64_t)h * p.o_stride[1] + (int64_t)q0 * p.o_stride[2],
-                              p.o_stride[2], p.lse == nullptr ? nullptr : p.lse + (int64_t)h * mp.total_q + q0,
-                              mb * Cfg::BR, min(mb * Cfg::BR + Cfg::BR, seqlen_q));
-      return;
+    // PAGED_CONSUMER_SCAN: here only the too-short table (no load, no barrier), and the table of a sequence with no
+    // rows in this CTA, which CTA (mb 0, h 0) still reports; the pages of the rest are the consumers' (below).
+    const bool early = LAB_FWD_MASK_PAGED_CONSUMER_SCAN == 0 || mb * Cfg::BR >= seqlen_q ||
+                       (int64_t)seqlen_k > (int64_t)mp.max_pages * mp.page_size;
+    if (early) {
+      const int page_bits = paged_table_bits(mp, table, seqlen_k);
+      if (mb == 0 && h == 0 && threadIdx.x == 0) mp.page_errors[b] = page_bits;
+      if (page_bits) {
+        if (mb * Cfg::BR < seqlen_q)
+          paged_zero_rows<D, T>(o_seq, p.o_stride[2], lse_seq, mb * Cfg::BR, min(mb * Cfg::BR + Cfg::BR, seqlen_q));
+        return;
+      }
     }
   }
   const int m0 = mb * Cfg::BR;
@@ -385,6 +407,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   // Consumers
   setmaxnreg_inc<Cfg::kRegsConsumer>();
   const int ct = threadIdx.x - 128 * wg;
+  bool table_bad = false;  // PAGED_CONSUMER_SCAN's verdict, applied at the epilogue
+  if constexpr (kPaged && LAB_FWD_MASK_PAGED_CONSUMER_SCAN != 0) {
+    table_bad = paged_table_bad(mp, table, seqlen_k, threadIdx.x - 128, 128 * Cfg::kConsumers, 7);
+    if (mb == 0 && h == 0 && threadIdx.x == 128) mp.page_errors[b] = table_bad ? LAB_PAGE_E_INDEX : 0;
+  }
   const uint32_t sQw = ring.q + (wg - 1) * Cfg::kQBytesWG;
   const int wm0 = m0 + 64 * (wg - 1), wm1 = max(min(wm0 + 64, seqlen_q), wm0 + 1);
   const int row0 = wm0 + (ct / 32) * 16 + (ct % 32) / 4;
@@ -478,6 +505,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   }
   if (kPing && wg == 1 && n_tiles > 0) turn();  // consumes the last warpgroup's last pass
 
+  if constexpr (kPaged && LAB_FWD_MASK_PAGED_CONSUMER_SCAN != 0)
+    if (table_bad) {  // every tile was drained above: no copy is in flight
+      paged_zero_rows<D, T>(o_seq, p.o_stride[2], lse_seq, wm0, max(min(wm0 + 64, seqlen_q), wm0), ct, 128);
+      return;
+    }
   // Epilogue: the sink joins the normaliser; O rows of this sequence only, staged in this warpgroup's Q tile.
   epilogue_masked<D, T>(o, st, mp, packed, b, bq, h, q0, seqlen_q, smem + (wg - 1) * Cfg::kQBytesWG, wm0, wg);
 #endif

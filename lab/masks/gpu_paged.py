@@ -106,10 +106,11 @@ def check_case(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, cap, sin
 
 
 def check_bad_tables(defines=None) -> bool:
-    """Sequence 1 has a page index -1, sequence 2 one equal to num_pages, sequence 3 more keys than its row holds:
-    flags [0, 1, 1, 2], those sequences zero (LSE -inf), sequence 0 right; the host check raises first; the
-    deferred flags raise at check_page_errors. With defines: that build's launch (paged_impl), flags and zeros only."""
-    lens_q, lens_k, ps, D = [64, 64, 64, 64], [1000, 1000, 1000, 1100], 64, 128
+    """Sequence 1 has a page index -1, sequence 2 one equal to num_pages, sequence 3 more keys than its row holds,
+    sequence 4 (no queries: no CTA computes it, one still reports it) a page index -5: flags [0, 1, 1, 2, 1], those
+    sequences zero (LSE -inf), sequence 0 right; the host check raises first; the deferred flags raise at
+    check_page_errors. With defines: that build's launch (paged_impl), flags and zeros only."""
+    lens_q, lens_k, ps, D = [64, 64, 64, 64, 0], [1000, 1000, 1000, 1100, 500], 64, 128
     GEN.manual_seed(7)
     cu_q, cu_k = _cu(lens_q), _cu(lens_k)
     q = draw(sum(lens_q), 4, D, dtype=BF16)
@@ -119,7 +120,8 @@ def check_bad_tables(defines=None) -> bool:
     table = table[:, :16].contiguous()  # 1024 keys a row: sequence 3 (1100 keys) is too long
     table[1, 3] = -1
     table[2, 15] = kc.shape[0]
-    errors = torch.full((4,), -7, dtype=torch.int32, device="cuda")
+    table[4, 2] = -5
+    errors = torch.full((5,), -7, dtype=torch.int32, device="cuda")
     kw = dict(is_causal=True, sinks=sinks, return_lse=True, block_table=table)
     with torch.no_grad():
         if defines:
@@ -132,7 +134,7 @@ def check_bad_tables(defines=None) -> bool:
                                                spec.make_mask(True, None, 0.0), D ** -0.5, sinks)
         good = check.compare(out[:64], ref, ref)["max_abs"] < 2e-2
         zero = bool((out[64:] == 0).all()) and bool(torch.isneginf(lse[:, 64:]).all())
-        flags = errors.tolist() == [0, 1, 1, 2]
+        flags = errors.tolist() == [0, 1, 1, 2, 1]
         raised = []
         for call in () if defines else (lambda: ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, **kw),
                      lambda: (ops.attention_varlen(q, kc, vc, cu_q, cu_k, 64, 1100, check_cu_seqlens=False, **kw),

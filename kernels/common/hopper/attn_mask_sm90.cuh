@@ -103,15 +103,36 @@ __device__ __forceinline__ int paged_table_bits(const AttnMaskParams& mp, const 
 }
 
 // A bad sequence's rows [m0, m1) of O (16-byte stores from `out`, row 0 of the sequence) zeroed and of the LSE set
-// to -inf, by the whole CTA, which then returns: no barrier, no load.
+// to -inf by `threads` threads (tid 0 .. threads - 1; the whole CTA by default), which then return: no barrier, no
+// load.
 template <int D, class T>
-__device__ __forceinline__ void paged_zero_rows(T* out, int64_t row_stride, float* lse_row0, int m0, int m1) {
+__device__ __forceinline__ void paged_zero_rows(T* out, int64_t row_stride, float* lse_row0, int m0, int m1,
+                                                int tid = threadIdx.x, int threads = blockDim.x) {
   constexpr int kChunks = D / 8;
-  for (int idx = threadIdx.x; idx < (m1 - m0) * kChunks; idx += blockDim.x)
+  for (int idx = tid; idx < (m1 - m0) * kChunks; idx += threads)
     *reinterpret_cast<uint4*>(out + (int64_t)(m0 + idx / kChunks) * row_stride + (idx % kChunks) * 8) =
         make_uint4(0u, 0u, 0u, 0u);
   if (lse_row0 != nullptr)
-    for (int r = m0 + threadIdx.x; r < m1; r += blockDim.x) lse_row0[r] = -INFINITY;
+    for (int r = m0 + tid; r < m1; r += threads) lse_row0[r] = -INFINITY;
+}
+
+// The consumers' share of the block-table scan (PAGED_CONSUMER_SCAN): thread tid of `threads` reads every threads-th
+// page a sequence of seqlen_k keys holds; then the OR over those threads by named barrier `bar_id` (bar.red, which
+// only they join: the producer is issuing loads meanwhile), made uniform by a warp vote as paged_table_bits' is.
+// The caller has already excluded LAB_PAGE_E_SHORT, so every slot read lies in the table's row.
+__device__ __forceinline__ bool paged_table_bad(const AttnMaskParams& mp, const int32_t* table, int seqlen_k, int tid,
+                                                int threads, int bar_id) {
+  const int needed = (seqlen_k + mp.page_size - 1) / mp.page_size;
+  uint32_t bad = 0;
+  for (int i = tid; i < needed; i += threads) {
+    const int page = __ldg(table + i);
+    bad |= (uint32_t)(page < 0 || page >= mp.num_pages);
+  }
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(any) : "r"(bad), "r"(bar_id), "r"(threads) : "memory");
+  return __any_sync(0xffffffffu, any != 0);
 }
 
 // Rows [row0, BC) of a K/V tile at `tile` (D / 64 blocks of BC rows x 128 B) set to zero by `threads` threads, then
