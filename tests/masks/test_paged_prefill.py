@@ -394,7 +394,8 @@ def test_pack_matches_op_launch(monkeypatch):
                               errors, 6, 30, 5, 0, 30.0, 0.125)]
 
 
-_PAGED_SWITCHES = {"LAB_FWD_MASK_PAGED_D128_STAGES": 2, "LAB_FWD_MASK_PAGED_D64_STAGES": 4, "LAB_FWD_MASK_PAGED_VOTE": 0}
+_PAGED_SWITCHES = {"LAB_FWD_MASK_PAGED_D128_STAGES": 2, "LAB_FWD_MASK_PAGED_D64_STAGES": 4, "LAB_FWD_MASK_PAGED_VOTE": 0,
+                   "LAB_FWD_MASK_PAGED_CONSUMER_SCAN": 0}
 
 
 def _v11_entries(defines) -> dict:
@@ -410,8 +411,9 @@ def _v11_entries(defines) -> dict:
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not on PATH")
 def test_paged_switches_leave_the_dense_and_packed_kernels():
-    """The paged switches (ring depths, the table check's warp vote) change the kPaged kernels only: each other v11
-    kernel's PTX is the default's, instruction for instruction; each default paged kernel holds the vote."""
+    """The paged switches (ring depths, the table check's warp vote, where the table is scanned) change the kPaged
+    kernels only: each other v11 kernel's PTX is the default's, instruction for instruction; each default paged
+    kernel holds the CTA scan's vote and the consumers' scan (its named-barrier OR and its vote)."""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(2) as pool:
         base, cand = pool.map(_v11_entries, (None, _PAGED_SWITCHES))
@@ -421,8 +423,10 @@ def test_paged_switches_leave_the_dense_and_packed_kernels():
     packed = [n for n in base if "attn_fwd_v11_packed_kernel" in n]
     assert len(plain) == 14 and len(paged) == 14 and len(packed) == 14
     assert all(n in cand and cand[n] == base[n] for n in plain + packed)
-    vote = "vote.sync.any.pred"  # the table check's, one more in each paged kernel than without it
+    vote = "vote.sync.any.pred"  # the CTA scan's and the consumers' scan's: two more in each paged kernel
     import re
     depth = lambda name: re.sub(r"(Cfg11ILi\d+E)Li\d+E", r"\1", name)  # noqa: E731 (the ring depth differs)
     cand_paged = {depth(n): c for n, c in cand.items() if n not in plain and n not in packed}
-    assert all(base[n].count(vote) == cand_paged[depth(n)].count(vote) + 1 for n in paged)
+    assert all(base[n].count(vote) == cand_paged[depth(n)].count(vote) + 2 for n in paged)
+    red = "bar.red.or.pred"  # __syncthreads_or's, and the consumers' OR on a named barrier: one more by default
+    assert all(base[n].count(red) == cand_paged[depth(n)].count(red) + 1 for n in paged)
