@@ -218,7 +218,11 @@ static_assert(LAB_FWD_MASK_PAGED_ISSUE_WARPS == 1 || LAB_FWD_MASK_PAGED_ISSUE_WA
 // 20261129-h200-paged-scan-profile-a547f00): at page 256 the paged kernel executes the contiguous one's instructions
 // (133.0 M against 132.8 M) and the same tensor-pipe cycles, yet runs 413 us against 403; its extra warp samples
 // (43,387 against 42,168) sit on the scan: 1,632 at the VOTEU after __syncthreads_or (1,446 of them 'barrier'),
-// 3.8 % of all samples, which the contiguous kernel has not.
+// 3.8 % of all samples, which the contiguous kernel has not. Prediction: -2.5-3.5 % of the paged kernels' time.
+// Outcome (H200, GPU time against the contiguous call, two passes; outputs/driver_logs/20261129-h200-paged-consumer-
+// scan-14fb368): +0.1-0.6 % in every cell (D 128 page 16 0.963 / 0.965 -> 0.969 / 0.969, D 64 page 64 0.974 / 0.972
+// -> 0.980 / 0.977): those warps would have waited for the first tile anyway. Kept as the default; checks, memcheck
+// and racecheck clean. Record: outputs/experiments/20261129-paged-consumer-scan.json.
 #ifndef LAB_FWD_MASK_PAGED_CONSUMER_SCAN
 #define LAB_FWD_MASK_PAGED_CONSUMER_SCAN 1
 #endif
