@@ -82,9 +82,10 @@
 //   tile from the table and issues box i of this one, TMA boxes of the largest power of two dividing page_size
 //   (16-128 rows, paged_box_rows) into the tile's rows, which the 128-byte swizzle lays out as one box of B_c rows
 //   would; a box past the sequence's keys gets page num_pages, outside the map (zeros, full byte count), so no table
-//   entry past the sequence is read. Every CTA first scans its sequence's pages (paged_table_bits); for a bad one
-//   (index outside [0, num_pages), or more keys than max_pages * page_size) each CTA zeroes its rows (O = 0, LSE =
-//   -inf: no key, no sink) and returns, and CTA (m 0, h 0) writes its page_errors bits. The last tile's V rows past
+//   entry past the sequence is read. Every CTA checks its sequence's table: more keys than max_pages * page_size
+//   before anything else, the pages (an index outside [0, num_pages)) by its consumers while the producer loads
+//   (PAGED_CONSUMER_SCAN; the whole CTA before any load in the first form, paged_table_bits); for a bad one each CTA
+//   writes zeros to its rows (O = 0, LSE = -inf: no key, no sink), and CTA (m 0, h 0) writes its page_errors bits. The last tile's V rows past
 //   the keys are zeroed in shared memory before P V (the rest of a page is not the next sequence's keys, as in packed
 //   K/V, but whatever the cache held: P = 0 times a NaN there is NaN). The wrong build LAB_FWD_MASK_BUG_IGNORE_TABLE
 //   reads page key / page_size of the cache instead. Prediction (H200, chunked prefill B 4, 512 queries after 8192
