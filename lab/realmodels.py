@@ -107,6 +107,34 @@ def varlen_rows(rows) -> list[dict]:
     return out
 
 
+def bound_row(name: str, D: int, tokens: int, bound: dict, ceilings: dict) -> dict:
+    """lab.masks.gpu_varlen.bwd_breakdown's split of one packed backward, beside the run's ceilings: not gated, it
+    says what bounds the cell's backward (findings)."""
+    return {"kind": KIND, "section": "varlen", "stage": "bwd kernels", "cell": f"{name} D{D} ({tokens} tokens)",
+            "bound": bound, "ceilings": {key: ceilings.get(key) for key in ("copy_gbps", "bf16_matmul_tflops")}}
+
+
+def bound_sentence(row: dict) -> str:
+    """One finding from a bound_row: the backward's GPU time, the dK/dV kernel's share and rate, each pass's
+    bandwidth, against the ceilings."""
+    b, ceil = row["bound"], row.get("ceilings") or {}
+    main = b["parts_us"].get("dK/dV kernel")
+    text = f"- varlen backward at {row['cell']}: {b['total_us']:.0f} us of GPU time"
+    if main:
+        text += f"; the dK/dV kernel {main:.0f} us ({100 * main / b['total_us']:.0f} %)"
+        if b.get("main_tflops"):
+            text += f" at {b['main_tflops']:.0f} TFLOP/s" + (f" (bf16 matmul ceiling {ceil['bf16_matmul_tflops']:.0f})"
+                                                            if ceil.get("bf16_matmul_tflops") else "")
+    for part, gbps in b.get("passes_gbps", {}).items():
+        text += f"; the {part} {b['parts_us'][part]:.0f} us at {gbps:.0f} GB/s"
+    if b.get("passes_gbps") and ceil.get("copy_gbps"):
+        text += f" (copy ceiling {ceil['copy_gbps']:.0f} GB/s)"
+    rest = {k: v for k, v in b["parts_us"].items() if k != "dK/dV kernel" and k not in b.get("passes_gbps", {})}
+    if rest:
+        text += "; " + ", ".join(f"{k} {v:.0f} us" for k, v in rest.items())
+    return text + "."
+
+
 def checks_row(section: str, cell: str, bad: int, total: int) -> dict:
     return {"kind": KIND, "section": section, "stage": "checks", "cell": cell, "bad": int(bad), "total": int(total)}
 
@@ -188,6 +216,9 @@ def run_gpu(section: str, budget_s: float = 60.0, checks: bool = True, names=Non
             done = _within(start, budget_s, lambda c=c: gpu_varlen.race(budget_s, [c]))
             rows += varlen_rows([done] if done else [{"cell": c[0], "D": c[2], "tokens": sum(c[1]),
                                                       "flex_over_lab": {"": None}, "lab_over_dense": {}}])
+            if done:  # what bounds the backward: its kernels' split (a few calls under torch.profiler)
+                from . import bench
+                rows.append(bound_row(c[0], c[2], sum(c[1]), gpu_varlen.bwd_breakdown(c[1], c[2]), bench.ceilings()))
     for row in rows:
         record.append({**row, "wall_s": round(time.time() - began, 1)}, chapter=CHAPTER)
     return rows
@@ -282,6 +313,7 @@ def findings(rows: list[dict]) -> list[str]:
     lines += [f"- MISS: {r['section']} {r['cell']} ({r['stage']}): "
               + (f"{r['ratio']:.3f}, target {r['op']} {r['target']}" if r.get("ratio") is not None else "not run")
               for r in rows if miss(r)]
+    lines += [bound_sentence(r) for r in rows if r.get("stage") == "bwd kernels" and r.get("bound")]
     return lines or ["- nothing measured yet"]
 
 

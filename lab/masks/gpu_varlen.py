@@ -376,3 +376,52 @@ def _keep(rows: list, row: dict, jsonl: str | None) -> None:
     if jsonl:
         with open(jsonl, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+# What bounds the packed backward: its GPU time split by kernel (torch.profiler over the public op's backward), the
+# dK/dV kernel's rate against the bf16 matmul ceiling and each memory pass's bandwidth against the copy ceiling.
+BWD_PARTS = (("dK/dV kernel", ("bwd_dkdv",)), ("pre-pass", ("bwd_pre",)), ("dQ convert", ("convert_dq",)),
+             ("stray rows", ("zero_stray",)), ("sink gradient", ("sink_grad",)))
+
+
+def bwd_part(kernel: str) -> str:
+    """The part of the packed backward a kernel's name belongs to (BWD_PARTS; "other" for any kernel of torch's)."""
+    return next((part for part, keys in BWD_PARTS if any(key in kernel for key in keys)), "other")
+
+
+def bwd_bound(lens, D: int, H: int, parts_us: dict, element_bytes: int = 2) -> dict:
+    """From one backward's GPU time by part (us): the dK/dV kernel's TFLOP/s (2.5 times the causal forward's FLOPs of
+    each sequence) and the bytes each pass moves at least (live rows only: the pre-pass reads O and dO, zeroes the fp32
+    dQ accumulator and reads LSE, writes Delta and LSE log2 e; the convert reads the accumulator and writes dQ) with
+    their GB/s."""
+    flops = sum(2.5 * bench.attention_flops(1, H, s, s, D, True) for s in lens)
+    rows = sum(lens) * H
+    moved = {"pre-pass": rows * (2 * D * element_bytes + 4 * D + 12), "dQ convert": rows * D * (4 + element_bytes)}
+    total = sum(parts_us.values())
+    main = parts_us.get("dK/dV kernel")
+    return {"total_us": total, "parts_us": dict(parts_us),
+            "main_tflops": flops / main / 1e6 if main else None,
+            "passes_gbps": {part: moved[part] / parts_us[part] / 1e3 for part in moved if parts_us.get(part)}}
+
+
+def bwd_breakdown(lens, D: int = 128, steps: int = 3) -> dict:
+    """torch.profiler of the public op's backward alone (autograd.grad with retain_graph over one forward, as race
+    times it) on one cell, bf16, causal, H 16: bwd_bound of its GPU time per backward by part."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    q, k, v, dout, cu = _cell(lens, D)
+    mx = max(lens)
+    out = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, check_cu_seqlens=False)
+    for _ in range(2):
+        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        torch.cuda.synchronize()
+    parts: dict = {}
+    for e in prof.key_averages():
+        if e.device_time_total > 0:
+            part = bwd_part(e.key)
+            parts[part] = parts.get(part, 0.0) + e.device_time_total / steps
+    return bwd_bound(lens, D, 16, parts)

@@ -116,8 +116,42 @@ def test_run_gpu_names_a_cell_its_race_skipped(session_dir, monkeypatch):
     done = {"cell": "docs12", "D": 128, "tokens": 23100, "flex_over_lab": {"_fwd": 1.1, "": 1.7, "+fwd": 1.5},
             "lab_over_dense": {"_fwd": None, "": None, "+fwd": None}}
     monkeypatch.setattr(gpu_varlen, "race", lambda budget_s, cells: [done] if cells[0][0] == "docs12" else [])
+    from lab import bench
+    split = gpu_varlen.bwd_bound([2048] * 8, 128, 16, {"dK/dV kernel": 700.0, "pre-pass": 60.0})
+    monkeypatch.setattr(gpu_varlen, "bwd_breakdown", lambda lens, D: split)
+    monkeypatch.setattr(bench, "ceilings", lambda: {"copy_gbps": 4000.0, "bf16_matmul_tflops": 750.0})
     rows = realmodels.run_gpu("varlen", 60.0, checks=False)
     bwd = {r["cell"].split()[0]: r["ratio"] for r in rows if r["stage"] == "bwd vs flex"}
     assert bwd == {"docs12": 1.7, "one-length": None}
+    assert [(r["cell"], r["bound"]) for r in rows if r["stage"] == "bwd kernels"] == [("docs12 D128 (23100 tokens)",
+                                                                                      split)]
     stored = record.load(session_dir.parent, kind=realmodels.KIND)
     assert len(stored) == 3 + len(rows) and {r["chapter"] for r in stored} == {realmodels.CHAPTER}
+
+
+def test_the_backward_bound_is_named_from_its_kernels():
+    """gpu_varlen's split of a packed backward: kernels by part, the dK/dV kernel's TFLOP/s from the causal FLOPs,
+    each pass's bytes over its time; the finding names each against the run's ceilings, and the row is not gated."""
+    from lab.masks import gpu_varlen
+    assert gpu_varlen.bwd_part("void bwd_dkdv_packed<Cfg<128>, __nv_bfloat16, false, false>(...)") == "dK/dV kernel"
+    assert gpu_varlen.bwd_part("void lab::bwd_pre_packed<__nv_bfloat16, 128>(MaskBwdParams)") == "pre-pass"
+    assert gpu_varlen.bwd_part("convert_dq_packed_tile<C, T>") == "dQ convert"
+    assert gpu_varlen.bwd_part("Memset (Device)") == "other"
+    lens, H, D = [2048] * 8, 16, 128
+    bound = gpu_varlen.bwd_bound(lens, D, H, {"dK/dV kernel": 746.0, "pre-pass": 66.0, "dQ convert": 48.0,
+                                               "stray rows": 2.0})
+    flops = 8 * 2.5 * 4 * H * 2048 * 2048 / 2 * D  # causal: half the pairs
+    assert bound["total_us"] == 862.0 and abs(bound["main_tflops"] - flops / 746e-6 / 1e12) < 1e-6
+    rows = 8 * 2048 * H
+    assert abs(bound["passes_gbps"]["pre-pass"] - rows * (2 * D * 2 + 4 * D + 12) / 66e-6 / 1e9) < 1e-6
+    assert abs(bound["passes_gbps"]["dQ convert"] - rows * D * 6 / 48e-6 / 1e9) < 1e-6
+    row = realmodels.bound_row("one-length", D, 16384, bound, {"copy_gbps": 4070.4, "bf16_matmul_tflops": 744.6,
+                                                               "copy_timing": {}})
+    assert not realmodels.miss(row) and row["ceilings"] == {"copy_gbps": 4070.4, "bf16_matmul_tflops": 744.6}
+    text = realmodels.findings([row])[-1]
+    assert text.startswith("- varlen backward at one-length D128 (16384 tokens): 862 us of GPU time")
+    for piece in ("dK/dV kernel 746 us (87 %) at 461 TFLOP/s (bf16 matmul ceiling 745)",
+                  "pre-pass 66 us at 4115 GB/s", "dQ convert 48 us at 4194 GB/s", "(copy ceiling 4070 GB/s)",
+                  "stray rows 2 us"):
+        assert piece in text, (piece, text)
+    assert realmodels.ratio_table([row]).rows == []  # shown by the findings, not as a ratio
