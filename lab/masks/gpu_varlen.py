@@ -61,13 +61,14 @@ def check_varlen_bwd(name, lens_q, lens_k, Hq, Hkv, D, dtype, causal, window, ca
         out, lse = ops.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal, scale=scale,
                                         window_size=window, softcap=cap, sinks=sinks, return_lse=True)
         dl = torch.where(torch.isfinite(lse), dlse, 0.0).detach()
-        # freed blocks of the gradients' and the workspace's sizes start as NaN: an unwritten row fails
-        check._poison_allocator(q, k, v, torch.empty(Hq * ((tq + 128 * len(lens_q)) // 128 * 128) * (2 + D),
-                                                     device="cuda"))
+        # freed blocks of the gradients' sizes start as NaN (an unwritten gradient row fails); a named build's
+        # workspace is filled with NaN by its launch (poison_workspace: a freed block of its size, poisoned while
+        # another of that size was alive, was not reliably the one the launch got)
+        check._poison_allocator(q, k, v)
         if defines:
             dq, dk, dv, ds = varlen_bwd.launch(dout, q, k, v, out.detach(), lse.detach(), dl, cu_q, cu_k, sinks, sink,
                                                max(lens_q), max(lens_k), mask.left, mask.right, mask.softcap, scale,
-                                               defines=defines)
+                                               defines=defines, poison_workspace=True)  # (unwritten: NaN)
             got = (dq, dk, dv) + ((ds,) if sink else ())
         else:
             used = torch.where(torch.isfinite(lse), lse, 0.0)

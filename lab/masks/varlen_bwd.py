@@ -79,10 +79,12 @@ def unpad(dense: torch.Tensor, cu: torch.Tensor, total: int) -> torch.Tensor:
 
 def launch(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks: bool, max_q: int, max_k: int,
            left: int, right: int, softcap: float, scale: float, version: str | None = None, defines=None,
-           layout: str | None = None):
+           layout: str | None = None, poison_workspace: bool = False):
     """(dq, dk, dv, dsinks) of a packed call: q, out, grad_out (total_q, H_q, D), k, v (total_k, H_kv, D), lse and
     grad_lse (H_q, total_q) or None. layout: "packed" (the kernel reads the packed tensors; ValueError where it
-    cannot), "padded" (dense copies), None: packed where the kernel takes the call."""
+    cannot), "padded" (dense copies), None: packed where the kernel takes the call. poison_workspace (checks only):
+    the packed path's workspace (Delta, LSE log2 e, dq_accum) filled with NaN before the launch, so a pass that
+    leaves any of it unwritten shows in the gradients; the caching allocator cannot be relied on for that."""
     if layout not in (None, "packed", "padded"):
         raise ValueError(f"layout must be None, 'packed' or 'padded', got {layout!r}")
     layout = layout or LAYOUT
@@ -99,7 +101,7 @@ def launch(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks
                          f"{version or 'the default'} at D {q.shape[-1]}")
     if in_place and layout != "padded":
         return launch_packed(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks, max_q, max_k,
-                             left, right, softcap, scale, version, defines)
+                             left, right, softcap, scale, version, defines, poison_workspace)
     qd, od, god = (pad(t, cu_q, max_q) for t in (q, out, grad_out))
     kd, vd = (pad(t, cu_k, max_k) for t in (k, v))
     lsed = pad(lse.t().unsqueeze(-1), cu_q, max_q, float("inf")).squeeze(-1).contiguous()
@@ -137,7 +139,7 @@ def packed_layout(cu_q: list[int], cu_k: list[int], max_q: int, max_k: int) -> d
 
 def launch_packed(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks: bool, max_q: int,
                   max_k: int, left: int, right: int, softcap: float, scale: float, version: str | None = None,
-                  defines=None):
+                  defines=None, poison_workspace: bool = False):
     """launch's in-place path: one MaskBwdParams over the packed tensors (strides {unused, head, token})."""
     version = backward.masked_bwd_version(q.device, version)
     key = (version, tuple(sorted(defines.items())) if defines else ())
@@ -153,6 +155,8 @@ def launch_packed(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want
     dsinks = torch.zeros(Hq if want_dsinks else 0, dtype=torch.float32, device=q.device)
     rows = Hq * ((total_q + ALIGN * B) // ALIGN * ALIGN)  # Delta, LSE log2 e: H_q R floats each; dq_accum: D times
     work = torch.empty(rows * (2 + D), dtype=torch.float32, device=q.device)
+    if poison_workspace:
+        work.fill_(float("nan"))
     base = work.data_ptr()
     strides = tuple(x for t in (q, k, v, out, dout, dq, dk, dv) for x in (0, t.stride(1), t.stride(0)))
     params = backward.PARAMS.pack(
