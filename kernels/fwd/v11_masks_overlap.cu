@@ -185,7 +185,8 @@
 #endif
 // Paged K/V (the header's paged paragraphs). PAGED_D128_STAGES / PAGED_D64_STAGES: the paged kernels' own ring
 // depth: 3 at D = 128 (224 KiB) hides more of each tile's TMA latency, +5 % at pages 64 / 256 (D = 64 keeps
-// 3: 5 lost 4 %).
+// 3: 5 lost 4 %). With the four issuing warps and the walk, 2 at D = 128 again (H200, GPU time): -0.8 % at page
+// 16, level at 64, -0.3 % at 256, so 3 stays (outputs/experiments/20261129-paged-d128-two-stages.json).
 #ifndef LAB_FWD_MASK_PAGED_D128_STAGES
 #define LAB_FWD_MASK_PAGED_D128_STAGES 3
 #endif
