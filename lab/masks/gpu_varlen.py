@@ -10,7 +10,7 @@ The gradients' memory and the workspace are NaN-poisoned before each call.
 
 race(): packed documents against FlexAttention's compiled document mask and one length against the dense op,
 forward and backward through the public op in GPU time, with the backward's two layouts side by side. The A/B runs
-behind the packed calls' records (grids, passes, host crossing, profile) are in lab.masks.gpu_varlen_ab.
+behind the packed calls' records (grids, passes, profile) are in lab.masks.gpu_varlen_ab.
 """
 from __future__ import annotations
 
@@ -361,16 +361,6 @@ def _no_grad(fn):
         return fn()
 
 
-def _medians(times: dict) -> tuple[dict, dict]:
-    """bench.time_interleaved's answer as {call: median ms} and {call: [q1 ms, q3 ms, n]} (calls that ran only)."""
-    ms = {key: t.median_ms for key, t in times.items() if hasattr(t, "median_ms")}
-    return ms, {key: [t.q1_ms, t.q3_ms, t.n] for key, t in times.items() if hasattr(t, "q1_ms")}
-
-
-def _ms_text(ms: dict, quart: dict) -> str:
-    return ", ".join(f"{key} {v:.4f} [{quart[key][0]:.4f}, {quart[key][1]:.4f}]" for key, v in ms.items())
-
-
 def _keep(rows: list, row: dict, jsonl: str | None) -> None:
     """Keep a row, and append it to `jsonl` as it is done (a run cut by its limit keeps the rows before)."""
     rows.append(row)
@@ -405,24 +395,29 @@ def bwd_bound(lens, D: int, H: int, parts_us: dict, element_bytes: int = 2) -> d
             "passes_gbps": {part: moved[part] / parts_us[part] / 1e3 for part in moved if parts_us.get(part)}}
 
 
-def bwd_breakdown(lens, D: int = 128, steps: int = 3) -> dict:
-    """torch.profiler of the public op's backward alone (autograd.grad with retain_graph over one forward, as race
-    times it) on one cell, bf16, causal, H 16: bwd_bound of its GPU time per backward by part."""
+def kernel_times(fn, steps: int = 3) -> list:
+    """torch.profiler's kernel table of fn(), warmed twice (builds, plans), then `steps` calls: [(kernel name, calls
+    per fn(), GPU us per fn())], the longest first."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    q, k, v, dout, cu = _cell(lens, D)
-    mx = max(lens)
-    out = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, check_cu_seqlens=False)
     for _ in range(2):
-        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        fn()
     torch.cuda.synchronize()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            fn()
         torch.cuda.synchronize()
+    events = sorted((e for e in prof.key_averages() if e.device_time_total > 0), key=lambda e: -e.device_time_total)
+    return [(e.key, e.count // steps, e.device_time_total / steps) for e in events]
+
+
+def bwd_breakdown(lens, D: int = 128, steps: int = 3) -> dict:
+    """torch.profiler of the public op's backward alone (autograd.grad with retain_graph over one forward, as race
+    times it) on one cell, bf16, causal, H 16: bwd_bound of its GPU time per backward by part."""
+    q, k, v, dout, cu = _cell(lens, D)
+    mx = max(lens)
+    out = ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True, check_cu_seqlens=False)
     parts: dict = {}
-    for e in prof.key_averages():
-        if e.device_time_total > 0:
-            part = bwd_part(e.key)
-            parts[part] = parts.get(part, 0.0) + e.device_time_total / steps
+    for kernel, _, us in kernel_times(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), steps):
+        parts[bwd_part(kernel)] = parts.get(bwd_part(kernel), 0.0) + us
     return bwd_bound(lens, D, 16, parts)

@@ -11,11 +11,21 @@ import torch
 from .. import bench, ops
 from . import op as mop, spec, varlen_bwd
 from .gpu import draw
-from .gpu_varlen import DOCS12, _cell, _keep, _medians, _ms_text, _no_grad, _with_defines
+from .gpu_varlen import DOCS12, _cell, _keep, _no_grad, _with_defines, kernel_times
 
 PER_TILE = {"LAB_FWD_MASK_PACKED_PERSIST": 0}  # the packed grid before: one CTA per (sequence, head, query tile)
 NO_ROW_BOUND = {"LAB_FWD_MASK_PACKED_ROW_BOUND": 0}  # the persistent grid's masked tiles by mask_window_wg
 WAVES2 = {"LAB_FWD_MASK_PACKED_WAVES": 2}  # two persistent CTAs per multiprocessor, started as SMs free up
+
+
+def _medians(times: dict) -> tuple[dict, dict]:
+    """bench.time_interleaved's answer as {call: median ms} and {call: [q1 ms, q3 ms, n]} (calls that ran only)."""
+    ms = {key: t.median_ms for key, t in times.items() if hasattr(t, "median_ms")}
+    return ms, {key: [t.q1_ms, t.q3_ms, t.n] for key, t in times.items() if hasattr(t, "q1_ms")}
+
+
+def _ms_text(ms: dict, quart: dict) -> str:
+    return ", ".join(f"{key} {v:.4f} [{quart[key][0]:.4f}, {quart[key][1]:.4f}]" for key, v in ms.items())
 
 
 def ab_packed(cells=(("one-length", [2048] * 8, 128), ("one-length", [2048] * 8, 64), ("docs12", None, 128)),
@@ -76,26 +86,15 @@ def profile(cells=(("docs12", DOCS12, 128), ("one-length", [2048] * 8, 128)), st
     """torch.profiler of forward + backward through the public op in each build, (label, layout, defines) of the
     backward (both layouts by default): {cell/label: [(kernel, calls, total us)]}, every kernel's time summed over
     `steps` calls (printed as a table)."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
     tables = {}
     for name, lens, D in cells:
         q, k, v, dout, cu = _cell(lens, D)
         mx = max(lens)
         for label, layout, defines in builds:
             with varlen_bwd.default_build(layout, defines):
-                for _ in range(2):  # warm: builds, plans
-                    torch.autograd.grad(ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True,
-                                                             check_cu_seqlens=False), (q, k, v), dout)
-                torch.cuda.synchronize()
-                with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(steps):
-                        torch.autograd.grad(ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True,
-                                                                 check_cu_seqlens=False), (q, k, v), dout)
-                    torch.cuda.synchronize()
-            events = [e for e in prof.key_averages() if e.device_time_total > 0]
-            events.sort(key=lambda e: -e.device_time_total)
-            table = [(e.key[:90], e.count // steps, e.device_time_total / steps) for e in events]
+                table = [(kernel[:90], count, us) for kernel, count, us in kernel_times(
+                    lambda: torch.autograd.grad(ops.attention_varlen(q, k, v, cu, cu, mx, mx, is_causal=True,
+                                                                     check_cu_seqlens=False), (q, k, v), dout), steps)]
             tables[f"{name}/D{D}/{label}"] = table
             total = sum(t for _, _, t in table)
             print(f"profile {name} D {D} {label}: {total:.0f} us of GPU time per forward + backward", flush=True)

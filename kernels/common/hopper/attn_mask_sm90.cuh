@@ -81,6 +81,11 @@ inline int launch_masked_fwd(const AttnMaskParams& mp, cudaStream_t stream, int 
 #define LAB_FWD_MASK_PAGED_VOTE 1  // paged_table_bits' warp vote (0: without it, the A/B's baseline)
 #endif
 
+// A block-table entry the cache has no page for (what both table scans below look for).
+__device__ __forceinline__ bool page_outside(const AttnMaskParams& mp, int page) {
+  return page < 0 || page >= mp.num_pages;
+}
+
 // A sequence's block table before any load: LAB_PAGE_E_SHORT when its seqlen_k keys do not fit max_pages pages,
 // LAB_PAGE_E_INDEX when a page holding one of them is outside [0, num_pages); 0: every page it reads is good. All
 // threads of the CTA call it (a __syncthreads_or), and every CTA of the sequence scans the whole sequence, so they
@@ -90,8 +95,7 @@ __device__ __forceinline__ int paged_table_bits(const AttnMaskParams& mp, const 
   const int needed = (seqlen_k + mp.page_size - 1) / mp.page_size;
   bool bad = false;
   for (int i = threadIdx.x; i < needed; i += blockDim.x) {
-    const int page = table[i];
-    bad |= page < 0 || page >= mp.num_pages;
+    bad |= page_outside(mp, table[i]);
   }
   // The CTA's OR is the same on every thread, but the compiler cannot know: a branch on it made the whole main loop
   // after it divergent to the compiler (its descriptors in vector registers). A warp vote (VOTEU) makes it uniform.
@@ -125,8 +129,7 @@ __device__ __forceinline__ bool paged_table_bad(const AttnMaskParams& mp, const 
   const int needed = (seqlen_k + mp.page_size - 1) / mp.page_size;
   uint32_t bad = 0;
   for (int i = tid; i < needed; i += threads) {
-    const int page = __ldg(table + i);
-    bad |= (uint32_t)(page < 0 || page >= mp.num_pages);
+    bad |= (uint32_t)page_outside(mp, __ldg(table + i));
   }
   uint32_t any;
   asm volatile(
