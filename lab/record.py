@@ -249,7 +249,12 @@ def compress(folder: Path) -> tuple[int, int] | None:
 # later load() that matches on plain strings parses only the lines that hold every one of them: a row whose field
 # equals "n10_backward" holds the token "n10_backward", so no other line can match. A chapter that shows recorded
 # results in several cells, and every test that loads them, then parses the committed records once, not per call.
+# The lines that hold a load's first plain string are kept, by the file's key, for the next load that matches on it
+# (a chapter's name: each of its cells loads its own kind of rows, from the chapter's lines): that load neither
+# gunzips the file again nor scans every line of it.
 _clean_files: set = set()
+_token_lines: dict = {}  # file path -> (its key, {plain string: the file's lines that hold it})
+_TOKENS_KEPT = 2
 _PLAIN = re.compile(r"[A-Za-z0-9_.:+-]*")  # strings that json.dumps writes as they are, between quotes
 
 
@@ -274,8 +279,17 @@ def _matching_rows(folder: Path, tokens: list[str]) -> list[dict]:
         if not caught:
             _clean_files.add(key)
         return rows
-    text = (_raw(file) or b"").decode("utf-8", errors="replace")
-    return [json.loads(line) for line in text.splitlines() if all(token in line for token in tokens)]
+    known, by_token = _token_lines.get(str(file), (None, {}))
+    if known != key:
+        by_token = {}
+        _token_lines[str(file)] = (key, by_token)
+    lines = next((by_token[token] for token in tokens if token in by_token), None)
+    if lines is None:
+        text = (_raw(file) or b"").decode("utf-8", errors="replace")
+        if len(by_token) == _TOKENS_KEPT:  # the oldest goes: a process that loads many kinds keeps a few files' worth
+            del by_token[next(iter(by_token))]
+        lines = by_token[tokens[0]] = [line for line in text.splitlines() if tokens[0] in line]
+    return [json.loads(line) for line in lines if all(token in line for token in tokens)]
 
 
 def load(root: Path | None = None, **match) -> list[dict]:

@@ -319,6 +319,26 @@ def test_a_second_load_of_an_archive_gives_what_a_fresh_read_gives(tmp_path):
     assert [r["n"] for r in record.load(root, chapter="n10", version="v02")] == [0, 1, 3, 4, 5]
 
 
+def test_loads_that_share_a_plain_string_read_the_archive_once_more_in_all(tmp_path, monkeypatch):
+    """After the whole read, the lines holding a load's first plain string are kept: the next loads that match on it
+    (a chapter's cells, each its own kind of rows) neither gunzip nor scan the archive, and give a fresh read's rows."""
+    root = tmp_path / "outputs"
+    rows = [{"kind": kind, "chapter": chapter, "n": n} for n, (kind, chapter) in
+            enumerate([("fwd", "n10"), ("bwd", "n10"), ("fwd", "n9"), ("bwd", "n10"), ("fwd", "n10")])]
+    _plain(root / "sessions" / "a", rows)
+    record.compress(root / "sessions" / "a")
+    fresh = {"fwd": [0, 4], "bwd": [1, 3]}
+    assert [r["n"] for r in record.load(root, chapter="n10", kind="fwd")] == fresh["fwd"]  # the whole read
+    reads = []
+    raw = record._raw
+    monkeypatch.setattr(record, "_raw", lambda file: reads.append(file) or raw(file))
+    for _ in range(2):
+        assert {kind: [r["n"] for r in record.load(root, chapter="n10", kind=kind)] for kind in ("fwd", "bwd")} == fresh
+        assert [r["n"] for r in record.load(root, chapter="n10")] == [0, 1, 3, 4]
+    assert len(reads) == 1, reads  # the first skim of "n10" read it; every later load used its lines
+    assert [r["n"] for r in record.load(root, chapter="n9")] == [2] and len(reads) == 2
+
+
 def test_a_second_load_of_a_plain_file_sees_rows_appended_since(tmp_path):
     """A plain records.jsonl read whole is skimmed by its plain strings on the next load; a row appended after
     that (a session still running) changes its size and mtime, so the next load reads it whole again."""
