@@ -328,6 +328,10 @@ struct CfgWs {
   static constexpr int kQBytesWG = 64 * D_;
   static constexpr int kQBytes = kConsumers * kQBytesWG;
   static constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;
+  // The producer loads a V^T tile as BC / kVRow column blocks while the stage's barrier waits for all kVBytes: a key
+  // tile of 64-key blocks plus a remainder (160, 224) compiled, left the barrier short by the remainder's bytes and
+  // hung the first call on the GPU.
+  static_assert(BC % kVRow == 0, "V^T: whole column blocks (B_c 128, or a multiple of 64)");
   // A 256-key tile takes the order without intra-warpgroup overlap (LAB_FWD_FP8_WS_OVERLAP 2), S's write-only first
   // step and the two-register mask: together the only way its 128 S + 64 O + 32 P registers fit 240 unspilled
   // (ptxas: 196-252 B of spills with any one of them missing); narrower tiles keep the switches' settings.
