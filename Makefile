@@ -71,7 +71,7 @@ book: $(STAMP)
 # and nvcc's release) re-runs nvcc only for the kernels that changed.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(VPY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup --durations=10 tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup -p no:nbmake --durations=10 tests
 
 kernels:
 	@if [ -x $(VPY) ]; then $(VPY) -m lab compile; else $(PY) -m lab compile; fi
