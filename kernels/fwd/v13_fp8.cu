@@ -196,17 +196,11 @@
 #ifndef LAB_FWD_FP8_WS_OVERLAP
 #define LAB_FWD_FP8_WS_OVERLAP 1
 #endif
-// LAB_FWD_FP8_ROWSUM_PV (0, default; 1: the warp-specialised kernel at D 128 sums each row of P on the tensor pipe).
-// Why: the D 128 kernel is bound by issue and dependency latency, not by MUFU: moving a quarter or an eighth of
-// the exp2 to the FMA pipe (POLY 4 / 8, nine dependent instructions each) cost it 7 % / 4 % (record
-// 20261129-fwd-fp8-v13-d64-warpspec-chains-poly). A score's softmax is FMNMX, FFMA, MUFU and the FADD of the row
-// sum (plus half a convert). With a row of ones under V^T (CfgWs::kVRows), P V at N = 136 computes O's column 128 =
-// sum_k e4m3(P)_k on the tensor pipe, 6 % more P V work, and the FADD chain goes: 96 dependent adds per thread and
-// tile at B_c 192 in two chains. l is then the sum of the rounded P that O is the sum of (the emulation's
-// l_source "p8"), accumulated as wgmma accumulates O.
-#ifndef LAB_FWD_FP8_ROWSUM_PV
-#define LAB_FWD_FP8_ROWSUM_PV 0
-#endif
+// Rejected beside it: the row sum of P on the tensor pipe (8 rows under each V^T column block, e4m3 ones in the
+// first, so that P V at N = 136 gives O's column 128 = rowsum(e4m3(P)) and the softmax drops its FADD chain; built
+// at 99aa7ae). +0.8-1.5 % at D 128, and wrong: the FP8 wgmma accumulator loses the small increments of that growing
+// all-positive sum (O's relative L2 6.6e-2 at 4k keys, 0.32 at 16k; LSE off by 1e-2 to 7e-2). Record
+// 20261129-fwd-fp8-v13-rowsum-on-the-tensor-pipe.
 // LAB_FWD_FP8_PERSISTENT (1, default since the uniform descriptors: the warp-specialised kernel on min(tiles, SMs)
 // CTAs, each looping over work tiles t, t + grid, ...; the producer loads tile t + grid's Q and first K / V while the
 // consumers finish tile t, as cuDNN's persistent FP8 kernel; 0: one CTA per work tile, no loop). One CTA per SM either
@@ -296,10 +290,6 @@ struct CfgFp8 {
   static constexpr int kQBytes = BR * D;
   static constexpr int kKBytes = BC * D;
   static constexpr int kVBytes = D * BC;  // V^T: D rows of BC keys
-  static constexpr bool kSumPv = false;   // the row sum by FADD (LAB_FWD_FP8_ROWSUM_PV: the warp-specialised kernel)
-  static constexpr int kVRows = D;        // rows of a V^T column block in shared memory
-  static constexpr int kON = D;           // O's accumulator columns
-  static constexpr int kVLoadBytes = kVBytes;
   static constexpr int kVRow = BC == 128 ? 128 : 64;  // bytes per row of a V^T column block: the swizzle span
   static constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;
   static constexpr bool kWriteOnly = LAB_FWD_FP8_S_WRITE_ONLY != 0;
@@ -333,14 +323,7 @@ struct CfgWs {
   static constexpr int kStages = STAGES_;
   static constexpr int kRow = D < 128 ? D : 128;
   static constexpr int kKBytes = BC * D;
-  // LAB_FWD_FP8_ROWSUM_PV at D 128: each V^T column block carries 8 more rows (one of e4m3 ones, seven of zeros,
-  // written once per stage: no load touches them), so P V's N = 136 adds O's column 128 = rowsum(e4m3(P)) on the
-  // tensor pipe and the softmax keeps no FADD chain; O's rescale scales it with O.
-  static constexpr bool kSumPv = LAB_FWD_FP8_ROWSUM_PV != 0 && D_ == 128;
-  static constexpr int kVRows = kSumPv ? D + 8 : D;
-  static constexpr int kON = kVRows;
-  static constexpr int kVBytes = kVRows * BC;  // a stage's V^T in shared memory
-  static constexpr int kVLoadBytes = D * BC;   // what its loads bring
+  static constexpr int kVBytes = D * BC;
   static constexpr int kVRow = BC == 128 ? 128 : 64;  // B_c 192 / 256: V^T in 64-key column blocks, 64-byte swizzle
   static constexpr int kConsumers = 2;
   static constexpr int BR = 64 * kConsumers;
@@ -448,24 +431,24 @@ __device__ __forceinline__ void issue_s(float (&s)[Cfg::BC / 2], uint32_t q, con
 
 // O += P V_stage from stage 0's V^T descriptor dv0 (LAB_FWD_FP8_DESC).
 template <class Cfg>
-__device__ __forceinline__ void issue_pv_desc(float (&o)[Cfg::kON / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
+__device__ __forceinline__ void issue_pv_desc(float (&o)[Cfg::D / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
                                               uint64_t dv0, int stage) {
   const uint64_t dv = dv0 + (uint64_t)(stage * (Cfg::kVBytes >> 4));
 #pragma unroll
   for (int kk = 0; kk < Cfg::BC / 32; ++kk)
-    WgmmaFp8Op<Cfg::kON>::rs(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::kVRows>(dv, kk), 1);
+    WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk), 1);
   wgmma_commit();
 }
 
 template <class Cfg>
-__device__ __forceinline__ void issue_pv(float (&o)[Cfg::kON / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
+__device__ __forceinline__ void issue_pv(float (&o)[Cfg::D / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
                                          const Ring<Cfg>& ring, int stage) {
 #if LAB_FWD_FP8_DESC
-  issue_pv_desc<Cfg>(o, pa, desc_e4m3<Cfg::kVRow>(ring.v(0), Cfg::kVRows, 0), stage);
+  issue_pv_desc<Cfg>(o, pa, desc_e4m3<Cfg::kVRow>(ring.v(0), Cfg::D, 0), stage);
 #else
 #pragma unroll
   for (int kk = 0; kk < Cfg::BC / 32; ++kk)
-    WgmmaFp8Op<Cfg::kON>::rs(o, pa[kk], desc_e4m3<Cfg::kVRow>(ring.v(stage), Cfg::kVRows, kk), 1);
+    WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3<Cfg::kVRow>(ring.v(stage), Cfg::D, kk), 1);
   wgmma_commit();
 #endif
 }
@@ -477,11 +460,11 @@ __device__ __forceinline__ void softmax_tile_as(float (&s)[Cfg::BC / 2], RowStat
                                                 float log2_ps, int row0, int wm0, int j, const AttnFp8Params& p) {
   constexpr int kChains = LAB_FWD_FP8_CHAINS;
   if (lab::tile_needs_mask(j * Cfg::BC, Cfg::BC, wm0, p.seqlen_k, p.causal))
-    softmax_e4m3<Cfg::BC, true, LAB_FWD_FP8_POLY, kFold, kChains, Cfg::kMaskLimit, Cfg::kSumPv>(
-        s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k, p.causal);
+    softmax_e4m3<Cfg::BC, true, LAB_FWD_FP8_POLY, kFold, kChains, Cfg::kMaskLimit>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC,
+                                                                  p.seqlen_k, p.causal);
   else
-    softmax_e4m3<Cfg::BC, false, LAB_FWD_FP8_POLY, kFold, kChains, LAB_FWD_FP8_MASK_LIMIT != 0, Cfg::kSumPv>(
-        s, st, alpha, c, log2_ps, row0, j * Cfg::BC, p.seqlen_k, p.causal);
+    softmax_e4m3<Cfg::BC, false, LAB_FWD_FP8_POLY, kFold, kChains>(s, st, alpha, c, log2_ps, row0, j * Cfg::BC,
+                                                                   p.seqlen_k, p.causal);
 }
 template <class Cfg>
 __device__ __forceinline__ void softmax_tile(float (&s)[Cfg::BC / 2], RowState& st, float (&alpha)[2], float c,
@@ -535,10 +518,9 @@ __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(cons
     mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kKBytes);
     for (int cb = 0; cb < D / Cfg::kRow; ++cb)
       tma_load_4d(ring.k(s) + cb * BC * Cfg::kRow, &tk, smem_u32(&bar_k[s]), cb * Cfg::kRow, j * BC, hkv, b);
-    mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVLoadBytes);
+    mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVBytes);
     for (int cb = 0; cb < BC / Cfg::kVRow; ++cb)
-      tma_load_4d(ring.v(s) + cb * Cfg::kVRows * Cfg::kVRow, &tv, smem_u32(&bar_v[s]), j * BC + cb * Cfg::kVRow, 0, hkv,
-                  b);
+      tma_load_4d(ring.v(s) + cb * D * Cfg::kVRow, &tv, smem_u32(&bar_v[s]), j * BC + cb * Cfg::kVRow, 0, hkv, b);
   };
   if (tid == 0) {
     tma_prefetch_maps(&tq, &tk, &tv);
@@ -746,10 +728,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
           for (int cb = 0; cb < D / Cfg::kRow; ++cb)
             tma_load_4d(ring.k(s) + cb * BC * Cfg::kRow, &tk, smem_u32(&bar_k[s]), cb * Cfg::kRow, j * BC, w.hkv, w.b);
           if (refill) mbar_wait(smem_u32(&empty_v[s]), free_parity);
-          mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVLoadBytes);
+          mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kVBytes);
           for (int cb = 0; cb < BC / Cfg::kVRow; ++cb)
-            tma_load_4d(ring.v(s) + cb * Cfg::kVRows * Cfg::kVRow, &tv, smem_u32(&bar_v[s]), j * BC + cb * Cfg::kVRow, 0,
-                        w.hkv, w.b);
+            tma_load_4d(ring.v(s) + cb * D * Cfg::kVRow, &tv, smem_u32(&bar_v[s]), j * BC + cb * Cfg::kVRow, 0, w.hkv,
+                        w.b);
         }
         flips ^= stage_flips<kStages>(w.n_tiles);
         used |= w.n_tiles >= kStages ? (1u << kStages) - 1 : (1u << w.n_tiles) - 1;
@@ -763,7 +745,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     const int ct = threadIdx.x - 128 * wg;
     const uint32_t qw = ring.q + (wg - 1) * Cfg::kQBytesWG;
     const float log2_ps = __log2f(p.p_scale);
-    float o[Cfg::kON / 2];
+    float o[D / 2];
     float sacc[BC / 2];
     uint32_t pa[BC / 32][4];
     float alpha[2];
@@ -789,7 +771,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     // key tile leaves nothing to recompute from, so they stay in uniform registers (D 128 turn: 62 -> 46
     // instructions, the default grid's 42). The default grid keeps them without it (with it: 42 -> 49).
     uint64_t dq0 = desc_e4m3<Cfg::kRow>(qw, 64, 0), dk0 = desc_e4m3<Cfg::kRow>(ring.k(0), BC, 0),
-             dv0 = desc_e4m3<Cfg::kVRow>(ring.v(0), Cfg::kVRows, 0);
+             dv0 = desc_e4m3<Cfg::kVRow>(ring.v(0), D, 0);
     auto s_gemm = [&](int j) {
       if constexpr (kLoop) {
         asm volatile("" : "+l"(dq0), "+l"(dk0));
@@ -818,21 +800,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     auto turn = [&]() { named_barrier_sync(2 + wg, 256); };
     auto pass = [&]() { named_barrier_arrive(2 + next_wg, 256); };
     const bool turns = p.seqlen_k > 0 && (int)blockIdx.x < tiles;
-    if constexpr (Cfg::kSumPv) {
-      // Rows D .. D + 7 of every stage's V^T column blocks, once: e4m3 ones in row D, zeros below (the loads fill
-      // rows 0 .. D - 1 only). A row's bytes are all alike, so the swizzle, which moves 16-byte chunks within a
-      // row, leaves them as written. Then the async proxy (wgmma) must see them: a fence and both consumers meet.
-      constexpr int kRowChunks = Cfg::kVRow / 16, kBlockChunks = 8 * kRowChunks, kBlocks = BC / Cfg::kVRow;
-      for (int i = threadIdx.x - 128; i < kStages * kBlocks * kBlockChunks; i += 128 * Cfg::kConsumers) {
-        const int blk = i / kBlockChunks, chunk = i % kBlockChunks;
-        const uint32_t addr = ring.v(blk / kBlocks) + (blk % kBlocks) * Cfg::kVRows * Cfg::kVRow + D * Cfg::kVRow +
-                              chunk * 16;
-        const uint32_t w = chunk < kRowChunks ? 0x38383838u : 0u;  // 0x38: e4m3 1.0
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(w) : "memory");
-      }
-      fence_proxy_async();
-      named_barrier_sync(5, 128 * Cfg::kConsumers);
-    }
     if (wg == Cfg::kConsumers && turns) named_barrier_arrive(2 + 1, 256);
 
     for (int t = blockIdx.x, it = 0;; t += gridDim.x, ++it) {
@@ -912,7 +879,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
           reg_fence(o);
           release_v(j - 1);
         }
-        rescale_o_fp8<Cfg::kON, true>(o, alpha);
+        rescale_o_fp8<D, true>(o, alpha);
         pack_p_e4m3<BC>(sacc, pa);
       }
       if (n_tiles > 0) {
@@ -929,10 +896,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
       // Epilogue
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[i] *= dv;
-      if constexpr (Cfg::kSumPv) {  // l: column 128 (lane t = 0's o[D / 2], o[D / 2 + 2]), the quad's others zero
-        st.l[0] = o[D / 2] + o[D / 2 + 1];
-        st.l[1] = o[D / 2 + 2] + o[D / 2 + 3];
-      }
       AttnFwdParams out{};
       out.o = p.o;
       out.lse = p.lse;
@@ -940,7 +903,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
       out.heads_q = p.heads_q;
       out.seqlen_q = p.seqlen_q;
       out.head_dim = D;
-      epilogue_direct<D, __nv_bfloat16>(*reinterpret_cast<float(*)[D / 2]>(o), st, out, w.b, w.h, m0w);
+      epilogue_direct<D, __nv_bfloat16>(o, st, out, w.b, w.h, m0w);
       flips ^= stage_flips<kStages>(n_tiles);
       if constexpr (!kLoop) break;
     }

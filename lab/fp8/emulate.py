@@ -6,8 +6,6 @@ What an FP8 forward kernel (FlashAttention-3's, cuDNN's) computes, tile by tile 
     m    = running row max,  P = exp(S - m),  l = running sum of P (float32, before any rounding)
     P8   = e4m3(P * p_scale)                              P in [0, 1] quantised with its own scale (cuDNN: 448)
     acc  = acc * exp(m_old - m) + P8 V8                   float32 accumulator
-    (l_source="p8": l sums P8 / p_scale instead, the rounded P that acc sums: a kernel that sums P on its
-    tensor pipe, as P V's extra column of ones does in fwd v13's LAB_FWD_FP8_ROWSUM_PV)
     O    = acc / l * dv / p_scale                         then bf16 (FA3), or e4m3(O * scale_o) (cuDNN on Hopper)
 
 `emulate.forward(..., descale=False)` forgets the descales (a deliberately wrong kernel: it must fail).
@@ -66,7 +64,7 @@ def reference(q, k, v, is_causal: bool = False, scale: float | None = None, rows
 def forward(q: quant.Quantized, k: quant.Quantized, v: quant.Quantized, is_causal: bool = False,
             scale: float | None = None, rows=None, block_n: int = 128, p_format: str | None = "e4m3",
             p_scale: float = P_SCALE, out_format: str = "bf16", out_descale: float | None = None,
-            descale: bool = True, s_accumulator: str = "fp32", l_source: str = "p") -> torch.Tensor:
+            descale: bool = True, s_accumulator: str = "fp32") -> torch.Tensor:
     """The FP8 forward above for query rows `rows` (all when None); float32 on q's device.
 
     p_format: the format P is rounded to before P V ("e4m3"; "bf16" as a 16-bit kernel does; None keeps
@@ -79,13 +77,12 @@ def forward(q: quant.Quantized, k: quant.Quantized, v: quant.Quantized, is_causa
     torch.set_float32_matmul_precision("highest")
     try:
         return _forward(q, k, v, is_causal, scale, rows, block_n, p_format, p_scale, out_format, out_descale, descale,
-                        s_accumulator, l_source)
+                        s_accumulator)
     finally:
         torch.set_float32_matmul_precision(precision)
 
 
 S_ACCUMULATORS = ("fp32", "fp22", "fp22-rn", "fp22-align")
-L_SOURCES = ("p", "p8")  # the row sum l: of P in float32 (FADD), or of the rounded P8 that O sums (P V's ones)
 
 
 def round_mantissa(x: torch.Tensor, bits: int, nearest: bool = False) -> torch.Tensor:
@@ -119,9 +116,7 @@ def _scores(q8, k8, s_accumulator: str) -> torch.Tensor:
 
 
 def _forward(q, k, v, is_causal, scale, rows, block_n, p_format, p_scale, out_format, out_descale, descale,
-             s_accumulator="fp32", l_source="p"):
-    if l_source not in L_SOURCES:
-        raise ValueError(f"l_source must be one of {L_SOURCES}, got {l_source!r}")
+             s_accumulator="fp32"):
     B, Hq, Sq, D = q.data.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     one = lambda t: t if descale else torch.ones_like(t)  # noqa: E731
@@ -142,8 +137,8 @@ def _forward(q, k, v, is_causal, scale, rows, block_n, p_format, p_scale, out_fo
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # a row with no key yet
         p = torch.exp(s - m_safe)
         alpha = torch.exp(m - m_safe)
+        l = l * alpha + p.sum(dim=-1, keepdim=True)
         p_rounded = p * p_scale if p_format is None else quant.round_to(p * p_scale, p_format)
-        l = l * alpha + (p_rounded / p_scale if l_source == "p8" else p).sum(dim=-1, keepdim=True)
         acc = acc * alpha + p_rounded @ v8[:, :, j0:j1]
         m = m_new
     out = acc / l * dv / p_scale

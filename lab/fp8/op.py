@@ -40,15 +40,6 @@ def key_tile(head_dim: int, defines=None, causal: bool = False) -> int:
         tile = d.get(f"LAB_FWD_FP8_WS_D{head_dim}_BC", KEY_TILE[128] if head_dim == 128 else 128)
         return d.get("LAB_FWD_FP8_WS_D128_CAUSAL_BC", tile) if causal and head_dim == 128 else tile
     return {64: 128, 128: d.get("LAB_FWD_FP8_D128_BC", 128), 256: 64}[head_dim]
-def rowsum_source(head_dim: int, defines=None) -> str:
-    """What the build that `defines` make sums into l at head_dim, as lab.fp8.emulate's l_source: "p8" where fwd
-    v13's warp-specialised kernel runs at D 128 with LAB_FWD_FP8_ROWSUM_PV (P V sums the rounded P), else "p"."""
-    d = {name: int(value) for name, value in (defines or {}).items()}
-    mode = d.get("LAB_FWD_FP8_WARPSPEC", 3)
-    warpspec = mode == 1 or (mode == 3 and head_dim >= 128) or (mode == 2 and head_dim == 256)
-    return "p8" if warpspec and head_dim == 128 and d.get("LAB_FWD_FP8_ROWSUM_PV", 0) else "p"
-
-
 ERRORS = {-1: "head dim not supported", -2: "dtype not supported", -3: "shape or layout not supported"}
 
 

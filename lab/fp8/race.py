@@ -28,7 +28,7 @@ import torch
 from .. import bench, record, sweep
 from ..cases import Case
 from . import emulate, peer, quant
-from .op import key_tile, rowsum_source
+from .op import key_tile
 
 ROWS_CHECKED = 512
 
@@ -112,8 +112,7 @@ def _lab_row(impl, case, quantized, call, timed, flops, causal, rows, extra, def
     vs_cudnn_fp8 = ours / cuDNN's (<= 1: ours is at most cuDNN FP8's error, chapter n15's gate)."""
     deq = [x.dequantize(torch.float64) for x in quantized]
     on_deq = emulate.reference(*deq, causal, rows=rows)
-    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=key_tile(case.D, defines, causal),
-                               l_source=rowsum_source(case.D, defines))
+    emulated = emulate.forward(*quantized, causal, rows=rows, block_n=key_tile(case.D, defines, causal))
     out = call()
     torch.cuda.synchronize()
     accuracy_block = {**emulate.errors(out[:, :, rows].float(), on_deq), "reference": "float64 on the dequantised "

@@ -154,19 +154,6 @@ def test_key_tile_follows_the_kernels_defaults_and_a_candidates_defines():
     assert op.key_tile(128, {"LAB_FWD_FP8_WS_D128_BC": 256}, causal=True) == 256  # by default the same tile
 
 
-def test_rowsum_source_names_the_builds_that_sum_p_on_the_tensor_pipe():
-    """op.rowsum_source (the emulation's l_source for a build): "p8" only where LAB_FWD_FP8_ROWSUM_PV reaches a
-    kernel that has it, the warp-specialised one at D 128; the default sums float32 P everywhere."""
-    import re
-    source = (paths.KERNELS / "fwd" / "v13_fp8.cu").read_text()
-    assert re.search(r"#define LAB_FWD_FP8_ROWSUM_PV 0\b", source), "the default must sum P by FADD"
-    assert [op.rowsum_source(d) for d in (64, 128, 256)] == ["p", "p", "p"]
-    on = {"LAB_FWD_FP8_ROWSUM_PV": "1"}
-    assert [op.rowsum_source(d, on) for d in (64, 128, 256)] == ["p", "p8", "p"]
-    assert op.rowsum_source(128, {**on, "LAB_FWD_FP8_WARPSPEC": 2}) == "p"  # D 128 on the one-warpgroup kernel
-    assert op.rowsum_source(128, {**on, "LAB_FWD_FP8_WARPSPEC": 1}) == "p8"
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU of compute capability 9.0")
 @pytest.mark.parametrize("D, causal", [(128, True), (128, False), (256, True), (64, False)])
 def test_the_persistent_grid_writes_the_one_cta_per_tile_grids_bytes(D, causal):

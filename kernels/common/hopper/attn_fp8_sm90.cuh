@@ -235,12 +235,11 @@ __device__ __forceinline__ void pack_p_e4m3(const float (&s)[BC / 2], uint32_t (
 // scores and the scale folds into the exponent, P = exp2(s * c - off) by one FFMA, one FMUL and one FADD less
 // per score (common softmax_scores' kFold). kChains: a row's max and sum as kChains independent chains (with
 // one, BC / 4 dependent FMNMX and FADD per row and thread), combined pairwise at the end.
-// kNoSum: P only, no row sum (fwd v13's LAB_FWD_FP8_ROWSUM_PV: P V sums it on the tensor pipe as O's column D).
 #ifndef LAB_FWD_FP8_MASK_LIMIT
 #define LAB_FWD_FP8_MASK_LIMIT 0
 #endif
 template <int BC, bool kMask, int kPoly = 0, bool kFold = false, int kChains = 1,
-          bool kLimit = LAB_FWD_FP8_MASK_LIMIT != 0, bool kNoSum = false>
+          bool kLimit = LAB_FWD_FP8_MASK_LIMIT != 0>
 __device__ __forceinline__ void softmax_e4m3(float (&s)[BC / 2], RowState& st, float (&alpha)[2], float c,
                                              float log2_ps, int row0, int col0, int seqlen_k, bool causal) {
   static_assert(kChains >= 1 && (BC / 4) % kChains == 0, "kChains divides a row's BC / 4 value pairs");
@@ -298,9 +297,8 @@ __device__ __forceinline__ void softmax_e4m3(float (&s)[BC / 2], RowState& st, f
       const float x = kFold ? fmaf(s[4 * i + e], c, -off[e >> 1]) : s[4 * i + e] - off[e >> 1];
       const float pv = (kPoly > 0 && i % (kPoly > 0 ? kPoly : 1) == kPoly - 1) ? exp2_poly(x) : fast_exp2(x);
       s[4 * i + e] = pv;
-      if constexpr (!kNoSum) sum[e >> 1][(2 * i + (e & 1)) % kChains] += pv;
+      sum[e >> 1][(2 * i + (e & 1)) % kChains] += pv;
     }
-  if constexpr (kNoSum) return;  // l is O's column 128, summed by P V on the tensor pipe (fwd v13, ROWSUM_PV)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
