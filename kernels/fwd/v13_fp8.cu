@@ -201,6 +201,15 @@
 // at 99aa7ae). +0.8-1.5 % at D 128, and wrong: the FP8 wgmma accumulator loses the small increments of that growing
 // all-positive sum (O's relative L2 6.6e-2 at 4k keys, 0.32 at 16k; LSE off by 1e-2 to 7e-2). Record
 // 20261129-fwd-fp8-v13-rowsum-on-the-tensor-pipe.
+// LAB_FWD_FP8_PV_PROMOTE (0: P V accumulates into O across every key tile; 1: each key tile's P V into a fresh
+// accumulator (rs0 at its first k32 step), added to O in float32 after its wait, at D 64 and 128; D 256 has no
+// registers for a second 128-register accumulator). Why: the FP8 wgmma accumulator adds each k32 step's products to
+// the running sum at reduced precision, so a sum that grows with the keys loses its small increments: with V of mean
+// 1 (randn + 1) O came out 5 % low at 4096 keys and 18 % low at 16384 (cuDNN FP8 alike), where the float32 emulation
+// is 0.2 % off (outputs/driver_logs/20261129-h200-fp8-v-mean-3ae0da8). Per key tile the running sum spans B_c keys.
+#ifndef LAB_FWD_FP8_PV_PROMOTE
+#define LAB_FWD_FP8_PV_PROMOTE 0
+#endif
 // LAB_FWD_FP8_PERSISTENT (1, default since the uniform descriptors: the warp-specialised kernel on min(tiles, SMs)
 // CTAs, each looping over work tiles t, t + grid, ...; the producer loads tile t + grid's Q and first K / V while the
 // consumers finish tile t, as cuDNN's persistent FP8 kernel; 0: one CTA per work tile, no loop). One CTA per SM either
@@ -430,22 +439,28 @@ __device__ __forceinline__ void issue_s(float (&s)[Cfg::BC / 2], uint32_t q, con
 }
 
 // O += P V_stage from stage 0's V^T descriptor dv0 (LAB_FWD_FP8_DESC).
-template <class Cfg>
+// kFresh (LAB_FWD_FP8_PV_PROMOTE): o = P V, its first k32 step write-only (rs0), instead of o += P V.
+template <class Cfg, bool kFresh = false>
 __device__ __forceinline__ void issue_pv_desc(float (&o)[Cfg::D / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
                                               uint64_t dv0, int stage) {
   const uint64_t dv = dv0 + (uint64_t)(stage * (Cfg::kVBytes >> 4));
 #pragma unroll
-  for (int kk = 0; kk < Cfg::BC / 32; ++kk)
-    WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk), 1);
+  for (int kk = 0; kk < Cfg::BC / 32; ++kk) {
+    if (kFresh && kk == 0)
+      WgmmaFp8Op<Cfg::D>::rs0(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk));
+    else
+      WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk), 1);
+  }
   wgmma_commit();
 }
 
-template <class Cfg>
+template <class Cfg, bool kFresh = false>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::D / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
                                          const Ring<Cfg>& ring, int stage) {
 #if LAB_FWD_FP8_DESC
-  issue_pv_desc<Cfg>(o, pa, desc_e4m3<Cfg::kVRow>(ring.v(0), Cfg::D, 0), stage);
+  issue_pv_desc<Cfg, kFresh>(o, pa, desc_e4m3<Cfg::kVRow>(ring.v(0), Cfg::D, 0), stage);
 #else
+  static_assert(!kFresh, "PV_PROMOTE takes the descriptor form (LAB_FWD_FP8_DESC)");
 #pragma unroll
   for (int kk = 0; kk < Cfg::BC / 32; ++kk)
     WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3<Cfg::kVRow>(ring.v(stage), Cfg::D, kk), 1);
@@ -485,6 +500,16 @@ __device__ __forceinline__ void rescale_o_fp8(float (&o)[D / 2], const float (&a
     if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
   rescale_o<D>(o, alpha);
 }
+
+// LAB_FWD_FP8_PV_PROMOTE: a key tile's P V (ot, complete) added to O in float32.
+template <int D>
+__device__ __forceinline__ void promote_pv(float (&o)[D / 2], float (&ot)[D / 2]) {
+  reg_fence(ot);
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] += ot[i];
+}
+template <int D>
+constexpr bool kPromote = LAB_FWD_FP8_PV_PROMOTE != 0 && D <= 128;
 
 template <class Cfg>
 __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(const __grid_constant__ CUtensorMap tq,
@@ -545,6 +570,7 @@ __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(cons
   const int wm0 = uniform_in_warp(m0 + (tid / 32) * 16);  // this warp's first row
   const int row0 = wm0 + (tid % 32) / 4;
   float o[D / 2];
+  float ot[D / 2];  // LAB_FWD_FP8_PV_PROMOTE: a key tile's P V (unused otherwise)
   zero_acc(o);
   RowState st;
   float sacc[BC / 2];
@@ -569,12 +595,13 @@ __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(cons
     wgmma_fence();
     issue_s<Cfg>(sacc, ring.q, ring, s);  // S_j
     mbar_wait(smem_u32(&bar_v[sp]), ((j - 1) / kStages) & 1);
-    issue_pv<Cfg>(o, pa, ring, sp);  // O += P_{j-1} V_{j-1}, in flight during softmax j
+    issue_pv<Cfg, kPromote<D>>(kPromote<D> ? ot : o, pa, ring, sp);  // O += P_{j-1} V_{j-1}, in flight during softmax j
     wgmma_wait<1>();                 // S_j is done (groups complete in order)
     reg_fence(sacc);
     softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
     wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and pa are ours again
     reg_fence(o);
+    if constexpr (kPromote<D>) promote_pv<D>(o, ot);
     rescale_o_fp8<D, false>(o, alpha);
     pack_p_e4m3<BC>(sacc, pa);
     if (j - 1 + kStages < n_tiles) {
@@ -586,9 +613,10 @@ __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(cons
     const int sp = (n_tiles - 1) % kStages;
     mbar_wait(smem_u32(&bar_v[sp]), ((n_tiles - 1) / kStages) & 1);
     wgmma_fence();
-    issue_pv<Cfg>(o, pa, ring, sp);
+    issue_pv<Cfg, kPromote<D>>(kPromote<D> ? ot : o, pa, ring, sp);
     wgmma_wait<0>();
     reg_fence(o);
+    if constexpr (kPromote<D>) promote_pv<D>(o, ot);
   }
 #else
   for (int j = 0; j < n_tiles; ++j) {
@@ -604,9 +632,10 @@ __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(cons
     pack_p_e4m3<BC>(sacc, pa);
     mbar_wait(smem_u32(&bar_v[s]), phase);
     wgmma_fence();
-    issue_pv<Cfg>(o, pa, ring, s);
+    issue_pv<Cfg, kPromote<D>>(kPromote<D> ? ot : o, pa, ring, s);
     wgmma_wait<0>();
     reg_fence(o);
+    if constexpr (kPromote<D>) promote_pv<D>(o, ot);
     if (j + kStages < n_tiles) {
       named_barrier_sync(1, 128);  // every warp is done with stage s
       if (tid == 0) issue(j + kStages);
@@ -746,6 +775,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     const uint32_t qw = ring.q + (wg - 1) * Cfg::kQBytesWG;
     const float log2_ps = __log2f(p.p_scale);
     float o[D / 2];
+    float ot[D / 2];  // LAB_FWD_FP8_PV_PROMOTE: a key tile's P V (unused otherwise)
     float sacc[BC / 2];
     uint32_t pa[BC / 32][4];
     float alpha[2];
@@ -783,14 +813,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     auto pv_gemm = [&](int j) {
       if constexpr (kLoop) {
         asm volatile("" : "+l"(dv0));
-        issue_pv_desc<Cfg>(o, pa, dv0, j % kStages);
+        issue_pv_desc<Cfg, kPromote<D>>(kPromote<D> ? ot : o, pa, dv0, j % kStages);
       } else {
-        issue_pv<Cfg>(o, pa, ring, j % kStages);
+        issue_pv<Cfg, kPromote<D>>(kPromote<D> ? ot : o, pa, ring, j % kStages);
       }
     };
 #else
     auto s_gemm = [&](int j) { issue_s<Cfg>(sacc, qw, ring, j % kStages); };
-    auto pv_gemm = [&](int j) { issue_pv<Cfg>(o, pa, ring, j % kStages); };
+    auto pv_gemm = [&](int j) { issue_pv<Cfg, kPromote<D>>(kPromote<D> ? ot : o, pa, ring, j % kStages); };
 #endif
     // Ping-pong: turn() waits for this warpgroup's token, pass() hands it to the other. Each warpgroup takes
     // n_tiles + 1 turns per tile, the same count in both (the same tiles), so the token alternates across tiles;
@@ -853,6 +883,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
           pv_gemm(j - 1);
           wgmma_wait<0>();
           reg_fence(o);
+          if constexpr (kPromote<D>) promote_pv<D>(o, ot);
           wgmma_fence();
           s_gemm(j);
           pass();
@@ -872,12 +903,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
         if constexpr (Cfg::kOverlap != 1) {
           reg_fence(o);
           release_v(j - 1);
+          if constexpr (Cfg::kOverlap == 0 && kPromote<D>) promote_pv<D>(o, ot);
         }
         softmax_tile<Cfg>(sacc, st, alpha, c, log2_ps, row0, wm0, j, p);
         if constexpr (Cfg::kOverlap == 1) {
           wgmma_wait<0>();
           reg_fence(o);
           release_v(j - 1);
+          if constexpr (kPromote<D>) promote_pv<D>(o, ot);
         }
         rescale_o_fp8<D, true>(o, alpha);
         pack_p_e4m3<BC>(sacc, pa);
@@ -891,6 +924,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
         wgmma_wait<0>();
         reg_fence(o);
         release_v(n_tiles - 1);
+        if constexpr (kPromote<D>) promote_pv<D>(o, ot);
       }
 
       // Epilogue

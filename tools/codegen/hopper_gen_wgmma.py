@@ -69,8 +69,8 @@ FP8_OUT = OUT.with_name("wgmma_fp8_ops.cuh")
 
 
 def fp8_op(n, form):
-    """wgmma m64nNk32 e4m3 x e4m3 -> f32: no transpose immediates (FP8 operands are K-major only). ss0: ss with
-    scale_d = 0 and D write-only ("=f"), so that D's old values are dead before it (no register holds them)."""
+    """wgmma m64nNk32 e4m3 x e4m3 -> f32: no transpose immediates (FP8 operands are K-major only). ss0 / rs0: ss / rs
+    with scale_d = 0 and D write-only ("=f"), so that D's old values are dead before it (no register holds them)."""
     r = n // 2
     d = "{" + regs(0, r) + "}"
     if form == "ss0":
@@ -78,6 +78,11 @@ def fp8_op(n, form):
         return (f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {d}, "\n'
                 f'        "%{r}, %{r + 1}, 0, 1, 1;\\n"\n'
                 f'        : {outs}\n        : "l"(a), "l"(b));')
+    if form == "rs0":
+        outs = ", ".join(f'"=f"(d[{i}])' for i in range(r))
+        return (f'    asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {d}, "\n'
+                f'        "{{{regs(r, 4)}}}, %{r + 4}, 0, 1, 1;\\n"\n'
+                f'        : {outs}\n        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));')
     if form == "ss":
         a, b, sd = f"%{r}", f"%{r + 1}", r + 2
     else:
@@ -97,7 +102,7 @@ def main_fp8(out: Path = FP8_OUT):
              "// transpose immediates). ss(): A and B through descriptors; rs(): A from registers, four 32-bit words",
              "// of four e4m3 each per thread (the mma.sync m16n8k32 8-bit A layout per warp: word 0 row g, columns",
              "// 4t..4t+3; word 1 row g + 8, the same columns; words 2, 3 the same rows at columns 16 + 4t..).",
-             "// scale_d = 0 overwrites D; ss0() is ss() with scale_d = 0 and D an output only: D's earlier values are",
+             "// scale_d = 0 overwrites D; ss0() / rs0() are ss() / rs() with scale_d = 0 and D an output only: D's earlier values are",
              "// dead before it, so the compiler keeps no register for them between tiles.",
              "#pragma once", "#include <stdint.h>", "", "namespace lab::sm90 {", "",
              "template <int N>", "struct WgmmaFp8Op;", ""]
@@ -108,7 +113,9 @@ def main_fp8(out: Path = FP8_OUT):
                   f"  __device__ static __forceinline__ void ss0(float (&d)[{n // 2}], uint64_t a, uint64_t b) {{",
                   fp8_op(n, "ss0"), "  }",
                   f"  __device__ static __forceinline__ void rs(float (&d)[{n // 2}], const uint32_t (&a)[4], uint64_t b, int scale_d) {{",
-                  fp8_op(n, "rs"), "  }", "};", ""]
+                  fp8_op(n, "rs"), "  }",
+                  f"  __device__ static __forceinline__ void rs0(float (&d)[{n // 2}], const uint32_t (&a)[4], uint64_t b) {{",
+                  fp8_op(n, "rs0"), "  }", "};", ""]
     parts.append("}  // namespace lab::sm90")
     Path(out).write_text("\n".join(parts) + "\n")
 
