@@ -201,14 +201,27 @@
 // at 99aa7ae). +0.8-1.5 % at D 128, and wrong: the FP8 wgmma accumulator loses the small increments of that growing
 // all-positive sum (O's relative L2 6.6e-2 at 4k keys, 0.32 at 16k; LSE off by 1e-2 to 7e-2). Record
 // 20261129-fwd-fp8-v13-rowsum-on-the-tensor-pipe.
-// LAB_FWD_FP8_PV_PROMOTE (0: P V accumulates into O across every key tile; 1: each key tile's P V into a fresh
-// accumulator (rs0 at its first k32 step), added to O in float32 after its wait, at D 64 and 128; D 256 has no
-// registers for a second 128-register accumulator). Why: the FP8 wgmma accumulator adds each k32 step's products to
-// the running sum at reduced precision, so a sum that grows with the keys loses its small increments: with V of mean
-// 1 (randn + 1) O came out 5 % low at 4096 keys and 18 % low at 16384 (cuDNN FP8 alike), where the float32 emulation
-// is 0.2 % off (outputs/driver_logs/20261129-h200-fp8-v-mean-3ae0da8). Per key tile the running sum spans B_c keys.
+// LAB_FWD_FP8_PV_PROMOTE (1, default: each key tile's P V into a fresh accumulator (rs0 at its first k32 step),
+// added to O in float32 after its wait, at D 64 and 128; 0: P V accumulates into O across every key tile, the
+// kernel before). Why: the FP8 wgmma accumulator adds each k32 step's products to the running sum at reduced
+// precision, so a sum that grows with the keys loses its small increments. Zero-mean V (every check and race cell
+// before) keeps O's running sums small; with V of mean 1 (randn + 1) O came out 5 % low at 4096 keys and 18 % low
+// at 16384, cuDNN FP8 alike, where the float32 emulation is 0.2 % off (outputs/driver_logs/20261129-h200-fp8-v-mean-
+// 3ae0da8). Per key tile the running sum spans B_c keys. At D 128 the second accumulator (64 registers) fits only
+// under order 2 (S and P never live with it; B_c 192 under order 1 spilled 988 B), so promotion takes it there.
+// Prediction and outcome (H200, outputs/driver_logs/20261129-h200-fp8-promote-7245939; record
+// 20261129-fwd-fp8-v13-pv-promote): O's relative L2 with V = randn + 1 from 5.0e-2 / 1.8e-1 (4k / 16k keys) to
+// 2.4e-3 / 2.3e-3 (predicted 2-4e-3; the emulation 2.1e-3 / 1.9e-3; cuDNN FP8 4.7e-2 / 1.8e-1), zero-mean V
+// unchanged; the speed -6.5 % at S 4k, -9 % at 16k, -7 % causal, -8 % GQA 16 / 4 at D 128 (predicted -2 to -6 %:
+// the 64 FADD a tile and order 2 cost more than order 2 alone) and -2.5 % at D 64 (predicted -2 to -5 %). 14 / 14
+// checks at D 64 / 128. The default since: a silent 5-25 % error on inputs as ordinary as a V with a mean outweighs
+// 6-9 % of speed.
 #ifndef LAB_FWD_FP8_PV_PROMOTE
-#define LAB_FWD_FP8_PV_PROMOTE 0
+#define LAB_FWD_FP8_PV_PROMOTE 1
+#endif
+// LAB_FWD_FP8_PV_PROMOTE_D256 (0, default; 1: the same at D 256, by parts: kPromotePart below).
+#ifndef LAB_FWD_FP8_PV_PROMOTE_D256
+#define LAB_FWD_FP8_PV_PROMOTE_D256 0
 #endif
 // LAB_FWD_FP8_PERSISTENT (1, default since the uniform descriptors: the warp-specialised kernel on min(tiles, SMs)
 // CTAs, each looping over work tiles t, t + grid, ...; the producer loads tile t + grid's Q and first K / V while the
@@ -350,8 +363,11 @@ struct CfgWs {
   // step and the two-register mask: together the only way its 128 S + 64 O + 32 P registers fit 240 unspilled
   // (ptxas: 196-252 B of spills with any one of them missing); narrower tiles keep the switches' settings.
   static constexpr bool kWide = BC_ >= 256;
-  static constexpr int kOverlap = kWide ? 2 : LAB_FWD_FP8_WS_OVERLAP;
-  static constexpr bool kWriteOnly = kWide || LAB_FWD_FP8_S_WRITE_ONLY != 0;
+  // LAB_FWD_FP8_PV_PROMOTE at D 128 / 256 takes order 2 as well: a second accumulator for P V (64 registers) fits
+  // beside O only when S and P are never live with it (B_c 192 under order 1 spilled 988 B).
+  static constexpr int kOverlap = (kWide || (LAB_FWD_FP8_PV_PROMOTE != 0 && D_ == 128) ||
+                                   (LAB_FWD_FP8_PV_PROMOTE_D256 != 0 && D_ == 256)) ? 2 : LAB_FWD_FP8_WS_OVERLAP;
+  static constexpr bool kWriteOnly = kWide || LAB_FWD_FP8_S_WRITE_ONLY != 0 || (LAB_FWD_FP8_PV_PROMOTE_D256 != 0 && D_ == 256);
   static constexpr bool kMaskLimit = kWide || LAB_FWD_FP8_MASK_LIMIT != 0;
   static_assert(kSmem + 256 <= 227 * 1024, "shared memory budget exceeded");
   static_assert(128 * (kRegsProducer + kConsumers * kRegsConsumer) <= 65536, "register file exceeded");
@@ -510,6 +526,27 @@ __device__ __forceinline__ void promote_pv(float (&o)[D / 2], float (&ot)[D / 2]
 }
 template <int D>
 constexpr bool kPromote = LAB_FWD_FP8_PV_PROMOTE != 0 && D <= 128;
+// D 256: O holds 128 registers and a second one would not fit, so P V runs in parts of kPromotePart columns (V^T
+// rows), each into its own accumulator, waited for and added to its columns of O. Parts of 128 (a 64-register
+// accumulator) spill 424 B at B_c 128, 20 B at B_c 64 (LAB_FWD_FP8_WS_D256_BC 64, 4 stages); parts of 64 more.
+template <int D>
+constexpr bool kPromoteHalves = LAB_FWD_FP8_PV_PROMOTE_D256 != 0 && D == 256;
+constexpr int kPromotePart = 128;
+
+// One part of P V, N = kPromotePart columns, into oh (its first k32 step write-only); dv: the stage's V^T
+// descriptor at the part's first row.
+template <class Cfg>
+__device__ __forceinline__ void issue_pv_part(float (&oh)[kPromotePart / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
+                                              uint64_t dv) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::BC / 32; ++kk) {
+    if (kk == 0)
+      WgmmaFp8Op<kPromotePart>::rs0(oh, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk));
+    else
+      WgmmaFp8Op<kPromotePart>::rs(oh, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk), 1);
+  }
+  wgmma_commit();
+}
 
 template <class Cfg>
 __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(const __grid_constant__ CUtensorMap tq,
@@ -822,6 +859,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     auto s_gemm = [&](int j) { issue_s<Cfg>(sacc, qw, ring, j % kStages); };
     auto pv_gemm = [&](int j) { issue_pv<Cfg, kPromote<D>>(kPromote<D> ? ot : o, pa, ring, j % kStages); };
 #endif
+    auto pv_halves = [&](int j) {  // LAB_FWD_FP8_PV_PROMOTE at D 256 (kPromoteHalves): P V by parts, each added to O
+      constexpr int kRegs = kPromotePart / 2;
+      float(&oh)[kRegs] = *reinterpret_cast<float(*)[kRegs]>(ot);
+      const uint64_t dv = desc_e4m3<Cfg::kVRow>(ring.v(0), D, 0) + (uint64_t)((j % kStages) * (Cfg::kVBytes >> 4));
+#pragma unroll
+      for (int h = 0; h < D / kPromotePart; ++h) {
+        if (h > 0) wgmma_fence();
+        issue_pv_part<Cfg>(oh, pa, dv + (uint64_t)(h * ((kPromotePart * Cfg::kVRow) >> 4)));
+        wgmma_wait<0>();
+        reg_fence(oh);
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) o[kRegs * h + i] += oh[i];
+      }
+    };
     // Ping-pong: turn() waits for this warpgroup's token, pass() hands it to the other. Each warpgroup takes
     // n_tiles + 1 turns per tile, the same count in both (the same tiles), so the token alternates across tiles;
     // the second hands out the first token, and the first takes one more turn at the end, which consumes the
@@ -880,10 +931,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
         wgmma_fence();
         if constexpr (Cfg::kOverlap == 2) {
           // P_{j-1} V_{j-1} waited for before S_j is issued: P's and S's registers are never live together.
-          pv_gemm(j - 1);
-          wgmma_wait<0>();
-          reg_fence(o);
-          if constexpr (kPromote<D>) promote_pv<D>(o, ot);
+          if constexpr (kPromoteHalves<D>) {
+            pv_halves(j - 1);
+          } else {
+            pv_gemm(j - 1);
+            wgmma_wait<0>();
+            reg_fence(o);
+            if constexpr (kPromote<D>) promote_pv<D>(o, ot);
+          }
           wgmma_fence();
           s_gemm(j);
           pass();
@@ -919,12 +974,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
         wait_v(n_tiles - 1);
         turn();
         wgmma_fence();
-        pv_gemm(n_tiles - 1);
-        pass();
-        wgmma_wait<0>();
-        reg_fence(o);
+        if constexpr (kPromoteHalves<D>) {
+          pv_halves(n_tiles - 1);
+          pass();
+        } else {
+          pv_gemm(n_tiles - 1);
+          pass();
+          wgmma_wait<0>();
+          reg_fence(o);
+          if constexpr (kPromote<D>) promote_pv<D>(o, ot);
+        }
         release_v(n_tiles - 1);
-        if constexpr (kPromote<D>) promote_pv<D>(o, ot);
       }
 
       // Epilogue

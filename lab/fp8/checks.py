@@ -21,7 +21,9 @@ f58d500e62/T4), where float32-exact S is off by 1000x.
 The cells: uneven S (1, 65, 1000, 1500, 3000, 4097), S_q != S_k both ways, causal, GQA, D 64 / 128 / 256, two with
 more work tiles than SMs (a persistent grid's CTAs loop); outlier channels in Q and K under one per-tensor
 scale; per-head descales; FA3's (B, H_kv) and one-element descale forms; (B, S, H, D) inputs seen through a
-transpose. `wrong_build()` runs a build that drops v_descale, which must fail.
+transpose; V with a mean (v_mean: randn + 1, so that every column of O's running sum grows with the keys, which
+the FP8 wgmma accumulator truncates unless P V is promoted to float32 per key tile, fwd v13's
+LAB_FWD_FP8_PV_PROMOTE). `wrong_build()` runs a build that drops v_descale, which must fail.
 Run: python -m lab.fp8.checks  (exit status 1 on any failure).
 """
 from __future__ import annotations
@@ -67,6 +69,9 @@ VARIANTS = (
     ("per-head-descales", "d128-s1000-gqa4", {"granularity": "head", "form": "per_head"}),
     ("one-element-descales", "d64-s1000-c", {"form": "scalar"}),
     ("bshd-layout", "d128-s65-c", {"layout": "bshd"}),
+    ("v-mean-1", "d128-s4097-c", {"v_mean": 1.0}),
+    ("v-mean-1-d64", "d64-s4097-gqa2", {"v_mean": 1.0}),
+    ("v-mean-1-d256", "d256-s4097", {"v_mean": 1.0}),
 )
 
 
@@ -93,11 +98,12 @@ def _descales(quantized, Hq: int, Hkv: int, form: str):
 
 
 def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str = "tensor", outliers=None,
-          form: str = "fa3", layout: str = "bhsd", defines=None, use_peer: bool = True) -> dict:
+          form: str = "fa3", layout: str = "bhsd", defines=None, use_peer: bool = True, v_mean: float = 0.0) -> dict:
     """One check (module notes); appends and returns its record."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn((B, H, S, D), generator=gen, device="cuda")
                for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+    v = v + v_mean
     if outliers:
         q, k = emulate.with_outliers(q, outliers), emulate.with_outliers(k, outliers)
     quantized = [quant.quantize(x, "e4m3", granularity) for x in (q, k, v)]
@@ -121,7 +127,7 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str =
     lse_model = float((_lse_model(quantized, causal, rows, S_ACCUMULATOR) - lse_ref).abs().max())
     row = {"kind": "fp8-check", "impl": "lab.ops.attention_fp8", "check": name, "shape": [B, Hq, Hkv, Sq, Sk, D],
            "causal": causal, "seed": seed, "granularity": granularity, "outliers": outliers, "descale_form": form,
-           "layout": layout, "defines": defines or {}, "error": error, "emulation": yardstick,
+           "layout": layout, "v_mean": v_mean, "defines": defines or {}, "error": error, "emulation": yardstick,
            "s_accumulator": S_ACCUMULATOR,
            "nan_out": int(out.isnan().sum()), "nan_lse": int(lse.isnan().sum()), "lse_max_abs": lse_error,
            "lse_emulation_max_abs": lse_model,
