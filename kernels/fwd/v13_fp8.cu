@@ -219,9 +219,15 @@
 #ifndef LAB_FWD_FP8_PV_PROMOTE
 #define LAB_FWD_FP8_PV_PROMOTE 1
 #endif
-// LAB_FWD_FP8_PV_PROMOTE_D256 (0, default; 1: the same at D 256, by parts: kPromotePart below).
+// LAB_FWD_FP8_PV_PROMOTE_D256 (1, default: the same at D 256, by parts of kPromotePart columns below; 0: unpromoted).
+// Prediction (H200, the D 256 race cell and V = randn + mu): O's relative L2 with a V of mean 1 at 16k keys from
+// 1.8e-1 to 2-3e-3; speed B_c 128 -10 to -25 % (424 B of spill in the loop), B_c 64 -20 to -30 %. Outcome
+// (outputs/driver_logs/20261129-h200-fp8-promote-d256-0282b02; record 20261129-fwd-fp8-v13-pv-promote-d256):
+// 2.1e-3 / 2.0e-3 (B_c 128 / 64; cuDNN FP8 1.9e-1); 929 and 905 TFLOP/s against the unpromoted 1206: -23 % / -25 %,
+// 0.95x / 0.92x cuDNN FP8 (B_c 64 unpromoted alone: -16 %). B_c 128 the default: under cuDNN FP8's speed now, but
+// 80x more accurate where V has a mean.
 #ifndef LAB_FWD_FP8_PV_PROMOTE_D256
-#define LAB_FWD_FP8_PV_PROMOTE_D256 0
+#define LAB_FWD_FP8_PV_PROMOTE_D256 1
 #endif
 // LAB_FWD_FP8_PERSISTENT (1, default since the uniform descriptors: the warp-specialised kernel on min(tiles, SMs)
 // CTAs, each looping over work tiles t, t + grid, ...; the producer loads tile t + grid's Q and first K / V while the

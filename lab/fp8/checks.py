@@ -148,6 +148,36 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str =
     return record.append(row)
 
 
+# (D, H, S, mu, causal): V = randn + mu, B 1; the keys at which an unpromoted P V's running sums lose their increments.
+V_MEAN_CELLS = ((128, 4, 4096, 0.0, False), (128, 4, 4096, 1.0, False), (128, 4, 16384, 1.0, False),
+                (128, 4, 16384, 1.0, True), (64, 8, 16384, 1.0, False), (256, 2, 16384, 1.0, False))
+UNPROMOTED = {"LAB_FWD_FP8_PV_PROMOTE": 0, "LAB_FWD_FP8_PV_PROMOTE_D256": 0}  # P V accumulated across the key tiles
+
+
+def v_mean_sweep(cells=V_MEAN_CELLS, rows_checked: int = 256) -> list[dict]:
+    """O's relative L2 against float64 (dequantised inputs) with V of mean mu: the lab's FP8 forward (P V promoted to
+    float32 per key tile), the same kernel unpromoted, cuDNN FP8 (when the peer is installed) and the float32
+    emulation; one record (kind "fp8-vmean") per cell."""
+    out = []
+    for D, H, S, mu, causal in cells:
+        gen = torch.Generator(device="cuda").manual_seed(S + D + int(10 * mu))
+        x = [torch.randn((1, H, S, D), generator=gen, device="cuda") for _ in range(3)]
+        qq = [quant.quantize(t) for t in (x[0], x[1], x[2] + mu)]
+        rows = race.checked_rows(S, rows_checked).to("cuda")
+        ref = emulate.reference(*(t.dequantize(torch.float64) for t in qq), causal, rows=rows)
+        args = [t.data for t in qq] + [t.descale.flatten()[:1].float().contiguous() for t in qq]
+        err = {name: emulate.errors(op.run(*args, is_causal=causal, defines=d)[:, :, rows].float(), ref)["rel_l2"]
+               for name, d in (("lab-fp8", None), ("lab-fp8 unpromoted", UNPROMOTED))}
+        if peer.unavailable() is None:
+            err["cudnn-fp8"] = emulate.errors(peer.sdpa_fp8(*qq, is_causal=causal)[:, :, rows], ref)["rel_l2"]
+        err["emulation"] = emulate.errors(emulate.forward(*qq, causal, rows=rows, block_n=op.key_tile(D, None, causal)),
+                                          ref)["rel_l2"]
+        out.append(record.append({"kind": "fp8-vmean", "impl": "lab.ops.attention_fp8", "shape": [1, H, S, D],
+                                  "v_mean": mu, "causal": causal, "rel_l2": err, "rows_checked": len(rows),
+                                  "reference": "float64 on the dequantised inputs"}))
+    return out
+
+
 def _lse_model(quantized, causal: bool, rows, model: str) -> torch.Tensor:
     """LSE (float64, natural log) of the scores as emulate's `model` accumulator sums them."""
     qq, kq, _ = quantized

@@ -109,6 +109,15 @@ def accuracy_table(rows: list[dict]) -> Table:
                  "relative L2 of O against float64 on the dequantised e4m3 inputs (last two: on the bf16 inputs)")
 
 
+def v_mean_table(rows: list[dict]) -> Table:
+    """lab.fp8.checks.v_mean_sweep's records: O's relative L2 per implementation, V = randn + mu."""
+    names = ("lab-fp8", "lab-fp8 unpromoted", "cudnn-fp8", "emulation")
+    out = [[f"D {r['shape'][3]} S {r['shape'][2]}{' causal' if r['causal'] else ''}", r["v_mean"],
+            *(r["rel_l2"].get(n, NAN) for n in names)] for r in rows]
+    return Table(["case", "mean of V", "lab FP8", "lab FP8, P V unpromoted", "cuDNN FP8", "float32 emulation"], out,
+                 "relative L2 of O against float64 on the dequantised e4m3 inputs, V = randn + mean")
+
+
 def tflops_plot(rows: list[dict], path=None):
     fp8, bf16 = _by_case(rows, "cudnn-fp8"), _by_case(rows, "sdpa-cudnn")
     names = list(fp8)
