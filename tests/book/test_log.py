@@ -155,6 +155,21 @@ def test_bugs_merge_curated_records_and_failures(outputs):
     assert text.index("## CHECK-v02-odd") < text.index("## BUG-001") < text.index("## BUG-L4-1")
 
 
+def test_a_self_test_cases_failures_open_no_bug():
+    """The backward chapter's self-test rows (case `bwd-selftest`, builds without Delta that must fail) are failures
+    on purpose; an ordinary failing check of the same kernel still opens one."""
+    from lab.publish import ledger
+
+    def row(impl, case):
+        return {"kind": "check", "impl": impl, "chapter": "n10_backward", "session": "s1", "timestamp": "1",
+                "env": {"gpu": "G"}, "case": {"name": case, "B": 1, "Hq": 4, "Hkv": 4, "Sq": 130, "Sk": 130, "D": 64},
+                "check": {"passed": False, "max_abs": 21.9}}
+    ids = {b["id"] for b in ledger.bugs(Path("/nonexistent"), [row("no-delta-bwd-v01:dq", "bwd-selftest"),
+                                                               row("bwd-no-delta:dk", "bwd-selftest"),
+                                                               row("bwd-v14", "odd")])}
+    assert ids == {"CHECK-bwd-v14-odd"}, ids
+
+
 def test_patterns_resolve_evidence_or_say_there_is_none(outputs):
     text = page(outputs, "patterns")
     for n in range(1, 12):
