@@ -21,7 +21,8 @@
 // Algorithm (per consumer warpgroup: 64 query rows of Q_i; B_r = 128 per CTA, 64 in the one-warpgroup build):
 //   for j: S = Q8 K8_j^T; x = S * scale * dq * dk * log2 e; mask; m_new = max(m, rowmax x);
 //          P = exp2(x - m_new + log2 p_scale); l = l * exp2(m - m_new) + rowsum P;
-//          O = O * exp2(m - m_new) + e4m3(P) V8_j
+//          O = O * exp2(m - m_new) + e4m3(P) V8_j   (e4m3(P) V8_j in an accumulator of its own, added in float32:
+//                                                    LAB_FWD_FP8_PV_PROMOTE, below, says why)
 //   O = O / l * dv (bf16); LSE = (m + log2 (l / p_scale)) ln 2.
 // LAB_FWD_FP8_OVERLAP (1, default): FA3's intra-warpgroup overlap: S_{j+1} is issued before P_j V_j, and
 // softmax j+1 runs while P_j V_j is in flight; 0: each GEMM waited for before the softmax (v05's order).
