@@ -462,17 +462,18 @@ __device__ __forceinline__ void issue_s(float (&s)[Cfg::BC / 2], uint32_t q, con
 }
 
 // O += P V_stage from stage 0's V^T descriptor dv0 (LAB_FWD_FP8_DESC).
-// kFresh (LAB_FWD_FP8_PV_PROMOTE): o = P V, its first k32 step write-only (rs0), instead of o += P V.
-template <class Cfg, bool kFresh = false>
-__device__ __forceinline__ void issue_pv_desc(float (&o)[Cfg::D / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
+// kFresh (LAB_FWD_FP8_PV_PROMOTE): o = P V, its first k32 step write-only (rs0), instead of o += P V. N: the columns
+// of O it computes, from V^T row dv0's (all D, or one part of them at D 256: kPromotePart).
+template <class Cfg, bool kFresh = false, int N = Cfg::D>
+__device__ __forceinline__ void issue_pv_desc(float (&o)[N / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
                                               uint64_t dv0, int stage) {
   const uint64_t dv = dv0 + (uint64_t)(stage * (Cfg::kVBytes >> 4));
 #pragma unroll
   for (int kk = 0; kk < Cfg::BC / 32; ++kk) {
     if (kFresh && kk == 0)
-      WgmmaFp8Op<Cfg::D>::rs0(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk));
+      WgmmaFp8Op<N>::rs0(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk));
     else
-      WgmmaFp8Op<Cfg::D>::rs(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk), 1);
+      WgmmaFp8Op<N>::rs(o, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk), 1);
   }
   wgmma_commit();
 }
@@ -539,21 +540,6 @@ constexpr bool kPromote = LAB_FWD_FP8_PV_PROMOTE != 0 && D <= 128;
 template <int D>
 constexpr bool kPromoteHalves = LAB_FWD_FP8_PV_PROMOTE_D256 != 0 && D == 256;
 constexpr int kPromotePart = 128;
-
-// One part of P V, N = kPromotePart columns, into oh (its first k32 step write-only); dv: the stage's V^T
-// descriptor at the part's first row.
-template <class Cfg>
-__device__ __forceinline__ void issue_pv_part(float (&oh)[kPromotePart / 2], const uint32_t (&pa)[Cfg::BC / 32][4],
-                                              uint64_t dv) {
-#pragma unroll
-  for (int kk = 0; kk < Cfg::BC / 32; ++kk) {
-    if (kk == 0)
-      WgmmaFp8Op<kPromotePart>::rs0(oh, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk));
-    else
-      WgmmaFp8Op<kPromotePart>::rs(oh, pa[kk], desc_e4m3_step<Cfg::kVRow, Cfg::D>(dv, kk), 1);
-  }
-  wgmma_commit();
-}
 
 template <class Cfg>
 __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(const __grid_constant__ CUtensorMap tq,
@@ -867,17 +853,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     auto pv_gemm = [&](int j) { issue_pv<Cfg, kPromote<D>>(kPromote<D> ? ot : o, pa, ring, j % kStages); };
 #endif
     auto pv_halves = [&](int j) {  // LAB_FWD_FP8_PV_PROMOTE at D 256 (kPromoteHalves): P V by parts, each added to O
-      constexpr int kRegs = kPromotePart / 2;
-      float(&oh)[kRegs] = *reinterpret_cast<float(*)[kRegs]>(ot);
-      const uint64_t dv = desc_e4m3<Cfg::kVRow>(ring.v(0), D, 0) + (uint64_t)((j % kStages) * (Cfg::kVBytes >> 4));
+      using Part = float[kPromotePart / 2];  // O's columns of one part: a contiguous run of its registers
+      Part& oh = *reinterpret_cast<Part*>(ot);
+      const uint64_t dv = desc_e4m3<Cfg::kVRow>(ring.v(0), D, 0);
 #pragma unroll
       for (int h = 0; h < D / kPromotePart; ++h) {
         if (h > 0) wgmma_fence();
-        issue_pv_part<Cfg>(oh, pa, dv + (uint64_t)(h * ((kPromotePart * Cfg::kVRow) >> 4)));
+        issue_pv_desc<Cfg, true, kPromotePart>(oh, pa, dv + (uint64_t)((h * kPromotePart * Cfg::kVRow) >> 4),
+                                               j % kStages);
         wgmma_wait<0>();
-        reg_fence(oh);
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) o[kRegs * h + i] += oh[i];
+        promote_pv<kPromotePart>(*reinterpret_cast<Part*>(o + h * (kPromotePart / 2)), oh);
       }
     };
     // Ping-pong: turn() waits for this warpgroup's token, pass() hands it to the other. Each warpgroup takes

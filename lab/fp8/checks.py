@@ -97,16 +97,21 @@ def _descales(quantized, Hq: int, Hkv: int, form: str):
     return [qq.descale, kq.descale, vq.descale]  # per head: q (B, H_q)
 
 
-def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str = "tensor", outliers=None,
-          form: str = "fa3", layout: str = "bhsd", defines=None, use_peer: bool = True, v_mean: float = 0.0) -> dict:
-    """One check (module notes); appends and returns its record."""
+def _draw(B, Hq, Hkv, Sq, Sk, D, seed: int, granularity: str = "tensor", outliers=None, v_mean: float = 0.0) -> list:
+    """Q, K, V: float32 randn on the GPU (V + v_mean; outlier channels in Q and K), quantised to e4m3 with amax
+    descales."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn((B, H, S, D), generator=gen, device="cuda")
                for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
-    v = v + v_mean
     if outliers:
         q, k = emulate.with_outliers(q, outliers), emulate.with_outliers(k, outliers)
-    quantized = [quant.quantize(x, "e4m3", granularity) for x in (q, k, v)]
+    return [quant.quantize(x, "e4m3", granularity) for x in (q, k, v + v_mean)]
+
+
+def check(name, B, Hq, Hkv, Sq, Sk, D, causal, seed: int = 0, granularity: str = "tensor", outliers=None,
+          form: str = "fa3", layout: str = "bhsd", defines=None, use_peer: bool = True, v_mean: float = 0.0) -> dict:
+    """One check (module notes); appends and returns its record."""
+    quantized = _draw(B, Hq, Hkv, Sq, Sk, D, seed, granularity, outliers, v_mean)
     data = [x.data for x in quantized]
     if layout == "bshd":  # (B, S, H, D) storage, seen as (B, H, S, D)
         data = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in data]
@@ -160,12 +165,10 @@ def v_mean_sweep(cells=V_MEAN_CELLS, rows_checked: int = 256) -> list[dict]:
     emulation; one record (kind "fp8-vmean") per cell."""
     out = []
     for D, H, S, mu, causal in cells:
-        gen = torch.Generator(device="cuda").manual_seed(S + D + int(10 * mu))
-        x = [torch.randn((1, H, S, D), generator=gen, device="cuda") for _ in range(3)]
-        qq = [quant.quantize(t) for t in (x[0], x[1], x[2] + mu)]
+        qq = _draw(1, H, H, S, S, D, S + D + int(10 * mu), v_mean=mu)
         rows = race.checked_rows(S, rows_checked).to("cuda")
         ref = emulate.reference(*(t.dequantize(torch.float64) for t in qq), causal, rows=rows)
-        args = [t.data for t in qq] + [t.descale.flatten()[:1].float().contiguous() for t in qq]
+        args = [t.data for t in qq] + _descales(qq, H, H, "scalar")
         err = {name: emulate.errors(op.run(*args, is_causal=causal, defines=d)[:, :, rows].float(), ref)["rel_l2"]
                for name, d in (("lab-fp8", None), ("lab-fp8 unpromoted", UNPROMOTED))}
         if peer.unavailable() is None:
