@@ -1,0 +1,408 @@
+// Backward attention v22: the FP8 backward. All five GEMMs on e4m3 wgmma (sm_90a), D = 128.
+// Compile check: .venv/bin/python -m lab compile; through torch: lab.fp8.backward.attention_fp8_train(...,
+// backward="fp8") then autograd.
+//
+// Algorithm (one CTA: key block K_j of B_c = 128 keys of one KV head; two consumer warpgroups of 64 keys each, one
+// producer warp; query blocks Q_i of B_r = 64 rows of every query head of the group, causal from the diagonal):
+//   S_i^T  = K_j Q_i^T                      (SS, m64n64k32, K-major both: as stored)
+//   dP_i^T = V_j dO_i^T                     (SS, the same shape; dO quantised to e4m3 per tensor)
+//   P^T = exp2(S^T c - LSE_i log2 e), dS^T = P^T (dP^T - Delta_i)           (fp32, registers)
+//   dV_j += P^T dO_i                        (RS: P^T from registers as e4m3(P * 448); B = dO_i^T, K-major)
+//   dK_j += dS^T Q_i                        (RS: dS^T as e4m3 with a per-key-row scale; B = Q_i^T)
+//   dQ_i += dS_i K_j                        (SS: dS through shared memory with a per-tile scale; B = K_j^T)
+// FP8 wgmma reads both shared-memory operands K-major only, so the three GEMMs that contract over a sequence axis
+// need Q^T, dO^T and K^T: one pre-pass each writes them (the forward's V^T pass, common/hopper/attn_fp8_sm90.cuh,
+// with its key order: within each 32 columns, column n holds row 32 (n / 32) + key_of_column(n % 32), the order in
+// which an accumulator packs into e4m3 A fragments with no shuffle). dS is written to shared memory in K^T's column
+// order, so dQ's GEMM pairs the same keys.
+//
+// Scales (powers of two, so every rescale is exact):
+//   dK: dS has no scale known before the loop (its amax needs S and dP). Each thread's two key rows keep a running
+//     multiplier m = 2^(7 - floor(log2 amax)) over the steps so far (amax of |dS q_descale| of the row, over the
+//     step's 64 queries: a quad reduction); when a step's amax lowers m, the row's dK accumulator is multiplied by
+//     m_new / m_old first, as the online softmax rescales O. dK = scale * acc / m.
+//   dQ: a step's dQ partial leaves the CTA after the step, so its scale is the step's tile (64 queries x 128 keys)
+//     amax, exchanged between the eight warps through shared memory at the barrier that already guards dS.
+//   dV: e4m3(P * 448) times e4m3(dO / do_descale): dV = acc * do_descale / 448.
+//   S^T and dP^T come out of the fp32 accumulator times q_descale k_descale and v_descale do_descale.
+//
+// Launch: pre-pass (Delta = rowsum(dO O), LSE log2 e, dq_accum zeroed: the bf16 backward's), the three transposes,
+// the main kernel (grid ceil(S_k / 128) x H_kv x B CTAs of 384 threads, kSmem below), the dQ convert pass (the bf16
+// backward's, dq_accum * scale).
+// Limits: sm_90a only (the body is guarded for sm_80 builds); D 128; e4m3 Q, K, V and dO, bf16 O, dO and
+// gradients; any lengths; GQA; top-left causal or none; not deterministic (dQ added by the copy engine).
+//
+// LAB_BWD_FP8_WRONG=1: the deliberately wrong build (dK leaves without its row multiplier), which the checks must
+// see fail.
+#include "common/hopper/attn_bwd_fp8_params.h"
+#include "common/hopper/attn_bwd_sm90.cuh"
+#include "common/hopper/attn_fp8_sm90.cuh"
+
+#ifndef LAB_BWD_FP8_WRONG
+#define LAB_BWD_FP8_WRONG 0
+#endif
+
+namespace {
+using namespace lab::sm90;
+using namespace lab::sm90::bwd;
+using lab::aligned16;
+using lab::strides_ok;
+
+// The tile choice is the bf16 backward's (common/hopper/attn_bwd_sm90.cuh, Cfg): B_c 128 as two m64 warpgroups,
+// B_r 64 (S^T and dP^T at 32 registers each beside dK and dV's 128), two stages. e4m3 halves every tile, so the
+// transposed copies fit beside the originals: 3 x 16 KB of K, V, K^T, 2 stages x 4 x 8 KB of Q, dO, Q^T, dO^T.
+struct Fp8Cfg {
+  static constexpr int D = 128, BR = 64, BC = 128, kStages = 2;
+  static constexpr bool kSplitDq = true;  // dQ: warpgroup w, columns 64 w.., all 128 keys
+  static constexpr int kDqCols = 64, kDqRegs = 32;
+  static constexpr int kThreads = 384, kRegsConsumer = 240, kRegsProducer = 24;
+  static constexpr int kKVBytes = BC * D;       // K, V, K^T (e4m3): 16 KB each
+  static constexpr int kQBytes = BR * D;        // Q_i, dO_i, Q_i^T, dO_i^T: 8 KB each
+  static constexpr int kStageBytes = 4 * kQBytes;
+  static constexpr int kDsBytes = BR * BC;      // dS_i (queries x keys)
+  static constexpr int kDqBytes = 64 * kDqCols * 4;
+  static constexpr int kRowBytes = BR * 4;      // LSE_i or Delta_i
+  static constexpr int kOffK = 0, kOffV = kKVBytes, kOffKt = 2 * kKVBytes;
+  static constexpr int kOffQ = 3 * kKVBytes;    // [stage]: Q, dO, Q^T, dO^T
+  static constexpr int kOffDs = kOffQ + kStages * kStageBytes;
+  static constexpr int kOffDq = kOffDs + kDsBytes;  // [warpgroup][buffer]
+  static constexpr int kOffRows = kOffDq + 4 * kDqBytes;
+  static constexpr int kOffAmax = kOffRows + kStages * 2 * kRowBytes;  // [step parity][warp] tile amax
+  static constexpr int kSmem = kOffAmax + 2 * 8 * 4 + 1024;
+  static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
+  static_assert(kOffDs % 1024 == 0 && kOffQ % 1024 == 0, "swizzle atoms are 1024-byte aligned");
+};
+using C = Fp8Cfg;
+constexpr float kPScale = 448.f;  // P is stored as e4m3(P * 448), as the forward's (lab.fp8.emulate.P_SCALE)
+
+// 2^(7 - floor(log2 a)) for a > 0: a times it lies in [128, 256), inside e4m3's 448 with the top binade's precision.
+__device__ __forceinline__ float pow2_under(float a) {
+  const int e = ((__float_as_int(a) >> 23) & 0xff) - 127;
+  const int k = min(max(7 - e, -120), 120);
+  return __int_as_float((k + 127) << 23);
+}
+
+// The column of K^T (and of dS in shared memory) that holds key k of a 32-key block: key_of_column's inverse.
+__device__ __forceinline__ int column_of_key(int k) {
+  const int r = k & 15;
+  return (k & 16) + 4 * ((r & 7) >> 1) + (r & 1) + 2 * (r >> 3);
+}
+
+struct Maps {
+  CUtensorMap q, k, v, kt, do8, qt, dot;
+};
+
+// Producer (one thread): K, V, K^T once, then Q_i, dO_i, Q_i^T, dO_i^T, LSE_i, Delta_i per step into the ring.
+__device__ __forceinline__ void produce(const Maps& m, Bars<C::kStages>& bars, uint32_t base, const Work& work,
+                                        const AttnBwdParams& p) {
+  tma_prefetch_maps(&m.q, &m.k, &m.v);
+  tma_prefetch_maps(&m.kt, &m.do8, &m.qt);
+  tma_prefetch_map(&m.dot);
+  const uint32_t kv = smem_u32(&bars.kv);
+  mbar_arrive_expect_tx(kv, 3 * C::kKVBytes);
+  tma_load_4d(base + C::kOffK, &m.k, kv, 0, work.n0, work.hkv, work.b);
+  tma_load_4d(base + C::kOffV, &m.v, kv, 0, work.n0, work.hkv, work.b);
+  tma_load_4d(base + C::kOffKt, &m.kt, kv, work.n0, 0, work.hkv, work.b);
+  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  for (int it = 0; it < work.n_iters; ++it) {
+    const int s = it % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
+    mbar_wait(smem_u32(&bars.empty[s]), ((it / C::kStages) & 1) ^ 1);
+    const uint32_t full = smem_u32(&bars.full[s]), st = base + C::kOffQ + s * C::kStageBytes;
+    mbar_arrive_expect_tx(full, 4 * C::kQBytes + 2 * C::kRowBytes);
+    tma_load_4d(st, &m.q, full, 0, m0, hq, work.b);
+    tma_load_4d(st + C::kQBytes, &m.do8, full, 0, m0, hq, work.b);
+    tma_load_4d(st + 2 * C::kQBytes, &m.qt, full, m0, 0, hq, work.b);
+    tma_load_4d(st + 3 * C::kQBytes, &m.dot, full, m0, 0, hq, work.b);
+    const int64_t row = ((int64_t)work.b * p.heads_q + hq) * sq_pad + m0;
+    const uint32_t rows = base + C::kOffRows + s * 2 * C::kRowBytes;
+    bulk_load_1d(rows, p.lse_log2 + row, C::kRowBytes, full);
+    bulk_load_1d(rows + C::kRowBytes, p.delta + row, C::kRowBytes, full);
+  }
+}
+
+// The descales of the CTA's KV head and the per-tensor dO descale.
+struct Descales {
+  float k, v, dout;
+};
+
+// One step of a consumer warpgroup (query block `it` of the tile). mrow: the running dK multipliers of the
+// thread's two key rows. Every GEMM it issues is waited for before it returns.
+__device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[C::D / 2], float (&mrow)[2],
+                                             uint8_t* smem, Bars<C::kStages>& bars, const Work& work, int it,
+                                             const AttnBwdFp8Params& pf, const Descales& ds) {
+  const AttnBwdParams& p = pf.base;
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
+  const uint32_t base = smem_u32(smem);
+  const int kw0 = work.n0 + 64 * wg;
+  const int s = it % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
+  const uint32_t st = base + C::kOffQ + s * C::kStageBytes;
+  const uint32_t q_s = st, do_s = st + C::kQBytes, qt_s = st + 2 * C::kQBytes, dot_s = st + 3 * C::kQBytes;
+  const uint32_t k_w = base + C::kOffK + wg * 64 * 128, v_w = base + C::kOffV + wg * 64 * 128;
+  const float* rows = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);
+  const float q_ds = __ldg(pf.q_descale + (int64_t)work.b * p.heads_q + hq);
+  const float c = p.scale * kLog2e * q_ds * ds.k;
+  mbar_wait(smem_u32(&bars.full[s]), (it / C::kStages) & 1);
+
+  float sacc[32], dpacc[32];
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    WgmmaFp8Op<64>::ss(sacc, desc_e4m3<128>(k_w, C::BC, kk), desc_e4m3<128>(q_s, C::BR, kk), kk > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    WgmmaFp8Op<64>::ss(dpacc, desc_e4m3<128>(v_w, C::BC, kk), desc_e4m3<128>(do_s, C::BR, kk), kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  reg_fence(sacc);
+  reg_fence(dpacc);
+  const float dp_descale = ds.v * ds.dout;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dpacc[i] *= dp_descale;
+  p_ds_step<C>(sacc, dpacc, rows, c, kw0, m0, p);
+
+  // P^T as e4m3(P * 448) A fragments for dV
+  uint32_t pa[2][4], dsa[2][4];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sacc[i] *= kPScale;
+  pack_p_e4m3<64>(sacc, pa);
+
+  // dK's row multipliers: each row's amax over the step (its quad holds the row), then rescale dK where it fell
+  float am[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 32; ++i) am[(i >> 1) & 1] = fmaxf(am[(i >> 1) & 1], fabsf(dpacc[i]));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    am[h] = fmaxf(am[h], __shfl_xor_sync(0xffffffffu, am[h], 1));
+    am[h] = fmaxf(am[h], __shfl_xor_sync(0xffffffffu, am[h], 2));
+  }
+  float ratio[2] = {1.f, 1.f};
+  bool lowered = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float a = am[h] * q_ds;
+    if (a > 0.f) {
+      const float m_new = pow2_under(a);
+      if (m_new < mrow[h]) {
+        ratio[h] = m_new / mrow[h];
+        mrow[h] = m_new;
+        lowered = true;
+      }
+    }
+  }
+  if (__any_sync(0xffffffffu, lowered))
+#pragma unroll
+    for (int i = 0; i < 64; ++i) dk[i] *= ratio[(i >> 1) & 1];
+  {
+    float x[32];
+    const float f0 = q_ds * mrow[0], f1 = q_ds * mrow[1];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x[i] = dpacc[i] * (((i >> 1) & 1) ? f1 : f0);
+    pack_p_e4m3<64>(x, dsa);
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dv, pa[kk], desc_e4m3<64>(dot_s, C::D, kk), 1);
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dk, dsa[kk], desc_e4m3<64>(qt_s, C::D, kk), 1);
+  wgmma_commit();
+
+  // dQ's tile multiplier: the eight warps' amax through shared memory (slots by step parity: a slot is rewritten
+  // two steps later, after both barriers of the step between)
+  float ta = fmaxf(am[0], am[1]);
+  ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 4));
+  ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 8));
+  ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 16));
+  float* slots = reinterpret_cast<float*>(smem + C::kOffAmax) + (it & 1) * 8;
+  if (lane == 0) slots[4 * wg + warp] = ta;
+  named_barrier_sync(kBarDsFree, 256);  // and every read of the last step's dS is over
+  float tmax = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) tmax = fmaxf(tmax, slots[w]);
+  const float mt = tmax > 0.f ? pow2_under(tmax) : 1.f;
+
+  // dS (queries x keys, keys in K^T's column order, 128B swizzle) as e4m3(dS * mt): rows q and q + 1 per pair
+  uint8_t* dst = smem + C::kOffDs;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int kl = 64 * wg + 16 * warp + g + 8 * hh;
+    const int n = (kl & ~31) + column_of_key(kl & 31);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int q = 8 * i + 2 * t;
+      uint16_t two;
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n"
+          : "=h"(two)
+          : "f"(dpacc[4 * i + 2 * hh + 1] * mt), "f"(dpacc[4 * i + 2 * hh] * mt));
+      dst[q * 128 + ((((n >> 4) ^ (q & 7))) << 4) + (n & 15)] = (uint8_t)(two & 0xff);
+      dst[(q + 1) * 128 + ((((n >> 4) ^ ((q + 1) & 7))) << 4) + (n & 15)] = (uint8_t)(two >> 8);
+    }
+  }
+  fence_proxy_async();
+  named_barrier_sync(kBarDsReady, 256);
+
+  float dq[32];
+  wgmma_fence();
+  const uint32_t ds_s = base + C::kOffDs, kt_w = base + C::kOffKt + wg * 64 * 128;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    WgmmaFp8Op<64>::ss(dq, desc_e4m3<128>(ds_s, C::BR, kk), desc_e4m3<128>(kt_w, C::D, kk), kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  reg_fence(dq);
+  reg_fence(dk);
+  reg_fence(dv);
+  mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of the stage are over
+  const float fq = ds.k / mt;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dq[i] *= fq;
+  reduce_dq<C>(dq, smem, it, hq, m0, work.b, p);
+}
+
+// Epilogue: dK = scale * acc / m (per row) and dV = acc * do_descale / 448, bf16, keys < S_k.
+__device__ __forceinline__ void store_dk_dv(const float (&dk)[C::D / 2], const float (&dv)[C::D / 2],
+                                            const float (&mrow)[2], int kw0, const Work& work, const AttnBwdParams& p,
+                                            float dout_descale) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+  __nv_bfloat16* dkg = static_cast<__nv_bfloat16*>(p.dk) + (int64_t)work.b * p.dk_stride[0] +
+                       (int64_t)work.hkv * p.dk_stride[1];
+  __nv_bfloat16* dvg = static_cast<__nv_bfloat16*>(p.dv) + (int64_t)work.b * p.dv_stride[0] +
+                       (int64_t)work.hkv * p.dv_stride[1];
+  const float fv = dout_descale / kPScale;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int key = kw0 + warp * 16 + hh * 8 + g;
+    if (key >= p.seqlen_k) continue;
+    const float fk = LAB_BWD_FP8_WRONG ? p.scale : p.scale / mrow[hh];
+#pragma unroll
+    for (int i = 0; i < C::D / 8; ++i) {
+      const int col = 8 * i + 2 * t;
+      *reinterpret_cast<uint32_t*>(dkg + (int64_t)key * p.dk_stride[2] + col) =
+          lab::pack2<__nv_bfloat16>(dk[4 * i + 2 * hh] * fk, dk[4 * i + 2 * hh + 1] * fk);
+      *reinterpret_cast<uint32_t*>(dvg + (int64_t)key * p.dv_stride[2] + col) =
+          lab::pack2<__nv_bfloat16>(dv[4 * i + 2 * hh] * fv, dv[4 * i + 2 * hh + 1] * fv);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(C::kThreads, 1)
+    bwd_fp8_kernel(const __grid_constant__ Maps maps, const AttnBwdFp8Params pf) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const AttnBwdParams& p = pf.base;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) Bars<C::kStages> bars;
+  uint8_t* smem = align1024(smem_raw);
+  const uint32_t base = smem_u32(smem);
+  const Work work = cta_work<C>(p);
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+
+  // Prologue
+  if (threadIdx.x == 0) init_bars(bars);
+  __syncthreads();
+  if (wg == 2) {
+    setmaxnreg_dec<C::kRegsProducer>();
+    if (wt == 0) produce(maps, bars, base, work, p);
+    return;
+  }
+  setmaxnreg_inc<C::kRegsConsumer>();
+  const int64_t kvh = (int64_t)work.b * p.heads_kv + work.hkv;
+  const Descales ds{__ldg(pf.k_descale + kvh), __ldg(pf.v_descale + kvh), __ldg(pf.do_descale)};
+  float dk[C::D / 2], dv[C::D / 2];
+  zero_acc(dk);
+  zero_acc(dv);
+  float mrow[2] = {0x1p120f, 0x1p120f};  // no dS seen yet: the first nonzero row amax lowers it
+  mbar_wait(smem_u32(&bars.kv), 0);
+
+  // Main loop
+  for (int it = 0; it < work.n_iters; ++it) consume_step(dk, dv, mrow, smem, bars, work, it, pf, ds);
+  if (wt == 0) bulk_wait<0>();
+
+  // Epilogue
+  store_dk_dv(dk, dv, mrow, work.n0 + 64 * wg, work, p, ds.dout);
+#endif
+}
+
+// A transpose pre-pass (the forward's V^T pass) of a (B, H, S, D) e4m3 tensor into (B, H, D, cols).
+int transpose_fp8(const void* src, const int64_t (&stride)[3], void* dst, int batch, int heads, int rows, int cols,
+              cudaStream_t st) {
+  AttnFp8Params t = {};
+  t.v = src;
+  t.vt = dst;
+  for (int i = 0; i < 3; ++i) t.v_stride[i] = stride[i];
+  t.batch = batch;
+  t.heads_q = t.heads_kv = heads;
+  t.seqlen_q = t.seqlen_k = rows;
+  t.head_dim = C::D;
+  t.vt_cols = cols;
+  return launch_fp8_vt(t, st);
+}
+
+bool strides16(const int64_t (&s)[3]) { return s[0] % 16 == 0 && s[1] % 16 == 0 && s[2] % 16 == 0; }
+
+int check_call(const AttnBwdFp8Params* pf) {
+  if (pf == nullptr) return LAB_E_SHAPE;
+  const AttnBwdParams& p = pf->base;
+  if (p.head_dim != C::D) return LAB_E_HEAD_DIM;
+  if (p.dtype != LAB_BF16) return LAB_E_DTYPE;
+  if (p.deterministic) return LAB_E_MODE;
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q <= 0 || p.heads_kv <= 0 ||
+      p.heads_q % p.heads_kv != 0 || p.seqlen_q > (1 << 30) || p.seqlen_k > (1 << 30) ||
+      (int64_t)p.batch * p.heads_q > 65535)
+    return LAB_E_SHAPE;
+  if (p.batch == 0 || p.seqlen_q == 0 || p.seqlen_k == 0) return 1;
+  if (pf->q_cols < p.seqlen_q || pf->q_cols % 128 || pf->k_cols < p.seqlen_k || pf->k_cols % 128) return LAB_E_SHAPE;
+  if (p.lse == nullptr || p.delta == nullptr || p.lse_log2 == nullptr || p.dq_accum == nullptr ||
+      pf->qt == nullptr || pf->kt == nullptr || pf->dot == nullptr || pf->q_descale == nullptr ||
+      pf->k_descale == nullptr || pf->v_descale == nullptr || pf->do_descale == nullptr)
+    return LAB_E_WORKSPACE;
+  const void* bases[13] = {p.q, p.k, p.v, p.o, p.dout, pf->dout8, p.dq, p.dk, p.dv, p.delta, p.lse_log2, p.dq_accum,
+                           pf->qt};
+  for (const void* b : bases)
+    if (!aligned16(b)) return LAB_E_SHAPE;
+  if (!aligned16(pf->kt) || !aligned16(pf->dot) || !strides16(p.q_stride) || !strides16(p.k_stride) ||
+      !strides16(p.v_stride) || !strides16(pf->dout8_stride) || !strides_ok(p.o_stride) || !strides_ok(p.do_stride) ||
+      !strides_ok(p.dq_stride) || !strides_ok(p.dk_stride) || !strides_ok(p.dv_stride))
+    return LAB_E_SHAPE;
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int attn_bwd_v22(const AttnBwdFp8Params* pf, void* stream) {
+  if (const int rc = check_call(pf)) return rc < 0 ? rc : 0;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  const AttnBwdParams& p = pf->base;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  cudaError_t err;
+  // Prologue passes: Delta, LSE log2 e and dq_accum zeroed; Q^T, K^T, dO^T
+  const int64_t pre = lab::bwd::bwd_pre_threads(p, C::D);
+  lab::bwd::bwd_pre<__nv_bfloat16, C::D, true, false><<<(unsigned)((pre + 127) / 128), 128, 0, st>>>(p);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  int rc;
+  if ((rc = transpose_fp8(p.q, p.q_stride, pf->qt, p.batch, p.heads_q, p.seqlen_q, pf->q_cols, st)) ||
+      (rc = transpose_fp8(p.k, p.k_stride, pf->kt, p.batch, p.heads_kv, p.seqlen_k, pf->k_cols, st)) ||
+      (rc = transpose_fp8(pf->dout8, pf->dout8_stride, pf->dot, p.batch, p.heads_q, p.seqlen_q, pf->q_cols, st)))
+    return rc;
+  Maps m;
+  const int64_t qt_stride[3] = {(int64_t)p.heads_q * C::D * pf->q_cols, (int64_t)C::D * pf->q_cols, pf->q_cols};
+  const int64_t kt_stride[3] = {(int64_t)p.heads_kv * C::D * pf->k_cols, (int64_t)C::D * pf->k_cols, pf->k_cols};
+  if (!make_fp8_map(&m.q, p.q, C::D, p.seqlen_q, p.heads_q, p.batch, p.q_stride, 128, C::BR) ||
+      !make_fp8_map(&m.do8, pf->dout8, C::D, p.seqlen_q, p.heads_q, p.batch, pf->dout8_stride, 128, C::BR) ||
+      !make_fp8_map(&m.k, p.k, C::D, p.seqlen_k, p.heads_kv, p.batch, p.k_stride, 128, C::BC) ||
+      !make_fp8_map(&m.v, p.v, C::D, p.seqlen_k, p.heads_kv, p.batch, p.v_stride, 128, C::BC) ||
+      !make_fp8_map(&m.qt, pf->qt, pf->q_cols, C::D, p.heads_q, p.batch, qt_stride, 64, C::D) ||
+      !make_fp8_map(&m.dot, pf->dot, pf->q_cols, C::D, p.heads_q, p.batch, qt_stride, 64, C::D) ||
+      !make_fp8_map(&m.kt, pf->kt, pf->k_cols, C::D, p.heads_kv, p.batch, kt_stride, 128, C::D))
+    return LAB_E_SHAPE;
+  if ((err = lab::allow_smem_once<bwd_fp8_kernel>(C::kSmem, dev)) != cudaSuccess) return err;
+  const int64_t blocks = (int64_t)((p.seqlen_k + C::BC - 1) / C::BC) * p.heads_kv * p.batch;
+  if (blocks > 0x7fffffff) return LAB_E_SHAPE;
+  bwd_fp8_kernel<<<(unsigned)blocks, C::kThreads, C::kSmem, st>>>(m, *pf);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  // Epilogue pass: dQ = scale * dq_accum
+  const int64_t quads = (int64_t)p.batch * p.heads_q * lab::bwd::padded_rows(p.seqlen_q) * C::D / 4;
+  const int64_t grid = (quads + 255) / 256;
+  convert_dq<C, __nv_bfloat16><<<(unsigned)(grid < 65536 ? grid : 65536), 256, 0, st>>>(p);
+  return cudaGetLastError();
+}
