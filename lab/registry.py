@@ -15,7 +15,7 @@ import sys
 
 from .kernels import Kernel
 from .kernels import resolve_version as _version
-from .variants import (BEST_BWD, BEST_FP8_FWD, BEST_BWD_HOPPER, BEST_DECODE, BEST_FWD, BEST_FWD_HOPPER,  # noqa: F401 (re-exported)
+from .variants import (BEST_BWD, BEST_FP8_BWD, BEST_FP8_FWD, BEST_BWD_HOPPER, BEST_DECODE, BEST_FWD, BEST_FWD_HOPPER,  # noqa: F401 (re-exported)
                        BEST_MASKED_BWD, BEST_MASKED_FWD, BEST_PAGED, DETERMINISTIC_BWD_HOPPER, HISTORY,
                        HOPPER_SMALL_MAX_SQ, VARIANTS, Variant, variant_of)
 
@@ -87,6 +87,12 @@ MASKED_BWD = {
 FP8_FWD = {
     "v13": Kernel("fwd/v13_fp8.cu", "attn_fwd_v13", (64, 128, 256), ((9, 0),)),
 }
+# The FP8 backward (all five GEMMs on e4m3 wgmma: the forward's e4m3 Q, K, V, dO quantised per tensor, P and dS
+# rounded in registers; bf16 dQ, dK, dV): its launcher takes AttnBwdFp8Params (kernels/common/hopper/
+# attn_bwd_fp8_params.h), so it has a table of its own; lab.fp8.kernel_bwd (attention_fp8_train's backward) calls it.
+FP8_BWD = {
+    "v22": Kernel("bwd/v22_fp8.cu", "attn_bwd_v22", (128,), ((9, 0),)),
+}
 DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 PAGED_DECODE = ("v03", "v04", "v05", "v06", "v07", "v08")  # decode versions with a block table (paged cache) and the bottom-right causal mask
 # KV heads a paged version's block reads together: H_kv must be a multiple (v04: 8 heads, one 2 KiB run per key)
@@ -119,7 +125,7 @@ def narrow_backward_dim(head_dim: int) -> bool:
 
 HOPPER_CAPABILITIES = ((9, 0),)
 TABLES = {"fwd": FWD, "fwd_masked": MASKED_FWD, "bwd": BWD, "bwd_masked": MASKED_BWD, "decode": DECODE,
-          "fwd_fp8": FP8_FWD}
+          "fwd_fp8": FP8_FWD, "bwd_fp8": FP8_BWD}
 
 
 def kernel_of(variant: Variant) -> Kernel:
@@ -206,7 +212,8 @@ def default_for_row(row: dict) -> str | None:
 
 def choose(family: str, shape: dict, capability: tuple = (9, 0), deterministic: bool = False) -> Variant:
     """The variant a call gets: family "fwd" (shape: head_dim, seqlen_q, causal), "bwd" (head_dim), "decode"
-    (head_dim, heads_kv; paged=True for a block table or a causal call), "fwd_masked" / "bwd_masked" (head_dim).
+    (head_dim, heads_kv; paged=True for a block table or a causal call), "fwd_masked" / "bwd_masked" / "fwd_fp8" /
+    "bwd_fp8" (head_dim).
     The one place the default rules live; default_attention_version & co. are its wrappers."""
     capability, head_dim = tuple(capability), int(shape.get("head_dim", 128))
     if family == "fwd":
@@ -236,6 +243,13 @@ def choose(family: str, shape: dict, capability: tuple = (9, 0), deterministic: 
             raise NotImplementedError(f"fwd_fp8 (the FP8 forward, wgmma e4m3) runs on compute capability 9.0 only, this "
                                       f"GPU is {'.'.join(map(str, capability))}")
         version = _version(None, FP8_FWD, head_dim, BEST_FP8_FWD)
+    elif family == "bwd_fp8":
+        if capability not in HOPPER_CAPABILITIES:
+            raise NotImplementedError(f"bwd_fp8 (the FP8 backward, wgmma e4m3) runs on compute capability 9.0 only, "
+                                      f"this GPU is {'.'.join(map(str, capability))}")
+        if deterministic:  # the kernel runs base.deterministic = 0 only
+            raise NotImplementedError("bwd_fp8 (the FP8 backward) has no deterministic mode")
+        version = _version(None, FP8_BWD, head_dim, BEST_FP8_BWD)
     else:
         raise ValueError(f"family {family!r}: one of {sorted(TABLES)}")
     return variant_of(family, version)
@@ -254,6 +268,7 @@ def defaults_snapshot() -> list[dict]:
              for paged in ({}, {"paged": True})]
     grid += [(family, {"head_dim": d}, False) for family in ("fwd_masked", "bwd_masked") for d in (64, 128)]
     grid += [("fwd_fp8", {"head_dim": d}, False) for d in (64, 128, 256)]
+    grid += [("bwd_fp8", {"head_dim": d}, det) for d in (64, 128) for det in (False, True)]
     grid += [("fwd_masked", {"head_dim": d}, False) for d in WIDE_HEAD_DIMS]
     grid += [("bwd_masked", {"head_dim": d}, False) for d in WIDE_HEAD_DIMS]
     rows = []
