@@ -10,7 +10,9 @@ One job per module:
 * ``race``    -- the race cells, timing against bf16 SDPA-cuDNN and the accuracy of both, as records;
 * ``report``  -- the chapter's tables, figures and findings (n15_fp8);
 * ``op``      -- the lab's own FP8 forward, ``lab.ops.attention_fp8`` (fwd v13, sm_90a), FA3's arguments;
-* ``checks``  -- its GPU checks: float64 on the dequantised inputs, against cuDNN FP8 and the emulation.
+* ``checks``  -- its GPU checks: float64 on the dequantised inputs, against cuDNN FP8 and the emulation;
+* ``backward`` -- training through it, ``attention_fp8_train`` (the backward by the FP8 kernel or in bf16);
+* ``kernel_bwd`` -- the FP8 backward kernel's call (bwd v22, sm_90a): its parameter block, workspaces, errors.
 
 ``peer`` and ``race`` import ``cudnn`` inside their functions only, so the package imports without it.
 """
