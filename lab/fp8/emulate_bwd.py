@@ -16,6 +16,10 @@ The formats say where precision goes (lab.fp8.backward's design note quotes `bud
     "bf16" everywhere   a bf16 backward (lab.ops.attention's kernels store P, dS, dO as bf16)
     e4m3 / e5m2         an FP8 backward: dO and dS each lose 4 (e4m3) or 5 (e5m2) more mantissa bits than bf16
 
+`kernel_model` is the FP8 backward kernel's own rounding (bwd v22, lab.fp8.kernel_bwd), the model its checks hold
+it to: dO per tensor, P as e4m3(P * 448), and dS with power-of-two multipliers, per key row for dK (over every
+query of the row's GQA group) and per tile of 64 queries x 128 keys for dQ.
+
 The gradients the GPU checks compare against are lab.check.reference_grads (float64 autograd) on the dequantised
 inputs. All take (B, H, S, D) tensors, GQA by head groups, top-left causal.
 """
@@ -30,6 +34,7 @@ from . import quant
 from .emulate import P_SCALE, _expand
 
 FORMATS = (None, "bf16", "e4m3", "e5m2")
+DQ_TILE = (64, 128)  # bwd v22's dQ scale tile: query blocks of 64 from 0, key blocks of 128 from 0
 
 
 def eager(q, k, v, grad_out, is_causal: bool = False, scale: float | None = None, dtype=torch.bfloat16):
@@ -158,3 +163,68 @@ def recorded_budget(B=1, H=4, S=1024, D=128, is_causal=True, seed: int = 0, devi
     fp8_row = budget(q, k, v, grad_out, is_causal, out=fp8_out, variants=(("fp8 forward's O, bf16 backward",
                                                                           "bf16", "bf16", "bf16"),))
     return [dict(r, shape=[B, H, S, D], causal=is_causal, seed=seed) for r in rows + fp8_row]
+
+
+# ---------------------------------------------------------------- the FP8 backward kernel's rounding (bwd v22)
+
+def pow2_multiplier(amax: torch.Tensor) -> torch.Tensor:
+    """2^(7 - floor(log2 a)), so that a times it lies in [128, 256): e4m3's top binades below its 448 (1 where a
+    is 0). frexp gives floor(log2 a) exactly, where log2 rounds up just below a power of two."""
+    _, exponent = torch.frexp(amax)
+    return torch.where(amax > 0, torch.exp2(8.0 - exponent.to(amax.dtype)), torch.ones_like(amax))
+
+
+def round_rows(ds: torch.Tensor, q_descale: torch.Tensor, heads_kv: int) -> torch.Tensor:
+    """dS as dK's GEMM reads it: e4m3(dS q_descale m_j) / (m_j q_descale), m_j from the largest |dS q_descale| of key
+    j over every query of its GQA group (the kernel's running minimum of m_j ends there; the rounding differs only
+    where an earlier step's values sit among e4m3's subnormals)."""
+    B, H, Sq, Sk = ds.shape
+    scaled = ds * q_descale.to(ds.dtype).expand(B, H)[..., None, None]
+    amax = scaled.abs().amax(dim=2).view(B, heads_kv, H // heads_kv, Sk).amax(dim=2)
+    m = _expand(pow2_multiplier(amax)[:, :, None, :], H)
+    return quant.round_to(scaled * m, "e4m3") / m / q_descale.to(ds.dtype).expand(B, H)[..., None, None]
+
+
+def round_tiles(ds: torch.Tensor, tile=DQ_TILE) -> torch.Tensor:
+    """dS as dQ's GEMM reads it: e4m3(dS m_t) / m_t, m_t from the largest |dS| of each (b, h) tile of tile[0]
+    queries x tile[1] keys."""
+    B, H, Sq, Sk = ds.shape
+    rq, rk = -(-Sq // tile[0]), -(-Sk // tile[1])
+    padded = torch.nn.functional.pad(ds.abs(), (0, rk * tile[1] - Sk, 0, rq * tile[0] - Sq))
+    amax = padded.view(B, H, rq, tile[0], rk, tile[1]).amax(dim=(3, 5))
+    m = pow2_multiplier(amax).repeat_interleave(tile[0], 2).repeat_interleave(tile[1], 3)[..., :Sq, :Sk]
+    return quant.round_to(ds * m, "e4m3") / m
+
+
+def kernel_model(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, grad_out, is_causal: bool = False,
+                 scale: float | None = None, dtype=torch.float64, dk_rows: bool = True, dq_tiles: bool = True,
+                 wrong: bool = False):
+    """(dq, dk, dv) in `dtype` of the FP8 backward kernel's math (module notes) from the forward's e4m3 q8, k8, v8
+    with descales (B, H) (or one element), its O and natural-log LSE (B, H_q, S_q), and dO (used as bf16, as the
+    kernel reads it). S from the dequantised e4m3 operands (exact products); Delta = rowsum(dO O) from the bf16 dO
+    and O; dO per tensor e4m3 in dP and dV; P as e4m3(P * 448) in dV. dk_rows / dq_tiles False: dS unrounded in that
+    GEMM (the rounding's own cost). wrong: the deliberately wrong build, dK without its row multiplier."""
+    heads, heads_kv = q8.shape[1], k8.shape[1]
+    B = q8.shape[0]
+    scale = 1.0 / math.sqrt(q8.shape[-1]) if scale is None else scale
+    q_descale, k_descale, v_descale = (d.to(dtype).expand(B, h) for d, h in ((q_descale, heads), (k_descale, heads_kv),
+                                                                              (v_descale, heads_kv)))
+    q, k, v = (x.to(dtype) * d[..., None, None] for x, d in ((q8, q_descale), (k8, k_descale), (v8, v_descale)))
+    grad_out = grad_out.to(torch.bfloat16)
+    d_o = quant.quantize(grad_out, "e4m3", "tensor").dequantize(dtype)
+    ke, ve = _expand(k, heads), _expand(v, heads)
+    s = (q @ ke.transpose(-1, -2)) * scale
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    p = torch.exp(s - lse.to(dtype)[..., None])
+    delta = (grad_out.to(dtype) * out.to(dtype)).sum(dim=-1, keepdim=True)
+    ds = p * (d_o @ ve.transpose(-1, -2) - delta)
+    p_q = quant.round_to(p * P_SCALE, "e4m3") / P_SCALE
+    dv = _group_sum(p_q.transpose(-1, -2) @ d_o, heads_kv)
+    ds_k = round_rows(ds, q_descale, heads_kv) if dk_rows else ds
+    dk = _group_sum(ds_k.transpose(-1, -2) @ q, heads_kv) * scale
+    if wrong:  # the kernel's accumulator is in units of 1 / m_j: dK comes out m_j times too large
+        amax = (ds.abs() * q_descale[..., None, None]).amax(dim=2)
+        dk = dk * pow2_multiplier(amax.view(B, heads_kv, heads // heads_kv, -1).amax(dim=2))[..., None]
+    dq = ((round_tiles(ds) if dq_tiles else ds) @ ke) * scale
+    return dq, dk, dv
