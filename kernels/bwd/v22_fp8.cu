@@ -35,11 +35,20 @@
 // LAB_BWD_FP8_WRONG=1: the deliberately wrong build (dK leaves without its row multiplier), which the checks must
 // see fail.
 #include "common/hopper/attn_bwd_fp8_params.h"
-#include "common/hopper/attn_bwd_sm90.cuh"
+#include "common/hopper/attn_bwd_stagger.cuh"
 #include "common/hopper/attn_fp8_sm90.cuh"
 
 #ifndef LAB_BWD_FP8_WRONG
 #define LAB_BWD_FP8_WRONG 0
+#endif
+// Q / dO stages in flight (2: the bf16 backward's; e4m3 tiles leave room for 3).
+#ifndef LAB_BWD_FP8_STAGES
+#define LAB_BWD_FP8_STAGES 2
+#endif
+// 1: warpgroup 1 starts its first step when warpgroup 0 has its first P^T, so that their GEMMs and elementwise
+// work alternate from the start (the bf16 backward's stagger, common/hopper/attn_bwd_stagger.cuh).
+#ifndef LAB_BWD_FP8_STAGGER
+#define LAB_BWD_FP8_STAGGER 1
 #endif
 
 namespace {
@@ -49,26 +58,31 @@ using lab::aligned16;
 using lab::strides_ok;
 
 // The tile choice is the bf16 backward's (common/hopper/attn_bwd_sm90.cuh, Cfg): B_c 128 as two m64 warpgroups,
-// B_r 64 (S^T and dP^T at 32 registers each beside dK and dV's 128), two stages. e4m3 halves every tile, so the
-// transposed copies fit beside the originals: 3 x 16 KB of K, V, K^T, 2 stages x 4 x 8 KB of Q, dO, Q^T, dO^T.
+// B_r 64 (S^T and dP^T at 32 registers each beside dK and dV's 128). e4m3 halves every tile, so the transposed
+// copies fit beside the originals: 3 x 16 KB of K, V, K^T, kStages x 4 x 8 KB of Q, dO, Q^T, dO^T.
+// dQ: split by columns (warpgroup w: columns 64 w.. over all 128 keys), deferred by one step behind two dS buffers
+// (the bf16 backward's stagger loop, common/hopper/attn_bwd_stagger.cuh): a warpgroup never waits for the other
+// inside a step. Each warpgroup writes its 64 keys of dS with a multiplier of its own, so dQ runs as two GEMMs of
+// 64 keys into two accumulators, added in fp32 with their own descales. Rejected: dQ over a warpgroup's own keys
+// (all D columns, no exchange at all) doubles the dQ partials added in L2 (64 KB per CTA step; at FP8's step rate
+// about 5 TB/s of reductions at S 16k).
 struct Fp8Cfg {
-  static constexpr int D = 128, BR = 64, BC = 128, kStages = 2;
-  static constexpr bool kSplitDq = true;  // dQ: warpgroup w, columns 64 w.., all 128 keys
+  static constexpr int D = 128, BR = 64, BC = 128, kStages = LAB_BWD_FP8_STAGES;
+  static constexpr bool kSplitDq = true;
   static constexpr int kDqCols = 64, kDqRegs = 32;
   static constexpr int kThreads = 384, kRegsConsumer = 240, kRegsProducer = 24;
   static constexpr int kKVBytes = BC * D;       // K, V, K^T (e4m3): 16 KB each
   static constexpr int kQBytes = BR * D;        // Q_i, dO_i, Q_i^T, dO_i^T: 8 KB each
   static constexpr int kStageBytes = 4 * kQBytes;
-  static constexpr int kDsBytes = BR * BC;      // dS_i (queries x keys)
-  static constexpr int kDqBytes = 64 * kDqCols * 4;
+  static constexpr int kDsBytes = BR * BC;      // dS_i (64 queries x 128 keys)
   static constexpr int kRowBytes = BR * 4;      // LSE_i or Delta_i
   static constexpr int kOffK = 0, kOffV = kKVBytes, kOffKt = 2 * kKVBytes;
   static constexpr int kOffQ = 3 * kKVBytes;    // [stage]: Q, dO, Q^T, dO^T
-  static constexpr int kOffDs = kOffQ + kStages * kStageBytes;
-  static constexpr int kOffDq = kOffDs + kDsBytes;  // [warpgroup][buffer]
-  static constexpr int kOffRows = kOffDq + 4 * kDqBytes;
-  static constexpr int kOffAmax = kOffRows + kStages * 2 * kRowBytes;  // [step parity][warp] tile amax
-  static constexpr int kSmem = kOffAmax + 2 * 8 * 4 + 1024;
+  static constexpr int kOffDs = kOffQ + kStages * kStageBytes;  // [buffer]
+  static constexpr int kOffRows = kOffDs + 2 * kDsBytes;
+  static constexpr int kOffAmax = kOffRows + kStages * 2 * kRowBytes;  // [warpgroup][step parity][warp] amax
+  static constexpr int kOffMul = kOffAmax + 2 * 2 * 4 * 4;              // [buffer][warpgroup] dS multiplier
+  static constexpr int kSmem = kOffMul + 2 * 2 * 4 + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
   static_assert(kOffDs % 1024 == 0 && kOffQ % 1024 == 0, "swizzle atoms are 1024-byte aligned");
 };
@@ -120,6 +134,35 @@ __device__ __forceinline__ void produce(const Maps& m, Bars<C::kStages>& bars, u
   }
 }
 
+// dQ of step j (issued during step j + 1, or after the loop): wait for the other warpgroup's half of dS_j, two
+// GEMMs of 64 keys (each half has its own multiplier), release the buffer, add the partial into dq_accum. Every
+// GEMM in flight (this step's dV / dK too) is complete on return.
+__device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, float k_descale,
+                                        const AttnBwdParams& p) {
+  const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
+  const uint32_t base = smem_u32(smem);
+  named_barrier_sync(ready_bar(buf, other), 256);
+  const uint32_t ds_s = base + C::kOffDs + buf * C::kDsBytes, kt_w = base + C::kOffKt + wg * 64 * 128;
+  float q0[C::kDqRegs], q1[C::kDqRegs];
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk)
+    WgmmaFp8Op<64>::ss(q0, desc_e4m3<128>(ds_s, C::BR, kk), desc_e4m3<128>(kt_w, C::D, kk), kk > 0);
+#pragma unroll
+  for (int kk = 2; kk < 4; ++kk)
+    WgmmaFp8Op<64>::ss(q1, desc_e4m3<128>(ds_s, C::BR, kk), desc_e4m3<128>(kt_w, C::D, kk), kk > 2);
+  wgmma_commit();
+  wgmma_wait<0>();
+  reg_fence(q0);
+  reg_fence(q1);
+  const float* mul = reinterpret_cast<const float*>(smem + C::kOffMul) + 2 * buf;
+  const float f0 = k_descale / mul[0], f1 = k_descale / mul[1];
+  if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
+#pragma unroll
+  for (int i = 0; i < C::kDqRegs; ++i) q0[i] = q0[i] * f0 + q1[i] * f1;
+  red_dq<C>(q0, work.head(j), work.m0(j, C::BR), work.b, p);
+}
+
 // The descales of the CTA's KV head and the per-tensor dO descale.
 struct Descales {
   float k, v, dout;
@@ -142,6 +185,7 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   const float q_ds = __ldg(pf.q_descale + (int64_t)work.b * p.heads_q + hq);
   const float c = p.scale * kLog2e * q_ds * ds.k;
   mbar_wait(smem_u32(&bars.full[s]), (it / C::kStages) & 1);
+  if (LAB_BWD_FP8_STAGGER && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
 
   float sacc[32], dpacc[32];
   wgmma_fence();
@@ -160,6 +204,7 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
 #pragma unroll
   for (int i = 0; i < 32; ++i) dpacc[i] *= dp_descale;
   p_ds_step<C>(sacc, dpacc, rows, c, kw0, m0, p);
+  if (LAB_BWD_FP8_STAGGER && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
 
   // P^T as e4m3(P * 448) A fragments for dV
   uint32_t pa[2][4], dsa[2][4];
@@ -207,22 +252,24 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dk, dsa[kk], desc_e4m3<64>(qt_s, C::D, kk), 1);
   wgmma_commit();
 
-  // dQ's tile multiplier: the eight warps' amax through shared memory (slots by step parity: a slot is rewritten
-  // two steps later, after both barriers of the step between)
+  // dS_it's buffer: the other warpgroup has read dS_{it-2} (its dQ GEMM of that step is complete)
+  const int buf = it & 1;
+  if (it >= 2) named_barrier_sync(free_bar(buf, wg), 256);
+  // This warpgroup's dS multiplier: the amax over its 64 keys x 64 queries, through shared memory (slots by step
+  // parity: a slot is rewritten two steps later, after this warpgroup's barriers of the step between)
   float ta = fmaxf(am[0], am[1]);
   ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 4));
   ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 8));
   ta = fmaxf(ta, __shfl_xor_sync(0xffffffffu, ta, 16));
-  float* slots = reinterpret_cast<float*>(smem + C::kOffAmax) + (it & 1) * 8;
-  if (lane == 0) slots[4 * wg + warp] = ta;
-  named_barrier_sync(kBarDsFree, 256);  // and every read of the last step's dS is over
-  float tmax = 0.f;
-#pragma unroll
-  for (int w = 0; w < 8; ++w) tmax = fmaxf(tmax, slots[w]);
+  float* slots = reinterpret_cast<float*>(smem + C::kOffAmax) + (2 * wg + buf) * 4;
+  if (lane == 0) slots[warp] = ta;
+  named_barrier_sync(kBarWg + wg, 128);
+  const float tmax = fmaxf(fmaxf(slots[0], slots[1]), fmaxf(slots[2], slots[3]));
   const float mt = tmax > 0.f ? pow2_under(tmax) : 1.f;
+  if (wt == 0) reinterpret_cast<float*>(smem + C::kOffMul)[2 * buf + wg] = mt;
 
-  // dS (queries x keys, keys in K^T's column order, 128B swizzle) as e4m3(dS * mt): rows q and q + 1 per pair
-  uint8_t* dst = smem + C::kOffDs;
+  // dS (queries x keys, keys in K^T's column order, 128B swizzle) as e4m3(dS * mt), this warpgroup's 64 keys
+  uint8_t* dst = smem + C::kOffDs + buf * C::kDsBytes;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int kl = 64 * wg + 16 * warp + g + 8 * hh;
@@ -239,24 +286,16 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
     }
   }
   fence_proxy_async();
-  named_barrier_sync(kBarDsReady, 256);
-
-  float dq[32];
-  wgmma_fence();
-  const uint32_t ds_s = base + C::kOffDs, kt_w = base + C::kOffKt + wg * 64 * 128;
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    WgmmaFp8Op<64>::ss(dq, desc_e4m3<128>(ds_s, C::BR, kk), desc_e4m3<128>(kt_w, C::D, kk), kk > 0);
-  wgmma_commit();
-  wgmma_wait<0>();
-  reg_fence(dq);
+  named_barrier_arrive(ready_bar(buf, wg), 256);
+  if (it >= 1) {
+    dq_step(smem, work, it - 1, ds.k, p);
+  } else {
+    wgmma_wait<0>();
+  }
+  named_barrier_sync(kBarWg + wg, 128);  // this warpgroup's own dS stores, before its dQ GEMM reads them next step
   reg_fence(dk);
   reg_fence(dv);
   mbar_arrive(smem_u32(&bars.empty[s]));  // this thread's reads of the stage are over
-  const float fq = ds.k / mt;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) dq[i] *= fq;
-  reduce_dq<C>(dq, smem, it, hq, m0, work.b, p);
 }
 
 // Epilogue: dK = scale * acc / m (per row) and dV = acc * do_descale / 448, bf16, keys < S_k.
@@ -315,7 +354,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   // Main loop
   for (int it = 0; it < work.n_iters; ++it) consume_step(dk, dv, mrow, smem, bars, work, it, pf, ds);
-  if (wt == 0) bulk_wait<0>();
+  if (work.n_iters > 0) dq_step(smem, work, work.n_iters - 1, ds.k, p);
 
   // Epilogue
   store_dk_dv(dk, dv, mrow, work.n0 + 64 * wg, work, p, ds.dout);
