@@ -1,5 +1,6 @@
 """GPU checks of training through the FP8 forward (lab.fp8.backward.attention_fp8_train), one record per check
-(kind "fp8-bwd-check").
+(kind "fp8-bwd-check", its "backward" field naming the backward that ran: "fp8", the kernel bwd v22, or "bf16",
+dequantise-then-bf16).
 
 Each check draws fresh seeded randn Q, K, V (bf16, the user's tensors) and dO, runs the call and its backward
 through torch.autograd.grad (the gradients' memory NaN-poisoned first: an unwritten element fails), and compares
@@ -9,13 +10,18 @@ it, on the same dequantised inputs, the errors of
 * ``bf16_eager``: the same math eagerly in bf16 (SDPA's math backend as autograd runs it), the yardstick of a
   16-bit backward;
 * ``lab_bf16``: lab.ops.attention's own bf16 forward and backward;
-* ``model``: lab.fp8.emulate_bwd.backward with P, dS, dO as bf16 on the FP8 forward's actual O and LSE: the
-  emulation of the path that runs (dequantise-then-bf16), the rule's yardstick.
+* ``model``: the emulation of the path that ran, on the FP8 forward's actual O and LSE, the rule's yardstick: for
+  the kernel lab.fp8.emulate_bwd.kernel_model (its e4m3 dO, P and dS with their scales), for dequantise-then-bf16
+  lab.fp8.emulate_bwd.backward with P, dS, dO as bf16;
+* ``dequantise_bf16`` (kernel cells): the same call with backward="bf16".
 
 Pass: no NaN or inf in any gradient, and each gradient's relative L2 and max abs at most
 emulate.MULTIPLIER x the model's (plus a floor far below bf16's rounding, `passes`). `wrong_build()` runs the call
-with K's descale dropped in the backward, which must fail. Cells: S 1, 65, 300, 1000, 4097, S_q != S_k, causal
-and not, GQA, D 64 and 128, per-tensor and per-head descales, fp16 inputs, deterministic mode.
+with K's descale dropped in the backward, `wrong_build(backward="fp8")` the kernel built without dK's row
+multiplier (LAB_BWD_FP8_WRONG): both must fail. Cells, dequantise-then-bf16: S 1, 65, 300, 1000, 4097, S_q != S_k,
+causal and not, GQA, D 64 and 128, per-tensor and per-head descales, fp16 inputs, deterministic mode. The kernel
+(KERNEL_CELLS, D 128): S 1, 65, 300, 1000, 4097, S_q != S_k both ways, causal and not, GQA 4, per-head descales,
+fp16 inputs, and V and dO of mean 1 at S 4097 (a long positive sum in dV's accumulator).
 Run: python -m lab.fp8.checks_bwd  (exit status 1 on any failure).
 """
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 
 from .. import record
 from ..check import _poison_allocator, reference_grads
+from . import backward as fp8_backward
 from . import emulate, emulate_bwd, quant
 from .backward import attention_fp8_train, dequantize_bf16, dequantize_bf16_torch, quantize_e4m3
 
@@ -44,38 +51,65 @@ CELLS = (
     ("d64-s1000-gqa2-c", 1, 4, 2, 1000, 1000, 64, True, "tensor"),
     ("d64-s4097", 1, 2, 2, 4097, 4097, 64, False, "tensor"),
 )
+# The FP8 backward kernel's cells (backward="fp8"): as CELLS, then the check's options
+KERNEL_CELLS = (
+    ("fp8-s1", 1, 2, 2, 1, 1, 128, False, "tensor", {}),
+    ("fp8-s65-c", 2, 4, 4, 65, 65, 128, True, "tensor", {}),
+    ("fp8-s300-gqa4", 1, 8, 2, 300, 300, 128, False, "tensor", {}),
+    ("fp8-s300-gqa4-c-head", 1, 8, 2, 300, 300, 128, True, "head", {}),
+    ("fp8-s1000-c-head", 1, 4, 4, 1000, 1000, 128, True, "head", {}),
+    ("fp8-sq65-sk1000", 1, 4, 4, 65, 1000, 128, False, "tensor", {}),
+    ("fp8-sq1000-sk65-c", 1, 4, 4, 1000, 65, 128, True, "tensor", {}),
+    ("fp8-s1000-fp16-inputs", 1, 4, 2, 1000, 1000, 128, True, "tensor", {"dtype": torch.float16}),
+    ("fp8-s4097-c", 1, 4, 4, 4097, 4097, 128, True, "tensor", {}),
+    ("fp8-s4097-mean1", 1, 4, 4, 4097, 4097, 128, False, "tensor", {"mean": 1.0}),
+)
 
 
 def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int = 0, bug=None,
-          device="cuda", dtype=torch.bfloat16, deterministic_mode: bool = False, lab_bf16: bool = True) -> dict:
-    """One check (module notes); appends and returns its record. (device: the CPU runs it only with the kernels
-    replaced, as tests/fp8/test_fp8_training.py does.)"""
+          device="cuda", dtype=torch.bfloat16, deterministic_mode: bool = False, lab_bf16: bool = True,
+          backward: str = "bf16", mean: float = 0.0) -> dict:
+    """One check (module notes) of attention_fp8_train(..., backward=backward); appends and returns its record. V
+    and dO are drawn as randn + mean. (device: the CPU runs it only with the kernels replaced, as
+    tests/fp8/test_fp8_checks_bwd.py does.)"""
     gen = torch.Generator(device=device).manual_seed(seed)
-    q, k, v = (torch.randn((B, H, S, D), generator=gen, device=device).to(dtype)
-               for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
-    grad_out = torch.randn((B, Hq, Sq, D), generator=gen, device=device).to(torch.bfloat16)
+    q, k, v = (torch.randn((B, H, S, D), generator=gen, device=device) for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+    q, k, v = q.to(dtype), k.to(dtype), (v + mean).to(dtype)
+    grad_out = (torch.randn((B, Hq, Sq, D), generator=gen, device=device) + mean).to(torch.bfloat16)
     quantized = [quant.quantize(x, "e4m3", granularity) for x in (q, k, v)]
     deq = [x.dequantize(torch.float64) for x in quantized]
     _, *ref = reference_grads(*deq, grad_out, causal)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    ran = fp8_backward.backward_path(D, "fp8" if bug == "fp8_bwd_wrong" else backward,
+                                     fp8_backward._capability_check(q.device),
+                                     deterministic_mode or torch.are_deterministic_algorithms_enabled())
     _poison_allocator(q, k, v)
+    kw = dict(is_causal=causal, enable_gqa=Hq != Hkv, granularity=granularity)
     with _deterministic(deterministic_mode):  # our call alone: the references' cuBLAS calls stay outside
-        out, lse = attention_fp8_train(*leaves, is_causal=causal, enable_gqa=Hq != Hkv, granularity=granularity,
-                                       return_lse=True, _bug=bug)
+        out, lse = attention_fp8_train(*leaves, **kw, return_lse=True, backward=backward, _bug=bug)
         grads = torch.autograd.grad(out, leaves, grad_out)
     if q.is_cuda:
         torch.cuda.synchronize()
     error = emulate_bwd.errors([g.float() for g in grads], ref)
-    as_run = [dequantize_bf16(x.data, x.descale).float() for x in quantized]  # what the bf16 backward reads
-    modelled = emulate_bwd.backward(*as_run, out.detach(), lse, grad_out.float(), causal, do_format="bf16",
-                                    p_format="bf16", ds_format="bf16")
+    if ran == "fp8":
+        modelled = emulate_bwd.kernel_model(*(x.data for x in quantized), *(x.descale for x in quantized),
+                                            out.detach(), lse, grad_out, causal)
+    else:
+        as_run = [dequantize_bf16(x.data, x.descale).float() for x in quantized]  # what the bf16 backward reads
+        modelled = emulate_bwd.backward(*as_run, out.detach(), lse, grad_out.float(), causal, do_format="bf16",
+                                        p_format="bf16", ds_format="bf16")
     model = emulate_bwd.errors([g.to(torch.bfloat16).float() for g in modelled], ref)  # stored as bf16, as dq, dk, dv
     eager = emulate_bwd.errors([g.float() for g in emulate_bwd.eager(*deq, grad_out, causal)], ref)
-    row = {"kind": "fp8-bwd-check", "impl": "lab.fp8.backward.attention_fp8_train",
-           "path": "fp8 forward (fwd v13) + dequantise-then-bf16 backward", "check": name,
+    path = "FP8 backward kernel (bwd v22)" if ran == "fp8" else "dequantise-then-bf16 backward"
+    row = {"kind": "fp8-bwd-check", "impl": "lab.fp8.backward.attention_fp8_train", "backward": ran,
+           "backward_arg": backward, "path": f"fp8 forward (fwd v13) + {path}", "check": name,
            "shape": [B, Hq, Hkv, Sq, Sk, D], "causal": causal, "granularity": granularity, "seed": seed,
-           "bug": bug, "error": error, "model": model, "bf16_eager": eager,
-           "reference": "float64 autograd on the dequantised inputs"}
+           "dtype": str(dtype), "mean": mean, "bug": bug, "error": error, "model": model,
+           "model_kind": "emulate_bwd.kernel_model" if ran == "fp8" else "emulate_bwd.backward (bf16 operands)",
+           "bf16_eager": eager, "reference": "float64 autograd on the dequantised inputs"}
+    if ran == "fp8":  # the other path on the same inputs, beside it
+        other = torch.autograd.grad(attention_fp8_train(*leaves, **kw, backward="bf16"), leaves, grad_out)
+        row["dequantise_bf16"] = emulate_bwd.errors([g.float() for g in other], ref)
     try:
         if not lab_bf16:
             raise RuntimeError("not asked")
@@ -94,6 +128,11 @@ def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int =
     return record.append(row)
 
 
+def kernel_check(cell, seed: int = 0, **options) -> dict:
+    """One of KERNEL_CELLS through the FP8 backward kernel (backward="fp8")."""
+    return check(*cell[:9], seed=seed, backward="fp8", **{**cell[9], **options})
+
+
 def passes(error: dict, model: dict, ref_max: float) -> bool:
     """emulate.MULTIPLIER x the model's relative L2 and max abs, plus a floor of FLOOR (relative L2) and FLOOR x
     the largest element of the three reference gradients (max abs): where the model's error is ~0 (S_k = 1:
@@ -103,9 +142,13 @@ def passes(error: dict, model: dict, ref_max: float) -> bool:
             and error["max_abs"] <= emulate.MULTIPLIER * model["max_abs"] + FLOOR * max(ref_max, 1e-30))
 
 
-def wrong_build(seed: int = 7) -> dict:
-    """K's descale dropped in the backward (dequantised K = its e4m3 values): must fail."""
-    return check("wrong-no-k-descale", 1, 4, 4, 300, 300, 128, True, seed=seed, bug="no_k_descale")
+def wrong_build(seed: int = 7, backward: str = "bf16", **options) -> dict:
+    """A deliberately wrong backward, which must fail: "bf16", K's descale dropped (dequantised K = its e4m3
+    values); "fp8", the kernel built with LAB_BWD_FP8_WRONG (dK without its row multiplier). options: check's."""
+    if backward == "fp8":
+        return check("wrong-fp8-bwd-no-dk-multiplier", 1, 4, 2, 300, 300, 128, True, seed=seed, bug="fp8_bwd_wrong",
+                     backward="fp8", **options)
+    return check("wrong-no-k-descale", 1, 4, 4, 300, 300, 128, True, seed=seed, bug="no_k_descale", **options)
 
 
 def casts_bitwise(seed: int = 11) -> dict:
@@ -158,34 +201,44 @@ def deterministic(seed: int = 5) -> dict:
 
 
 def run_all(seed: int = 0) -> list[dict]:
-    return [check(*cell, seed=seed) for cell in CELLS]
+    return [check(*cell, seed=seed) for cell in CELLS] + [kernel_check(cell, seed=seed) for cell in KERNEL_CELLS]
 
 
 def line(row: dict) -> str:
     err = " ".join(f"{g}:{row['error'][g]['rel_l2']:.2e}/{row['model'][g]['rel_l2']:.2e}/"
                    f"{row['bf16_eager'][g]['rel_l2']:.2e}" for g in ("dq", "dk", "dv"))
-    lab = row.get("lab_bf16")
-    lab_text = " lab_bf16 " + "/".join(f"{lab[g]['rel_l2']:.2e}" for g in ("dq", "dk", "dv")) if lab else ""
-    return f"{'PASS' if row['pass'] else 'FAIL'} {row['check']:<20} ours/model/bf16eager {err}{lab_text}"
+    beside = ""
+    for key in ("dequantise_bf16", "lab_bf16"):
+        if row.get(key):
+            beside += f" {key} " + "/".join(f"{row[key][g]['rel_l2']:.2e}" for g in ("dq", "dk", "dv"))
+    return (f"{'PASS' if row['pass'] else 'FAIL'} {row['check']:<24} [{row.get('backward', 'bf16')}] "
+            f"ours/model/bf16eager {err}{beside}")
+
+
+def _guarded(name: str, run) -> dict:
+    """run() printed as a line; an exception is a failed row (the other checks still run)."""
+    try:
+        row = run()
+        print(line(row), flush=True)
+    except Exception as err:  # noqa: BLE001
+        row = {"check": name, "pass": False, "error_raised": f"{type(err).__name__}: {err}"}
+        print("FAIL", name, row["error_raised"], flush=True)
+    return row
 
 
 def main(argv=None) -> int:
     rows = [casts_bitwise()]
     print("PASS" if rows[0]["pass"] else "FAIL", "casts-bitwise", rows[0]["mismatched"], flush=True)
-    wrong = wrong_build()  # early: a run cut short by its time limit still shows the rule rejecting it
-    print(line(wrong), "(must FAIL)", flush=True)
-    for cell in CELLS:
-        rows.append(check(*cell))
-        print(line(rows[-1]), flush=True)
-    for extra in (lambda: check("d128-s300-fp16-inputs", 1, 4, 2, 300, 300, 128, True, dtype=torch.float16),
-                  deterministic):
-        try:
-            rows.append(extra())
-            print(line(rows[-1]), flush=True)
-        except Exception as err:  # noqa: BLE001 (reported as a failure, the other checks still run)
-            rows.append({"check": getattr(extra, "__name__", "fp16"), "pass": False})
-            print("FAIL", rows[-1]["check"], type(err).__name__, err, flush=True)
-    failed = [r["check"] for r in rows if not r["pass"]] + (["wrong build passed"] if wrong["pass"] else [])
+    print("the deliberately wrong builds (must FAIL):", flush=True)  # early: a run cut short still shows them
+    wrong = [_guarded(f"wrong build ({b})", lambda b=b: wrong_build(backward=b)) for b in ("bf16", "fp8")]
+    rows += [_guarded(cell[0], lambda cell=cell: check(*cell)) for cell in CELLS]
+    rows += [_guarded(cell[0], lambda cell=cell: kernel_check(cell)) for cell in KERNEL_CELLS]
+    rows.append(_guarded("d128-s300-fp16-inputs", lambda: check("d128-s300-fp16-inputs", 1, 4, 2, 300, 300, 128, True,
+                                                                 dtype=torch.float16)))
+    rows.append(_guarded("deterministic", deterministic))
+    failed = [r["check"] for r in rows if not r["pass"]]
+    failed += [f"{r['check']} passed" if r["pass"] else f"{r['check']} raised" for r in wrong
+               if r["pass"] or "error_raised" in r]
     print("failures:", failed or "none", flush=True)
     return 1 if failed else 0
 

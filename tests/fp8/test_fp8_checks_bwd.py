@@ -1,0 +1,86 @@
+"""lab.fp8.checks_bwd on the CPU with the kernels replaced: a kernel cell runs backward="fp8", records which
+backward ran, holds it to kernel_model and reports the dequantise-then-bf16 path beside it; the wrong kernel build
+fails the rule; the bf16 cells keep their own model. The checks on the GPU: tests/fp8/test_fp8_kernel_bwd_gpu.py."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from lab.check import reference_grads
+from lab.fp8 import backward, checks_bwd, emulate, emulate_bwd, kernel_bwd, op
+
+
+def _lse(q, k, causal, scale):
+    s = (q.double() @ emulate._expand(k, q.shape[1]).double().transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.logsumexp(s, dim=-1).float()
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """The FP8 forward by float64 math, the FP8 backward kernel by its emulation (kernel_model; the wrong build's
+    too), the bf16 backward by float64 autograd, the device check by a no-op; `ran` lists the backwards run."""
+    ran = []
+
+    def run(q8, k8, v8, q_descale, k_descale, v_descale, is_causal, scale, enable_gqa, return_lse):
+        q, k, v = (x.float() * d[..., None, None] for x, d in ((q8, q_descale), (k8, k_descale), (v8, v_descale)))
+        scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        return emulate.reference(q, k, v, is_causal, scale).to(torch.bfloat16), _lse(q, k, is_causal, scale)
+
+    def kernel(grad_out, q8, k8, v8, q_descale, k_descale, v_descale, out, lse, is_causal, scale, defines):
+        ran.append("fp8-wrong" if defines == kernel_bwd.WRONG_BUILD else "fp8")
+        grads = emulate_bwd.kernel_model(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, grad_out, is_causal,
+                                         scale, wrong=defines == kernel_bwd.WRONG_BUILD)
+        return tuple(g.to(torch.bfloat16) for g in grads)
+
+    def bwd_impl(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, deterministic, version):
+        ran.append("bf16")
+        _, dq, dk, dv = reference_grads(q, k, v, grad_out, is_causal, scale)
+        return dq.to(torch.bfloat16), dk.to(torch.bfloat16), dv.to(torch.bfloat16)
+
+    from lab.backward import op as bwd_op
+    monkeypatch.setattr(op, "run", lambda *a, **kw: run(*a, **kw))
+    monkeypatch.setattr(kernel_bwd, "backward", kernel)
+    monkeypatch.setattr(bwd_op, "_bwd_impl", bwd_impl)
+    monkeypatch.setattr(bwd_op, "backward_version", lambda head_dim, capability, deterministic: "v14")
+    monkeypatch.setattr(backward, "_capability_check", lambda device: (9, 0))
+    return ran
+
+
+def test_a_kernel_cell_records_the_kernel_beside_the_bf16_path(fake_kernels, session_dir):
+    cell = next(c for c in checks_bwd.KERNEL_CELLS if c[0] == "fp8-s65-c")
+    row = checks_bwd.kernel_check(cell, device="cpu", lab_bf16=False)
+    assert fake_kernels == ["fp8", "bf16"] and row["backward"] == "fp8" and row["backward_arg"] == "fp8"
+    assert row["pass"] and row["model_kind"] == "emulate_bwd.kernel_model" and "bwd v22" in row["path"]
+    assert set(row["dequantise_bf16"]) == {"dq", "dk", "dv"}
+    assert row["error"]["dq"]["rel_l2"] > 5 * row["dequantise_bf16"]["dq"]["rel_l2"]  # e4m3 dS against bf16's
+    saved = [json.loads(line) for line in (session_dir / "records.jsonl").read_text().splitlines()]
+    assert saved[-1]["kind"] == "fp8-bwd-check" and saved[-1]["backward"] == "fp8"
+    assert "[fp8]" in checks_bwd.line(row) and "dequantise_bf16" in checks_bwd.line(row)
+
+
+def test_the_wrong_kernel_build_fails(fake_kernels, session_dir):
+    row = checks_bwd.wrong_build(backward="fp8", device="cpu", lab_bf16=False)
+    assert fake_kernels[0] == "fp8-wrong" and row["backward"] == "fp8" and not row["pass"]
+    assert row["error"]["dk"]["rel_l2"] > 10 and row["error"]["dq"]["rel_l2"] < 0.1  # dK alone is wrong
+
+
+def test_the_bf16_cells_keep_their_path_and_model(fake_kernels, session_dir):
+    row = checks_bwd.check(*checks_bwd.CELLS[1], device="cpu", lab_bf16=False)
+    assert fake_kernels == ["bf16"] and row["backward"] == "bf16" and "dequantise_bf16" not in row
+    assert row["model_kind"].startswith("emulate_bwd.backward") and row["pass"]
+
+
+def test_kernel_cells_are_d128_and_cover_the_brief():
+    names = {c[0] for c in checks_bwd.KERNEL_CELLS}
+    assert all(c[6] == 128 for c in checks_bwd.KERNEL_CELLS)
+    seqs = {(c[4], c[5]) for c in checks_bwd.KERNEL_CELLS}
+    assert {(1, 1), (65, 65), (300, 300), (1000, 1000), (4097, 4097), (65, 1000), (1000, 65)} <= seqs
+    assert {c[7] for c in checks_bwd.KERNEL_CELLS} == {False, True} and any(c[2] == 4 * c[3] for c in
+                                                                            checks_bwd.KERNEL_CELLS)
+    assert any(c[8] == "head" for c in checks_bwd.KERNEL_CELLS) and "fp8-s4097-mean1" in names
+    assert any(c[9].get("dtype") == torch.float16 for c in checks_bwd.KERNEL_CELLS)
