@@ -3,19 +3,23 @@
 One process, interleaved rounds (lab.bench.time_interleaved: each round times every call once, L2 flushed
 before each, cold), the public calls as a user makes them:
 
-* ``lab-fp8-train``: torch.autograd.grad through lab.fp8.backward.attention_fp8_train (dequantise-then-bf16:
-  three dequantising passes and the bf16 backward kernel; NOT an FP8 backward);
-* ``lab-bf16``: torch.autograd.grad through lab.ops.attention on bf16 inputs (bwd v14 on the H200);
+* ``lab-fp8-kernel``: torch.autograd.grad through lab.fp8.backward.attention_fp8_train(..., backward="fp8"): the
+  FP8 backward kernel, bwd v22 (dO's quantise, the pre-passes and the kernel; D 128 only, a row saying so at D 64);
+* ``lab-fp8-train``: the same call with backward="bf16" (dequantise-then-bf16: three dequantising passes and the
+  bf16 backward kernel; NOT an FP8 backward);
+* ``lab-bf16``: torch.autograd.grad through lab.ops.attention on bf16 inputs (bwd v14 on the H200), the ratio every
+  lab row carries (speed_vs_lab-bf16);
 * ``cudnn-fp8``: cuDNN's sdpa_fp8_backward graph execute (lab.fp8.peer_bwd), where the frontend builds it;
 * ``sdpa-cudnn-bf16``: torch SDPA's cuDNN backend, bf16 (what FP8 buys cuDNN itself);
-* ``lab-fp8-train fwd+bwd`` and ``lab-bf16 fwd+bwd``: the forward and backward of one training step;
+* ``lab-fp8-kernel fwd+bwd``, ``lab-fp8-train fwd+bwd`` and ``lab-bf16 fwd+bwd``: the forward and backward of one
+  training step;
 * ``dequantise q, k, v``: the dequantising passes of lab-fp8-train's backward alone (kernels/bwd/fp8_cast.cu;
-  "(torch)": torch's three passes a tensor it replaced) and ``quantise q, k, v`` (the forward's, likewise),
-  diagnostics.
+  "(torch)": torch's three passes a tensor it replaced), ``quantise q, k, v`` (the forward's, likewise) and
+  ``quantise dO`` (lab-fp8-kernel's, per tensor), diagnostics.
 
 TFLOP/s of a backward count 2.5 x the forward's 4 B H S_q S_k D (halved for causal), the five GEMMs.
 Records: kind "fp8-bwd-race", one per (impl, case). `accuracy()` adds cuDNN FP8's gradient error against
-float64 beside ours on one small cell.
+float64 beside both of our paths on one small cell.
 """
 from __future__ import annotations
 
@@ -24,8 +28,17 @@ import sys
 import torch
 
 from .. import bench, record
-from . import emulate_bwd, peer, peer_bwd, quant
+from ..check import reference_grads
+from . import emulate_bwd, kernel_bwd, peer, peer_bwd, quant
 from .backward import attention_fp8_train, dequantize_bf16, dequantize_bf16_torch, quantize_e4m3
+
+PATHS = {"lab-fp8-kernel": "FP8 backward kernel (bwd v22)",
+         "lab-fp8-train": "dequantise-then-bf16 backward (bwd v14 on bf16 copies)"}
+# a row -> the row its speed_vs_ ratio is taken against (partner's median / its own: above 1 is faster)
+PARTNERS = {"lab-fp8-kernel": ("lab-bf16", "lab-fp8-train", "cudnn-fp8"), "lab-fp8-train": ("lab-bf16", "cudnn-fp8"),
+            "lab-fp8-kernel fwd+bwd": ("lab-bf16 fwd+bwd", "lab-fp8-train fwd+bwd"),
+            "lab-fp8-train fwd+bwd": ("lab-bf16 fwd+bwd",), "cudnn-fp8": ("sdpa-cudnn-bf16",),
+            "lab-bf16": ("sdpa-cudnn-bf16",)}
 
 # (name, B, H, S, D, causal)
 CASES = (
@@ -56,10 +69,14 @@ def _step_call(forward, leaves, grad_out):
 def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.3) -> list[dict]:
     import lab.ops as ops
     leaves, grad_out = _inputs(B, H, S, D, seed)
-    fp8 = lambda q, k, v: attention_fp8_train(q, k, v, is_causal=causal)  # noqa: E731
+    kernel = lambda q, k, v: attention_fp8_train(q, k, v, is_causal=causal, backward="fp8")  # noqa: E731
+    fp8 = lambda q, k, v: attention_fp8_train(q, k, v, is_causal=causal, backward="bf16")  # noqa: E731
     bf16 = lambda q, k, v: ops.attention(q, k, v, is_causal=causal)  # noqa: E731
-    calls = {"lab-fp8-train": (_grad_call(fp8, leaves, grad_out), None),
-             "lab-bf16": (_grad_call(bf16, leaves, grad_out), None)}
+    no_kernel = kernel_bwd.unavailable(D, torch.cuda.get_device_capability(),
+                                       torch.are_deterministic_algorithms_enabled())
+    calls = {} if no_kernel else {"lab-fp8-kernel": (_grad_call(kernel, leaves, grad_out), None)}
+    calls.update({"lab-fp8-train": (_grad_call(fp8, leaves, grad_out), None),
+                  "lab-bf16": (_grad_call(bf16, leaves, grad_out), None)})
     try:  # cuDNN's own bf16 backward: what FP8 buys cuDNN (its FP8 row / this one)
         sdpa = bench.sdpa_runner("cudnn", *leaves, is_causal=causal)
         calls["sdpa-cudnn-bf16"] = (_grad_call(lambda q, k, v: sdpa(), leaves, grad_out), None)
@@ -79,51 +96,64 @@ def race_case(name, B, H, S, D, causal, seed: int = 0, budget_s: float = 0.3) ->
     calls["dequantise q, k, v (torch)"] = (lambda: [dequantize_bf16_torch(x.data, x.descale) for x in saved], None)
     calls["quantise q, k, v"] = (lambda: [quantize_e4m3(x.detach(), "tensor") for x in leaves], None)
     calls["quantise q, k, v (torch)"] = (lambda: [quant.quantize(x.detach(), "e4m3") for x in leaves], None)
+    if not no_kernel:
+        calls["quantise dO"] = (lambda: quantize_e4m3(grad_out, "tensor"), None)
+        calls["lab-fp8-kernel fwd+bwd"] = (_step_call(kernel, leaves, grad_out), None)
     calls["lab-fp8-train fwd+bwd"] = (_step_call(fp8, leaves, grad_out), None)
     calls["lab-bf16 fwd+bwd"] = (_step_call(bf16, leaves, grad_out), None)
     timed = bench.time_interleaved(calls, bench.CudaTimer(), budget_s=budget_s, max_reps=40)
     if cudnn is not None:
         cudnn.close()
+    rows = [record.append(row) for row in rows_of(timed, name, B, H, S, D, causal)]
+    if "cudnn-fp8" not in timed:
+        rows.append(record.append({"kind": "fp8-bwd-race", "impl": "cudnn-fp8", "case": name, "unsupported": why}))
+    if no_kernel:
+        rows.append(record.append({"kind": "fp8-bwd-race", "impl": "lab-fp8-kernel", "case": name,
+                                   "path": PATHS["lab-fp8-kernel"], "unsupported": no_kernel}))
+    return rows
+
+
+def rows_of(timed: dict, name, B, H, S, D, causal) -> list[dict]:
+    """The race's rows from time_interleaved's {impl: Timing or why}: TFLOP/s, the speed_vs_ ratios of PARTNERS, and
+    each cast's share of the call that makes it (quantise dO: the kernel path's; the others: lab-fp8-train's)."""
     flops = 2.5 * bench.attention_flops(B, H, S, S, D, causal)
     rows = []
     for impl, t in timed.items():
         row = {"kind": "fp8-bwd-race", "impl": impl, "case": name, "shape": [B, H, S, D], "causal": causal,
-               "path": "dequantise-then-bf16 backward (bwd v14 on bf16 copies)" if impl.startswith("lab-fp8") else
-               impl, "timer": "cold (L2 flushed)"}
+               "path": PATHS.get(impl.split(" ")[0], impl), "timer": "cold (L2 flushed)"}
         if isinstance(t, bench.Timing):
             row["timing"] = t.as_dict()
             if impl.startswith(("dequantise", "quantise")):
-                if isinstance(timed.get("lab-fp8-train"), bench.Timing):
-                    row["share_of_lab-fp8-train"] = t.median_ms / timed["lab-fp8-train"].median_ms
+                whole = "lab-fp8-kernel" if impl == "quantise dO" else "lab-fp8-train"
+                if isinstance(timed.get(whole), bench.Timing):
+                    row["share_of_" + whole] = t.median_ms / timed[whole].median_ms
             else:  # a training step: 3.5 x the forward's FLOPs, the backward's 2.5 and the forward's 1
                 row["tflops"] = flops * (1.4 if "fwd+bwd" in impl else 1.0) / t.median_ms / 1e9
-            partner = {"lab-fp8-train": "lab-bf16", "lab-fp8-train fwd+bwd": "lab-bf16 fwd+bwd"}.get(impl)
-            if partner and isinstance(timed.get(partner), bench.Timing):
-                row["speed_vs_" + partner] = timed[partner].median_ms / t.median_ms
-            if impl == "lab-fp8-train" and isinstance(timed.get("cudnn-fp8"), bench.Timing):
-                row["speed_vs_cudnn-fp8"] = timed["cudnn-fp8"].median_ms / t.median_ms
-            if impl == "cudnn-fp8" and isinstance(timed.get("sdpa-cudnn-bf16"), bench.Timing):
-                row["speed_vs_sdpa-cudnn-bf16"] = timed["sdpa-cudnn-bf16"].median_ms / t.median_ms
-            if impl == "lab-bf16" and isinstance(timed.get("sdpa-cudnn-bf16"), bench.Timing):
-                row["speed_vs_sdpa-cudnn-bf16"] = timed["sdpa-cudnn-bf16"].median_ms / t.median_ms
+            for partner in PARTNERS.get(impl, ()):
+                if isinstance(timed.get(partner), bench.Timing):
+                    row["speed_vs_" + partner] = timed[partner].median_ms / t.median_ms
         else:
             row["unsupported"] = t
-        rows.append(record.append(row))
-    if "cudnn-fp8" not in timed:
-        rows.append(record.append({"kind": "fp8-bwd-race", "impl": "cudnn-fp8", "case": name, "unsupported": why}))
+        rows.append(row)
     return rows
 
 
 def accuracy(B=1, H=4, S=1024, D=128, causal=True, seed: int = 3) -> dict:
-    """cuDNN FP8's and our gradient error against float64 on the dequantised inputs (per-tensor scales)."""
+    """cuDNN FP8's and our two paths' gradient error against float64 on the dequantised inputs (per-tensor
+    scales): lab-fp8-kernel (backward="fp8", where it runs) and lab-fp8-train (backward="bf16")."""
     leaves, grad_out = _inputs(B, H, S, D, seed)
     quantized = [quant.quantize(x.detach(), "e4m3", "tensor") for x in leaves]
     deq = [x.dequantize(torch.float64) for x in quantized]
-    _, *ref = emulate_bwd.reference(*deq, grad_out, causal)
-    ours = torch.autograd.grad(attention_fp8_train(*leaves, is_causal=causal), leaves, grad_out)
+    _, *ref = reference_grads(*deq, grad_out, causal)
     row = {"kind": "fp8-bwd-accuracy", "shape": [B, H, S, D], "causal": causal,
-           "lab-fp8-train": emulate_bwd.errors([g.float() for g in ours], ref),
            "bf16_eager": emulate_bwd.errors([g.float() for g in emulate_bwd.eager(*deq, grad_out, causal)], ref)}
+    for impl, choice in (("lab-fp8-kernel", "fp8"), ("lab-fp8-train", "bf16")):
+        try:
+            ours = torch.autograd.grad(attention_fp8_train(*leaves, is_causal=causal, backward=choice), leaves,
+                                       grad_out)
+            row[impl] = emulate_bwd.errors([g.float() for g in ours], ref)
+        except NotImplementedError as err:  # the kernel's head dims and mode: a row saying so
+            row[impl + "_unavailable"] = str(err)
     why = peer.unavailable()
     if why is None:
         try:

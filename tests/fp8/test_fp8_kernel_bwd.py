@@ -146,9 +146,9 @@ def _fake_kernels(monkeypatch, ran: list):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("choice, bug, path, ok", [("auto", None, "fp8", True), ("fp8", None, "fp8", True),
-                                                   ("bf16", None, "bf16", True), ("auto", "fp8_bwd_wrong", "fp8", False),
-                                                   ("fp8", "no_k_descale", "fp8", False)])
+@pytest.mark.parametrize("choice, bug, path, ok", [
+    ("auto", None, "fp8", True), ("fp8", None, "fp8", True), ("bf16", None, "bf16", True),
+    ("auto", "fp8_bwd_wrong", "fp8", False), ("fp8", "no_k_descale", "fp8", False)])
 def test_kernel_path_plumbing(monkeypatch, dtype, choice, bug, path, ok):
     ran = []
     _fake_kernels(monkeypatch, ran)
@@ -178,3 +178,21 @@ def test_deterministic_mode_runs_the_bf16_path_under_auto(monkeypatch):
     finally:
         torch.use_deterministic_algorithms(previous)
     assert [r[0] for r in ran] == ["bf16"]
+
+
+def test_race_rows_carry_the_kernel_against_our_bf16_backward():
+    from lab import bench
+    from lab.fp8 import race_bwd
+    timed = {"lab-fp8-kernel": bench.Timing(2.0, 1.9, 2.1, 20), "lab-fp8-train": bench.Timing(4.0, 3.9, 4.1, 20),
+             "lab-bf16": bench.Timing(3.0, 2.9, 3.1, 20), "cudnn-fp8": "unsupported: no frontend",
+             "quantise dO": bench.Timing(0.1, 0.1, 0.1, 20), "lab-fp8-kernel fwd+bwd": bench.Timing(3.0, 3, 3, 20),
+             "lab-bf16 fwd+bwd": bench.Timing(4.5, 4.5, 4.5, 20)}
+    rows = {r["impl"]: r for r in race_bwd.rows_of(timed, "d128-s4096", 2, 16, 4096, 128, False)}
+    kernel = rows["lab-fp8-kernel"]
+    assert kernel["speed_vs_lab-bf16"] == pytest.approx(1.5) and kernel["speed_vs_lab-fp8-train"] == pytest.approx(2.0)
+    assert "bwd v22" in kernel["path"] and "speed_vs_cudnn-fp8" not in kernel and kernel["tflops"] > 0
+    assert rows["lab-fp8-kernel fwd+bwd"]["speed_vs_lab-bf16 fwd+bwd"] == pytest.approx(1.5)
+    train = rows["lab-fp8-train"]
+    assert train["speed_vs_lab-bf16"] == pytest.approx(0.75) and "dequantise" in train["path"]
+    assert rows["quantise dO"]["share_of_lab-fp8-kernel"] == pytest.approx(0.05)
+    assert rows["cudnn-fp8"]["unsupported"] == "unsupported: no frontend"
