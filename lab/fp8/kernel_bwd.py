@@ -78,7 +78,8 @@ def unavailable(head_dim: int, capability: tuple | None = None, deterministic: b
     lab.registry.FP8_BWD's row and choose("bwd_fp8")'s rule. capability None: the argument checks alone."""
     kernel = registry.FP8_BWD[VERSION]
     if head_dim not in kernel.head_dims:
-        return f"the FP8 backward kernel (bwd {VERSION}) runs head dim {kernel.head_dims} only, this call's is {head_dim}"
+        return (f"the FP8 backward kernel (bwd {VERSION}) runs head dim {kernel.head_dims} only, this call's is "
+                f"{head_dim}")
     if capability is not None and tuple(capability) not in kernel.capabilities:
         return (f"the FP8 backward kernel (bwd {VERSION}, wgmma e4m3) runs on compute capability 9.0 only, this GPU "
                 f"is {'.'.join(map(str, capability))}")
