@@ -24,7 +24,8 @@ from .decode.op import (MAX_DECODE_Q_LEN, MAX_NUM_SPLITS, decode, decode_call_fa
                         raise_page_errors)
 from .decode.deferred import check_page_errors  # noqa: F401 (the default paged call's flags, waited for)
 from .fp8.op import attention_fp8  # noqa: F401 (the FP8 forward, fwd v13: e4m3 inputs with FA3's descales)
-# attention_fp8_train: training through the FP8 forward (inputs quantised inside; gradients by the bf16 backward)
+# attention_fp8_train: training through the FP8 forward (inputs quantised inside; gradients by the FP8 backward kernel,
+# bwd v22, at D 128 on compute capability 9.0, else by the bf16 backward on dequantised copies: its backward= says)
 from .fp8.backward import attention_fp8_train  # noqa: F401
 
 # Autograd for lab::attention (and the lab::attention_backward op) is registered by lab/backward/op.py, imported
