@@ -112,7 +112,7 @@ VARIANTS = {v.name: v for v in (
             "TMA ring, intra-warpgroup overlap (D 128 / 256: ping-pong, persistent grid)", "sm_90a"),
     Variant("bwd_sm90_fp8", "bwd_fp8", "v22", "the five GEMMs on wgmma k32 e4m3 (AttnBwdFp8Params, "
             "common/hopper/attn_bwd_fp8_params.h): e4m3 Q, K, V, dO per tensor, P as e4m3(P * 448), dS per key row "
-            "(dK) and per 64 x 128 tile (dQ) with power-of-two scales", "D 128: 128 keys a CTA, 64-query steps",
+            "(dK) and per 64 x 64 tile (dQ) with power-of-two scales", "D 128: 128 keys a CTA, 64-query steps",
             "causal, last partial tile", "dQ in a float32 workspace (dq_accum), then bf16", "Q^T, K^T, dO^T "
             "written to workspaces before the main loop", "sm_90a"),
     Variant("bwd_sm80_mma", "bwd", "v01", "FA2's backward on mma.sync (m16n8k16)", "per head dim (bwd/v01_mma.cu)", "causal", "dQ atomics or "

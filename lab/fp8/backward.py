@@ -17,7 +17,7 @@ Which backward runs (`backward=`; name it in every claim):
 
 * "fp8": the FP8 backward kernel, bwd v22 (lab.fp8.kernel_bwd; lab.registry.FP8_BWD). All five GEMMs on e4m3
   wgmma from the saved e4m3 Q, K, V and their descales; dO quantised to e4m3 per tensor; P as e4m3(P * 448); dS
-  with power-of-two scales, per key row for dK and per tile of 64 queries x 128 keys for dQ; bf16 dQ, dK, dV.
+  with power-of-two scales, per key row for dK and per tile of 64 queries x 64 keys for dQ; bf16 dQ, dK, dV.
   Head dim 128, compute capability 9.0, not in deterministic mode: any other call raises NotImplementedError
   saying which (never a silent fallback).
 * "bf16": dequantise-then-bf16. Q, K, V are dequantised to bf16 (e4m3 x descale, rounded once; one pass each,

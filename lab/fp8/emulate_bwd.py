@@ -18,7 +18,7 @@ The formats say where precision goes (lab.fp8.backward's design note quotes `bud
 
 `kernel_model` is the FP8 backward kernel's own rounding (bwd v22, lab.fp8.kernel_bwd), the model its checks hold
 it to: dO per tensor, P as e4m3(P * 448), and dS with power-of-two multipliers, per key row for dK (over every
-query of the row's GQA group) and per tile of 64 queries x 128 keys for dQ.
+query of the row's GQA group) and per tile of 64 queries x 64 keys for dQ.
 
 The gradients the GPU checks compare against are lab.check.reference_grads (float64 autograd) on the dequantised
 inputs. All take (B, H, S, D) tensors, GQA by head groups, top-left causal.
@@ -34,7 +34,9 @@ from . import quant
 from .emulate import P_SCALE, _expand
 
 FORMATS = (None, "bf16", "e4m3", "e5m2")
-DQ_TILE = (64, 128)  # bwd v22's dQ scale tile: query blocks of 64 from 0, key blocks of 128 from 0
+# bwd v22's dQ scale tile: a step's 64 queries (blocks from 0) x one consumer warpgroup's 64 keys (from 0): each
+# warpgroup scales its half of the CTA's 128 keys by its own amax
+DQ_TILE = (64, 64)
 
 
 def eager(q, k, v, grad_out, is_causal: bool = False, scale: float | None = None, dtype=torch.bfloat16):

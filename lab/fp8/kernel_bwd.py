@@ -12,7 +12,7 @@ dequantised inputs (x_fp8 * descale).
 Where it rounds (lab.fp8.emulate_bwd.kernel_model does the same on the CPU): S = Q K^T from the e4m3 operands
 (exact products, float32 sums); dP = dO V^T and dV = P^T dO read the e4m3 dO; P enters dV as e4m3(P * 448); dS
 enters dK with a power-of-two scale per key row (m_j = 2^(7 - floor(log2 max_i |dS_ij q_descale|)): the row's
-largest value lands in [128, 256), e4m3's top binades) and dQ with one per tile of 64 queries x 128 keys. Powers
+largest value lands in [128, 256), e4m3's top binades) and dQ with one per tile of 64 queries x 64 keys. Powers
 of two make every rescale exact, so each scale costs only the e4m3 rounding of the values it scales.
 
 The launcher takes AttnBwdFp8Params (kernels/common/hopper/attn_bwd_fp8_params.h), which embeds AttnBwdParams

@@ -80,17 +80,18 @@ def test_dk_rows_share_a_multiplier_across_a_gqa_group():
 
 
 def test_dq_rounding_is_per_tile():
+    rows, cols = emulate_bwd.DQ_TILE
     gen = torch.Generator().manual_seed(5)
-    ds = torch.randn(1, 1, 130, 256, generator=gen, dtype=torch.float64)
-    tiles = [(q0, k0) for q0 in (0, 64, 128) for k0 in (0, 128)]
+    ds = torch.randn(1, 1, 2 * rows + 2, 2 * cols, generator=gen, dtype=torch.float64)  # a partial last query block
+    tiles = [(q0, k0) for q0 in (0, rows, 2 * rows) for k0 in (0, cols)]
     for i, (q0, k0) in enumerate(tiles):  # each tile 2^-4 of the one before: six sizes from 1 to 2^-20
-        ds[..., q0:q0 + 64, k0:k0 + 128] *= 2.0 ** (-4 * i)
+        ds[..., q0:q0 + rows, k0:k0 + cols] *= 2.0 ** (-4 * i)
     got = emulate_bwd.round_tiles(ds)
     per_tensor = quant.quantize(ds, "e4m3").dequantize(torch.float64)
     for q0, k0 in tiles:
-        tile = (..., slice(q0, q0 + 64), slice(k0, k0 + 128))
+        tile = (..., slice(q0, q0 + rows), slice(k0, k0 + cols))
         assert float((got[tile] - ds[tile]).norm() / ds[tile].norm()) < 2.0 ** -4, (q0, k0)
-    last = (..., slice(128, 130), slice(128, 256))
+    last = (..., slice(2 * rows, 2 * rows + 2), slice(cols, 2 * cols))
     assert float((per_tensor[last] - ds[last]).norm() / ds[last].norm()) > 0.5  # one scale loses the smallest tile
 
 
