@@ -47,6 +47,12 @@
 #endif
 // 1: warpgroup 1 starts its first step when warpgroup 0 has its first P^T, so that their GEMMs and elementwise
 // work alternate from the start (the bf16 backward's stagger, common/hopper/attn_bwd_stagger.cuh).
+// 1: K_w and V_w held in registers as e4m3 A fragments, S^T and dP^T as RS GEMMs: each k32 step then reads 2 KB of
+// shared memory (Q_i or dO_i) instead of 4 KB; 2: K_w only (S^T RS, dP^T SS: 16 registers, not 32); 0: both
+// operands from shared memory.
+#ifndef LAB_BWD_FP8_KV_REGS
+#define LAB_BWD_FP8_KV_REGS 0
+#endif
 #ifndef LAB_BWD_FP8_STAGGER
 #define LAB_BWD_FP8_STAGGER 1
 #endif
@@ -134,33 +140,46 @@ __device__ __forceinline__ void produce(const Maps& m, Bars<C::kStages>& bars, u
   }
 }
 
-// dQ of step j (issued during step j + 1, or after the loop): wait for the other warpgroup's half of dS_j, two
-// GEMMs of 64 keys (each half has its own multiplier), release the buffer, add the partial into dq_accum. Every
-// GEMM in flight (this step's dV / dK too) is complete on return.
+// dQ of step j (issued during step j + 1, or after the loop): wait for the other warpgroup's half of dS_j, the
+// GEMM over both halves, release the buffer, add the partial into dq_accum. Each half of dS has its own
+// multiplier: the half with the larger one (the smaller values) goes first, its partial is multiplied by the ratio
+// of the two (a power of two <= 1: exact, no overflow), and the other half accumulates on top; one accumulator of
+// 32 registers where two would not fit beside K_w and V_w's fragments. Every GEMM in flight (this step's dV / dK
+// too) is complete on return.
 __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, float k_descale,
                                         const AttnBwdParams& p) {
   const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
   const uint32_t base = smem_u32(smem);
   named_barrier_sync(ready_bar(buf, other), 256);
   const uint32_t ds_s = base + C::kOffDs + buf * C::kDsBytes, kt_w = base + C::kOffKt + wg * 64 * 128;
-  float q0[C::kDqRegs], q1[C::kDqRegs];
+  const float* mul = reinterpret_cast<const float*>(smem + C::kOffMul) + 2 * buf;
+  const float m0 = mul[0], m1 = mul[1];
+  const int first = m0 >= m1 ? 0 : 1;  // the half with the larger multiplier
+  float dq[C::kDqRegs];
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk)
-    WgmmaFp8Op<64>::ss(q0, desc_e4m3<128>(ds_s, C::BR, kk), desc_e4m3<128>(kt_w, C::D, kk), kk > 0);
-#pragma unroll
-  for (int kk = 2; kk < 4; ++kk)
-    WgmmaFp8Op<64>::ss(q1, desc_e4m3<128>(ds_s, C::BR, kk), desc_e4m3<128>(kt_w, C::D, kk), kk > 2);
+    WgmmaFp8Op<64>::ss(dq, desc_e4m3<128>(ds_s, C::BR, 2 * first + kk), desc_e4m3<128>(kt_w, C::D, 2 * first + kk),
+                       kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
-  reg_fence(q0);
-  reg_fence(q1);
-  const float* mul = reinterpret_cast<const float*>(smem + C::kOffMul) + 2 * buf;
-  const float f0 = k_descale / mul[0], f1 = k_descale / mul[1];
-  if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
+  reg_fence(dq);
+  const float ratio = first == 0 ? m1 / m0 : m0 / m1;
 #pragma unroll
-  for (int i = 0; i < C::kDqRegs; ++i) q0[i] = q0[i] * f0 + q1[i] * f1;
-  red_dq<C>(q0, work.head(j), work.m0(j, C::BR), work.b, p);
+  for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= ratio;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk)
+    WgmmaFp8Op<64>::ss(dq, desc_e4m3<128>(ds_s, C::BR, 2 * (1 - first) + kk),
+                       desc_e4m3<128>(kt_w, C::D, 2 * (1 - first) + kk), 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  reg_fence(dq);
+  if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
+  const float f = k_descale / (first == 0 ? m1 : m0);
+#pragma unroll
+  for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= f;
+  red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
 }
 
 // The descales of the CTA's KV head and the per-tensor dO descale.
@@ -168,11 +187,32 @@ struct Descales {
   float k, v, dout;
 };
 
+// K_w, V_w as the e4m3 A fragments of S^T's and dP^T's four k32 steps (LAB_BWD_FP8_KV_REGS; the m16n8k32 8-bit A
+// layout per warp: word 0 row g, columns 4t..4t+3 of the step, word 1 row g + 8, words 2, 3 the same rows 16
+// columns on), read once from the swizzled tiles.
+constexpr int kKFrags = LAB_BWD_FP8_KV_REGS ? 4 : 1, kVFrags = LAB_BWD_FP8_KV_REGS == 1 ? 4 : 1;
+struct KvFrags {
+  uint32_t k[kKFrags][4], v[kVFrags][4];
+};
+__device__ __forceinline__ void load_kv_frags(KvFrags& f, const uint8_t* smem) {
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+#pragma unroll
+  for (int kk = 0; kk < kKFrags; ++kk)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = 64 * wg + 16 * warp + g + 8 * (j & 1), col = 32 * kk + 16 * (j >> 1) + 4 * t;
+      const int off = r * 128 + (((col >> 4) ^ (r & 7)) << 4) + (col & 15);
+      f.k[kk][j] = *reinterpret_cast<const uint32_t*>(smem + C::kOffK + off);
+      if constexpr (kVFrags > 1) f.v[kk][j] = *reinterpret_cast<const uint32_t*>(smem + C::kOffV + off);
+    }
+}
+
 // One step of a consumer warpgroup (query block `it` of the tile). mrow: the running dK multipliers of the
 // thread's two key rows. Every GEMM it issues is waited for before it returns.
 __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[C::D / 2], float (&mrow)[2],
                                              uint8_t* smem, Bars<C::kStages>& bars, const Work& work, int it,
-                                             const AttnBwdFp8Params& pf, const Descales& ds) {
+                                             const AttnBwdFp8Params& pf, const Descales& ds,
+                                             const KvFrags& kv) {
   const AttnBwdParams& p = pf.base;
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
   const uint32_t base = smem_u32(smem);
@@ -189,14 +229,29 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
 
   float sacc[32], dpacc[32];
   wgmma_fence();
+  if constexpr (LAB_BWD_FP8_KV_REGS) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    WgmmaFp8Op<64>::ss(sacc, desc_e4m3<128>(k_w, C::BC, kk), desc_e4m3<128>(q_s, C::BR, kk), kk > 0);
-  wgmma_commit();
+    for (int kk = 0; kk < 4; ++kk) WgmmaFp8Op<64>::rs(sacc, kv.k[kk], desc_e4m3<128>(q_s, C::BR, kk), kk > 0);
+    wgmma_commit();
+    if constexpr (kVFrags > 1) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    WgmmaFp8Op<64>::ss(dpacc, desc_e4m3<128>(v_w, C::BC, kk), desc_e4m3<128>(do_s, C::BR, kk), kk > 0);
-  wgmma_commit();
+      for (int kk = 0; kk < 4; ++kk) WgmmaFp8Op<64>::rs(dpacc, kv.v[kk], desc_e4m3<128>(do_s, C::BR, kk), kk > 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        WgmmaFp8Op<64>::ss(dpacc, desc_e4m3<128>(v_w, C::BC, kk), desc_e4m3<128>(do_s, C::BR, kk), kk > 0);
+    }
+    wgmma_commit();
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      WgmmaFp8Op<64>::ss(sacc, desc_e4m3<128>(k_w, C::BC, kk), desc_e4m3<128>(q_s, C::BR, kk), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      WgmmaFp8Op<64>::ss(dpacc, desc_e4m3<128>(v_w, C::BC, kk), desc_e4m3<128>(do_s, C::BR, kk), kk > 0);
+    wgmma_commit();
+  }
   wgmma_wait<0>();
   reg_fence(sacc);
   reg_fence(dpacc);
@@ -239,11 +294,16 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
 #pragma unroll
     for (int i = 0; i < 64; ++i) dk[i] *= ratio[(i >> 1) & 1];
   {
-    float x[32];
+    // pack_p_e4m3's order (words 0, 2: row g; 1, 3: row g + 8), each row times its multiplier
     const float f0 = q_ds * mrow[0], f1 = q_ds * mrow[1];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) x[i] = dpacc[i] * (((i >> 1) & 1) ? f1 : f0);
-    pack_p_e4m3<64>(x, dsa);
+    for (int kk = 0; kk < 2; ++kk) {
+      const float* d = dpacc + 16 * kk;
+      dsa[kk][0] = e4m3x4(d[0] * f0, d[1] * f0, d[4] * f0, d[5] * f0);
+      dsa[kk][1] = e4m3x4(d[2] * f1, d[3] * f1, d[6] * f1, d[7] * f1);
+      dsa[kk][2] = e4m3x4(d[8] * f0, d[9] * f0, d[12] * f0, d[13] * f0);
+      dsa[kk][3] = e4m3x4(d[10] * f1, d[11] * f1, d[14] * f1, d[15] * f1);
+    }
   }
   wgmma_fence();
 #pragma unroll
@@ -351,9 +411,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   zero_acc(dv);
   float mrow[2] = {0x1p120f, 0x1p120f};  // no dS seen yet: the first nonzero row amax lowers it
   mbar_wait(smem_u32(&bars.kv), 0);
+  KvFrags kv;
+  if constexpr (LAB_BWD_FP8_KV_REGS) load_kv_frags(kv, smem);
 
   // Main loop
-  for (int it = 0; it < work.n_iters; ++it) consume_step(dk, dv, mrow, smem, bars, work, it, pf, ds);
+  for (int it = 0; it < work.n_iters; ++it) consume_step(dk, dv, mrow, smem, bars, work, it, pf, ds, kv);
   if (work.n_iters > 0) dq_step(smem, work, work.n_iters - 1, ds.k, p);
 
   // Epilogue
