@@ -53,6 +53,10 @@
 #ifndef LAB_BWD_FP8_KV_REGS
 #define LAB_BWD_FP8_KV_REGS 0
 #endif
+// 1: dS leaves registers as 4-byte words (a byte swap between lane pairs); 0: one byte store per value.
+#ifndef LAB_BWD_FP8_DS_WORDS
+#define LAB_BWD_FP8_DS_WORDS 0
+#endif
 #ifndef LAB_BWD_FP8_STAGGER
 #define LAB_BWD_FP8_STAGGER 1
 #endif
@@ -140,6 +144,38 @@ __device__ __forceinline__ void produce(const Maps& m, Bars<C::kStages>& bars, u
   }
 }
 
+// P^T and dS^T of a step, both times 448: s (S^T's accumulator) becomes 448 P^T = exp2(S^T c - LSE log2 e +
+// log2 448), the e4m3 operand of dV as it stands; dp (dP^T's accumulator, before its descale dpd) becomes
+// 448 dS^T = 448 P^T (dP^T dpd - Delta). The 448 rides on through dS's multipliers and leaves in the epilogues.
+// Masked as p_ds_step: the causal diagonal and the ragged ends only.
+constexpr float kLog2PScale = 8.807354922057604f;  // log2(448)
+template <bool kMask>
+__device__ __forceinline__ void p_ds_scaled_as(float (&s)[32], float (&dp)[32], const float* lse2, const float* delta,
+                                               float c, float dpd, int key0, int q0, int t, const AttnBwdParams& p) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = 8 * i + 2 * t + (e & 1);
+      float pv = ex2(fmaf(s[4 * i + e], c, kLog2PScale - lse2[col]));
+      if constexpr (kMask) {
+        const int key = key0 + 8 * (e >> 1), q = q0 + col;
+        if (q >= p.seqlen_q || key >= p.seqlen_k || (p.causal && key > q)) pv = 0.f;
+      }
+      s[4 * i + e] = pv;
+      dp[4 * i + e] = pv * fmaf(dp[4 * i + e], dpd, -delta[col]);
+    }
+}
+__device__ __forceinline__ void p_ds_scaled(float (&s)[32], float (&dp)[32], const float* rows, float c, float dpd,
+                                            int kw0, int m0, const AttnBwdParams& p) {
+  const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+  const bool mask = (p.causal && kw0 + 63 > m0) || m0 + C::BR > p.seqlen_q || kw0 + 64 > p.seqlen_k;
+  if (mask)
+    p_ds_scaled_as<true>(s, dp, rows, rows + C::BR, c, dpd, kw0 + warp * 16 + g, m0, t, p);
+  else
+    p_ds_scaled_as<false>(s, dp, rows, rows + C::BR, c, dpd, kw0 + warp * 16 + g, m0, t, p);
+}
+
 // dQ of step j (issued during step j + 1, or after the loop): wait for the other warpgroup's half of dS_j, the
 // GEMM over both halves, release the buffer, add the partial into dq_accum. Each half of dS has its own
 // multiplier: the half with the larger one (the smaller values) goes first, its partial is multiplied by the ratio
@@ -155,12 +191,13 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   const float* mul = reinterpret_cast<const float*>(smem + C::kOffMul) + 2 * buf;
   const float m0 = mul[0], m1 = mul[1];
   const int first = m0 >= m1 ? 0 : 1;  // the half with the larger multiplier
+  const uint64_t ds_d = desc_e4m3<128>(ds_s, C::BR, 0), kt_d = desc_e4m3<128>(kt_w, C::D, 0);
   float dq[C::kDqRegs];
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk)
-    WgmmaFp8Op<64>::ss(dq, desc_e4m3<128>(ds_s, C::BR, 2 * first + kk), desc_e4m3<128>(kt_w, C::D, 2 * first + kk),
-                       kk > 0);
+    WgmmaFp8Op<64>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * first + kk),
+                       desc_e4m3_step<128, C::D>(kt_d, 2 * first + kk), kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(dq);
@@ -170,13 +207,13 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk)
-    WgmmaFp8Op<64>::ss(dq, desc_e4m3<128>(ds_s, C::BR, 2 * (1 - first) + kk),
-                       desc_e4m3<128>(kt_w, C::D, 2 * (1 - first) + kk), 1);
+    WgmmaFp8Op<64>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * (1 - first) + kk),
+                       desc_e4m3_step<128, C::D>(kt_d, 2 * (1 - first) + kk), 1);
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(dq);
   if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
-  const float f = k_descale / (first == 0 ? m1 : m0);
+  const float f = k_descale / (kPScale * (first == 0 ? m1 : m0));  // dS was 448 dS
 #pragma unroll
   for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= f;
   red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
@@ -227,44 +264,42 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   mbar_wait(smem_u32(&bars.full[s]), (it / C::kStages) & 1);
   if (LAB_BWD_FP8_STAGGER && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
 
+  // one descriptor per tile, each k32 step a constant offset (desc_e4m3_step)
+  const uint64_t q_d = desc_e4m3<128>(q_s, C::BR, 0), do_d = desc_e4m3<128>(do_s, C::BR, 0);
+  const uint64_t k_d = desc_e4m3<128>(k_w, C::BC, 0), v_d = desc_e4m3<128>(v_w, C::BC, 0);
   float sacc[32], dpacc[32];
   wgmma_fence();
   if constexpr (LAB_BWD_FP8_KV_REGS) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) WgmmaFp8Op<64>::rs(sacc, kv.k[kk], desc_e4m3<128>(q_s, C::BR, kk), kk > 0);
+    for (int kk = 0; kk < 4; ++kk) WgmmaFp8Op<64>::rs(sacc, kv.k[kk], desc_e4m3_step<128, C::BR>(q_d, kk), kk > 0);
     wgmma_commit();
     if constexpr (kVFrags > 1) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) WgmmaFp8Op<64>::rs(dpacc, kv.v[kk], desc_e4m3<128>(do_s, C::BR, kk), kk > 0);
+      for (int kk = 0; kk < 4; ++kk) WgmmaFp8Op<64>::rs(dpacc, kv.v[kk], desc_e4m3_step<128, C::BR>(do_d, kk), kk > 0);
     } else {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        WgmmaFp8Op<64>::ss(dpacc, desc_e4m3<128>(v_w, C::BC, kk), desc_e4m3<128>(do_s, C::BR, kk), kk > 0);
+        WgmmaFp8Op<64>::ss(dpacc, desc_e4m3_step<128, C::BC>(v_d, kk), desc_e4m3_step<128, C::BR>(do_d, kk), kk > 0);
     }
     wgmma_commit();
   } else {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      WgmmaFp8Op<64>::ss(sacc, desc_e4m3<128>(k_w, C::BC, kk), desc_e4m3<128>(q_s, C::BR, kk), kk > 0);
+      WgmmaFp8Op<64>::ss(sacc, desc_e4m3_step<128, C::BC>(k_d, kk), desc_e4m3_step<128, C::BR>(q_d, kk), kk > 0);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      WgmmaFp8Op<64>::ss(dpacc, desc_e4m3<128>(v_w, C::BC, kk), desc_e4m3<128>(do_s, C::BR, kk), kk > 0);
+      WgmmaFp8Op<64>::ss(dpacc, desc_e4m3_step<128, C::BC>(v_d, kk), desc_e4m3_step<128, C::BR>(do_d, kk), kk > 0);
     wgmma_commit();
   }
   wgmma_wait<0>();
   reg_fence(sacc);
   reg_fence(dpacc);
-  const float dp_descale = ds.v * ds.dout;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) dpacc[i] *= dp_descale;
-  p_ds_step<C>(sacc, dpacc, rows, c, kw0, m0, p);
+  p_ds_scaled(sacc, dpacc, rows, c, ds.v * ds.dout, kw0, m0, p);
   if (LAB_BWD_FP8_STAGGER && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
 
   // P^T as e4m3(P * 448) A fragments for dV
   uint32_t pa[2][4], dsa[2][4];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) sacc[i] *= kPScale;
   pack_p_e4m3<64>(sacc, pa);
 
   // dK's row multipliers: each row's amax over the step (its quad holds the row), then rescale dK where it fell
@@ -306,10 +341,11 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
     }
   }
   wgmma_fence();
+  const uint64_t dot_d = desc_e4m3<64>(dot_s, C::D, 0), qt_d = desc_e4m3<64>(qt_s, C::D, 0);
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dv, pa[kk], desc_e4m3<64>(dot_s, C::D, kk), 1);
+  for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dv, pa[kk], desc_e4m3_step<64, C::D>(dot_d, kk), 1);
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dk, dsa[kk], desc_e4m3<64>(qt_s, C::D, kk), 1);
+  for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dk, dsa[kk], desc_e4m3_step<64, C::D>(qt_d, kk), 1);
   wgmma_commit();
 
   // dS_it's buffer: the other warpgroup has read dS_{it-2} (its dQ GEMM of that step is complete)
@@ -328,21 +364,41 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   const float mt = tmax > 0.f ? pow2_under(tmax) : 1.f;
   if (wt == 0) reinterpret_cast<float*>(smem + C::kOffMul)[2 * buf + wg] = mt;
 
-  // dS (queries x keys, keys in K^T's column order, 128B swizzle) as e4m3(dS * mt), this warpgroup's 64 keys
+  // dS (queries x keys, keys in K^T's column order, 128B swizzle) as e4m3(dS * mt), this warpgroup's 64 keys. A
+  // thread's keys g and g + 8 and its partner's (lane ^ 4: g ^ 1) are the four columns 4 (g / 2) .. + 3 of a word
+  // (column_of_key), so the pair swaps half of their bytes and each writes one 4-byte word, the even lane row q
+  // and the odd lane row q + 1 (LAB_BWD_FP8_DS_WORDS; else byte stores).
   uint8_t* dst = smem + C::kOffDs + buf * C::kDsBytes;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int kl = 64 * wg + 16 * warp + g + 8 * hh;
-    const int n = (kl & ~31) + column_of_key(kl & 31);
+  if constexpr (LAB_BWD_FP8_DS_WORDS) {
+    const int odd = g & 1, ncol = 64 * wg + 32 * (warp >> 1) + 16 * (warp & 1) + 4 * (g >> 1);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int q = 8 * i + 2 * t;
-      uint16_t two;
+      uint16_t lo, hi;  // keys g, g + 8: low byte row q, high byte row q + 1
+      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(dpacc[4 * i + 1] * mt), "f"(dpacc[4 * i] * mt));
       asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n"
-          : "=h"(two)
-          : "f"(dpacc[4 * i + 2 * hh + 1] * mt), "f"(dpacc[4 * i + 2 * hh] * mt));
-      dst[q * 128 + ((((n >> 4) ^ (q & 7))) << 4) + (n & 15)] = (uint8_t)(two & 0xff);
-      dst[(q + 1) * 128 + ((((n >> 4) ^ ((q + 1) & 7))) << 4) + (n & 15)] = (uint8_t)(two >> 8);
+          : "=h"(hi)
+          : "f"(dpacc[4 * i + 3] * mt), "f"(dpacc[4 * i + 2] * mt));
+      const uint32_t mine = (uint32_t)lo | ((uint32_t)hi << 16);
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 4);
+      const uint32_t word = odd ? __byte_perm(other, mine, 0x7351) : __byte_perm(mine, other, 0x6240);
+      const int q = 8 * i + 2 * t + odd;
+      *reinterpret_cast<uint32_t*>(dst + q * 128 + (((ncol >> 4) ^ (q & 7)) << 4) + (ncol & 15)) = word;
+    }
+  } else {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int kl = 64 * wg + 16 * warp + g + 8 * hh;
+      const int n = (kl & ~31) + column_of_key(kl & 31);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int q = 8 * i + 2 * t;
+        uint16_t two;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n"
+            : "=h"(two)
+            : "f"(dpacc[4 * i + 2 * hh + 1] * mt), "f"(dpacc[4 * i + 2 * hh] * mt));
+        dst[q * 128 + ((((n >> 4) ^ (q & 7))) << 4) + (n & 15)] = (uint8_t)(two & 0xff);
+        dst[(q + 1) * 128 + ((((n >> 4) ^ ((q + 1) & 7))) << 4) + (n & 15)] = (uint8_t)(two >> 8);
+      }
     }
   }
   fence_proxy_async();
@@ -372,7 +428,7 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[C::D / 2], const f
   for (int hh = 0; hh < 2; ++hh) {
     const int key = kw0 + warp * 16 + hh * 8 + g;
     if (key >= p.seqlen_k) continue;
-    const float fk = LAB_BWD_FP8_WRONG ? p.scale : p.scale / mrow[hh];
+    const float fk = LAB_BWD_FP8_WRONG ? p.scale / kPScale : p.scale / (kPScale * mrow[hh]);  // dS was 448 dS
 #pragma unroll
     for (int i = 0; i < C::D / 8; ++i) {
       const int col = 8 * i + 2 * t;
