@@ -21,8 +21,9 @@
 //     multiplier m = 2^(7 - floor(log2 amax)) over the steps so far (amax of |dS q_descale| of the row, over the
 //     step's 64 queries: a quad reduction); when a step's amax lowers m, the row's dK accumulator is multiplied by
 //     m_new / m_old first, as the online softmax rescales O. dK = scale * acc / m.
-//   dQ: a step's dQ partial leaves the CTA after the step, so its scale is the step's tile (64 queries x 128 keys)
-//     amax, exchanged between the eight warps through shared memory at the barrier that already guards dS.
+//   dQ: a step's dQ partial leaves the CTA after the step, so its scale is per step: each warpgroup's half of the
+//     tile (64 queries x its 64 keys) gets the multiplier of its own amax, and dQ's GEMM runs the two halves in
+//     turn (dq_step says how one accumulator takes both).
 //   dV: e4m3(P * 448) times e4m3(dO / do_descale): dV = acc * do_descale / 448.
 //   S^T and dP^T come out of the fp32 accumulator times q_descale k_descale and v_descale do_descale.
 //
@@ -34,6 +35,28 @@
 //
 // LAB_BWD_FP8_WRONG=1: the deliberately wrong build (dK leaves without its row multiplier), which the checks must
 // see fail.
+//
+// Measured (H200, one process, GPU time of the call with its passes against the lab's bf16 backward, bwd v14, on
+// the dequantised inputs; B S = 16384, H 16; outputs/driver_logs/20261129-h200-fp8-bwd-*):
+//   checks: dQ, dK, dV 3.6-4.6e-2 relative L2 from float64 on the dequantised inputs (bf16 flash on the same
+//     inputs: 2.8-4.3e-3), the emulation's ~4e-2 (lab.fp8.emulate_bwd.kernel_model); with V and dO of mean 1 at
+//     S 4097, dQ 1.0e-1 / 7.8e-2 causal (bf16: 7.7e-3 / 5.9e-3): dP = dO V^T carries the mean, Delta cancels it,
+//     and dO's e4m3 rounding is relative to the large dP. The wrong build: dK 1.9e2. memcheck, racecheck,
+//     synccheck clean.
+//   speed, as ratio of our bf16 backward's time (non-causal S 4k / 8k / 16k, causal 8k):
+//     first loop (both warpgroups in lockstep, dQ through shared memory and the copy engine, one tile multiplier
+//       per step exchanged by all eight warps): 0.87 / 0.89 / 0.91 / 0.85. Predicted 0.9-1.1x.
+//     this loop (dQ deferred behind two dS buffers, the bf16 stagger; predicted 1.1-1.25x the first):
+//       0.84 / 0.85 / 0.84 / 0.84 with two dQ accumulators; without the start stagger 0.78 / 0.79 / 0.77 / 0.77.
+//     K_w, V_w as register fragments (S^T, dP^T as RS; predicted +8-15 % if shared-memory bandwidth bound):
+//       -9 to -11 % (96 bytes spilled); K_w alone -3 to -5 %; three stages +0 to +3 %.
+//     dS as 4-byte words instead of byte stores: +3 to +9 % in the same rounds (0.88 / 0.88 / 0.87 / 0.86).
+//   ncu (S 8192, one launch each): this kernel executes 1.67x the instructions of bwd v14's main kernel
+//     (2.68e9 against 1.60e9) for the same tiles, issue slots 48 % busy against 35 %, the most common stall
+//     "selected" (issuing) where v14 waits on its GEMMs: the FP8 GEMMs take half the time, and the elementwise
+//     work per score (two exponent-scaled packs, the row and tile amax, dS's multipliers, 19 % of instructions
+//     FMUL) is now what bounds the step. The 1.3x target needs that work overlapped with the next step's S and
+//     dP GEMMs inside a warpgroup, which two more 32-register accumulators do not fit beside dK and dV.
 #include "common/hopper/attn_bwd_fp8_params.h"
 #include "common/hopper/attn_bwd_stagger.cuh"
 #include "common/hopper/attn_fp8_sm90.cuh"
@@ -55,7 +78,7 @@
 #endif
 // 1: dS leaves registers as 4-byte words (a byte swap between lane pairs); 0: one byte store per value.
 #ifndef LAB_BWD_FP8_DS_WORDS
-#define LAB_BWD_FP8_DS_WORDS 0
+#define LAB_BWD_FP8_DS_WORDS 1
 #endif
 #ifndef LAB_BWD_FP8_STAGGER
 #define LAB_BWD_FP8_STAGGER 1
