@@ -57,6 +57,8 @@
 //     work per score (two exponent-scaled packs, the row and tile amax, dS's multipliers, 19 % of instructions
 //     FMUL) is now what bounds the step. The 1.3x target needs that work overlapped with the next step's S and
 //     dP GEMMs inside a warpgroup, which two more 32-register accumulators do not fit beside dK and dV.
+#include <utility>
+
 #include "common/hopper/attn_bwd_fp8_params.h"
 #include "common/hopper/attn_bwd_stagger.cuh"
 #include "common/hopper/attn_fp8_sm90.cuh"
@@ -135,6 +137,47 @@ __device__ __forceinline__ int column_of_key(int k) {
   return (k & 16) + 4 * ((r & 7) >> 1) + (r & 1) + 2 * (r >> 3);
 }
 
+// The producer's wait for a free stage (LAB_BWD_FP8_PRODUCER_SLEEP): try_wait with a suspend-time hint, so that the
+// waiting thread sleeps in the barrier instead of re-issuing try_wait and branch, whose issue slots come out of the
+// two consumer warps that share its scheduler (ncu: the producer re-issued ~1,100 instructions per consumer step);
+// 0: mbar_wait's loop, as the consumers wait.
+#ifndef LAB_BWD_FP8_PRODUCER_SLEEP
+#define LAB_BWD_FP8_PRODUCER_SLEEP 1
+#endif
+__device__ __forceinline__ void wait_free(uint32_t bar, uint32_t parity) {
+  if constexpr (LAB_BWD_FP8_PRODUCER_SLEEP) {
+    uint32_t done = 0;
+    while (!done)
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity), "r"(1000000)
+          : "memory");
+  } else {
+    mbar_wait(bar, parity);
+  }
+}
+
+// dQ's partial of a step added into dq_accum (red_dq's order and addresses): one base address, each 16-byte
+// reduction at a constant offset from it, so the eight reductions cost no address arithmetic of their own.
+template <int R4>
+__device__ __forceinline__ void red4(float* dst, const float (&dq)[C::kDqRegs]) {
+  asm volatile("red.global.add.v4.f32 [%0+%5], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(dq[4 * R4]), "f"(dq[4 * R4 + 1]),
+               "f"(dq[4 * R4 + 2]), "f"(dq[4 * R4 + 3]), "n"(R4 * 128 * 16)
+               : "memory");
+}
+template <int... R4>
+__device__ __forceinline__ void red_all(float* dst, const float (&dq)[C::kDqRegs], std::integer_sequence<int, R4...>) {
+  (red4<R4>(dst, dq), ...);
+}
+__device__ __forceinline__ void red_dq_base(const float (&dq)[C::kDqRegs], int hq, int m0, int b,
+                                            const AttnBwdParams& p) {
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D + wg * 64 * C::kDqCols + wt * 4;
+  red_all(dst, dq, std::make_integer_sequence<int, C::kDqCols / 8>{});
+}
+
 struct Maps {
   CUtensorMap q, k, v, kt, do8, qt, dot;
 };
@@ -153,7 +196,7 @@ __device__ __forceinline__ void produce(const Maps& m, Bars<C::kStages>& bars, u
   const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
   for (int it = 0; it < work.n_iters; ++it) {
     const int s = it % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
-    mbar_wait(smem_u32(&bars.empty[s]), ((it / C::kStages) & 1) ^ 1);
+    wait_free(smem_u32(&bars.empty[s]), ((it / C::kStages) & 1) ^ 1);
     const uint32_t full = smem_u32(&bars.full[s]), st = base + C::kOffQ + s * C::kStageBytes;
     mbar_arrive_expect_tx(full, 4 * C::kQBytes + 2 * C::kRowBytes);
     tma_load_4d(st, &m.q, full, 0, m0, hq, work.b);
@@ -176,18 +219,23 @@ template <bool kMask>
 __device__ __forceinline__ void p_ds_scaled_as(float (&s)[32], float (&dp)[32], const float* lse2, const float* delta,
                                                float c, float dpd, int key0, int q0, int t, const AttnBwdParams& p) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < 8; ++i) {
+    // the thread's two columns 8 i + 2 t, + 1 of LSE log2 e and Delta, one 8-byte load each
+    const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
+    const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+    const float off[2] = {kLog2PScale - l2.x, kLog2PScale - l2.y}, del[2] = {dl.x, dl.y};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = 8 * i + 2 * t + (e & 1);
-      float pv = ex2(fmaf(s[4 * i + e], c, kLog2PScale - lse2[col]));
+      float pv = ex2(fmaf(s[4 * i + e], c, off[e & 1]));
       if constexpr (kMask) {
         const int key = key0 + 8 * (e >> 1), q = q0 + col;
         if (q >= p.seqlen_q || key >= p.seqlen_k || (p.causal && key > q)) pv = 0.f;
       }
       s[4 * i + e] = pv;
-      dp[4 * i + e] = pv * fmaf(dp[4 * i + e], dpd, -delta[col]);
+      dp[4 * i + e] = pv * fmaf(dp[4 * i + e], dpd, -del[e & 1]);
     }
+  }
 }
 __device__ __forceinline__ void p_ds_scaled(float (&s)[32], float (&dp)[32], const float* rows, float c, float dpd,
                                             int kw0, int m0, const AttnBwdParams& p) {
@@ -239,7 +287,7 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   const float f = k_descale / (kPScale * (first == 0 ? m1 : m0));  // dS was 448 dS
 #pragma unroll
   for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= f;
-  red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
+  red_dq_base(dq, work.head(j), work.m0(j, C::BR), work.b, p);
 }
 
 // The descales of the CTA's KV head and the per-tensor dO descale.
