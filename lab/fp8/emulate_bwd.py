@@ -140,16 +140,21 @@ def budget(q, k, v, grad_out, is_causal: bool = False, out=None, lse=None, varia
     if out is None:
         out = ref_out.float()
     if lse is None:
-        s = (q.double() @ _expand(k, q.shape[1]).double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        if is_causal:
-            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-        lse = torch.logsumexp(s, dim=-1).float()
+        lse = _reference_lse(q, k, is_causal).float()
     rows = []
     for name, do_f, p_f, ds_f, *options in variants:
         got = backward(q, k, v, out, lse, grad_out, is_causal, do_format=do_f, p_format=p_f, ds_format=ds_f,
                        **(options[0] if options else {}))
         rows.append({"variant": name, "do": do_f, "p": p_f, "ds": ds_f, "error": errors(got, ref)})
     return rows
+
+
+def _reference_lse(q, k, is_causal: bool) -> torch.Tensor:
+    """float64 natural-log LSE (B, H_q, S_q) of the default-scaled scores, top-left causal."""
+    s = (q.double() @ _expand(k, q.shape[1]).double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return torch.logsumexp(s, dim=-1)
 
 
 def recorded_budget(B=1, H=4, S=1024, D=128, is_causal=True, seed: int = 0, device="cpu") -> list[dict]:
@@ -230,3 +235,36 @@ def kernel_model(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, grad_out
         dk = dk * pow2_multiplier(amax.view(B, heads_kv, heads // heads_kv, -1).amax(dim=2))[..., None]
     dq = ((round_tiles(ds) if dq_tiles else ds) @ ke) * scale
     return dq, dk, dv
+
+
+YARDSTICK = "bf16 eager (the checks' bf16 yardstick)"  # kernel_budget's row the others are compared with
+
+
+def kernel_budget(B=1, H=4, S=512, D=128, seed: int = 2, causal=(False, True)) -> list[dict]:
+    """The FP8 backward kernel's rounding beside its yardsticks, relative L2 and max abs against float64 on the
+    dequantised inputs (seeded randn Q, K, V in e4m3 per tensor, dO randn as bf16; O and LSE float64, so the FP8
+    forward's own error is left out): bf16 eager (the checks' bf16 column), e4m3 and e5m2 operands with amax
+    scales (`backward`), kernel_model (bwd v22's scales), and kernel_model of the deliberately wrong build."""
+    gen = torch.Generator().manual_seed(seed)
+    quantized = [quant.quantize(torch.randn(B, H, S, D, generator=gen), "e4m3") for _ in range(3)]
+    grad_out = torch.randn(B, H, S, D, generator=gen).to(torch.bfloat16)
+    q, k, v = (x.dequantize(torch.float64) for x in quantized)
+    eights = [x.data for x in quantized] + [x.descale for x in quantized]
+    rows = []
+    for is_causal in causal:
+        out, *ref = reference_grads(q, k, v, grad_out, is_causal)
+        lse = _reference_lse(q, k, is_causal)
+        fp8 = lambda do, ds: backward(q, k, v, out, lse, grad_out, is_causal, do_format=do,  # noqa: E731
+                                      p_format="e4m3", ds_format=ds)
+        runs = {YARDSTICK: lambda: eager(q, k, v, grad_out, is_causal),
+                "bf16 dO, P, dS (a 16-bit backward kernel's operands)":
+                    lambda: backward(q, k, v, out, lse, grad_out, is_causal, do_format="bf16", p_format="bf16",
+                                     ds_format="bf16"),
+                "e4m3 dO, P, dS, amax scales": lambda: fp8("e4m3", "e4m3"),
+                "e5m2 dO, dS; e4m3 P, amax scales": lambda: fp8("e5m2", "e5m2"),
+                "kernel model (bwd v22's scales)": lambda: kernel_model(*eights, out, lse, grad_out, is_causal),
+                "kernel model, wrong build (dK without its row multiplier)":
+                    lambda: kernel_model(*eights, out, lse, grad_out, is_causal, wrong=True)}
+        rows += [{"variant": name, "causal": is_causal, "shape": [B, H, S, D], "seed": seed,
+                  "error": errors([g.float() for g in run()], ref)} for name, run in runs.items()]
+    return rows
