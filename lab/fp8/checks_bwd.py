@@ -64,6 +64,7 @@ KERNEL_CELLS = (
     ("fp8-s4097-c", 1, 4, 4, 4097, 4097, 128, True, "tensor", {}),
     ("fp8-s4097-mean1", 1, 4, 4, 4097, 4097, 128, False, "tensor", {"mean": 1.0}),
 )
+WRONG_FP8 = "wrong-fp8-bwd-no-dk-multiplier"  # wrong_build(backward="fp8")'s check name
 
 
 def check(name, B, Hq, Hkv, Sq, Sk, D, causal, granularity="tensor", seed: int = 0, bug=None,
@@ -133,6 +134,23 @@ def kernel_check(cell, seed: int = 0, **options) -> dict:
     return check(*cell[:9], seed=seed, backward="fp8", **{**cell[9], **options})
 
 
+def kernel_rows(seed: int = 0, **options) -> list[dict]:
+    """Every KERNEL_CELLS check, then wrong_build(backward="fp8"): the FP8 backward kernel's rows as chapter n15
+    records them. A check that raises is a recorded row too, naming the error: "pass" False for a kernel cell; for
+    the wrong build None, no verdict (it did not fail the check, so it cannot count as failing it)."""
+    runs = [(cell[0], None, lambda cell=cell: kernel_check(cell, seed=seed, **options)) for cell in KERNEL_CELLS]
+    runs.append((WRONG_FP8, "fp8_bwd_wrong", lambda: wrong_build(backward="fp8", **options)))
+    rows = []
+    for name, bug, run in runs:
+        try:
+            rows.append(run())
+        except Exception as err:  # noqa: BLE001 (the other checks still run; the row says what raised)
+            rows.append(record.append({"kind": "fp8-bwd-check", "impl": "lab.fp8.backward.attention_fp8_train",
+                                       "backward": "fp8", "check": name, "bug": bug, "pass": None if bug else False,
+                                       "error_raised": f"{type(err).__name__}: {err}"}))
+    return rows
+
+
 def passes(error: dict, model: dict, ref_max: float) -> bool:
     """emulate.MULTIPLIER x the model's relative L2 and max abs, plus a floor of FLOOR (relative L2) and FLOOR x
     the largest element of the three reference gradients (max abs): where the model's error is ~0 (S_k = 1:
@@ -146,7 +164,7 @@ def wrong_build(seed: int = 7, backward: str = "bf16", **options) -> dict:
     """A deliberately wrong backward, which must fail: "bf16", K's descale dropped (dequantised K = its e4m3
     values); "fp8", the kernel built with LAB_BWD_FP8_WRONG (dK without its row multiplier). options: check's."""
     if backward == "fp8":
-        return check("wrong-fp8-bwd-no-dk-multiplier", 1, 4, 2, 300, 300, 128, True, seed=seed, bug="fp8_bwd_wrong",
+        return check(WRONG_FP8, 1, 4, 2, 300, 300, 128, True, seed=seed, bug="fp8_bwd_wrong",
                      backward="fp8", **options)
     return check("wrong-no-k-descale", 1, 4, 4, 300, 300, 128, True, seed=seed, bug="no_k_descale", **options)
 

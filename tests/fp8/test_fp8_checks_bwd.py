@@ -84,3 +84,27 @@ def test_kernel_cells_are_d128_and_cover_the_brief():
                                                                             checks_bwd.KERNEL_CELLS)
     assert any(c[8] == "head" for c in checks_bwd.KERNEL_CELLS) and "fp8-s4097-mean1" in names
     assert any(c[9].get("dtype") == torch.float16 for c in checks_bwd.KERNEL_CELLS)
+
+
+def test_kernel_rows_run_the_cells_then_the_wrong_build(fake_kernels, session_dir, monkeypatch):
+    """The chapter's checks: each kernel cell, then the wrong build; a check that raises is a recorded row, a kernel
+    cell's failing and the wrong build's without a verdict."""
+    small = next(c for c in checks_bwd.KERNEL_CELLS if c[0] == "fp8-s65-c")
+    monkeypatch.setattr(checks_bwd, "KERNEL_CELLS", (small, ("fp8-raises",) + small[1:]))
+    real = checks_bwd.check
+
+    def check(name, *args, **kw):
+        if name == "fp8-raises":
+            raise RuntimeError("boom")
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(checks_bwd, "check", check)
+    rows = checks_bwd.kernel_rows(device="cpu", lab_bf16=False)
+    assert [r["check"] for r in rows] == ["fp8-s65-c", "fp8-raises", checks_bwd.WRONG_FP8]
+    assert rows[0]["pass"] and rows[1]["pass"] is False and "RuntimeError: boom" in rows[1]["error_raised"]
+    assert rows[2]["pass"] is False and rows[2]["bug"] == "fp8_bwd_wrong"
+    saved = [json.loads(line) for line in (session_dir / "records.jsonl").read_text().splitlines()]
+    assert [r["check"] for r in saved if r["kind"] == "fp8-bwd-check"] == [r["check"] for r in rows]
+    monkeypatch.setattr(checks_bwd, "wrong_build", lambda **options: 1 / 0)
+    wrong = checks_bwd.kernel_rows(device="cpu", lab_bf16=False)[-1]
+    assert wrong["pass"] is None and wrong["error_raised"].startswith("ZeroDivisionError")
