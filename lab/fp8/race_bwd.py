@@ -49,6 +49,13 @@ CASES = (
     ("d64-s4096", 2, 16, 4096, 64, False),
     ("d64-s4096-c", 2, 16, 4096, 64, True),
 )
+# chapter n15's cells: the kernel's head dim, H 16 and 16k tokens (B S = 16384, where CASES hold 8k)
+CHAPTER_CASES = (
+    ("d128-b4-s4096", 4, 16, 4096, 128, False),
+    ("d128-b2-s8192", 2, 16, 8192, 128, False),
+    ("d128-b2-s8192-c", 2, 16, 8192, 128, True),
+    ("d128-b1-s16384", 1, 16, 16384, 128, False),
+)
 
 
 def _inputs(B, H, S, D, seed):
