@@ -82,6 +82,14 @@
 #ifndef LAB_BWD_FP8_DS_WORDS
 #define LAB_BWD_FP8_DS_WORDS 1
 #endif
+// 1: LSE and Delta read as float2 pairs of the thread's two columns; 0: one float per score.
+#ifndef LAB_BWD_FP8_ROW_PAIRS
+#define LAB_BWD_FP8_ROW_PAIRS 1
+#endif
+// 1: dQ's eight reductions at constant offsets from one address (red_dq_base); 0: red_dq's address per reduction.
+#ifndef LAB_BWD_FP8_RED_OFFSETS
+#define LAB_BWD_FP8_RED_OFFSETS 1
+#endif
 #ifndef LAB_BWD_FP8_STAGGER
 #define LAB_BWD_FP8_STAGGER 1
 #endif
@@ -221,9 +229,15 @@ __device__ __forceinline__ void p_ds_scaled_as(float (&s)[32], float (&dp)[32], 
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     // the thread's two columns 8 i + 2 t, + 1 of LSE log2 e and Delta, one 8-byte load each
-    const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
-    const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
-    const float off[2] = {kLog2PScale - l2.x, kLog2PScale - l2.y}, del[2] = {dl.x, dl.y};
+    float off[2], del[2];
+    if constexpr (LAB_BWD_FP8_ROW_PAIRS) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
+      const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
+      off[0] = kLog2PScale - l2.x, off[1] = kLog2PScale - l2.y, del[0] = dl.x, del[1] = dl.y;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) off[e] = kLog2PScale - lse2[8 * i + 2 * t + e], del[e] = delta[8 * i + 2 * t + e];
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = 8 * i + 2 * t + (e & 1);
@@ -287,7 +301,10 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   const float f = k_descale / (kPScale * (first == 0 ? m1 : m0));  // dS was 448 dS
 #pragma unroll
   for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= f;
-  red_dq_base(dq, work.head(j), work.m0(j, C::BR), work.b, p);
+  if constexpr (LAB_BWD_FP8_RED_OFFSETS)
+    red_dq_base(dq, work.head(j), work.m0(j, C::BR), work.b, p);
+  else
+    red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
 }
 
 // The descales of the CTA's KV head and the per-tensor dO descale.
