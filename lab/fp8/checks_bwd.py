@@ -35,7 +35,8 @@ from .. import record
 from ..check import _poison_allocator, reference_grads
 from . import backward as fp8_backward
 from . import emulate, emulate_bwd, quant
-from .backward import attention_fp8_train, dequantize_bf16, dequantize_bf16_torch, quantize_e4m3
+from .backward import attention_fp8_train
+from .casts import dequantize_bf16, dequantize_bf16_torch, quantize_e4m3
 
 FLOOR = 1e-4  # below bf16's own rounding (2^-9 = 2e-3): a floor, not a tolerance
 # (name, B, H_q, H_kv, S_q, S_k, D, causal, granularity)

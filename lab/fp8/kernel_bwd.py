@@ -3,7 +3,7 @@
     dq, dk, dv = backward(grad_out, q8, k8, v8, q_descale, k_descale, v_descale, out, lse, is_causal, scale)
 
 What it takes: the FP8 forward's e4m3 q, k, v (B, H, S, D) with their descales as (B, H) float32 tensors (q per
-query head, k and v per KV head; lab.fp8.backward.quantize_e4m3 makes them so), the forward's bf16 O and natural-log
+query head, k and v per KV head; lab.fp8.casts.quantize_e4m3 makes them so), the forward's bf16 O and natural-log
 LSE, and the incoming bf16 gradient dO. dO is quantised here to e4m3 per tensor (one descale, amax / 448: dV sums
 over a GQA group's heads, so one scale serves every head of it); the bf16 dO stays for Delta = rowsum(dO * O). What
 it returns: bf16 dQ (B, H_q, S_q, D), dK, dV (B, H_kv, S_k, D), contiguous, the gradients of attention at the
@@ -27,6 +27,7 @@ import ctypes
 import torch
 
 from .. import kernels, registry
+from .casts import quantize_e4m3
 
 VERSION = "v22"
 ROW_PAD = 128  # LAB_BWD_ROW_PAD (kernels/common/params.h): delta, lse_log2 and dq_accum rows, per (b, h)
@@ -115,7 +116,6 @@ def backward(grad_out, q8, k8, v8, q_descale, k_descale, v_descale, out, lse, is
              defines=None, dout8=None, do_descale=None):
     """(dq, dk, dv) bf16 of the FP8 backward kernel (module notes). dout8 / do_descale: dO already quantised per
     tensor (do_descale a float32 CUDA tensor whose first element is the descale); None: quantised here."""
-    from .backward import quantize_e4m3  # the FP8 casts (kernels/bwd/fp8_cast.cu) live beside the autograd node
     B, Hq, Sq, D = q8.shape
     Hkv, Sk = k8.shape[1], k8.shape[2]
     device = q8.device

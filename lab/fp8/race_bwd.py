@@ -30,7 +30,8 @@ import torch
 from .. import bench, record
 from ..check import reference_grads
 from . import emulate_bwd, kernel_bwd, peer, peer_bwd, quant
-from .backward import attention_fp8_train, dequantize_bf16, dequantize_bf16_torch, quantize_e4m3
+from .backward import attention_fp8_train
+from .casts import dequantize_bf16, dequantize_bf16_torch, quantize_e4m3
 
 PATHS = {"lab-fp8-kernel": "FP8 backward kernel (bwd v22)",
          "lab-fp8-train": "dequantise-then-bf16 backward (bwd v14 on bf16 copies)"}
