@@ -84,7 +84,16 @@
 #endif
 // 1: LSE and Delta read as float2 pairs of the thread's two columns; 0: one float per score.
 #ifndef LAB_BWD_FP8_ROW_PAIRS
-#define LAB_BWD_FP8_ROW_PAIRS 1
+#define LAB_BWD_FP8_ROW_PAIRS 0
+#endif
+// 1: each step's P^T dO_i goes into an accumulator of its own (its first k32 step write-only) and is added to dV in
+// fp32 after the step's dS is stored; 0: dV accumulates in the tensor core across every step. Why: Hopper's FP8 wgmma
+// accumulator drops the small increments of a sum that grows (the forward's P V, fwd v13's LAB_FWD_FP8_PV_PROMOTE),
+// and dV_j = sum_i P_ij dO_i grows with the queries wherever dO has a mean: with V and dO of mean 1 at S 4097, dV
+// came out 4.9e-2 from float64 against the emulation's 3.1e-3. dK's multipliers are powers of two per row, and dQ
+// leaves the CTA every step, so neither runs such a sum at its full length.
+#ifndef LAB_BWD_FP8_DV_PROMOTE
+#define LAB_BWD_FP8_DV_PROMOTE 1
 #endif
 // 1: dQ's eight reductions at constant offsets from one address (red_dq_base); 0: red_dq's address per reduction.
 #ifndef LAB_BWD_FP8_RED_OFFSETS
@@ -430,8 +439,10 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   }
   wgmma_fence();
   const uint64_t dot_d = desc_e4m3<64>(dot_s, C::D, 0), qt_d = desc_e4m3<64>(qt_s, C::D, 0);
+  if constexpr (!LAB_BWD_FP8_DV_PROMOTE) {
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dv, pa[kk], desc_e4m3_step<64, C::D>(dot_d, kk), 1);
+    for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dv, pa[kk], desc_e4m3_step<64, C::D>(dot_d, kk), 1);
+  }
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dk, dsa[kk], desc_e4m3_step<64, C::D>(qt_d, kk), 1);
   wgmma_commit();
@@ -491,6 +502,18 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   }
   fence_proxy_async();
   named_barrier_arrive(ready_bar(buf, wg), 256);
+  if constexpr (LAB_BWD_FP8_DV_PROMOTE) {
+    // dS is stored (dpacc is dead), so the step's dV partial has registers: issue, wait, add in fp32
+    float dvs[C::D / 2];
+    wgmma_fence();
+    WgmmaFp8Op<128>::rs0(dvs, pa[0], desc_e4m3_step<64, C::D>(dot_d, 0));
+    WgmmaFp8Op<128>::rs(dvs, pa[1], desc_e4m3_step<64, C::D>(dot_d, 1), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dvs);
+#pragma unroll
+    for (int i = 0; i < C::D / 2; ++i) dv[i] += dvs[i];
+  }
   if (it >= 1) {
     dq_step(smem, work, it - 1, ds.k, p);
   } else {
