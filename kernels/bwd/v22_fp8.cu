@@ -41,8 +41,11 @@
 //   checks: dQ, dK, dV 3.6-4.6e-2 relative L2 from float64 on the dequantised inputs (bf16 flash on the same
 //     inputs: 2.8-4.3e-3), the emulation's ~4e-2 (lab.fp8.emulate_bwd.kernel_model); with V and dO of mean 1 at
 //     S 4097, dQ 1.0e-1 / 7.8e-2 causal (bf16: 7.7e-3 / 5.9e-3): dP = dO V^T carries the mean, Delta cancels it,
-//     and dO's e4m3 rounding is relative to the large dP. The wrong build: dK 1.9e2. memcheck, racecheck,
-//     synccheck clean.
+//     and dO's e4m3 rounding is relative to the large dP. dV there was 4.9e-2 / 6.6e-2 while dV accumulated in the
+//     tensor core across the steps; with LAB_BWD_FP8_DV_PROMOTE 3.2e-3 / 3.8e-3 (the emulation's 3.1e-3), at a
+//     cost of 6-10 % (0.79x our bf16 backward at S 8k against 0.87x; outputs/driver_logs/20261129-h200-fp8-bwd-
+//     dv-promote-591c2bb). Q and K of mean 1: dK 3.8e-2, as with none. The wrong build: dK 1.9e2. memcheck,
+//     racecheck, synccheck clean.
 //   speed, as ratio of our bf16 backward's time (non-causal S 4k / 8k / 16k, causal 8k):
 //     first loop (both warpgroups in lockstep, dQ through shared memory and the copy engine, one tile multiplier
 //       per step exchanged by all eight warps): 0.87 / 0.89 / 0.91 / 0.85. Predicted 0.9-1.1x.
@@ -51,6 +54,9 @@
 //     K_w, V_w as register fragments (S^T, dP^T as RS; predicted +8-15 % if shared-memory bandwidth bound):
 //       -9 to -11 % (96 bytes spilled); K_w alone -3 to -5 %; three stages +0 to +3 %.
 //     dS as 4-byte words instead of byte stores: +3 to +9 % in the same rounds (0.88 / 0.88 / 0.87 / 0.86).
+//     the producer asleep in its wait: +1-3 %; LSE / Delta as float2 pairs: -4-5 % (not taken); dQ issued beside
+//     S and dP (its wait theirs): 128 bytes spilled, not run.
+//     With dV promoted (the default): 0.79 / 0.80 (S 8k non-causal / causal).
 //   ncu (S 8192, one launch each): this kernel executes 1.67x the instructions of bwd v14's main kernel
 //     (2.68e9 against 1.60e9) for the same tiles, issue slots 48 % busy against 35 %, the most common stall
 //     "selected" (issuing) where v14 waits on its GEMMs: the FP8 GEMMs take half the time, and the elementwise
