@@ -26,16 +26,20 @@ def test_kernel_cells_pass_and_the_wrong_build_fails():
     assert wrong["backward"] == "fp8" and not wrong["pass"], checks_bwd.line(wrong)
 
 
-def test_auto_runs_the_kernel_at_d128_and_the_bf16_path_at_d64(monkeypatch):
+@pytest.mark.parametrize("takes_kernel, expected", [(False, []), (True, [128])])
+def test_auto_runs_the_kernel_only_where_it_is_chosen(monkeypatch, takes_kernel, expected):
+    """AUTO_TAKES_KERNEL off (today's default): "auto" runs dequantise-then-bf16 everywhere; on: the kernel at D 128
+    and dequantise-then-bf16 at D 64."""
     calls = []
     real = kernel_bwd.backward
     monkeypatch.setattr(kernel_bwd, "backward", lambda *a, **kw: calls.append(a[1].shape[-1]) or real(*a, **kw))
+    monkeypatch.setattr(backward, "AUTO_TAKES_KERNEL", takes_kernel)
     for D in (128, 64):
         leaves = [torch.randn(1, 2, 70, D, device="cuda", requires_grad=True) for _ in range(3)]
         grads = torch.autograd.grad(backward.attention_fp8_train(*leaves, is_causal=True), leaves,
                                     torch.randn(1, 2, 70, D, device="cuda", dtype=torch.bfloat16))
         assert all(g.dtype == torch.float32 and bool(torch.isfinite(g).all()) for g in grads)
-    assert calls == [128]
+    assert calls == expected
 
 
 def test_the_launcher_refuses_what_it_does_not_run():
