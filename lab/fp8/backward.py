@@ -26,9 +26,9 @@ Which backward runs (`backward=`; name it in every claim):
   backward and no speed claim calls it one. Its error is the bf16 backward's plus what the FP8 forward's O brings
   into Delta = rowsum(dO * O).
 * "auto" (the default): "bf16" today. AUTO_TAKES_KERNEL says when "auto" takes the kernel: where it runs and only
-  once it is measured faster than the dequantise-then-bf16 path; on the H200 it is not yet (lab.fp8.race_bwd:
-  0.8-0.9x our bf16 backward), and its gradients are ~10x further from float64 (e4m3 dO, P, dS), so a default
-  that took it would cost accuracy for no speed.
+  once it is measured faster than the dequantise-then-bf16 path; on the H200 it is not (0.72-0.75x our bf16
+  backward through the public call, dequantise-then-bf16 0.90-0.95x: Measured below), and its gradients are ~10x
+  further from float64 (e4m3 dO, P, dS), so a default that took it would cost accuracy for no speed.
 
 lab.fp8.checks_bwd measures each path against float64 on the dequantised inputs, the kernel beside its emulation
 (lab.fp8.emulate_bwd.kernel_model: the same roundings on the CPU).
@@ -64,7 +64,10 @@ Design of the FP8 backward (kernels/bwd/v22_fp8.cu's header has its algorithm an
 * Measured (H200, outputs/experiments/20261129-fp8-train-backward.json): the dequantise-then-bf16 path 0.63-0.91x
   of our bf16 backward (casts and the Python autograd node's host time; 0.91x at S 8k); cuDNN's FP8 backward
   1.13-1.18x our bf16 backward at D 128 and 1.18-1.35x its own bf16 one, with 6x our dQ error (e4m3 gradients).
-  The kernel path: lab.fp8.race_bwd's "lab-fp8-kernel" rows, not yet measured.
+  The kernel path (chapter n15, session 20261129-222802-h200-45e84f1, D 128, B S = 16384, H 16, through the public
+  call with dO's quantise inside): 0.72-0.75x our bf16 backward and 0.60-0.68x cuDNN's FP8 backward, where
+  dequantise-then-bf16 ran at 0.90-0.95x; kernels/bwd/v22_fp8.cu's header has what bounds it (the elementwise work
+  per score issues 1.67x bwd v14's instructions, with no room to overlap it with the next step's GEMMs).
 """
 from __future__ import annotations
 
