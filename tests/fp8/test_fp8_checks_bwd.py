@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from lab.check import reference_grads
-from lab.fp8 import backward, checks_bwd, emulate, emulate_bwd, kernel_bwd, op
+from lab.fp8 import checks_bwd, emulate, emulate_bwd, kernel_bwd
+from tests.fp8 import fakes
 
 
 def _lse(q, k, causal, scale):
@@ -37,17 +37,7 @@ def fake_kernels(monkeypatch):
                                          scale, wrong=defines == kernel_bwd.WRONG_BUILD)
         return tuple(g.to(torch.bfloat16) for g in grads)
 
-    def bwd_impl(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, deterministic, version):
-        ran.append("bf16")
-        _, dq, dk, dv = reference_grads(q, k, v, grad_out, is_causal, scale)
-        return dq.to(torch.bfloat16), dk.to(torch.bfloat16), dv.to(torch.bfloat16)
-
-    from lab.backward import op as bwd_op
-    monkeypatch.setattr(op, "run", lambda *a, **kw: run(*a, **kw))
-    monkeypatch.setattr(kernel_bwd, "backward", kernel)
-    monkeypatch.setattr(bwd_op, "_bwd_impl", bwd_impl)
-    monkeypatch.setattr(bwd_op, "backward_version", lambda head_dim, capability, deterministic: "v14")
-    monkeypatch.setattr(backward, "_capability_check", lambda device: (9, 0))
+    fakes.install(monkeypatch, run, kernel, lambda version: ran.append("bf16"))
     return ran
 
 

@@ -13,7 +13,8 @@ import torch
 
 from lab import paths, registry
 from lab.check import reference_grads
-from lab.fp8 import backward, emulate, emulate_bwd, kernel_bwd, op, quant
+from lab.fp8 import backward, emulate, emulate_bwd, kernel_bwd, quant
+from tests.fp8 import fakes
 
 COMPILER = shutil.which("g++") or shutil.which("c++") or shutil.which("nvcc")
 
@@ -136,17 +137,7 @@ def _fake_kernels(monkeypatch, ran: list):
             dk = dk * 64
         return dq.to(torch.bfloat16), dk.to(torch.bfloat16), dv.to(torch.bfloat16)
 
-    def bwd_impl(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, deterministic, version):
-        ran.append(("bf16", version))
-        _, dq, dk, dv = reference_grads(q, k, v, grad_out, is_causal, scale)
-        return dq.to(torch.bfloat16), dk.to(torch.bfloat16), dv.to(torch.bfloat16)
-
-    from lab.backward import op as bwd_op
-    monkeypatch.setattr(op, "run", lambda *a, **kw: run(*a, **kw))
-    monkeypatch.setattr(kernel_bwd, "backward", kernel)
-    monkeypatch.setattr(bwd_op, "_bwd_impl", bwd_impl)
-    monkeypatch.setattr(bwd_op, "backward_version", lambda head_dim, capability, deterministic: "v14")
-    monkeypatch.setattr(backward, "_capability_check", lambda device: (9, 0))
+    fakes.install(monkeypatch, run, kernel, lambda version: ran.append(("bf16", version)))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
