@@ -119,6 +119,9 @@ def backward(grad_out, q8, k8, v8, q_descale, k_descale, v_descale, out, lse, is
     B, Hq, Sq, D = q8.shape
     Hkv, Sk = k8.shape[1], k8.shape[2]
     device = q8.device
+    if B == 0 or Sq == 0 or Sk == 0:  # no query sees a key: every gradient is zero (the launcher writes nothing)
+        return (torch.zeros((B, Hq, Sq, D), dtype=torch.bfloat16, device=device),
+                *(torch.zeros((B, Hkv, Sk, D), dtype=torch.bfloat16, device=device) for _ in range(2)))
     grad_out = grad_out.to(torch.bfloat16).contiguous()
     if dout8 is None:
         dout8, do_descale = quantize_e4m3(grad_out, "tensor")

@@ -191,3 +191,15 @@ def test_race_rows_carry_the_kernel_against_our_bf16_backward():
     assert train["speed_vs_lab-bf16"] == pytest.approx(0.75) and "dequantise" in train["path"]
     assert rows["quantise dO"]["share_of_lab-fp8-kernel"] == pytest.approx(0.05)
     assert rows["cudnn-fp8"]["unsupported"] == "unsupported: no frontend"
+
+
+@pytest.mark.parametrize("Sq, Sk", [(0, 5), (5, 0), (0, 0)])
+def test_empty_sequences_give_zero_gradients_without_a_launch(monkeypatch, Sq, Sk):
+    monkeypatch.setattr(kernel_bwd, "_function", lambda defines=None: pytest.fail("launched with nothing to do"))
+    e4m3 = lambda *shape: torch.zeros(*shape).to(torch.float8_e4m3fn)  # noqa: E731
+    q8, k8, v8 = e4m3(1, 4, Sq, 128), e4m3(1, 2, Sk, 128), e4m3(1, 2, Sk, 128)
+    ones = torch.ones(1, 2)
+    dq, dk, dv = kernel_bwd.backward(torch.randn(1, 4, Sq, 128), q8, k8, v8, torch.ones(1, 4), ones, ones,
+                                     torch.zeros(1, 4, Sq, 128), torch.zeros(1, 4, Sq), True, 0.1)
+    assert dq.shape == (1, 4, Sq, 128) and dk.shape == dv.shape == (1, 2, Sk, 128)
+    assert all(g.dtype == torch.bfloat16 and not g.any() for g in (dq, dk, dv))
