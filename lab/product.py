@@ -22,7 +22,8 @@ PRODUCT = frozenset({
     "lab.decode", "lab.decode.op", "lab.decode.paged_op", "lab.decode.checks", "lab.decode.fast", "lab.decode.plan",
     "lab.decode.deferred", "lab.decode.masks",
     "lab.masks", "lab.masks.op", "lab.masks.fast", "lab.masks.spec", "lab.masks.backward", "lab.masks.varlen_bwd",
-    "lab.masks.paged", "lab.masks.dense_route", "lab.fp8", "lab.fp8.op", "lab.fp8.backward", "lab.fp8.quant",
+    "lab.masks.paged", "lab.masks.dense_route", "lab.fp8", "lab.fp8.op", "lab.fp8.backward", "lab.fp8.casts",
+    "lab.fp8.kernel_bwd", "lab.fp8.quant",
     "lab.backward", "lab.backward.op", "lab.backward.node",
     # the ring and its runtime parts (on the CPU it attends with lab.reference's float64 attention)
     "lab.ring", "lab.ring.attention", "lab.ring.backward", "lab.ring.blocks", "lab.ring.comm", "lab.reference",
