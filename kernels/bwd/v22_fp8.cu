@@ -63,8 +63,6 @@
 //     work per score (two exponent-scaled packs, the row and tile amax, dS's multipliers, 19 % of instructions
 //     FMUL) is now what bounds the step. The 1.3x target needs that work overlapped with the next step's S and
 //     dP GEMMs inside a warpgroup, which two more 32-register accumulators do not fit beside dK and dV.
-#include <utility>
-
 #include "common/hopper/attn_bwd_fp8_params.h"
 #include "common/hopper/attn_bwd_stagger.cuh"
 #include "common/hopper/attn_fp8_sm90.cuh"
@@ -76,22 +74,6 @@
 #ifndef LAB_BWD_FP8_STAGES
 #define LAB_BWD_FP8_STAGES 2
 #endif
-// 1: warpgroup 1 starts its first step when warpgroup 0 has its first P^T, so that their GEMMs and elementwise
-// work alternate from the start (the bf16 backward's stagger, common/hopper/attn_bwd_stagger.cuh).
-// 1: K_w and V_w held in registers as e4m3 A fragments, S^T and dP^T as RS GEMMs: each k32 step then reads 2 KB of
-// shared memory (Q_i or dO_i) instead of 4 KB; 2: K_w only (S^T RS, dP^T SS: 16 registers, not 32); 0: both
-// operands from shared memory.
-#ifndef LAB_BWD_FP8_KV_REGS
-#define LAB_BWD_FP8_KV_REGS 0
-#endif
-// 1: dS leaves registers as 4-byte words (a byte swap between lane pairs); 0: one byte store per value.
-#ifndef LAB_BWD_FP8_DS_WORDS
-#define LAB_BWD_FP8_DS_WORDS 1
-#endif
-// 1: LSE and Delta read as float2 pairs of the thread's two columns; 0: one float per score.
-#ifndef LAB_BWD_FP8_ROW_PAIRS
-#define LAB_BWD_FP8_ROW_PAIRS 0
-#endif
 // 1: each step's P^T dO_i goes into an accumulator of its own (its first k32 step write-only) and is added to dV in
 // fp32 after the step's dS is stored; 0: dV accumulates in the tensor core across every step. Why: Hopper's FP8 wgmma
 // accumulator drops the small increments of a sum that grows (the forward's P V, fwd v13's LAB_FWD_FP8_PV_PROMOTE),
@@ -100,10 +82,6 @@
 // leaves the CTA every step, so neither runs such a sum at its full length.
 #ifndef LAB_BWD_FP8_DV_PROMOTE
 #define LAB_BWD_FP8_DV_PROMOTE 1
-#endif
-// 1: dQ's eight reductions at constant offsets from one address (red_dq_base); 0: red_dq's address per reduction.
-#ifndef LAB_BWD_FP8_RED_OFFSETS
-#define LAB_BWD_FP8_RED_OFFSETS 1
 #endif
 #ifndef LAB_BWD_FP8_STAGGER
 #define LAB_BWD_FP8_STAGGER 1
@@ -154,52 +132,6 @@ __device__ __forceinline__ float pow2_under(float a) {
   return __int_as_float((k + 127) << 23);
 }
 
-// The column of K^T (and of dS in shared memory) that holds key k of a 32-key block: key_of_column's inverse.
-__device__ __forceinline__ int column_of_key(int k) {
-  const int r = k & 15;
-  return (k & 16) + 4 * ((r & 7) >> 1) + (r & 1) + 2 * (r >> 3);
-}
-
-// The producer's wait for a free stage (LAB_BWD_FP8_PRODUCER_SLEEP): try_wait with a suspend-time hint, so that the
-// waiting thread sleeps in the barrier instead of re-issuing try_wait and branch, whose issue slots come out of the
-// two consumer warps that share its scheduler (ncu: the producer re-issued ~1,100 instructions per consumer step);
-// 0: mbar_wait's loop, as the consumers wait.
-#ifndef LAB_BWD_FP8_PRODUCER_SLEEP
-#define LAB_BWD_FP8_PRODUCER_SLEEP 1
-#endif
-__device__ __forceinline__ void wait_free(uint32_t bar, uint32_t parity) {
-  if constexpr (LAB_BWD_FP8_PRODUCER_SLEEP) {
-    uint32_t done = 0;
-    while (!done)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity), "r"(1000000)
-          : "memory");
-  } else {
-    mbar_wait(bar, parity);
-  }
-}
-
-// dQ's partial of a step added into dq_accum (red_dq's order and addresses): one base address, each 16-byte
-// reduction at a constant offset from it, so the eight reductions cost no address arithmetic of their own.
-template <int R4>
-__device__ __forceinline__ void red4(float* dst, const float (&dq)[C::kDqRegs]) {
-  asm volatile("red.global.add.v4.f32 [%0+%5], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(dq[4 * R4]), "f"(dq[4 * R4 + 1]),
-               "f"(dq[4 * R4 + 2]), "f"(dq[4 * R4 + 3]), "n"(R4 * 128 * 16)
-               : "memory");
-}
-template <int... R4>
-__device__ __forceinline__ void red_all(float* dst, const float (&dq)[C::kDqRegs], std::integer_sequence<int, R4...>) {
-  (red4<R4>(dst, dq), ...);
-}
-__device__ __forceinline__ void red_dq_base(const float (&dq)[C::kDqRegs], int hq, int m0, int b,
-                                            const AttnBwdParams& p) {
-  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
-  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
-  float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D + wg * 64 * C::kDqCols + wt * 4;
-  red_all(dst, dq, std::make_integer_sequence<int, C::kDqCols / 8>{});
-}
 
 struct Maps {
   CUtensorMap q, k, v, kt, do8, qt, dot;
@@ -219,7 +151,8 @@ __device__ __forceinline__ void produce(const Maps& m, Bars<C::kStages>& bars, u
   const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
   for (int it = 0; it < work.n_iters; ++it) {
     const int s = it % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
-    wait_free(smem_u32(&bars.empty[s]), ((it / C::kStages) & 1) ^ 1);
+    // asleep in the barrier: a spinning try_wait takes issue slots from the two consumer warps on its scheduler
+    mbar_wait_suspend(smem_u32(&bars.empty[s]), ((it / C::kStages) & 1) ^ 1);
     const uint32_t full = smem_u32(&bars.full[s]), st = base + C::kOffQ + s * C::kStageBytes;
     mbar_arrive_expect_tx(full, 4 * C::kQBytes + 2 * C::kRowBytes);
     tma_load_4d(st, &m.q, full, 0, m0, hq, work.b);
@@ -243,16 +176,10 @@ __device__ __forceinline__ void p_ds_scaled_as(float (&s)[32], float (&dp)[32], 
                                                float c, float dpd, int key0, int q0, int t, const AttnBwdParams& p) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    // the thread's two columns 8 i + 2 t, + 1 of LSE log2 e and Delta, one 8-byte load each
-    float off[2], del[2];
-    if constexpr (LAB_BWD_FP8_ROW_PAIRS) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * t);
-      const float2 dl = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * t);
-      off[0] = kLog2PScale - l2.x, off[1] = kLog2PScale - l2.y, del[0] = dl.x, del[1] = dl.y;
-    } else {
+    // the thread's two columns 8 i + 2 t, + 1 of LSE log2 e and Delta
+    float off[2], del[2];  // (float2 pairs of these measured 4-5 % slower)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) off[e] = kLog2PScale - lse2[8 * i + 2 * t + e], del[e] = delta[8 * i + 2 * t + e];
-    }
+    for (int e = 0; e < 2; ++e) off[e] = kLog2PScale - lse2[8 * i + 2 * t + e], del[e] = delta[8 * i + 2 * t + e];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = 8 * i + 2 * t + (e & 1);
@@ -316,10 +243,7 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   const float f = k_descale / (kPScale * (first == 0 ? m1 : m0));  // dS was 448 dS
 #pragma unroll
   for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= f;
-  if constexpr (LAB_BWD_FP8_RED_OFFSETS)
-    red_dq_base(dq, work.head(j), work.m0(j, C::BR), work.b, p);
-  else
-    red_dq<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
+  red_dq_offsets<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
 }
 
 // The descales of the CTA's KV head and the per-tensor dO descale.
@@ -327,32 +251,11 @@ struct Descales {
   float k, v, dout;
 };
 
-// K_w, V_w as the e4m3 A fragments of S^T's and dP^T's four k32 steps (LAB_BWD_FP8_KV_REGS; the m16n8k32 8-bit A
-// layout per warp: word 0 row g, columns 4t..4t+3 of the step, word 1 row g + 8, words 2, 3 the same rows 16
-// columns on), read once from the swizzled tiles.
-constexpr int kKFrags = LAB_BWD_FP8_KV_REGS ? 4 : 1, kVFrags = LAB_BWD_FP8_KV_REGS == 1 ? 4 : 1;
-struct KvFrags {
-  uint32_t k[kKFrags][4], v[kVFrags][4];
-};
-__device__ __forceinline__ void load_kv_frags(KvFrags& f, const uint8_t* smem) {
-  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
-#pragma unroll
-  for (int kk = 0; kk < kKFrags; ++kk)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = 64 * wg + 16 * warp + g + 8 * (j & 1), col = 32 * kk + 16 * (j >> 1) + 4 * t;
-      const int off = r * 128 + (((col >> 4) ^ (r & 7)) << 4) + (col & 15);
-      f.k[kk][j] = *reinterpret_cast<const uint32_t*>(smem + C::kOffK + off);
-      if constexpr (kVFrags > 1) f.v[kk][j] = *reinterpret_cast<const uint32_t*>(smem + C::kOffV + off);
-    }
-}
-
 // One step of a consumer warpgroup (query block `it` of the tile). mrow: the running dK multipliers of the
 // thread's two key rows. Every GEMM it issues is waited for before it returns.
 __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[C::D / 2], float (&mrow)[2],
                                              uint8_t* smem, Bars<C::kStages>& bars, const Work& work, int it,
-                                             const AttnBwdFp8Params& pf, const Descales& ds,
-                                             const KvFrags& kv) {
+                                             const AttnBwdFp8Params& pf, const Descales& ds) {
   const AttnBwdParams& p = pf.base;
   const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
   const uint32_t base = smem_u32(smem);
@@ -372,29 +275,14 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   const uint64_t k_d = desc_e4m3<128>(k_w, C::BC, 0), v_d = desc_e4m3<128>(v_w, C::BC, 0);
   float sacc[32], dpacc[32];
   wgmma_fence();
-  if constexpr (LAB_BWD_FP8_KV_REGS) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) WgmmaFp8Op<64>::rs(sacc, kv.k[kk], desc_e4m3_step<128, C::BR>(q_d, kk), kk > 0);
-    wgmma_commit();
-    if constexpr (kVFrags > 1) {
+  for (int kk = 0; kk < 4; ++kk)
+    WgmmaFp8Op<64>::ss(sacc, desc_e4m3_step<128, C::BC>(k_d, kk), desc_e4m3_step<128, C::BR>(q_d, kk), kk > 0);
+  wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) WgmmaFp8Op<64>::rs(dpacc, kv.v[kk], desc_e4m3_step<128, C::BR>(do_d, kk), kk > 0);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        WgmmaFp8Op<64>::ss(dpacc, desc_e4m3_step<128, C::BC>(v_d, kk), desc_e4m3_step<128, C::BR>(do_d, kk), kk > 0);
-    }
-    wgmma_commit();
-  } else {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      WgmmaFp8Op<64>::ss(sacc, desc_e4m3_step<128, C::BC>(k_d, kk), desc_e4m3_step<128, C::BR>(q_d, kk), kk > 0);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      WgmmaFp8Op<64>::ss(dpacc, desc_e4m3_step<128, C::BC>(v_d, kk), desc_e4m3_step<128, C::BR>(do_d, kk), kk > 0);
-    wgmma_commit();
-  }
+  for (int kk = 0; kk < 4; ++kk)
+    WgmmaFp8Op<64>::ss(dpacc, desc_e4m3_step<128, C::BC>(v_d, kk), desc_e4m3_step<128, C::BR>(do_d, kk), kk > 0);
+  wgmma_commit();
   wgmma_wait<0>();
   reg_fence(sacc);
   reg_fence(dpacc);
@@ -471,40 +359,22 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
 
   // dS (queries x keys, keys in K^T's column order, 128B swizzle) as e4m3(dS * mt), this warpgroup's 64 keys. A
   // thread's keys g and g + 8 and its partner's (lane ^ 4: g ^ 1) are the four columns 4 (g / 2) .. + 3 of a word
-  // (column_of_key), so the pair swaps half of their bytes and each writes one 4-byte word, the even lane row q
-  // and the odd lane row q + 1 (LAB_BWD_FP8_DS_WORDS; else byte stores).
+  // (key_of_column's inverse), so the pair swaps half of their bytes and each writes one 4-byte word, the even lane
+  // row q and the odd lane row q + 1 (one byte store per value measured 8 % slower).
   uint8_t* dst = smem + C::kOffDs + buf * C::kDsBytes;
-  if constexpr (LAB_BWD_FP8_DS_WORDS) {
-    const int odd = g & 1, ncol = 64 * wg + 32 * (warp >> 1) + 16 * (warp & 1) + 4 * (g >> 1);
+  const int odd = g & 1, ncol = 64 * wg + 32 * (warp >> 1) + 16 * (warp & 1) + 4 * (g >> 1);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      uint16_t lo, hi;  // keys g, g + 8: low byte row q, high byte row q + 1
-      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(dpacc[4 * i + 1] * mt), "f"(dpacc[4 * i] * mt));
-      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n"
-          : "=h"(hi)
-          : "f"(dpacc[4 * i + 3] * mt), "f"(dpacc[4 * i + 2] * mt));
-      const uint32_t mine = (uint32_t)lo | ((uint32_t)hi << 16);
-      const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 4);
-      const uint32_t word = odd ? __byte_perm(other, mine, 0x7351) : __byte_perm(mine, other, 0x6240);
-      const int q = 8 * i + 2 * t + odd;
-      *reinterpret_cast<uint32_t*>(dst + q * 128 + (((ncol >> 4) ^ (q & 7)) << 4) + (ncol & 15)) = word;
-    }
-  } else {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int kl = 64 * wg + 16 * warp + g + 8 * hh;
-      const int n = (kl & ~31) + column_of_key(kl & 31);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int q = 8 * i + 2 * t;
-        uint16_t two;
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n"
-            : "=h"(two)
-            : "f"(dpacc[4 * i + 2 * hh + 1] * mt), "f"(dpacc[4 * i + 2 * hh] * mt));
-        dst[q * 128 + ((((n >> 4) ^ (q & 7))) << 4) + (n & 15)] = (uint8_t)(two & 0xff);
-        dst[(q + 1) * 128 + ((((n >> 4) ^ ((q + 1) & 7))) << 4) + (n & 15)] = (uint8_t)(two >> 8);
-      }
-    }
+  for (int i = 0; i < 8; ++i) {
+    uint16_t lo, hi;  // keys g, g + 8: low byte row q, high byte row q + 1
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(dpacc[4 * i + 1] * mt), "f"(dpacc[4 * i] * mt));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n"
+        : "=h"(hi)
+        : "f"(dpacc[4 * i + 3] * mt), "f"(dpacc[4 * i + 2] * mt));
+    const uint32_t mine = (uint32_t)lo | ((uint32_t)hi << 16);
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 4);
+    const uint32_t word = odd ? __byte_perm(other, mine, 0x7351) : __byte_perm(mine, other, 0x6240);
+    const int q = 8 * i + 2 * t + odd;
+    *reinterpret_cast<uint32_t*>(dst + q * 128 + (((ncol >> 4) ^ (q & 7)) << 4) + (ncol & 15)) = word;
   }
   fence_proxy_async();
   named_barrier_arrive(ready_bar(buf, wg), 256);
@@ -584,11 +454,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   zero_acc(dv);
   float mrow[2] = {0x1p120f, 0x1p120f};  // no dS seen yet: the first nonzero row amax lowers it
   mbar_wait(smem_u32(&bars.kv), 0);
-  KvFrags kv;
-  if constexpr (LAB_BWD_FP8_KV_REGS) load_kv_frags(kv, smem);
 
   // Main loop
-  for (int it = 0; it < work.n_iters; ++it) consume_step(dk, dv, mrow, smem, bars, work, it, pf, ds, kv);
+  for (int it = 0; it < work.n_iters; ++it) consume_step(dk, dv, mrow, smem, bars, work, it, pf, ds);
   if (work.n_iters > 0) dq_step(smem, work, work.n_iters - 1, ds.k, p);
 
   // Epilogue

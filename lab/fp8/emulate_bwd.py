@@ -70,12 +70,15 @@ def _group_sum(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
 
 def backward(q, k, v, out, lse, grad_out, is_causal: bool = False, scale: float | None = None,
              do_format=None, p_format=None, ds_format=None, granularity: str = "head", descale_k: bool = True,
-             dv_do_format="same", ds_scale: str = "amax"):
+             dv_do_format="same", ds_scale: str = "amax", q_descale=None, dk_rows: bool = True,
+             dq_tiles: bool = True, wrong_dk: bool = False):
     """(dq, dk, dv) float32 of the backward above on float32 (dequantised) q, k, v, the forward's out and
     natural-log lse (B, H, S). dv_do_format: dO's format in dV = P^T dO when it differs from dP's ("same": one
     copy). ds_scale "amax": dS's FP8 scale from its own amax (an oracle a kernel does not have before the tile);
-    "bound": from max ||dO_i|| max ||V_j|| + max |Delta_i| per (b, h), known before the main loop (P <= 1).
-    descale_k=False is the wrong kernel that reads K's e4m3 values in dQ without their
+    "bound": from max ||dO_i|| max ||V_j|| + max |Delta_i| per (b, h), known before the main loop (P <= 1);
+    "kernel": bwd v22's power-of-two multipliers, e4m3 per key row for dK (round_rows, with q_descale (B, H)) and per
+    tile for dQ (round_tiles); dk_rows / dq_tiles False leave that GEMM's dS unrounded, wrong_dk is the kernel's
+    wrong build (dK without its row multiplier: m_j times too large). descale_k=False is the wrong kernel that reads K's e4m3 values in dQ without their
     (per-tensor amax) descale: the rule must reject it."""
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # no TF32: the emulation's own error stays ~1e-6
@@ -92,21 +95,26 @@ def backward(q, k, v, out, lse, grad_out, is_causal: bool = False, scale: float 
         d_o = _round(grad_out, do_format, granularity)
         dp = d_o @ ve.transpose(-1, -2)  # V is the forward's e4m3 input: exact in either GEMM width
         ds = p * (dp - delta)
-        if ds_scale not in ("amax", "bound"):
-            raise ValueError(f"ds_scale must be 'amax' or 'bound', got {ds_scale!r}")
+        if ds_scale not in ("amax", "bound", "kernel"):
+            raise ValueError(f"ds_scale must be 'amax', 'bound' or 'kernel', got {ds_scale!r}")
         p_q = p if p_format is None else (p.to(torch.bfloat16).float() if p_format == "bf16"
                                           else quant.round_to(p * P_SCALE, p_format) / P_SCALE)
-        if ds_scale == "bound" and ds_format in quant.FORMATS:
+        if ds_scale == "kernel":
+            ds_dk = round_rows(ds, q_descale, heads_kv) if dk_rows else ds
+            ds_dq = round_tiles(ds) if dq_tiles else ds
+        elif ds_scale == "bound" and ds_format in quant.FORMATS:
             bound = (grad_out.norm(dim=-1).amax(dim=-1) * ve.norm(dim=-1).amax(dim=-1)
                      + delta.abs().amax(dim=(-1, -2)))
-            ds_q = quant.quantize(ds, ds_format, descale=bound / quant.fmt(ds_format).max).dequantize()
+            ds_dk = ds_dq = quant.quantize(ds, ds_format, descale=bound / quant.fmt(ds_format).max).dequantize()
         else:
-            ds_q = _round(ds, ds_format, granularity)
+            ds_dk = ds_dq = _round(ds, ds_format, granularity)
         d_o_dv = d_o if dv_do_format == "same" else _round(grad_out, dv_do_format, granularity)
         dv = _group_sum(p_q.transpose(-1, -2) @ d_o_dv, heads_kv)
         k_used = ke if descale_k else ke / ke.abs().amax() * quant.fmt("e4m3").max  # K's e4m3 values, undescaled
-        dq = (ds_q @ k_used) * scale
-        dk = _group_sum(ds_q.transpose(-1, -2) @ q, heads_kv) * scale
+        dq = (ds_dq @ k_used) * scale
+        dk = _group_sum(ds_dk.transpose(-1, -2) @ q, heads_kv) * scale
+        if wrong_dk:
+            dk = dk * row_multipliers(ds, q_descale, heads_kv)[..., None]
         return dq, dk, dv
     finally:
         torch.set_float32_matmul_precision(precision)
@@ -181,15 +189,21 @@ def pow2_multiplier(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, torch.exp2(8.0 - exponent.to(amax.dtype)), torch.ones_like(amax))
 
 
-def round_rows(ds: torch.Tensor, q_descale: torch.Tensor, heads_kv: int) -> torch.Tensor:
-    """dS as dK's GEMM reads it: e4m3(dS q_descale m_j) / (m_j q_descale), m_j from the largest |dS q_descale| of key
-    j over every query of its GQA group (the kernel's running minimum of m_j ends there; the rounding differs only
-    where an earlier step's values sit among e4m3's subnormals)."""
+def row_multipliers(ds: torch.Tensor, q_descale: torch.Tensor, heads_kv: int) -> torch.Tensor:
+    """dK's multiplier m_j (B, H_kv, S_k) from the largest |dS q_descale| of key j over every query of its GQA group
+    (the kernel's running minimum of m_j ends there; the rounding differs only where an earlier step's values sit
+    among e4m3's subnormals)."""
     B, H, Sq, Sk = ds.shape
     scaled = ds * q_descale.to(ds.dtype).expand(B, H)[..., None, None]
-    amax = scaled.abs().amax(dim=2).view(B, heads_kv, H // heads_kv, Sk).amax(dim=2)
-    m = _expand(pow2_multiplier(amax)[:, :, None, :], H)
-    return quant.round_to(scaled * m, "e4m3") / m / q_descale.to(ds.dtype).expand(B, H)[..., None, None]
+    return pow2_multiplier(scaled.abs().amax(dim=2).view(B, heads_kv, H // heads_kv, Sk).amax(dim=2))
+
+
+def round_rows(ds: torch.Tensor, q_descale: torch.Tensor, heads_kv: int) -> torch.Tensor:
+    """dS as dK's GEMM reads it: e4m3(dS q_descale m_j) / (m_j q_descale), m_j = row_multipliers."""
+    B, H = ds.shape[:2]
+    qd = q_descale.to(ds.dtype).expand(B, H)[..., None, None]
+    m = _expand(row_multipliers(ds, q_descale, heads_kv)[:, :, None, :], H)
+    return quant.round_to(ds * qd * m, "e4m3") / m / qd
 
 
 def round_tiles(ds: torch.Tensor, tile=DQ_TILE) -> torch.Tensor:
@@ -204,37 +218,20 @@ def round_tiles(ds: torch.Tensor, tile=DQ_TILE) -> torch.Tensor:
 
 
 def kernel_model(q8, k8, v8, q_descale, k_descale, v_descale, out, lse, grad_out, is_causal: bool = False,
-                 scale: float | None = None, dtype=torch.float64, dk_rows: bool = True, dq_tiles: bool = True,
-                 wrong: bool = False):
-    """(dq, dk, dv) in `dtype` of the FP8 backward kernel's math (module notes) from the forward's e4m3 q8, k8, v8
-    with descales (B, H) (or one element), its O and natural-log LSE (B, H_q, S_q), and dO (used as bf16, as the
-    kernel reads it). S from the dequantised e4m3 operands (exact products); Delta = rowsum(dO O) from the bf16 dO
-    and O; dO per tensor e4m3 in dP and dV; P as e4m3(P * 448) in dV. dk_rows / dq_tiles False: dS unrounded in that
-    GEMM (the rounding's own cost). wrong: the deliberately wrong build, dK without its row multiplier."""
-    heads, heads_kv = q8.shape[1], k8.shape[1]
-    B = q8.shape[0]
-    scale = 1.0 / math.sqrt(q8.shape[-1]) if scale is None else scale
-    q_descale, k_descale, v_descale = (d.to(dtype).expand(B, h) for d, h in ((q_descale, heads), (k_descale, heads_kv),
-                                                                              (v_descale, heads_kv)))
-    q, k, v = (x.to(dtype) * d[..., None, None] for x, d in ((q8, q_descale), (k8, k_descale), (v8, v_descale)))
+                 scale: float | None = None, dk_rows: bool = True, dq_tiles: bool = True, wrong: bool = False):
+    """(dq, dk, dv) float32 of the FP8 backward kernel's math (module notes): `backward` on the dequantised e4m3
+    q8, k8, v8 (descales (B, H) or one element) with the forward's O and natural-log LSE (B, H_q, S_q): dO as bf16
+    (the kernel reads it so) in Delta and per tensor e4m3 in dP and dV, P as e4m3(P * 448), dS by the kernel's
+    multipliers (ds_scale "kernel"). dk_rows / dq_tiles False: dS unrounded in that GEMM (the rounding's own
+    cost). wrong: the deliberately wrong build, dK without its row multiplier."""
+    heads, heads_kv, B = q8.shape[1], k8.shape[1], q8.shape[0]
+    q_descale, k_descale, v_descale = (d.float().expand(B, h) for d, h in ((q_descale, heads), (k_descale, heads_kv),
+                                                                            (v_descale, heads_kv)))
+    q, k, v = (x.float() * d[..., None, None] for x, d in ((q8, q_descale), (k8, k_descale), (v8, v_descale)))
     grad_out = grad_out.to(torch.bfloat16)
-    d_o = quant.quantize(grad_out, "e4m3", "tensor").dequantize(dtype)
-    ke, ve = _expand(k, heads), _expand(v, heads)
-    s = (q @ ke.transpose(-1, -2)) * scale
-    if is_causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    p = torch.exp(s - lse.to(dtype)[..., None])
-    delta = (grad_out.to(dtype) * out.to(dtype)).sum(dim=-1, keepdim=True)
-    ds = p * (d_o @ ve.transpose(-1, -2) - delta)
-    p_q = quant.round_to(p * P_SCALE, "e4m3") / P_SCALE
-    dv = _group_sum(p_q.transpose(-1, -2) @ d_o, heads_kv)
-    ds_k = round_rows(ds, q_descale, heads_kv) if dk_rows else ds
-    dk = _group_sum(ds_k.transpose(-1, -2) @ q, heads_kv) * scale
-    if wrong:  # the kernel's accumulator is in units of 1 / m_j: dK comes out m_j times too large
-        amax = (ds.abs() * q_descale[..., None, None]).amax(dim=2)
-        dk = dk * pow2_multiplier(amax.view(B, heads_kv, heads // heads_kv, -1).amax(dim=2))[..., None]
-    dq = ((round_tiles(ds) if dq_tiles else ds) @ ke) * scale
-    return dq, dk, dv
+    return backward(q, k, v, out, lse, grad_out, is_causal, scale, do_format="e4m3", p_format="e4m3",
+                    granularity="tensor", ds_scale="kernel", q_descale=q_descale, dk_rows=dk_rows,
+                    dq_tiles=dq_tiles, wrong_dk=wrong)
 
 
 YARDSTICK = "bf16 eager (the checks' bf16 yardstick)"  # kernel_budget's row the others are compared with

@@ -27,15 +27,14 @@ import ctypes
 import torch
 
 from .. import kernels, registry
+from . import op
 from .casts import quantize_e4m3
 
 VERSION = "v22"
 ROW_PAD = 128  # LAB_BWD_ROW_PAD (kernels/common/params.h): delta, lse_log2 and dq_accum rows, per (b, h)
-COLS = 128  # Q^T, K^T, dO^T columns are padded to a multiple of this many rows (the kernel writes the zero tail)
 LAB_BF16 = 1  # LabDtype (kernels/common/params.h)
 WRONG_BUILD = {"LAB_BWD_FP8_WRONG": 1}  # the deliberately wrong build: dK leaves without its row multiplier
-ERRORS = {-1: "head dim not supported", -2: "dtype not supported", -3: "shape or layout not supported",
-          -4: "a workspace pointer is missing", -5: "mode not supported (deterministic)"}
+ERRORS = {**op.ERRORS, -4: "a workspace pointer is missing", -5: "mode not supported (deterministic)"}
 _I64x3 = ctypes.c_int64 * 3
 
 
@@ -90,22 +89,12 @@ def unavailable(head_dim: int, capability: tuple | None = None, deterministic: b
     return None
 
 
-def _strides(t: torch.Tensor) -> list:
-    """(batch, head, seq) strides in elements; a dim of size 1 gets the stride of a packed one (never read)."""
-    return [t.stride(i) if t.shape[i] > 1 else t.stride(i + 1) * t.shape[i + 1] for i in range(3)]
-
-
-def _cols(seqlen: int) -> int:
-    return max(COLS, -(-seqlen // COLS) * COLS)
-
-
 def workspaces(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, device) -> dict:
     """The caller's workspaces: Q^T, K^T, dO^T (e4m3, (B, H, D, cols)); delta, lse_log2 (B, H_q, R) and dq_accum
-    (B, H_q, R, D) float32 in one buffer, R = S_q padded to ROW_PAD, with a word per padded row after dq_accum as
-    the bf16 backward's binding allocates it (params.h: the tile counters some versions keep there)."""
-    q_cols, k_cols = _cols(Sq), _cols(Sk)
+    (B, H_q, R, D) float32 in one buffer, R = S_q padded to ROW_PAD (v22 keeps no tile counters after dq_accum)."""
+    q_cols, k_cols = op.vt_columns(Sq), op.vt_columns(Sk)  # the transposes are the V^T pass
     padded = B * Hq * (-(-Sq // ROW_PAD) * ROW_PAD)
-    work = torch.empty(2 * padded + padded * (D + 1), dtype=torch.float32, device=device)
+    work = torch.empty(padded * (D + 2), dtype=torch.float32, device=device)
     fp8 = dict(dtype=torch.float8_e4m3fn, device=device)
     return {"qt": torch.empty((B, Hq, D, q_cols), **fp8), "kt": torch.empty((B, Hkv, D, k_cols), **fp8),
             "dot": torch.empty((B, Hq, D, q_cols), **fp8), "delta": work[:padded], "lse_log2": work[padded:2 * padded],
@@ -138,12 +127,12 @@ def backward(grad_out, q8, k8, v8, q_descale, k_descale, v_descale, out, lse, is
                      seqlen_k=Sk, head_dim=D, scale=scale, causal=int(is_causal), dtype=LAB_BF16, deterministic=0)
     for field, t in (("q_stride", q8), ("k_stride", k8), ("v_stride", v8), ("o_stride", out), ("do_stride", grad_out),
                      ("dq_stride", dq), ("dk_stride", dk), ("dv_stride", dv)):
-        getattr(base, field)[:] = _strides(t)
+        getattr(base, field)[:] = op.kernel_strides(t)
     p = Fp8BwdParams(base=base, dout8=dout8.data_ptr(), qt=work["qt"].data_ptr(), kt=work["kt"].data_ptr(),
                      dot=work["dot"].data_ptr(), q_descale=descales[0].data_ptr(), k_descale=descales[1].data_ptr(),
                      v_descale=descales[2].data_ptr(), do_descale=do_descale.data_ptr(), q_cols=work["q_cols"],
                      k_cols=work["k_cols"])
-    p.dout8_stride[:] = _strides(dout8)
+    p.dout8_stride[:] = op.kernel_strides(dout8)
     with torch.cuda.device(device):
         rc = _function(defines)(ctypes.byref(p), torch.cuda.current_stream().cuda_stream)
     check_rc(rc)

@@ -45,6 +45,18 @@ def key_tile(head_dim: int, defines=None, causal: bool = False) -> int:
 ERRORS = {-1: "head dim not supported", -2: "dtype not supported", -3: "shape or layout not supported"}
 
 
+def vt_columns(seqlen: int) -> int:
+    """Columns of a transposed e4m3 tensor as the V^T pass writes it (the forward's V^T, the backward's Q^T, K^T,
+    dO^T): the sequence padded to a multiple of VT_KEYS, the tail zeroed by the pass."""
+    return max(VT_KEYS, -(-seqlen // VT_KEYS) * VT_KEYS)
+
+
+def kernel_strides(t: torch.Tensor) -> list:
+    """(batch, head, seq) strides in elements as the launchers take them; a dim of size 1 gets a packed stride
+    (never read, but a legal tensor-map value)."""
+    return [t.stride(i) if t.shape[i] > 1 else t.stride(i + 1) * t.shape[i + 1] for i in range(3)]
+
+
 class Params(ctypes.Structure):
     """AttnFp8Params, field for field (kernels/common/hopper/attn_fp8_sm90.cuh)."""
 
@@ -165,7 +177,7 @@ def run(query, key, value, q_descale=None, k_descale=None, v_descale=None, is_ca
     if Sk == 0:
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
     q, k, v = _readable(query), _readable(key), _readable(value)
-    vt_cols = max(VT_KEYS, -(-Sk // VT_KEYS) * VT_KEYS)
+    vt_cols = vt_columns(Sk)
     # V^T, and behind it (16 bytes on) the int that the V^T pass zeroes for the kernel's dynamic tile scheduler
     vt_bytes = B * Hkv * D * vt_cols
     workspace = torch.empty(vt_bytes + 16, dtype=torch.uint8, device=query.device)
@@ -179,7 +191,7 @@ def run(query, key, value, q_descale=None, k_descale=None, v_descale=None, is_ca
                batch=B, heads_q=Hq, heads_kv=Hkv, seqlen_q=Sq, seqlen_k=Sk, head_dim=D, vt_cols=vt_cols,
                scale=scale, p_scale=P_SCALE, causal=int(is_causal), tile_counter=workspace.data_ptr() + vt_bytes)
     for field, t in (("q_stride", q), ("k_stride", k), ("v_stride", v), ("o_stride", out)):
-        getattr(p, field)[:] = [t.stride(i) if t.shape[i] > 1 else t.stride(i + 1) * t.shape[i + 1] for i in range(3)]
+        getattr(p, field)[:] = kernel_strides(t)
     for i, ((x, strides, by_kv), field) in enumerate(zip(descales, ("q_descale", "k_descale", "v_descale"))):
         setattr(p, field, x.data_ptr() if x is not None else None)
         p.descale_stride[i][:] = list(strides)

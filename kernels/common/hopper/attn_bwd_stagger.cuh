@@ -13,6 +13,8 @@
 //   Steps::work<C>(p)                  the CTA's key block and query-block range;
 //   Steps::p_ds<C>(s, dp, rows, c, kw0, m0, p)   P^T and dS^T of a step, masked where the tile needs it.
 #pragma once
+#include <utility>
+
 #include "common/hopper/attn_bwd_sm90.cuh"
 
 // 0: no stagger; 1: always; 2: non-causal calls only (first H100 run, D = 128: the stagger gained 2-3 % without a
@@ -56,6 +58,29 @@ __device__ __forceinline__ void red_dq(const float (&dq)[C::kDqRegs], int hq, in
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + (r4 * 128 + wt) * 4),
                  "f"(dq[4 * r4]), "f"(dq[4 * r4 + 1]), "f"(dq[4 * r4 + 2]), "f"(dq[4 * r4 + 3])
                  : "memory");
+}
+
+// red_dq with one base address and each 16-byte reduction at a constant offset from it (the offset in the
+// instruction), so the reductions cost no address arithmetic of their own (bwd/v22; the bf16 kernels keep red_dq).
+template <class C, int R4>
+__device__ __forceinline__ void red4_at(float* dst, const float (&dq)[C::kDqRegs]) {
+  asm volatile("red.global.add.v4.f32 [%0+%5], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(dq[4 * R4]), "f"(dq[4 * R4 + 1]),
+               "f"(dq[4 * R4 + 2]), "f"(dq[4 * R4 + 3]), "n"(R4 * 128 * 16)
+               : "memory");
+}
+template <class C, int... R4>
+__device__ __forceinline__ void red_all_at(float* dst, const float (&dq)[C::kDqRegs],
+                                           std::integer_sequence<int, R4...>) {
+  (red4_at<C, R4>(dst, dq), ...);
+}
+template <class C>
+__device__ __forceinline__ void red_dq_offsets(const float (&dq)[C::kDqRegs], int hq, int m0, int b,
+                                               const AttnBwdParams& p) {
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+  const int sq_pad = lab::bwd::padded_rows(p.seqlen_q);
+  float* dst = p.dq_accum + (((int64_t)b * p.heads_q + hq) * sq_pad + m0) * C::D +
+               (C::kSplitDq ? wg * 64 * C::kDqCols : 0) + wt * 4;
+  red_all_at<C>(dst, dq, std::make_integer_sequence<int, C::kDqCols / 8>{});
 }
 
 // dQ of step j (issued during step j + 1, or after the loop): wait for the other warpgroup's half of dS^T_j,
