@@ -40,17 +40,6 @@
 //   Checks 9/9, the no-window, no-offset and tile-rows builds failing (outputs/driver_logs/20261129-h200-n15-packed-
 //   convert-56526a2/P). Self-test builds: LAB_BWD_PACKED_BUG_TILE_ROWS (the convert's transpose swaps rows),
 //   LAB_BWD_PACKED_BUG_NO_ZERO (the pre-pass leaves dq_accum as it was).
-// LAB_BWD_MASK_SKIP_EMPTY (the default; 0: every warpgroup step runs its GEMMs): a warpgroup whose 64 keys no query
-//   row of the step sees (common/hopper/attn_bwd_mask_sm90.cuh, window_step_empty) skips S^T, dP^T, dV and dK there
-//   and stores zeros for its half of dS^T (the dQ GEMMs of both warpgroups read it); dK and dV are the same bits.
-//   At D 128 a causal key block's first step (64 queries) is such a step for its upper warpgroup, once per query head:
-//   one of 2-32 steps a CTA at 8 x 2048, 4 of the step's 10 warpgroup GEMMs (the dQ GEMMs stay). D 64 runs 128
-//   queries a step, where the diagonal step has no empty half (no gain there).
-//   Prediction (H200, bf16, causal, H 16, D 128; written before the first run): the dK / dV kernel at 8 x 2048
-//   746 -> 725-735 us (-1.5 to -3 %: about 0.4 of a step saved in each CTA's 17 on average, if the tensor pipe sets
-//   the step), twelve documents -1 to -2.5 %; the public op's backward against FlexAttention's document mask
-//   1.41 -> 1.43-1.45x at one length, still short of 1.5x; D 64 within +-1 %; dK, dV bit-identical to the build
-//   without it, dQ within its reductions' order (lab.masks.gpu_varlen_ab.same_bits).
 // Everything else is v07's: tile shapes, the deferred dQ split by columns, the red.global dQ partials.
 // LAB_BWD_MASK_STAGE=1 (the default): v12's tile config, dK and dV staged through the free dQ staging area and stored as
 // 16-byte rows, and at D = 64 v10's K and V in registers. Prediction (H100, D = 128, bf16, GPU time against v07's

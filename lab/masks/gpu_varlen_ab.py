@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import bench, ops
-from . import backward as mbwd, op as mop, reference, spec, varlen_bwd
+from . import op as mop, spec, varlen_bwd
 from .gpu import draw
 from .gpu_varlen import DOCS12, _cell, _keep, _no_grad, _with_defines, kernel_times
 
@@ -133,95 +133,3 @@ def ab_passes(cells=(("one-length", [2048] * 8, 128), ("docs12", DOCS12, 128)),
         print(f"ab-passes {name} D {D}: " + _ms_text(ms, quart) +
               f"; default / build (kernel call, public backward): {row['default_over']}", flush=True)
     return rows
-
-
-NO_SKIP = {"LAB_BWD_MASK_SKIP_EMPTY": 0}  # every warpgroup step runs its GEMMs, the empty ones too (the build before)
-
-# (name, lens_q, lens_k, H_q, H_kv, D, causal, window, softcap, sinks): cells where some warpgroup step is empty
-# (the causal diagonal at D 128, a window's far edge, keys past S_k in a sequence's last block) and D 64's 128
-# queries a step, where none is.
-SAME_BITS_CASES = (("one-length", [2048] * 2, [2048] * 2, 16, 16, 128, True, None, 0.0, False),
-                   ("docs-gqa", [700, 1, 0, 1300, 129, 64], [700, 1, 0, 1300, 129, 64], 8, 2, 128, True, None, 0.0,
-                    True),
-                   ("cross", [63, 65, 200, 130], [7, 65, 200, 97], 4, 2, 128, True, (64, 0), 30.0, True),
-                   ("window-sym", [300, 1025], [300, 1025], 4, 2, 128, False, (40, 70), 0.0, False),
-                   ("d64", [700, 1300], [700, 1300], 4, 2, 64, True, (100, 0), 0.0, False))
-
-
-def same_bits(defines=NO_SKIP, cases=SAME_BITS_CASES) -> int:
-    """dK and dV of the packed backward's default build against `defines`' on the same inputs, bit for bit, and dQ
-    within its float32 reductions' order (relative L2 <= 1e-5); also the dense masked path (padded layout, the same
-    WindowSteps over right-padded buffers). For a build that only skips work whose every product is zero (NO_SKIP
-    against the default), any bit of dK or dV that differs is a bug. Returns how many cases differ."""
-    from .gpu import GEN
-
-    bad = 0
-    for name, lq, lk, hq, hkv, D, causal, window, cap, sink in cases:
-        GEN.manual_seed(hash(("same-bits", name)) % 2**31)
-        cu_q = torch.tensor([0] + torch.tensor(lq).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-        cu_k = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-        q, dout = draw(sum(lq), hq, D, dtype=torch.bfloat16), draw(sum(lq), hq, D, dtype=torch.bfloat16)
-        k, v = draw(sum(lk), hkv, D, dtype=torch.bfloat16), draw(sum(lk), hkv, D, dtype=torch.bfloat16)
-        sinks = torch.randn(hq, generator=GEN).cuda() if sink else None
-        mask = spec.make_mask(causal, window, cap)
-        with torch.no_grad():
-            o, lse = ops.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), is_causal=causal,
-                                          window_size=window, softcap=cap, sinks=sinks, return_lse=True)
-        for layout in ("packed", "padded"):
-            grads = [varlen_bwd.launch(dout, q, k, v, o, lse, None, cu_q, cu_k, sinks, sink, max(lq), max(lk),
-                                       mask.left, mask.right, mask.softcap, D ** -0.5, layout=layout, defines=d)
-                     for d in (None, defines)]
-            (dq0, dk0, dv0, ds0), (dq1, dk1, dv1, ds1) = grads
-            dq_rel = float((dq0.float() - dq1.float()).norm() / dq0.float().norm().clamp_min(1e-30))
-            same = bool(torch.equal(dk0, dk1) and torch.equal(dv0, dv1)) and dq_rel <= 1e-5 and \
-                bool(torch.isfinite(dq0).all() and torch.isfinite(dk0).all() and torch.isfinite(dv0).all())
-            bad += not same
-            print(f"{'ok ' if same else 'BAD'} same-bits {name} {layout} D {D} against {defines}: dK equal "
-                  f"{torch.equal(dk0, dk1)}, dV equal {torch.equal(dv0, dv1)}, dQ rel L2 {dq_rel:.2e}", flush=True)
-    for name, B, hq, hkv, sq, sk, causal, window, offset in SAME_BITS_DENSE:
-        GEN.manual_seed(hash(("same-bits-dense", name)) % 2**31)
-        q, dout = draw(B, hq, sq, 128, dtype=torch.bfloat16), draw(B, hq, sq, 128, dtype=torch.bfloat16)
-        k, v = draw(B, hkv, sk, 128, dtype=torch.bfloat16), draw(B, hkv, sk, 128, dtype=torch.bfloat16)
-        mask = spec.make_mask(causal, window, 0.0)
-        out, lse = reference.attend(q, k, v, mask, 128 ** -0.5, offset)
-        grads = [mbwd.launch_backward(dout, q, k, v, out.to(q.dtype), lse.float(), None, None, False, mask.left,
-                                      mask.right, offset, 0.0, 128 ** -0.5, defines=d) for d in (None, defines)]
-        (dq0, dk0, dv0, _), (dq1, dk1, dv1, _) = grads
-        dq_rel = float((dq0.float() - dq1.float()).norm() / dq0.float().norm().clamp_min(1e-30))
-        same = bool(torch.equal(dk0, dk1) and torch.equal(dv0, dv1)) and dq_rel <= 1e-5
-        bad += not same
-        print(f"{'ok ' if same else 'BAD'} same-bits {name} dense D 128 against {defines}: dK equal "
-              f"{torch.equal(dk0, dk1)}, dV equal {torch.equal(dv0, dv1)}, dQ rel L2 {dq_rel:.2e}", flush=True)
-    print(f"same-bits done: {bad} differ", flush=True)
-    return bad
-
-
-# Dense masked calls (B, H_q, H_kv, S_q, S_k, causal, window, diagonal offset): top-left and bottom-right causal,
-# a window, S_k not a multiple of 64.
-SAME_BITS_DENSE = (("causal-top-left", 2, 4, 2, 1000, 1000, True, None, 0),
-                   ("causal-bottom-right", 1, 4, 4, 300, 1000, True, None, 700),
-                   ("window", 1, 4, 2, 1025, 1025, True, (200, 0), 0),
-                   ("window-sym", 1, 4, 2, 517, 517, False, (30, 40), 0))
-
-
-def sanitize_bwd(defines=None) -> None:
-    """Small packed and padded masked backward calls of bwd v08 for compute-sanitizer (memcheck, racecheck): uneven
-    lengths with empty sequences, S_q != S_k, the causal diagonal and a window at D 128, D 64; `defines` a build."""
-    for name, lq, lk, hq, hkv, D, causal, window, cap, sink in SAME_BITS_CASES[1:]:
-        lq, lk = [min(x, 200) for x in lq], [min(x, 200) for x in lk]
-        cu_q = torch.tensor([0] + torch.tensor(lq).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-        cu_k = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-        q, dout = draw(sum(lq), hq, D, dtype=torch.bfloat16), draw(sum(lq), hq, D, dtype=torch.bfloat16)
-        k, v = draw(sum(lk), hkv, D, dtype=torch.bfloat16), draw(sum(lk), hkv, D, dtype=torch.bfloat16)
-        sinks = torch.zeros(hq, device="cuda") if sink else None
-        mask = spec.make_mask(causal, window, cap)
-        with torch.no_grad():
-            o, lse = ops.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), is_causal=causal,
-                                          window_size=window, softcap=cap, sinks=sinks, return_lse=True)
-        for layout in ("packed", "padded"):
-            dq, dk, dv, _ = varlen_bwd.launch(dout, q, k, v, o, lse, None, cu_q, cu_k, sinks, sink, max(lq), max(lk),
-                                              mask.left, mask.right, mask.softcap, D ** -0.5, layout=layout,
-                                              defines=defines)
-            torch.cuda.synchronize()
-            print(f"sanitize bwd {name} {layout} D {D}: finite {bool(torch.isfinite(dk).all() and torch.isfinite(dv).all())}",
-                  flush=True)

@@ -50,13 +50,6 @@ static_assert(sizeof(AttnBwdParams) == 336 && sizeof(MaskBwdParams) == 400, "lab
 #define LAB_BWD_MASK_TANH_HALF 1
 #endif
 
-// A warpgroup's step whose 64 keys no query row of the step sees (the causal diagonal's upper half at 64 queries a
-// step, a window's far edge, keys past S_k) skips its four GEMMs (stagger_tile's step_empty): 1 on (the default),
-// 0 off. dK and dV are the same bits either way; measured in bwd/v08_masks.cu's header.
-#ifndef LAB_BWD_MASK_SKIP_EMPTY
-#define LAB_BWD_MASK_SKIP_EMPTY 1
-#endif
-
 namespace lab::sm90::bwd {
 
 // Where the fp16-pair tanh may stand in for the f32 one: bf16 calls only. dS is rounded to the call's dtype before
@@ -79,15 +72,6 @@ __device__ __forceinline__ int2 window_rows(int n0, int n1, int seqlen_q, int of
 struct SeqView {
   int seqlen_q, seqlen_k, off;
 };
-
-// True when no row of [m0, min(m0 + br, S_q)) sees any key of [kw0, min(kw0 + 64, S_k)) (64-bit: a window "beyond
-// S" may be near INT_MAX).
-template <int br>
-__device__ __forceinline__ bool window_step_empty(int kw0, int m0, const SeqView& sv, int left, int right) {
-  const int k1 = min(kw0 + 64, sv.seqlen_k) - 1, m1 = min(m0 + br, sv.seqlen_q) - 1;
-  return k1 < kw0 || m1 < m0 || (right >= 0 && (long long)kw0 > (long long)m1 + sv.off + right) ||
-         (left >= 0 && (long long)k1 < (long long)m0 + sv.off - left);
-}
 // Packed sequences (kVarlen): sequence b's lengths from p.seqlens, clamped to the dense buffers, bottom-right.
 template <bool kVarlen>
 __device__ __forceinline__ SeqView seq_view(const MaskBwdParams& p, int b) {
@@ -107,7 +91,6 @@ __device__ __forceinline__ SeqView seq_view(const MaskBwdParams& p, int b) {
 template <bool kSoftcap, bool kVarlen = false, bool kTanhHalf = false>
 struct WindowSteps {
   using Params = MaskBwdParams;
-  static constexpr bool kSkipEmpty = LAB_BWD_MASK_SKIP_EMPTY;
 
   template <class C>
   __device__ __forceinline__ static Work work(const MaskBwdParams& p) {
@@ -162,12 +145,6 @@ struct WindowSteps {
         s[4 * i + e] = pv;
         dp[4 * i + e] = pv * (dp[4 * i + e] - delta[col]) * dcap;
       }
-  }
-
-  template <class C>
-  __device__ __forceinline__ static bool empty(int kw0, int m0, const MaskBwdParams& p) {
-    const SeqView sv = seq_view<kVarlen>(p, kVarlen ? cta_work<C>(p).b : 0);
-    return window_step_empty<C::BR>(kw0, m0, sv, p.window_left, p.window_right);
   }
 
   template <class C>

@@ -108,14 +108,9 @@ template <bool kSoftcap, bool kTanhHalf>
 struct PackedSteps {
   using Params = MaskBwdParams;
   using Rules = WindowSteps<kSoftcap, true, kTanhHalf>;
-  static constexpr bool kSkipEmpty = Rules::kSkipEmpty;
   __device__ __forceinline__ static SeqView& seq() {
     __shared__ SeqView sv;
     return sv;
-  }
-  template <class C>
-  __device__ __forceinline__ static bool empty(int kw0, int m0, const MaskBwdParams& p) {
-    return window_step_empty<C::BR>(kw0, m0, seq(), p.window_left, p.window_right);
   }
   template <class C>
   __device__ __forceinline__ static void p_ds(float (&s)[C::BR / 2], float (&dp)[C::BR / 2], const float* rows,

@@ -121,11 +121,8 @@ struct AddPartial {
 };
 
 // The dense kernels' steps: causal (top-left) or none, cta_work's tile range, p_ds_step's masks.
-// kSkipEmpty: whether the Steps say (empty<C>(kw0, m0, p)) when a warpgroup's 64 keys see no query row of a step,
-// so that stagger_tile skips its four GEMMs there (step_empty); the dense kernels do not ask.
 struct DenseSteps {
   using Params = AttnBwdParams;
-  static constexpr bool kSkipEmpty = false;
   template <class C>
   __device__ __forceinline__ static Work work(const AttnBwdParams& p) { return cta_work<C>(p); }
   template <class C>
@@ -134,19 +131,6 @@ struct DenseSteps {
     p_ds_step<C>(s, dp, rows, c, kw0, m0, p);
   }
 };
-
-// True when the Steps say this warpgroup's keys [kw0, kw0 + 64) see no query row of the step at m0: its P^T and dS^T
-// are zero, so S^T, dP^T, dV and dK are skipped and dS^T's zeros are stored for the dQ GEMMs of both warpgroups.
-// dK and dV are unchanged bit for bit (each skipped GEMM would have added exact zeros). Causal calls at D 128 (64
-// queries a step) have one such step per key block and query head: the diagonal step, where the block's upper 64
-// keys lie past every query.
-template <class Steps, class C>
-__device__ __forceinline__ bool step_empty(int kw0, int m0, const typename Steps::Params& p) {
-  if constexpr (Steps::kSkipEmpty)
-    return Steps::template empty<C>(kw0, m0, p);
-  else
-    return false;
-}
 
 // One key-block tile of a consumer warpgroup: wait for its K and V (barrier `kv`, parity `kv_phase`, at k_off /
 // v_off), run its steps on the ring from the CTA's step count `step0`, and leave dK_w, dV_w in dk, dv with every
@@ -181,31 +165,23 @@ __device__ __forceinline__ void stagger_tile(float (&dk)[C::D / 2], float (&dv)[
     mbar_wait(smem_u32(&bars.full[s]), (step / kStages) & 1);
     if (stagger && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
 
-    const bool empty = step_empty<Steps, C>(kw0, m0, p);  // uniform over the warpgroup
     float sacc[BR / 2], dpacc[BR / 2];
-    if (!empty) {
-      wgmma_fence();
-      if constexpr (C::kKvInRegs)
-        issue_s_dp_rs<C, kBf16>(sacc, dpacc, kf, vf, q_s, do_s);
-      else
-        issue_s_dp<C, kBf16>(sacc, dpacc, k_w, v_w, q_s, do_s);
-      wgmma_wait<0>();
-      reg_fence(sacc);
-      reg_fence(dpacc);
-      Steps::template p_ds<C>(sacc, dpacc, rows, c, kw0, m0, p);
-    } else {
-      zero_acc(sacc);
-      zero_acc(dpacc);
-    }
+    wgmma_fence();
+    if constexpr (C::kKvInRegs)
+      issue_s_dp_rs<C, kBf16>(sacc, dpacc, kf, vf, q_s, do_s);
+    else
+      issue_s_dp<C, kBf16>(sacc, dpacc, k_w, v_w, q_s, do_s);
+    wgmma_wait<0>();
+    reg_fence(sacc);
+    reg_fence(dpacc);
+    Steps::template p_ds<C>(sacc, dpacc, rows, c, kw0, m0, p);
     if (stagger && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
 
     uint32_t pa[BR / 16][4], dsa[BR / 16][4];
     pack_p<BR, T>(sacc, pa);
     pack_p<BR, T>(dpacc, dsa);
-    if (!empty) {
-      wgmma_fence();
-      issue_dv_dk<C, kBf16>(dv, dk, pa, dsa, q_s, do_s);
-    }
+    wgmma_fence();
+    issue_dv_dk<C, kBf16>(dv, dk, pa, dsa, q_s, do_s);
 
     if (C::kSplitDq && it >= 2) named_barrier_sync(free_bar(buf, wg), 256);  // the other has read dS^T_{it-2}
     store_ds<C>(smem + C::kOffDs + buf * C::kDsBytes, dsa);
