@@ -125,6 +125,18 @@ at::Tensor readable(const at::Tensor& t) {
   return at::empty(t.sizes(), t.options()).copy_(t);
 }
 
+// A gradient in its input's layout: a (B, H, S, D) view of (B, S, H, D) memory (what a model's projections give,
+// q_proj(x).view(B, S, H, D).transpose(1, 2)) gets a gradient with the same strides, so autograd hands it back to
+// the projection as a view. A contiguous gradient there costs a transposing copy per tensor on the way back (three
+// of them took 278 us beside the 653 us dK / dV kernel, 8 x 2048 causal at D 128 on an H200). Inputs the kernels
+// cannot read through their strides, or that are not dense, get a contiguous gradient as before. The rule reads
+// strides only (not the data's alignment), so lab/backward/op.py's fake gives the same layout under torch.compile.
+at::Tensor grad_like(const at::Tensor& t) {
+  bool ok = t.numel() > 0 && t.dim() == 4 && t.is_non_overlapping_and_dense() && (t.size(3) <= 1 || t.stride(3) == 1);
+  for (int i = 0; ok && i < 3; ++i) ok = t.size(i) <= 1 || t.stride(i) % 8 == 0;
+  return ok ? at::empty_like(t, at::MemoryFormat::Preserve) : at::empty(t.sizes(), t.options());
+}
+
 // The tensor the kernel writes: `out` itself when its layout allows, else a contiguous buffer copied into
 // `out` afterwards (finish()). An out that overlaps itself (a stride of 0) or an input is refused.
 std::string writable(const at::Tensor& out, std::initializer_list<std::pair<const at::Tensor*, const char*>> inputs,
@@ -646,8 +658,8 @@ std::string record_slot(FlagSlot& slot, int64_t device) {
 }
 
 // Backward (kernels/bwd/*): the checks, the gradients and one float32 workspace allocated here, the launch.
-// dq, dk, dv come back contiguous; the workspace holds delta and lse*log2(e) per padded query row and a float32
-// dQ accumulator.
+// dq, dk, dv come back in the layout of q, k, v (grad_like); the workspace holds delta and lse*log2(e) per padded
+// query row and a float32 dQ accumulator.
 std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& o, const at::Tensor& lse, const c10::optional<at::Tensor>& dlse,
                           const at::Tensor& dout, double scale, bool causal, bool deterministic, at::Tensor* dq,
@@ -666,9 +678,9 @@ std::string attn_bwd_impl(int64_t launcher, const at::Tensor& q, const at::Tenso
     LAB_TRY(float_buffer(*dlse, "grad_lse", q, rows, true, &dlse_ptr));
     p.dlse = dlse_ptr;
   }
-  *dq = at::empty(q.sizes(), q.options());
-  *dk = at::empty(k.sizes(), k.options());
-  *dv = at::empty(v.sizes(), v.options());
+  *dq = grad_like(q);
+  *dk = grad_like(k);
+  *dv = grad_like(v);
   if (q.numel() == 0 || k.numel() == 0) {  // no query rows or no keys: every gradient is 0
     dq->zero_();
     dk->zero_();

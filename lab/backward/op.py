@@ -64,9 +64,28 @@ def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: tor
     return _bwd_impl(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version)
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill its memory exactly once (a permutation of a contiguous layout; size-1 dims free)."""
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def grad_like(t: torch.Tensor) -> torch.Tensor:
+    """The binding's grad_like (lab/binding.cpp): a gradient with its input's strides where the kernels write
+    through them (a dense 4-D tensor, last stride 1, the others multiples of 8), else contiguous."""
+    st = t.stride()
+    ok = t.numel() > 0 and t.dim() == 4 and _dense(t) and (t.shape[3] <= 1 or st[3] == 1) \
+        and all(t.shape[i] <= 1 or st[i] % 8 == 0 for i in range(3))
+    return torch.empty_like(t, memory_format=torch.preserve_format) if ok else t.new_empty(t.shape)
+
+
 @_attention_backward_op.register_fake
 def _(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version):
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+    return grad_like(query), grad_like(key), grad_like(value)
 
 
 def _setup_context(ctx, inputs, output):

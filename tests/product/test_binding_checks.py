@@ -207,3 +207,36 @@ def test_decode_auto_answers_every_bad_input_of_the_binding(cpu_binding, what):
     change, _ = binding_cases.decode_bad("cpu")[what]
     error, _ = _decode_auto(cpu_binding, _dec_changed(change))
     assert error, what
+
+
+# ------------------------------------------------------------------ the backward's gradients take their inputs' layout
+
+def _bshd(B, H, S, D, offset=0):
+    """A (B, H, S, D) view of (B, S, H, D) memory: what q_proj(x).view(B, S, H, D).transpose(1, 2) gives."""
+    return torch.randn(B * S * H * D + offset, dtype=torch.float16)[offset:].view(B, S, H, D).transpose(1, 2)
+
+
+def test_gradients_take_the_layout_of_their_inputs(cpu_binding):
+    """attn_bwd_call (checks on CPU, nothing launched) gives dq, dk, dv the strides of q, k, v where the kernels write
+    through them, so autograd hands a (B, S, H, D)-memory gradient back to a projection without a transposing copy;
+    inputs they cannot write that way (a head dim that is no multiple of 8 elements apart) get contiguous gradients.
+    lab.backward.op.grad_like, the op's fake under torch.compile, gives the same layouts."""
+    from lab.backward.op import grad_like
+
+    def call(q, k, v):
+        o, dout = torch.empty_like(q), torch.randn(q.shape, dtype=q.dtype)
+        lse = torch.zeros(q.shape[:3], dtype=torch.float32)
+        error, dq, dk, dv = cpu_binding.module.attn_bwd_call(0, q, k, v, o, lse, None, dout, 0.125, True, False)
+        assert error == ""
+        return dq, dk, dv
+
+    bshd = (_bshd(2, 4, 65, 64), _bshd(2, 2, 70, 64), _bshd(2, 2, 70, 64))
+    contiguous = tuple(t.contiguous() for t in bshd)
+    for ins in (bshd, contiguous):
+        for t, g in zip(ins, call(*ins)):
+            assert g.shape == t.shape and g.stride() == t.stride() == grad_like(t).stride()
+    assert not bshd[0].is_contiguous()  # the case above is the strided one
+    odd = torch.randn(2 * 65 * 4 * 68, dtype=torch.float16).view(2, 65, 4, 68)[..., :64].transpose(1, 2)  # rows 68 apart
+    k, v = torch.randn(2, 2, 70, 64, dtype=torch.float16), torch.randn(2, 2, 70, 64, dtype=torch.float16)
+    dq, _, _ = call(odd, k, v)
+    assert dq.is_contiguous() and grad_like(odd).is_contiguous()
