@@ -173,6 +173,34 @@ def test_torch_compile_fullgraph_forward_plus_backward():
         assert torch.equal(a.grad, b.grad) or float((a.grad.float() - b.grad.float()).abs().max()) < 1e-2
 
 
+def test_gradients_of_projection_views_keep_their_layout_compiled_and_eager():
+    """A model's q_proj(x).view(B, S, H, D).transpose(1, 2): the gradients come back in the (B, S, H, D) memory of
+    the leaves, compiled (the backward op's fake, lab.backward.op.grad_like, gives the real strides) and eager alike,
+    and equal to the contiguous call's."""
+    torch.manual_seed(3)
+    x = [torch.randn(2, 130, h, 64, device="cuda", dtype=torch.bfloat16) for h in (4, 2, 2)]
+    do = torch.randn(2, 4, 130, 64, device="cuda", dtype=torch.bfloat16)
+
+    def step(q, k, v):
+        out = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        return (out.float() * do.float()).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    runs = []
+    for fn in (compiled, step):
+        leaves = [t.clone().requires_grad_() for t in x]
+        fn(*leaves).backward()
+        runs.append([t.grad for t in leaves])
+    flat = [t.transpose(1, 2).contiguous().requires_grad_() for t in x]
+    out = ops.attention(*flat, is_causal=True, enable_gqa=True)
+    ref = [g.transpose(1, 2) for g in torch.autograd.grad(out, flat, do)]
+    for grads in runs:
+        for g, r in zip(grads, ref):
+            assert g.is_contiguous()  # the leaves' own layout, reached without a copy from the op's strided gradient
+            assert float((g.float() - r.float()).abs().max()) <= 1e-2 * float(r.float().abs().max())
+
+
 def test_v02_refuses_the_deterministic_mode_by_name():
     _runs_here("v02")
     q, k, v, do = _inputs(Sq=65, Sk=65, D=64)
