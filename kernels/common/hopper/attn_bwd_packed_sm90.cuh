@@ -56,13 +56,9 @@ __device__ __forceinline__ PackedSeq packed_seq(const MaskBwdParams& p, int b) {
 // sequences in order and each one's key blocks longest (causal) first: the grid ends on the last sequence's
 // shortest blocks, and a sequence's Q and dO (all heads) are read while they sit in L2. 0: the key slot fastest
 // (the dense grid's order: one head's sequences in turn), where the last head's longest blocks of its last long
-// sequence may start in the last wave. 2: sequence-major, each head's key blocks together, longest first (the
-// dense kernels' head-major order, bwd v14 without its tail: the dense op's dK / dV kernel ran one length, 8 x 2048
-// causal at D 128, in 653 us against this kernel's 745 on the same tiles).
-// Prediction for 2 (H200, bf16, causal, H 16, D 128; written before its first run): if the order is what separates
-// the two kernels, the packed kernel at 8 x 2048 745 -> 650-690 us and twelve documents 1255 -> 1100-1200 us, and
-// FlexAttention over the public backward 1.41 -> 1.50-1.60x at one length; if not (the mask steps or the packed
-// addressing), within +-2 % of 1.
+// sequence may start in the last wave. Measured beside the dense kernels' order (sequence-major, each head's key
+// blocks together: 4.7 % slower at 8 x 2048 and 1.9 % at twelve documents, removed) and with ncu against bwd v14 on
+// the same tiles: outputs/experiments/20261129-masks-packed-bwd-orders-beside-dense.json.
 #ifndef LAB_BWD_PACKED_HEAD_MINOR
 #define LAB_BWD_PACKED_HEAD_MINOR 1
 #endif
@@ -204,20 +200,11 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   // Prologue: the CTA's sequence and key block (the whole CTA returns before any barrier when it has none).
   const int64_t slots = packed_key_slots(p.total_k, p.batch);
-  const auto seq_slot = [&](int bb) { return kslot_start(min(max(__ldg(p.cu_seqlens_k + bb), 0), p.total_k), bb); };
-  int hkv, b;
-  int64_t slot;
-  if constexpr (LAB_BWD_PACKED_HEAD_MINOR == 2) {  // sequence b's H_kv n_b CTAs, each head's key blocks together
-    b = last_seq_at(p.batch, blockIdx.x, [&](int bb) { return seq_slot(bb) * p.heads_kv; });
-    const int64_t s0 = seq_slot(b), n = (b + 1 < p.batch ? seq_slot(b + 1) : slots) - s0;  // n >= 1 for this b
-    const int64_t r = blockIdx.x - s0 * p.heads_kv;
-    hkv = (int)(r / n);
-    slot = s0 + r % n;
-  } else {
-    hkv = LAB_BWD_PACKED_HEAD_MINOR ? (int)(blockIdx.x % p.heads_kv) : (int)(blockIdx.x / slots);
-    slot = LAB_BWD_PACKED_HEAD_MINOR ? blockIdx.x / p.heads_kv : blockIdx.x % slots;
-    b = last_seq_at(p.batch, slot, seq_slot);
-  }
+  const int hkv = LAB_BWD_PACKED_HEAD_MINOR ? (int)(blockIdx.x % p.heads_kv) : (int)(blockIdx.x / slots);
+  const int64_t slot = LAB_BWD_PACKED_HEAD_MINOR ? blockIdx.x / p.heads_kv : blockIdx.x % slots;
+  const int b = last_seq_at(p.batch, slot, [&](int bb) {
+    return kslot_start(min(max(__ldg(p.cu_seqlens_k + bb), 0), p.total_k), bb);
+  });
   const PackedSeq ps = packed_seq(p, b);
   const int64_t nb = slot - kslot_start(ps.ka, b);
   if (nb < 0 || nb * C::BC >= ps.sk) return;

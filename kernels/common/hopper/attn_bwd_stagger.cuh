@@ -19,9 +19,8 @@
 
 // 0: no stagger; 1: always; 2: non-causal calls only (first H100 run, D = 128: the stagger gained 2-3 % without a
 // mask and lost 1-1.5 % with the causal one).
-// Prediction for the packed backward (masked v08, H200, causal, D 128, 8 x 2048 and twelve documents; written before
-// its first run with 1): -1.5 to +2 % on the dK / dV kernel: the head-minor grid's 2-32-step CTAs pay the half step
-// of delay once each and gain where both warpgroups' elementwise work now meets the other's GEMMs.
+// The packed backward's causal calls with 1 (H200, D 128): 2.3-3.0 % slower at 8 x 2048 and twelve documents
+// (predicted -1.5 to +2 %; outputs/experiments/20261129-masks-packed-bwd-causal-stagger.json).
 #ifndef LAB_BWD_STAGGER
 #define LAB_BWD_STAGGER 2
 #endif
