@@ -191,3 +191,23 @@ def varlen_outputs(q, want_lse: bool, rows_q):
         if lse is not None:
             lse[:, rows_q:].fill_(float("-inf"))
     return out, lse
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill its memory exactly once (a permutation of a contiguous layout; size-1 dims free)."""
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def grad_like(t: torch.Tensor) -> torch.Tensor:
+    """A gradient for t: t's strides where the kernels write through them (a dense 4-D tensor, last stride 1, the
+    others multiples of 8), else contiguous. The binding's grad_like (lab/binding.cpp) is the same rule; the backward
+    ops' fakes use this one, so torch.compile sees the layout the kernels give."""
+    st = t.stride()
+    ok = t.numel() > 0 and t.dim() == 4 and _dense(t) and (t.shape[3] <= 1 or st[3] == 1) \
+        and all(t.shape[i] <= 1 or st[i] % 8 == 0 for i in range(3))
+    return torch.empty_like(t, memory_format=torch.preserve_format) if ok else t.new_empty(t.shape)

@@ -19,7 +19,7 @@ import torch
 
 from .. import build
 from ..kernels import launcher, resolve_version
-from ..op_common import _capability, register_autograd_once
+from ..op_common import _capability, grad_like, register_autograd_once
 from ..registry import (BEST_BWD, BEST_BWD_HOPPER, BWD, DETERMINISTIC_BWD, FAST_HEAD_DIMS,  # noqa: F401 (re-exported)
                         HOPPER_CAPABILITIES, NARROW_BWD, backward_preference, choose, narrow_backward_dim)
 
@@ -62,25 +62,6 @@ def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: tor
                            scale: float, deterministic: bool, version: str
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _bwd_impl(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether t's elements fill its memory exactly once (a permutation of a contiguous layout; size-1 dims free)."""
-    expected = 1
-    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def grad_like(t: torch.Tensor) -> torch.Tensor:
-    """The binding's grad_like (lab/binding.cpp): a gradient with its input's strides where the kernels write
-    through them (a dense 4-D tensor, last stride 1, the others multiples of 8), else contiguous."""
-    st = t.stride()
-    ok = t.numel() > 0 and t.dim() == 4 and _dense(t) and (t.shape[3] <= 1 or st[3] == 1) \
-        and all(t.shape[i] <= 1 or st[i] % 8 == 0 for i in range(3))
-    return torch.empty_like(t, memory_format=torch.preserve_format) if ok else t.new_empty(t.shape)
 
 
 @_attention_backward_op.register_fake

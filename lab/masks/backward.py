@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import launcher
-from ..op_common import _capability, _readable, register_autograd_once, run_packed_launcher
+from ..op_common import _capability, _readable, grad_like, register_autograd_once, run_packed_launcher
 from ..registry import BEST_MASKED_BWD, MASKED_BWD
 
 # Masked backward versions that add dQ in a fixed order (a deterministic mode): none, v08 and v21 add it by
@@ -98,11 +98,11 @@ def launch_backward(grad_out, q, k, v, out, lse, grad_lse, sinks, want_dsinks: b
     call = _calls.get(key)
     if call is None:
         call = _calls[key] = _LAUNCH(launcher(MASKED_BWD, version, defines))
+    dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)  # the inputs' layout (as the fake below says)
     q, k, v, out, dout = (_readable(t) for t in (q, k, v, out, grad_out))
     lse = lse.contiguous()
     dlse = grad_lse.contiguous() if grad_lse is not None else None
     B, Hq, Sq, D = q.shape
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsinks = torch.zeros(Hq if want_dsinks else 0, dtype=torch.float32, device=q.device)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_(), dsinks
@@ -132,7 +132,9 @@ def _masked_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.
 
 @_masked_backward_op.register_fake
 def _(grad_out, query, key, value, out, lse, grad_lse, sinks, want_dsinks, left, right, offset, softcap, scale):
-    return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
+    padded = kernel_width(query.shape[-1]) != query.shape[-1]  # the gradients cut back from padded ones: contiguous
+    like = (lambda t: t.new_empty(t.shape)) if padded else grad_like
+    return (like(query), like(key), like(value),
             query.new_empty((query.shape[1] if want_dsinks else 0,), dtype=torch.float32))
 
 

@@ -321,3 +321,28 @@ def test_the_masked_backwards_row_pad_is_the_headers():
     # last step's 128-row loads and dQ reductions (bwd v13) run past them
     header = (Path(__file__).resolve().parents[2] / "kernels/common/params.h").read_text()
     assert f"#define LAB_BWD_ROW_PAD {masked.ROW_PAD}\n" in header and masked.ROW_PAD == 128
+
+
+def test_backward_fakes_give_gradients_the_layout_of_their_inputs():
+    """Under torch.compile the backward ops' fakes say what the kernels return: dq, dk, dv in the layout of (B, S, H,
+    D)-memory views (a model's projections), contiguous for contiguous inputs, for a view the kernels cannot write
+    through (rows 68 elements apart: no multiple of 8) and for the masked call's padded head dims (cut back)."""
+    def bshd(B, H, S, D, row=None):
+        return torch.empty(B, S, H, row or D, dtype=torch.float16)[..., :D].transpose(1, 2)
+
+    with FakeTensorMode():
+        for D, row, strided in ((64, None, True), (64, 68, False), (96, None, False)):
+            q, k, v = bshd(2, 4, 65, D, row), bshd(2, 2, 70, D, row), bshd(2, 2, 70, D, row)
+            out, lse = torch.empty(2, 4, 65, D, dtype=torch.float16), torch.empty(2, 4, 65)
+            grads = [torch.ops.lab.attention_masked_backward(out, q, k, v, out, lse, None, None, False, -1, 0, 0, 0.0,
+                                                             0.125)[:3]]
+            if D != 96:  # the dense backward op (D 96 runs narrow there, not padded)
+                grads.append(torch.ops.lab.attention_backward(out, q, k, v, out, lse, None, True, 0.125, False, "v04"))
+            for gs in grads:
+                for g, t in zip(gs, (q, k, v)):
+                    assert g.shape == t.shape
+                    assert (g.stride() == t.stride()) if strided else g.is_contiguous(), (D, row, g.stride())
+        flat = torch.empty(2, 4, 65, 64, dtype=torch.float16)
+        g = torch.ops.lab.attention_backward(flat, flat, flat, flat, flat, torch.empty(2, 4, 65), None, False, 0.125,
+                                             False, "v04")[0]
+        assert g.is_contiguous()
