@@ -18,9 +18,13 @@ other mask stays on the packed kernel (the masked dense call runs the same fwd v
 packed grid: too little to carry a second route). GQA, rows of no sequence past cu_seqlens_q[-1] (zeros, LSE -inf)
 and past cu_seqlens_k[-1] (not read) are kept.
 
-The backward stays the packed one (lab.masks.varlen_bwd: faster than the dense backward on these shapes, 0.86x),
-so the dense forward hands it O in the packed layout (written in place through the [n, H, S, D] view) and LSE
-(H_q, total_q) (the dense kernel's (n, H_q, S_q) copied over: 4 bytes a row and head).
+The dense forward hands O in the packed layout (written in place through the [n, H, S, D] view) and LSE
+(H_q, total_q) (the dense kernel's (n, H_q, S_q) copied over: 4 bytes a row and head). The backward of a routed call
+takes the route too (dense_backward): the dense default backward on the same views, its gradients in their layout
+(lab.op_common.grad_like), so they are the packed rows with no copy. It was the packed backward while the dense one
+returned contiguous gradients and paid a transposing copy of each on the way back (0.86x the dense op's time then);
+on the gradients' own layout the dense kernel runs these tiles in 0.87x the packed kernel's time
+(outputs/experiments/20261130-bwd-gradients-in-the-inputs-layout.json).
 
 Measured on an H200 (8 x 2048, D 128, causal): with cu_seqlens on the host the public call is 1.009x the dense
 op's forward and 0.893x its forward + backward; the unchecked call stays 1.17x (its fix belongs to fwd v11's packed
@@ -34,7 +38,7 @@ import torch
 from .. import build
 from ..kernels import launcher
 from ..fwd.head_dims import attention_version
-from ..op_common import _readable, varlen_outputs
+from ..op_common import _capability, _readable, varlen_outputs
 from ..registry import FWD
 from . import spec
 
@@ -101,3 +105,37 @@ def dense_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, 
         lse_to_packed(lse_dense, lse)
     taken[0] += 1
     return out, lse
+
+
+def run_dense_backward(dod, qd, kd, vd, od, lse_dense, dlse_dense, causal: bool, scale: float):
+    """The dense default backward (lab.backward: the version lab.ops picks, deterministic mode read) on (n, H, S, D)
+    views: (dq, dk, dv) in the views' layout."""
+    from ..backward.op import _bwd_impl, backward_version
+
+    det = torch.are_deterministic_algorithms_enabled()
+    version = backward_version(qd.shape[-1], capability=_capability(qd.device), deterministic=det)
+    return _bwd_impl(dod, qd, kd, vd, od, lse_dense, dlse_dense, causal, scale, det, version)
+
+
+def _to_packed(g: torch.Tensor, like: torch.Tensor, n: int, s: int) -> torch.Tensor:
+    """(n, H, s, D) gradient -> packed (total, H, D) like `like`: a view when g lies in (n, s, H, D) order (the
+    gradient of dense_views of a contiguous packed tensor), zero rows for rows of no sequence."""
+    rows = g.transpose(1, 2).reshape(n * s, g.shape[1], g.shape[3])
+    if like.shape[0] == n * s:
+        return rows
+    return torch.cat([rows, rows.new_zeros((like.shape[0] - n * s,) + tuple(rows.shape[1:]))])
+
+
+def dense_backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks, max_q, max_k, left, right,
+                   softcap, scale, shape=None, run=None):
+    """lab.masks.varlen_bwd.launch's contract (dq, dk, dv, dsinks) for a call that took the route: shape is route()'s
+    (n, S_q, S_k); run is run_dense_backward (tests pass the reference). No sinks on this route (route() refuses
+    them), so dsinks is empty."""
+    n, sq, sk = shape
+    h = q.shape[1]
+    views = [dense_views(_readable(t), n, s) for t, s in ((grad_out, sq), (q, sq), (k, sk), (v, sk), (out, sq))]
+    lse_dense = lse[:, :n * sq].reshape(h, n, sq).transpose(0, 1).contiguous()
+    dlse = None if grad_lse is None else grad_lse[:, :n * sq].reshape(h, n, sq).transpose(0, 1).contiguous()
+    dq, dk, dv = (run or run_dense_backward)(*views, lse_dense, dlse, right == 0, scale)
+    empty = torch.zeros(0, dtype=torch.float32, device=q.device)
+    return _to_packed(dq, q, n, sq), _to_packed(dk, k, n, sk), _to_packed(dv, v, n, sk), empty

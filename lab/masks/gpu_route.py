@@ -3,10 +3,10 @@
 checks_route(): packed calls of one length through the public op (checked, so the route is taken: each check
 asserts it was) against the float64 packed reference, the yardstick SDPA's error on each sequence as its own dense
 call (lab.masks.gpu.sdpa_error); the gradients through the route by lab.masks.gpu_varlen.check_varlen_bwd (the
-packed backward on the dense forward's O and LSE); and the route forced onto lengths that are not one (a last
-sequence one key short), which must fail. checks_dv(): D_v != D_qk forward and gradients against float64 autograd
-of the reference, the yardstick SDPA's error on the same sequences (SDPA takes D_v != D_qk). race_dv(): what the
-padding costs, against the same call at D_v = D_qk.
+dense backward on the route's views, dense_route.dense_backward); and the route forced onto lengths that are not one
+(a last sequence one key short), which must fail. checks_dv(): D_v != D_qk forward and gradients against float64
+autograd of the reference, the yardstick SDPA's error on the same sequences (SDPA takes D_v != D_qk). race_dv(): what
+the padding costs, against the same call at D_v = D_qk.
 """
 from __future__ import annotations
 

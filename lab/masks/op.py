@@ -325,7 +325,7 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if _direct(query, key, value, *(() if sinks is None else (sinks,))) and _eager():
         out, lse = impl(*args, want_lse=return_lse, rows_q=rows_q)
     elif grads and _eager() and plain:  # gradients wanted, plain eager tensors
-        out, lse = varlen_bwd.EagerVarlen.apply(*args, functools.partial(impl, rows_q=rows_q))
+        out, lse = varlen_bwd.EagerVarlen.apply(*args, functools.partial(impl, rows_q=rows_q), dense)
     else:  # torch.compile, fake or subclassed tensors: the op's schema carries no host copy of cu_seqlens
         out, lse = _varlen_op(*args)
     if width != d_v:

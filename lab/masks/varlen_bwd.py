@@ -18,6 +18,7 @@ pad / unpad are plain torch (any device), so the CPU tests check them with lab.m
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -215,15 +216,21 @@ class EagerVarlen(torch.autograd.Function):
     wrapper costs host time, as for lab.masks.backward.EagerMasked); torch.compile still sees the ops."""
 
     @staticmethod
-    def forward(ctx, query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, version, impl):
+    def forward(ctx, query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, version, impl,
+                dense_shape=None):
         out, lse = impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale, version)
         _setup_context(ctx, (query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, softcap, scale,
                              version), (out, lse))
+        ctx.dense_shape = dense_shape  # the forward took lab.masks.dense_route: so does the backward
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        return _grads(ctx, grad_out, grad_lse, launch) + (None,)
+        from . import dense_route
+
+        op = launch if ctx.dense_shape is None else functools.partial(dense_route.dense_backward,
+                                                                       shape=ctx.dense_shape)
+        return _grads(ctx, grad_out, grad_lse, op) + (None, None)
 
 
 def register() -> None:

@@ -2,8 +2,8 @@
 
 The decision (one length, from the checked host copy of cu_seqlens only; the masks whose dense meaning is the packed
 one), its guard (an unchecked call, an untruthful max_seqlen, rows of no sequence, a named version), and the plumbing
-(the (n, H, S, D) views over the packed rows, the LSE copied to (H, total), the packed backward on the dense
-forward's O and LSE) with the kernels replaced by the float64 reference. The kernels themselves: lab.masks.gpu_varlen
+(the (n, H, S, D) views over the packed rows, the LSE copied to (H, total) and back, the dense backward on those
+views with its gradients as the packed rows) with the kernels replaced by the float64 reference. The kernels themselves: lab.masks.gpu_varlen
 (checks_route, checks_dv) on a GPU."""
 import pytest
 import torch
@@ -130,29 +130,69 @@ def test_the_public_call_routes_a_checked_call_of_one_length(gpu):
     assert len(gpu) == 2 and float(out[11:].abs().max()) == 0.0
 
 
-def test_the_packed_backward_reads_the_dense_forward(gpu, monkeypatch):
-    """Gradients through the route: the dense forward's O and its LSE copied to (H, total) feed the packed
-    backward (here emulate.backward_varlen), against float64 autograd of the packed reference."""
-    def bwd(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks, max_q, max_k, left, right,
-            softcap, scale):
-        got = emulate.backward_varlen(q.detach().double(), k.detach().double(), v.detach().double(),
-                                      out.detach().double(), lse.detach().double(), grad_out.double(), cu_q, cu_k,
-                                      max_q, max_k, spec.Mask(left, right, softcap), scale, None,
-                                      None if grad_lse is None else grad_lse.double(), 16, 32)
-        return tuple(g.to(t.dtype) for g, t in zip(got[:3], (q, k, v))) + (torch.zeros(0),)
-    monkeypatch.setattr(varlen_bwd, "launch", bwd)
-    monkeypatch.setattr(mop.backward, "masked_bwd_version", lambda *args, **kwargs: "v08")
+def _reference_dense_backward(calls):
+    """run_dense_backward in float64, the kernels' formulation: P from the LSE it is given, Delta from the O it is
+    given (so a wrong LSE or O layout shows), dK and dV summed over each KV head's group; the gradients in the
+    views' layout, as the kernels' grad_like gives them."""
+    def run(dod, qd, kd, vd, od, lse_dense, dlse, causal, scale):
+        calls.append((tuple(qd.shape), causal))
+        q, k, v, do, o = (t.double() for t in (qd, kd, vd, dod, od))
+        group = q.shape[1] // k.shape[1]
+        kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        s = scale * q @ kr.transpose(-1, -2)
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        p = torch.exp(s - lse_dense.double()[..., None])
+        delta = (do * o).sum(-1) - (dlse.double() if dlse is not None else 0.0)
+        ds = p * (do @ vr.transpose(-1, -2) - delta[..., None])
+        dq, dk, dv = scale * ds @ kr, scale * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do
+        fold = lambda x: x.view(k.shape[0], k.shape[1], group, *x.shape[2:]).sum(2)  # noqa: E731
+        return tuple(torch.empty_like(t).copy_(g) for g, t in zip((dq, fold(dk), fold(dv)), (qd, kd, vd)))
+    return run
+
+
+@pytest.mark.parametrize("stray", [0, 3])
+def test_a_routed_call_takes_the_dense_backward(gpu, monkeypatch, stray):
+    """Gradients through the route: the dense backward on the (n, H, S, D) views of the packed rows, fed the dense
+    forward's O and its LSE copied to (H, total) and back, its gradients the packed rows (zero for rows of no
+    sequence), against float64 autograd of the packed reference; an unchecked call keeps the packed backward."""
+    dense_calls, packed_calls = [], []
+    monkeypatch.setattr(dense_route, "run_dense_backward", _reference_dense_backward(dense_calls))
+
+    def packed(grad_out, q, k, v, *rest):
+        packed_calls.append(q.shape)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros(0)
+    monkeypatch.setattr(varlen_bwd, "launch", packed)
     cu = _cu([6, 6])
-    q, k, v = (_draw(12, 2, 64, seed=s, dtype=F16).requires_grad_() for s in (4, 5, 6))
+    q = _draw(12 + stray, 4, 64, seed=4, dtype=F16).requires_grad_()
+    k, v = (_draw(12 + stray, 2, 64, seed=s, dtype=F16).requires_grad_() for s in (5, 6))
     out, lse = ops.attention_varlen(q, k, v, cu, cu, 6, 6, is_causal=True, return_lse=True)
     assert gpu == [(2, 6, 6)]
-    dout, dlse = _draw(12, 2, 64, seed=7, dtype=F16), _draw(2, 12, seed=8).float()
-    got = torch.autograd.grad((out.double() * dout.double()).sum() + (lse.double() * dlse.double()).sum(), (q, k, v))
+    dout, dlse = _draw(12 + stray, 4, 64, seed=7, dtype=F16), _draw(4, 12 + stray, seed=8).float()
+    finite = torch.isfinite(lse)
+    loss = (out.double() * dout.double()).sum() + (torch.where(finite, lse, 0.0).double() * dlse.double()).sum()
+    got = torch.autograd.grad(loss, (q, k, v))
+    assert dense_calls == [((2, 4, 6, 64), True)] and packed_calls == []
     ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
     r_out, r_lse = reference.attend_varlen(*ref, cu, cu, spec.make_mask(True, None, 0.0), 0.125)
-    want = torch.autograd.grad((r_out * dout.double()).sum() + (r_lse * dlse.double()).sum(), ref)
-    for g, w in zip(got, want):
-        assert float((g.double() - w).abs().max()) < 2e-2 * float(w.abs().max())
+    r_loss = (r_out * dout.double()).sum() + (torch.where(finite, r_lse, 0.0) * dlse.double()).sum()
+    want = torch.autograd.grad(r_loss, ref)
+    for g, w, t in zip(got, want, (q, k, v)):
+        assert g.shape == t.shape and float((g.double() - w).abs().max()) < 2e-2 * float(w.abs().max())
+        assert not g[12:].any()  # rows of no sequence
+    out = ops.attention_varlen(q, k, v, cu, cu, 6, 6, is_causal=True, check_cu_seqlens=False)
+    torch.autograd.grad((out.double() * dout.double()).sum(), (q, k, v))
+    assert len(packed_calls) == 1 and len(dense_calls) == 1
+
+
+def test_to_packed_is_a_view_in_the_gradients_own_layout():
+    """The dense backward's gradient of dense_views of a contiguous packed tensor lies in (n, S, H, D) order: its
+    packed rows are a view of it, with no copy."""
+    packed = torch.zeros(12, 4, 16)
+    g = torch.empty_like(dense_route.dense_views(packed, 2, 6)).normal_()
+    rows = dense_route._to_packed(g, packed, 2, 6)
+    assert rows.data_ptr() == g.data_ptr() and rows.shape == packed.shape
+    assert torch.equal(rows.view(2, 6, 4, 16).transpose(1, 2), g)
 
 
 @pytest.mark.parametrize("d_qk,d_v,width", [(192, 128, 192), (136, 256, 256), (256, 192, 256), (64, 128, 128),
