@@ -27,9 +27,10 @@ on the gradients' own layout the dense kernel runs these tiles in 0.87x the pack
 (outputs/experiments/20261130-bwd-gradients-in-the-inputs-layout.json).
 
 Measured on an H200 (8 x 2048, D 128, causal): with cu_seqlens on the host the public call is 1.009x the dense
-op's forward and 0.893x its forward + backward; the unchecked call stays 1.17x (its fix belongs to fwd v11's packed
-grid: a persistent PAIR order, as v07's). Hypothesis, prediction, every cell and the decision:
-outputs/experiments/20261129-masks-varlen-one-length-dense-route.json.
+op's forward (outputs/experiments/20261129-masks-varlen-one-length-dense-route.json), and with the backward on the
+route 1.007x its backward and 1.009x forward + backward (outputs/experiments/20261130-masks-route-backward.json).
+The unchecked call cannot take the route: 1.07x forward (fwd v11's packed grid) and 1.08x forward + backward (the
+packed dK / dV kernel, 15 % behind bwd v14 on the same tiles).
 """
 from __future__ import annotations
 
