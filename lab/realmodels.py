@@ -91,7 +91,10 @@ def paged_rows(rows) -> list[dict]:
 
 
 def varlen_rows(rows) -> list[dict]:
-    """lab.masks.gpu_varlen.race's rows: the packed op against Flex's document mask, and one length against dense."""
+    """lab.masks.gpu_varlen.race's rows: the packed op against Flex's document mask, and one length against dense.
+    The gates take the unchecked call (check_cu_seqlens=False, no host copy of cu_seqlens); at one length the rows
+    of the call given cu_seqlens on the host, which takes lab.masks.dense_route forward and backward, stand beside
+    them ungated."""
     out = []
     for r in rows:
         cell = f"{r['cell']} D{r['D']} ({r['tokens']} tokens)"
@@ -104,6 +107,15 @@ def varlen_rows(rows) -> list[dict]:
                 gated = stage == "fwd+bwd"
                 out.append(ratio_row("varlen", f"one-length {stage} vs dense", cell, r["lab_over_dense"][key],
                                      "<=" if gated else None, 1.05 if gated else None, "packed ms / dense ms"))
+        ms, host = r.get("median_ms") or {}, r.get("host_cu_over_dense") or {}
+        for key, stage in (("_fwd", "fwd"), ("", "bwd"), ("+fwd", "fwd+bwd")):
+            flex, lab = ms.get("flex" + key), ms.get("labhost" + key)
+            if isinstance(flex, float) and isinstance(lab, float):
+                out.append(ratio_row("varlen", f"{stage} vs flex, cu_seqlens on the host", cell, flex / lab,
+                                     what="Flex ms / lab ms"))
+            if host.get(key) is not None:
+                out.append(ratio_row("varlen", f"one-length {stage} vs dense, cu_seqlens on the host", cell,
+                                     host[key], what="packed ms / dense ms"))
     return out
 
 

@@ -15,9 +15,12 @@ def _model(name, passed=True, fallbacks=(), dtype="bfloat16"):
 
 
 def _varlen(name, bwd, dense=None):
+    one = {"median_ms": {"flex": 1.2, "labhost": 0.8, "labhost_fwd": 0.25},
+           "host_cu_over_dense": {"_fwd": 1.0, "": 1.0, "+fwd": 1.0}} if dense else {}
     return {"cell": name, "D": 128, "tokens": 16384,
             "flex_over_lab": {"_fwd": 2.0, "": bwd, "+fwd": 1.9},
-            "lab_over_dense": {"_fwd": 1.01, "": 1.02, "+fwd": dense} if dense else dict.fromkeys(("_fwd", "", "+fwd"))}
+            "lab_over_dense": {"_fwd": 1.01, "": 1.02, "+fwd": dense} if dense else dict.fromkeys(("_fwd", "", "+fwd")),
+            **one}
 
 
 def _decode(call, timer, ratio):
@@ -49,6 +52,12 @@ def test_normalised_rows_carry_their_targets():
     assert varlen[("docs12", "bwd vs flex")]["target"] == 1.5 and varlen[("docs12", "fwd vs flex")]["target"] is None
     assert ("docs12", "one-length fwd+bwd vs dense") not in varlen  # no dense peer for uneven documents
     assert varlen[("one-length", "one-length fwd+bwd vs dense")]["op"] == "<="
+    # the route's call (cu_seqlens on the host) beside the gated unchecked one, ungated; only where it ran
+    host = varlen[("one-length", "bwd vs flex, cu_seqlens on the host")]
+    assert host["ratio"] == pytest.approx(1.5) and host["target"] is None
+    assert varlen[("one-length", "one-length fwd+bwd vs dense, cu_seqlens on the host")]["target"] is None
+    assert ("one-length", "fwd vs flex, cu_seqlens on the host") not in varlen  # no Flex forward in that row
+    assert ("docs12", "bwd vs flex, cu_seqlens on the host") not in varlen
     assert not any(realmodels.miss(r) for r in rows)
 
 
