@@ -130,7 +130,8 @@ at::Tensor readable(const at::Tensor& t) {
 // the projection as a view. A contiguous gradient there costs a transposing copy per tensor on the way back (three
 // of them took 278 us beside the 653 us dK / dV kernel, 8 x 2048 causal at D 128 on an H200). Inputs the kernels
 // cannot read through their strides, or that are not dense, get a contiguous gradient as before. The rule reads
-// strides only (not the data's alignment), so lab/backward/op.py's fake gives the same layout under torch.compile.
+// strides only (not the data's alignment), so the ops' fakes (lab.op_common.grad_like) give the same layout under
+// torch.compile.
 at::Tensor grad_like(const at::Tensor& t) {
   bool ok = t.numel() > 0 && t.dim() == 4 && t.is_non_overlapping_and_dense() && (t.size(3) <= 1 || t.stride(3) == 1);
   for (int i = 0; ok && i < 3; ++i) ok = t.size(i) <= 1 || t.stride(i) % 8 == 0;
