@@ -108,14 +108,18 @@ std::string check_bhsd(const at::Tensor& t, const char* name, const at::Tensor& 
   return "";
 }
 
-// What the kernels read with 16-byte loads: data 16-byte aligned, last stride 1, other strides multiples of
-// 8 elements and never 0 on a dim of size > 1 (an expanded tensor). A size-1 dim's stride is never used.
-bool layout_ok(const at::Tensor& t) {
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+// The kernels' stride rule: last stride 1, other strides multiples of 8 elements and never 0 on a dim of size > 1
+// (an expanded tensor). A size-1 dim's stride is never used.
+bool strides_ok(const at::Tensor& t) {
   if (t.size(3) > 1 && t.stride(3) != 1) return false;
   for (int i = 0; i < 3; ++i)
     if (t.size(i) > 1 && (t.stride(i) == 0 || t.stride(i) % 8 != 0)) return false;
   return true;
+}
+
+// What the kernels read with 16-byte loads: data 16-byte aligned, and the stride rule.
+bool layout_ok(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && strides_ok(t);
 }
 
 // A fresh contiguous copy (a new, aligned allocation: .contiguous() would return a contiguous view at an
@@ -133,8 +137,7 @@ at::Tensor readable(const at::Tensor& t) {
 // strides only (not the data's alignment), so the ops' fakes (lab.op_common.grad_like) give the same layout under
 // torch.compile.
 at::Tensor grad_like(const at::Tensor& t) {
-  bool ok = t.numel() > 0 && t.dim() == 4 && t.is_non_overlapping_and_dense() && (t.size(3) <= 1 || t.stride(3) == 1);
-  for (int i = 0; ok && i < 3; ++i) ok = t.size(i) <= 1 || t.stride(i) % 8 == 0;
+  const bool ok = t.numel() > 0 && t.dim() == 4 && t.is_non_overlapping_and_dense() && strides_ok(t);
   return ok ? at::empty_like(t, at::MemoryFormat::Preserve) : at::empty(t.sizes(), t.options());
 }
 

@@ -56,6 +56,16 @@ def _bwd_impl(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale,
     return dq, dk, dv
 
 
+def default_backward(grad_out, query, key, value, out, lse, grad_lse, is_causal: bool, scale: float, capability=None):
+    """The backward kernel lab.ops would run (the head dim, the GPU, torch's deterministic mode) on (B, H, S, D)
+    tensors, outside autograd: (dq, dk, dv) in the layout of query, key, value. lse and grad_lse: (B, H_q, S_q)
+    float32. capability: the device's, when the caller has it already."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    capability = _capability(query.device) if capability is None else capability
+    version = backward_version(query.shape[-1], capability=capability, deterministic=deterministic)
+    return _bwd_impl(grad_out, query, key, value, out, lse, grad_lse, is_causal, scale, deterministic, version)
+
+
 @torch.library.custom_op("lab::attention_backward", mutates_args=())
 def _attention_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor | None, is_causal: bool,

@@ -176,10 +176,9 @@ class FP8Attention(torch.autograd.Function):
             dq, dk, dv = kernel_bwd.backward(grad_out, q8, k8, v8, dq_s, dk_s, dv_s, out, lse, ctx.is_causal,
                                              ctx.scale, defines)
         else:
-            from ..backward.op import _bwd_impl, backward_version
+            from ..backward.op import default_backward
             q, k, v = dequantize_bf16(q8, dq_s), dequantize_bf16(k8, dk_s), dequantize_bf16(v8, dv_s)
-            version = backward_version(q.shape[-1], capability=capability, deterministic=deterministic)
-            dq, dk, dv = _bwd_impl(grad_out, q, k, v, out, lse, None, ctx.is_causal, ctx.scale, deterministic, version)
+            dq, dk, dv = default_backward(grad_out, q, k, v, out, lse, None, ctx.is_causal, ctx.scale, capability)
         return (dq.to(ctx.dtypes[0]), dk.to(ctx.dtypes[1]), dv.to(ctx.dtypes[2])) + (None,) * 6
 
 

@@ -39,7 +39,8 @@ import torch
 from .. import build
 from ..kernels import launcher
 from ..fwd.head_dims import attention_version
-from ..op_common import _capability, _readable, varlen_outputs
+from ..backward.op import default_backward
+from ..op_common import _readable, varlen_outputs
 from ..registry import FWD
 from . import spec
 
@@ -108,16 +109,6 @@ def dense_impl(query, key, value, cu_q, cu_k, sinks, max_q, max_k, left, right, 
     return out, lse
 
 
-def run_dense_backward(dod, qd, kd, vd, od, lse_dense, dlse_dense, causal: bool, scale: float):
-    """The dense default backward (lab.backward: the version lab.ops picks, deterministic mode read) on (n, H, S, D)
-    views: (dq, dk, dv) in the views' layout."""
-    from ..backward.op import _bwd_impl, backward_version
-
-    det = torch.are_deterministic_algorithms_enabled()
-    version = backward_version(qd.shape[-1], capability=_capability(qd.device), deterministic=det)
-    return _bwd_impl(dod, qd, kd, vd, od, lse_dense, dlse_dense, causal, scale, det, version)
-
-
 def _to_packed(g: torch.Tensor, like: torch.Tensor, n: int, s: int) -> torch.Tensor:
     """(n, H, s, D) gradient -> packed (total, H, D) like `like`: a view when g lies in (n, s, H, D) order (the
     gradient of dense_views of a contiguous packed tensor), zero rows for rows of no sequence."""
@@ -130,13 +121,13 @@ def _to_packed(g: torch.Tensor, like: torch.Tensor, n: int, s: int) -> torch.Ten
 def dense_backward(grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, sinks, want_dsinks, max_q, max_k, left, right,
                    softcap, scale, shape=None, run=None):
     """lab.masks.varlen_bwd.launch's contract (dq, dk, dv, dsinks) for a call that took the route: shape is route()'s
-    (n, S_q, S_k); run is run_dense_backward (tests pass the reference). No sinks on this route (route() refuses
-    them), so dsinks is empty."""
+    (n, S_q, S_k); run is lab.backward.op.default_backward (tests pass the reference). No sinks on this route
+    (route() refuses them), so dsinks is empty."""
     n, sq, sk = shape
     h = q.shape[1]
     views = [dense_views(_readable(t), n, s) for t, s in ((grad_out, sq), (q, sq), (k, sk), (v, sk), (out, sq))]
     lse_dense = lse[:, :n * sq].reshape(h, n, sq).transpose(0, 1).contiguous()
     dlse = None if grad_lse is None else grad_lse[:, :n * sq].reshape(h, n, sq).transpose(0, 1).contiguous()
-    dq, dk, dv = (run or run_dense_backward)(*views, lse_dense, dlse, right == 0, scale)
+    dq, dk, dv = (run or default_backward)(*views, lse_dense, dlse, right == 0, scale)
     empty = torch.zeros(0, dtype=torch.float32, device=q.device)
     return _to_packed(dq, q, n, sq), _to_packed(dk, k, n, sk), _to_packed(dv, v, n, sk), empty

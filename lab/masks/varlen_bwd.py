@@ -24,7 +24,7 @@ import torch
 
 
 from ..op_common import _readable, register_autograd_once, run_packed_launcher
-from . import backward
+from . import backward, dense_route
 
 IN_PLACE = ("v08",)  # masked backward versions that read packed tensors in place (MaskBwdParams::cu_seqlens_q)
 IN_PLACE_DIMS = (64, 128)
@@ -226,8 +226,6 @@ class EagerVarlen(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        from . import dense_route
-
         op = launch if ctx.dense_shape is None else functools.partial(dense_route.dense_backward,
                                                                        shape=ctx.dense_shape)
         return _grads(ctx, grad_out, grad_lse, op) + (None, None)

@@ -24,8 +24,8 @@ import math
 
 import torch
 
-from ..backward.op import _bwd_impl, backward_version
-from ..op_common import _capability, _scale
+from ..backward.op import default_backward
+from ..op_common import _scale
 from .blocks import _visible, reference_attend, ring_place, shard, shard_chunks, unshard
 from .comm import StepClock, comm_stream, transfer
 
@@ -51,15 +51,12 @@ def reference_attend_backward(q, k, v, out, dout, lse, is_causal: bool):
 
 def lab_attend_backward(q, k, v, out, dout, lse, is_causal: bool):
     """The lab's backward kernel on one block (the version lab.ops picks), fed the global lse and output."""
-    version = backward_version(q.shape[-1], capability=_capability(q.device),
-                               deterministic=torch.are_deterministic_algorithms_enabled())
     # the kernel reads lse as one dense, 16-byte aligned float32 row per query; a query chunk's rows of a shard's
     # lse are neither (a strided view, or one that starts mid-buffer), q, k, v, out and dout it takes strided
     lse = lse.float()
     if not lse.is_contiguous() or lse.data_ptr() % 16:
         lse = lse.clone(memory_format=torch.contiguous_format)
-    return _bwd_impl(dout, q, k, v, out.to(q.dtype), lse, None, is_causal, _scale(None, q.shape[-1]),
-                     torch.are_deterministic_algorithms_enabled(), version)
+    return default_backward(dout, q, k, v, out.to(q.dtype), lse, None, is_causal, _scale(None, q.shape[-1]))
 
 
 def with_block_lse(attend, attend_backward):

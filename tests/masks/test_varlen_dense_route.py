@@ -131,7 +131,7 @@ def test_the_public_call_routes_a_checked_call_of_one_length(gpu):
 
 
 def _reference_dense_backward(calls):
-    """run_dense_backward in float64, the kernels' formulation: P from the LSE it is given, Delta from the O it is
+    """default_backward in float64, the kernels' formulation: P from the LSE it is given, Delta from the O it is
     given (so a wrong LSE or O layout shows), dK and dV summed over each KV head's group; the gradients in the
     views' layout, as the kernels' grad_like gives them."""
     def run(dod, qd, kd, vd, od, lse_dense, dlse, causal, scale):
@@ -157,7 +157,7 @@ def test_a_routed_call_takes_the_dense_backward(gpu, monkeypatch, stray):
     forward's O and its LSE copied to (H, total) and back, its gradients the packed rows (zero for rows of no
     sequence), against float64 autograd of the packed reference; an unchecked call keeps the packed backward."""
     dense_calls, packed_calls = [], []
-    monkeypatch.setattr(dense_route, "run_dense_backward", _reference_dense_backward(dense_calls))
+    monkeypatch.setattr(dense_route, "default_backward", _reference_dense_backward(dense_calls))
 
     def packed(grad_out, q, k, v, *rest):
         packed_calls.append(q.shape)
