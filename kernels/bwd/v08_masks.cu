@@ -118,14 +118,23 @@ using Cfg8 = Cfg<D, 2, true, LAB_BWD_MASK_STAGE && D == 64, (bool)LAB_BWD_MASK_S
 template <int D>
 using PackedCfg = std::conditional_t<D == 64 && LAB_BWD_PACKED_D64_Q128, StagedCfg<64>, Cfg8<D>>;
 
+// Packed causal calls with no window or softcap on the causal steps (PackedSteps' kCausal, common/hopper/
+// attn_bwd_packed_sm90.cuh): 1 on, 0 the window rule for them too.
+#ifndef LAB_BWD_PACKED_CAUSAL
+#define LAB_BWD_PACKED_CAUSAL 0
+#endif
+
 template <int D, class T>
 struct Launch {
   // entry() hands over the caller's MaskBwdParams (attn_bwd_v08's argument) as its AttnBwdParams part.
   static int run(const AttnBwdParams& base, cudaStream_t st, int dev) {
     const MaskBwdParams& p = static_cast<const MaskBwdParams&>(base);
-    if (p.cu_seqlens_q != nullptr)  // packed tensors read in place (common/hopper/attn_bwd_packed_sm90.cuh)
-      return p.softcap > 0.f ? launch_packed<Cfg8<D>, T, true, kTanhHalfFor<T>>(p, st, dev)
-                             : launch_packed<PackedCfg<D>, T, false, kTanhHalfFor<T>>(p, st, dev);
+    if (p.cu_seqlens_q != nullptr) {  // packed tensors read in place (common/hopper/attn_bwd_packed_sm90.cuh)
+      if (p.softcap > 0.f) return launch_packed<Cfg8<D>, T, true, kTanhHalfFor<T>>(p, st, dev);
+      if (LAB_BWD_PACKED_CAUSAL && p.window_left < 0 && p.window_right == 0)
+        return launch_packed<PackedCfg<D>, T, false, false, true>(p, st, dev);
+      return launch_packed<PackedCfg<D>, T, false, kTanhHalfFor<T>>(p, st, dev);
+    }
     const int rc = p.seqlens != nullptr ? (p.softcap > 0.f ? run<true, true>(p, st, dev) : run<false, true>(p, st, dev))
                                         : (p.softcap > 0.f ? run<true, false>(p, st, dev) : run<false, false>(p, st, dev));
     return rc != 0 ? rc : launch_sink_grad(p, st);

@@ -132,7 +132,9 @@ def checks(defines=None) -> int:
              ("all", docs_q, docs_k, 64, bf16, True, (100, 0), 30.0, True),
              ("noncausal", docs_q, docs_k, 64, fp16, False, (20, 30), 5.0, True),
              ("full", docs_q, docs_k, 128, fp16, False, None, 0.0, True),
-             ("long", long_q, long_q, 128, bf16, True, (256, 0), 50.0, True)]
+             ("long", long_q, long_q, 128, bf16, True, (256, 0), 50.0, True),
+             ("causal-cross", docs_q, docs_k, 128, bf16, True, None, 0.0, True),
+             ("causal-d64", docs_q, docs_k, 64, fp16, True, None, 0.0, False)]
     bad = 0
     for name, lq, lk, D, dtype, causal, window, cap, sink in cases:
         bad += not check_varlen_bwd(name, lq, lk, 4, 2, D, dtype, causal, window, cap, sink, defines)
@@ -142,6 +144,9 @@ def checks(defines=None) -> int:
                                 trials=1)
     base = dict(defines or {})
     bad += not check_varlen_bwd("no-window", long_q, long_q, 4, 2, 128, bf16, True, (64, 0), 0.0, False,
+                                defines={**base, "LAB_BWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
+    # the causal steps (no window) with the diagonal forgotten on the tiles it crosses
+    bad += not check_varlen_bwd("no-diagonal", docs_q, docs_k, 4, 2, 128, bf16, True, None, 0.0, False,
                                 defines={**base, "LAB_BWD_MASK_BUG_NO_WINDOW": 1}, expect_fail=True)
     # the packed producer with every sequence's keys read from the first one's rows
     bad += not check_varlen_bwd("no-offset", docs_q, docs_q, 4, 2, 128, bf16, True, None, 0.0, False,
