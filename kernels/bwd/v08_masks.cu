@@ -119,9 +119,17 @@ template <int D>
 using PackedCfg = std::conditional_t<D == 64 && LAB_BWD_PACKED_D64_Q128, StagedCfg<64>, Cfg8<D>>;
 
 // Packed causal calls with no window or softcap on the causal steps (PackedSteps' kCausal, common/hopper/
-// attn_bwd_packed_sm90.cuh): 1 on, 0 the window rule for them too.
+// attn_bwd_packed_sm90.cuh): 1 (the default), 0 the window rule for them too, as measured before.
+// Prediction (H200, bf16, causal, H 16, D 128, written before the run): the window rule's extra compares on the
+// diagonal tiles are the packed kernel's +6.4 % instructions over bwd v14, so the kernel call gains 2-4 % at 8 x 2048
+// and 2-5 % on twelve documents. Outcome (5aab27b, outputs/driver_logs/20261130-h200-packed-causal-steps-5aab27b/):
+// 0.881x the time at 8 x 2048 (0.872 -> 0.769 ms), 0.880x on twelve documents, 0.885x at D 64; the public backward
+// 0.768 ms against the dense op's 0.801. ncu: instructions 225.5 -> 210.1 M (bwd v14: 211.9 M) and warp cycles per
+// issued instruction 6.82 -> 6.25 (v14: 6.21). The size is the miss: the window rule compiles to a branch per
+// element with the window's bounds reloaded from the parameter bank, so a warp on a diagonal tile runs late and
+// the other warps wait at the dS^T hand-off (barrier stalls 17.7 % of samples, 13.9 % with the causal steps).
 #ifndef LAB_BWD_PACKED_CAUSAL
-#define LAB_BWD_PACKED_CAUSAL 0
+#define LAB_BWD_PACKED_CAUSAL 1
 #endif
 
 template <int D, class T>

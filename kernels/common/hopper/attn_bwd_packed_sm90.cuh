@@ -18,7 +18,8 @@
 //     (before cu[0], after cu[B]) get zero gradients from a last pass, as the padded path's unpad gave them.
 //   - Epilogue: dK, dV of the sequence's keys only (v12's staged stores on pointers shifted to its first row).
 // Everything in the loop is the dense masked kernel's (stagger_tile with WindowSteps' p_ds on the CTA's
-// sequence, from shared memory).
+// sequence, from shared memory), except for causal calls with no window or softcap, which take the causal steps
+// (PackedSteps' kCausal; bwd/v08_masks.cu's LAB_BWD_PACKED_CAUSAL has their measurement: 0.88x the time).
 //
 // Measured (H200, bf16, causal, H 16, GPU time; outputs/experiments/20261129-masks-varlen-bwd-in-place.json):
 // twelve documents of 23,100 tokens at D 128 (lab.masks.gpu_varlen.DOCS12): the public op's backward 1.484 ms
@@ -28,6 +29,9 @@
 // 278998b0f8/T7): main kernel 1334 us in place, 1388 us padded (the same tiles); pre-pass + convert 214 us; the
 // padded path's gathers, fills, memset and passes over 49k rows 3.5 ms. Grid order: slot-major 1.046x the
 // head-minor default's time (predicted: a few % from the tail).
+// With the causal steps (5aab27b, outputs/experiments/20261130-masks-packed-bwd-causal-steps.json): twelve documents
+// 1.260 ms against Flex's 2.600 (2.06x); one length, 8 x 2048 at D 128, 0.768 ms against the dense op's 0.801
+// (0.96x its time) and Flex's 1.232 (1.60x). The runs below are the window rule's.
 // Final run (7152d73448, outputs/driver_logs/20261129-h200-batch3-7152d73448/T7; the lab, Flex and dense rows
 // within 0.6 % interquartile ranges): twelve documents, backward 1.477 ms against Flex's 2.585 (1.75x; forward +
 // backward 1.78x); 512-4096-token documents at D 64 (gpu_varlen.DOCS_MIXED, 128 queries a step) 0.630 against
