@@ -21,6 +21,7 @@ struct WindowWideSteps : WindowSteps<kSoftcap, kVarlen, kTanhHalf> {
   __device__ __forceinline__ static void hand(float (&s)[32], uint4* pbuf, const float* lse2, float c, int key0,
                                               int q0, int t, int wt, const MaskBwdParams& p, const SeqView& sv) {
     const float k_in = p.scale / p.softcap, k_out = p.softcap * kLog2e;
+    const FlatWindow flat(sv, p.window_left, p.window_right);
     if constexpr (kSoftcap && kTanhHalf)  // s -> tanh(s k_in) in place, two at a time
 #pragma unroll
       for (int i = 0; i < 32; i += 2) tanh_pair(s[i] * k_in, s[i + 1] * k_in, s[i], s[i + 1]);
@@ -45,7 +46,9 @@ struct WindowWideSteps : WindowSteps<kSoftcap, kVarlen, kTanhHalf> {
 #ifdef LAB_BWD_MASK_BUG_NO_WINDOW
           if (q >= sv.seqlen_q || key >= sv.seqlen_k) pv = 0.f;  // self-test: the window forgotten on partial tiles
 #else
-          if (q >= sv.seqlen_q || window_masked(q, key, sv.seqlen_k, sv.off, p.window_left, p.window_right))
+          if (LAB_BWD_MASK_FLAT_RULE ? flat.hidden(q, key)
+                                     : q >= sv.seqlen_q || window_masked(q, key, sv.seqlen_k, sv.off, p.window_left,
+                                                                        p.window_right))
             pv = 0.f;
 #endif
         }
