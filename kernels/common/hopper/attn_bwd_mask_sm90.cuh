@@ -85,11 +85,18 @@ __device__ __forceinline__ SeqView seq_view(const MaskBwdParams& p, int b) {
   }
 }
 
-// The window rule on a step's masked tile: 1, the bounds read once a step and each element tested with four
-// compares on key - q, combined without branches (FlatWindow); 0 (the default), common/mask.cuh's window_masked per
-// element, which compiles to a branch an element with the window's bounds loaded again from the parameter bank.
+// The window rule on a step's masked tile: 1 (the default), the bounds read once a step and each element tested with
+// four compares on key - q, combined without branches (FlatWindow); 0, common/mask.cuh's window_masked per element,
+// which compiles to a branch an element with the window's bounds loaded again from the parameter bank.
+// Prediction (H200, bf16, the kernel call beside the branchy rule, GPU time; cde1e83's commit message): 10-20 % less
+// time at window 1024 / S 4096, 5-8 % causal with sinks, 15-30 % at GPT-OSS's window 128 (D 64), 5-15 % at D 256,
+// 15-25 % packed with window 256. Outcome (cde1e83, outputs/driver_logs/20261130-h200-masks-flat-rule-cde1e83/):
+// 0.932x the time at window 1024, 0.979x causal with sinks, 0.935x softcap 30 + window 1024, 0.734x GPT-OSS's
+// window 128 with sinks at D 64, 0.986x Gemma-2's window 4096 + softcap 50 at D 256 and 0.959x window 1024 at D 256,
+// 0.888x packed (twelve documents, window 256): the rule's cost scales with the share of masked steps, which only
+// the narrow windows make large, and the wide loop at D 256 spends more of a step in its GEMMs.
 #ifndef LAB_BWD_MASK_FLAT_RULE
-#define LAB_BWD_MASK_FLAT_RULE 0
+#define LAB_BWD_MASK_FLAT_RULE 1
 #endif
 
 // window_masked(q, key, S_k, off, left, right) || q >= S_q, for one sequence's view, as one predicate: key is hidden
