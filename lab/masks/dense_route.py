@@ -29,8 +29,9 @@ on the gradients' own layout the dense kernel runs these tiles in 0.87x the pack
 Measured on an H200 (8 x 2048, D 128, causal): with cu_seqlens on the host the public call is 1.009x the dense
 op's forward (outputs/experiments/20261129-masks-varlen-one-length-dense-route.json), and with the backward on the
 route 1.007x its backward and 1.009x forward + backward (outputs/experiments/20261130-masks-route-backward.json).
-The unchecked call cannot take the route: 1.07x forward (fwd v11's packed grid) and 1.08x forward + backward (the
-packed dK / dV kernel, 15 % behind bwd v14 on the same tiles).
+The unchecked call cannot take the route: 1.07x forward (fwd v11's packed grid); its backward, on the packed kernel's
+causal steps, 0.96x the dense op's and forward + backward 0.99x (outputs/experiments/20261130-masks-packed-bwd-causal-
+steps.json; the packed dK / dV kernel had run 15 % behind bwd v14 on the window rule's steps).
 """
 from __future__ import annotations
 
