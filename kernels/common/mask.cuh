@@ -9,6 +9,7 @@
 // attn_fwd_sm90.cuh) use the same predicate on their wgmma fragment layout, as one bound per row.
 #pragma once
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <stdint.h>
 #include <math.h>
 
@@ -56,6 +57,26 @@ __device__ __forceinline__ void mask_scores(float (&s)[kMT][kNT][4], int row0, i
 __device__ __forceinline__ bool window_masked(int row, int col, int seqlen_k, int off, int left, int right) {
   return col >= seqlen_k || (left >= 0 && col < row + off - left) || (right >= 0 && col > row + off + right);
 }
+
+// q >= S_q || window_masked(q, key, S_k, off, left, right) as one predicate, for the masked backward's steps: the
+// bounds taken once (lo = off - left, hi = off + right, in 64 bits and clamped to +-2^30, beyond any key - q of a
+// call; an unbounded side never hides), then per element four compares on d = key - q and no branch. window_masked
+// per element compiled to a branch an element with the bounds loaded again from the parameter bank
+// (common/hopper/attn_bwd_mask_sm90.cuh, LAB_BWD_MASK_FLAT_RULE, has the measurement). Host and device: a CPU test
+// holds it to the rule (tests/fixtures/flat_window_check.cu).
+struct FlatWindow {
+  int sq, sk, lo, hi;
+  __host__ __device__ __forceinline__ static int clamp30(long long x) {
+    return (int)(x < -(1ll << 30) ? -(1ll << 30) : x > (1ll << 30) ? (1ll << 30) : x);
+  }
+  __host__ __device__ __forceinline__ FlatWindow(int seqlen_q, int seqlen_k, int off, int left, int right)
+      : sq(seqlen_q), sk(seqlen_k), lo(left >= 0 ? clamp30((long long)off - left) : INT_MIN),
+        hi(right >= 0 ? clamp30((long long)off + right) : INT_MAX) {}
+  __host__ __device__ __forceinline__ bool hidden(int q, int key) const {
+    const int d = key - q;
+    return (q >= sq) | (key >= sk) | (d < lo) | (d > hi);
+  }
+};
 
 // [lo, hi) of the keys some row of [m0, m1) sees (hi <= lo: none): the tiles outside it are never loaded.
 __device__ __forceinline__ int2 window_key_range(int m0, int m1, int seqlen_k, int off, int left, int right) {

@@ -13,7 +13,6 @@
 //   dsink_h = -sum_{b, i} exp(sink_h - LSE_i) Delta_i   (d LSE_i / d sink_h = exp(sink_h - LSE_i), and
 //                                        d O_i / d sink_h = -O_i exp(sink_h - LSE_i))
 #pragma once
-#include <climits>
 #include <math.h>
 
 #include <type_traits>
@@ -85,9 +84,9 @@ __device__ __forceinline__ SeqView seq_view(const MaskBwdParams& p, int b) {
   }
 }
 
-// The window rule on a step's masked tile: 1 (the default), the bounds read once a step and each element tested with
-// four compares on key - q, combined without branches (FlatWindow); 0, common/mask.cuh's window_masked per element,
-// which compiles to a branch an element with the window's bounds loaded again from the parameter bank.
+// The window rule on a step's masked tile: 1 (the default), common/mask.cuh's FlatWindow (the bounds read once a
+// step, each element four compares on key - q with no branch); 0, window_masked per element, which compiles to a
+// branch an element with the window's bounds loaded again from the parameter bank.
 // Prediction (H200, bf16, the kernel call beside the branchy rule, GPU time; cde1e83's commit message): 10-20 % less
 // time at window 1024 / S 4096, 5-8 % causal with sinks, 15-30 % at GPT-OSS's window 128 (D 64), 5-15 % at D 256,
 // 15-25 % packed with window 256. Outcome (cde1e83, outputs/driver_logs/20261130-h200-masks-flat-rule-cde1e83/):
@@ -98,23 +97,6 @@ __device__ __forceinline__ SeqView seq_view(const MaskBwdParams& p, int b) {
 #ifndef LAB_BWD_MASK_FLAT_RULE
 #define LAB_BWD_MASK_FLAT_RULE 1
 #endif
-
-// window_masked(q, key, S_k, off, left, right) || q >= S_q, for one sequence's view, as one predicate: key is hidden
-// from row q iff q >= S_q, key >= S_k, key - q < lo or key - q > hi (lo = off - left, hi = off + right; an
-// unbounded side never hides). Bounds are taken in 64 bits and clamped to +-2^30, beyond any key - q of a call.
-struct FlatWindow {
-  int sq, sk, lo, hi;
-  __device__ __forceinline__ static int clamp30(long long x) {
-    return (int)(x < -(1ll << 30) ? -(1ll << 30) : x > (1ll << 30) ? (1ll << 30) : x);
-  }
-  __device__ __forceinline__ FlatWindow(const SeqView& sv, int left, int right)
-      : sq(sv.seqlen_q), sk(sv.seqlen_k), lo(left >= 0 ? clamp30((long long)sv.off - left) : INT_MIN),
-        hi(right >= 0 ? clamp30((long long)sv.off + right) : INT_MAX) {}
-  __device__ __forceinline__ bool hidden(int q, int key) const {
-    const int d = key - q;
-    return (q >= sq) | (key >= sk) | (d < lo) | (d > hi);
-  }
-};
 
 // Steps for the masks: only the query blocks of a key block's window are visited (a window of W costs O(S W)).
 // kVarlen: every rule per packed sequence, so a key block past its sequence's S_k visits nothing and a query block
@@ -147,7 +129,7 @@ struct WindowSteps {
                                                      const float* delta, float c, int key0, int q0, int t,
                                                      const MaskBwdParams& p, const SeqView& sv) {
     const float k_in = p.scale / p.softcap, k_out = p.softcap * kLog2e;
-    const FlatWindow flat(sv, p.window_left, p.window_right);
+    const FlatWindow flat(sv.seqlen_q, sv.seqlen_k, sv.off, p.window_left, p.window_right);
     if constexpr (kSoftcap && kTanhHalf)  // s -> tanh(s k_in) in place, two at a time
 #pragma unroll
       for (int i = 0; i < N; i += 2) tanh_pair(s[i] * k_in, s[i + 1] * k_in, s[i], s[i + 1]);

@@ -21,7 +21,7 @@ struct WindowWideSteps : WindowSteps<kSoftcap, kVarlen, kTanhHalf> {
   __device__ __forceinline__ static void hand(float (&s)[32], uint4* pbuf, const float* lse2, float c, int key0,
                                               int q0, int t, int wt, const MaskBwdParams& p, const SeqView& sv) {
     const float k_in = p.scale / p.softcap, k_out = p.softcap * kLog2e;
-    const FlatWindow flat(sv, p.window_left, p.window_right);
+    const FlatWindow flat(sv.seqlen_q, sv.seqlen_k, sv.off, p.window_left, p.window_right);
     if constexpr (kSoftcap && kTanhHalf)  // s -> tanh(s k_in) in place, two at a time
 #pragma unroll
       for (int i = 0; i < 32; i += 2) tanh_pair(s[i] * k_in, s[i + 1] * k_in, s[i], s[i + 1]);
