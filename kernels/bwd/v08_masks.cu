@@ -118,8 +118,8 @@ using Cfg8 = Cfg<D, 2, true, LAB_BWD_MASK_STAGE && D == 64, (bool)LAB_BWD_MASK_S
 template <int D>
 using PackedCfg = std::conditional_t<D == 64 && LAB_BWD_PACKED_D64_Q128, StagedCfg<64>, Cfg8<D>>;
 
-// Packed causal calls with no window or softcap on the causal steps (PackedSteps' kCausal, common/hopper/
-// attn_bwd_packed_sm90.cuh): 1 (the default), 0 the window rule for them too, as measured before.
+// Packed causal calls with no window or softcap take the causal steps (PackedSteps' kCausal, common/hopper/
+// attn_bwd_packed_sm90.cuh); before them, the window rule ran for these calls too.
 // Prediction (H200, bf16, causal, H 16, D 128, written before the run): the window rule's extra compares on the
 // diagonal tiles are the packed kernel's +6.4 % instructions over bwd v14, so the kernel call gains 2-4 % at 8 x 2048
 // and 2-5 % on twelve documents. Outcome (5aab27b, outputs/driver_logs/20261130-h200-packed-causal-steps-5aab27b/):
@@ -128,9 +128,6 @@ using PackedCfg = std::conditional_t<D == 64 && LAB_BWD_PACKED_D64_Q128, StagedC
 // issued instruction 6.82 -> 6.25 (v14: 6.21). The size is the miss: the window rule compiles to a branch per
 // element with the window's bounds reloaded from the parameter bank, so a warp on a diagonal tile runs late and
 // the other warps wait at the dS^T hand-off (barrier stalls 17.7 % of samples, 13.9 % with the causal steps).
-#ifndef LAB_BWD_PACKED_CAUSAL
-#define LAB_BWD_PACKED_CAUSAL 1
-#endif
 
 template <int D, class T>
 struct Launch {
@@ -139,7 +136,7 @@ struct Launch {
     const MaskBwdParams& p = static_cast<const MaskBwdParams&>(base);
     if (p.cu_seqlens_q != nullptr) {  // packed tensors read in place (common/hopper/attn_bwd_packed_sm90.cuh)
       if (p.softcap > 0.f) return launch_packed<Cfg8<D>, T, true, kTanhHalfFor<T>>(p, st, dev);
-      if (LAB_BWD_PACKED_CAUSAL && p.window_left < 0 && p.window_right == 0)
+      if (p.window_left < 0 && p.window_right == 0)
         return launch_packed<PackedCfg<D>, T, false, false, true>(p, st, dev);
       return launch_packed<PackedCfg<D>, T, false, kTanhHalfFor<T>>(p, st, dev);
     }

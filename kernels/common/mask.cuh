@@ -62,7 +62,7 @@ __device__ __forceinline__ bool window_masked(int row, int col, int seqlen_k, in
 // bounds taken once (lo = off - left, hi = off + right, in 64 bits and clamped to +-2^30, beyond any key - q of a
 // call; an unbounded side never hides), then per element four compares on d = key - q and no branch. window_masked
 // per element compiled to a branch an element with the bounds loaded again from the parameter bank
-// (common/hopper/attn_bwd_mask_sm90.cuh, LAB_BWD_MASK_FLAT_RULE, has the measurement). Host and device: a CPU test
+// (common/hopper/attn_bwd_mask_sm90.cuh has the measurement). Host and device: a CPU test
 // holds it to the rule (tests/fixtures/flat_window_check.cu).
 struct FlatWindow {
   int sq, sk, lo, hi;

@@ -2,7 +2,8 @@
 // (common/hopper/attn_bwd_stagger.cuh): the sliding window's query-block range per key block, the window mask on
 // partial tiles, the softcap's recompute and derivative, the sinks' gradient, and packed sequences (each rule per
 // sequence, from a device array of lengths over right-padded dense buffers). The rule is common/mask.cuh's
-// window_masked (lab/masks/spec.py writes it out; spec.query_block_range is this file's window_work).
+// window_masked, applied per element as its FlatWindow (lab/masks/spec.py writes it out; spec.query_block_range is
+// this file's window_work).
 //
 // The equations (s = scale q.k, the score the forward capped; LSE the forward's, natural log, sink included):
 //   s' = softcap tanh(s / softcap)   (softcap off: s' = s)
@@ -84,19 +85,17 @@ __device__ __forceinline__ SeqView seq_view(const MaskBwdParams& p, int b) {
   }
 }
 
-// The window rule on a step's masked tile: 1 (the default), common/mask.cuh's FlatWindow (the bounds read once a
-// step, each element four compares on key - q with no branch); 0, window_masked per element, which compiles to a
-// branch an element with the window's bounds loaded again from the parameter bank.
+// The window rule on a step's masked tile is common/mask.cuh's FlatWindow: the bounds read once a step, each element
+// four compares on key - q with no branch. window_masked per element, which it replaced, compiled to a branch an
+// element with the window's bounds loaded again from the parameter bank.
 // Prediction (H200, bf16, the kernel call beside the branchy rule, GPU time; cde1e83's commit message): 10-20 % less
 // time at window 1024 / S 4096, 5-8 % causal with sinks, 15-30 % at GPT-OSS's window 128 (D 64), 5-15 % at D 256,
 // 15-25 % packed with window 256. Outcome (cde1e83, outputs/driver_logs/20261130-h200-masks-flat-rule-cde1e83/):
 // 0.932x the time at window 1024, 0.979x causal with sinks, 0.935x softcap 30 + window 1024, 0.734x GPT-OSS's
 // window 128 with sinks at D 64, 0.986x Gemma-2's window 4096 + softcap 50 at D 256 and 0.959x window 1024 at D 256,
 // 0.888x packed (twelve documents, window 256): the rule's cost scales with the share of masked steps, which only
-// the narrow windows make large, and the wide loop at D 256 spends more of a step in its GEMMs.
-#ifndef LAB_BWD_MASK_FLAT_RULE
-#define LAB_BWD_MASK_FLAT_RULE 1
-#endif
+// the narrow windows make large, and the wide loop at D 256 spends more of a step in its GEMMs. dK, dV and d sinks
+// were the branchy build's bits (outputs/driver_logs/20261130-h200-masks-flat-default-84e896d/).
 
 // Steps for the masks: only the query blocks of a key block's window are visited (a window of W costs O(S W)).
 // kVarlen: every rule per packed sequence, so a key block past its sequence's S_k visits nothing and a query block
@@ -153,10 +152,7 @@ struct WindowSteps {
 #ifdef LAB_BWD_MASK_BUG_NO_WINDOW
           if (q >= sv.seqlen_q || key >= sv.seqlen_k) pv = 0.f;  // self-test: the window forgotten on partial tiles
 #else
-          if (LAB_BWD_MASK_FLAT_RULE ? flat.hidden(q, key)
-                                     : q >= sv.seqlen_q || window_masked(q, key, sv.seqlen_k, sv.off, p.window_left,
-                                                                        p.window_right))
-            pv = 0.f;
+          if (flat.hidden(q, key)) pv = 0.f;
 #endif
         }
         s[4 * i + e] = pv;

@@ -19,7 +19,7 @@
 //   - Epilogue: dK, dV of the sequence's keys only (v12's staged stores on pointers shifted to its first row).
 // Everything in the loop is the dense masked kernel's (stagger_tile with WindowSteps' p_ds on the CTA's
 // sequence, from shared memory), except for causal calls with no window or softcap, which take the causal steps
-// (PackedSteps' kCausal; bwd/v08_masks.cu's LAB_BWD_PACKED_CAUSAL has their measurement: 0.88x the time).
+// (PackedSteps' kCausal; bwd/v08_masks.cu has their measurement: 0.88x the time).
 //
 // Measured (H200, bf16, causal, H 16, GPU time; outputs/experiments/20261129-masks-varlen-bwd-in-place.json):
 // twelve documents of 23,100 tokens at D 128 (lab.masks.gpu_varlen.DOCS12): the public op's backward 1.484 ms

@@ -46,10 +46,7 @@ struct WindowWideSteps : WindowSteps<kSoftcap, kVarlen, kTanhHalf> {
 #ifdef LAB_BWD_MASK_BUG_NO_WINDOW
           if (q >= sv.seqlen_q || key >= sv.seqlen_k) pv = 0.f;  // self-test: the window forgotten on partial tiles
 #else
-          if (LAB_BWD_MASK_FLAT_RULE ? flat.hidden(q, key)
-                                     : q >= sv.seqlen_q || window_masked(q, key, sv.seqlen_k, sv.off, p.window_left,
-                                                                        p.window_right))
-            pv = 0.f;
+          if (flat.hidden(q, key)) pv = 0.f;
 #endif
         }
         s[4 * i + e] = pv;
