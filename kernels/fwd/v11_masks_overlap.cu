@@ -378,11 +378,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
       };
       int page = fetch(), row = in_page;
       advance();
+      RingSlot<kStages> at = RingSlot<kStages>::of(0);  // tile j's ring slot, where carried
       for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % kStages;
+        if constexpr (!RingSlot<kStages>::kCarry) at = RingSlot<kStages>::of(j);
+        const int s = at.stage;
         const int next = fetch(), next_row = in_page;
         advance();
-        const uint32_t free_parity = ((j / kStages) & 1) ^ 1;
+        const uint32_t free_parity = at.parity ^ 1;
         if (j >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
         if (leader) mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
         __syncwarp();
@@ -401,6 +403,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
                         page);
         page = next;
         row = next_row;
+        if constexpr (RingSlot<kStages>::kCarry) at.next();
       }
     } else if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
@@ -432,13 +435,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if constexpr (kBounded) st.m[0] = st.m[1] = c - kCapHeadroom;  // the fixed offset (kCapHeadroom)
   float sacc[BC / 2], alpha[2];
   uint32_t pa[BC / 16][4];
-  auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[j % kStages]), (j / kStages) & 1); };
-  auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[j % kStages]), (j / kStages) & 1); };
-  auto release_k = [&](int j) {
-    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[j % kStages]));
+  using Slot = RingSlot<kStages>;  // (the ring slot of a key tile: RingSlot::of(j), or carried)
+  auto wait_k = [&](Slot x) { mbar_wait(smem_u32(&bar_k[x.stage]), x.parity); };
+  auto wait_v = [&](Slot x) { mbar_wait(smem_u32(&bar_v[x.stage]), x.parity); };
+  auto release_k = [&](Slot x) {
+    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[x.stage]));
   };
-  auto release_v = [&](int j) {
-    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[j % kStages]));
+  auto release_v = [&](Slot x) {
+    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[x.stage]));
   };
   // The softmax step of tile j (masked_softmax_step, common/hopper/attn_mask_sm90.cuh); returns whether O needs
   // rescale_o.
@@ -459,40 +463,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   mbar_wait(smem_u32(&bar_q), 0);
 
   if (n_tiles > 0) {
-    wait_k(0);
+    wait_k(Slot::of(0));
     turn();
     wgmma_fence();
     issue_qk<D, BC, kBf16>(sacc, sQw, ring.k(0));
     pass();
     wgmma_wait<0>();
     reg_fence(sacc);
-    release_k(0);
+    release_k(Slot::of(0));
     softmax(0);  // O is still 0: no rescale
     pack_p<BC, T>(sacc, pa);
   }
   // Main loop: S_j and P_{j-1} V_{j-1} in flight together, the softmax of S_j (transform, mask, exp) under P V.
   // [lab:inner-loop] v07's overlapped key tile with v09's mask steps
+  Slot ks = Slot::of(1), vs = Slot::of(0);  // K_j's and V_{j-1}'s slots, where carried
   for (int j = 1; j < n_tiles; ++j) {
-    wait_k(j);
-    wait_v(j - 1);
+    // (derived at each use otherwise, as the loop always did: the 2-stage kernels' machine code stays as it was)
+    auto kj = [&] { return Slot::kCarry ? ks : Slot::of(j); };
+    auto vj = [&] { return Slot::kCarry ? vs : Slot::of(j - 1); };
+    wait_k(kj());
+    wait_v(vj());
     turn();
     wgmma_fence();
-    issue_qk<D, BC, kBf16>(sacc, sQw, ring.k(j % kStages));
-    issue_pv<D, BC, kBf16>(o, pa, ring.v((j - 1) % kStages));
+    issue_qk<D, BC, kBf16>(sacc, sQw, ring.k(kj().stage));
+    issue_pv<D, BC, kBf16>(o, pa, ring.v(vj().stage));
     pass();
     wgmma_wait<1>();
     reg_fence(sacc);
-    release_k(j);
+    release_k(kj());
     const bool rescale = softmax(j);
     wgmma_wait<0>();
     reg_fence(o);
-    release_v(j - 1);
+    release_v(vj());
     if (rescale) rescale_o<D>(o, alpha);
     pack_p<BC, T>(sacc, pa);
+    if constexpr (Slot::kCarry) vs = ks, ks.next();
   }
   // [/lab:inner-loop]
   if (n_tiles > 0) {
-    wait_v(n_tiles - 1);
+    wait_v(Slot::of(n_tiles - 1));
     if constexpr (kPaged) {  // the last tile's rows past the keys: zeros, not the rest of the page (zero_tile_rows)
       const int tail = seqlen_k - shift - (n_tiles - 1) * BC;
       if (tail < BC) {
@@ -507,7 +516,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     pass();
     wgmma_wait<0>();
     reg_fence(o);
-    release_v(n_tiles - 1);
+    release_v(Slot::of(n_tiles - 1));
   }
   if (kPing && wg == 1 && n_tiles > 0) turn();  // consumes the last warpgroup's last pass
 

@@ -179,6 +179,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
                                                                                const AttnMaskParams mp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages, kW = Cfg::kConsumers;
+  using Slot = RingSlot<kStages>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr bool kBounded = kTransform == kTanhBounded, kCap = kTransform == kTanh || kBounded;
   static_assert(Cfg::kL2GroupMB == 0, "PAIR's units keep a head's tiles together: no L2 head groups");
@@ -216,6 +217,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
       int ring = 0, t = 0;
+      Slot slot = Slot::of(0);  // ring's slot, where carried
       PackedTile w;
       PackedCursor cur = order.start(mp);
       for (int it = 0; it < order.num_rounds; ++it) {
@@ -224,8 +226,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
         if (found == 0 || w.n == 0) continue;
         const int hkv = order.kv_head(w.h), row0 = w.k0 + w.first * BC;
         for (int j = 0; j < w.n; ++j, ++ring) {
-          const int s = ring % kStages;
-          const uint32_t free_parity = ((ring / kStages) & 1) ^ 1;
+          if constexpr (!Slot::kCarry) slot = Slot::of(ring);
+          const int s = slot.stage;
+          const uint32_t free_parity = slot.parity ^ 1;
           if (ring >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
           mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
@@ -242,6 +245,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
           mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(ring_.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, row0 + j * BC, hkv, 0);
+          if constexpr (Slot::kCarry) slot.next();
         }
         ++t;
       }
@@ -263,18 +267,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
   PackedCursor cur = order.start(mp);
   int ring = 0, t = 0, it = 0;  // ring: this work tile's K_0 / V_0 position (the producer's count)
   int wm0 = 0, wm1 = 1, row0 = 0, k_end = 0, k_off = 0;  // this warpgroup's rows and the window's keys from `first`
-  auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
-  auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
-  auto release_k = [&](int j) {
-    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[(ring + j) % kStages]));
+  // Key tile j of the work tile: ring slot Slot::of(ring + j), carried through the main loop where Slot::kCarry.
+  auto wait_k = [&](Slot x) { mbar_wait(smem_u32(&bar_k[x.stage]), x.parity); };
+  auto wait_v = [&](Slot x) { mbar_wait(smem_u32(&bar_v[x.stage]), x.parity); };
+  auto release_k = [&](Slot x) {
+    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[x.stage]));
   };
-  auto release_v = [&](int j) {
-    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[(ring + j) % kStages]));
+  auto release_v = [&](Slot x) {
+    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[x.stage]));
   };
   auto release_q = [&]() {  // this warp's S GEMMs of the work tile are done: its Q rows may be reloaded
     if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q[qw]));
   };
-  auto issue_s = [&](int j) { issue_qk<D, BC, kBf16>(sacc, sQw, ring_.k((ring + j) % kStages)); };
+  auto issue_s = [&](Slot x) { issue_qk<D, BC, kBf16>(sacc, sQw, ring_.k(x.stage)); };
   // v11's softmax step of tile j with ROW_BOUND (masked_softmax_step, common/hopper/attn_mask_sm90.cuh); returns
   // whether O needs rescale_o.
   auto softmax = [&](int j) -> bool {
@@ -325,14 +330,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
   if (have) {
     begin();
     zero_acc(o);
-    wait_k(0);
+    wait_k(Slot::of(ring));
     turn();
     wgmma_fence();
-    issue_s(0);
+    issue_s(Slot::of(ring));
     pass();
     wgmma_wait<0>();
     reg_fence(sacc);
-    release_k(0);
+    release_k(Slot::of(ring));
     if (w.n == 1) release_q();
     softmax(0);
     pack_p<BC, T>(sacc, pa);
@@ -341,24 +346,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
   // goes out in the same turn as the next tile's S_0, whose softmax runs under it; then the tile's epilogue.
   while (have) {
     const int n = w.n;
+    Slot ks = Slot::of(ring + 1), vs = Slot::of(ring);  // K_j's and V_{j-1}'s slots, where carried
     for (int j = 1; j < n; ++j) {
-      wait_k(j);
-      wait_v(j - 1);
+      if constexpr (!Slot::kCarry) ks = Slot::of(ring + j), vs = Slot::of(ring + j - 1);
+      wait_k(ks);
+      wait_v(vs);
       turn();
       wgmma_fence();
-      issue_s(j);
-      issue_pv<D, BC, kBf16>(o, pa, ring_.v((ring + j - 1) % kStages), j == 1);  // the tile's first P V overwrites O
+      issue_s(ks);
+      issue_pv<D, BC, kBf16>(o, pa, ring_.v(vs.stage), j == 1);  // the tile's first P V overwrites O
       pass();
       wgmma_wait<1>();
       reg_fence(sacc);
-      release_k(j);
+      release_k(ks);
       if (j == n - 1) release_q();
       const bool rescale = softmax(j);
       wgmma_wait<0>();
       reg_fence(o);
-      release_v(j - 1);
+      release_v(vs);
       if (rescale) rescale_o<D>(o, alpha);
       pack_p<BC, T>(sacc, pa);
+      if constexpr (Slot::kCarry) vs = ks, ks.next();
     }
     // This tile's last P V (stage sv) and what its epilogue needs, then the next tile's head. Each end issues its
     // wgmmas unconditionally after its fence (a wgmma under a condition there serialises every wgmma: v07's C7520).
@@ -387,16 +395,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
       break;
     }
     begin();
-    wait_k(0);
+    wait_k(Slot::of(ring));
     mbar_wait(smem_u32(&bar_v[sv]), pv);
     turn();
     wgmma_fence();
-    issue_s(0);
+    issue_s(Slot::of(ring));
     issue_pv<D, BC, kBf16>(o, pa, ring_.v(sv), pv_first);
     pass();
     wgmma_wait<1>();  // S_0 of the next tile (committed first)
     reg_fence(sacc);
-    release_k(0);
+    release_k(Slot::of(ring));
     if (w.n == 1) release_q();
     softmax(0);  // touches neither O nor the P fragments, which the P V still reads
     wgmma_wait<0>();
