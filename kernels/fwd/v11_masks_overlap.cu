@@ -152,6 +152,18 @@
 //   the per-tile grid, against which the paged kernel runs at 0.970 / 0.974 / 0.982x (page 64 / 256, D 64; GPU time,
 //   outputs/experiments/20261129-masks-packed-persistent-chunked-prefill.json). The public op is not yet raced there.
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json; the paged gap: outputs/experiments/20261129-paged-prefill-gap.json.
+// RING_CARRY (attn_mask_sm90.cuh RingSlot): the paged kernels' ring has 3 stages at D = 128 and the contiguous
+//   per-tile one 2. ncu's warp-state samples at page 256 (H200, outputs/driver_logs/20261130-h200-ring-carry-2c6f5d6/
+//   A_profile): the paged consumer loop ran fewer instructions than the contiguous one yet 3.2 % more samples, at the
+//   ping-pong turn and on the P V wgmma issue ('dispatch' 767 against 356), where the compiler had put (j - 1) % 3
+//   and / 3 (a multiply-high and its fix-ups on the uniform datapath; with 2 stages a mask and a shift). Prediction:
+//   the slot carried through the loop takes the paged kernel from 0.97 to 0.98-0.99x the contiguous one at D 128,
+//   the packed persistent kernel (3 stages) gains alike, D 64 (no ping-pong) is unchanged. Outcome (GPU time, B_ab):
+//   page 16 / 64 / 256 0.970 / 0.972 / 0.971 -> 0.980 / 0.984 / 0.981x, D 64 0.983 -> 0.980x (level); the packed
+//   persistent kernel 3.6 % faster at 8 x 2048 D 128 (1.067 -> 1.030x the dense op's forward), 2.1 % at D 64, 1.0 %
+//   on twelve documents; checks and the wrong builds as before, memcheck and racecheck clean. Through the public op,
+//   chapter n16's session on it: 0.973 / 0.979 / 0.971x, D 64 0.971x (gate >= 0.95: met in every cell).
+//   Record: outputs/experiments/20261130-masks-fwd-ring-carry.json.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <type_traits>

@@ -82,12 +82,13 @@ inline int launch_masked_fwd(const AttnMaskParams& mp, cudaStream_t stream, int 
 #endif
 
 // The ring slot of key tile j: stage j % kStages and the parity (j / kStages) & 1 of its barriers' phase.
-// LAB_FWD_MASK_RING_CARRY (1, default): where kStages is not a power of two (the paged and packed kernels' 3 stages at
-// D = 128), the loops carry the slot (next(): an increment and a compare) instead of deriving it from j. Derived, each
+// LAB_FWD_MASK_RING_CARRY (1, default): where kStages is not a power of two (3: the paged and packed kernels' ring at
+// D = 128, every D = 64 ring of fwd v11), the loops carry the slot (next(): an increment and a compare) instead of deriving it from j. Derived, each
 // use is a multiply-high and its fix-ups on the uniform datapath, which the compiler placed between the P V wgmma
 // issues of the turn (the issue then stalled on dispatch, and the other consumer's turn waited for it); with a power
 // of two they are a mask and a shift, so those kernels keep deriving (their machine code unchanged). 0: derived
-// everywhere, the A/B's baseline.
+// everywhere, the A/B's baseline. Measured (H200): the paged kernels +1.0-1.3 % at D 128, the packed persistent kernel
+// +1.0-3.6 %, D 64 level (fwd v11's header, record 20261130-masks-fwd-ring-carry).
 #ifndef LAB_FWD_MASK_RING_CARRY
 #define LAB_FWD_MASK_RING_CARRY 1
 #endif
