@@ -152,7 +152,7 @@
 //   the per-tile grid, against which the paged kernel runs at 0.970 / 0.974 / 0.982x (page 64 / 256, D 64; GPU time,
 //   outputs/experiments/20261129-masks-packed-persistent-chunked-prefill.json). The public op is not yet raced there.
 // Measured: outputs/experiments/20261126-masks-fwd-v11.json; the paged gap: outputs/experiments/20261129-paged-prefill-gap.json.
-// RING_CARRY (attn_mask_sm90.cuh RingSlot): the paged kernels' ring has 3 stages at D = 128 and the contiguous
+// RING_CARRY (attn_mask_sm90.cuh MaskRingSlot): the paged kernels' ring has 3 stages at D = 128 and the contiguous
 //   per-tile one 2. ncu's warp-state samples at page 256 (H200, outputs/driver_logs/20261130-h200-ring-carry-2c6f5d6/
 //   A_profile): the paged consumer loop ran fewer instructions than the contiguous one yet 3.2 % more samples, at the
 //   ping-pong turn and on the P V wgmma issue ('dispatch' 767 against 356), where the compiler had put (j - 1) % 3
@@ -390,9 +390,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
       };
       int page = fetch(), row = in_page;
       advance();
-      RingSlot<kStages> at = RingSlot<kStages>::of(0);  // tile j's ring slot, where carried
+      MaskRingSlot<kStages> at = MaskRingSlot<kStages>::of(0);  // tile j's ring slot, where carried
       for (int j = 0; j < n_tiles; ++j) {
-        if constexpr (!RingSlot<kStages>::kCarry) at = RingSlot<kStages>::of(j);
+        if constexpr (!MaskRingSlot<kStages>::kCarry) at = MaskRingSlot<kStages>::of(j);
         const int s = at.stage;
         const int next = fetch(), next_row = in_page;
         advance();
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
                         page);
         page = next;
         row = next_row;
-        if constexpr (RingSlot<kStages>::kCarry) at.next();
+        if constexpr (MaskRingSlot<kStages>::kCarry) at.next();
       }
     } else if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
@@ -447,7 +447,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   if constexpr (kBounded) st.m[0] = st.m[1] = c - kCapHeadroom;  // the fixed offset (kCapHeadroom)
   float sacc[BC / 2], alpha[2];
   uint32_t pa[BC / 16][4];
-  using Slot = RingSlot<kStages>;  // (the ring slot of a key tile: RingSlot::of(j), or carried)
+  using Slot = MaskRingSlot<kStages>;  // (the ring slot of a key tile: RingSlot::of(j), or carried)
   auto wait_k = [&](Slot x) { mbar_wait(smem_u32(&bar_k[x.stage]), x.parity); };
   auto wait_v = [&](Slot x) { mbar_wait(smem_u32(&bar_v[x.stage]), x.parity); };
   auto release_k = [&](Slot x) {

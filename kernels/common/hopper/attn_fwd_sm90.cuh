@@ -25,6 +25,27 @@
 
 namespace lab::sm90 {
 
+// The ring slot of key tile j: stage j % kStages and the parity (j / kStages) & 1 of its barriers' phase. Where
+// kStages is not a power of two and kEnabled, a loop carries the slot (next(): an increment and a compare) instead of
+// deriving it from j (kCarry). Derived, each use is a multiply-high and its fix-ups on the uniform datapath, which
+// the compiler placed between the P V wgmma issues of a ping-pong turn (the issue stalled on dispatch and the other
+// consumer's turn waited for it: ncu of fwd v11's paged kernel, outputs/driver_logs/20261130-h200-ring-carry-2c6f5d6);
+// with a power of two they are a mask and a shift, so such rings keep deriving (their machine code unchanged).
+template <int kStages, bool kEnabled>
+struct RingSlot {
+  static constexpr bool kCarry = kEnabled && (kStages & (kStages - 1)) != 0;
+  int stage;
+  uint32_t parity;
+  __device__ __forceinline__ static RingSlot of(int j) { return {j % kStages, (uint32_t)(j / kStages) & 1u}; }
+  __device__ __forceinline__ void next() {
+    if (++stage == kStages) {
+      stage = 0;
+      parity ^= 1u;
+    }
+  }
+};
+
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

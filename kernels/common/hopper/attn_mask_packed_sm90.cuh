@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
                                                                                const AttnMaskParams mp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages, kW = Cfg::kConsumers;
-  using Slot = RingSlot<kStages>;
+  using Slot = MaskRingSlot<kStages>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr bool kBounded = kTransform == kTanhBounded, kCap = kTransform == kTanh || kBounded;
   static_assert(Cfg::kL2GroupMB == 0, "PAIR's units keep a head's tiles together: no L2 head groups");

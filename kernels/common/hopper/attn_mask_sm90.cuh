@@ -81,30 +81,15 @@ inline int launch_masked_fwd(const AttnMaskParams& mp, cudaStream_t stream, int 
 #define LAB_FWD_MASK_PAGED_VOTE 1  // paged_table_bits' warp vote (0: without it, the A/B's baseline)
 #endif
 
-// The ring slot of key tile j: stage j % kStages and the parity (j / kStages) & 1 of its barriers' phase.
-// LAB_FWD_MASK_RING_CARRY (1, default): where kStages is not a power of two (3: the paged and packed kernels' ring at
-// D = 128, every D = 64 ring of fwd v11), the loops carry the slot (next(): an increment and a compare) instead of deriving it from j. Derived, each
-// use is a multiply-high and its fix-ups on the uniform datapath, which the compiler placed between the P V wgmma
-// issues of the turn (the issue then stalled on dispatch, and the other consumer's turn waited for it); with a power
-// of two they are a mask and a shift, so those kernels keep deriving (their machine code unchanged). 0: derived
-// everywhere, the A/B's baseline. Measured (H200): the paged kernels +1.0-1.3 % at D 128, the packed persistent kernel
-// +1.0-3.6 %, D 64 level (fwd v11's header, record 20261130-masks-fwd-ring-carry).
+// LAB_FWD_MASK_RING_CARRY (1, default): the masked kernels' rings carry their slot where RingSlot allows it
+// (common/hopper/attn_fwd_sm90.cuh: 3 stages, i.e. the paged and packed kernels' ring at D = 128 and every D = 64
+// ring of fwd v11); 0: derived everywhere, the A/B's baseline. Measured (H200): the paged kernels +1.0-1.3 % at
+// D 128, the packed persistent kernel +1.0-3.6 %, D 64 level (fwd v11's header, record 20261130-masks-fwd-ring-carry).
 #ifndef LAB_FWD_MASK_RING_CARRY
 #define LAB_FWD_MASK_RING_CARRY 1
 #endif
 template <int kStages>
-struct RingSlot {
-  static constexpr bool kCarry = LAB_FWD_MASK_RING_CARRY != 0 && (kStages & (kStages - 1)) != 0;
-  int stage;
-  uint32_t parity;
-  __device__ __forceinline__ static RingSlot of(int j) { return {j % kStages, (uint32_t)(j / kStages) & 1u}; }
-  __device__ __forceinline__ void next() {
-    if (++stage == kStages) {
-      stage = 0;
-      parity ^= 1u;
-    }
-  }
-};
+using MaskRingSlot = RingSlot<kStages, LAB_FWD_MASK_RING_CARRY != 0>;
 
 // A block-table entry the cache has no page for (what both table scans below look for).
 __device__ __forceinline__ bool page_outside(const AttnMaskParams& mp, int page) {
