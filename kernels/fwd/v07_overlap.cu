@@ -384,13 +384,11 @@
 #define LAB_FWD_OVERLAP_D128_SHORT_PAD_MAX_SK 4608
 #endif
 
-// RING_CARRY (common/hopper/attn_fwd_sm90.cuh RingSlot): the 3-stage rings (the few-keys config at D = 128, D = 64)
-// carry their slot through the loops instead of deriving (ring + j) % 3 and / 3 at each use (1, default; 0: derived,
-// the A/B's baseline). The 2-stage long config's code is unchanged.
-#ifndef LAB_FWD_OVERLAP_RING_CARRY
-#define LAB_FWD_OVERLAP_RING_CARRY 1
-#endif
-
+// Measured and not adopted: the ring slot carried through the loops of the 3-stage rings (the few-keys config at
+// D = 128, D = 64; common/hopper/attn_fwd_sm90.cuh RingSlot, which fwd v11's paged and packed kernels take). H200,
+// against SDPA-cuDNN in the same rounds: +1.1-1.4 % on the non-causal few-keys cells (S 2048-4608), but -1.6 to -2.7 %
+// on the causal few-keys cell (the same kernel) and -3.5 to -4 % at D 64 (outputs/driver_logs/20261130-h200-fwd-v07-
+// ring-carry-dc2a65c; record 20261130-fwd-v07-ring-carry; the switch is in the history at dc2a65c).
 namespace {
 using namespace lab::sm90;
 
@@ -445,7 +443,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
                                                                         const AttnFwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = Cfg::D, BC = Cfg::BC, kStages = Cfg::kStages;
-  using Slot = RingSlot<kStages, LAB_FWD_OVERLAP_RING_CARRY != 0>;
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   constexpr bool kFuse = kPersist && (D == 64 ? LAB_FWD_OVERLAP_D64_FUSE : LAB_FWD_OVERLAP_D128_FUSE) != 0;
   extern __shared__ uint8_t smem_raw[];
@@ -541,7 +538,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
       int ring = 0;  // K/V tiles issued by this CTA so far: the ring position runs on across work tiles
-      Slot at = Slot::of(0);  // ring's slot, where carried
       for (int it = 0, t = 0; it < num_rounds; ++it) {  // t: work tiles taken (only the last round skips)
         const int work = work_at(it);
         if (work < 0) continue;
@@ -561,9 +557,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
         if (!kPersist || n_tiles == 0) load_q();
         // [lab:producer] the producer thread: wait for a free stage, then one TMA per 64-column block of K_j and V_j
         for (int j = 0; j < n_tiles; ++j, ++ring) {
-          if constexpr (!Slot::kCarry) at = Slot::of(ring);
-          const int s = at.stage;
-          const uint32_t free_parity = at.parity ^ 1;
+          const int s = ring % kStages;
+          const uint32_t free_parity = ((ring / kStages) & 1) ^ 1;
           if (ring >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
           if ((LAB_FWD_OVERLAP_ABLATE & 2) && ring >= kStages) {  // diagnostic: the math on stale tiles, no loads
             mbar_wait(smem_u32(&empty_v[s]), free_parity);
@@ -579,7 +574,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(ring_.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, j * BC, hkv, b);
-          if constexpr (Slot::kCarry) at.next();
         }
         // [/lab:producer]
         ++t;
@@ -599,12 +593,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     int ring = 0;  // the ring position of this work tile's K_0 / V_0 (the producer's count)
     // The mbarrier waits come before wgmma_fence: a spin loop between the fence and
     // the wgmma makes ptxas inject fences of its own.
-    // Key tile j of the work tile sits in ring slot Slot::of(ring + j); the main loops carry it where Slot::kCarry.
-    auto at = [&](int j) { return Slot::of(ring + j); };
-    auto wait_k = [&](Slot x) { mbar_wait(smem_u32(&bar_k[x.stage]), x.parity); };
-    auto wait_v = [&](Slot x) { mbar_wait(smem_u32(&bar_v[x.stage]), x.parity); };
-    auto issue_s = [&](Slot x) { issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring_.k(x.stage)); };
-    auto issue_o = [&](Slot x, bool overwrite = false) { issue_pv<D, BC, kBf16>(o, pa, ring_.v(x.stage), overwrite); };
+    auto wait_k = [&](int j) { mbar_wait(smem_u32(&bar_k[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
+    auto wait_v = [&](int j) { mbar_wait(smem_u32(&bar_v[(ring + j) % kStages]), ((ring + j) / kStages) & 1); };
+    auto issue_s = [&](int j) {
+      issue_qk<D, BC, kBf16, qk_steps<Cfg>::value>(sacc, sQw, ring_.k((ring + j) % kStages));
+    };
+    auto issue_o = [&](int j, bool overwrite = false) {
+      issue_pv<D, BC, kBf16>(o, pa, ring_.v((ring + j) % kStages), overwrite);
+    };
     // Returns whether O needs rescale_o (LAZY: an unmasked tile that kept the max does not).
     auto softmax = [&](int j) -> bool {
       if constexpr ((LAB_FWD_OVERLAP_ABLATE & 1) != 0) {  // diagnostic: P = raw scores, no max, exp or sum
@@ -636,11 +632,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
     auto pass = [&]() {
       if constexpr (kPing) named_barrier_arrive(3 + next_wg, 256);
     };
-    auto release_k = [&](Slot x) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[x.stage]));
+    auto release_k = [&](int j) {
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[(ring + j) % kStages]));
     };
-    auto release_v = [&](Slot x) {
-      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[x.stage]));
+    auto release_v = [&](int j) {
+      if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[(ring + j) % kStages]));
     };
     const int qb = kQBars > 1 ? wg - 1 : 0;  // this warpgroup's Q barriers
     auto release_q = [&]() {  // PERSIST: this warp's S GEMMs of the work tile are done; Q may be reloaded
@@ -669,41 +665,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       if (work >= 0) {
         begin(work);
         zero_acc(o);
-        wait_k(at(0));
+        wait_k(0);
         turn();
         wgmma_fence();
-        issue_s(at(0));
+        issue_s(0);
         pass();
         wgmma_wait<0>();
         reg_fence(sacc);
-        release_k(at(0));
+        release_k(0);
         if (n_tiles == 1) release_q();
         softmax(0);
         pack_p<BC, T>(sacc, pa);
       }
       while (work >= 0) {
-        Slot ks = at(1), vs = at(0);  // K_j's and V_{j-1}'s slots, where carried
         for (int j = 1; j < n_tiles; ++j) {  // as the main loop below
-          auto kj = [&] { return Slot::kCarry ? ks : at(j); };
-          auto vj = [&] { return Slot::kCarry ? vs : at(j - 1); };
-          wait_k(kj());
-          wait_v(vj());
+          wait_k(j);
+          wait_v(j - 1);
           turn();
           wgmma_fence();
-          issue_s(kj());
-          issue_o(vj(), LAB_FWD_OVERLAP_FUSE_NOZERO && j == 1);
+          issue_s(j);
+          issue_o(j - 1, LAB_FWD_OVERLAP_FUSE_NOZERO && j == 1);
           pass();
           wgmma_wait<1>();
           reg_fence(sacc);
-          release_k(kj());
+          release_k(j);
           if (j == n_tiles - 1) release_q();
           const bool rescale = softmax(j);
           wgmma_wait<0>();
           reg_fence(o);
-          release_v(vj());
+          release_v(j - 1);
           if (rescale) rescale_o<D>(o, alpha);
           pack_p<BC, T>(sacc, pa);
-          if constexpr (Slot::kCarry) vs = ks, ks.next();
         }
         // This tile's last P V (stage sv) and what its epilogue needs, then the next tile's head. Each of the
         // two ends below issues its wgmmas unconditionally after its fence: a wgmma issued under a condition
@@ -730,16 +722,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
           break;
         }
         begin(work);
-        wait_k(at(0));
+        wait_k(0);
         mbar_wait(smem_u32(&bar_v[sv]), pv);
         turn();
         wgmma_fence();
-        issue_s(at(0));
+        issue_s(0);
         issue_pv<D, BC, kBf16>(o, pa, ring_.v(sv), pv_first);
         pass();
         wgmma_wait<1>();  // S_0 of the next tile (committed first)
         reg_fence(sacc);
-        release_k(at(0));
+        release_k(0);
         if (n_tiles == 1) release_q();
         softmax(0);  // touches neither O nor the P fragments, which the P V still reads
         wgmma_wait<0>();
@@ -762,53 +754,49 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v07_kernel(const __
       mbar_wait(smem_u32(&bar_q[qb]), t & 1);
 
       if (n_tiles > 0) {
-        wait_k(at(0));
+        wait_k(0);
         turn();
         wgmma_fence();
-        issue_s(at(0));
+        issue_s(0);
         pass();
         wgmma_wait<0>();
         reg_fence(sacc);
-        release_k(at(0));
+        release_k(0);
         if (n_tiles == 1) release_q();
         softmax(0);  // O is still 0: alpha needs no rescale
         pack_p<BC, T>(sacc, pa);
       }
       // Main loop: S_j and P_{j-1} V_{j-1} in flight together.
       // [lab:inner-loop] one key tile per consumer warpgroup: S_j and P_{j-1} V_{j-1} together, softmax under P V
-      Slot ks = at(1), vs = at(0);  // K_j's and V_{j-1}'s slots, where carried
       for (int j = 1; j < n_tiles; ++j) {
-        auto kj = [&] { return Slot::kCarry ? ks : at(j); };
-        auto vj = [&] { return Slot::kCarry ? vs : at(j - 1); };
-        wait_k(kj());
-        wait_v(vj());
+        wait_k(j);
+        wait_v(j - 1);
         turn();
         wgmma_fence();  // P fragments and rescaled O written before the wgmmas read them
-        issue_s(kj());
-        issue_o(vj());
+        issue_s(j);
+        issue_o(j - 1);
         pass();
         wgmma_wait<1>();  // S_j is done (groups complete in order)
         reg_fence(sacc);
-        release_k(kj());
+        release_k(j);
         if (j == n_tiles - 1) release_q();
         const bool rescale = softmax(j);
         wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and the P fragments are ours again
         reg_fence(o);
-        release_v(vj());
+        release_v(j - 1);
         if (rescale) rescale_o<D>(o, alpha);
         pack_p<BC, T>(sacc, pa);
-        if constexpr (Slot::kCarry) vs = ks, ks.next();
       }
       // [/lab:inner-loop]
       if (n_tiles > 0) {
-        wait_v(at(n_tiles - 1));
+        wait_v(n_tiles - 1);
         turn();
         wgmma_fence();
-        issue_o(at(n_tiles - 1));
+        issue_o(n_tiles - 1);
         pass();
         wgmma_wait<0>();
         reg_fence(o);
-        release_v(at(n_tiles - 1));
+        release_v(n_tiles - 1);
       }
 
       // Epilogue (PERSIST: straight from registers, so the Q tile is not needed for staging)
