@@ -448,14 +448,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   float sacc[BC / 2], alpha[2];
   uint32_t pa[BC / 16][4];
   using Slot = MaskRingSlot<kStages>;  // (the ring slot of a key tile: RingSlot::of(j), or carried)
-  auto wait_k = [&](Slot x) { mbar_wait(smem_u32(&bar_k[x.stage]), x.parity); };
-  auto wait_v = [&](Slot x) { mbar_wait(smem_u32(&bar_v[x.stage]), x.parity); };
-  auto release_k = [&](Slot x) {
-    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[x.stage]));
-  };
-  auto release_v = [&](Slot x) {
-    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[x.stage]));
-  };
+  auto wait_k = [&](Slot x) { ring_wait(bar_k, x); };
+  auto wait_v = [&](Slot x) { ring_wait(bar_v, x); };
+  auto release_k = [&](Slot x) { ring_release(empty_k, x, ct); };
+  auto release_v = [&](Slot x) { ring_release(empty_v, x, ct); };
   // The softmax step of tile j (masked_softmax_step, common/hopper/attn_mask_sm90.cuh); returns whether O needs
   // rescale_o.
   auto softmax = [&](int j) -> bool {

@@ -268,14 +268,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
   int ring = 0, t = 0, it = 0;  // ring: this work tile's K_0 / V_0 position (the producer's count)
   int wm0 = 0, wm1 = 1, row0 = 0, k_end = 0, k_off = 0;  // this warpgroup's rows and the window's keys from `first`
   // Key tile j of the work tile: ring slot Slot::of(ring + j), carried through the main loop where Slot::kCarry.
-  auto wait_k = [&](Slot x) { mbar_wait(smem_u32(&bar_k[x.stage]), x.parity); };
-  auto wait_v = [&](Slot x) { mbar_wait(smem_u32(&bar_v[x.stage]), x.parity); };
-  auto release_k = [&](Slot x) {
-    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_k[x.stage]));
-  };
-  auto release_v = [&](Slot x) {
-    if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_v[x.stage]));
-  };
+  auto wait_k = [&](Slot x) { ring_wait(bar_k, x); };
+  auto wait_v = [&](Slot x) { ring_wait(bar_v, x); };
+  auto release_k = [&](Slot x) { ring_release(empty_k, x, ct); };
+  auto release_v = [&](Slot x) { ring_release(empty_v, x, ct); };
   auto release_q = [&]() {  // this warp's S GEMMs of the work tile are done: its Q rows may be reloaded
     if (ct % 32 == 0) mbar_arrive(smem_u32(&empty_q[qw]));
   };

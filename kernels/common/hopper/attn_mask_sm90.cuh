@@ -91,6 +91,17 @@ inline int launch_masked_fwd(const AttnMaskParams& mp, cudaStream_t stream, int 
 template <int kStages>
 using MaskRingSlot = RingSlot<kStages, LAB_FWD_MASK_RING_CARRY != 0>;
 
+// A consumer warpgroup's wait for the tile in ring slot x of `full` (K or V), and its release of the slot to the
+// producer through `empty` (one arrival a warp: thread ct of the warpgroup, lane 0 of each warp).
+template <class Slot>
+__device__ __forceinline__ void ring_wait(uint64_t* full, Slot x) {
+  mbar_wait(smem_u32(&full[x.stage]), x.parity);
+}
+template <class Slot>
+__device__ __forceinline__ void ring_release(uint64_t* empty, Slot x, int ct) {
+  if (ct % 32 == 0) mbar_arrive(smem_u32(&empty[x.stage]));
+}
+
 // A block-table entry the cache has no page for (what both table scans below look for).
 __device__ __forceinline__ bool page_outside(const AttnMaskParams& mp, int page) {
   return page < 0 || page >= mp.num_pages;
