@@ -136,6 +136,25 @@ def _declared(papermill, source: Path, parameters: dict) -> dict:
     return {name: value for name, value in parameters.items() if name in declared} if declared else parameters
 
 
+def relative_paths(target: Path) -> None:
+    """The executed notebook's papermill metadata names its input and output by the absolute paths of the machine
+    that ran it; a session folder is committed and published, so they are rewritten as a reader can use them
+    (lab.publish.clean.scrub: `chapters/n4_baseline.ipynb`, `outputs/sessions/...`). Nothing else is touched."""
+    import nbformat  # with papermill
+
+    from .publish.clean import scrub
+
+    try:
+        nb = nbformat.read(str(target), as_version=nbformat.NO_CONVERT)
+    except (OSError, ValueError):  # no notebook written (papermill failed before its first save): nothing to fix
+        return
+    meta = nb.metadata.get("papermill", {})
+    changed = {key: scrub(meta[key]) for key in ("input_path", "output_path") if isinstance(meta.get(key), str)}
+    if any(meta[key] != value for key, value in changed.items()):
+        meta.update(changed)
+        files.write_atomic(target, nbformat.writes(nb) + "\n")
+
+
 def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: float | None) -> dict:
     """Run one notebook; returns {status, error, traceback}. Any failure is caught and described."""
     import papermill  # slow import, needed only here
@@ -146,8 +165,10 @@ def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: fl
         parameters = _declared(papermill, source, parameters)
         papermill.execute_notebook(str(source), str(target), parameters=parameters, kernel_name="python3",
                                    cwd=str(cwd), progress_bar=False, execution_timeout=timeout)
+        relative_paths(target)
         return {"status": "ok", "error": None, "traceback": None}
     except papermill.PapermillExecutionError as err:
+        relative_paths(target)
         return {"status": "failed", "error": f"{err.ename}: {err.evalue}"[:500],
                 "exception": err.ename, "traceback": _short_traceback(err.traceback)}
     except Exception as err:  # dead kernel, timeout, bad notebook: still a recorded failure

@@ -48,6 +48,12 @@ def test_session_folder_holds_notebooks_records_figures_and_session_json(first):
     by_name = {c["name"]: c for c in info["chapters"]}
     assert by_name["ok_chapter"]["status"] == "ok" and by_name["ok_chapter"]["build_s"] == pytest.approx(0.25)
     assert by_name["missing_chapter"]["status"] == "skipped"
+    # papermill names the notebooks by this machine's absolute paths; the committed session names them as a reader can
+    for name in ("ok_chapter", "fail_chapter"):
+        meta = json.loads((folder / f"{name}.ipynb").read_text())["metadata"]["papermill"]
+        assert meta["input_path"] == f"tests/fixtures/{name}.ipynb", meta
+        out = meta["output_path"]  # (this test's outputs folder is a temporary one: ${TMPDIR:-/tmp}/...)
+        assert not out.startswith("/") and out.endswith(f"/sessions/{folder.name}/{name}.ipynb"), meta
     rows = record.read(folder / "records.jsonl")
     ours = [r for r in rows if r["chapter"] == "ok_chapter" and r["kind"] == "fwd"]
     assert ours and ours[0]["session"] == folder.name and ours[0]["env"]["gpu"] == "cpu"
