@@ -146,13 +146,13 @@ def relative_paths(target: Path) -> None:
 
     try:
         nb = nbformat.read(str(target), as_version=nbformat.NO_CONVERT)
-    except (OSError, ValueError):  # no notebook written (papermill failed before its first save): nothing to fix
-        return
-    meta = nb.metadata.get("papermill", {})
-    changed = {key: scrub(meta[key]) for key in ("input_path", "output_path") if isinstance(meta.get(key), str)}
-    if any(meta[key] != value for key, value in changed.items()):
-        meta.update(changed)
-        files.write_atomic(target, nbformat.writes(nb) + "\n")
+        meta = nb.metadata.get("papermill", {})
+        changed = {key: scrub(meta[key]) for key in ("input_path", "output_path") if isinstance(meta.get(key), str)}
+        if any(meta[key] != value for key, value in changed.items()):
+            meta.update(changed)
+            files.write_atomic(target, nbformat.writes(nb) + "\n")
+    except (OSError, ValueError):  # no notebook (papermill failed before its first save), or none writable: the
+        pass  # chapter's own status stands, and the paths stay as papermill wrote them
 
 
 def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: float | None) -> dict:
@@ -165,15 +165,15 @@ def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: fl
         parameters = _declared(papermill, source, parameters)
         papermill.execute_notebook(str(source), str(target), parameters=parameters, kernel_name="python3",
                                    cwd=str(cwd), progress_bar=False, execution_timeout=timeout)
-        relative_paths(target)
         return {"status": "ok", "error": None, "traceback": None}
     except papermill.PapermillExecutionError as err:
-        relative_paths(target)
         return {"status": "failed", "error": f"{err.ename}: {err.evalue}"[:500],
                 "exception": err.ename, "traceback": _short_traceback(err.traceback)}
     except Exception as err:  # dead kernel, timeout, bad notebook: still a recorded failure
         return {"status": "failed", "error": f"{type(err).__name__}: {err}"[:500],
                 "exception": type(err).__name__, "traceback": _short_traceback(tb.format_exc())}
+    finally:  # whatever papermill saved, a partial notebook included
+        relative_paths(target)
 
 
 def append_row(session_dir: Path, row: dict, env: dict) -> None:

@@ -390,9 +390,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
       };
       int page = fetch(), row = in_page;
       advance();
-      MaskRingSlot<kStages> at = MaskRingSlot<kStages>::of(0);  // tile j's ring slot, where carried
+      MaskRingSlot<kStages> tile = MaskRingSlot<kStages>::of(0);  // (tile.at(j): tile j's ring slot)
       for (int j = 0; j < n_tiles; ++j) {
-        if constexpr (!MaskRingSlot<kStages>::kCarry) at = MaskRingSlot<kStages>::of(j);
+        const auto at = tile.at(j);
         const int s = at.stage;
         const int next = fetch(), next_row = in_page;
         advance();
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
                         page);
         page = next;
         row = next_row;
-        if constexpr (MaskRingSlot<kStages>::kCarry) at.next();
+        tile.next();
       }
     } else if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
@@ -484,11 +484,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
   }
   // Main loop: S_j and P_{j-1} V_{j-1} in flight together, the softmax of S_j (transform, mask, exp) under P V.
   // [lab:inner-loop] v07's overlapped key tile with v09's mask steps
-  Slot ks = Slot::of(1), vs = Slot::of(0);  // K_j's and V_{j-1}'s slots, where carried
+  Slot ks = Slot::of(1), vs = Slot::of(0);  // K_j's and V_{j-1}'s slots (RingSlot::at: carried, or derived from j)
   for (int j = 1; j < n_tiles; ++j) {
-    // (derived at each use otherwise, as the loop always did: the 2-stage kernels' machine code stays as it was)
-    auto kj = [&] { return Slot::kCarry ? ks : Slot::of(j); };
-    auto vj = [&] { return Slot::kCarry ? vs : Slot::of(j - 1); };
+    auto kj = [&] { return ks.at(j); };
+    auto vj = [&] { return vs.at(j - 1); };
     wait_k(kj());
     wait_v(vj());
     turn();
@@ -505,7 +504,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_kernel(const __
     release_v(vj());
     if (rescale) rescale_o<D>(o, alpha);
     pack_p<BC, T>(sacc, pa);
-    if constexpr (Slot::kCarry) vs = ks, ks.next();
+    vs = ks;
+    ks.next();
   }
   // [/lab:inner-loop]
   if (n_tiles > 0) {

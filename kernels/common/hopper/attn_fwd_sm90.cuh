@@ -37,10 +37,14 @@ struct RingSlot {
   int stage;
   uint32_t parity;
   __device__ __forceinline__ static RingSlot of(int j) { return {j % kStages, (uint32_t)(j / kStages) & 1u}; }
-  __device__ __forceinline__ void next() {
-    if (++stage == kStages) {
-      stage = 0;
-      parity ^= 1u;
+  // The slot of tile j in a loop that calls next() once a tile: the carried one, or of(j) derived at the use.
+  __device__ __forceinline__ RingSlot at(int j) const { return kCarry ? *this : of(j); }
+  __device__ __forceinline__ void next() {  // one tile on (nothing where the slot is derived)
+    if constexpr (kCarry) {
+      if (++stage == kStages) {
+        stage = 0;
+        parity ^= 1u;
+      }
     }
   }
 };

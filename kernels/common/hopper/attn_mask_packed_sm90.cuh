@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
     if (threadIdx.x == 0) {
       tma_prefetch_maps(&tq, &tk, &tv);
       int ring = 0, t = 0;
-      Slot slot = Slot::of(0);  // ring's slot, where carried
+      Slot slot = Slot::of(0);  // ring's slot (slot.at(ring))
       PackedTile w;
       PackedCursor cur = order.start(mp);
       for (int it = 0; it < order.num_rounds; ++it) {
@@ -226,9 +226,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
         if (found == 0 || w.n == 0) continue;
         const int hkv = order.kv_head(w.h), row0 = w.k0 + w.first * BC;
         for (int j = 0; j < w.n; ++j, ++ring) {
-          if constexpr (!Slot::kCarry) slot = Slot::of(ring);
-          const int s = slot.stage;
-          const uint32_t free_parity = slot.parity ^ 1;
+          const Slot at = slot.at(ring);
+          const int s = at.stage;
+          const uint32_t free_parity = at.parity ^ 1;
           if (ring >= kStages) mbar_wait(smem_u32(&empty_k[s]), free_parity);
           mbar_arrive_expect_tx(smem_u32(&bar_k[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
           mbar_arrive_expect_tx(smem_u32(&bar_v[s]), Cfg::kTileBytes);
           for (int cb = 0; cb < D / 64; ++cb)
             tma_load_4d(ring_.v(s) + cb * BC * 128, &tv, smem_u32(&bar_v[s]), cb * 64, row0 + j * BC, hkv, 0);
-          if constexpr (Slot::kCarry) slot.next();
+          slot.next();
         }
         ++t;
       }
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
   PackedCursor cur = order.start(mp);
   int ring = 0, t = 0, it = 0;  // ring: this work tile's K_0 / V_0 position (the producer's count)
   int wm0 = 0, wm1 = 1, row0 = 0, k_end = 0, k_off = 0;  // this warpgroup's rows and the window's keys from `first`
-  // Key tile j of the work tile: ring slot Slot::of(ring + j), carried through the main loop where Slot::kCarry.
+  // Key tile j of the work tile: ring slot Slot::of(ring + j) (the main loop: ks.at(ring + j), carried or derived).
   auto wait_k = [&](Slot x) { ring_wait(bar_k, x); };
   auto wait_v = [&](Slot x) { ring_wait(bar_v, x); };
   auto release_k = [&](Slot x) { ring_release(empty_k, x, ct); };
@@ -342,27 +342,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v11_packed_kernel(c
   // goes out in the same turn as the next tile's S_0, whose softmax runs under it; then the tile's epilogue.
   while (have) {
     const int n = w.n;
-    Slot ks = Slot::of(ring + 1), vs = Slot::of(ring);  // K_j's and V_{j-1}'s slots, where carried
+    Slot ks = Slot::of(ring + 1), vs = Slot::of(ring);  // K_j's and V_{j-1}'s slots (ks.at(ring + j), ...)
     for (int j = 1; j < n; ++j) {
-      if constexpr (!Slot::kCarry) ks = Slot::of(ring + j), vs = Slot::of(ring + j - 1);
-      wait_k(ks);
-      wait_v(vs);
+      const Slot kj = ks.at(ring + j), vj = vs.at(ring + j - 1);
+      wait_k(kj);
+      wait_v(vj);
       turn();
       wgmma_fence();
-      issue_s(ks);
-      issue_pv<D, BC, kBf16>(o, pa, ring_.v(vs.stage), j == 1);  // the tile's first P V overwrites O
+      issue_s(kj);
+      issue_pv<D, BC, kBf16>(o, pa, ring_.v(vj.stage), j == 1);  // the tile's first P V overwrites O
       pass();
       wgmma_wait<1>();
       reg_fence(sacc);
-      release_k(ks);
+      release_k(kj);
       if (j == n - 1) release_q();
       const bool rescale = softmax(j);
       wgmma_wait<0>();
       reg_fence(o);
-      release_v(vs);
+      release_v(vj);
       if (rescale) rescale_o<D>(o, alpha);
       pack_p<BC, T>(sacc, pa);
-      if constexpr (Slot::kCarry) vs = ks, ks.next();
+      vs = ks;
+      ks.next();
     }
     // This tile's last P V (stage sv) and what its epilogue needs, then the next tile's head. Each end issues its
     // wgmmas unconditionally after its fence (a wgmma under a condition there serialises every wgmma: v07's C7520).
