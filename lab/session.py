@@ -136,18 +136,39 @@ def _declared(papermill, source: Path, parameters: dict) -> dict:
     return {name: value for name, value in parameters.items() if name in declared} if declared else parameters
 
 
-def relative_paths(target: Path) -> None:
-    """The executed notebook's papermill metadata names its input and output by the absolute paths of the machine
-    that ran it; a session folder is committed and published, so they are rewritten as a reader can use them
-    (lab.publish.clean.scrub: `chapters/n4_baseline.ipynb`, `outputs/sessions/...`). Nothing else is touched."""
-    import nbformat  # with papermill
-
+def _reader_path(value: str, anchors: tuple[Path, ...]) -> str:
+    """`value` relative to the first anchor folder that holds it; otherwise machine paths scrubbed
+    (lab.publish.clean.scrub), and a path still absolute (a root the scrubber does not know) shown from its
+    parent folder on."""
     from .publish.clean import scrub
 
+    path = Path(value)
+    if not path.is_absolute():
+        return value
+    for anchor in anchors:
+        try:
+            return path.resolve().relative_to(anchor.resolve()).as_posix()
+        except (ValueError, OSError):
+            continue
+    text = scrub(value)
+    return text if not text.startswith("/") else "…/" + "/".join(path.parts[-2:])
+
+
+def relative_paths(target: Path, cwd: Path | None = None) -> None:
+    """The executed notebook's papermill metadata names its input and output by the absolute paths of the machine
+    that ran it; a session folder is committed and published, so they are rewritten as a reader can use them: the
+    input relative to the checkout (`chapters/n4_baseline.ipynb`), the output from the outputs folder on
+    (`outputs/sessions/<id>/n4_baseline.ipynb`), whatever folder the checkout sits in. Nothing else is touched."""
+    import nbformat  # with papermill
+
+    target = Path(target)
+    outputs_parent = target.resolve().parents[3] if len(target.resolve().parents) > 3 else target.parent
+    anchors = {"input_path": tuple(a for a in (paths.ROOT, cwd) if a is not None),
+               "output_path": (outputs_parent,)}
     try:
         nb = nbformat.read(str(target), as_version=nbformat.NO_CONVERT)
         meta = nb.metadata.get("papermill", {})
-        changed = {key: scrub(meta[key]) for key in ("input_path", "output_path") if isinstance(meta.get(key), str)}
+        changed = {key: _reader_path(meta[key], anchors[key]) for key in anchors if isinstance(meta.get(key), str)}
         if any(meta[key] != value for key, value in changed.items()):
             meta.update(changed)
             files.write_atomic(target, nbformat.writes(nb) + "\n")
@@ -173,7 +194,7 @@ def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: fl
         return {"status": "failed", "error": f"{type(err).__name__}: {err}"[:500],
                 "exception": type(err).__name__, "traceback": _short_traceback(tb.format_exc())}
     finally:  # whatever papermill saved, a partial notebook included
-        relative_paths(target)
+        relative_paths(target, cwd)
 
 
 def append_row(session_dir: Path, row: dict, env: dict) -> None:

@@ -59,6 +59,28 @@ def test_session_folder_holds_notebooks_records_figures_and_session_json(first):
     assert ours and ours[0]["session"] == folder.name and ours[0]["env"]["gpu"] == "cpu"
 
 
+@pytest.mark.parametrize("root", ["/check/work/main", "/srv/ci/lab", "/work/main"])
+def test_papermill_paths_are_rewritten_whatever_folder_the_checkout_sits_in(tmp_path, monkeypatch, root):
+    """CI clones the lab into folders the machine-path scrubber has never seen; the input is still named
+    relative to the checkout and the output from the outputs folder on."""
+    monkeypatch.setattr(paths, "ROOT", Path(root))
+    target = tmp_path / "outputs" / "sessions" / "20261130-000000-cpu-abc" / "n4_baseline.ipynb"
+    target.parent.mkdir(parents=True)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["papermill"] = {"input_path": f"{root}/chapters/n4_baseline.ipynb", "output_path": str(target),
+                                "duration": 1.0}
+    target.write_text(nbformat.writes(nb))
+    session.relative_paths(target)
+    meta = json.loads(target.read_text())["metadata"]["papermill"]
+    assert meta == {"input_path": "chapters/n4_baseline.ipynb",
+                    "output_path": "outputs/sessions/20261130-000000-cpu-abc/n4_baseline.ipynb", "duration": 1.0}
+    # an input outside the checkout keeps no machine root either
+    nb.metadata["papermill"]["input_path"] = "/elsewhere/deep/folder/mine.ipynb"
+    target.write_text(nbformat.writes(nb))
+    session.relative_paths(target)
+    assert json.loads(target.read_text())["metadata"]["papermill"]["input_path"] == "…/folder/mine.ipynb"
+
+
 def test_failed_chapter_is_recorded_and_does_not_stop_the_session(first):
     _, folder, _, info = first
     failed = next(c for c in info["chapters"] if c["name"] == "fail_chapter")
