@@ -13,6 +13,8 @@ keeps every byte).
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
 HEAD_LINES = 15  # rows shown before the collapsed block
 MAX_LINES = 40  # a text output or Markdown table longer than this is collapsed
@@ -21,8 +23,26 @@ MAX_WIDTH = 160  # characters; a text output with a wider line is collapsed, its
 
 # the checkout's top-level folders: a path through one of them is shown from there
 _CHECKOUT = ("lab", "kernels", "chapters", "outputs", "tests", "tools", ".venv", ".cache")
-_PATH = re.compile(r"(?<![\w.~$}/-])/(?:root|home|tmp|work|opt|mnt|scratch|data)(?=/)"
-                   r"[^\s'\"`,;:()\[\]{}<>|*]*")
+_ROOTS = ("root", "home", "tmp", "work", "opt", "mnt", "scratch", "data")
+
+
+def path_pattern(roots=_ROOTS) -> re.Pattern:
+    """An absolute path under one of the top-level folders `roots`, up to the first character no path here holds."""
+    alternation = "|".join(re.escape(root) for root in dict.fromkeys(roots))
+    return re.compile(rf"(?<![\w.~$}}/-])/(?:{alternation})(?=/)" r"[^\s'\"`,;:()\[\]{}<>|*]*")
+
+
+def _running_roots() -> tuple[str, ...]:
+    """The top-level folders of this checkout and of the temporary folder: a checkout cloned under a folder of its
+    own (`/check/work/main`, `/srv/ci/lab`) writes its paths into the notebooks it runs like any other."""
+    found = []
+    for folder in (Path(__file__).resolve().parents[2], Path(tempfile.gettempdir()).resolve()):
+        if len(folder.parts) > 1:
+            found.append(folder.parts[1])
+    return tuple(found)
+
+
+_PATH = path_pattern((*_ROOTS, *_running_roots()))
 _TQDM = re.compile(r"^\s*[^|\n]*:?\s*\d{1,3}%\|")  # 'fwd sweep:  56%|█████▋    | 9/16 [...]'
 _WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")  # path:line: UserWarning: message (its source line follows)
 _GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")  # torch's C++ / dynamo log lines

@@ -13,7 +13,8 @@ import pytest
 from lab import paths, toc
 from lab.publish import chapters, clean, pages
 
-MACHINE_PATH = re.compile(r"(?<![\w.~$}-])/(?:root|home|tmp|work|opt)/")
+# the usual roots, and the running checkout's own (a clone under /check/work/main names /check/...)
+MACHINE_PATH = re.compile(r"(?<![\w.~$}-])/(?:root|home|tmp|work|opt|" + re.escape(paths.ROOT.resolve().parts[1]) + ")/")
 BINARY = ("image/", "application/pdf")
 
 
@@ -79,6 +80,17 @@ def test_stderr_keeps_what_a_reader_needs_and_drops_progress_and_warnings():
 ])
 def test_machine_paths_become_paths_a_reader_can_use(raw, shown):
     assert clean.scrub(raw) == shown and not MACHINE_PATH.search(clean.scrub(raw))
+
+
+def test_paths_of_a_checkout_under_an_unlisted_root_are_scrubbed_too():
+    """A clone under a folder of its own (CI's /check/work/main) names its files by that root; the running checkout's
+    root is always among the scrubbed ones, and any other root can be named."""
+    here = f"{paths.ROOT}/lab/bench.py:192"
+    assert clean.scrub(here) == "lab/bench.py:192"
+    check = clean.path_pattern(("check",))
+    raw = "/check/work/main/kernels/fwd/v07_overlap.cu(12) and /check/tmp/x.log"
+    assert check.sub(clean.machine_path, raw) == "kernels/fwd/v07_overlap.cu(12) and …/x.log"
+    assert check.sub(clean.machine_path, "/checkout/lab/x.py") == "/checkout/lab/x.py"  # a whole folder name only
 
 
 def test_a_long_wide_text_output_shows_its_first_rows_and_folds_the_rest():
