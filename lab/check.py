@@ -77,7 +77,9 @@ def sdpa(q, k, v, is_causal=False, scale=None, seqlens=None):
 # ------------------------------------------------------------------ metrics
 
 def compare(out: torch.Tensor, ref: torch.Tensor, yardstick: torch.Tensor, max_listed: int = 5) -> dict:
-    """Metrics of `out` against the float64 `ref`, and the pass rule against `yardstick` (SDPA)."""
+    """Metrics of `out` against the float64 `ref`, and the pass rule against `yardstick` (SDPA). Gradients'
+    tensors may arrive attached to a graph; the metrics are plain numbers, so none of it is recorded."""
+    out, ref, yardstick = out.detach(), ref.detach(), yardstick.detach()
     out64 = out.double()
     err = (out64 - ref).abs()
     finite = torch.isfinite(out64)

@@ -75,17 +75,38 @@ def _terminal(line: str) -> str:
     return line.rsplit("\r", 1)[-1] if "\r" in line else line
 
 
+WARNING_MESSAGE_LINES = 8  # the most lines a warning's message may run to before its indented source line
+
+
+def _warning_end(lines: list[str], start: int) -> int:
+    """Where the Python warning whose header is lines[start] ends (exclusive): its message may run over several
+    lines (torch's "... to a scalar may lead to unexpected results.\nConsider using tensor.detach() first.
+    (Triggered internally at ...)"), then comes its indented source line. A header with no indented line within
+    reach (the source was not found) is one line."""
+    for j in range(start + 1, min(len(lines), start + 1 + WARNING_MESSAGE_LINES)):
+        if lines[j].startswith((" ", "\t")):
+            end = j
+            while end < len(lines) and lines[end].startswith((" ", "\t")):
+                end += 1
+            return end
+        if _WARNING.match(lines[j]) or not lines[j].strip():
+            break
+    return start + 1
+
+
 def quiet_stderr(text: str) -> str:
-    """stderr without progress bars, Python warnings (with their source line) or torch log lines."""
-    kept, in_warning = [], False
-    for raw in text.split("\n"):
-        line = _terminal(raw)
-        if in_warning and line.startswith((" ", "\t")):
+    """stderr without progress bars, Python warnings (their whole message and their source line) or torch log
+    lines."""
+    lines = [_terminal(raw) for raw in text.split("\n")]
+    kept, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        if _WARNING.match(line):
+            i = _warning_end(lines, i)
             continue
-        in_warning = bool(_WARNING.match(line))
-        if in_warning or _GLOG.match(line) or _TQDM.match(line) or not line.strip():
-            continue
-        kept.append(line)
+        if not (_GLOG.match(line) or _TQDM.match(line) or not line.strip()):
+            kept.append(line)
+        i += 1
     return "\n".join(kept) + ("\n" if kept else "")
 
 

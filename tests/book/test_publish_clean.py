@@ -66,6 +66,14 @@ def test_stderr_keeps_what_a_reader_needs_and_drops_progress_and_warnings():
             "kernel v04 fell back to v03\n")
     assert clean.quiet_stderr(text) == "kernel v04 fell back to v03\n"
     assert clean.quiet_stderr("\rcheck v01:  94%|█████████▍| 34/36 [00:05<00:00]\r    \r") == ""
+    # a warning whose message runs over two lines goes whole, with its source line; what follows stays
+    torch_warning = ("/work/main/lab/check.py:85: UserWarning: Converting a tensor with requires_grad=True to a scalar "
+                     "may lead to unexpected results.\nConsider using tensor.detach() first. (Triggered internally at "
+                     "/pytorch/torch/csrc/autograd/generated/python_variable_methods.cpp:836.)\n"
+                     "  sd_max = float(sd_err.max()) if sd_err.numel() else 0.0\nkernel v12 fell back to v10\n")
+    assert clean.quiet_stderr(torch_warning) == "kernel v12 fell back to v10\n"
+    # a header without a source line within reach is one line: the text after it is no part of it
+    assert clean.quiet_stderr("x.py:3: UserWarning: short\nchecks: 12/12 pass\n\nnext\n") == "checks: 12/12 pass\nnext\n"
 
 
 @pytest.mark.parametrize("raw, shown", [

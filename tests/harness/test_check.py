@@ -43,6 +43,20 @@ def test_compare_exact_output_passes():
     assert m["tol_max_abs"] == pytest.approx(check.MULTIPLIER * 1e-3 + check.ABS_FLOOR)
 
 
+def test_compare_of_tensors_attached_to_a_graph_warns_nothing_and_records_no_graph():
+    """A gradient check hands compare tensors that require grad (SDPA's gradient as the yardstick): the metrics
+    are numbers, never a "tensor with requires_grad=True to a scalar" warning on the chapter's page."""
+    import warnings
+
+    ref = _ref()
+    out = (ref.clone() + 1e-4).requires_grad_()
+    yardstick = (ref + 1e-3).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = check.compare(out * 1.0, ref, yardstick * 1.0)
+    assert m["passed"] is True and m["max_abs"] == pytest.approx(1e-4) and m["sdpa_max_abs"] == pytest.approx(1e-3)
+
+
 def test_compare_exact_output_passes_against_an_exact_yardstick():
     ref = _ref()
     m = check.compare(ref.clone(), ref, ref.clone())  # SDPA exact: the floors keep the rule sane
