@@ -176,6 +176,25 @@ def relative_paths(target: Path, cwd: Path | None = None) -> None:
         pass  # chapter's own status stands, and the paths stay as papermill wrote them
 
 
+def kernel_manager_class():
+    """The kernel manager papermill starts each chapter's kernel with: where pyzmq has CurveZMQ and the kernel's
+    spec declares it (ipykernel 7 does), the manager provisions its keys, so the kernel's sockets are encrypted and
+    the kernel does not print its "running over TCP without encryption" warning at every chapter; elsewhere
+    jupyter_client's default, unencrypted as before."""
+    import zmq
+    from jupyter_client.manager import AsyncKernelManager
+
+    if not zmq.has("curve") or "transport_encryption" not in AsyncKernelManager.class_trait_names():
+        return AsyncKernelManager
+
+    class EncryptedKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            kwargs.setdefault("transport_encryption", "auto")
+            super().__init__(**kwargs)
+
+    return EncryptedKernelManager
+
+
 def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: float | None) -> dict:
     """Run one notebook; returns {status, error, traceback}. Any failure is caught and described."""
     import papermill  # slow import, needed only here
@@ -185,7 +204,8 @@ def execute(source: Path, target: Path, parameters: dict, cwd: Path, timeout: fl
         # chapter without one (papermill would warn "Passed unknown parameter")
         parameters = _declared(papermill, source, parameters)
         papermill.execute_notebook(str(source), str(target), parameters=parameters, kernel_name="python3",
-                                   cwd=str(cwd), progress_bar=False, execution_timeout=timeout)
+                                   cwd=str(cwd), progress_bar=False, execution_timeout=timeout,
+                                   kernel_manager_class=kernel_manager_class())
         return {"status": "ok", "error": None, "traceback": None}
     except papermill.PapermillExecutionError as err:
         return {"status": "failed", "error": f"{err.ename}: {err.evalue}"[:500],

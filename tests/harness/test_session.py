@@ -358,3 +358,26 @@ def test_a_chapter_gets_only_the_parameters_it_declares(tmp_path, monkeypatch):
     session.execute(FIXTURES / "ok_chapter.ipynb", tmp_path / "ok.ipynb", {"device": "cpu", "cases": "full"}, tmp_path,
                     None)
     assert seen == {"device": "cpu", "cases": "full"}  # a chapter that declares cases gets it
+
+
+def test_chapter_kernels_run_with_encrypted_sockets_and_print_no_tcp_warning(tmp_path, capfd):
+    """Each chapter's kernel gets CurveZMQ keys from its manager where pyzmq and the kernel spec allow it, so no
+    session prints ipykernel's "running over TCP without encryption" warning once a chapter."""
+    import zmq
+
+    if not zmq.has("curve"):
+        pytest.skip("this pyzmq has no CurveZMQ: the kernel runs unencrypted, as jupyter_client's default")
+    manager = session.kernel_manager_class()
+    assert manager(kernel_name="python3").transport_encryption == "auto"
+    chapter = tmp_path / "plain.ipynb"
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell('device = "auto"', metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("print('ran on', device)")]
+    nbformat.write(nb, chapter)
+    capfd.readouterr()
+    result = session.execute(chapter, tmp_path / "out.ipynb", {"device": "cpu"}, tmp_path, None)
+    err = capfd.readouterr().err
+    assert result["status"] == "ok", result
+    assert "ran on cpu" in (tmp_path / "out.ipynb").read_text()
+    assert "without encryption" not in err, err
