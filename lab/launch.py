@@ -4,7 +4,7 @@ The experiment gets its id (<YYYYMMDD>-<slug>, lab.experiments.new_id) before it
 it as `experiment_id`, and `notebook_path`, where its executed copy is kept: outputs/experiments/notebooks/<id>.ipynb,
 the record's evidence. A run that wrote no record (CPU mode, a failed cell) leaves no evidence behind: its
 executed copy moves to outputs/adhoc/experiments/, which git ignores. Papermill runs as in a session
-(lab.session.execute), with the checkout on the kernel's PYTHONPATH.
+(lab.notebook_run.execute), with the checkout on the kernel's PYTHONPATH.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import experiments, paths
-from .session import execute
+from .notebook_run import execute
 
 SLUG_PARAMETERS = ("family", "candidate_a", "candidate_b")  # the default slug names what an A/B compares
 
