@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ..op_common import _check_cuda, _check_heads, _check_qkv, sm_count
-from ..registry import PAGED_HEADS
+from ..kernels import resolve_version
+from ..op_common import _check_cuda, _check_heads, _check_qkv, _scale, sm_count
+from ..registry import DECODE, PAGED_HEADS
 from .plan import split_plan  # memoised, O(1) per decode step
 
 MAX_DECODE_Q_LEN = 16
@@ -49,12 +50,27 @@ def _num_splits(num_splits, batch, heads_kv, seqlen, device, version: str = "v01
     return split_plan(batch, heads_kv, seqlen, sm_count(device), version)
 
 
-def _check_decode(query, key_cache, value_cache, cache_seqlens):
+def _check_decode(query, key_cache, value_cache, cache_seqlens, scale=None, version=None, num_splits=None):
+    """The contiguous call's checks; returns cache_seqlens as the kernels read them."""
     _check_qkv(query, key_cache, value_cache, "key_cache", "value_cache")
     _check_q_len(query)
     _check_heads(query, key_cache, True, "key_cache")
+    seqlens = check_arguments(query, cache_seqlens, scale, version, num_splits)
     _check_cuda(query)
-    return _check_seqlens(query, cache_seqlens)
+    return seqlens
+
+
+def check_arguments(query, cache_seqlens, scale, version, num_splits):
+    """What can be said of a decode call's other arguments without its device, said before the device check (a
+    call on CPU tensors names its bad argument first): cache_seqlens' type and shape, a finite scale, the head dim
+    (some decode kernel's) and a named version that has it, num_splits' range. Returns cache_seqlens as the
+    kernels read them."""
+    seqlens = _check_seqlens(query, cache_seqlens)
+    _scale(scale, query.shape[-1])
+    resolve_version(version, DECODE, query.shape[-1], tuple(DECODE))
+    if num_splits is not None:
+        _num_splits(num_splits, 0, 0, 0, None)
+    return seqlens
 
 
 def _check_q_len(query):

@@ -22,7 +22,7 @@ from ..masks import spec
 from ..op_common import _direct, _scale
 from ..registry import DECODE
 from . import deferred, fast
-from .checks import _check_decode, _check_seqlens
+from .checks import _check_decode
 from .paged_op import _check_paged, _v03_plan
 
 MASK_VERSIONS = ("v03", "v06", "v07", "v08")  # the versions with mask steps; the others refuse (LAB_E_MODE)
@@ -98,11 +98,11 @@ def decode_masked(query, key_cache, value_cache, cache_seqlens, scale, num_split
     if block_table is None:
         if page_errors is not None:
             raise ValueError("page_errors goes with block_table (a paged cache)")
-        seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens)
+        seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens, scale, version, num_splits)
         heads_kv, capacity = key_cache.shape[1], key_cache.shape[2]
     else:
-        block_table = _check_paged(query, key_cache, value_cache, block_table, page_errors)
-        seqlens = _check_seqlens(query, cache_seqlens)
+        block_table, seqlens = _check_paged(query, key_cache, value_cache, block_table, page_errors, cache_seqlens,
+                                            scale, version, num_splits)
         heads_kv, capacity = key_cache.shape[2], block_table.shape[1] * key_cache.shape[1]
     name, splits = _plan(query, heads_kv, window_span(capacity, query.shape[2], mask.left), version, num_splits,
                          block_table is not None)

@@ -137,7 +137,7 @@ def decode(query, key_cache, value_cache, cache_seqlens=None, scale: float | Non
         if out is not None:
             return out
         return decode(query, key_cache, value_cache, cache_seqlens, scale, num_splits)  # causal, one token: unmasked
-    seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens)
+    seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens, scale, version, num_splits)
     name, splits = _decode_plan(query, key_cache, version, num_splits)
     if not _direct(query, key_cache, value_cache):
         return _decode_op(query, key_cache, value_cache, seqlens, _scale(scale, query.shape[-1]), splits, name)

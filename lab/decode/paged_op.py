@@ -15,14 +15,15 @@ from ..kernels import resolve_version as _version
 from ..op_common import PAGED_LAYOUT, _check_cuda, _check_tensor, _direct, _scale
 from ..registry import DECODE, PAGED_DECODE, SPLIT_RULE, paged_versions
 from . import deferred
-from .checks import (MAX_NUM_SPLITS, _check_decode, _check_q_len, _check_seqlens, _decode_plans, _num_splits,
-                     _require_heads, check_page_shapes)
+from .checks import (MAX_NUM_SPLITS, _check_decode, _check_q_len, _decode_plans, _num_splits, _require_heads,
+                     check_arguments, check_page_shapes)
 from .plan import ragged_splits
 
 
-def _check_paged(query, key_cache, value_cache, block_table, page_errors):
+def _check_paged(query, key_cache, value_cache, block_table, page_errors, cache_seqlens=None, scale=None,
+                 version=None, num_splits=None):
     """The paged call's checks (the binding's check_paged, in Python's exception types); returns the block
-    table as the kernel reads it (rows contiguous)."""
+    table as the kernel reads it (rows contiguous) and cache_seqlens as the kernels read them."""
     _check_tensor(query, "query", cuda=False)
     _check_q_len(query)
     _check_tensor(key_cache, "key_cache", query, PAGED_LAYOUT, cuda=False)
@@ -47,8 +48,9 @@ def _check_paged(query, key_cache, value_cache, block_table, page_errors):
                 not page_errors.is_contiguous():
             raise ValueError(f"page_errors must be a contiguous ({query.shape[0]},) tensor on {query.device}, got "
                              f"{tuple(page_errors.shape)} on {page_errors.device}")
+    seqlens = check_arguments(query, cache_seqlens, scale, version, num_splits)
     _check_cuda(query)
-    return _kernel_table(block_table)
+    return _kernel_table(block_table), seqlens
 
 
 def _kernel_table(block_table):
@@ -123,13 +125,13 @@ def _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits,
     if block_table is None:
         if page_errors is not None:
             raise ValueError("page_errors goes with block_table (a paged cache)")
-        seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens)
+        seqlens = _check_decode(query, key_cache, value_cache, cache_seqlens, scale, version, num_splits)
         heads_kv, capacity = key_cache.shape[1], key_cache.shape[2]
         if query.shape[2] == 1 and version is None:  # one token sees its whole cache: no mask, v01/v02's call
             return None
     else:
-        block_table = _check_paged(query, key_cache, value_cache, block_table, page_errors)
-        seqlens = _check_seqlens(query, cache_seqlens)
+        block_table, seqlens = _check_paged(query, key_cache, value_cache, block_table, page_errors, cache_seqlens,
+                                            scale, version, num_splits)
         heads_kv, capacity = key_cache.shape[2], block_table.shape[1] * key_cache.shape[1]
     name, splits = _v03_plan(query, heads_kv, capacity, version, num_splits, block_table is not None)
     scale = _scale(scale, query.shape[-1])

@@ -146,8 +146,10 @@ def pad_and_attend(attend, query, key, value, scale):
     """Check the shapes (value may have its own head dim), pad to the kernel's head dim, call
     attend(q, k, v, scale) -> (out, lse) on the padded tensors and cut the output back to D_v."""
     _check_qkv_own_dv(query, key, value)
+    scale = _scale(scale, query.shape[-1])
+    width = kernel_head_dim(query.shape[-1], value.shape[-1])  # every argument before the device
     _check_cuda(query)
-    return padded(attend, query, key, value, _scale(scale, query.shape[-1]))
+    return padded(attend, query, key, value, scale, width)
 
 
 def padded(attend, query, key, value, scale: float, width: int | None = None):

@@ -11,13 +11,13 @@ import functools
 import torch
 
 from .. import build
-from ..kernels import keep_plan, launcher
+from ..kernels import keep_plan, launcher, resolve_version
 from ..kernels import plans as _plans
-from ..op_common import _check_cuda, _check_heads, _check_qkv, _direct, _eager, _scale
+from ..op_common import _check_cuda, _check_heads, _check_qkv, _check_qkv_own_dv, _direct, _eager, _scale
 from ..backward.node import grad_plan
 from ..backward.op import EagerAttention
 from ..masks.op import attention_masked
-from ..registry import FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, NARROW_FWD
+from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, NARROW_FWD
 from . import causal, head_dims
 from .head_dims import attention_version  # noqa: F401 (the kernel choice, where lab.masks can import it too)
 
@@ -76,27 +76,36 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
     if isinstance(query, torch.Tensor) and isinstance(value, torch.Tensor) and query.dim() == 4 and \
             value.dim() == 4 and max(query.shape[-1], value.shape[-1]) > FAST_HEAD_DIMS[-1]:
         head_dims.refuse_gradients(query, key, value)  # deterministic mode above 128: say so before any padding
-    if version is None and head_dims.needs_padding(query, value) and not _narrow(query, key, value, is_causal):
-        def attend(q, k, v, padded_scale):
-            return attention(q, k, v, is_causal, padded_scale, enable_gqa, None, True, causal_variant)
-        out, lse = head_dims.pad_and_attend(attend, query, key, value, scale)
-        return (out, lse) if return_lse else out
-    _check_qkv(query, key, value, "key", "value")
-    _check_heads(query, key, enable_gqa)
-    if key.shape[2] == 0:
-        raise ValueError("key has sequence length 0: every query row would attend to nothing")
+    # Every argument is checked before the device, so a call on CPU tensors names its bad argument first.
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if causal_variant not in causal.VARIANTS:
         raise ValueError(f"causal_variant must be one of {causal.VARIANTS}, got {causal_variant!r}")
+    pad = version is None and head_dims.needs_padding(query, value) and not _narrow(query, key, value, is_causal)
+    if pad:  # value may have its own head dim; both are padded to a kernel's
+        _check_qkv_own_dv(query, key, value)
+    else:
+        _check_qkv(query, key, value, "key", "value")
+    _check_heads(query, key, enable_gqa)
+    if key.shape[2] == 0:
+        raise ValueError("key has sequence length 0: every query row would attend to nothing")
+    scale = _scale(scale, query.shape[-1])
+    if pad:
+        width = head_dims.kernel_head_dim(query.shape[-1], value.shape[-1])  # names a head dim past the widest
+    elif version is not None:
+        resolve_version(version, FWD, query.shape[-1], BEST_FWD)  # an unknown name, or a head dim it lacks
     _check_cuda(query)
+    if pad:
+        def attend(q, k, v, padded_scale):
+            return attention(q, k, v, is_causal, padded_scale, enable_gqa, None, True, causal_variant)
+        out, lse = head_dims.padded(attend, query, key, value, scale, width)
+        return (out, lse) if return_lse else out
     if is_causal and causal_variant == "lower_right" and key.shape[2] != query.shape[2]:
         def attend(q, k, v, top_left_causal):
             return attention(q, k, v, top_left_causal, scale, enable_gqa, version, return_lse=True)
         out, lse = causal.lower_right(attend, query, key, value)
         return (out, lse) if return_lse else out
     name = attention_version(query, version, is_causal)
-    scale = _scale(scale, query.shape[-1])
     if _direct(query, key, value):  # eager: no dispatcher, and no LSE buffer unless asked for
         out, lse = _attention_impl(query, key, value, is_causal, scale, name, return_lse)
     elif _eager() and all(type(t) is _Tensor for t in (query, key, value)):  # eager with gradients

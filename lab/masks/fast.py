@@ -43,16 +43,21 @@ def masked_version(device, version=None, head_dim: int = 128) -> str:
         except NotImplementedError as error:
             raise NotImplementedError(f"window_size / softcap / sinks / attention_varlen: {error} (use "
                                       f"F.scaled_dot_product_attention or the eager formula there)") from None
-    if version not in MASKED_FWD:
-        raise ValueError(f"window_size / softcap / sinks / varlen run on the masked kernels {sorted(MASKED_FWD)}, "
-                         f"got version={version!r}")
+    check_masked_version(version, head_dim)
     if MASKED_FWD[version].capabilities and capability not in MASKED_FWD[version].capabilities:
         raise ValueError(f"version={version!r} runs on compute capability {MASKED_FWD[version].capabilities}, "
                          f"this device has {capability}")
+    return version
+
+
+def check_masked_version(version: str, head_dim: int) -> None:
+    """A named masked kernel that exists and takes this kernel head dim: what can be said of it before the device."""
+    if version not in MASKED_FWD:
+        raise ValueError(f"window_size / softcap / sinks / varlen run on the masked kernels {sorted(MASKED_FWD)}, "
+                         f"got version={version!r}")
     if head_dim not in MASKED_FWD[version].head_dims:
         raise ValueError(f"version={version!r} takes head dims {list(MASKED_FWD[version].head_dims)}, "
                          f"got {head_dim}")
-    return version
 
 
 def masked_head_dims(capability: tuple) -> tuple:

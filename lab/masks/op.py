@@ -164,14 +164,16 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
     if key.shape[2] == 0:
         raise ValueError("key has sequence length 0: every query row would attend to nothing")
     spec.check_sinks(sinks, query.shape[1], query.device)
+    scale = _scale(scale, query.shape[-1])
     if not padded:  # after every argument check (the padded path checks the device after its own shape checks)
+        if version is not None:
+            fast.check_masked_version(version, query.shape[-1])
         _check_cuda(query)
     if sinks is not None and not sinks.is_contiguous():  # the kernels read sinks[h] at sinks.data_ptr() + 4 h
         sinks = sinks.contiguous()
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, sinks)):
         backward.masked_bwd_version(query.device)  # NotImplementedError where no masked backward runs
         _backward_head_dim(query, value)
-    scale = _scale(scale, query.shape[-1])
     offset = key.shape[2] - query.shape[2] if causal_variant == "lower_right" else 0
     if padded:
         def attend(q, k, v, s):
@@ -188,6 +190,19 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
     else:
         out, lse = _masked_op(*args)
     return (out, lse) if return_lse else out
+
+
+def _varlen_width(d: int, d_v: int, dims, where: str) -> int:
+    """The kernel head dim a packed call runs at (lab.fwd.head_dims.masked_varlen_width) among `dims`, or
+    NotImplementedError naming the head dim: against every masked kernel's dims before the device check, against
+    the device's own after it."""
+    width = head_dims.masked_varlen_width(max(d, d_v), dims)
+    if width is None:
+        dim = f"{d}" if d == d_v else f"{max(d, d_v)} (query/key {d}, value {d_v})"
+        raise NotImplementedError(f"lab.ops.attention_varlen: head dim {dim} has no kernel on {where} (kernels "
+                                  f"at {list(dims)}; D 129-255 pad to 192 / 256 on compute capability 9.0; the dense "
+                                  f"op pads other head dims)")
+    return width
 
 
 def backward_head_dims(capability: tuple) -> list:
@@ -301,18 +316,14 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
         cu_seqlens_q = cu_seqlens_q.pin_memory().to(query.device, non_blocking=True)
         cu_seqlens_k = cu_seqlens_q if same else cu_seqlens_k.pin_memory().to(query.device, non_blocking=True)
     spec.check_sinks(sinks, query.shape[1], query.device)
+    d, d_v = query.shape[-1], value.shape[-1]
+    scale = _scale(scale, d)
+    _varlen_width(d, d_v, sorted({w for kernel in MASKED_FWD.values() for w in kernel.head_dims}), "any device")
     _check_cuda(query)
     # the kernels read sinks and cu_seqlens as contiguous arrays
     sinks = sinks.contiguous() if sinks is not None and not sinks.is_contiguous() else sinks
     cu_seqlens_q, cu_seqlens_k = (cu if cu.is_contiguous() else cu.contiguous() for cu in (cu_seqlens_q, cu_seqlens_k))
-    d, d_v, dims = query.shape[-1], value.shape[-1], masked_head_dims(_capability(query.device))
-    width = head_dims.masked_varlen_width(max(d, d_v), dims)
-    if width is None:
-        dim = f"{d}" if d == d_v else f"{max(d, d_v)} (query/key {d}, value {d_v})"
-        raise NotImplementedError(f"lab.ops.attention_varlen: head dim {dim} has no kernel on this device (kernels "
-                                  f"at {list(dims)}; D 129-255 pad to 192 / 256 on compute capability 9.0; the dense "
-                                  f"op pads other head dims)")
-    scale = _scale(scale, d)
+    width = _varlen_width(d, d_v, masked_head_dims(_capability(query.device)), "this device")
     # zero columns (lab.fwd.head_dims): the scale stays the true D_qk's, the output is cut back to D_v; D_v != D_qk
     # runs at the kernel width of the larger (the padded columns of V give zero columns of O and of dV)
     query, key, value = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1]))

@@ -172,6 +172,7 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
     spec.check_sinks(sinks, query.shape[1], query.device)
     if version not in (None, PAGED_VERSION):
         raise ValueError(f"a block table runs on masked {PAGED_VERSION} only, got version={version!r}")
+    scale = _scale(scale, query.shape[-1])
     _check_cuda(query)
     if _capability(query.device) != (9, 0):
         raise NotImplementedError(f"lab.ops.attention_varlen with block_table runs on compute capability 9.0 "
@@ -179,7 +180,6 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
                                   f"{_capability(query.device)}")
     sinks = sinks.contiguous() if sinks is not None and not sinks.is_contiguous() else sinks
     cu_seqlens_q, cu_seqlens_k = (cu if cu.is_contiguous() else cu.contiguous() for cu in (cu_seqlens_q, cu_seqlens_k))
-    scale = _scale(scale, query.shape[-1])
     args = (query, key_cache, value_cache, cu_seqlens_q, cu_seqlens_k, sinks, table)
     rest = (max_seqlen_q, max_seqlen_k, mask.left, mask.right, mask.softcap, scale)
     if not (_direct(query, key_cache, value_cache, table) and _eager()):  # traced: flags to page_errors or nowhere

@@ -175,6 +175,76 @@ def test_decode_validation_on_fake_cuda_tensors(fake):
     assert ops.decode(fake(2, 8, 16, 128), kc, kc, num_splits=3).shape == (2, 8, 16, 128)  # q_len 16 is allowed
 
 
+def _cpu(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape).to(dtype)
+
+
+_I32 = torch.int32
+_Q, _Q1, _VQ = _cpu(2, 4, 33, 64), _cpu(2, 4, 1, 64), _cpu(10, 4, 64)
+_PAGES, _TABLE, _LENS, _CU = _cpu(8, 16, 4, 64), torch.zeros(2, 4, dtype=_I32), torch.tensor([5, 9], dtype=_I32), \
+    torch.tensor([0, 4, 10], dtype=_I32)
+# Every argument that can be judged without a GPU is judged before the device check: a call on CPU tensors names
+# its bad argument, never "query must be on a CUDA device" (each call reached the device check first before).
+CPU_BAD_CALLS = {
+    "scale nan": (lambda: ops.attention(_Q, _Q, _Q, scale=float("nan")), TypeError, r"scale must be a finite"),
+    "scale str": (lambda: ops.attention(_Q, _Q, _Q, scale="1"), TypeError, r"scale must be a finite"),
+    "head dim 300": (lambda: ops.attention(*(_cpu(2, 4, 33, 300),) * 3), ValueError, r"up to 256"),
+    "padded heads": (lambda: ops.attention(_cpu(2, 4, 33, 96), *(_cpu(2, 3, 33, 96),) * 2), ValueError,
+                     r"enable_gqa=True"),
+    "padded is_causal": (lambda: ops.attention(*(_cpu(2, 4, 33, 96),) * 3, is_causal="x"), TypeError,
+                         r"is_causal must be a bool"),
+    "version": (lambda: ops.attention(_Q, _Q, _Q, version="v99"), ValueError, r"version='v99' is unknown"),
+    "masked scale": (lambda: ops.attention(_Q, _Q, _Q, window_size=(4, 0), scale=float("inf")), TypeError,
+                     r"scale must be a finite"),
+    "masked head dim 300": (lambda: ops.attention(*(_cpu(2, 4, 33, 300),) * 3, softcap=5.0), ValueError,
+                            r"up to 256"),
+    "masked version": (lambda: ops.attention(_Q, _Q, _Q, softcap=5.0, version="v99"), ValueError,
+                       r"masked kernels"),
+    "varlen scale": (lambda: ops.attention_varlen(_VQ, _VQ, _VQ, _CU, _CU, 6, 6, scale="x"), TypeError,
+                     r"scale must be a finite"),
+    "varlen head dim 300": (lambda: ops.attention_varlen(*(_cpu(10, 4, 300),) * 3, _CU, _CU, 6, 6),
+                            NotImplementedError, r"head dim 300 has no kernel on any device"),
+    "paged prefill scale": (lambda: ops.attention_varlen(_VQ, _PAGES, _PAGES, _CU, torch.tensor([0, 5, 14], dtype=_I32),
+                                                         6, 9, block_table=_TABLE, scale=float("nan")), TypeError,
+                            r"scale must be a finite"),
+    "decode scale": (lambda: ops.decode(_Q1, _Q, _Q, scale="x"), TypeError, r"scale must be a finite"),
+    "decode head dim 72": (lambda: ops.decode(_cpu(2, 4, 1, 72), *(_cpu(2, 4, 33, 72),) * 2), ValueError,
+                           r"head dim 72 is not supported by any kernel"),
+    "decode cache_seqlens shape": (lambda: ops.decode(_Q1, _Q, _Q, cache_seqlens=torch.tensor([3], dtype=_I32)),
+                                   ValueError, r"cache_seqlens must have shape \(2,\)"),
+    "decode cache_seqlens dtype": (lambda: ops.decode(_Q1, _Q, _Q, cache_seqlens=torch.tensor([1.0, 2.0])), TypeError,
+                                   r"cache_seqlens must be an int32 or int64"),
+    "decode num_splits": (lambda: ops.decode(_Q1, _Q, _Q, num_splits=-3), ValueError, r"num_splits must be an int"),
+    "decode version": (lambda: ops.decode(_Q1, _Q, _Q, version="v99"), ValueError, r"version='v99' is unknown"),
+    "paged decode scale": (lambda: ops.decode(_Q1, _PAGES, _PAGES, cache_seqlens=_LENS, block_table=_TABLE,
+                                              scale=float("nan")), TypeError, r"scale must be a finite"),
+    "paged decode head dim 72": (lambda: ops.decode(_cpu(2, 4, 1, 72), *(_cpu(8, 16, 4, 72),) * 2, cache_seqlens=_LENS,
+                                                    block_table=_TABLE), ValueError, r"head dim 72 is not supported"),
+    "masked decode scale": (lambda: ops.decode(_Q1, _Q, _Q, window_size=(4, 0), scale=float("nan")), TypeError,
+                            r"scale must be a finite"),
+    "masked decode cache_seqlens": (lambda: ops.decode(_Q1, _Q, _Q, softcap=3.0, cache_seqlens=torch.tensor([1.0, 2.0])),
+                                    TypeError, r"cache_seqlens must be an int32"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CPU_BAD_CALLS))
+def test_a_bad_argument_on_cpu_tensors_is_named_before_the_device(name):
+    call, error, pattern = CPU_BAD_CALLS[name]
+    with pytest.raises(error, match=pattern) as raised:
+        call()
+    assert "CUDA device" not in str(raised.value)
+
+
+@pytest.mark.parametrize("call", [lambda: ops.attention(_Q, _Q, _Q, scale=0.125),
+                                  lambda: ops.attention(*(_cpu(2, 4, 33, 96),) * 3, is_causal=True),
+                                  lambda: ops.attention_varlen(_VQ, _VQ, _VQ, _CU, _CU, 6, 6, scale=0.1),
+                                  lambda: ops.decode(_Q1, _Q, _Q, cache_seqlens=_LENS, num_splits=2),
+                                  lambda: ops.decode(_Q1, _PAGES, _PAGES, cache_seqlens=_LENS, block_table=_TABLE)])
+def test_a_good_call_on_cpu_tensors_still_meets_the_device_check(call):
+    with pytest.raises(ValueError, match=r"query must be on a CUDA device, got cpu"):
+        call()
+
+
 # ------------------------------------------------------------------ helpers
 
 def test_check_heads():
