@@ -192,6 +192,7 @@ def attention_fp8_train(query, key, value, is_causal: bool = False, scale: float
     check_args(query, key, value, is_causal, enable_gqa, granularity, wants_grad, backward)
     if _bug not in BUGS or (_bug == "fp8_bwd_wrong" and backward == "bf16"):
         raise ValueError(f"_bug must be one of {BUGS} ('fp8_bwd_wrong' is a build of the FP8 kernel), got {_bug!r}")
+    _scale(scale, query.shape[-1])  # a bad scale is named before the device check
     capability = _capability_check(query.device)
     if wants_grad and (backward == "fp8" or _bug == "fp8_bwd_wrong"):  # early: a refusal before the forward runs
         backward_path(query.shape[-1], "fp8", capability, torch.are_deterministic_algorithms_enabled())

@@ -222,6 +222,8 @@ CPU_BAD_CALLS = {
                                                     block_table=_TABLE), ValueError, r"head dim 72 is not supported"),
     "masked decode scale": (lambda: ops.decode(_Q1, _Q, _Q, window_size=(4, 0), scale=float("nan")), TypeError,
                             r"scale must be a finite"),
+    "fp8 training scale": (lambda: ops.attention_fp8_train(_Q, _Q, _Q, scale=float("nan")), TypeError,
+                           r"scale must be a finite"),
     "masked decode cache_seqlens": (lambda: ops.decode(_Q1, _Q, _Q, softcap=3.0, cache_seqlens=torch.tensor([1.0, 2.0])),
                                     TypeError, r"cache_seqlens must be an int32"),
 }
