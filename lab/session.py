@@ -254,11 +254,26 @@ def _finish(info, folder, start, gates_file, price, env, printer):
     except Exception as err:
         _runner_error(info, err, printer)
     write_json(folder / "session.json", info)
-    for result in results:
-        printer(f"gate [{result['chapter']}] {result['name']}: {gates_mod.describe(result)}")
+    print_gates(results, info["mode"], printer)
     failed = [e["name"] for e in info["chapters"] if e["status"] == "failed"]
     printer(f"session {info['id']} {info['status']} in {fmt_seconds(info['duration_s'])}; gates {info['gates']}"
             + (f"; failed chapters: {', '.join(failed)}" if failed else ""))
+
+
+def print_gates(results: list[dict], mode: str, printer) -> None:
+    """A line per gate with a verdict. The gates without data are listed one by one after a GPU session (a
+    chapter skipped what it should have measured); after a CPU session, where every GPU gate has none, they are
+    one line counted by chapter, so the verdicts a CPU can reach stand out."""
+    missing = [r for r in results if r["status"] == "no data"]
+    for result in results:
+        if result["status"] != "no data" or mode != "cpu":
+            printer(f"gate [{result['chapter']}] {result['name']}: {gates_mod.describe(result)}")
+    if missing and mode == "cpu":
+        by_chapter: dict[str, int] = {}
+        for result in missing:
+            by_chapter[result["chapter"]] = by_chapter.get(result["chapter"], 0) + 1
+        printer(f"{len(missing)} gates without data, as in every CPU session (they judge GPU measurements): "
+                + ", ".join(f"{chapter} {n}" for chapter, n in by_chapter.items()))
 
 
 def _runner_error(info: dict, err: Exception, printer) -> None:

@@ -82,6 +82,12 @@ def test_gates_are_evaluated_and_recorded(first):
     rows = record.read(folder / "records.jsonl")
     assert sum(r["kind"] == "gate" for r in rows) == 4 and sum(r["kind"] == "session" for r in rows) == 1
     assert any(line.startswith("gate [ok_chapter] cached load <= 1 s: pass") for line in lines)
+    # a CPU session counts its gates without data in one line; a GPU session lists each, as it lists the verdicts
+    assert not any(": no data" in line for line in lines)
+    assert "1 gates without data, as in every CPU session (they judge GPU measurements): ok_chapter 1" in lines
+    shown = []
+    session.print_gates(info["chapters"][0]["gates"], "gpu", shown.append)
+    assert any(line == "gate [ok_chapter] v01 >= 1.0x sdpa-flash: no data" for line in shown) and len(shown) == 3
 
 
 def test_progress_shows_step_elapsed_and_estimate(first):
