@@ -10,6 +10,7 @@ fell back nowhere. On a CPU every lab call falls back (said by a warning, record
 adapter's plumbing and the fallback's formula, not the kernels.
 
     python -m lab.models            # every model; rows appended to the run's records (kind "model-matrix")
+    python -m lab.models gemma2 gpt_oss --device cpu
 """
 from __future__ import annotations
 
@@ -162,5 +163,23 @@ def main(names=None, device: str | None = None) -> list[dict]:
     return rows
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """`python -m lab.models [MODEL ...] [--device cpu|cuda]`: exit status 1 when a model fails."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m lab.models", description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", metavar="MODEL",
+                        help=f"families to run (default: all of {', '.join(FAMILIES)})")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when torch sees a GPU, else cpu")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.models if m not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown model {', '.join(unknown)}; the families are {', '.join(FAMILIES)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    rows = main(args.models or None, args.device)
+    return 0 if all(row["pass"] for row in rows) else 1
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli())

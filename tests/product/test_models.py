@@ -36,3 +36,21 @@ def test_the_verdict_rule():
     row["impls"]["lab"] = dict(peer, fallbacks=["lab attention: x"], grads_missing=["w"])
     assert "fell back" in models.verdict(row)["why"] and "no gradient for ['w']" in models.verdict(row)["why"]
     assert not models.verdict({"dtype": "bfloat16", "impls": {"lab": peer}})["pass"]  # no peer: no pass
+
+
+def test_the_command_line_runs_the_named_models_and_refuses_what_it_cannot_honour(monkeypatch, capsys):
+    """`python -m lab.models gemma2 --device cpu` runs that family on that device; an unknown family or a device
+    torch cannot see is an error, never a run of everything in its place; a failing model exits 1."""
+    seen = []
+    verdicts = {"gemma2": True, "llama": False}
+    monkeypatch.setattr(models, "main", lambda names, device: seen.append((names, device)) or
+                        [{"pass": verdicts[n]} for n in names or models.FAMILIES if n in verdicts])
+    assert models.cli(["gemma2", "--device", "cpu"]) == 0 and seen == [(["gemma2"], "cpu")]
+    assert models.cli(["gemma2", "llama"]) == 1 and seen[-1] == (["gemma2", "llama"], None)
+    with pytest.raises(SystemExit) as stop:
+        models.cli(["nonesuch"])
+    assert stop.value.code == 2 and "unknown model nonesuch" in capsys.readouterr().err
+    monkeypatch.setattr(models.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        models.cli(["--device", "cuda"])
+    assert "torch sees no CUDA device" in capsys.readouterr().err and len(seen) == 2
