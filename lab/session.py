@@ -38,6 +38,7 @@ from .liveness import Beat, deferred_signals
 from .notebook_run import execute, short_traceback
 from .progress import Heartbeat, fmt_seconds
 
+
 class SessionExists(RuntimeError):
     """Append-only: a session folder that exists already belongs to another session."""
 

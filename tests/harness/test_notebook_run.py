@@ -50,8 +50,8 @@ def test_a_chapter_gets_only_the_parameters_it_declares(tmp_path, monkeypatch):
     monkeypatch.setattr(papermill, "execute_notebook", lambda source, target, parameters, **kw: seen.update(parameters))
     result = notebook_run.execute(chapter, tmp_path / "out.ipynb", {"device": "cpu", "cases": "quick"}, tmp_path, None)
     assert result["status"] == "ok" and seen == {"device": "cpu"}, result
-    notebook_run.execute(FIXTURES / "ok_chapter.ipynb", tmp_path / "ok.ipynb", {"device": "cpu", "cases": "full"}, tmp_path,
-                    None)
+    notebook_run.execute(FIXTURES / "ok_chapter.ipynb", tmp_path / "ok.ipynb", {"device": "cpu", "cases": "full"},
+                         tmp_path, None)
     assert seen == {"device": "cpu", "cases": "full"}  # a chapter that declares cases gets it
 
 
