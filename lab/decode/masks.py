@@ -92,8 +92,7 @@ def decode_masked(query, key_cache, value_cache, cache_seqlens, scale, num_split
     """The masked call, checked as the paged / causal call is (lab.decode.paged_op), planned over the window's span,
     run by a masked kernel: the paged call without page_errors reads its flags later (lab.decode.deferred).
     window_size, softcap_arg: the caller's arguments, the key of the plan kept for lab.decode.fast.masked."""
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    spec.check_bools(is_causal=is_causal)
     _check_version(query, version)
     if block_table is None:
         if page_errors is not None:

@@ -14,6 +14,7 @@ from ..kernels import keep_plan, launcher
 from ..kernels import resolve_version as _version
 from ..op_common import PAGED_LAYOUT, _check_cuda, _check_tensor, _direct, _scale
 from ..registry import DECODE, PAGED_DECODE, SPLIT_RULE, paged_versions
+from ..masks.spec import check_bools
 from . import deferred
 from .checks import (MAX_NUM_SPLITS, _check_decode, _check_q_len, _decode_plans, _num_splits, _require_heads,
                      check_arguments, check_page_shapes)
@@ -120,8 +121,7 @@ def _decode_v03(query, key_cache, value_cache, cache_seqlens, scale, num_splits,
                 page_errors):
     """The paged or causal call, checked; None for a causal call that is the unmasked one (one token, a contiguous
     cache, no version named: it sees its whole cache), which lab.decode.op.decode runs as such."""
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    check_bools(is_causal=is_causal)
     if block_table is None:
         if page_errors is not None:
             raise ValueError("page_errors goes with block_table (a paged cache)")

@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import torch
 
+from ..masks.spec import check_bools
 from ..op_common import _check_heads, _scale
 from . import kernel_bwd, op, quant
 from .casts import dequantize_bf16, quantize_e4m3
@@ -106,8 +107,7 @@ def check_args(query, key, value, is_causal, enable_gqa: bool, granularity: str,
     if query.shape[3] not in op.HEAD_DIMS:
         raise ValueError(f"head dim {query.shape[3]}: the FP8 forward runs D in {op.HEAD_DIMS}")
     _check_heads(query, key, enable_gqa)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    check_bools(is_causal=is_causal, enable_gqa=enable_gqa)
     if granularity not in quant.GRANULARITIES:
         raise ValueError(f"granularity must be one of {quant.GRANULARITIES}, got {granularity!r}")
     if not isinstance(backward, str) or backward not in BACKWARDS:
@@ -190,6 +190,7 @@ def attention_fp8_train(query, key, value, is_causal: bool = False, scale: float
     wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)
                                                  if isinstance(t, torch.Tensor))
     check_args(query, key, value, is_causal, enable_gqa, granularity, wants_grad, backward)
+    check_bools(return_lse=return_lse)
     if _bug not in BUGS or (_bug == "fp8_bwd_wrong" and backward == "bf16"):
         raise ValueError(f"_bug must be one of {BUGS} ('fp8_bwd_wrong' is a build of the FP8 kernel), got {_bug!r}")
     _scale(scale, query.shape[-1])  # a bad scale is named before the device check

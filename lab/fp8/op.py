@@ -22,6 +22,7 @@ import ctypes
 import torch
 
 from .. import kernels, registry
+from ..masks.spec import check_bools
 from ..op_common import _check_heads, _scale
 
 HEAD_DIMS = (64, 128, 256)
@@ -137,8 +138,7 @@ def check_args(query, key, value, q_descale, k_descale, v_descale, is_causal, sc
         raise ValueError(f"head dim {query.shape[3]}: the FP8 forward runs D in {HEAD_DIMS}; pad Q, K and V with "
                          f"zero columns to the next one (exact: zeros add nothing to Q K^T) and slice O")
     _check_heads(query, key, enable_gqa)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    check_bools(is_causal=is_causal, enable_gqa=enable_gqa)
     B, Hq, Hkv = query.shape[0], query.shape[1], key.shape[1]
     descales = (_check_descale(q_descale, "q_descale", B, Hkv, Hq), _check_descale(k_descale, "k_descale", B, Hkv, None),
                 _check_descale(v_descale, "v_descale", B, Hkv, None))
@@ -158,6 +158,7 @@ def attention_fp8(query, key, value, q_descale=None, k_descale=None, v_descale=N
                   scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False):
     """The FP8 forward (module notes). Shape and dtype errors come before the device check."""
     _refuse_grad(query, key, value)
+    check_bools(return_lse=return_lse)
     return run(query, key, value, q_descale, k_descale, v_descale, is_causal, scale, enable_gqa, return_lse)
 
 

@@ -17,6 +17,7 @@ from ..op_common import _check_cuda, _check_heads, _check_qkv, _check_qkv_own_dv
 from ..backward.node import grad_plan
 from ..backward.op import EagerAttention
 from ..masks.op import attention_masked
+from ..masks.spec import check_bools
 from ..registry import BEST_FWD, FAST_HEAD_DIMS, FWD, FWD_HEAD_DIMS, NARROW_FWD
 from . import causal, head_dims
 from .head_dims import attention_version  # noqa: F401 (the kernel choice, where lab.masks can import it too)
@@ -77,8 +78,7 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
             value.dim() == 4 and max(query.shape[-1], value.shape[-1]) > FAST_HEAD_DIMS[-1]:
         head_dims.refuse_gradients(query, key, value)  # deterministic mode above 128: say so before any padding
     # Every argument is checked before the device, so a call on CPU tensors names its bad argument first.
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    check_bools(is_causal=is_causal, enable_gqa=enable_gqa, return_lse=return_lse)
     if causal_variant not in causal.VARIANTS:
         raise ValueError(f"causal_variant must be one of {causal.VARIANTS}, got {causal_variant!r}")
     pad = version is None and head_dims.needs_padding(query, value) and not _narrow(query, key, value, is_causal)

@@ -155,6 +155,7 @@ def attention_masked(query, key, value, is_causal, scale, enable_gqa, version, r
         if answer is not None:
             return answer
     mask = spec.make_mask(is_causal, window_size, softcap)
+    spec.check_bools(enable_gqa=enable_gqa, return_lse=return_lse)
     if causal_variant not in ("upper_left", "lower_right"):
         raise ValueError(f"causal_variant must be 'upper_left' or 'lower_right', got {causal_variant!r}")
     padded = head_dims.needs_padding(query, value)
@@ -284,6 +285,7 @@ def attention_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if answer is not None:  # the eager call in one crossing (lab.masks.fast); else the full path below
         return answer
     mask = spec.make_mask(is_causal, window_size, softcap)
+    spec.check_bools(return_lse=return_lse, check_cu_seqlens=check_cu_seqlens)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -152,6 +152,7 @@ def attention_varlen_paged(query, key_cache, value_cache, cu_seqlens_q, cu_seqle
     if block_table is None:
         raise ValueError("page_errors goes with block_table (a paged KV cache)")
     mask = spec.make_mask(is_causal, window_size, softcap)
+    spec.check_bools(return_lse=return_lse, check_cu_seqlens=check_cu_seqlens)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (query, key_cache, value_cache, sinks)):
         raise NotImplementedError("lab.ops.attention_varlen with block_table is forward only (serving does not "

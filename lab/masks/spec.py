@@ -32,10 +32,18 @@ class Mask:
         return self.left >= 0 or self.right >= 0
 
 
+def check_bools(**flags) -> None:
+    """TypeError naming each flag that is not a bool: SDPA's own rule (a truthy string such as "no" is no flag).
+    torch.compile with dynamic shapes hands a comparison of sizes (enable_gqa=q.shape[1] != k.shape[1]) over as a
+    torch.SymBool, which is a bool there (named, not imported: this module has no torch)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool) and type(value).__name__ != "SymBool":
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
 def make_mask(is_causal: bool, window_size, softcap) -> Mask:
     """Check window_size and softcap (TypeError/ValueError naming the argument) and fold causal in."""
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    check_bools(is_causal=is_causal)
     if window_size is None:
         window_size = (-1, -1)
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or \

@@ -360,3 +360,30 @@ def test_a_bad_shape_on_cpu_names_the_shape_before_the_device():
         ops.attention(q, q, q)  # a good call: now the device
     with pytest.raises(ValueError, match=r"query must be on a CUDA device"):
         ops.decode(q[:, :, :1], q, q)
+
+
+@pytest.mark.parametrize("call, flag", [
+    (lambda: ops.attention(_Q, _cpu(2, 2, 33, 64), _cpu(2, 2, 33, 64), enable_gqa="no"), "enable_gqa"),
+    (lambda: ops.attention(_Q, _Q, _Q, enable_gqa=1), "enable_gqa"),
+    (lambda: ops.attention(_Q, _Q, _Q, return_lse="yes"), "return_lse"),
+    (lambda: ops.attention(_Q, _Q, _Q, softcap=5.0, return_lse="yes"), "return_lse"),
+    (lambda: ops.attention_varlen(_VQ, _VQ, _VQ, _CU, _CU, 6, 6, check_cu_seqlens="no"), "check_cu_seqlens"),
+    (lambda: ops.attention_varlen(_VQ, _VQ, _VQ, _CU, _CU, 6, 6, return_lse=1), "return_lse"),
+    (lambda: ops.attention_fp8(*(_Q.to(torch.float8_e4m3fn),) * 3, enable_gqa="no"), "enable_gqa"),
+    (lambda: ops.attention_fp8_train(_Q, _Q, _Q, return_lse="no"), "return_lse"),
+])
+def test_a_flag_that_is_not_a_bool_is_refused_as_sdpa_refuses_it(call, flag):
+    """SDPA raises TypeError for enable_gqa="no" (truthy, so it would have run as True); the lab does too."""
+    with pytest.raises(TypeError, match=rf"{flag} must be a bool, got"):
+        call()
+
+
+def test_a_symbolic_bool_of_torch_compile_counts_as_a_bool():
+    from lab.masks import spec
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    shape_env = ShapeEnv()
+    heads = shape_env.create_unbacked_symint()
+    spec.check_bools(enable_gqa=heads != 4, is_causal=True)  # a torch.SymBool: no error
+    with pytest.raises(TypeError, match="enable_gqa must be a bool, got str"):
+        spec.check_bools(enable_gqa="no")
