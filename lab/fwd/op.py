@@ -69,8 +69,10 @@ def attention(query, key, value, is_causal: bool = False, scale: float | None = 
         return attention_masked(query, key, value, is_causal, scale, enable_gqa, version, return_lse, causal_variant,
                                 window_size, softcap, sinks)
     if _eager() and version is None and causal_variant == "upper_left" and type(is_causal) is bool and \
-            (scale is None or type(scale) is float) and type(query) is _Tensor and type(key) is _Tensor and \
-            type(value) is _Tensor:  # the eager default call (torch.compile traces the full path below)
+            type(enable_gqa) is bool and type(return_lse) is bool and (scale is None or type(scale) is float) and \
+            type(query) is _Tensor and type(key) is _Tensor and type(value) is _Tensor:
+        # the eager default call (torch.compile traces the full path below); a flag of another type takes the full
+        # path, which refuses it (the binding's bool would take 1 as True)
         answer = _attention_fast(query, key, value, is_causal, scale, enable_gqa, return_lse)
         if answer is not None:
             return answer

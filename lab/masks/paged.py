@@ -201,8 +201,8 @@ def serving(query, key_cache, value_cache, cu_q, cu_k, max_q, max_k, is_causal, 
     if not (type(query) is _Tensor and type(key_cache) is _Tensor and type(value_cache) is _Tensor and
             type(cu_q) is _Tensor and type(cu_k) is _Tensor and type(block_table) is _Tensor and
             type(page_errors) is _Tensor and (sinks is None or type(sinks) is _Tensor) and type(max_q) is int and
-            type(max_k) is int and type(is_causal) is bool and (scale is None or type(scale) is float) and
-            fast._plain(window_size, softcap) and _eager()):
+            type(max_k) is int and type(is_causal) is bool and type(return_lse) is bool and
+            (scale is None or type(scale) is float) and fast._plain(window_size, softcap) and _eager()):
         return None
     qs = query.shape
     if len(qs) != 3:

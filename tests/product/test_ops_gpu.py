@@ -123,3 +123,23 @@ def test_lower_right_causal_against_float64_and_sdpa(sq, sk, heads, D):
     sdpa_err = (sdpa.double() - ref)[seen].abs().max().item()
     assert err <= 3 * sdpa_err + 1e-3, (err, sdpa_err)
     torch.testing.assert_close(lse[seen].double(), ref_lse[seen], atol=2e-2, rtol=0)
+
+
+@pytest.mark.gpu
+def test_the_eager_fast_paths_refuse_a_flag_that_is_not_a_bool():
+    """The one-crossing calls hand their flags to the binding, whose C++ bool would take 1 as True; a flag of another
+    type takes the full path instead, which refuses it as SDPA does."""
+    q = torch.randn(2, 4, 64, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, 64, 128], device="cuda", dtype=torch.int32)
+    packed = q.transpose(1, 2).reshape(128, 4, 64)
+    calls = [(lambda: ops.attention(q, kv, kv, enable_gqa=1), "enable_gqa"),
+             (lambda: ops.attention(q, q, q, return_lse=1), "return_lse"),
+             (lambda: ops.attention(q, kv, kv, enable_gqa=1, window_size=(8, 0)), "enable_gqa"),
+             (lambda: ops.attention(q, q, q, softcap=5.0, return_lse=1), "return_lse"),
+             (lambda: ops.attention_varlen(packed, packed, packed, cu, cu, 64, 64, return_lse=1,
+                                           check_cu_seqlens=False), "return_lse")]
+    for call, flag in calls:
+        with pytest.raises(TypeError, match=rf"{flag} must be a bool"):
+            call()
+    assert ops.attention(q, kv, kv, enable_gqa=True).shape == q.shape  # the flags as bools still run
