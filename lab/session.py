@@ -37,6 +37,7 @@ from . import gates as gates_mod
 from .liveness import Beat, deferred_signals
 from .notebook_run import execute, short_traceback
 from .progress import Heartbeat, fmt_seconds
+from .publish.clean import scrub_folder
 
 
 class SessionExists(RuntimeError):
@@ -255,6 +256,9 @@ def _finish(info, folder, start, gates_file, price, env, printer):
     except Exception as err:
         _runner_error(info, err, printer)
     write_json(folder / "session.json", info)
+    # a session folder is committed as it comes back from the GPU machine: none of its files names that machine's
+    # paths (a warning's source file on stderr, a traceback, a record's path)
+    scrub_folder(folder)
     print_gates(results, info["mode"], printer)
     failed = [e["name"] for e in info["chapters"] if e["status"] == "failed"]
     printer(f"session {info['id']} {info['status']} in {fmt_seconds(info['duration_s'])}; gates {info['gates']}"

@@ -9,9 +9,14 @@ keeps every byte).
   folder as `${TMPDIR:-/tmp}/...` (a shell command stays runnable); a home folder as `~/...`;
 - a long or wide text output, and a long Markdown table, shows its first rows; the whole of it follows in a
   collapsed `<details>` block.
+
+A session folder itself is committed as the run left it, but for its machine paths: `scrub_folder` rewrites them
+in every text file the runner and the chapters wrote (notebooks, records, session.json, logs), so a GPU session
+can be committed as it comes back.
 """
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 from pathlib import Path
@@ -180,6 +185,69 @@ def _scrub_tree(value, key: str = ""):
     if isinstance(value, dict):
         return type(value)((k, _scrub_tree(v, k)) for k, v in value.items())
     return value
+
+
+_PLAIN_TEXT = (".log", ".err", ".out", ".txt", ".md", ".csv")
+
+
+def _scrub_strings(value, key: str = ""):
+    """Every string of a parsed JSON value scrubbed where it stands (a notebook's lists of lines stay lists: no
+    path spans two lines); image data left alone."""
+    if isinstance(value, str):
+        return value if key.startswith(_BINARY) else scrub(value)
+    if isinstance(value, list):
+        return [_scrub_strings(v, key) for v in value]
+    if isinstance(value, dict):
+        return {k: _scrub_strings(v, k) for k, v in value.items()}
+    return value
+
+
+def _scrubbed_json(text: str, suffix: str) -> str:
+    """A notebook, a JSON file or a JSON-lines file with the machine paths of its strings scrubbed, in the layout
+    its writer used (nbformat's; session.json's indent 1; one compact row a line). Scrubbing the raw text would
+    miss a path after an escaped newline (`\\n/work/...`) and could touch base64 image data."""
+    if suffix == ".jsonl":
+        rows = []
+        for line in text.splitlines():
+            try:
+                value = json.loads(line)
+            except ValueError:  # a torn last line stays as it is: lab.record reads around it
+                rows.append(line)
+                continue
+            scrubbed = _scrub_strings(value)
+            rows.append(line if scrubbed == value else json.dumps(scrubbed))
+        return "\n".join(rows) + ("\n" if text.endswith("\n") else "")
+    value = json.loads(text)
+    scrubbed = _scrub_strings(value)
+    if scrubbed == value:
+        return text
+    if suffix == ".ipynb":
+        import nbformat
+
+        return nbformat.writes(nbformat.from_dict(scrubbed)) + "\n"
+    return json.dumps(scrubbed, indent=1) + "\n"
+
+
+def scrub_folder(folder: Path) -> list[Path]:
+    """Machine paths scrubbed from every text file under `folder` (a session's notebooks, records, session.json,
+    logs); images, reports and compressed files are left alone. Returns the files rewritten; a file that does
+    not parse is left as it is."""
+    from .. import files
+
+    changed = []
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        suffix = path.suffix
+        if suffix not in (".ipynb", ".json", ".jsonl", *_PLAIN_TEXT):
+            continue
+        try:
+            text = path.read_text()
+            new = scrub(text) if suffix in _PLAIN_TEXT else _scrubbed_json(text, suffix)
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        if new != text:
+            files.write_atomic(path, new)
+            changed.append(path)
+    return changed
 
 
 def _cell_outputs(outputs: list) -> list:

@@ -16,6 +16,7 @@ import nbformat
 import pytest
 
 from lab import files, paths, record, session
+from lab.publish import clean
 
 # pytest-xdist (make test): the module's tests stay on one worker, so the fixture session runs once, by its module fixture
 pytestmark = pytest.mark.xdist_group("test_session")
@@ -57,6 +58,53 @@ def test_session_folder_holds_notebooks_records_figures_and_session_json(first):
     rows = record.read(folder / "records.jsonl")
     ours = [r for r in rows if r["chapter"] == "ok_chapter" and r["kind"] == "fwd"]
     assert ours and ours[0]["session"] == folder.name and ours[0]["env"]["gpu"] == "cpu"
+
+
+def test_the_session_folder_names_no_machine_path(first):
+    """A session is committed as it comes back from the GPU machine: the fixture chapter's warning names its source
+    file and the chapter prints where it runs, both absolute paths of this machine, which the folder shows from the
+    checkout; the rest of each text stays."""
+    _, folder, _, _ = first
+    texts = {p.name: p.read_text() for p in folder.rglob("*") if p.is_file() and p.suffix != ".png"}
+    assert texts and not {name for name, text in texts.items() if str(paths.ROOT) in text}
+    cells = json.loads(texts["ok_chapter.ipynb"])["cells"]
+    printed = {"stdout": "", "stderr": ""}
+    for out in (o for c in cells if c["cell_type"] == "code" for o in c["outputs"] if o["output_type"] == "stream"):
+        printed[out["name"]] += "".join(out["text"])
+    assert "lab/__init__.py:1: UserWarning: a warning that names its source file" in printed["stderr"]
+    assert "running in tests/fixtures" in printed["stdout"]
+    nbformat.validate(nbformat.reads(texts["ok_chapter.ipynb"], as_version=4))  # still a notebook
+
+
+def test_scrub_folder_rewrites_only_files_that_name_a_machine_path(tmp_path):
+    """Notebooks, JSON, JSON lines and logs are scrubbed in their writers' layouts; a path after an escaped newline
+    is found; image data, a torn JSON line and files without paths are left byte for byte."""
+    from lab.publish.clean import scrub_folder
+
+    where = str(paths.ROOT / "lab" / "bench.py")
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("run()")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=f"warned\n{where}:3: UserWarning: x\n"),
+                    nbformat.v4.new_output("display_data", data={"image/png": "iVBOR/tmp/AAAA", "text/plain": where})]
+    nb.cells = [cell]
+    (tmp_path / "a.ipynb").write_text(nbformat.writes(nb) + "\n")
+    (tmp_path / "session.json").write_text(json.dumps({"error": f"failed at\n{where}"}, indent=1) + "\n")
+    (tmp_path / "records.jsonl").write_text(json.dumps({"source": where}) + "\n" + '{"torn": "/work/x/y' + "\n")
+    (tmp_path / "run.log").write_text(f"built {where}\n")
+    untouched = {"clean.json": json.dumps({"source": "lab/bench.py"}, indent=1) + "\n", "fig.png": "/tmp/x/y"}
+    for name, text in untouched.items():
+        (tmp_path / name).write_text(text)
+    changed = scrub_folder(tmp_path)
+    assert sorted(p.name for p in changed) == ["a.ipynb", "records.jsonl", "run.log", "session.json"]
+    out = nbformat.reads((tmp_path / "a.ipynb").read_text(), as_version=4).cells[0].outputs
+    assert out[0]["text"] == "warned\nlab/bench.py:3: UserWarning: x\n" and out[1]["data"]["text/plain"] == "lab/bench.py"
+    assert out[1]["data"]["image/png"] == "iVBOR/tmp/AAAA"
+    assert json.loads((tmp_path / "session.json").read_text()) == {"error": "failed at\nlab/bench.py"}
+    rows = (tmp_path / "records.jsonl").read_text().splitlines()
+    assert json.loads(rows[0]) == {"source": "lab/bench.py"} and rows[1] == '{"torn": "/work/x/y'
+    assert (tmp_path / "run.log").read_text() == "built lab/bench.py\n"
+    assert {name: (tmp_path / name).read_text() for name in untouched} == untouched
+    assert scrub_folder(tmp_path) == []  # a second pass finds nothing
 
 
 def test_failed_chapter_is_recorded_and_does_not_stop_the_session(first):
@@ -194,7 +242,8 @@ def test_runner_write_error_finishes_session_json_as_failed(tmp_path, monkeypatc
     folder = session.run_session(["ok_chapter", "fail_chapter"], outputs=tmp_path, chapters_dir=FIXTURES,
                                  device="cpu", gates_file=FIXTURES / "gates.json", heartbeat=0, printer=lines.append)
     info = json.loads((folder / "session.json").read_text())
-    assert info["status"] == "failed" and f"cannot write {folder / 'session.json'}: the disk is full" in info["error"]
+    shown = clean.scrub(str(folder / "session.json"))  # as committed: no machine path (${TMPDIR:-/tmp}/...)
+    assert info["status"] == "failed" and f"cannot write {shown}: the disk is full" in info["error"]
     assert "OutputError" in info["traceback"] and info["end"]
     assert [c["status"] for c in info["chapters"]] == ["ok", "skipped"]
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")] and not (folder / "heartbeat").exists()
