@@ -97,8 +97,8 @@ def test_scrub_folder_rewrites_only_files_that_name_a_machine_path(tmp_path):
     changed = scrub_folder(tmp_path)
     assert sorted(p.name for p in changed) == ["a.ipynb", "records.jsonl", "run.log", "session.json"]
     out = nbformat.reads((tmp_path / "a.ipynb").read_text(), as_version=4).cells[0].outputs
-    assert out[0]["text"] == "warned\nlab/bench.py:3: UserWarning: x\n" and out[1]["data"]["text/plain"] == "lab/bench.py"
-    assert out[1]["data"]["image/png"] == "iVBOR/tmp/AAAA"
+    assert out[0]["text"] == "warned\nlab/bench.py:3: UserWarning: x\n"
+    assert out[1]["data"] == {"image/png": "iVBOR/tmp/AAAA", "text/plain": "lab/bench.py"}
     assert json.loads((tmp_path / "session.json").read_text()) == {"error": "failed at\nlab/bench.py"}
     rows = (tmp_path / "records.jsonl").read_text().splitlines()
     assert json.loads(rows[0]) == {"source": "lab/bench.py"} and rows[1] == '{"torn": "/work/x/y'
