@@ -175,31 +175,22 @@ def fold_markdown(text: str) -> list[dict] | None:
             _details(summary, "\n".join(table))]
 
 
-def _scrub_tree(value, key: str = ""):
+def _scrub_tree(value, key: str = "", join_lines: bool = True):
+    """Every string of a parsed notebook or JSON value scrubbed, image data left alone. A notebook's multiline
+    text stored as a list of lines becomes one string (`join_lines`, for the published copy) or stays a list
+    (a session file keeps its layout: no path spans two lines)."""
     if isinstance(value, str):
         return value if key.startswith(_BINARY) else scrub(value)
     if isinstance(value, list):
-        if key in ("source", "text") or key.startswith("text/"):  # multiline text stored as a list of lines
+        if join_lines and (key in ("source", "text") or key.startswith("text/")):
             return scrub("".join(value))
-        return [_scrub_tree(v, key) for v in value]
+        return [_scrub_tree(v, key, join_lines) for v in value]
     if isinstance(value, dict):
-        return type(value)((k, _scrub_tree(v, k)) for k, v in value.items())
+        return type(value)((k, _scrub_tree(v, k, join_lines)) for k, v in value.items())
     return value
 
 
 _PLAIN_TEXT = (".log", ".err", ".out", ".txt", ".md", ".csv")
-
-
-def _scrub_strings(value, key: str = ""):
-    """Every string of a parsed JSON value scrubbed where it stands (a notebook's lists of lines stay lists: no
-    path spans two lines); image data left alone."""
-    if isinstance(value, str):
-        return value if key.startswith(_BINARY) else scrub(value)
-    if isinstance(value, list):
-        return [_scrub_strings(v, key) for v in value]
-    if isinstance(value, dict):
-        return {k: _scrub_strings(v, k) for k, v in value.items()}
-    return value
 
 
 def _scrubbed_json(text: str, suffix: str) -> str:
@@ -214,11 +205,11 @@ def _scrubbed_json(text: str, suffix: str) -> str:
             except ValueError:  # a torn last line stays as it is: lab.record reads around it
                 rows.append(line)
                 continue
-            scrubbed = _scrub_strings(value)
+            scrubbed = _scrub_tree(value, join_lines=False)
             rows.append(line if scrubbed == value else json.dumps(scrubbed))
         return "\n".join(rows) + ("\n" if text.endswith("\n") else "")
     value = json.loads(text)
-    scrubbed = _scrub_strings(value)
+    scrubbed = _scrub_tree(value, join_lines=False)
     if scrubbed == value:
         return text
     if suffix == ".ipynb":
