@@ -188,6 +188,26 @@ def read(file: Path) -> list[dict]:
     return [] if data is None else _rows(Path(file), data)
 
 
+def map_rows(file: Path, change) -> bool:
+    """Rewrite a plain records file row by row: `change(row)` gives the row to keep, and a row it leaves equal
+    keeps its line byte for byte; a torn or non-object line stays as it is. The file is replaced atomically, and
+    only when a row changed; returns whether one did."""
+    text = Path(file).read_text()
+    lines = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        new = change(row) if isinstance(row, dict) else row
+        lines.append(line if new == row else json.dumps(new, default=_jsonable))
+    out = "\n".join(lines) + ("\n" if text.endswith("\n") else "")
+    if out == text:
+        return False
+    files.write_atomic(file, out)
+    return True
+
+
 def _sources(folder: Path) -> list[tuple[Path, bytes]]:
     """A folder's records files with their (gunzipped) bytes, in reading order (see the module notes)."""
     found = [(folder / name, data) for name in READ_ORDER if (data := _raw(folder / name)) is not None]

@@ -194,20 +194,9 @@ _PLAIN_TEXT = (".log", ".err", ".out", ".txt", ".md", ".csv")
 
 
 def _scrubbed_json(text: str, suffix: str) -> str:
-    """A notebook, a JSON file or a JSON-lines file with the machine paths of its strings scrubbed, in the layout
-    its writer used (nbformat's; session.json's indent 1; one compact row a line). Scrubbing the raw text would
-    miss a path after an escaped newline (`\\n/work/...`) and could touch base64 image data."""
-    if suffix == ".jsonl":
-        rows = []
-        for line in text.splitlines():
-            try:
-                value = json.loads(line)
-            except ValueError:  # a torn last line stays as it is: lab.record reads around it
-                rows.append(line)
-                continue
-            scrubbed = _scrub_tree(value, join_lines=False)
-            rows.append(line if scrubbed == value else json.dumps(scrubbed))
-        return "\n".join(rows) + ("\n" if text.endswith("\n") else "")
+    """A notebook or JSON file with the machine paths of its strings scrubbed, in the layout its writer used
+    (nbformat's; session.json's indent 1). Scrubbing the raw text would miss a path after an escaped newline
+    (`\\n/work/...`) and could touch base64 image data."""
     value = json.loads(text)
     scrubbed = _scrub_tree(value, join_lines=False)
     if scrubbed == value:
@@ -223,7 +212,7 @@ def scrub_folder(folder: Path) -> list[Path]:
     """Machine paths scrubbed from every text file under `folder` (a session's notebooks, records, session.json,
     logs); images, reports and compressed files are left alone. Returns the files rewritten; a file that does
     not parse is left as it is."""
-    from .. import files
+    from .. import files, record
 
     changed = []
     for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
@@ -231,6 +220,10 @@ def scrub_folder(folder: Path) -> list[Path]:
         if suffix not in (".ipynb", ".json", ".jsonl", *_PLAIN_TEXT):
             continue
         try:
+            if suffix == ".jsonl":  # records: lab.record owns their lines
+                if record.map_rows(path, lambda row: _scrub_tree(row, join_lines=False)):
+                    changed.append(path)
+                continue
             text = path.read_text()
             new = scrub(text) if suffix in _PLAIN_TEXT else _scrubbed_json(text, suffix)
         except (OSError, UnicodeDecodeError, ValueError):

@@ -89,7 +89,7 @@ def test_scrub_folder_rewrites_only_files_that_name_a_machine_path(tmp_path):
     nb.cells = [cell]
     (tmp_path / "a.ipynb").write_text(nbformat.writes(nb) + "\n")
     (tmp_path / "session.json").write_text(json.dumps({"error": f"failed at\n{where}"}, indent=1) + "\n")
-    (tmp_path / "records.jsonl").write_text(json.dumps({"source": where}) + "\n" + '{"torn": "/work/x/y' + "\n")
+    (tmp_path / "records.jsonl").write_text(json.dumps({"source": where}) + '\n{"kind":"fwd"}\n{"torn": "/work/x/y\n')
     (tmp_path / "run.log").write_text(f"built {where}\n")
     untouched = {"clean.json": json.dumps({"source": "lab/bench.py"}, indent=1) + "\n", "fig.png": "/tmp/x/y"}
     for name, text in untouched.items():
@@ -101,7 +101,8 @@ def test_scrub_folder_rewrites_only_files_that_name_a_machine_path(tmp_path):
     assert out[1]["data"] == {"image/png": "iVBOR/tmp/AAAA", "text/plain": "lab/bench.py"}
     assert json.loads((tmp_path / "session.json").read_text()) == {"error": "failed at\nlab/bench.py"}
     rows = (tmp_path / "records.jsonl").read_text().splitlines()
-    assert json.loads(rows[0]) == {"source": "lab/bench.py"} and rows[1] == '{"torn": "/work/x/y'
+    assert json.loads(rows[0]) == {"source": "lab/bench.py"}
+    assert rows[1:] == ['{"kind":"fwd"}', '{"torn": "/work/x/y']  # a row without a path keeps its bytes
     assert (tmp_path / "run.log").read_text() == "built lab/bench.py\n"
     assert {name: (tmp_path / name).read_text() for name in untouched} == untouched
     assert scrub_folder(tmp_path) == []  # a second pass finds nothing
