@@ -1,5 +1,5 @@
 """What a reader sees of an executed chapter: the published copy's outputs, cleaned (the session's own notebook
-keeps every byte).
+keeps every byte but its machine paths).
 
 - progress bars (tqdm's carriage-return fragments on stderr), Python warnings and torch's log lines are dropped;
   any other stderr text stays;
