@@ -1,5 +1,6 @@
 # The lab's commands. Everything installs itself into .venv on first use.
-#   make book     run a session (GPU if present, CPU mode otherwise), generate the log, build the book
+#   make book     run a session (GPU if present, its kernels built in parallel first; CPU mode otherwise),
+#                 generate the log, build the book
 #   make test     unit tests, every chapter through papermill in CPU mode, kernel compile check, book build
 #   make kernels  compile-check every kernel for sm_80 and sm_90a and print the resource table
 #   make lab      open JupyterLab on the chapters with the venv's kernel
@@ -38,7 +39,7 @@ $(STAMP): requirements.txt
 # A failed chapter does not stop the book: the log and the book are built from what ran, the failed
 # chapters are named at the end, and the target then exits with the session's status (1: a chapter failed).
 book: $(STAMP)
-	@status=0; $(VPY) -m lab session --no-log || status=$$?; \
+	@status=0; $(VPY) -m lab session --no-log --prebuild || status=$$?; \
 	$(VPY) -m lab log && $(VENV)/bin/jupyter-book build . --keep-going || exit 1; \
 	echo "book: $(CURDIR)/_build/html/index.html"; \
 	$(VPY) -m lab log --summary; \

@@ -138,10 +138,12 @@ def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_di
                 device: str = "auto", cases: str = "quick", dtype: str | None = None, reps: int | None = None,
                 price_per_gpu_hour: float | None = None, gates_file: Path | None = None,
                 cell_timeout: float | None = None, heartbeat: float = 60.0, session_id: str | None = None,
-                env: dict | None = None, printer=print) -> Path:
+                env: dict | None = None, prebuild: bool = False, printer=print) -> Path:
     """Execute `chapters` in order into a new session folder; returns the folder.
 
-    An interrupt stops the chapter in flight; the rest are marked skipped and session.json says so."""
+    `prebuild` (GPU mode): every kernel library is built in parallel first (lab.prebuild), so the chapters
+    load them from the cache. An interrupt stops the chapter in flight; the rest are marked skipped and
+    session.json says so."""
     outputs = Path(outputs or paths.OUTPUTS)
     chapters_dir = Path(chapters_dir or paths.CHAPTERS)
     paths.setup_cache_env()
@@ -162,6 +164,8 @@ def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_di
             write_json(folder / "session.json", info)
             printer(f"session {folder.name}: {len(chapters)} chapters, {mode} mode, {cases} cases -> "
                     f"{paths.relative(folder)}")
+            if prebuild:
+                _prebuild(info, folder, env, printer)
             for step, entry in enumerate(info["chapters"], 1):
                 _run_chapter(entry, step, len(chapters), folder, chapters_dir, outputs, parameters, history,
                              info, start, cell_timeout, heartbeat, env, printer)
@@ -178,6 +182,24 @@ def run_session(chapters: list[str], *, outputs: Path | None = None, chapters_di
         if held:
             printer(f"signal {held[0]} arrived while session.json was being finished: the session was already done")
     return folder
+
+
+def _prebuild(info: dict, folder: Path, env: dict, printer) -> None:
+    """Every kernel library built at once for this GPU (lab.prebuild), recorded in session.json and the records;
+    a CPU session has no library to build (`python -m lab compile` checks the kernels there)."""
+    if info["mode"] != "gpu":
+        printer("prebuild: CPU mode, no kernel library to build")
+        return
+    from . import build, prebuild
+
+    printer("prebuild: every kernel library for this GPU, in parallel")
+    result = prebuild.prebuild(build.device_arch_flags(), printer=printer)
+    info["prebuild"] = result
+    append_row(folder, {"kind": "prebuild", **result}, env)
+    write_json(folder / "session.json", info)
+    failed = ", ".join(f["source"] for f in result["failed"])
+    printer(f"prebuild: {result['built']} built in {fmt_seconds(result['seconds'])} ({result['jobs']} at once)"
+            + (f"; failed: {failed} (the chapters that call them will say why)" if failed else ""))
 
 
 def _stop(info: dict, status: str, error: str, traceback: str | None) -> None:
@@ -313,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tarball", type=Path, help="also pack the session folder into this .tar.gz")
     parser.add_argument("--no-log", action="store_true", help="do not regenerate the log pages afterwards")
     parser.add_argument("--strict", action="store_true", help="also exit 1 when a gate failed")
+    parser.add_argument("--prebuild", action="store_true",
+                        help="on a GPU, build every kernel library in parallel before the first chapter")
     args = parser.parse_args(argv)
     chapters = [c.strip() for c in args.chapters.split(",") if c.strip()] if args.chapters else toc.chapters()
     outputs = args.outputs or paths.OUTPUTS
@@ -322,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = run_session(chapters, outputs=outputs, chapters_dir=args.chapters_dir, device=args.device,
                              cases=args.cases, dtype=args.dtype, reps=args.reps,
                              price_per_gpu_hour=args.price_per_gpu_hour, cell_timeout=args.cell_timeout,
-                             heartbeat=args.heartbeat, printer=printer)
+                             heartbeat=args.heartbeat, prebuild=args.prebuild, printer=printer)
     except KeyboardInterrupt:
         print("session interrupted before it started", file=sys.stderr)
         return 130
