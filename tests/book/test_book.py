@@ -184,6 +184,6 @@ esac
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0  # the session's failure is the target's failure...
     assert calls.read_text().splitlines() == [  # ...but the log and the book were still built
-        "python -m lab session --no-log", "python -m lab log", "jupyter-book build . --keep-going",
+        "python -m lab session --no-log --prebuild", "python -m lab log", "jupyter-book build . --keep-going",
         "python -m lab log --summary"]
     assert "book: " in result.stdout and "failed chapters: n7_split_k" in result.stdout.splitlines()[-1]
