@@ -29,6 +29,7 @@ import sys
 import tarfile
 import time
 import traceback as tb
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -296,9 +297,7 @@ def print_gates(results: list[dict], mode: str, printer) -> None:
         if result["status"] != "no data" or mode != "cpu":
             printer(f"gate [{result['chapter']}] {result['name']}: {gates_mod.describe(result)}")
     if missing and mode == "cpu":
-        by_chapter: dict[str, int] = {}
-        for result in missing:
-            by_chapter[result["chapter"]] = by_chapter.get(result["chapter"], 0) + 1
+        by_chapter = Counter(result["chapter"] for result in missing)  # in the chapters' order
         printer(f"{len(missing)} gates without data, as in every CPU session (they judge GPU measurements): "
                 + ", ".join(f"{chapter} {n}" for chapter, n in by_chapter.items()))
 

@@ -42,10 +42,15 @@ def check_page_shapes(query, key_cache, value_cache) -> tuple[int, int, int, int
 MAX_NUM_SPLITS = 1024  # the combine kernel and the int offsets of the workspaces are sized for this many
 
 
+def _check_num_splits(num_splits) -> None:
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or not 1 <= num_splits <= MAX_NUM_SPLITS):
+        raise ValueError(f"num_splits must be an int in [1, {MAX_NUM_SPLITS}] or None, got {num_splits!r}")
+
+
 def _num_splits(num_splits, batch, heads_kv, seqlen, device, version: str = "v01") -> int:
+    _check_num_splits(num_splits)
     if num_splits is not None:
-        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_NUM_SPLITS:
-            raise ValueError(f"num_splits must be an int in [1, {MAX_NUM_SPLITS}] or None, got {num_splits!r}")
         return num_splits
     return split_plan(batch, heads_kv, seqlen, sm_count(device), version)
 
@@ -68,8 +73,7 @@ def check_arguments(query, cache_seqlens, scale, version, num_splits):
     seqlens = _check_seqlens(query, cache_seqlens)
     _scale(scale, query.shape[-1])
     resolve_version(version, DECODE, query.shape[-1], tuple(DECODE))
-    if num_splits is not None:
-        _num_splits(num_splits, 0, 0, 0, None)
+    _check_num_splits(num_splits)
     return seqlens
 
 

@@ -80,7 +80,8 @@ def attention(query, key, value, is_causal, scale, enable_gqa, return_lse, causa
               sinks):
     """lab.ops.attention's eager masked call with the default kernel: the answer, or None (take the full path)."""
     if not (type(query) is _Tensor and type(key) is _Tensor and type(value) is _Tensor and type(is_causal) is bool
-            and type(enable_gqa) is bool and type(return_lse) is bool and (sinks is None or type(sinks) is _Tensor) and (scale is None or type(scale) is float)
+            and type(enable_gqa) is bool and type(return_lse) is bool and (sinks is None or type(sinks) is _Tensor)
+            and (scale is None or type(scale) is float)
             and _plain(window_size, softcap) and _eager()):
         return None
     qs, ks, vs = query.shape, key.shape, value.shape
@@ -138,7 +139,8 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if not (check_cu_seqlens is False and version is None and type(query) is _Tensor and type(key) is _Tensor and
             type(value) is _Tensor and type(cu_seqlens_q) is _Tensor and type(cu_seqlens_k) is _Tensor and
             type(max_seqlen_q) is int and type(max_seqlen_k) is int and type(is_causal) is bool and
-            type(return_lse) is bool and (sinks is None or type(sinks) is _Tensor) and (scale is None or type(scale) is float) and
+            type(return_lse) is bool and (sinks is None or type(sinks) is _Tensor) and
+            (scale is None or type(scale) is float) and
             _plain(window_size, softcap) and _eager()):
         return None
     qs = query.shape

@@ -21,6 +21,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from .. import files, paths, record
+
 HEAD_LINES = 15  # rows shown before the collapsed block
 MAX_LINES = 40  # a text output or Markdown table longer than this is collapsed
 MAX_COLUMNS = 10  # a Markdown table with more columns shows its first ten
@@ -41,7 +43,7 @@ def _running_roots() -> tuple[str, ...]:
     """The top-level folders of this checkout and of the temporary folder: a checkout cloned under a folder of its
     own (`/check/work/main`, `/srv/ci/lab`) writes its paths into the notebooks it runs like any other."""
     found = []
-    for folder in (Path(__file__).resolve().parents[2], Path(tempfile.gettempdir()).resolve()):
+    for folder in (paths.ROOT.resolve(), Path(tempfile.gettempdir()).resolve()):
         if len(folder.parts) > 1:
             found.append(folder.parts[1])
     return tuple(found)
@@ -212,8 +214,6 @@ def scrub_folder(folder: Path) -> list[Path]:
     """Machine paths scrubbed from every text file under `folder` (a session's notebooks, records, session.json,
     logs); images, reports and compressed files are left alone. Returns the files rewritten; a file that does
     not parse is left as it is."""
-    from .. import files, record
-
     changed = []
     for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
         suffix = path.suffix

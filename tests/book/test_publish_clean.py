@@ -14,7 +14,8 @@ from lab import paths, toc
 from lab.publish import chapters, clean, pages
 
 # the usual roots, and the running checkout's own (a clone under /check/work/main names /check/...)
-MACHINE_PATH = re.compile(r"(?<![\w.~$}-])/(?:root|home|tmp|work|opt|" + re.escape(paths.ROOT.resolve().parts[1]) + ")/")
+MACHINE_PATH = re.compile(r"(?<![\w.~$}-])/(?:root|home|tmp|work|opt|"
+                          + re.escape(paths.ROOT.resolve().parts[1]) + ")/")
 BINARY = ("image/", "application/pdf")
 
 

@@ -1,27 +1,28 @@
 """lab.prebuild: every kernel library built side by side before a GPU session's chapters; a failed build is named
 and the others go on."""
 import json
-import os
-import subprocess
-import sys
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 
-from lab import paths, prebuild, record, session
+from lab import build, paths, prebuild, record, session
+
+requires_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def _fake_builds(monkeypatch, seconds: float):
-    """Each target's process sleeps `seconds`; a target named 'bad' fails as nvcc would."""
-    def command(target, arch):
+    """Each target's build takes `seconds` (waiting, as a thread waits on nvcc); a target named 'bad' fails as
+    nvcc would."""
+    def fake(target, arch):
         if target == "bad":
-            code = "import sys; print('bad: nvcc failed to build bad | x.cu:3: error: y', file=sys.stderr); sys.exit(1)"
-        else:
-            code = f"import time; time.sleep({seconds})"
-        return [sys.executable, "-c", code]
-    monkeypatch.setattr(prebuild, "_command", command)
+            raise build.BuildError("nvcc failed to build bad", [{"path": "x.cu", "line": 3, "kind": "error",
+                                                                 "msg": "y"}])
+        time.sleep(seconds)
+    monkeypatch.setattr(prebuild, "_build", fake)
 
 
 def test_builds_run_side_by_side_and_a_failure_is_named_while_the_others_go_on(monkeypatch):
@@ -30,7 +31,7 @@ def test_builds_run_side_by_side_and_a_failure_is_named_while_the_others_go_on(m
     result = prebuild.prebuild(["-gencode=arch=compute_90a,code=sm_90a"], sources=["a", "b", "c", "d", "bad"],
                                jobs=5, printer=lines.append)
     assert result["built"] == 4 and result["jobs"] == 5
-    assert result["failed"] == [{"source": "bad", "error": "bad: nvcc failed to build bad | x.cu:3: error: y"}]
+    assert result["failed"] == [{"source": "bad", "error": "nvcc failed to build bad | x.cu:3: error: y"}]
     assert result["seconds"] < 3.0  # four one-second builds at once, not one after another
     assert sum(line.startswith("  prebuilt ") for line in lines) == 4
     assert any(line.startswith("  prebuild of bad failed") and "x.cu:3: error: y" in line for line in lines)
@@ -43,33 +44,24 @@ def test_jobs_bound_the_builds_at_once(monkeypatch):
 
 
 def test_targets_are_the_binding_and_every_kernel_file():
-    from lab import build
-
     found = prebuild.targets()
     assert found[0] == prebuild.BINDING and len(found) == len(build.kernel_sources()) + 1
     assert "kernels/fwd/v07_overlap.cu" in found and all(t.startswith("kernels/") for t in found[1:])
 
 
-def _child(tmp_path, *argv):
-    env = {**os.environ, "LAB_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(paths.ROOT)}
-    return subprocess.run([sys.executable, "-m", "lab.prebuild", *argv], cwd=paths.ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def test_a_build_process_puts_one_kernel_library_in_the_cache(tmp_path):
-    proc = _child(tmp_path, str(FIXTURES / "launcher_probe.cu"), "-gencode=arch=compute_80,code=sm_80")
-    assert proc.returncode == 0, proc.stderr
-    built = list((tmp_path / "cache" / "kernels").glob("launcher_probe-*.so"))
-    assert len(built) == 1
-    assert json.loads(built[0].with_suffix(".json").read_text())["source"] == "tests/fixtures/launcher_probe.cu"
-
-
-def test_a_build_process_that_fails_says_why_in_one_line(tmp_path):
-    proc = _child(tmp_path, str(FIXTURES / "broken_kernel.cu"), "-gencode=arch=compute_80,code=sm_80")
-    assert proc.returncode == 1
-    [line] = proc.stderr.strip().splitlines()
-    assert "nvcc failed to build tests/fixtures/broken_kernel.cu" in line and "broken_kernel.cu:" in line
-    assert _child(tmp_path).returncode == 2  # no target: usage
+@requires_nvcc
+def test_a_real_build_lands_in_the_cache_and_a_broken_one_is_named_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(build, "_loaded", {})
+    probe, broken = str(FIXTURES / "launcher_probe.cu"), str(FIXTURES / "broken_kernel.cu")
+    lines = []
+    result = prebuild.prebuild(build.check_arch_flags("sm_80"), sources=[probe, broken], printer=lines.append)
+    assert result["built"] == 1 and len(list((tmp_path / "cache" / "kernels").glob("launcher_probe-*.so"))) == 1
+    [failed] = result["failed"]
+    assert failed["source"] == broken and "\n" not in failed["error"]
+    assert failed["error"].startswith("nvcc failed to build tests/fixtures/broken_kernel.cu | ")
+    assert "tests/fixtures/broken_kernel.cu:" in failed["error"]  # the first error, at its line
+    assert any(line.startswith(f"  prebuild of {broken} failed") for line in lines)
 
 
 def test_a_cpu_session_has_nothing_to_prebuild(tmp_path, monkeypatch):
@@ -83,8 +75,6 @@ def test_a_cpu_session_has_nothing_to_prebuild(tmp_path, monkeypatch):
 
 
 def test_a_gpu_session_prebuilds_before_its_first_chapter_and_records_it(tmp_path, monkeypatch):
-    from lab import build
-
     order = []
     monkeypatch.setattr(session, "execute", lambda *args: order.append("chapter") or
                         {"status": "ok", "error": None, "traceback": None})
