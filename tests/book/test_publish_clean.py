@@ -74,7 +74,8 @@ def test_stderr_keeps_what_a_reader_needs_and_drops_progress_and_warnings():
                      "  sd_max = float(sd_err.max()) if sd_err.numel() else 0.0\nkernel v12 fell back to v10\n")
     assert clean.quiet_stderr(torch_warning) == "kernel v12 fell back to v10\n"
     # a header without a source line within reach is one line: the text after it is no part of it
-    assert clean.quiet_stderr("x.py:3: UserWarning: short\nchecks: 12/12 pass\n\nnext\n") == "checks: 12/12 pass\nnext\n"
+    short = "x.py:3: UserWarning: short\nchecks: 12/12 pass\n\nnext\n"
+    assert clean.quiet_stderr(short) == "checks: 12/12 pass\nnext\n"
 
 
 @pytest.mark.parametrize("raw, shown", [
