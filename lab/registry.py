@@ -91,7 +91,7 @@ FP8_FWD = {
 # rounded in registers; bf16 dQ, dK, dV): its launcher takes AttnBwdFp8Params (kernels/common/hopper/
 # attn_bwd_fp8_params.h), so it has a table of its own; lab.fp8.kernel_bwd (attention_fp8_train's backward) calls it.
 FP8_BWD = {
-    "v22": Kernel("bwd/v22_fp8.cu", "attn_bwd_v22", (128,), ((9, 0),)),
+    "v22": Kernel("bwd/v22_fp8.cu", "attn_bwd_v22", (64, 128), ((9, 0),)),
 }
 DETERMINISTIC_BWD = ("v01", "v17", "v18")  # versions with a deterministic dQ mode (the others refuse it: LAB_E_MODE)
 PAGED_DECODE = ("v03", "v04", "v05", "v06", "v07", "v08")  # decode versions with a block table (paged cache) and the bottom-right causal mask

@@ -1,4 +1,4 @@
-// Backward attention v22: the FP8 backward. All five GEMMs on e4m3 wgmma (sm_90a), D = 128.
+// Backward attention v22: the FP8 backward. All five GEMMs on e4m3 wgmma (sm_90a), D 64 and 128.
 // Compile check: .venv/bin/python -m lab compile; through torch: lab.fp8.backward.attention_fp8_train(...,
 // backward="fp8") then autograd.
 //
@@ -30,8 +30,16 @@
 // Launch: pre-pass (Delta = rowsum(dO O), LSE log2 e, dq_accum zeroed: the bf16 backward's), the three transposes,
 // the main kernel (grid ceil(S_k / 128) x H_kv x B CTAs of 384 threads, kSmem below), the dQ convert pass (the bf16
 // backward's, dq_accum * scale).
-// Limits: sm_90a only (the body is guarded for sm_80 builds); D 128; e4m3 Q, K, V and dO, bf16 O, dO and
+// Limits: sm_90a only (the body is guarded for sm_80 builds); D 64 or 128; e4m3 Q, K, V and dO, bf16 O, dO and
 // gradients; any lengths; GQA; top-left causal or none; not deterministic (dQ added by the copy engine).
+//
+// D 64 (Fp8Cfg<64>): the same loop and tiles. K, V, Q and dO rows are 64 bytes (64-byte swizzle), so S^T and dP^T
+// take two k32 steps instead of four, dK and dV are m64n64 (32 registers each), and dQ splits by columns as at
+// D 128: warpgroup w takes columns 32 w.. over all 128 keys, an m64n32 GEMM (half the reductions into dq_accum of a
+// split by keys, bwd v07's choice for the bf16 kernel at D 64). Q^T, K^T and dO^T keep their shapes with D rows.
+// Prediction, written before the first GPU run: the elementwise work per score is D 128's while the GEMMs halve, so
+// the step is bound by it even more; 0.6-0.8x our bf16 backward at D 64 (against 0.72-0.75x at D 128), with
+// gradient errors at D 128's (3-5e-2 relative L2: the roundings are per element, not per D).
 //
 // LAB_BWD_FP8_WRONG=1: the deliberately wrong build (dK leaves without its row multiplier), which the checks must
 // see fail.
@@ -102,13 +110,14 @@ using lab::strides_ok;
 // 64 keys into two accumulators, added in fp32 with their own descales. Rejected: dQ over a warpgroup's own keys
 // (all D columns, no exchange at all) doubles the dQ partials added in L2 (64 KB per CTA step; at FP8's step rate
 // about 5 TB/s of reductions at S 16k).
+template <int D_>
 struct Fp8Cfg {
-  static constexpr int D = 128, BR = 64, BC = 128, kStages = LAB_BWD_FP8_STAGES;
+  static constexpr int D = D_, BR = 64, BC = 128, kStages = LAB_BWD_FP8_STAGES;
   static constexpr bool kSplitDq = true;
-  static constexpr int kDqCols = 64, kDqRegs = 32;
+  static constexpr int kDqCols = D / 2, kDqRegs = D / 4;  // warpgroup w's dQ: columns kDqCols w.. over all 128 keys
   static constexpr int kThreads = 384, kRegsConsumer = 240, kRegsProducer = 24;
-  static constexpr int kKVBytes = BC * D;       // K, V, K^T (e4m3): 16 KB each
-  static constexpr int kQBytes = BR * D;        // Q_i, dO_i, Q_i^T, dO_i^T: 8 KB each
+  static constexpr int kKVBytes = BC * D;       // K, V, K^T (e4m3): 16 KB each at D 128
+  static constexpr int kQBytes = BR * D;        // Q_i, dO_i, Q_i^T, dO_i^T: 8 KB each at D 128
   static constexpr int kStageBytes = 4 * kQBytes;
   static constexpr int kDsBytes = BR * BC;      // dS_i (64 queries x 128 keys)
   static constexpr int kRowBytes = BR * 4;      // LSE_i or Delta_i
@@ -121,8 +130,8 @@ struct Fp8Cfg {
   static constexpr int kSmem = kOffMul + 2 * 2 * 4 + 1024;
   static_assert(kSmem <= 227 * 1024, "shared memory budget exceeded");
   static_assert(kOffDs % 1024 == 0 && kOffQ % 1024 == 0, "swizzle atoms are 1024-byte aligned");
+  static_assert(D == 64 || D == 128, "K, V, Q and dO rows are one 64- or 128-byte swizzle span");
 };
-using C = Fp8Cfg;
 constexpr float kPScale = 448.f;  // P is stored as e4m3(P * 448), as the forward's (lab.fp8.emulate.P_SCALE)
 
 // 2^(7 - floor(log2 a)) for a > 0: a times it lies in [128, 256), inside e4m3's 448 with the top binade's precision.
@@ -138,6 +147,7 @@ struct Maps {
 };
 
 // Producer (one thread): K, V, K^T once, then Q_i, dO_i, Q_i^T, dO_i^T, LSE_i, Delta_i per step into the ring.
+template <class C>
 __device__ __forceinline__ void produce(const Maps& m, Bars<C::kStages>& bars, uint32_t base, const Work& work,
                                         const AttnBwdParams& p) {
   tma_prefetch_maps(&m.q, &m.k, &m.v);
@@ -193,6 +203,7 @@ __device__ __forceinline__ void p_ds_scaled_as(float (&s)[32], float (&dp)[32], 
     }
   }
 }
+template <class C>
 __device__ __forceinline__ void p_ds_scaled(float (&s)[32], float (&dp)[32], const float* rows, float c, float dpd,
                                             int kw0, int m0, const AttnBwdParams& p) {
   const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
@@ -209,12 +220,13 @@ __device__ __forceinline__ void p_ds_scaled(float (&s)[32], float (&dp)[32], con
 // of the two (a power of two <= 1: exact, no overflow), and the other half accumulates on top; one accumulator of
 // 32 registers where two would not fit beside K_w and V_w's fragments. Every GEMM in flight (this step's dV / dK
 // too) is complete on return.
+template <class C>
 __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, float k_descale,
                                         const AttnBwdParams& p) {
   const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
   const uint32_t base = smem_u32(smem);
   named_barrier_sync(ready_bar(buf, other), 256);
-  const uint32_t ds_s = base + C::kOffDs + buf * C::kDsBytes, kt_w = base + C::kOffKt + wg * 64 * 128;
+  const uint32_t ds_s = base + C::kOffDs + buf * C::kDsBytes, kt_w = base + C::kOffKt + wg * C::kDqCols * 128;
   const float* mul = reinterpret_cast<const float*>(smem + C::kOffMul) + 2 * buf;
   const float m0 = mul[0], m1 = mul[1];
   const int first = m0 >= m1 ? 0 : 1;  // the half with the larger multiplier
@@ -223,7 +235,7 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk)
-    WgmmaFp8Op<64>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * first + kk),
+    WgmmaFp8Op<C::kDqCols>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * first + kk),
                        desc_e4m3_step<128, C::D>(kt_d, 2 * first + kk), kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
@@ -234,7 +246,7 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk)
-    WgmmaFp8Op<64>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * (1 - first) + kk),
+    WgmmaFp8Op<C::kDqCols>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * (1 - first) + kk),
                        desc_e4m3_step<128, C::D>(kt_d, 2 * (1 - first) + kk), 1);
   wgmma_commit();
   wgmma_wait<0>();
@@ -253,6 +265,7 @@ struct Descales {
 
 // One step of a consumer warpgroup (query block `it` of the tile). mrow: the running dK multipliers of the
 // thread's two key rows. Every GEMM it issues is waited for before it returns.
+template <class C>
 __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[C::D / 2], float (&mrow)[2],
                                              uint8_t* smem, Bars<C::kStages>& bars, const Work& work, int it,
                                              const AttnBwdFp8Params& pf, const Descales& ds) {
@@ -263,30 +276,30 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   const int s = it % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
   const uint32_t st = base + C::kOffQ + s * C::kStageBytes;
   const uint32_t q_s = st, do_s = st + C::kQBytes, qt_s = st + 2 * C::kQBytes, dot_s = st + 3 * C::kQBytes;
-  const uint32_t k_w = base + C::kOffK + wg * 64 * 128, v_w = base + C::kOffV + wg * 64 * 128;
+  const uint32_t k_w = base + C::kOffK + wg * 64 * C::D, v_w = base + C::kOffV + wg * 64 * C::D;
   const float* rows = reinterpret_cast<const float*>(smem + C::kOffRows + s * 2 * C::kRowBytes);
   const float q_ds = __ldg(pf.q_descale + (int64_t)work.b * p.heads_q + hq);
   const float c = p.scale * kLog2e * q_ds * ds.k;
   mbar_wait(smem_u32(&bars.full[s]), (it / C::kStages) & 1);
   if (LAB_BWD_FP8_STAGGER && it == 0 && wg == 1) named_barrier_sync(kBarStagger, 256);
 
-  // one descriptor per tile, each k32 step a constant offset (desc_e4m3_step)
-  const uint64_t q_d = desc_e4m3<128>(q_s, C::BR, 0), do_d = desc_e4m3<128>(do_s, C::BR, 0);
-  const uint64_t k_d = desc_e4m3<128>(k_w, C::BC, 0), v_d = desc_e4m3<128>(v_w, C::BC, 0);
+  // one descriptor per tile, each k32 step a constant offset (desc_e4m3_step); rows of D bytes, D's swizzle
+  const uint64_t q_d = desc_e4m3<C::D>(q_s, C::BR, 0), do_d = desc_e4m3<C::D>(do_s, C::BR, 0);
+  const uint64_t k_d = desc_e4m3<C::D>(k_w, C::BC, 0), v_d = desc_e4m3<C::D>(v_w, C::BC, 0);
   float sacc[32], dpacc[32];
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    WgmmaFp8Op<64>::ss(sacc, desc_e4m3_step<128, C::BC>(k_d, kk), desc_e4m3_step<128, C::BR>(q_d, kk), kk > 0);
+  for (int kk = 0; kk < C::D / 32; ++kk)
+    WgmmaFp8Op<64>::ss(sacc, desc_e4m3_step<C::D, C::BC>(k_d, kk), desc_e4m3_step<C::D, C::BR>(q_d, kk), kk > 0);
   wgmma_commit();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    WgmmaFp8Op<64>::ss(dpacc, desc_e4m3_step<128, C::BC>(v_d, kk), desc_e4m3_step<128, C::BR>(do_d, kk), kk > 0);
+  for (int kk = 0; kk < C::D / 32; ++kk)
+    WgmmaFp8Op<64>::ss(dpacc, desc_e4m3_step<C::D, C::BC>(v_d, kk), desc_e4m3_step<C::D, C::BR>(do_d, kk), kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(sacc);
   reg_fence(dpacc);
-  p_ds_scaled(sacc, dpacc, rows, c, ds.v * ds.dout, kw0, m0, p);
+  p_ds_scaled<C>(sacc, dpacc, rows, c, ds.v * ds.dout, kw0, m0, p);
   if (LAB_BWD_FP8_STAGGER && it == 0 && wg == 0) named_barrier_arrive(kBarStagger, 256);
 
   // P^T as e4m3(P * 448) A fragments for dV
@@ -318,7 +331,7 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   }
   if (__any_sync(0xffffffffu, lowered))
 #pragma unroll
-    for (int i = 0; i < 64; ++i) dk[i] *= ratio[(i >> 1) & 1];
+    for (int i = 0; i < C::D / 2; ++i) dk[i] *= ratio[(i >> 1) & 1];
   {
     // pack_p_e4m3's order (words 0, 2: row g; 1, 3: row g + 8), each row times its multiplier
     const float f0 = q_ds * mrow[0], f1 = q_ds * mrow[1];
@@ -335,10 +348,10 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
   const uint64_t dot_d = desc_e4m3<64>(dot_s, C::D, 0), qt_d = desc_e4m3<64>(qt_s, C::D, 0);
   if constexpr (!LAB_BWD_FP8_DV_PROMOTE) {
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dv, pa[kk], desc_e4m3_step<64, C::D>(dot_d, kk), 1);
+    for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<C::D>::rs(dv, pa[kk], desc_e4m3_step<64, C::D>(dot_d, kk), 1);
   }
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<128>::rs(dk, dsa[kk], desc_e4m3_step<64, C::D>(qt_d, kk), 1);
+  for (int kk = 0; kk < 2; ++kk) WgmmaFp8Op<C::D>::rs(dk, dsa[kk], desc_e4m3_step<64, C::D>(qt_d, kk), 1);
   wgmma_commit();
 
   // dS_it's buffer: the other warpgroup has read dS_{it-2} (its dQ GEMM of that step is complete)
@@ -382,8 +395,8 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
     // dS is stored (dpacc is dead), so the step's dV partial has registers: issue, wait, add in fp32
     float dvs[C::D / 2];
     wgmma_fence();
-    WgmmaFp8Op<128>::rs0(dvs, pa[0], desc_e4m3_step<64, C::D>(dot_d, 0));
-    WgmmaFp8Op<128>::rs(dvs, pa[1], desc_e4m3_step<64, C::D>(dot_d, 1), 1);
+    WgmmaFp8Op<C::D>::rs0(dvs, pa[0], desc_e4m3_step<64, C::D>(dot_d, 0));
+    WgmmaFp8Op<C::D>::rs(dvs, pa[1], desc_e4m3_step<64, C::D>(dot_d, 1), 1);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(dvs);
@@ -391,7 +404,7 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
     for (int i = 0; i < C::D / 2; ++i) dv[i] += dvs[i];
   }
   if (it >= 1) {
-    dq_step(smem, work, it - 1, ds.k, p);
+    dq_step<C>(smem, work, it - 1, ds.k, p);
   } else {
     wgmma_wait<0>();
   }
@@ -402,6 +415,7 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
 }
 
 // Epilogue: dK = scale * acc / m (per row) and dV = acc * do_descale / 448, bf16, keys < S_k.
+template <class C>
 __device__ __forceinline__ void store_dk_dv(const float (&dk)[C::D / 2], const float (&dv)[C::D / 2],
                                             const float (&mrow)[2], int kw0, const Work& work, const AttnBwdParams& p,
                                             float dout_descale) {
@@ -427,6 +441,7 @@ __device__ __forceinline__ void store_dk_dv(const float (&dk)[C::D / 2], const f
   }
 }
 
+template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1)
     bwd_fp8_kernel(const __grid_constant__ Maps maps, const AttnBwdFp8Params pf) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -443,7 +458,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   __syncthreads();
   if (wg == 2) {
     setmaxnreg_dec<C::kRegsProducer>();
-    if (wt == 0) produce(maps, bars, base, work, p);
+    if (wt == 0) produce<C>(maps, bars, base, work, p);
     return;
   }
   setmaxnreg_inc<C::kRegsConsumer>();
@@ -456,17 +471,17 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   mbar_wait(smem_u32(&bars.kv), 0);
 
   // Main loop
-  for (int it = 0; it < work.n_iters; ++it) consume_step(dk, dv, mrow, smem, bars, work, it, pf, ds);
-  if (work.n_iters > 0) dq_step(smem, work, work.n_iters - 1, ds.k, p);
+  for (int it = 0; it < work.n_iters; ++it) consume_step<C>(dk, dv, mrow, smem, bars, work, it, pf, ds);
+  if (work.n_iters > 0) dq_step<C>(smem, work, work.n_iters - 1, ds.k, p);
 
   // Epilogue
-  store_dk_dv(dk, dv, mrow, work.n0 + 64 * wg, work, p, ds.dout);
+  store_dk_dv<C>(dk, dv, mrow, work.n0 + 64 * wg, work, p, ds.dout);
 #endif
 }
 
 // A transpose pre-pass (the forward's V^T pass) of a (B, H, S, D) e4m3 tensor into (B, H, D, cols).
 int transpose_fp8(const void* src, const int64_t (&stride)[3], void* dst, int batch, int heads, int rows, int cols,
-              cudaStream_t st) {
+                  int head_dim, cudaStream_t st) {
   AttnFp8Params t = {};
   t.v = src;
   t.vt = dst;
@@ -474,7 +489,7 @@ int transpose_fp8(const void* src, const int64_t (&stride)[3], void* dst, int ba
   t.batch = batch;
   t.heads_q = t.heads_kv = heads;
   t.seqlen_q = t.seqlen_k = rows;
-  t.head_dim = C::D;
+  t.head_dim = head_dim;
   t.vt_cols = cols;
   return launch_fp8_vt(t, st);
 }
@@ -484,7 +499,7 @@ bool strides16(const int64_t (&s)[3]) { return s[0] % 16 == 0 && s[1] % 16 == 0 
 int check_call(const AttnBwdFp8Params* pf) {
   if (pf == nullptr) return LAB_E_SHAPE;
   const AttnBwdParams& p = pf->base;
-  if (p.head_dim != C::D) return LAB_E_HEAD_DIM;
+  if (p.head_dim != 64 && p.head_dim != 128) return LAB_E_HEAD_DIM;
   if (p.dtype != LAB_BF16) return LAB_E_DTYPE;
   if (p.deterministic) return LAB_E_MODE;
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.heads_q <= 0 || p.heads_kv <= 0 ||
@@ -508,43 +523,50 @@ int check_call(const AttnBwdFp8Params* pf) {
   return 0;
 }
 
-}  // namespace
-
-extern "C" int attn_bwd_v22(const AttnBwdFp8Params* pf, void* stream) {
-  if (const int rc = check_call(pf)) return rc < 0 ? rc : 0;
-  int dev = 0;
-  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+// One call at head dim C::D: the passes and the main kernel (check_call has run).
+template <class C>
+int run(const AttnBwdFp8Params* pf, cudaStream_t st, int dev) {
   const AttnBwdParams& p = pf->base;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
   cudaError_t err;
   // Prologue passes: Delta, LSE log2 e and dq_accum zeroed; Q^T, K^T, dO^T
   const int64_t pre = lab::bwd::bwd_pre_threads(p, C::D);
   lab::bwd::bwd_pre<__nv_bfloat16, C::D, true, false><<<(unsigned)((pre + 127) / 128), 128, 0, st>>>(p);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   int rc;
-  if ((rc = transpose_fp8(p.q, p.q_stride, pf->qt, p.batch, p.heads_q, p.seqlen_q, pf->q_cols, st)) ||
-      (rc = transpose_fp8(p.k, p.k_stride, pf->kt, p.batch, p.heads_kv, p.seqlen_k, pf->k_cols, st)) ||
-      (rc = transpose_fp8(pf->dout8, pf->dout8_stride, pf->dot, p.batch, p.heads_q, p.seqlen_q, pf->q_cols, st)))
+  if ((rc = transpose_fp8(p.q, p.q_stride, pf->qt, p.batch, p.heads_q, p.seqlen_q, pf->q_cols, C::D, st)) ||
+      (rc = transpose_fp8(p.k, p.k_stride, pf->kt, p.batch, p.heads_kv, p.seqlen_k, pf->k_cols, C::D, st)) ||
+      (rc = transpose_fp8(pf->dout8, pf->dout8_stride, pf->dot, p.batch, p.heads_q, p.seqlen_q, pf->q_cols, C::D,
+                          st)))
     return rc;
   Maps m;
   const int64_t qt_stride[3] = {(int64_t)p.heads_q * C::D * pf->q_cols, (int64_t)C::D * pf->q_cols, pf->q_cols};
   const int64_t kt_stride[3] = {(int64_t)p.heads_kv * C::D * pf->k_cols, (int64_t)C::D * pf->k_cols, pf->k_cols};
-  if (!make_fp8_map(&m.q, p.q, C::D, p.seqlen_q, p.heads_q, p.batch, p.q_stride, 128, C::BR) ||
-      !make_fp8_map(&m.do8, pf->dout8, C::D, p.seqlen_q, p.heads_q, p.batch, pf->dout8_stride, 128, C::BR) ||
-      !make_fp8_map(&m.k, p.k, C::D, p.seqlen_k, p.heads_kv, p.batch, p.k_stride, 128, C::BC) ||
-      !make_fp8_map(&m.v, p.v, C::D, p.seqlen_k, p.heads_kv, p.batch, p.v_stride, 128, C::BC) ||
+  if (!make_fp8_map(&m.q, p.q, C::D, p.seqlen_q, p.heads_q, p.batch, p.q_stride, C::D, C::BR) ||
+      !make_fp8_map(&m.do8, pf->dout8, C::D, p.seqlen_q, p.heads_q, p.batch, pf->dout8_stride, C::D, C::BR) ||
+      !make_fp8_map(&m.k, p.k, C::D, p.seqlen_k, p.heads_kv, p.batch, p.k_stride, C::D, C::BC) ||
+      !make_fp8_map(&m.v, p.v, C::D, p.seqlen_k, p.heads_kv, p.batch, p.v_stride, C::D, C::BC) ||
       !make_fp8_map(&m.qt, pf->qt, pf->q_cols, C::D, p.heads_q, p.batch, qt_stride, 64, C::D) ||
       !make_fp8_map(&m.dot, pf->dot, pf->q_cols, C::D, p.heads_q, p.batch, qt_stride, 64, C::D) ||
       !make_fp8_map(&m.kt, pf->kt, pf->k_cols, C::D, p.heads_kv, p.batch, kt_stride, 128, C::D))
     return LAB_E_SHAPE;
-  if ((err = lab::allow_smem_once<bwd_fp8_kernel>(C::kSmem, dev)) != cudaSuccess) return err;
+  if ((err = lab::allow_smem_once<bwd_fp8_kernel<C>>(C::kSmem, dev)) != cudaSuccess) return err;
   const int64_t blocks = (int64_t)((p.seqlen_k + C::BC - 1) / C::BC) * p.heads_kv * p.batch;
   if (blocks > 0x7fffffff) return LAB_E_SHAPE;
-  bwd_fp8_kernel<<<(unsigned)blocks, C::kThreads, C::kSmem, st>>>(m, *pf);
+  bwd_fp8_kernel<C><<<(unsigned)blocks, C::kThreads, C::kSmem, st>>>(m, *pf);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
   // Epilogue pass: dQ = scale * dq_accum
   const int64_t quads = (int64_t)p.batch * p.heads_q * lab::bwd::padded_rows(p.seqlen_q) * C::D / 4;
   const int64_t grid = (quads + 255) / 256;
   convert_dq<C, __nv_bfloat16><<<(unsigned)(grid < 65536 ? grid : 65536), 256, 0, st>>>(p);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" int attn_bwd_v22(const AttnBwdFp8Params* pf, void* stream) {
+  if (const int rc = check_call(pf)) return rc < 0 ? rc : 0;
+  int dev = 0;
+  if (!device_is_sm90(&dev)) return (int)cudaErrorNoKernelImageForDevice;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  return pf->base.head_dim == 64 ? run<Fp8Cfg<64>>(pf, st, dev) : run<Fp8Cfg<128>>(pf, st, dev);
 }

@@ -18,8 +18,8 @@ Which backward runs (`backward=`; name it in every claim):
 * "fp8": the FP8 backward kernel, bwd v22 (lab.fp8.kernel_bwd; lab.registry.FP8_BWD). All five GEMMs on e4m3
   wgmma from the saved e4m3 Q, K, V and their descales; dO quantised to e4m3 per tensor; P as e4m3(P * 448); dS
   with power-of-two scales, per key row for dK and per tile of 64 queries x 64 keys for dQ; bf16 dQ, dK, dV.
-  Head dim 128, compute capability 9.0, not in deterministic mode: any other call raises NotImplementedError
-  saying which (never a silent fallback).
+  Head dims 64 and 128, compute capability 9.0, not in deterministic mode: any other call raises
+  NotImplementedError saying which (never a silent fallback).
 * "bf16": dequantise-then-bf16. Q, K, V are dequantised to bf16 (e4m3 x descale, rounded once; one pass each,
   kernels/bwd/fp8_cast.cu) and the lab's bf16 backward (lab.backward.op: bwd v14 on compute capability 9.0, v18 in
   deterministic mode) runs on them with the FP8 forward's O and LSE. Its GEMMs are bf16; it is NOT an FP8

@@ -20,8 +20,8 @@ emulate.MULTIPLIER x the model's (plus a floor far below bf16's rounding, `passe
 with K's descale dropped in the backward, `wrong_build(backward="fp8")` the kernel built without dK's row
 multiplier (LAB_BWD_FP8_WRONG): both must fail. Cells, dequantise-then-bf16: S 1, 65, 300, 1000, 4097, S_q != S_k,
 causal and not, GQA, D 64 and 128, per-tensor and per-head descales, fp16 inputs, deterministic mode. The kernel
-(KERNEL_CELLS, D 128): S 1, 65, 300, 1000, 4097, S_q != S_k both ways, causal and not, GQA 4, per-head descales,
-fp16 inputs, and V and dO of mean 1 at S 4097 (a long positive sum in dV's accumulator).
+(KERNEL_CELLS, D 128 and 64): S 1, 65, 300, 1000, 4097, S_q != S_k both ways, causal and not, GQA 4, per-head
+descales, fp16 inputs (D 128), and V and dO of mean 1 at S 4097 (a long positive sum in dV's accumulator).
 Run: python -m lab.fp8.checks_bwd  (exit status 1 on any failure).
 """
 from __future__ import annotations
@@ -64,6 +64,13 @@ KERNEL_CELLS = (
     ("fp8-s1000-fp16-inputs", 1, 4, 2, 1000, 1000, 128, True, "tensor", {"dtype": torch.float16}),
     ("fp8-s4097-c", 1, 4, 4, 4097, 4097, 128, True, "tensor", {}),
     ("fp8-s4097-mean1", 1, 4, 4, 4097, 4097, 128, False, "tensor", {"mean": 1.0}),
+    ("fp8-d64-s1-c", 1, 2, 2, 1, 1, 64, True, "tensor", {}),
+    ("fp8-d64-s65", 2, 4, 4, 65, 65, 64, False, "tensor", {}),
+    ("fp8-d64-s300-gqa4-c-head", 1, 8, 2, 300, 300, 64, True, "head", {}),
+    ("fp8-d64-sq1000-sk65-c", 1, 4, 4, 1000, 65, 64, True, "tensor", {}),
+    ("fp8-d64-sq65-sk1000", 1, 4, 4, 65, 1000, 64, False, "tensor", {}),
+    ("fp8-d64-s4097-c", 1, 4, 4, 4097, 4097, 64, True, "tensor", {}),
+    ("fp8-d64-s4097-mean1", 1, 4, 4, 4097, 4097, 64, False, "tensor", {"mean": 1.0}),
 )
 WRONG_FP8 = "wrong-fp8-bwd-no-dk-multiplier"  # wrong_build(backward="fp8")'s check name
 

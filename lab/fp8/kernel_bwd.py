@@ -17,7 +17,7 @@ of two make every rescale exact, so each scale costs only the e4m3 rounding of t
 
 The launcher takes AttnBwdFp8Params (kernels/common/hopper/attn_bwd_fp8_params.h), which embeds AttnBwdParams
 (kernels/common/params.h): both mirrored field for field below (tests/fp8/test_fp8_kernel_bwd.py compares their
-layout with the C compiler's). It runs head dim 128 on compute capability 9.0, never in deterministic mode
+layout with the C compiler's). It runs head dims 64 and 128 on compute capability 9.0, never in deterministic mode
 (`unavailable` says why a call cannot run it).
 """
 from __future__ import annotations

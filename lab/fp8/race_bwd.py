@@ -4,7 +4,7 @@ One process, interleaved rounds (lab.bench.time_interleaved: each round times ev
 before each, cold), the public calls as a user makes them:
 
 * ``lab-fp8-kernel``: torch.autograd.grad through lab.fp8.backward.attention_fp8_train(..., backward="fp8"): the
-  FP8 backward kernel, bwd v22 (dO's quantise, the pre-passes and the kernel; D 128 only, a row saying so at D 64);
+  FP8 backward kernel, bwd v22 (dO's quantise, the pre-passes and the kernel; D 64 and 128);
 * ``lab-fp8-train``: the same call with backward="bf16" (dequantise-then-bf16: three dequantising passes and the
   bf16 backward kernel; NOT an FP8 backward);
 * ``lab-bf16``: torch.autograd.grad through lab.ops.attention on bf16 inputs (bwd v14 on the H200), the ratio every
@@ -50,12 +50,14 @@ CASES = (
     ("d64-s4096", 2, 16, 4096, 64, False),
     ("d64-s4096-c", 2, 16, 4096, 64, True),
 )
-# chapter n15's cells: the kernel's head dim, H 16 and 16k tokens (B S = 16384, where CASES hold 8k)
+# chapter n15's cells: the kernel's head dims, H 16 and 16k tokens (B S = 16384, where CASES hold 8k)
 CHAPTER_CASES = (
     ("d128-b4-s4096", 4, 16, 4096, 128, False),
     ("d128-b2-s8192", 2, 16, 8192, 128, False),
     ("d128-b2-s8192-c", 2, 16, 8192, 128, True),
     ("d128-b1-s16384", 1, 16, 16384, 128, False),
+    ("d64-b4-s4096", 4, 16, 4096, 64, False),
+    ("d64-b2-s8192-c", 2, 16, 8192, 64, True),
 )
 
 

@@ -65,15 +65,18 @@ def test_the_bf16_cells_keep_their_path_and_model(fake_kernels, session_dir):
     assert row["model_kind"].startswith("emulate_bwd.backward") and row["pass"]
 
 
-def test_kernel_cells_are_d128_and_cover_the_brief():
-    names = {c[0] for c in checks_bwd.KERNEL_CELLS}
-    assert all(c[6] == 128 for c in checks_bwd.KERNEL_CELLS)
-    seqs = {(c[4], c[5]) for c in checks_bwd.KERNEL_CELLS}
-    assert {(1, 1), (65, 65), (300, 300), (1000, 1000), (4097, 4097), (65, 1000), (1000, 65)} <= seqs
-    assert {c[7] for c in checks_bwd.KERNEL_CELLS} == {False, True} and any(c[2] == 4 * c[3] for c in
-                                                                            checks_bwd.KERNEL_CELLS)
-    assert any(c[8] == "head" for c in checks_bwd.KERNEL_CELLS) and "fp8-s4097-mean1" in names
-    assert any(c[9].get("dtype") == torch.float16 for c in checks_bwd.KERNEL_CELLS)
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_kernel_cells_cover_the_brief_at_each_head_dim(head_dim):
+    """Each head dim the kernel runs gets the uneven lengths both ways, causal and not, GQA 4, per-head descales and
+    a V / dO of mean 1 at S 4097."""
+    cells = [c for c in checks_bwd.KERNEL_CELLS if c[6] == head_dim]
+    assert {c[6] for c in checks_bwd.KERNEL_CELLS} == {64, 128}
+    seqs = {(c[4], c[5]) for c in cells}
+    assert {(1, 1), (65, 65), (300, 300), (4097, 4097), (65, 1000), (1000, 65)} <= seqs
+    assert {c[7] for c in cells} == {False, True} and any(c[2] == 4 * c[3] for c in cells)
+    assert any(c[8] == "head" for c in cells) and any(c[9].get("mean") == 1.0 and c[4] == 4097 for c in cells)
+    if head_dim == 128:
+        assert (1000, 1000) in seqs and any(c[9].get("dtype") == torch.float16 for c in cells)
 
 
 def test_kernel_rows_run_the_cells_then_the_wrong_build(fake_kernels, session_dir, monkeypatch):

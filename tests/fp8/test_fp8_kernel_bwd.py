@@ -67,9 +67,10 @@ def test_launcher_codes_become_clear_errors():
 
 
 def test_the_kernel_row_and_the_rule_agree():
-    assert kernel_bwd.unavailable(128, (9, 0), False) is None
-    assert registry.choose("bwd_fp8", {"head_dim": 128}).version == kernel_bwd.VERSION
-    for head_dim, capability, deterministic, words in ((64, (9, 0), False, "head dim (128,) only"),
+    for head_dim in (64, 128):
+        assert kernel_bwd.unavailable(head_dim, (9, 0), False) is None
+        assert registry.choose("bwd_fp8", {"head_dim": head_dim}).version == kernel_bwd.VERSION
+    for head_dim, capability, deterministic, words in ((256, (9, 0), False, "head dim (64, 128) only"),
                                                        (128, (8, 0), False, "9.0 only, this GPU is 8.0"),
                                                        (128, (9, 0), True, "no deterministic mode")):
         assert words in kernel_bwd.unavailable(head_dim, capability, deterministic)
@@ -79,7 +80,7 @@ def test_the_kernel_row_and_the_rule_agree():
 
 @pytest.mark.parametrize("takes_kernel", [False, True])
 @pytest.mark.parametrize("choice, head_dim, deterministic, path", [
-    ("auto", 128, False, "fp8"), ("auto", 64, False, "bf16"), ("auto", 128, True, "bf16"),
+    ("auto", 128, False, "fp8"), ("auto", 64, False, "fp8"), ("auto", 128, True, "bf16"), ("auto", 256, False, "bf16"),
     ("bf16", 128, False, "bf16"), ("fp8", 128, False, "fp8"), ("bf16", 64, True, "bf16")])
 def test_backward_path(monkeypatch, takes_kernel, choice, head_dim, deterministic, path):
     monkeypatch.setattr(backward, "AUTO_TAKES_KERNEL", takes_kernel)
@@ -88,7 +89,7 @@ def test_backward_path(monkeypatch, takes_kernel, choice, head_dim, deterministi
     assert backward.backward_path(head_dim, choice, (9, 0), deterministic) == path
 
 
-@pytest.mark.parametrize("head_dim, deterministic, words", [(64, False, "head dim (128,) only"),
+@pytest.mark.parametrize("head_dim, deterministic, words", [(256, False, "head dim (64, 128) only"),
                                                            (128, True, "no deterministic mode")])
 def test_fp8_where_the_kernel_cannot_run_is_an_error_never_a_fallback(head_dim, deterministic, words):
     with pytest.raises(NotImplementedError, match=r"backward='fp8'.*" + words.replace("(", r"\(").replace(")", r"\)")):
@@ -101,7 +102,8 @@ Q = torch.randn(1, 4, 33, 128, requires_grad=True)
 @pytest.mark.parametrize("args, kwargs, error, words", [
     ((Q, Q, Q), {"backward": "FP8"}, ValueError, "backward must be one of"),
     ((Q, Q, Q), {"backward": None}, ValueError, "backward must be one of"),
-    ((Q[..., :64], Q[..., :64], Q[..., :64]), {"backward": "fp8"}, NotImplementedError, "head dim (128,) only"),
+    ((Q[..., :64], Q[..., :64], Q[..., :64]), {"backward": "fp8"}, ValueError, "CUDA device"),
+    ((Q.repeat(1, 1, 1, 2),) * 3, {"backward": "fp8"}, NotImplementedError, "backward runs D in (64, 128)"),
     ((Q, Q, Q), {"_bug": "fp8_bwd_wrong", "backward": "bf16"}, ValueError, "_bug"),
     ((Q, Q, Q), {"backward": "fp8"}, ValueError, "CUDA device"),  # every other check passed: the device last
     ((Q[..., :64], Q[..., :64], Q[..., :64]), {"backward": "auto"}, ValueError, "CUDA device"),

@@ -18,7 +18,8 @@ def hopper(session_dir):
 
 
 def test_kernel_cells_pass_and_the_wrong_build_fails():
-    names = ("fp8-s1", "fp8-s65-c", "fp8-s300-gqa4-c-head", "fp8-sq1000-sk65-c", "fp8-sq65-sk1000")
+    names = ("fp8-s1", "fp8-s65-c", "fp8-s300-gqa4-c-head", "fp8-sq1000-sk65-c", "fp8-sq65-sk1000", "fp8-d64-s65",
+             "fp8-d64-s300-gqa4-c-head", "fp8-d64-sq1000-sk65-c")
     rows = [checks_bwd.kernel_check(cell) for cell in checks_bwd.KERNEL_CELLS if cell[0] in names]
     assert len(rows) == len(names) and all(r["backward"] == "fp8" for r in rows)
     assert all(r["pass"] for r in rows), [checks_bwd.line(r) for r in rows]
@@ -26,10 +27,10 @@ def test_kernel_cells_pass_and_the_wrong_build_fails():
     assert wrong["backward"] == "fp8" and not wrong["pass"], checks_bwd.line(wrong)
 
 
-@pytest.mark.parametrize("takes_kernel, expected", [(False, []), (True, [128])])
+@pytest.mark.parametrize("takes_kernel, expected", [(False, []), (True, [128, 64])])
 def test_auto_runs_the_kernel_only_where_it_is_chosen(monkeypatch, takes_kernel, expected):
     """AUTO_TAKES_KERNEL off (today's default): "auto" runs dequantise-then-bf16 everywhere; on: the kernel at D 128
-    and dequantise-then-bf16 at D 64."""
+    and 64."""
     calls = []
     real = kernel_bwd.backward
     monkeypatch.setattr(kernel_bwd, "backward", lambda *a, **kw: calls.append(a[1].shape[-1]) or real(*a, **kw))
@@ -45,8 +46,8 @@ def test_auto_runs_the_kernel_only_where_it_is_chosen(monkeypatch, takes_kernel,
 def test_the_launcher_refuses_what_it_does_not_run():
     e4m3 = lambda *shape: torch.randn(*shape, device="cuda").to(torch.float8_e4m3fn)  # noqa: E731
     ones = torch.ones(1, 2, device="cuda")
-    bf16 = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    bf16 = torch.randn(1, 2, 64, 96, device="cuda", dtype=torch.bfloat16)
     lse = torch.zeros(1, 2, 64, device="cuda")
-    with pytest.raises(ValueError, match="head dim not supported"):  # D 64: LAB_E_HEAD_DIM from the launcher
-        kernel_bwd.backward(bf16, e4m3(1, 2, 64, 64), e4m3(1, 2, 64, 64), e4m3(1, 2, 64, 64), ones, ones, ones,
+    with pytest.raises(ValueError, match="head dim not supported"):  # D 96: LAB_E_HEAD_DIM from the launcher
+        kernel_bwd.backward(bf16, e4m3(1, 2, 64, 96), e4m3(1, 2, 64, 96), e4m3(1, 2, 64, 96), ones, ones, ones,
                             bf16, lse, False, 0.125)

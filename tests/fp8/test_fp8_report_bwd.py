@@ -72,7 +72,8 @@ def test_the_gates_judge_the_rows_the_chapter_records():
     assert _gate([dict(checks[1], **{"pass": True})], "the FP8 backward kernel built without")["status"] == "fail"
     slow, fast = _race(3.5), _race(2.0, cudnn=bench.Timing(2.5, 2.5, 2.5, 20))
     speed = _gate(slow, "the FP8 backward kernel >= 1.3x")
-    assert speed["status"] == "fail" and speed["rows"] == len(race_bwd.CHAPTER_CASES)
+    d128 = [c for c in race_bwd.CHAPTER_CASES if c[4] == 128]  # the speed gates judge D 128 (cuDNN's FP8 head dim)
+    assert speed["status"] == "fail" and speed["rows"] == len(d128) < len(race_bwd.CHAPTER_CASES)
     assert speed["measured"] == pytest.approx(3.0 / 3.5, abs=1e-4)
     assert _gate(fast, "the FP8 backward kernel >= 1.3x")["status"] == "pass"
     assert _gate(slow, "the FP8 backward kernel >= 1.0x cuDNN")["status"] == "no data"  # cuDNN's did not run
@@ -94,8 +95,10 @@ def test_race_table_and_findings_carry_the_ratio_to_our_bf16_backward():
     assert report_bwd.findings([], [], []) == ["- FP8 backward: nothing measured yet"]
 
 
-def test_the_chapter_cells_are_d128_with_16k_tokens():
+def test_the_chapter_cells_are_the_kernels_head_dims_with_16k_tokens():
     cases = race_bwd.CHAPTER_CASES
-    assert all(D == 128 and H == 16 and B * S == 16384 for _, B, H, S, D, _ in cases)
+    assert all(H == 16 and B * S == 16384 for _, B, H, S, D, _ in cases)
+    assert {D for *_, D, _ in cases} == {64, 128} and all(name.startswith(f"d{D}-") for name, *_, D, _ in cases)
+    cases = [c for c in cases if c[4] == 128]
     assert {(S, causal) for _, _, _, S, _, causal in cases} >= {(4096, False), (8192, False), (8192, True),
                                                                (16384, False)}

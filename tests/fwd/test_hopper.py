@@ -59,3 +59,7 @@ def test_generated_wgmma_header_is_current(tmp_path):
     out = tmp_path / "wgmma_ops.cuh"
     subprocess.run([sys.executable, str(paths.ROOT / "tools/codegen/hopper_gen_wgmma.py"), str(out)], check=True)
     assert out.read_text() == (paths.KERNELS / "common/hopper/wgmma_ops.cuh").read_text()
+    fp8 = tmp_path / "wgmma_fp8_ops.cuh"
+    subprocess.run([sys.executable, str(paths.ROOT / "tools/codegen/hopper_gen_wgmma.py"), "--fp8", str(fp8)],
+                   check=True)
+    assert fp8.read_text() == (paths.KERNELS / "common/hopper/wgmma_fp8_ops.cuh").read_text()

@@ -64,7 +64,8 @@ def main(out: Path = OUT):
     Path(out).write_text("\n".join(parts) + "\n")
 
 
-FP8_NS = (64, 128, 192, 256)  # S = Q K^T at B_c 64 / 128 / 192 / 256, O += P V at D 64 / 128 / 256
+FP8_NS = (32, 64, 128, 192, 256)  # S = Q K^T at B_c 64 / 128 / 192 / 256, O += P V at D 64 / 128 / 256; 32: the
+# FP8 backward's dQ at D 64, each warpgroup 32 of its columns
 FP8_OUT = OUT.with_name("wgmma_fp8_ops.cuh")
 
 
