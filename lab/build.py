@@ -230,9 +230,14 @@ def _kernel_path(source: Path | str) -> Path:
 
 
 def run_nvcc(args: list[str], what: str) -> tuple[str, float]:
-    """Run nvcc from the repo root (so diagnostics name kernels/... paths); raise BuildError on failure."""
+    """Run nvcc from the repo root (so diagnostics name kernels/... paths); raise BuildError on failure.
+
+    Each run has a temp folder of its own (TMPDIR), removed after it: a file that fails in nvcc's front end can
+    leave an empty <file>-<hash>..lgenfe.bc behind, which would otherwise pile up in the system's temp folder."""
     start = time.perf_counter()
-    proc = subprocess.run([_nvcc(), *args], cwd=paths.ROOT, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix="lab-nvcc-") as scratch:
+        proc = subprocess.run([_nvcc(), *args], cwd=paths.ROOT, capture_output=True, text=True,
+                              env={**os.environ, "TMPDIR": scratch})
     seconds = time.perf_counter() - start
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -196,6 +197,20 @@ def test_compile_check_maps_errors_to_the_fixture_line():
     assert diag["path"] == "tests/fixtures/broken_kernel.cu" and diag["line"] == line and diag["kind"] == "error"
     assert diag["source"] == text
     assert "undeclared_scale_factor" in err.log  # the full nvcc log is kept
+
+
+@requires_nvcc
+def test_a_failed_nvcc_run_leaves_nothing_in_the_temp_folder(tmp_path, monkeypatch):
+    """nvcc's front end can leave an empty <file>-<hash>..lgenfe.bc in TMPDIR when a file fails to compile (five a
+    test run, found accumulating in /tmp); each run gets a temp folder of its own, removed after it."""
+    system = tmp_path / "tmp"
+    system.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system))
+    monkeypatch.setattr(tempfile, "tempdir", str(system))
+    monkeypatch.setattr(paths, "CACHE", tmp_path / "cache")  # a cold cache, so nvcc runs
+    with pytest.raises(build.BuildError):
+        build.compile_check(archs=("sm_80",), sources=[BROKEN])
+    assert list(system.iterdir()) == []
 
 
 @requires_nvcc
