@@ -99,6 +99,20 @@
 #ifndef LAB_BWD_FP8_STAGGER
 #define LAB_BWD_FP8_STAGGER 1
 #endif
+// 1 (default): the warpgroup and warp indices, and dQ's choice of which half of dS goes first, are taken from lane 0
+// by a shuffle, and the quotients of two power-of-two multipliers are products with an exact reciprocal (pow2_inv);
+// 0: the kernel before. Why: ptxas does not treat threadIdx.x / 128 as the same in every lane of a warp, nor a value
+// every lane loads from one shared-memory word, so the descriptors built from them left the uniform datapath (SASS
+// of the D 64 loop: 116 R2UR); and each `/` of two floats is a call to the IEEE division's slow path (11 FCHK and
+// CALL pairs in the loop) where the operands are powers of two and a product is exact. The same results bit for bit
+// (a power of two scales a correctly rounded quotient exactly). SASS (sm_90a, nvcc 13.0), D 64 / D 128 kernel:
+// 2560 -> 2456 / 3312 -> 3216 instructions, R2UR 130 -> 104 / 168 -> 134, FCHK 11 -> 4 (the four left: k / 448
+// before the loop, the epilogue's three). Prediction, written before the H200 run (one process, interleaved rounds,
+// against LAB_BWD_FP8_LEAN 0): +2-5 % at D 64 and +1-4 % at D 128 (about 16 instructions of two divisions and some
+// 20 of descriptor moves a step, of the ~900 a thread issues per step at D 64), and every output bit for bit.
+#ifndef LAB_BWD_FP8_LEAN
+#define LAB_BWD_FP8_LEAN 1
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -138,6 +152,17 @@ struct Fp8Cfg {
   static_assert(D == 64 || D == 128, "K, V, Q and dO rows are one 64- or 128-byte swizzle span");
 };
 constexpr float kPScale = 448.f;  // P is stored as e4m3(P * 448), as the forward's (lab.fp8.emulate.P_SCALE)
+
+// x as lane 0 has it, for a value that is the same in every lane by construction (LAB_BWD_FP8_LEAN): so ptxas may
+// keep it, and the descriptors built from it, on the uniform datapath. Every lane must call it.
+template <class T>
+__device__ __forceinline__ T from_lane0(T x) {
+  if constexpr (LAB_BWD_FP8_LEAN) return __shfl_sync(0xffffffffu, x, 0);
+  return x;
+}
+
+// 1 / x for x = 2^k, |k| <= 126 (every multiplier here: pow2_under clamps k to [-120, 120]), exactly.
+__device__ __forceinline__ float pow2_inv(float x) { return __int_as_float(0x7f000000 - __float_as_int(x)); }
 
 // 2^(7 - floor(log2 a)) for a > 0: a times it lies in [128, 256), inside e4m3's 448 with the top binade's precision.
 __device__ __forceinline__ float pow2_under(float a) {
@@ -211,7 +236,7 @@ __device__ __forceinline__ void p_ds_scaled_as(float (&s)[32], float (&dp)[32], 
 template <class C>
 __device__ __forceinline__ void p_ds_scaled(float (&s)[32], float (&dp)[32], const float* rows, float c, float dpd,
                                             int kw0, int m0, const AttnBwdParams& p) {
-  const int wt = threadIdx.x % 128, warp = wt / 32, g = (wt % 32) / 4, t = wt % 4;
+  const int wt = threadIdx.x % 128, warp = from_lane0(wt / 32), g = (wt % 32) / 4, t = wt % 4;
   const bool mask = (p.causal && kw0 + 63 > m0) || m0 + C::BR > p.seqlen_q || kw0 + 64 > p.seqlen_k;
   if (mask)
     p_ds_scaled_as<true>(s, dp, rows, rows + C::BR, c, dpd, kw0 + warp * 16 + g, m0, t, p);
@@ -228,13 +253,13 @@ __device__ __forceinline__ void p_ds_scaled(float (&s)[32], float (&dp)[32], con
 template <class C>
 __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, float k_descale,
                                         const AttnBwdParams& p) {
-  const int wg = threadIdx.x / 128, other = wg ^ 1, buf = j & 1;
+  const int wg = from_lane0((int)threadIdx.x / 128), other = wg ^ 1, buf = j & 1;
   const uint32_t base = smem_u32(smem);
   named_barrier_sync(ready_bar(buf, other), 256);
   const uint32_t ds_s = base + C::kOffDs + buf * C::kDsBytes, kt_w = base + C::kOffKt + wg * C::kDqCols * 128;
   const float* mul = reinterpret_cast<const float*>(smem + C::kOffMul) + 2 * buf;
   const float m0 = mul[0], m1 = mul[1];
-  const int first = m0 >= m1 ? 0 : 1;  // the half with the larger multiplier
+  const int first = from_lane0(m0 >= m1 ? 0 : 1);  // the half with the larger multiplier
   const uint64_t ds_d = desc_e4m3<128>(ds_s, C::BR, 0), kt_d = desc_e4m3<128>(kt_w, C::D, 0);
   float dq[C::kDqRegs];
   wgmma_fence();
@@ -245,7 +270,8 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(dq);
-  const float ratio = first == 0 ? m1 / m0 : m0 / m1;
+  const float ratio = LAB_BWD_FP8_LEAN ? (first == 0 ? m1 * pow2_inv(m0) : m0 * pow2_inv(m1))
+                                       : (first == 0 ? m1 / m0 : m0 / m1);
 #pragma unroll
   for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= ratio;
   wgmma_fence();
@@ -257,7 +283,9 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   wgmma_wait<0>();
   reg_fence(dq);
   if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
-  const float f = k_descale / (kPScale * (first == 0 ? m1 : m0));  // dS was 448 dS
+  // dS was 448 dS; k_descale / 448 is the CTA's (consume_step's Descales), times 1 / m exactly
+  const float f = LAB_BWD_FP8_LEAN ? k_descale * pow2_inv(first == 0 ? m1 : m0)
+                                   : k_descale / (kPScale * (first == 0 ? m1 : m0));
 #pragma unroll
   for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= f;
   red_dq_offsets<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
@@ -266,6 +294,7 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
 // The descales of the CTA's KV head and the per-tensor dO descale.
 struct Descales {
   float k, v, dout;
+  float dq;  // dQ's factor before 1 / m: k / 448 (LAB_BWD_FP8_LEAN; k otherwise, dq_step divides by 448 m)
 };
 
 // One step of a consumer warpgroup (query block `it` of the tile). mrow: the running dK multipliers of the
@@ -275,7 +304,8 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
                                              uint8_t* smem, Bars<C::kStages>& bars, const Work& work, int it,
                                              const AttnBwdFp8Params& pf, const Descales& ds) {
   const AttnBwdParams& p = pf.base;
-  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, warp = wt / 32, lane = wt % 32, g = lane / 4, t = lane % 4;
+  const int wg = from_lane0((int)threadIdx.x / 128), wt = threadIdx.x % 128, warp = from_lane0(wt / 32);
+  const int lane = wt % 32, g = lane / 4, t = lane % 4;
   const uint32_t base = smem_u32(smem);
   const int kw0 = work.n0 + 64 * wg;
   const int s = it % C::kStages, hq = work.head(it), m0 = work.m0(it, C::BR);
@@ -328,7 +358,7 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
     if (a > 0.f) {
       const float m_new = pow2_under(a);
       if (m_new < mrow[h]) {
-        ratio[h] = m_new / mrow[h];
+        ratio[h] = LAB_BWD_FP8_LEAN ? m_new * pow2_inv(mrow[h]) : m_new / mrow[h];
         mrow[h] = m_new;
         lowered = true;
       }
@@ -409,7 +439,7 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
     for (int i = 0; i < C::D / 2; ++i) dv[i] += dvs[i];
   }
   if (it >= 1) {
-    dq_step<C>(smem, work, it - 1, ds.k, p);
+    dq_step<C>(smem, work, it - 1, ds.dq, p);
   } else {
     wgmma_wait<0>();
   }
@@ -468,7 +498,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   }
   setmaxnreg_inc<C::kRegsConsumer>();
   const int64_t kvh = (int64_t)work.b * p.heads_kv + work.hkv;
-  const Descales ds{__ldg(pf.k_descale + kvh), __ldg(pf.v_descale + kvh), __ldg(pf.do_descale)};
+  const float kd = __ldg(pf.k_descale + kvh);
+  const Descales ds{kd, __ldg(pf.v_descale + kvh), __ldg(pf.do_descale), LAB_BWD_FP8_LEAN ? kd / kPScale : kd};
   float dk[C::D / 2], dv[C::D / 2];
   zero_acc(dk);
   zero_acc(dv);
@@ -477,7 +508,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 
   // Main loop
   for (int it = 0; it < work.n_iters; ++it) consume_step<C>(dk, dv, mrow, smem, bars, work, it, pf, ds);
-  if (work.n_iters > 0) dq_step<C>(smem, work, work.n_iters - 1, ds.k, p);
+  if (work.n_iters > 0) dq_step<C>(smem, work, work.n_iters - 1, ds.dq, p);
 
   // Epilogue
   store_dk_dv<C>(dk, dv, mrow, work.n0 + 64 * wg, work, p, ds.dout);
