@@ -104,12 +104,18 @@
 // 0: the kernel before. Why: ptxas does not treat threadIdx.x / 128 as the same in every lane of a warp, nor a value
 // every lane loads from one shared-memory word, so the descriptors built from them left the uniform datapath (SASS
 // of the D 64 loop: 116 R2UR); and each `/` of two floats is a call to the IEEE division's slow path (11 FCHK and
-// CALL pairs in the loop) where the operands are powers of two and a product is exact. The same results bit for bit
-// (a power of two scales a correctly rounded quotient exactly). SASS (sm_90a, nvcc 13.0), D 64 / D 128 kernel:
+// CALL pairs in the loop) where the operands are powers of two and a product is exact. dK and dV come out bit for
+// bit as before (a power of two scales a correctly rounded quotient exactly); dQ, summed by atomic adds in no fixed
+// order, differs from run to run of either build alike. SASS (sm_90a, nvcc 13.0), D 64 / D 128 kernel:
 // 2560 -> 2456 / 3312 -> 3216 instructions, R2UR 130 -> 104 / 168 -> 134, FCHK 11 -> 4 (the four left: k / 448
 // before the loop, the epilogue's three). Prediction, written before the H200 run (one process, interleaved rounds,
 // against LAB_BWD_FP8_LEAN 0): +2-5 % at D 64 and +1-4 % at D 128 (about 16 instructions of two divisions and some
 // 20 of descriptor moves a step, of the ~900 a thread issues per step at D 64), and every output bit for bit.
+// Measured (outputs/experiments/20261130-bwd-fp8-lean.json; driver logs 20261130-h200-fp8-bwd-lean-31785b4): +8.9 % /
+// +5.8 % at D 64 (S 4k / 8k causal), +12.7 % / +6.5 % at D 128, above the prediction: the divisions sat on the
+// dependent path between the dQ step's two GEMMs, where the loop waits (ncu's "wait" stall leads), so they cost more
+// than their count. dK, dV bit for bit; dQ within the spread of two runs of one build (equal.txt). memcheck,
+// racecheck, synccheck clean.
 #ifndef LAB_BWD_FP8_LEAN
 #define LAB_BWD_FP8_LEAN 1
 #endif

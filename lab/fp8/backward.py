@@ -64,12 +64,11 @@ Design of the FP8 backward (kernels/bwd/v22_fp8.cu's header has its algorithm an
 * Measured (H200, outputs/experiments/20261129-fp8-train-backward.json): the dequantise-then-bf16 path 0.63-0.91x
   of our bf16 backward (casts and the Python autograd node's host time; 0.91x at S 8k); cuDNN's FP8 backward
   1.13-1.18x our bf16 backward at D 128 and 1.18-1.35x its own bf16 one, with 6x our dQ error (e4m3 gradients).
-  The kernel path (chapter n15, session 20261129-222802-h200-45e84f1, D 128, B S = 16384, H 16, through the public
-  call with dO's quantise inside): 0.72-0.75x our bf16 backward and 0.60-0.68x cuDNN's FP8 backward, where
-  dequantise-then-bf16 ran at 0.90-0.95x; kernels/bwd/v22_fp8.cu's header has what bounds it (the elementwise work
-  per score issues 1.67x bwd v14's instructions, with no room to overlap it with the next step's GEMMs). At D 64
-  (session 20261130-095213-h200-2899687): the kernel 0.55x our bf16 backward, dequantise-then-bf16 0.82-0.85x
-  (outputs/experiments/20261130-bwd-fp8-d64.json).
+  The kernel path (chapter n15, session 20261130-102049-h200-31785b4, D 128, B S = 16384, H 16, through the
+  public call with dO's quantise inside): 0.74-0.85x our bf16 backward and 0.63-0.77x cuDNN's FP8 backward, where
+  dequantise-then-bf16 ran at 0.89-0.95x; kernels/bwd/v22_fp8.cu's header has what bounds it (the elementwise work
+  per score issues 1.67x bwd v14's instructions, with no room to overlap it with the next step's GEMMs). At D 64:
+  the kernel 0.58-0.60x our bf16 backward (outputs/experiments/20261130-bwd-fp8-d64.json, -lean.json).
 """
 from __future__ import annotations
 
