@@ -119,6 +119,17 @@
 #ifndef LAB_BWD_FP8_LEAN
 #define LAB_BWD_FP8_LEAN 1
 #endif
+// 1: dQ's two halves of dS (each warpgroup's 64 keys, each with its multiplier) run as two GEMMs issued together into
+// accumulators of their own, one wait, then f (ratio first + second) in fp32; 0: the half with the larger
+// multiplier, a wait, its partial times the ratio, the other half accumulated on top, a second wait. Why: the lean
+// build's A/B showed the dQ step's dependent path weighing more than its instruction count, and that path holds a
+// whole GEMM latency between the halves. Registers: a second kDqRegs accumulator (16 at D 64, 32 at D 128) while
+// dQ runs, when S, dP and the step's dV partial are dead. Prediction, written before the H200 run (one process,
+// interleaved rounds, against 0): +2-5 % at D 64, +1-4 % at D 128; dK and dV bit for bit (dQ's sum in fp32
+// instead of the tensor core's, within the spread of its atomic adds).
+#ifndef LAB_BWD_FP8_DQ_TWO
+#define LAB_BWD_FP8_DQ_TWO 1
+#endif
 
 namespace {
 using namespace lab::sm90;
@@ -267,33 +278,54 @@ __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, 
   const float m0 = mul[0], m1 = mul[1];
   const int first = from_lane0(m0 >= m1 ? 0 : 1);  // the half with the larger multiplier
   const uint64_t ds_d = desc_e4m3<128>(ds_s, C::BR, 0), kt_d = desc_e4m3<128>(kt_w, C::D, 0);
-  float dq[C::kDqRegs];
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk)
-    WgmmaFp8Op<C::kDqCols>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * first + kk),
-                       desc_e4m3_step<128, C::D>(kt_d, 2 * first + kk), kk > 0);
-  wgmma_commit();
-  wgmma_wait<0>();
-  reg_fence(dq);
   const float ratio = LAB_BWD_FP8_LEAN ? (first == 0 ? m1 * pow2_inv(m0) : m0 * pow2_inv(m1))
                                        : (first == 0 ? m1 / m0 : m0 / m1);
-#pragma unroll
-  for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= ratio;
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk)
-    WgmmaFp8Op<C::kDqCols>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * (1 - first) + kk),
-                       desc_e4m3_step<128, C::D>(kt_d, 2 * (1 - first) + kk), 1);
-  wgmma_commit();
-  wgmma_wait<0>();
-  reg_fence(dq);
-  if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
   // dS was 448 dS; k_descale / 448 is the CTA's (consume_step's Descales), times 1 / m exactly
   const float f = LAB_BWD_FP8_LEAN ? k_descale * pow2_inv(first == 0 ? m1 : m0)
                                    : k_descale / (kPScale * (first == 0 ? m1 : m0));
+  float dq[C::kDqRegs];
+  if constexpr (LAB_BWD_FP8_DQ_TWO) {
+    // both halves at once, each into its own accumulator, one wait: dQ = f (ratio first + second) in fp32
+    float dq2[C::kDqRegs];
+    wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= f;
+    for (int kk = 0; kk < 2; ++kk)
+      WgmmaFp8Op<C::kDqCols>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * first + kk),
+                                 desc_e4m3_step<128, C::D>(kt_d, 2 * first + kk), kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+      WgmmaFp8Op<C::kDqCols>::ss(dq2, desc_e4m3_step<128, C::BR>(ds_d, 2 * (1 - first) + kk),
+                                 desc_e4m3_step<128, C::D>(kt_d, 2 * (1 - first) + kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dq);
+    reg_fence(dq2);
+    if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
+#pragma unroll
+    for (int i = 0; i < C::kDqRegs; ++i) dq[i] = fmaf(dq[i], ratio, dq2[i]) * f;
+  } else {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+      WgmmaFp8Op<C::kDqCols>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * first + kk),
+                                 desc_e4m3_step<128, C::D>(kt_d, 2 * first + kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dq);
+#pragma unroll
+    for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= ratio;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+      WgmmaFp8Op<C::kDqCols>::ss(dq, desc_e4m3_step<128, C::BR>(ds_d, 2 * (1 - first) + kk),
+                                 desc_e4m3_step<128, C::D>(kt_d, 2 * (1 - first) + kk), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(dq);
+    if (j + 2 < work.n_iters) named_barrier_arrive(free_bar(buf, other), 256);
+#pragma unroll
+    for (int i = 0; i < C::kDqRegs; ++i) dq[i] *= f;
+  }
   red_dq_offsets<C>(dq, work.head(j), work.m0(j, C::BR), work.b, p);
 }
 
