@@ -26,9 +26,10 @@ Which backward runs (`backward=`; name it in every claim):
   backward and no speed claim calls it one. Its error is the bf16 backward's plus what the FP8 forward's O brings
   into Delta = rowsum(dO * O).
 * "auto" (the default): "bf16" today. AUTO_TAKES_KERNEL says when "auto" takes the kernel: where it runs and only
-  once it is measured faster than the dequantise-then-bf16 path; on the H200 it is not (0.72-0.75x our bf16
-  backward through the public call, dequantise-then-bf16 0.90-0.95x: Measured below), and its gradients are ~10x
-  further from float64 (e4m3 dO, P, dS), so a default that took it would cost accuracy for no speed.
+  once it is measured faster than the dequantise-then-bf16 path; on the H200 it is not (through the public call,
+  our bf16 backward's speed times 0.74-0.85 at D 128 and 0.58-0.60 at D 64, dequantise-then-bf16's 0.89-0.95 and
+  0.83-0.84: Measured below), and its gradients are ~10x further from float64 (e4m3 dO, P, dS), so a default that
+  took it would cost accuracy for no speed.
 
 lab.fp8.checks_bwd measures each path against float64 on the dequantised inputs, the kernel beside its emulation
 (lab.fp8.emulate_bwd.kernel_model: the same roundings on the CPU).
