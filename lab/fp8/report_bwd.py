@@ -133,6 +133,11 @@ def _speed(race: list[dict]) -> list[str]:
     if train:
         lines.append(f"- Dequantise-then-bf16: {_span(train, '{:.2f}')}x our bf16 backward.")
     for impl, what in (("lab-fp8-kernel", "The FP8 backward kernel"), ("cudnn-fp8", "cuDNN FP8's backward")):
-        why = sorted({str(r["unsupported"]) for r in race if r["impl"] == impl and "unsupported" in r})
-        lines += [f"- {what} did not run: {w}" for w in why]
+        rows = [r for r in race if r["impl"] == impl]
+        cells: dict[str, list[str]] = {}
+        for r in rows:
+            if "unsupported" in r:
+                cells.setdefault(str(r["unsupported"]), []).append(str(r.get("case", "?")))
+        lines += [f"- {what} did not run in {len(names)} of {len(rows)} cells ({', '.join(names)}): {why}"
+                  for why, names in sorted(cells.items())]
     return lines

@@ -90,7 +90,16 @@ def test_race_table_and_findings_carry_the_ratio_to_our_bf16_backward():
     cudnn = [r for r in table.rows if r[1] == "cuDNN FP8 backward"]
     assert cudnn and cudnn[0][4] == "unsupported: no frontend"
     text = "\n".join(report_bwd.findings([], [], rows))
-    assert "0.86-0.86x our bf16 backward" in text and "cuDNN FP8's backward did not run: unsupported" in text
+    n = len(race_bwd.CHAPTER_CASES)
+    assert "0.86-0.86x our bf16 backward" in text
+    assert f"cuDNN FP8's backward did not run in {n} of {n} cells (d128-b4-s4096, " in text
+    assert text.endswith("): unsupported: no frontend")
+    # one cell refused for its own reason: named apart, with the cells of each reason
+    rows = [dict(r, unsupported="unsupported: head dim") if r["impl"] == "cudnn-fp8" and r["case"] == "d64-b4-s4096"
+            else r for r in rows]
+    text = "\n".join(report_bwd.findings([], [], rows))
+    assert f"did not run in 1 of {n} cells (d64-b4-s4096): unsupported: head dim" in text
+    assert f"did not run in {n - 1} of {n} cells" in text
     assert "Dequantise-then-bf16: 0.75-0.75x" in text
     assert report_bwd.findings([], [], []) == ["- FP8 backward: nothing measured yet"]
 
