@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from lab import files, paths, record, session
-from lab.publish import clean
+from lab.publish import clean, pages
 
 # pytest-xdist (make test): the module's tests stay on one worker, so the fixture session runs once, by its module fixture
 pytestmark = pytest.mark.xdist_group("test_session")
@@ -149,8 +149,10 @@ def test_second_session_never_rewrites_the_first(first, capsys):
     outputs, folder, _, _ = first
     before = snapshot(folder)
     tar = outputs.parent / "session.tar.gz"
-    code = session.main(["--chapters", "ok_chapter", "--chapters-dir", str(FIXTURES), "--device", "cpu",
-                         "--outputs", str(outputs), "--heartbeat", "0", "--tarball", str(tar)])
+    # the log it regenerates names the fixture chapters, which no table of contents lists, as not published
+    with pytest.warns(pages.LogWarning, match="not in _toc.yml, not published: .*ok_chapter"):
+        code = session.main(["--chapters", "ok_chapter", "--chapters-dir", str(FIXTURES), "--device", "cpu",
+                             "--outputs", str(outputs), "--heartbeat", "0", "--tarball", str(tar)])
     out = capsys.readouterr().out
     assert code == 0
     assert snapshot(folder) == before
