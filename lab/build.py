@@ -265,6 +265,25 @@ def diagnostics(log: str) -> list[dict]:
     return errors or found
 
 
+_SWITCH = re.compile(r"^\s*#\s*ifndef\s+(LAB_\w+)", re.M)
+
+
+def check_defines(source: Path | str, defines) -> None:
+    """Every define a build is asked for must be a name its source or one of its headers reads: otherwise nvcc
+    compiles the default unchanged and an A/B of the two compares a build with itself. ValueError names the
+    define and the switches the file has (its `#ifndef LAB_...` defaults)."""
+    if not defines:
+        return
+    names = [k for k in defines] if isinstance(defines, dict) else [str(d).split("=")[0] for d in defines]
+    texts = [p.read_text() for p in source_closure(_kernel_path(source))]
+    unused = [n for n in names if not any(re.search(rf"\b{re.escape(n)}\b", t) for t in texts)]
+    if unused:
+        switches = sorted({m for t in texts for m in _SWITCH.findall(t)})
+        raise ValueError(f"define {', '.join(map(repr, unused))}: neither {paths.relative(_kernel_path(source))} nor "
+                         f"its headers read it, so the build would be the default's; its switches: "
+                         f"{', '.join(switches) or 'none'}")
+
+
 def _define_flags(defines: dict | list | tuple | None) -> list[str]:
     if not defines:
         return []
@@ -305,6 +324,7 @@ def build_kernel(source: Path | str, defines=None, arch: list[str] | None = None
     key = cache_key(path, flags)
     if key in _loaded:
         return _loaded[key]
+    check_defines(path, defines)
     out_dir = paths.CACHE / "kernels"
     out_dir.mkdir(parents=True, exist_ok=True)
     so = out_dir / f"{path.stem}-{key}.so"
@@ -350,6 +370,8 @@ def compile_check(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=
     cicc does not see is under `#ifndef __CUDA_ARCH__`, which tests/product/test_build.py keeps to a list.
     """
     jobs = [(_kernel_path(path), arch) for path in (sources or kernel_sources()) for arch in archs]
+    for path in dict.fromkeys(p for p, _ in jobs):
+        check_defines(path, defines)
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         futures = [pool.submit(_check_one, path, arch, defines) for path, arch in jobs]
         logs = [f.result() for f in futures]  # re-raises the first failure in file order
@@ -416,6 +438,7 @@ def ptx(source: Path | str, arch: str = "sm_90a", defines=None) -> str:
     gate's cubin, so the gate and the tests that read the PTX share one cicc run; with defines (a switch under
     test) nvcc -ptx builds it once into the same cache."""
     path = _kernel_path(source)
+    check_defines(path, defines)
     flags = _check_flags(arch, defines)
     target = _ptx_path(path, arch, flags)
     if not defines:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 # preference: the first that runs on the device's capability and takes the head dim (v12: D 192 / 256 only)
 BEST_MASKED_FWD = ("v11", "v09", "v08", "v12")
 BEST_FP8_FWD = ("v13",)  # the FP8 forward (lab.ops.attention_fp8): one kernel, sm_90a
-BEST_FP8_BWD = ("v22",)  # the FP8 backward (attention_fp8_train's backward="fp8" / "auto"): one kernel, sm_90a, D 128
+BEST_FP8_BWD = ("v22",)  # the FP8 backward (attention_fp8_train's backward="fp8" / "auto"): one kernel, sm_90a, D 64 / 128
 BEST_MASKED_BWD = ("v08", "v21")  # v21: D 192 / 256 only (bwd v19's wide loop with v08's mask steps)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
 # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md, "Defaults"); v19: D 192 / 256 on wgmma, about
@@ -112,7 +112,7 @@ VARIANTS = {v.name: v for v in (
             "TMA ring, intra-warpgroup overlap (D 128 / 256: ping-pong, persistent grid)", "sm_90a"),
     Variant("bwd_sm90_fp8", "bwd_fp8", "v22", "the five GEMMs on wgmma k32 e4m3 (AttnBwdFp8Params, "
             "common/hopper/attn_bwd_fp8_params.h): e4m3 Q, K, V, dO per tensor, P as e4m3(P * 448), dS per key row "
-            "(dK) and per 64 x 64 tile (dQ) with power-of-two scales", "D 128: 128 keys a CTA, 64-query steps",
+            "(dK) and per 64 x 64 tile (dQ) with power-of-two scales", "D 64 / 128: 128 keys a CTA, 64-query steps",
             "causal, last partial tile", "dQ in a float32 workspace (dq_accum), then bf16", "Q^T, K^T, dO^T "
             "written to workspaces before the main loop", "sm_90a"),
     Variant("bwd_sm80_mma", "bwd", "v01", "FA2's backward on mma.sync (m16n8k16)", "per head dim (bwd/v01_mma.cu)", "causal", "dQ atomics or "

@@ -111,6 +111,25 @@ def test_cache_key_changes_with_extra(tree):
     assert build.cache_key(tree / "main.cu", [], {}) == build.cache_key(tree / "main.cu", [], None)
 
 
+def test_a_define_no_source_reads_is_an_error_naming_the_switches():
+    """A typo in a switch's name would build the default unchanged (an A/B of a build with itself): every entry
+    that takes defines refuses it before nvcc runs, and names the switches the file and its headers have."""
+    source = "kernels/bwd/v22_fp8.cu"
+    build.check_defines(source, {"LAB_BWD_FP8_DQ_TWO": 0})  # a switch of the file itself
+    build.check_defines(source, ["LAB_BWD_ZERO_IN_PRE=1"])  # one a header reads
+    build.check_defines(source, None)
+    for call in (lambda d: build.build_kernel(source, defines=d, arch=["-gencode", "arch=compute_90a,code=sm_90a"]),
+                 lambda d: build.compile_check(("sm_80",), sources=[source], defines=d),
+                 lambda d: build.ptx(source, "sm_80", defines=d),
+                 lambda d: build.check_defines(source, d)):
+        with pytest.raises(ValueError) as info:
+            call({"LAB_BWD_FP8_DQ_TW0": 0, "LAB_BWD_FP8_LEAN": 0})
+        message = str(info.value)
+        assert message.startswith("define 'LAB_BWD_FP8_DQ_TW0': neither kernels/bwd/v22_fp8.cu nor its headers")
+        assert "LAB_BWD_FP8_LEAN'" not in message  # the one it reads is not named
+        assert "its switches: " in message and "LAB_BWD_FP8_DQ_TWO, " in message and "LAB_BWD_ZERO_IN_PRE" in message
+
+
 def test_define_flags():
     assert build._define_flags(None) == []
     assert build._define_flags({"B": 2, "A": None}) == ["-DA", "-DB=2"]
@@ -408,7 +427,7 @@ def test_ptx_is_the_gates_own_and_a_switch_builds_its_own(probe, tmp_path):
 def test_ptx_of_a_broken_kernel_fails_as_the_gate_does():
     """The PTX path is no way around the gate: a kernel with an undeclared name fails it, with or without a define."""
     line, _ = marker_line(BROKEN, "BROKEN:")
-    for defines in (None, {"LAB_ANY_SWITCH": 1}):
+    for defines in (None, {"LAB_BROKEN_SCALE": "3.0f"}):
         with pytest.raises(build.BuildError, match=rf"tests/fixtures/broken_kernel.cu:{line}: error: .*undeclared_scale_factor"):
             build.ptx(BROKEN, "sm_80", defines)
 
