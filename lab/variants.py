@@ -17,7 +17,8 @@ from dataclasses import dataclass
 # preference: the first that runs on the device's capability and takes the head dim (v12: D 192 / 256 only)
 BEST_MASKED_FWD = ("v11", "v09", "v08", "v12")
 BEST_FP8_FWD = ("v13",)  # the FP8 forward (lab.ops.attention_fp8): one kernel, sm_90a
-BEST_FP8_BWD = ("v22",)  # the FP8 backward (attention_fp8_train's backward="fp8" / "auto"): one kernel, sm_90a, D 64 / 128
+# the FP8 backward (attention_fp8_train's backward="fp8" / "auto"): one kernel, sm_90a, D 64 / 128
+BEST_FP8_BWD = ("v22",)
 BEST_MASKED_BWD = ("v08", "v21")  # v21: D 192 / 256 only (bwd v19's wide loop with v08's mask steps)
 BEST_BWD = ("v01", "v09")  # v09: head dims 192 and 256 (mma.sync, FA2's wide-head tiling)
 # compute capability 9.0, non-deterministic mode (kernels/bwd/README.md, "Defaults"); v19: D 192 / 256 on wgmma, about
