@@ -209,7 +209,12 @@ def why(err: BaseException) -> str:
     line = next((l.strip() for l in str(err).splitlines() if l.strip()), type(err).__name__)
     sentences = line.split(". ")
     short = ". ".join(sentences[:2]) + ("." if len(sentences) > 2 else "")
-    return short if len(short) <= 120 else short[:117].rstrip() + "..."
+    if len(short) <= 120:
+        return short
+    cut = short[:117]
+    # at a word's end where there is one, so a number is never cut into a smaller one ("equal to 128" -> "12...")
+    cut = cut[:cut.rfind(" ")] if " " in cut[60:] else cut
+    return cut.rstrip() + "..."
 
 
 def _refusals() -> tuple:

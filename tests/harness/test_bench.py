@@ -318,6 +318,10 @@ def test_why_is_one_line_naming_the_reason():
     assert bench.why(oom) == "CUDA out of memory. Tried to allocate 16.00 GiB."
     long = ValueError("x" * 300)
     assert len(bench.why(long)) == 120 and bench.why(long).endswith("...")
+    # cut at a word's end: a peer's reason never reads as another number
+    declined = RuntimeError("no engine - python or backend - proposed a plan for this graph (the backend declined: "
+                            "hidden_dim should be equal to 128 for FP8 backward)")
+    assert bench.why(declined).endswith(" should be equal to...") and len(bench.why(declined)) <= 120
     from torch._dynamo.exc import FailOnRecompileLimitHit
 
     assert "recompile limit" in bench.why(FailOnRecompileLimitHit("Hard failure due to fail_on_recompile_limit_hit"))
