@@ -173,13 +173,7 @@ struct Fp8Cfg {
 };
 constexpr float kPScale = 448.f;  // P is stored as e4m3(P * 448), as the forward's (lab.fp8.emulate.P_SCALE)
 
-// x as lane 0 has it, for a value that is the same in every lane by construction (LAB_BWD_FP8_LEAN): so ptxas may
-// keep it, and the descriptors built from it, on the uniform datapath. Every lane must call it.
-template <class T>
-__device__ __forceinline__ T from_lane0(T x) {
-  if constexpr (LAB_BWD_FP8_LEAN) return __shfl_sync(0xffffffffu, x, 0);
-  return x;
-}
+constexpr bool kLean = LAB_BWD_FP8_LEAN != 0;  // uniform_in_warp<kLean> (common/hopper/attn_fp8_sm90.cuh)
 
 // 1 / x for x = 2^k, |k| <= 126 (every multiplier here: pow2_under clamps k to [-120, 120]), exactly.
 __device__ __forceinline__ float pow2_inv(float x) { return __int_as_float(0x7f000000 - __float_as_int(x)); }
@@ -256,7 +250,7 @@ __device__ __forceinline__ void p_ds_scaled_as(float (&s)[32], float (&dp)[32], 
 template <class C>
 __device__ __forceinline__ void p_ds_scaled(float (&s)[32], float (&dp)[32], const float* rows, float c, float dpd,
                                             int kw0, int m0, const AttnBwdParams& p) {
-  const int wt = threadIdx.x % 128, warp = from_lane0(wt / 32), g = (wt % 32) / 4, t = wt % 4;
+  const int wt = threadIdx.x % 128, warp = uniform_in_warp<kLean>(wt / 32), g = (wt % 32) / 4, t = wt % 4;
   const bool mask = (p.causal && kw0 + 63 > m0) || m0 + C::BR > p.seqlen_q || kw0 + 64 > p.seqlen_k;
   if (mask)
     p_ds_scaled_as<true>(s, dp, rows, rows + C::BR, c, dpd, kw0 + warp * 16 + g, m0, t, p);
@@ -273,18 +267,18 @@ __device__ __forceinline__ void p_ds_scaled(float (&s)[32], float (&dp)[32], con
 template <class C>
 __device__ __forceinline__ void dq_step(uint8_t* smem, const Work& work, int j, float k_descale,
                                         const AttnBwdParams& p) {
-  const int wg = from_lane0((int)threadIdx.x / 128), other = wg ^ 1, buf = j & 1;
+  const int wg = uniform_in_warp<kLean>((int)threadIdx.x / 128), other = wg ^ 1, buf = j & 1;
   const uint32_t base = smem_u32(smem);
   named_barrier_sync(ready_bar(buf, other), 256);
   const uint32_t ds_s = base + C::kOffDs + buf * C::kDsBytes, kt_w = base + C::kOffKt + wg * C::kDqCols * 128;
   const float* mul = reinterpret_cast<const float*>(smem + C::kOffMul) + 2 * buf;
   const float m0 = mul[0], m1 = mul[1];
-  const int first = from_lane0(m0 >= m1 ? 0 : 1);  // the half with the larger multiplier
+  const int first = uniform_in_warp<kLean>(m0 >= m1 ? 0 : 1);  // the half with the larger multiplier
   const uint64_t ds_d = desc_e4m3<128>(ds_s, C::BR, 0), kt_d = desc_e4m3<128>(kt_w, C::D, 0);
-  const float ratio = LAB_BWD_FP8_LEAN ? (first == 0 ? m1 * pow2_inv(m0) : m0 * pow2_inv(m1))
+  const float ratio = kLean ? (first == 0 ? m1 * pow2_inv(m0) : m0 * pow2_inv(m1))
                                        : (first == 0 ? m1 / m0 : m0 / m1);
   // dS was 448 dS; k_descale / 448 is the CTA's (consume_step's Descales), times 1 / m exactly
-  const float f = LAB_BWD_FP8_LEAN ? k_descale * pow2_inv(first == 0 ? m1 : m0)
+  const float f = kLean ? k_descale * pow2_inv(first == 0 ? m1 : m0)
                                    : k_descale / (kPScale * (first == 0 ? m1 : m0));
   float dq[C::kDqRegs];
   if constexpr (LAB_BWD_FP8_DQ_TWO) {
@@ -345,7 +339,8 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
                                              uint8_t* smem, Bars<C::kStages>& bars, const Work& work, int it,
                                              const AttnBwdFp8Params& pf, const Descales& ds) {
   const AttnBwdParams& p = pf.base;
-  const int wg = from_lane0((int)threadIdx.x / 128), wt = threadIdx.x % 128, warp = from_lane0(wt / 32);
+  const int wg = uniform_in_warp<kLean>((int)threadIdx.x / 128), wt = threadIdx.x % 128;
+  const int warp = uniform_in_warp<kLean>(wt / 32);
   const int lane = wt % 32, g = lane / 4, t = lane % 4;
   const uint32_t base = smem_u32(smem);
   const int kw0 = work.n0 + 64 * wg;
@@ -399,7 +394,7 @@ __device__ __forceinline__ void consume_step(float (&dk)[C::D / 2], float (&dv)[
     if (a > 0.f) {
       const float m_new = pow2_under(a);
       if (m_new < mrow[h]) {
-        ratio[h] = LAB_BWD_FP8_LEAN ? m_new * pow2_inv(mrow[h]) : m_new / mrow[h];
+        ratio[h] = kLean ? m_new * pow2_inv(mrow[h]) : m_new / mrow[h];
         mrow[h] = m_new;
         lowered = true;
       }
@@ -540,7 +535,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   setmaxnreg_inc<C::kRegsConsumer>();
   const int64_t kvh = (int64_t)work.b * p.heads_kv + work.hkv;
   const float kd = __ldg(pf.k_descale + kvh);
-  const Descales ds{kd, __ldg(pf.v_descale + kvh), __ldg(pf.do_descale), LAB_BWD_FP8_LEAN ? kd / kPScale : kd};
+  const Descales ds{kd, __ldg(pf.v_descale + kvh), __ldg(pf.do_descale), kLean ? kd / kPScale : kd};
   float dk[C::D / 2], dv[C::D / 2];
   zero_acc(dk);
   zero_acc(dv);

@@ -296,16 +296,7 @@
 namespace {
 using namespace lab::sm90;
 
-// x as lane 0 has it (LAB_FWD_FP8_WARP_UNIFORM): for a value that is the same in every lane of the warp by
-// construction, so that ptxas may keep it, and what it decides, on the uniform datapath. Every lane must call it.
-template <class T>
-__device__ __forceinline__ T uniform_in_warp(T x) {
-#if LAB_FWD_FP8_WARP_UNIFORM
-  return __shfl_sync(0xffffffffu, x, 0);
-#else
-  return x;
-#endif
-}
+constexpr bool kWarpUniform = LAB_FWD_FP8_WARP_UNIFORM != 0;  // uniform_in_warp (common/hopper/attn_fp8_sm90.cuh)
 
 template <int D_, int BC_, int STAGES_, int MIN_BLOCKS_ = 1>
 struct CfgFp8 {
@@ -597,7 +588,7 @@ __global__ void __launch_bounds__(128, Cfg::kMinBlocks) attn_fwd_v13_kernel(cons
 #endif
   const float c = p.scale * dq * dk * kLog2e;
   const float log2_ps = __log2f(p.p_scale);
-  const int wm0 = uniform_in_warp(m0 + (tid / 32) * 16);  // this warp's first row
+  const int wm0 = uniform_in_warp<kWarpUniform>(m0 + (tid / 32) * 16);  // this warp's first row
   const int row0 = wm0 + (tid % 32) / 4;
   float o[D / 2];
   float ot[D / 2];  // LAB_FWD_FP8_PV_PROMOTE: a key tile's P V (unused otherwise)
@@ -732,7 +723,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
     w.n_tiles = (kv_end + BC - 1) / BC;
     return w;
   };
-  const int wg = uniform_in_warp(threadIdx.x / 128);  // the same in a warp: the descriptors of Q stay uniform
+  // the same in a warp: the descriptors of Q stay uniform
+  const int wg = uniform_in_warp<kWarpUniform>(threadIdx.x / 128);
   constexpr bool dynamic = LAB_FWD_FP8_PERSISTENT == 3;  // the launcher makes sure of tile_counter
   constexpr bool kLoop = LAB_FWD_FP8_PERSISTENT != 0;    // else one tile per CTA: no loop (PERSISTENT 0)
 
@@ -895,7 +887,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) attn_fwd_v13_ws_kernel(const
       const float dv = descale(p.v_descale, 2, w.hkv);
 #endif
       const float c = p.scale * dq * dk * kLog2e;
-      const int wm0 = uniform_in_warp(m0w + (ct / 32) * 16);
+      const int wm0 = uniform_in_warp<kWarpUniform>(m0w + (ct / 32) * 16);
       const int row0 = wm0 + (ct % 32) / 4;
       zero_acc(o);
       RowState st;

@@ -184,6 +184,17 @@ inline int launch_fp8_vt(const AttnFp8Params& p, cudaStream_t stream) {
 
 // ---------------------------------------------------------------- device
 
+// x as lane 0 has it, for a value that is the same in every lane of the warp by construction (a warp's or
+// warpgroup's index, a word every lane loads from one shared-memory address). ptxas proves neither uniform, so the
+// wgmma descriptors built from them leave the uniform datapath (an R2UR pair and a 64-bit vector add per wgmma) and
+// a branch on them is one that might diverge. kOn false: x itself (the kernels' switches keep their builds before).
+// Every lane must call it.
+template <bool kOn = true, class T>
+__device__ __forceinline__ T uniform_in_warp(T x) {
+  if constexpr (kOn) return __shfl_sync(0xffffffffu, x, 0);
+  return x;
+}
+
 // Descriptor of k32 step kk of a K-major e4m3 tile: `rows` rows per column block of kRowBytes (128: 128-byte
 // swizzle, 64: 64-byte swizzle, the TMA box's row), a step = 32 bytes along the row. SBO = 8 rows.
 template <int kRowBytes>
