@@ -2,7 +2,7 @@
 #   make book     run a session (GPU if present, its kernels built in parallel first; CPU mode otherwise),
 #                 generate the log, build the book
 #   make test     unit tests, every chapter through papermill in CPU mode, kernel compile check, book build
-#   make kernels  compile-check every kernel for sm_80 and sm_90a and print the resource table
+#   make kernels  compile-check every kernel for sm_80 and sm_90a; print the resource table and what each file cost nvcc
 #   make lab      open JupyterLab on the chapters with the venv's kernel
 PY ?= python3
 VENV := .venv
@@ -87,7 +87,7 @@ test: $(STAMP)
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadgroup -p no:nbmake --durations=10 tests
 
 kernels:
-	@if [ -x $(VPY) ]; then $(VPY) -m lab compile; else $(PY) -m lab compile; fi
+	@if [ -x $(VPY) ]; then $(VPY) -m lab compile --cost; else $(PY) -m lab compile --cost; fi
 
 env: $(STAMP)
 	$(VPY) -m lab env

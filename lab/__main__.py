@@ -12,6 +12,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("env", help="check the environment (under 5 s) and print the fingerprint")
     comp = sub.add_parser("compile", help="compile-check every kernel with nvcc (no GPU needed)")
     comp.add_argument("--arch", action="append", help="targets (default: sm_80 and sm_90a)")
+    comp.add_argument("--cost", action="store_true", help="also print what each file and target cost nvcc in CPU "
+                      "seconds when it was built (the cache keeps it), costliest first")
     sub.add_parser("session", help="execute every chapter with papermill and record a session", add_help=False)
     sub.add_parser("experiment", help="run one experiment notebook with papermill; it writes an experiment record",
                    add_help=False)
@@ -30,12 +32,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compile":
         from . import build
 
+        archs = tuple(args.arch) if args.arch else build.CHECK_ARCHS
         try:
-            rows = build.compile_check(tuple(args.arch) if args.arch else build.CHECK_ARCHS)
+            rows = build.compile_check(archs)
         except build.BuildError as err:
             print(err, file=sys.stderr)
             return 1
         print(build.resource_table(rows))
+        if args.cost:
+            print()
+            print(build.cost_table(build.compile_costs(archs)))
         spills = [r for r in rows if r["spills"]]
         serialized = [r for r in rows if r.get("wgmma_serialized")]
         print(f"\n{len(rows)} kernel instantiations compiled; {len(spills)} spill"

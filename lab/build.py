@@ -229,20 +229,37 @@ def _kernel_path(source: Path | str) -> Path:
     return path
 
 
-def run_nvcc(args: list[str], what: str) -> tuple[str, float]:
+def run_nvcc(args: list[str], what: str, usage: dict | None = None) -> tuple[str, float]:
     """Run nvcc from the repo root (so diagnostics name kernels/... paths); raise BuildError on failure.
 
     Each run has a temp folder of its own (TMPDIR), removed after it: a file that fails in nvcc's front end can
-    leave an empty <file>-<hash>..lgenfe.bc behind, which would otherwise pile up in the system's temp folder."""
+    leave an empty <file>-<hash>..lgenfe.bc behind, which would otherwise pile up in the system's temp folder.
+    `usage`, when given, gets the run's wall seconds and the CPU seconds (user + system) of nvcc and every tool it
+    ran (cicc, ptxas, ...: nvcc waits for each, so their time is in its own rusage), read with wait4 for this one
+    child: builds that run at once in threads of one process are told apart."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lab-nvcc-") as scratch:
-        proc = subprocess.run([_nvcc(), *args], cwd=paths.ROOT, capture_output=True, text=True,
-                              env={**os.environ, "TMPDIR": scratch})
+        with open(Path(scratch) / "out", "w+") as out, open(Path(scratch) / "err", "w+") as err:
+            proc = subprocess.Popen([_nvcc(), *args], cwd=paths.ROOT, stdout=out, stderr=err,
+                                    env={**os.environ, "TMPDIR": scratch})
+            status, rusage = _wait4(proc)
+            out.seek(0)
+            err.seek(0)
+            log = out.read() + err.read()
     seconds = time.perf_counter() - start
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
+    if usage is not None:
+        usage.update(wall_s=round(seconds, 3), cpu_s=round(rusage.ru_utime + rusage.ru_stime, 3))
+    if status != 0:
         raise BuildError(f"nvcc failed to build {what}", diagnostics(log), log)
     return log, seconds
+
+
+def _wait4(proc: subprocess.Popen):
+    """(exit status, rusage) of a child: os.wait4 reaps it and gives its own resource use, where getrusage's
+    RUSAGE_CHILDREN would add up every child this process has reaped."""
+    _, raw, rusage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(raw)  # so the Popen object does not wait for it again
+    return proc.returncode, rusage
 
 
 def diagnostics(log: str) -> list[dict]:
@@ -393,17 +410,25 @@ def _ptx_path(path: Path, arch: str, flags: list[str]) -> Path:
     return paths.CACHE / "compile_check" / f"{path.stem}-{arch}-{cache_key(path, flags)}.ptx"
 
 
+def _check_target(path: Path, arch: str, defines=None) -> Path:
+    """The cached cubin of one compile-check target (file, arch, defines); its ptxas report and its cost lie beside
+    it (.log, .cost.json)."""
+    flags = _check_flags(arch, defines)
+    return paths.CACHE / "compile_check" / f"{path.stem}-{arch}-{cache_key(path, [*flags, '-cubin'])}.cubin"
+
+
 def _check_one(path: Path, arch: str, defines=None) -> str:
     """One compile-check target, cached: nvcc -cubin of one file for one arch; its ptxas report.
 
     The run keeps its intermediates (--keep, in a folder of its own that is removed after it) and moves the PTX
     that cicc handed to ptxas into the cache beside the cubin (PTX first, cubin last: a reader that sees the
     cubin sees its PTX). A test that reads a kernel's PTX (`ptx`) then costs no second cicc run; --keep
-    changes no output (the cubin is the same byte for byte) and costs only the writes."""
+    changes no output (the cubin is the same byte for byte) and costs only the writes. The run's cost (nvcc's CPU
+    and wall seconds) is kept too, for `compile_costs`."""
     out_dir = paths.CACHE / "compile_check"
     out_dir.mkdir(parents=True, exist_ok=True)
     flags = _check_flags(arch, defines)
-    obj = out_dir / f"{path.stem}-{arch}-{cache_key(path, [*flags, '-cubin'])}.cubin"
+    obj = _check_target(path, arch, defines)
     saved = obj.with_suffix(".log")
     source = paths.relative(path)
 
@@ -411,16 +436,53 @@ def _check_one(path: Path, arch: str, defines=None) -> str:
         return _cached_text(saved, obj)
 
     def make(tmp: Path) -> str:
+        usage = {}
         with tempfile.TemporaryDirectory(prefix=".keep-", dir=out_dir) as keep:
             log, _ = run_nvcc([*flags, "-cubin", "--keep", "--keep-dir", keep, source, "-o", str(tmp)],
-                              f"{source} for {arch}")
+                              f"{source} for {arch}", usage)
             kept = list(Path(keep).glob("*.ptx"))
             if len(kept) == 1:  # one arch, one PTX; anything else is left to `ptx` to build on its own
                 os.replace(kept[0], _ptx_path(path, arch, flags))
+        files.write_atomic(obj.with_suffix(".cost.json"), json.dumps(usage))
         files.write_atomic(saved, log)
         return log
 
     return cache_files.publish_once(obj, ready, make)
+
+
+def compile_costs(archs=CHECK_ARCHS, sources: list[Path] | None = None, defines=None) -> list[dict]:
+    """What each compile-check target cost when nvcc built it: {source, arch, cpu_s, wall_s} per file and arch, in
+    file order; cpu_s and wall_s are None for a target not in the cache (not checked yet) or cached before costs
+    were kept. cpu_s is nvcc's and its tools' user + system time; wall_s depends on what else ran beside it."""
+    rows = []
+    for path in map(_kernel_path, sources or kernel_sources()):
+        for arch in archs:
+            cost = {"cpu_s": None, "wall_s": None}
+            target = _check_target(path, arch, defines)
+            try:
+                if target.exists():
+                    cost.update(json.loads(target.with_suffix(".cost.json").read_text()))
+            except (OSError, ValueError):
+                pass
+            rows.append({"source": paths.relative(path), "arch": arch, **cost})
+    return rows
+
+
+def cost_table(rows: list[dict]) -> str:
+    """compile_costs' rows, costliest first, with the sum for each arch and the whole: what a cold compile check
+    asks of the CPU (its wall time on N cores is at least the sum / N)."""
+    known = sorted((r for r in rows if r["cpu_s"] is not None), key=lambda r: -r["cpu_s"])
+    width = max([len(r["source"]) for r in rows] + [6])
+    lines = [f"{'source':<{width}} {'arch':<7} {'cpu s':>7} {'wall s':>7}"]
+    lines.append("-" * len(lines[0]))
+    lines += [f"{r['source']:<{width}} {r['arch']:<7} {r['cpu_s']:>7.1f} {r['wall_s']:>7.1f}" for r in known]
+    archs = dict.fromkeys(r["arch"] for r in rows)
+    for arch in archs:
+        part = [r["cpu_s"] for r in known if r["arch"] == arch]
+        lines.append(f"{'sum':<{width}} {arch:<7} {sum(part):>7.1f}")
+    lines.append(f"{'sum':<{width}} {'all':<7} {sum(r['cpu_s'] for r in known):>7.1f}  "
+                 f"({len(known)} of {len(rows)} targets; the others have no cost kept)")
+    return "\n".join(lines)
 
 
 def _cached_text(text: Path, published: Path) -> str | None:

@@ -378,9 +378,9 @@ def probe(tmp_path, monkeypatch):
     calls = []
     real = build.run_nvcc
 
-    def counting(args, what):
+    def counting(args, what, *usage):
         calls.append(args)
-        return real(args, what)
+        return real(args, what, *usage)
 
     monkeypatch.setattr(build, "run_nvcc", counting)
     return source, calls, real
@@ -398,6 +398,51 @@ def test_compile_check_reuses_its_report_until_sources_or_flags_change(probe):
     source.write_text(source.read_text() + "\n// edited\n")
     build.compile_check(archs=("sm_80",), sources=[source])
     assert len(calls) == 3  # so is the source
+
+
+@requires_nvcc
+def test_compile_costs_are_nvccs_cpu_seconds_kept_with_the_cubin(probe, tmp_path, capsys, monkeypatch):
+    """A compile-check target keeps what nvcc cost (its CPU seconds, cicc's and ptxas's among them, and its wall
+    seconds) beside the cubin; a target not built has none; the CLI prints them costliest first with the sums."""
+    source, calls, _ = probe
+    other = tmp_path / "other.cu"
+    other.write_text(source.read_text().replace("probe_kernel", "other_kernel"))
+    assert [r["cpu_s"] for r in build.compile_costs(("sm_80",), [source])] == [None]  # not built yet
+    build.compile_check(archs=("sm_80",), sources=[source])
+    (cost,) = build.compile_costs(("sm_80",), [source])
+    assert cost["source"] == str(source.resolve()) and cost["arch"] == "sm_80"
+    assert 0 < cost["cpu_s"] <= cost["wall_s"] * 1.05 + 0.05  # nvcc runs its tools one after another
+    build.compile_check(archs=("sm_80",), sources=[source])
+    assert build.compile_costs(("sm_80",), [source]) == [cost] and len(calls) == 1  # a cached target keeps its cost
+    rows = build.compile_costs(("sm_80",), [source, other])
+    assert rows[1]["cpu_s"] is None
+    table = build.cost_table(rows)
+    assert f"{cost['cpu_s']:>7.1f}" in table.splitlines()[2] and "1 of 2 targets" in table.splitlines()[-1]
+    assert table.splitlines()[-2].split()[-1] == f"{cost['cpu_s']:.1f}"  # the sum for sm_80
+
+    from lab.__main__ import main
+    monkeypatch.setattr(build, "kernel_sources", lambda: [source])
+    assert main(["compile", "--arch", "sm_80", "--cost"]) == 0
+    out = capsys.readouterr().out
+    assert "probe_kernel" in out and f"{cost['cpu_s']:>7.1f}" in out and "1 of 1 targets" in out
+
+
+@requires_nvcc
+def test_run_nvcc_tells_apart_the_cpu_of_builds_that_run_at_once(tmp_path):
+    """Two nvcc runs at once in threads of one process each get their own CPU seconds (wait4 on the child), not the
+    sum of every child the process reaped: `nvcc --version` costs next to nothing beside a real compile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    compile_args = [*build.BASE_FLAGS, *build.check_arch_flags("sm_80"), "-cubin",
+                    paths.relative(FIXTURES / "launcher_probe.cu"), "-o", str(tmp_path / "p.cubin")]
+    usages = [{}, {}]
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(build.run_nvcc, compile_args, "probe", usages[0]),
+                pool.submit(build.run_nvcc, ["--version"], "version", usages[1])]
+        logs = [r.result()[0] for r in runs]
+    assert "Cuda compilation tools" in logs[1]
+    assert usages[0]["cpu_s"] > 0.1 and usages[1]["cpu_s"] < 0.5 * usages[0]["cpu_s"]
+    assert all(0 < u["cpu_s"] <= u["wall_s"] * 1.05 + 0.05 for u in usages)
 
 
 @requires_nvcc

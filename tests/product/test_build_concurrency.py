@@ -72,9 +72,9 @@ def test_threads_building_one_kernel_at_once(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "_loaded", {})
     calls, real = [], build.run_nvcc
 
-    def counting(args, what):
+    def counting(args, what, *usage):
         calls.append(what)
-        return real(args, what)
+        return real(args, what, *usage)
 
     monkeypatch.setattr(build, "run_nvcc", counting)
     barrier, results, errors = threading.Barrier(BUILDERS), [], []
