@@ -21,6 +21,16 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """A cache of this test's own: the markers of records files found clean (records-clean/) are shared between
+    processes through LAB_CACHE_DIR, and a test that counts reads must start without any."""
+    monkeypatch.setattr(paths, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(record, "_clean_files", set())
+    monkeypatch.setattr(record, "_token_lines", {})
+    return tmp_path / "cache"
+
+
 def test_run_dir_honours_lab_session_dir(session_dir):
     assert record.run_dir() == session_dir
     assert session_dir.is_dir()
@@ -337,6 +347,46 @@ def test_loads_that_share_a_plain_string_read_the_archive_once_more_in_all(tmp_p
         assert [r["n"] for r in record.load(root, chapter="n10")] == [0, 1, 3, 4]
     assert len(reads) == 1, reads  # the first skim of "n10" read it; every later load used its lines
     assert [r["n"] for r in record.load(root, chapter="n9")] == [2] and len(reads) == 2
+
+
+def test_a_clean_archive_is_parsed_whole_once_across_processes(tmp_path, own_cache, monkeypatch):
+    """The first process that reads an archive whole without a torn line leaves a marker named by the hash of its
+    bytes; a later process (here: the module's memory emptied) then parses only the lines that can match, and gets a
+    fresh read's rows. Other bytes (the archive written again with one more row) have no marker: read whole again."""
+    root = tmp_path / "outputs"
+    rows = [{"kind": "fwd" if n % 3 else "bwd", "chapter": f"n{n % 4}", "n": n} for n in range(40)]
+    _plain(root / "sessions" / "a", rows)
+    record.compress(root / "sessions" / "a")
+    want = [r["n"] for r in rows if r["chapter"] == "n1" and r["kind"] == "fwd"]
+    parsed = []
+    real = record.json.loads
+    monkeypatch.setattr(record.json, "loads", lambda text, *a, **k: parsed.append(text) or real(text, *a, **k))
+    assert [r["n"] for r in record.load(root, chapter="n1", kind="fwd")] == want
+    assert len(parsed) == 40  # the first read: every row
+    assert len(list((own_cache / "records-clean").iterdir())) == 1
+    for _ in range(2):  # a new process: the marker is found, only the rows of n1 are parsed
+        record._clean_files.clear()
+        record._token_lines.clear()
+        parsed.clear()
+        assert [r["n"] for r in record.load(root, chapter="n1", kind="fwd")] == want
+        assert len(parsed) == len(want) and all('"n1"' in line for line in parsed)  # the lines holding both strings
+    record.append({"kind": "fwd", "chapter": "n1", "n": 40}, folder=root / "sessions" / "a", env={"gpu": "cpu"})
+    record.compress(root / "sessions" / "a")
+    record._clean_files.clear()
+    parsed.clear()
+    assert [r["n"] for r in record.load(root, chapter="n1", kind="fwd")] == want + [40]
+    assert len(parsed) == 41 and len(list((own_cache / "records-clean").iterdir())) == 2
+
+
+def test_a_torn_archive_gets_no_marker_and_warns_in_every_process(tmp_path, own_cache):
+    root = tmp_path / "outputs"
+    _plain(root / "sessions" / "a", [{"kind": "fwd", "chapter": "n1", "n": n} for n in range(3)], tail='{"kind": "fw')
+    record.compress(root / "sessions" / "a")
+    for _ in range(2):
+        record._clean_files.clear()
+        with pytest.warns(record.TornLineWarning, match="records.jsonl.gz:4"):
+            assert [r["n"] for r in record.load(root, chapter="n1")] == [0, 1, 2]
+    assert not (own_cache / "records-clean").exists()
 
 
 def test_a_second_load_of_a_plain_file_sees_rows_appended_since(tmp_path):
