@@ -52,8 +52,9 @@ book: $(STAMP)
 # inflates each figure by some percent and makes two runs of one tree differ by up to ~10 %): per test, user+sys of
 # the worker and of every child it waited for (taken at each test's start and end); the whole run, /usr/bin/time of
 # make test: 826-876 CPU-seconds and 469-492 s of pytest wall time (406-451 s on quieter runs).
-# - The compile gate, 43 kernel files: 400-448 of nvcc (the gate alone, cold LAB_CACHE_DIR: 410),
-#   sm_90a 356 and sm_80 99; fwd/v07 54-67 (sm_90a: cicc 31 + ptxas 37, one job that the test order starts first),
+# - The compile gate, 44 kernel files: 400-448 of nvcc (the gate alone, cold LAB_CACHE_DIR: 410; 2026-11-30, each
+#   nvcc run's own CPU as `python -m lab compile --cost` prints it: 407, sm_90a 322 and sm_80 85; nvcc --time on a
+#   quiet machine: cicc 199, ptxas 180, the preprocessor 13), sm_90a 356 and sm_80 99; fwd/v07 54-67 (sm_90a: cicc 31 + ptxas 37, one job that the test order starts first),
 #   fwd/v11 41-47, the rest under 25 a file. That is one nvcc -cubin per file and target, the least there is: nvcc
 #   given both -gencode runs the preprocessor and cicc once per virtual arch (__CUDA_ARCH__ differs) and adds a
 #   host pass, so the targets share no front end; -lineinfo costs ptxas nothing measurable. Nothing compiles a
@@ -79,7 +80,8 @@ book: $(STAMP)
 #   tools' driver builds, 60-75 the tests' own CPU in the workers; each worker's start ~8 (torch, collection, the
 #   assertion rewrite of a fresh clone); the nbmake plugin, which no test uses, is not loaded (~2 s of the start).
 # Two cores need no less than ~415-440 seconds of wall time for that, 200-224 of them the gate: a 300-second run
-# would leave everything but the gate ~150 CPU-seconds of the ~400 it takes. A CI job that keeps
+# would leave everything but the gate ~150 CPU-seconds of the ~400 it takes. A third worker only adds its start and
+# collection (2026-11-30, one fresh clone: TEST_WORKERS=3 517 s and 966 CPU-seconds against 464 s and ~850 with 2). A CI job that keeps
 # $(LAB_CACHE_DIR)/compile_check between runs (its keys hash each kernel's sources with their headers, the flags
 # and nvcc's release) re-runs nvcc only for the kernels that changed.
 TEST_WORKERS ?= auto
