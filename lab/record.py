@@ -318,10 +318,9 @@ def _matching_rows(folder: Path, tokens: list[str]) -> list[dict]:
         if marker.exists():
             _clean_files.add(key)
         else:
-            data = _gunzip(file, stored) if file.name.endswith(".gz") else stored
-            with warnings.catch_warnings(record=True) as caught:
+            with warnings.catch_warnings(record=True) as caught:  # a torn line, or damaged gzip data
                 warnings.simplefilter("always")
-                rows = _rows(file, data)
+                rows = _rows(file, _gunzip(file, stored) if file.name.endswith(".gz") else stored)
             for warning in caught:  # given on, as read; a file with a torn line is read whole every time
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
             if not caught:

@@ -387,6 +387,14 @@ def test_a_torn_archive_gets_no_marker_and_warns_in_every_process(tmp_path, own_
         with pytest.warns(record.TornLineWarning, match="records.jsonl.gz:4"):
             assert [r["n"] for r in record.load(root, chapter="n1")] == [0, 1, 2]
     assert not (own_cache / "records-clean").exists()
+    cut = root / "cut" / "sessions" / "b" / record.RECORDS_GZ  # an archive cut in its trailer: every row, damaged gzip
+    cut.parent.mkdir(parents=True)
+    cut.write_bytes(gzip.compress(b"".join(b'{"chapter": "n2", "n": %d}\n' % n for n in range(50)))[:-8])
+    for _ in range(2):
+        record._clean_files.clear()
+        with pytest.warns(record.TornLineWarning, match="damaged gzip data"):
+            assert [r["n"] for r in record.load(root / "cut", chapter="n2")] == list(range(50))
+    assert not (own_cache / "records-clean").exists()
 
 
 def test_a_second_load_of_a_plain_file_sees_rows_appended_since(tmp_path):
