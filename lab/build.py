@@ -242,7 +242,9 @@ def run_nvcc(args: list[str], what: str, usage: dict | None = None) -> tuple[str
         with open(Path(scratch) / "out", "w+") as out, open(Path(scratch) / "err", "w+") as err:
             proc = subprocess.Popen([_nvcc(), *args], cwd=paths.ROOT, stdout=out, stderr=err,
                                     env={**os.environ, "TMPDIR": scratch})
-            status, rusage = _wait4(proc)
+            # this one child's rusage: getrusage's RUSAGE_CHILDREN would add up other threads' builds too
+            _, raw, rusage = os.wait4(proc.pid, 0)
+            proc.returncode = status = os.waitstatus_to_exitcode(raw)  # so Popen never waits for it again
             out.seek(0)
             err.seek(0)
             log = out.read() + err.read()
@@ -252,14 +254,6 @@ def run_nvcc(args: list[str], what: str, usage: dict | None = None) -> tuple[str
     if status != 0:
         raise BuildError(f"nvcc failed to build {what}", diagnostics(log), log)
     return log, seconds
-
-
-def _wait4(proc: subprocess.Popen):
-    """(exit status, rusage) of a child: os.wait4 reaps it and gives its own resource use, where getrusage's
-    RUSAGE_CHILDREN would add up every child this process has reaped."""
-    _, raw, rusage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(raw)  # so the Popen object does not wait for it again
-    return proc.returncode, rusage
 
 
 def diagnostics(log: str) -> list[dict]:
@@ -291,7 +285,7 @@ def check_defines(source: Path | str, defines) -> None:
     define and the switches the file has (its `#ifndef LAB_...` defaults)."""
     if not defines:
         return
-    names = [k for k in defines] if isinstance(defines, dict) else [str(d).split("=")[0] for d in defines]
+    names = list(defines) if isinstance(defines, dict) else [str(d).split("=")[0] for d in defines]
     texts = [p.read_text() for p in source_closure(_kernel_path(source))]
     unused = [n for n in names if not any(re.search(rf"\b{re.escape(n)}\b", t) for t in texts)]
     if unused:
@@ -480,8 +474,9 @@ def cost_table(rows: list[dict]) -> str:
     for arch in archs:
         part = [r["cpu_s"] for r in known if r["arch"] == arch]
         lines.append(f"{'sum':<{width}} {arch:<7} {sum(part):>7.1f}")
-    lines.append(f"{'sum':<{width}} {'all':<7} {sum(r['cpu_s'] for r in known):>7.1f}  "
-                 f"({len(known)} of {len(rows)} targets; the others have no cost kept)")
+    missing = len(rows) - len(known)
+    lines.append(f"{'sum':<{width}} {'all':<7} {sum(r['cpu_s'] for r in known):>7.1f}  ({len(known)} of {len(rows)} "
+                 f"targets{'; the others have no cost kept' if missing else ''})")
     return "\n".join(lines)
 
 

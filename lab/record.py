@@ -148,7 +148,12 @@ def _raw(file: Path) -> bytes | None:
         data = Path(file).read_bytes()
     except FileNotFoundError:
         return None
-    return _gunzip(Path(file), data) if Path(file).name.endswith(".gz") else data
+    return _unpacked(Path(file), data)
+
+
+def _unpacked(file: Path, stored: bytes) -> bytes:
+    """A records file's text from its stored bytes: gunzipped for records.jsonl.gz."""
+    return _gunzip(file, stored) if file.name.endswith(".gz") else stored
 
 
 def _gunzip(file: Path, data: bytes) -> bytes:
@@ -320,7 +325,7 @@ def _matching_rows(folder: Path, tokens: list[str]) -> list[dict]:
         else:
             with warnings.catch_warnings(record=True) as caught:  # a torn line, or damaged gzip data
                 warnings.simplefilter("always")
-                rows = _rows(file, _gunzip(file, stored) if file.name.endswith(".gz") else stored)
+                rows = _rows(file, _unpacked(file, stored))
             for warning in caught:  # given on, as read; a file with a torn line is read whole every time
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
             if not caught:
@@ -333,11 +338,8 @@ def _matching_rows(folder: Path, tokens: list[str]) -> list[dict]:
         _token_lines[str(file)] = (key, by_token)
     lines = next((by_token[token] for token in tokens if token in by_token), None)
     if lines is None:
-        if stored is not None:  # read just now, for the marker's hash
-            data = _gunzip(file, stored) if file.name.endswith(".gz") else stored
-        else:
-            data = _raw(file) or b""
-        text = data.decode("utf-8", errors="replace")
+        data = _unpacked(file, stored) if stored is not None else _raw(file)  # stored: read just now, for the hash
+        text = (data or b"").decode("utf-8", errors="replace")
         if len(by_token) == _TOKENS_KEPT:  # the oldest goes: a process that loads many kinds keeps a few files' worth
             del by_token[next(iter(by_token))]
         lines = by_token[tokens[0]] = [line for line in text.splitlines() if tokens[0] in line]
